@@ -1,0 +1,284 @@
+/*
+ * flashcore.h: fused scaled-dot-product attention on NVIDIA GPUs, as a C library.
+ *
+ *     O = softmax(softmax_scale * Q * K^T [+ causal mask]) * V
+ *
+ * computed in one kernel (FlashAttention-style: K/V tiles streamed through
+ * shared memory, online softmax in fp32, both matrix products on tensor cores),
+ * never materialising the seqlen_q x seqlen_k score matrix.
+ *
+ * This header needs only the C standard library: it can be read by ctypes,
+ * bindgen or any FFI generator without CUDA headers. It compiles as C99 and as
+ * C++.
+ *
+ * ---------------------------------------------------------------------------
+ * Typical use
+ * ---------------------------------------------------------------------------
+ *
+ *     flashcore_handle h;
+ *     if (flashcore_create(&h) != FLASHCORE_STATUS_SUCCESS) {
+ *         fprintf(stderr, "%s\n", flashcore_last_error_message());
+ *         ...
+ *     }
+ *     flashcore_forward_params p;
+ *     flashcore_forward_params_init(&p);     // sets struct_size and defaults
+ *     p.dtype = FLASHCORE_DTYPE_FP16;
+ *     p.batch_size = 1; p.num_heads_q = p.num_heads_kv = 8;
+ *     p.seqlen_q = p.seqlen_k = 512; p.head_dim = 64;
+ *     p.q = dq; p.k = dk; p.v = dv; p.out = dout;
+ *     flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BHSD);
+ *     size_t ws = 0;
+ *     flashcore_forward_workspace_size(h, &p, &ws);   // allocate ws bytes if > 0
+ *     flashcore_forward(h, &p, workspace, ws, stream);
+ *     flashcore_destroy(h);
+ *
+ * ---------------------------------------------------------------------------
+ * Conventions and ABI policy (stated once, apply to every declaration below)
+ * ---------------------------------------------------------------------------
+ *
+ * - Every function that can fail returns flashcore_status. On failure the
+ *   calling thread's last error message (flashcore_last_error_message) says
+ *   what was wrong and what is supported. No function aborts, exits, prints
+ *   or lets a C++ exception escape.
+ * - Bad input never writes anywhere: parameters are validated completely
+ *   before any work is queued. Only `out`, `lse` and the workspace are ever
+ *   written, and only by a call that returned FLASHCORE_STATUS_SUCCESS.
+ * - Device pointers are plain CUDA device addresses (from cudaMalloc, a
+ *   framework's allocator, or cudaMallocManaged). Streams are cudaStream_t
+ *   passed as void*; NULL means the legacy default stream.
+ * - Status values and enum values are never renumbered; new ones may be added.
+ * - Structs that cross the ABI begin with a `struct_size` field, set to
+ *   sizeof(struct) by the caller (the *_init functions do this). Fields are
+ *   only ever appended. A library reading a struct from an older header
+ *   treats the missing fields as their documented defaults; a library reading
+ *   a struct from a newer header accepts it when every field it does not know
+ *   is zero, and returns FLASHCORE_STATUS_UNSUPPORTED otherwise.
+ * - The SONAME is libflashcore.so.<MAJOR>. Within one major version, existing
+ *   functions keep their signatures and meaning; functions may be added.
+ * - Only symbols starting with `flashcore_` are exported.
+ *
+ * Thread safety: every function may be called from several threads at once.
+ * A handle may be shared by threads: flashcore_forward and
+ * flashcore_forward_workspace_size on one handle from several threads at once
+ * are safe. flashcore_destroy must not race with other uses of that handle.
+ */
+#ifndef FLASHCORE_H
+#define FLASHCORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#  if defined(FLASHCORE_BUILDING_LIBRARY)
+#    define FLASHCORE_API __declspec(dllexport)
+#  else
+#    define FLASHCORE_API __declspec(dllimport)
+#  endif
+#elif defined(__GNUC__) && __GNUC__ >= 4
+#  define FLASHCORE_API __attribute__((visibility("default")))
+#else
+#  define FLASHCORE_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------
+ * Version
+ * ------------------------------------------------------------------------- */
+
+#define FLASHCORE_VERSION_MAJOR 0
+#define FLASHCORE_VERSION_MINOR 1
+#define FLASHCORE_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 100 for 0.1.0. */
+#define FLASHCORE_VERSION_NUMBER \
+    (FLASHCORE_VERSION_MAJOR * 10000 + FLASHCORE_VERSION_MINOR * 100 + FLASHCORE_VERSION_PATCH)
+
+/* The version of the library loaded at run time, in FLASHCORE_VERSION_NUMBER
+ * form. Compare it with FLASHCORE_VERSION_NUMBER to detect a header/library
+ * mismatch. */
+FLASHCORE_API unsigned flashcore_version_number(void);
+
+/* The same version as a static string, "MAJOR.MINOR.PATCH". */
+FLASHCORE_API const char *flashcore_version_string(void);
+
+/* ---------------------------------------------------------------------------
+ * Status codes
+ * ------------------------------------------------------------------------- */
+
+typedef enum flashcore_status {
+    FLASHCORE_STATUS_SUCCESS = 0,
+    /* A parameter is wrong whatever the GPU: a null pointer, a size <= 0, head
+     * counts that do not divide, a bad stride, a struct_size too small. */
+    FLASHCORE_STATUS_INVALID_ARGUMENT = 1,
+    /* Valid, but not implemented: a head_dim or dtype this version does not
+     * have kernels for, a GPU older than sm_80, a struct from a newer header
+     * that uses fields this library does not know. */
+    FLASHCORE_STATUS_UNSUPPORTED = 2,
+    /* A pointer or stride does not meet the alignment the kernels need. */
+    FLASHCORE_STATUS_MISALIGNED = 3,
+    /* The workspace passed is smaller than flashcore_forward_workspace_size
+     * asked for. */
+    FLASHCORE_STATUS_WORKSPACE_TOO_SMALL = 4,
+    /* No CUDA device is visible, or the NVIDIA driver is missing or too old. */
+    FLASHCORE_STATUS_NO_DEVICE = 5,
+    /* The CUDA runtime reported an error (the message names it). */
+    FLASHCORE_STATUS_CUDA_ERROR = 6,
+    /* Host or device memory could not be allocated. */
+    FLASHCORE_STATUS_OUT_OF_MEMORY = 7,
+    /* A bug in flashcore: please report it with the message. */
+    FLASHCORE_STATUS_INTERNAL = 8
+} flashcore_status;
+
+/* A static, human-readable name for a status ("invalid argument", ...).
+ * Never NULL; unknown values give "unknown status". */
+FLASHCORE_API const char *flashcore_status_string(flashcore_status status);
+
+/* The detail of the last failure on the calling thread, e.g.
+ * "num_heads_q (12) must be a multiple of num_heads_kv (5)". The text stays
+ * valid until the next flashcore call on this thread. It is "" when the
+ * thread's last call succeeded; never NULL. */
+FLASHCORE_API const char *flashcore_last_error_message(void);
+
+/* ---------------------------------------------------------------------------
+ * Handle
+ * ------------------------------------------------------------------------- */
+
+/* Opaque. Bound to one CUDA device; caches what dispatch needs (compute
+ * capability, multiprocessor count, shared-memory limits). */
+typedef struct flashcore_handle_s *flashcore_handle;
+
+/* Creates a handle for the CUDA device current on the calling thread
+ * (cudaGetDevice; device 0 if none was set). Writes NULL to *handle on failure.
+ * Returns FLASHCORE_STATUS_NO_DEVICE when no device or driver is present and
+ * FLASHCORE_STATUS_UNSUPPORTED for GPUs older than sm_80. */
+FLASHCORE_API flashcore_status flashcore_create(flashcore_handle *handle);
+
+/* Creates a handle for the given CUDA device ordinal. */
+FLASHCORE_API flashcore_status flashcore_create_for_device(flashcore_handle *handle, int device);
+
+/* Releases a handle. Passing NULL is allowed and does nothing. Work already
+ * queued by flashcore_forward is not waited for and stays valid. */
+FLASHCORE_API flashcore_status flashcore_destroy(flashcore_handle handle);
+
+/* The CUDA device ordinal the handle is bound to. */
+FLASHCORE_API flashcore_status flashcore_handle_device(flashcore_handle handle, int *device);
+
+/* ---------------------------------------------------------------------------
+ * Forward attention
+ * ------------------------------------------------------------------------- */
+
+typedef enum flashcore_dtype {
+    FLASHCORE_DTYPE_FP16 = 1, /* IEEE half (CUDA __half) */
+    FLASHCORE_DTYPE_BF16 = 2  /* bfloat16 (CUDA __nv_bfloat16) */
+} flashcore_dtype;
+
+/* Storage orders understood by flashcore_set_contiguous_strides. Any other
+ * order works through explicit strides. */
+typedef enum flashcore_layout {
+    FLASHCORE_LAYOUT_BHSD = 0, /* [batch, heads, seqlen, head_dim] (PyTorch SDPA) */
+    FLASHCORE_LAYOUT_BSHD = 1  /* [batch, seqlen, heads, head_dim] (FlashAttention) */
+} flashcore_layout;
+
+/* softmax_scale value that asks for 1 / sqrt(head_dim). */
+#define FLASHCORE_SOFTMAX_SCALE_DEFAULT 0.0f
+
+/* Alignment, in bytes, that q, k, v, out and the workspace must have, and
+ * that every batch/seq/head stride must be a multiple of (in bytes). */
+#define FLASHCORE_ALIGNMENT 16
+
+/*
+ * Everything one attention call needs. Logical shapes:
+ *   q, out: [batch_size, num_heads_q,  seqlen_q, head_dim]
+ *   k, v:   [batch_size, num_heads_kv, seqlen_k, head_dim]
+ *   lse:    [batch_size, num_heads_q,  seqlen_q], float32, contiguous
+ * Each tensor's last dimension (head_dim) is contiguous; the other three are
+ * addressed through element strides (not bytes), so [B,S,H,D], [B,H,S,D] and
+ * views with padding all work. Strides must be >= 0 and multiples of
+ * FLASHCORE_ALIGNMENT / sizeof(element) (8 for fp16/bf16); `out` must not
+ * overlap itself (its strides must give each element its own address).
+ *
+ * Grouped-query / multi-query attention: num_heads_q must be a multiple of
+ * num_heads_kv; query head h reads key/value head h / (num_heads_q / num_heads_kv).
+ */
+typedef struct flashcore_forward_params {
+    /* sizeof(flashcore_forward_params) as the caller compiled it. */
+    size_t struct_size;
+
+    int32_t dtype; /* flashcore_dtype of q, k, v and out */
+    int32_t batch_size;
+    int32_t seqlen_q;
+    int32_t seqlen_k;
+    int32_t num_heads_q;
+    int32_t num_heads_kv;
+    int32_t head_dim; /* 64 or 128 in this version */
+
+    /* Non-zero: causal mask aligned to the bottom-right corner, as in
+     * FlashAttention >= 2.1: query i sees key j iff j <= i + seqlen_k - seqlen_q.
+     * Query rows that see no key (seqlen_q > seqlen_k) give out = 0 and
+     * lse = -infinity. */
+    int32_t causal;
+
+    /* Multiplies Q*K^T before the softmax. Must be finite and > 0, or
+     * FLASHCORE_SOFTMAX_SCALE_DEFAULT (0) for 1 / sqrt(head_dim). */
+    float softmax_scale;
+
+    const void *q;
+    const void *k;
+    const void *v;
+    void *out;
+    /* Optional (NULL: not written). Natural-log log-sum-exp of each row of the
+     * scaled, masked scores; 4-byte aligned. */
+    float *lse;
+
+    /* Element strides. Use flashcore_set_contiguous_strides for packed tensors. */
+    int64_t q_batch_stride, q_seq_stride, q_head_stride;
+    int64_t k_batch_stride, k_seq_stride, k_head_stride;
+    int64_t v_batch_stride, v_seq_stride, v_head_stride;
+    int64_t out_batch_stride, out_seq_stride, out_head_stride;
+} flashcore_forward_params;
+
+/* Zeroes *params, sets struct_size, dtype = FP16, softmax_scale = default,
+ * causal = 0. Sizes, pointers and strides are left 0 for the caller. */
+FLASHCORE_API flashcore_status flashcore_forward_params_init(flashcore_forward_params *params);
+
+/* Sets all twelve strides for densely packed q, k, v and out in the given
+ * layout, from batch_size, seqlen_q, seqlen_k, num_heads_q, num_heads_kv and
+ * head_dim (which must be set first and be > 0). */
+FLASHCORE_API flashcore_status flashcore_set_contiguous_strides(flashcore_forward_params *params,
+                                                                flashcore_layout layout);
+
+/* Checks everything about *params that does not depend on the GPU: sizes,
+ * head counts, head_dim and dtype support, pointers, alignment, strides,
+ * scale. Returns the status flashcore_forward would return for these
+ * parameters before looking at the device. Useful to validate early; the
+ * forward call performs the same checks itself. */
+FLASHCORE_API flashcore_status flashcore_forward_check(const flashcore_forward_params *params);
+
+/* Bytes of device workspace flashcore_forward needs for these parameters on
+ * this handle's device (it may be 0). Only shapes, dtype and flags are read;
+ * the data pointers may still be NULL. */
+FLASHCORE_API flashcore_status flashcore_forward_workspace_size(flashcore_handle handle,
+                                                                const flashcore_forward_params *params,
+                                                                size_t *workspace_bytes);
+
+/*
+ * Queues the attention computation on `stream` (a cudaStream_t, NULL for the
+ * default stream) and returns without waiting. `workspace` must be at least
+ * the bytes flashcore_forward_workspace_size returned, FLASHCORE_ALIGNMENT
+ * aligned, and not used by anything else until the work completes; it may be
+ * NULL when that size is 0. The call uses the handle's device whatever device
+ * is current on the calling thread, and leaves the current device as it was.
+ * It can be captured into a CUDA graph.
+ *
+ * Results are deterministic: the same inputs give bitwise-identical outputs.
+ */
+FLASHCORE_API flashcore_status flashcore_forward(flashcore_handle handle, const flashcore_forward_params *params,
+                                                 void *workspace, size_t workspace_bytes, void *stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FLASHCORE_H */

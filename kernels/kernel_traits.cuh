@@ -1,0 +1,60 @@
+// Compile-time shape of one forward kernel variant: tile sizes, warp layout
+// and the shared-memory budget that follows from them.
+#pragma once
+
+#include <cstddef>
+
+namespace flashcore {
+
+// Rows of one m16n8k16 MMA tile: the unit of work along the query axis.
+constexpr int kMmaM = 16;
+constexpr int kMmaN = 8;
+constexpr int kMmaK = 16;
+constexpr int kWarpSize = 32;
+// Elements of a 16-byte vector of 2-byte types: the unit of every global and
+// shared memory access in these kernels.
+constexpr int kElemsPerVector = 8;
+
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNumWarps_, int kMaxRegisters_,
+          bool kQInRegisters_>
+struct FwdTraits {
+    using Element = Element_;
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kBlockM = kBlockM_;  // query rows per CTA
+    static constexpr int kBlockN = kBlockN_;  // key rows per K/V tile
+    static constexpr int kNumWarps = kNumWarps_;
+    static constexpr int kNumThreads = kNumWarps * kWarpSize;
+    // Register cap per thread. Without one the scheduler hoists fragment
+    // loads far ahead until it spills; the cap is set per configuration to
+    // what its live accumulators need plus room for a few loads in flight.
+    static constexpr int kMaxRegisters = kMaxRegisters_;
+    // Whether Q's MMA fragments are loaded once into registers, or re-read
+    // from shared memory each k-step (fewer registers, more ldmatrix).
+    static constexpr bool kQInRegisters = kQInRegisters_;
+
+    // Each warp owns a contiguous band of query rows for the whole kernel:
+    // its S = Q*K^T and O accumulators stay in its registers.
+    static constexpr int kRowsPerWarp = kBlockM / kNumWarps;
+    static constexpr int kMAtoms = kRowsPerWarp / kMmaM;   // m16 tiles per warp
+    static constexpr int kNAtomsS = kBlockN / kMmaN;       // n8 tiles of S
+    static constexpr int kNAtomsO = kHeadDim / kMmaN;      // n8 tiles of O
+    static constexpr int kKStepsQK = kHeadDim / kMmaK;     // k16 steps of Q*K^T
+    static constexpr int kKStepsPV = kBlockN / kMmaK;      // k16 steps of P*V
+    static constexpr int kQFragSteps = kQInRegisters ? kKStepsQK : 1;  // Q k-steps held at once
+
+    static constexpr int kVectorsPerRow = kHeadDim / kElemsPerVector;
+
+    static constexpr size_t kSmemQBytes = size_t(kBlockM) * kHeadDim * sizeof(Element);
+    static constexpr size_t kSmemKVBytes = size_t(kBlockN) * kHeadDim * sizeof(Element);
+    // Q, one K tile and one V tile. The output tile reuses Q's space.
+    static constexpr size_t kSmemBytes = kSmemQBytes + 2 * kSmemKVBytes;
+
+    static_assert(kRowsPerWarp % kMmaM == 0, "each warp needs whole m16 tiles");
+    static_assert(kBlockN % kMmaK == 0, "K/V tiles are consumed in k16 steps");
+    static_assert(kHeadDim % kMmaK == 0 && kHeadDim >= 64,
+                  "the shared-memory swizzle needs at least eight 16-byte vectors per row");
+    static_assert((kBlockM * kVectorsPerRow) % kNumThreads == 0, "Q tile copy must divide evenly");
+    static_assert((kBlockN * kVectorsPerRow) % kNumThreads == 0, "K/V tile copy must divide evenly");
+};
+
+}  // namespace flashcore

@@ -1,0 +1,25 @@
+// Entry points of the forward kernels, one explicit instantiation per
+// (dtype, head_dim) in a generated translation unit (see kernels/CMakeLists.txt).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "fwd_params.h"
+
+namespace flashcore {
+
+// Queues the forward kernel for `params` on `stream`. Returns the launch
+// error (cudaSuccess when queued). `params` must already be validated.
+template <DType kDType, int kHeadDim>
+cudaError_t run_flash_fwd(const FwdKernelParams &params, cudaStream_t stream);
+
+// What the dispatcher checks against the device before a launch.
+struct FwdKernelInfo {
+    size_t smem_bytes;  // dynamic shared memory of one CTA
+    int block_m;        // query rows per CTA: the grid is batch * heads * ceil(seqlen_q / block_m)
+};
+
+template <DType kDType, int kHeadDim>
+FwdKernelInfo flash_fwd_info();
+
+}  // namespace flashcore

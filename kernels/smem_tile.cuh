@@ -1,0 +1,87 @@
+// Shared-memory tiles of [rows][head_dim] 2-byte elements, stored with an XOR
+// swizzle, and their cooperative loads from (and stores to) global memory.
+//
+// Why the swizzle: ldmatrix reads one 16-byte vector from each of 8
+// consecutive rows. Unswizzled, rows of 128 or 256 bytes put those 8 vectors
+// in the same banks (8-way conflict). XOR-ing the vector index with (row % 8)
+// spreads them over all 32 banks, for both ldmatrix and the 16-byte copies.
+#pragma once
+
+#include <cstdint>
+
+#include "kernel_traits.cuh"
+#include "ptx.cuh"
+
+namespace flashcore {
+
+// Rows whose vector indices are permuted together by the swizzle.
+constexpr int kSwizzleRows = 8;
+
+// Element offset of vector `vec` (0 .. head_dim/8 - 1) of row `row`.
+template <int kHeadDim>
+__device__ __forceinline__ int swizzled_offset(int row, int vec) {
+    return row * kHeadDim + ((vec ^ (row % kSwizzleRows)) * kElemsPerVector);
+}
+
+// Byte offset of vector `vec` of row `row`, as above.
+template <int kHeadDim>
+__device__ __forceinline__ uint32_t swizzled_byte_offset(int row, int vec) {
+    return uint32_t(swizzled_offset<kHeadDim>(row, vec)) * 2u;
+}
+
+// The swizzle is an XOR, so stepping the vector index by an even compile-time
+// amount is an XOR of the byte offset: for vec = 2*step + b,
+//   swizzled_byte_offset(row, vec) == swizzled_byte_offset(row, b) ^ vector_step_xor(step)
+// (the row part of the offset is a multiple of the row size and has no bits in
+// common with the vector part). Fragment loops keep one base offset per thread
+// and apply this per step, instead of holding one address register per step.
+__device__ __forceinline__ constexpr uint32_t vector_step_xor(int step) { return uint32_t(step) * 2u * 16u; }
+
+// Moving 8 rows down leaves row % 8, and with it the swizzle, unchanged.
+template <int kHeadDim>
+__device__ __forceinline__ constexpr uint32_t row_block_bytes(int rows) {
+    return uint32_t(rows) * kHeadDim * 2u;
+}
+
+// Copies rows [0, kRows) of a global tile whose row r starts at
+// gmem + r * row_stride into shared memory. Rows >= valid_rows are
+// zero-filled without touching global memory. Asynchronous: completes at the
+// next cp_async_wait after the caller's cp_async_commit.
+template <typename Traits, int kRows>
+__device__ __forceinline__ void load_tile_async(typename Traits::Element *smem,
+                                                const typename Traits::Element *gmem, int64_t row_stride,
+                                                int valid_rows, int tid) {
+    constexpr int kVectors = kRows * Traits::kVectorsPerRow;
+#pragma unroll
+    for (int i = 0; i < kVectors / Traits::kNumThreads; ++i) {
+        const int idx = tid + i * Traits::kNumThreads;
+        const int row = idx / Traits::kVectorsPerRow;
+        const int vec = idx % Traits::kVectorsPerRow;
+        const bool valid = row < valid_rows;
+        // An invalid row still needs a mapped address in the instruction; the
+        // tile's first row is always in bounds.
+        const auto *src = gmem + (valid ? row * row_stride + vec * kElemsPerVector : 0);
+        cp_async_16(smem_address(smem + swizzled_offset<Traits::kHeadDim>(row, vec)), src, valid);
+    }
+}
+
+// Copies rows [0, valid_rows) of a shared tile to global memory with 16-byte
+// stores. The caller synchronises the CTA before calling.
+template <typename Traits, int kRows>
+__device__ __forceinline__ void store_tile(typename Traits::Element *gmem, int64_t row_stride,
+                                           const typename Traits::Element *smem, int valid_rows, int tid) {
+    constexpr int kVectors = kRows * Traits::kVectorsPerRow;
+#pragma unroll
+    for (int i = 0; i < kVectors / Traits::kNumThreads; ++i) {
+        const int idx = tid + i * Traits::kNumThreads;
+        const int row = idx / Traits::kVectorsPerRow;
+        const int vec = idx % Traits::kVectorsPerRow;
+        if (row < valid_rows) {
+            const uint4 value =
+                *reinterpret_cast<const uint4 *>(smem + swizzled_offset<Traits::kHeadDim>(row, vec));
+            *reinterpret_cast<uint4 *>(gmem + row * row_stride + vec * kElemsPerVector) = value;
+        }
+    }
+}
+
+}  // namespace flashcore

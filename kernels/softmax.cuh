@@ -1,0 +1,108 @@
+// Online softmax over key tiles (FlashAttention-2 style) for the rows a
+// thread holds in its accumulator fragments.
+//
+// Per row we keep the running maximum of the raw scores and the running sum
+// of exp2(score * scale_log2 - max * scale_log2). When a new tile raises the
+// maximum, the sum and the output accumulator are rescaled by the ratio. The
+// sum is kept per thread (each thread sees a quarter of the row's columns)
+// and reduced across the four threads of a row only once, at the end; the
+// maximum must be reduced every tile because all four threads use it.
+#pragma once
+
+#include <cmath>
+
+#include "mask.cuh"
+#include "ptx.cuh"
+
+namespace flashcore {
+
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+template <int kMAtoms>
+struct OnlineSoftmax {
+    static constexpr int kRows = kMAtoms * 2;  // rows g and g + 8 of each m16 tile
+    float row_max[kRows];
+    float row_sum[kRows];
+
+    __device__ __forceinline__ void init() {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+            row_max[r] = -INFINITY;
+            row_sum[r] = 0.f;
+        }
+    }
+
+    // Folds one tile of scores into the running state: turns `scores` into
+    // the unnormalised probabilities P and rescales `out` to the new maximum.
+    template <int kNAtomsS, int kNAtomsO>
+    __device__ __forceinline__ void update(float (&scores)[kMAtoms][kNAtomsS][4],
+                                           float (&out)[kMAtoms][kNAtomsO][4], float scale_log2) {
+#pragma unroll
+        for (int m = 0; m < kMAtoms; ++m) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int r = m * 2 + half;
+                float tile_max = row_max[r];
+#pragma unroll
+                for (int n = 0; n < kNAtomsS; ++n) {
+                    tile_max = fmaxf(tile_max, fmaxf(scores[m][n][half * 2], scores[m][n][half * 2 + 1]));
+                }
+                const float new_max = quad_max(tile_max);
+                // A row that has seen only masked keys keeps max = -inf; using
+                // 0 as its offset keeps exp2(-inf - offset) = 0 instead of NaN.
+                const float offset = new_max == -INFINITY ? 0.f : new_max * scale_log2;
+                const float correction = fast_exp2(row_max[r] * scale_log2 - offset);
+                row_max[r] = new_max;
+                row_sum[r] *= correction;
+#pragma unroll
+                for (int n = 0; n < kNAtomsO; ++n) {
+                    out[m][n][half * 2] *= correction;
+                    out[m][n][half * 2 + 1] *= correction;
+                }
+#pragma unroll
+                for (int n = 0; n < kNAtomsS; ++n) {
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float p = fast_exp2(fmaf(scores[m][n][half * 2 + j], scale_log2, -offset));
+                        scores[m][n][half * 2 + j] = p;
+                        row_sum[r] += p;
+                    }
+                }
+            }
+        }
+    }
+
+    // Completes the rows: reduces the sums across the quad, normalises `out`
+    // and returns each row's natural-log log-sum-exp in lse[r]. Rows that saw
+    // no key get out = 0 and lse = -inf.
+    template <int kNAtomsO>
+    __device__ __forceinline__ void finalize(float (&out)[kMAtoms][kNAtomsO][4], float softmax_scale,
+                                             float (&lse)[kRows]) {
+#pragma unroll
+        for (int m = 0; m < kMAtoms; ++m) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int r = m * 2 + half;
+                const float sum = quad_sum(row_sum[r]);
+                const bool empty = sum == 0.f;
+                const float inv_sum = empty ? 0.f : 1.f / sum;
+                lse[r] = empty ? -INFINITY : row_max[r] * softmax_scale + logf(sum);
+#pragma unroll
+                for (int n = 0; n < kNAtomsO; ++n) {
+                    out[m][n][half * 2] *= inv_sum;
+                    out[m][n][half * 2 + 1] *= inv_sum;
+                }
+            }
+        }
+    }
+};
+
+}  // namespace flashcore

@@ -1,0 +1,198 @@
+// The exported C functions. Each one clears the thread's error message,
+// checks its arguments, and never lets a C++ exception cross the boundary.
+#include <cuda_runtime_api.h>
+
+#include <new>
+
+#include "dispatch.h"
+#include "error.h"
+#include "flashcore.h"
+#include "handle.h"
+#include "validate.h"
+
+namespace flashcore {
+namespace {
+
+#define FLASHCORE_STR2(x) #x
+#define FLASHCORE_STR(x) FLASHCORE_STR2(x)
+constexpr const char kVersionString[] = FLASHCORE_STR(FLASHCORE_VERSION_MAJOR) "." FLASHCORE_STR(
+    FLASHCORE_VERSION_MINOR) "." FLASHCORE_STR(FLASHCORE_VERSION_PATCH);
+
+// Runs an API body with the thread's message cleared and exceptions mapped to
+// statuses.
+template <typename Body>
+flashcore_status guarded(const char *function, Body &&body) noexcept {
+    clear_error();
+    try {
+        return body();
+    } catch (const std::bad_alloc &) {
+        return fail(FLASHCORE_STATUS_OUT_OF_MEMORY, "%s: out of host memory", function);
+    } catch (...) {
+        return fail(FLASHCORE_STATUS_INTERNAL, "%s: unexpected internal exception", function);
+    }
+}
+
+flashcore_status check_handle(flashcore_handle handle) {
+    if (handle == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "handle is NULL");
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+#define FLASHCORE_TRY(expr)                                       \
+    do {                                                          \
+        const flashcore_status status_ = (expr);                  \
+        if (status_ != FLASHCORE_STATUS_SUCCESS) return status_;  \
+    } while (0)
+
+}  // namespace
+}  // namespace flashcore
+
+using namespace flashcore;
+
+extern "C" {
+
+unsigned flashcore_version_number(void) { return FLASHCORE_VERSION_NUMBER; }
+
+const char *flashcore_version_string(void) { return kVersionString; }
+
+const char *flashcore_status_string(flashcore_status status) {
+    switch (status) {
+        case FLASHCORE_STATUS_SUCCESS: return "success";
+        case FLASHCORE_STATUS_INVALID_ARGUMENT: return "invalid argument";
+        case FLASHCORE_STATUS_UNSUPPORTED: return "unsupported";
+        case FLASHCORE_STATUS_MISALIGNED: return "misaligned";
+        case FLASHCORE_STATUS_WORKSPACE_TOO_SMALL: return "workspace too small";
+        case FLASHCORE_STATUS_NO_DEVICE: return "no CUDA device or driver";
+        case FLASHCORE_STATUS_CUDA_ERROR: return "CUDA error";
+        case FLASHCORE_STATUS_OUT_OF_MEMORY: return "out of memory";
+        case FLASHCORE_STATUS_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+const char *flashcore_last_error_message(void) { return last_error_message(); }
+
+flashcore_status flashcore_create(flashcore_handle *handle) {
+    return guarded(__func__, [&] {
+        if (handle == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "handle is NULL");
+        *handle = nullptr;
+        int device = 0;
+        const cudaError_t err = cudaGetDevice(&device);
+        if (err != cudaSuccess) {
+            cudaGetLastError();
+            return create_handle(0, handle);  // reports the missing device or driver
+        }
+        return create_handle(device, handle);
+    });
+}
+
+flashcore_status flashcore_create_for_device(flashcore_handle *handle, int device) {
+    return guarded(__func__, [&] {
+        if (handle == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "handle is NULL");
+        *handle = nullptr;
+        return create_handle(device, handle);
+    });
+}
+
+flashcore_status flashcore_destroy(flashcore_handle handle) {
+    return guarded(__func__, [&] {
+        delete handle;
+        return FLASHCORE_STATUS_SUCCESS;
+    });
+}
+
+flashcore_status flashcore_handle_device(flashcore_handle handle, int *device) {
+    return guarded(__func__, [&] {
+        FLASHCORE_TRY(check_handle(handle));
+        if (device == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "device is NULL");
+        *device = handle->device;
+        return FLASHCORE_STATUS_SUCCESS;
+    });
+}
+
+flashcore_status flashcore_forward_params_init(flashcore_forward_params *params) {
+    return guarded(__func__, [&] {
+        if (params == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL");
+        *params = flashcore_forward_params{};
+        params->struct_size = sizeof(flashcore_forward_params);
+        params->dtype = FLASHCORE_DTYPE_FP16;
+        params->softmax_scale = FLASHCORE_SOFTMAX_SCALE_DEFAULT;
+        return FLASHCORE_STATUS_SUCCESS;
+    });
+}
+
+flashcore_status flashcore_set_contiguous_strides(flashcore_forward_params *params, flashcore_layout layout) {
+    return guarded(__func__, [&] {
+        if (params == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL");
+        if (layout != FLASHCORE_LAYOUT_BHSD && layout != FLASHCORE_LAYOUT_BSHD) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                        "layout %d is not one of FLASHCORE_LAYOUT_BHSD (0), FLASHCORE_LAYOUT_BSHD (1)", int(layout));
+        }
+        // Shapes must be valid first: the strides are products of them.
+        flashcore_forward_params p;
+        FLASHCORE_TRY(read_params(params, &p));
+        const struct {
+            int32_t value;
+            const char *name;
+        } sizes[] = {{p.batch_size, "batch_size"},   {p.seqlen_q, "seqlen_q"},         {p.seqlen_k, "seqlen_k"},
+                     {p.num_heads_q, "num_heads_q"}, {p.num_heads_kv, "num_heads_kv"}, {p.head_dim, "head_dim"}};
+        for (const auto &s : sizes) {
+            if (s.value < 1) {
+                return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s (%d) must be set and >= 1 before strides",
+                            s.name, int(s.value));
+            }
+        }
+        const int64_t d = p.head_dim;
+        auto set = [&](int64_t seqlen, int64_t heads, int64_t *batch_stride, int64_t *seq_stride,
+                       int64_t *head_stride) {
+            if (layout == FLASHCORE_LAYOUT_BHSD) {
+                *seq_stride = d;
+                *head_stride = seqlen * d;
+            } else {
+                *head_stride = d;
+                *seq_stride = heads * d;
+            }
+            *batch_stride = heads * seqlen * d;
+        };
+        set(p.seqlen_q, p.num_heads_q, &params->q_batch_stride, &params->q_seq_stride, &params->q_head_stride);
+        set(p.seqlen_k, p.num_heads_kv, &params->k_batch_stride, &params->k_seq_stride, &params->k_head_stride);
+        set(p.seqlen_k, p.num_heads_kv, &params->v_batch_stride, &params->v_seq_stride, &params->v_head_stride);
+        set(p.seqlen_q, p.num_heads_q, &params->out_batch_stride, &params->out_seq_stride,
+            &params->out_head_stride);
+        return FLASHCORE_STATUS_SUCCESS;
+    });
+}
+
+flashcore_status flashcore_forward_check(const flashcore_forward_params *params) {
+    return guarded(__func__, [&] {
+        flashcore_forward_params p;
+        FLASHCORE_TRY(read_params(params, &p));
+        FLASHCORE_TRY(validate_shapes(p));
+        return validate_tensors(p);
+    });
+}
+
+flashcore_status flashcore_forward_workspace_size(flashcore_handle handle, const flashcore_forward_params *params,
+                                                  size_t *workspace_bytes) {
+    return guarded(__func__, [&] {
+        FLASHCORE_TRY(check_handle(handle));
+        if (workspace_bytes == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "workspace_bytes is NULL");
+        flashcore_forward_params p;
+        FLASHCORE_TRY(read_params(params, &p));
+        FLASHCORE_TRY(validate_shapes(p));
+        return forward_workspace_bytes(*handle, p, workspace_bytes);
+    });
+}
+
+flashcore_status flashcore_forward(flashcore_handle handle, const flashcore_forward_params *params, void *workspace,
+                                   size_t workspace_bytes, void *stream) {
+    return guarded(__func__, [&] {
+        FLASHCORE_TRY(check_handle(handle));
+        flashcore_forward_params p;
+        FLASHCORE_TRY(read_params(params, &p));
+        FLASHCORE_TRY(validate_shapes(p));
+        FLASHCORE_TRY(validate_tensors(p));
+        return launch_forward(*handle, p, workspace, workspace_bytes, stream);
+    });
+}
+
+}  // extern "C"

@@ -1,0 +1,115 @@
+#include "dispatch.h"
+
+#include <climits>
+#include <cmath>
+
+#include "error.h"
+#include "handle.h"
+#include "launch.h"
+#include "validate.h"
+
+namespace flashcore {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct KernelEntry {
+    cudaError_t (*run)(const FwdKernelParams &, cudaStream_t);
+    FwdKernelInfo (*info)();
+};
+
+template <DType kDType, int kHeadDim>
+constexpr KernelEntry entry() {
+    return {&run_flash_fwd<kDType, kHeadDim>, &flash_fwd_info<kDType, kHeadDim>};
+}
+
+KernelEntry select_kernel(const flashcore_forward_params &p) {
+    const bool bf16 = p.dtype == FLASHCORE_DTYPE_BF16;
+    if (p.head_dim == 64) return bf16 ? entry<DType::kBf16, 64>() : entry<DType::kFp16, 64>();
+    return bf16 ? entry<DType::kBf16, 128>() : entry<DType::kFp16, 128>();
+}
+
+FwdKernelParams kernel_params(const flashcore_forward_params &p) {
+    FwdKernelParams k{};
+    k.q = p.q;
+    k.k = p.k;
+    k.v = p.v;
+    k.out = p.out;
+    k.lse = p.lse;
+    k.q_batch_stride = p.q_batch_stride;
+    k.q_seq_stride = p.q_seq_stride;
+    k.q_head_stride = p.q_head_stride;
+    k.k_batch_stride = p.k_batch_stride;
+    k.k_seq_stride = p.k_seq_stride;
+    k.k_head_stride = p.k_head_stride;
+    k.v_batch_stride = p.v_batch_stride;
+    k.v_seq_stride = p.v_seq_stride;
+    k.v_head_stride = p.v_head_stride;
+    k.out_batch_stride = p.out_batch_stride;
+    k.out_seq_stride = p.out_seq_stride;
+    k.out_head_stride = p.out_head_stride;
+    k.batch_size = p.batch_size;
+    k.seqlen_q = p.seqlen_q;
+    k.seqlen_k = p.seqlen_k;
+    k.num_heads_q = p.num_heads_q;
+    k.num_heads_kv = p.num_heads_kv;
+    k.head_dim = p.head_dim;
+    k.softmax_scale = effective_softmax_scale(p);
+    k.softmax_scale_log2 = k.softmax_scale * kLog2e;
+    k.causal = p.causal != 0;
+    return k;
+}
+
+}  // namespace
+
+flashcore_status forward_workspace_bytes(const flashcore_handle_s &, const flashcore_forward_params &,
+                                         size_t *bytes) {
+    // The portable kernels keep all state on chip.
+    *bytes = 0;
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcore_forward_params &p,
+                                void *workspace, size_t workspace_bytes, void *stream) {
+    size_t needed = 0;
+    flashcore_status status = forward_workspace_bytes(handle, p, &needed);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    if (workspace_bytes < needed) {
+        return fail(FLASHCORE_STATUS_WORKSPACE_TOO_SMALL,
+                    "workspace_bytes (%zu) is smaller than the %zu bytes flashcore_forward_workspace_size asks for",
+                    workspace_bytes, needed);
+    }
+    if (workspace_bytes > 0 && workspace == nullptr) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "workspace is NULL but workspace_bytes is %zu",
+                    workspace_bytes);
+    }
+    if (reinterpret_cast<uintptr_t>(workspace) % FLASHCORE_ALIGNMENT != 0) {
+        return fail(FLASHCORE_STATUS_MISALIGNED, "workspace (%p) must be %d-byte aligned", workspace,
+                    FLASHCORE_ALIGNMENT);
+    }
+
+    const KernelEntry kernel = select_kernel(p);
+    const FwdKernelInfo info = kernel.info();
+    if (info.smem_bytes > handle.max_smem_per_block) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "head_dim %d needs %zu bytes of shared memory per block; device %d (sm_%d%d) allows %zu",
+                    int(p.head_dim), info.smem_bytes, handle.device, handle.cc_major, handle.cc_minor,
+                    handle.max_smem_per_block);
+    }
+    const int64_t num_blocks =
+        int64_t((p.seqlen_q + info.block_m - 1) / info.block_m) * p.num_heads_q * p.batch_size;
+    if (num_blocks > INT_MAX) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "batch_size * num_heads_q * ceil(seqlen_q / %d) = %lld thread blocks exceeds the grid limit "
+                    "(%d)",
+                    info.block_m, static_cast<long long>(num_blocks), INT_MAX);
+    }
+
+    DeviceGuard guard(handle.device);
+    if (guard.status() != FLASHCORE_STATUS_SUCCESS) return guard.status();
+    const cudaError_t err = kernel.run(kernel_params(p), static_cast<cudaStream_t>(stream));
+    if (err != cudaSuccess) return fail_cuda(err, "launching the attention kernel");
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+}  // namespace flashcore

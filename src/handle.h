@@ -1,0 +1,41 @@
+// What a handle caches about its device, and a guard that makes that device
+// current for the length of an API call.
+#pragma once
+
+#include <cstddef>
+
+#include "flashcore.h"
+
+struct flashcore_handle_s {
+    int device;
+    int cc_major;
+    int cc_minor;
+    int num_sms;
+    size_t max_smem_per_block;  // opt-in limit, for kernels above 48 KB
+};
+
+namespace flashcore {
+
+// The oldest architecture with the instructions the portable kernels use
+// (cp.async, ldmatrix, bf16 mma.sync).
+constexpr int kMinComputeMajor = 8;
+
+flashcore_status create_handle(int device, flashcore_handle *handle);
+
+// Makes `device` current on the calling thread and restores the previous one
+// on destruction. status() reports a failure to switch.
+class DeviceGuard {
+   public:
+    explicit DeviceGuard(int device);
+    ~DeviceGuard();
+    DeviceGuard(const DeviceGuard &) = delete;
+    DeviceGuard &operator=(const DeviceGuard &) = delete;
+    flashcore_status status() const { return status_; }
+
+   private:
+    int previous_ = -1;
+    bool switched_ = false;
+    flashcore_status status_ = FLASHCORE_STATUS_SUCCESS;
+};
+
+}  // namespace flashcore
