@@ -1,0 +1,126 @@
+/*
+ * Compiled with -fsyntax-only by the header.abi.* tests (as C99 and as C++):
+ * pins the parts of flashcore.h that are ABI, as the header's policy states
+ * them. It fails to compile when
+ *   - an enumerator is renumbered or removed,
+ *   - a field of flashcore_forward_params moves, changes size or is removed
+ *     (new fields may only be appended: the struct may grow),
+ *   - a function changes its signature (flashcore_test_api.h),
+ *   - a documented macro changes value.
+ */
+#include "flashcore.h"
+#include "flashcore_test_api.h"
+
+#include <stddef.h>
+
+/* C99 has no static_assert: a negative array size stops the compilation. */
+#define FC_ASSERT(name, cond) typedef char flashcore_abi_##name[(cond) ? 1 : -1]
+
+/* Status codes: never renumbered. */
+FC_ASSERT(status_success, FLASHCORE_STATUS_SUCCESS == 0);
+FC_ASSERT(status_invalid_argument, FLASHCORE_STATUS_INVALID_ARGUMENT == 1);
+FC_ASSERT(status_unsupported, FLASHCORE_STATUS_UNSUPPORTED == 2);
+FC_ASSERT(status_misaligned, FLASHCORE_STATUS_MISALIGNED == 3);
+FC_ASSERT(status_workspace_too_small, FLASHCORE_STATUS_WORKSPACE_TOO_SMALL == 4);
+FC_ASSERT(status_no_device, FLASHCORE_STATUS_NO_DEVICE == 5);
+FC_ASSERT(status_cuda_error, FLASHCORE_STATUS_CUDA_ERROR == 6);
+FC_ASSERT(status_out_of_memory, FLASHCORE_STATUS_OUT_OF_MEMORY == 7);
+FC_ASSERT(status_internal, FLASHCORE_STATUS_INTERNAL == 8);
+FC_ASSERT(status_size, sizeof(flashcore_status) == sizeof(int));
+
+FC_ASSERT(dtype_fp16, FLASHCORE_DTYPE_FP16 == 1);
+FC_ASSERT(dtype_bf16, FLASHCORE_DTYPE_BF16 == 2);
+FC_ASSERT(layout_bhsd, FLASHCORE_LAYOUT_BHSD == 0);
+FC_ASSERT(layout_bshd, FLASHCORE_LAYOUT_BSHD == 1);
+FC_ASSERT(layout_size, sizeof(flashcore_layout) == sizeof(int));
+
+FC_ASSERT(alignment, FLASHCORE_ALIGNMENT == 16);
+FC_ASSERT(softmax_scale_default, (int)FLASHCORE_SOFTMAX_SCALE_DEFAULT == 0);
+FC_ASSERT(version_number,
+          FLASHCORE_VERSION_NUMBER ==
+              FLASHCORE_VERSION_MAJOR * 10000 + FLASHCORE_VERSION_MINOR * 100 + FLASHCORE_VERSION_PATCH);
+
+/* flashcore_forward_params: every field at its place with its size. The
+ * offsets are those of LP64 (x86-64 and aarch64 Linux, where CUDA runs);
+ * struct_size must come first everywhere. */
+#define FC_FIELD_SIZE(field) sizeof(((flashcore_forward_params *)0)->field)
+#define FC_FIELD(field, offset, size)                                                   \
+    FC_ASSERT(field##_offset, offsetof(flashcore_forward_params, field) == (offset)); \
+    FC_ASSERT(field##_size, FC_FIELD_SIZE(field) == (size))
+
+FC_ASSERT(struct_size_first, offsetof(flashcore_forward_params, struct_size) == 0);
+FC_ASSERT(struct_size_type, FC_FIELD_SIZE(struct_size) == sizeof(size_t));
+
+#if defined(__LP64__) || defined(_LP64)
+FC_FIELD(dtype, 8, 4);
+FC_FIELD(batch_size, 12, 4);
+FC_FIELD(seqlen_q, 16, 4);
+FC_FIELD(seqlen_k, 20, 4);
+FC_FIELD(num_heads_q, 24, 4);
+FC_FIELD(num_heads_kv, 28, 4);
+FC_FIELD(head_dim, 32, 4);
+FC_FIELD(causal, 36, 4);
+FC_FIELD(softmax_scale, 40, 4);
+FC_FIELD(q, 48, 8);
+FC_FIELD(k, 56, 8);
+FC_FIELD(v, 64, 8);
+FC_FIELD(out, 72, 8);
+FC_FIELD(lse, 80, 8);
+FC_FIELD(q_batch_stride, 88, 8);
+FC_FIELD(q_seq_stride, 96, 8);
+FC_FIELD(q_head_stride, 104, 8);
+FC_FIELD(k_batch_stride, 112, 8);
+FC_FIELD(k_seq_stride, 120, 8);
+FC_FIELD(k_head_stride, 128, 8);
+FC_FIELD(v_batch_stride, 136, 8);
+FC_FIELD(v_seq_stride, 144, 8);
+FC_FIELD(v_head_stride, 152, 8);
+FC_FIELD(out_batch_stride, 160, 8);
+FC_FIELD(out_seq_stride, 168, 8);
+FC_FIELD(out_head_stride, 176, 8);
+FC_ASSERT(params_size, sizeof(flashcore_forward_params) >= 184);
+#endif
+
+/* Every function, assigned to a pointer of the exact type it had when this
+ * ABI was fixed: a changed signature does not compile. */
+const flashcore_test_api *flashcore_abi_functions(void);
+
+const flashcore_test_api *flashcore_abi_functions(void)
+{
+    static const flashcore_test_api api = {FLASHCORE_TEST_API(FLASHCORE_TEST_API_LINKED)};
+    return &api;
+}
+
+/* Every enumerator used through its enum type. */
+int flashcore_abi_enums(flashcore_status s, flashcore_dtype d, flashcore_layout l);
+
+int flashcore_abi_enums(flashcore_status s, flashcore_dtype d, flashcore_layout l)
+{
+    int n = 0;
+    switch (s) {
+    case FLASHCORE_STATUS_SUCCESS:
+    case FLASHCORE_STATUS_INVALID_ARGUMENT:
+    case FLASHCORE_STATUS_UNSUPPORTED:
+    case FLASHCORE_STATUS_MISALIGNED:
+    case FLASHCORE_STATUS_WORKSPACE_TOO_SMALL:
+    case FLASHCORE_STATUS_NO_DEVICE:
+    case FLASHCORE_STATUS_CUDA_ERROR:
+    case FLASHCORE_STATUS_OUT_OF_MEMORY:
+    case FLASHCORE_STATUS_INTERNAL:
+        n += 1;
+        break;
+    }
+    switch (d) {
+    case FLASHCORE_DTYPE_FP16:
+    case FLASHCORE_DTYPE_BF16:
+        n += 2;
+        break;
+    }
+    switch (l) {
+    case FLASHCORE_LAYOUT_BHSD:
+    case FLASHCORE_LAYOUT_BSHD:
+        n += 4;
+        break;
+    }
+    return n;
+}

@@ -1,0 +1,96 @@
+#include "device_tensors.h"
+
+#include <cstring>
+
+namespace flashcore_test {
+
+bool cuda_device_available(std::string *reason) {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        *reason = std::string("no CUDA device: ") + cudaGetErrorString(err);
+        return false;
+    }
+    if (count == 0) {
+        *reason = "no CUDA device is visible";
+        return false;
+    }
+    return true;
+}
+
+uint16_t to_bits(flashcore_dtype dtype, float x) {
+    uint16_t bits;
+    if (dtype == FLASHCORE_DTYPE_BF16) {
+        const __nv_bfloat16 h = __float2bfloat16_rn(x);
+        std::memcpy(&bits, &h, sizeof bits);
+    } else {
+        const __half h = __float2half_rn(x);
+        std::memcpy(&bits, &h, sizeof bits);
+    }
+    return bits;
+}
+
+float from_bits(flashcore_dtype dtype, uint16_t bits) {
+    if (dtype == FLASHCORE_DTYPE_BF16) {
+        __nv_bfloat16 h;
+        std::memcpy(&h, &bits, sizeof bits);
+        return __bfloat162float(h);
+    }
+    __half h;
+    std::memcpy(&h, &bits, sizeof bits);
+    return __half2float(h);
+}
+
+float round_to(flashcore_dtype dtype, float x) { return from_bits(dtype, to_bits(dtype, x)); }
+
+DeviceTensor::~DeviceTensor() {
+    if (data != nullptr) cudaFree(data);
+}
+
+void DeviceTensor::allocate(int batch_, int heads_, int seqlen_, int head_dim_, int64_t batch_stride_,
+                            int64_t seq_stride_, int64_t head_stride_) {
+    batch = batch_;
+    heads = heads_;
+    seqlen = seqlen_;
+    head_dim = head_dim_;
+    batch_stride = batch_stride_;
+    seq_stride = seq_stride_;
+    head_stride = head_stride_;
+    capacity = offset(batch - 1, heads - 1, seqlen - 1) + size_t(head_dim);
+    FC_CHECK_CUDA(cudaMalloc(&data, capacity * sizeof(uint16_t)));
+    poison();
+}
+
+void DeviceTensor::upload(flashcore_dtype dtype, const std::vector<float> &dense) {
+    std::vector<uint16_t> host(capacity, 0xFFFFu);
+    size_t i = 0;
+    for (int b = 0; b < batch; ++b)
+        for (int h = 0; h < heads; ++h)
+            for (int s = 0; s < seqlen; ++s)
+                for (int c = 0; c < head_dim; ++c) host[offset(b, h, s) + c] = to_bits(dtype, dense[i++]);
+    FC_CHECK_CUDA(cudaMemcpy(data, host.data(), capacity * sizeof(uint16_t), cudaMemcpyHostToDevice));
+}
+
+std::vector<float> DeviceTensor::download(flashcore_dtype dtype) const {
+    std::vector<uint16_t> host(capacity);
+    FC_CHECK_CUDA(cudaMemcpy(host.data(), data, capacity * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    std::vector<float> dense;
+    dense.reserve(size_t(batch) * heads * seqlen * head_dim);
+    for (int b = 0; b < batch; ++b)
+        for (int h = 0; h < heads; ++h)
+            for (int s = 0; s < seqlen; ++s)
+                for (int c = 0; c < head_dim; ++c) dense.push_back(from_bits(dtype, host[offset(b, h, s) + c]));
+    return dense;
+}
+
+void DeviceTensor::poison() { FC_CHECK_CUDA(cudaMemset(data, 0xFF, capacity * sizeof(uint16_t))); }
+
+std::vector<float> random_values(flashcore_dtype dtype, size_t n, std::mt19937_64 &rng) {
+    std::normal_distribution<float> dist(0.f, 1.f);
+    std::vector<float> values(n);
+    for (auto &x : values) x = round_to(dtype, dist(rng));
+    return values;
+}
+
+}  // namespace flashcore_test

@@ -1,0 +1,65 @@
+// Host <-> device helpers for the GPU tests and the demo: CUDA error checks,
+// fp16/bf16 conversion, strided attention tensors with their logical view.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "flashcore.h"
+
+namespace flashcore_test {
+
+// Throws with the failed call and the CUDA error: tests report it as a
+// failure, the demo prints it.
+#define FC_CHECK_CUDA(call)                                                                                   \
+    do {                                                                                                      \
+        const cudaError_t err_ = (call);                                                                      \
+        if (err_ != cudaSuccess)                                                                              \
+            throw std::runtime_error(std::string(#call) + " failed: " + cudaGetErrorString(err_) + " at " +   \
+                                     __FILE__ + ":" + std::to_string(__LINE__));                              \
+    } while (0)
+
+// Whether a CUDA device is usable here; *reason says why not.
+bool cuda_device_available(std::string *reason);
+
+// Rounds through the element type and returns the rounded value.
+float round_to(flashcore_dtype dtype, float x);
+uint16_t to_bits(flashcore_dtype dtype, float x);
+float from_bits(flashcore_dtype dtype, uint16_t bits);
+
+// One attention tensor on the device: [batch, heads, seqlen, head_dim]
+// logically, stored with arbitrary element strides inside a buffer of
+// `capacity` elements.
+struct DeviceTensor {
+    int batch = 0, heads = 0, seqlen = 0, head_dim = 0;
+    int64_t batch_stride = 0, seq_stride = 0, head_stride = 0;
+    size_t capacity = 0;
+    void *data = nullptr;
+
+    DeviceTensor() = default;
+    DeviceTensor(const DeviceTensor &) = delete;
+    DeviceTensor &operator=(const DeviceTensor &) = delete;
+    ~DeviceTensor();
+
+    void allocate(int batch_, int heads_, int seqlen_, int head_dim_, int64_t batch_stride_, int64_t seq_stride_,
+                  int64_t head_stride_);
+    size_t offset(int b, int h, int s) const { return size_t(b * batch_stride + h * head_stride + s * seq_stride); }
+    // Writes dense BHSD float values (rounded to dtype) into the strided layout.
+    void upload(flashcore_dtype dtype, const std::vector<float> &dense_bhsd);
+    // Reads the strided layout back as dense BHSD floats.
+    std::vector<float> download(flashcore_dtype dtype) const;
+    // Fills the whole buffer with 0xFF bytes: NaN in fp16 and bf16.
+    void poison();
+};
+
+// n values from a normal distribution, rounded to dtype.
+std::vector<float> random_values(flashcore_dtype dtype, size_t n, std::mt19937_64 &rng);
+
+}  // namespace flashcore_test

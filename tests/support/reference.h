@@ -1,0 +1,37 @@
+// Float64 reference attention on the CPU, and the error statistics the tests
+// and the demo report against it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace flashcore_test {
+
+struct Problem {
+    int batch = 1;
+    int seqlen_q = 1;
+    int seqlen_k = 1;
+    int heads_q = 1;
+    int heads_kv = 1;
+    int head_dim = 64;
+    bool causal = false;
+    double softmax_scale = 0;  // 0: 1/sqrt(head_dim)
+};
+
+// Dense [batch, heads, seqlen, head_dim] tensors of float values (already
+// rounded to the kernel's input precision). out and lse are resized. Rows
+// with no visible key get out = 0 and lse = -inf. Runs on all cores.
+void reference_attention(const Problem &p, const std::vector<float> &q, const std::vector<float> &k,
+                         const std::vector<float> &v, std::vector<double> &out, std::vector<double> &lse);
+
+struct ErrorStats {
+    double max_abs = 0;
+    double rel_l2 = 0;   // ||got - ref|| / ||ref||
+    size_t non_finite = 0;  // got values that are NaN or +-inf where ref is finite
+    size_t mismatched_inf = 0;  // ref is +-inf but got differs
+};
+
+ErrorStats compare(const std::vector<float> &got, const std::vector<double> &ref);
+
+}  // namespace flashcore_test

@@ -1,0 +1,139 @@
+# cmake -DLIBRARY=<libflashcore.so...> -DNM=<nm> -DREADELF=<readelf> -DCHECK=<check>
+#       -P check_library.cmake
+#
+# Checks on the built shared library, one per CHECK:
+#   exports           every dynamic symbol it defines starts with flashcore_
+#                     (version-script nodes such as FLASHCORE_0, absolute
+#                     symbols, aside) and is declared in flashcore.h
+#   header_functions  every function flashcore.h declares is exported
+#   soname            the SONAME is libflashcore.so.<MAJOR> and the file is
+#                     libflashcore.so.<MAJOR.MINOR.PATCH>, from the header
+#   static_cudart     no DT_NEEDED on libcudart (it is linked statically) nor
+#                     on libcuda (the driver is loaded at run time, so the
+#                     library loads, and reports NO_DEVICE, without a driver)
+cmake_minimum_required(VERSION 3.16)
+include(${CMAKE_CURRENT_LIST_DIR}/../header/FlashcoreHeaderApi.cmake)
+
+foreach(var LIBRARY CHECK)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "check_library.cmake: -D${var}= is required")
+  endif()
+endforeach()
+if(NOT EXISTS "${LIBRARY}")
+  message(FATAL_ERROR "library not found: ${LIBRARY}")
+endif()
+
+# run(<out> <command...>): the command's stdout; fails the check if it fails.
+function(run out)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "`${ARGN}` failed (${rc}):\n${stderr}")
+  endif()
+  set(${out} "${stdout}" PARENT_SCOPE)
+endfunction()
+
+# dynamic_entries(<out> <tag>): values of the readelf -d entries with that tag.
+function(dynamic_entries out tag)
+  run(dynamic ${READELF} -d ${LIBRARY})
+  string(REGEX MATCHALL "\\(${tag}\\)[^\n]*\\[[^]\n]*\\]" entries "${dynamic}")
+  set(values "")
+  foreach(entry IN LISTS entries)
+    string(REGEX REPLACE ".*\\[([^]]*)\\]$" "\\1" value "${entry}")
+    list(APPEND values "${value}")
+  endforeach()
+  set(${out} "${values}" PARENT_SCOPE)
+endfunction()
+
+# Exported symbols as "<nm type letter> <name>", version suffix dropped.
+function(exported_symbols out)
+  run(listing ${NM} -D --defined-only ${LIBRARY})
+  string(REPLACE "\n" ";" lines "${listing}")
+  set(symbols "")
+  foreach(line IN LISTS lines)
+    if(line MATCHES "^[0-9A-Fa-f]* *([A-Za-z]) ([^@ ]+)")
+      list(APPEND symbols "${CMAKE_MATCH_1} ${CMAKE_MATCH_2}")
+    elseif(NOT line STREQUAL "")
+      message(FATAL_ERROR "cannot read this line of `nm -D`: ${line}")
+    endif()
+  endforeach()
+  set(${out} "${symbols}" PARENT_SCOPE)
+endfunction()
+
+# report(<list variable> <what>): adds the list, if not empty, to `problems`.
+set(problems "")
+macro(report list what)
+  if(${list})
+    list(JOIN ${list} "\n  " _text)
+    string(APPEND problems "${what}:\n  ${_text}\n")
+  endif()
+endmacro()
+
+flashcore_header_functions(header_functions)
+flashcore_header_version(version)
+string(REGEX MATCH "^[0-9]+" major "${version}")
+
+if(CHECK STREQUAL "exports")
+  exported_symbols(symbols)
+  set(foreign "")
+  set(undeclared "")
+  set(count 0)
+  foreach(symbol IN LISTS symbols)
+    string(REGEX REPLACE "^(.) (.*)$" "\\1;\\2" parts "${symbol}")
+    list(GET parts 0 type)
+    list(GET parts 1 name)
+    if(type STREQUAL "A" AND name MATCHES "^[A-Z][A-Z0-9_.]*$")
+      continue() # a version node of the version script
+    endif()
+    math(EXPR count "${count} + 1")
+    if(NOT name MATCHES "^flashcore_")
+      list(APPEND foreign "${symbol}")
+    elseif(NOT name IN_LIST header_functions)
+      list(APPEND undeclared "${symbol}")
+    endif()
+  endforeach()
+  report(foreign "exported symbols without the flashcore_ prefix (nm type, name)")
+  report(undeclared "exported flashcore_ symbols that flashcore.h does not declare")
+  message(STATUS "${count} exported symbols (version nodes aside) checked")
+
+elseif(CHECK STREQUAL "header_functions")
+  exported_symbols(symbols)
+  set(missing "")
+  foreach(name IN LISTS header_functions)
+    if(NOT "T ${name}" IN_LIST symbols)
+      list(APPEND missing "${name}")
+    endif()
+  endforeach()
+  report(missing "functions declared in flashcore.h but not exported as functions (nm type T)")
+  list(LENGTH header_functions count)
+  message(STATUS "${count} functions declared in flashcore.h checked")
+
+elseif(CHECK STREQUAL "soname")
+  dynamic_entries(soname SONAME)
+  if(NOT soname STREQUAL "libflashcore.so.${major}")
+    message(FATAL_ERROR "SONAME is '${soname}', expected libflashcore.so.${major}")
+  endif()
+  get_filename_component(file_name "${LIBRARY}" NAME)
+  if(NOT file_name STREQUAL "libflashcore.so.${version}")
+    message(FATAL_ERROR "the library is ${file_name}, expected libflashcore.so.${version} "
+                        "(the version in flashcore.h)")
+  endif()
+  message(STATUS "SONAME ${soname}, file ${file_name}")
+
+elseif(CHECK STREQUAL "static_cudart")
+  dynamic_entries(needed NEEDED)
+  message(STATUS "NEEDED: ${needed}")
+  set(cuda "")
+  foreach(lib IN LISTS needed)
+    if(lib MATCHES "^lib(cudart|cuda)\\.so")
+      list(APPEND cuda "${lib}")
+    endif()
+  endforeach()
+  report(cuda "the library needs CUDA shared libraries; the runtime must be linked statically")
+
+else()
+  message(FATAL_ERROR "unknown CHECK '${CHECK}'")
+endif()
+
+if(problems)
+  message(FATAL_ERROR "${problems}")
+endif()
