@@ -18,7 +18,7 @@ constexpr int kBatch = 1, kHeads = 8, kSeqlen = 512, kHeadDim = 64;
 constexpr int kWarmupCalls = 50;
 constexpr int kTimedCalls = 1000;
 // fp16 error bar against the float64 reference (as in the GPU tests).
-constexpr double kMaxRelL2 = 1.5e-3;
+constexpr double kMaxRelL2 = 5.7e-4;
 
 int run() {
     std::string reason;
@@ -51,7 +51,7 @@ int run() {
     dv.upload(dtype, v);
 
     flashcore_forward_params p;
-    flashcore_forward_params_init(&p);
+    flashcore_forward_params_init(&p, sizeof p);
     p.dtype = dtype;
     p.batch_size = kBatch;
     p.seqlen_q = p.seqlen_k = kSeqlen;

@@ -27,7 +27,7 @@ int main(void) {
     cudaMemset(v, 0x3C, count * 2);
 
     flashcore_forward_params p;
-    flashcore_forward_params_init(&p);
+    flashcore_forward_params_init(&p, sizeof p);
     p.dtype = FLASHCORE_DTYPE_FP16;
     p.batch_size = batch;
     p.seqlen_q = p.seqlen_k = seqlen;

@@ -21,7 +21,7 @@
  *         ...
  *     }
  *     flashcore_forward_params p;
- *     flashcore_forward_params_init(&p);     // sets struct_size and defaults
+ *     flashcore_forward_params_init(&p, sizeof p);  // sets struct_size, defaults
  *     p.dtype = FLASHCORE_DTYPE_FP16;
  *     p.batch_size = 1; p.num_heads_q = p.num_heads_kv = 8;
  *     p.seqlen_q = p.seqlen_k = 512; p.head_dim = 64;
@@ -239,9 +239,11 @@ typedef struct flashcore_forward_params {
     int64_t out_batch_stride, out_seq_stride, out_head_stride;
 } flashcore_forward_params;
 
-/* Zeroes *params, sets struct_size, dtype = FP16, softmax_scale = default,
- * causal = 0. Sizes, pointers and strides are left 0 for the caller. */
-FLASHCORE_API flashcore_status flashcore_forward_params_init(flashcore_forward_params *params);
+/* Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,
+ * softmax_scale = default, causal = 0; sizes, pointers and strides are left 0
+ * for the caller. Pass sizeof(flashcore_forward_params) as the caller
+ * compiled it: the library never writes past it, whatever its own version. */
+FLASHCORE_API flashcore_status flashcore_forward_params_init(flashcore_forward_params *params, size_t struct_size);
 
 /* Sets all twelve strides for densely packed q, k, v and out in the given
  * layout, from batch_size, seqlen_q, seqlen_k, num_heads_q, num_heads_kv and

@@ -109,13 +109,11 @@ flashcore_status flashcore_handle_device(flashcore_handle handle, int *device) {
     });
 }
 
-flashcore_status flashcore_forward_params_init(flashcore_forward_params *params) {
+flashcore_status flashcore_forward_params_init(flashcore_forward_params *params, size_t struct_size) {
     return guarded(__func__, [&] {
         if (params == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL");
-        *params = flashcore_forward_params{};
-        params->struct_size = sizeof(flashcore_forward_params);
-        params->dtype = FLASHCORE_DTYPE_FP16;
-        params->softmax_scale = FLASHCORE_SOFTMAX_SCALE_DEFAULT;
+        FLASHCORE_TRY(check_struct_size(struct_size, "struct_size"));
+        init_params(params, struct_size);
         return FLASHCORE_STATUS_SUCCESS;
     });
 }

@@ -11,9 +11,6 @@
 namespace flashcore {
 namespace {
 
-// A struct_size beyond this is not a flashcore_forward_params from any
-// header version, but an uninitialised field.
-constexpr size_t kMaxPlausibleStructSize = 64 * 1024;
 constexpr size_t kLseAlignment = alignof(float);
 constexpr size_t kElementBytes = 2;  // fp16 and bf16
 constexpr int64_t kStrideMultiple = FLASHCORE_ALIGNMENT / kElementBytes;
@@ -95,30 +92,51 @@ flashcore_status check_no_self_overlap(const TensorDims &t, int32_t head_dim) {
 
 }  // namespace
 
-flashcore_status read_params(const flashcore_forward_params *user, flashcore_forward_params *params) {
-    if (user == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL");
-    const size_t size = user->struct_size;
-    if (size < sizeof(flashcore_forward_params)) {
+flashcore_status check_struct_size(size_t size, const char *what) {
+    if (size < kParamsSizeV0_1) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                    "params->struct_size (%zu) is smaller than flashcore_forward_params of version 0.1 "
-                    "(%zu bytes); set it with flashcore_forward_params_init",
-                    size, sizeof(flashcore_forward_params));
+                    "%s (%zu) is smaller than flashcore_forward_params of version 0.1 (%zu bytes); pass "
+                    "sizeof(flashcore_forward_params) to flashcore_forward_params_init",
+                    what, size, kParamsSizeV0_1);
     }
     if (size > kMaxPlausibleStructSize) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                    "params->struct_size (%zu) is not a valid size; set it with flashcore_forward_params_init", size);
+                    "%s (%zu) is not a valid size; pass sizeof(flashcore_forward_params) to "
+                    "flashcore_forward_params_init",
+                    what, size);
     }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+void init_params(flashcore_forward_params *params, size_t struct_size) {
+    // Fields this library does not know (a newer caller's) are zero: their
+    // documented default.
+    std::memset(static_cast<void *>(params), 0, struct_size);
+    flashcore_forward_params defaults{};
+    defaults.struct_size = struct_size;
+    defaults.dtype = FLASHCORE_DTYPE_FP16;
+    defaults.softmax_scale = FLASHCORE_SOFTMAX_SCALE_DEFAULT;
+    std::memcpy(static_cast<void *>(params), &defaults, std::min(struct_size, sizeof defaults));
+}
+
+flashcore_status read_params(const flashcore_forward_params *user, flashcore_forward_params *params) {
+    if (user == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL");
+    const size_t size = user->struct_size;
+    const flashcore_status status = check_struct_size(size, "params->struct_size");
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
     // A struct from a newer header: fine as long as it uses nothing we lack.
-    const unsigned char *tail = reinterpret_cast<const unsigned char *>(user) + sizeof(flashcore_forward_params);
-    for (size_t i = 0; i < size - sizeof(flashcore_forward_params); ++i) {
-        if (tail[i] != 0) {
+    const unsigned char *bytes = reinterpret_cast<const unsigned char *>(user);
+    for (size_t i = sizeof(flashcore_forward_params); i < size; ++i) {
+        if (bytes[i] != 0) {
             return fail(FLASHCORE_STATUS_UNSUPPORTED,
                         "params sets fields beyond the %zu bytes this library (version %s) knows; it was "
                         "built against a newer flashcore.h",
                         sizeof(flashcore_forward_params), flashcore_version_string());
         }
     }
-    std::memcpy(params, user, sizeof(flashcore_forward_params));
+    // A struct from an older header keeps the defaults of the fields it lacks.
+    init_params(params, sizeof(flashcore_forward_params));
+    std::memcpy(static_cast<void *>(params), user, std::min(size, sizeof(flashcore_forward_params)));
     return FLASHCORE_STATUS_SUCCESS;
 }
 

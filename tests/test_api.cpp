@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <functional>
 #include <set>
@@ -22,7 +23,7 @@ void *fake_pointer(uintptr_t address) { return reinterpret_cast<void *>(address)
 
 flashcore_forward_params valid_params() {
     flashcore_forward_params p;
-    EXPECT_EQ(flashcore_forward_params_init(&p), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
     p.batch_size = 2;
     p.seqlen_q = 100;
     p.seqlen_k = 300;
@@ -88,7 +89,7 @@ TEST(ErrorMessage, IsPerThread) {
 TEST(Params, InitSetsSizeAndDefaults) {
     flashcore_forward_params p;
     std::memset(&p, 0xAB, sizeof p);
-    ASSERT_EQ(flashcore_forward_params_init(&p), FLASHCORE_STATUS_SUCCESS);
+    ASSERT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
     EXPECT_EQ(p.struct_size, sizeof(flashcore_forward_params));
     EXPECT_EQ(p.dtype, FLASHCORE_DTYPE_FP16);
     EXPECT_EQ(p.softmax_scale, FLASHCORE_SOFTMAX_SCALE_DEFAULT);
@@ -96,7 +97,28 @@ TEST(Params, InitSetsSizeAndDefaults) {
     EXPECT_EQ(p.q, nullptr);
     EXPECT_EQ(p.lse, nullptr);
     EXPECT_EQ(p.out_head_stride, 0);
-    EXPECT_EQ(flashcore_forward_params_init(nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(flashcore_forward_params_init(nullptr, sizeof p), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(flashcore_forward_params_init(&p, sizeof p - 8), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("smaller than flashcore_forward_params"),
+              std::string::npos);
+}
+
+// A caller built against a newer header passes a larger struct: init writes
+// exactly its struct_size bytes (zeroing the fields this library does not
+// know) and not one byte more.
+TEST(Params, InitWritesExactlyTheCallersSize) {
+    struct Newer {
+        flashcore_forward_params base;
+        int64_t future_field;
+        unsigned char guard[16];
+    } newer;
+    std::memset(&newer, 0xAB, sizeof newer);
+    const size_t size = offsetof(Newer, guard);
+    ASSERT_EQ(flashcore_forward_params_init(&newer.base, size), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_EQ(newer.base.struct_size, size);
+    EXPECT_EQ(newer.future_field, 0);
+    for (unsigned char byte : newer.guard) EXPECT_EQ(byte, 0xAB) << "init wrote past struct_size";
+    EXPECT_EQ(flashcore_forward_check(&newer.base), FLASHCORE_STATUS_INVALID_ARGUMENT);  // sizes still unset
 }
 
 TEST(Params, ContiguousStrides) {
@@ -163,7 +185,7 @@ TEST_P(InvalidParams, ReturnSpecificStatusAndMessage) {
 const InvalidCase kInvalidCases[] = {
     {"struct_size_zero", [](auto &p) { p.struct_size = 0; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "struct_size (0)"},
     {"struct_size_too_small", [](auto &p) { p.struct_size = sizeof(p) - 8; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
-     "flashcore_forward_params_init"},
+     "sizeof(flashcore_forward_params)"},
     {"struct_size_garbage", [](auto &p) { p.struct_size = size_t(1) << 40; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
      "not a valid size"},
     {"dtype_zero", [](auto &p) { p.dtype = 0; }, FLASHCORE_STATUS_UNSUPPORTED, "dtype 0 is not supported"},

@@ -21,19 +21,21 @@ using namespace flashcore_test;
 
 namespace {
 
-// Error bars against the float64 reference. Inputs are exact in the element
-// type; the kernel rounds P to the element type before P*V and rounds the
-// output, so the relative error is a small multiple of the type's unit
-// roundoff (fp16 2^-11, bf16 2^-8). PyTorch SDPA's flash kernels measured on
-// the same reference give the same order (see the issue's closing note).
+// Error bars against the float64 reference: twice the worst error PyTorch
+// SDPA's own fp16/bf16 kernels (flash, efficient, cuDNN) reach against the
+// same kind of reference on these shapes, as measured on an H200 by
+// tests/tools/sdpa_error_baseline.py (fp16: rel_l2 2.83e-4, max_abs 1.03e-3;
+// bf16: rel_l2 2.26e-3, max_abs 9.35e-3). The LSE is computed in fp32 from
+// exact fp32 scores; its bound leaves ~10x headroom over what we measure
+// (4e-6).
 struct Tolerance {
     double rel_l2;
     double max_abs;
     double lse_max_abs;
 };
 Tolerance tolerance_for(flashcore_dtype dtype) {
-    if (dtype == FLASHCORE_DTYPE_BF16) return {1.0e-2, 3.0e-2, 2.0e-3};
-    return {1.5e-3, 4.0e-3, 2.0e-3};
+    if (dtype == FLASHCORE_DTYPE_BF16) return {4.6e-3, 1.9e-2, 5.0e-5};
+    return {5.7e-4, 2.1e-3, 5.0e-5};
 }
 
 enum class Layout { kBHSD, kBSHD, kPadded };
@@ -132,7 +134,7 @@ struct Workload {
         lse_count = size_t(c.batch) * c.heads_q * c.seqlen_q;
         FC_CHECK_CUDA(cudaMalloc(&dlse, lse_count * sizeof(float)));
 
-        flashcore_forward_params_init(&params);
+        flashcore_forward_params_init(&params, sizeof params);
         params.dtype = c.dtype;
         params.batch_size = c.batch;
         params.seqlen_q = c.seqlen_q;
@@ -326,7 +328,7 @@ TEST(ForwardLarge, TensorOver2Pow31Elements) {
     FC_CHECK_CUDA(cudaMemset(buffers[3], 0xFF, n * sizeof(__half)));
 
     flashcore_forward_params p;
-    flashcore_forward_params_init(&p);
+    flashcore_forward_params_init(&p, sizeof p);
     p.batch_size = kBatch;
     p.seqlen_q = p.seqlen_k = kSeqlen;
     p.num_heads_q = p.num_heads_kv = kHeads;

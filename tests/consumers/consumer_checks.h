@@ -72,7 +72,7 @@ static void consumer_check_params(const flashcore_test_api *api)
     flashcore_status st;
 
     memset(&p, 0x5a, sizeof p);
-    st = api->forward_params_init(&p);
+    st = api->forward_params_init(&p, sizeof p);
     consumer_check(st == FLASHCORE_STATUS_SUCCESS, "flashcore_forward_params_init succeeds",
                    consumer_status_name(api, st));
     consumer_check(api->last_error_message() != NULL && api->last_error_message()[0] == '\0',

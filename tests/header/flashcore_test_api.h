@@ -21,7 +21,7 @@
     X(flashcore_status, create_for_device, (flashcore_handle *, int))                           \
     X(flashcore_status, destroy, (flashcore_handle))                                            \
     X(flashcore_status, handle_device, (flashcore_handle, int *))                               \
-    X(flashcore_status, forward_params_init, (flashcore_forward_params *))                      \
+    X(flashcore_status, forward_params_init, (flashcore_forward_params *, size_t))              \
     X(flashcore_status, set_contiguous_strides, (flashcore_forward_params *, flashcore_layout))  \
     X(flashcore_status, forward_check, (const flashcore_forward_params *))                      \
     X(flashcore_status, forward_workspace_size,                                                 \

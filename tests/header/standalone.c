@@ -20,7 +20,7 @@ int flashcore_header_standalone(void *q, void *k, void *v, void *out, void *stre
 
     if (flashcore_create(&h) != FLASHCORE_STATUS_SUCCESS)
         return (int)flashcore_last_error_message()[0];
-    flashcore_forward_params_init(&p);
+    flashcore_forward_params_init(&p, sizeof p);
     p.dtype = FLASHCORE_DTYPE_FP16;
     p.batch_size = 1;
     p.num_heads_q = p.num_heads_kv = 8;

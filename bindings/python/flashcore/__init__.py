@@ -1,0 +1,79 @@
+"""flashcore: fused scaled-dot-product attention on NVIDIA GPUs.
+
+A pure-Python binding of the libflashcore C library through ctypes: no
+compiler and no particular deep-learning framework are needed to install or
+import it, and it works on PyTorch tensors, CuPy arrays and anything with
+__cuda_array_interface__ or DLPack.
+
+    import flashcore
+    out = flashcore.attention(q, k, v, causal=True)
+
+The library is looked for in $FLASHCORE_LIBRARY, then next to this package,
+then where pkg-config and the dynamic loader find it (see
+flashcore.library()). The ctypes declarations in flashcore._ffi are generated
+from include/flashcore.h.
+"""
+
+__version__ = "0.1.0"
+
+from . import _ffi
+from ._attention import attention, check_params, forward_params
+from ._errors import (
+    CudaError,
+    FlashcoreError,
+    InternalError,
+    InvalidArgumentError,
+    LibraryError,
+    MisalignedError,
+    NoDeviceError,
+    OutOfMemoryError,
+    UnsupportedError,
+    WorkspaceTooSmallError,
+)
+from ._library import Handle, Library, get_handle, library, open_library
+
+Status = _ffi.Status
+Dtype = _ffi.Dtype
+Layout = _ffi.Layout
+ForwardParams = _ffi.flashcore_forward_params
+HEADER_VERSION_NUMBER = _ffi.FLASHCORE_VERSION_NUMBER
+
+
+def library_version():
+    """The loaded library's version string ("MAJOR.MINOR.PATCH")."""
+    return library().version
+
+
+def status_string(status):
+    """The library's name for a status, e.g. "invalid argument"."""
+    return library().status_string(status)
+
+
+__all__ = [
+    "__version__",
+    "attention",
+    "forward_params",
+    "check_params",
+    "Handle",
+    "get_handle",
+    "Library",
+    "library",
+    "open_library",
+    "library_version",
+    "status_string",
+    "Status",
+    "Dtype",
+    "Layout",
+    "ForwardParams",
+    "HEADER_VERSION_NUMBER",
+    "FlashcoreError",
+    "InvalidArgumentError",
+    "UnsupportedError",
+    "MisalignedError",
+    "WorkspaceTooSmallError",
+    "NoDeviceError",
+    "CudaError",
+    "OutOfMemoryError",
+    "InternalError",
+    "LibraryError",
+]

@@ -1,0 +1,216 @@
+"""flashcore.attention and the parameter building under it."""
+
+import ctypes
+import math
+
+from . import _ffi
+from ._arrays import can_allocate, contiguous_strides, current_stream, describe, empty, stream_pointer
+from ._errors import InvalidArgumentError, UnsupportedError
+from ._library import get_handle, library
+
+Layout = _ffi.Layout
+# Axes of (batch, heads, seqlen) in each layout; head_dim is always the last.
+LAYOUT_AXES = {Layout.BHSD: (0, 1, 2), Layout.BSHD: (0, 2, 1)}
+DTYPES = {"float16": _ffi.Dtype.FP16, "bfloat16": _ffi.Dtype.BF16}
+INT32_MAX = 2**31 - 1
+
+
+def _layout(layout):
+    if isinstance(layout, str) and layout.upper() in Layout.__members__:
+        return Layout[layout.upper()]
+    try:
+        return Layout(layout)
+    except ValueError:
+        raise InvalidArgumentError("layout must be one of %s, got %r"
+                                   % (", ".join(repr(n.lower()) for n in Layout.__members__), layout)) from None
+
+
+def _softmax_scale(softmax_scale):
+    if softmax_scale is None:
+        return _ffi.FLASHCORE_SOFTMAX_SCALE_DEFAULT
+    scale = float(softmax_scale)
+    if scale == _ffi.FLASHCORE_SOFTMAX_SCALE_DEFAULT:
+        # The C API reads 0 as "default"; from Python that is spelled None.
+        raise InvalidArgumentError("softmax_scale must be > 0 (None means 1 / sqrt(head_dim)), got %r" % softmax_scale)
+    return scale
+
+
+class _View:
+    """An array seen as [batch, heads, seqlen, head_dim] through a layout."""
+
+    def __init__(self, info, layout):
+        self.info = info
+        if len(info.shape) != 4:
+            raise InvalidArgumentError("%s must be 4-D, %s, got shape %s"
+                                       % (info.name, _shape_words(layout), list(info.shape)))
+        axes = LAYOUT_AXES[layout] + (3,)
+        self.shape = tuple(info.shape[a] for a in axes)
+        self.strides = tuple(info.strides[a] for a in axes)
+
+
+def _shape_words(layout):
+    return "[B, S, H, D] (layout='bshd')" if layout == Layout.BSHD else "[B, H, S, D]"
+
+
+def _validate(q, k, v, out, lse, layout):
+    """Checks what the C API cannot see (it takes one dtype and one set of
+    sizes for all tensors); strides, alignment, head counts and supported
+    sizes are left to the library's own validation."""
+    views = [_View(a, layout) for a in (q, k, v, out) if a is not None]
+    qv, kv, vv = views[:3]
+    if q.dtype not in DTYPES:
+        raise UnsupportedError("q has dtype %s; flashcore computes on %s" % (q.dtype, " or ".join(DTYPES)))
+    for a in (k, v, out):
+        if a is not None and a.dtype != q.dtype:
+            raise InvalidArgumentError("%s has dtype %s but q has %s: all must match" % (a.name, a.dtype, q.dtype))
+    if kv.shape != vv.shape:
+        raise InvalidArgumentError("k and v must have the same shape, got %s and %s" % (list(k.shape), list(v.shape)))
+    if kv.shape[0] != qv.shape[0] or kv.shape[3] != qv.shape[3]:
+        raise InvalidArgumentError("q %s and k %s must agree on batch size and head_dim (%s)"
+                                   % (list(q.shape), list(k.shape), _shape_words(layout)))
+    if out is not None:
+        if out.shape != q.shape:
+            raise InvalidArgumentError("out must have q's shape %s, got %s" % (list(q.shape), list(out.shape)))
+        if out.readonly:
+            raise InvalidArgumentError("out is read-only")
+    for view in views:
+        if view.strides[3] != 1 and view.shape[3] > 1:
+            raise InvalidArgumentError(
+                "%s's last dimension (head_dim) must be contiguous (stride 1), got stride %d: pass a copy "
+                "(e.g. .contiguous()) instead" % (view.info.name, view.strides[3]))
+        for size in view.shape:
+            if size > INT32_MAX:
+                raise InvalidArgumentError("%s has a dimension of %d, more than the C API's int32" % (view.info.name, size))
+    if lse is not None:
+        want = (qv.shape[0], qv.shape[1], qv.shape[2])
+        if lse.shape != want or lse.dtype != "float32":
+            raise InvalidArgumentError("lse must be float32 of shape [B, H, Sq] = %s, got %s %s"
+                                       % (list(want), lse.dtype, list(lse.shape)))
+        if any(st != c for size, st, c in zip(lse.shape, lse.strides, contiguous_strides(lse.shape)) if size > 1):
+            raise InvalidArgumentError("lse must be contiguous, got strides %s" % (list(lse.strides),))
+        if lse.readonly:
+            raise InvalidArgumentError("lse is read-only")
+    devices = sorted({a.device for a in (q, k, v, out, lse) if a is not None and a.device is not None})
+    if len(devices) > 1:
+        raise InvalidArgumentError("q, k, v, out and lse must be on one device, got devices %s" % devices)
+    return qv, kv, vv
+
+
+def _build(lib, q, k, v, out, lse, layout, causal, scale):
+    qv, kv, _ = _validate(q, k, v, out, lse, layout)
+    p = lib.new_params()
+    batch, heads_q, seqlen_q, head_dim = qv.shape
+    p.dtype = DTYPES[q.dtype]
+    p.batch_size, p.num_heads_q, p.seqlen_q, p.head_dim = batch, heads_q, seqlen_q, head_dim
+    p.num_heads_kv, p.seqlen_k = kv.shape[1], kv.shape[2]
+    p.causal = 1 if causal else 0
+    p.softmax_scale = scale
+    p.lse = lse.ptr if lse is not None else None
+    for prefix, info in (("q", q), ("k", k), ("v", v), ("out", out)):
+        if info is None:
+            continue
+        setattr(p, prefix, info.ptr)
+        view = _View(info, layout)
+        step = max(_ffi.FLASHCORE_ALIGNMENT // info.itemsize, 1)
+        for (size, stride), what in zip(zip(view.shape, view.strides), ("batch", "head", "seq")):
+            # A dimension of size 1 is never stepped along; frameworks give it
+            # arbitrary strides, which the alignment rule need not see.
+            if size == 1 and stride % step:
+                stride = 0
+            setattr(p, "%s_%s_stride" % (prefix, what), stride)
+    return p
+
+
+def forward_params(q, k, v, out=None, *, lse=None, causal=False, softmax_scale=None, layout="bhsd"):
+    """A flashcore.ForwardParams for these arrays (pointers, sizes, strides),
+    for the low-level calls: Handle.workspace_size, Handle.forward,
+    check_params. The arrays must outlive every use of the result."""
+    layout = _layout(layout)
+    infos = [None if a is None else describe(a, name) for a, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"))]
+    return _build(library(), *infos, layout, causal, _softmax_scale(softmax_scale))
+
+
+def check_params(params):
+    """flashcore_forward_check: raises what flashcore_forward would for these
+    parameters before looking at the GPU."""
+    lib = library()
+    lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
+
+
+def _allocate(like, shape, dtype, stream, what):
+    if not can_allocate(like):
+        raise TypeError("flashcore cannot allocate %s for %s inputs: pass %s= (a CUDA array) yourself"
+                        % (what, type(like.obj).__name__, what))
+    return empty(like, shape, dtype, stream)
+
+
+def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse=False, stream=None,
+              layout="bhsd", lse=None, workspace=None):
+    """Fused scaled-dot-product attention, like
+    torch.nn.functional.scaled_dot_product_attention(q, k, v):
+
+        out = softmax(softmax_scale * q @ k^T [+ causal mask]) @ v
+
+    q: [B, Hq, Sq, D]; k, v: [B, Hkv, Sk, D] with Hq a multiple of Hkv
+    (grouped-query attention); float16 or bfloat16, on one CUDA device. Any
+    storage order works as long as head_dim is contiguous: strides are read
+    from the arrays. layout="bshd" takes FlashAttention's [B, S, H, D] shapes
+    instead (out is then [B, Sq, Hq, D] too).
+
+    causal: bottom-right aligned mask: query i sees key j iff
+        j <= i + Sk - Sq; rows that see no key give 0 (and lse -inf).
+    softmax_scale: None for 1 / sqrt(D).
+    out: where to write the result (same shape and dtype as q; any strides
+        the C API accepts). Allocated with q's framework when None.
+    return_lse: also return the float32 [B, Hq, Sq] log-sum-exp of each
+        row's scaled, masked scores: the result is then (out, lse).
+    lse: where to write that log-sum-exp (contiguous float32 [B, Hq, Sq]);
+        allocated when return_lse is set and lse is None.
+    stream: where to queue the work: a torch.cuda.Stream, a cupy Stream, an
+        object with __cuda_stream__ or a cudaStream_t as an int. None: the
+        current stream of q's framework (for other arrays, the producer's
+        __cuda_array_interface__ stream, else the legacy default stream).
+    workspace: device memory for the library's scratch space (a CUDA array);
+        allocated with q's framework when needed and None.
+
+    PyTorch tensors, CuPy arrays and any object with __cuda_array_interface__
+    or __dlpack__ are accepted; for the last two, out (and lse, workspace when
+    needed) must be given. Returns without waiting for the GPU. Raises
+    flashcore.FlashcoreError subclasses (InvalidArgumentError,
+    UnsupportedError, MisalignedError, ...) carrying the library's status and
+    message. Forward only: no autograd.
+    """
+    layout = _layout(layout)
+    scale = _softmax_scale(softmax_scale)
+    user_stream = None if stream is None else stream_pointer(stream)
+    qi = describe(q, "q", user_stream or 0)
+    s = current_stream(qi) if user_stream is None else user_stream
+    ki, vi = describe(k, "k", s), describe(v, "v", s)
+    oi = None if out is None else describe(out, "out", s)
+    li = None if lse is None else describe(lse, "lse", s)
+    qv, _, _ = _validate(qi, ki, vi, oi, li, layout)
+    lib = library()
+    if oi is None:
+        out = _allocate(qi, qi.shape, None, s, "out")
+        oi = describe(out, "out", s)
+    if li is None and return_lse:
+        lse = _allocate(qi, qv.shape[:3], "float32", s, "lse")
+        li = describe(lse, "lse", s)
+    params = _build(lib, qi, ki, vi, oi, li, layout, causal, scale)
+    lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
+
+    device = next((a.device for a in (qi, ki, vi, oi) if a.device is not None), None)
+    handle = get_handle(device)
+    needed = handle.workspace_size(params)
+    ws_ptr, ws_bytes, ws_keep = 0, 0, None
+    if workspace is not None:
+        wi = describe(workspace, "workspace", s)
+        if wi.strides != contiguous_strides(wi.shape):
+            raise InvalidArgumentError("workspace must be contiguous")
+        ws_ptr, ws_bytes = wi.ptr, math.prod(wi.shape) * wi.itemsize
+    elif needed:
+        ws_keep = _allocate(qi, (needed,), "uint8", s, "workspace")
+        ws_ptr, ws_bytes = describe(ws_keep, "workspace").ptr, needed
+    handle.forward(params, ws_ptr, ws_bytes, s)
+    del ws_keep  # back to the pool of stream s, which orders its reuse after this call
+    return (out, lse) if return_lse else out

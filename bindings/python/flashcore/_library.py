@@ -1,0 +1,238 @@
+"""Finding and loading libflashcore, and the per-thread handle cache."""
+
+import ctypes
+import ctypes.util
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+from . import _ffi
+from ._errors import FlashcoreError, LibraryError, error_for_status
+
+ENV_VAR = "FLASHCORE_LIBRARY"
+MAJOR = _ffi.FLASHCORE_VERSION_MAJOR
+
+
+def library_names():
+    if sys.platform == "win32":
+        return ["flashcore.dll"]
+    if sys.platform == "darwin":
+        return ["libflashcore.%d.dylib" % MAJOR, "libflashcore.dylib"]
+    return ["libflashcore.so.%d" % MAJOR, "libflashcore.so"]
+
+
+def _pkgconfig_libdir():
+    exe = shutil.which("pkg-config")
+    if exe is None:
+        return None
+    try:
+        proc = subprocess.run([exe, "--variable=libdir", "flashcore"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.strip() or None
+
+
+def candidates():
+    """Where the library is looked for when FLASHCORE_LIBRARY is not set, in
+    order: (how it was found, path or name for the dynamic loader)."""
+    found = []
+    package_dir = os.path.dirname(os.path.abspath(__file__))
+    dirs = [("next to the package", package_dir), ("next to the package", os.path.join(package_dir, "lib"))]
+    libdir = _pkgconfig_libdir()
+    if libdir:
+        dirs.append(("pkg-config libdir", libdir))
+    for how, d in dirs:
+        found += [(how, os.path.join(d, n)) for n in library_names() if os.path.isfile(os.path.join(d, n))]
+    name = ctypes.util.find_library("flashcore")
+    if name:
+        found.append(("ctypes.util.find_library", name))
+    found += [("the dynamic loader's search path", n) for n in library_names()]
+    return found
+
+
+def bind(cdll):
+    """Sets restype and argtypes of every function in _ffi.FUNCTIONS on a
+    ctypes.CDLL; returns the names it does not export."""
+    missing = []
+    for name, restype, params in _ffi.FUNCTIONS:
+        try:
+            fn = getattr(cdll, name)
+        except AttributeError:
+            missing.append(name)
+            continue
+        fn.restype = restype
+        fn.argtypes = [ctype for _, ctype in params]
+    return missing
+
+
+class Library:
+    """A loaded libflashcore. Its attributes flashcore_* are the C functions,
+    with the argument and result types of the header; check(status) turns a
+    status into an exception."""
+
+    def __init__(self, path, how=""):
+        self.path = path
+        self.how = how
+        try:
+            self.cdll = ctypes.CDLL(path)
+        except OSError as e:
+            raise LibraryError("cannot load %s (%s): %s" % (path, how or "given", e)) from None
+        missing = bind(self.cdll)
+        if "flashcore_version_number" in missing:
+            raise LibraryError("%s is not libflashcore: it has no flashcore_version_number" % path)
+        self.version_number = self.cdll.flashcore_version_number()
+        if self.version_number // 10000 != MAJOR:
+            raise LibraryError("%s is libflashcore %d.x (version number %d); this package needs %d.x"
+                               % (path, self.version_number // 10000, self.version_number, MAJOR))
+        if missing:
+            raise LibraryError("%s (version number %d) lacks %s, which this package's header (version number %d) "
+                               "declares: install a newer library" % (path, self.version_number, ", ".join(missing),
+                                                                      _ffi.FLASHCORE_VERSION_NUMBER))
+        self.version = self.cdll.flashcore_version_string().decode()
+        self._params_template = None
+
+    def __getattr__(self, name):
+        if name.startswith("flashcore_"):
+            return getattr(self.cdll, name)
+        raise AttributeError(name)
+
+    def __repr__(self):
+        return "<flashcore.Library %s %s>" % (self.version, self.path)
+
+    def status_string(self, status):
+        return self.cdll.flashcore_status_string(int(status)).decode()
+
+    def check(self, status):
+        """Raises the FlashcoreError subclass for status, with the calling
+        thread's last error message; returns None on success."""
+        if status == 0:
+            return
+        message = self.cdll.flashcore_last_error_message().decode("utf-8", "replace")
+        raise error_for_status(status, message or self.status_string(status))
+
+    def new_params(self):
+        """A flashcore_forward_params set up by the library's own
+        flashcore_forward_params_init, struct_size = this package's sizeof."""
+        if self._params_template is None:
+            template = _ffi.flashcore_forward_params()
+            self.check(self.cdll.flashcore_forward_params_init(ctypes.byref(template), ctypes.sizeof(template)))
+            self._params_template = bytes(template)
+        return _ffi.flashcore_forward_params.from_buffer_copy(self._params_template)
+
+
+def open_library(path=None):
+    """Loads the library without caching it: from path, else from
+    $FLASHCORE_LIBRARY, else from the first of candidates() that loads."""
+    if path is None:
+        path = os.environ.get(ENV_VAR) or None
+        if path is not None:
+            return Library(path, "$" + ENV_VAR)
+    else:
+        return Library(path)
+    tried = []
+    for how, where in candidates():
+        try:
+            return Library(where, how)
+        except LibraryError as e:
+            tried.append(str(e))
+    raise LibraryError("libflashcore not found. Set %s to its path, or install it where pkg-config or the dynamic "
+                       "loader finds it. Tried:\n  %s" % (ENV_VAR, "\n  ".join(tried)))
+
+
+_lock = threading.Lock()
+_library = None
+
+
+def library():
+    """The process's libflashcore, loaded on first use (see open_library)."""
+    global _library
+    if _library is None:
+        with _lock:
+            if _library is None:
+                _library = open_library()
+    return _library
+
+
+# --------------------------------------------------------------------------
+# Handles
+# --------------------------------------------------------------------------
+
+
+class Handle:
+    """A flashcore_handle: one CUDA device's dispatch state. Close it (or use
+    it as a context manager); get_handle() keeps one per device per thread."""
+
+    def __init__(self, device=None, lib=None):
+        self._lib = lib or library()
+        raw = _ffi.flashcore_handle()
+        if device is None:
+            self._lib.check(self._lib.cdll.flashcore_create(ctypes.byref(raw)))
+        else:
+            self._lib.check(self._lib.cdll.flashcore_create_for_device(ctypes.byref(raw), int(device)))
+        self._raw = raw
+        ordinal = ctypes.c_int(-1)
+        self._lib.check(self._lib.cdll.flashcore_handle_device(raw, ctypes.byref(ordinal)))
+        self.device = ordinal.value
+
+    @property
+    def value(self):
+        """The flashcore_handle as an int (0 once closed)."""
+        if self._raw is None:
+            return 0
+        return self._raw.value or 0
+
+    def _live(self):
+        if self._raw is None:
+            raise FlashcoreError("the handle is closed")
+        return self._raw
+
+    def workspace_size(self, params):
+        """Bytes of workspace flashcore_forward needs for params on this device."""
+        size = ctypes.c_size_t(0)
+        self._lib.check(self._lib.cdll.flashcore_forward_workspace_size(self._live(), ctypes.byref(params),
+                                                                        ctypes.byref(size)))
+        return size.value
+
+    def forward(self, params, workspace=0, workspace_bytes=0, stream=0):
+        """Queues flashcore_forward. workspace and stream are raw addresses (ints)."""
+        self._lib.check(self._lib.cdll.flashcore_forward(self._live(), ctypes.byref(params), workspace or None,
+                                                         workspace_bytes, stream or None))
+
+    def close(self):
+        raw, self._raw = getattr(self, "_raw", None), None
+        if raw is not None and raw.value:
+            self._lib.check(self._lib.cdll.flashcore_destroy(raw))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return "<flashcore.Handle device=%d %s>" % (self.device, "open" if self._raw is not None else "closed")
+
+
+_thread_handles = threading.local()
+
+
+def get_handle(device=None):
+    """This thread's cached Handle for a CUDA device (None: the thread's
+    current device)."""
+    cache = getattr(_thread_handles, "cache", None)
+    if cache is None:
+        cache = _thread_handles.cache = {}
+    if device is not None and device in cache:
+        return cache[device]
+    handle = Handle(device)
+    return cache.setdefault(handle.device, handle)

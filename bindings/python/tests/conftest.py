@@ -1,0 +1,70 @@
+import os
+import sys
+
+import pytest
+
+try:
+    import flashcore
+except ImportError:  # not installed: use the source tree
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import flashcore
+
+from fc_testing import skip_or_fail
+
+
+def pytest_report_header(config):
+    try:
+        lib = flashcore.library()
+        where = "%s %s (%s)" % (lib.version, lib.path, lib.how)
+    except flashcore.LibraryError as e:
+        where = "not loaded: %s" % str(e).splitlines()[0]
+    return ["flashcore package %s from %s" % (flashcore.__version__, os.path.dirname(flashcore.__file__)),
+            "libflashcore: %s" % where]
+
+
+@pytest.fixture(scope="session")
+def lib():
+    """The library; skips when it cannot be found, unless the run named it
+    (FLASHCORE_LIBRARY) or requires the GPU tests, where that is an error."""
+    try:
+        return flashcore.library()
+    except flashcore.LibraryError:
+        if os.environ.get(flashcore._library.ENV_VAR):
+            raise
+        skip_or_fail("libflashcore not found: set FLASHCORE_LIBRARY to test against it")
+
+
+@pytest.fixture(scope="session")
+def gpu_present(lib):
+    """Whether the library sees a usable GPU (creating a handle succeeds)."""
+    try:
+        flashcore.Handle(lib=lib).close()
+        return True
+    except (flashcore.NoDeviceError, flashcore.UnsupportedError):
+        return False
+
+
+@pytest.fixture(scope="session")
+def torch_cuda(lib):
+    try:
+        import torch
+    except ImportError:
+        skip_or_fail("torch is not installed")
+    if not torch.cuda.is_available():
+        skip_or_fail("torch sees no CUDA GPU")
+    major, _ = torch.cuda.get_device_capability()
+    if major < 8:
+        skip_or_fail("flashcore needs sm_80 or newer")
+    return torch
+
+
+@pytest.fixture(scope="session")
+def cupy_cuda(lib):
+    try:
+        import cupy
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # ImportError, or cupy without a usable CUDA
+        skip_or_fail("cupy is not usable: %s: %s" % (type(e).__name__, e))
+    if count < 1:
+        skip_or_fail("cupy sees no CUDA GPU")
+    return cupy

@@ -1,0 +1,169 @@
+"""The generated module: up to date with the header, faithful to the C ABI,
+and produced by a generator that refuses what it cannot bind."""
+
+import ctypes
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from flashcore import _ffi
+from fc_testing import PACKAGE_ROOT, REPO_ROOT
+
+GENERATOR = os.path.join(PACKAGE_ROOT, "tools", "generate_ffi.py")
+COMMITTED = os.path.join(PACKAGE_ROOT, "flashcore", "_ffi.py")
+HEADER = os.path.join(REPO_ROOT, "include", "flashcore.h")
+
+
+def _generator():
+    pytest.importorskip("pycparser", reason="pycparser is needed to run the generator")
+    spec = importlib.util.spec_from_file_location("generate_ffi", GENERATOR)
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    try:
+        gen.find_cpp()
+    except gen.GeneratorError as e:
+        pytest.skip(str(e))
+    return gen
+
+
+def _cc():
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler")
+    return cc
+
+
+def test_generated_module_is_up_to_date():
+    gen = _generator()
+    with open(COMMITTED, encoding="utf-8") as f:
+        committed = f.read()
+    assert gen.generate(HEADER) == committed, \
+        "flashcore/_ffi.py is stale: run python3 bindings/python/tools/generate_ffi.py"
+
+
+def test_imported_module_was_generated_from_this_header():
+    if not os.path.isfile(HEADER):
+        pytest.skip("not in the source tree: %s is missing" % HEADER)
+    with open(HEADER, "rb") as f:
+        assert hashlib.sha256(f.read()).hexdigest() == _ffi.HEADER_SHA256, \
+            "the imported flashcore._ffi was generated from another flashcore.h"
+
+
+def test_abi_matches_a_c_compiler(tmp_path):
+    """sizeof/offsetof/alignment of every struct and field, the size of every
+    typedef, and the value of every enum constant and macro, as a C compiler
+    sees the header, against the generated ctypes declarations."""
+    cc = _cc()
+    body, expected = [], {}
+
+    def probe(key, fmt, c_expr, value):
+        body.append('    printf("%s %s\\n", %s);' % (key, fmt, c_expr))
+        expected[key] = value
+
+    for name, value in vars(_ffi).items():
+        if isinstance(value, type) and issubclass(value, ctypes.Structure):
+            probe("sizeof:" + name, "%zu", "sizeof(%s)" % name, str(ctypes.sizeof(value)))
+            probe("alignof:" + name, "%zu", "_Alignof(%s)" % name, str(ctypes.alignment(value)))
+            for field, ftype in value._fields_:
+                probe("offsetof:%s.%s" % (name, field), "%zu", "offsetof(%s, %s)" % (name, field),
+                      str(getattr(value, field).offset))
+                probe("sizeof:%s.%s" % (name, field), "%zu", "sizeof(((%s *)0)->%s)" % (name, field),
+                      str(ctypes.sizeof(ftype)))
+        elif name.startswith("flashcore_") and isinstance(value, type) and issubclass(value, ctypes._SimpleCData):
+            probe("sizeof:" + name, "%zu", "sizeof(%s)" % name, str(ctypes.sizeof(value)))
+        elif name.startswith("FLASHCORE_") and isinstance(value, (int, float)):
+            probe("value:" + name, "%.17g", "(double)(%s)" % name, "%.17g" % float(value))
+    assert any(k.startswith("offsetof:flashcore_forward_params.struct_size") for k in expected)
+    src = tmp_path / "abi.c"
+    src.write_text("#include <stddef.h>\n#include <stdio.h>\n#include \"flashcore.h\"\nint main(void) {\n%s\n"
+                   "    return 0;\n}\n" % "\n".join(body))
+    exe = tmp_path / "abi"
+    subprocess.run([cc, "-std=c11", "-Wall", "-Werror", "-I", os.path.dirname(HEADER), "-o", str(exe), str(src)],
+                   check=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    seen = dict(line.split(" ", 1) for line in out.splitlines())
+    assert seen == expected
+
+
+def test_functions_have_named_arguments():
+    names = [f[0] for f in _ffi.FUNCTIONS]
+    assert len(names) == len(set(names)) and all(n.startswith("flashcore_") for n in names)
+    for name, _, params in _ffi.FUNCTIONS:
+        assert all(arg and ctype is not None for arg, ctype in params), name
+
+
+SYNTHETIC = """\
+#include <stddef.h>
+#include <stdint.h>
+#define FLASHCORE_A 3
+/* B's comment */
+#define FLASHCORE_B (FLASHCORE_A * 2 + 1)
+#define FLASHCORE_HALF 0.5f
+typedef enum flashcore_color {
+    FLASHCORE_COLOR_RED,
+    FLASHCORE_COLOR_GREEN = FLASHCORE_B - 2, /* green */
+    FLASHCORE_COLOR_BLUE
+} flashcore_color;
+typedef struct flashcore_thing {
+    size_t struct_size;
+    int64_t a, b;
+    const char *name;
+    unsigned char bytes[FLASHCORE_A];
+} flashcore_thing;
+typedef struct flashcore_opaque_s *flashcore_opaque;
+/* Does f. */
+int flashcore_f(const flashcore_thing *thing, flashcore_color color, flashcore_opaque *out);
+const char *flashcore_name(void);
+"""
+
+
+def _generate(gen, tmp_path, text):
+    header = tmp_path / "flashcore_test.h"
+    header.write_text(text)
+    return gen.generate(str(header))
+
+
+def test_generator_on_a_synthetic_header(tmp_path):
+    code = _generate(_generator(), tmp_path, SYNTHETIC)
+    ns = {}
+    exec(compile(code, "generated", "exec"), ns)
+    assert ns["FLASHCORE_A"] == 3 and ns["FLASHCORE_B"] == 7 and ns["FLASHCORE_HALF"] == 0.5
+    color = ns["Color"]
+    assert [(m.name, m.value) for m in color] == [("RED", 0), ("GREEN", 5), ("BLUE", 6)]
+    assert ns["FLASHCORE_COLOR_BLUE"] is color.BLUE
+    thing = ns["flashcore_thing"]
+    assert [f for f, _ in thing._fields_] == ["struct_size", "a", "b", "name", "bytes"]
+    assert ctypes.sizeof(thing) == 8 + 8 + 8 + 8 + 8  # 3 bytes padded to 8
+    assert ns["flashcore_opaque"] is ctypes.c_void_p
+    funcs = {f[0]: f for f in ns["FUNCTIONS"]}
+    assert funcs["flashcore_f"][1] is ctypes.c_int
+    assert [a for a, _ in funcs["flashcore_f"][2]] == ["thing", "color", "out"]
+    assert funcs["flashcore_f"][2][2][1]._type_ is ctypes.c_void_p
+    assert funcs["flashcore_name"] == ("flashcore_name", ctypes.c_char_p, ())
+    assert "# B's comment" in code and "# green" in code and "# Does f." in code
+
+
+@pytest.mark.parametrize("decl,match", [
+    ("typedef void (*flashcore_callback)(int);", "function pointer"),
+    ("int other_prefix(void);", "does not start with"),
+    ("int flashcore_variadic(int n, ...);", "variadic"),
+    ("extern int flashcore_global;", "no binding rule"),
+    ("#define FLASHCORE_TEXT \"text\"", "cannot evaluate"),
+])
+def test_generator_refuses_what_it_cannot_bind(tmp_path, decl, match):
+    gen = _generator()
+    with pytest.raises(gen.GeneratorError, match=match):
+        _generate(gen, tmp_path, "#include <stddef.h>\n" + decl + "\n")
+
+
+def test_check_mode_reports_drift(tmp_path):
+    gen = _generator()
+    stale = tmp_path / "_ffi.py"
+    stale.write_text("# stale\n")
+    assert gen.main(["--header", HEADER, "--output", str(stale), "--check"]) == 1
+    assert gen.main(["--header", HEADER, "--output", str(stale)]) == 0
+    assert gen.main(["--header", HEADER, "--output", str(stale), "--check"]) == 0

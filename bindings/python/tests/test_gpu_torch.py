@@ -1,0 +1,340 @@
+"""GPU tests with PyTorch: flashcore.attention against
+torch.nn.functional.scaled_dot_product_attention in float64.
+
+Tolerance: the relative L2 error of our output against the float64
+reference must be within twice what torch's own float16/bfloat16 SDPA gets
+against the same reference (or twice the error of merely rounding the
+reference to that dtype, whichever is larger)."""
+
+import threading
+
+import pytest
+
+import flashcore
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = ["float16", "bfloat16"]
+SHAPES = [  # batch, heads_q, heads_kv, seqlen_q, seqlen_k
+    (2, 4, 4, 128, 128),
+    (1, 8, 2, 77, 133),  # grouped-query, odd lengths
+    (2, 6, 1, 150, 61),  # multi-query; causal rows that see no key
+    (3, 2, 2, 1, 257),  # one query row
+    (1, 4, 2, 300, 300),  # several tiles
+]
+NAN = float("nan")
+
+
+@pytest.fixture
+def torch(torch_cuda):
+    return torch_cuda
+
+
+def randn(torch, shape, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(getattr(torch, dtype))
+
+
+def qkv(torch, b, hq, hkv, sq, sk, d, dtype, seed=0):
+    return (randn(torch, (b, hq, sq, d), dtype, seed), randn(torch, (b, hkv, sk, d), dtype, seed + 1),
+            randn(torch, (b, hkv, sk, d), dtype, seed + 2))
+
+
+def visible(torch, sq, sk):
+    """Bottom-right aligned causal mask: query i sees key j iff j <= i + sk - sq."""
+    i = torch.arange(sq, device="cuda")[:, None]
+    j = torch.arange(sk, device="cuda")[None, :]
+    return j <= i + (sk - sq)
+
+
+def expand_kv(k, v, heads_q):
+    group = heads_q // k.shape[1]
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+
+def reference(torch, q, k, v, causal, scale):
+    """float64 out, lse and the rows that see no key, for [B, H, S, D] views."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    q64 = q.double()
+    k64, v64 = expand_kv(k.double(), v.double(), q.shape[1])
+    mask = visible(torch, q.shape[2], k.shape[2]) if causal else None
+    out = sdpa(q64, k64, v64, attn_mask=mask, scale=scale)
+    scores = (q64 @ k64.transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    empty = torch.isneginf(lse)
+    out = torch.where(empty[..., None], torch.zeros((), dtype=out.dtype, device=out.device), out)
+    return out, lse, empty
+
+
+def torch_low_precision(torch, q, k, v, causal, scale):
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    k2, v2 = expand_kv(k, v, q.shape[1])
+    sq, sk = q.shape[2], k.shape[2]
+    if causal and sq == sk:
+        return sdpa(q, k2, v2, is_causal=True, scale=scale)
+    return sdpa(q, k2, v2, attn_mask=visible(torch, sq, sk) if causal else None, scale=scale)
+
+
+def rel_err(x, ref):
+    diff = (x.double() - ref).norm().item()
+    norm = ref.norm().item()
+    return diff / norm if norm > 0 else diff
+
+
+def check(torch, out, lse, q, k, v, causal, scale=None):
+    """out (and lse, unless None) against the float64 reference; q, k, v, out
+    as [B, H, S, D] views."""
+    torch.cuda.synchronize()
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    ref, ref_lse, empty = reference(torch, q, k, v, causal, scale)
+    valid = ~empty
+    theirs = rel_err(torch_low_precision(torch, q, k, v, causal, scale)[valid], ref[valid])
+    floor = rel_err(ref.to(q.dtype)[valid], ref[valid])
+    assert torch.isfinite(out).all(), "non-finite values in out"
+    ours = rel_err(out, ref)
+    assert ours <= 2 * max(theirs, floor) + 1e-5, \
+        "rel-L2 error %.3g vs torch's %.3g (rounding alone: %.3g)" % (ours, theirs, floor)
+    assert (out[empty] == 0).all(), "rows that see no key must be 0"
+    if lse is not None:
+        assert lse.dtype == torch.float32 and tuple(lse.shape) == tuple(ref_lse.shape)
+        assert torch.equal(torch.isneginf(lse), empty), "lse must be -inf exactly for rows that see no key"
+        if valid.any():
+            err = (lse.double() - ref_lse)[valid].abs().max().item()
+            assert err <= 1e-3 * max(1.0, ref_lse[valid].abs().max().item()), "lse off by %.3g" % err
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matches_sdpa(torch, dtype, head_dim, causal, shape):
+    b, hq, hkv, sq, sk = shape
+    q, k, v = qkv(torch, b, hq, hkv, sq, sk, head_dim, dtype)
+    out, lse = flashcore.attention(q, k, v, causal=causal, return_lse=True)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.device == q.device and out.is_contiguous()
+    assert lse.shape == (b, hq, sq) and lse.is_contiguous()
+    check(torch, out, lse, q, k, v, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bshd_layout(torch, dtype, causal):
+    b, sq, sk, hq, hkv, d = 2, 97, 130, 8, 4, 128
+    q = randn(torch, (b, sq, hq, d), dtype, 10)
+    k, v = randn(torch, (b, sk, hkv, d), dtype, 11), randn(torch, (b, sk, hkv, d), dtype, 12)
+    out, lse = flashcore.attention(q, k, v, causal=causal, return_lse=True, layout="bshd")
+    assert out.shape == (b, sq, hq, d) and out.is_contiguous() and lse.shape == (b, hq, sq)
+    t = [x.transpose(1, 2) for x in (out, q, k, v)]
+    check(torch, t[0], lse, t[1], t[2], t[3], causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bshd_storage_given_as_bhsd_views(torch, dtype):
+    b, sq, sk, hq, hkv, d = 2, 64, 200, 4, 2, 64
+    q = randn(torch, (b, sq, hq, d), dtype, 20).transpose(1, 2)
+    k = randn(torch, (b, sk, hkv, d), dtype, 21).transpose(1, 2)
+    v = randn(torch, (b, sk, hkv, d), dtype, 22).transpose(1, 2)
+    assert not q.is_contiguous()
+    out = flashcore.attention(q, k, v, causal=True)
+    assert out.shape == (b, hq, sq, d)
+    check(torch, out, None, q, k, v, True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_strided_views_in_and_out(torch, dtype):
+    b, hq, hkv, sq, sk, d = 2, 4, 2, 90, 111, 128
+    q = randn(torch, (b, hq, sq, d + 16), dtype, 30)[..., 8:8 + d]  # padded rows, 16-byte offset
+    k = randn(torch, (b, 2 * hkv, sk, d), dtype, 31)[:, ::2]  # every other head
+    v = randn(torch, (b, hkv, sk + 5, d), dtype, 32)[:, :, 5:]  # starts 5 rows in
+    out_storage = torch.full((b, sq, hq, d + 8), NAN, dtype=q.dtype, device="cuda")
+    out = out_storage[..., :d].transpose(1, 2)  # [B, H, S, D] view of padded [B, S, H, D]
+    result, lse = flashcore.attention(q, k, v, out=out, causal=True, return_lse=True)
+    assert result is out
+    check(torch, out, lse, q, k, v, True)
+    assert torch.isnan(out_storage[..., d:]).all(), "wrote outside out"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_given_out_and_lse(torch, dtype):
+    q, k, v = qkv(torch, 2, 8, 2, 70, 70, 64, dtype, 40)
+    out = torch.full_like(q, NAN)
+    lse = torch.full((2, 8, 70), NAN, dtype=torch.float32, device="cuda")
+    res_out, res_lse = flashcore.attention(q, k, v, out=out, lse=lse, return_lse=True, softmax_scale=0.3)
+    assert res_out is out and res_lse is lse
+    check(torch, out, lse, q, k, v, False, scale=0.3)
+    lse.fill_(NAN)
+    assert flashcore.attention(q, k, v, out=out, lse=lse, causal=True) is out
+    check(torch, out, lse, q, k, v, True)
+
+
+def test_views_the_library_cannot_take(torch):
+    b, h, s, d = 1, 2, 64, 64
+    k = v = randn(torch, (b, h, s, d), "float16", 50)
+    out = torch.full((b, h, s, d), NAN, dtype=torch.float16, device="cuda")
+    transposed = randn(torch, (b, h, d, s), "float16", 51).transpose(-1, -2)  # head_dim not contiguous
+    with pytest.raises(flashcore.InvalidArgumentError, match="contiguous"):
+        flashcore.attention(transposed, k, v, out=out)
+    shifted = randn(torch, (b * h * s * d + 1,), "float16", 52)[1:].view(b, h, s, d)  # 2-byte offset
+    with pytest.raises(flashcore.MisalignedError) as info:
+        flashcore.attention(shifted, k, v, out=out)
+    assert "q" in info.value.message
+    odd_rows = randn(torch, (b, h, s, d + 1), "float16", 53)[..., :d]  # row stride d+1
+    with pytest.raises(flashcore.MisalignedError, match="seq_stride"):
+        flashcore.attention(odd_rows, k, v, out=out)
+    with pytest.raises(flashcore.UnsupportedError):
+        flashcore.attention(k.float(), k.float(), k.float())
+    q96 = randn(torch, (b, h, s, 96), "float16", 54)
+    with pytest.raises(flashcore.UnsupportedError, match="head_dim"):
+        flashcore.attention(q96, q96, q96)
+    q6, k4 = randn(torch, (b, 6, s, d), "float16", 55), randn(torch, (b, 4, s, d), "float16", 56)
+    with pytest.raises(flashcore.InvalidArgumentError, match="num_heads"):
+        flashcore.attention(q6, k4, k4)
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all(), "a failed call wrote to out"
+
+
+def delay(torch):
+    """Keeps the current stream busy for tens of milliseconds."""
+    if hasattr(torch.cuda, "_sleep"):
+        torch.cuda._sleep(100_000_000)
+        return
+    a = torch.randn(4096, 4096, device="cuda")
+    for _ in range(40):
+        a = (a @ a) * 1e-3
+
+
+def poisoned_copies(torch, *tensors):
+    copies = [torch.full_like(t, NAN) for t in tensors]
+    torch.cuda.synchronize()
+    return copies
+
+
+def test_runs_on_the_current_stream(torch):
+    q, k, v = qkv(torch, 2, 4, 4, 256, 256, 64, "float16", 60)
+    expected = flashcore.attention(q, k, v, causal=True)
+    q2, k2, v2 = poisoned_copies(torch, q, k, v)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        delay(torch)  # the inputs are written only after this
+        for dst, src in ((q2, q), (k2, k), (v2, v)):
+            dst.copy_(src)
+        out = flashcore.attention(q2, k2, v2, causal=True)
+    s.synchronize()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("form", ["torch.cuda.Stream", "int"])
+def test_runs_on_a_given_stream(torch, form):
+    q, k, v = qkv(torch, 1, 8, 2, 200, 300, 128, "bfloat16", 70)
+    expected, expected_lse = flashcore.attention(q, k, v, return_lse=True)
+    q2, k2, v2 = poisoned_copies(torch, q, k, v)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        delay(torch)
+        for dst, src in ((q2, q), (k2, k), (v2, v)):
+            dst.copy_(src)
+    # The current stream is the default one again; the work must go to s.
+    out, lse = flashcore.attention(q2, k2, v2, return_lse=True, stream=s if form != "int" else s.cuda_stream)
+    s.synchronize()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+
+
+def test_cuda_graph_capture(torch):
+    q, k, v = qkv(torch, 2, 8, 4, 128, 160, 64, "float16", 80)
+    out = torch.empty_like(q)
+    flashcore.attention(q, k, v, out=out, causal=True)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        flashcore.attention(q, k, v, out=out, causal=True)
+    out.fill_(NAN)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, flashcore.attention(q, k, v, causal=True))
+
+
+def test_low_level_calls(torch):
+    q, k, v = qkv(torch, 2, 8, 2, 150, 180, 128, "float16", 90)
+    out = torch.full_like(q, NAN)
+    lse = torch.full((2, 8, 150), NAN, dtype=torch.float32, device="cuda")
+    params = flashcore.forward_params(q, k, v, out, lse=lse, causal=True)
+    flashcore.check_params(params)
+    handle = flashcore.get_handle(q.device.index)
+    assert handle is flashcore.get_handle(q.device.index) and handle.device == q.device.index
+    needed = handle.workspace_size(params)
+    workspace = torch.empty(max(needed, 16), dtype=torch.uint8, device="cuda")
+    handle.forward(params, workspace.data_ptr(), needed, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    expected, expected_lse = flashcore.attention(q, k, v, causal=True, return_lse=True)
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+    check(torch, out, lse, q, k, v, True)
+    again = flashcore.attention(q, k, v, causal=True, workspace=workspace)
+    torch.cuda.synchronize()
+    assert torch.equal(again, expected)
+    if needed > 0:
+        with pytest.raises(flashcore.WorkspaceTooSmallError):
+            handle.forward(params, workspace.data_ptr(), needed - 1, 0)
+        with pytest.raises(flashcore.WorkspaceTooSmallError):
+            flashcore.attention(q, k, v, causal=True, workspace=workspace[: needed - 1])
+
+
+def test_handles_per_thread_and_device(torch):
+    dev = torch.cuda.current_device()
+    main = flashcore.get_handle(dev)
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(flashcore.get_handle(dev)))
+    t.start()
+    t.join()
+    assert seen[0] is not main and seen[0].device == main.device == dev
+
+
+class DLPackOnly:
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack__(self, stream=None):
+        return self.t.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+
+class CudaArrayInterfaceOnly:
+    def __init__(self, t):
+        self.t = t
+        self.__cuda_array_interface__ = t.__cuda_array_interface__
+
+
+@pytest.mark.parametrize("wrap,dtype", [(DLPackOnly, "float16"), (DLPackOnly, "bfloat16"),
+                                        (CudaArrayInterfaceOnly, "float16")])
+def test_dlpack_and_cuda_array_interface_inputs(torch, wrap, dtype):
+    b, hq, hkv, sq, sk, d = 2, 4, 2, 65, 130, 64
+    q = randn(torch, (b, sq, hq, d), dtype, 100).transpose(1, 2)
+    k, v = randn(torch, (b, hkv, sk, d), dtype, 101), randn(torch, (b, hkv, sk, d), dtype, 102)
+    out = torch.full_like(q, NAN)
+    lse = torch.full((b, hq, sq), NAN, dtype=torch.float32, device="cuda")
+    torch.cuda.synchronize()
+    res_out, res_lse = flashcore.attention(wrap(q), wrap(k), wrap(v), out=wrap(out), lse=wrap(lse),
+                                           return_lse=True, causal=True)
+    assert res_out.t is out and res_lse.t is lse
+    torch.cuda.synchronize()
+    check(torch, out, lse, q, k, v, True)
+    with pytest.raises(TypeError, match="out="):
+        flashcore.attention(wrap(q), wrap(k), wrap(v))
+
+
+def test_other_device(torch):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    with torch.cuda.device(0):
+        q, k, v = (t.to("cuda:1") for t in qkv(torch, 1, 4, 4, 100, 100, 64, "float16", 110))
+        out = flashcore.attention(q, k, v, causal=True)
+    assert out.device == q.device
+    assert flashcore.get_handle(1).device == 1
+    with torch.cuda.device(1):
+        check(torch, out, None, q, k, v, True)

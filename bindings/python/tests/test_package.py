@@ -1,0 +1,485 @@
+"""Tests that need no GPU: import, version, library loading, status mapping,
+array reading, and validation errors coming back from the library."""
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import flashcore
+from flashcore import Status, _arrays, _errors, _ffi, _library
+from fc_testing import FakeCudaArray, FakeDLPackArray, fake_ptr, fake_qkv
+
+# --------------------------------------------------------------------------
+# Import and version (no library needed)
+# --------------------------------------------------------------------------
+
+
+def test_version_matches_header():
+    header = "%d.%d.%d" % (_ffi.FLASHCORE_VERSION_MAJOR, _ffi.FLASHCORE_VERSION_MINOR, _ffi.FLASHCORE_VERSION_PATCH)
+    assert flashcore.__version__ == header
+    assert flashcore.HEADER_VERSION_NUMBER == (_ffi.FLASHCORE_VERSION_MAJOR * 10000
+                                               + _ffi.FLASHCORE_VERSION_MINOR * 100 + _ffi.FLASHCORE_VERSION_PATCH)
+
+
+def test_import_needs_no_framework_and_no_library():
+    code = ("import os, sys; os.environ['FLASHCORE_LIBRARY'] = '/nonexistent/libflashcore.so'\n"
+            "import flashcore\n"
+            "assert not {'torch', 'cupy', 'numpy'} & set(sys.modules), sorted(sys.modules)\n"
+            "print(flashcore.__version__)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(flashcore.__file__))]
+                                                    + sys.path))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == flashcore.__version__
+
+
+def test_public_names_exist():
+    for name in flashcore.__all__:
+        assert hasattr(flashcore, name), name
+
+
+# --------------------------------------------------------------------------
+# Status mapping
+# --------------------------------------------------------------------------
+
+
+def test_every_failure_status_has_its_own_exception():
+    classes = set()
+    for status in Status:
+        if status == Status.SUCCESS:
+            continue
+        err = _errors.error_for_status(status, "detail")
+        assert type(err) is not flashcore.FlashcoreError, "no subclass for %s" % status.name
+        assert isinstance(err, flashcore.FlashcoreError)
+        assert err.status is status and err.message == "detail"
+        assert str(err) == "%s: detail" % status.name.lower().replace("_", " ")
+        classes.add(type(err))
+    assert len(classes) == len(Status) - 1
+
+
+@pytest.mark.parametrize("name,cls", [
+    ("INVALID_ARGUMENT", flashcore.InvalidArgumentError),
+    ("UNSUPPORTED", flashcore.UnsupportedError),
+    ("MISALIGNED", flashcore.MisalignedError),
+    ("WORKSPACE_TOO_SMALL", flashcore.WorkspaceTooSmallError),
+    ("NO_DEVICE", flashcore.NoDeviceError),
+    ("CUDA_ERROR", flashcore.CudaError),
+    ("OUT_OF_MEMORY", flashcore.OutOfMemoryError),
+    ("INTERNAL", flashcore.InternalError),
+])
+def test_status_to_class(name, cls):
+    err = _errors.error_for_status(int(Status[name]), "m")
+    assert type(err) is cls and err.status == Status[name]
+
+
+def test_unknown_status_gives_base_class():
+    err = _errors.error_for_status(999, "from the future")
+    assert type(err) is flashcore.FlashcoreError and err.status == 999
+    assert "999" in str(err) and "from the future" in str(err)
+    with pytest.raises(ValueError):
+        _errors.error_for_status(Status.SUCCESS, "")
+
+
+def test_argument_errors_are_value_errors():
+    assert issubclass(flashcore.InvalidArgumentError, ValueError)
+    assert issubclass(flashcore.MisalignedError, ValueError)
+
+
+def test_library_status_strings(lib):
+    assert lib.status_string(Status.SUCCESS)
+    assert lib.status_string(Status.INVALID_ARGUMENT) == "invalid argument"
+    assert lib.status_string(12345) == "unknown status"
+    names = {lib.status_string(s) for s in Status}
+    assert len(names) == len(Status) and "unknown status" not in names
+    assert flashcore.status_string(Status.MISALIGNED) == lib.status_string(Status.MISALIGNED)
+
+
+def test_check_raises_with_library_message(lib):
+    with pytest.raises(flashcore.InvalidArgumentError) as info:
+        lib.check(lib.cdll.flashcore_forward_check(None))
+    assert info.value.status == Status.INVALID_ARGUMENT
+    assert info.value.message and info.value.message == lib.cdll.flashcore_last_error_message().decode()
+    assert lib.check(Status.SUCCESS) is None
+
+
+# --------------------------------------------------------------------------
+# Loading the library
+# --------------------------------------------------------------------------
+
+
+def test_library_loaded_matches_header(lib):
+    assert lib.version_number == _ffi.FLASHCORE_VERSION_NUMBER
+    assert lib.version == flashcore.__version__ == flashcore.library_version()
+    assert _library.bind(lib.cdll) == []
+
+
+def test_environment_variable_comes_first(lib, monkeypatch):
+    monkeypatch.setenv(_library.ENV_VAR, lib.path)
+    loaded = flashcore.open_library()
+    assert loaded.how == "$" + _library.ENV_VAR and loaded.path == lib.path
+
+
+def test_bad_environment_variable_is_an_error(monkeypatch, tmp_path):
+    missing = str(tmp_path / "libflashcore.so.0")
+    monkeypatch.setenv(_library.ENV_VAR, missing)
+    with pytest.raises(flashcore.LibraryError) as info:
+        flashcore.open_library()
+    assert missing in str(info.value) and info.value.status is None
+
+
+def test_not_found_lists_what_was_tried(monkeypatch):
+    monkeypatch.delenv(_library.ENV_VAR, raising=False)
+    monkeypatch.setattr(_library, "candidates", lambda: [("somewhere", "/nonexistent/libflashcore.so.0")])
+    with pytest.raises(flashcore.LibraryError) as info:
+        flashcore.open_library()
+    assert "/nonexistent/libflashcore.so.0" in str(info.value) and _library.ENV_VAR in str(info.value)
+
+
+def test_candidates_order(monkeypatch, tmp_path):
+    libdir = tmp_path / "lib"
+    libdir.mkdir()
+    (libdir / _library.library_names()[0]).write_bytes(b"")
+    monkeypatch.setattr(_library, "_pkgconfig_libdir", lambda: str(libdir))
+    monkeypatch.setattr(_library.ctypes.util, "find_library", lambda name: "libfound.so" if name == "flashcore" else None)
+    hows = [how for how, _ in _library.candidates()]
+    assert hows.index("pkg-config libdir") < hows.index("ctypes.util.find_library") < \
+        hows.index("the dynamic loader's search path")
+    assert ("pkg-config libdir", str(libdir / _library.library_names()[0])) in _library.candidates()
+
+
+def _compile_shared(tmp_path, source):
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler to build a stand-in library")
+    src = tmp_path / "fake.c"
+    src.write_text(source)
+    out = tmp_path / "libfake.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(out), str(src)], check=True)
+    return str(out)
+
+
+def test_wrong_major_version_is_refused(tmp_path):
+    path = _compile_shared(tmp_path, "unsigned flashcore_version_number(void) { return %d; }\n"
+                           % ((_ffi.FLASHCORE_VERSION_MAJOR + 1) * 10000))
+    with pytest.raises(flashcore.LibraryError, match="needs %d.x" % _ffi.FLASHCORE_VERSION_MAJOR):
+        flashcore.open_library(path)
+
+
+def test_missing_functions_are_named(tmp_path):
+    path = _compile_shared(tmp_path, "unsigned flashcore_version_number(void) { return %d; }\n"
+                           % _ffi.FLASHCORE_VERSION_NUMBER)
+    with pytest.raises(flashcore.LibraryError, match="flashcore_forward_check"):
+        flashcore.open_library(path)
+
+
+def test_not_a_flashcore_library(tmp_path):
+    path = _compile_shared(tmp_path, "int something_else(void) { return 0; }\n")
+    with pytest.raises(flashcore.LibraryError, match="not libflashcore"):
+        flashcore.open_library(path)
+
+
+# --------------------------------------------------------------------------
+# The parameter struct
+# --------------------------------------------------------------------------
+
+
+def test_params_init_by_library(lib):
+    # The library writes exactly the size it is given, never past it.
+    size = ctypes.sizeof(flashcore.ForwardParams)
+    buf = (ctypes.c_ubyte * (size + 16))(*([0xAB] * (size + 16)))
+    lib.check(lib.cdll.flashcore_forward_params_init(ctypes.cast(buf, ctypes.POINTER(flashcore.ForwardParams)), size))
+    assert ctypes.cast(buf, ctypes.POINTER(ctypes.c_size_t))[0] == size
+    assert list(buf[size:]) == [0xAB] * 16
+    p = lib.new_params()
+    assert p.struct_size == ctypes.sizeof(flashcore.ForwardParams)
+    assert p.dtype == flashcore.Dtype.FP16 and p.causal == 0
+    assert p.softmax_scale == _ffi.FLASHCORE_SOFTMAX_SCALE_DEFAULT
+    assert p.q is None and p.batch_size == 0 and p.out_head_stride == 0
+
+
+def test_set_contiguous_strides_agrees_with_forward_params(lib):
+    for layout, shape_q, shape_k in ((flashcore.Layout.BHSD, (2, 8, 100, 64), (2, 2, 120, 64)),
+                                     (flashcore.Layout.BSHD, (2, 100, 8, 64), (2, 120, 2, 64))):
+        arrays = [FakeCudaArray(s, index=i) for i, s in enumerate((shape_q, shape_k, shape_k, shape_q))]
+        ours = flashcore.forward_params(*arrays, layout=layout.name.lower())
+        theirs = lib.new_params()
+        for f in ("batch_size", "num_heads_q", "num_heads_kv", "seqlen_q", "seqlen_k", "head_dim"):
+            setattr(theirs, f, getattr(ours, f))
+        lib.check(lib.cdll.flashcore_set_contiguous_strides(ctypes.byref(theirs), layout))
+        for name, _ in flashcore.ForwardParams._fields_:
+            if name.endswith("_stride"):
+                assert getattr(ours, name) == getattr(theirs, name), (layout, name)
+
+
+# --------------------------------------------------------------------------
+# Reading arrays
+# --------------------------------------------------------------------------
+
+
+def test_cai_strides_shape_and_pointer():
+    a = _arrays.describe(FakeCudaArray((2, 3, 4, 64), strides=(2 * 4 * 3 * 64 * 2, 64 * 2, 3 * 64 * 2, 2),
+                                       ptr=fake_ptr(0, 32)), "q")
+    assert a.shape == (2, 3, 4, 64) and a.strides == (1536, 64, 192, 1)
+    assert a.ptr == fake_ptr(0, 32) and a.dtype == "float16" and a.framework is None
+    c = _arrays.describe(FakeCudaArray((2, 3, 4, 64)), "q")
+    assert c.strides == (768, 256, 64, 1)
+    assert _arrays.describe(FakeCudaArray((5,), typestr="<f4"), "lse").dtype == "float32"
+    with pytest.raises(flashcore.MisalignedError):
+        _arrays.describe(FakeCudaArray((4, 64), strides=(129, 2)), "q")
+
+
+def test_cai_stream_is_the_default_stream():
+    a = _arrays.describe(FakeCudaArray((1, 1, 8, 64), stream=0xABC0), "q")
+    assert _arrays.current_stream(a) == 0xABC0
+    assert _arrays.current_stream(_arrays.describe(FakeCudaArray((1, 1, 8, 64)), "q")) == 0
+
+
+@pytest.mark.parametrize("code,bits,name", [(2, 16, "float16"), (4, 16, "bfloat16"), (2, 32, "float32")])
+def test_dlpack_reading(code, bits, name):
+    x = FakeDLPackArray((2, 3, 5, 64), code=code, bits=bits, strides=(3 * 5 * 128, 128, 3 * 128, 1),
+                        byte_offset=64, device=(2, 3))
+    a = _arrays.describe(x, "q", stream=0x1234)
+    assert a.shape == (2, 3, 5, 64) and a.strides == (1920, 128, 384, 1)
+    assert a.ptr == fake_ptr(0) + 64 and a.dtype == name and a.device == 3 and a.itemsize == bits // 8
+    assert x.streams == [0x1234]
+    _arrays.describe(x, "q", stream=0)
+    assert x.streams[-1] == 1  # the legacy default stream, as DLPack spells it
+    compact = _arrays.describe(FakeDLPackArray((2, 3, 5, 64)), "q")
+    assert compact.strides == (960, 320, 64, 1)
+
+
+def test_dlpack_host_memory_refused():
+    with pytest.raises(flashcore.InvalidArgumentError, match="CUDA memory"):
+        _arrays.describe(FakeDLPackArray((1, 1, 8, 64), device=(1, 0)), "q")
+
+
+def test_not_an_array():
+    with pytest.raises(TypeError, match="CUDA array"):
+        _arrays.describe([1, 2, 3], "q")
+
+
+def test_stream_pointer_forms():
+    class CudaStreamProtocol:
+        def __cuda_stream__(self):
+            return (0, 0x5000)
+
+    class TorchLike:
+        cuda_stream = 0x6000
+
+    class CupyLike:
+        ptr = 0x7000
+
+    assert _arrays.stream_pointer(0) == 0 and _arrays.stream_pointer(0x1000) == 0x1000
+    assert _arrays.stream_pointer(ctypes.c_void_p(0x2000)) == 0x2000
+    assert _arrays.stream_pointer(CudaStreamProtocol()) == 0x5000
+    assert _arrays.stream_pointer(TorchLike()) == 0x6000
+    assert _arrays.stream_pointer(CupyLike()) == 0x7000
+    for bad in (True, "stream", 1.5):
+        with pytest.raises(TypeError):
+            _arrays.stream_pointer(bad)
+
+
+# --------------------------------------------------------------------------
+# Validation: found by the binding, or by the library (no GPU needed)
+# --------------------------------------------------------------------------
+
+
+def test_valid_parameters_pass_the_library_check(lib):
+    q, k, v, out = fake_qkv()
+    p = flashcore.forward_params(q, k, v, out, causal=True, softmax_scale=0.125)
+    flashcore.check_params(p)
+    assert (p.batch_size, p.num_heads_q, p.num_heads_kv, p.seqlen_q, p.seqlen_k, p.head_dim) == (2, 8, 2, 100, 120, 64)
+    assert p.causal == 1 and p.softmax_scale == 0.125 and p.dtype == flashcore.Dtype.FP16
+    assert (p.q, p.k, p.v, p.out, p.lse) == (fake_ptr(0), fake_ptr(1), fake_ptr(2), fake_ptr(3), None)
+    assert (p.q_batch_stride, p.q_head_stride, p.q_seq_stride) == (8 * 100 * 64, 100 * 64, 64)
+    assert (p.k_batch_stride, p.k_head_stride, p.k_seq_stride) == (2 * 120 * 64, 120 * 64, 64)
+
+
+def test_bshd_storage_read_through_strides(lib):
+    # [B, S, H, D] storage seen as [B, H, S, D] (a transposed view), and the same
+    # storage given as layout="bshd": both describe the same memory.
+    b, s, h, d = 2, 50, 4, 128
+    bshd = (s * h * d * 2, h * d * 2, d * 2, 2)
+    view = [FakeCudaArray((b, h, s, d), strides=(bshd[0], bshd[2], bshd[1], 2), index=i) for i in range(4)]
+    plain = [FakeCudaArray((b, s, h, d), index=i) for i in range(4)]
+    p1 = flashcore.forward_params(*view)
+    p2 = flashcore.forward_params(*plain, layout="bshd")
+    flashcore.check_params(p1)
+    assert bytes(p1) == bytes(p2)
+    assert (p1.q_batch_stride, p1.q_head_stride, p1.q_seq_stride) == (s * h * d, d, h * d)
+
+
+def test_bf16_and_lse(lib):
+    q, k, v, out = fake_qkv(d=128)
+    p = flashcore.forward_params(q, k, v, out, lse=FakeCudaArray((2, 8, 100), typestr="<f4", index=4))
+    assert p.lse == fake_ptr(4)
+    flashcore.check_params(p)
+    p = flashcore.forward_params(*fake_qkv(d=128, cls=FakeDLPackArray, code=4))
+    assert p.dtype == flashcore.Dtype.BF16
+    flashcore.check_params(p)
+
+
+def test_size_one_dimension_strides_are_ignored(lib):
+    # One query row: frameworks may give the seq axis any stride, e.g. 1.
+    q = FakeCudaArray((1, 8, 1, 64), strides=(8 * 64 * 2, 64 * 2, 2, 2), index=0)
+    k, v = FakeCudaArray((1, 8, 33, 64), index=1), FakeCudaArray((1, 8, 33, 64), index=2)
+    out = FakeCudaArray((1, 8, 1, 64), index=3)
+    flashcore.check_params(flashcore.forward_params(q, k, v, out))
+
+
+def _raises_from_library(lib, cls, call):
+    with pytest.raises(cls) as info:
+        call()
+    assert info.value.status == cls.status_code
+    # The message is the library's own, still current on this thread.
+    assert info.value.message and info.value.message == lib.cdll.flashcore_last_error_message().decode()
+    return info.value
+
+
+@pytest.mark.parametrize("api", ["attention", "check_params"])
+def test_head_counts_that_do_not_divide(lib, api):
+    q, k, v, out = fake_qkv(hq=12, hkv=5)
+    if api == "attention":
+        err = _raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.attention(q, k, v, out=out))
+    else:
+        err = _raises_from_library(lib, flashcore.InvalidArgumentError,
+                                   lambda: flashcore.check_params(flashcore.forward_params(q, k, v, out)))
+    assert "12" in err.message and "5" in err.message
+
+
+def test_unsupported_head_dim(lib):
+    q, k, v, out = fake_qkv(d=96)
+    _raises_from_library(lib, flashcore.UnsupportedError, lambda: flashcore.attention(q, k, v, out=out))
+
+
+def test_misaligned_pointer(lib):
+    q, k, v, out = fake_qkv()
+    q = FakeCudaArray((2, 8, 100, 64), ptr=fake_ptr(0, 2))
+    _raises_from_library(lib, flashcore.MisalignedError, lambda: flashcore.attention(q, k, v, out=out))
+
+
+def test_misaligned_dlpack_byte_offset(lib):
+    q, k, v, out = fake_qkv(cls=FakeDLPackArray)
+    q = FakeDLPackArray((2, 8, 100, 64), byte_offset=6)
+    _raises_from_library(lib, flashcore.MisalignedError, lambda: flashcore.attention(q, k, v, out=out))
+    assert q.streams == [1]
+
+
+def test_stride_not_a_multiple_of_the_alignment(lib):
+    # head_dim 64 padded to 65 elements: the seq stride breaks 16-byte alignment.
+    q, k, v, out = fake_qkv()
+    q = FakeCudaArray((2, 8, 100, 64), strides=(8 * 100 * 65 * 2, 100 * 65 * 2, 65 * 2, 2))
+    _raises_from_library(lib, flashcore.MisalignedError, lambda: flashcore.attention(q, k, v, out=out))
+
+
+def test_padded_views_are_accepted(lib):
+    q, k, v, out = fake_qkv()
+    q = FakeCudaArray((2, 8, 100, 64), strides=(8 * 100 * 72 * 2, 100 * 72 * 2, 72 * 2, 2))
+    flashcore.check_params(flashcore.forward_params(q, k, v, out))
+
+
+def test_overlapping_out(lib):
+    q, k, v, _ = fake_qkv()
+    out = FakeCudaArray((2, 8, 100, 64), strides=(100 * 64 * 2, 0, 64 * 2, 2), index=3)
+    _raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.attention(q, k, v, out=out))
+
+
+def test_bad_softmax_scale(lib):
+    q, k, v, out = fake_qkv()
+    for bad in (-1.0, float("nan"), float("inf")):
+        _raises_from_library(lib, flashcore.InvalidArgumentError,
+                             lambda: flashcore.attention(q, k, v, out=out, softmax_scale=bad))
+    with pytest.raises(flashcore.InvalidArgumentError, match="None"):
+        flashcore.attention(q, k, v, out=out, softmax_scale=0.0)
+
+
+@pytest.mark.parametrize("case,cls,match", [
+    ("3d", flashcore.InvalidArgumentError, "4-D"),
+    ("float32", flashcore.UnsupportedError, "float32"),
+    ("mixed dtypes", flashcore.InvalidArgumentError, "dtype"),
+    ("k v shapes", flashcore.InvalidArgumentError, "same shape"),
+    ("batch", flashcore.InvalidArgumentError, "batch size"),
+    ("out shape", flashcore.InvalidArgumentError, "out must have"),
+    ("out readonly", flashcore.InvalidArgumentError, "read-only"),
+    ("head_dim stride", flashcore.InvalidArgumentError, "contiguous"),
+    ("lse shape", flashcore.InvalidArgumentError, "lse must be"),
+    ("lse strides", flashcore.InvalidArgumentError, "lse must be contiguous"),
+    ("layout", flashcore.InvalidArgumentError, "layout"),
+])
+def test_binding_side_validation(lib, case, cls, match):
+    q, k, v, out = fake_qkv()
+    kwargs = {}
+    if case == "3d":
+        q = FakeCudaArray((2, 100, 64))
+    elif case == "float32":
+        q, k, v, out = fake_qkv(typestr="<f4")
+    elif case == "mixed dtypes":
+        v = FakeCudaArray((2, 2, 120, 64), typestr="<f4", index=2)
+    elif case == "k v shapes":
+        v = FakeCudaArray((2, 2, 121, 64), index=2)
+    elif case == "batch":
+        k, v = FakeCudaArray((3, 2, 120, 64), index=1), FakeCudaArray((3, 2, 120, 64), index=2)
+    elif case == "out shape":
+        out = FakeCudaArray((2, 8, 101, 64), index=3)
+    elif case == "out readonly":
+        out = FakeCudaArray((2, 8, 100, 64), index=3, readonly=True)
+    elif case == "head_dim stride":
+        k = FakeCudaArray((2, 2, 120, 64), strides=(2 * 120 * 64 * 2, 120 * 64 * 2, 2, 120 * 2), index=1)
+    elif case == "lse shape":
+        kwargs["lse"] = FakeCudaArray((2, 100, 8), typestr="<f4", index=4)
+    elif case == "lse strides":
+        kwargs["lse"] = FakeCudaArray((2, 8, 100), typestr="<f4", strides=(8 * 128 * 4, 128 * 4, 4), index=4)
+    elif case == "layout":
+        kwargs["layout"] = "sbhd"
+    with pytest.raises(cls, match=match) as info:
+        flashcore.attention(q, k, v, out=out, **kwargs)
+    assert info.value.status == cls.status_code
+
+
+def test_generic_arrays_need_out(lib):
+    q, k, v, _ = fake_qkv()
+    with pytest.raises(TypeError, match="out="):
+        flashcore.attention(q, k, v)
+    q, k, v, out = fake_qkv()
+    with pytest.raises(TypeError, match="lse="):
+        flashcore.attention(q, k, v, out=out, return_lse=True)
+
+
+def test_valid_call_without_gpu_reports_no_device(lib, gpu_present):
+    if gpu_present:
+        pytest.skip("a GPU is present: the fake pointers of this test must not reach it")
+    q, k, v, out = fake_qkv()
+    with pytest.raises(flashcore.NoDeviceError) as info:
+        flashcore.attention(q, k, v, out=out)
+    assert info.value.status == Status.NO_DEVICE and info.value.message
+    with pytest.raises(flashcore.NoDeviceError):
+        flashcore.get_handle(0)
+
+
+def test_handles_are_per_thread(lib, gpu_present):
+    if not gpu_present:
+        pytest.skip("no GPU: handles cannot be created")
+    main = flashcore.get_handle(0)
+    assert flashcore.get_handle(0) is main and main.device == 0 and main.value
+    other = []
+    t = threading.Thread(target=lambda: other.append(flashcore.get_handle(0)))
+    t.start()
+    t.join()
+    assert other[0] is not main and other[0].device == 0
+    with flashcore.Handle(0) as h:
+        assert h.value and h.value != main.value
+    assert h.value == 0
+    with pytest.raises(flashcore.FlashcoreError, match="closed"):
+        h.workspace_size(lib.new_params())
+
+
+def test_torch_cpu_tensor_rejected(lib):
+    torch = pytest.importorskip("torch")
+    q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
+    with pytest.raises(flashcore.InvalidArgumentError, match="CUDA"):
+        flashcore.attention(q, q, q)
