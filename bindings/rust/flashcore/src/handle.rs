@@ -1,0 +1,187 @@
+//! The library handle.
+
+use crate::buffer::DeviceBuffer;
+use crate::error::{check, Error, Result, Status};
+use crate::params::ForwardParams;
+use crate::sys;
+use std::ffi::c_void;
+use std::fmt;
+use std::ptr::{self, NonNull};
+
+/// A flashcore handle, bound to one CUDA device; destroyed on drop.
+///
+/// It caches what kernel dispatch needs (compute capability, multiprocessor
+/// count, shared-memory limits), so create one per device and reuse it.
+///
+/// # Threads
+///
+/// `Handle` is [`Send`] and [`Sync`], exactly as `flashcore.h` allows: every
+/// flashcore function may be called from several threads at once, and one
+/// handle may be shared by threads calling `flashcore_forward` and
+/// `flashcore_forward_workspace_size` (the `&self` methods here). The one
+/// call that must not race with other uses, `flashcore_destroy`, runs in
+/// [`Drop`], which Rust only allows once no reference remains.
+///
+/// # Example
+///
+/// Runs with or without a GPU:
+///
+/// ```
+/// use flashcore::{Handle, Status};
+///
+/// match Handle::new() {
+///     Ok(handle) => println!("flashcore on CUDA device {}", handle.device()?),
+///     Err(err) if err.status() == Status::NoDevice => println!("no GPU here: {err}"),
+///     Err(err) => return Err(err),
+/// }
+/// # Ok::<(), flashcore::Error>(())
+/// ```
+pub struct Handle {
+    raw: NonNull<sys::flashcore_handle_s>,
+}
+
+// SAFETY: see "Threads" above; the handle has no thread affinity and its
+// shared-use functions are documented as thread-safe.
+unsafe impl Send for Handle {}
+// SAFETY: as above.
+unsafe impl Sync for Handle {}
+
+impl Handle {
+    /// Creates a handle for the CUDA device current on this thread (device 0
+    /// if none was set).
+    ///
+    /// Fails with [`Status::NoDevice`] when no device or driver is present
+    /// and [`Status::Unsupported`] for GPUs older than sm_80.
+    pub fn new() -> Result<Handle> {
+        // SAFETY: `out` is a valid place for the handle.
+        Handle::create(|out| unsafe { sys::flashcore_create(out) })
+    }
+
+    /// Creates a handle for the CUDA device with ordinal `device`.
+    ///
+    /// ```
+    /// # use flashcore::Handle;
+    /// assert!(Handle::for_device(-1).is_err());
+    /// ```
+    pub fn for_device(device: i32) -> Result<Handle> {
+        // SAFETY: as in `new`.
+        Handle::create(|out| unsafe { sys::flashcore_create_for_device(out, device) })
+    }
+
+    fn create(create: impl FnOnce(*mut sys::flashcore_handle) -> sys::flashcore_status) -> Result<Handle> {
+        let mut raw = ptr::null_mut();
+        check(create(&mut raw))?;
+        match NonNull::new(raw) {
+            Some(raw) => Ok(Handle { raw }),
+            None => Err(Error::new(Status::Internal, "flashcore_create succeeded but returned a NULL handle")),
+        }
+    }
+
+    /// The CUDA device ordinal the handle is bound to.
+    pub fn device(&self) -> Result<i32> {
+        let mut device = -1;
+        // SAFETY: live handle, valid out-pointer.
+        check(unsafe { sys::flashcore_handle_device(self.as_raw(), &mut device) })?;
+        Ok(device)
+    }
+
+    /// The C handle, for calling `flashcore-sys` directly. It stays owned by
+    /// `self`: do not destroy it.
+    pub fn as_raw(&self) -> sys::flashcore_handle {
+        self.raw.as_ptr()
+    }
+
+    /// Bytes of device workspace [`forward`](Handle::forward) needs for
+    /// `params` on this handle's device; may be 0. Depends only on shapes,
+    /// dtype and flags, so one allocation serves every call of that shape.
+    pub fn workspace_size(&self, params: &ForwardParams<'_>) -> Result<usize> {
+        let mut bytes = 0;
+        // SAFETY: live handle, valid params and out-pointer.
+        check(unsafe { sys::flashcore_forward_workspace_size(self.as_raw(), params.as_raw(), &mut bytes) })?;
+        Ok(bytes)
+    }
+
+    /// Queues `out = softmax(scale · Q·Kᵀ [+ causal mask]) · V` on `stream`
+    /// and returns without waiting.
+    ///
+    /// `workspace` must hold at least [`workspace_size`](Handle::workspace_size)
+    /// bytes ([`Status::WorkspaceTooSmall`] otherwise); `None` is fine when
+    /// that is 0. `stream` is a `cudaStream_t` (equivalently a `CUstream`) of
+    /// the handle's device, or null for the legacy default stream. The call
+    /// uses the handle's device whatever device is current, and results are
+    /// bitwise deterministic.
+    ///
+    /// # Safety
+    ///
+    /// flashcore cannot check device memory or streams, and the work runs
+    /// after this call returns. The caller promises that:
+    /// - every buffer given to the params and `workspace` is device memory
+    ///   usable from the handle's device, holding at least its
+    ///   [`byte_len`](DeviceBuffer::byte_len) bytes at its
+    ///   [`device_ptr`](DeviceBuffer::device_ptr);
+    /// - those buffers stay allocated until the queued work has completed
+    ///   (synchronize `stream`, or order later work after it), q, k and v are
+    ///   not written, and out, lse and the workspace not otherwise used,
+    ///   until then;
+    /// - `stream` is null or a live stream of the handle's device.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use flashcore::{DeviceBuffer, ForwardParams, Handle, RawBuffer};
+    /// # fn device_alloc(bytes: usize) -> RawBuffer { unimplemented!() }
+    /// # fn synchronize(stream: *mut std::ffi::c_void) {}
+    ///
+    /// let handle = Handle::new()?;
+    /// let bytes = 8 * 1024 * 128 * 2; // [1, 8, 1024, 128] bf16
+    /// let (q, k, v) = (device_alloc(bytes), device_alloc(bytes), device_alloc(bytes));
+    /// let mut out = device_alloc(bytes);
+    /// let params = ForwardParams::builder()
+    ///     .dtype(flashcore::DType::BF16)
+    ///     .batch_size(1)
+    ///     .num_heads_q(8)
+    ///     .num_heads_kv(8)
+    ///     .seqlen_q(1024)
+    ///     .seqlen_k(1024)
+    ///     .head_dim(128)
+    ///     .causal(true)
+    ///     .q(&q)
+    ///     .k(&k)
+    ///     .v(&v)
+    ///     .out(&mut out)
+    ///     .build()?;
+    /// let mut workspace = device_alloc(handle.workspace_size(&params)?);
+    /// let stream = std::ptr::null_mut(); // the default stream
+    /// // SAFETY: the buffers are live device allocations of the stated sizes
+    /// // and are kept until the stream is synchronized below.
+    /// unsafe { handle.forward(&params, Some(&mut workspace), stream)? };
+    /// synchronize(stream);
+    /// # Ok::<(), flashcore::Error>(())
+    /// ```
+    pub unsafe fn forward(
+        &self,
+        params: &ForwardParams<'_>,
+        workspace: Option<&mut dyn DeviceBuffer>,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        let (workspace, workspace_bytes) = match workspace {
+            Some(buffer) => (buffer.device_ptr() as usize as *mut c_void, buffer.byte_len()),
+            None => (ptr::null_mut(), 0),
+        };
+        check(sys::flashcore_forward(self.as_raw(), params.as_raw(), workspace, workspace_bytes, stream))
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: the handle is live and no reference to it remains. Destroying
+        // a valid handle has no failure the caller could act on.
+        unsafe { sys::flashcore_destroy(self.as_raw()) };
+    }
+}
+
+impl fmt::Debug for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Handle").field(&self.raw).finish()
+    }
+}

@@ -1,0 +1,620 @@
+//! Forward-attention parameters and their builder.
+
+use crate::buffer::{DeviceBuffer, RawBuffer};
+use crate::error::{check, Error, Result, Status};
+use crate::sys;
+use std::ffi::c_void;
+use std::marker::PhantomData;
+
+/// Element type of q, k, v and out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum DType {
+    /// IEEE 754 half precision (CUDA `__half`). The default.
+    #[default]
+    F16,
+    /// bfloat16 (CUDA `__nv_bfloat16`).
+    BF16,
+}
+
+impl DType {
+    /// Bytes per element.
+    ///
+    /// ```
+    /// assert_eq!(flashcore::DType::BF16.size_of(), 2);
+    /// ```
+    pub const fn size_of(self) -> usize {
+        match self {
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+
+    fn to_raw(self) -> i32 {
+        let raw = match self {
+            DType::F16 => sys::FLASHCORE_DTYPE_FP16,
+            DType::BF16 => sys::FLASHCORE_DTYPE_BF16,
+        };
+        raw as i32
+    }
+}
+
+/// Storage order of densely packed tensors, used to derive the strides.
+///
+/// Any other order (padding, a slice of a larger tensor) works through
+/// [`ForwardParamsBuilder::strides`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Layout {
+    /// `[batch, heads, seqlen, head_dim]`, as PyTorch's SDPA. The default.
+    #[default]
+    Bhsd,
+    /// `[batch, seqlen, heads, head_dim]`, as FlashAttention.
+    Bshd,
+}
+
+impl Layout {
+    fn to_raw(self) -> sys::flashcore_layout {
+        match self {
+            Layout::Bhsd => sys::FLASHCORE_LAYOUT_BHSD,
+            Layout::Bshd => sys::FLASHCORE_LAYOUT_BSHD,
+        }
+    }
+}
+
+/// One of the four strided tensors of a forward call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tensor {
+    /// Queries, `[batch_size, num_heads_q, seqlen_q, head_dim]`.
+    Q,
+    /// Keys, `[batch_size, num_heads_kv, seqlen_k, head_dim]`.
+    K,
+    /// Values, shaped as the keys.
+    V,
+    /// The output, shaped as the queries.
+    Out,
+}
+
+const TENSORS: [Tensor; 4] = [Tensor::Q, Tensor::K, Tensor::V, Tensor::Out];
+
+impl Tensor {
+    fn name(self) -> &'static str {
+        match self {
+            Tensor::Q => "q",
+            Tensor::K => "k",
+            Tensor::V => "v",
+            Tensor::Out => "out",
+        }
+    }
+}
+
+/// Element strides (not bytes) of one tensor; head_dim is always contiguous.
+///
+/// The library requires them to be >= 0 and multiples of
+/// [`ALIGNMENT`](crate::ALIGNMENT) / element size (8 for fp16 and bf16).
+///
+/// ```
+/// use flashcore::Strides;
+/// // [batch, seqlen, heads, head_dim] with 8 heads of 64, rows padded to 1024.
+/// let padded = Strides { batch: 4096 * 1024, seq: 1024, head: 64 };
+/// assert_eq!(padded.seq, 1024);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Strides {
+    /// Elements from one batch entry to the next.
+    pub batch: i64,
+    /// Elements from one sequence position to the next.
+    pub seq: i64,
+    /// Elements from one head to the next.
+    pub head: i64,
+}
+
+/// The three stride fields of `tensor` in the C struct, in [`Strides`] order.
+fn stride_fields(raw: &mut sys::flashcore_forward_params, tensor: Tensor) -> [&mut i64; 3] {
+    match tensor {
+        Tensor::Q => [&mut raw.q_batch_stride, &mut raw.q_seq_stride, &mut raw.q_head_stride],
+        Tensor::K => [&mut raw.k_batch_stride, &mut raw.k_seq_stride, &mut raw.k_head_stride],
+        Tensor::V => [&mut raw.v_batch_stride, &mut raw.v_seq_stride, &mut raw.v_head_stride],
+        Tensor::Out => [&mut raw.out_batch_stride, &mut raw.out_seq_stride, &mut raw.out_head_stride],
+    }
+}
+
+/// A params struct holding the library's defaults (`flashcore_forward_params_init`).
+fn init_raw() -> Result<sys::flashcore_forward_params> {
+    // SAFETY: the struct holds only integers, floats and raw pointers, for
+    // which all-zero bytes are valid values; init writes exactly its size.
+    let mut raw: sys::flashcore_forward_params = unsafe { std::mem::zeroed() };
+    check(unsafe { sys::flashcore_forward_params_init(&mut raw, std::mem::size_of_val(&raw)) })?;
+    Ok(raw)
+}
+
+/// A validated description of one attention call: shapes, options, strides
+/// and the device buffers, ready for [`Handle::workspace_size`] and
+/// [`Handle::forward`].
+///
+/// Made by [`ForwardParams::builder`]. The params borrow their buffers for
+/// `'a` (q, k and v shared, out and lse exclusively), so a buffer cannot be
+/// dropped or reused as another operand while the params exist.
+///
+/// [`Handle::workspace_size`]: crate::Handle::workspace_size
+/// [`Handle::forward`]: crate::Handle::forward
+///
+/// ```
+/// use flashcore::{ForwardParams, Layout, RawBuffer, Strides, Tensor};
+///
+/// // Building validates without touching the GPU, so made-up (aligned)
+/// // addresses do for this example; real ones come from a CUDA allocator.
+/// let bytes = 8 * 512 * 64 * 2; // [1, 8, 512, 64] fp16
+/// let (q, k, v) = (RawBuffer::new(0x10_0000, bytes), RawBuffer::new(0x20_0000, bytes), RawBuffer::new(0x30_0000, bytes));
+/// let mut out = RawBuffer::new(0x40_0000, bytes);
+/// let params = ForwardParams::builder()
+///     .batch_size(1)
+///     .num_heads_q(8)
+///     .num_heads_kv(8)
+///     .seqlen_q(512)
+///     .seqlen_k(512)
+///     .head_dim(64)
+///     .causal(true)
+///     .layout(Layout::Bshd)
+///     .q(&q)
+///     .k(&k)
+///     .v(&v)
+///     .out(&mut out)
+///     .build()?;
+/// assert_eq!(params.strides(Tensor::Q), Strides { batch: 512 * 8 * 64, seq: 8 * 64, head: 64 });
+/// # Ok::<(), flashcore::Error>(())
+/// ```
+///
+/// The output stays borrowed while the params live:
+///
+/// ```compile_fail,E0503
+/// use flashcore::{ForwardParams, RawBuffer};
+/// let q = RawBuffer::new(0x10_0000, 1 << 20);
+/// let mut out = RawBuffer::new(0x20_0000, 1 << 20);
+/// let params = ForwardParams::builder().q(&q).k(&q).v(&q).out(&mut out).build();
+/// let copy = out; // error: `out` is mutably borrowed by `params`
+/// drop(params);
+/// ```
+#[derive(Debug)]
+pub struct ForwardParams<'a> {
+    raw: sys::flashcore_forward_params,
+    buffers: PhantomData<&'a mut ()>,
+}
+
+impl<'a> ForwardParams<'a> {
+    /// Starts a builder with the C defaults: fp16, not causal, softmax scale
+    /// 1/sqrt(head_dim), densely packed [`Layout::Bhsd`], no lse.
+    pub fn builder() -> ForwardParamsBuilder<'a> {
+        ForwardParamsBuilder::default()
+    }
+
+    /// The C struct, for calling `flashcore-sys` directly.
+    pub fn as_raw(&self) -> &sys::flashcore_forward_params {
+        &self.raw
+    }
+
+    /// The strides of `tensor`, as given or as derived from the layout.
+    pub fn strides(&self, tensor: Tensor) -> Strides {
+        let mut raw = self.raw;
+        let [batch, seq, head] = stride_fields(&mut raw, tensor);
+        Strides { batch: *batch, seq: *seq, head: *head }
+    }
+
+    /// Bytes from the start of `tensor`'s buffer to the end of its last element.
+    fn extent(&self, tensor: Tensor, element_size: usize) -> i128 {
+        let raw = &self.raw;
+        let (heads, seqlen) = match tensor {
+            Tensor::Q | Tensor::Out => (raw.num_heads_q, raw.seqlen_q),
+            Tensor::K | Tensor::V => (raw.num_heads_kv, raw.seqlen_k),
+        };
+        let strides = self.strides(tensor);
+        let last = [(raw.batch_size, strides.batch), (seqlen, strides.seq), (heads, strides.head)]
+            .iter()
+            .map(|&(count, stride)| (i128::from(count) - 1) * i128::from(stride))
+            .sum::<i128>()
+            + i128::from(raw.head_dim)
+            - 1;
+        (last + 1) * element_size as i128
+    }
+}
+
+/// Fails unless `needed` bytes fit in `buffer`.
+fn ensure_fits(name: &str, needed: i128, buffer: &RawBuffer) -> Result<()> {
+    if needed <= buffer.byte_len() as i128 {
+        return Ok(());
+    }
+    Err(Error::new(
+        Status::InvalidArgument,
+        format!("{name}: the tensor spans {needed} bytes but its buffer holds {}", buffer.byte_len()),
+    ))
+}
+
+fn device_address(buffer: Option<RawBuffer>) -> *mut c_void {
+    buffer.map_or(std::ptr::null_mut(), |b| b.device_ptr() as usize as *mut c_void)
+}
+
+/// Setters that store their argument (wrapped in `Some` for required fields).
+macro_rules! setters {
+    ($($(#[$doc:meta])* $field:ident: $type:ty $(=> $wrap:ident)?;)*) => {$(
+        $(#[$doc])*
+        pub fn $field(mut self, value: $type) -> Self {
+            self.$field = $($wrap)?(value);
+            self
+        }
+    )*};
+}
+
+macro_rules! input_setters {
+    ($($(#[$doc:meta])* $name:ident => $tensor:ident),* $(,)?) => {$(
+        $(#[$doc])*
+        pub fn $name<B: DeviceBuffer + ?Sized>(self, buffer: &'a B) -> Self {
+            self.tensor(Tensor::$tensor, buffer)
+        }
+    )*};
+}
+
+/// Builds [`ForwardParams`], mirroring the C validation.
+///
+/// [`build`](ForwardParamsBuilder::build) reports every required setting that
+/// was never given, then fills the C struct and has the library validate it
+/// (`flashcore_forward_check`), so errors carry the library's own messages;
+/// last it checks that each tensor fits in its buffer, which only the Rust
+/// side can see.
+///
+/// Required: the six sizes and q, k, v, out. Optional: [`dtype`], [`causal`],
+/// [`softmax_scale`], [`layout`] or [`strides`], [`lse`].
+///
+/// [`dtype`]: ForwardParamsBuilder::dtype
+/// [`causal`]: ForwardParamsBuilder::causal
+/// [`softmax_scale`]: ForwardParamsBuilder::softmax_scale
+/// [`layout`]: ForwardParamsBuilder::layout
+/// [`strides`]: ForwardParamsBuilder::strides
+/// [`lse`]: ForwardParamsBuilder::lse
+///
+/// ```
+/// use flashcore::{ForwardParams, RawBuffer, Status};
+///
+/// let buffer = RawBuffer::new(0x10_0000, 1 << 20);
+/// let mut out = RawBuffer::new(0x20_0000, 1 << 20);
+/// let err = ForwardParams::builder()
+///     .batch_size(1)
+///     .num_heads_q(12)
+///     .num_heads_kv(5) // 12 query heads cannot share 5 key/value heads
+///     .seqlen_q(128)
+///     .seqlen_k(128)
+///     .head_dim(64)
+///     .q(&buffer)
+///     .k(&buffer)
+///     .v(&buffer)
+///     .out(&mut out)
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(err.status(), Status::InvalidArgument);
+/// println!("{err}"); // the library's explanation
+/// ```
+#[derive(Debug, Default)]
+#[must_use = "a builder does nothing until build() is called"]
+pub struct ForwardParamsBuilder<'a> {
+    dtype: DType,
+    batch_size: Option<i32>,
+    seqlen_q: Option<i32>,
+    seqlen_k: Option<i32>,
+    num_heads_q: Option<i32>,
+    num_heads_kv: Option<i32>,
+    head_dim: Option<i32>,
+    causal: bool,
+    softmax_scale: f32,
+    layout: Layout,
+    strides: [Option<Strides>; 4],
+    tensors: [Option<RawBuffer>; 4],
+    lse: Option<RawBuffer>,
+    buffers: PhantomData<&'a mut ()>,
+}
+
+impl<'a> ForwardParamsBuilder<'a> {
+    setters! {
+        /// Batch size (required).
+        batch_size: i32 => Some;
+        /// Query (and output) sequence length (required).
+        seqlen_q: i32 => Some;
+        /// Key/value sequence length (required).
+        seqlen_k: i32 => Some;
+        /// Query (and output) heads (required); a multiple of `num_heads_kv`.
+        num_heads_q: i32 => Some;
+        /// Key/value heads (required). Fewer than `num_heads_q` gives
+        /// grouped-query attention: query head h reads key/value head
+        /// h / (num_heads_q / num_heads_kv).
+        num_heads_kv: i32 => Some;
+        /// Head dimension (required); 64 or 128 in this library version.
+        head_dim: i32 => Some;
+        /// Element type of q, k, v and out (default [`DType::F16`]).
+        dtype: DType;
+        /// Causal mask aligned to the bottom-right corner (default off): query i
+        /// sees key j iff j <= i + seqlen_k - seqlen_q. Rows that see no key give
+        /// out = 0 and lse = -inf.
+        causal: bool;
+        /// Multiplies Q·Kᵀ before the softmax: finite and > 0, or 0 (the
+        /// default) for 1/sqrt(head_dim).
+        softmax_scale: f32;
+        /// Derives all strides for densely packed tensors in `layout` (default
+        /// [`Layout::Bhsd`]); [`strides`](Self::strides) overrides single tensors.
+        layout: Layout;
+    }
+
+    /// Explicit element strides for one tensor, replacing the ones derived
+    /// from the layout.
+    ///
+    /// ```
+    /// # use flashcore::{ForwardParams, Strides, Tensor};
+    /// // q is a [1, 128, 2, 64] (BSHD) view whose rows are padded to 256 elements.
+    /// let builder = ForwardParams::builder().strides(Tensor::Q, Strides { batch: 128 * 256, seq: 256, head: 64 });
+    /// ```
+    pub fn strides(mut self, tensor: Tensor, strides: Strides) -> Self {
+        self.strides[tensor as usize] = Some(strides);
+        self
+    }
+
+    input_setters! {
+        /// Device memory holding the queries (required).
+        q => Q,
+        /// Device memory holding the keys (required).
+        k => K,
+        /// Device memory holding the values (required).
+        v => V,
+    }
+
+    /// Device memory the output is written to (required).
+    pub fn out<B: DeviceBuffer + ?Sized>(self, out: &'a mut B) -> Self {
+        self.tensor(Tensor::Out, out)
+    }
+
+    /// Device memory for the natural-log log-sum-exp of each score row,
+    /// `[batch_size, num_heads_q, seqlen_q]` f32, contiguous (optional; not
+    /// written when absent).
+    pub fn lse<B: DeviceBuffer + ?Sized>(mut self, lse: &'a mut B) -> Self {
+        self.lse = Some(RawBuffer::new(lse.device_ptr(), lse.byte_len()));
+        self
+    }
+
+    fn tensor<B: DeviceBuffer + ?Sized>(mut self, tensor: Tensor, buffer: &B) -> Self {
+        self.tensors[tensor as usize] = Some(RawBuffer::new(buffer.device_ptr(), buffer.byte_len()));
+        self
+    }
+
+    /// Validates everything and returns the params; see the type's
+    /// documentation for the order of checks. Touches no GPU.
+    pub fn build(self) -> Result<ForwardParams<'a>> {
+        let mut missing = Vec::new();
+        let mut size = |name: &'static str, value: Option<i32>| {
+            value.unwrap_or_else(|| {
+                missing.push(name);
+                0
+            })
+        };
+        let mut raw = init_raw()?;
+        raw.batch_size = size("batch_size", self.batch_size);
+        raw.seqlen_q = size("seqlen_q", self.seqlen_q);
+        raw.seqlen_k = size("seqlen_k", self.seqlen_k);
+        raw.num_heads_q = size("num_heads_q", self.num_heads_q);
+        raw.num_heads_kv = size("num_heads_kv", self.num_heads_kv);
+        raw.head_dim = size("head_dim", self.head_dim);
+        for (tensor, buffer) in TENSORS.iter().zip(&self.tensors) {
+            if buffer.is_none() {
+                missing.push(tensor.name());
+            }
+        }
+        if !missing.is_empty() {
+            return Err(Error::new(Status::InvalidArgument, format!("not set: {}", missing.join(", "))));
+        }
+
+        raw.dtype = self.dtype.to_raw();
+        raw.causal = i32::from(self.causal);
+        raw.softmax_scale = self.softmax_scale;
+        // SAFETY: `raw` is a valid params struct with its own struct_size.
+        check(unsafe { sys::flashcore_set_contiguous_strides(&mut raw, self.layout.to_raw()) })?;
+        for (&tensor, strides) in TENSORS.iter().zip(&self.strides) {
+            if let Some(strides) = strides {
+                let [batch, seq, head] = stride_fields(&mut raw, tensor);
+                (*batch, *seq, *head) = (strides.batch, strides.seq, strides.head);
+            }
+        }
+        let [q, k, v, out] = self.tensors;
+        (raw.q, raw.k, raw.v) =
+            (device_address(q).cast_const(), device_address(k).cast_const(), device_address(v).cast_const());
+        raw.out = device_address(out);
+        raw.lse = device_address(self.lse).cast();
+        // SAFETY: reads the struct only.
+        check(unsafe { sys::flashcore_forward_check(&raw) })?;
+
+        let params = ForwardParams { raw, buffers: PhantomData };
+        for (&tensor, buffer) in TENSORS.iter().zip(&self.tensors) {
+            let buffer = buffer.as_ref().expect("checked above");
+            ensure_fits(tensor.name(), params.extent(tensor, self.dtype.size_of()), buffer)?;
+        }
+        if let Some(lse) = &self.lse {
+            let rows = i128::from(raw.batch_size) * i128::from(raw.num_heads_q) * i128::from(raw.seqlen_q);
+            ensure_fits("lse", rows * std::mem::size_of::<f32>() as i128, lse)?;
+        }
+        Ok(params)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Standard test shape: grouped-query, seqlen_q != seqlen_k.
+    const B: i64 = 2;
+    const HQ: i64 = 4;
+    const HKV: i64 = 2;
+    const SQ: i64 = 128;
+    const SK: i64 = 96;
+    const D: i64 = 64;
+
+    /// Made-up, aligned, disjoint device addresses, each exactly the size of
+    /// its dense tensor: building never dereferences them.
+    struct Buffers {
+        q: RawBuffer,
+        k: RawBuffer,
+        v: RawBuffer,
+        out: RawBuffer,
+    }
+
+    fn dense_lse() -> RawBuffer {
+        RawBuffer::new(0x5000_0000, (B * HQ * SQ * 4) as usize)
+    }
+
+    impl Buffers {
+        fn dense() -> Buffers {
+            let q_bytes = (B * HQ * SQ * D * 2) as usize;
+            let kv_bytes = (B * HKV * SK * D * 2) as usize;
+            Buffers {
+                q: RawBuffer::new(0x1000_0000, q_bytes),
+                k: RawBuffer::new(0x2000_0000, kv_bytes),
+                v: RawBuffer::new(0x3000_0000, kv_bytes),
+                out: RawBuffer::new(0x4000_0000, q_bytes),
+            }
+        }
+    }
+
+    fn standard(buffers: &mut Buffers) -> ForwardParamsBuilder<'_> {
+        ForwardParams::builder()
+            .batch_size(B as i32)
+            .num_heads_q(HQ as i32)
+            .num_heads_kv(HKV as i32)
+            .seqlen_q(SQ as i32)
+            .seqlen_k(SK as i32)
+            .head_dim(D as i32)
+            .q(&buffers.q)
+            .k(&buffers.k)
+            .v(&buffers.v)
+            .out(&mut buffers.out)
+    }
+
+    fn rejected(builder: ForwardParamsBuilder<'_>) -> Error {
+        builder.build().expect_err("the builder accepted invalid params")
+    }
+
+    #[test]
+    fn defaults_come_from_the_library() {
+        let mut buffers = Buffers::dense();
+        let params = standard(&mut buffers).build().expect("valid params");
+        let raw = params.as_raw();
+        assert_eq!(raw.struct_size, std::mem::size_of::<sys::flashcore_forward_params>());
+        assert_eq!((raw.dtype, raw.causal), (sys::FLASHCORE_DTYPE_FP16 as i32, 0));
+        assert_eq!(raw.softmax_scale, sys::FLASHCORE_SOFTMAX_SCALE_DEFAULT as f32);
+        assert!(raw.lse.is_null());
+    }
+
+    #[test]
+    fn every_missing_setting_is_named() {
+        let err = rejected(ForwardParams::builder());
+        assert_eq!(err.status(), Status::InvalidArgument);
+        assert_eq!(
+            err.message(),
+            "not set: batch_size, seqlen_q, seqlen_k, num_heads_q, num_heads_kv, head_dim, q, k, v, out"
+        );
+
+        let mut lse = dense_lse();
+        let only_lse = ForwardParams::builder().lse(&mut lse).head_dim(64);
+        assert!(rejected(only_lse).message().ends_with("num_heads_kv, q, k, v, out"));
+    }
+
+    #[test]
+    fn strides_follow_the_layout() {
+        let mut buffers = Buffers::dense();
+        let params = standard(&mut buffers).build().expect("valid params");
+        assert_eq!(params.strides(Tensor::Q), Strides { batch: HQ * SQ * D, seq: D, head: SQ * D });
+        assert_eq!(params.strides(Tensor::V), Strides { batch: HKV * SK * D, seq: D, head: SK * D });
+
+        let params = standard(&mut buffers).layout(Layout::Bshd).build().expect("valid params");
+        assert_eq!(params.strides(Tensor::Out), Strides { batch: SQ * HQ * D, seq: HQ * D, head: D });
+        assert_eq!(params.strides(Tensor::K), Strides { batch: SK * HKV * D, seq: HKV * D, head: D });
+    }
+
+    #[test]
+    fn options_reach_the_c_struct() {
+        let mut buffers = Buffers::dense();
+        let mut lse = dense_lse();
+        let (q_address, out_address, lse_address) =
+            (buffers.q.device_ptr(), buffers.out.device_ptr(), lse.device_ptr());
+        let params = standard(&mut buffers)
+            .dtype(DType::BF16)
+            .causal(true)
+            .softmax_scale(0.25)
+            .lse(&mut lse)
+            .build()
+            .expect("valid params");
+        let raw = params.as_raw();
+        assert_eq!((raw.dtype, raw.causal, raw.softmax_scale), (sys::FLASHCORE_DTYPE_BF16 as i32, 1, 0.25));
+        assert_eq!((raw.batch_size, raw.num_heads_q, raw.num_heads_kv), (B as i32, HQ as i32, HKV as i32));
+        assert_eq!((raw.seqlen_q, raw.seqlen_k, raw.head_dim), (SQ as i32, SK as i32, D as i32));
+        assert_eq!((raw.q as u64, raw.out as u64, raw.lse as u64), (q_address, out_address, lse_address));
+    }
+
+    #[test]
+    fn explicit_strides_replace_derived_ones_and_bound_the_buffer() {
+        // q as a BSHD view with rows padded to 512 elements.
+        let padded = Strides { batch: SQ * 512, seq: 512, head: D };
+        let needed = (((B - 1) * padded.batch + (SQ - 1) * padded.seq + (HQ - 1) * padded.head + D) * 2) as usize;
+        let mut buffers = Buffers::dense();
+        buffers.q = RawBuffer::new(buffers.q.device_ptr(), needed);
+        let params = standard(&mut buffers).strides(Tensor::Q, padded).build().expect("valid params");
+        assert_eq!(params.strides(Tensor::Q), padded);
+        assert_eq!(params.strides(Tensor::K), Strides { batch: HKV * SK * D, seq: D, head: SK * D });
+
+        buffers.q = RawBuffer::new(buffers.q.device_ptr(), needed - 1);
+        let err = rejected(standard(&mut buffers).strides(Tensor::Q, padded));
+        assert_eq!(err.status(), Status::InvalidArgument);
+        assert!(err.message().starts_with("q: "), "{err}");
+    }
+
+    #[test]
+    fn buffers_must_hold_their_tensors() {
+        let mut buffers = Buffers::dense();
+        buffers.out = RawBuffer::new(buffers.out.device_ptr(), buffers.out.byte_len() - 2);
+        let err = rejected(standard(&mut buffers));
+        assert!(err.message().starts_with("out: "), "{err}");
+
+        let mut buffers = Buffers::dense();
+        let mut short_lse = RawBuffer::new(0x5000_0000, dense_lse().byte_len() - 4);
+        let err = rejected(standard(&mut buffers).lse(&mut short_lse));
+        assert_eq!(err.status(), Status::InvalidArgument);
+        assert!(err.message().starts_with("lse: "), "{err}");
+    }
+
+    #[test]
+    fn library_verdicts_pass_through() {
+        type Edit = fn(ForwardParamsBuilder<'_>) -> ForwardParamsBuilder<'_>;
+        let cases: [(&str, Edit, Status); 8] = [
+            ("head_dim 96", |b| b.head_dim(96), Status::Unsupported),
+            ("12 q heads on 5 kv heads", |b| b.num_heads_q(12).num_heads_kv(5), Status::InvalidArgument),
+            ("batch_size 0", |b| b.batch_size(0), Status::InvalidArgument),
+            ("negative seqlen_k", |b| b.seqlen_k(-3), Status::InvalidArgument),
+            ("negative softmax_scale", |b| b.softmax_scale(-1.0), Status::InvalidArgument),
+            ("NaN softmax_scale", |b| b.softmax_scale(f32::NAN), Status::InvalidArgument),
+            (
+                "negative stride",
+                |b| b.strides(Tensor::K, Strides { batch: 0, seq: -64, head: 64 }),
+                Status::InvalidArgument,
+            ),
+            (
+                "stride not a multiple of 8",
+                |b| b.strides(Tensor::V, Strides { batch: 0, seq: 68, head: 68 * SK }),
+                Status::Misaligned,
+            ),
+        ];
+        for (what, edit, expected) in cases {
+            let mut buffers = Buffers::dense();
+            let err = rejected(edit(standard(&mut buffers)));
+            assert_eq!(err.status(), expected, "{what}: {err}");
+            assert!(!err.message().is_empty() && !err.message().starts_with("not set"), "{what}: {err}");
+        }
+    }
+
+    #[test]
+    fn misaligned_pointers_are_reported_by_the_library() {
+        let mut buffers = Buffers::dense();
+        let shifted = RawBuffer::new(buffers.k.device_ptr() + 8, buffers.k.byte_len());
+        let err = rejected(standard(&mut buffers).k(&shifted));
+        assert_eq!(err.status(), Status::Misaligned, "{err}");
+    }
+}

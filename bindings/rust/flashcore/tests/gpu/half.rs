@@ -1,0 +1,71 @@
+//! fp16 and bf16 encoding for the test data, without a half-precision crate.
+//! The test only encodes values that both formats hold exactly, so encoding
+//! needs no rounding and refuses anything else.
+
+use flashcore::DType;
+
+/// The bits of `x` in `dtype`; panics unless `x` is exactly representable.
+pub fn encode(dtype: DType, x: f32) -> u16 {
+    exact(dtype, x).unwrap_or_else(|| panic!("{x} is not exact in {dtype:?}"))
+}
+
+fn exact(dtype: DType, x: f32) -> Option<u16> {
+    let bits = match dtype {
+        DType::BF16 => bf16_bits(x),
+        _ => f16_bits(x),
+    };
+    (decode(dtype, bits).to_bits() == x.to_bits()).then_some(bits)
+}
+
+/// The value of `bits` in `dtype`.
+pub fn decode(dtype: DType, bits: u16) -> f32 {
+    match dtype {
+        DType::BF16 => f32::from_bits(u32::from(bits) << 16),
+        _ => f16_value(bits),
+    }
+}
+
+fn bf16_bits(x: f32) -> u16 {
+    (x.to_bits() >> 16) as u16
+}
+
+fn f16_bits(x: f32) -> u16 {
+    let bits = x.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    if x == 0.0 {
+        return sign;
+    }
+    let exponent = ((bits >> 23) & 0xFF) as i32 - 127 + 15;
+    let mantissa = bits & 0x7F_FFFF;
+    if !(1..31).contains(&exponent) {
+        return 0x7E00; // not a normal fp16 number: NaN, which `encode` rejects
+    }
+    sign | ((exponent as u16) << 10) | (mantissa >> 13) as u16
+}
+
+fn f16_value(bits: u16) -> f32 {
+    let sign = if bits & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let exponent = i32::from((bits >> 10) & 0x1F);
+    let mantissa = f32::from(bits & 0x3FF);
+    match exponent {
+        0 => sign * mantissa * 2f32.powi(-24),
+        31 if mantissa == 0.0 => sign * f32::INFINITY,
+        31 => f32::NAN,
+        _ => sign * (1024.0 + mantissa) * 2f32.powi(exponent - 25),
+    }
+}
+
+#[test]
+fn fp16_and_bf16_encodings() {
+    for (x, fp16, bf16) in [(1.0, 0x3C00, 0x3F80), (-2.0, 0xC000, 0xC000), (0.5, 0x3800, 0x3F00), (0.0, 0, 0)] {
+        assert_eq!(encode(DType::F16, x), fp16, "{x}");
+        assert_eq!(encode(DType::BF16, x), bf16, "{x}");
+    }
+    assert_eq!(encode(DType::F16, 65504.0), 0x7BFF);
+    assert_eq!(decode(DType::F16, 0x0001), 2f32.powi(-24));
+    assert_eq!(decode(DType::F16, 0xFC00), f32::NEG_INFINITY);
+    assert!(decode(DType::F16, 0xFFFF).is_nan() && decode(DType::BF16, 0xFFFF).is_nan());
+    assert_eq!(exact(DType::F16, 1.0 + 2f32.powi(-12)), None);
+    assert_eq!(exact(DType::F16, 2f32.powi(-20)), None); // subnormal: not needed, refused
+    assert_eq!(exact(DType::BF16, 1.0 + 2f32.powi(-9)), None);
+}

@@ -1,0 +1,397 @@
+//! Runs flashcore on the GPU and checks it against a CPU reference in f64.
+//!
+//! Device memory comes from the CUDA driver API, loaded at run time, so this
+//! binary starts anywhere. Without a GPU (no libcuda.so.1, or no device) the
+//! GPU tests print "SKIPPED: <reason>" and pass, after checking that
+//! flashcore agrees there is no device. Build it with `cargo test --no-run`;
+//! scripts/build-device-test.sh copies it to device/flashcore_gpu_test.
+
+mod cuda;
+mod half;
+
+use cuda::Gpu;
+use flashcore::{
+    DType, DeviceBuffer, ForwardParams, ForwardParamsBuilder, Handle, Layout, RawBuffer, Status, Strides, Tensor,
+};
+
+fn skip(test: &str, reason: &str) {
+    println!("SKIPPED: {test}: {reason}");
+}
+
+/// A handle and the GPU behind it, or `None` (after printing why) when the
+/// machine has no usable GPU. Fails when flashcore and the driver disagree.
+fn setup(test: &str) -> Option<(Handle, &'static Gpu)> {
+    match (Handle::new(), cuda::gpu()) {
+        (Ok(handle), Ok(gpu)) => Some((handle, gpu)),
+        (Ok(_), Err(why)) => panic!("flashcore created a handle, but the test cannot use the CUDA driver: {why}"),
+        (Err(err), Ok(_)) if err.status() == Status::Unsupported => {
+            skip(test, &format!("GPU not supported by flashcore: {err}"));
+            None
+        }
+        (Err(err), Ok(gpu)) => {
+            panic!("the CUDA driver sees {} device(s) but flashcore_create failed: {err}", gpu.devices)
+        }
+        (Err(err), Err(why)) => {
+            assert_eq!(err.status(), Status::NoDevice, "without a GPU flashcore_create must report no device: {err}");
+            skip(test, &format!("no GPU ({why}); flashcore says: {err}"));
+            None
+        }
+    }
+}
+
+#[test]
+fn handle_creation_agrees_with_the_driver() {
+    match cuda::gpu() {
+        Err(why) => {
+            for (call, result) in [("Handle::new", Handle::new()), ("Handle::for_device(0)", Handle::for_device(0))] {
+                let err = result.expect_err("a handle was created on a machine without a GPU");
+                assert_eq!(err.status(), Status::NoDevice, "{call}: {err}");
+                assert!(!err.message().is_empty(), "{call}: the no-device error explains itself");
+            }
+            println!("no GPU ({why}): Handle::new reports {}", Handle::new().unwrap_err());
+        }
+        Ok(gpu) => {
+            let Some((handle, _)) = setup("handle_creation_agrees_with_the_driver") else { return };
+            assert_eq!(handle.device(), Ok(0));
+            let last = Handle::for_device(gpu.devices - 1).expect("a handle for the last device");
+            assert_eq!(last.device(), Ok(gpu.devices - 1));
+            assert!(Handle::for_device(gpu.devices).is_err(), "device ordinal out of range");
+            assert!(Handle::for_device(-1).is_err(), "negative device ordinal");
+            println!("{} device(s); handles bound as asked", gpu.devices);
+        }
+    }
+}
+
+struct Case {
+    name: &'static str,
+    dtype: DType,
+    batch: i64,
+    heads_q: i64,
+    heads_kv: i64,
+    seqlen_q: i64,
+    seqlen_k: i64,
+    head_dim: i64,
+    causal: bool,
+    /// 0: the default, 1/sqrt(head_dim).
+    softmax_scale: f32,
+    layout: Layout,
+    /// Queue on a stream of our own instead of the legacy default stream.
+    own_stream: bool,
+}
+
+impl Case {
+    /// `shape`: batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim.
+    const fn new(
+        name: &'static str,
+        dtype: DType,
+        shape: [i64; 6],
+        causal: bool,
+        softmax_scale: f32,
+        layout: Layout,
+        own_stream: bool,
+    ) -> Case {
+        let [batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim] = shape;
+        Case {
+            name,
+            dtype,
+            batch,
+            heads_q,
+            heads_kv,
+            seqlen_q,
+            seqlen_k,
+            head_dim,
+            causal,
+            softmax_scale,
+            layout,
+            own_stream,
+        }
+    }
+}
+
+const CASES: [Case; 4] = [
+    Case::new(
+        "fp16 B=1 H=2 S=128 D=64, BHSD, default stream",
+        DType::F16,
+        [1, 2, 2, 128, 128, 64],
+        false,
+        0.0,
+        Layout::Bhsd,
+        false,
+    ),
+    Case::new(
+        "fp16 B=1 H=2 S=173 D=64 causal, BSHD, own stream",
+        DType::F16,
+        [1, 2, 2, 173, 173, 64],
+        true,
+        0.0,
+        Layout::Bshd,
+        true,
+    ),
+    Case::new(
+        "fp16 B=2 Hq=2 Hkv=1 Sq=173 Sk=128 D=64 causal (rows that see no key), BSHD, own stream",
+        DType::F16,
+        [2, 2, 1, 173, 128, 64],
+        true,
+        0.0,
+        Layout::Bshd,
+        true,
+    ),
+    Case::new(
+        "bf16 B=1 Hq=4 Hkv=2 Sq=128 Sk=173 D=128 causal scale=0.2, BHSD",
+        DType::BF16,
+        [1, 4, 2, 128, 173, 128],
+        true,
+        0.2,
+        Layout::Bhsd,
+        false,
+    ),
+];
+
+/// Strides of a densely packed tensor, worked out here rather than taken from
+/// the library, so a wrong derivation there cannot cancel out.
+fn dense_strides(layout: Layout, heads: i64, seqlen: i64, head_dim: i64) -> Strides {
+    match layout {
+        Layout::Bhsd => Strides { batch: heads * seqlen * head_dim, seq: head_dim, head: seqlen * head_dim },
+        Layout::Bshd => Strides { batch: seqlen * heads * head_dim, seq: heads * head_dim, head: head_dim },
+    }
+}
+
+/// A host tensor `[batch, heads, seqlen, head_dim]` stored with `strides`.
+struct HostTensor {
+    values: Vec<f32>,
+    strides: Strides,
+}
+
+impl HostTensor {
+    fn at(&self, batch: i64, head: i64, position: i64, d: i64) -> f64 {
+        let s = self.strides;
+        f64::from(self.values[(batch * s.batch + head * s.head + position * s.seq + d) as usize])
+    }
+}
+
+/// xorshift64*: reproducible test data without a crate.
+struct Random(u64);
+
+impl Random {
+    /// Uniform in [-2, 2) on a grid both fp16 and bf16 hold exactly
+    /// (multiples of 1/64 for bf16's 8-bit significand, 1/256 for fp16).
+    fn value(&mut self, dtype: DType) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let r = (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as i64;
+        let steps = if dtype == DType::BF16 { 64 } else { 256 };
+        (r % (4 * steps) - 2 * steps) as f32 / steps as f32
+    }
+
+    fn tensor(&mut self, case: &Case, heads: i64, seqlen: i64) -> HostTensor {
+        let count = case.batch * heads * seqlen * case.head_dim;
+        HostTensor {
+            values: (0..count).map(|_| self.value(case.dtype)).collect(),
+            strides: dense_strides(case.layout, heads, seqlen, case.head_dim),
+        }
+    }
+}
+
+/// softmax(scale · q·kᵀ + mask) · v and the log-sum-exp, in f64, one query
+/// row at a time; out in [batch, head, position, d] order.
+fn reference(case: &Case, q: &HostTensor, k: &HostTensor, v: &HostTensor) -> (Vec<f64>, Vec<f64>) {
+    let scale =
+        if case.softmax_scale == 0.0 { 1.0 / (case.head_dim as f64).sqrt() } else { f64::from(case.softmax_scale) };
+    let group = case.heads_q / case.heads_kv;
+    let mut out = Vec::new();
+    let mut lse = Vec::new();
+    for b in 0..case.batch {
+        for h in 0..case.heads_q {
+            let kv_head = h / group;
+            for i in 0..case.seqlen_q {
+                let visible = if case.causal {
+                    (i + case.seqlen_k - case.seqlen_q + 1).clamp(0, case.seqlen_k)
+                } else {
+                    case.seqlen_k
+                };
+                let scores: Vec<f64> = (0..visible)
+                    .map(|j| scale * (0..case.head_dim).map(|d| q.at(b, h, i, d) * k.at(b, kv_head, j, d)).sum::<f64>())
+                    .collect();
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let row_lse = if visible == 0 {
+                    f64::NEG_INFINITY
+                } else {
+                    max + scores.iter().map(|s| (s - max).exp()).sum::<f64>().ln()
+                };
+                lse.push(row_lse);
+                for d in 0..case.head_dim {
+                    let weighted =
+                        scores.iter().enumerate().map(|(j, s)| (s - row_lse).exp() * v.at(b, kv_head, j as i64, d));
+                    out.push(weighted.sum::<f64>());
+                }
+            }
+        }
+    }
+    (out, lse)
+}
+
+/// With q = 0 every visible key weighs the same: out is the mean of the
+/// visible values and lse = ln(visible keys). Checks the reference itself,
+/// its causal alignment included (query i sees keys 0..=i + Sk - Sq).
+#[test]
+fn reference_averages_visible_values_when_scores_tie() {
+    let case = Case::new("uniform", DType::F16, [1, 2, 1, 5, 3, 8], true, 0.0, Layout::Bhsd, false);
+    let mut random = Random(7);
+    let q = HostTensor { values: vec![0.0; 2 * 5 * 8], strides: dense_strides(Layout::Bhsd, 2, 5, 8) };
+    let k = random.tensor(&case, 1, 3);
+    let v = random.tensor(&case, 1, 3);
+    let (out, lse) = reference(&case, &q, &k, &v);
+    for (row, &lse) in lse.iter().enumerate() {
+        let i = row as i64 % 5;
+        let visible = (i - 1).max(0); // i + 3 - 5 + 1 keys
+        let mean = |d| (0..visible).map(|j| v.at(0, 0, j, d)).sum::<f64>() / visible as f64;
+        if visible == 0 {
+            assert_eq!(lse, f64::NEG_INFINITY, "row {row}");
+        } else {
+            assert!((lse - (visible as f64).ln()).abs() < 1e-12, "row {row}: lse {lse}");
+        }
+        for d in 0..8 {
+            let want = if visible == 0 { 0.0 } else { mean(d) };
+            assert!((out[row * 8 + d as usize] - want).abs() < 1e-12, "row {row}, d {d}");
+        }
+    }
+}
+
+/// Largest |got - want| / (atol + rtol·|want|) over the pairs, with its index;
+/// infinities must match exactly and NaN never passes.
+fn worst(got: impl Iterator<Item = f64>, want: &[f64], atol: f64, rtol: f64) -> (f64, usize, f64, f64) {
+    let mut worst = (0.0, 0, 0.0, 0.0);
+    for (index, (got, &want)) in got.zip(want).enumerate() {
+        let ratio =
+            if want.is_infinite() && got == want { 0.0 } else { (got - want).abs() / (atol + rtol * want.abs()) };
+        if ratio.is_nan() || ratio > worst.0 {
+            worst = (if ratio.is_nan() { f64::INFINITY } else { ratio }, index, got, want);
+        }
+    }
+    worst
+}
+
+/// The case's params with device buffers q, k, v and `out`.
+fn builder<'a>(
+    case: &Case,
+    [q, k, v]: [&'a cuda::DeviceMemory<'_>; 3],
+    out: &'a mut cuda::DeviceMemory<'_>,
+) -> ForwardParamsBuilder<'a> {
+    ForwardParams::builder()
+        .dtype(case.dtype)
+        .batch_size(case.batch as i32)
+        .num_heads_q(case.heads_q as i32)
+        .num_heads_kv(case.heads_kv as i32)
+        .seqlen_q(case.seqlen_q as i32)
+        .seqlen_k(case.seqlen_k as i32)
+        .head_dim(case.head_dim as i32)
+        .causal(case.causal)
+        .softmax_scale(case.softmax_scale)
+        .layout(case.layout)
+        .q(q)
+        .k(k)
+        .v(v)
+        .out(out)
+}
+
+fn run_case(handle: &Handle, gpu: &Gpu, case: &Case, random: &mut Random) {
+    let q = random.tensor(case, case.heads_q, case.seqlen_q);
+    let k = random.tensor(case, case.heads_kv, case.seqlen_k);
+    let v = random.tensor(case, case.heads_kv, case.seqlen_k);
+    let encode = |t: &HostTensor| t.values.iter().map(|&x| half::encode(case.dtype, x)).collect::<Vec<u16>>();
+    let (q_dev, k_dev, v_dev) = (gpu.upload(&encode(&q)), gpu.upload(&encode(&k)), gpu.upload(&encode(&v)));
+    let rows = (case.batch * case.heads_q * case.seqlen_q) as usize;
+    let out_bytes = q_dev.byte_len();
+    let (mut out_dev, mut again_dev, mut lse_dev) =
+        (gpu.alloc_poisoned(out_bytes), gpu.alloc_poisoned(out_bytes), gpu.alloc_poisoned(rows * 4));
+    let stream = case.own_stream.then(|| gpu.stream());
+    let stream_raw = stream.as_ref().map_or(std::ptr::null_mut(), |s| s.raw);
+    let synchronize = || match &stream {
+        Some(stream) => stream.synchronize(),
+        None => gpu.synchronize(),
+    };
+
+    let params = builder(case, [&q_dev, &k_dev, &v_dev], &mut out_dev).lse(&mut lse_dev).build().expect("valid params");
+    for (tensor, host) in [(Tensor::Q, &q), (Tensor::K, &k), (Tensor::V, &v), (Tensor::Out, &q)] {
+        assert_eq!(params.strides(tensor), host.strides, "{}: library strides for {tensor:?}", case.name);
+    }
+    let workspace_bytes = handle.workspace_size(&params).expect("workspace size");
+    let mut workspace = gpu.alloc_poisoned(workspace_bytes);
+    if workspace_bytes > 0 {
+        let mut short = RawBuffer::new(workspace.device_ptr(), workspace_bytes - flashcore::ALIGNMENT);
+        // SAFETY: the call is rejected before any work is queued.
+        let err =
+            unsafe { handle.forward(&params, Some(&mut short), stream_raw) }.expect_err("short workspace accepted");
+        assert_eq!(err.status(), Status::WorkspaceTooSmall, "{err}");
+    }
+    // SAFETY: live allocations of the stated sizes, synchronized before they are read or freed.
+    unsafe { handle.forward(&params, Some(&mut workspace), stream_raw) }.expect("forward");
+    let params = builder(case, [&q_dev, &k_dev, &v_dev], &mut again_dev).build().expect("valid params");
+    // SAFETY: as above.
+    unsafe { handle.forward(&params, Some(&mut workspace), stream_raw) }.expect("second forward");
+    synchronize();
+
+    let out_bits: Vec<u16> = gpu.download(&out_dev);
+    assert!(out_bits == gpu.download::<u16>(&again_dev), "{}: two identical calls gave different bits", case.name);
+    let out =
+        HostTensor { values: out_bits.iter().map(|&b| half::decode(case.dtype, b)).collect(), strides: q.strides };
+    let lse: Vec<f32> = gpu.download(&lse_dev);
+
+    let (want_out, want_lse) = reference(case, &q, &k, &v);
+    let got_out = (0..case.batch).flat_map(|b| {
+        let out = &out;
+        (0..case.heads_q).flat_map(move |h| {
+            (0..case.seqlen_q).flat_map(move |i| (0..case.head_dim).map(move |d| out.at(b, h, i, d)))
+        })
+    });
+    let (atol, rtol) = if case.dtype == DType::BF16 { (3e-2, 1e-2) } else { (4e-3, 4e-3) };
+    let (out_ratio, out_at, got, want) = worst(got_out, &want_out, atol, rtol);
+    println!("{}: worst out error {:.3} of tolerance (got {got}, want {want} at {out_at})", case.name, out_ratio);
+    assert!(out_ratio <= 1.0, "{}: out[{out_at}] = {got}, reference {want}", case.name);
+    let (lse_ratio, lse_at, got, want) = worst(lse.iter().map(|&x| f64::from(x)), &want_lse, 2e-3, 1e-4);
+    println!("{}: worst lse error {:.3} of tolerance", case.name, lse_ratio);
+    assert!(lse_ratio <= 1.0, "{}: lse[{lse_at}] = {got}, reference {want}", case.name);
+}
+
+#[test]
+fn forward_matches_cpu_reference() {
+    let Some((handle, gpu)) = setup("forward_matches_cpu_reference") else { return };
+    println!("libflashcore {} on device {}", flashcore::version(), handle.device().expect("device"));
+    let mut random = Random(0x9E37_79B9_7F4A_7C15);
+    for case in &CASES {
+        run_case(&handle, gpu, case, &mut random);
+    }
+}
+
+#[test]
+fn one_handle_serves_several_threads() {
+    let Some((handle, _)) = setup("one_handle_serves_several_threads") else { return };
+    // workspace_size reads only shapes, so made-up aligned addresses will do.
+    let sizes: Vec<usize> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                scope.spawn(|| {
+                    let q = RawBuffer::new(1 << 30, 1 << 24);
+                    let mut out = RawBuffer::new(1 << 31, 1 << 24);
+                    let params = ForwardParams::builder()
+                        .batch_size(2)
+                        .num_heads_q(8)
+                        .num_heads_kv(8)
+                        .seqlen_q(1024)
+                        .seqlen_k(1024)
+                        .head_dim(128)
+                        .q(&q)
+                        .k(&q)
+                        .v(&q)
+                        .out(&mut out)
+                        .build()
+                        .expect("valid params");
+                    handle.workspace_size(&params).expect("workspace size")
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().expect("thread")).collect()
+    });
+    assert!(sizes.windows(2).all(|w| w[0] == w[1]), "{sizes:?}");
+}
