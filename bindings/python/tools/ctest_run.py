@@ -6,7 +6,9 @@
 
 Exit status: that of the check; 77 (ctest's SKIP_RETURN_CODE) with the reason
 when pytest, pycparser or a C preprocessor is missing; 1 when pytest collected
-no tests (pytest's 5), which must not pass silently.
+no tests (pytest's 5), which must not pass silently. With
+FLASHCORE_REQUIRE_TOOLS=1 (CI sets it) a missing tool fails instead of
+skipping, as the Rust checks do.
 """
 
 import importlib.util
@@ -20,6 +22,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def skip(reason):
+    if os.environ.get("FLASHCORE_REQUIRE_TOOLS") == "1":
+        print("FAILED: %s (FLASHCORE_REQUIRE_TOOLS=1)" % reason)
+        return 1
     print("SKIP: %s" % reason)
     return SKIP
 
