@@ -59,17 +59,12 @@ __device__ __forceinline__ void store_lse(const float (&lse)[Traits::kMAtoms * 2
 template <typename Traits>
 __device__ __forceinline__ void store_empty_block(typename Traits::Element *gmem_o, int64_t out_seq_stride,
                                                   float *gmem_lse, int valid_rows, int tid) {
-    constexpr int kVectors = Traits::kBlockM * Traits::kVectorsPerRow;
-#pragma unroll
-    for (int i = 0; i < kVectors / Traits::kNumThreads; ++i) {
-        const int idx = tid + i * Traits::kNumThreads;
-        const int row = idx / Traits::kVectorsPerRow;
-        const int vec = idx % Traits::kVectorsPerRow;
+    for_each_tile_vector<Traits, Traits::kBlockM>(tid, [&](int row, int vec) {
         if (row < valid_rows) {
             *reinterpret_cast<uint4 *>(gmem_o + row * out_seq_stride + vec * kElemsPerVector) =
                 make_uint4(0, 0, 0, 0);
         }
-    }
+    });
     if (gmem_lse != nullptr) {
         for (int row = tid; row < valid_rows; row += Traits::kNumThreads) {
             gmem_lse[row] = -INFINITY;

@@ -53,8 +53,6 @@ struct FwdTraits {
     static_assert(kBlockN % kMmaK == 0, "K/V tiles are consumed in k16 steps");
     static_assert(kHeadDim % kMmaK == 0 && kHeadDim >= 64,
                   "the shared-memory swizzle needs at least eight 16-byte vectors per row");
-    static_assert((kBlockM * kVectorsPerRow) % kNumThreads == 0, "Q tile copy must divide evenly");
-    static_assert((kBlockN * kVectorsPerRow) % kNumThreads == 0, "K/V tile copy must divide evenly");
 };
 
 }  // namespace flashcore

@@ -43,6 +43,21 @@ __device__ __forceinline__ constexpr uint32_t row_block_bytes(int rows) {
     return uint32_t(rows) * kHeadDim * 2u;
 }
 
+// Calls body(row, vec) for this thread's share of the 16-byte vectors of a
+// [kRows][head_dim] tile: consecutive threads take consecutive vectors of a
+// row, so each warp touches whole rows (coalesced in global memory, and a
+// permutation of banks in swizzled shared memory).
+template <typename Traits, int kRows, typename Body>
+__device__ __forceinline__ void for_each_tile_vector(int tid, Body &&body) {
+    constexpr int kVectors = kRows * Traits::kVectorsPerRow;
+    static_assert(kVectors % Traits::kNumThreads == 0, "tile vectors must divide evenly among the threads");
+#pragma unroll
+    for (int i = 0; i < kVectors / Traits::kNumThreads; ++i) {
+        const int idx = tid + i * Traits::kNumThreads;
+        body(idx / Traits::kVectorsPerRow, idx % Traits::kVectorsPerRow);
+    }
+}
+
 // Copies rows [0, kRows) of a global tile whose row r starts at
 // gmem + r * row_stride into shared memory. Rows >= valid_rows are
 // zero-filled without touching global memory. Asynchronous: completes at the
@@ -51,18 +66,13 @@ template <typename Traits, int kRows>
 __device__ __forceinline__ void load_tile_async(typename Traits::Element *smem,
                                                 const typename Traits::Element *gmem, int64_t row_stride,
                                                 int valid_rows, int tid) {
-    constexpr int kVectors = kRows * Traits::kVectorsPerRow;
-#pragma unroll
-    for (int i = 0; i < kVectors / Traits::kNumThreads; ++i) {
-        const int idx = tid + i * Traits::kNumThreads;
-        const int row = idx / Traits::kVectorsPerRow;
-        const int vec = idx % Traits::kVectorsPerRow;
+    for_each_tile_vector<Traits, kRows>(tid, [&](int row, int vec) {
         const bool valid = row < valid_rows;
         // An invalid row still needs a mapped address in the instruction; the
         // tile's first row is always in bounds.
         const auto *src = gmem + (valid ? row * row_stride + vec * kElemsPerVector : 0);
         cp_async_16(smem_address(smem + swizzled_offset<Traits::kHeadDim>(row, vec)), src, valid);
-    }
+    });
 }
 
 // Copies rows [0, valid_rows) of a shared tile to global memory with 16-byte
@@ -70,18 +80,13 @@ __device__ __forceinline__ void load_tile_async(typename Traits::Element *smem,
 template <typename Traits, int kRows>
 __device__ __forceinline__ void store_tile(typename Traits::Element *gmem, int64_t row_stride,
                                            const typename Traits::Element *smem, int valid_rows, int tid) {
-    constexpr int kVectors = kRows * Traits::kVectorsPerRow;
-#pragma unroll
-    for (int i = 0; i < kVectors / Traits::kNumThreads; ++i) {
-        const int idx = tid + i * Traits::kNumThreads;
-        const int row = idx / Traits::kVectorsPerRow;
-        const int vec = idx % Traits::kVectorsPerRow;
+    for_each_tile_vector<Traits, kRows>(tid, [&](int row, int vec) {
         if (row < valid_rows) {
             const uint4 value =
                 *reinterpret_cast<const uint4 *>(smem + swizzled_offset<Traits::kHeadDim>(row, vec));
             *reinterpret_cast<uint4 *>(gmem + row * row_stride + vec * kElemsPerVector) = value;
         }
-    }
+    });
 }
 
 }  // namespace flashcore

@@ -128,17 +128,7 @@ flashcore_status flashcore_set_contiguous_strides(flashcore_forward_params *para
         // Shapes must be valid first: the strides are products of them.
         flashcore_forward_params p;
         FLASHCORE_TRY(read_params(params, &p));
-        const struct {
-            int32_t value;
-            const char *name;
-        } sizes[] = {{p.batch_size, "batch_size"},   {p.seqlen_q, "seqlen_q"},         {p.seqlen_k, "seqlen_k"},
-                     {p.num_heads_q, "num_heads_q"}, {p.num_heads_kv, "num_heads_kv"}, {p.head_dim, "head_dim"}};
-        for (const auto &s : sizes) {
-            if (s.value < 1) {
-                return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s (%d) must be set and >= 1 before strides",
-                            s.name, int(s.value));
-            }
-        }
+        FLASHCORE_TRY(validate_sizes(p));
         const int64_t d = p.head_dim;
         auto set = [&](int64_t seqlen, int64_t heads, int64_t *batch_stride, int64_t *seq_stride,
                        int64_t *head_stride) {

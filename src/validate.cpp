@@ -15,10 +15,6 @@ constexpr size_t kLseAlignment = alignof(float);
 constexpr size_t kElementBytes = 2;  // fp16 and bf16
 constexpr int64_t kStrideMultiple = FLASHCORE_ALIGNMENT / kElementBytes;
 
-flashcore_status check_positive(int32_t value, const char *name) {
-    if (value < 1) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s (%d) must be >= 1", name, int(value));
-    return FLASHCORE_STATUS_SUCCESS;
-}
 
 flashcore_status check_pointer(const void *ptr, const char *name, size_t alignment) {
     if (ptr == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s is NULL", name);
@@ -140,21 +136,28 @@ flashcore_status read_params(const flashcore_forward_params *user, flashcore_for
     return FLASHCORE_STATUS_SUCCESS;
 }
 
+flashcore_status validate_sizes(const flashcore_forward_params &p) {
+    const struct {
+        int32_t value;
+        const char *name;
+    } sizes[] = {{p.batch_size, "batch_size"},   {p.seqlen_q, "seqlen_q"},         {p.seqlen_k, "seqlen_k"},
+                 {p.num_heads_q, "num_heads_q"}, {p.num_heads_kv, "num_heads_kv"}, {p.head_dim, "head_dim"}};
+    for (const auto &s : sizes) {
+        if (s.value < 1) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s (%d) must be >= 1", s.name, int(s.value));
+        }
+    }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
 flashcore_status validate_shapes(const flashcore_forward_params &p) {
     if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16) {
         return fail(FLASHCORE_STATUS_UNSUPPORTED,
                     "dtype %d is not supported; supported: FLASHCORE_DTYPE_FP16 (%d), FLASHCORE_DTYPE_BF16 (%d)",
                     int(p.dtype), int(FLASHCORE_DTYPE_FP16), int(FLASHCORE_DTYPE_BF16));
     }
-    const struct {
-        int32_t value;
-        const char *name;
-    } sizes[] = {{p.batch_size, "batch_size"}, {p.seqlen_q, "seqlen_q"},         {p.seqlen_k, "seqlen_k"},
-                 {p.num_heads_q, "num_heads_q"}, {p.num_heads_kv, "num_heads_kv"}, {p.head_dim, "head_dim"}};
-    for (const auto &s : sizes) {
-        const flashcore_status status = check_positive(s.value, s.name);
-        if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    }
+    const flashcore_status status = validate_sizes(p);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
     if (p.num_heads_q % p.num_heads_kv != 0) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "num_heads_q (%d) must be a multiple of num_heads_kv (%d)",
                     int(p.num_heads_q), int(p.num_heads_kv));

@@ -31,6 +31,9 @@ void init_params(flashcore_forward_params *params, size_t struct_size);
 // built with (see the ABI policy in flashcore.h).
 flashcore_status read_params(const flashcore_forward_params *user, flashcore_forward_params *params);
 
+// The six sizes (batch, sequence lengths, head counts, head_dim) are >= 1.
+flashcore_status validate_sizes(const flashcore_forward_params &params);
+
 // Dtype, sizes, head counts, head_dim, scale: what the workspace query needs.
 flashcore_status validate_shapes(const flashcore_forward_params &params);
 
