@@ -15,7 +15,6 @@ constexpr size_t kLseAlignment = alignof(float);
 constexpr size_t kElementBytes = 2;  // fp16 and bf16
 constexpr int64_t kStrideMultiple = FLASHCORE_ALIGNMENT / kElementBytes;
 
-
 flashcore_status check_pointer(const void *ptr, const char *name, size_t alignment) {
     if (ptr == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s is NULL", name);
     if (reinterpret_cast<uintptr_t>(ptr) % alignment != 0) {
