@@ -8,28 +8,55 @@
 #include <cmath>
 
 #include "mask.cuh"
+#include "fwd_params.h"
 #include "smem_tile.cuh"
+#include "tile_scheduler.cuh"
 
 namespace flashcore {
 
+// Where a CTA's query block goes: its first output row and LSE entry, and how
+// many of its rows exist.
+template <typename Element>
+struct OutputBlock {
+    Element *out;
+    float *lse;  // nullptr: not requested
+    int valid_rows;
+
+    __device__ __forceinline__ static OutputBlock of(const FwdKernelParams &p, const FwdTile &tile, int block_m) {
+        const int first_query = tile.m_block * block_m;
+        OutputBlock b;
+        b.out = static_cast<Element *>(p.out) + tile.batch * p.out_batch_stride + tile.head_q * p.out_head_stride +
+                first_query * p.out_seq_stride;
+        b.lse = p.lse == nullptr
+                    ? nullptr
+                    : p.lse + (int64_t(tile.batch) * p.num_heads_q + tile.head_q) * p.seqlen_q + first_query;
+        b.valid_rows = min(block_m, p.seqlen_q - first_query);
+        return b;
+    }
+};
+
+// Stages the output fragments of the threads that hold them (holds_fragments)
+// through shared memory, then all the CTA's threads copy the tile out.
 template <typename Traits>
 __device__ __forceinline__ void store_output(const float (&out)[Traits::kMAtoms][Traits::kNAtomsO][4],
-                                             typename Traits::Element *smem_o,
+                                             bool holds_fragments, typename Traits::Element *smem_o,
                                              typename Traits::Element *gmem_o, int64_t out_seq_stride,
                                              int valid_rows, int warp_first_row, int lane, int tid) {
     using Element = typename Traits::Element;
+    if (holds_fragments) {
 #pragma unroll
-    for (int m = 0; m < Traits::kMAtoms; ++m) {
+        for (int m = 0; m < Traits::kMAtoms; ++m) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int row = warp_first_row + m * kMmaM + frag_row(lane) + half * kFragRowHalf;
+            for (int half = 0; half < 2; ++half) {
+                const int row = warp_first_row + m * kMmaM + frag_row(lane) + half * kFragRowHalf;
 #pragma unroll
-            for (int n = 0; n < Traits::kNAtomsO; ++n) {
-                const int col = n * kMmaN + frag_col(lane);
-                const int offset = swizzled_offset<Traits::kHeadDim>(row, col / kElemsPerVector) +
-                                   col % kElemsPerVector;
-                *reinterpret_cast<uint32_t *>(smem_o + offset) =
-                    pack2<Element>(out[m][n][half * 2], out[m][n][half * 2 + 1]);
+                for (int n = 0; n < Traits::kNAtomsO; ++n) {
+                    const int col = n * kMmaN + frag_col(lane);
+                    const int offset = swizzled_offset<Traits::kHeadDim>(row, col / kElemsPerVector) +
+                                       col % kElemsPerVector;
+                    *reinterpret_cast<uint32_t *>(smem_o + offset) =
+                        pack2<Element>(out[m][n][half * 2], out[m][n][half * 2 + 1]);
+                }
             }
         }
     }
@@ -57,17 +84,17 @@ __device__ __forceinline__ void store_lse(const float (&lse)[Traits::kMAtoms * 2
 // out = 0 and lse = -inf, written without touching K or V. valid_rows is at
 // most kBlockM.
 template <typename Traits>
-__device__ __forceinline__ void store_empty_block(typename Traits::Element *gmem_o, int64_t out_seq_stride,
-                                                  float *gmem_lse, int valid_rows, int tid) {
+__device__ __forceinline__ void store_empty_block(const OutputBlock<typename Traits::Element> &dst,
+                                                  int64_t out_seq_stride, int tid) {
     for_each_tile_vector<Traits, Traits::kBlockM>(tid, [&](int row, int vec) {
-        if (row < valid_rows) {
-            *reinterpret_cast<uint4 *>(gmem_o + row * out_seq_stride + vec * kElemsPerVector) =
+        if (row < dst.valid_rows) {
+            *reinterpret_cast<uint4 *>(dst.out + row * out_seq_stride + vec * kElemsPerVector) =
                 make_uint4(0, 0, 0, 0);
         }
     });
-    if (gmem_lse != nullptr) {
-        for (int row = tid; row < valid_rows; row += Traits::kNumThreads) {
-            gmem_lse[row] = -INFINITY;
+    if (dst.lse != nullptr) {
+        for (int row = tid; row < dst.valid_rows; row += Traits::kNumThreads) {
+            dst.lse[row] = -INFINITY;
         }
     }
 }

@@ -6,15 +6,20 @@
 //     -> O += P*V (tensor cores, P straight from registers)
 //   normalise O, write O and the log-sum-exp.
 //
-// Copies overlap compute: V of tile n streams in while S = Q*K_n^T and its
-// softmax run, and K of tile n-1 while O += P*V_n runs. Walking the tiles
+// Copies overlap compute: K/V tiles are requested kStages - 1 tiles ahead
+// into a ring of shared-memory slots, one barrier per tile. Walking the tiles
 // last to first puts the tiles that need masking (the partial last tile, the
 // causal diagonal) first, so later iterations run unmasked.
+//
+// With kKeySplits = 2 the CTA's two warp groups take alternate key tiles,
+// each with its own ring and barrier, and merge their partial softmax states
+// at the end (key_split.cuh).
 #pragma once
 
 #include "epilogue.cuh"
 #include "fwd_params.h"
 #include "kernel_traits.cuh"
+#include "key_split.cuh"
 #include "mask.cuh"
 #include "smem_tile.cuh"
 #include "softmax.cuh"
@@ -28,15 +33,18 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
     using Element = typename Traits::Element;
     constexpr int kBlockM = Traits::kBlockM;
     constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kSplits = Traits::kKeySplits;
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Element *smem_q = reinterpret_cast<Element *>(smem_raw);
-    Element *smem_k = reinterpret_cast<Element *>(smem_raw + Traits::kSmemQBytes);
-    Element *smem_v = reinterpret_cast<Element *>(smem_raw + Traits::kSmemQBytes + Traits::kSmemKVBytes);
 
     const int tid = threadIdx.x;
     const int lane = tid % kWarpSize;
-    const int warp_first_row = (tid / kWarpSize) * Traits::kRowsPerWarp;
+    const int split = tid / Traits::kThreadsPerSplit;
+    const int split_tid = tid % Traits::kThreadsPerSplit;
+    const int warp_first_row = (split_tid / kWarpSize) * Traits::kRowsPerWarp;
+    // This split's K/V ring: kStages slots of (K tile, V tile).
+    Element *smem_kv = reinterpret_cast<Element *>(smem_raw + Traits::kSmemQBytes + split * Traits::kSmemRingBytes);
 
     const FwdTile tile = fwd_tile_for_block<kBlockM>(p, blockIdx.x);
     const int first_query = tile.m_block * kBlockM;
@@ -49,32 +57,45 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
                        tile.head_kv * p.k_head_stride;
     const Element *v = static_cast<const Element *>(p.v) + tile.batch * p.v_batch_stride +
                        tile.head_kv * p.v_head_stride;
-    Element *out = static_cast<Element *>(p.out) + tile.batch * p.out_batch_stride +
-                   tile.head_q * p.out_head_stride + first_query * p.out_seq_stride;
-    float *lse = p.lse == nullptr
-                     ? nullptr
-                     : p.lse + (int64_t(tile.batch) * p.num_heads_q + tile.head_q) * p.seqlen_q + first_query;
 
     const int num_n_blocks = fwd_num_n_blocks<kBlockM, kBlockN>(p, tile.m_block);
     if (num_n_blocks <= 0) {
-        store_empty_block<Traits>(out, p.out_seq_stride, lse, valid_rows, tid);
+        store_empty_block<Traits>(OutputBlock<Element>::of(p, tile, kBlockM), p.out_seq_stride, tid);
         return;
     }
+    // This split visits tiles t = split, split + kSplits, ... (t-th visited
+    // overall is key block num_n_blocks - 1 - t); j counts its own tiles.
+    const int num_split_tiles = (num_n_blocks - split + kSplits - 1) / kSplits;
 
-    // Prologue: Q and the last K tile in one copy group.
-    int n_block = num_n_blocks - 1;
-    load_tile_async<Traits, kBlockM>(smem_q, q, p.q_seq_stride, valid_rows, tid);
-    load_tile_async<Traits, kBlockN>(smem_k, k + int64_t(n_block) * kBlockN * p.k_seq_stride, p.k_seq_stride,
-                                     p.seqlen_k - n_block * kBlockN, tid);
+    // K and V tiles stream through the split's ring: its tile j lives in slot
+    // j % kStages and is requested kStages - 1 iterations before it is used,
+    // so a whole iteration of compute or more hides each load's latency.
+    // Every request commits exactly one cp.async group (empty past the last
+    // tile), which keeps the wait counts below constant.
+    const auto load_kv_tile = [&](int j) {
+        if (j < num_split_tiles) {
+            const int first_key = (num_n_blocks - 1 - (j * kSplits + split)) * kBlockN;
+            Element *slot_k = smem_kv + (j % Traits::kStages) * 2 * Traits::kSmemKVElems;
+            load_tile_async<Traits, kBlockN, Traits::kThreadsPerSplit>(
+                slot_k, k + int64_t(first_key) * p.k_seq_stride, p.k_seq_stride, p.seqlen_k - first_key, split_tid);
+            load_tile_async<Traits, kBlockN, Traits::kThreadsPerSplit>(
+                slot_k + Traits::kSmemKVElems, v + int64_t(first_key) * p.v_seq_stride, p.v_seq_stride,
+                p.seqlen_k - first_key, split_tid);
+        }
+        cp_async_commit();
+    };
+
+    load_tile_async<Traits, kBlockM, Traits::kNumThreads>(smem_q, q, p.q_seq_stride, valid_rows, tid);
     cp_async_commit();
-    cp_async_wait<0>();
+#pragma unroll
+    for (int j = 0; j < Traits::kStages - 1; ++j) load_kv_tile(j);
+    cp_async_wait<Traits::kStages - 1>();  // Q has landed; the K/V tiles may still be in flight
     __syncthreads();
 
     QFragments<Traits> q_frag;
     q_frag.init(smem_q, warp_first_row, lane);
 
-    const uint32_t smem_k_addr = smem_address(smem_k);
-    const uint32_t smem_v_addr = smem_address(smem_v);
+    const uint32_t smem_kv_addr = smem_address(smem_kv);
     const uint32_t k_offset = k_fragment_offset<Traits>(lane);
     const uint32_t v_offset = v_fragment_offset<Traits>(lane);
 
@@ -90,40 +111,56 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
     OnlineSoftmax<Traits::kMAtoms> softmax;
     softmax.init();
 
-    for (; n_block >= 0; --n_block) {
-        const int first_key = n_block * kBlockN;
-        // K[n_block] has landed, and every warp is done reading V[n_block + 1].
-        cp_async_wait<0>();
-        __syncthreads();
-        load_tile_async<Traits, kBlockN>(smem_v, v + int64_t(first_key) * p.v_seq_stride, p.v_seq_stride,
-                                         p.seqlen_k - first_key, tid);
-        cp_async_commit();
+    for (int j = 0; j < num_split_tiles; ++j) {
+        const int n_block = num_n_blocks - 1 - (j * kSplits + split);
+        // Tile j has landed (only the kStages - 2 newer requests may still be
+        // in flight), and every warp of the split is done with tile j - 1,
+        // whose slot the next request refills.
+        cp_async_wait<Traits::kStages - 2>();
+        sync_key_split<Traits>(split);
+        load_kv_tile(j + Traits::kStages - 1);
+
+        const uint32_t slot_k_addr =
+            smem_kv_addr + uint32_t((j % Traits::kStages) * 2 * Traits::kSmemKVElems * sizeof(Element));
+        const uint32_t slot_v_addr = slot_k_addr + uint32_t(Traits::kSmemKVElems * sizeof(Element));
 
         float scores[Traits::kMAtoms][Traits::kNAtomsS][4];
-        gemm_qk<Traits>(scores, q_frag, smem_k_addr, k_offset);
+        gemm_qk<Traits>(scores, q_frag, slot_k_addr, k_offset);
         if (tile_needs_mask<kBlockM, kBlockN>(tile.m_block, n_block, p.seqlen_k, p.causal, shift)) {
-            apply_mask(scores, first_query + warp_first_row, first_key, p.seqlen_k, p.causal, shift, lane);
+            apply_mask(scores, first_query + warp_first_row, n_block * kBlockN, p.seqlen_k, p.causal, shift, lane);
         }
         softmax.update(scores, acc_o, p.softmax_scale_log2);
+        gemm_pv<Traits>(acc_o, scores, slot_v_addr, v_offset);
+    }
+    // Drain the (empty) trailing requests: the rings are reused below.
+    cp_async_wait<0>();
 
-        // V[n_block] has landed, and every warp is done reading K[n_block].
-        cp_async_wait<0>();
-        __syncthreads();
-        if (n_block > 0) {
-            const int next_key = first_key - kBlockN;
-            load_tile_async<Traits, kBlockN>(smem_k, k + int64_t(next_key) * p.k_seq_stride, p.k_seq_stride,
-                                             p.seqlen_k - next_key, tid);
-            cp_async_commit();
-        }
-        gemm_pv<Traits>(acc_o, scores, smem_v_addr, v_offset);
+    // Recomputed rather than kept: values live across the tile loop but used
+    // only here would take registers the loop needs (ptxas spills them).
+    const int epi_tid = opaque_thread_index();
+    const int epi_split = epi_tid / Traits::kThreadsPerSplit;
+    const int epi_lane = epi_tid % kWarpSize;
+    const int epi_warp_first_row = ((epi_tid % Traits::kThreadsPerSplit) / kWarpSize) * Traits::kRowsPerWarp;
+    if constexpr (kSplits > 1) {
+        merge_key_splits<Traits>(softmax, acc_o,
+                                 reinterpret_cast<float *>(smem_raw + Traits::kSmemQBytes + Traits::kSmemRingBytes),
+                                 epi_split, epi_tid % Traits::kThreadsPerSplit, p.softmax_scale_log2);
     }
 
     float row_lse[Traits::kMAtoms * 2];
     softmax.finalize(acc_o, p.softmax_scale, row_lse);
-    if (lse != nullptr) store_lse<Traits>(row_lse, lse, valid_rows, warp_first_row, lane);
-    // Each warp reuses only its own rows of Q's shared memory for the output
-    // tile, and only it ever read those rows.
-    store_output<Traits>(acc_o, smem_q, out, p.out_seq_stride, valid_rows, warp_first_row, lane, tid);
+    const OutputBlock<Element> dst =
+        OutputBlock<Element>::of(p, fwd_tile_for_block<kBlockM>(p, opaque_block_index()), kBlockM);
+    // After a merge only split 0 holds the result.
+    const bool holds_result = epi_split == 0;
+    if (holds_result && dst.lse != nullptr) {
+        store_lse<Traits>(row_lse, dst.lse, dst.valid_rows, epi_warp_first_row, epi_lane);
+    }
+    // Each warp of split 0 reuses only its own rows of Q's shared memory for
+    // the output tile; every warp that read those rows is past the last
+    // barrier of the tile loop (the merge) or is the writer itself.
+    store_output<Traits>(acc_o, holds_result, smem_q, dst.out, p.out_seq_stride, dst.valid_rows,
+                         epi_warp_first_row, epi_lane, epi_tid);
 }
 
 }  // namespace flashcore

@@ -13,15 +13,15 @@ namespace flashcore {
 // Above this, a kernel must opt in to more dynamic shared memory.
 constexpr size_t kDefaultDynamicSmemLimit = 48 * 1024;
 
-template <DType kDType, int kHeadDim>
+template <DType kDType, int kHeadDim, FwdVariant kVariant>
 FwdKernelInfo flash_fwd_info() {
-    using Traits = typename FwdConfig<kDType, kHeadDim>::Traits;
+    using Traits = typename FwdConfig<kDType, kHeadDim, kVariant>::Traits;
     return {Traits::kSmemBytes, Traits::kBlockM};
 }
 
-template <DType kDType, int kHeadDim>
+template <DType kDType, int kHeadDim, FwdVariant kVariant>
 cudaError_t run_flash_fwd(const FwdKernelParams &params, cudaStream_t stream) {
-    using Traits = typename FwdConfig<kDType, kHeadDim>::Traits;
+    using Traits = typename FwdConfig<kDType, kHeadDim, kVariant>::Traits;
     const auto kernel = flash_fwd_kernel<Traits>;
     constexpr size_t smem_bytes = Traits::kSmemBytes;
     if (smem_bytes > kDefaultDynamicSmemLimit) {

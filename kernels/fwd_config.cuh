@@ -1,18 +1,19 @@
-// Tile configuration of the portable forward kernel per (element type,
-// head_dim): the launch heuristic's table.
+// Tile configurations of the portable forward kernel per (element type,
+// head_dim, variant): the table the launch heuristic (src/dispatch.cpp)
+// chooses from. Measured on an H200 with a scratch sweep over block sizes,
+// warps, stages and Q in registers or not; the choices and the numbers behind
+// them are in docs/perf-notes.md.
 //
-// Both head dims: 4 warps of 16 query rows (one m16 tile each), 64-row query
-// blocks, 64-key K/V tiles. At 201 (head_dim 64) and 255 (head_dim 128)
-// registers two such CTAs fit an SM, whose barriers stall independently, and
-// small problems get twice the CTAs of 128-row blocks. Measured on an H200
-// against 8 warps x 128 rows: mission shape 15.5 -> 13.4 us, throughput
-// shapes 190-270 -> 211-301 TFLOP/s (bench/compare.py).
+// kLargeTiles, for grids that fill the GPU: 128 query rows, 4 warps of two
+// m16 tiles each, so every K/V fragment read from shared memory feeds two
+// MMAs. At head_dim 128, 32-key tiles keep the live S tile small enough to
+// fit 255 registers without spilling.
 //
-// Two m16 tiles per warp would let each K/V fragment read from shared memory
-// feed two MMAs, but every such configuration spills today (head_dim 64, 128
-// rows: 255 registers + 24 bytes of stack even with Q re-read from shared
-// memory). At head_dim 128 Q's fragments are re-read from shared memory at
-// each k-step: held in registers they spill.
+// kKeySplit, for small problems: 64 query rows, two groups of 4 warps
+// splitting the key tiles between them, so each warp's serial chain of tiles
+// is half as long (the latency of a small problem is that chain). At
+// head_dim 128 its two rings take 144 KB of shared memory, more than sm_86
+// and sm_89 offer (99 KB): there the dispatcher uses the large tiles.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -34,19 +35,28 @@ struct ElementOf<DType::kBf16> {
     using type = __nv_bfloat16;
 };
 
-template <DType kDType, int kHeadDim>
+template <DType kDType, int kHeadDim, FwdVariant kVariant>
 struct FwdConfig;
 
+// FwdTraits<Element, head_dim, BlockM, BlockN, WarpsPerSplit, KeySplits, Stages, MaxRegisters, QInRegisters>
 template <DType kDType>
-struct FwdConfig<kDType, 64> {
-    using Traits = FwdTraits<typename ElementOf<kDType>::type, 64, /*kBlockM=*/64, /*kBlockN=*/64, /*kNumWarps=*/4,
-                             /*kMaxRegisters=*/255, /*kQInRegisters=*/true>;
+struct FwdConfig<kDType, 64, FwdVariant::kLargeTiles> {
+    using Traits = FwdTraits<typename ElementOf<kDType>::type, 64, 128, 64, 4, 1, 2, 255, true>;
 };
 
 template <DType kDType>
-struct FwdConfig<kDType, 128> {
-    using Traits = FwdTraits<typename ElementOf<kDType>::type, 128, /*kBlockM=*/64, /*kBlockN=*/64, /*kNumWarps=*/4,
-                             /*kMaxRegisters=*/255, /*kQInRegisters=*/false>;
+struct FwdConfig<kDType, 64, FwdVariant::kKeySplit> {
+    using Traits = FwdTraits<typename ElementOf<kDType>::type, 64, 64, 64, 4, 2, 2, 255, true>;
+};
+
+template <DType kDType>
+struct FwdConfig<kDType, 128, FwdVariant::kLargeTiles> {
+    using Traits = FwdTraits<typename ElementOf<kDType>::type, 128, 128, 32, 4, 1, 2, 255, false>;
+};
+
+template <DType kDType>
+struct FwdConfig<kDType, 128, FwdVariant::kKeySplit> {
+    using Traits = FwdTraits<typename ElementOf<kDType>::type, 128, 64, 64, 4, 2, 2, 255, false>;
 };
 
 }  // namespace flashcore

@@ -9,6 +9,14 @@ namespace flashcore {
 
 enum class DType : int { kFp16 = 1, kBf16 = 2 };
 
+// The portable kernel's tile configurations (kernels/fwd_config.cuh); the
+// dispatcher picks one per call.
+enum class FwdVariant : int {
+    kLargeTiles = 0,  // large query blocks: most work per shared-memory read
+    kKeySplit = 1,    // small query blocks, key tiles split over two warp groups: least latency
+};
+constexpr int kNumFwdVariants = 2;
+
 struct FwdKernelParams {
     const void *q;
     const void *k;

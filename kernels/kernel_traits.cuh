@@ -15,15 +15,25 @@ constexpr int kWarpSize = 32;
 // shared memory access in these kernels.
 constexpr int kElemsPerVector = 8;
 
-template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNumWarps_, int kMaxRegisters_,
-          bool kQInRegisters_>
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarpsPerSplit_, int kKeySplits_,
+          int kStages_, int kMaxRegisters_, bool kQInRegisters_>
 struct FwdTraits {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kBlockM = kBlockM_;  // query rows per CTA
     static constexpr int kBlockN = kBlockN_;  // key rows per K/V tile
-    static constexpr int kNumWarps = kNumWarps_;
+    // The CTA's warps form kKeySplits groups of kWarpsPerSplit. Every group
+    // covers all kBlockM query rows but only every kKeySplits-th key tile, with
+    // its own K/V ring and barrier; the groups' partial results are merged at
+    // the end. Splitting the keys shortens each warp's serial chain of tiles:
+    // that is what bounds the latency of problems too small to fill the GPU.
+    static constexpr int kWarpsPerSplit = kWarpsPerSplit_;
+    static constexpr int kKeySplits = kKeySplits_;
+    static constexpr int kNumWarps = kWarpsPerSplit * kKeySplits;
     static constexpr int kNumThreads = kNumWarps * kWarpSize;
+    static constexpr int kThreadsPerSplit = kWarpsPerSplit * kWarpSize;
+    // K/V tiles in flight: slots of the shared-memory ring (see the kernel).
+    static constexpr int kStages = kStages_;
     // Register cap per thread. Without one the scheduler hoists fragment
     // loads far ahead until it spills; the cap is set per configuration to
     // what its live accumulators need plus room for a few loads in flight.
@@ -34,7 +44,7 @@ struct FwdTraits {
 
     // Each warp owns a contiguous band of query rows for the whole kernel:
     // its S = Q*K^T and O accumulators stay in its registers.
-    static constexpr int kRowsPerWarp = kBlockM / kNumWarps;
+    static constexpr int kRowsPerWarp = kBlockM / kWarpsPerSplit;
     static constexpr int kMAtoms = kRowsPerWarp / kMmaM;   // m16 tiles per warp
     static constexpr int kNAtomsS = kBlockN / kMmaN;       // n8 tiles of S
     static constexpr int kNAtomsO = kHeadDim / kMmaN;      // n8 tiles of O
@@ -45,10 +55,14 @@ struct FwdTraits {
     static constexpr int kVectorsPerRow = kHeadDim / kElemsPerVector;
 
     static constexpr size_t kSmemQBytes = size_t(kBlockM) * kHeadDim * sizeof(Element);
-    static constexpr size_t kSmemKVBytes = size_t(kBlockN) * kHeadDim * sizeof(Element);
-    // Q, one K tile and one V tile. The output tile reuses Q's space.
-    static constexpr size_t kSmemBytes = kSmemQBytes + 2 * kSmemKVBytes;
+    static constexpr int kSmemKVElems = kBlockN * kHeadDim;  // one K or one V tile
+    // Q, then per key split kStages slots of one K and one V tile each. The
+    // output tile reuses Q's space; the key-split merge reuses the K/V rings.
+    static constexpr size_t kSmemRingBytes = size_t(kStages) * 2 * kSmemKVElems * sizeof(Element);
+    static constexpr size_t kSmemBytes = kSmemQBytes + size_t(kKeySplits) * kSmemRingBytes;
 
+    static_assert(kKeySplits == 1 || kKeySplits == 2, "the merge combines at most two key splits");
+    static_assert(kStages >= 2, "the ring needs a slot to fill while another is read");
     static_assert(kRowsPerWarp % kMmaM == 0, "each warp needs whole m16 tiles");
     static_assert(kBlockN % kMmaK == 0, "K/V tiles are consumed in k16 steps");
     static_assert(kHeadDim % kMmaK == 0 && kHeadDim >= 64,

@@ -10,7 +10,7 @@ namespace flashcore {
 
 // Queues the forward kernel for `params` on `stream`. Returns the launch
 // error (cudaSuccess when queued). `params` must already be validated.
-template <DType kDType, int kHeadDim>
+template <DType kDType, int kHeadDim, FwdVariant kVariant>
 cudaError_t run_flash_fwd(const FwdKernelParams &params, cudaStream_t stream);
 
 // What the dispatcher checks against the device before a launch.
@@ -19,7 +19,7 @@ struct FwdKernelInfo {
     int block_m;        // query rows per CTA: the grid is batch * heads * ceil(seqlen_q / block_m)
 };
 
-template <DType kDType, int kHeadDim>
+template <DType kDType, int kHeadDim, FwdVariant kVariant>
 FwdKernelInfo flash_fwd_info();
 
 }  // namespace flashcore

@@ -23,6 +23,39 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem_dst, const void *gmem_
                  "r"(src_bytes));
 }
 
+// ptr + elements, computed by an instruction the compiler cannot see into,
+// so it cannot hoist or combine the address arithmetic (see load_tile_async).
+template <typename T>
+__device__ __forceinline__ const T *opaque_advance(const T *ptr, int64_t elements) {
+    uint64_t result;
+    asm("add.s64 %0, %1, %2;\n"
+        : "=l"(result)
+        : "l"(reinterpret_cast<uint64_t>(ptr)), "l"(elements * int64_t(sizeof(T))));
+    return reinterpret_cast<const T *>(result);
+}
+
+// blockIdx.x and threadIdx.x read afresh: the compiler cannot reuse values
+// derived from an earlier read, so it recomputes them instead of keeping
+// them live (see the kernel's epilogue).
+__device__ __forceinline__ int opaque_block_index() {
+    int i;
+    asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(i));
+    return i;
+}
+
+__device__ __forceinline__ int opaque_thread_index() {
+    int i;
+    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(i));
+    return i;
+}
+
+// Barrier kId among `num_threads` threads (a multiple of 32) that all name
+// the same id; other warps are not held.
+template <int kId>
+__device__ __forceinline__ void named_barrier_sync(int num_threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "r"(num_threads) : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int kPendingGroups>

@@ -29,13 +29,18 @@ __device__ __forceinline__ uint32_t swizzled_byte_offset(int row, int vec) {
     return uint32_t(swizzled_offset<kHeadDim>(row, vec)) * 2u;
 }
 
-// The swizzle is an XOR, so stepping the vector index by an even compile-time
-// amount is an XOR of the byte offset: for vec = 2*step + b,
-//   swizzled_byte_offset(row, vec) == swizzled_byte_offset(row, b) ^ vector_step_xor(step)
-// (the row part of the offset is a multiple of the row size and has no bits in
-// common with the vector part). Fragment loops keep one base offset per thread
-// and apply this per step, instead of holding one address register per step.
-__device__ __forceinline__ constexpr uint32_t vector_step_xor(int step) { return uint32_t(step) * 2u * 16u; }
+// Fragment loops step through a row 2 vectors (one k16 slice) at a time from a
+// per-thread base offset at vector b in {0, 1}. Since b ^ (row % 8) < 8, the
+// swizzle only permutes vectors within each group of 8 (128 bytes):
+//   swizzled_byte_offset(row, 2*step + b)
+//     == (swizzled_byte_offset(row, b) ^ (step % 4) * 32) + (step / 4) * 128
+// (the row part of the offset, a multiple of 128 bytes, has no bits in common
+// with the XOR). With step a compile-time constant this is one XOR with at
+// most four distinct results and an immediate offset, so a loop over a
+// 128-element head_dim keeps four address registers per base, not eight.
+__device__ __forceinline__ constexpr uint32_t vector_step_offset(uint32_t base_offset, int step) {
+    return (base_offset ^ (uint32_t(step % 4) * 2u * 16u)) + uint32_t(step / 4) * 8u * 16u;
+}
 
 // Moving 8 rows down leaves row % 8, and with it the swizzle, unchanged.
 template <int kHeadDim>
@@ -62,17 +67,35 @@ __device__ __forceinline__ void for_each_tile_vector(int tid, Body &&body) {
 // gmem + r * row_stride into shared memory. Rows >= valid_rows are
 // zero-filled without touching global memory. Asynchronous: completes at the
 // next cp_async_wait after the caller's cp_async_commit.
-template <typename Traits, int kRows>
+//
+// Each thread copies one column of vectors: rows row0, row0 + kRowsPerPass,
+// ... of vector `vec` (the same (row, vec) order as for_each_tile_vector).
+// Its source pointer advances by an opaque add: written as
+// gmem + row * row_stride, the compiler hoists every row's 64-bit product out
+// of the kernel's tile loop and keeps them all in registers.
+//
+// kThreads threads, numbered tid = 0 .. kThreads - 1, share the copy.
+template <typename Traits, int kRows, int kThreads>
 __device__ __forceinline__ void load_tile_async(typename Traits::Element *smem,
                                                 const typename Traits::Element *gmem, int64_t row_stride,
                                                 int valid_rows, int tid) {
-    for_each_tile_vector<Traits, kRows>(tid, [&](int row, int vec) {
-        const bool valid = row < valid_rows;
+    constexpr int kRowsPerPass = kThreads / Traits::kVectorsPerRow;
+    static_assert(kThreads % Traits::kVectorsPerRow == 0 && kRowsPerPass % kSwizzleRows == 0 &&
+                      kRows % kRowsPerPass == 0,
+                  "each pass must cover whole swizzle blocks of rows");
+    const int row0 = tid / Traits::kVectorsPerRow;
+    const int vec = tid % Traits::kVectorsPerRow;
+    const uint32_t dst = smem_address(smem) + swizzled_byte_offset<Traits::kHeadDim>(row0, vec);
+    const int64_t pass_stride = row_stride * kRowsPerPass;
+    const auto *src = gmem + row0 * row_stride + vec * kElemsPerVector;
+#pragma unroll
+    for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+        const bool valid = row0 + i * kRowsPerPass < valid_rows;
         // An invalid row still needs a mapped address in the instruction; the
         // tile's first row is always in bounds.
-        const auto *src = gmem + (valid ? row * row_stride + vec * kElemsPerVector : 0);
-        cp_async_16(smem_address(smem + swizzled_offset<Traits::kHeadDim>(row, vec)), src, valid);
-    });
+        cp_async_16(dst + row_block_bytes<Traits::kHeadDim>(i * kRowsPerPass), valid ? src : gmem, valid);
+        src = opaque_advance(src, pass_stride);
+    }
 }
 
 // Copies rows [0, valid_rows) of a shared tile to global memory with 16-byte

@@ -42,9 +42,18 @@ struct OnlineSoftmax {
 
     // Folds one tile of scores into the running state: turns `scores` into
     // the unnormalised probabilities P and rescales `out` to the new maximum.
+    //
+    // After the first few tiles a row's maximum rarely grows, and rescaling
+    // `out` costs one multiply per accumulator (as many as the MMAs' share of
+    // a 32-key tile at head_dim 128): it is skipped when no row of the warp
+    // changed its maximum (warp-uniform, so no divergence), where every
+    // correction factor would be exactly 1.
     template <int kNAtomsS, int kNAtomsO>
     __device__ __forceinline__ void update(float (&scores)[kMAtoms][kNAtomsS][4],
                                            float (&out)[kMAtoms][kNAtomsO][4], float scale_log2) {
+        float offset[kRows];
+        float correction[kRows];
+        bool max_changed = false;
 #pragma unroll
         for (int m = 0; m < kMAtoms; ++m) {
 #pragma unroll
@@ -58,25 +67,53 @@ struct OnlineSoftmax {
                 const float new_max = quad_max(tile_max);
                 // A row that has seen only masked keys keeps max = -inf; using
                 // 0 as its offset keeps exp2(-inf - offset) = 0 instead of NaN.
-                const float offset = new_max == -INFINITY ? 0.f : new_max * scale_log2;
-                const float correction = fast_exp2(row_max[r] * scale_log2 - offset);
+                offset[r] = new_max == -INFINITY ? 0.f : new_max * scale_log2;
+                correction[r] = fast_exp2(row_max[r] * scale_log2 - offset[r]);
+                max_changed |= new_max != row_max[r];
                 row_max[r] = new_max;
-                row_sum[r] *= correction;
+                row_sum[r] *= correction[r];
+            }
+        }
+        if (__any_sync(0xffffffffu, max_changed)) {
+#pragma unroll
+            for (int m = 0; m < kMAtoms; ++m) {
 #pragma unroll
                 for (int n = 0; n < kNAtomsO; ++n) {
-                    out[m][n][half * 2] *= correction;
-                    out[m][n][half * 2 + 1] *= correction;
-                }
 #pragma unroll
-                for (int n = 0; n < kNAtomsS; ++n) {
-#pragma unroll
-                    for (int j = 0; j < 2; ++j) {
-                        const float p = fast_exp2(fmaf(scores[m][n][half * 2 + j], scale_log2, -offset));
-                        scores[m][n][half * 2 + j] = p;
-                        row_sum[r] += p;
-                    }
+                    for (int e = 0; e < 4; ++e) out[m][n][e] *= correction[m * 2 + e / 2];
                 }
             }
+        }
+#pragma unroll
+        for (int m = 0; m < kMAtoms; ++m) {
+#pragma unroll
+            for (int n = 0; n < kNAtomsS; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = m * 2 + e / 2;
+                    const float p = fast_exp2(fmaf(scores[m][n][e], scale_log2, -offset[r]));
+                    scores[m][n][e] = p;
+                    row_sum[r] += p;
+                }
+            }
+        }
+    }
+
+    // Folds in the state another warp reached over other keys of the same
+    // rows (row maxima and this thread's partial sums). Returns, per row, the
+    // factors by which this state's and the other state's output
+    // accumulators are to be scaled and added.
+    __device__ __forceinline__ void merge(const float (&other_max)[kRows], const float (&other_sum)[kRows],
+                                          float scale_log2, float (&own_factor)[kRows],
+                                          float (&other_factor)[kRows]) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+            const float new_max = fmaxf(row_max[r], other_max[r]);
+            const float offset = new_max == -INFINITY ? 0.f : new_max * scale_log2;  // as in update()
+            own_factor[r] = fast_exp2(row_max[r] * scale_log2 - offset);
+            other_factor[r] = fast_exp2(other_max[r] * scale_log2 - offset);
+            row_max[r] = new_max;
+            row_sum[r] = row_sum[r] * own_factor[r] + other_sum[r] * other_factor[r];
         }
     }
 

@@ -22,12 +22,13 @@ __device__ __forceinline__ int ldm_matrix(int lane) { return lane / 8; }
 template <typename Traits>
 struct QFragments {
     uint32_t frag[Traits::kMAtoms][Traits::kQFragSteps][4];
-    uint32_t smem_addr;  // this lane's ldmatrix address for k-step 0, m-tile 0
+    uint32_t smem_base;    // Q's tile
+    uint32_t lane_offset;  // this lane's ldmatrix offset for k-step 0, m-tile 0
 
     // Matrices: rows 0-7 / 8-15 at k 0-7, then the same at k 8-15.
     __device__ __forceinline__ void init(const typename Traits::Element *smem_q, int first_row, int lane) {
-        smem_addr = smem_address(smem_q) +
-                    swizzled_byte_offset<Traits::kHeadDim>(first_row + lane % kMmaM, lane / kMmaM);
+        smem_base = smem_address(smem_q);
+        lane_offset = swizzled_byte_offset<Traits::kHeadDim>(first_row + lane % kMmaM, lane / kMmaM);
         if constexpr (Traits::kQInRegisters) {
 #pragma unroll
             for (int ks = 0; ks < Traits::kKStepsQK; ++ks) load_step(ks, ks);
@@ -37,7 +38,8 @@ struct QFragments {
     __device__ __forceinline__ void load_step(int ks, int slot) {
 #pragma unroll
         for (int m = 0; m < Traits::kMAtoms; ++m) {
-            ldmatrix_x4(frag[m][slot], (smem_addr ^ vector_step_xor(ks)) + row_block_bytes<Traits::kHeadDim>(m * kMmaM));
+            ldmatrix_x4(frag[m][slot], smem_base + vector_step_offset(lane_offset, ks) +
+                                           row_block_bytes<Traits::kHeadDim>(m * kMmaM));
         }
     }
 
@@ -84,7 +86,7 @@ __device__ __forceinline__ void gemm_qk(float (&scores)[Traits::kMAtoms][Traits:
 #pragma unroll
     for (int ks = 0; ks < Traits::kKStepsQK; ++ks) {
         const int slot = q.step(ks);
-        const uint32_t step_addr = smem_k + (k_offset ^ vector_step_xor(ks));
+        const uint32_t step_addr = smem_k + vector_step_offset(k_offset, ks);
 #pragma unroll
         for (int n = 0; n < Traits::kNAtomsS; n += 2) {
             uint32_t k_frag[4];
@@ -117,7 +119,7 @@ __device__ __forceinline__ void gemm_pv(float (&out)[Traits::kMAtoms][Traits::kN
 #pragma unroll
         for (int n = 0; n < Traits::kNAtomsO; n += 2) {
             uint32_t v_frag[4];
-            ldmatrix_x4_trans(v_frag, step_addr + (v_offset ^ vector_step_xor(n / 2)));
+            ldmatrix_x4_trans(v_frag, step_addr + vector_step_offset(v_offset, n / 2));
 #pragma unroll
             for (int m = 0; m < Traits::kMAtoms; ++m) {
                 mma_m16n8k16<Element>(out[m][n], p_frag[m], v_frag[0], v_frag[1]);

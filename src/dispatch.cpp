@@ -18,15 +18,48 @@ struct KernelEntry {
     FwdKernelInfo (*info)();
 };
 
-template <DType kDType, int kHeadDim>
+template <DType kDType, int kHeadDim, FwdVariant kVariant>
 constexpr KernelEntry entry() {
-    return {&run_flash_fwd<kDType, kHeadDim>, &flash_fwd_info<kDType, kHeadDim>};
+    return {&run_flash_fwd<kDType, kHeadDim, kVariant>, &flash_fwd_info<kDType, kHeadDim, kVariant>};
 }
 
-KernelEntry select_kernel(const flashcore_forward_params &p) {
+template <DType kDType, int kHeadDim>
+KernelEntry entry_for(FwdVariant variant) {
+    return variant == FwdVariant::kLargeTiles ? entry<kDType, kHeadDim, FwdVariant::kLargeTiles>()
+                                              : entry<kDType, kHeadDim, FwdVariant::kKeySplit>();
+}
+
+// How many large-tile CTAs an SM holds at once (registers: 128 threads x
+// 230-255 each).
+constexpr int kLargeTileCtasPerSm = 2;
+
+template <DType kDType, int kHeadDim>
+KernelEntry select_for(const flashcore_handle_s &handle, const flashcore_forward_params &p) {
+    if (handle.forced_fwd_variant >= 0) return entry_for<kDType, kHeadDim>(FwdVariant(handle.forced_fwd_variant));
+    // Large tiles do the most work per byte read from shared memory, but a
+    // CTA walks its key tiles one after another: when the grid does not fill
+    // every SM's CTA slots once, finishing sooner matters more than
+    // efficiency, and the key-split variant (half the serial chain per warp)
+    // wins. Measured crossovers are in docs/perf-notes.md.
+    // Where the key-split variant needs more shared memory than the device
+    // offers, the large tiles serve every size.
+    const KernelEntry large = entry<kDType, kHeadDim, FwdVariant::kLargeTiles>();
+    const KernelEntry key_split = entry<kDType, kHeadDim, FwdVariant::kKeySplit>();
+    const int block_m = large.info().block_m;
+    const int64_t large_ctas = int64_t((p.seqlen_q + block_m - 1) / block_m) * p.num_heads_q * p.batch_size;
+    if (large_ctas >= int64_t(handle.num_sms) * kLargeTileCtasPerSm) return large;
+    return key_split.info().smem_bytes <= handle.max_smem_per_block ? key_split : large;
+}
+
+static_assert(sizeof(kFwdVariantNames) / sizeof(kFwdVariantNames[0]) == kNumFwdVariants,
+              "one FLASHCORE_FWD_VARIANT name per variant");
+
+KernelEntry select_kernel(const flashcore_handle_s &handle, const flashcore_forward_params &p) {
     const bool bf16 = p.dtype == FLASHCORE_DTYPE_BF16;
-    if (p.head_dim == 64) return bf16 ? entry<DType::kBf16, 64>() : entry<DType::kFp16, 64>();
-    return bf16 ? entry<DType::kBf16, 128>() : entry<DType::kFp16, 128>();
+    if (p.head_dim == 64) {
+        return bf16 ? select_for<DType::kBf16, 64>(handle, p) : select_for<DType::kFp16, 64>(handle, p);
+    }
+    return bf16 ? select_for<DType::kBf16, 128>(handle, p) : select_for<DType::kFp16, 128>(handle, p);
 }
 
 FwdKernelParams kernel_params(const flashcore_forward_params &p) {
@@ -88,7 +121,7 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
                     FLASHCORE_ALIGNMENT);
     }
 
-    const KernelEntry kernel = select_kernel(p);
+    const KernelEntry kernel = select_kernel(handle, p);
     const FwdKernelInfo info = kernel.info();
     if (info.smem_bytes > handle.max_smem_per_block) {
         return fail(FLASHCORE_STATUS_UNSUPPORTED,

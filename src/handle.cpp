@@ -2,11 +2,32 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "error.h"
 
 namespace flashcore {
+namespace {
+
+// FLASHCORE_FWD_VARIANT=large|keysplit pins the portable kernel's tile
+// variant; unset or empty, the dispatcher chooses per call.
+flashcore_status read_forced_variant(int *variant) {
+    *variant = -1;
+    const char *value = std::getenv("FLASHCORE_FWD_VARIANT");
+    if (value == nullptr || *value == '\0') return FLASHCORE_STATUS_SUCCESS;
+    for (int i = 0; i < int(sizeof(kFwdVariantNames) / sizeof(kFwdVariantNames[0])); ++i) {
+        if (std::strcmp(value, kFwdVariantNames[i]) == 0) {
+            *variant = i;
+            return FLASHCORE_STATUS_SUCCESS;
+        }
+    }
+    return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                "FLASHCORE_FWD_VARIANT is '%.64s'; it must be unset, empty, 'large' or 'keysplit'", value);
+}
+
+}  // namespace
 
 flashcore_status create_handle(int device, flashcore_handle *handle) {
     int count = 0;
@@ -42,6 +63,8 @@ flashcore_status create_handle(int device, flashcore_handle *handle) {
         if (err != cudaSuccess) return fail_cuda(err, "cudaDeviceGetAttribute");
     }
     h.max_smem_per_block = size_t(smem_optin);
+    const flashcore_status status = read_forced_variant(&h.forced_fwd_variant);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
     if (h.cc_major < kMinComputeMajor) {
         return fail(FLASHCORE_STATUS_UNSUPPORTED,
                     "device %d has compute capability %d.%d; flashcore needs 8.0 or newer (Ampere, Ada, Hopper and "

@@ -12,6 +12,9 @@ struct flashcore_handle_s {
     int cc_minor;
     int num_sms;
     size_t max_smem_per_block;  // opt-in limit, for kernels above 48 KB
+    // A flashcore::FwdVariant every call uses, from the FLASHCORE_FWD_VARIANT
+    // environment variable (tests and benchmarks); -1: chosen per call.
+    int forced_fwd_variant;
 };
 
 namespace flashcore {
@@ -19,6 +22,9 @@ namespace flashcore {
 // The oldest architecture with the instructions the portable kernels use
 // (cp.async, ldmatrix, bf16 mma.sync).
 constexpr int kMinComputeMajor = 8;
+
+// Names accepted in FLASHCORE_FWD_VARIANT, indexed by flashcore::FwdVariant.
+constexpr const char *kFwdVariantNames[] = {"large", "keysplit"};
 
 flashcore_status create_handle(int device, flashcore_handle *handle);
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -452,6 +453,25 @@ TEST(ForwardApi, HandleReportsItsDeviceAndLeavesCurrentDeviceAlone) {
     EXPECT_EQ(flashcore_create_for_device(&other, count), FLASHCORE_STATUS_INVALID_ARGUMENT);
     EXPECT_EQ(other, nullptr);
     EXPECT_NE(std::string(flashcore_last_error_message()).find("does not exist"), std::string::npos);
+}
+
+TEST(ForwardApi, UnknownForcedVariantIsRejectedAtCreate) {
+    FC_REQUIRE_GPU();
+    const char *previous = std::getenv("FLASHCORE_FWD_VARIANT");
+    const std::string saved = previous == nullptr ? "" : previous;
+    ASSERT_EQ(setenv("FLASHCORE_FWD_VARIANT", "largest", 1), 0);
+    flashcore_handle h = nullptr;
+    const flashcore_status status = flashcore_create(&h);
+    const std::string message = flashcore_last_error_message();
+    if (previous == nullptr) {
+        unsetenv("FLASHCORE_FWD_VARIANT");
+    } else {
+        setenv("FLASHCORE_FWD_VARIANT", saved.c_str(), 1);
+    }
+    EXPECT_EQ(status, FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(h, nullptr);
+    EXPECT_NE(message.find("FLASHCORE_FWD_VARIANT is 'largest'"), std::string::npos) << message;
+    if (h != nullptr) flashcore_destroy(h);
 }
 
 TEST(ForwardApi, RejectedCallsWriteNothing) {

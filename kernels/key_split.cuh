@@ -1,0 +1,92 @@
+// Merging the partial results of a CTA's two key splits (FwdTraits::kKeySplits).
+//
+// Both splits ran the online softmax over the same query rows but disjoint
+// key tiles, and their warps hold identically laid-out fragments: thread i of
+// split 1 holds the same (row, column) elements as thread i of split 0. Split
+// 1 hands its output accumulators and softmax state to its counterpart
+// through shared memory, which rescales both to the common row maximum and
+// adds them (exactly what one split would have computed, up to rounding).
+#pragma once
+
+#include "kernel_traits.cuh"
+#include "ptx.cuh"
+#include "softmax.cuh"
+
+namespace flashcore {
+
+// Barrier ids: 0 is the CTA-wide __syncthreads; key split s uses 1 + s.
+constexpr int kFirstSplitBarrier = 1;
+
+// Synchronises the warps of one key split (the whole CTA when there is one).
+// The ids are immediates: with an id in a register ptxas reserves all 16
+// barriers, and tools that track barriers see only a register.
+template <typename Traits>
+__device__ __forceinline__ void sync_key_split(int split) {
+    if constexpr (Traits::kKeySplits == 1) {
+        __syncthreads();
+    } else if (split == 0) {
+        named_barrier_sync<kFirstSplitBarrier>(Traits::kThreadsPerSplit);
+    } else {
+        named_barrier_sync<kFirstSplitBarrier + 1>(Traits::kThreadsPerSplit);
+    }
+}
+
+// smem_exchange: split 1's K/V ring, free once split 1's warps have left
+// their loop and drained their copies (split 0 may still be reading its own
+// ring). Laid out [value][thread], so each of the warp's accesses is 32
+// consecutive words: conflict-free.
+template <typename Traits>
+__device__ __forceinline__ void merge_key_splits(OnlineSoftmax<Traits::kMAtoms> &softmax,
+                                                 float (&acc_o)[Traits::kMAtoms][Traits::kNAtomsO][4],
+                                                 float *smem_exchange, int split, int split_tid,
+                                                 float scale_log2) {
+    using Softmax = OnlineSoftmax<Traits::kMAtoms>;
+    constexpr int kAccValues = Traits::kMAtoms * Traits::kNAtomsO * 4;
+    constexpr int kValues = kAccValues + 2 * Softmax::kRows;
+    static_assert(kValues * Traits::kThreadsPerSplit * sizeof(float) <= Traits::kSmemRingBytes,
+                  "the exchange must fit in one split's K/V ring");
+    float *mine = smem_exchange + split_tid;
+    const auto slot = [&](int value) -> float & { return mine[value * Traits::kThreadsPerSplit]; };
+
+    if (split == 1) {
+        sync_key_split<Traits>(split);  // every warp of split 1 is done reading its ring
+#pragma unroll
+        for (int m = 0; m < Traits::kMAtoms; ++m) {
+#pragma unroll
+            for (int n = 0; n < Traits::kNAtomsO; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) slot((m * Traits::kNAtomsO + n) * 4 + e) = acc_o[m][n][e];
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < Softmax::kRows; ++r) {
+            slot(kAccValues + r) = softmax.row_max[r];
+            slot(kAccValues + Softmax::kRows + r) = softmax.row_sum[r];
+        }
+    }
+    __syncthreads();
+    if (split != 0) return;
+
+    float other_max[Softmax::kRows], other_sum[Softmax::kRows];
+#pragma unroll
+    for (int r = 0; r < Softmax::kRows; ++r) {
+        other_max[r] = slot(kAccValues + r);
+        other_sum[r] = slot(kAccValues + Softmax::kRows + r);
+    }
+    float own_factor[Softmax::kRows], other_factor[Softmax::kRows];
+    softmax.merge(other_max, other_sum, scale_log2, own_factor, other_factor);
+#pragma unroll
+    for (int m = 0; m < Traits::kMAtoms; ++m) {
+#pragma unroll
+        for (int n = 0; n < Traits::kNAtomsO; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = m * 2 + e / 2;  // accumulator elements 0, 1: row g; 2, 3: row g + 8
+                acc_o[m][n][e] = acc_o[m][n][e] * own_factor[r] +
+                                 slot((m * Traits::kNAtomsO + n) * 4 + e) * other_factor[r];
+            }
+        }
+    }
+}
+
+}  // namespace flashcore
