@@ -30,7 +30,7 @@ struct OutputBlock {
         b.lse = p.lse == nullptr
                     ? nullptr
                     : p.lse + (int64_t(tile.batch) * p.num_heads_q + tile.head_q) * p.seqlen_q + first_query;
-        b.valid_rows = min(block_m, p.seqlen_q - first_query);
+        b.valid_rows = fwd_valid_rows(p, tile.m_block, block_m);
         return b;
     }
 };

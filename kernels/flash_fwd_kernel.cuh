@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
 
     const FwdTile tile = fwd_tile_for_block<kBlockM>(p, blockIdx.x);
     const int first_query = tile.m_block * kBlockM;
-    const int valid_rows = min(kBlockM, p.seqlen_q - first_query);
+    const int valid_rows = fwd_valid_rows(p, tile.m_block, kBlockM);
     const int shift = causal_shift(p);
 
     const Element *q = static_cast<const Element *>(p.q) + tile.batch * p.q_batch_stride +

@@ -33,7 +33,7 @@ cudaError_t run_flash_fwd(const FwdKernelParams &params, cudaStream_t stream) {
     }
     // The dispatcher has checked that this fits a one-dimensional grid.
     const int64_t num_blocks =
-        int64_t(ceil_div(params.seqlen_q, Traits::kBlockM)) * params.num_heads_q * params.batch_size;
+        fwd_num_ctas(params.batch_size, params.num_heads_q, params.seqlen_q, Traits::kBlockM);
     kernel<<<dim3(unsigned(num_blocks)), dim3(Traits::kNumThreads), smem_bytes, stream>>>(params);
     return cudaGetLastError();
 }

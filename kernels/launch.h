@@ -4,6 +4,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 #include "fwd_params.h"
 
 namespace flashcore {
@@ -12,6 +14,12 @@ namespace flashcore {
 // error (cudaSuccess when queued). `params` must already be validated.
 template <DType kDType, int kHeadDim, FwdVariant kVariant>
 cudaError_t run_flash_fwd(const FwdKernelParams &params, cudaStream_t stream);
+
+// CTAs of a forward launch: one per (batch, query head, block of block_m
+// query rows). 64-bit: the dispatcher checks it against the grid limit.
+inline int64_t fwd_num_ctas(int batch_size, int num_heads_q, int seqlen_q, int block_m) {
+    return int64_t((seqlen_q + block_m - 1) / block_m) * num_heads_q * batch_size;
+}
 
 // What the dispatcher checks against the device before a launch.
 struct FwdKernelInfo {

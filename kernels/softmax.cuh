@@ -26,6 +26,14 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// What to subtract from score * scale_log2 before exp2, for a row whose
+// maximum is row_max. A row that has seen only masked keys keeps
+// max = -inf; using 0 as its offset keeps exp2(-inf - offset) = 0 instead of
+// NaN.
+__device__ __forceinline__ float exp2_offset(float row_max, float scale_log2) {
+    return row_max == -INFINITY ? 0.f : row_max * scale_log2;
+}
+
 template <int kMAtoms>
 struct OnlineSoftmax {
     static constexpr int kRows = kMAtoms * 2;  // rows g and g + 8 of each m16 tile
@@ -65,9 +73,7 @@ struct OnlineSoftmax {
                     tile_max = fmaxf(tile_max, fmaxf(scores[m][n][half * 2], scores[m][n][half * 2 + 1]));
                 }
                 const float new_max = quad_max(tile_max);
-                // A row that has seen only masked keys keeps max = -inf; using
-                // 0 as its offset keeps exp2(-inf - offset) = 0 instead of NaN.
-                offset[r] = new_max == -INFINITY ? 0.f : new_max * scale_log2;
+                offset[r] = exp2_offset(new_max, scale_log2);
                 correction[r] = fast_exp2(row_max[r] * scale_log2 - offset[r]);
                 max_changed |= new_max != row_max[r];
                 row_max[r] = new_max;
@@ -109,7 +115,7 @@ struct OnlineSoftmax {
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
             const float new_max = fmaxf(row_max[r], other_max[r]);
-            const float offset = new_max == -INFINITY ? 0.f : new_max * scale_log2;  // as in update()
+            const float offset = exp2_offset(new_max, scale_log2);
             own_factor[r] = fast_exp2(row_max[r] * scale_log2 - offset);
             other_factor[r] = fast_exp2(other_max[r] * scale_log2 - offset);
             row_max[r] = new_max;

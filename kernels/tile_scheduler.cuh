@@ -33,6 +33,11 @@ __device__ __forceinline__ FwdTile fwd_tile_for_block(const FwdKernelParams &p, 
     return t;
 }
 
+// Rows of query block m_block that exist (the last block may be partial).
+__device__ __forceinline__ int fwd_valid_rows(const FwdKernelParams &p, int m_block, int block_m) {
+    return min(block_m, p.seqlen_q - m_block * block_m);
+}
+
 // Key offset of the causal diagonal: query i sees keys j <= i + causal_shift
 // (bottom-right alignment, so the last query always sees the last key).
 __device__ __forceinline__ int causal_shift(const FwdKernelParams &p) { return p.seqlen_k - p.seqlen_q; }

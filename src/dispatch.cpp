@@ -45,8 +45,7 @@ KernelEntry select_for(const flashcore_handle_s &handle, const flashcore_forward
     // offers, the large tiles serve every size.
     const KernelEntry large = entry<kDType, kHeadDim, FwdVariant::kLargeTiles>();
     const KernelEntry key_split = entry<kDType, kHeadDim, FwdVariant::kKeySplit>();
-    const int block_m = large.info().block_m;
-    const int64_t large_ctas = int64_t((p.seqlen_q + block_m - 1) / block_m) * p.num_heads_q * p.batch_size;
+    const int64_t large_ctas = fwd_num_ctas(p.batch_size, p.num_heads_q, p.seqlen_q, large.info().block_m);
     if (large_ctas >= int64_t(handle.num_sms) * kLargeTileCtasPerSm) return large;
     return key_split.info().smem_bytes <= handle.max_smem_per_block ? key_split : large;
 }
@@ -129,8 +128,7 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
                     int(p.head_dim), info.smem_bytes, handle.device, handle.cc_major, handle.cc_minor,
                     handle.max_smem_per_block);
     }
-    const int64_t num_blocks =
-        int64_t((p.seqlen_q + info.block_m - 1) / info.block_m) * p.num_heads_q * p.batch_size;
+    const int64_t num_blocks = fwd_num_ctas(p.batch_size, p.num_heads_q, p.seqlen_q, info.block_m);
     if (num_blocks > INT_MAX) {
         return fail(FLASHCORE_STATUS_UNSUPPORTED,
                     "batch_size * num_heads_q * ceil(seqlen_q / %d) = %lld thread blocks exceeds the grid limit "
