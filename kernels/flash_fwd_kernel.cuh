@@ -142,9 +142,11 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
     const int epi_lane = epi_tid % kWarpSize;
     const int epi_warp_first_row = ((epi_tid % Traits::kThreadsPerSplit) / kWarpSize) * Traits::kRowsPerWarp;
     if constexpr (kSplits > 1) {
+        const int split0_tiles = (num_n_blocks + kSplits - 1) / kSplits;
         merge_key_splits<Traits>(softmax, acc_o,
                                  reinterpret_cast<float *>(smem_raw + Traits::kSmemQBytes + Traits::kSmemRingBytes),
-                                 epi_split, epi_tid % Traits::kThreadsPerSplit, p.softmax_scale_log2);
+                                 epi_split, epi_tid % Traits::kThreadsPerSplit, split0_tiles - num_split_tiles,
+                                 p.softmax_scale_log2);
     }
 
     float row_lse[Traits::kMAtoms * 2];

@@ -35,11 +35,19 @@ __device__ __forceinline__ void sync_key_split(int split) {
 // their loop and drained their copies (split 0 may still be reading its own
 // ring). Laid out [value][thread], so each of the warp's accesses is 32
 // consecutive words: conflict-free.
+//
+// barrier_deficit: how many fewer tiles (so loop barriers) this split had
+// than split 0. compute-sanitizer's racecheck does not tell barrier ids
+// apart: it orders two threads' accesses across a CTA-wide barrier only if
+// both have executed equally many barriers before it, and otherwise reports
+// every later exchange as a hazard. Padding the splits to equal counts with
+// barriers on their own ids costs one 128-thread barrier per split and
+// keeps racecheck meaningful for this kernel.
 template <typename Traits>
 __device__ __forceinline__ void merge_key_splits(OnlineSoftmax<Traits::kMAtoms> &softmax,
                                                  float (&acc_o)[Traits::kMAtoms][Traits::kNAtomsO][4],
                                                  float *smem_exchange, int split, int split_tid,
-                                                 float scale_log2) {
+                                                 int barrier_deficit, float scale_log2) {
     using Softmax = OnlineSoftmax<Traits::kMAtoms>;
     constexpr int kAccValues = Traits::kMAtoms * Traits::kNAtomsO * 4;
     constexpr int kValues = kAccValues + 2 * Softmax::kRows;
@@ -48,8 +56,10 @@ __device__ __forceinline__ void merge_key_splits(OnlineSoftmax<Traits::kMAtoms> 
     float *mine = smem_exchange + split_tid;
     const auto slot = [&](int value) -> float & { return mine[value * Traits::kThreadsPerSplit]; };
 
+    for (int i = 0; i < barrier_deficit; ++i) sync_key_split<Traits>(split);
+    // Split 1: every warp is done reading its ring. Split 0: equal counts.
+    sync_key_split<Traits>(split);
     if (split == 1) {
-        sync_key_split<Traits>(split);  // every warp of split 1 is done reading its ring
 #pragma unroll
         for (int m = 0; m < Traits::kMAtoms; ++m) {
 #pragma unroll

@@ -1,0 +1,12 @@
+# Runs TOOL with every GPU hidden and checks that it exits 2 with a message
+# naming the reason.
+set(ENV{CUDA_VISIBLE_DEVICES} "")
+execute_process(COMMAND ${TOOL} RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err
+                TIMEOUT 60)
+if(NOT status STREQUAL "2")
+  message(FATAL_ERROR "${TOOL} exited with '${status}', expected 2 (no usable GPU)\nstdout: ${out}\nstderr: ${err}")
+endif()
+if(NOT err MATCHES "no usable GPU")
+  message(FATAL_ERROR "${TOOL} gave no reason on stderr; got: '${err}'")
+endif()
+message(STATUS "${TOOL} refused: ${err}")
