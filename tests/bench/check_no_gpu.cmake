@@ -1,6 +1,7 @@
 # Runs TOOL with every GPU hidden and checks that it exits 2 with a message
-# naming the reason.
-set(ENV{CUDA_VISIBLE_DEVICES} "")
+# naming the reason. "-1" hides every device: CUDA stops at the first invalid
+# index. (An empty value would not do: set(ENV{...} "") unsets the variable.)
+set(ENV{CUDA_VISIBLE_DEVICES} "-1")
 execute_process(COMMAND ${TOOL} RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err
                 TIMEOUT 60)
 if(NOT status STREQUAL "2")
