@@ -30,4 +30,14 @@ struct FwdKernelInfo {
 template <DType kDType, int kHeadDim, FwdVariant kVariant>
 FwdKernelInfo flash_fwd_info();
 
+// The Hopper kernel (kernels/hopper/), built for sm_90a when the build
+// targets sm_90 (FLASHCORE_HAS_SM90). Returns cudaErrorNotSupported, having
+// launched nothing, when the driver cannot describe a tensor to the TMA
+// unit; the caller then uses the portable kernel.
+template <DType kDType, int kHeadDim>
+cudaError_t run_flash_fwd_sm90(const FwdKernelParams &params, cudaStream_t stream);
+
+template <DType kDType, int kHeadDim>
+FwdKernelInfo flash_fwd_sm90_info();
+
 }  // namespace flashcore

@@ -53,6 +53,23 @@ KernelEntry select_for(const flashcore_handle_s &handle, const flashcore_forward
 static_assert(sizeof(kFwdVariantNames) / sizeof(kFwdVariantNames[0]) == kNumFwdVariants,
               "one FLASHCORE_FWD_VARIANT name per variant");
 
+#ifdef FLASHCORE_HAS_SM90
+// The sm_90a kernel serves a call (unless forced) when its grid gives every
+// SM at least this many CTAs.
+constexpr int kSm90MinCtasPerSm = 1;
+
+template <DType kDType, int kHeadDim>
+constexpr KernelEntry sm90_entry() {
+    return {&run_flash_fwd_sm90<kDType, kHeadDim>, &flash_fwd_sm90_info<kDType, kHeadDim>};
+}
+
+KernelEntry select_sm90_kernel(const flashcore_forward_params &p) {
+    const bool bf16 = p.dtype == FLASHCORE_DTYPE_BF16;
+    if (p.head_dim == 64) return bf16 ? sm90_entry<DType::kBf16, 64>() : sm90_entry<DType::kFp16, 64>();
+    return bf16 ? sm90_entry<DType::kBf16, 128>() : sm90_entry<DType::kFp16, 128>();
+}
+#endif
+
 KernelEntry select_kernel(const flashcore_handle_s &handle, const flashcore_forward_params &p) {
     const bool bf16 = p.dtype == FLASHCORE_DTYPE_BF16;
     if (p.head_dim == 64) {
@@ -120,6 +137,27 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
                     FLASHCORE_ALIGNMENT);
     }
 
+    DeviceGuard guard(handle.device);
+    if (guard.status() != FLASHCORE_STATUS_SUCCESS) return guard.status();
+    const FwdKernelParams kparams = kernel_params(p);
+#ifdef FLASHCORE_HAS_SM90
+    const KernelEntry sm90 = select_sm90_kernel(p);
+    // With fewer 128-row blocks than SMs the sm_90a kernel leaves SMs idle
+    // and its per-block latency decides; the portable key-split variant
+    // (64-row blocks, keys split over two warp groups) is faster there
+    // (mission shape: 8.2 vs 10.4 us, docs/perf-notes.md).
+    // Its shared memory fits every sm_90 part (227 KB per block). A grid
+    // over the limit, or tensors the TMA unit cannot describe
+    // (cudaErrorNotSupported), go to the portable kernel, which reports
+    // what it cannot do.
+    const int64_t sm90_ctas = fwd_num_ctas(p.batch_size, p.num_heads_q, p.seqlen_q, sm90.info().block_m);
+    if (handle.use_sm90 && sm90_ctas <= INT_MAX &&
+        (handle.sm90_forced || sm90_ctas >= int64_t(handle.num_sms) * kSm90MinCtasPerSm)) {
+        const cudaError_t err = sm90.run(kparams, static_cast<cudaStream_t>(stream));
+        if (err == cudaSuccess) return FLASHCORE_STATUS_SUCCESS;
+        if (err != cudaErrorNotSupported) return fail_cuda(err, "launching the sm_90a attention kernel");
+    }
+#endif
     const KernelEntry kernel = select_kernel(handle, p);
     const FwdKernelInfo info = kernel.info();
     if (info.smem_bytes > handle.max_smem_per_block) {
@@ -136,9 +174,7 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
                     info.block_m, static_cast<long long>(num_blocks), INT_MAX);
     }
 
-    DeviceGuard guard(handle.device);
-    if (guard.status() != FLASHCORE_STATUS_SUCCESS) return guard.status();
-    const cudaError_t err = kernel.run(kernel_params(p), static_cast<cudaStream_t>(stream));
+    const cudaError_t err = kernel.run(kparams, static_cast<cudaStream_t>(stream));
     if (err != cudaSuccess) return fail_cuda(err, "launching the attention kernel");
     return FLASHCORE_STATUS_SUCCESS;
 }

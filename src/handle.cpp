@@ -11,12 +11,41 @@
 namespace flashcore {
 namespace {
 
-// FLASHCORE_FWD_VARIANT=large|keysplit pins the portable kernel's tile
-// variant; unset or empty, the dispatcher chooses per call.
-flashcore_status read_forced_variant(int *variant) {
+#ifdef FLASHCORE_HAS_SM90
+constexpr bool kHasSm90Kernels = true;
+#else
+constexpr bool kHasSm90Kernels = false;
+#endif
+
+// FLASHCORE_FWD_VARIANT chooses the forward kernel for every call of the
+// handle (unset or empty: per call, the sm_90a kernel where it runs):
+//   portable        the portable kernel, tile variant chosen per call;
+//   large|keysplit  the portable kernel with that tile variant;
+//   sm90            the sm_90a kernel; an error where it cannot run.
+flashcore_status read_forced_variant(const flashcore_handle_s &h, int *variant, bool *use_sm90, bool *sm90_forced) {
+    const bool sm90_runs = kHasSm90Kernels && h.cc_major == 9 && h.cc_minor == 0;
     *variant = -1;
+    *use_sm90 = sm90_runs;
+    *sm90_forced = false;
     const char *value = std::getenv("FLASHCORE_FWD_VARIANT");
     if (value == nullptr || *value == '\0') return FLASHCORE_STATUS_SUCCESS;
+    if (std::strcmp(value, kFwdSm90Name) == 0) {
+        if (!kHasSm90Kernels) {
+            return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                        "FLASHCORE_FWD_VARIANT=sm90, but this library was built without the sm_90a kernels "
+                        "(configure with an sm_90 target or -DFLASHCORE_ENABLE_SM90=ON)");
+        }
+        if (!sm90_runs) {
+            return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                        "FLASHCORE_FWD_VARIANT=sm90, but device %d has compute capability %d.%d; the sm_90a "
+                        "kernels run on 9.0 (H100, H200) only",
+                        h.device, h.cc_major, h.cc_minor);
+        }
+        *sm90_forced = true;
+        return FLASHCORE_STATUS_SUCCESS;
+    }
+    *use_sm90 = false;
+    if (std::strcmp(value, kFwdPortableName) == 0) return FLASHCORE_STATUS_SUCCESS;
     for (int i = 0; i < int(sizeof(kFwdVariantNames) / sizeof(kFwdVariantNames[0])); ++i) {
         if (std::strcmp(value, kFwdVariantNames[i]) == 0) {
             *variant = i;
@@ -24,7 +53,9 @@ flashcore_status read_forced_variant(int *variant) {
         }
     }
     return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                "FLASHCORE_FWD_VARIANT is '%.64s'; it must be unset, empty, 'large' or 'keysplit'", value);
+                "FLASHCORE_FWD_VARIANT is '%.64s'; it must be unset, empty, 'sm90', 'portable', 'large' or "
+                "'keysplit'",
+                value);
 }
 
 }  // namespace
@@ -63,14 +94,14 @@ flashcore_status create_handle(int device, flashcore_handle *handle) {
         if (err != cudaSuccess) return fail_cuda(err, "cudaDeviceGetAttribute");
     }
     h.max_smem_per_block = size_t(smem_optin);
-    const flashcore_status status = read_forced_variant(&h.forced_fwd_variant);
-    if (status != FLASHCORE_STATUS_SUCCESS) return status;
     if (h.cc_major < kMinComputeMajor) {
         return fail(FLASHCORE_STATUS_UNSUPPORTED,
                     "device %d has compute capability %d.%d; flashcore needs 8.0 or newer (Ampere, Ada, Hopper and "
                     "later)",
                     device, h.cc_major, h.cc_minor);
     }
+    const flashcore_status status = read_forced_variant(h, &h.forced_fwd_variant, &h.use_sm90, &h.sm90_forced);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
     *handle = new (std::nothrow) flashcore_handle_s(h);
     if (*handle == nullptr) return fail(FLASHCORE_STATUS_OUT_OF_MEMORY, "could not allocate a handle");
     return FLASHCORE_STATUS_SUCCESS;

@@ -12,9 +12,17 @@ struct flashcore_handle_s {
     int cc_minor;
     int num_sms;
     size_t max_smem_per_block;  // opt-in limit, for kernels above 48 KB
-    // A flashcore::FwdVariant every call uses, from the FLASHCORE_FWD_VARIANT
-    // environment variable (tests and benchmarks); -1: chosen per call.
+    // From the FLASHCORE_FWD_VARIANT environment variable (tests and
+    // benchmarks): a flashcore::FwdVariant of the portable kernel every call
+    // uses, or -1: chosen per call.
     int forced_fwd_variant;
+    // Whether calls may use the sm_90a kernels: the library has them, the
+    // device is compute capability 9.0, and FLASHCORE_FWD_VARIANT does not
+    // ask for the portable path.
+    bool use_sm90;
+    // FLASHCORE_FWD_VARIANT=sm90: every call the sm_90a kernel can serve uses
+    // it, however small.
+    bool sm90_forced;
 };
 
 namespace flashcore {
@@ -23,8 +31,14 @@ namespace flashcore {
 // (cp.async, ldmatrix, bf16 mma.sync).
 constexpr int kMinComputeMajor = 8;
 
-// Names accepted in FLASHCORE_FWD_VARIANT, indexed by flashcore::FwdVariant.
+// Names accepted in FLASHCORE_FWD_VARIANT, indexed by flashcore::FwdVariant:
+// each pins the portable kernel to that tile variant.
 constexpr const char *kFwdVariantNames[] = {"large", "keysplit"};
+// FLASHCORE_FWD_VARIANT values that choose a path rather than a variant:
+// the portable kernel with variants chosen per call, or the sm_90a kernel
+// (an error at handle creation where it cannot run).
+constexpr const char *kFwdPortableName = "portable";
+constexpr const char *kFwdSm90Name = "sm90";
 
 flashcore_status create_handle(int device, flashcore_handle *handle);
 

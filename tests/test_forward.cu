@@ -455,23 +455,56 @@ TEST(ForwardApi, HandleReportsItsDeviceAndLeavesCurrentDeviceAlone) {
     EXPECT_NE(std::string(flashcore_last_error_message()).find("does not exist"), std::string::npos);
 }
 
-TEST(ForwardApi, UnknownForcedVariantIsRejectedAtCreate) {
-    FC_REQUIRE_GPU();
+// flashcore_create with FLASHCORE_FWD_VARIANT set to `value`, restoring the
+// variable afterwards; *message: the last error message after the call.
+flashcore_status create_with_forced_variant(const char *value, flashcore_handle *h, std::string *message) {
     const char *previous = std::getenv("FLASHCORE_FWD_VARIANT");
     const std::string saved = previous == nullptr ? "" : previous;
-    ASSERT_EQ(setenv("FLASHCORE_FWD_VARIANT", "largest", 1), 0);
-    flashcore_handle h = nullptr;
-    const flashcore_status status = flashcore_create(&h);
-    const std::string message = flashcore_last_error_message();
+    setenv("FLASHCORE_FWD_VARIANT", value, 1);
+    const flashcore_status status = flashcore_create(h);
+    *message = flashcore_last_error_message();
     if (previous == nullptr) {
         unsetenv("FLASHCORE_FWD_VARIANT");
     } else {
         setenv("FLASHCORE_FWD_VARIANT", saved.c_str(), 1);
     }
+    return status;
+}
+
+TEST(ForwardApi, UnknownForcedVariantIsRejectedAtCreate) {
+    FC_REQUIRE_GPU();
+    flashcore_handle h = nullptr;
+    std::string message;
+    const flashcore_status status = create_with_forced_variant("largest", &h, &message);
     EXPECT_EQ(status, FLASHCORE_STATUS_INVALID_ARGUMENT);
     EXPECT_EQ(h, nullptr);
     EXPECT_NE(message.find("FLASHCORE_FWD_VARIANT is 'largest'"), std::string::npos) << message;
     if (h != nullptr) flashcore_destroy(h);
+}
+
+// FLASHCORE_FWD_VARIANT=sm90 is honoured only where the sm_90a kernels run
+// (compute capability 9.0, library built with them); elsewhere handle
+// creation says why it cannot be.
+TEST(ForwardApi, ForcedSm90PathIsRefusedWhereItCannotRun) {
+    FC_REQUIRE_GPU();
+    int device = 0, major = 0, minor = 0;
+    ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+    ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+    ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), cudaSuccess);
+    flashcore_handle h = nullptr;
+    std::string message;
+    const flashcore_status status = create_with_forced_variant("sm90", &h, &message);
+    if (status == FLASHCORE_STATUS_SUCCESS) {
+        EXPECT_TRUE(major == 9 && minor == 0) << "sm90 accepted on compute capability " << major << "." << minor;
+        flashcore_destroy(h);
+    } else {
+        EXPECT_EQ(status, FLASHCORE_STATUS_UNSUPPORTED);
+        EXPECT_EQ(h, nullptr);
+        EXPECT_NE(message.find("FLASHCORE_FWD_VARIANT=sm90"), std::string::npos) << message;
+        if (major == 9 && minor == 0) {
+            EXPECT_NE(message.find("built without"), std::string::npos) << message;
+        }
+    }
 }
 
 TEST(ForwardApi, RejectedCallsWriteNothing) {

@@ -1,0 +1,93 @@
+// Host-side launch of the sm90 kernel: encodes the TMA descriptors of Q, K
+// and V for the call, then launches. Included only by the generated sm_90a
+// translation units (kernels/CMakeLists.txt).
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "launch.h"
+#include "sm90_config.cuh"
+#include "sm90_kernel.cuh"
+
+namespace flashcore::sm90 {
+
+// cuTensorMapEncodeTiled from the driver, found once through the runtime so
+// the library needs no link-time dependency on libcuda.
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+        void *fn = nullptr;
+        cudaDriverEntryPointQueryResult found{};
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+                cudaSuccess ||
+            found != cudaDriverEntryPointSuccess) {
+            cudaGetLastError();
+            fn = nullptr;
+        }
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+    }();
+    return encoder;
+}
+
+// A 4-d map (head_dim, seq, head, batch) of 2-byte elements, read in boxes
+// of 64 columns x box_rows rows with the 128-byte swizzle. Rows past seqlen
+// read as zeros. Returns false where the driver cannot describe the tensor.
+inline bool encode_tensor_map(CUtensorMap *map, CUtensorMapDataType type, const void *base, int head_dim,
+                              int seqlen, int heads, int batch, int64_t seq_stride, int64_t head_stride,
+                              int64_t batch_stride, int box_rows) {
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (encode == nullptr) return false;
+    constexpr int64_t kElementBytes = 2;
+    const cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(seqlen), cuuint64_t(heads), cuuint64_t(batch)};
+    const cuuint64_t strides[3] = {cuuint64_t(seq_stride * kElementBytes), cuuint64_t(head_stride * kElementBytes),
+                                   cuuint64_t(batch_stride * kElementBytes)};
+    const cuuint32_t box[4] = {cuuint32_t(kPanelCols), cuuint32_t(box_rows), 1, 1};
+    const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+    return encode(map, type, 4, const_cast<void *>(base), dims, strides, box, element_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace flashcore::sm90
+
+namespace flashcore {
+
+template <DType kDType, int kHeadDim>
+FwdKernelInfo flash_fwd_sm90_info() {
+    using Traits = typename sm90::Sm90Config<kDType, kHeadDim>::Traits;
+    return {Traits::kSmemBytes, Traits::kBlockM};
+}
+
+template <DType kDType, int kHeadDim>
+cudaError_t run_flash_fwd_sm90(const FwdKernelParams &params, cudaStream_t stream) {
+    using Traits = typename sm90::Sm90Config<kDType, kHeadDim>::Traits;
+    constexpr CUtensorMapDataType kType =
+        kDType == DType::kBf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    sm90::Sm90KernelParams p{};
+    p.fwd = params;
+    const bool encoded =
+        sm90::encode_tensor_map(&p.tma_q, kType, params.q, kHeadDim, params.seqlen_q, params.num_heads_q,
+                                params.batch_size, params.q_seq_stride, params.q_head_stride, params.q_batch_stride,
+                                Traits::kBlockM) &&
+        sm90::encode_tensor_map(&p.tma_k, kType, params.k, kHeadDim, params.seqlen_k, params.num_heads_kv,
+                                params.batch_size, params.k_seq_stride, params.k_head_stride, params.k_batch_stride,
+                                Traits::kBlockN) &&
+        sm90::encode_tensor_map(&p.tma_v, kType, params.v, kHeadDim, params.seqlen_k, params.num_heads_kv,
+                                params.batch_size, params.v_seq_stride, params.v_head_stride, params.v_batch_stride,
+                                Traits::kBlockN);
+    // The dispatcher falls back to the portable kernel.
+    if (!encoded) return cudaErrorNotSupported;
+
+    const auto kernel = sm90::flash_fwd_sm90_kernel<Traits>;
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes));
+    if (err != cudaSuccess) return err;
+    const int64_t num_blocks = fwd_num_ctas(params.batch_size, params.num_heads_q, params.seqlen_q, Traits::kBlockM);
+    kernel<<<dim3(unsigned(num_blocks)), dim3(Traits::kNumThreads), Traits::kSmemBytes, stream>>>(p);
+    return cudaGetLastError();
+}
+
+}  // namespace flashcore

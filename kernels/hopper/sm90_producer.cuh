@@ -1,0 +1,43 @@
+// The producer: one thread of the producer warpgroup issues every TMA copy
+// of a CTA. Q once; then K and V tiles, last key tile first (the order the
+// consumers visit them), each into the next free stage of the ring.
+#pragma once
+
+#include "sm90_pipeline.cuh"
+#include "sm90_ptx.cuh"
+#include "sm90_traits.cuh"
+#include "tile_scheduler.cuh"
+
+namespace flashcore::sm90 {
+
+// Copies a [rows][head_dim] box starting at `row` as kPanels panels of 64
+// columns, all signalled on `bar`.
+template <typename Traits>
+__device__ __forceinline__ void load_panels(unsigned char *dst, uint32_t panel_bytes, const CUtensorMap *map, int row,
+                                            int head, int batch, uint64_t *bar) {
+#pragma unroll
+    for (int panel = 0; panel < Traits::kPanels; ++panel) {
+        tma_load_4d(dst + panel * panel_bytes, map, panel * kPanelCols, row, head, batch, bar);
+    }
+}
+
+template <typename Traits>
+__device__ __forceinline__ void run_producer(const Sm90KernelParams &p, const Pipeline<Traits> &pipe,
+                                             const FwdTile &tile, int num_n_blocks) {
+    mbarrier_arrive_expect_tx(pipe.q_full(), Traits::kQBytes);
+    load_panels<Traits>(pipe.q_tile(), Traits::kQPanelBytes, &p.tma_q, tile.m_block * Traits::kBlockM, tile.head_q,
+                        tile.batch, pipe.q_full());
+    for (int j = 0; j < num_n_blocks; ++j) {
+        const int stage = Pipeline<Traits>::stage_of(j);
+        mbarrier_wait(pipe.kv_empty(stage), Pipeline<Traits>::phase_of(j) ^ 1u);
+        const int first_key = (num_n_blocks - 1 - j) * Traits::kBlockN;
+        mbarrier_arrive_expect_tx(pipe.k_full(stage), Traits::kKVTileBytes);
+        load_panels<Traits>(pipe.k_tile(stage), Traits::kKVPanelBytes, &p.tma_k, first_key, tile.head_kv, tile.batch,
+                            pipe.k_full(stage));
+        mbarrier_arrive_expect_tx(pipe.v_full(stage), Traits::kKVTileBytes);
+        load_panels<Traits>(pipe.v_tile(stage), Traits::kKVPanelBytes, &p.tma_v, first_key, tile.head_kv, tile.batch,
+                            pipe.v_full(stage));
+    }
+}
+
+}  // namespace flashcore::sm90

@@ -1,0 +1,110 @@
+// Hopper (sm_90a) primitives of the sm90 forward kernel that CCCL's
+// cuda::ptx does not wrap (wgmma bookkeeping, setmaxnreg, shared-memory
+// matrix descriptors), plus thin names over the cuda::ptx mbarrier and TMA
+// calls the kernel makes.
+#pragma once
+
+#include <cuda/ptx>
+
+#include <cstdint>
+
+namespace flashcore::sm90 {
+
+constexpr int kWarpgroupThreads = 128;
+
+// ---- wgmma bookkeeping -----------------------------------------------------
+
+// Orders the warpgroup's register and shared-memory writes before the
+// wgmma instructions that follow read them.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+
+// Waits until at most kPending committed wgmma groups are still running.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Keeps the compiler from moving accumulator reads or writes across an
+// asynchronous wgmma that uses them.
+template <typename T>
+__device__ __forceinline__ void fence_operand(T &reg) {
+    asm volatile("" : "+f"(reg)::"memory");
+}
+
+// ---- register reallocation between warpgroups ------------------------------
+
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_increase() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_decrease() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+
+// ---- shared-memory matrix descriptors --------------------------------------
+//
+// Tiles are stored as the TMA's 128-byte swizzle writes them: panels of 64
+// two-byte columns (128 bytes per row), 16-byte chunk c of row r at chunk
+// c ^ (r % 8), 8-row groups 1024 bytes apart. Panels start 1024-aligned.
+
+constexpr uint32_t kSwizzleBytes = 128;
+constexpr uint32_t kSwizzleAtomBytes = 8 * kSwizzleBytes;  // 8 rows of 128 bytes
+constexpr uint64_t kDescriptorSwizzle128 = 1;               // layout type field, bits 62-63
+
+__device__ __forceinline__ uint64_t matrix_descriptor(uint32_t smem_addr, uint32_t leading_byte_offset,
+                                                      uint32_t stride_byte_offset) {
+    return uint64_t((smem_addr & 0x3FFFFu) >> 4) | (uint64_t((leading_byte_offset & 0x3FFFFu) >> 4) << 16) |
+           (uint64_t((stride_byte_offset & 0x3FFFFu) >> 4) << 32) | (kDescriptorSwizzle128 << 62);
+}
+
+// K-major operand (rows are M or N, 64 K-elements per panel row): 8-row
+// groups step by one atom; the leading offset is unused with this swizzle.
+// A k16 step inside a panel moves the start address by 32 bytes.
+__device__ __forceinline__ uint64_t k_major_descriptor(uint32_t smem_addr) {
+    return matrix_descriptor(smem_addr, 16, kSwizzleAtomBytes);
+}
+
+// MN-major operand (rows are K, 64 N-elements per panel row): panels of 64
+// N-columns are panel_bytes apart, 8-row K groups one atom apart.
+__device__ __forceinline__ uint64_t mn_major_descriptor(uint32_t smem_addr, uint32_t panel_bytes) {
+    return matrix_descriptor(smem_addr, panel_bytes, kSwizzleAtomBytes);
+}
+
+// ---- mbarriers and TMA (cuda::ptx) ------------------------------------------
+
+__device__ __forceinline__ void mbarrier_init(uint64_t *bar, uint32_t arrivals) {
+    cuda::ptx::mbarrier_init(bar, arrivals);
+}
+
+__device__ __forceinline__ void mbarrier_wait(uint64_t *bar, uint32_t phase_parity) {
+    while (!cuda::ptx::mbarrier_try_wait_parity(bar, phase_parity)) {
+    }
+}
+
+__device__ __forceinline__ void mbarrier_arrive(uint64_t *bar) {
+    cuda::ptx::mbarrier_arrive(bar);
+}
+
+// Arms `bar` for `bytes` of TMA traffic and counts as this thread's arrival.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, bar,
+                                         bytes);
+}
+
+// Makes mbarrier initialisation visible to the TMA unit (async proxy).
+__device__ __forceinline__ void fence_barrier_init() { cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster); }
+
+// One box of a 4-d tensor map (head_dim, seq, head, batch) into shared memory;
+// completion is signalled on `bar`. Out-of-bounds rows arrive as zeros.
+__device__ __forceinline__ void tma_load_4d(void *smem_dst, const void *tensor_map, int col, int row, int head,
+                                            int batch, uint64_t *bar) {
+    const int32_t coords[4] = {col, row, head, batch};
+    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem_dst, tensor_map, coords,
+                                    bar);
+}
+
+}  // namespace flashcore::sm90

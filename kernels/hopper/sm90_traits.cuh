@@ -1,0 +1,69 @@
+// Compile-time shape of the sm90 forward kernel: tile sizes, warp roles,
+// register split and shared-memory layout.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fwd_params.h"
+#include "sm90_ptx.cuh"
+
+namespace flashcore::sm90 {
+
+// Kernel arguments: the portable kernel's parameters plus the TMA
+// descriptors of Q, K and V (4-d: head_dim, seq, head, batch), encoded per
+// call on the host. __grid_constant__, so the TMA unit reads them in place.
+struct Sm90KernelParams {
+    FwdKernelParams fwd;
+    CUtensorMap tma_q;
+    CUtensorMap tma_k;
+    CUtensorMap tma_v;
+};
+
+// Columns per TMA box and swizzle panel: 128 bytes of 2-byte elements.
+constexpr int kPanelCols = 64;
+constexpr int kPanelRowBytes = 128;
+
+template <typename Element_, int kHeadDim_, int kBlockN_, int kStages_>
+struct Sm90Traits {
+    using Element = Element_;
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kBlockN = kBlockN_;  // keys per K/V tile
+    static constexpr int kStages = kStages_;  // K/V tiles in flight
+
+    // One producer warpgroup issues the TMA copies; each consumer warpgroup
+    // owns 64 query rows (one wgmma M) of the CTA's block.
+    static constexpr int kConsumerWarpgroups = 2;
+    static constexpr int kRowsPerConsumer = 64;
+    static constexpr int kBlockM = kConsumerWarpgroups * kRowsPerConsumer;
+    static constexpr int kNumThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
+    static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpgroupThreads / 32;
+
+    // Registers per thread after the split: the producer needs only a few,
+    // the consumers hold S, O and P. 128 x 24 + 256 x 240 <= 64K.
+    static constexpr int kProducerRegisters = 24;
+    static constexpr int kConsumerRegisters = 240;
+
+    static constexpr int kPanels = kHeadDim / kPanelCols;
+    static constexpr uint32_t kQPanelBytes = kBlockM * kPanelRowBytes;
+    static constexpr uint32_t kQBytes = kPanels * kQPanelBytes;
+    static constexpr uint32_t kKVPanelBytes = kBlockN * kPanelRowBytes;
+    static constexpr uint32_t kKVTileBytes = kPanels * kKVPanelBytes;
+
+    // Shared memory, from a 1024-byte aligned base: Q, the K ring, the V ring,
+    // then the mbarriers.
+    static constexpr uint32_t kSmemK = kQBytes;
+    static constexpr uint32_t kSmemV = kSmemK + kStages * kKVTileBytes;
+    static constexpr uint32_t kSmemBarriers = kSmemV + kStages * kKVTileBytes;
+    static constexpr int kNumBarriers = 1 + 3 * kStages;  // q_full; k_full, v_full, kv_empty per stage
+    static constexpr size_t kSmemBytes = kSmemBarriers + kNumBarriers * sizeof(uint64_t) + kSwizzleAtomBytes;
+
+    static_assert(kHeadDim % kPanelCols == 0, "head_dim must be a whole number of 64-column panels");
+    static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
+    static_assert(kQPanelBytes % kSwizzleAtomBytes == 0 && kKVPanelBytes % kSwizzleAtomBytes == 0,
+                  "panels must keep the 1024-byte swizzle alignment");
+};
+
+}  // namespace flashcore::sm90
