@@ -50,17 +50,39 @@ struct OnlineSoftmax {
 
     // Folds one tile of scores into the running state: turns `scores` into
     // the unnormalised probabilities P and rescales `out` to the new maximum.
+    template <int kNAtomsS, int kNAtomsO>
+    __device__ __forceinline__ void update(float (&scores)[kMAtoms][kNAtomsS][4],
+                                           float (&out)[kMAtoms][kNAtomsO][4], float scale_log2) {
+        float correction[kRows];
+        if (update_scores(scores, scale_log2, correction)) rescale(out, correction);
+    }
+
+    // update() in two halves, for callers whose `out` is still being written
+    // by an asynchronous GEMM while the scores are processed: update_scores
+    // turns the scores into P and returns whether `out` needs rescaling (by
+    // `correction`), which rescale() then does.
     //
     // After the first few tiles a row's maximum rarely grows, and rescaling
     // `out` costs one multiply per accumulator (as many as the MMAs' share of
     // a 32-key tile at head_dim 128): it is skipped when no row of the warp
     // changed its maximum (warp-uniform, so no divergence), where every
     // correction factor would be exactly 1.
-    template <int kNAtomsS, int kNAtomsO>
-    __device__ __forceinline__ void update(float (&scores)[kMAtoms][kNAtomsS][4],
-                                           float (&out)[kMAtoms][kNAtomsO][4], float scale_log2) {
+    template <int kNAtomsS>
+    __device__ __forceinline__ bool update_scores(float (&scores)[kMAtoms][kNAtomsS][4], float scale_log2,
+                                                  float (&correction)[kRows]) {
+        return update_scores_into(
+            scores, scale_log2, correction, [](int, int, int) { return true; },
+            [&](int m, int n, int e, float p) { scores[m][n][e] = p; });
+    }
+
+    // update_scores for callers that must not write the score registers
+    // (an asynchronous GEMM may still own them as far as the compiler can
+    // tell): visible(m, n, e) says whether score element e of tile (m, n)
+    // takes part (a mask), and sink(m, n, e, p) receives its probability.
+    template <int kNAtomsS, typename Visible, typename Sink>
+    __device__ __forceinline__ bool update_scores_into(const float (&scores)[kMAtoms][kNAtomsS][4], float scale_log2,
+                                                       float (&correction)[kRows], Visible &&visible, Sink &&sink) {
         float offset[kRows];
-        float correction[kRows];
         bool max_changed = false;
 #pragma unroll
         for (int m = 0; m < kMAtoms; ++m) {
@@ -70,7 +92,11 @@ struct OnlineSoftmax {
                 float tile_max = row_max[r];
 #pragma unroll
                 for (int n = 0; n < kNAtomsS; ++n) {
-                    tile_max = fmaxf(tile_max, fmaxf(scores[m][n][half * 2], scores[m][n][half * 2 + 1]));
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const int e = half * 2 + j;
+                        tile_max = fmaxf(tile_max, visible(m, n, e) ? scores[m][n][e] : -INFINITY);
+                    }
                 }
                 const float new_max = quad_max(tile_max);
                 offset[r] = exp2_offset(new_max, scale_log2);
@@ -80,16 +106,6 @@ struct OnlineSoftmax {
                 row_sum[r] *= correction[r];
             }
         }
-        if (__any_sync(0xffffffffu, max_changed)) {
-#pragma unroll
-            for (int m = 0; m < kMAtoms; ++m) {
-#pragma unroll
-                for (int n = 0; n < kNAtomsO; ++n) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) out[m][n][e] *= correction[m * 2 + e / 2];
-                }
-            }
-        }
 #pragma unroll
         for (int m = 0; m < kMAtoms; ++m) {
 #pragma unroll
@@ -97,10 +113,26 @@ struct OnlineSoftmax {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int r = m * 2 + e / 2;
-                    const float p = fast_exp2(fmaf(scores[m][n][e], scale_log2, -offset[r]));
-                    scores[m][n][e] = p;
+                    // Computed for masked elements too and then dropped:
+                    // a select, where a conditional exp2 becomes a branch.
+                    const float exp = fast_exp2(fmaf(scores[m][n][e], scale_log2, -offset[r]));
+                    const float p = visible(m, n, e) ? exp : 0.f;
+                    sink(m, n, e, p);
                     row_sum[r] += p;
                 }
+            }
+        }
+        return __any_sync(0xffffffffu, max_changed);
+    }
+
+    template <int kNAtomsO>
+    __device__ __forceinline__ void rescale(float (&out)[kMAtoms][kNAtomsO][4], const float (&correction)[kRows]) {
+#pragma unroll
+        for (int m = 0; m < kMAtoms; ++m) {
+#pragma unroll
+            for (int n = 0; n < kNAtomsO; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) out[m][n][e] *= correction[m * 2 + e / 2];
             }
         }
     }

@@ -8,7 +8,12 @@
 //   warpgroups 1 and 2, the consumers: each owns 64 query rows, takes the
 //     registers the producer gave up, and per K/V tile runs
 //     S = Q*K^T (wgmma) -> mask (boundary tiles only) -> online softmax
-//     -> O += P*V (wgmma, P from registers), then releases the stage.
+//     -> O += P*V (wgmma, P from registers), releasing K and V as soon as
+//     their GEMM is done.
+//     The two GEMMs of neighbouring tiles overlap the softmax: while the
+//     tensor cores compute S_j and then O += P_{j-1} V_{j-1}, the warpgroup
+//     waits only for S_j and exponentiates it; it waits for the P*V product
+//     only to rescale O and to reuse P's registers.
 // Tiles are visited last to first, as in the portable kernel, so the tiles
 // that need masking (partial last tile, causal diagonal) come first.
 #pragma once
@@ -45,28 +50,95 @@ __device__ __forceinline__ void run_consumer(const FwdKernelParams &p, const Pip
     OnlineSoftmax<1> softmax;
     softmax.init();
 
-    mbarrier_wait(pipe.q_full(), 0);
-    for (int j = 0; j < num_n_blocks; ++j) {
-        const int stage = Pipeline<Traits>::stage_of(j);
-        const uint32_t phase = Pipeline<Traits>::phase_of(j);
+    // Tile j's probabilities, straight from its scores into P fragments
+    // (masked on boundary tiles). The scores are only read: writing them in
+    // place makes ptxas wait for every wgmma in flight first, which would
+    // serialise this with the P*V product of the previous tile. Returns
+    // whether O must be rescaled by `correction`.
+    using Fragments = uint32_t[Traits::kBlockN / 16][4];
+    const auto softmax_to_fragments = [&](const float (&scores)[1][kNAtomsS][4], int j, float (&correction)[2],
+                                          Fragments &frag) {
         const int n_block = num_n_blocks - 1 - j;
-
-        float scores[1][kNAtomsS][4];
-        mbarrier_wait(pipe.k_full(stage), phase);
-        gemm_qk<Traits>(scores[0], q_rows, smem_address(pipe.k_tile(stage)));
+        float pending = 0.f;
+        const auto sink = [&](int, int n, int e, float prob) {
+            if (e % 2 == 0) {
+                pending = prob;
+            } else {
+                frag[n / 2][(n % 2) * 2 + e / 2] = pack2<typename Traits::Element>(pending, prob);
+            }
+        };
         if (tile_needs_mask<Traits::kBlockM, Traits::kBlockN>(tile.m_block, n_block, p.seqlen_k, p.causal, shift)) {
-            apply_mask(scores, first_query + warp_first_row, n_block * Traits::kBlockN, p.seqlen_k, p.causal, shift,
-                       lane);
+            const int row = first_query + warp_first_row + frag_row(lane);
+            const int first_col = n_block * Traits::kBlockN + frag_col(lane);
+            const int visible_end[2] = {p.causal ? min(p.seqlen_k, row + shift + 1) : p.seqlen_k,
+                                        p.causal ? min(p.seqlen_k, row + kFragRowHalf + shift + 1) : p.seqlen_k};
+            return softmax.update_scores_into(
+                scores, p.softmax_scale_log2, correction,
+                [&](int, int n, int e) { return first_col + n * kMmaN + e % 2 < visible_end[e / 2]; }, sink);
         }
-        softmax.update(scores, acc_o, p.softmax_scale_log2);
-        uint32_t p_frag[Traits::kBlockN / 16][4];
-        probabilities_to_fragments<Traits>(scores[0], p_frag);
+        return softmax.update_scores_into(
+            scores, p.softmax_scale_log2, correction, [](int, int, int) { return true; }, sink);
+    };
+    // This warp has read tile j's K (V): the wgmmas reading it completed.
+    const auto release_k = [&](int j) {
+        if (lane == 0) mbarrier_arrive(pipe.k_empty(Pipeline<Traits>::stage_of(j)));
+    };
+    const auto release_v = [&](int j) {
+        if (lane == 0) mbarrier_arrive(pipe.v_empty(Pipeline<Traits>::stage_of(j)));
+    };
 
-        mbarrier_wait(pipe.v_full(stage), phase);
-        gemm_pv<Traits>(acc_o[0], p_frag, smem_address(pipe.v_tile(stage)));
-        // This warp has read K and V of the stage (its wgmmas completed).
-        if (lane == 0) mbarrier_arrive(pipe.kv_empty(stage));
+    float scores[1][kNAtomsS][4];
+    // P of consecutive tiles alternates between two register sets: tile
+    // j - 1's feeds the P*V wgmma while tile j's is computed.
+    Fragments p_frag[2];
+    float correction[2];
+
+    mbarrier_wait(pipe.q_full(), 0);
+    mbarrier_wait(pipe.k_full(0), 0);
+    issue_qk<Traits>(scores[0], q_rows, smem_address(pipe.k_tile(0)));
+    wgmma_wait<0>();
+    fence_accumulators(scores[0]);
+    release_k(0);
+    softmax_to_fragments(scores, 0, correction, p_frag[0]);  // O is still zero: nothing to rescale
+
+    // One step: S_j = Q K_j^T and O += P_{j-1} V_{j-1} on the tensor cores
+    // while P_j is computed from S_j.
+    const auto step = [&](int j, Fragments &p_prev, Fragments &p_next) {
+        const int stage = Pipeline<Traits>::stage_of(j);
+        const int prev_stage = Pipeline<Traits>::stage_of(j - 1);
+        mbarrier_wait(pipe.k_full(stage), Pipeline<Traits>::phase_of(j));
+        issue_qk<Traits>(scores[0], q_rows, smem_address(pipe.k_tile(stage)));
+        mbarrier_wait(pipe.v_full(prev_stage), Pipeline<Traits>::phase_of(j - 1));
+        issue_pv<Traits>(acc_o[0], p_prev, smem_address(pipe.v_tile(prev_stage)));
+
+        wgmma_wait<1>();  // S_j is done; P_{j-1} * V_{j-1} may still run
+        fence_accumulators(scores[0]);
+        release_k(j);
+        const bool rescale = softmax_to_fragments(scores, j, correction, p_next);
+
+        wgmma_wait<0>();
+        fence_accumulators(acc_o[0]);
+        release_v(j - 1);
+        if (rescale) softmax.rescale(acc_o, correction);
+    };
+    int j = 1;
+    for (; j + 1 < num_n_blocks; j += 2) {
+        step(j, p_frag[0], p_frag[1]);
+        step(j + 1, p_frag[1], p_frag[0]);
     }
+    if (j < num_n_blocks) step(j, p_frag[0], p_frag[1]);
+    // The last tile's P is in set (num_n_blocks - 1) % 2.
+    const int last = num_n_blocks - 1;
+    const int last_stage = Pipeline<Traits>::stage_of(last);
+    mbarrier_wait(pipe.v_full(last_stage), Pipeline<Traits>::phase_of(last));
+    if (last % 2 == 0) {
+        issue_pv<Traits>(acc_o[0], p_frag[0], smem_address(pipe.v_tile(last_stage)));
+    } else {
+        issue_pv<Traits>(acc_o[0], p_frag[1], smem_address(pipe.v_tile(last_stage)));
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc_o[0]);
+    release_v(last);
 
     float row_lse[2];
     softmax.finalize(acc_o, p.softmax_scale, row_lse);

@@ -1,9 +1,10 @@
 // The consumer warpgroups' two GEMMs per key tile, on wgmma:
 //   S = Q * K^T   both operands from shared memory (K-major);
 //   O += P * V    P from registers (the softmax output, converted to 16-bit
-//                 A fragments in place), V from shared memory (MN-major).
-// Each waits for its own result: the softmax needs S whole, and the next
-// tile's rescale of O needs O whole.
+//                 A fragments), V from shared memory (MN-major).
+// Each issue_* call queues one GEMM as one wgmma group and returns at once;
+// the caller waits (wgmma_wait<N>) for the result and then fences the
+// accumulators (fence_accumulators) before touching them.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +32,7 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[kNAtoms][4]) {
 // scores = (this warpgroup's 64 rows of Q) * K_tile^T. q_rows: shared address
 // of the warpgroup's first Q row in panel 0.
 template <typename Traits>
-__device__ __forceinline__ void gemm_qk(float (&scores)[Traits::kBlockN / 8][4], uint32_t q_rows, uint32_t k_tile) {
+__device__ __forceinline__ void issue_qk(float (&scores)[Traits::kBlockN / 8][4], uint32_t q_rows, uint32_t k_tile) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk) {
@@ -42,8 +43,6 @@ __device__ __forceinline__ void gemm_qk(float (&scores)[Traits::kBlockN / 8][4],
         Wgmma<typename Traits::Element, Traits::kBlockN>::ss(scores, desc_q, desc_k, kk > 0 ? 1 : 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(scores);
 }
 
 // The unnormalised probabilities as wgmma A fragments, one per k16 step of
@@ -64,7 +63,7 @@ __device__ __forceinline__ void probabilities_to_fragments(const float (&p)[Trai
 
 // out += P * V_tile. v_tile: shared address of the tile's panel 0.
 template <typename Traits>
-__device__ __forceinline__ void gemm_pv(float (&out)[Traits::kHeadDim / 8][4],
+__device__ __forceinline__ void issue_pv(float (&out)[Traits::kHeadDim / 8][4],
                                         const uint32_t (&p)[Traits::kBlockN / 16][4], uint32_t v_tile) {
     wgmma_fence();
 #pragma unroll
@@ -74,8 +73,6 @@ __device__ __forceinline__ void gemm_pv(float (&out)[Traits::kHeadDim / 8][4],
         Wgmma<typename Traits::Element, Traits::kHeadDim>::rs(out, p[kk], desc_v, 1);
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(out);
 }
 
 }  // namespace flashcore::sm90

@@ -4,9 +4,12 @@
 // Stage s holds K/V tile j for j % kStages == s. Its barriers complete once
 // per use, so the phase to wait for is (j / kStages) & 1:
 //   k_full[s], v_full[s]: the TMA copy of K (V) landed (1 arrival + bytes);
-//   kv_empty[s]: every consumer warp is done reading both (kConsumerWarps
-//   arrivals). The producer's first wait on each passes at once (parity 1 of
-//   a fresh barrier counts as complete).
+//   k_empty[s], v_empty[s]: every consumer warp is done reading K (V)
+//   (kConsumerWarps arrivals). K and V are released separately: a tile's K
+//   is free as soon as S = Q*K^T is done, a GEMM before its V, so the next
+//   K copy starts that much earlier.
+// The producer's first wait on an empty barrier passes at once (parity 1 of
+// a fresh barrier counts as complete).
 #pragma once
 
 #include <cstdint>
@@ -25,8 +28,11 @@ struct Pipeline {
     __device__ __forceinline__ uint64_t *q_full() const { return barriers(); }
     __device__ __forceinline__ uint64_t *k_full(int stage) const { return barriers() + 1 + stage; }
     __device__ __forceinline__ uint64_t *v_full(int stage) const { return barriers() + 1 + Traits::kStages + stage; }
-    __device__ __forceinline__ uint64_t *kv_empty(int stage) const {
+    __device__ __forceinline__ uint64_t *k_empty(int stage) const {
         return barriers() + 1 + 2 * Traits::kStages + stage;
+    }
+    __device__ __forceinline__ uint64_t *v_empty(int stage) const {
+        return barriers() + 1 + 3 * Traits::kStages + stage;
     }
 
     __device__ __forceinline__ unsigned char *q_tile() const { return smem; }
@@ -44,7 +50,8 @@ struct Pipeline {
         for (int s = 0; s < Traits::kStages; ++s) {
             mbarrier_init(k_full(s), 1);
             mbarrier_init(v_full(s), 1);
-            mbarrier_init(kv_empty(s), Traits::kConsumerWarps);
+            mbarrier_init(k_empty(s), Traits::kConsumerWarps);
+            mbarrier_init(v_empty(s), Traits::kConsumerWarps);
         }
         fence_barrier_init();
     }

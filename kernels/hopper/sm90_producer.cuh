@@ -29,11 +29,13 @@ __device__ __forceinline__ void run_producer(const Sm90KernelParams &p, const Pi
                         tile.batch, pipe.q_full());
     for (int j = 0; j < num_n_blocks; ++j) {
         const int stage = Pipeline<Traits>::stage_of(j);
-        mbarrier_wait(pipe.kv_empty(stage), Pipeline<Traits>::phase_of(j) ^ 1u);
+        const uint32_t free_phase = Pipeline<Traits>::phase_of(j) ^ 1u;
         const int first_key = (num_n_blocks - 1 - j) * Traits::kBlockN;
+        mbarrier_wait(pipe.k_empty(stage), free_phase);
         mbarrier_arrive_expect_tx(pipe.k_full(stage), Traits::kKVTileBytes);
         load_panels<Traits>(pipe.k_tile(stage), Traits::kKVPanelBytes, &p.tma_k, first_key, tile.head_kv, tile.batch,
                             pipe.k_full(stage));
+        mbarrier_wait(pipe.v_empty(stage), free_phase);
         mbarrier_arrive_expect_tx(pipe.v_full(stage), Traits::kKVTileBytes);
         load_panels<Traits>(pipe.v_tile(stage), Traits::kKVPanelBytes, &p.tma_v, first_key, tile.head_kv, tile.batch,
                             pipe.v_full(stage));

@@ -57,7 +57,7 @@ struct Sm90Traits {
     static constexpr uint32_t kSmemK = kQBytes;
     static constexpr uint32_t kSmemV = kSmemK + kStages * kKVTileBytes;
     static constexpr uint32_t kSmemBarriers = kSmemV + kStages * kKVTileBytes;
-    static constexpr int kNumBarriers = 1 + 3 * kStages;  // q_full; k_full, v_full, kv_empty per stage
+    static constexpr int kNumBarriers = 1 + 4 * kStages;  // q_full; k_full, v_full, k_empty, v_empty per stage
     static constexpr size_t kSmemBytes = kSmemBarriers + kNumBarriers * sizeof(uint64_t) + kSwizzleAtomBytes;
 
     static_assert(kHeadDim % kPanelCols == 0, "head_dim must be a whole number of 64-column panels");
