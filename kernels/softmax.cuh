@@ -50,39 +50,41 @@ struct OnlineSoftmax {
 
     // Folds one tile of scores into the running state: turns `scores` into
     // the unnormalised probabilities P and rescales `out` to the new maximum.
-    template <int kNAtomsS, int kNAtomsO>
-    __device__ __forceinline__ void update(float (&scores)[kMAtoms][kNAtomsS][4],
-                                           float (&out)[kMAtoms][kNAtomsO][4], float scale_log2) {
-        float correction[kRows];
-        if (update_scores(scores, scale_log2, correction)) rescale(out, correction);
-    }
-
-    // update() in two halves, for callers whose `out` is still being written
-    // by an asynchronous GEMM while the scores are processed: update_scores
-    // turns the scores into P and returns whether `out` needs rescaling (by
-    // `correction`), which rescale() then does.
     //
     // After the first few tiles a row's maximum rarely grows, and rescaling
     // `out` costs one multiply per accumulator (as many as the MMAs' share of
     // a 32-key tile at head_dim 128): it is skipped when no row of the warp
     // changed its maximum (warp-uniform, so no divergence), where every
     // correction factor would be exactly 1.
-    template <int kNAtomsS>
-    __device__ __forceinline__ bool update_scores(float (&scores)[kMAtoms][kNAtomsS][4], float scale_log2,
-                                                  float (&correction)[kRows]) {
-        return update_scores_into(
-            scores, scale_log2, correction, [](int, int, int) { return true; },
-            [&](int m, int n, int e, float p) { scores[m][n][e] = p; });
+    template <int kNAtomsS, int kNAtomsO>
+    __device__ __forceinline__ void update(float (&scores)[kMAtoms][kNAtomsS][4],
+                                           float (&out)[kMAtoms][kNAtomsO][4], float scale_log2) {
+        const auto all_visible = [](int, int, int) { return true; };
+        float correction[kRows];
+        if (update_max(scores, scale_log2, correction, all_visible)) rescale(out, correction);
+        exponentiate(scores, scale_log2, all_visible, [&](int m, int n, int e, float p) { scores[m][n][e] = p; });
     }
 
-    // update_scores for callers that must not write the score registers
-    // (an asynchronous GEMM may still own them as far as the compiler can
-    // tell): visible(m, n, e) says whether score element e of tile (m, n)
-    // takes part (a mask), and sink(m, n, e, p) receives its probability.
+    // update() for callers whose `out` is still being written by an
+    // asynchronous GEMM, and which must not write the score registers (an
+    // asynchronous GEMM may still own them as far as the compiler can tell):
+    // visible(m, n, e) says whether score element e of tile (m, n) takes
+    // part (a mask), and sink(m, n, e, p) receives its probability. Returns
+    // whether `out` needs rescale(out, correction) once it is free.
     template <int kNAtomsS, typename Visible, typename Sink>
     __device__ __forceinline__ bool update_scores_into(const float (&scores)[kMAtoms][kNAtomsS][4], float scale_log2,
                                                        float (&correction)[kRows], Visible &&visible, Sink &&sink) {
-        float offset[kRows];
+        const bool changed = update_max(scores, scale_log2, correction, visible);
+        exponentiate(scores, scale_log2, visible, sink);
+        return changed;
+    }
+
+    // The two halves of an update. update_max folds the tile's row maxima
+    // into row_max, scales row_sum by the correction factors and returns
+    // whether any row of the warp changed its maximum.
+    template <int kNAtomsS, typename Visible>
+    __device__ __forceinline__ bool update_max(const float (&scores)[kMAtoms][kNAtomsS][4], float scale_log2,
+                                               float (&correction)[kRows], Visible &&visible) {
         bool max_changed = false;
 #pragma unroll
         for (int m = 0; m < kMAtoms; ++m) {
@@ -99,13 +101,23 @@ struct OnlineSoftmax {
                     }
                 }
                 const float new_max = quad_max(tile_max);
-                offset[r] = exp2_offset(new_max, scale_log2);
-                correction[r] = fast_exp2(row_max[r] * scale_log2 - offset[r]);
+                correction[r] = fast_exp2(row_max[r] * scale_log2 - exp2_offset(new_max, scale_log2));
                 max_changed |= new_max != row_max[r];
                 row_max[r] = new_max;
                 row_sum[r] *= correction[r];
             }
         }
+        return __any_sync(0xffffffffu, max_changed);
+    }
+
+    // exponentiate turns the tile's scores into probabilities against the
+    // current row maxima and adds them to row_sum.
+    template <int kNAtomsS, typename Visible, typename Sink>
+    __device__ __forceinline__ void exponentiate(const float (&scores)[kMAtoms][kNAtomsS][4], float scale_log2,
+                                                 Visible &&visible, Sink &&sink) {
+        float offset[kRows];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) offset[r] = exp2_offset(row_max[r], scale_log2);
 #pragma unroll
         for (int m = 0; m < kMAtoms; ++m) {
 #pragma unroll
@@ -122,7 +134,6 @@ struct OnlineSoftmax {
                 }
             }
         }
-        return __any_sync(0xffffffffu, max_changed);
     }
 
     template <int kNAtomsO>
