@@ -29,6 +29,12 @@ __device__ __forceinline__ bool tile_needs_mask(int m_block, int n_block, int se
     return causal && tile_key_end - 1 > m_block * kBlockM + shift;
 }
 
+// One past the last key query `row` may see: seqlen_k, or under the causal
+// mask the key on its diagonal.
+__device__ __forceinline__ int visible_key_end(int row, int seqlen_k, bool causal, int shift) {
+    return causal ? min(seqlen_k, row + shift + 1) : seqlen_k;
+}
+
 // scores[m][n][e]: this thread's fragments of one warp's S tile.
 // first_row: global query row of the warp's first row; first_col: global key
 // index of the tile's first column.
@@ -40,7 +46,7 @@ __device__ __forceinline__ void apply_mask(float (&scores)[kMAtoms][kNAtoms][4],
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int row = first_row + m * kMmaM + frag_row(lane) + half * kFragRowHalf;
-            const int visible_end = causal ? min(seqlen_k, row + shift + 1) : seqlen_k;
+            const int visible_end = visible_key_end(row, seqlen_k, causal, shift);
 #pragma unroll
             for (int n = 0; n < kNAtoms; ++n) {
 #pragma unroll

@@ -70,8 +70,8 @@ __device__ __forceinline__ void run_consumer(const FwdKernelParams &p, const Pip
         if (tile_needs_mask<Traits::kBlockM, Traits::kBlockN>(tile.m_block, n_block, p.seqlen_k, p.causal, shift)) {
             const int row = first_query + warp_first_row + frag_row(lane);
             const int first_col = n_block * Traits::kBlockN + frag_col(lane);
-            const int visible_end[2] = {p.causal ? min(p.seqlen_k, row + shift + 1) : p.seqlen_k,
-                                        p.causal ? min(p.seqlen_k, row + kFragRowHalf + shift + 1) : p.seqlen_k};
+            const int visible_end[2] = {visible_key_end(row, p.seqlen_k, p.causal, shift),
+                                        visible_key_end(row + kFragRowHalf, p.seqlen_k, p.causal, shift)};
             return softmax.update_scores_into(
                 scores, p.softmax_scale_log2, correction,
                 [&](int, int n, int e) { return first_col + n * kMmaN + e % 2 < visible_end[e / 2]; }, sink);
