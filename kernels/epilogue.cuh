@@ -65,13 +65,13 @@ __device__ __forceinline__ void store_output(const float (&out)[Traits::kMAtoms]
 }
 
 // lse points at this CTA's first query row; one lane of each quad writes its
-// two rows per m16 tile.
-template <typename Traits>
-__device__ __forceinline__ void store_lse(const float (&lse)[Traits::kMAtoms * 2], float *gmem_lse,
-                                          int valid_rows, int warp_first_row, int lane) {
+// two rows per m16 tile (kRows = 2 per m16 tile).
+template <int kRows>
+__device__ __forceinline__ void store_lse(const float (&lse)[kRows], float *gmem_lse, int valid_rows,
+                                          int warp_first_row, int lane) {
     if (lane % 4 != 0) return;
 #pragma unroll
-    for (int m = 0; m < Traits::kMAtoms; ++m) {
+    for (int m = 0; m < kRows / 2; ++m) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int row = warp_first_row + m * kMmaM + frag_row(lane) + half * kFragRowHalf;
@@ -81,21 +81,18 @@ __device__ __forceinline__ void store_lse(const float (&lse)[Traits::kMAtoms * 2
 }
 
 // A query block in which no row sees any key (causal, seqlen_q > seqlen_k):
-// out = 0 and lse = -inf, written without touching K or V. valid_rows is at
-// most kBlockM.
-template <typename Traits>
-__device__ __forceinline__ void store_empty_block(const OutputBlock<typename Traits::Element> &dst,
-                                                  int64_t out_seq_stride, int tid) {
-    for_each_tile_vector<Traits, Traits::kBlockM>(tid, [&](int row, int vec) {
-        if (row < dst.valid_rows) {
-            *reinterpret_cast<uint4 *>(dst.out + row * out_seq_stride + vec * kElemsPerVector) =
-                make_uint4(0, 0, 0, 0);
-        }
-    });
+// out = 0 and lse = -inf, written without touching K or V by threads
+// tid = 0 .. num_threads - 1. valid_rows is at most the block's rows.
+template <typename Element, int kHeadDim>
+__device__ __forceinline__ void store_empty_block(const OutputBlock<Element> &dst, int64_t out_seq_stride, int tid,
+                                                  int num_threads) {
+    constexpr int kVectorsPerRow = kHeadDim / kElemsPerVector;
+    for (int i = tid; i < dst.valid_rows * kVectorsPerRow; i += num_threads) {
+        *reinterpret_cast<uint4 *>(dst.out + (i / kVectorsPerRow) * out_seq_stride +
+                                   (i % kVectorsPerRow) * kElemsPerVector) = make_uint4(0, 0, 0, 0);
+    }
     if (dst.lse != nullptr) {
-        for (int row = tid; row < dst.valid_rows; row += Traits::kNumThreads) {
-            dst.lse[row] = -INFINITY;
-        }
+        for (int row = tid; row < dst.valid_rows; row += num_threads) dst.lse[row] = -INFINITY;
     }
 }
 

@@ -60,7 +60,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
 
     const int num_n_blocks = fwd_num_n_blocks<kBlockM, kBlockN>(p, tile.m_block);
     if (num_n_blocks <= 0) {
-        store_empty_block<Traits>(OutputBlock<Element>::of(p, tile, kBlockM), p.out_seq_stride, tid);
+        store_empty_block<Element, Traits::kHeadDim>(OutputBlock<Element>::of(p, tile, kBlockM), p.out_seq_stride,
+                                                     tid, Traits::kNumThreads);
         return;
     }
     // This split visits tiles t = split, split + kSplits, ... (t-th visited
@@ -156,7 +157,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
     // After a merge only split 0 holds the result.
     const bool holds_result = epi_split == 0;
     if (holds_result && dst.lse != nullptr) {
-        store_lse<Traits>(row_lse, dst.lse, dst.valid_rows, epi_warp_first_row, epi_lane);
+        store_lse(row_lse, dst.lse, dst.valid_rows, epi_warp_first_row, epi_lane);
     }
     // Each warp of split 0 reuses only its own rows of Q's shared memory for
     // the output tile; every warp that read those rows is past the last

@@ -142,7 +142,8 @@ __device__ __forceinline__ void run_consumer(const FwdKernelParams &p, const Pip
 
     float row_lse[2];
     softmax.finalize(acc_o, p.softmax_scale, row_lse);
-    store_rows<typename Traits::Element, kNAtomsO>(p, tile, acc_o[0], row_lse, first_query + warp_first_row, lane);
+    store_rows(OutputBlock<typename Traits::Element>::of(p, tile, Traits::kBlockM), p.out_seq_stride, acc_o[0],
+               row_lse, warp_first_row, lane);
 }
 
 template <typename Traits>
@@ -158,8 +159,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) flash_fwd_sm90_kernel(
     const FwdTile tile = fwd_tile_for_block<Traits::kBlockM>(p, blockIdx.x);
     const int num_n_blocks = fwd_num_n_blocks<Traits::kBlockM, Traits::kBlockN>(p, tile.m_block);
     if (num_n_blocks <= 0) {
-        store_empty_rows<typename Traits::Element, Traits::kHeadDim>(p, tile, Traits::kBlockM, threadIdx.x,
-                                                                    Traits::kNumThreads);
+        store_empty_block<typename Traits::Element, Traits::kHeadDim>(
+            OutputBlock<typename Traits::Element>::of(p, tile, Traits::kBlockM), p.out_seq_stride, threadIdx.x,
+            Traits::kNumThreads);
         return;
     }
 
