@@ -141,21 +141,21 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
     if (guard.status() != FLASHCORE_STATUS_SUCCESS) return guard.status();
     const FwdKernelParams kparams = kernel_params(p);
 #ifdef FLASHCORE_HAS_SM90
-    const KernelEntry sm90 = select_sm90_kernel(p);
-    // With fewer 128-row blocks than SMs the sm_90a kernel leaves SMs idle
-    // and its per-block latency decides; the portable key-split variant
-    // (64-row blocks, keys split over two warp groups) is faster there
-    // (mission shape: 8.2 vs 10.4 us, docs/perf-notes.md).
-    // Its shared memory fits every sm_90 part (227 KB per block). A grid
-    // over the limit, or tensors the TMA unit cannot describe
-    // (cudaErrorNotSupported), go to the portable kernel, which reports
-    // what it cannot do.
-    const int64_t sm90_ctas = fwd_num_ctas(p.batch_size, p.num_heads_q, p.seqlen_q, sm90.info().block_m);
-    if (handle.use_sm90 && sm90_ctas <= INT_MAX &&
-        (handle.sm90_forced || sm90_ctas >= int64_t(handle.num_sms) * kSm90MinCtasPerSm)) {
-        const cudaError_t err = sm90.run(kparams, static_cast<cudaStream_t>(stream));
-        if (err == cudaSuccess) return FLASHCORE_STATUS_SUCCESS;
-        if (err != cudaErrorNotSupported) return fail_cuda(err, "launching the sm_90a attention kernel");
+    if (handle.use_sm90) {
+        // With fewer 128-row blocks than SMs the sm_90a kernel leaves SMs
+        // idle and its per-block latency decides; the portable key-split
+        // variant is faster there (mission shape: 8.0 vs 10.4 us,
+        // docs/hopper-notes.md). Its shared memory fits every sm_90 part
+        // (227 KB per block). A grid over the limit, or tensors the TMA unit
+        // cannot describe (cudaErrorNotSupported), go to the portable
+        // kernel, which reports what it cannot do.
+        const KernelEntry sm90 = select_sm90_kernel(p);
+        const int64_t sm90_ctas = fwd_num_ctas(p.batch_size, p.num_heads_q, p.seqlen_q, sm90.info().block_m);
+        if (sm90_ctas <= INT_MAX && (handle.sm90_forced || sm90_ctas >= int64_t(handle.num_sms) * kSm90MinCtasPerSm)) {
+            const cudaError_t err = sm90.run(kparams, static_cast<cudaStream_t>(stream));
+            if (err == cudaSuccess) return FLASHCORE_STATUS_SUCCESS;
+            if (err != cudaErrorNotSupported) return fail_cuda(err, "launching the sm_90a attention kernel");
+        }
     }
 #endif
     const KernelEntry kernel = select_kernel(handle, p);
