@@ -147,7 +147,8 @@ __device__ __forceinline__ void run_consumer(const FwdKernelParams &p, const Pip
 }
 
 template <typename Traits>
-__global__ void __launch_bounds__(Traits::kNumThreads, 1) flash_fwd_sm90_kernel(const __grid_constant__ Sm90KernelParams params) {
+__global__ void __launch_bounds__(Traits::kNumThreads, 1)
+    flash_fwd_sm90_kernel(const __grid_constant__ Sm90KernelParams params) {
     const FwdKernelParams &p = params.fwd;
     extern __shared__ unsigned char smem_raw[];
     // The 128-byte swizzle repeats every 1024 bytes; TMA and wgmma assume

@@ -96,7 +96,9 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t *bar, uint32_
 }
 
 // Makes mbarrier initialisation visible to the TMA unit (async proxy).
-__device__ __forceinline__ void fence_barrier_init() { cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster); }
+__device__ __forceinline__ void fence_barrier_init() {
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+}
 
 // One box of a 4-d tensor map (head_dim, seq, head, batch) into shared memory;
 // completion is signalled on `bar`. Out-of-bounds rows arrive as zeros.
