@@ -28,8 +28,7 @@ __device__ __forceinline__ void wgmma_wait() {
 
 // Keeps the compiler from moving accumulator reads or writes across an
 // asynchronous wgmma that uses them.
-template <typename T>
-__device__ __forceinline__ void fence_operand(T &reg) {
+__device__ __forceinline__ void fence_operand(float &reg) {
     asm volatile("" : "+f"(reg)::"memory");
 }
 
