@@ -37,6 +37,10 @@ struct FwdKernelParams {
     int num_heads_kv;
     int head_dim;
 
+    // A persistent kernel launches at most this many CTAs: one per SM, or
+    // fewer where a test asks (FLASHCORE_PERSISTENT_CTAS).
+    int max_persistent_ctas;
+
     float softmax_scale;       // natural-exp scale applied to Q*K^T
     float softmax_scale_log2;  // softmax_scale * log2(e): the kernels use exp2
     bool causal;

@@ -78,7 +78,7 @@ KernelEntry select_kernel(const flashcore_handle_s &handle, const flashcore_forw
     return bf16 ? select_for<DType::kBf16, 128>(handle, p) : select_for<DType::kFp16, 128>(handle, p);
 }
 
-FwdKernelParams kernel_params(const flashcore_forward_params &p) {
+FwdKernelParams kernel_params(const flashcore_handle_s &handle, const flashcore_forward_params &p) {
     FwdKernelParams k{};
     k.q = p.q;
     k.k = p.k;
@@ -103,6 +103,7 @@ FwdKernelParams kernel_params(const flashcore_forward_params &p) {
     k.num_heads_q = p.num_heads_q;
     k.num_heads_kv = p.num_heads_kv;
     k.head_dim = p.head_dim;
+    k.max_persistent_ctas = handle.persistent_ctas;
     k.softmax_scale = effective_softmax_scale(p);
     k.softmax_scale_log2 = k.softmax_scale * kLog2e;
     k.causal = p.causal != 0;
@@ -139,7 +140,7 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
 
     DeviceGuard guard(handle.device);
     if (guard.status() != FLASHCORE_STATUS_SUCCESS) return guard.status();
-    const FwdKernelParams kparams = kernel_params(p);
+    const FwdKernelParams kparams = kernel_params(handle, p);
 #ifdef FLASHCORE_HAS_SM90
     if (handle.use_sm90) {
         // With fewer 128-row blocks than SMs the sm_90a kernel leaves SMs

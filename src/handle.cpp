@@ -58,6 +58,24 @@ flashcore_status read_forced_variant(const flashcore_handle_s &h, int *variant, 
                 value);
 }
 
+// FLASHCORE_PERSISTENT_CTAS=N (1 <= N): a persistent kernel launches at most
+// N CTAs instead of one per SM.
+flashcore_status read_persistent_ctas(const flashcore_handle_s &h, int *ctas) {
+    *ctas = h.num_sms;
+    const char *value = std::getenv("FLASHCORE_PERSISTENT_CTAS");
+    if (value == nullptr || *value == '\0') return FLASHCORE_STATUS_SUCCESS;
+    char *end = nullptr;
+    const long n = std::strtol(value, &end, 10);
+    if (*end != '\0' || n < 1 || n > h.num_sms) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "FLASHCORE_PERSISTENT_CTAS is '%.64s'; it must be unset, empty, or a whole number from 1 to %d "
+                    "(the SMs of device %d)",
+                    value, h.num_sms, h.device);
+    }
+    *ctas = int(n);
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
 }  // namespace
 
 flashcore_status create_handle(int device, flashcore_handle *handle) {
@@ -100,7 +118,9 @@ flashcore_status create_handle(int device, flashcore_handle *handle) {
                     "later)",
                     device, h.cc_major, h.cc_minor);
     }
-    const flashcore_status status = read_forced_variant(h, &h.forced_fwd_variant, &h.use_sm90, &h.sm90_forced);
+    flashcore_status status = read_forced_variant(h, &h.forced_fwd_variant, &h.use_sm90, &h.sm90_forced);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    status = read_persistent_ctas(h, &h.persistent_ctas);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     *handle = new (std::nothrow) flashcore_handle_s(h);
     if (*handle == nullptr) return fail(FLASHCORE_STATUS_OUT_OF_MEMORY, "could not allocate a handle");

@@ -23,6 +23,10 @@ struct flashcore_handle_s {
     // FLASHCORE_FWD_VARIANT=sm90: every call the sm_90a kernel can serve uses
     // it, however small.
     bool sm90_forced;
+    // CTAs a persistent kernel may launch: num_sms, or fewer where the
+    // FLASHCORE_PERSISTENT_CTAS environment variable asks (tests: with a few
+    // CTAs, each walks many query blocks).
+    int persistent_ctas;
 };
 
 namespace flashcore {

@@ -455,20 +455,25 @@ TEST(ForwardApi, HandleReportsItsDeviceAndLeavesCurrentDeviceAlone) {
     EXPECT_NE(std::string(flashcore_last_error_message()).find("does not exist"), std::string::npos);
 }
 
-// flashcore_create with FLASHCORE_FWD_VARIANT set to `value`, restoring the
-// variable afterwards; *message: the last error message after the call.
-flashcore_status create_with_forced_variant(const char *value, flashcore_handle *h, std::string *message) {
-    const char *previous = std::getenv("FLASHCORE_FWD_VARIANT");
+// flashcore_create with environment variable `name` set to `value`,
+// restoring the variable afterwards; *message: the last error message after
+// the call.
+flashcore_status create_with_env(const char *name, const char *value, flashcore_handle *h, std::string *message) {
+    const char *previous = std::getenv(name);
     const std::string saved = previous == nullptr ? "" : previous;
-    setenv("FLASHCORE_FWD_VARIANT", value, 1);
+    setenv(name, value, 1);
     const flashcore_status status = flashcore_create(h);
     *message = flashcore_last_error_message();
     if (previous == nullptr) {
-        unsetenv("FLASHCORE_FWD_VARIANT");
+        unsetenv(name);
     } else {
-        setenv("FLASHCORE_FWD_VARIANT", saved.c_str(), 1);
+        setenv(name, saved.c_str(), 1);
     }
     return status;
+}
+
+flashcore_status create_with_forced_variant(const char *value, flashcore_handle *h, std::string *message) {
+    return create_with_env("FLASHCORE_FWD_VARIANT", value, h, message);
 }
 
 TEST(ForwardApi, UnknownForcedVariantIsRejectedAtCreate) {
@@ -479,6 +484,25 @@ TEST(ForwardApi, UnknownForcedVariantIsRejectedAtCreate) {
     EXPECT_EQ(status, FLASHCORE_STATUS_INVALID_ARGUMENT);
     EXPECT_EQ(h, nullptr);
     EXPECT_NE(message.find("FLASHCORE_FWD_VARIANT is 'largest'"), std::string::npos) << message;
+    if (h != nullptr) flashcore_destroy(h);
+}
+
+TEST(ForwardApi, BadPersistentCtaCapIsRejectedAtCreate) {
+    FC_REQUIRE_GPU();
+    for (const char *value : {"0", "-3", "12x", "100000"}) {
+        flashcore_handle h = nullptr;
+        std::string message;
+        EXPECT_EQ(create_with_env("FLASHCORE_PERSISTENT_CTAS", value, &h, &message),
+                  FLASHCORE_STATUS_INVALID_ARGUMENT)
+            << value;
+        EXPECT_EQ(h, nullptr);
+        EXPECT_NE(message.find("FLASHCORE_PERSISTENT_CTAS is '" + std::string(value) + "'"), std::string::npos)
+            << message;
+        if (h != nullptr) flashcore_destroy(h);
+    }
+    flashcore_handle h = nullptr;
+    std::string message;
+    EXPECT_EQ(create_with_env("FLASHCORE_PERSISTENT_CTAS", "1", &h, &message), FLASHCORE_STATUS_SUCCESS) << message;
     if (h != nullptr) flashcore_destroy(h);
 }
 

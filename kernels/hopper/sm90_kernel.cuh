@@ -1,7 +1,7 @@
 // The Hopper (sm_90a) fused attention forward kernel.
 //
-// One CTA computes kBlockM = 128 query rows of one (batch, head) with three
-// warpgroups:
+// The kernel is persistent (sm90_tile_scheduler.cuh): each CTA computes a
+// sequence of 128-row query blocks. It has three warpgroups:
 //   warpgroup 0, the producer: gives up most of its registers (setmaxnreg)
 //     and has one thread issue the TMA copies of Q and of the K/V tiles into
 //     a kStages-deep ring guarded by mbarriers (sm90_pipeline.cuh);
@@ -13,7 +13,9 @@
 //     The two GEMMs of neighbouring tiles overlap the softmax: while the
 //     tensor cores compute S_j and then O += P_{j-1} V_{j-1}, the warpgroup
 //     waits only for S_j and exponentiates it; it waits for the P*V product
-//     only to rescale O and to reuse P's registers.
+//     only to rescale O and to reuse P's registers. Finished rows leave
+//     through shared memory and a TMA store (sm90_epilogue.cuh) that drains
+//     while the next block starts.
 // Tiles are visited last to first, as in the portable kernel, so the tiles
 // that need masking (partial last tile, causal diagonal) come first.
 #pragma once
@@ -24,14 +26,20 @@
 #include "sm90_mainloop.cuh"
 #include "sm90_pipeline.cuh"
 #include "sm90_producer.cuh"
+#include "sm90_tile_scheduler.cuh"
 #include "sm90_traits.cuh"
 #include "tile_scheduler.cuh"
 
 namespace flashcore::sm90 {
 
+// One query block: the consumer's 64 rows of it. kv_base: K/V tiles the CTA
+// consumed before this block (the ring's stage and phase); q_count: query
+// blocks it computed before (the Q buffer and phase).
 template <typename Traits>
-__device__ __forceinline__ void run_consumer(const FwdKernelParams &p, const Pipeline<Traits> &pipe,
-                                             const FwdTile &tile, int num_n_blocks, int consumer, int wg_tid) {
+__device__ __forceinline__ void consume_block(const Sm90KernelParams &params, const Pipeline<Traits> &pipe,
+                                              const FwdTile &tile, int num_n_blocks, uint32_t kv_base,
+                                              uint32_t q_count, int consumer, int wg_tid) {
+    const FwdKernelParams &p = params.fwd;
     constexpr int kNAtomsS = Traits::kBlockN / 8;
     constexpr int kNAtomsO = Traits::kHeadDim / 8;
     const int lane = wg_tid % 32;
@@ -39,7 +47,9 @@ __device__ __forceinline__ void run_consumer(const FwdKernelParams &p, const Pip
     const int first_query = tile.m_block * Traits::kBlockM;
     const int shift = causal_shift(p);
 
-    const uint32_t q_rows = smem_address(pipe.q_tile()) + consumer * Traits::kRowsPerConsumer * kPanelRowBytes;
+    const int q_buffer = Pipeline<Traits>::q_buffer_of(q_count);
+    const uint32_t q_rows =
+        smem_address(pipe.q_tile(q_buffer)) + consumer * Traits::kRowsPerConsumer * kPanelRowBytes;
 
     float acc_o[1][kNAtomsO][4];
 #pragma unroll
@@ -81,10 +91,15 @@ __device__ __forceinline__ void run_consumer(const FwdKernelParams &p, const Pip
     };
     // This warp has read tile j's K (V): the wgmmas reading it completed.
     const auto release_k = [&](int j) {
-        if (lane == 0) mbarrier_arrive(pipe.k_empty(Pipeline<Traits>::stage_of(j)));
+        if (lane == 0) mbarrier_arrive(pipe.k_empty(Pipeline<Traits>::stage_of(kv_base + j)));
     };
     const auto release_v = [&](int j) {
-        if (lane == 0) mbarrier_arrive(pipe.v_empty(Pipeline<Traits>::stage_of(j)));
+        if (lane == 0) mbarrier_arrive(pipe.v_empty(Pipeline<Traits>::stage_of(kv_base + j)));
+    };
+    // This warp's last S = Q*K^T of the block completed: a later block's Q
+    // may overwrite this one.
+    const auto release_q = [&] {
+        if (lane == 0) mbarrier_arrive(pipe.q_empty(q_buffer));
     };
 
     float scores[1][kNAtomsS][4];
@@ -93,27 +108,30 @@ __device__ __forceinline__ void run_consumer(const FwdKernelParams &p, const Pip
     Fragments p_frag[2];
     float correction[2];
 
-    mbarrier_wait(pipe.q_full(), 0);
-    mbarrier_wait(pipe.k_full(0), 0);
-    issue_qk<Traits>(scores[0], q_rows, smem_address(pipe.k_tile(0)));
+    mbarrier_wait(pipe.q_full(q_buffer), Pipeline<Traits>::q_phase_of(q_count));
+    const int first_stage = Pipeline<Traits>::stage_of(kv_base);
+    mbarrier_wait(pipe.k_full(first_stage), Pipeline<Traits>::phase_of(kv_base));
+    issue_qk<Traits>(scores[0], q_rows, smem_address(pipe.k_tile(first_stage)));
     wgmma_wait<0>();
     fence_accumulators(scores[0]);
     release_k(0);
+    if (num_n_blocks == 1) release_q();
     softmax_to_fragments(scores, 0, correction, p_frag[0]);  // O is still zero: nothing to rescale
 
     // One step: S_j = Q K_j^T and O += P_{j-1} V_{j-1} on the tensor cores
     // while P_j is computed from S_j.
     const auto step = [&](int j, Fragments &p_prev, Fragments &p_next) {
-        const int stage = Pipeline<Traits>::stage_of(j);
-        const int prev_stage = Pipeline<Traits>::stage_of(j - 1);
-        mbarrier_wait(pipe.k_full(stage), Pipeline<Traits>::phase_of(j));
+        const int stage = Pipeline<Traits>::stage_of(kv_base + j);
+        const int prev_stage = Pipeline<Traits>::stage_of(kv_base + j - 1);
+        mbarrier_wait(pipe.k_full(stage), Pipeline<Traits>::phase_of(kv_base + j));
         issue_qk<Traits>(scores[0], q_rows, smem_address(pipe.k_tile(stage)));
-        mbarrier_wait(pipe.v_full(prev_stage), Pipeline<Traits>::phase_of(j - 1));
+        mbarrier_wait(pipe.v_full(prev_stage), Pipeline<Traits>::phase_of(kv_base + j - 1));
         issue_pv<Traits>(acc_o[0], p_prev, smem_address(pipe.v_tile(prev_stage)));
 
         wgmma_wait<1>();  // S_j is done; P_{j-1} * V_{j-1} may still run
         fence_accumulators(scores[0]);
         release_k(j);
+        if (j == num_n_blocks - 1) release_q();
         const bool rescale = softmax_to_fragments(scores, j, correction, p_next);
 
         wgmma_wait<0>();
@@ -129,8 +147,8 @@ __device__ __forceinline__ void run_consumer(const FwdKernelParams &p, const Pip
     if (j < num_n_blocks) step(j, p_frag[0], p_frag[1]);
     // The last tile's P is in set (num_n_blocks - 1) % 2.
     const int last = num_n_blocks - 1;
-    const int last_stage = Pipeline<Traits>::stage_of(last);
-    mbarrier_wait(pipe.v_full(last_stage), Pipeline<Traits>::phase_of(last));
+    const int last_stage = Pipeline<Traits>::stage_of(kv_base + last);
+    mbarrier_wait(pipe.v_full(last_stage), Pipeline<Traits>::phase_of(kv_base + last));
     if (last % 2 == 0) {
         issue_pv<Traits>(acc_o[0], p_frag[0], smem_address(pipe.v_tile(last_stage)));
     } else {
@@ -142,14 +160,36 @@ __device__ __forceinline__ void run_consumer(const FwdKernelParams &p, const Pip
 
     float row_lse[2];
     softmax.finalize(acc_o, p.softmax_scale, row_lse);
-    store_rows(OutputBlock<typename Traits::Element>::of(p, tile, Traits::kBlockM), p.out_seq_stride, acc_o[0],
-               row_lse, warp_first_row, lane);
+    store_rows<Traits>(params, tile, pipe.o_staging(consumer), consumer, acc_o[0], row_lse, wg_tid);
+}
+
+// A consumer warpgroup walks the CTA's schedule, in step with the producer.
+template <typename Traits>
+__device__ __forceinline__ void run_consumer(const Sm90KernelParams &params, const Pipeline<Traits> &pipe,
+                                             int consumer, int wg_tid) {
+    const FwdKernelParams &p = params.fwd;
+    uint32_t kv_count = 0;  // K/V tiles consumed so far
+    uint32_t q_count = 0;   // query blocks with keys computed so far
+    PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(p).for_each_block(
+        p, [&](const FwdTile &tile, int num_n_blocks) {
+            if (num_n_blocks <= 0) {
+                store_empty_block<typename Traits::Element, Traits::kHeadDim>(
+                    OutputBlock<typename Traits::Element>::of(p, tile, Traits::kBlockM), p.out_seq_stride,
+                    consumer * kWarpgroupThreads + wg_tid, Traits::kConsumerWarpgroups * kWarpgroupThreads);
+                return;
+            }
+            consume_block<Traits>(params, pipe, tile, num_n_blocks, kv_count, q_count, consumer, wg_tid);
+            kv_count += num_n_blocks;
+            ++q_count;
+        });
+    // The staging buffers live in this CTA's shared memory: the last stores
+    // must be done with them before the CTA exits.
+    if (wg_tid == 0) bulk_wait_group_all();
 }
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ Sm90KernelParams params) {
-    const FwdKernelParams &p = params.fwd;
     extern __shared__ unsigned char smem_raw[];
     // The 128-byte swizzle repeats every 1024 bytes; TMA and wgmma assume
     // tiles aligned to that (kSmemBytes includes the slack).
@@ -157,26 +197,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         (reinterpret_cast<uintptr_t>(smem_raw) + kSwizzleAtomBytes - 1) & ~uintptr_t(kSwizzleAtomBytes - 1));
     const Pipeline<Traits> pipe{smem};
 
-    const FwdTile tile = fwd_tile_for_block<Traits::kBlockM>(p, blockIdx.x);
-    const int num_n_blocks = fwd_num_n_blocks<Traits::kBlockM, Traits::kBlockN>(p, tile.m_block);
-    if (num_n_blocks <= 0) {
-        store_empty_block<typename Traits::Element, Traits::kHeadDim>(
-            OutputBlock<typename Traits::Element>::of(p, tile, Traits::kBlockM), p.out_seq_stride, threadIdx.x,
-            Traits::kNumThreads);
-        return;
-    }
-
     if (threadIdx.x == 0) pipe.init();
     __syncthreads();
 
     const int warpgroup = threadIdx.x / kWarpgroupThreads;
     if (warpgroup == 0) {
         setmaxnreg_decrease<Traits::kProducerRegisters>();
-        if (threadIdx.x == 0) run_producer<Traits>(params, pipe, tile, num_n_blocks);
+        if (threadIdx.x == 0) run_producer<Traits>(params, pipe);
         return;
     }
     setmaxnreg_increase<Traits::kConsumerRegisters>();
-    run_consumer<Traits>(p, pipe, tile, num_n_blocks, warpgroup - 1, threadIdx.x % kWarpgroupThreads);
+    run_consumer<Traits>(params, pipe, warpgroup - 1, threadIdx.x % kWarpgroupThreads);
 }
 
 }  // namespace flashcore::sm90

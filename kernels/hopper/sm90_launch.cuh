@@ -32,9 +32,9 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     return encoder;
 }
 
-// A 4-d map (head_dim, seq, head, batch) of 2-byte elements, read in boxes
-// of 64 columns x box_rows rows with the 128-byte swizzle. Rows past seqlen
-// read as zeros. Returns false where the driver cannot describe the tensor.
+// A 4-d map (head_dim, seq, head, batch) of 2-byte elements, accessed in
+// boxes of 64 columns x box_rows rows with the 128-byte swizzle. Rows past
+// seqlen read as zeros and are not written. Returns false where the driver cannot describe the tensor.
 inline bool encode_tensor_map(CUtensorMap *map, CUtensorMapDataType type, const void *base, int head_dim,
                               int seqlen, int heads, int batch, int64_t seq_stride, int64_t head_stride,
                               int64_t batch_stride, int box_rows) {
@@ -77,7 +77,10 @@ cudaError_t run_flash_fwd_sm90(const FwdKernelParams &params, cudaStream_t strea
                                 Traits::kBlockN) &&
         sm90::encode_tensor_map(&p.tma_v, kType, params.v, kHeadDim, params.seqlen_k, params.num_heads_kv,
                                 params.batch_size, params.v_seq_stride, params.v_head_stride, params.v_batch_stride,
-                                Traits::kBlockN);
+                                Traits::kBlockN) &&
+        sm90::encode_tensor_map(&p.tma_o, kType, params.out, kHeadDim, params.seqlen_q, params.num_heads_q,
+                                params.batch_size, params.out_seq_stride, params.out_head_stride,
+                                params.out_batch_stride, Traits::kRowsPerConsumer);
     // The dispatcher falls back to the portable kernel.
     if (!encoded) return cudaErrorNotSupported;
 
@@ -85,8 +88,11 @@ cudaError_t run_flash_fwd_sm90(const FwdKernelParams &params, cudaStream_t strea
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes));
     if (err != cudaSuccess) return err;
-    const int64_t num_blocks = fwd_num_ctas(params.batch_size, params.num_heads_q, params.seqlen_q, Traits::kBlockM);
-    kernel<<<dim3(unsigned(num_blocks)), dim3(Traits::kNumThreads), Traits::kSmemBytes, stream>>>(p);
+    // Persistent: one CTA per SM at most, each walking its share of the
+    // schedule.
+    const int64_t num_items = sm90::PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(params).num_items(params);
+    const int64_t num_ctas = num_items < params.max_persistent_ctas ? num_items : params.max_persistent_ctas;
+    kernel<<<dim3(unsigned(num_ctas)), dim3(Traits::kNumThreads), Traits::kSmemBytes, stream>>>(p);
     return cudaGetLastError();
 }
 

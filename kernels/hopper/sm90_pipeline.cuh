@@ -1,8 +1,14 @@
 // The shared-memory pipeline between the producer warp and the consumer
 // warpgroups: where each stage's tiles live and which mbarrier guards them.
 //
-// Stage s holds K/V tile j for j % kStages == s. Its barriers complete once
-// per use, so the phase to wait for is (j / kStages) & 1:
+// The kernel is persistent, so a CTA's K/V tiles are counted across all the
+// query blocks it computes: stage s holds the CTA's K/V tile j (counted from
+// its first) for j % kStages == s. Its barriers complete once per use, so the
+// phase to wait for is (j / kStages) & 1. Q buffers are used in turn the
+// same way, counted by the query blocks the CTA computed:
+//   q_full[b]: the block's Q landed (1 arrival + bytes);
+//   q_empty[b]: every consumer warp's last S = Q*K^T of the block completed
+//   (kConsumerWarps arrivals), so a later block's Q may load;
 //   k_full[s], v_full[s]: the TMA copy of K (V) landed (1 arrival + bytes);
 //   k_empty[s], v_empty[s]: every consumer warp is done reading K (V)
 //   (kConsumerWarps arrivals). K and V are released separately: a tile's K
@@ -25,27 +31,41 @@ struct Pipeline {
     __device__ __forceinline__ uint64_t *barriers() const {
         return reinterpret_cast<uint64_t *>(smem + Traits::kSmemBarriers);
     }
-    __device__ __forceinline__ uint64_t *q_full() const { return barriers(); }
-    __device__ __forceinline__ uint64_t *k_full(int stage) const { return barriers() + 1 + stage; }
-    __device__ __forceinline__ uint64_t *v_full(int stage) const { return barriers() + 1 + Traits::kStages + stage; }
+    __device__ __forceinline__ uint64_t *q_full(int buffer) const { return barriers() + buffer; }
+    __device__ __forceinline__ uint64_t *q_empty(int buffer) const {
+        return barriers() + Traits::kQStages + buffer;
+    }
+    __device__ __forceinline__ uint64_t *k_full(int stage) const {
+        return barriers() + 2 * Traits::kQStages + stage;
+    }
+    __device__ __forceinline__ uint64_t *v_full(int stage) const {
+        return barriers() + 2 * Traits::kQStages + Traits::kStages + stage;
+    }
     __device__ __forceinline__ uint64_t *k_empty(int stage) const {
-        return barriers() + 1 + 2 * Traits::kStages + stage;
+        return barriers() + 2 * Traits::kQStages + 2 * Traits::kStages + stage;
     }
     __device__ __forceinline__ uint64_t *v_empty(int stage) const {
-        return barriers() + 1 + 3 * Traits::kStages + stage;
+        return barriers() + 2 * Traits::kQStages + 3 * Traits::kStages + stage;
     }
 
-    __device__ __forceinline__ unsigned char *q_tile() const { return smem; }
+    __device__ __forceinline__ unsigned char *q_tile(int buffer) const { return smem + buffer * Traits::kQBytes; }
     __device__ __forceinline__ unsigned char *k_tile(int stage) const {
         return smem + Traits::kSmemK + stage * Traits::kKVTileBytes;
     }
     __device__ __forceinline__ unsigned char *v_tile(int stage) const {
         return smem + Traits::kSmemV + stage * Traits::kKVTileBytes;
     }
+    __device__ __forceinline__ unsigned char *o_staging(int consumer) const {
+        return smem + Traits::kSmemO + consumer * Traits::kOStagingBytes;
+    }
 
     // By one thread, before any use; the caller synchronises the CTA after.
     __device__ __forceinline__ void init() const {
-        mbarrier_init(q_full(), 1);
+#pragma unroll
+        for (int b = 0; b < Traits::kQStages; ++b) {
+            mbarrier_init(q_full(b), 1);
+            mbarrier_init(q_empty(b), Traits::kConsumerWarps);
+        }
 #pragma unroll
         for (int s = 0; s < Traits::kStages; ++s) {
             mbarrier_init(k_full(s), 1);
@@ -56,8 +76,12 @@ struct Pipeline {
         fence_barrier_init();
     }
 
-    __device__ __forceinline__ static int stage_of(int j) { return j % Traits::kStages; }
-    __device__ __forceinline__ static uint32_t phase_of(int j) { return uint32_t(j / Traits::kStages) & 1u; }
+    __device__ __forceinline__ static int stage_of(uint32_t j) { return int(j % Traits::kStages); }
+    __device__ __forceinline__ static uint32_t phase_of(uint32_t j) { return (j / Traits::kStages) & 1u; }
+    __device__ __forceinline__ static int q_buffer_of(uint32_t block) { return int(block % Traits::kQStages); }
+    __device__ __forceinline__ static uint32_t q_phase_of(uint32_t block) {
+        return (block / Traits::kQStages) & 1u;
+    }
 };
 
 }  // namespace flashcore::sm90

@@ -108,4 +108,34 @@ __device__ __forceinline__ void tma_load_4d(void *smem_dst, const void *tensor_m
                                     bar);
 }
 
+// One box of shared memory out to a 4-d tensor map, as part of this thread's
+// current bulk group. Rows past the map's seqlen are not written.
+__device__ __forceinline__ void tma_store_4d(const void *tensor_map, const void *smem_src, int col, int row,
+                                             int head, int batch) {
+    const int32_t coords[4] = {col, row, head, batch};
+    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, tensor_map, coords, smem_src);
+}
+
+__device__ __forceinline__ void bulk_commit_group() { cuda::ptx::cp_async_bulk_commit_group(); }
+
+// Waits until this thread's bulk stores have finished reading shared memory
+// (their global writes may still be in flight).
+__device__ __forceinline__ void bulk_wait_group_read_all() {
+    cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+}
+
+// Waits until this thread's bulk stores are complete, global writes included.
+__device__ __forceinline__ void bulk_wait_group_all() { cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{}); }
+
+// Makes this thread's ordinary shared-memory writes visible to the TMA unit.
+__device__ __forceinline__ void fence_shared_to_async_proxy() {
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+}
+
+// Barrier `id` among `num_threads` threads (a multiple of 32); the id may
+// be chosen at run time (per warpgroup).
+__device__ __forceinline__ void named_barrier_sync_id(int id, int num_threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(num_threads) : "memory");
+}
+
 }  // namespace flashcore::sm90

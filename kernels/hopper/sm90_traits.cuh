@@ -13,25 +13,33 @@
 namespace flashcore::sm90 {
 
 // Kernel arguments: the portable kernel's parameters plus the TMA
-// descriptors of Q, K and V (4-d: head_dim, seq, head, batch), encoded per
-// call on the host. __grid_constant__, so the TMA unit reads them in place.
+// descriptors of Q, K, V and O (4-d: head_dim, seq, head, batch), encoded
+// per call on the host. __grid_constant__, so the TMA unit reads them in
+// place.
 struct Sm90KernelParams {
     FwdKernelParams fwd;
     CUtensorMap tma_q;
     CUtensorMap tma_k;
     CUtensorMap tma_v;
+    CUtensorMap tma_o;
 };
+
+// Shared memory an sm_90 block may opt into (H100, H200): 227 KB.
+constexpr size_t kMaxSmemPerBlock = 227 * 1024;
 
 // Columns per TMA box and swizzle panel: 128 bytes of 2-byte elements.
 constexpr int kPanelCols = 64;
 constexpr int kPanelRowBytes = 128;
 
-template <typename Element_, int kHeadDim_, int kBlockN_, int kStages_>
+template <typename Element_, int kHeadDim_, int kBlockN_, int kStages_, int kQStages_>
 struct Sm90Traits {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kBlockN = kBlockN_;  // keys per K/V tile
     static constexpr int kStages = kStages_;  // K/V tiles in flight
+    // Q buffers: with two, the next query block's Q loads while the current
+    // one's is still in use.
+    static constexpr int kQStages = kQStages_;
 
     // One producer warpgroup issues the TMA copies; each consumer warpgroup
     // owns 64 query rows (one wgmma M) of the CTA's block.
@@ -52,17 +60,25 @@ struct Sm90Traits {
     static constexpr uint32_t kKVPanelBytes = kBlockN * kPanelRowBytes;
     static constexpr uint32_t kKVTileBytes = kPanels * kKVPanelBytes;
 
-    // Shared memory, from a 1024-byte aligned base: Q, the K ring, the V ring,
-    // then the mbarriers.
-    static constexpr uint32_t kSmemK = kQBytes;
+    // Each consumer stages its finished rows of O for the TMA store.
+    static constexpr uint32_t kOPanelBytes = kRowsPerConsumer * kPanelRowBytes;
+    static constexpr uint32_t kOStagingBytes = kPanels * kOPanelBytes;
+
+    // Shared memory, from a 1024-byte aligned base: the Q buffers, the K
+    // ring, the V ring, the O staging of each consumer, then the mbarriers.
+    static constexpr uint32_t kSmemK = kQStages * kQBytes;
     static constexpr uint32_t kSmemV = kSmemK + kStages * kKVTileBytes;
-    static constexpr uint32_t kSmemBarriers = kSmemV + kStages * kKVTileBytes;
-    static constexpr int kNumBarriers = 1 + 4 * kStages;  // q_full; k_full, v_full, k_empty, v_empty per stage
+    static constexpr uint32_t kSmemO = kSmemV + kStages * kKVTileBytes;
+    static constexpr uint32_t kSmemBarriers = kSmemO + kConsumerWarpgroups * kOStagingBytes;
+    // q_full, q_empty per Q buffer; k_full, v_full, k_empty, v_empty per stage
+    static constexpr int kNumBarriers = 2 * kQStages + 4 * kStages;
     static constexpr size_t kSmemBytes = kSmemBarriers + kNumBarriers * sizeof(uint64_t) + kSwizzleAtomBytes;
 
+    static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory beyond what an sm_90 block may opt into");
     static_assert(kHeadDim % kPanelCols == 0, "head_dim must be a whole number of 64-column panels");
     static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
-    static_assert(kQPanelBytes % kSwizzleAtomBytes == 0 && kKVPanelBytes % kSwizzleAtomBytes == 0,
+    static_assert(kQPanelBytes % kSwizzleAtomBytes == 0 && kKVPanelBytes % kSwizzleAtomBytes == 0 &&
+                      kOPanelBytes % kSwizzleAtomBytes == 0,
                   "panels must keep the 1024-byte swizzle alignment");
 };
 

@@ -1,0 +1,74 @@
+// The persistent tile schedule of the sm90 kernel.
+//
+// The grid holds at most one CTA per SM, and CTA c takes work items c,
+// c + gridDim.x, c + 2 * gridDim.x, ... The producer and the consumers walk
+// the same sequence, so the producer loads the next block's Q and K/V while
+// the consumers still finish (and store) the current one; no CTA pays a
+// launch, a pipeline fill or a drain per query block.
+//
+// Without a causal mask a work item is one 128-row query block. With one,
+// block m of a head sees about m + 1 key tiles, so a static round-robin over
+// single blocks would hand some CTAs far more keys than others. An item
+// therefore pairs block num_m_blocks - 1 - i with block i: every pair of a
+// head carries the same number of keys (the middle block of an odd count is
+// alone), and the longer block of each pair goes first.
+// Items of one (batch, head) are adjacent, so the CTAs working at the same
+// time read the K/V of only a few heads, which stay in L2.
+#pragma once
+
+#include "fwd_params.h"
+#include "tile_scheduler.cuh"
+
+namespace flashcore::sm90 {
+
+template <int kBlockM, int kBlockN>
+struct PersistentSchedule {
+    int num_m_blocks;
+    int items_per_head;
+    bool paired;
+
+    __host__ __device__ static PersistentSchedule of(const FwdKernelParams &p) {
+        PersistentSchedule s;
+        s.num_m_blocks = ceil_div(p.seqlen_q, kBlockM);
+        s.paired = p.causal;
+        s.items_per_head = s.paired ? (s.num_m_blocks + 1) / 2 : s.num_m_blocks;
+        return s;
+    }
+
+    __host__ __device__ int64_t num_items(const FwdKernelParams &p) const {
+        return int64_t(items_per_head) * p.num_heads_q * p.batch_size;
+    }
+
+    // Query blocks in `item`: 2 for a causal pair, else 1.
+    __device__ __forceinline__ int blocks_in(int item) const {
+        const int i = item % items_per_head;
+        return paired && i != num_m_blocks - 1 - i ? 2 : 1;
+    }
+
+    // Block `which` (0: the longer) of `item`.
+    __device__ __forceinline__ FwdTile tile(const FwdKernelParams &p, int item, int which) const {
+        const int i = item % items_per_head;
+        const int bh = item / items_per_head;
+        FwdTile t;
+        t.m_block = which == 0 ? num_m_blocks - 1 - i : i;
+        t.head_q = bh % p.num_heads_q;
+        t.batch = bh / p.num_heads_q;
+        t.head_kv = t.head_q / (p.num_heads_q / p.num_heads_kv);
+        return t;
+    }
+
+    // Calls visit(tile, num_n_blocks) for each query block of this CTA, in
+    // schedule order. num_n_blocks <= 0: no row of the block sees a key.
+    template <typename Visit>
+    __device__ __forceinline__ void for_each_block(const FwdKernelParams &p, Visit &&visit) const {
+        const int items = int(num_items(p));
+        for (int item = blockIdx.x; item < items; item += gridDim.x) {
+            for (int which = 0; which < blocks_in(item); ++which) {
+                const FwdTile t = tile(p, item, which);
+                visit(t, fwd_num_n_blocks<kBlockM, kBlockN>(p, t.m_block));
+            }
+        }
+    }
+};
+
+}  // namespace flashcore::sm90
