@@ -13,10 +13,10 @@
 //     The two GEMMs of neighbouring tiles overlap the softmax: while the
 //     tensor cores compute S_j and then O += P_{j-1} V_{j-1}, the warpgroup
 //     waits only for S_j and exponentiates it; it waits for the P*V product
-//     only to rescale O and to reuse P's registers. Query blocks overlap
-//     the same way (run_consumer). Finished rows leave through shared
-//     memory and a TMA store (sm90_epilogue.cuh) that drains while the next
-//     block runs.
+//     only to rescale O and to reuse P's registers. A finished block is
+//     normalised while the next block's first S = Q*K^T runs
+//     (run_consumer), and its rows leave through shared memory and a TMA
+//     store (sm90_epilogue.cuh) that drains while the next block computes.
 // Tiles are visited last to first, as in the portable kernel, so the tiles
 // that need masking (partial last tile, causal diagonal) come first.
 #pragma once
@@ -36,10 +36,11 @@ namespace flashcore::sm90 {
 // A consumer warpgroup walks the CTA's schedule, in step with the producer,
 // computing its 64 rows of each query block.
 //
-// Neighbouring blocks overlap like neighbouring key tiles: the last
-// O += P*V of block t is issued behind S_0 = Q*K_0^T of block t + 1, and
-// block t + 1's first probabilities are computed while that product runs;
-// only then is block t normalised and stored.
+// Neighbouring blocks overlap: block t's last O += P*V is issued, then
+// block t + 1's S_0 = Q*K_0^T (its Q and first K tile were loaded ahead),
+// and block t is normalised and stored while S_0 runs. (Issuing S_0 first,
+// so that block t + 1's first softmax would overlap the P*V product, was
+// slower: block t then cannot finish before block t + 1's first K lands.)
 template <typename Traits>
 __device__ __forceinline__ void run_consumer(const Sm90KernelParams &params, const Pipeline<Traits> &pipe,
                                              int consumer, int wg_tid) {
@@ -102,9 +103,10 @@ __device__ __forceinline__ void run_consumer(const Sm90KernelParams &params, con
         if (lane == 0) mbarrier_arrive(pipe.q_empty(q_buffer));
     };
 
-    // The block whose last P*V product is still to be issued or waited for.
-    // Its last probabilities are in p_frag[1]: the next block computes its
-    // first ones into p_frag[0] meanwhile.
+    // The block whose last P*V product is still to be issued. Its last
+    // probabilities are always in p_frag[1], so that product has one issue
+    // site whatever the block's tile count (a branch between two issue
+    // sites makes ptxas serialise the wgmmas).
     bool pending = false;
     FwdTile pending_tile{};
     uint32_t pending_last_kv = 0;  // its last K/V tile
@@ -196,7 +198,7 @@ __device__ __forceinline__ void run_consumer(const Sm90KernelParams &params, con
         if (j < num_n_blocks) step(j, p_frag[0], p_frag[1]);
 
         // Tile j's probabilities are in p_frag[j % 2]; the last tile's go to
-        // p_frag[1], where the next block's first step expects them.
+        // p_frag[1], where issue_pending_pv reads them.
         if ((num_n_blocks - 1) % 2 == 0) {
 #pragma unroll
             for (int kk = 0; kk < Traits::kBlockN / 16; ++kk) {
