@@ -21,16 +21,21 @@ struct FwdTile {
 
 __host__ __device__ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-template <int kBlockM>
-__device__ __forceinline__ FwdTile fwd_tile_for_block(const FwdKernelParams &p, int linear_block) {
-    const int num_m_blocks = ceil_div(p.seqlen_q, kBlockM);
+// Query block m_block of the bh-th (batch, query head) pair, heads of a
+// batch adjacent.
+__device__ __forceinline__ FwdTile fwd_tile(const FwdKernelParams &p, int bh, int m_block) {
     FwdTile t;
-    t.m_block = num_m_blocks - 1 - linear_block % num_m_blocks;
-    const int bh = linear_block / num_m_blocks;
+    t.m_block = m_block;
     t.head_q = bh % p.num_heads_q;
     t.batch = bh / p.num_heads_q;
     t.head_kv = t.head_q / (p.num_heads_q / p.num_heads_kv);
     return t;
+}
+
+template <int kBlockM>
+__device__ __forceinline__ FwdTile fwd_tile_for_block(const FwdKernelParams &p, int linear_block) {
+    const int num_m_blocks = ceil_div(p.seqlen_q, kBlockM);
+    return fwd_tile(p, linear_block / num_m_blocks, num_m_blocks - 1 - linear_block % num_m_blocks);
 }
 
 // Rows of query block m_block that exist (the last block may be partial).

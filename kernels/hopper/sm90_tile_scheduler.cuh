@@ -48,13 +48,7 @@ struct PersistentSchedule {
     // Block `which` (0: the longer) of `item`.
     __device__ __forceinline__ FwdTile tile(const FwdKernelParams &p, int item, int which) const {
         const int i = item % items_per_head;
-        const int bh = item / items_per_head;
-        FwdTile t;
-        t.m_block = which == 0 ? num_m_blocks - 1 - i : i;
-        t.head_q = bh % p.num_heads_q;
-        t.batch = bh / p.num_heads_q;
-        t.head_kv = t.head_q / (p.num_heads_q / p.num_heads_kv);
-        return t;
+        return fwd_tile(p, item / items_per_head, which == 0 ? num_m_blocks - 1 - i : i);
     }
 
     // Calls visit(tile, num_n_blocks) for each query block of this CTA, in
