@@ -472,15 +472,11 @@ flashcore_status create_with_env(const char *name, const char *value, flashcore_
     return status;
 }
 
-flashcore_status create_with_forced_variant(const char *value, flashcore_handle *h, std::string *message) {
-    return create_with_env("FLASHCORE_FWD_VARIANT", value, h, message);
-}
-
 TEST(ForwardApi, UnknownForcedVariantIsRejectedAtCreate) {
     FC_REQUIRE_GPU();
     flashcore_handle h = nullptr;
     std::string message;
-    const flashcore_status status = create_with_forced_variant("largest", &h, &message);
+    const flashcore_status status = create_with_env("FLASHCORE_FWD_VARIANT", "largest", &h, &message);
     EXPECT_EQ(status, FLASHCORE_STATUS_INVALID_ARGUMENT);
     EXPECT_EQ(h, nullptr);
     EXPECT_NE(message.find("FLASHCORE_FWD_VARIANT is 'largest'"), std::string::npos) << message;
@@ -511,13 +507,11 @@ TEST(ForwardApi, BadPersistentCtaCapIsRejectedAtCreate) {
 // creation says why it cannot be.
 TEST(ForwardApi, ForcedSm90PathIsRefusedWhereItCannotRun) {
     FC_REQUIRE_GPU();
-    int device = 0, major = 0, minor = 0;
-    ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
-    ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
-    ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), cudaSuccess);
+    int major = 0, minor = 0;
+    ASSERT_TRUE(current_compute_capability(&major, &minor));
     flashcore_handle h = nullptr;
     std::string message;
-    const flashcore_status status = create_with_forced_variant("sm90", &h, &message);
+    const flashcore_status status = create_with_env("FLASHCORE_FWD_VARIANT", "sm90", &h, &message);
     if (status == FLASHCORE_STATUS_SUCCESS) {
         EXPECT_TRUE(major == 9 && minor == 0) << "sm90 accepted on compute capability " << major << "." << minor;
         flashcore_destroy(h);

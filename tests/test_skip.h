@@ -17,14 +17,24 @@ constexpr int kSkipExitCode = 77;
 // FLASHCORE_FWD_VARIANT=sm90 (ctest's gpu.sm90. run) asks for the sm_90a
 // kernels, which run on compute capability 9.0 only; elsewhere that run's
 // tests skip, saying so.
+// The current device's compute capability; false (and the CUDA error
+// cleared) where it cannot be read.
+inline bool current_compute_capability(int *major, int *minor) {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return true;
+}
+
 inline bool forced_path_unavailable(std::string *reason) {
     const char *forced = std::getenv("FLASHCORE_FWD_VARIANT");
     if (forced == nullptr || std::string(forced) != "sm90") return false;
-    int device = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-        cudaGetLastError();
+    int major = 0, minor = 0;
+    if (!current_compute_capability(&major, &minor)) {
         *reason = "could not read the device's compute capability";
         return true;
     }
