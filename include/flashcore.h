@@ -89,9 +89,9 @@ extern "C" {
  * ------------------------------------------------------------------------- */
 
 #define FLASHCORE_VERSION_MAJOR 0
-#define FLASHCORE_VERSION_MINOR 1
+#define FLASHCORE_VERSION_MINOR 2
 #define FLASHCORE_VERSION_PATCH 0
-/* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 100 for 0.1.0. */
+/* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 200 for 0.2.0. */
 #define FLASHCORE_VERSION_NUMBER \
     (FLASHCORE_VERSION_MAJOR * 10000 + FLASHCORE_VERSION_MINOR * 100 + FLASHCORE_VERSION_PATCH)
 
@@ -112,9 +112,9 @@ typedef enum flashcore_status {
     /* A parameter is wrong whatever the GPU: a null pointer, a size <= 0, head
      * counts that do not divide, a bad stride, a struct_size too small. */
     FLASHCORE_STATUS_INVALID_ARGUMENT = 1,
-    /* Valid, but not implemented: a head_dim or dtype this version does not
-     * have kernels for, a GPU older than sm_80, a struct from a newer header
-     * that uses fields this library does not know. */
+    /* Valid, but not implemented: a head_dim or dtype this build has no
+     * kernel for (the message lists what it has), a GPU older than sm_80, a
+     * struct from a newer header that uses fields this library does not know. */
     FLASHCORE_STATUS_UNSUPPORTED = 2,
     /* A pointer or stride does not meet the alignment the kernels need. */
     FLASHCORE_STATUS_MISALIGNED = 3,
@@ -190,9 +190,12 @@ typedef enum flashcore_layout {
 
 /*
  * Everything one attention call needs. Logical shapes:
- *   q, out: [batch_size, num_heads_q,  seqlen_q, head_dim]
- *   k, v:   [batch_size, num_heads_kv, seqlen_k, head_dim]
+ *   q:      [batch_size, num_heads_q,  seqlen_q, head_dim]
+ *   k:      [batch_size, num_heads_kv, seqlen_k, head_dim]
+ *   v:      [batch_size, num_heads_kv, seqlen_k, head_dim_v]
+ *   out:    [batch_size, num_heads_q,  seqlen_q, head_dim_v]
  *   lse:    [batch_size, num_heads_q,  seqlen_q], float32, contiguous
+ * (head_dim_v is head_dim unless set; see the field.)
  * Each tensor's last dimension (head_dim) is contiguous; the other three are
  * addressed through element strides (not bytes), so [B,S,H,D], [B,H,S,D] and
  * views with padding all work. Strides must be >= 0 and multiples of
@@ -212,7 +215,12 @@ typedef struct flashcore_forward_params {
     int32_t seqlen_k;
     int32_t num_heads_q;
     int32_t num_heads_kv;
-    int32_t head_dim; /* 64 or 128 in this version */
+    /* Head dimension of q and k. Any multiple of 8 from 8 to 256. The
+     * default build has kernels for 32, 64, 96, 128, 192 (with head_dim_v
+     * 128) and 256 (flashcore_supported_head_dims lists what this build
+     * has); any other head dim runs on the smallest kernel that covers it,
+     * its q, k, v and out loaded and stored only up to their real width. */
+    int32_t head_dim;
 
     /* Non-zero: causal mask aligned to the bottom-right corner, as in
      * FlashAttention >= 2.1: query i sees key j iff j <= i + seqlen_k - seqlen_q.
@@ -237,6 +245,14 @@ typedef struct flashcore_forward_params {
     int64_t k_batch_stride, k_seq_stride, k_head_stride;
     int64_t v_batch_stride, v_seq_stride, v_head_stride;
     int64_t out_batch_stride, out_seq_stride, out_head_stride;
+
+    /* ---- Fields added in 0.2 (a 0.1 caller's struct ends above; they read
+     * as their defaults for it). ---- */
+
+    /* Head dimension of v and out, when it differs from head_dim (e.g. 128
+     * with head_dim 192, as in DeepSeek-style prefill). 0 (the default)
+     * means head_dim. Same rules as head_dim. */
+    int32_t head_dim_v;
 } flashcore_forward_params;
 
 /* Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,
@@ -246,10 +262,24 @@ typedef struct flashcore_forward_params {
 FLASHCORE_API flashcore_status flashcore_forward_params_init(flashcore_forward_params *params, size_t struct_size);
 
 /* Sets all twelve strides for densely packed q, k, v and out in the given
- * layout, from batch_size, seqlen_q, seqlen_k, num_heads_q, num_heads_kv and
- * head_dim (which must be set first and be > 0). */
+ * layout, from batch_size, seqlen_q, seqlen_k, num_heads_q, num_heads_kv,
+ * head_dim and head_dim_v (which must be set first; all but head_dim_v > 0). */
 FLASHCORE_API flashcore_status flashcore_set_contiguous_strides(flashcore_forward_params *params,
                                                                 flashcore_layout layout);
+
+/* The (head_dim, head_dim_v) pairs this build has kernels of its own for, in
+ * increasing order of head_dim, then head_dim_v: the default build has
+ * (32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256). Every GPU
+ * the library supports runs all of them. A call whose head dims are not in
+ * the list runs on the first listed pair with head_dim and head_dim_v both at
+ * least its own (both must be multiples of 8); with none,
+ * flashcore_forward returns FLASHCORE_STATUS_UNSUPPORTED.
+ *
+ * Writes min(capacity, number of pairs) pairs to head_dims[i] and
+ * head_dims_v[i] (either may be NULL when capacity is 0) and the number of
+ * pairs to *count, so a first call with capacity 0 sizes the arrays. */
+FLASHCORE_API flashcore_status flashcore_supported_head_dims(int32_t *head_dims, int32_t *head_dims_v,
+                                                             size_t capacity, size_t *count);
 
 /* Checks everything about *params that does not depend on the GPU: sizes,
  * head counts, head_dim and dtype support, pointers, alignment, strides,

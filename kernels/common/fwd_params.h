@@ -9,13 +9,16 @@ namespace flashcore {
 
 enum class DType : int { kFp16 = 1, kBf16 = 2 };
 
-// The portable kernel's tile configurations (kernels/fwd_config.cuh); the
-// dispatcher picks one per call.
+// The kernel families (kernels/sm80/, kernels/sm90/).
+enum class KernelPath : int { kSm80 = 0, kSm90 = 1 };
+
+// Tile variants (kernels/fwd_variants.list): the dispatcher picks one per
+// call among those built for the call's path and head dims.
 enum class FwdVariant : int {
-    kLargeTiles = 0,  // large query blocks: most work per shared-memory read
-    kKeySplit = 1,    // small query blocks, key tiles split over two warp groups: least latency
+    kLargeTiles = 0,   // sm80: large query blocks, most work per shared-memory read
+    kKeySplit = 1,     // sm80: small query blocks, key tiles split over two warp groups: least latency
+    kPersistent = 2,   // sm90: persistent wgmma/TMA kernel
 };
-constexpr int kNumFwdVariants = 2;
 
 struct FwdKernelParams {
     const void *q;
@@ -35,11 +38,10 @@ struct FwdKernelParams {
     int seqlen_k;
     int num_heads_q;
     int num_heads_kv;
+    // The call's head dims: at most the kernel's, whose columns past them
+    // are loaded as zeros and never stored.
     int head_dim;
-
-    // A persistent kernel launches at most this many CTAs: one per SM, or
-    // fewer where a test asks (FLASHCORE_PERSISTENT_CTAS).
-    int max_persistent_ctas;
+    int head_dim_v;
 
     float softmax_scale;       // natural-exp scale applied to Q*K^T
     float softmax_scale_log2;  // softmax_scale * log2(e): the kernels use exp2
