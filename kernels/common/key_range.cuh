@@ -1,62 +1,146 @@
-// Score masking for key columns a query row may not see: columns past
-// seqlen_k (the partial last key tile) and, under a causal mask, columns
-// right of the row's diagonal. Masked scores become -inf so that the softmax
-// gives them exactly zero weight.
+// Which keys a query may see, in one place for both kernels, their
+// schedulers and the TMA producer:
+//   KeyMask          per call: each query row's visible key interval;
+//   BlockKeyRange    per query block: the key blocks to visit and which of
+//                    them need per-element masking;
+//   FragmentKeyMask  per warp and key tile: whether each score element of the
+//                    warp's accumulator fragments is visible.
+// Kernels visit key blocks n_block_max - 1 down to n_block_min, so the blocks
+// that need masking at the right end (the partial last tile, the causal
+// diagonal) come first and the rest run unmasked.
+//
+// Today's masks: seqlen_k and causal (bottom-right aligned). A row's interval
+// is [key_begin, key_end), so a sliding window (a key_begin that grows with
+// the row), per-sequence lengths (seqlen_k per batch) and a split of the key
+// blocks over CTAs (BlockKeyRange::split) fit without changing the users.
 #pragma once
 
 #include <cmath>
 
-#include "kernel_traits.cuh"
+#include "common/fragment_layout.cuh"
+#include "common/fwd_params.h"
 
 namespace flashcore {
 
-// The layout of an m16n8 accumulator fragment: lane l holds rows l/4 and
-// l/4 + 8, columns 2*(l%4) and 2*(l%4) + 1 of its tile, in the order
-// (row, col), (row, col+1), (row+8, col), (row+8, col+1).
-__device__ __forceinline__ int frag_row(int lane) { return lane / 4; }
-__device__ __forceinline__ int frag_col(int lane) { return 2 * (lane % 4); }
-constexpr int kFragRowHalf = 8;
+__host__ __device__ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// Whether key tile n_block needs any masking for query block m_block: only
-// the partial last tile and tiles crossing the causal diagonal do. Deciding
-// per tile keeps the common full tiles free of per-element comparisons.
+// Keys [begin, end) of one query row; empty when end <= begin.
+struct RowKeys {
+    int begin;
+    int end;
+    __device__ __forceinline__ bool contains(int key) const { return key >= begin && key < end; }
+};
+
+struct KeyMask {
+    int seqlen_q;
+    int seqlen_k;
+    bool causal;
+
+    __host__ __device__ static KeyMask of(const FwdKernelParams &p) { return {p.seqlen_q, p.seqlen_k, p.causal}; }
+
+    // Query i sees keys j <= i + diagonal_shift() under the causal mask
+    // (bottom-right alignment: the last query sees the last key).
+    __host__ __device__ int diagonal_shift() const { return seqlen_k - seqlen_q; }
+
+    __host__ __device__ int key_begin(int /*row*/) const { return 0; }
+    // One past the last key `row` sees; <= 0 when it sees none.
+    __host__ __device__ int key_end(int row) const {
+        const int causal_end = row + diagonal_shift() + 1;
+        return causal && causal_end < seqlen_k ? causal_end : seqlen_k;
+    }
+    __device__ __forceinline__ RowKeys row(int r) const { return {key_begin(r), key_end(r)}; }
+};
+
+// The key blocks of kBlockN keys that query block m_block (rows
+// m_block * kBlockM ...) visits: [n_block_min, n_block_max). Blocks in
+// [n_block_min_unmasked, n_block_max_unmasked) are visible to every row of
+// the block and need no per-element mask.
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ bool tile_needs_mask(int m_block, int n_block, int seqlen_k, bool causal,
-                                                int shift) {
-    const int tile_key_end = (n_block + 1) * kBlockN;  // exclusive
-    if (tile_key_end > seqlen_k) return true;
-    // The block's first query row sees the fewest keys.
-    return causal && tile_key_end - 1 > m_block * kBlockM + shift;
-}
+struct BlockKeyRange {
+    int n_block_min;
+    int n_block_max;
+    int n_block_min_unmasked;
+    int n_block_max_unmasked;
 
-// One past the last key query `row` may see: seqlen_k, or under the causal
-// mask the key on its diagonal.
-__device__ __forceinline__ int visible_key_end(int row, int seqlen_k, bool causal, int shift) {
-    return causal ? min(seqlen_k, row + shift + 1) : seqlen_k;
-}
+    __host__ __device__ static BlockKeyRange of(const KeyMask &mask, int m_block) {
+        const int first_row = m_block * kBlockM;
+        const int last_row = (first_row + kBlockM < mask.seqlen_q ? first_row + kBlockM : mask.seqlen_q) - 1;
+        // Intervals only grow with the row: the last row reaches furthest
+        // right, the first row's right end is the nearest.
+        const int begin = mask.key_begin(first_row);
+        const int end = mask.key_end(last_row);
+        BlockKeyRange r;
+        r.n_block_min = begin / kBlockN;
+        r.n_block_max = end > begin ? ceil_div(end, kBlockN) : r.n_block_min;
+        r.n_block_min_unmasked = ceil_div(mask.key_begin(last_row), kBlockN);
+        const int nearest_end = mask.key_end(first_row);
+        r.n_block_max_unmasked = nearest_end > 0 ? nearest_end / kBlockN : 0;
+        return r;
+    }
 
-// scores[m][n][e]: this thread's fragments of one warp's S tile.
-// first_row: global query row of the warp's first row; first_col: global key
-// index of the tile's first column.
-template <int kMAtoms, int kNAtoms>
-__device__ __forceinline__ void apply_mask(float (&scores)[kMAtoms][kNAtoms][4], int first_row, int first_col,
-                                           int seqlen_k, bool causal, int shift, int lane) {
+    // Key blocks to visit; <= 0 when no row of the block sees a key.
+    __host__ __device__ int num_blocks() const { return n_block_max - n_block_min; }
+
+    // The key block visited j-th (last first).
+    __host__ __device__ int n_block(int j) const { return n_block_max - 1 - j; }
+
+    __device__ __forceinline__ bool needs_mask(int n_block) const {
+        return n_block >= n_block_max_unmasked || n_block < n_block_min_unmasked;
+    }
+
+    // Split `split` of `num_splits` equal parts of the range (the last may be
+    // shorter or empty), for kernels that spread one query block's keys over
+    // several CTAs. The masking bounds stay those of the whole block.
+    __host__ __device__ BlockKeyRange split(int split_index, int num_splits) const {
+        const int per_split = ceil_div(num_blocks() > 0 ? num_blocks() : 0, num_splits);
+        BlockKeyRange r = *this;
+        r.n_block_min = n_block_min + split_index * per_split;
+        r.n_block_max = r.n_block_min + per_split < n_block_max ? r.n_block_min + per_split : n_block_max;
+        return r;
+    }
+};
+
+// Visibility of one warp's accumulator fragments of a key tile: kMAtoms m16
+// tiles of rows from warp_first_row, key columns from tile_first_key.
+template <int kMAtoms>
+struct FragmentKeyMask {
+    RowKeys rows[kMAtoms * 2];  // rows g and g + 8 of each m16 tile
+    int first_col;              // this lane's first key
+
+    __device__ __forceinline__ static FragmentKeyMask of(const KeyMask &mask, int warp_first_row, int tile_first_key,
+                                                         int lane) {
+        FragmentKeyMask f;
 #pragma unroll
-    for (int m = 0; m < kMAtoms; ++m) {
+        for (int m = 0; m < kMAtoms; ++m) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int row = first_row + m * kMmaM + frag_row(lane) + half * kFragRowHalf;
-            const int visible_end = visible_key_end(row, seqlen_k, causal, shift);
+            for (int half = 0; half < 2; ++half) {
+                f.rows[m * 2 + half] = mask.row(warp_first_row + m * kMmaM + frag_row(lane) + half * kFragRowHalf);
+            }
+        }
+        f.first_col = tile_first_key + frag_col(lane);
+        return f;
+    }
+
+    // Element e of n8 tile n of m16 tile m.
+    __device__ __forceinline__ bool visible(int m, int n, int e) const {
+        return rows[m * 2 + e / 2].contains(first_col + n * kMmaN + e % 2);
+    }
+
+    // Sets the invisible scores to -inf, which the softmax gives exactly
+    // zero weight.
+    template <int kNAtoms>
+    __device__ __forceinline__ void apply(float (&scores)[kMAtoms][kNAtoms][4]) const {
+#pragma unroll
+        for (int m = 0; m < kMAtoms; ++m) {
 #pragma unroll
             for (int n = 0; n < kNAtoms; ++n) {
 #pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const int col = first_col + n * kMmaN + frag_col(lane) + j;
-                    if (col >= visible_end) scores[m][n][half * 2 + j] = -INFINITY;
+                for (int e = 0; e < 4; ++e) {
+                    if (!visible(m, n, e)) scores[m][n][e] = -INFINITY;
                 }
             }
         }
     }
-}
+};
 
 }  // namespace flashcore

@@ -11,8 +11,8 @@
 
 #include <cmath>
 
-#include "mask.cuh"
-#include "ptx.cuh"
+#include "common/fragment_layout.cuh"
+#include "common/ptx.cuh"
 
 namespace flashcore {
 

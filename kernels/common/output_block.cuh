@@ -1,21 +1,19 @@
-// Writes a CTA's finished output tile and log-sum-exp values.
-//
-// The O fragments are scattered over the warp's lanes in MMA layout; going
-// through shared memory turns them into whole 16-byte row vectors, so the
-// global stores are full, coalesced lines whatever the output strides.
+// Where a query block's results go, and the stores both kernels share: the
+// log-sum-exp values from registers, and the block in which no row sees a
+// key.
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
-#include "mask.cuh"
-#include "fwd_params.h"
-#include "smem_tile.cuh"
-#include "tile_scheduler.cuh"
+#include "common/fragment_layout.cuh"
+#include "common/fwd_params.h"
+#include "common/tile_coords.cuh"
 
 namespace flashcore {
 
-// Where a CTA's query block goes: its first output row and LSE entry, and how
-// many of its rows exist.
+// A query block's first output row and LSE entry, and how many of its rows
+// exist.
 template <typename Element>
 struct OutputBlock {
     Element *out;
@@ -35,37 +33,9 @@ struct OutputBlock {
     }
 };
 
-// Stages the output fragments of the threads that hold them (holds_fragments)
-// through shared memory, then all the CTA's threads copy the tile out.
-template <typename Traits>
-__device__ __forceinline__ void store_output(const float (&out)[Traits::kMAtoms][Traits::kNAtomsO][4],
-                                             bool holds_fragments, typename Traits::Element *smem_o,
-                                             typename Traits::Element *gmem_o, int64_t out_seq_stride,
-                                             int valid_rows, int warp_first_row, int lane, int tid) {
-    using Element = typename Traits::Element;
-    if (holds_fragments) {
-#pragma unroll
-        for (int m = 0; m < Traits::kMAtoms; ++m) {
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int row = warp_first_row + m * kMmaM + frag_row(lane) + half * kFragRowHalf;
-#pragma unroll
-                for (int n = 0; n < Traits::kNAtomsO; ++n) {
-                    const int col = n * kMmaN + frag_col(lane);
-                    const int offset = swizzled_offset<Traits::kHeadDim>(row, col / kElemsPerVector) +
-                                       col % kElemsPerVector;
-                    *reinterpret_cast<uint32_t *>(smem_o + offset) =
-                        pack2<Element>(out[m][n][half * 2], out[m][n][half * 2 + 1]);
-                }
-            }
-        }
-    }
-    __syncthreads();
-    store_tile<Traits, Traits::kBlockM>(gmem_o, out_seq_stride, smem_o, valid_rows, tid);
-}
-
-// lse points at this CTA's first query row; one lane of each quad writes its
-// two rows per m16 tile (kRows = 2 per m16 tile).
+// lse points at the block's first query row; one lane of each quad writes its
+// two rows per m16 tile (kRows = 2 per m16 tile) of the warp's rows from
+// warp_first_row.
 template <int kRows>
 __device__ __forceinline__ void store_lse(const float (&lse)[kRows], float *gmem_lse, int valid_rows,
                                           int warp_first_row, int lane) {
@@ -82,14 +52,15 @@ __device__ __forceinline__ void store_lse(const float (&lse)[kRows], float *gmem
 
 // A query block in which no row sees any key (causal, seqlen_q > seqlen_k):
 // out = 0 and lse = -inf, written without touching K or V by threads
-// tid = 0 .. num_threads - 1. valid_rows is at most the block's rows.
-template <typename Element, int kHeadDim>
-__device__ __forceinline__ void store_empty_block(const OutputBlock<Element> &dst, int64_t out_seq_stride, int tid,
-                                                  int num_threads) {
-    constexpr int kVectorsPerRow = kHeadDim / kElemsPerVector;
-    for (int i = tid; i < dst.valid_rows * kVectorsPerRow; i += num_threads) {
-        *reinterpret_cast<uint4 *>(dst.out + (i / kVectorsPerRow) * out_seq_stride +
-                                   (i % kVectorsPerRow) * kElemsPerVector) = make_uint4(0, 0, 0, 0);
+// tid = 0 .. num_threads - 1. Writes the first head_dim_v columns of each of
+// the block's valid rows.
+template <typename Element>
+__device__ __forceinline__ void store_empty_block(const OutputBlock<Element> &dst, int64_t out_seq_stride,
+                                                  int head_dim_v, int tid, int num_threads) {
+    const int vectors_per_row = head_dim_v / kElemsPerVector;
+    for (int i = tid; i < dst.valid_rows * vectors_per_row; i += num_threads) {
+        *reinterpret_cast<uint4 *>(dst.out + (i / vectors_per_row) * out_seq_stride +
+                                   (i % vectors_per_row) * kElemsPerVector) = make_uint4(0, 0, 0, 0);
     }
     if (dst.lse != nullptr) {
         for (int row = tid; row < dst.valid_rows; row += num_threads) dst.lse[row] = -INFINITY;

@@ -1,7 +1,8 @@
 // The portable (sm_80+) fused attention forward kernel.
 //
 // One CTA computes one block of kBlockM query rows of one (batch, head):
-//   load Q once; for each visible K/V tile, last to first:
+//   load Q once; for each key block of its BlockKeyRange
+//   (common/key_range.cuh), last to first:
 //     S = Q*K^T (tensor cores) -> mask (boundary tiles only) -> online softmax
 //     -> O += P*V (tensor cores, P straight from registers)
 //   normalise O, write O and the log-sum-exp.
@@ -16,15 +17,16 @@
 // at the end (key_split.cuh).
 #pragma once
 
-#include "epilogue.cuh"
-#include "fwd_params.h"
-#include "kernel_traits.cuh"
-#include "key_split.cuh"
-#include "mask.cuh"
-#include "smem_tile.cuh"
-#include "softmax.cuh"
-#include "tile_scheduler.cuh"
-#include "warp_gemm.cuh"
+#include "common/fwd_params.h"
+#include "common/key_range.cuh"
+#include "common/online_softmax.cuh"
+#include "common/output_block.cuh"
+#include "common/tile_coords.cuh"
+#include "sm80/epilogue.cuh"
+#include "sm80/fwd_traits.cuh"
+#include "sm80/key_split.cuh"
+#include "sm80/smem_tile.cuh"
+#include "sm80/warp_gemm.cuh"
 
 namespace flashcore {
 
@@ -49,7 +51,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
     const FwdTile tile = fwd_tile_for_block<kBlockM>(p, blockIdx.x);
     const int first_query = tile.m_block * kBlockM;
     const int valid_rows = fwd_valid_rows(p, tile.m_block, kBlockM);
-    const int shift = causal_shift(p);
+    const KeyMask mask = KeyMask::of(p);
+    const BlockKeyRange<kBlockM, kBlockN> keys = BlockKeyRange<kBlockM, kBlockN>::of(mask, tile.m_block);
 
     const Element *q = static_cast<const Element *>(p.q) + tile.batch * p.q_batch_stride +
                        tile.head_q * p.q_head_stride + first_query * p.q_seq_stride;
@@ -58,15 +61,19 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
     const Element *v = static_cast<const Element *>(p.v) + tile.batch * p.v_batch_stride +
                        tile.head_kv * p.v_head_stride;
 
-    const int num_n_blocks = fwd_num_n_blocks<kBlockM, kBlockN>(p, tile.m_block);
+    const int num_n_blocks = keys.num_blocks();
     if (num_n_blocks <= 0) {
-        store_empty_block<Element, Traits::kHeadDim>(OutputBlock<Element>::of(p, tile, kBlockM), p.out_seq_stride,
-                                                     tid, Traits::kNumThreads);
+        store_empty_block(OutputBlock<Element>::of(p, tile, kBlockM), p.out_seq_stride, p.head_dim_v, tid,
+                          Traits::kNumThreads);
         return;
     }
-    // This split visits tiles t = split, split + kSplits, ... (t-th visited
-    // overall is key block num_n_blocks - 1 - t); j counts its own tiles.
+    // This split visits tiles t = split, split + kSplits, ... (the t-th
+    // visited overall is key block keys.n_block(t)); j counts its own tiles.
     const int num_split_tiles = (num_n_blocks - split + kSplits - 1) / kSplits;
+    // Vectors of each row that exist (the call's head dims may be smaller
+    // than the kernel's): the rest load as zeros and are never stored.
+    const int qk_vectors = p.head_dim / kElemsPerVector;
+    const int v_vectors = p.head_dim_v / kElemsPerVector;
 
     // K and V tiles stream through the split's ring: its tile j lives in slot
     // j % kStages and is requested kStages - 1 iterations before it is used,
@@ -75,18 +82,20 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
     // tile), which keeps the wait counts below constant.
     const auto load_kv_tile = [&](int j) {
         if (j < num_split_tiles) {
-            const int first_key = (num_n_blocks - 1 - (j * kSplits + split)) * kBlockN;
-            Element *slot_k = smem_kv + (j % Traits::kStages) * 2 * Traits::kSmemKVElems;
-            load_tile_async<Traits, kBlockN, Traits::kThreadsPerSplit>(
-                slot_k, k + int64_t(first_key) * p.k_seq_stride, p.k_seq_stride, p.seqlen_k - first_key, split_tid);
-            load_tile_async<Traits, kBlockN, Traits::kThreadsPerSplit>(
-                slot_k + Traits::kSmemKVElems, v + int64_t(first_key) * p.v_seq_stride, p.v_seq_stride,
-                p.seqlen_k - first_key, split_tid);
+            const int first_key = keys.n_block(j * kSplits + split) * kBlockN;
+            Element *slot_k = smem_kv + (j % Traits::kStages) * Traits::kSmemSlotElems;
+            load_tile_async<Element, Traits::kHeadDim, kBlockN, Traits::kThreadsPerSplit>(
+                slot_k, k + int64_t(first_key) * p.k_seq_stride, p.k_seq_stride, p.seqlen_k - first_key, qk_vectors,
+                split_tid);
+            load_tile_async<Element, Traits::kHeadDimV, kBlockN, Traits::kThreadsPerSplit>(
+                slot_k + Traits::kSmemKElems, v + int64_t(first_key) * p.v_seq_stride, p.v_seq_stride,
+                p.seqlen_k - first_key, v_vectors, split_tid);
         }
         cp_async_commit();
     };
 
-    load_tile_async<Traits, kBlockM, Traits::kNumThreads>(smem_q, q, p.q_seq_stride, valid_rows, tid);
+    load_tile_async<Element, Traits::kHeadDim, kBlockM, Traits::kNumThreads>(smem_q, q, p.q_seq_stride, valid_rows,
+                                                                            qk_vectors, tid);
     cp_async_commit();
 #pragma unroll
     for (int j = 0; j < Traits::kStages - 1; ++j) load_kv_tile(j);
@@ -97,8 +106,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
     q_frag.init(smem_q, warp_first_row, lane);
 
     const uint32_t smem_kv_addr = smem_address(smem_kv);
-    const uint32_t k_offset = k_fragment_offset<Traits>(lane);
-    const uint32_t v_offset = v_fragment_offset<Traits>(lane);
+    const SwizzledRowSteps<Traits::kHeadDim> k_rows = k_fragment_rows<Traits>(lane);
+    const SwizzledRowSteps<Traits::kHeadDimV> v_rows = v_fragment_rows<Traits>(lane);
 
     float acc_o[Traits::kMAtoms][Traits::kNAtomsO][4];
 #pragma unroll
@@ -113,7 +122,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
     softmax.init();
 
     for (int j = 0; j < num_split_tiles; ++j) {
-        const int n_block = num_n_blocks - 1 - (j * kSplits + split);
+        const int n_block = keys.n_block(j * kSplits + split);
         // Tile j has landed (only the kStages - 2 newer requests may still be
         // in flight), and every warp of the split is done with tile j - 1,
         // whose slot the next request refills.
@@ -122,16 +131,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
         load_kv_tile(j + Traits::kStages - 1);
 
         const uint32_t slot_k_addr =
-            smem_kv_addr + uint32_t((j % Traits::kStages) * 2 * Traits::kSmemKVElems * sizeof(Element));
-        const uint32_t slot_v_addr = slot_k_addr + uint32_t(Traits::kSmemKVElems * sizeof(Element));
+            smem_kv_addr + uint32_t((j % Traits::kStages) * Traits::kSmemSlotElems * sizeof(Element));
+        const uint32_t slot_v_addr = slot_k_addr + uint32_t(Traits::kSmemKElems * sizeof(Element));
 
         float scores[Traits::kMAtoms][Traits::kNAtomsS][4];
-        gemm_qk<Traits>(scores, q_frag, slot_k_addr, k_offset);
-        if (tile_needs_mask<kBlockM, kBlockN>(tile.m_block, n_block, p.seqlen_k, p.causal, shift)) {
-            apply_mask(scores, first_query + warp_first_row, n_block * kBlockN, p.seqlen_k, p.causal, shift, lane);
+        gemm_qk<Traits>(scores, q_frag, slot_k_addr, k_rows);
+        if (keys.needs_mask(n_block)) {
+            FragmentKeyMask<Traits::kMAtoms>::of(mask, first_query + warp_first_row, n_block * kBlockN, lane)
+                .apply(scores);
         }
         softmax.update(scores, acc_o, p.softmax_scale_log2);
-        gemm_pv<Traits>(acc_o, scores, slot_v_addr, v_offset);
+        gemm_pv<Traits>(acc_o, scores, slot_v_addr, v_rows);
     }
     // Drain the (empty) trailing requests: the rings are reused below.
     cp_async_wait<0>();
@@ -163,7 +173,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
     // the output tile; every warp that read those rows is past the last
     // barrier of the tile loop (the merge) or is the writer itself.
     store_output<Traits>(acc_o, holds_result, smem_q, dst.out, p.out_seq_stride, dst.valid_rows,
-                         epi_warp_first_row, epi_lane, epi_tid);
+                         p.head_dim_v / kElemsPerVector, epi_warp_first_row, epi_lane, epi_tid);
 }
 
 }  // namespace flashcore

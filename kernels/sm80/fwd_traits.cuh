@@ -1,27 +1,21 @@
-// Compile-time shape of one forward kernel variant: tile sizes, warp layout
-// and the shared-memory budget that follows from them.
+// Compile-time shape of one portable forward kernel variant: tile sizes, warp
+// layout and the shared-memory budget that follows from them.
 #pragma once
 
 #include <cstddef>
 
+#include "common/fragment_layout.cuh"
+
 namespace flashcore {
 
-// Rows of one m16n8k16 MMA tile: the unit of work along the query axis.
-constexpr int kMmaM = 16;
-constexpr int kMmaN = 8;
-constexpr int kMmaK = 16;
-constexpr int kWarpSize = 32;
-// Elements of a 16-byte vector of 2-byte types: the unit of every global and
-// shared memory access in these kernels.
-constexpr int kElemsPerVector = 8;
-
-template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarpsPerSplit_, int kKeySplits_,
-          int kStages_, int kMaxRegisters_, bool kQInRegisters_>
+template <typename Element_, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_, int kWarpsPerSplit_,
+          int kKeySplits_, int kStages_, int kMaxRegisters_, bool kQInRegisters_>
 struct FwdTraits {
     using Element = Element_;
-    static constexpr int kHeadDim = kHeadDim_;
-    static constexpr int kBlockM = kBlockM_;  // query rows per CTA
-    static constexpr int kBlockN = kBlockN_;  // key rows per K/V tile
+    static constexpr int kHeadDim = kHeadDim_;    // of Q and K
+    static constexpr int kHeadDimV = kHeadDimV_;  // of V and O
+    static constexpr int kBlockM = kBlockM_;      // query rows per CTA
+    static constexpr int kBlockN = kBlockN_;      // key rows per K/V tile
     // The CTA's warps form kKeySplits groups of kWarpsPerSplit. Every group
     // covers all kBlockM query rows but only every kKeySplits-th key tile, with
     // its own K/V ring and barrier; the groups' partial results are merged at
@@ -47,26 +41,27 @@ struct FwdTraits {
     static constexpr int kRowsPerWarp = kBlockM / kWarpsPerSplit;
     static constexpr int kMAtoms = kRowsPerWarp / kMmaM;   // m16 tiles per warp
     static constexpr int kNAtomsS = kBlockN / kMmaN;       // n8 tiles of S
-    static constexpr int kNAtomsO = kHeadDim / kMmaN;      // n8 tiles of O
+    static constexpr int kNAtomsO = kHeadDimV / kMmaN;     // n8 tiles of O
     static constexpr int kKStepsQK = kHeadDim / kMmaK;     // k16 steps of Q*K^T
     static constexpr int kKStepsPV = kBlockN / kMmaK;      // k16 steps of P*V
     static constexpr int kQFragSteps = kQInRegisters ? kKStepsQK : 1;  // Q k-steps held at once
 
-    static constexpr int kVectorsPerRow = kHeadDim / kElemsPerVector;
-
     static constexpr size_t kSmemQBytes = size_t(kBlockM) * kHeadDim * sizeof(Element);
-    static constexpr int kSmemKVElems = kBlockN * kHeadDim;  // one K or one V tile
+    static constexpr int kSmemKElems = kBlockN * kHeadDim;   // one K tile
+    static constexpr int kSmemVElems = kBlockN * kHeadDimV;  // one V tile
+    static constexpr int kSmemSlotElems = kSmemKElems + kSmemVElems;
     // Q, then per key split kStages slots of one K and one V tile each. The
     // output tile reuses Q's space; the key-split merge reuses the K/V rings.
-    static constexpr size_t kSmemRingBytes = size_t(kStages) * 2 * kSmemKVElems * sizeof(Element);
+    static constexpr size_t kSmemRingBytes = size_t(kStages) * kSmemSlotElems * sizeof(Element);
     static constexpr size_t kSmemBytes = kSmemQBytes + size_t(kKeySplits) * kSmemRingBytes;
 
     static_assert(kKeySplits == 1 || kKeySplits == 2, "the merge combines at most two key splits");
     static_assert(kStages >= 2, "the ring needs a slot to fill while another is read");
     static_assert(kRowsPerWarp % kMmaM == 0, "each warp needs whole m16 tiles");
     static_assert(kBlockN % kMmaK == 0, "K/V tiles are consumed in k16 steps");
-    static_assert(kHeadDim % kMmaK == 0 && kHeadDim >= 64,
-                  "the shared-memory swizzle needs at least eight 16-byte vectors per row");
+    static_assert(kHeadDim % 32 == 0 && kHeadDimV % 32 == 0,
+                  "rows are swizzled in groups of 8 or 4 16-byte vectors (smem_tile.cuh)");
+    static_assert(kHeadDimV <= kHeadDim, "the output tile reuses Q's shared memory");
 };
 
 }  // namespace flashcore

@@ -8,9 +8,9 @@
 // adds them (exactly what one split would have computed, up to rounding).
 #pragma once
 
-#include "kernel_traits.cuh"
-#include "ptx.cuh"
-#include "softmax.cuh"
+#include "sm80/fwd_traits.cuh"
+#include "common/ptx.cuh"
+#include "common/online_softmax.cuh"
 
 namespace flashcore {
 

@@ -1,115 +1,164 @@
-// Shared-memory tiles of [rows][head_dim] 2-byte elements, stored with an XOR
-// swizzle, and their cooperative loads from (and stores to) global memory.
+// Shared-memory tiles of [rows][kRowElems] 2-byte elements, stored with an
+// XOR swizzle, and their cooperative loads from (and stores to) global
+// memory.
 //
 // Why the swizzle: ldmatrix reads one 16-byte vector from each of 8
-// consecutive rows. Unswizzled, rows of 128 or 256 bytes put those 8 vectors
-// in the same banks (8-way conflict). XOR-ing the vector index with (row % 8)
-// spreads them over all 32 banks, for both ldmatrix and the 16-byte copies.
+// consecutive rows. Unswizzled, rows of 64 bytes or more put several of those
+// 8 vectors in the same banks. Within each full group of 8 vectors (128
+// bytes) of a row, vector v is stored at v ^ (row % 8); a row that ends in a
+// half group of 4 vectors (head dims 32, 96) stores those at
+// v ^ ((row / 2) % 4). Either way the 8 rows an ldmatrix reads land in 8
+// different 16-byte bank groups, for rows of 64, 128, 192, 256 or 512 bytes,
+// and the permutation stays inside the row. It repeats every 8 rows.
 #pragma once
 
 #include <cstdint>
 
-#include "kernel_traits.cuh"
-#include "ptx.cuh"
+#include "common/fragment_layout.cuh"
+#include "common/ptx.cuh"
 
 namespace flashcore {
 
 // Rows whose vector indices are permuted together by the swizzle.
 constexpr int kSwizzleRows = 8;
+constexpr int kSwizzleGroupVectors = 8;
+constexpr int kHalfGroupVectors = 4;
 
-// Element offset of vector `vec` (0 .. head_dim/8 - 1) of row `row`.
-template <int kHeadDim>
+// Element offset of vector `vec` (0 .. kRowElems/8 - 1) of row `row`.
+template <int kRowElems>
 __device__ __forceinline__ int swizzled_offset(int row, int vec) {
-    return row * kHeadDim + ((vec ^ (row % kSwizzleRows)) * kElemsPerVector);
+    constexpr int kVectors = kRowElems / kElemsPerVector;
+    constexpr int kFullGroupVectors = kVectors / kSwizzleGroupVectors * kSwizzleGroupVectors;
+    static_assert(kVectors % kHalfGroupVectors == 0, "rows are whole groups of 8 vectors, plus at most 4");
+    const int swizzled = kFullGroupVectors == kVectors || vec < kFullGroupVectors
+                             ? vec ^ (row % kSwizzleRows)
+                             : vec ^ ((row / 2) % kHalfGroupVectors);
+    return row * kRowElems + swizzled * kElemsPerVector;
 }
 
 // Byte offset of vector `vec` of row `row`, as above.
-template <int kHeadDim>
+template <int kRowElems>
 __device__ __forceinline__ uint32_t swizzled_byte_offset(int row, int vec) {
-    return uint32_t(swizzled_offset<kHeadDim>(row, vec)) * 2u;
+    return uint32_t(swizzled_offset<kRowElems>(row, vec)) * 2u;
 }
 
-// Fragment loops step through a row 2 vectors (one k16 slice) at a time from a
-// per-thread base offset at vector b in {0, 1}. Since b ^ (row % 8) < 8, the
-// swizzle only permutes vectors within each group of 8 (128 bytes):
-//   swizzled_byte_offset(row, 2*step + b)
-//     == (swizzled_byte_offset(row, b) ^ (step % 4) * 32) + (step / 4) * 128
-// (the row part of the offset, a multiple of 128 bytes, has no bits in common
-// with the XOR). With step a compile-time constant this is one XOR with at
-// most four distinct results and an immediate offset, so a loop over a
-// 128-element head_dim keeps four address registers per base, not eight.
-__device__ __forceinline__ constexpr uint32_t vector_step_offset(uint32_t base_offset, int step) {
-    return (base_offset ^ (uint32_t(step % 4) * 2u * 16u)) + uint32_t(step / 4) * 8u * 16u;
-}
-
-// Moving 8 rows down leaves row % 8, and with it the swizzle, unchanged.
-template <int kHeadDim>
+// Moving 8 rows down leaves the swizzle unchanged.
+template <int kRowElems>
 __device__ __forceinline__ constexpr uint32_t row_block_bytes(int rows) {
-    return uint32_t(rows) * kHeadDim * 2u;
+    return uint32_t(rows) * kRowElems * 2u;
 }
 
-// Calls body(row, vec) for this thread's share of the 16-byte vectors of a
-// [kRows][head_dim] tile: consecutive threads take consecutive vectors of a
-// row, so each warp touches whole rows (coalesced in global memory, and a
-// permutation of banks in swizzled shared memory).
-template <typename Traits, int kRows, typename Body>
-__device__ __forceinline__ void for_each_tile_vector(int tid, Body &&body) {
-    constexpr int kVectors = kRows * Traits::kVectorsPerRow;
-    static_assert(kVectors % Traits::kNumThreads == 0, "tile vectors must divide evenly among the threads");
-#pragma unroll
-    for (int i = 0; i < kVectors / Traits::kNumThreads; ++i) {
-        const int idx = tid + i * Traits::kNumThreads;
-        body(idx / Traits::kVectorsPerRow, idx % Traits::kVectorsPerRow);
+// Fragment loops step through a row 2 vectors (one k16 slice) at a time from
+// a lane's vector b in {0, 1}. Since b ^ x stays in the pair's group for the
+// XORs above, the swizzle only permutes vectors within a group; with o(v) the
+// offset of vector v within the row,
+//   full group:  o(2*step + b) == (o(b) ^ (step % 4) * 32) + (step / 4) * 128
+//   half group:  o(F + 2*s + b) == o(F + b) ^ s * 32   (F: vectors in full groups)
+// With step a compile-time constant each is one XOR with at most four
+// distinct results and an immediate offset, so a loop over a 128-element row
+// keeps four address registers per base, not eight. Where rows are a multiple
+// of 128 bytes the row's own offset has no bits in common with the XOR and
+// rides along in the base; otherwise (192-byte rows) it is added after.
+template <int kRowElems>
+struct SwizzledRowSteps {
+    static constexpr int kVectors = kRowElems / kElemsPerVector;
+    static constexpr int kFullSteps = kVectors / kSwizzleGroupVectors * kSwizzleGroupVectors / 2;
+    static constexpr bool kHasHalfGroup = kVectors % kSwizzleGroupVectors != 0;
+    static constexpr bool kRowsAligned = kVectors % kSwizzleGroupVectors == 0;
+    uint32_t row_base;   // byte offset of the row (0 where kRowsAligned: it is in full_base)
+    uint32_t full_base;  // offset of vector b
+    uint32_t half_base;  // byte offset of vector F + b, row included (rows that end in a half group)
+
+    __device__ __forceinline__ static SwizzledRowSteps of(int row, int b) {
+        SwizzledRowSteps s;
+        s.row_base = kRowsAligned ? 0u : row_block_bytes<kRowElems>(row);
+        s.full_base = swizzled_byte_offset<kRowElems>(row, b) - s.row_base;
+        s.half_base = kHasHalfGroup ? swizzled_byte_offset<kRowElems>(row, 2 * kFullSteps + b) : 0u;
+        return s;
     }
-}
+
+    // Byte offset of vector 2 * step + b; step is a compile-time constant.
+    __device__ __forceinline__ uint32_t at(int step) const {
+        if (step < kFullSteps) {
+            return row_base + (full_base ^ (uint32_t(step % 4) * 2u * 16u)) + uint32_t(step / 4) * 8u * 16u;
+        }
+        return half_base ^ (uint32_t(step - kFullSteps) * 2u * 16u);
+    }
+};
 
 // Copies rows [0, kRows) of a global tile whose row r starts at
-// gmem + r * row_stride into shared memory. Rows >= valid_rows are
+// gmem + r * row_stride into shared memory. Rows >= valid_rows, and vectors
+// >= valid_vectors of each row (a head dim smaller than the kernel's), are
 // zero-filled without touching global memory. Asynchronous: completes at the
 // next cp_async_wait after the caller's cp_async_commit.
 //
 // Each thread copies one column of vectors: rows row0, row0 + kRowsPerPass,
-// ... of vector `vec` (the same (row, vec) order as for_each_tile_vector).
-// Its source pointer advances by an opaque add: written as
-// gmem + row * row_stride, the compiler hoists every row's 64-bit product out
-// of the kernel's tile loop and keeps them all in registers.
+// ... of vector `vec`. Its source pointer advances by an opaque add: written
+// as gmem + row * row_stride, the compiler hoists every row's 64-bit product
+// out of the kernel's tile loop and keeps them all in registers.
 //
 // kThreads threads, numbered tid = 0 .. kThreads - 1, share the copy.
-template <typename Traits, int kRows, int kThreads>
-__device__ __forceinline__ void load_tile_async(typename Traits::Element *smem,
-                                                const typename Traits::Element *gmem, int64_t row_stride,
-                                                int valid_rows, int tid) {
-    constexpr int kRowsPerPass = kThreads / Traits::kVectorsPerRow;
-    static_assert(kThreads % Traits::kVectorsPerRow == 0 && kRowsPerPass % kSwizzleRows == 0 &&
-                      kRows % kRowsPerPass == 0,
-                  "each pass must cover whole swizzle blocks of rows");
-    const int row0 = tid / Traits::kVectorsPerRow;
-    const int vec = tid % Traits::kVectorsPerRow;
-    const uint32_t dst = smem_address(smem) + swizzled_byte_offset<Traits::kHeadDim>(row0, vec);
-    const int64_t pass_stride = row_stride * kRowsPerPass;
-    const auto *src = gmem + row0 * row_stride + vec * kElemsPerVector;
+template <typename Element, int kRowElems, int kRows, int kThreads>
+__device__ __forceinline__ void load_tile_async(Element *smem, const Element *gmem, int64_t row_stride,
+                                                int valid_rows, int valid_vectors, int tid) {
+    constexpr int kVectorsPerRow = kRowElems / kElemsPerVector;
+    if constexpr (kThreads % kVectorsPerRow == 0 && (kThreads / kVectorsPerRow) % kSwizzleRows == 0) {
+        // Each pass covers whole swizzle blocks of rows, so every thread
+        // keeps one column and one swizzled offset.
+        constexpr int kRowsPerPass = kThreads / kVectorsPerRow;
+        static_assert(kRows % kRowsPerPass == 0, "the passes must cover the tile's rows");
+        const int row0 = tid / kVectorsPerRow;
+        const int vec = tid % kVectorsPerRow;
+        const uint32_t dst = smem_address(smem) + swizzled_byte_offset<kRowElems>(row0, vec);
+        const int64_t pass_stride = row_stride * kRowsPerPass;
+        const bool vec_valid = vec < valid_vectors;
+        const auto *src = gmem + row0 * row_stride + vec * kElemsPerVector;
 #pragma unroll
-    for (int i = 0; i < kRows / kRowsPerPass; ++i) {
-        const bool valid = row0 + i * kRowsPerPass < valid_rows;
-        // An invalid row still needs a mapped address in the instruction; the
-        // tile's first row is always in bounds.
-        cp_async_16(dst + row_block_bytes<Traits::kHeadDim>(i * kRowsPerPass), valid ? src : gmem, valid);
-        src = opaque_advance(src, pass_stride);
+        for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+            const bool valid = vec_valid && row0 + i * kRowsPerPass < valid_rows;
+            // An invalid vector still needs a mapped address in the
+            // instruction; the tile's first element is always in bounds.
+            cp_async_16(dst + row_block_bytes<kRowElems>(i * kRowsPerPass), valid ? src : gmem, valid);
+            src = opaque_advance(src, pass_stride);
+        }
+    } else {
+        // Rows of 12 vectors (head dim 96), or of 32 (256) with too few
+        // threads for 8 rows a pass: each thread takes vectors tid,
+        // tid + kThreads, ... of the tile in row-major order.
+        constexpr int kVectors = kRows * kVectorsPerRow;
+        static_assert(kVectors % kThreads == 0, "tile vectors must divide evenly among the threads");
+        const uint32_t base = smem_address(smem);
+#pragma unroll
+        for (int i = 0; i < kVectors / kThreads; ++i) {
+            const int idx = tid + i * kThreads;
+            const int row = idx / kVectorsPerRow;
+            const int vec = idx % kVectorsPerRow;
+            const bool valid = vec < valid_vectors && row < valid_rows;
+            cp_async_16(base + swizzled_byte_offset<kRowElems>(row, vec),
+                        valid ? gmem + row * row_stride + vec * kElemsPerVector : gmem, valid);
+        }
     }
 }
 
-// Copies rows [0, valid_rows) of a shared tile to global memory with 16-byte
-// stores. The caller synchronises the CTA before calling.
-template <typename Traits, int kRows>
-__device__ __forceinline__ void store_tile(typename Traits::Element *gmem, int64_t row_stride,
-                                           const typename Traits::Element *smem, int valid_rows, int tid) {
-    for_each_tile_vector<Traits, kRows>(tid, [&](int row, int vec) {
-        if (row < valid_rows) {
-            const uint4 value =
-                *reinterpret_cast<const uint4 *>(smem + swizzled_offset<Traits::kHeadDim>(row, vec));
+// Copies rows [0, valid_rows), vectors [0, valid_vectors) of a shared tile to
+// global memory with 16-byte stores, by kThreads threads. The caller
+// synchronises the CTA before calling.
+template <typename Element, int kRowElems, int kRows, int kThreads>
+__device__ __forceinline__ void store_tile(Element *gmem, int64_t row_stride, const Element *smem, int valid_rows,
+                                           int valid_vectors, int tid) {
+    constexpr int kVectorsPerRow = kRowElems / kElemsPerVector;
+    constexpr int kVectors = kRows * kVectorsPerRow;
+    static_assert(kVectors % kThreads == 0, "tile vectors must divide evenly among the threads");
+#pragma unroll
+    for (int i = 0; i < kVectors / kThreads; ++i) {
+        const int idx = tid + i * kThreads;
+        const int row = idx / kVectorsPerRow;
+        const int vec = idx % kVectorsPerRow;
+        if (row < valid_rows && vec < valid_vectors) {
+            const uint4 value = *reinterpret_cast<const uint4 *>(smem + swizzled_offset<kRowElems>(row, vec));
             *reinterpret_cast<uint4 *>(gmem + row * row_stride + vec * kElemsPerVector) = value;
         }
-    });
+    }
 }
 
 }  // namespace flashcore

@@ -8,8 +8,9 @@
 // tiles is exactly the m16k16 A-operand layout, so P is packed in place.
 #pragma once
 
-#include "mask.cuh"
-#include "smem_tile.cuh"
+#include "common/fragment_layout.cuh"
+#include "common/ptx.cuh"
+#include "sm80/smem_tile.cuh"
 
 namespace flashcore {
 
@@ -22,13 +23,13 @@ __device__ __forceinline__ int ldm_matrix(int lane) { return lane / 8; }
 template <typename Traits>
 struct QFragments {
     uint32_t frag[Traits::kMAtoms][Traits::kQFragSteps][4];
-    uint32_t smem_base;    // Q's tile
-    uint32_t lane_offset;  // this lane's ldmatrix offset for k-step 0, m-tile 0
+    uint32_t smem_base;                            // Q's tile
+    SwizzledRowSteps<Traits::kHeadDim> lane_rows;  // this lane's ldmatrix offsets for m-tile 0
 
     // Matrices: rows 0-7 / 8-15 at k 0-7, then the same at k 8-15.
     __device__ __forceinline__ void init(const typename Traits::Element *smem_q, int first_row, int lane) {
         smem_base = smem_address(smem_q);
-        lane_offset = swizzled_byte_offset<Traits::kHeadDim>(first_row + lane % kMmaM, lane / kMmaM);
+        lane_rows = SwizzledRowSteps<Traits::kHeadDim>::of(first_row + lane % kMmaM, lane / kMmaM);
         if constexpr (Traits::kQInRegisters) {
 #pragma unroll
             for (int ks = 0; ks < Traits::kKStepsQK; ++ks) load_step(ks, ks);
@@ -38,8 +39,8 @@ struct QFragments {
     __device__ __forceinline__ void load_step(int ks, int slot) {
 #pragma unroll
         for (int m = 0; m < Traits::kMAtoms; ++m) {
-            ldmatrix_x4(frag[m][slot], smem_base + vector_step_offset(lane_offset, ks) +
-                                           row_block_bytes<Traits::kHeadDim>(m * kMmaM));
+            ldmatrix_x4(frag[m][slot],
+                        smem_base + lane_rows.at(ks) + row_block_bytes<Traits::kHeadDim>(m * kMmaM));
         }
     }
 
@@ -54,26 +55,27 @@ struct QFragments {
     }
 };
 
-// Per-thread byte offset of this lane's first K fragment row in a K tile.
-// Matrices: keys 0-7 at k 0-7 and k 8-15, then keys 8-15 the same.
+// This lane's K fragment rows in a K tile. Matrices: keys 0-7 at k 0-7 and
+// k 8-15, then keys 8-15 the same.
 template <typename Traits>
-__device__ __forceinline__ uint32_t k_fragment_offset(int lane) {
-    return swizzled_byte_offset<Traits::kHeadDim>((ldm_matrix(lane) / 2) * kMmaN + ldm_row(lane),
+__device__ __forceinline__ SwizzledRowSteps<Traits::kHeadDim> k_fragment_rows(int lane) {
+    return SwizzledRowSteps<Traits::kHeadDim>::of((ldm_matrix(lane) / 2) * kMmaN + ldm_row(lane),
                                                   ldm_matrix(lane) % 2);
 }
 
-// Per-thread byte offset of this lane's first V fragment row in a V tile.
-// Matrices: keys 0-7 / 8-15 at head-dim columns 0-7, then at columns 8-15;
-// ldmatrix.trans turns them into B fragments.
+// This lane's V fragment rows in a V tile. Matrices: keys 0-7 / 8-15 at
+// head-dim columns 0-7, then at columns 8-15; ldmatrix.trans turns them into
+// B fragments.
 template <typename Traits>
-__device__ __forceinline__ uint32_t v_fragment_offset(int lane) {
-    return swizzled_byte_offset<Traits::kHeadDim>((ldm_matrix(lane) % 2) * kMmaN + ldm_row(lane),
-                                                  ldm_matrix(lane) / 2);
+__device__ __forceinline__ SwizzledRowSteps<Traits::kHeadDimV> v_fragment_rows(int lane) {
+    return SwizzledRowSteps<Traits::kHeadDimV>::of((ldm_matrix(lane) % 2) * kMmaN + ldm_row(lane),
+                                                   ldm_matrix(lane) / 2);
 }
 
 template <typename Traits>
 __device__ __forceinline__ void gemm_qk(float (&scores)[Traits::kMAtoms][Traits::kNAtomsS][4],
-                                        QFragments<Traits> &q, uint32_t smem_k, uint32_t k_offset) {
+                                        QFragments<Traits> &q, uint32_t smem_k,
+                                        const SwizzledRowSteps<Traits::kHeadDim> &k_rows) {
     using Element = typename Traits::Element;
 #pragma unroll
     for (int m = 0; m < Traits::kMAtoms; ++m) {
@@ -86,7 +88,7 @@ __device__ __forceinline__ void gemm_qk(float (&scores)[Traits::kMAtoms][Traits:
 #pragma unroll
     for (int ks = 0; ks < Traits::kKStepsQK; ++ks) {
         const int slot = q.step(ks);
-        const uint32_t step_addr = smem_k + vector_step_offset(k_offset, ks);
+        const uint32_t step_addr = smem_k + k_rows.at(ks);
 #pragma unroll
         for (int n = 0; n < Traits::kNAtomsS; n += 2) {
             uint32_t k_frag[4];
@@ -103,7 +105,7 @@ __device__ __forceinline__ void gemm_qk(float (&scores)[Traits::kMAtoms][Traits:
 template <typename Traits>
 __device__ __forceinline__ void gemm_pv(float (&out)[Traits::kMAtoms][Traits::kNAtomsO][4],
                                         const float (&probs)[Traits::kMAtoms][Traits::kNAtomsS][4],
-                                        uint32_t smem_v, uint32_t v_offset) {
+                                        uint32_t smem_v, const SwizzledRowSteps<Traits::kHeadDimV> &v_rows) {
     using Element = typename Traits::Element;
 #pragma unroll
     for (int ks = 0; ks < Traits::kKStepsPV; ++ks) {
@@ -115,11 +117,11 @@ __device__ __forceinline__ void gemm_pv(float (&out)[Traits::kMAtoms][Traits::kN
             p_frag[m][2] = pack2<Element>(probs[m][2 * ks + 1][0], probs[m][2 * ks + 1][1]);
             p_frag[m][3] = pack2<Element>(probs[m][2 * ks + 1][2], probs[m][2 * ks + 1][3]);
         }
-        const uint32_t step_addr = smem_v + row_block_bytes<Traits::kHeadDim>(ks * kMmaK);
+        const uint32_t step_addr = smem_v + row_block_bytes<Traits::kHeadDimV>(ks * kMmaK);
 #pragma unroll
         for (int n = 0; n < Traits::kNAtomsO; n += 2) {
             uint32_t v_frag[4];
-            ldmatrix_x4_trans(v_frag, step_addr + vector_step_offset(v_offset, n / 2));
+            ldmatrix_x4_trans(v_frag, step_addr + v_rows.at(n / 2));
 #pragma unroll
             for (int m = 0; m < Traits::kMAtoms; ++m) {
                 mma_m16n8k16<Element>(out[m][n], p_frag[m], v_frag[0], v_frag[1]);
