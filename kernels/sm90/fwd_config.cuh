@@ -1,21 +1,36 @@
-// Tile configuration of the sm90 kernel per (element type, head_dim):
-// 128 query rows (two consumer warpgroups of 64) by 128-key tiles, two Q
-// buffers (the next block's Q loads, and its first S = Q*K^T starts, while
-// the current block finishes) and O staging for the TMA store. The K/V ring
-// has three stages at head_dim 64 (144 KB of shared memory in all; a third
-// stage made tput-2k 4-6% faster, as the next block's first tiles load
-// earlier) and two at 128 (225 KB: a third does not fit).
+// Tile configuration of the sm90 kernel per (element type, head dims): 128
+// query rows (two consumer warpgroups of 64), the key tile, the K/V ring
+// depth, the Q buffers and how O leaves, within 227 KB of shared memory and
+// 240 registers per consumer thread (O, S and two sets of P fragments).
+//
+//   head dims    keys  stages  Q bufs  O out      shared memory
+//   32           128   3       2       TMA store  ~88 KB
+//   64           128   3       2       TMA store  ~144 KB (a third stage made tput-2k 4-6% faster)
+//   96           128   3       2       TMA store  ~216 KB
+//   128          128   2       2       TMA store  ~225 KB (a third stage does not fit)
+//   192 / 128    64    2       2       TMA store  ~208 KB
+//   256          48    3       1       registers  ~209 KB (O alone is 128 registers a thread; 64-key
+//                                                   tiles spill)
+//
+// Two Q buffers let the next block's Q load, and its first S = Q*K^T start,
+// while the current block finishes.
 #pragma once
 
-#include "fwd_config.cuh"
-#include "sm90_traits.cuh"
+#include "common/element.cuh"
+#include "common/fwd_params.h"
+#include "sm90/traits.cuh"
 
 namespace flashcore::sm90 {
 
-template <DType kDType, int kHeadDim>
+template <DType kDType, int kHeadDim, int kHeadDimV>
 struct Sm90Config {
-    using Traits = Sm90Traits<typename ElementOf<kDType>::type, kHeadDim, /*kBlockN=*/128,
-                              /*kStages=*/kHeadDim <= 64 ? 3 : 2, /*kQStages=*/2>;
+    static constexpr bool kLarge = kHeadDim > 128;
+    static constexpr bool kHuge = kHeadDimV > 128;
+    using Traits = Sm90Traits<typename ElementOf<kDType>::type, kHeadDim, kHeadDimV,
+                              /*kBlockN=*/kHuge ? 48 : kLarge ? 64 : 128,
+                              /*kStages=*/kHeadDim == 128 || (kLarge && !kHuge) ? 2 : 3,
+                              /*kQStages=*/kHuge ? 1 : 2,
+                              kHuge ? OutputPath::kRegisters : OutputPath::kTmaStore>;
 };
 
 }  // namespace flashcore::sm90

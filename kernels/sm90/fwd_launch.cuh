@@ -1,5 +1,5 @@
-// Host-side launch of the sm90 kernel: encodes the TMA descriptors of Q, K
-// and V for the call, then launches. Included only by the generated sm_90a
+// Host-side launch of the sm90 kernel: encodes the TMA descriptors of Q, K,
+// V and O for the call, then launches. Included only by the generated sm_90a
 // translation units (kernels/CMakeLists.txt).
 #pragma once
 
@@ -9,9 +9,9 @@
 
 #include <cstdint>
 
-#include "launch.h"
-#include "sm90_config.cuh"
-#include "sm90_kernel.cuh"
+#include "common/fwd_entry_points.h"
+#include "sm90/fwd_config.cuh"
+#include "sm90/kernel.cuh"
 
 namespace flashcore::sm90 {
 
@@ -33,21 +33,25 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // A 4-d map (head_dim, seq, head, batch) of 2-byte elements, accessed in
-// boxes of 64 columns x box_rows rows with the 128-byte swizzle. Rows past
-// seqlen read as zeros and are not written. Returns false where the driver cannot describe the tensor.
+// boxes of one panel (box_cols columns) x box_rows rows with the panel's
+// swizzle. head_dim is the call's: columns past it, like rows past seqlen,
+// read as zeros and are not written. Returns false where the driver cannot
+// describe the tensor.
 inline bool encode_tensor_map(CUtensorMap *map, CUtensorMapDataType type, const void *base, int head_dim,
                               int seqlen, int heads, int batch, int64_t seq_stride, int64_t head_stride,
-                              int64_t batch_stride, int box_rows) {
+                              int64_t batch_stride, int box_cols, int box_rows) {
     const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
     if (encode == nullptr) return false;
     constexpr int64_t kElementBytes = 2;
     const cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(seqlen), cuuint64_t(heads), cuuint64_t(batch)};
     const cuuint64_t strides[3] = {cuuint64_t(seq_stride * kElementBytes), cuuint64_t(head_stride * kElementBytes),
                                    cuuint64_t(batch_stride * kElementBytes)};
-    const cuuint32_t box[4] = {cuuint32_t(kPanelCols), cuuint32_t(box_rows), 1, 1};
+    const cuuint32_t box[4] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1, 1};
     const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+    const CUtensorMapSwizzle swizzle = box_cols * kElementBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
+                                                                       : CU_TENSOR_MAP_SWIZZLE_64B;
     return encode(map, type, 4, const_cast<void *>(base), dims, strides, box, element_strides,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
@@ -55,32 +59,35 @@ inline bool encode_tensor_map(CUtensorMap *map, CUtensorMapDataType type, const 
 
 namespace flashcore {
 
-template <DType kDType, int kHeadDim>
-FwdKernelInfo flash_fwd_sm90_info() {
-    using Traits = typename sm90::Sm90Config<kDType, kHeadDim>::Traits;
+template <DType kDType, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
+FwdKernelInfo fwd_info_sm90() {
+    static_assert(kVariant == FwdVariant::kPersistent, "the sm90 kernel has one variant");
+    using Traits = typename sm90::Sm90Config<kDType, kHeadDim, kHeadDimV>::Traits;
     return {Traits::kSmemBytes, Traits::kBlockM};
 }
 
-template <DType kDType, int kHeadDim>
-cudaError_t run_flash_fwd_sm90(const FwdKernelParams &params, cudaStream_t stream) {
-    using Traits = typename sm90::Sm90Config<kDType, kHeadDim>::Traits;
+template <DType kDType, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
+cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
+    static_assert(kVariant == FwdVariant::kPersistent, "the sm90 kernel has one variant");
+    using Traits = typename sm90::Sm90Config<kDType, kHeadDim, kHeadDimV>::Traits;
     constexpr CUtensorMapDataType kType =
         kDType == DType::kBf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    constexpr int kCols = Traits::kPanelCols;
     sm90::Sm90KernelParams p{};
     p.fwd = params;
     const bool encoded =
-        sm90::encode_tensor_map(&p.tma_q, kType, params.q, kHeadDim, params.seqlen_q, params.num_heads_q,
+        sm90::encode_tensor_map(&p.tma_q, kType, params.q, params.head_dim, params.seqlen_q, params.num_heads_q,
                                 params.batch_size, params.q_seq_stride, params.q_head_stride, params.q_batch_stride,
-                                Traits::kBlockM) &&
-        sm90::encode_tensor_map(&p.tma_k, kType, params.k, kHeadDim, params.seqlen_k, params.num_heads_kv,
+                                kCols, Traits::kBlockM) &&
+        sm90::encode_tensor_map(&p.tma_k, kType, params.k, params.head_dim, params.seqlen_k, params.num_heads_kv,
                                 params.batch_size, params.k_seq_stride, params.k_head_stride, params.k_batch_stride,
-                                Traits::kBlockN) &&
-        sm90::encode_tensor_map(&p.tma_v, kType, params.v, kHeadDim, params.seqlen_k, params.num_heads_kv,
+                                kCols, Traits::kBlockN) &&
+        sm90::encode_tensor_map(&p.tma_v, kType, params.v, params.head_dim_v, params.seqlen_k, params.num_heads_kv,
                                 params.batch_size, params.v_seq_stride, params.v_head_stride, params.v_batch_stride,
-                                Traits::kBlockN) &&
-        sm90::encode_tensor_map(&p.tma_o, kType, params.out, kHeadDim, params.seqlen_q, params.num_heads_q,
+                                kCols, Traits::kBlockN) &&
+        sm90::encode_tensor_map(&p.tma_o, kType, params.out, params.head_dim_v, params.seqlen_q, params.num_heads_q,
                                 params.batch_size, params.out_seq_stride, params.out_head_stride,
-                                params.out_batch_stride, Traits::kRowsPerConsumer);
+                                params.out_batch_stride, kCols, Traits::kRowsPerConsumer);
     // The dispatcher falls back to the portable kernel.
     if (!encoded) return cudaErrorNotSupported;
 
@@ -91,7 +98,7 @@ cudaError_t run_flash_fwd_sm90(const FwdKernelParams &params, cudaStream_t strea
     // Persistent: one CTA per SM at most, each walking its share of the
     // schedule.
     const int64_t num_items = sm90::PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(params).num_items(params);
-    const int64_t num_ctas = num_items < params.max_persistent_ctas ? num_items : params.max_persistent_ctas;
+    const int64_t num_ctas = num_items < options.max_persistent_ctas ? num_items : options.max_persistent_ctas;
     kernel<<<dim3(unsigned(num_ctas)), dim3(Traits::kNumThreads), Traits::kSmemBytes, stream>>>(p);
     return cudaGetLastError();
 }

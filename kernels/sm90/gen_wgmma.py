@@ -3,10 +3,13 @@
 
 Each wrapper is one inline-asm statement whose operand list names every
 accumulator register (N/2 of them), which is why it is generated rather than
-written by hand. Run from this directory: python3 gen_wgmma.py > wgmma.cuh
+written by hand. It covers every N that is a multiple of 16 up to 256 (the
+key tile of S = Q*K^T, head_dim_v of O += P*V), so a new head dim or key tile
+needs no change here. Run from this directory:
+python3 gen_wgmma.py > wgmma.cuh
 """
 
-SHAPES_N = (64, 128)
+SHAPES_N = tuple(range(16, 257, 16))
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 HEADER = """\

@@ -1,24 +1,37 @@
-// The consumer warpgroups' two GEMMs per key tile, on wgmma:
-//   S = Q * K^T   both operands from shared memory (K-major);
-//   O += P * V    P from registers (the softmax output, converted to 16-bit
-//                 A fragments), V from shared memory (MN-major).
-// Each issue_* call queues one GEMM as one wgmma group and returns at once;
-// the caller waits (wgmma_wait<N>) for the result and then fences the
-// accumulators (fence_accumulators) before touching them.
+// The consumer warpgroup's mainloop: the key tiles of one query block.
+//
+// Per key tile j (visited last key block first, BlockKeyRange order):
+//   S_j = Q * K_j^T      wgmma, both operands from shared memory (K-major);
+//   P_j = softmax(S_j)   online softmax into 16-bit A fragments (masked on
+//                        the tiles BlockKeyRange::needs_mask names);
+//   O += P_j * V_j       wgmma, P from registers, V from shared memory
+//                        (MN-major).
+// The GEMMs of neighbouring tiles overlap the softmax: while the tensor cores
+// compute S_j and then O += P_{j-1} V_{j-1}, the warpgroup waits only for S_j
+// and exponentiates it; it waits for the P*V product only to rescale O and to
+// reuse P's registers. P of consecutive tiles alternates between two register
+// sets for that. K and V are released (per warp, on their pipeline
+// barriers) as soon as their GEMM is done.
+//
+// The block's last O += P * V is left to the caller (Consumer): it is issued
+// together with the next block's first S, so the blocks overlap too.
 #pragma once
 
 #include <cstdint>
 
-#include "ptx.cuh"
-#include "sm90_ptx.cuh"
-#include "sm90_traits.cuh"
-#include "wgmma.cuh"
+#include "common/fragment_layout.cuh"
+#include "common/key_range.cuh"
+#include "common/online_softmax.cuh"
+#include "common/ptx.cuh"
+#include "sm90/pipeline.cuh"
+#include "sm90/ptx.cuh"
+#include "sm90/traits.cuh"
+#include "sm90/wgmma.cuh"
 
 namespace flashcore::sm90 {
 
-// Bytes a k16 step moves along a 128-byte swizzled row (16 two-byte columns).
+// Bytes a k16 step moves along a swizzled row (16 two-byte columns).
 constexpr uint32_t kK16RowBytes = 32;
-constexpr int kK16StepsPerPanel = kPanelCols / 16;
 
 template <int kNAtoms>
 __device__ __forceinline__ void fence_accumulators(float (&acc)[kNAtoms][4]) {
@@ -33,46 +46,173 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[kNAtoms][4]) {
 // of the warpgroup's first Q row in panel 0.
 template <typename Traits>
 __device__ __forceinline__ void issue_qk(float (&scores)[Traits::kBlockN / 8][4], uint32_t q_rows, uint32_t k_tile) {
+    constexpr int kK16StepsPerPanel = Traits::kPanelCols / 16;
+    using Swizzle = typename Traits::Swizzle;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk) {
         const uint32_t offset = (kk % kK16StepsPerPanel) * kK16RowBytes;
         const int panel = kk / kK16StepsPerPanel;
-        const uint64_t desc_q = k_major_descriptor(q_rows + panel * Traits::kQPanelBytes + offset);
-        const uint64_t desc_k = k_major_descriptor(k_tile + panel * Traits::kKVPanelBytes + offset);
+        const uint64_t desc_q = Swizzle::k_major(q_rows + panel * Traits::kQPanelBytes + offset);
+        const uint64_t desc_k = Swizzle::k_major(k_tile + panel * Traits::kKVPanelBytes + offset);
         Wgmma<typename Traits::Element, Traits::kBlockN>::ss(scores, desc_q, desc_k, kk > 0 ? 1 : 0);
     }
     wgmma_commit();
 }
 
-// The unnormalised probabilities as wgmma A fragments, one per k16 step of
-// keys: the accumulator layout of two adjacent n8 tiles is exactly the A
-// layout of one k16 slice (as with mma.sync).
-template <typename Traits>
-__device__ __forceinline__ void probabilities_to_fragments(const float (&p)[Traits::kBlockN / 8][4],
-                                                           uint32_t (&a)[Traits::kBlockN / 16][4]) {
-    using Element = typename Traits::Element;
-#pragma unroll
-    for (int kk = 0; kk < Traits::kBlockN / 16; ++kk) {
-        a[kk][0] = pack2<Element>(p[2 * kk][0], p[2 * kk][1]);
-        a[kk][1] = pack2<Element>(p[2 * kk][2], p[2 * kk][3]);
-        a[kk][2] = pack2<Element>(p[2 * kk + 1][0], p[2 * kk + 1][1]);
-        a[kk][3] = pack2<Element>(p[2 * kk + 1][2], p[2 * kk + 1][3]);
-    }
-}
-
 // out += P * V_tile. v_tile: shared address of the tile's panel 0.
 template <typename Traits>
-__device__ __forceinline__ void issue_pv(float (&out)[Traits::kHeadDim / 8][4],
+__device__ __forceinline__ void issue_pv(float (&out)[Traits::kHeadDimV / 8][4],
                                         const uint32_t (&p)[Traits::kBlockN / 16][4], uint32_t v_tile) {
+    using Swizzle = typename Traits::Swizzle;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Traits::kBlockN / 16; ++kk) {
-        // 16 keys are 16 rows: two 1024-byte swizzle atoms further down.
-        const uint64_t desc_v = mn_major_descriptor(v_tile + kk * 16 * kPanelRowBytes, Traits::kKVPanelBytes);
-        Wgmma<typename Traits::Element, Traits::kHeadDim>::rs(out, p[kk], desc_v, 1);
+        // 16 keys are 16 rows: two swizzle atoms further down.
+        const uint64_t desc_v = Swizzle::mn_major(v_tile + kk * 16 * Traits::kPanelRowBytes, Traits::kKVPanelBytes);
+        Wgmma<typename Traits::Element, Traits::kHeadDimV>::rs(out, p[kk], desc_v, 1);
     }
     wgmma_commit();
 }
+
+// The register state of a consumer warp while it walks a block's key tiles,
+// and the steps of that walk.
+template <typename Traits>
+struct Mainloop {
+    using Element = typename Traits::Element;
+    static constexpr int kNAtomsS = Traits::kBlockN / kMmaN;
+    static constexpr int kNAtomsO = Traits::kHeadDimV / kMmaN;
+    using Fragments = uint32_t[Traits::kBlockN / kMmaK][4];
+    using KeyRange = BlockKeyRange<Traits::kBlockM, Traits::kBlockN>;
+
+    const Pipeline<Traits> &pipe;
+    int lane;
+    int warp_first_row;  // within the CTA's query block
+    float scale_log2;    // softmax_scale * log2(e)
+
+    float acc_o[1][kNAtomsO][4];
+    OnlineSoftmax<1> softmax;
+    float scores[1][kNAtomsS][4];
+    // Tile j's probabilities are in p_frag[j % 2]; the block's last in
+    // p_frag[1] (see finish_tiles).
+    Fragments p_frag[2];
+    float correction[2];
+
+    // This warp has read K/V tile `kv` (counted over the CTA): the wgmmas
+    // reading it completed.
+    __device__ __forceinline__ void release_k(uint32_t kv) const {
+        if (lane == 0) mbarrier_arrive(pipe.k_empty(Pipeline<Traits>::stage_of(kv)));
+    }
+    __device__ __forceinline__ void release_v(uint32_t kv) const {
+        if (lane == 0) mbarrier_arrive(pipe.v_empty(Pipeline<Traits>::stage_of(kv)));
+    }
+    // This warp's last S = Q*K^T of a block completed: a later block's Q may
+    // overwrite that buffer.
+    __device__ __forceinline__ void release_q(int q_buffer) const {
+        if (lane == 0) mbarrier_arrive(pipe.q_empty(q_buffer));
+    }
+
+    __device__ __forceinline__ void zero_output() {
+#pragma unroll
+        for (int n = 0; n < kNAtomsO; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[0][n][e] = 0.f;
+        }
+    }
+
+    // S = Q * K^T of K/V tile `kv`, once it has landed.
+    __device__ __forceinline__ void issue_scores(uint32_t q_rows, uint32_t kv) {
+        const int stage = Pipeline<Traits>::stage_of(kv);
+        mbarrier_wait(pipe.k_full(stage), Pipeline<Traits>::phase_of(kv));
+        issue_qk<Traits>(scores[0], q_rows, smem_address(pipe.k_tile(stage)));
+    }
+
+    // O += P * V of K/V tile `kv`, once its V has landed.
+    __device__ __forceinline__ void issue_output(const Fragments &p, uint32_t kv) {
+        const int stage = Pipeline<Traits>::stage_of(kv);
+        mbarrier_wait(pipe.v_full(stage), Pipeline<Traits>::phase_of(kv));
+        issue_pv<Traits>(acc_o[0], p, smem_address(pipe.v_tile(stage)));
+    }
+
+    // Tile j's probabilities, straight from its scores into P fragments
+    // (masked on the tiles that need it). The scores are only read: writing
+    // them in place makes ptxas wait for every wgmma in flight first, which
+    // would serialise this with the P*V product of the previous tile.
+    // Returns whether O must be rescaled by `correction`.
+    __device__ __forceinline__ bool probabilities(const KeyMask &mask, const KeyRange &keys, int m_block, int j,
+                                                  Fragments &frag) {
+        const int n_block = keys.n_block(j);
+        float pending = 0.f;
+        const auto sink = [&](int, int n, int e, float prob) {
+            if (e % 2 == 0) {
+                pending = prob;
+            } else {
+                frag[n / 2][(n % 2) * 2 + e / 2] = pack2<Element>(pending, prob);
+            }
+        };
+        if (keys.needs_mask(n_block)) {
+            const FragmentKeyMask<1> visible = FragmentKeyMask<1>::of(
+                mask, m_block * Traits::kBlockM + warp_first_row, n_block * Traits::kBlockN, lane);
+            return softmax.update_scores_into(
+                scores, scale_log2, correction,
+                [&](int m, int n, int e) { return visible.visible(m, n, e); }, sink);
+        }
+        return softmax.update_scores_into(
+            scores, scale_log2, correction, [](int, int, int) { return true; }, sink);
+    }
+
+    // Tile 0 of a block, whose S the caller issued: once S_0 is done, P_0.
+    // O is zero, so nothing to rescale.
+    __device__ __forceinline__ void first_tile(const KeyMask &mask, const KeyRange &keys, int m_block,
+                                               uint32_t kv_base, int q_buffer) {
+        wgmma_wait<0>();
+        fence_accumulators(scores[0]);
+        release_k(kv_base);
+        if (keys.num_blocks() == 1) release_q(q_buffer);
+        probabilities(mask, keys, m_block, 0, p_frag[0]);
+    }
+
+    // One step: S_j = Q K_j^T and O += P_{j-1} V_{j-1} on the tensor cores
+    // while P_j is computed from S_j.
+    __device__ __forceinline__ void step(const KeyMask &mask, const KeyRange &keys, int m_block, uint32_t q_rows,
+                                         uint32_t kv_base, int q_buffer, int j, const Fragments &p_prev,
+                                         Fragments &p_next) {
+        issue_scores(q_rows, kv_base + j);
+        issue_output(p_prev, kv_base + j - 1);
+
+        wgmma_wait<1>();  // S_j is done; P_{j-1} * V_{j-1} may still run
+        fence_accumulators(scores[0]);
+        release_k(kv_base + j);
+        if (j == keys.num_blocks() - 1) release_q(q_buffer);
+        const bool rescale = probabilities(mask, keys, m_block, j, p_next);
+
+        wgmma_wait<0>();
+        fence_accumulators(acc_o[0]);
+        release_v(kv_base + j - 1);
+        if (rescale) softmax.rescale(acc_o, correction);
+    }
+
+    // Tiles 1 .. num_blocks - 1 of a block, then its last probabilities
+    // moved to p_frag[1], where the caller's last P*V reads them (one issue
+    // site whatever the block's tile count: a branch between two issue
+    // sites makes ptxas serialise the wgmmas).
+    __device__ __forceinline__ void remaining_tiles(const KeyMask &mask, const KeyRange &keys, int m_block,
+                                                    uint32_t q_rows, uint32_t kv_base, int q_buffer) {
+        const int num_blocks = keys.num_blocks();
+        int j = 1;
+        for (; j + 1 < num_blocks; j += 2) {
+            step(mask, keys, m_block, q_rows, kv_base, q_buffer, j, p_frag[0], p_frag[1]);
+            step(mask, keys, m_block, q_rows, kv_base, q_buffer, j + 1, p_frag[1], p_frag[0]);
+        }
+        if (j < num_blocks) step(mask, keys, m_block, q_rows, kv_base, q_buffer, j, p_frag[0], p_frag[1]);
+        if ((num_blocks - 1) % 2 == 0) {
+#pragma unroll
+            for (int kk = 0; kk < Traits::kBlockN / kMmaK; ++kk) {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) p_frag[1][kk][r] = p_frag[0][kk][r];
+            }
+        }
+    }
+};
 
 }  // namespace flashcore::sm90

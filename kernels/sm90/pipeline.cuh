@@ -20,13 +20,13 @@
 
 #include <cstdint>
 
-#include "sm90_ptx.cuh"
+#include "sm90/ptx.cuh"
 
 namespace flashcore::sm90 {
 
 template <typename Traits>
 struct Pipeline {
-    unsigned char *smem;  // 1024-byte aligned base
+    unsigned char *smem;  // kSmemBaseAlignment-aligned base
 
     __device__ __forceinline__ uint64_t *barriers() const {
         return reinterpret_cast<uint64_t *>(smem + Traits::kSmemBarriers);
@@ -50,10 +50,10 @@ struct Pipeline {
 
     __device__ __forceinline__ unsigned char *q_tile(int buffer) const { return smem + buffer * Traits::kQBytes; }
     __device__ __forceinline__ unsigned char *k_tile(int stage) const {
-        return smem + Traits::kSmemK + stage * Traits::kKVTileBytes;
+        return smem + Traits::kSmemK + stage * Traits::kKTileBytes;
     }
     __device__ __forceinline__ unsigned char *v_tile(int stage) const {
-        return smem + Traits::kSmemV + stage * Traits::kKVTileBytes;
+        return smem + Traits::kSmemV + stage * Traits::kVTileBytes;
     }
     __device__ __forceinline__ unsigned char *o_staging(int consumer) const {
         return smem + Traits::kSmemO + consumer * Traits::kOStagingBytes;

@@ -46,32 +46,50 @@ __device__ __forceinline__ void setmaxnreg_decrease() {
 
 // ---- shared-memory matrix descriptors --------------------------------------
 //
-// Tiles are stored as the TMA's 128-byte swizzle writes them: panels of 64
-// two-byte columns (128 bytes per row), 16-byte chunk c of row r at chunk
-// c ^ (r % 8), 8-row groups 1024 bytes apart. Panels start 1024-aligned.
+// Tiles are stored as the TMA unit's 128- or 64-byte swizzle writes them:
+// panels of kRowBytes / 2 two-byte columns (kRowBytes per row), 16-byte chunk
+// c of row r at chunk c ^ ((r * kRowBytes / 128) % (kRowBytes / 16)), groups
+// of 8 rows (one swizzle atom) 8 * kRowBytes apart. Panels start aligned to
+// the atom. Head dims that are multiples of 64 use 128-byte rows; 32 and 96
+// use 64-byte rows.
 
-constexpr uint32_t kSwizzleBytes = 128;
-constexpr uint32_t kSwizzleAtomBytes = 8 * kSwizzleBytes;  // 8 rows of 128 bytes
-constexpr uint64_t kDescriptorSwizzle128 = 1;               // layout type field, bits 62-63
+template <int kRowBytes>
+struct PanelSwizzle {
+    static_assert(kRowBytes == 128 || kRowBytes == 64, "the 128- and 64-byte swizzles");
+    static constexpr int kCols = kRowBytes / 2;
+    static constexpr uint32_t kAtomBytes = 8 * kRowBytes;  // 8 rows
+    static constexpr int kChunks = kRowBytes / 16;
+    // Layout-type field of a wgmma descriptor (bits 62-63).
+    static constexpr uint64_t kDescriptorLayout = kRowBytes == 128 ? 1 : 2;
 
-__device__ __forceinline__ uint64_t matrix_descriptor(uint32_t smem_addr, uint32_t leading_byte_offset,
-                                                      uint32_t stride_byte_offset) {
-    return uint64_t((smem_addr & 0x3FFFFu) >> 4) | (uint64_t((leading_byte_offset & 0x3FFFFu) >> 4) << 16) |
-           (uint64_t((stride_byte_offset & 0x3FFFFu) >> 4) << 32) | (kDescriptorSwizzle128 << 62);
-}
+    // Byte offset of 16-byte chunk `chunk` of row `row` within a panel.
+    __device__ __forceinline__ static uint32_t offset(int row, int chunk) {
+        return uint32_t(row * kRowBytes + ((chunk ^ ((row * kRowBytes / 128) % kChunks)) * 16));
+    }
 
-// K-major operand (rows are M or N, 64 K-elements per panel row): 8-row
-// groups step by one atom; the leading offset is unused with this swizzle.
-// A k16 step inside a panel moves the start address by 32 bytes.
-__device__ __forceinline__ uint64_t k_major_descriptor(uint32_t smem_addr) {
-    return matrix_descriptor(smem_addr, 16, kSwizzleAtomBytes);
-}
+    __device__ __forceinline__ static uint64_t descriptor(uint32_t smem_addr, uint32_t leading_byte_offset,
+                                                          uint32_t stride_byte_offset) {
+        return uint64_t((smem_addr & 0x3FFFFu) >> 4) | (uint64_t((leading_byte_offset & 0x3FFFFu) >> 4) << 16) |
+               (uint64_t((stride_byte_offset & 0x3FFFFu) >> 4) << 32) | (kDescriptorLayout << 62);
+    }
 
-// MN-major operand (rows are K, 64 N-elements per panel row): panels of 64
-// N-columns are panel_bytes apart, 8-row K groups one atom apart.
-__device__ __forceinline__ uint64_t mn_major_descriptor(uint32_t smem_addr, uint32_t panel_bytes) {
-    return matrix_descriptor(smem_addr, panel_bytes, kSwizzleAtomBytes);
-}
+    // K-major operand (rows are M or N, K along the panel row): 8-row groups
+    // step by one atom; the leading offset is unused with these swizzles. A
+    // k16 step inside a panel moves the start address by 32 bytes.
+    __device__ __forceinline__ static uint64_t k_major(uint32_t smem_addr) {
+        return descriptor(smem_addr, 16, kAtomBytes);
+    }
+
+    // MN-major operand (rows are K, N along the panel row): panels of N
+    // columns are panel_bytes apart, 8-row K groups one atom apart.
+    __device__ __forceinline__ static uint64_t mn_major(uint32_t smem_addr, uint32_t panel_bytes) {
+        return descriptor(smem_addr, panel_bytes, kAtomBytes);
+    }
+};
+
+// The base of dynamic shared memory is aligned up to this (the 128-byte
+// swizzle's atom; the 64-byte one's divides it).
+constexpr uint32_t kSmemBaseAlignment = 1024;
 
 // ---- mbarriers and TMA (cuda::ptx) ------------------------------------------
 

@@ -16,8 +16,9 @@
 // time read the K/V of only a few heads, which stay in L2.
 #pragma once
 
-#include "fwd_params.h"
-#include "tile_scheduler.cuh"
+#include "common/fwd_params.h"
+#include "common/key_range.cuh"
+#include "common/tile_coords.cuh"
 
 namespace flashcore::sm90 {
 
@@ -51,15 +52,17 @@ struct PersistentSchedule {
         return fwd_tile(p, item / items_per_head, which == 0 ? num_m_blocks - 1 - i : i);
     }
 
-    // Calls visit(tile, num_n_blocks) for each query block of this CTA, in
-    // schedule order. num_n_blocks <= 0: no row of the block sees a key.
+    // Calls visit(tile, keys) for each query block of this CTA, in schedule
+    // order, with the block's BlockKeyRange (keys.num_blocks() <= 0: no row
+    // of the block sees a key).
     template <typename Visit>
     __device__ __forceinline__ void for_each_block(const FwdKernelParams &p, Visit &&visit) const {
         const int items = int(num_items(p));
+        const KeyMask mask = KeyMask::of(p);
         for (int item = blockIdx.x; item < items; item += gridDim.x) {
             for (int which = 0; which < blocks_in(item); ++which) {
                 const FwdTile t = tile(p, item, which);
-                visit(t, fwd_num_n_blocks<kBlockM, kBlockN>(p, t.m_block));
+                visit(t, BlockKeyRange<kBlockM, kBlockN>::of(mask, t.m_block));
             }
         }
     }

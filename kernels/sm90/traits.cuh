@@ -7,8 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "fwd_params.h"
-#include "sm90_ptx.cuh"
+#include "common/fwd_params.h"
+#include "sm90/ptx.cuh"
 
 namespace flashcore::sm90 {
 
@@ -27,19 +27,24 @@ struct Sm90KernelParams {
 // Shared memory an sm_90 block may opt into (H100, H200): 227 KB.
 constexpr size_t kMaxSmemPerBlock = 227 * 1024;
 
-// Columns per TMA box and swizzle panel: 128 bytes of 2-byte elements.
-constexpr int kPanelCols = 64;
-constexpr int kPanelRowBytes = 128;
+// How finished rows of O leave the CTA.
+enum class OutputPath {
+    kTmaStore,   // staged in shared memory, one TMA store per block (drains while the next block runs)
+    kRegisters,  // stored from the accumulators (where shared memory has no room for staging)
+};
 
-template <typename Element_, int kHeadDim_, int kBlockN_, int kStages_, int kQStages_>
+template <typename Element_, int kHeadDim_, int kHeadDimV_, int kBlockN_, int kStages_, int kQStages_,
+          OutputPath kOutputPath_>
 struct Sm90Traits {
     using Element = Element_;
-    static constexpr int kHeadDim = kHeadDim_;
-    static constexpr int kBlockN = kBlockN_;  // keys per K/V tile
-    static constexpr int kStages = kStages_;  // K/V tiles in flight
+    static constexpr int kHeadDim = kHeadDim_;    // of Q and K
+    static constexpr int kHeadDimV = kHeadDimV_;  // of V and O
+    static constexpr int kBlockN = kBlockN_;      // keys per K/V tile
+    static constexpr int kStages = kStages_;      // K/V tiles in flight
     // Q buffers: with two, the next query block's Q loads while the current
     // one's is still in use.
     static constexpr int kQStages = kQStages_;
+    static constexpr OutputPath kOutputPath = kOutputPath_;
 
     // One producer warpgroup issues the TMA copies; each consumer warpgroup
     // owns 64 query rows (one wgmma M) of the CTA's block.
@@ -54,32 +59,41 @@ struct Sm90Traits {
     static constexpr int kProducerRegisters = 24;
     static constexpr int kConsumerRegisters = 240;
 
-    static constexpr int kPanels = kHeadDim / kPanelCols;
+    // Panels: 128-byte rows where both head dims are multiples of 64 columns,
+    // else 64-byte rows (32, 96).
+    static constexpr int kPanelRowBytes = kHeadDim % 64 == 0 && kHeadDimV % 64 == 0 ? 128 : 64;
+    using Swizzle = PanelSwizzle<kPanelRowBytes>;
+    static constexpr int kPanelCols = Swizzle::kCols;
+    static constexpr int kQKPanels = kHeadDim / kPanelCols;
+    static constexpr int kVPanels = kHeadDimV / kPanelCols;
     static constexpr uint32_t kQPanelBytes = kBlockM * kPanelRowBytes;
-    static constexpr uint32_t kQBytes = kPanels * kQPanelBytes;
+    static constexpr uint32_t kQBytes = kQKPanels * kQPanelBytes;
     static constexpr uint32_t kKVPanelBytes = kBlockN * kPanelRowBytes;
-    static constexpr uint32_t kKVTileBytes = kPanels * kKVPanelBytes;
+    static constexpr uint32_t kKTileBytes = kQKPanels * kKVPanelBytes;
+    static constexpr uint32_t kVTileBytes = kVPanels * kKVPanelBytes;
 
     // Each consumer stages its finished rows of O for the TMA store.
     static constexpr uint32_t kOPanelBytes = kRowsPerConsumer * kPanelRowBytes;
-    static constexpr uint32_t kOStagingBytes = kPanels * kOPanelBytes;
+    static constexpr uint32_t kOStagingBytes =
+        kOutputPath == OutputPath::kTmaStore ? kVPanels * kOPanelBytes : 0;
 
-    // Shared memory, from a 1024-byte aligned base: the Q buffers, the K
-    // ring, the V ring, the O staging of each consumer, then the mbarriers.
+    // Shared memory, from an aligned base: the Q buffers, the K ring, the V
+    // ring, the O staging of each consumer, then the mbarriers.
     static constexpr uint32_t kSmemK = kQStages * kQBytes;
-    static constexpr uint32_t kSmemV = kSmemK + kStages * kKVTileBytes;
-    static constexpr uint32_t kSmemO = kSmemV + kStages * kKVTileBytes;
+    static constexpr uint32_t kSmemV = kSmemK + kStages * kKTileBytes;
+    static constexpr uint32_t kSmemO = kSmemV + kStages * kVTileBytes;
     static constexpr uint32_t kSmemBarriers = kSmemO + kConsumerWarpgroups * kOStagingBytes;
     // q_full, q_empty per Q buffer; k_full, v_full, k_empty, v_empty per stage
     static constexpr int kNumBarriers = 2 * kQStages + 4 * kStages;
-    static constexpr size_t kSmemBytes = kSmemBarriers + kNumBarriers * sizeof(uint64_t) + kSwizzleAtomBytes;
+    static constexpr size_t kSmemBytes = kSmemBarriers + kNumBarriers * sizeof(uint64_t) + kSmemBaseAlignment;
 
     static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory beyond what an sm_90 block may opt into");
-    static_assert(kHeadDim % kPanelCols == 0, "head_dim must be a whole number of 64-column panels");
+    static_assert(kHeadDim % kPanelCols == 0 && kHeadDimV % kPanelCols == 0,
+                  "head dims must be whole numbers of panels");
     static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
-    static_assert(kQPanelBytes % kSwizzleAtomBytes == 0 && kKVPanelBytes % kSwizzleAtomBytes == 0 &&
-                      kOPanelBytes % kSwizzleAtomBytes == 0,
-                  "panels must keep the 1024-byte swizzle alignment");
+    static_assert(kQPanelBytes % Swizzle::kAtomBytes == 0 && kKVPanelBytes % Swizzle::kAtomBytes == 0 &&
+                      kOPanelBytes % Swizzle::kAtomBytes == 0,
+                  "panels must keep the swizzle atom's alignment");
 };
 
 }  // namespace flashcore::sm90

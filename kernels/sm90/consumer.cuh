@@ -1,0 +1,123 @@
+// A consumer warpgroup: walks the CTA's schedule in step with the producer,
+// computing its 64 rows of each query block, with its state explicit:
+//   loop      the Mainloop's registers (O accumulators, softmax state, S,
+//             two sets of P fragments);
+//   pending   the block whose last O += P*V is still to be issued;
+//   kv_count, q_count  the pipeline positions (K/V tiles and query blocks
+//             consumed so far), whose stage and phase the barriers use.
+//
+// Neighbouring blocks overlap: block t's last O += P*V is issued, then block
+// t + 1's S_0 = Q*K_0^T (its Q and first K tile were loaded ahead), and block
+// t is normalised and stored while S_0 runs. (Issuing S_0 first, so that
+// block t + 1's first softmax would overlap the P*V product, was slower:
+// block t then cannot finish before block t + 1's first K lands.)
+#pragma once
+
+#include <cstdint>
+
+#include "common/key_range.cuh"
+#include "common/output_block.cuh"
+#include "common/tile_coords.cuh"
+#include "sm90/epilogue.cuh"
+#include "sm90/mainloop.cuh"
+#include "sm90/pipeline.cuh"
+#include "sm90/tile_scheduler.cuh"
+#include "sm90/traits.cuh"
+
+namespace flashcore::sm90 {
+
+template <typename Traits>
+struct Consumer {
+    using Element = typename Traits::Element;
+    using KeyRange = BlockKeyRange<Traits::kBlockM, Traits::kBlockN>;
+
+    const Sm90KernelParams &params;
+    int consumer;  // which warpgroup: rows consumer * 64 .. + 63 of each block
+    int wg_tid;    // thread index within the warpgroup
+    KeyMask mask;
+    Mainloop<Traits> loop;
+
+    bool pending = false;
+    FwdTile pending_tile{};
+    uint32_t pending_last_kv = 0;  // its last K/V tile
+
+    uint32_t kv_count = 0;
+    uint32_t q_count = 0;
+
+    __device__ __forceinline__ Consumer(const Sm90KernelParams &params_, const Pipeline<Traits> &pipe, int consumer_,
+                                        int wg_tid_)
+        : params(params_),
+          consumer(consumer_),
+          wg_tid(wg_tid_),
+          mask(KeyMask::of(params_.fwd)),
+          loop{pipe, wg_tid_ % 32, consumer_ * Traits::kRowsPerConsumer + (wg_tid_ / 32) * kMmaM,
+               params_.fwd.softmax_scale_log2} {}
+
+    __device__ __forceinline__ void run() {
+        PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(params.fwd).for_each_block(
+            params.fwd, [&](const FwdTile &tile, const KeyRange &keys) { compute_block(tile, keys); });
+        if (pending) {
+            issue_pending_output();
+            wgmma_wait<0>();
+            finish_pending();
+        }
+        // The staging buffers live in this CTA's shared memory: the last
+        // stores must be done with them before the CTA exits.
+        if (wg_tid == 0) bulk_wait_group_all();
+    }
+
+    __device__ __forceinline__ void compute_block(const FwdTile &tile, const KeyRange &keys) {
+        if (keys.num_blocks() <= 0) {
+            store_empty_block(OutputBlock<Element>::of(params.fwd, tile, Traits::kBlockM), params.fwd.out_seq_stride,
+                              params.fwd.head_dim_v, consumer * kWarpgroupThreads + wg_tid,
+                              Traits::kConsumerWarpgroups * kWarpgroupThreads);
+            return;
+        }
+        const uint32_t kv_base = kv_count;
+        const int q_buffer = Pipeline<Traits>::q_buffer_of(q_count);
+        const uint32_t q_rows = smem_address(loop.pipe.q_tile(q_buffer)) +
+                                consumer * Traits::kRowsPerConsumer * Traits::kPanelRowBytes;
+
+        // The pending block's last P*V product, then S_0 of this one: the
+        // pending block is normalised and stored while S_0 runs. Without a
+        // pending block an empty group takes the product's place, so both
+        // paths wait for the same groups (ptxas tracks the wgmmas in flight
+        // per group, not per path).
+        if (pending) {
+            issue_pending_output();
+        } else {
+            wgmma_commit();
+        }
+        mbarrier_wait(loop.pipe.q_full(q_buffer), Pipeline<Traits>::q_phase_of(q_count));
+        loop.issue_scores(q_rows, kv_base);
+        wgmma_wait<1>();
+        if (pending) finish_pending();
+        loop.softmax.init();
+        loop.zero_output();
+
+        loop.first_tile(mask, keys, tile.m_block, kv_base, q_buffer);
+        loop.remaining_tiles(mask, keys, tile.m_block, q_rows, kv_base, q_buffer);
+
+        pending = true;
+        pending_tile = tile;
+        pending_last_kv = kv_base + keys.num_blocks() - 1;
+        kv_count += keys.num_blocks();
+        ++q_count;
+    }
+
+    // The pending block's last O += P*V (its probabilities are in p_frag[1]).
+    __device__ __forceinline__ void issue_pending_output() { loop.issue_output(loop.p_frag[1], pending_last_kv); }
+
+    // After its last P*V product completed: normalise and store the pending
+    // block.
+    __device__ __forceinline__ void finish_pending() {
+        fence_accumulators(loop.acc_o[0]);
+        loop.release_v(pending_last_kv);
+        float row_lse[2];
+        loop.softmax.finalize(loop.acc_o, params.fwd.softmax_scale, row_lse);
+        store_rows<Traits>(params, pending_tile, loop.pipe.o_staging(consumer), consumer, loop.acc_o[0], row_lse,
+                           wg_tid);
+    }
+};
+
+}  // namespace flashcore::sm90
