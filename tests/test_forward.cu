@@ -1,6 +1,8 @@
 // GPU correctness of flashcore_forward against the float64 CPU reference:
-// fp16/bf16 x head_dim 64/128 x causal on/off over many shapes and layouts,
-// LSE, GQA/MQA, a tensor over 2^31 elements, determinism, concurrency.
+// fp16/bf16 x every kernel head dim (32, 64, 96, 128, 192/128, 256) and head
+// dims that run on the next larger kernel (80, 112, 160/128, 40/24) x causal
+// on/off over many shapes and layouts, LSE, GQA/MQA, a tensor over 2^31
+// elements, determinism, concurrency.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -79,13 +81,22 @@ struct FwdCase {
     bool causal;
     int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
     Layout layout;
+    int head_dim_v = 0;  // 0: head_dim
+
+    int value_dim() const { return head_dim_v != 0 ? head_dim_v : head_dim; }
 };
 
 std::string case_name(const FwdCase &c) {
+    char dims[32];
+    if (c.value_dim() == c.head_dim) {
+        std::snprintf(dims, sizeof dims, "d%d", c.head_dim);
+    } else {
+        std::snprintf(dims, sizeof dims, "d%dx%d", c.head_dim, c.value_dim());
+    }
     char buf[160];
-    std::snprintf(buf, sizeof buf, "%s_d%d_%s_b%d_hq%d_hkv%d_sq%d_sk%d_%s",
-                  c.dtype == FLASHCORE_DTYPE_FP16 ? "fp16" : "bf16", c.head_dim, c.causal ? "causal" : "full",
-                  c.batch, c.heads_q, c.heads_kv, c.seqlen_q, c.seqlen_k, layout_name(c.layout));
+    std::snprintf(buf, sizeof buf, "%s_%s_%s_b%d_hq%d_hkv%d_sq%d_sk%d_%s",
+                  c.dtype == FLASHCORE_DTYPE_FP16 ? "fp16" : "bf16", dims, c.causal ? "causal" : "full", c.batch,
+                  c.heads_q, c.heads_kv, c.seqlen_q, c.seqlen_k, layout_name(c.layout));
     return buf;
 }
 
@@ -121,14 +132,15 @@ struct Workload {
         problem.heads_q = c.heads_q;
         problem.heads_kv = c.heads_kv;
         problem.head_dim = c.head_dim;
+        problem.head_dim_v = c.value_dim();
         problem.causal = c.causal;
         q = random_values(c.dtype, size_t(c.batch) * c.heads_q * c.seqlen_q * c.head_dim, rng);
         k = random_values(c.dtype, size_t(c.batch) * c.heads_kv * c.seqlen_k * c.head_dim, rng);
-        v = random_values(c.dtype, size_t(c.batch) * c.heads_kv * c.seqlen_k * c.head_dim, rng);
-        allocate(dq, c.heads_q, c.seqlen_q);
-        allocate(dk, c.heads_kv, c.seqlen_k);
-        allocate(dv, c.heads_kv, c.seqlen_k);
-        allocate(dout, c.heads_q, c.seqlen_q);
+        v = random_values(c.dtype, size_t(c.batch) * c.heads_kv * c.seqlen_k * c.value_dim(), rng);
+        allocate(dq, c.heads_q, c.seqlen_q, c.head_dim);
+        allocate(dk, c.heads_kv, c.seqlen_k, c.head_dim);
+        allocate(dv, c.heads_kv, c.seqlen_k, c.value_dim());
+        allocate(dout, c.heads_q, c.seqlen_q, c.value_dim());
         dq.upload(c.dtype, q);
         dk.upload(c.dtype, k);
         dv.upload(c.dtype, v);
@@ -143,6 +155,7 @@ struct Workload {
         params.num_heads_q = c.heads_q;
         params.num_heads_kv = c.heads_kv;
         params.head_dim = c.head_dim;
+        params.head_dim_v = c.head_dim_v;
         params.causal = c.causal;
         params.q = dq.data;
         params.k = dk.data;
@@ -156,10 +169,10 @@ struct Workload {
     }
     ~Workload() { cudaFree(dlse); }
 
-    void allocate(DeviceTensor &t, int heads, int seqlen) {
+    void allocate(DeviceTensor &t, int heads, int seqlen, int head_dim) {
         int64_t b, s, h;
-        strides_for(c.layout, heads, seqlen, c.head_dim, &b, &s, &h);
-        t.allocate(c.batch, heads, seqlen, c.head_dim, b, s, h);
+        strides_for(c.layout, heads, seqlen, head_dim, &b, &s, &h);
+        t.allocate(c.batch, heads, seqlen, head_dim, b, s, h);
     }
     static void bind(const DeviceTensor &t, int64_t *b, int64_t *s, int64_t *h) {
         *b = t.batch_stride;
@@ -265,13 +278,26 @@ std::vector<FwdCase> all_cases() {
         {3, 4, 1, 200, 129, Layout::kBHSD},
         {2, 6, 3, 190, 333, Layout::kPadded},
     };
+    // (head_dim, head_dim_v): every kernel of the default build, then head
+    // dims that run on the next larger kernel with masked loads and stores.
+    struct HeadDims {
+        int qk, v;
+        bool all_shapes;  // else the shapes up to 1024 x 1024 keys (the float64 reference is slow)
+    };
+    const HeadDims head_dims[] = {
+        {32, 32, true},   {64, 64, true},   {96, 96, true},    {128, 128, true},
+        {192, 128, true}, {256, 256, true}, {80, 80, false},   {112, 112, false},
+        {160, 128, false}, {40, 24, false},
+    };
     std::vector<FwdCase> cases;
     for (flashcore_dtype dtype : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16})
-        for (int head_dim : {64, 128})
+        for (const HeadDims &d : head_dims)
             for (bool causal : {false, true})
-                for (const Shape &s : shapes)
-                    cases.push_back({dtype, head_dim, causal, s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_k,
-                                     s.layout});
+                for (const Shape &s : shapes) {
+                    if (!d.all_shapes && int64_t(s.seqlen_q) * s.seqlen_k > 1024 * 1024) continue;
+                    cases.push_back({dtype, d.qk, causal, s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_k,
+                                     s.layout, d.v == d.qk ? 0 : d.v});
+                }
     return cases;
 }
 
@@ -539,7 +565,10 @@ TEST(ForwardApi, RejectedCallsWriteNothing) {
     bad.num_heads_kv = 3;
     EXPECT_EQ(flashcore_forward(handle.get(), &bad, nullptr, 0, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
     bad = w.params;
-    bad.head_dim = 96;
+    bad.head_dim = 100;  // not a multiple of 8
+    EXPECT_EQ(flashcore_forward(handle.get(), &bad, nullptr, 0, nullptr), FLASHCORE_STATUS_UNSUPPORTED);
+    bad = w.params;
+    bad.head_dim_v = 264;
     EXPECT_EQ(flashcore_forward(handle.get(), &bad, nullptr, 0, nullptr), FLASHCORE_STATUS_UNSUPPORTED);
     bad = w.params;
     bad.k = static_cast<const char *>(bad.k) + 2;

@@ -11,8 +11,9 @@ namespace flashcore_test {
 void reference_attention(const Problem &p, const std::vector<float> &q, const std::vector<float> &k,
                          const std::vector<float> &v, std::vector<double> &out, std::vector<double> &lse) {
     const int d = p.head_dim;
+    const int dv = value_head_dim(p);
     const double scale = p.softmax_scale != 0 ? p.softmax_scale : 1.0 / std::sqrt(double(d));
-    out.assign(size_t(p.batch) * p.heads_q * p.seqlen_q * d, 0.0);
+    out.assign(size_t(p.batch) * p.heads_q * p.seqlen_q * dv, 0.0);
     lse.assign(size_t(p.batch) * p.heads_q * p.seqlen_q, 0.0);
     const int group = p.heads_q / p.heads_kv;
     const int shift = p.seqlen_k - p.seqlen_q;
@@ -26,10 +27,12 @@ void reference_attention(const Problem &p, const std::vector<float> &q, const st
             const int bh = row / p.seqlen_q;
             const int h = bh % p.heads_q;
             const int b = bh / p.heads_q;
-            const size_t kv_base = (size_t(b) * p.heads_kv + h / group) * p.seqlen_k * d;
+            const size_t kv_head = size_t(b) * p.heads_kv + h / group;
+            const size_t kv_base = kv_head * p.seqlen_k * d;
+            const size_t v_base = kv_head * p.seqlen_k * dv;
             const float *qi = &q[size_t(row) * d];
             const int visible = p.causal ? std::min(p.seqlen_k, std::max(0, i + shift + 1)) : p.seqlen_k;
-            double *o = &out[size_t(row) * d];
+            double *o = &out[size_t(row) * dv];
             if (visible == 0) {
                 lse[row] = -std::numeric_limits<double>::infinity();
                 continue;
@@ -46,10 +49,10 @@ void reference_attention(const Problem &p, const std::vector<float> &q, const st
             for (int j = 0; j < visible; ++j) {
                 const double w = std::exp(scores[j] - max_score);
                 sum += w;
-                const float *vj = &v[kv_base + size_t(j) * d];
-                for (int c = 0; c < d; ++c) o[c] += w * double(vj[c]);
+                const float *vj = &v[v_base + size_t(j) * dv];
+                for (int c = 0; c < dv; ++c) o[c] += w * double(vj[c]);
             }
-            for (int c = 0; c < d; ++c) o[c] /= sum;
+            for (int c = 0; c < dv; ++c) o[c] /= sum;
             lse[row] = max_score + std::log(sum);
         }
     };

@@ -15,15 +15,18 @@ struct Problem {
     int heads_q = 1;
     int heads_kv = 1;
     int head_dim = 64;
+    int head_dim_v = 0;  // of v and out; 0: head_dim
     bool causal = false;
     double softmax_scale = 0;  // 0: 1/sqrt(head_dim)
 };
 
-// Dense [batch, heads, seqlen, head_dim] tensors of float values (already
+// Dense [batch, heads, seqlen, head_dim] tensors (v and out: head_dim_v) of float values (already
 // rounded to the kernel's input precision). out and lse are resized. Rows
 // with no visible key get out = 0 and lse = -inf. Runs on all cores.
 void reference_attention(const Problem &p, const std::vector<float> &q, const std::vector<float> &k,
                          const std::vector<float> &v, std::vector<double> &out, std::vector<double> &lse);
+
+inline int value_head_dim(const Problem &p) { return p.head_dim_v != 0 ? p.head_dim_v : p.head_dim; }
 
 struct ErrorStats {
     double max_abs = 0;
