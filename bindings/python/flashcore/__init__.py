@@ -7,6 +7,7 @@ __cuda_array_interface__ or DLPack.
 
     import flashcore
     out = flashcore.attention(q, k, v, causal=True)
+    flashcore.supported_head_dims()   # [(head_dim, head_dim_v), ...] of this build
 
 The library is looked for in $FLASHCORE_LIBRARY, then next to this package,
 then where pkg-config and the dynamic loader find it (see
@@ -14,10 +15,10 @@ flashcore.library()). The ctypes declarations in flashcore._ffi are generated
 from include/flashcore.h.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from . import _ffi
-from ._attention import attention, check_params, forward_params
+from ._attention import attention, check_params, forward_params, supported_head_dims
 from ._errors import (
     CudaError,
     FlashcoreError,
@@ -54,6 +55,7 @@ __all__ = [
     "attention",
     "forward_params",
     "check_params",
+    "supported_head_dims",
     "Handle",
     "get_handle",
     "Library",

@@ -52,6 +52,11 @@ def _shape_words(layout):
     return "[B, S, H, D] (layout='bshd')" if layout == Layout.BSHD else "[B, H, S, D]"
 
 
+def _out_shape(q, head_dim_v):
+    """out's shape, in q's own layout: q's, with head_dim_v last."""
+    return tuple(q.shape[:3]) + (head_dim_v,)
+
+
 def _validate(q, k, v, out, lse, layout):
     """Checks what the C API cannot see (it takes one dtype and one set of
     sizes for all tensors); strides, alignment, head counts and supported
@@ -63,14 +68,17 @@ def _validate(q, k, v, out, lse, layout):
     for a in (k, v, out):
         if a is not None and a.dtype != q.dtype:
             raise InvalidArgumentError("%s has dtype %s but q has %s: all must match" % (a.name, a.dtype, q.dtype))
-    if kv.shape != vv.shape:
-        raise InvalidArgumentError("k and v must have the same shape, got %s and %s" % (list(k.shape), list(v.shape)))
+    if kv.shape[:3] != vv.shape[:3]:
+        raise InvalidArgumentError("k and v must have the same shape but for the last dimension (v's is head_dim_v), "
+                                   "got %s and %s" % (list(k.shape), list(v.shape)))
     if kv.shape[0] != qv.shape[0] or kv.shape[3] != qv.shape[3]:
         raise InvalidArgumentError("q %s and k %s must agree on batch size and head_dim (%s)"
                                    % (list(q.shape), list(k.shape), _shape_words(layout)))
     if out is not None:
-        if out.shape != q.shape:
-            raise InvalidArgumentError("out must have q's shape %s, got %s" % (list(q.shape), list(out.shape)))
+        want = _out_shape(q, vv.shape[3])
+        if out.shape != want:
+            raise InvalidArgumentError("out must have q's shape with v's last dimension (head_dim_v), %s, got %s"
+                                       % (list(want), list(out.shape)))
         if out.readonly:
             raise InvalidArgumentError("out is read-only")
     for view in views:
@@ -97,11 +105,12 @@ def _validate(q, k, v, out, lse, layout):
 
 
 def _build(lib, q, k, v, out, lse, layout, causal, scale):
-    qv, kv, _ = _validate(q, k, v, out, lse, layout)
+    qv, kv, vv = _validate(q, k, v, out, lse, layout)
     p = lib.new_params()
     batch, heads_q, seqlen_q, head_dim = qv.shape
     p.dtype = DTYPES[q.dtype]
     p.batch_size, p.num_heads_q, p.seqlen_q, p.head_dim = batch, heads_q, seqlen_q, head_dim
+    p.head_dim_v = vv.shape[3]
     p.num_heads_kv, p.seqlen_k = kv.shape[1], kv.shape[2]
     p.causal = 1 if causal else 0
     p.softmax_scale = scale
@@ -130,6 +139,18 @@ def forward_params(q, k, v, out=None, *, lse=None, causal=False, softmax_scale=N
     return _build(library(), *infos, layout, causal, _softmax_scale(softmax_scale))
 
 
+def supported_head_dims():
+    """The (head_dim, head_dim_v) pairs this build of the library has kernels
+    of its own for (flashcore_supported_head_dims), in increasing order, e.g.
+    [(32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256)].
+
+    Other head dims run too: q/k's head_dim and v's head_dim_v, both
+    multiples of 8, run on the first listed pair whose two dims are both at
+    least theirs (80 runs on (96, 96), (64, 128) on (128, 128)). A call no
+    listed pair covers raises UnsupportedError."""
+    return library().supported_head_dims()
+
+
 def check_params(params):
     """flashcore_forward_check: raises what flashcore_forward would for these
     parameters before looking at the GPU."""
@@ -151,17 +172,21 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse
 
         out = softmax(softmax_scale * q @ k^T [+ causal mask]) @ v
 
-    q: [B, Hq, Sq, D]; k, v: [B, Hkv, Sk, D] with Hq a multiple of Hkv
-    (grouped-query attention); float16 or bfloat16, on one CUDA device. Any
-    storage order works as long as head_dim is contiguous: strides are read
-    from the arrays. layout="bshd" takes FlashAttention's [B, S, H, D] shapes
-    instead (out is then [B, Sq, Hq, D] too).
+    q: [B, Hq, Sq, D]; k: [B, Hkv, Sk, D]; v: [B, Hkv, Sk, Dv] with Hq a
+    multiple of Hkv (grouped-query attention); float16 or bfloat16, on one
+    CUDA device. out is [B, Hq, Sq, Dv]. D (head_dim) and Dv (head_dim_v)
+    may differ, e.g. 192 and 128; see supported_head_dims() for the pairs
+    this build has kernels for and which others run. Any storage order works
+    as long as the last dimension is contiguous: strides are read from the
+    arrays. layout="bshd" takes FlashAttention's [B, S, H, D] shapes instead
+    (out is then [B, Sq, Hq, Dv]).
 
     causal: bottom-right aligned mask: query i sees key j iff
         j <= i + Sk - Sq; rows that see no key give 0 (and lse -inf).
     softmax_scale: None for 1 / sqrt(D).
-    out: where to write the result (same shape and dtype as q; any strides
-        the C API accepts). Allocated with q's framework when None.
+    out: where to write the result (q's shape with v's last dimension, q's
+        dtype; any strides the C API accepts). Allocated with q's framework
+        when None.
     return_lse: also return the float32 [B, Hq, Sq] log-sum-exp of each
         row's scaled, masked scores: the result is then (out, lse).
     lse: where to write that log-sum-exp (contiguous float32 [B, Hq, Sq]);
@@ -188,10 +213,10 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse
     ki, vi = describe(k, "k", s), describe(v, "v", s)
     oi = None if out is None else describe(out, "out", s)
     li = None if lse is None else describe(lse, "lse", s)
-    qv, _, _ = _validate(qi, ki, vi, oi, li, layout)
+    qv, _, vv = _validate(qi, ki, vi, oi, li, layout)
     lib = library()
     if oi is None:
-        out = _allocate(qi, qi.shape, None, s, "out")
+        out = _allocate(qi, _out_shape(qi, vv.shape[3]), None, s, "out")
         oi = describe(out, "out", s)
     if li is None and return_lse:
         lse = _allocate(qi, qv.shape[:3], "float32", s, "lse")

@@ -8,16 +8,16 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "bb6e745286c04e6d6734506e7170e095e8d6fc85748718ac5d7c88afd57a29fb"
+HEADER_SHA256 = "a117dcca6050bc43071f8460299cedb2753f179aca2ad818b04dae4affd28465"
 
 FLASHCORE_VERSION_MAJOR = 0
 
-FLASHCORE_VERSION_MINOR = 1
+FLASHCORE_VERSION_MINOR = 2
 
 FLASHCORE_VERSION_PATCH = 0
 
-# MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 100 for 0.1.0.
-FLASHCORE_VERSION_NUMBER = 100
+# MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 200 for 0.2.0.
+FLASHCORE_VERSION_NUMBER = 200
 
 
 flashcore_status = ctypes.c_int  # C type of enum flashcore_status
@@ -30,9 +30,9 @@ class Status(enum.IntEnum):
     # A parameter is wrong whatever the GPU: a null pointer, a size <= 0, head
     # counts that do not divide, a bad stride, a struct_size too small.
     INVALID_ARGUMENT = 1
-    # Valid, but not implemented: a head_dim or dtype this version does not
-    # have kernels for, a GPU older than sm_80, a struct from a newer header
-    # that uses fields this library does not know.
+    # Valid, but not implemented: a head_dim or dtype this build has no
+    # kernel for (the message lists what it has), a GPU older than sm_80, a
+    # struct from a newer header that uses fields this library does not know.
     UNSUPPORTED = 2
     # A pointer or stride does not meet the alignment the kernels need.
     MISALIGNED = 3
@@ -108,9 +108,12 @@ FLASHCORE_ALIGNMENT = 16
 
 
 # Everything one attention call needs. Logical shapes:
-#   q, out: [batch_size, num_heads_q,  seqlen_q, head_dim]
-#   k, v:   [batch_size, num_heads_kv, seqlen_k, head_dim]
+#   q:      [batch_size, num_heads_q,  seqlen_q, head_dim]
+#   k:      [batch_size, num_heads_kv, seqlen_k, head_dim]
+#   v:      [batch_size, num_heads_kv, seqlen_k, head_dim_v]
+#   out:    [batch_size, num_heads_q,  seqlen_q, head_dim_v]
 #   lse:    [batch_size, num_heads_q,  seqlen_q], float32, contiguous
+# (head_dim_v is head_dim unless set; see the field.)
 # Each tensor's last dimension (head_dim) is contiguous; the other three are
 # addressed through element strides (not bytes), so [B,S,H,D], [B,H,S,D] and
 # views with padding all work. Strides must be >= 0 and multiples of
@@ -132,7 +135,11 @@ class flashcore_forward_params(ctypes.Structure):
         ("seqlen_k", ctypes.c_int32),
         ("num_heads_q", ctypes.c_int32),
         ("num_heads_kv", ctypes.c_int32),
-        # 64 or 128 in this version
+        # Head dimension of q and k. Any multiple of 8 from 8 to 256. The
+        # default build has kernels for 32, 64, 96, 128, 192 (with head_dim_v
+        # 128) and 256 (flashcore_supported_head_dims lists what this build
+        # has); any other head dim runs on the smallest kernel that covers it,
+        # its q, k, v and out loaded and stored only up to their real width.
         ("head_dim", ctypes.c_int32),
         # Non-zero: causal mask aligned to the bottom-right corner, as in
         # FlashAttention >= 2.1: query i sees key j iff j <= i + seqlen_k - seqlen_q.
@@ -162,6 +169,10 @@ class flashcore_forward_params(ctypes.Structure):
         ("out_batch_stride", ctypes.c_int64),
         ("out_seq_stride", ctypes.c_int64),
         ("out_head_stride", ctypes.c_int64),
+        # Head dimension of v and out, when it differs from head_dim (e.g. 128
+        # with head_dim 192, as in DeepSeek-style prefill). 0 (the default)
+        # means head_dim. Same rules as head_dim.
+        ("head_dim_v", ctypes.c_int32),
     ]
 
 
@@ -214,11 +225,28 @@ FUNCTIONS = (
         ("struct_size", ctypes.c_size_t),
     )),
     # Sets all twelve strides for densely packed q, k, v and out in the given
-    # layout, from batch_size, seqlen_q, seqlen_k, num_heads_q, num_heads_kv and
-    # head_dim (which must be set first and be > 0).
+    # layout, from batch_size, seqlen_q, seqlen_k, num_heads_q, num_heads_kv,
+    # head_dim and head_dim_v (which must be set first; all but head_dim_v > 0).
     ("flashcore_set_contiguous_strides", flashcore_status, (
         ("params", ctypes.POINTER(flashcore_forward_params)),
         ("layout", flashcore_layout),
+    )),
+    # The (head_dim, head_dim_v) pairs this build has kernels of its own for, in
+    # increasing order of head_dim, then head_dim_v: the default build has
+    # (32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256). Every GPU
+    # the library supports runs all of them. A call whose head dims are not in
+    # the list runs on the first listed pair with head_dim and head_dim_v both at
+    # least its own (both must be multiples of 8); with none,
+    # flashcore_forward returns FLASHCORE_STATUS_UNSUPPORTED.
+    #
+    # Writes min(capacity, number of pairs) pairs to head_dims[i] and
+    # head_dims_v[i] (either may be NULL when capacity is 0) and the number of
+    # pairs to *count, so a first call with capacity 0 sizes the arrays.
+    ("flashcore_supported_head_dims", flashcore_status, (
+        ("head_dims", ctypes.POINTER(ctypes.c_int32)),
+        ("head_dims_v", ctypes.POINTER(ctypes.c_int32)),
+        ("capacity", ctypes.c_size_t),
+        ("count", ctypes.POINTER(ctypes.c_size_t)),
     )),
     # Checks everything about *params that does not depend on the GPU: sizes,
     # head counts, head_dim and dtype support, pointers, alignment, strides,

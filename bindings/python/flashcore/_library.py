@@ -94,6 +94,7 @@ class Library:
                                                                       _ffi.FLASHCORE_VERSION_NUMBER))
         self.version = self.cdll.flashcore_version_string().decode()
         self._params_template = None
+        self._head_dims = None
 
     def __getattr__(self, name):
         if name.startswith("flashcore_"):
@@ -113,6 +114,18 @@ class Library:
             return
         message = self.cdll.flashcore_last_error_message().decode("utf-8", "replace")
         raise error_for_status(status, message or self.status_string(status))
+
+    def supported_head_dims(self):
+        """flashcore_supported_head_dims as a list of (head_dim, head_dim_v)
+        tuples (read once: it is fixed for a build)."""
+        if self._head_dims is None:
+            count = ctypes.c_size_t(0)
+            self.check(self.cdll.flashcore_supported_head_dims(None, None, 0, ctypes.byref(count)))
+            capacity = count.value
+            dims, dims_v = (ctypes.c_int32 * capacity)(), (ctypes.c_int32 * capacity)()
+            self.check(self.cdll.flashcore_supported_head_dims(dims, dims_v, capacity, ctypes.byref(count)))
+            self._head_dims = [(dims[i], dims_v[i]) for i in range(min(count.value, capacity))]
+        return list(self._head_dims)
 
     def new_params(self):
         """A flashcore_forward_params set up by the library's own

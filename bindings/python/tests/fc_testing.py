@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+import flashcore
 from flashcore import _arrays
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -75,7 +76,39 @@ class FakeDLPackArray:
         return _capsule_new(ctypes.addressof(self._managed), b"dltensor", None)
 
 
-def fake_qkv(b=2, hq=8, hkv=2, sq=100, sk=120, d=64, cls=FakeCudaArray, **kwargs):
-    """Fake contiguous [B, H, S, D] q, k, v, out (kwargs go to cls)."""
+def fake_qkv(b=2, hq=8, hkv=2, sq=100, sk=120, d=64, dv=None, cls=FakeCudaArray, **kwargs):
+    """Fake contiguous [B, H, S, D] q, k and [B, H, S, Dv] v, out (Dv = D
+    unless given; kwargs go to cls)."""
+    dv = d if dv is None else dv
     return (cls((b, hq, sq, d), index=0, **kwargs), cls((b, hkv, sk, d), index=1, **kwargs),
-            cls((b, hkv, sk, d), index=2, **kwargs), cls((b, hq, sq, d), index=3, **kwargs))
+            cls((b, hkv, sk, dv), index=2, **kwargs), cls((b, hq, sq, dv), index=3, **kwargs))
+
+
+# The default build's pairs: what the GPU tests are parametrized over when
+# the library cannot be loaded (they skip then anyway).
+DEFAULT_HEAD_DIMS = [(32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256)]
+# Dims with no kernel of their own in the default build, run on the next
+# larger one, and the DeepSeek-style pair.
+EXTRA_HEAD_DIMS = [(80, 80), (112, 112), (160, 160), (192, 128)]
+
+
+def gpu_head_dims():
+    """(head_dim, head_dim_v) pairs for the GPU tests: every pair this build
+    lists, the rounding-up dims and (192, 128)."""
+    try:
+        listed = flashcore.supported_head_dims()
+    except flashcore.FlashcoreError:  # LibraryError included
+        listed = DEFAULT_HEAD_DIMS
+    return sorted(set(listed) | set(EXTRA_HEAD_DIMS))
+
+
+def head_dim_id(pair):
+    d, dv = pair
+    return "d%d" % d if d == dv else "d%d-%d" % (d, dv)
+
+
+def covering_pair(supported, head_dim, head_dim_v):
+    """The (head_dim, head_dim_v) kernel pair a call runs on, by the rule of
+    flashcore_supported_head_dims: the first listed pair with both dims at
+    least the call's; None when none covers it."""
+    return next(((d, dv) for d, dv in supported if d >= head_dim and dv >= head_dim_v), None)

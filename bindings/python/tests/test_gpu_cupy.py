@@ -9,6 +9,7 @@ fp16 attention meets and a wrong one misses by orders of magnitude."""
 import pytest
 
 import flashcore
+from fc_testing import gpu_head_dims, head_dim_id
 
 pytestmark = pytest.mark.gpu
 
@@ -17,6 +18,9 @@ SHAPES = [  # batch, heads_q, heads_kv, seqlen_q, seqlen_k
     (1, 8, 2, 77, 133),
     (2, 6, 1, 150, 61),
 ]
+# Every (head_dim, head_dim_v) pair of the build, dims that round up to a
+# larger kernel, and (192, 128).
+HEAD_DIMS = gpu_head_dims()
 MEMCPY_DEVICE_TO_DEVICE = 3
 
 
@@ -32,14 +36,15 @@ def np(cupy_cuda):
     return numpy
 
 
-def host_inputs(np, b, hq, hkv, sq, sk, d, seed=0, layout="bhsd"):
+def host_inputs(np, b, hq, hkv, sq, sk, d, seed=0, layout="bhsd", dv=None):
+    """q, k with head_dim d and v with head_dim_v dv (default d)."""
     rng = np.random.default_rng(seed)
 
-    def make(h, s):
-        shape = (b, h, s, d) if layout == "bhsd" else (b, s, h, d)
+    def make(h, s, width):
+        shape = (b, h, s, width) if layout == "bhsd" else (b, s, h, width)
         return rng.standard_normal(shape).astype(np.float16)
 
-    return make(hq, sq), make(hkv, sk), make(hkv, sk)
+    return make(hq, sq, d), make(hkv, sk, d), make(hkv, sk, d if dv is None else dv)
 
 
 def reference(np, q, k, v, causal, scale=None):
@@ -89,12 +94,13 @@ def check(np, out, lse, q, k, v, causal):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_cupy_matches_reference(cp, np, head_dim, causal, shape):
-    q, k, v = host_inputs(np, *shape, head_dim)
+@pytest.mark.parametrize("head_dims", HEAD_DIMS, ids=head_dim_id)
+def test_cupy_matches_reference(cp, np, head_dims, causal, shape):
+    d, dv = head_dims
+    q, k, v = host_inputs(np, *shape, d, seed=d + dv, dv=dv)
     out, lse = flashcore.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal, return_lse=True)
     assert isinstance(out, cp.ndarray) and isinstance(lse, cp.ndarray)
-    assert out.shape == q.shape and out.dtype == np.float16 and out.flags.c_contiguous
+    assert out.shape == q.shape[:3] + (dv,) and out.dtype == np.float16 and out.flags.c_contiguous
     assert lse.shape == q.shape[:3] and lse.dtype == np.float32
     check(np, out.get(), lse.get(), q, k, v, causal)
 

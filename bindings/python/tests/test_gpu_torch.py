@@ -11,6 +11,7 @@ import threading
 import pytest
 
 import flashcore
+from fc_testing import gpu_head_dims, head_dim_id
 
 pytestmark = pytest.mark.gpu
 
@@ -22,6 +23,9 @@ SHAPES = [  # batch, heads_q, heads_kv, seqlen_q, seqlen_k
     (3, 2, 2, 1, 257),  # one query row
     (1, 4, 2, 300, 300),  # several tiles
 ]
+# Every (head_dim, head_dim_v) pair of the build, dims that round up to a
+# larger kernel, and (192, 128).
+HEAD_DIMS = gpu_head_dims()
 NAN = float("nan")
 
 
@@ -35,9 +39,10 @@ def randn(torch, shape, dtype, seed):
     return torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(getattr(torch, dtype))
 
 
-def qkv(torch, b, hq, hkv, sq, sk, d, dtype, seed=0):
+def qkv(torch, b, hq, hkv, sq, sk, d, dtype, seed=0, dv=None):
+    """[B, H, S, D] q and k, and v with head_dim_v dv (default d)."""
     return (randn(torch, (b, hq, sq, d), dtype, seed), randn(torch, (b, hkv, sk, d), dtype, seed + 1),
-            randn(torch, (b, hkv, sk, d), dtype, seed + 2))
+            randn(torch, (b, hkv, sk, d if dv is None else dv), dtype, seed + 2))
 
 
 def visible(torch, sq, sk):
@@ -107,25 +112,28 @@ def check(torch, out, lse, q, k, v, causal, scale=None):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dims", HEAD_DIMS, ids=head_dim_id)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_matches_sdpa(torch, dtype, head_dim, causal, shape):
+def test_matches_sdpa(torch, dtype, head_dims, causal, shape):
     b, hq, hkv, sq, sk = shape
-    q, k, v = qkv(torch, b, hq, hkv, sq, sk, head_dim, dtype)
+    d, dv = head_dims
+    q, k, v = qkv(torch, b, hq, hkv, sq, sk, d, dtype, seed=d + dv, dv=dv)
     out, lse = flashcore.attention(q, k, v, causal=causal, return_lse=True)
-    assert out.shape == q.shape and out.dtype == q.dtype and out.device == q.device and out.is_contiguous()
+    assert out.shape == (b, hq, sq, dv) and out.dtype == q.dtype and out.device == q.device and out.is_contiguous()
     assert lse.shape == (b, hq, sq) and lse.is_contiguous()
     check(torch, out, lse, q, k, v, causal)
 
 
+@pytest.mark.parametrize("head_dims", [(128, 128), (192, 128), (80, 80)], ids=head_dim_id)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_bshd_layout(torch, dtype, causal):
-    b, sq, sk, hq, hkv, d = 2, 97, 130, 8, 4, 128
+def test_bshd_layout(torch, dtype, causal, head_dims):
+    b, sq, sk, hq, hkv = 2, 97, 130, 8, 4
+    d, dv = head_dims
     q = randn(torch, (b, sq, hq, d), dtype, 10)
-    k, v = randn(torch, (b, sk, hkv, d), dtype, 11), randn(torch, (b, sk, hkv, d), dtype, 12)
+    k, v = randn(torch, (b, sk, hkv, d), dtype, 11), randn(torch, (b, sk, hkv, dv), dtype, 12)
     out, lse = flashcore.attention(q, k, v, causal=causal, return_lse=True, layout="bshd")
-    assert out.shape == (b, sq, hq, d) and out.is_contiguous() and lse.shape == (b, hq, sq)
+    assert out.shape == (b, sq, hq, dv) and out.is_contiguous() and lse.shape == (b, hq, sq)
     t = [x.transpose(1, 2) for x in (out, q, k, v)]
     check(torch, t[0], lse, t[1], t[2], t[3], causal)
 
@@ -142,18 +150,20 @@ def test_bshd_storage_given_as_bhsd_views(torch, dtype):
     check(torch, out, None, q, k, v, True)
 
 
+@pytest.mark.parametrize("head_dims", [(128, 128), (192, 128), (112, 112)], ids=head_dim_id)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_strided_views_in_and_out(torch, dtype):
-    b, hq, hkv, sq, sk, d = 2, 4, 2, 90, 111, 128
+def test_strided_views_in_and_out(torch, dtype, head_dims):
+    b, hq, hkv, sq, sk = 2, 4, 2, 90, 111
+    d, dv = head_dims
     q = randn(torch, (b, hq, sq, d + 16), dtype, 30)[..., 8:8 + d]  # padded rows, 16-byte offset
     k = randn(torch, (b, 2 * hkv, sk, d), dtype, 31)[:, ::2]  # every other head
-    v = randn(torch, (b, hkv, sk + 5, d), dtype, 32)[:, :, 5:]  # starts 5 rows in
-    out_storage = torch.full((b, sq, hq, d + 8), NAN, dtype=q.dtype, device="cuda")
-    out = out_storage[..., :d].transpose(1, 2)  # [B, H, S, D] view of padded [B, S, H, D]
+    v = randn(torch, (b, hkv, sk + 5, dv), dtype, 32)[:, :, 5:]  # starts 5 rows in
+    out_storage = torch.full((b, sq, hq, dv + 8), NAN, dtype=q.dtype, device="cuda")
+    out = out_storage[..., :dv].transpose(1, 2)  # [B, H, S, Dv] view of padded [B, S, H, Dv]
     result, lse = flashcore.attention(q, k, v, out=out, causal=True, return_lse=True)
     assert result is out
     check(torch, out, lse, q, k, v, True)
-    assert torch.isnan(out_storage[..., d:]).all(), "wrote outside out"
+    assert torch.isnan(out_storage[..., dv:]).all(), "wrote outside out"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -185,9 +195,12 @@ def test_views_the_library_cannot_take(torch):
         flashcore.attention(odd_rows, k, v, out=out)
     with pytest.raises(flashcore.UnsupportedError):
         flashcore.attention(k.float(), k.float(), k.float())
-    q96 = randn(torch, (b, h, s, 96), "float16", 54)
+    too_wide = max(pair[0] for pair in flashcore.supported_head_dims()) + 8  # no kernel covers it
+    q_wide = randn(torch, (b, h, s, too_wide), "float16", 54)
     with pytest.raises(flashcore.UnsupportedError, match="head_dim"):
-        flashcore.attention(q96, q96, q96)
+        flashcore.attention(q_wide, q_wide, q_wide)
+    with pytest.raises(flashcore.InvalidArgumentError, match="out must have"):
+        flashcore.attention(k, k, k[..., :32], out=out)  # out has head_dim 64, v head_dim_v 32
     q6, k4 = randn(torch, (b, 6, s, d), "float16", 55), randn(torch, (b, 4, s, d), "float16", 56)
     with pytest.raises(flashcore.InvalidArgumentError, match="num_heads"):
         flashcore.attention(q6, k4, k4)

@@ -12,7 +12,7 @@ import pytest
 
 import flashcore
 from flashcore import Status, _arrays, _errors, _ffi, _library
-from fc_testing import FakeCudaArray, FakeDLPackArray, fake_ptr, fake_qkv
+from fc_testing import FakeCudaArray, FakeDLPackArray, covering_pair, fake_ptr, fake_qkv
 
 # --------------------------------------------------------------------------
 # Import and version (no library needed)
@@ -202,13 +202,16 @@ def test_params_init_by_library(lib):
     assert p.q is None and p.batch_size == 0 and p.out_head_stride == 0
 
 
-def test_set_contiguous_strides_agrees_with_forward_params(lib):
+@pytest.mark.parametrize("dv", [64, 128, 32])
+def test_set_contiguous_strides_agrees_with_forward_params(lib, dv):
     for layout, shape_q, shape_k in ((flashcore.Layout.BHSD, (2, 8, 100, 64), (2, 2, 120, 64)),
                                      (flashcore.Layout.BSHD, (2, 100, 8, 64), (2, 120, 2, 64))):
-        arrays = [FakeCudaArray(s, index=i) for i, s in enumerate((shape_q, shape_k, shape_k, shape_q))]
+        shape_v, shape_out = shape_k[:3] + (dv,), shape_q[:3] + (dv,)
+        arrays = [FakeCudaArray(s, index=i) for i, s in enumerate((shape_q, shape_k, shape_v, shape_out))]
         ours = flashcore.forward_params(*arrays, layout=layout.name.lower())
+        assert (ours.head_dim, ours.head_dim_v) == (64, dv)
         theirs = lib.new_params()
-        for f in ("batch_size", "num_heads_q", "num_heads_kv", "seqlen_q", "seqlen_k", "head_dim"):
+        for f in ("batch_size", "num_heads_q", "num_heads_kv", "seqlen_q", "seqlen_k", "head_dim", "head_dim_v"):
             setattr(theirs, f, getattr(ours, f))
         lib.check(lib.cdll.flashcore_set_contiguous_strides(ctypes.byref(theirs), layout))
         for name, _ in flashcore.ForwardParams._fields_:
@@ -352,9 +355,84 @@ def test_head_counts_that_do_not_divide(lib, api):
     assert "12" in err.message and "5" in err.message
 
 
-def test_unsupported_head_dim(lib):
-    q, k, v, out = fake_qkv(d=96)
-    _raises_from_library(lib, flashcore.UnsupportedError, lambda: flashcore.attention(q, k, v, out=out))
+# --------------------------------------------------------------------------
+# Head dims: what the build lists, what it covers, what it refuses
+# --------------------------------------------------------------------------
+
+
+def test_supported_head_dims(lib):
+    pairs = flashcore.supported_head_dims()
+    assert pairs and pairs == sorted(pairs) and len(set(pairs)) == len(pairs), pairs
+    for d, dv in pairs:
+        assert type(d) is int and type(dv) is int and d % 8 == 0 and dv % 8 == 0 and 8 <= d and 8 <= dv, pairs
+    assert flashcore.supported_head_dims() == pairs == lib.supported_head_dims()
+    pairs.append((1, 1))  # a copy: the cached list is not the caller's to change
+    assert (1, 1) not in flashcore.supported_head_dims()
+
+
+def test_supported_head_dims_c_call(lib):
+    # Capacity 0 only counts; a short array gets the first pairs and the full count.
+    pairs = lib.supported_head_dims()
+    count = ctypes.c_size_t(12345)
+    lib.check(lib.cdll.flashcore_supported_head_dims(None, None, 0, ctypes.byref(count)))
+    assert count.value == len(pairs)
+    d, dv = (ctypes.c_int32 * 1)(-1), (ctypes.c_int32 * 1)(-1)
+    lib.check(lib.cdll.flashcore_supported_head_dims(d, dv, 1, ctypes.byref(count)))
+    assert count.value == len(pairs) and (d[0], dv[0]) == pairs[0]
+    with pytest.raises(flashcore.InvalidArgumentError):
+        lib.check(lib.cdll.flashcore_supported_head_dims(None, None, 0, None))
+
+
+def _head_dim_cases(lib):
+    """Every listed pair, some dims that round up to a larger kernel, and the
+    pairs made of a listed pair's dims crossed with other listed dims."""
+    pairs = lib.supported_head_dims()
+    cases = set(pairs) | {(d, d) for d in (8, 80, 112, 160)} | {(d, dv) for d, _ in pairs for _, dv in pairs}
+    return sorted(cases)
+
+
+def test_every_covered_head_dim_passes_the_check(lib):
+    pairs = lib.supported_head_dims()
+    covered = 0
+    for d, dv in _head_dim_cases(lib):
+        q, k, v, out = fake_qkv(d=d, dv=dv)
+        p = flashcore.forward_params(q, k, v, out)
+        assert (p.head_dim, p.head_dim_v) == (d, dv)
+        assert (p.v_seq_stride, p.out_seq_stride, p.q_seq_stride) == (dv, dv, d)
+        if covering_pair(pairs, d, dv) is None:
+            with pytest.raises(flashcore.UnsupportedError, match="head_dim"):
+                flashcore.check_params(p)
+        else:
+            flashcore.check_params(p)
+            covered += 1
+    assert covered >= len(pairs)
+
+
+@pytest.mark.parametrize("which", ["head_dim", "head_dim_v"])
+def test_head_dim_no_kernel_covers(lib, which):
+    # One step of 8 past the largest listed dim: no kernel of this build covers it.
+    pairs = lib.supported_head_dims()
+    d = max(p[0] for p in pairs) + 8 if which == "head_dim" else 64
+    dv = max(p[1] for p in pairs) + 8 if which == "head_dim_v" else 64
+    q, k, v, out = fake_qkv(d=d, dv=dv)
+    err = _raises_from_library(lib, flashcore.UnsupportedError, lambda: flashcore.attention(q, k, v, out=out))
+    assert which in err.message
+
+
+def _padded(shape, index):
+    """A fake fp16 [B, H, S, D] array whose rows are padded to a multiple of 8
+    elements, so only D itself can be wrong."""
+    b, h, s, d = shape
+    row = -(-d // 8) * 8
+    return FakeCudaArray(shape, strides=(h * s * row * 2, s * row * 2, row * 2, 2), index=index)
+
+
+@pytest.mark.parametrize("d,dv", [(100, 100), (64, 100), (100, 64)])
+def test_head_dim_not_a_multiple_of_8(lib, d, dv):
+    q, k = _padded((2, 8, 100, d), 0), _padded((2, 2, 120, d), 1)
+    v, out = _padded((2, 2, 120, dv), 2), _padded((2, 8, 100, dv), 3)
+    err = _raises_from_library(lib, flashcore.UnsupportedError, lambda: flashcore.attention(q, k, v, out=out))
+    assert "multiple of 8" in err.message
 
 
 def test_misaligned_pointer(lib):
@@ -405,6 +483,9 @@ def test_bad_softmax_scale(lib):
     ("k v shapes", flashcore.InvalidArgumentError, "same shape"),
     ("batch", flashcore.InvalidArgumentError, "batch size"),
     ("out shape", flashcore.InvalidArgumentError, "out must have"),
+    ("out head_dim_v", flashcore.InvalidArgumentError, "out must have"),
+    ("v seqlen", flashcore.InvalidArgumentError, "same shape"),
+    ("k head_dim", flashcore.InvalidArgumentError, "head_dim"),
     ("out readonly", flashcore.InvalidArgumentError, "read-only"),
     ("head_dim stride", flashcore.InvalidArgumentError, "contiguous"),
     ("lse shape", flashcore.InvalidArgumentError, "lse must be"),
@@ -426,6 +507,14 @@ def test_binding_side_validation(lib, case, cls, match):
         k, v = FakeCudaArray((3, 2, 120, 64), index=1), FakeCudaArray((3, 2, 120, 64), index=2)
     elif case == "out shape":
         out = FakeCudaArray((2, 8, 101, 64), index=3)
+    elif case == "out head_dim_v":
+        q, k, v, _ = fake_qkv(d=192, dv=128)
+        out = FakeCudaArray((2, 8, 100, 192), index=3)  # q's shape, but v's last dimension is 128
+    elif case == "v seqlen":
+        q, k, v, out = fake_qkv(d=192, dv=128)
+        v = FakeCudaArray((2, 2, 121, 128), index=2)
+    elif case == "k head_dim":
+        k = FakeCudaArray((2, 2, 120, 128), index=1)
     elif case == "out readonly":
         out = FakeCudaArray((2, 8, 100, 64), index=3, readonly=True)
     elif case == "head_dim stride":
