@@ -3,9 +3,9 @@
 // Generated from include/flashcore.h by bindings/rust/scripts/regenerate-bindings.sh; do not edit.
 
 pub const FLASHCORE_VERSION_MAJOR: u32 = 0;
-pub const FLASHCORE_VERSION_MINOR: u32 = 1;
+pub const FLASHCORE_VERSION_MINOR: u32 = 2;
 pub const FLASHCORE_VERSION_PATCH: u32 = 0;
-pub const FLASHCORE_VERSION_NUMBER: u32 = 100;
+pub const FLASHCORE_VERSION_NUMBER: u32 = 200;
 pub const FLASHCORE_SOFTMAX_SCALE_DEFAULT: f64 = 0.0;
 pub const FLASHCORE_ALIGNMENT: u32 = 16;
 pub type __int32_t = core::ffi::c_int;
@@ -24,9 +24,9 @@ pub const FLASHCORE_STATUS_SUCCESS: flashcore_status = 0;
 #[doc = " A parameter is wrong whatever the GPU: a null pointer, a size <= 0, head"]
 #[doc = " counts that do not divide, a bad stride, a struct_size too small."]
 pub const FLASHCORE_STATUS_INVALID_ARGUMENT: flashcore_status = 1;
-#[doc = " Valid, but not implemented: a head_dim or dtype this version does not"]
-#[doc = " have kernels for, a GPU older than sm_80, a struct from a newer header"]
-#[doc = " that uses fields this library does not know."]
+#[doc = " Valid, but not implemented: a head_dim or dtype this build has no"]
+#[doc = " kernel for (the message lists what it has), a GPU older than sm_80, a"]
+#[doc = " struct from a newer header that uses fields this library does not know."]
 pub const FLASHCORE_STATUS_UNSUPPORTED: flashcore_status = 2;
 #[doc = " A pointer or stride does not meet the alignment the kernels need."]
 pub const FLASHCORE_STATUS_MISALIGNED: flashcore_status = 3;
@@ -101,9 +101,12 @@ pub const FLASHCORE_LAYOUT_BSHD: flashcore_layout = 1;
 #[doc = " order works through explicit strides."]
 pub type flashcore_layout = core::ffi::c_uint;
 #[doc = " Everything one attention call needs. Logical shapes:"]
-#[doc = "   q, out: [batch_size, num_heads_q,  seqlen_q, head_dim]"]
-#[doc = "   k, v:   [batch_size, num_heads_kv, seqlen_k, head_dim]"]
+#[doc = "   q:      [batch_size, num_heads_q,  seqlen_q, head_dim]"]
+#[doc = "   k:      [batch_size, num_heads_kv, seqlen_k, head_dim]"]
+#[doc = "   v:      [batch_size, num_heads_kv, seqlen_k, head_dim_v]"]
+#[doc = "   out:    [batch_size, num_heads_q,  seqlen_q, head_dim_v]"]
 #[doc = "   lse:    [batch_size, num_heads_q,  seqlen_q], float32, contiguous"]
+#[doc = " (head_dim_v is head_dim unless set; see the field.)"]
 #[doc = " Each tensor's last dimension (head_dim) is contiguous; the other three are"]
 #[doc = " addressed through element strides (not bytes), so [B,S,H,D], [B,H,S,D] and"]
 #[doc = " views with padding all work. Strides must be >= 0 and multiples of"]
@@ -124,7 +127,11 @@ pub struct flashcore_forward_params {
     pub seqlen_k: i32,
     pub num_heads_q: i32,
     pub num_heads_kv: i32,
-    #[doc = " 64 or 128 in this version"]
+    #[doc = " Head dimension of q and k. Any multiple of 8 from 8 to 256. The"]
+    #[doc = " default build has kernels for 32, 64, 96, 128, 192 (with head_dim_v"]
+    #[doc = " 128) and 256 (flashcore_supported_head_dims lists what this build"]
+    #[doc = " has); any other head dim runs on the smallest kernel that covers it,"]
+    #[doc = " its q, k, v and out loaded and stored only up to their real width."]
     pub head_dim: i32,
     #[doc = " Non-zero: causal mask aligned to the bottom-right corner, as in"]
     #[doc = " FlashAttention >= 2.1: query i sees key j iff j <= i + seqlen_k - seqlen_q."]
@@ -156,6 +163,10 @@ pub struct flashcore_forward_params {
     pub out_batch_stride: i64,
     pub out_seq_stride: i64,
     pub out_head_stride: i64,
+    #[doc = " Head dimension of v and out, when it differs from head_dim (e.g. 128"]
+    #[doc = " with head_dim 192, as in DeepSeek-style prefill). 0 (the default)"]
+    #[doc = " means head_dim. Same rules as head_dim."]
+    pub head_dim_v: i32,
 }
 extern "C" {
     #[doc = " Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,"]
@@ -167,11 +178,30 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Sets all twelve strides for densely packed q, k, v and out in the given"]
-    #[doc = " layout, from batch_size, seqlen_q, seqlen_k, num_heads_q, num_heads_kv and"]
-    #[doc = " head_dim (which must be set first and be > 0)."]
+    #[doc = " layout, from batch_size, seqlen_q, seqlen_k, num_heads_q, num_heads_kv,"]
+    #[doc = " head_dim and head_dim_v (which must be set first; all but head_dim_v > 0)."]
     pub fn flashcore_set_contiguous_strides(
         params: *mut flashcore_forward_params,
         layout: flashcore_layout,
+    ) -> flashcore_status;
+}
+extern "C" {
+    #[doc = " The (head_dim, head_dim_v) pairs this build has kernels of its own for, in"]
+    #[doc = " increasing order of head_dim, then head_dim_v: the default build has"]
+    #[doc = " (32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256). Every GPU"]
+    #[doc = " the library supports runs all of them. A call whose head dims are not in"]
+    #[doc = " the list runs on the first listed pair with head_dim and head_dim_v both at"]
+    #[doc = " least its own (both must be multiples of 8); with none,"]
+    #[doc = " flashcore_forward returns FLASHCORE_STATUS_UNSUPPORTED."]
+    #[doc = ""]
+    #[doc = " Writes min(capacity, number of pairs) pairs to head_dims[i] and"]
+    #[doc = " head_dims_v[i] (either may be NULL when capacity is 0) and the number of"]
+    #[doc = " pairs to *count, so a first call with capacity 0 sizes the arrays."]
+    pub fn flashcore_supported_head_dims(
+        head_dims: *mut i32,
+        head_dims_v: *mut i32,
+        capacity: usize,
+        count: *mut usize,
     ) -> flashcore_status;
 }
 extern "C" {

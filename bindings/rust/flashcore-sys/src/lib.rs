@@ -84,6 +84,7 @@ mod tests {
         assert_eq!(params.causal, 0);
         assert!(params.q.is_null() && params.out.is_null() && params.lse.is_null());
         assert_eq!((params.batch_size, params.head_dim, params.out_head_stride), (0, 0, 0));
+        assert_eq!(params.head_dim_v, 0); // the last field: the library wrote all of Rust's struct
 
         // [B=2, S, H, D] with distinct sizes, so every stride has its own value.
         (params.batch_size, params.seqlen_q, params.seqlen_k) = (2, 24, 40);
@@ -106,6 +107,32 @@ mod tests {
         assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
         params.v = 0x3008 as *const _;
         assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_MISALIGNED);
+
+        // head_dim_v, the field after the strides, is read where Rust wrote it.
+        params.v = 0x3000 as *const _;
+        params.head_dim_v = 32;
+        let status = unsafe { flashcore_set_contiguous_strides(&mut params, FLASHCORE_LAYOUT_BSHD) };
+        assert_eq!(status, FLASHCORE_STATUS_SUCCESS);
+        assert_eq!([params.v_batch_stride, params.v_seq_stride, params.v_head_stride], [40 * 3 * 32, 3 * 32, 32]);
+        assert_eq!([params.out_batch_stride, params.out_seq_stride, params.out_head_stride], [24 * 6 * 32, 6 * 32, 32]);
+        assert_eq!([params.k_batch_stride, params.k_seq_stride, params.k_head_stride], kv_strides);
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
+    }
+
+    #[test]
+    fn supported_head_dims_sizes_then_fills() {
+        let mut count = usize::MAX;
+        let status =
+            unsafe { flashcore_supported_head_dims(core::ptr::null_mut(), core::ptr::null_mut(), 0, &mut count) };
+        assert_eq!(status, FLASHCORE_STATUS_SUCCESS);
+        assert!(count > 0 && count < 1000, "{count} pairs");
+        let (mut dims, mut dims_v) = (std::vec![-1i32; count + 1], std::vec![-1i32; count + 1]);
+        let mut written = 0;
+        let status =
+            unsafe { flashcore_supported_head_dims(dims.as_mut_ptr(), dims_v.as_mut_ptr(), count + 1, &mut written) };
+        assert_eq!((status, written), (FLASHCORE_STATUS_SUCCESS, count));
+        assert_eq!((dims[count], dims_v[count]), (-1, -1), "wrote past the pairs");
+        assert!(dims[..count].iter().chain(&dims_v[..count]).all(|&d| d > 0 && d % 8 == 0));
     }
 
     #[test]

@@ -21,7 +21,9 @@ use std::fmt;
 pub enum Status {
     /// A parameter is wrong whatever the GPU (`FLASHCORE_STATUS_INVALID_ARGUMENT`).
     InvalidArgument,
-    /// Valid, but this library version or GPU has no kernel for it (`FLASHCORE_STATUS_UNSUPPORTED`).
+    /// Valid, but this build of the library or the GPU has no kernel for it, e.g. a head dim
+    /// no pair of [`supported_head_dims`](crate::supported_head_dims) covers
+    /// (`FLASHCORE_STATUS_UNSUPPORTED`).
     Unsupported,
     /// A pointer or stride does not meet the alignment the kernels need (`FLASHCORE_STATUS_MISALIGNED`).
     Misaligned,

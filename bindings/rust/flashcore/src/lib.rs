@@ -6,8 +6,10 @@
 //! ```
 //!
 //! computed in one FlashAttention-style kernel, never materialising the score
-//! matrix. fp16 and bf16; head_dim 64 or 128; grouped-query attention;
-//! any strides.
+//! matrix. fp16 and bf16; head dims that are multiples of 8 up to those of
+//! the build's kernels (see [`supported_head_dims`]), with v and out
+//! optionally narrower than q and k (e.g. 192 and 128); grouped-query
+//! attention; any strides.
 //!
 //! This crate links the installed `libflashcore.so` (see [`sys`] for how it
 //! is found) and compiles no CUDA, so it builds in seconds and has no
@@ -22,6 +24,8 @@
 //! - [`ForwardParams`]: shapes, options and buffers of one call, made and
 //!   validated by [`ForwardParamsBuilder`].
 //! - [`Error`]: a [`Status`] and the library's explanation.
+//! - [`supported_head_dims`]: the (head_dim, head_dim_v) pairs this build of
+//!   the library has kernels for.
 //!
 //! # Example
 //!
@@ -108,12 +112,52 @@ pub fn version_number() -> u32 {
     unsafe { sys::flashcore_version_number() }
 }
 
+/// The `(head_dim, head_dim_v)` pairs this build of the library has kernels
+/// of its own for (`flashcore_supported_head_dims`), in increasing order; the
+/// default build has (32, 32), (64, 64), (96, 96), (128, 128), (192, 128)
+/// and (256, 256).
+///
+/// Other head dims run too: a call's head_dim and head_dim_v, both multiples
+/// of 8, run on the first listed pair whose dims are both at least theirs
+/// (head_dim 80 on (96, 96)); one that no listed pair covers fails with
+/// [`Status::Unsupported`].
+///
+/// ```
+/// let pairs = flashcore::supported_head_dims()?;
+/// assert!(!pairs.is_empty());
+/// for (head_dim, head_dim_v) in pairs {
+///     println!("kernel for head_dim {head_dim}, head_dim_v {head_dim_v}");
+/// }
+/// # Ok::<(), flashcore::Error>(())
+/// ```
+pub fn supported_head_dims() -> Result<Vec<(i32, i32)>> {
+    let mut count = 0;
+    // SAFETY: capacity 0 with null arrays only writes the count.
+    error::check(unsafe {
+        sys::flashcore_supported_head_dims(std::ptr::null_mut(), std::ptr::null_mut(), 0, &mut count)
+    })?;
+    let (mut dims, mut dims_v) = (vec![0; count], vec![0; count]);
+    // SAFETY: both arrays hold `count` elements, the capacity passed.
+    error::check(unsafe {
+        sys::flashcore_supported_head_dims(dims.as_mut_ptr(), dims_v.as_mut_ptr(), count, &mut count)
+    })?;
+    Ok(dims.into_iter().zip(dims_v).take(count).collect())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn handle_is_send_and_sync() {
         fn shareable<T: Send + Sync>() {}
         shareable::<crate::Handle>();
+    }
+
+    #[test]
+    fn supported_head_dims_are_sorted_multiples_of_8() {
+        let pairs = crate::supported_head_dims().expect("the query cannot fail");
+        assert!(!pairs.is_empty());
+        assert!(pairs.windows(2).all(|w| w[0] < w[1]), "{pairs:?}");
+        assert!(pairs.iter().all(|&(d, dv)| d >= 8 && dv >= 8 && d % 8 == 0 && dv % 8 == 0), "{pairs:?}");
     }
 
     #[test]

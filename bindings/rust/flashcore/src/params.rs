@@ -67,9 +67,9 @@ pub enum Tensor {
     Q,
     /// Keys, `[batch_size, num_heads_kv, seqlen_k, head_dim]`.
     K,
-    /// Values, shaped as the keys.
+    /// Values, `[batch_size, num_heads_kv, seqlen_k, head_dim_v]`.
     V,
-    /// The output, shaped as the queries.
+    /// The output, `[batch_size, num_heads_q, seqlen_q, head_dim_v]`.
     Out,
 }
 
@@ -86,7 +86,8 @@ impl Tensor {
     }
 }
 
-/// Element strides (not bytes) of one tensor; head_dim is always contiguous.
+/// Element strides (not bytes) of one tensor; the last dimension (head_dim,
+/// or head_dim_v for v and out) is always contiguous.
 ///
 /// The library requires them to be >= 0 and multiples of
 /// [`ALIGNMENT`](crate::ALIGNMENT) / element size (8 for fp16 and bf16).
@@ -198,6 +199,21 @@ impl<'a> ForwardParams<'a> {
         Strides { batch: *batch, seq: *seq, head: *head }
     }
 
+    /// Head dimension of q and k.
+    pub fn head_dim(&self) -> i32 {
+        self.raw.head_dim
+    }
+
+    /// Head dimension of v and out: the one given to
+    /// [`ForwardParamsBuilder::head_dim_v`], else [`head_dim`](Self::head_dim).
+    pub fn head_dim_v(&self) -> i32 {
+        if self.raw.head_dim_v == 0 {
+            self.raw.head_dim
+        } else {
+            self.raw.head_dim_v
+        }
+    }
+
     /// Bytes from the start of `tensor`'s buffer to the end of its last element.
     fn extent(&self, tensor: Tensor, element_size: usize) -> i128 {
         let raw = &self.raw;
@@ -205,12 +221,16 @@ impl<'a> ForwardParams<'a> {
             Tensor::Q | Tensor::Out => (raw.num_heads_q, raw.seqlen_q),
             Tensor::K | Tensor::V => (raw.num_heads_kv, raw.seqlen_k),
         };
+        let width = match tensor {
+            Tensor::Q | Tensor::K => self.head_dim(),
+            Tensor::V | Tensor::Out => self.head_dim_v(),
+        };
         let strides = self.strides(tensor);
         let last = [(raw.batch_size, strides.batch), (seqlen, strides.seq), (heads, strides.head)]
             .iter()
             .map(|&(count, stride)| (i128::from(count) - 1) * i128::from(stride))
             .sum::<i128>()
-            + i128::from(raw.head_dim)
+            + i128::from(width)
             - 1;
         (last + 1) * element_size as i128
     }
@@ -259,9 +279,11 @@ macro_rules! input_setters {
 /// last it checks that each tensor fits in its buffer, which only the Rust
 /// side can see.
 ///
-/// Required: the six sizes and q, k, v, out. Optional: [`dtype`], [`causal`],
-/// [`softmax_scale`], [`layout`] or [`strides`], [`lse`].
+/// Required: the six sizes and q, k, v, out. Optional: [`head_dim_v`],
+/// [`dtype`], [`causal`], [`softmax_scale`], [`layout`] or [`strides`],
+/// [`lse`].
 ///
+/// [`head_dim_v`]: ForwardParamsBuilder::head_dim_v
 /// [`dtype`]: ForwardParamsBuilder::dtype
 /// [`causal`]: ForwardParamsBuilder::causal
 /// [`softmax_scale`]: ForwardParamsBuilder::softmax_scale
@@ -300,6 +322,7 @@ pub struct ForwardParamsBuilder<'a> {
     num_heads_q: Option<i32>,
     num_heads_kv: Option<i32>,
     head_dim: Option<i32>,
+    head_dim_v: Option<i32>,
     causal: bool,
     softmax_scale: f32,
     layout: Layout,
@@ -323,8 +346,17 @@ impl<'a> ForwardParamsBuilder<'a> {
         /// grouped-query attention: query head h reads key/value head
         /// h / (num_heads_q / num_heads_kv).
         num_heads_kv: i32 => Some;
-        /// Head dimension (required); 64 or 128 in this library version.
+        /// Head dimension of q and k (required): a multiple of 8 that one of
+        /// the pairs of [`supported_head_dims`](crate::supported_head_dims)
+        /// covers (kernels exist for each listed pair; any other head dim runs
+        /// on the first listed pair at least as wide, or is
+        /// [`Status::Unsupported`]).
         head_dim: i32 => Some;
+        /// Head dimension of v and out, when it differs from `head_dim`
+        /// (optional; default `head_dim`, as is 0): e.g. 128 with head_dim
+        /// 192, as in DeepSeek-style prefill. The same rules as `head_dim`
+        /// apply to the pair.
+        head_dim_v: i32 => Some;
         /// Element type of q, k, v and out (default [`DType::F16`]).
         dtype: DType;
         /// Causal mask aligned to the bottom-right corner (default off): query i
@@ -396,6 +428,7 @@ impl<'a> ForwardParamsBuilder<'a> {
         raw.num_heads_q = size("num_heads_q", self.num_heads_q);
         raw.num_heads_kv = size("num_heads_kv", self.num_heads_kv);
         raw.head_dim = size("head_dim", self.head_dim);
+        raw.head_dim_v = self.head_dim_v.unwrap_or(raw.head_dim);
         for (tensor, buffer) in TENSORS.iter().zip(&self.tensors) {
             if buffer.is_none() {
                 missing.push(tensor.name());
@@ -476,17 +509,32 @@ mod tests {
     }
 
     fn standard(buffers: &mut Buffers) -> ForwardParamsBuilder<'_> {
-        ForwardParams::builder()
+        with_head_dims(D, None, [&buffers.q, &buffers.k, &buffers.v], &mut buffers.out)
+    }
+
+    /// The standard shape with head dims `d` and `dv` (`None`: head_dim_v not
+    /// given) on the given buffers.
+    fn with_head_dims<'a>(
+        d: i64,
+        dv: Option<i64>,
+        [q, k, v]: [&'a RawBuffer; 3],
+        out: &'a mut RawBuffer,
+    ) -> ForwardParamsBuilder<'a> {
+        let builder = ForwardParams::builder()
             .batch_size(B as i32)
             .num_heads_q(HQ as i32)
             .num_heads_kv(HKV as i32)
             .seqlen_q(SQ as i32)
             .seqlen_k(SK as i32)
-            .head_dim(D as i32)
-            .q(&buffers.q)
-            .k(&buffers.k)
-            .v(&buffers.v)
-            .out(&mut buffers.out)
+            .head_dim(d as i32)
+            .q(q)
+            .k(k)
+            .v(v)
+            .out(out);
+        match dv {
+            Some(dv) => builder.head_dim_v(dv as i32),
+            None => builder,
+        }
     }
 
     fn rejected(builder: ForwardParamsBuilder<'_>) -> Error {
@@ -548,6 +596,49 @@ mod tests {
         assert_eq!((raw.batch_size, raw.num_heads_q, raw.num_heads_kv), (B as i32, HQ as i32, HKV as i32));
         assert_eq!((raw.seqlen_q, raw.seqlen_k, raw.head_dim), (SQ as i32, SK as i32, D as i32));
         assert_eq!((raw.q as u64, raw.out as u64, raw.lse as u64), (q_address, out_address, lse_address));
+        assert_eq!((raw.head_dim_v, params.head_dim(), params.head_dim_v()), (D as i32, D as i32, D as i32));
+    }
+
+    #[test]
+    fn head_dim_v_shapes_v_and_out() {
+        // DeepSeek-style: q and k 192 wide, v and out 128, in both layouts.
+        let (d, dv) = (192, 128);
+        let q_bytes = (B * HQ * SQ * d * 2) as usize;
+        let k_bytes = (B * HKV * SK * d * 2) as usize;
+        let (q, k) = (RawBuffer::new(0x1000_0000, q_bytes), RawBuffer::new(0x2000_0000, k_bytes));
+        let v = RawBuffer::new(0x3000_0000, (B * HKV * SK * dv * 2) as usize);
+        let mut out = RawBuffer::new(0x4000_0000, (B * HQ * SQ * dv * 2) as usize);
+        for layout in [Layout::Bhsd, Layout::Bshd] {
+            let params =
+                with_head_dims(d, Some(dv), [&q, &k, &v], &mut out).layout(layout).build().expect("valid params");
+            assert_eq!((params.head_dim(), params.head_dim_v()), (d as i32, dv as i32));
+            assert_eq!((params.as_raw().head_dim, params.as_raw().head_dim_v), (d as i32, dv as i32));
+            let (q_strides, v_strides, out_strides) =
+                (params.strides(Tensor::Q), params.strides(Tensor::V), params.strides(Tensor::Out));
+            match layout {
+                Layout::Bhsd => {
+                    assert_eq!(q_strides, Strides { batch: HQ * SQ * d, seq: d, head: SQ * d });
+                    assert_eq!(v_strides, Strides { batch: HKV * SK * dv, seq: dv, head: SK * dv });
+                    assert_eq!(out_strides, Strides { batch: HQ * SQ * dv, seq: dv, head: SQ * dv });
+                }
+                Layout::Bshd => {
+                    assert_eq!(q_strides, Strides { batch: SQ * HQ * d, seq: HQ * d, head: d });
+                    assert_eq!(v_strides, Strides { batch: SK * HKV * dv, seq: HKV * dv, head: dv });
+                    assert_eq!(out_strides, Strides { batch: SQ * HQ * dv, seq: HQ * dv, head: dv });
+                }
+            }
+        }
+
+        // v and out buffers sized for head_dim_v are exactly big enough, and
+        // one element short is refused; a head_dim_v of 0 means head_dim.
+        let short_v = RawBuffer::new(v.device_ptr(), v.byte_len() - 2);
+        let err = rejected(with_head_dims(d, Some(dv), [&q, &k, &short_v], &mut out));
+        assert!(err.message().starts_with("v: "), "{err}");
+        let err = rejected(with_head_dims(d, Some(0), [&q, &k, &v], &mut out));
+        assert!(err.message().starts_with("v: "), "v and out are too small for head_dim_v = head_dim: {err}");
+        let (v_wide, mut out_wide) = (RawBuffer::new(0x3000_0000, k_bytes), RawBuffer::new(0x4000_0000, q_bytes));
+        let params = with_head_dims(d, Some(0), [&q, &k, &v_wide], &mut out_wide).build().expect("valid params");
+        assert_eq!(params.head_dim_v(), d as i32);
     }
 
     #[test]
@@ -584,8 +675,10 @@ mod tests {
     #[test]
     fn library_verdicts_pass_through() {
         type Edit = fn(ForwardParamsBuilder<'_>) -> ForwardParamsBuilder<'_>;
-        let cases: [(&str, Edit, Status); 8] = [
-            ("head_dim 96", |b| b.head_dim(96), Status::Unsupported),
+        let cases: [(&str, Edit, Status); 10] = [
+            ("head_dim 100, not a multiple of 8", |b| b.head_dim(100), Status::Unsupported),
+            ("head_dim 264, wider than every kernel", |b| b.head_dim(264), Status::Unsupported),
+            ("head_dim_v 264, wider than every kernel", |b| b.head_dim_v(264), Status::Unsupported),
             ("12 q heads on 5 kv heads", |b| b.num_heads_q(12).num_heads_kv(5), Status::InvalidArgument),
             ("batch_size 0", |b| b.batch_size(0), Status::InvalidArgument),
             ("negative seqlen_k", |b| b.seqlen_k(-3), Status::InvalidArgument),

@@ -70,7 +70,10 @@ struct Case {
     heads_kv: i64,
     seqlen_q: i64,
     seqlen_k: i64,
+    /// Of q and k.
     head_dim: i64,
+    /// Of v and out.
+    head_dim_v: i64,
     causal: bool,
     /// 0: the default, 1/sqrt(head_dim).
     softmax_scale: f32,
@@ -80,7 +83,8 @@ struct Case {
 }
 
 impl Case {
-    /// `shape`: batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim.
+    /// `shape`: batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim
+    /// (head_dim_v the same unless [`Case::head_dim_v`] says otherwise).
     const fn new(
         name: &'static str,
         dtype: DType,
@@ -100,15 +104,21 @@ impl Case {
             seqlen_q,
             seqlen_k,
             head_dim,
+            head_dim_v: head_dim,
             causal,
             softmax_scale,
             layout,
             own_stream,
         }
     }
+
+    const fn head_dim_v(mut self, head_dim_v: i64) -> Case {
+        self.head_dim_v = head_dim_v;
+        self
+    }
 }
 
-const CASES: [Case; 4] = [
+const CASES: [Case; 9] = [
     Case::new(
         "fp16 B=1 H=2 S=128 D=64, BHSD, default stream",
         DType::F16,
@@ -145,7 +155,67 @@ const CASES: [Case; 4] = [
         Layout::Bhsd,
         false,
     ),
+    // The other kernels of the default build: 96, (192, 128), 256, 32.
+    Case::new(
+        "bf16 B=1 Hq=4 Hkv=2 S=150 D=96 causal, BSHD",
+        DType::BF16,
+        [1, 4, 2, 150, 150, 96],
+        true,
+        0.0,
+        Layout::Bshd,
+        false,
+    ),
+    Case::new(
+        "fp16 B=1 H=2 Sq=130 Sk=200 D=192 Dv=128 causal, BHSD, own stream",
+        DType::F16,
+        [1, 2, 2, 130, 200, 192],
+        true,
+        0.0,
+        Layout::Bhsd,
+        true,
+    )
+    .head_dim_v(128),
+    Case::new(
+        "bf16 B=1 H=2 Sq=128 Sk=97 D=192 Dv=128, BSHD",
+        DType::BF16,
+        [1, 2, 2, 128, 97, 192],
+        false,
+        0.0,
+        Layout::Bshd,
+        false,
+    )
+    .head_dim_v(128),
+    Case::new(
+        "bf16 B=1 Hq=2 Hkv=1 S=128 D=256 causal, BHSD",
+        DType::BF16,
+        [1, 2, 1, 128, 128, 256],
+        true,
+        0.0,
+        Layout::Bhsd,
+        false,
+    ),
+    Case::new(
+        "fp16 B=2 H=2 S=100 D=32 causal, BSHD, own stream",
+        DType::F16,
+        [2, 2, 2, 100, 100, 32],
+        true,
+        0.0,
+        Layout::Bshd,
+        true,
+    ),
 ];
+
+/// Runs on a wider kernel (96 in the default build), reading and writing
+/// only 80 columns; kept apart from CASES to name the rule it tests.
+const ROUNDED_UP: Case = Case::new(
+    "fp16 B=1 Hq=4 Hkv=1 Sq=77 Sk=140 D=80 causal, BHSD (runs on a wider kernel)",
+    DType::F16,
+    [1, 4, 1, 77, 140, 80],
+    true,
+    0.0,
+    Layout::Bhsd,
+    false,
+);
 
 /// Strides of a densely packed tensor, worked out here rather than taken from
 /// the library, so a wrong derivation there cannot cancel out.
@@ -184,11 +254,11 @@ impl Random {
         (r % (4 * steps) - 2 * steps) as f32 / steps as f32
     }
 
-    fn tensor(&mut self, case: &Case, heads: i64, seqlen: i64) -> HostTensor {
-        let count = case.batch * heads * seqlen * case.head_dim;
+    fn tensor(&mut self, case: &Case, heads: i64, seqlen: i64, width: i64) -> HostTensor {
+        let count = case.batch * heads * seqlen * width;
         HostTensor {
             values: (0..count).map(|_| self.value(case.dtype)).collect(),
-            strides: dense_strides(case.layout, heads, seqlen, case.head_dim),
+            strides: dense_strides(case.layout, heads, seqlen, width),
         }
     }
 }
@@ -220,7 +290,7 @@ fn reference(case: &Case, q: &HostTensor, k: &HostTensor, v: &HostTensor) -> (Ve
                     max + scores.iter().map(|s| (s - max).exp()).sum::<f64>().ln()
                 };
                 lse.push(row_lse);
-                for d in 0..case.head_dim {
+                for d in 0..case.head_dim_v {
                     let weighted =
                         scores.iter().enumerate().map(|(j, s)| (s - row_lse).exp() * v.at(b, kv_head, j as i64, d));
                     out.push(weighted.sum::<f64>());
@@ -239,8 +309,8 @@ fn reference_averages_visible_values_when_scores_tie() {
     let case = Case::new("uniform", DType::F16, [1, 2, 1, 5, 3, 8], true, 0.0, Layout::Bhsd, false);
     let mut random = Random(7);
     let q = HostTensor { values: vec![0.0; 2 * 5 * 8], strides: dense_strides(Layout::Bhsd, 2, 5, 8) };
-    let k = random.tensor(&case, 1, 3);
-    let v = random.tensor(&case, 1, 3);
+    let k = random.tensor(&case, 1, 3, 8);
+    let v = random.tensor(&case, 1, 3, 8);
     let (out, lse) = reference(&case, &q, &k, &v);
     for (row, &lse) in lse.iter().enumerate() {
         let i = row as i64 % 5;
@@ -286,6 +356,7 @@ fn builder<'a>(
         .seqlen_q(case.seqlen_q as i32)
         .seqlen_k(case.seqlen_k as i32)
         .head_dim(case.head_dim as i32)
+        .head_dim_v(case.head_dim_v as i32)
         .causal(case.causal)
         .softmax_scale(case.softmax_scale)
         .layout(case.layout)
@@ -296,13 +367,14 @@ fn builder<'a>(
 }
 
 fn run_case(handle: &Handle, gpu: &Gpu, case: &Case, random: &mut Random) {
-    let q = random.tensor(case, case.heads_q, case.seqlen_q);
-    let k = random.tensor(case, case.heads_kv, case.seqlen_k);
-    let v = random.tensor(case, case.heads_kv, case.seqlen_k);
+    let q = random.tensor(case, case.heads_q, case.seqlen_q, case.head_dim);
+    let k = random.tensor(case, case.heads_kv, case.seqlen_k, case.head_dim);
+    let v = random.tensor(case, case.heads_kv, case.seqlen_k, case.head_dim_v);
+    let out_strides = dense_strides(case.layout, case.heads_q, case.seqlen_q, case.head_dim_v);
     let encode = |t: &HostTensor| t.values.iter().map(|&x| half::encode(case.dtype, x)).collect::<Vec<u16>>();
     let (q_dev, k_dev, v_dev) = (gpu.upload(&encode(&q)), gpu.upload(&encode(&k)), gpu.upload(&encode(&v)));
     let rows = (case.batch * case.heads_q * case.seqlen_q) as usize;
-    let out_bytes = q_dev.byte_len();
+    let out_bytes = (rows as i64 * case.head_dim_v * 2) as usize;
     let (mut out_dev, mut again_dev, mut lse_dev) =
         (gpu.alloc_poisoned(out_bytes), gpu.alloc_poisoned(out_bytes), gpu.alloc_poisoned(rows * 4));
     let stream = case.own_stream.then(|| gpu.stream());
@@ -313,8 +385,10 @@ fn run_case(handle: &Handle, gpu: &Gpu, case: &Case, random: &mut Random) {
     };
 
     let params = builder(case, [&q_dev, &k_dev, &v_dev], &mut out_dev).lse(&mut lse_dev).build().expect("valid params");
-    for (tensor, host) in [(Tensor::Q, &q), (Tensor::K, &k), (Tensor::V, &v), (Tensor::Out, &q)] {
-        assert_eq!(params.strides(tensor), host.strides, "{}: library strides for {tensor:?}", case.name);
+    for (tensor, strides) in
+        [(Tensor::Q, q.strides), (Tensor::K, k.strides), (Tensor::V, v.strides), (Tensor::Out, out_strides)]
+    {
+        assert_eq!(params.strides(tensor), strides, "{}: library strides for {tensor:?}", case.name);
     }
     let workspace_bytes = handle.workspace_size(&params).expect("workspace size");
     let mut workspace = gpu.alloc_poisoned(workspace_bytes);
@@ -335,14 +409,14 @@ fn run_case(handle: &Handle, gpu: &Gpu, case: &Case, random: &mut Random) {
     let out_bits: Vec<u16> = gpu.download(&out_dev);
     assert!(out_bits == gpu.download::<u16>(&again_dev), "{}: two identical calls gave different bits", case.name);
     let out =
-        HostTensor { values: out_bits.iter().map(|&b| half::decode(case.dtype, b)).collect(), strides: q.strides };
+        HostTensor { values: out_bits.iter().map(|&b| half::decode(case.dtype, b)).collect(), strides: out_strides };
     let lse: Vec<f32> = gpu.download(&lse_dev);
 
     let (want_out, want_lse) = reference(case, &q, &k, &v);
     let got_out = (0..case.batch).flat_map(|b| {
         let out = &out;
         (0..case.heads_q).flat_map(move |h| {
-            (0..case.seqlen_q).flat_map(move |i| (0..case.head_dim).map(move |d| out.at(b, h, i, d)))
+            (0..case.seqlen_q).flat_map(move |i| (0..case.head_dim_v).map(move |d| out.at(b, h, i, d)))
         })
     });
     let (atol, rtol) = if case.dtype == DType::BF16 { (3e-2, 1e-2) } else { (4e-3, 4e-3) };
@@ -362,6 +436,19 @@ fn forward_matches_cpu_reference() {
     for case in &CASES {
         run_case(&handle, gpu, case, &mut random);
     }
+}
+
+#[test]
+fn head_dims_without_a_kernel_round_up() {
+    let Some((handle, gpu)) = setup("head_dims_without_a_kernel_round_up") else { return };
+    let pairs = flashcore::supported_head_dims().expect("supported head dims");
+    let covering = pairs.iter().find(|&&(d, dv)| d >= 80 && dv >= 80);
+    let Some(&(d, dv)) = covering else {
+        skip("head_dims_without_a_kernel_round_up", &format!("this build has no kernel as wide as 80: {pairs:?}"));
+        return;
+    };
+    println!("head_dim 80 runs on the ({d}, {dv}) kernel of {pairs:?}");
+    run_case(&handle, gpu, &ROUNDED_UP, &mut Random(0x5851_F42D_4C95_7F2D));
 }
 
 #[test]
