@@ -17,9 +17,11 @@ timed the same way:
   * Inputs are rotated over enough buffer sets to exceed twice the L2 cache, so
     small shapes are not timed from L2 only (--buffers 1 times them warm).
 
-FLOPs are 4*B*Hq*D*(visible query/key pairs): Sq*Sk without a mask; with the
-causal mask (aligned bottom-right, as in flashcore.h and FlashAttention >= 2.1)
-the pairs actually visible, S(S+1)/2 when Sq == Sk.
+FLOPs are 2*B*Hq*(D + Dv)*(visible query/key pairs), D being the head dim of
+q and k and Dv that of v and out (--head-dim-v; 2*D for Q*K^T and 2*Dv for P*V
+per pair), which is the usual 4*B*Hq*D*pairs when Dv == D. The pairs: Sq*Sk
+without a mask; with the causal mask (aligned bottom-right, as in flashcore.h
+and FlashAttention >= 2.1) the pairs actually visible, S(S+1)/2 when Sq == Sk.
 
 Causal with Sq != Sk: PyTorch's is_causal aligns the mask top-left, so those
 cases call the flash and efficient kernels directly with a bottom-right mask
@@ -28,8 +30,10 @@ bottom-right, and aten._efficient_attention_forward with custom_mask_type 2, as
 torch.nn.attention.bias.causal_lower_right does); cuDNN is reported n/a there.
 
 Once per case, flashcore's output (and every other backend's) is compared with
-the flash backend's output (max abs diff); when flash cannot run the case, with
-an fp32 reference when the score matrix is small enough.
+the flash backend's output (max abs diff); when flash cannot run the case (it
+needs Dv == D), with the efficient backend's, else with an fp32 reference when
+the score matrix is small enough. Backends that refuse a case (e.g. flash with
+Dv != D) are reported n/a with PyTorch's reason.
 
 Run ``python3 bench/compare.py --help`` for the options. Exit status: 0 ok, 1 a
 flashcore output check failed or flashcore failed a case others ran, 2 no GPU,
@@ -58,23 +62,34 @@ except ImportError as _torch_error:  # reported by main(); --help still works
 
 REPO = Path(__file__).resolve().parent.parent
 
-# (name, batch, heads, seqlen, head_dim); keep in step with kPresets in flashcore_bench.cpp.
+# (name, batch, heads, seqlen, head_dim, head_dim_v); keep in step with kPresets in flashcore_bench.cpp.
 PRESETS = [
-    ("mission", 1, 8, 512, 64),
-    ("short", 1, 8, 256, 64),
-    ("long", 1, 8, 1024, 64),
-    ("tput-2k-d64", 16, 16, 2048, 64),
-    ("tput-8k-d64", 4, 16, 8192, 64),
-    ("tput-16k-d64", 2, 16, 16384, 64),
-    ("tput-2k-d128", 16, 16, 2048, 128),
-    ("tput-8k-d128", 4, 16, 8192, 128),
-    ("tput-16k-d128", 2, 16, 16384, 128),
+    ("mission", 1, 8, 512, 64, 64),
+    ("short", 1, 8, 256, 64, 64),
+    ("long", 1, 8, 1024, 64, 64),
+    ("tput-2k-d64", 16, 16, 2048, 64, 64),
+    ("tput-8k-d64", 4, 16, 8192, 64, 64),
+    ("tput-16k-d64", 2, 16, 16384, 64, 64),
+    ("tput-2k-d128", 16, 16, 2048, 128, 128),
+    ("tput-8k-d128", 4, 16, 8192, 128, 128),
+    ("tput-16k-d128", 2, 16, 16384, 128, 128),
+    # Issue 12's head dims: 96 (also with 32 heads at 4k), DeepSeek-style 192/128, 256 and 32.
+    ("tput-2k-d96", 16, 16, 2048, 96, 96),
+    ("tput-8k-d96", 4, 16, 8192, 96, 96),
+    ("tput-4k-h32-d96", 4, 32, 4096, 96, 96),
+    ("tput-2k-d192", 16, 16, 2048, 192, 128),
+    ("tput-8k-d192", 4, 16, 8192, 192, 128),
+    ("tput-2k-d256", 16, 16, 2048, 256, 256),
+    ("tput-8k-d256", 4, 16, 8192, 256, 256),
+    ("tput-2k-d32", 16, 16, 2048, 32, 32),
+    ("tput-8k-d32", 4, 16, 8192, 32, 32),
 ]
 PRESET_NAMES = [p[0] for p in PRESETS]
 
 SDPA_BACKENDS = ("flash", "efficient", "cudnn")
 ALL_BACKENDS = ("flashcore",) + SDPA_BACKENDS
-REFERENCE = "flash"
+# The output every backend is checked against: the first of these that runs the case, else fp32.
+REFERENCES = ("flash", "efficient")
 # Loose: a sanity check against gross errors, not an accuracy test.
 TOLERANCE = {"fp16": 2e-2, "bf16": 4e-2}
 MAX_FP32_REFERENCE_BYTES = 2 << 30
@@ -93,6 +108,7 @@ class Case:
     seqlen_q: int
     seqlen_k: int
     head_dim: int
+    head_dim_v: int
     dtype: str
     causal: bool
     layout: str
@@ -104,7 +120,8 @@ class Case:
             heads += f"/{self.num_heads_kv}"
         seq = f"{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"{self.seqlen_q}/{self.seqlen_k}"
         mask = "causal" if self.causal else "full"
-        return f"{self.name} B{self.batch} H{heads} S{seq} D{self.head_dim} {self.dtype} {mask}"
+        dims = f"{self.head_dim}" if self.head_dim_v == self.head_dim else f"{self.head_dim}/{self.head_dim_v}"
+        return f"{self.name} B{self.batch} H{heads} S{seq} D{dims} {self.dtype} {mask}"
 
     @property
     def torch_dtype(self):
@@ -112,9 +129,9 @@ class Case:
 
     def set_bytes(self):
         """q, k, v and out of one buffer set, in bytes."""
-        q = self.batch * self.num_heads_q * self.seqlen_q * self.head_dim
-        kv = self.batch * self.num_heads_kv * self.seqlen_k * self.head_dim
-        return 2 * (2 * q + 2 * kv)
+        rows_q = self.batch * self.num_heads_q * self.seqlen_q
+        rows_kv = self.batch * self.num_heads_kv * self.seqlen_k
+        return 2 * (rows_q + rows_kv) * (self.head_dim + self.head_dim_v)
 
 
 def visible_pairs(sq, sk, causal):
@@ -127,7 +144,9 @@ def visible_pairs(sq, sk, causal):
 
 
 def attention_flops(c):
-    return 4.0 * c.batch * c.num_heads_q * c.head_dim * visible_pairs(c.seqlen_q, c.seqlen_k, c.causal)
+    """2*D flops per visible pair for Q*K^T and 2*Dv for P*V (4*D when Dv == D)."""
+    return 2.0 * c.batch * c.num_heads_q * (c.head_dim + c.head_dim_v) * visible_pairs(c.seqlen_q, c.seqlen_k,
+                                                                                           c.causal)
 
 
 # ---------------------------------------------------------------------------
@@ -140,7 +159,8 @@ def parse_args(argv):
         description="Time flashcore against PyTorch SDPA's flash, efficient and cuDNN backends "
         "(CUDA-graph replay, same inputs) and print one table.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="presets: " + ", ".join(f"{n} ({b}x{h}x{s}x{d})" for n, b, h, s, d in PRESETS),
+        epilog="presets (BxHxSxD[/Dv]): " + ", ".join(f"{n} ({b}x{h}x{s}x{d}{'' if dv == d else f'/{dv}'})"
+                                                      for n, b, h, s, d, dv in PRESETS),
     )
     sel = p.add_argument_group("cases (default: every preset, fp16 and bf16, causal and not)")
     sel.add_argument("--preset", action="append", metavar="NAME[,NAME]", help="presets to run (repeatable)")
@@ -150,7 +170,10 @@ def parse_args(argv):
                      help="storage of the inputs; SDPA gets [B,H,S,D] views of the same memory")
     for flag, what in (("batch", "batch size"), ("heads", "query heads (and key/value heads unless --heads-kv)"),
                        ("heads-kv", "key/value heads (GQA)"), ("seqlen", "query and key length"),
-                       ("seqlen-q", "query length"), ("seqlen-k", "key length"), ("head-dim", "head dimension")):
+                       ("seqlen-q", "query length"), ("seqlen-k", "key length"),
+                       ("head-dim", "head dimension of q and k (and of v and out unless --head-dim-v)"),
+                       ("head-dim-v", "head dimension of v and out (default: --head-dim if given, else the "
+                        "preset's)")):
         sel.add_argument("--" + flag, type=positive_int, metavar="N",
                          help=what + "; overrides that field of every selected preset")
     run = p.add_argument_group("timing")
@@ -167,8 +190,9 @@ def parse_args(argv):
     out.add_argument("--plot", metavar="PATH", help="write a PNG of TFLOP/s against sequence length (needs matplotlib)")
     out.add_argument("--library", metavar="PATH", help="libflashcore.so to load (sets FLASHCORE_LIBRARY)")
     out.add_argument("--extra", action="append", default=[], metavar="NAME=MODULE:FUNC",
-                     help="hook for another kernel: FUNC(q, k, v, causal, softmax_scale) on [B,H,S,D] tensors, "
-                     "bottom-right causal mask, returning [B,H,S,D]; timed like the others (repeatable)")
+                     help="hook for another kernel: FUNC(q, k, v, causal, softmax_scale) on [B,H,S,D] tensors "
+                     "(v: [B,H,S,Dv]), bottom-right causal mask, returning [B,H,S,Dv]; timed like the others "
+                     "(repeatable)")
     args = p.parse_args(argv)
 
     args.dtypes = split_choices(p, "--dtype", args.dtype, ("fp16", "bf16"))
@@ -207,13 +231,14 @@ def split_choices(parser, flag, text, allowed):
 def build_cases(args):
     masks = {"none": [False], "causal": [True], "both": [False, True]}[args.mask]
     cases = []
-    for name, b, h, s, d in PRESETS:
+    for name, b, h, s, d, dv in PRESETS:
         if name not in args.preset_names:
             continue
         hq = args.heads or h
         fields = dict(name=name, batch=args.batch or b, num_heads_q=hq, num_heads_kv=args.heads_kv or hq,
                       seqlen_q=args.seqlen_q or args.seqlen or s, seqlen_k=args.seqlen_k or args.seqlen or s,
-                      head_dim=args.head_dim or d, layout=args.layout)
+                      head_dim=args.head_dim or d, head_dim_v=args.head_dim_v or args.head_dim or dv,
+                      layout=args.layout)
         for dtype in args.dtypes:
             for causal in masks:
                 cases.append(Case(dtype=dtype, causal=causal, **fields))
@@ -297,7 +322,7 @@ def reference_fp32(c, q, k, v):
     group = c.num_heads_q // c.num_heads_kv
     if group > 1:
         kb, vb = kb.repeat_interleave(group, dim=1), vb.repeat_interleave(group, dim=1)
-    scores = (qb @ kb.transpose(-1, -2)) / math.sqrt(c.head_dim)
+    scores = (qb @ kb.transpose(-1, -2)) / math.sqrt(c.head_dim)  # head_dim of q and k, as SDPA
     if c.causal:
         keep = torch.ones(c.seqlen_q, c.seqlen_k, dtype=torch.bool, device=q.device)
         scores = scores.masked_fill(~keep.tril(c.seqlen_k - c.seqlen_q), float("-inf"))
@@ -370,12 +395,13 @@ def buffer_sets(c, args):
 def make_inputs(c, nsets, seed):
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
-    def shape(heads, seqlen):
-        return (c.batch, heads, seqlen, c.head_dim) if c.layout == "bhsd" else (c.batch, seqlen, heads, c.head_dim)
+    def shape(heads, seqlen, width):
+        return (c.batch, heads, seqlen, width) if c.layout == "bhsd" else (c.batch, seqlen, heads, width)
 
-    qshape, kvshape = shape(c.num_heads_q, c.seqlen_q), shape(c.num_heads_kv, c.seqlen_k)
-    return [tuple(torch.randn(shape, device="cuda", dtype=c.torch_dtype, generator=gen)
-                  for shape in (qshape, kvshape, kvshape)) for _ in range(nsets)]
+    shapes = (shape(c.num_heads_q, c.seqlen_q, c.head_dim), shape(c.num_heads_kv, c.seqlen_k, c.head_dim),
+              shape(c.num_heads_kv, c.seqlen_k, c.head_dim_v))
+    return [tuple(torch.randn(shape, device="cuda", dtype=c.torch_dtype, generator=gen) for shape in shapes)
+            for _ in range(nsets)]
 
 
 def short_error(e):
@@ -411,13 +437,16 @@ def run_case(c, backends, fc, args):
 
     reference = None
     if not args.no_check:
-        try:
-            reference = probe(sdpa_backend(REFERENCE, c), inputs).float()
-            result["reference"] = REFERENCE
-        except Unsupported:
-            if c.batch * c.num_heads_q * c.seqlen_q * c.seqlen_k * 4 <= MAX_FP32_REFERENCE_BYTES:
-                reference = reference_fp32(c, *inputs[0])
-                result["reference"] = "fp32"
+        for name in REFERENCES:
+            try:
+                reference = probe(sdpa_backend(name, c), inputs).float()
+                result["reference"] = name
+                break
+            except Unsupported:
+                continue
+        if reference is None and c.batch * c.num_heads_q * c.seqlen_q * c.seqlen_k * 4 <= MAX_FP32_REFERENCE_BYTES:
+            reference = reference_fp32(c, *inputs[0])
+            result["reference"] = "fp32"
 
     for name in backends:
         entry = {"us": None, "tflops": None, "max_abs_diff": None, "error": None}
@@ -469,8 +498,8 @@ def fmt_cell(entry, width):
 def print_header(backends, label_width, cell):
     names = " | ".join(n.center(cell) for n in backends)
     units = " | ".join("us   TFLOP/s".rjust(cell) for _ in backends)
-    print(f"{'case':<{label_width}} | {names} | {'fc/best':>8} | {'maxdiff':>9}")
-    print(f"{'':<{label_width}} | {units} | {'':>8} | {'vs ' + REFERENCE:>9}")
+    print(f"{'case':<{label_width}} | {names} | {'fc/best':>8} | {'maxdiff':>9} | ref")
+    print(f"{'':<{label_width}} | {units} | {'':>8} | {'vs ref':>9} |")
 
 
 def print_row(r, backends, label_width, cell):
@@ -478,7 +507,7 @@ def print_row(r, backends, label_width, cell):
     ratio = f"{r['ratio_to_best']:.2f}x" if r["ratio_to_best"] else "n/a"
     diff = r["backends"].get("flashcore", {}).get("max_abs_diff")
     check = "n/a" if diff is None else f"{diff:.2e}" + ("" if r["check_ok"] else " !")
-    print(f"{r['label']:<{label_width}} | {cells} | {ratio:>8} | {check:>9}", flush=True)
+    print(f"{r['label']:<{label_width}} | {cells} | {ratio:>8} | {check:>9} | {r['reference'] or '-'}", flush=True)
 
 
 def print_notes(results, backends):
@@ -501,14 +530,14 @@ def write_plot(results, backends, path, title):
     except ImportError:
         print(f"compare.py: matplotlib not available, no plot written to {path}", file=sys.stderr)
         return
-    head_dims = sorted({r["head_dim"] for r in results})
+    head_dims = sorted({(r["head_dim"], r["head_dim_v"]) for r in results})
     variants = sorted({(r["dtype"], r["causal"]) for r in results})
     fig, axes = plt.subplots(len(variants), len(head_dims), squeeze=False,
                              figsize=(6.0 * len(head_dims), 3.8 * len(variants)))
     for row, (dtype, causal) in enumerate(variants):
         for col, hd in enumerate(head_dims):
             ax = axes[row][col]
-            rows = sorted((r for r in results if r["head_dim"] == hd and r["dtype"] == dtype
+            rows = sorted((r for r in results if (r["head_dim"], r["head_dim_v"]) == hd and r["dtype"] == dtype
                            and r["causal"] == causal), key=lambda r: (r["seqlen_k"], r["seqlen_q"]))
             for name in backends:
                 pts = [(r["seqlen_k"], r["backends"][name]["tflops"]) for r in rows
@@ -517,7 +546,8 @@ def write_plot(results, backends, path, title):
                     xs, ys = zip(*pts)
                     ax.plot(xs, ys, marker="o", label=name, linewidth=2.0 if name == "flashcore" else 1.2)
             ax.set_xscale("log", base=2)
-            ax.set_title(f"head_dim {hd}, {dtype}, {'causal' if causal else 'no mask'}", fontsize=10)
+            dims = f"{hd[0]}" if hd[0] == hd[1] else f"{hd[0]}, head_dim_v {hd[1]}"
+            ax.set_title(f"head_dim {dims}, {dtype}, {'causal' if causal else 'no mask'}", fontsize=10)
             ax.set_xlabel("sequence length (keys)")
             ax.set_ylabel("TFLOP/s")
             ax.grid(True, alpha=0.3)
@@ -533,10 +563,12 @@ def write_plot(results, backends, path, title):
 
 def environment(fc):
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    fc_version = None
+    fc_version, fc_head_dims = None, None
     if fc is not None:  # the loaded library's version, else the package's
         library_version = getattr(fc, "library_version", None)
         fc_version = library_version() if callable(library_version) else getattr(fc, "__version__", None)
+        supported = getattr(fc, "supported_head_dims", None)  # flashcore >= 0.2
+        fc_head_dims = [list(pair) for pair in supported()] if callable(supported) else None
     return {
         "device": props.name,
         "compute_capability": f"{props.major}.{props.minor}",
@@ -546,6 +578,7 @@ def environment(fc):
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(),
         "flashcore": None if fc_version is None else str(fc_version),
+        "flashcore_head_dims": fc_head_dims,
         "flashcore_library": os.environ.get("FLASHCORE_LIBRARY"),
     }
 
@@ -573,8 +606,12 @@ def main(argv=None):
     env = environment(fc)
     print(f"{env['device']} (sm_{env['compute_capability'].replace('.', '')}, {env['multiprocessors']} SMs), "
           f"torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, flashcore {env['flashcore']}")
-    print("us per call: median over CUDA-graph replays; TFLOP/s = 4*B*Hq*D*visible pairs; "
-          "fc/best = flashcore TFLOP/s / best other backend's (>1: flashcore faster)")
+    if env["flashcore_head_dims"]:
+        print("flashcore kernels for (head_dim, head_dim_v): "
+              + ", ".join(f"{d}" if d == dv else f"{d}/{dv}" for d, dv in env["flashcore_head_dims"]))
+    print("us per call: median over CUDA-graph replays; TFLOP/s = 2*B*Hq*(D+Dv)*visible pairs; "
+          "fc/best = flashcore TFLOP/s / best other backend's (>1: flashcore faster); maxdiff: flashcore's output "
+          "against the ref(erence) backend's")
 
     cases = build_cases(args)
     label_width = max(len(c.label) for c in cases)
@@ -592,7 +629,8 @@ def main(argv=None):
         doc = {"tool": "bench/compare.py", "environment": env,
                "settings": {"budget_ms": args.budget_ms, "max_graph_calls": args.graph_calls, "seed": args.seed,
                             "tolerance": TOLERANCE,
-                            "flops": "4*B*Hq*D*visible_pairs; causal: bottom-right mask, S(S+1)/2 pairs if Sq == Sk"},
+                            "flops": "2*B*Hq*(D+Dv)*visible_pairs (4*B*Hq*D*visible_pairs when Dv == D); causal: "
+                                     "bottom-right mask, S(S+1)/2 pairs if Sq == Sk"},
                "results": results}
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"JSON written to {args.json}")

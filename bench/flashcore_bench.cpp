@@ -261,27 +261,36 @@ void fill_random(std::vector<uint16_t> &out, size_t n, flashcore_dtype dtype, ui
 
 struct Shape {
     std::string name;
-    int batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
+    int batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, head_dim_v;
 };
 
 struct Preset {
     const char *name;
-    int batch, heads, seqlen, head_dim;
+    int batch, heads, seqlen, head_dim, head_dim_v;
     const char *note;
 };
 
 // Keep in step with PRESETS in compare.py.
 // clang-format off
 const Preset kPresets[] = {
-    {"mission", 1, 8, 512, 64, "the mission shape"},
-    {"short", 1, 8, 256, 64, "short sequence"},
-    {"long", 1, 8, 1024, 64, "long sequence"},
-    {"tput-2k-d64", 16, 16, 2048, 64, "throughput"},
-    {"tput-8k-d64", 4, 16, 8192, 64, "throughput"},
-    {"tput-16k-d64", 2, 16, 16384, 64, "throughput"},
-    {"tput-2k-d128", 16, 16, 2048, 128, "throughput"},
-    {"tput-8k-d128", 4, 16, 8192, 128, "throughput"},
-    {"tput-16k-d128", 2, 16, 16384, 128, "throughput"},
+    {"mission", 1, 8, 512, 64, 64, "the mission shape"},
+    {"short", 1, 8, 256, 64, 64, "short sequence"},
+    {"long", 1, 8, 1024, 64, 64, "long sequence"},
+    {"tput-2k-d64", 16, 16, 2048, 64, 64, "throughput"},
+    {"tput-8k-d64", 4, 16, 8192, 64, 64, "throughput"},
+    {"tput-16k-d64", 2, 16, 16384, 64, 64, "throughput"},
+    {"tput-2k-d128", 16, 16, 2048, 128, 128, "throughput"},
+    {"tput-8k-d128", 4, 16, 8192, 128, 128, "throughput"},
+    {"tput-16k-d128", 2, 16, 16384, 128, 128, "throughput"},
+    {"tput-2k-d96", 16, 16, 2048, 96, 96, "throughput (Phi-style head dim)"},
+    {"tput-8k-d96", 4, 16, 8192, 96, 96, "throughput (Phi-style head dim)"},
+    {"tput-4k-h32-d96", 4, 32, 4096, 96, 96, "throughput (Phi-style head dim)"},
+    {"tput-2k-d192", 16, 16, 2048, 192, 128, "throughput (DeepSeek-style prefill)"},
+    {"tput-8k-d192", 4, 16, 8192, 192, 128, "throughput (DeepSeek-style prefill)"},
+    {"tput-2k-d256", 16, 16, 2048, 256, 256, "throughput (Gemma-style head dim)"},
+    {"tput-8k-d256", 4, 16, 8192, 256, 256, "throughput (Gemma-style head dim)"},
+    {"tput-2k-d32", 16, 16, 2048, 32, 32, "throughput (small head dim)"},
+    {"tput-8k-d32", 4, 16, 8192, 32, 32, "throughput (small head dim)"},
 };
 // clang-format on
 
@@ -304,10 +313,11 @@ double visible_pairs(int64_t sq, int64_t sk, bool causal) {
     return static_cast<double>(sk) * (sk + 1) / 2.0;  // the first Sq - Sk rows see nothing
 }
 
-// Two matrix products (Q K^T and P V), 2 flops per multiply-add.
+// Two matrix products, 2 flops per multiply-add: Q K^T (head_dim per pair)
+// and P V (head_dim_v per pair); 4*B*Hq*D*pairs when the two are equal.
 double attention_flops(const Case &c) {
     const Shape &s = c.shape;
-    return 4.0 * s.batch * s.heads_q * s.head_dim * visible_pairs(s.seqlen_q, s.seqlen_k, c.causal);
+    return 2.0 * s.batch * s.heads_q * (s.head_dim + s.head_dim_v) * visible_pairs(s.seqlen_q, s.seqlen_k, c.causal);
 }
 
 // ---------------------------------------------------------------------------
@@ -317,7 +327,7 @@ double attention_flops(const Case &c) {
 struct Options {
     std::vector<std::string> presets;
     // Shape overrides, -1 when not given.
-    int batch = -1, heads_q = -1, heads_kv = -1, seqlen_q = -1, seqlen_k = -1, head_dim = -1;
+    int batch = -1, heads_q = -1, heads_kv = -1, seqlen_q = -1, seqlen_k = -1, head_dim = -1, head_dim_v = -1;
     std::vector<flashcore_dtype> dtypes{FLASHCORE_DTYPE_FP16};
     std::vector<bool> masks{false};
     flashcore_layout layout = FLASHCORE_LAYOUT_BHSD;
@@ -347,7 +357,11 @@ void print_usage(FILE *f) {
                  "  --heads-kv N              key/value heads (GQA/MQA: a divisor of --heads)\n"
                  "  --seqlen N                query and key length\n"
                  "  --seqlen-q N, --seqlen-k N  separate lengths\n"
-                 "  --head-dim N              64 or 128\n"
+                 "  --head-dim N              head dim of q and k (and of v and out unless\n"
+                 "                            --head-dim-v): a multiple of 8 that a kernel of\n"
+                 "                            this build covers (--list shows them)\n"
+                 "  --head-dim-v N            head dim of v and out (default: --head-dim if\n"
+                 "                            given, else the preset's)\n"
                  "  Shape options given with presets override those fields of each preset;\n"
                  "  without presets they override the mission shape.\n"
                  "\n"
@@ -421,7 +435,8 @@ const IntOption kIntOptions[] = {
     {"--batch", &Options::batch, 1, kMaxDim},       {"-b", &Options::batch, 1, kMaxDim},
     {"--heads", &Options::heads_q, 1, kMaxDim},     {"--heads-kv", &Options::heads_kv, 1, kMaxDim},
     {"--seqlen-q", &Options::seqlen_q, 1, kMaxDim}, {"--seqlen-k", &Options::seqlen_k, 1, kMaxDim},
-    {"--head-dim", &Options::head_dim, 1, kMaxDim}, {"--device", &Options::device, 0, 1024},
+    {"--head-dim", &Options::head_dim, 1, kMaxDim}, {"--head-dim-v", &Options::head_dim_v, 1, kMaxDim},
+    {"--device", &Options::device, 0, 1024},
     {"--buffers", &Options::buffer_sets, 1, 1024},  {"--graph-calls", &Options::graph_calls, 1, 100000},
     {"--replays", &Options::replays, 1, 1000000},   {"--iters", &Options::iters, 1, 1000000},
 };
@@ -523,19 +538,22 @@ Shape apply_overrides(Shape s, const Options &o) {
     if (o.heads_kv > 0) s.heads_kv = o.heads_kv;
     if (o.seqlen_q > 0) s.seqlen_q = o.seqlen_q;
     if (o.seqlen_k > 0) s.seqlen_k = o.seqlen_k;
-    if (o.head_dim > 0) s.head_dim = o.head_dim;
+    if (o.head_dim > 0) s.head_dim = s.head_dim_v = o.head_dim;
+    if (o.head_dim_v > 0) s.head_dim_v = o.head_dim_v;
     return s;
 }
 
 std::vector<Case> build_cases(const Options &o) {
     const bool custom =
-        o.batch > 0 || o.heads_q > 0 || o.heads_kv > 0 || o.seqlen_q > 0 || o.seqlen_k > 0 || o.head_dim > 0;
+        o.batch > 0 || o.heads_q > 0 || o.heads_kv > 0 || o.seqlen_q > 0 || o.seqlen_k > 0 || o.head_dim > 0 ||
+        o.head_dim_v > 0;
     std::vector<std::string> names = o.presets;
     if (names.empty()) names.push_back("mission");
     std::vector<Case> cases;
     for (const std::string &n : names) {
         const Preset *p = find_preset(n);
-        Shape s = apply_overrides({n, p->batch, p->heads, p->heads, p->seqlen, p->seqlen, p->head_dim}, o);
+        Shape s = apply_overrides(
+            {n, p->batch, p->heads, p->heads, p->seqlen, p->seqlen, p->head_dim, p->head_dim_v}, o);
         if (custom && o.presets.empty()) s.name = "custom";
         for (flashcore_dtype d : o.dtypes)
             for (bool causal : o.masks) cases.push_back(Case{s, d, causal, o.layout});
@@ -590,16 +608,17 @@ class CaseBuffers {
     CaseBuffers(const Case &c, const Options &o, int sets) {
         const Shape &s = c.shape;
         const size_t elem = 2;
-        q_elems_ = static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q * s.head_dim;
-        kv_elems_ = static_cast<size_t>(s.batch) * s.heads_kv * s.seqlen_k * s.head_dim;
+        const size_t rows_q = static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q;
+        const size_t rows_kv = static_cast<size_t>(s.batch) * s.heads_kv * s.seqlen_k;
+        out_elems_ = rows_q * s.head_dim_v;
         std::vector<uint16_t> host;
         uint64_t seed = o.seed;
         for (int i = 0; i < sets; ++i) {
             Set set;
-            set.q = DeviceBuffer(q_elems_ * elem);
-            set.k = DeviceBuffer(kv_elems_ * elem);
-            set.v = DeviceBuffer(kv_elems_ * elem);
-            set.out = DeviceBuffer(q_elems_ * elem);
+            set.q = DeviceBuffer(rows_q * s.head_dim * elem);
+            set.k = DeviceBuffer(rows_kv * s.head_dim * elem);
+            set.v = DeviceBuffer(rows_kv * s.head_dim_v * elem);
+            set.out = DeviceBuffer(out_elems_ * elem);
             for (DeviceBuffer *b : {&set.q, &set.k, &set.v}) {
                 fill_random(host, b->bytes() / elem, c.dtype, seed++ * 0x100000001B3ull);
                 CUDA_CHECK(cudaMemcpy(b->get(), host.data(), b->bytes(), cudaMemcpyHostToDevice));
@@ -618,6 +637,7 @@ class CaseBuffers {
             p.seqlen_q = s.seqlen_q;
             p.seqlen_k = s.seqlen_k;
             p.head_dim = s.head_dim;
+            p.head_dim_v = s.head_dim_v;
             p.causal = c.causal ? 1 : 0;
             p.softmax_scale = o.softmax_scale;
             p.q = set.q.get();
@@ -630,16 +650,17 @@ class CaseBuffers {
         }
     }
 
+    // q and k (head_dim wide), v and out (head_dim_v wide), 2 bytes an element.
     static size_t set_bytes(const Shape &s) {
-        const size_t q = static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q * s.head_dim;
-        const size_t kv = static_cast<size_t>(s.batch) * s.heads_kv * s.seqlen_k * s.head_dim;
-        return 2 * (2 * q + 2 * kv);
+        const size_t rows_q = static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q;
+        const size_t rows_kv = static_cast<size_t>(s.batch) * s.heads_kv * s.seqlen_k;
+        return 2 * (rows_q + rows_kv) * (static_cast<size_t>(s.head_dim) + static_cast<size_t>(s.head_dim_v));
     }
 
     int sets() const { return static_cast<int>(params_.size()); }
     const flashcore_forward_params &params(int i) const { return params_[static_cast<size_t>(i) % params_.size()]; }
     const DeviceBuffer &out(int i) const { return sets_[static_cast<size_t>(i)].out; }
-    size_t out_elems() const { return q_elems_; }
+    size_t out_elems() const { return out_elems_; }
 
   private:
     struct Set {
@@ -647,7 +668,7 @@ class CaseBuffers {
     };
     std::vector<Set> sets_;
     std::vector<flashcore_forward_params> params_;
-    size_t q_elems_ = 0, kv_elems_ = 0;
+    size_t out_elems_ = 0;
 };
 
 int auto_buffer_sets(const Shape &s, const Device &dev) {
@@ -822,10 +843,10 @@ void print_json_result(FILE *f, const Result &r, bool last) {
     const Shape &s = r.c.shape;
     std::fprintf(f,
                  "    {\"name\": %s, \"batch\": %d, \"num_heads_q\": %d, \"num_heads_kv\": %d, "
-                 "\"seqlen_q\": %d, \"seqlen_k\": %d, \"head_dim\": %d, \"dtype\": \"%s\", \"causal\": %s, "
-                 "\"layout\": \"%s\", \"flops\": %.0f,\n",
+                 "\"seqlen_q\": %d, \"seqlen_k\": %d, \"head_dim\": %d, \"head_dim_v\": %d, \"dtype\": \"%s\", "
+                 "\"causal\": %s, \"layout\": \"%s\", \"flops\": %.0f,\n",
                  json_string(s.name).c_str(), s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_k, s.head_dim,
-                 dtype_name(r.c.dtype), r.c.causal ? "true" : "false", layout_name(r.c.layout), r.flops);
+                 s.head_dim_v, dtype_name(r.c.dtype), r.c.causal ? "true" : "false", layout_name(r.c.layout), r.flops);
     if (!r.error.empty()) {
         std::fprintf(f, "     \"error\": %s}%s\n", json_string(r.error).c_str(), last ? "" : ",");
         return;
@@ -851,7 +872,8 @@ void print_json(FILE *f, const Device &dev, const Options &o, const std::vector<
     std::fprintf(
         f,
         "  \"settings\": {\"budget_ms\": %g, \"max_graph_calls\": %d, \"seed\": %" PRIu64
-        ", \"flops\": \"4*B*Hq*D*visible_pairs (causal: bottom-right mask, S(S+1)/2 pairs when Sq == Sk)\"},\n",
+        ", \"flops\": \"2*B*Hq*(D+Dv)*visible_pairs, 4*B*Hq*D*visible_pairs when Dv == D (causal: bottom-right "
+        "mask, S(S+1)/2 pairs when Sq == Sk)\"},\n",
         o.budget_ms, o.graph_calls, o.seed);
     std::fprintf(f, "  \"results\": [\n");
     for (size_t i = 0; i < results.size(); ++i) print_json_result(f, results[i], i + 1 == results.size());
@@ -859,15 +881,15 @@ void print_json(FILE *f, const Device &dev, const Options &o, const std::vector<
 }
 
 void print_table_header() {
-    std::printf("%-14s %3s %4s %4s %6s %6s %4s %-5s %-6s %-6s %4s | %10s %8s | %10s %10s %8s | %s\n", "case", "B", "Hq",
-                "Hkv", "Sq", "Sk", "D", "dtype", "causal", "layout", "sets", "graph us", "TFLOP/s", "call p50",
-                "call p90", "TFLOP/s", "check");
+    std::printf("%-15s %3s %4s %4s %6s %6s %4s %4s %-5s %-6s %-6s %4s | %10s %8s | %10s %10s %8s | %s\n", "case", "B",
+                "Hq", "Hkv", "Sq", "Sk", "D", "Dv", "dtype", "causal", "layout", "sets", "graph us", "TFLOP/s",
+                "call p50", "call p90", "TFLOP/s", "check");
 }
 
 void print_table_row(const Result &r) {
     const Shape &s = r.c.shape;
-    std::printf("%-14s %3d %4d %4d %6d %6d %4d %-5s %-6s %-6s ", s.name.c_str(), s.batch, s.heads_q, s.heads_kv,
-                s.seqlen_q, s.seqlen_k, s.head_dim, dtype_name(r.c.dtype), r.c.causal ? "yes" : "no",
+    std::printf("%-15s %3d %4d %4d %6d %6d %4d %4d %-5s %-6s %-6s ", s.name.c_str(), s.batch, s.heads_q, s.heads_kv,
+                s.seqlen_q, s.seqlen_k, s.head_dim, s.head_dim_v, dtype_name(r.c.dtype), r.c.causal ? "yes" : "no",
                 layout_name(r.c.layout));
     if (!r.error.empty()) {
         std::printf("   - | error: %s\n", r.error.c_str());
@@ -879,10 +901,31 @@ void print_table_row(const Result &r) {
     std::fflush(stdout);
 }
 
+// This build's (head_dim, head_dim_v) kernels, e.g. "32, 64, 96, 128, 192/128, 256".
+std::string supported_head_dims_text() {
+    size_t count = 0;
+    if (flashcore_supported_head_dims(nullptr, nullptr, 0, &count) != FLASHCORE_STATUS_SUCCESS)
+        return std::string("unknown (") + flashcore_last_error_message() + ")";
+    std::vector<int32_t> dims(count), dims_v(count);
+    if (flashcore_supported_head_dims(dims.data(), dims_v.data(), count, &count) != FLASHCORE_STATUS_SUCCESS)
+        return std::string("unknown (") + flashcore_last_error_message() + ")";
+    std::string text;
+    for (size_t i = 0; i < std::min(count, dims.size()); ++i) {
+        if (!text.empty()) text += ", ";
+        text += dims[i] == dims_v[i] ? strprintf("%d", dims[i]) : strprintf("%d/%d", dims[i], dims_v[i]);
+    }
+    return text;
+}
+
 void print_presets() {
-    std::printf("%-14s %5s %5s %7s %8s  %s\n", "preset", "batch", "heads", "seqlen", "head_dim", "");
+    std::printf("%-15s %5s %5s %7s %8s %10s  %s\n", "preset", "batch", "heads", "seqlen", "head_dim", "head_dim_v",
+                "");
     for (const Preset &p : kPresets)
-        std::printf("%-14s %5d %5d %7d %8d  %s\n", p.name, p.batch, p.heads, p.seqlen, p.head_dim, p.note);
+        std::printf("%-15s %5d %5d %7d %8d %10d  %s\n", p.name, p.batch, p.heads, p.seqlen, p.head_dim, p.head_dim_v,
+                    p.note);
+    std::printf("\nThis build's kernels (head_dim or head_dim/head_dim_v): %s; other multiples of 8 run on the\n"
+                "first that covers both head dims.\n",
+                supported_head_dims_text().c_str());
 }
 
 int run(const Options &o) {
@@ -918,9 +961,11 @@ int run(const Options &o) {
     std::fprintf(info, "flashcore %s on %s (device %d, sm_%d%d, %d SMs, L2 %.0f MiB)\n", flashcore_version_string(),
                  dev.prop.name, dev.ordinal, dev.prop.major, dev.prop.minor, dev.prop.multiProcessorCount,
                  static_cast<double>(dev.l2_bytes) / (1 << 20));
+    std::fprintf(info, "kernels for head dims (head_dim or head_dim/head_dim_v): %s\n",
+                 supported_head_dims_text().c_str());
     std::fprintf(info,
                  "us per call. graph: median over replays of a CUDA graph of many calls; call p50/p90: one "
-                 "call between two events, synchronised each time. TFLOP/s: 4*B*Hq*D*(visible q/k pairs).\n");
+                 "call between two events, synchronised each time. TFLOP/s: 2*B*Hq*(D+Dv)*(visible q/k pairs).\n");
     if (!o.json) print_table_header();
 
     const std::vector<Case> cases = build_cases(o);
