@@ -8,6 +8,8 @@
 #include "error.h"
 #include "flashcore.h"
 #include "handle.h"
+#include "kernel_registry.h"
+#include "params.h"
 #include "validate.h"
 
 namespace flashcore {
@@ -129,23 +131,25 @@ flashcore_status flashcore_set_contiguous_strides(flashcore_forward_params *para
         flashcore_forward_params p;
         FLASHCORE_TRY(read_params(params, &p));
         FLASHCORE_TRY(validate_sizes(p));
-        const int64_t d = p.head_dim;
-        auto set = [&](int64_t seqlen, int64_t heads, int64_t *batch_stride, int64_t *seq_stride,
-                       int64_t *head_stride) {
-            if (layout == FLASHCORE_LAYOUT_BHSD) {
-                *seq_stride = d;
-                *head_stride = seqlen * d;
-            } else {
-                *head_stride = d;
-                *seq_stride = heads * d;
-            }
-            *batch_stride = heads * seqlen * d;
-        };
-        set(p.seqlen_q, p.num_heads_q, &params->q_batch_stride, &params->q_seq_stride, &params->q_head_stride);
-        set(p.seqlen_k, p.num_heads_kv, &params->k_batch_stride, &params->k_seq_stride, &params->k_head_stride);
-        set(p.seqlen_k, p.num_heads_kv, &params->v_batch_stride, &params->v_seq_stride, &params->v_head_stride);
-        set(p.seqlen_q, p.num_heads_q, &params->out_batch_stride, &params->out_seq_stride,
-            &params->out_head_stride);
+        set_contiguous_strides(params, p, layout);
+        return FLASHCORE_STATUS_SUCCESS;
+    });
+}
+
+flashcore_status flashcore_supported_head_dims(int32_t *head_dims, int32_t *head_dims_v, size_t capacity,
+                                               size_t *count) {
+    return guarded(__func__, [&] {
+        if (count == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "count is NULL");
+        if (capacity > 0 && (head_dims == nullptr || head_dims_v == nullptr)) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s is NULL but capacity is %zu",
+                        head_dims == nullptr ? "head_dims" : "head_dims_v", capacity);
+        }
+        const Span<HeadDims> supported = supported_head_dims();
+        for (size_t i = 0; i < supported.size && i < capacity; ++i) {
+            head_dims[i] = supported.data[i].head_dim;
+            head_dims_v[i] = supported.data[i].head_dim_v;
+        }
+        *count = supported.size;
         return FLASHCORE_STATUS_SUCCESS;
     });
 }

@@ -1,5 +1,5 @@
-// Chooses and launches the kernel for validated forward parameters on a
-// handle's device.
+// Chooses, for validated forward parameters on a handle's device, the kernel
+// of the registry (kernel_registry.h) that runs the call, and launches it.
 #pragma once
 
 #include <cstddef>

@@ -7,7 +7,7 @@ namespace flashcore {
 namespace {
 
 // Long enough for any message flashcore writes; longer ones are truncated.
-constexpr size_t kMessageCapacity = 512;
+constexpr size_t kMessageCapacity = 1024;
 thread_local char t_message[kMessageCapacity] = "";
 
 }  // namespace

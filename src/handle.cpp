@@ -7,48 +7,48 @@
 #include <new>
 
 #include "error.h"
+#include "kernel_registry.h"
 
 namespace flashcore {
 namespace {
 
-#ifdef FLASHCORE_HAS_SM90
-constexpr bool kHasSm90Kernels = true;
-#else
-constexpr bool kHasSm90Kernels = false;
-#endif
+// Values of FLASHCORE_FWD_VARIANT that pin the portable kernel to one tile
+// variant.
+constexpr struct {
+    const char *name;
+    FwdVariant variant;
+} kPinnedVariants[] = {{"large", FwdVariant::kLargeTiles}, {"keysplit", FwdVariant::kKeySplit}};
 
 // FLASHCORE_FWD_VARIANT chooses the forward kernel for every call of the
 // handle (unset or empty: per call, the sm_90a kernel where it runs):
 //   portable        the portable kernel, tile variant chosen per call;
 //   large|keysplit  the portable kernel with that tile variant;
 //   sm90            the sm_90a kernel; an error where it cannot run.
-flashcore_status read_forced_variant(const flashcore_handle_s &h, int *variant, bool *use_sm90, bool *sm90_forced) {
-    const bool sm90_runs = kHasSm90Kernels && h.cc_major == 9 && h.cc_minor == 0;
-    *variant = -1;
-    *use_sm90 = sm90_runs;
-    *sm90_forced = false;
+flashcore_status read_fwd_variant(const flashcore_handle_s &h, EnvOverrides *env) {
+    const bool has_sm90_kernels = has_kernels(KernelPath::kSm90);
+    env->use_sm90 = has_sm90_kernels && h.cc_major == 9 && h.cc_minor == 0;
     const char *value = std::getenv("FLASHCORE_FWD_VARIANT");
     if (value == nullptr || *value == '\0') return FLASHCORE_STATUS_SUCCESS;
-    if (std::strcmp(value, kFwdSm90Name) == 0) {
-        if (!kHasSm90Kernels) {
+    if (std::strcmp(value, "sm90") == 0) {
+        if (!has_sm90_kernels) {
             return fail(FLASHCORE_STATUS_UNSUPPORTED,
                         "FLASHCORE_FWD_VARIANT=sm90, but this library was built without the sm_90a kernels "
                         "(configure with an sm_90 target or -DFLASHCORE_ENABLE_SM90=ON)");
         }
-        if (!sm90_runs) {
+        if (!env->use_sm90) {
             return fail(FLASHCORE_STATUS_UNSUPPORTED,
                         "FLASHCORE_FWD_VARIANT=sm90, but device %d has compute capability %d.%d; the sm_90a "
                         "kernels run on 9.0 (H100, H200) only",
                         h.device, h.cc_major, h.cc_minor);
         }
-        *sm90_forced = true;
+        env->sm90_forced = true;
         return FLASHCORE_STATUS_SUCCESS;
     }
-    *use_sm90 = false;
-    if (std::strcmp(value, kFwdPortableName) == 0) return FLASHCORE_STATUS_SUCCESS;
-    for (int i = 0; i < int(sizeof(kFwdVariantNames) / sizeof(kFwdVariantNames[0])); ++i) {
-        if (std::strcmp(value, kFwdVariantNames[i]) == 0) {
-            *variant = i;
+    env->use_sm90 = false;
+    if (std::strcmp(value, "portable") == 0) return FLASHCORE_STATUS_SUCCESS;
+    for (const auto &pinned : kPinnedVariants) {
+        if (std::strcmp(value, pinned.name) == 0) {
+            env->forced_variant = pinned.variant;
             return FLASHCORE_STATUS_SUCCESS;
         }
     }
@@ -58,10 +58,10 @@ flashcore_status read_forced_variant(const flashcore_handle_s &h, int *variant, 
                 value);
 }
 
-// FLASHCORE_PERSISTENT_CTAS=N (1 <= N): a persistent kernel launches at most
-// N CTAs instead of one per SM.
-flashcore_status read_persistent_ctas(const flashcore_handle_s &h, int *ctas) {
-    *ctas = h.num_sms;
+// FLASHCORE_PERSISTENT_CTAS=N (1 <= N <= SMs): a persistent kernel launches
+// at most N CTAs instead of one per SM.
+flashcore_status read_persistent_ctas(const flashcore_handle_s &h, EnvOverrides *env) {
+    env->persistent_ctas = h.num_sms;
     const char *value = std::getenv("FLASHCORE_PERSISTENT_CTAS");
     if (value == nullptr || *value == '\0') return FLASHCORE_STATUS_SUCCESS;
     char *end = nullptr;
@@ -72,8 +72,16 @@ flashcore_status read_persistent_ctas(const flashcore_handle_s &h, int *ctas) {
                     "(the SMs of device %d)",
                     value, h.num_sms, h.device);
     }
-    *ctas = int(n);
+    env->persistent_ctas = int(n);
     return FLASHCORE_STATUS_SUCCESS;
+}
+
+// Every environment variable a handle reads, for the device in h.
+flashcore_status read_env_overrides(const flashcore_handle_s &h, EnvOverrides *env) {
+    *env = EnvOverrides{};
+    const flashcore_status status = read_fwd_variant(h, env);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    return read_persistent_ctas(h, env);
 }
 
 }  // namespace
@@ -118,9 +126,7 @@ flashcore_status create_handle(int device, flashcore_handle *handle) {
                     "later)",
                     device, h.cc_major, h.cc_minor);
     }
-    flashcore_status status = read_forced_variant(h, &h.forced_fwd_variant, &h.use_sm90, &h.sm90_forced);
-    if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    status = read_persistent_ctas(h, &h.persistent_ctas);
+    const flashcore_status status = read_env_overrides(h, &h.env);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     *handle = new (std::nothrow) flashcore_handle_s(h);
     if (*handle == nullptr) return fail(FLASHCORE_STATUS_OUT_OF_MEMORY, "could not allocate a handle");

@@ -3,8 +3,34 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 
+#include "common/fwd_params.h"
 #include "flashcore.h"
+
+namespace flashcore {
+
+// What the environment asks of a handle's calls, read once by
+// read_env_overrides when the handle is created (tests and benchmarks use
+// these variables to pin a kernel; see README's Environment table).
+struct EnvOverrides {
+    // FLASHCORE_FWD_VARIANT=large|keysplit: every call uses the portable
+    // kernel with that tile variant. Empty: chosen per call.
+    std::optional<FwdVariant> forced_variant;
+    // Whether calls may use the sm_90a kernels: the library has them, the
+    // device is compute capability 9.0, and FLASHCORE_FWD_VARIANT does not
+    // ask for the portable path.
+    bool use_sm90 = false;
+    // FLASHCORE_FWD_VARIANT=sm90: every call the sm_90a kernel can serve uses
+    // it, however small.
+    bool sm90_forced = false;
+    // CTAs a persistent kernel may launch: the device's SM count, or fewer
+    // where FLASHCORE_PERSISTENT_CTAS asks (tests: with a few CTAs, each walks
+    // many query blocks).
+    int persistent_ctas = 0;
+};
+
+}  // namespace flashcore
 
 struct flashcore_handle_s {
     int device;
@@ -12,21 +38,7 @@ struct flashcore_handle_s {
     int cc_minor;
     int num_sms;
     size_t max_smem_per_block;  // opt-in limit, for kernels above 48 KB
-    // From the FLASHCORE_FWD_VARIANT environment variable (tests and
-    // benchmarks): a flashcore::FwdVariant of the portable kernel every call
-    // uses, or -1: chosen per call.
-    int forced_fwd_variant;
-    // Whether calls may use the sm_90a kernels: the library has them, the
-    // device is compute capability 9.0, and FLASHCORE_FWD_VARIANT does not
-    // ask for the portable path.
-    bool use_sm90;
-    // FLASHCORE_FWD_VARIANT=sm90: every call the sm_90a kernel can serve uses
-    // it, however small.
-    bool sm90_forced;
-    // CTAs a persistent kernel may launch: num_sms, or fewer where the
-    // FLASHCORE_PERSISTENT_CTAS environment variable asks (tests: with a few
-    // CTAs, each walks many query blocks).
-    int persistent_ctas;
+    flashcore::EnvOverrides env;
 };
 
 namespace flashcore {
@@ -34,15 +46,6 @@ namespace flashcore {
 // The oldest architecture with the instructions the portable kernels use
 // (cp.async, ldmatrix, bf16 mma.sync).
 constexpr int kMinComputeMajor = 8;
-
-// Names accepted in FLASHCORE_FWD_VARIANT, indexed by flashcore::FwdVariant:
-// each pins the portable kernel to that tile variant.
-constexpr const char *kFwdVariantNames[] = {"large", "keysplit"};
-// FLASHCORE_FWD_VARIANT values that choose a path rather than a variant:
-// the portable kernel with variants chosen per call, or the sm_90a kernel
-// (an error at handle creation where it cannot run).
-constexpr const char *kFwdPortableName = "portable";
-constexpr const char *kFwdSm90Name = "sm90";
 
 flashcore_status create_handle(int device, flashcore_handle *handle);
 

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
-#include <cstring>
+#include <cstdio>
 #include <iterator>
+#include <string>
 
 #include "error.h"
+#include "kernel_registry.h"
+#include "params.h"
 
 namespace flashcore {
 namespace {
@@ -27,10 +30,11 @@ struct TensorDims {
     const char *name;
     const void *data;
     int32_t batch, seqlen, heads;
+    int32_t dim;  // the contiguous last dimension: head_dim, or head_dim_v for v and out
     int64_t batch_stride, seq_stride, head_stride;
 };
 
-flashcore_status check_tensor(const TensorDims &t, int32_t head_dim) {
+flashcore_status check_tensor(const TensorDims &t) {
     flashcore_status status = check_pointer(t.data, t.name, FLASHCORE_ALIGNMENT);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     const struct {
@@ -42,7 +46,7 @@ flashcore_status check_tensor(const TensorDims &t, int32_t head_dim) {
                  {"head_stride", t.head_stride, t.heads}};
     // The largest element offset must be addressable in bytes: bounds the
     // kernels' 64-bit pointer arithmetic.
-    __int128 last_offset = head_dim - 1;
+    __int128 last_offset = t.dim - 1;
     for (const auto &d : dims) {
         if (d.stride < 0) {
             return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s_%s (%" PRId64 ") must be >= 0", t.name, d.suffix,
@@ -51,7 +55,7 @@ flashcore_status check_tensor(const TensorDims &t, int32_t head_dim) {
         if (d.stride % kStrideMultiple != 0) {
             return fail(FLASHCORE_STATUS_MISALIGNED,
                         "%s_%s (%" PRId64 ") must be a multiple of %" PRId64
-                        " elements (%d bytes); head_dim must be the contiguous last dimension",
+                        " elements (%d bytes); the head dimension must be the contiguous last dimension",
                         t.name, d.suffix, d.stride, kStrideMultiple, FLASHCORE_ALIGNMENT);
         }
         last_offset += __int128(d.extent - 1) * d.stride;
@@ -64,14 +68,14 @@ flashcore_status check_tensor(const TensorDims &t, int32_t head_dim) {
 
 // Sufficient condition for a strided tensor to give every element its own
 // address: ordered by stride, each dimension steps over the whole extent of
-// the ones below it (head_dim being the innermost, contiguous one).
-flashcore_status check_no_self_overlap(const TensorDims &t, int32_t head_dim) {
+// the ones below it (the head dimension being the innermost, contiguous one).
+flashcore_status check_no_self_overlap(const TensorDims &t) {
     struct Dim {
         int64_t stride;
         int32_t extent;
     } dims[3] = {{t.batch_stride, t.batch}, {t.seq_stride, t.seqlen}, {t.head_stride, t.heads}};
     std::sort(std::begin(dims), std::end(dims), [](const Dim &a, const Dim &b) { return a.stride < b.stride; });
-    __int128 span = head_dim;  // elements covered by the dimensions below
+    __int128 span = t.dim;  // elements covered by the dimensions below
     for (const Dim &d : dims) {
         if (d.extent == 1) continue;
         if (__int128(d.stride) < span) {
@@ -85,55 +89,59 @@ flashcore_status check_no_self_overlap(const TensorDims &t, int32_t head_dim) {
     return FLASHCORE_STATUS_SUCCESS;
 }
 
-}  // namespace
-
-flashcore_status check_struct_size(size_t size, const char *what) {
-    if (size < kParamsSizeV0_1) {
-        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                    "%s (%zu) is smaller than flashcore_forward_params of version 0.1 (%zu bytes); pass "
-                    "sizeof(flashcore_forward_params) to flashcore_forward_params_init",
-                    what, size, kParamsSizeV0_1);
+// Fails with UNSUPPORTED: `problem`, then the head dims this build has and
+// the rule by which the others run.
+flashcore_status unsupported_head_dims(const char *problem) {
+    std::string pairs;
+    for (const HeadDims &d : supported_head_dims()) {
+        if (!pairs.empty()) pairs += ", ";
+        pairs += "(" + std::to_string(d.head_dim) + ", " + std::to_string(d.head_dim_v) + ")";
     }
-    if (size > kMaxPlausibleStructSize) {
-        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                    "%s (%zu) is not a valid size; pass sizeof(flashcore_forward_params) to "
-                    "flashcore_forward_params_init",
-                    what, size);
-    }
-    return FLASHCORE_STATUS_SUCCESS;
+    return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                "%s; supported (head_dim, head_dim_v): %s, and any pair of multiples of %d that one of these "
+                "covers (it runs on the first with both at least its own)",
+                problem, pairs.c_str(), int(kHeadDimMultiple));
 }
 
-void init_params(flashcore_forward_params *params, size_t struct_size) {
-    // Fields this library does not know (a newer caller's) are zero: their
-    // documented default.
-    std::memset(static_cast<void *>(params), 0, struct_size);
-    flashcore_forward_params defaults{};
-    defaults.struct_size = struct_size;
-    defaults.dtype = FLASHCORE_DTYPE_FP16;
-    defaults.softmax_scale = FLASHCORE_SOFTMAX_SCALE_DEFAULT;
-    std::memcpy(static_cast<void *>(params), &defaults, std::min(struct_size, sizeof defaults));
-}
-
-flashcore_status read_params(const flashcore_forward_params *user, flashcore_forward_params *params) {
-    if (user == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL");
-    const size_t size = user->struct_size;
-    const flashcore_status status = check_struct_size(size, "params->struct_size");
-    if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    // A struct from a newer header: fine as long as it uses nothing we lack.
-    const unsigned char *bytes = reinterpret_cast<const unsigned char *>(user);
-    for (size_t i = sizeof(flashcore_forward_params); i < size; ++i) {
-        if (bytes[i] != 0) {
-            return fail(FLASHCORE_STATUS_UNSUPPORTED,
-                        "params sets fields beyond the %zu bytes this library (version %s) knows; it was "
-                        "built against a newer flashcore.h",
-                        sizeof(flashcore_forward_params), flashcore_version_string());
+// The call's head dims have a kernel: multiples of kHeadDimMultiple that a
+// pair of the registry covers.
+flashcore_status check_head_dims(const flashcore_forward_params &p) {
+    const HeadDims call{p.head_dim, effective_head_dim_v(p)};
+    // Named as the caller set it: head_dim_v 0 stands for head_dim.
+    const char *v_name = p.head_dim_v == 0 ? "head_dim_v (0, so head_dim)" : "head_dim_v";
+    char problem[160];
+    HeadDims kernel{};
+    if (call.head_dim % kHeadDimMultiple != 0) {
+        std::snprintf(problem, sizeof problem, "head_dim %d is not a multiple of %d", int(call.head_dim),
+                      int(kHeadDimMultiple));
+    } else if (call.head_dim_v % kHeadDimMultiple != 0) {
+        std::snprintf(problem, sizeof problem, "%s %d is not a multiple of %d", v_name, int(call.head_dim_v),
+                      int(kHeadDimMultiple));
+    } else if (covering_head_dims(call, &kernel)) {
+        return FLASHCORE_STATUS_SUCCESS;
+    } else {
+        // No pair covers the call: either head_dim exceeds every pair's, or
+        // head_dim_v exceeds that of every pair wide enough for head_dim.
+        int32_t max_head_dim = 0, max_head_dim_v = 0, max_head_dim_v_here = 0;
+        for (const HeadDims &d : supported_head_dims()) {
+            max_head_dim = std::max(max_head_dim, d.head_dim);
+            max_head_dim_v = std::max(max_head_dim_v, d.head_dim_v);
+            if (d.head_dim >= call.head_dim) max_head_dim_v_here = std::max(max_head_dim_v_here, d.head_dim_v);
+        }
+        if (call.head_dim > max_head_dim) {
+            std::snprintf(problem, sizeof problem, "head_dim %d exceeds %d", int(call.head_dim), int(max_head_dim));
+        } else if (max_head_dim_v_here == max_head_dim_v) {
+            std::snprintf(problem, sizeof problem, "%s %d exceeds %d", v_name, int(call.head_dim_v),
+                          int(max_head_dim_v));
+        } else {
+            std::snprintf(problem, sizeof problem, "%s %d exceeds %d, the largest with head_dim >= %d", v_name,
+                          int(call.head_dim_v), int(max_head_dim_v_here), int(call.head_dim));
         }
     }
-    // A struct from an older header keeps the defaults of the fields it lacks.
-    init_params(params, sizeof(flashcore_forward_params));
-    std::memcpy(static_cast<void *>(params), user, std::min(size, sizeof(flashcore_forward_params)));
-    return FLASHCORE_STATUS_SUCCESS;
+    return unsupported_head_dims(problem);
 }
+
+}  // namespace
 
 flashcore_status validate_sizes(const flashcore_forward_params &p) {
     const struct {
@@ -146,6 +154,10 @@ flashcore_status validate_sizes(const flashcore_forward_params &p) {
             return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s (%d) must be >= 1", s.name, int(s.value));
         }
     }
+    if (p.head_dim_v < 0) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "head_dim_v (%d) must be >= 1, or 0 for the same as head_dim",
+                    int(p.head_dim_v));
+    }
     return FLASHCORE_STATUS_SUCCESS;
 }
 
@@ -155,17 +167,14 @@ flashcore_status validate_shapes(const flashcore_forward_params &p) {
                     "dtype %d is not supported; supported: FLASHCORE_DTYPE_FP16 (%d), FLASHCORE_DTYPE_BF16 (%d)",
                     int(p.dtype), int(FLASHCORE_DTYPE_FP16), int(FLASHCORE_DTYPE_BF16));
     }
-    const flashcore_status status = validate_sizes(p);
+    flashcore_status status = validate_sizes(p);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     if (p.num_heads_q % p.num_heads_kv != 0) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "num_heads_q (%d) must be a multiple of num_heads_kv (%d)",
                     int(p.num_heads_q), int(p.num_heads_kv));
     }
-    if (std::find(std::begin(kSupportedHeadDims), std::end(kSupportedHeadDims), p.head_dim) ==
-        std::end(kSupportedHeadDims)) {
-        return fail(FLASHCORE_STATUS_UNSUPPORTED, "head_dim %d is not supported; supported head dims: 64, 128",
-                    int(p.head_dim));
-    }
+    status = check_head_dims(p);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
     if (p.seqlen_q > kMaxSeqlen || p.seqlen_k > kMaxSeqlen) {
         return fail(FLASHCORE_STATUS_UNSUPPORTED, "seqlen_q (%d) and seqlen_k (%d) must be at most %d",
                     int(p.seqlen_q), int(p.seqlen_k), int(kMaxSeqlen));
@@ -180,28 +189,26 @@ flashcore_status validate_shapes(const flashcore_forward_params &p) {
 }
 
 flashcore_status validate_tensors(const flashcore_forward_params &p) {
+    const int32_t d = p.head_dim;
+    const int32_t dv = effective_head_dim_v(p);
     const TensorDims tensors[] = {
-        {"q", p.q, p.batch_size, p.seqlen_q, p.num_heads_q, p.q_batch_stride, p.q_seq_stride, p.q_head_stride},
-        {"k", p.k, p.batch_size, p.seqlen_k, p.num_heads_kv, p.k_batch_stride, p.k_seq_stride, p.k_head_stride},
-        {"v", p.v, p.batch_size, p.seqlen_k, p.num_heads_kv, p.v_batch_stride, p.v_seq_stride, p.v_head_stride},
-        {"out", p.out, p.batch_size, p.seqlen_q, p.num_heads_q, p.out_batch_stride, p.out_seq_stride,
+        {"q", p.q, p.batch_size, p.seqlen_q, p.num_heads_q, d, p.q_batch_stride, p.q_seq_stride, p.q_head_stride},
+        {"k", p.k, p.batch_size, p.seqlen_k, p.num_heads_kv, d, p.k_batch_stride, p.k_seq_stride, p.k_head_stride},
+        {"v", p.v, p.batch_size, p.seqlen_k, p.num_heads_kv, dv, p.v_batch_stride, p.v_seq_stride, p.v_head_stride},
+        {"out", p.out, p.batch_size, p.seqlen_q, p.num_heads_q, dv, p.out_batch_stride, p.out_seq_stride,
          p.out_head_stride},
     };
     for (const TensorDims &t : tensors) {
-        const flashcore_status status = check_tensor(t, p.head_dim);
+        const flashcore_status status = check_tensor(t);
         if (status != FLASHCORE_STATUS_SUCCESS) return status;
     }
-    flashcore_status status = check_no_self_overlap(tensors[3], p.head_dim);
+    flashcore_status status = check_no_self_overlap(tensors[3]);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     if (p.lse != nullptr) {
         status = check_pointer(p.lse, "lse", kLseAlignment);
         if (status != FLASHCORE_STATUS_SUCCESS) return status;
     }
     return FLASHCORE_STATUS_SUCCESS;
-}
-
-float effective_softmax_scale(const flashcore_forward_params &p) {
-    return p.softmax_scale == FLASHCORE_SOFTMAX_SCALE_DEFAULT ? 1.f / std::sqrt(float(p.head_dim)) : p.softmax_scale;
 }
 
 }  // namespace flashcore

@@ -1,0 +1,54 @@
+// flashcore_forward_params as the library reads it: the caller's struct of
+// any header version, its defaults, the values derived from it, the strides
+// of packed tensors, and the kernels' parameter block built from it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/fwd_params.h"
+#include "flashcore.h"
+
+namespace flashcore {
+
+// Size of flashcore_forward_params as version 0.1 defined it (it ended
+// before head_dim_v): the smallest a caller may pass. read_params gives such
+// a caller the defaults of the fields added since.
+constexpr size_t kParamsSizeV0_1 = offsetof(flashcore_forward_params, head_dim_v);
+// Where the last field this library knows ends: bytes of a caller's struct
+// past it belong to fields of a newer header (sizeof adds only padding).
+constexpr size_t kParamsKnownEnd =
+    offsetof(flashcore_forward_params, head_dim_v) + sizeof(flashcore_forward_params::head_dim_v);
+// A struct_size beyond this is not a flashcore_forward_params from any
+// header version, but an uninitialised field.
+constexpr size_t kMaxPlausibleStructSize = 64 * 1024;
+
+// Checks a caller's struct_size against the sizes this library accepts.
+flashcore_status check_struct_size(size_t struct_size, const char *what);
+
+// Writes the defaults into the caller's struct_size bytes at *params.
+void init_params(flashcore_forward_params *params, size_t struct_size);
+
+// Copies the caller's struct into *params whatever header version it was
+// built with (see the ABI policy in flashcore.h): fields an older caller
+// lacks keep their defaults; a newer caller's struct is refused when it sets
+// fields this library does not know. The copy holds the caller's values;
+// the defaults they stand for come from the functions below.
+flashcore_status read_params(const flashcore_forward_params *user, flashcore_forward_params *params);
+
+// The softmax scale the kernels use: the caller's, or 1/sqrt(head_dim).
+float effective_softmax_scale(const flashcore_forward_params &params);
+
+// The head dim of v and out: head_dim_v, or head_dim where it is 0.
+int32_t effective_head_dim_v(const flashcore_forward_params &params);
+
+// Writes the twelve strides of densely packed q, k, v and out in `layout`
+// into *strides (only those fields), from the shapes in `shapes` (already
+// validated: sizes >= 1, head_dim_v >= 0).
+void set_contiguous_strides(flashcore_forward_params *strides, const flashcore_forward_params &shapes,
+                            flashcore_layout layout);
+
+// The kernels' parameter block for validated parameters.
+FwdKernelParams kernel_params(const flashcore_forward_params &params);
+
+}  // namespace flashcore
