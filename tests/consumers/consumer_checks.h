@@ -94,6 +94,31 @@ static void consumer_check_params(const flashcore_test_api *api)
                    consumer_status_name(api, st));
 }
 
+/* The head dims query: a sizing call, then a call with room for every pair. */
+static void consumer_check_supported_head_dims(const flashcore_test_api *api)
+{
+    int32_t dims[64] = {0}, dims_v[64] = {0};
+    char detail[96];
+    size_t count = 0, again = 0, i;
+    int ok;
+    flashcore_status st = api->supported_head_dims(NULL, NULL, 0, &count);
+
+    snprintf(detail, sizeof detail, "%s, %u pair(s)", consumer_status_name(api, st), (unsigned)count);
+    consumer_check(st == FLASHCORE_STATUS_SUCCESS && count >= 1 && count <= 64,
+                   "flashcore_supported_head_dims(NULL, NULL, 0, &count) counts the pairs", detail);
+    if (st != FLASHCORE_STATUS_SUCCESS || count < 1 || count > 64)
+        return;
+    st = api->supported_head_dims(dims, dims_v, 64, &again);
+    ok = st == FLASHCORE_STATUS_SUCCESS && again == count;
+    for (i = 0; ok && i < count; ++i)
+        ok = dims[i] >= 8 && dims[i] % 8 == 0 && dims_v[i] >= 8 && dims_v[i] % 8 == 0;
+    snprintf(detail, sizeof detail, "first (%d, %d)", (int)dims[0], (int)dims_v[0]);
+    consumer_check(ok, "flashcore_supported_head_dims lists pairs of multiples of 8", detail);
+    st = api->supported_head_dims(dims, dims_v, 64, NULL);
+    consumer_check(st == FLASHCORE_STATUS_INVALID_ARGUMENT, "flashcore_supported_head_dims with count NULL is "
+                   "INVALID_ARGUMENT", consumer_status_name(api, st));
+}
+
 static void consumer_check_handle(const flashcore_test_api *api)
 {
     flashcore_forward_params sentinel;
@@ -127,6 +152,7 @@ static int consumer_run_checks(const flashcore_test_api *api, const char *how)
     consumer_check_versions(api);
     consumer_check_status_strings(api);
     consumer_check_params(api);
+    consumer_check_supported_head_dims(api);
     consumer_check_handle(api);
     printf("%d check(s) failed\n", consumer_failures);
     return consumer_failures;

@@ -78,7 +78,9 @@ FC_FIELD(v_head_stride, 152, 8);
 FC_FIELD(out_batch_stride, 160, 8);
 FC_FIELD(out_seq_stride, 168, 8);
 FC_FIELD(out_head_stride, 176, 8);
-FC_ASSERT(params_size, sizeof(flashcore_forward_params) >= 184);
+/* Added in 0.2: a 0.1 struct ends at 184 bytes. */
+FC_FIELD(head_dim_v, 184, 4);
+FC_ASSERT(params_size, sizeof(flashcore_forward_params) >= 188);
 #endif
 
 /* Every function, assigned to a pointer of the exact type it had when this

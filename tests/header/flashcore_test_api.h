@@ -23,6 +23,7 @@
     X(flashcore_status, handle_device, (flashcore_handle, int *))                               \
     X(flashcore_status, forward_params_init, (flashcore_forward_params *, size_t))              \
     X(flashcore_status, set_contiguous_strides, (flashcore_forward_params *, flashcore_layout))  \
+    X(flashcore_status, supported_head_dims, (int32_t *, int32_t *, size_t, size_t *))         \
     X(flashcore_status, forward_check, (const flashcore_forward_params *))                      \
     X(flashcore_status, forward_workspace_size,                                                 \
       (flashcore_handle, const flashcore_forward_params *, size_t *))                           \
