@@ -3,6 +3,7 @@
 // machines with and without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -10,12 +11,17 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "device_tensors.h"
 #include "flashcore.h"
 
 namespace {
+
+// flashcore_forward_params as a 0.1 caller compiled it: it ended before
+// head_dim_v.
+constexpr size_t kParamsSizeV0_1 = offsetof(flashcore_forward_params, head_dim_v);
 
 // Plausible, suitably aligned device addresses: flashcore_forward_check never
 // dereferences them.
@@ -39,10 +45,83 @@ flashcore_forward_params valid_params() {
     return p;
 }
 
+using HeadDimPair = std::pair<int32_t, int32_t>;  // (head_dim, head_dim_v)
+
+// What flashcore_supported_head_dims lists, read the documented way: a
+// sizing call, then a call with room for every pair.
+std::vector<HeadDimPair> supported_pairs() {
+    size_t count = 0;
+    EXPECT_EQ(flashcore_supported_head_dims(nullptr, nullptr, 0, &count), FLASHCORE_STATUS_SUCCESS);
+    std::vector<int32_t> dims(count), dims_v(count);
+    size_t again = 0;
+    EXPECT_EQ(flashcore_supported_head_dims(dims.data(), dims_v.data(), count, &again), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    EXPECT_EQ(again, count);
+    std::vector<HeadDimPair> pairs;
+    for (size_t i = 0; i < count; ++i) pairs.emplace_back(dims[i], dims_v[i]);
+    return pairs;
+}
+
+// "(32, 32), (64, 64)": how the messages list the pairs.
+std::string pairs_text(const std::vector<HeadDimPair> &pairs) {
+    std::string text;
+    for (const HeadDimPair &p : pairs) {
+        if (!text.empty()) text += ", ";
+        text += "(" + std::to_string(p.first) + ", " + std::to_string(p.second) + ")";
+    }
+    return text;
+}
+
+// The header's documented list for the default build (every line of
+// kernels/fwd_variants.list).
+const std::vector<HeadDimPair> kDefaultHeadDims = {{32, 32}, {64, 64}, {96, 96}, {128, 128}, {192, 128}, {256, 256}};
+
+// Whether this build lists the default head dims; a build configured with
+// FLASHCORE_HEAD_DIMS lists fewer.
+bool default_head_dims_built() { return supported_pairs() == kDefaultHeadDims; }
+
+// The documented covering rule, from the listed pairs.
+bool covered(const std::vector<HeadDimPair> &pairs, int32_t head_dim, int32_t head_dim_v) {
+    return head_dim % 8 == 0 && head_dim_v % 8 == 0 &&
+           std::any_of(pairs.begin(), pairs.end(),
+                       [&](const HeadDimPair &p) { return p.first >= head_dim && p.second >= head_dim_v; });
+}
+
+// Skips the calling test where this build cannot run those head dims (it was
+// configured with FLASHCORE_HEAD_DIMS).
+#define SKIP_UNLESS_BUILT_FOR(head_dim, head_dim_v)                                                    \
+    if (!covered(supported_pairs(), head_dim, head_dim_v))                                             \
+    GTEST_SKIP() << "this build has no kernel for head dims (" << (head_dim) << ", " << (head_dim_v)   \
+                 << "); it lists " << pairs_text(supported_pairs())
+
+// The sm80 head dims of the generated kernel list (on the include path where
+// the build puts it there): what the query must list, however the build was
+// configured.
+#if defined(__has_include)
+#if __has_include("fwd_kernel_list.inc")
+#define FLASHCORE_TEST_HAS_KERNEL_LIST 1
+std::vector<HeadDimPair> generated_head_dims() {
+    const struct {
+        const char *path;
+        int32_t head_dim, head_dim_v;
+    } lines[] = {
+#define FLASHCORE_FWD_KERNEL(path, dtype, head_dim, head_dim_v, variant) {#path, head_dim, head_dim_v},
+#include "fwd_kernel_list.inc"
+#undef FLASHCORE_FWD_KERNEL
+    };
+    std::set<HeadDimPair> pairs;
+    for (const auto &line : lines) {
+        if (std::string(line.path) == "sm80") pairs.emplace(line.head_dim, line.head_dim_v);
+    }
+    return {pairs.begin(), pairs.end()};
+}
+#endif
+#endif
+
 TEST(Version, RuntimeMatchesHeader) {
     EXPECT_EQ(flashcore_version_number(), unsigned(FLASHCORE_VERSION_NUMBER));
-    EXPECT_EQ(FLASHCORE_VERSION_NUMBER, 100);
-    EXPECT_STREQ(flashcore_version_string(), "0.1.0");
+    EXPECT_EQ(FLASHCORE_VERSION_NUMBER, 200);
+    EXPECT_STREQ(flashcore_version_string(), "0.2.0");
 }
 
 TEST(Status, EveryStatusHasItsOwnString) {
@@ -78,12 +157,12 @@ TEST(ErrorMessage, SetOnFailureClearedOnSuccess) {
 
 TEST(ErrorMessage, IsPerThread) {
     flashcore_forward_params p = valid_params();
-    p.head_dim = 80;
+    p.head_dim = 100;
     EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_UNSUPPORTED);
     std::string other_thread_message = "unset";
     std::thread([&] { other_thread_message = flashcore_last_error_message(); }).join();
     EXPECT_EQ(other_thread_message, "");
-    EXPECT_NE(std::string(flashcore_last_error_message()).find("head_dim 80"), std::string::npos);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("head_dim 100"), std::string::npos);
 }
 
 TEST(Params, InitSetsSizeAndDefaults) {
@@ -97,8 +176,9 @@ TEST(Params, InitSetsSizeAndDefaults) {
     EXPECT_EQ(p.q, nullptr);
     EXPECT_EQ(p.lse, nullptr);
     EXPECT_EQ(p.out_head_stride, 0);
+    EXPECT_EQ(p.head_dim_v, 0);  // same as head_dim
     EXPECT_EQ(flashcore_forward_params_init(nullptr, sizeof p), FLASHCORE_STATUS_INVALID_ARGUMENT);
-    EXPECT_EQ(flashcore_forward_params_init(&p, sizeof p - 8), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(flashcore_forward_params_init(&p, kParamsSizeV0_1 - 8), FLASHCORE_STATUS_INVALID_ARGUMENT);
     EXPECT_NE(std::string(flashcore_last_error_message()).find("smaller than flashcore_forward_params"),
               std::string::npos);
 }
@@ -144,6 +224,45 @@ TEST(Params, ContiguousStrides) {
     EXPECT_EQ(flashcore_set_contiguous_strides(nullptr, FLASHCORE_LAYOUT_BHSD), FLASHCORE_STATUS_INVALID_ARGUMENT);
 }
 
+// v and out have head_dim_v columns, q and k head_dim.
+TEST(Params, ContiguousStridesWithHeadDimV) {
+    SKIP_UNLESS_BUILT_FOR(192, 128);
+    flashcore_forward_params p = valid_params();  // B=2, Sq=100, Sk=300, Hq=8, Hkv=2
+    p.head_dim = 192;
+    p.head_dim_v = 128;
+    ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BHSD), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_EQ(p.q_seq_stride, 192);
+    EXPECT_EQ(p.q_head_stride, 100 * 192);
+    EXPECT_EQ(p.k_head_stride, 300 * 192);
+    EXPECT_EQ(p.k_batch_stride, 2 * 300 * 192);
+    EXPECT_EQ(p.v_seq_stride, 128);
+    EXPECT_EQ(p.v_head_stride, 300 * 128);
+    EXPECT_EQ(p.v_batch_stride, 2 * 300 * 128);
+    EXPECT_EQ(p.out_seq_stride, 128);
+    EXPECT_EQ(p.out_head_stride, 100 * 128);
+    EXPECT_EQ(p.out_batch_stride, 8 * 100 * 128);
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_EQ(p.q_head_stride, 192);
+    EXPECT_EQ(p.q_seq_stride, 8 * 192);
+    EXPECT_EQ(p.k_seq_stride, 2 * 192);
+    EXPECT_EQ(p.v_head_stride, 128);
+    EXPECT_EQ(p.v_seq_stride, 2 * 128);
+    EXPECT_EQ(p.v_batch_stride, 300 * 2 * 128);
+    EXPECT_EQ(p.out_head_stride, 128);
+    EXPECT_EQ(p.out_seq_stride, 8 * 128);
+    EXPECT_EQ(p.out_batch_stride, 100 * 8 * 128);
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    // 0: the same as head_dim.
+    p.head_dim_v = 0;
+    ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_EQ(p.v_seq_stride, 2 * 192);
+    EXPECT_EQ(p.out_seq_stride, 8 * 192);
+    p.head_dim_v = -8;
+    EXPECT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("head_dim_v (-8)"), std::string::npos);
+}
+
 TEST(Validation, ValidParamsPass) {
     flashcore_forward_params p = valid_params();
     EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
@@ -159,6 +278,111 @@ TEST(Validation, ValidParamsPass) {
     p.k_batch_stride = 0;
     p.v_batch_stride = 0;
     EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+}
+
+// Head dims without a kernel of their own run on the first listed pair that
+// covers them (the default build: 80 on (96, 96), 112 on (128, 128),
+// (160, 128) on (192, 128), (64, 128) on (128, 128), 8 on (32, 32)).
+TEST(Validation, HeadDimsRoundUpToACoveringKernel) {
+    if (!default_head_dims_built()) {
+        GTEST_SKIP() << "this build was configured with FLASHCORE_HEAD_DIMS and lists only "
+                     << pairs_text(supported_pairs()) << "; Validation.EveryHeadDimPair covers it";
+    }
+    const HeadDimPair calls[] = {{80, 0}, {112, 0}, {160, 128}, {64, 128}, {8, 0}, {8, 256}, {248, 8}, {256, 0}};
+    for (const HeadDimPair &call : calls) {
+        flashcore_forward_params p = valid_params();
+        p.head_dim = call.first;
+        p.head_dim_v = call.second;
+        ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+        EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS)
+            << "head_dim " << call.first << ", head_dim_v " << call.second << ": " << flashcore_last_error_message();
+    }
+}
+
+// Every pair of head dims up to past the largest listed: accepted exactly
+// when the documented rule finds a covering pair; otherwise UNSUPPORTED with a
+// message that lists the pairs this build has.
+TEST(Validation, EveryHeadDimPair) {
+    const std::vector<HeadDimPair> pairs = supported_pairs();
+    ASSERT_FALSE(pairs.empty());
+    int32_t largest = 0;
+    for (const HeadDimPair &p : pairs) largest = std::max({largest, p.first, p.second});
+    const std::string listed = pairs_text(pairs);
+    for (int32_t head_dim = 4; head_dim <= largest + 16; head_dim += 4) {
+        for (int32_t head_dim_v = 4; head_dim_v <= largest + 16; head_dim_v += 4) {
+            flashcore_forward_params p = valid_params();
+            p.head_dim = head_dim;
+            p.head_dim_v = head_dim_v;
+            ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BHSD), FLASHCORE_STATUS_SUCCESS);
+            const flashcore_status status = flashcore_forward_check(&p);
+            const std::string message = flashcore_last_error_message();
+            if (covered(pairs, head_dim, head_dim_v)) {
+                EXPECT_EQ(status, FLASHCORE_STATUS_SUCCESS) << head_dim << "/" << head_dim_v << ": " << message;
+            } else {
+                EXPECT_EQ(status, FLASHCORE_STATUS_UNSUPPORTED) << head_dim << "/" << head_dim_v;
+                EXPECT_NE(message.find("supported (head_dim, head_dim_v): " + listed + ", and any pair of multiples "
+                                       "of 8 that one of these covers"),
+                          std::string::npos)
+                    << head_dim << "/" << head_dim_v << ": " << message;
+            }
+        }
+    }
+}
+
+// The messages say what is wrong with the call, with this build's limits.
+TEST(Validation, UnsupportedHeadDimMessages) {
+    const std::vector<HeadDimPair> pairs = supported_pairs();
+    int32_t largest = 0, largest_v = 0;
+    for (const HeadDimPair &p : pairs) {
+        largest = std::max(largest, p.first);
+        largest_v = std::max(largest_v, p.second);
+    }
+    const struct {
+        int32_t head_dim, head_dim_v;
+        std::string expected;
+    } cases[] = {
+        {100, 0, "head_dim 100 is not a multiple of 8; supported (head_dim, head_dim_v): " + pairs_text(pairs)},
+        {64, 300, "head_dim_v 300 is not a multiple of 8; supported"},
+        {100, 300, "head_dim 100 is not a multiple of 8;"},
+        {largest + 8, 0, "head_dim " + std::to_string(largest + 8) + " exceeds " + std::to_string(largest) + ";"},
+        {8, largest_v + 8,
+         "head_dim_v " + std::to_string(largest_v + 8) + " exceeds " + std::to_string(largest_v) + ";"},
+    };
+    for (const auto &c : cases) {
+        flashcore_forward_params p = valid_params();
+        p.head_dim = c.head_dim;
+        p.head_dim_v = c.head_dim_v;
+        ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+        EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_UNSUPPORTED);
+        EXPECT_NE(std::string(flashcore_last_error_message()).find(c.expected), std::string::npos)
+            << "expected: " << c.expected << "\nmessage:  " << flashcore_last_error_message();
+    }
+}
+
+// The tensor checks size v and out by head_dim_v, q and k by head_dim.
+TEST(Validation, TensorsOfVAndOutHaveHeadDimV) {
+    SKIP_UNLESS_BUILT_FOR(192, 128);
+    SKIP_UNLESS_BUILT_FOR(64, 128);
+    flashcore_forward_params p = valid_params();
+    p.head_dim = 192;
+    p.head_dim_v = 128;
+    ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+    // Packed heads 128 apart: distinct for 128 columns (they would overlap
+    // were out 192 wide).
+    EXPECT_EQ(p.out_head_stride, 128);
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    p.out_head_stride = 120;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("make elements overlap"), std::string::npos);
+    // Narrow q/k, wide v/out: out heads 64 apart overlap at 128 columns.
+    p = valid_params();
+    p.head_dim = 64;
+    p.head_dim_v = 128;
+    ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    p.out_head_stride = 64;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("out strides"), std::string::npos);
 }
 
 struct InvalidCase {
@@ -184,8 +408,8 @@ TEST_P(InvalidParams, ReturnSpecificStatusAndMessage) {
 
 const InvalidCase kInvalidCases[] = {
     {"struct_size_zero", [](auto &p) { p.struct_size = 0; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "struct_size (0)"},
-    {"struct_size_too_small", [](auto &p) { p.struct_size = sizeof(p) - 8; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
-     "sizeof(flashcore_forward_params)"},
+    {"struct_size_too_small", [](auto &p) { p.struct_size = kParamsSizeV0_1 - 8; },
+     FLASHCORE_STATUS_INVALID_ARGUMENT, "sizeof(flashcore_forward_params)"},
     {"struct_size_garbage", [](auto &p) { p.struct_size = size_t(1) << 40; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
      "not a valid size"},
     {"dtype_zero", [](auto &p) { p.dtype = 0; }, FLASHCORE_STATUS_UNSUPPORTED, "dtype 0 is not supported"},
@@ -201,8 +425,17 @@ const InvalidCase kInvalidCases[] = {
      FLASHCORE_STATUS_INVALID_ARGUMENT, "num_heads_q (12) must be a multiple of num_heads_kv (5)"},
     {"more_kv_heads_than_q", [](auto &p) { p.num_heads_q = 2; p.num_heads_kv = 8; },
      FLASHCORE_STATUS_INVALID_ARGUMENT, "multiple of num_heads_kv (8)"},
-    {"head_dim_80", [](auto &p) { p.head_dim = 80; }, FLASHCORE_STATUS_UNSUPPORTED, "supported head dims: 64, 128"},
-    {"head_dim_256", [](auto &p) { p.head_dim = 256; }, FLASHCORE_STATUS_UNSUPPORTED, "head_dim 256"},
+    {"head_dim_100", [](auto &p) { p.head_dim = 100; }, FLASHCORE_STATUS_UNSUPPORTED,
+     "head_dim 100 is not a multiple of 8"},
+    {"head_dim_4", [](auto &p) { p.head_dim = 4; }, FLASHCORE_STATUS_UNSUPPORTED, "head_dim 4 is not a multiple of 8"},
+    {"head_dim_264", [](auto &p) { p.head_dim = 264; }, FLASHCORE_STATUS_UNSUPPORTED,
+     "head_dim 264 exceeds"},
+    {"head_dim_v_300", [](auto &p) { p.head_dim_v = 300; }, FLASHCORE_STATUS_UNSUPPORTED,
+     "head_dim_v 300 is not a multiple of 8"},
+    {"head_dim_v_264", [](auto &p) { p.head_dim_v = 264; }, FLASHCORE_STATUS_UNSUPPORTED,
+     "head_dim_v 264 exceeds"},
+    {"head_dim_v_negative", [](auto &p) { p.head_dim_v = -8; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "head_dim_v (-8) must be >= 1, or 0 for the same as head_dim"},
     {"seqlen_too_long", [](auto &p) { p.seqlen_k = (1 << 30) + 1; }, FLASHCORE_STATUS_UNSUPPORTED, "at most"},
     {"scale_negative", [](auto &p) { p.softmax_scale = -0.5f; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
      "softmax_scale (-0.5)"},
@@ -252,6 +485,160 @@ TEST(Validation, StructFromNewerHeader) {
     newer.future_field = 42;
     EXPECT_EQ(flashcore_forward_check(&newer.base), FLASHCORE_STATUS_UNSUPPORTED);
     EXPECT_NE(std::string(flashcore_last_error_message()).find("newer flashcore.h"), std::string::npos);
+}
+
+// A 0.1 caller's struct ends before head_dim_v: it is accepted, whatever
+// lies in memory after it is never read or written, and head_dim_v is
+// head_dim for it.
+TEST(Validation, StructFromVersion0_1) {
+    alignas(flashcore_forward_params) unsigned char memory[sizeof(flashcore_forward_params) + 16];
+    std::memset(memory, 0xAB, sizeof memory);  // as head_dim_v, 0xABABABAB is negative
+    flashcore_forward_params *p = reinterpret_cast<flashcore_forward_params *>(memory);
+    ASSERT_EQ(flashcore_forward_params_init(p, kParamsSizeV0_1), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    EXPECT_EQ(p->struct_size, kParamsSizeV0_1);
+    for (size_t i = kParamsSizeV0_1; i < sizeof memory; ++i) ASSERT_EQ(memory[i], 0xAB) << "init wrote byte " << i;
+    p->batch_size = 2;
+    p->seqlen_q = 100;
+    p->seqlen_k = 300;
+    p->num_heads_q = 8;
+    p->num_heads_kv = 2;
+    p->head_dim = 64;
+    p->q = fake_pointer(0x10000);
+    p->k = fake_pointer(0x20000);
+    p->v = fake_pointer(0x30000);
+    p->out = fake_pointer(0x40000);
+    ASSERT_EQ(flashcore_set_contiguous_strides(p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    EXPECT_EQ(p->v_seq_stride, 2 * 64);
+    EXPECT_EQ(p->out_seq_stride, 8 * 64);
+    EXPECT_EQ(p->out_batch_stride, 100 * 8 * 64);
+    for (size_t i = kParamsSizeV0_1; i < sizeof memory; ++i) ASSERT_EQ(memory[i], 0xAB) << "strides wrote byte " << i;
+    EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    // Its out is head_dim wide: heads 32 apart overlap.
+    p->out_head_stride = 32;
+    EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("make elements overlap"), std::string::npos);
+    // One byte less than 0.1's struct is not a struct of any version.
+    p->struct_size = kParamsSizeV0_1 - 1;
+    EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_INVALID_ARGUMENT);
+}
+
+// A newer header may put a field where this library's struct has only
+// padding: a caller whose struct is larger than ours is refused when it sets
+// any byte past head_dim_v; one of our own size is not (its padding is not
+// looked at).
+TEST(Validation, StructFromNewerHeaderWithAFieldInOurPadding) {
+    constexpr size_t kKnownEnd = offsetof(flashcore_forward_params, head_dim_v) + sizeof(int32_t);
+    alignas(flashcore_forward_params) unsigned char memory[sizeof(flashcore_forward_params) + 16] = {};
+    const flashcore_forward_params valid = valid_params();
+    std::memcpy(memory, &valid, kKnownEnd);
+    flashcore_forward_params *p = reinterpret_cast<flashcore_forward_params *>(memory);
+    p->struct_size = sizeof memory;
+    EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    for (size_t at : {kKnownEnd, sizeof(flashcore_forward_params), sizeof memory - 1}) {
+        memory[at] = 1;
+        EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_UNSUPPORTED) << "byte " << at;
+        EXPECT_NE(std::string(flashcore_last_error_message()).find("newer flashcore.h"), std::string::npos);
+        memory[at] = 0;
+    }
+    if (kKnownEnd < sizeof(flashcore_forward_params)) {
+        p->struct_size = sizeof(flashcore_forward_params);
+        memory[kKnownEnd] = 0xAB;
+        EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    }
+}
+
+TEST(SupportedHeadDims, SizingCallWritesOnlyTheCount) {
+    size_t count = 12345;
+    EXPECT_EQ(flashcore_supported_head_dims(nullptr, nullptr, 0, &count), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_GE(count, 1u);
+    EXPECT_LT(count, 12345u);
+    EXPECT_STREQ(flashcore_last_error_message(), "");
+    // Arrays with capacity 0 are not written either.
+    int32_t dims[1] = {-1}, dims_v[1] = {-1};
+    size_t again = 0;
+    EXPECT_EQ(flashcore_supported_head_dims(dims, dims_v, 0, &again), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_EQ(again, count);
+    EXPECT_EQ(dims[0], -1);
+    EXPECT_EQ(dims_v[0], -1);
+}
+
+TEST(SupportedHeadDims, FullCallListsSortedDistinctPairs) {
+    size_t count = 0;
+    ASSERT_EQ(flashcore_supported_head_dims(nullptr, nullptr, 0, &count), FLASHCORE_STATUS_SUCCESS);
+    // Room for two more than needed: they stay untouched.
+    std::vector<int32_t> dims(count + 2, -1), dims_v(count + 2, -1);
+    size_t written = 0;
+    ASSERT_EQ(flashcore_supported_head_dims(dims.data(), dims_v.data(), dims.size(), &written),
+              FLASHCORE_STATUS_SUCCESS);
+    EXPECT_EQ(written, count);
+    for (size_t i = 0; i < count; ++i) {
+        EXPECT_EQ(dims[i] % 8, 0) << i;
+        EXPECT_EQ(dims_v[i] % 8, 0) << i;
+        EXPECT_GE(dims[i], 8) << i;
+        EXPECT_LE(dims[i], 256) << i;
+        EXPECT_GE(dims_v[i], 8) << i;
+        EXPECT_LE(dims_v[i], 256) << i;
+        if (i > 0) {
+            EXPECT_LT(HeadDimPair(dims[i - 1], dims_v[i - 1]), HeadDimPair(dims[i], dims_v[i])) << "unsorted at " << i;
+        }
+    }
+    for (size_t i = count; i < dims.size(); ++i) {
+        EXPECT_EQ(dims[i], -1) << "wrote past the pairs, at " << i;
+        EXPECT_EQ(dims_v[i], -1) << "wrote past the pairs, at " << i;
+    }
+    // Every listed pair runs.
+    for (size_t i = 0; i < count; ++i) {
+        flashcore_forward_params p = valid_params();
+        p.head_dim = dims[i];
+        p.head_dim_v = dims_v[i];
+        ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BHSD), FLASHCORE_STATUS_SUCCESS);
+        EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    }
+}
+
+TEST(SupportedHeadDims, TruncatedCallWritesCapacityPairs) {
+    const std::vector<HeadDimPair> pairs = supported_pairs();
+    ASSERT_GE(pairs.size(), 1u);
+    const size_t capacity = pairs.size() - 1;
+    std::vector<int32_t> dims(pairs.size(), -1), dims_v(pairs.size(), -1);
+    size_t count = 0;
+    ASSERT_EQ(flashcore_supported_head_dims(dims.data(), dims_v.data(), capacity, &count),
+              FLASHCORE_STATUS_SUCCESS);
+    EXPECT_EQ(count, pairs.size());
+    for (size_t i = 0; i < capacity; ++i) EXPECT_EQ(HeadDimPair(dims[i], dims_v[i]), pairs[i]) << i;
+    EXPECT_EQ(dims[capacity], -1);
+    EXPECT_EQ(dims_v[capacity], -1);
+}
+
+TEST(SupportedHeadDims, NullArguments) {
+    int32_t dims[8], dims_v[8];
+    EXPECT_EQ(flashcore_supported_head_dims(dims, dims_v, 8, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_STREQ(flashcore_last_error_message(), "count is NULL");
+    size_t count = 12345;
+    EXPECT_EQ(flashcore_supported_head_dims(nullptr, dims_v, 8, &count), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("head_dims is NULL"), std::string::npos);
+    EXPECT_EQ(flashcore_supported_head_dims(dims, nullptr, 8, &count), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("head_dims_v is NULL"), std::string::npos);
+    EXPECT_EQ(count, 12345u) << "a failed call wrote the count";
+}
+
+// The default build has exactly the header's documented list; a build
+// configured with FLASHCORE_HEAD_DIMS has a part of it.
+TEST(SupportedHeadDims, ListsThisBuildsKernels) {
+    const std::vector<HeadDimPair> pairs = supported_pairs();
+#ifdef FLASHCORE_TEST_HAS_KERNEL_LIST
+    EXPECT_EQ(pairs, generated_head_dims()) << pairs_text(pairs) << " vs " << pairs_text(generated_head_dims());
+#endif
+    if (pairs != kDefaultHeadDims) {
+        for (const HeadDimPair &p : pairs) {
+            EXPECT_NE(std::find(kDefaultHeadDims.begin(), kDefaultHeadDims.end(), p), kDefaultHeadDims.end())
+                << "(" << p.first << ", " << p.second << ") is not in the default list";
+        }
+        GTEST_SKIP() << "this build lists " << pairs_text(pairs) << ", a part of the default "
+                     << pairs_text(kDefaultHeadDims) << " (configured with FLASHCORE_HEAD_DIMS)";
+    }
 }
 
 TEST(Handle, NullArguments) {
