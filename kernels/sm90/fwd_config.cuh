@@ -8,9 +8,10 @@
 //   64           128   3       2       TMA store  ~144 KB (a third stage made tput-2k 4-6% faster)
 //   96           128   3       2       TMA store  ~216 KB
 //   128          128   2       2       TMA store  ~225 KB (a third stage does not fit)
-//   192 / 128    64    2       2       TMA store  ~208 KB
+//   192 / 128    96    2       2       registers  ~217 KB (against 64-key tiles, 2 stages, TMA store:
+//                                                   0.90-1.0 of the time, H100)
 //   256          48    3       1       registers  ~209 KB (O alone is 128 registers a thread; 64-key
-//                                                   tiles spill)
+//                                                   tiles spill; two Q buffers and two stages: no gain)
 //
 // Two Q buffers let the next block's Q load, and its first S = Q*K^T start,
 // while the current block finishes.
@@ -24,13 +25,13 @@ namespace flashcore::sm90 {
 
 template <DType kDType, int kHeadDim, int kHeadDimV>
 struct Sm90Config {
-    static constexpr bool kLarge = kHeadDim > 128;
-    static constexpr bool kHuge = kHeadDimV > 128;
+    static constexpr bool kLarge = kHeadDim > 128;    // 192, 256: two K/V stages, O stored from registers
+    static constexpr bool kHuge = kHeadDimV > 128;    // 256: 48-key tiles, one Q buffer
     using Traits = Sm90Traits<typename ElementOf<kDType>::type, kHeadDim, kHeadDimV,
-                              /*kBlockN=*/kHuge ? 48 : kLarge ? 64 : 128,
+                              /*kBlockN=*/kHuge ? 48 : kLarge ? 96 : 128,
                               /*kStages=*/kHeadDim == 128 || (kLarge && !kHuge) ? 2 : 3,
                               /*kQStages=*/kHuge ? 1 : 2,
-                              kHuge ? OutputPath::kRegisters : OutputPath::kTmaStore>;
+                              kLarge ? OutputPath::kRegisters : OutputPath::kTmaStore>;
 };
 
 }  // namespace flashcore::sm90
