@@ -8,8 +8,9 @@
 // kLargeTiles, for grids that fill the GPU: 128 query rows, 4 warps of two
 // m16 tiles each, so every K/V fragment read from shared memory feeds two
 // MMAs. From head_dim 96 on, 32-key tiles keep the live S tile small enough
-// to fit 255 registers without spilling; at 256 the O accumulators alone are
-// 128 registers per 16 rows, so the block has 64 rows.
+// to fit 255 registers without spilling; past 128 the blocks have 64 rows (at
+// 192 x 128 the 128-row block spills on sm_90, and at 256 the O accumulators
+// alone are 128 registers per 16 rows).
 //
 // kKeySplit, for small problems: 64 query rows, two groups of 4 warps
 // splitting the key tiles between them, so each warp's serial chain of tiles
@@ -31,7 +32,7 @@ struct FwdConfig;
 //           QInRegisters>
 template <DType kDType, int kHeadDim, int kHeadDimV>
 struct FwdConfig<kDType, kHeadDim, kHeadDimV, FwdVariant::kLargeTiles> {
-    static constexpr int kBlockM = kHeadDim <= 192 ? 128 : 64;
+    static constexpr int kBlockM = kHeadDim <= 128 ? 128 : 64;
     static constexpr int kBlockN = kHeadDim <= 64 ? 64 : 32;
     using Traits = FwdTraits<typename ElementOf<kDType>::type, kHeadDim, kHeadDimV, kBlockM, kBlockN, 4, 1, 2, 255,
                              kHeadDim <= 64>;
