@@ -16,6 +16,11 @@ namespace flashcore {
 // Stages the output fragments of the threads that hold them (holds_fragments)
 // through shared memory, then all the CTA's threads copy the tile out: its
 // valid_rows rows, valid_vectors 16-byte vectors of each.
+//
+// smem_o is Q's tile, and O's rows are laid out with Q's row pitch
+// (head_dim, not head_dim_v): each warp then writes only within its own
+// rows of Q, which no other warp reads, so no barrier is needed between the
+// last Q*K^T and these writes.
 template <typename Traits>
 __device__ __forceinline__ void store_output(const float (&out)[Traits::kMAtoms][Traits::kNAtomsO][4],
                                              bool holds_fragments, typename Traits::Element *smem_o,
@@ -32,7 +37,7 @@ __device__ __forceinline__ void store_output(const float (&out)[Traits::kMAtoms]
 #pragma unroll
                 for (int n = 0; n < Traits::kNAtomsO; ++n) {
                     const int col = n * kMmaN + frag_col(lane);
-                    const int offset = swizzled_offset<Traits::kHeadDimV>(row, col / kElemsPerVector) +
+                    const int offset = swizzled_offset<Traits::kHeadDim>(row, col / kElemsPerVector) +
                                        col % kElemsPerVector;
                     *reinterpret_cast<uint32_t *>(smem_o + offset) =
                         pack2<Element>(out[m][n][half * 2], out[m][n][half * 2 + 1]);
@@ -41,8 +46,8 @@ __device__ __forceinline__ void store_output(const float (&out)[Traits::kMAtoms]
         }
     }
     __syncthreads();
-    store_tile<Element, Traits::kHeadDimV, Traits::kBlockM, Traits::kNumThreads>(gmem_o, out_seq_stride, smem_o,
-                                                                                 valid_rows, valid_vectors, tid);
+    store_tile<Element, Traits::kHeadDim, Traits::kHeadDimV / kElemsPerVector, Traits::kBlockM, Traits::kNumThreads>(
+        gmem_o, out_seq_stride, smem_o, valid_rows, valid_vectors, tid);
 }
 
 }  // namespace flashcore

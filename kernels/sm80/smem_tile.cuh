@@ -140,20 +140,21 @@ __device__ __forceinline__ void load_tile_async(Element *smem, const Element *gm
     }
 }
 
-// Copies rows [0, valid_rows), vectors [0, valid_vectors) of a shared tile to
+// Copies rows [0, valid_rows), vectors [0, valid_vectors) of a shared tile
+// (rows of kRowElems, of which the first kCopyVectors vectors are copied) to
 // global memory with 16-byte stores, by kThreads threads. The caller
 // synchronises the CTA before calling.
-template <typename Element, int kRowElems, int kRows, int kThreads>
+template <typename Element, int kRowElems, int kCopyVectors, int kRows, int kThreads>
 __device__ __forceinline__ void store_tile(Element *gmem, int64_t row_stride, const Element *smem, int valid_rows,
                                            int valid_vectors, int tid) {
-    constexpr int kVectorsPerRow = kRowElems / kElemsPerVector;
-    constexpr int kVectors = kRows * kVectorsPerRow;
+    constexpr int kVectors = kRows * kCopyVectors;
     static_assert(kVectors % kThreads == 0, "tile vectors must divide evenly among the threads");
+    static_assert(kCopyVectors <= kRowElems / kElemsPerVector, "the copied vectors are a prefix of the row");
 #pragma unroll
     for (int i = 0; i < kVectors / kThreads; ++i) {
         const int idx = tid + i * kThreads;
-        const int row = idx / kVectorsPerRow;
-        const int vec = idx % kVectorsPerRow;
+        const int row = idx / kCopyVectors;
+        const int vec = idx % kCopyVectors;
         if (row < valid_rows && vec < valid_vectors) {
             const uint4 value = *reinterpret_cast<const uint4 *>(smem + swizzled_offset<kRowElems>(row, vec));
             *reinterpret_cast<uint4 *>(gmem + row * row_stride + vec * kElemsPerVector) = value;
