@@ -33,13 +33,14 @@ int64_t num_blocks(const flashcore_forward_params &p, const KernelEntry &kernel)
 
 // The portable kernel for the call: the pinned variant where the environment
 // asks for one and the build has it for these head dims (not every head dim
-// has every variant: kernels/fwd_variants.list), else by grid size. Large tiles do the most work per byte read
-// from shared memory, but a CTA walks its key tiles one after another: when
-// the grid does not fill every SM's CTA slots once, finishing sooner matters
-// more than efficiency, and the key-split variant (half the serial chain per
-// warp) wins. Measured crossovers are in docs/perf-notes.md. Where the
-// key-split variant needs more shared memory than the device offers, the
-// large tiles serve every size.
+// has every variant: kernels/fwd_variants.list), else by grid size. Large
+// tiles do the most work per byte read from shared memory, but a CTA walks
+// its key tiles one after another: when the grid does not fill every SM's CTA
+// slots once, finishing sooner matters more than efficiency, and the
+// key-split variant (half the serial chain per warp) wins. Measured
+// crossovers are in docs/perf-notes.md. Where the key-split variant needs
+// more shared memory than the device offers, the large tiles serve every
+// size.
 flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype,
                              HeadDims dims, const KernelEntry **chosen) {
     if (handle.env.forced_variant) {
@@ -50,7 +51,8 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
     const KernelEntry *key_split = find_kernel(KernelPath::kSm80, dtype, dims, FwdVariant::kKeySplit);
     if (large != nullptr && num_blocks(p, *large) >= int64_t(handle.num_sms) * kLargeTileCtasPerSm) {
         *chosen = large;
-    } else if (key_split != nullptr && (large == nullptr || key_split->info().smem_bytes <= handle.max_smem_per_block)) {
+    } else if (key_split != nullptr &&
+               (large == nullptr || key_split->info().smem_bytes <= handle.max_smem_per_block)) {
         *chosen = key_split;
     } else {
         *chosen = large;

@@ -12,8 +12,7 @@ namespace {
 #define FLASHCORE_FWD_KERNEL(path, dtype, head_dim, head_dim_v, variant)                               \
     KernelEntry{FLASHCORE_KERNEL_PATH_##path,                                                          \
                 DType::dtype,                                                                          \
-                head_dim,                                                                              \
-                head_dim_v,                                                                            \
+                HeadDims{head_dim, head_dim_v},                                                        \
                 FwdVariant::variant,                                                                   \
                 &run_fwd_##path<DType::dtype, head_dim, head_dim_v, FwdVariant::variant>,              \
                 &fwd_info_##path<DType::dtype, head_dim, head_dim_v, FwdVariant::variant>},
@@ -38,7 +37,7 @@ constexpr HeadDimTable make_supported_head_dims() {
     HeadDimTable table{};
     for (const KernelEntry &e : kKernels) {
         if (e.path != KernelPath::kSm80) continue;
-        const HeadDims dims{e.head_dim, e.head_dim_v};
+        const HeadDims dims = e.dims;
         size_t at = 0;
         while (at < table.count && table.pairs[at] < dims) ++at;
         if (at < table.count && table.pairs[at] == dims) continue;
@@ -53,8 +52,7 @@ constexpr HeadDimTable kSupportedHeadDims = make_supported_head_dims();
 
 constexpr bool has_sm80_twin(const KernelEntry &e) {
     for (const KernelEntry &other : kKernels) {
-        if (other.path == KernelPath::kSm80 && other.dtype == e.dtype && other.head_dim == e.head_dim &&
-            other.head_dim_v == e.head_dim_v) {
+        if (other.path == KernelPath::kSm80 && other.dtype == e.dtype && other.dims == e.dims) {
             return true;
         }
     }
@@ -63,8 +61,9 @@ constexpr bool has_sm80_twin(const KernelEntry &e) {
 
 constexpr bool every_kernel_is_well_formed() {
     for (const KernelEntry &e : kKernels) {
-        if (e.head_dim < kHeadDimMultiple || e.head_dim % kHeadDimMultiple != 0) return false;
-        if (e.head_dim_v < kHeadDimMultiple || e.head_dim_v % kHeadDimMultiple != 0) return false;
+        for (const int32_t dim : {e.dims.head_dim, e.dims.head_dim_v}) {
+            if (dim < kHeadDimMultiple || dim % kHeadDimMultiple != 0) return false;
+        }
         if (!has_sm80_twin(e)) return false;
     }
     return true;
@@ -76,8 +75,6 @@ static_assert(every_kernel_is_well_formed(),
               "kernel of the same dtype and head dims");
 
 }  // namespace
-
-Span<KernelEntry> kernel_entries() { return {kKernels, kNumKernels}; }
 
 Span<HeadDims> supported_head_dims() { return {kSupportedHeadDims.pairs, kSupportedHeadDims.count}; }
 
@@ -93,8 +90,7 @@ bool covering_head_dims(HeadDims call, HeadDims *kernel) {
 
 const KernelEntry *find_kernel(KernelPath path, DType dtype, HeadDims kernel, FwdVariant variant) {
     for (const KernelEntry &e : kKernels) {
-        if (e.path == path && e.dtype == dtype && HeadDims{e.head_dim, e.head_dim_v} == kernel &&
-            e.variant == variant) {
+        if (e.path == path && e.dtype == dtype && e.dims == kernel && e.variant == variant) {
             return &e;
         }
     }

@@ -34,8 +34,7 @@ constexpr bool operator<(HeadDims a, HeadDims b) {
 struct KernelEntry {
     KernelPath path;
     DType dtype;
-    int32_t head_dim;
-    int32_t head_dim_v;
+    HeadDims dims;
     FwdVariant variant;
     cudaError_t (*run)(const FwdKernelParams &, const FwdLaunchOptions &, cudaStream_t);
     FwdKernelInfo (*info)();
@@ -49,9 +48,6 @@ struct Span {
     const T *begin() const { return data; }
     const T *end() const { return data + size; }
 };
-
-// Every kernel of this build, in list order.
-Span<KernelEntry> kernel_entries();
 
 // The head dims the sm80 kernels have (every sm90 kernel has an sm80 twin
 // with its head dims, so these are what every supported GPU runs), sorted by

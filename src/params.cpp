@@ -70,7 +70,9 @@ float effective_softmax_scale(const flashcore_forward_params &p) {
     return p.softmax_scale == FLASHCORE_SOFTMAX_SCALE_DEFAULT ? 1.f / std::sqrt(float(p.head_dim)) : p.softmax_scale;
 }
 
-int32_t effective_head_dim_v(const flashcore_forward_params &p) { return p.head_dim_v == 0 ? p.head_dim : p.head_dim_v; }
+int32_t effective_head_dim_v(const flashcore_forward_params &p) {
+    return p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
+}
 
 void set_contiguous_strides(flashcore_forward_params *strides, const flashcore_forward_params &p,
                             flashcore_layout layout) {
