@@ -64,7 +64,7 @@ struct SwizzledRowSteps {
     static constexpr int kVectors = kRowElems / kElemsPerVector;
     static constexpr int kFullSteps = kVectors / kSwizzleGroupVectors * kSwizzleGroupVectors / 2;
     static constexpr bool kHasHalfGroup = kVectors % kSwizzleGroupVectors != 0;
-    static constexpr bool kRowsAligned = kVectors % kSwizzleGroupVectors == 0;
+    static constexpr bool kRowsAligned = !kHasHalfGroup;  // rows a multiple of 128 bytes
     uint32_t row_base;   // byte offset of the row (0 where kRowsAligned: it is in full_base)
     uint32_t full_base;  // offset of vector b
     uint32_t half_base;  // byte offset of vector F + b, row included (rows that end in a half group)

@@ -84,7 +84,8 @@ __device__ __forceinline__ void store_rows_from_registers(const FwdKernelParams 
 #pragma unroll
         for (int n = 0; n < Traits::kHeadDimV / kMmaN; ++n) {
             if (n * kMmaN + frag_col(lane) < p.head_dim_v) {
-                *reinterpret_cast<uint32_t *>(row_out + n * kMmaN) = pack2<Element>(out[n][half * 2], out[n][half * 2 + 1]);
+                *reinterpret_cast<uint32_t *>(row_out + n * kMmaN) =
+                    pack2<Element>(out[n][half * 2], out[n][half * 2 + 1]);
             }
         }
     }
