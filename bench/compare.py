@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Compare flashcore with PyTorch's fused attention backends on one GPU.
+"""Compare flashcore with FlashAttention 3 and PyTorch's fused attention backends on one GPU.
 
 flashcore is called through its public C API via the project's ctypes package
 (bindings/python, ``import flashcore``; the shared library is found through
 FLASHCORE_LIBRARY, which --library sets). PyTorch's scaled_dot_product_attention
 is pinned to one backend at a time (flash, efficient, cuDNN) with
-torch.nn.attention.sdpa_kernel. Every backend sees the same input tensors and is
-timed the same way:
+torch.nn.attention.sdpa_kernel. FlashAttention 3 ("fa3") is optional: it comes
+from the third-party fa3-fwd wheel (forward only, bf16/fp8 kernels only, so fp16
+cases are n/a for it), never vendored here; when it cannot be imported it is
+left out with the import error shown once. Every backend sees the same input
+tensors and is timed the same way:
 
   * K calls, rotating over the buffer sets, are captured in one
     torch.cuda.CUDAGraph; the graph is replayed twice to warm up, then R times,
@@ -22,18 +25,29 @@ q and k and Dv that of v and out (--head-dim-v; 2*D for Q*K^T and 2*Dv for P*V
 per pair), which is the usual 4*B*Hq*D*pairs when Dv == D. The pairs: Sq*Sk
 without a mask; with the causal mask (aligned bottom-right, as in flashcore.h
 and FlashAttention >= 2.1) the pairs actually visible, S(S+1)/2 when Sq == Sk.
+Decode cases (a decode preset, or seqlen_q <= 16) are judged on DRAM bandwidth:
+they also report the K/V bytes read per second, B*Hkv*Sk*(D + Dv)*2 / time, in
+TB/s instead of TFLOP/s.
 
 Causal with Sq != Sk: PyTorch's is_causal aligns the mask top-left, so those
-cases call the flash and efficient kernels directly with a bottom-right mask
+cases call the flash kernel directly with a bottom-right mask
 (aten._scaled_dot_product_flash_attention with is_causal, which flash reads as
-bottom-right, and aten._efficient_attention_forward with custom_mask_type 2, as
-torch.nn.attention.bias.causal_lower_right does); cuDNN is reported n/a there.
+bottom-right), the efficient kernel likewise (aten._efficient_attention_forward
+with custom_mask_type 2, as torch.nn.attention.bias.causal_lower_right does)
+when Hq == Hkv, and otherwise (efficient with GQA, cuDNN) pass SDPA an explicit
+bottom-right additive mask [Sq, Sk], built once per case outside the timed
+calls (only for Sq < Sk: with Sq > Sk whole rows see no key). With Sq == 1 the
+bottom-right mask hides nothing, so SDPA gets is_causal=False. GQA (Hq != Hkv):
+SDPA gets enable_gqa=True (K/V are passed with their Hkv heads; no
+repeat_interleave), the direct flash call and FA3 and flashcore take the Hkv
+heads natively. The table's notes say which path each backend took.
 
-Once per case, flashcore's output (and every other backend's) is compared with
-the flash backend's output (max abs diff); when flash cannot run the case (it
-needs Dv == D), with the efficient backend's, else with an fp32 reference when
-the score matrix is small enough. Backends that refuse a case (e.g. flash with
-Dv != D) are reported n/a with PyTorch's reason.
+Once per case, every backend's output is compared with the flash backend's
+output (max abs diff); when flash cannot run the case (it needs Dv == D), with
+the efficient backend's, else with an fp32 reference when the score matrix is
+small enough. Backends that refuse a case (e.g. flash with Dv != D) are reported
+n/a with the reason. fc/peer is flashcore's speedup over the best of FA3, cuDNN
+and PyTorch's flash backend for that case.
 
 Run ``python3 bench/compare.py --help`` for the options. Exit status: 0 ok, 1 a
 flashcore output check failed or flashcore failed a case others ran, 2 no GPU,
@@ -43,6 +57,7 @@ PyTorch or flashcore package, or a bad command line.
 import argparse
 import dataclasses
 import importlib
+import inspect
 import json
 import math
 import os
@@ -62,32 +77,92 @@ except ImportError as _torch_error:  # reported by main(); --help still works
 
 REPO = Path(__file__).resolve().parent.parent
 
-# (name, batch, heads, seqlen, head_dim, head_dim_v); keep in step with kPresets in flashcore_bench.cpp.
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """One benchmark shape. heads_kv 0 means heads (MHA); seqlen_k 0 means seqlen_q."""
+    name: str
+    batch: int
+    heads: int
+    seqlen_q: int
+    head_dim: int
+    head_dim_v: int
+    heads_kv: int = 0
+    seqlen_k: int = 0
+    kind: str = "prefill"  # "prefill", "decode" (judged on K/V bandwidth) or "chunk" (chunked prefill)
+
+    @property
+    def kv_heads(self):
+        return self.heads_kv or self.heads
+
+    @property
+    def keys(self):
+        return self.seqlen_k or self.seqlen_q
+
+    @property
+    def shape(self):
+        """BxH[/Hkv]xS[/Sk]xD[/Dv], as --help and --list print it."""
+        heads = f"{self.heads}" if self.kv_heads == self.heads else f"{self.heads}/{self.kv_heads}"
+        seq = f"{self.seqlen_q}" if self.keys == self.seqlen_q else f"{self.seqlen_q}/{self.keys}"
+        dims = f"{self.head_dim}" if self.head_dim_v == self.head_dim else f"{self.head_dim}/{self.head_dim_v}"
+        return f"{self.batch}x{heads}x{seq}x{dims}"
+
+
+# The prefill presets (Sq == Sk, Hq == Hkv) are kPresets in flashcore_bench.cpp: keep them in step. The
+# decode and chunked-prefill presets (issue 13's serving shapes) are compare.py's own; flashcore_bench
+# reaches them with --batch/--heads/--heads-kv/--seqlen-q/--seqlen-k.
 PRESETS = [
-    ("mission", 1, 8, 512, 64, 64),
-    ("short", 1, 8, 256, 64, 64),
-    ("long", 1, 8, 1024, 64, 64),
-    ("tput-2k-d64", 16, 16, 2048, 64, 64),
-    ("tput-8k-d64", 4, 16, 8192, 64, 64),
-    ("tput-16k-d64", 2, 16, 16384, 64, 64),
-    ("tput-2k-d128", 16, 16, 2048, 128, 128),
-    ("tput-8k-d128", 4, 16, 8192, 128, 128),
-    ("tput-16k-d128", 2, 16, 16384, 128, 128),
+    Preset("mission", 1, 8, 512, 64, 64),
+    Preset("short", 1, 8, 256, 64, 64),
+    Preset("long", 1, 8, 1024, 64, 64),
+    Preset("tput-2k-d64", 16, 16, 2048, 64, 64),
+    Preset("tput-8k-d64", 4, 16, 8192, 64, 64),
+    Preset("tput-16k-d64", 2, 16, 16384, 64, 64),
+    Preset("tput-2k-d128", 16, 16, 2048, 128, 128),
+    Preset("tput-8k-d128", 4, 16, 8192, 128, 128),
+    Preset("tput-16k-d128", 2, 16, 16384, 128, 128),
     # Issue 12's head dims: 96 (also with 32 heads at 4k), DeepSeek-style 192/128, 256 and 32.
-    ("tput-2k-d96", 16, 16, 2048, 96, 96),
-    ("tput-8k-d96", 4, 16, 8192, 96, 96),
-    ("tput-4k-h32-d96", 4, 32, 4096, 96, 96),
-    ("tput-2k-d192", 16, 16, 2048, 192, 128),
-    ("tput-8k-d192", 4, 16, 8192, 192, 128),
-    ("tput-2k-d256", 16, 16, 2048, 256, 256),
-    ("tput-8k-d256", 4, 16, 8192, 256, 256),
-    ("tput-2k-d32", 16, 16, 2048, 32, 32),
-    ("tput-8k-d32", 4, 16, 8192, 32, 32),
+    Preset("tput-2k-d96", 16, 16, 2048, 96, 96),
+    Preset("tput-8k-d96", 4, 16, 8192, 96, 96),
+    Preset("tput-4k-h32-d96", 4, 32, 4096, 96, 96),
+    Preset("tput-2k-d192", 16, 16, 2048, 192, 128),
+    Preset("tput-8k-d192", 4, 16, 8192, 192, 128),
+    Preset("tput-2k-d256", 16, 16, 2048, 256, 256),
+    Preset("tput-8k-d256", 4, 16, 8192, 256, 256),
+    Preset("tput-2k-d32", 16, 16, 2048, 32, 32),
+    Preset("tput-8k-d32", 4, 16, 8192, 32, 32),
+    # Issue 13's serving shapes, head_dim 128. Decode: one query row per sequence against a K/V cache of
+    # seqlen_k rows (--seqlen-q 2..16 for speculative decoding), GQA ratios 4 (32/8), 1 (32/32) and 8 (64/8).
+    Preset("decode-b8-8k", 8, 32, 1, 128, 128, heads_kv=8, seqlen_k=8192, kind="decode"),
+    Preset("decode-b1-32k", 1, 32, 1, 128, 128, heads_kv=8, seqlen_k=32768, kind="decode"),
+    Preset("decode-b1-128k", 1, 32, 1, 128, 128, heads_kv=8, seqlen_k=131072, kind="decode"),
+    Preset("decode-b64-1k", 64, 32, 1, 128, 128, heads_kv=8, seqlen_k=1024, kind="decode"),
+    Preset("decode-b16-4k", 16, 32, 1, 128, 128, heads_kv=8, seqlen_k=4096, kind="decode"),
+    Preset("decode-b1-8k-mha", 1, 32, 1, 128, 128, heads_kv=32, seqlen_k=8192, kind="decode"),
+    Preset("decode-b4-16k-gqa4", 4, 32, 1, 128, 128, heads_kv=8, seqlen_k=16384, kind="decode"),
+    Preset("decode-b4-16k-gqa8", 4, 64, 1, 128, 128, heads_kv=8, seqlen_k=16384, kind="decode"),
+    # Chunked prefill: a chunk of new queries against the keys cached so far plus its own (bottom-right causal).
+    Preset("chunk-256-2k", 1, 32, 256, 128, 128, heads_kv=8, seqlen_k=2048, kind="chunk"),
+    Preset("chunk-512-4k", 1, 32, 512, 128, 128, heads_kv=8, seqlen_k=4096, kind="chunk"),
+    Preset("chunk-1k-16k", 1, 32, 1024, 128, 128, heads_kv=8, seqlen_k=16384, kind="chunk"),
 ]
-PRESET_NAMES = [p[0] for p in PRESETS]
+PRESET_NAMES = [p.name for p in PRESETS]
+PRESET_GROUPS = {  # --preset accepts these names too
+    "decode": [p.name for p in PRESETS if p.kind == "decode"],
+    "chunk": [p.name for p in PRESETS if p.kind == "chunk"],
+    "serving": [p.name for p in PRESETS if p.kind != "prefill"],
+}
+# Cases with at most this many query rows count as decode (K/V bandwidth, FA3's KV-cache entry point).
+DECODE_MAX_SEQLEN_Q = 16
 
 SDPA_BACKENDS = ("flash", "efficient", "cudnn")
-ALL_BACKENDS = ("flashcore",) + SDPA_BACKENDS
+ALL_BACKENDS = ("flashcore", "fa3") + SDPA_BACKENDS
+# fc/peer: flashcore against the best of these (FlashAttention 3, cuDNN, PyTorch's flash backend).
+PEERS = ("fa3", "cudnn", "flash")
+# FlashAttention 3 comes from this third-party wheel (never vendored): pip install fa3-fwd==0.0.3.
+FA3_DISTRIBUTION = "fa3-fwd"
+# flashcore.h: FLASHCORE_MAX_NUM_SPLITS.
+MAX_NUM_SPLITS = 128
 # The output every backend is checked against: the first of these that runs the case, else fp32.
 REFERENCES = ("flash", "efficient")
 # Loose: a sanity check against gross errors, not an accuracy test.
@@ -97,6 +172,10 @@ MAX_FP32_REFERENCE_BYTES = 2 << 30
 
 class Unsupported(Exception):
     """A backend that cannot run a case."""
+
+
+class NotApplicable(Unsupported):
+    """A backend that by design does not cover a case (e.g. FA3's wheel and fp16): n/a, not a failure."""
 
 
 @dataclasses.dataclass
@@ -112,6 +191,16 @@ class Case:
     dtype: str
     causal: bool
     layout: str
+    kind: str = "prefill"
+
+    @property
+    def decode(self):
+        """Decode-like: judged on K/V bandwidth; FA3 runs through flash_attn_with_kvcache."""
+        return self.kind == "decode" or self.seqlen_q <= DECODE_MAX_SEQLEN_Q
+
+    def kv_bytes(self):
+        """Bytes of K and V one call reads: B*Hkv*Sk*(D + Dv) elements of 2 bytes."""
+        return 2 * self.batch * self.num_heads_kv * self.seqlen_k * (self.head_dim + self.head_dim_v)
 
     @property
     def label(self):
@@ -156,21 +245,26 @@ def attention_flops(c):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(
-        description="Time flashcore against PyTorch SDPA's flash, efficient and cuDNN backends "
-        "(CUDA-graph replay, same inputs) and print one table.",
+        description="Time flashcore against FlashAttention 3 (optional, from the fa3-fwd wheel) and PyTorch "
+        "SDPA's flash, efficient and cuDNN backends (CUDA-graph replay, same inputs) and print one table.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="presets (BxHxSxD[/Dv]): " + ", ".join(f"{n} ({b}x{h}x{s}x{d}{'' if dv == d else f'/{dv}'})"
-                                                      for n, b, h, s, d, dv in PRESETS),
+        epilog="presets (BxH[/Hkv]xSq[/Sk]xD[/Dv]): " + ", ".join(f"{p.name} ({p.shape})" for p in PRESETS)
+        + "; groups: " + ", ".join(f"{g} ({len(names)} presets)" for g, names in PRESET_GROUPS.items()),
     )
     sel = p.add_argument_group("cases (default: every preset, fp16 and bf16, causal and not)")
-    sel.add_argument("--preset", action="append", metavar="NAME[,NAME]", help="presets to run (repeatable)")
+    sel.add_argument("--preset", action="append", metavar="NAME[,NAME]",
+                     help="presets to run (repeatable); also the groups " + ", ".join(PRESET_GROUPS))
     sel.add_argument("--dtype", default="fp16,bf16", help="fp16, bf16 or both, comma separated")
     sel.add_argument("--mask", default="both", choices=("none", "causal", "both"))
     sel.add_argument("--layout", default="bhsd", choices=("bhsd", "bshd"),
                      help="storage of the inputs; SDPA gets [B,H,S,D] views of the same memory")
-    for flag, what in (("batch", "batch size"), ("heads", "query heads (and key/value heads unless --heads-kv)"),
+    for flag, what in (("batch", "batch size"),
+                       ("heads", "query heads; key/value heads follow at the preset's ratio (the same number for "
+                        "MHA presets) unless --heads-kv"),
                        ("heads-kv", "key/value heads (GQA)"), ("seqlen", "query and key length"),
-                       ("seqlen-q", "query length"), ("seqlen-k", "key length"),
+                       ("seqlen-q", f"query length (1..{DECODE_MAX_SEQLEN_Q} with a decode preset: speculative "
+                        "decoding; any case with at most that many rows counts as decode)"),
+                       ("seqlen-k", "key length"),
                        ("head-dim", "head dimension of q and k (and of v and out unless --head-dim-v)"),
                        ("head-dim-v", "head dimension of v and out (default: --head-dim if given, else the "
                         "preset's)")):
@@ -178,7 +272,11 @@ def parse_args(argv):
                          help=what + "; overrides that field of every selected preset")
     run = p.add_argument_group("timing")
     run.add_argument("--backends", default=",".join(ALL_BACKENDS),
-                     help="comma list from " + ", ".join(ALL_BACKENDS) + " (default: all)")
+                     help="comma list from " + ", ".join(ALL_BACKENDS) + " (default: all; fa3 is left out, "
+                     "with the reason, when its wheel cannot be imported)")
+    run.add_argument("--num-splits", type=num_splits_arg, metavar="N",
+                     help=f"flashcore only: split-KV parts (1 never split, 2..{MAX_NUM_SPLITS} forced, 0 the "
+                     "library's heuristic, which is also the default); passed as flashcore.attention(num_splits=N)")
     run.add_argument("--budget-ms", type=float, default=200.0,
                      help="GPU time of the timed replays, per backend and case (default 200)")
     run.add_argument("--graph-calls", type=positive_int, default=20, help="calls per graph, at most (before rounding)")
@@ -189,6 +287,9 @@ def parse_args(argv):
     out.add_argument("--json", metavar="PATH", help="write all results as JSON")
     out.add_argument("--plot", metavar="PATH", help="write a PNG of TFLOP/s against sequence length (needs matplotlib)")
     out.add_argument("--library", metavar="PATH", help="libflashcore.so to load (sets FLASHCORE_LIBRARY)")
+    out.add_argument("--list", action="store_true",
+                     help="print the cases the other options select (shapes, decode or not, K/V bytes, the FA3 "
+                     "entry point) and exit; needs no GPU or PyTorch")
     out.add_argument("--extra", action="append", default=[], metavar="NAME=MODULE:FUNC",
                      help="hook for another kernel: FUNC(q, k, v, causal, softmax_scale) on [B,H,S,D] tensors "
                      "(v: [B,H,S,Dv]), bottom-right causal mask, returning [B,H,S,Dv]; timed like the others "
@@ -198,9 +299,11 @@ def parse_args(argv):
     args.dtypes = split_choices(p, "--dtype", args.dtype, ("fp16", "bf16"))
     args.backend_list = split_choices(p, "--backends", args.backends, ALL_BACKENDS)
     names = [n for item in (args.preset or [",".join(PRESET_NAMES)]) for n in item.split(",") if n]
+    names = [m for n in names for m in PRESET_GROUPS.get(n, [n])]
     for n in names:
         if n not in PRESET_NAMES:
-            p.error(f"unknown preset {n!r}; choose from {', '.join(PRESET_NAMES)}")
+            p.error(f"unknown preset {n!r}; choose from {', '.join(PRESET_NAMES)} or a group "
+                    f"({', '.join(PRESET_GROUPS)})")
     args.preset_names = names
     args.extras = []
     for spec in args.extra:
@@ -210,6 +313,11 @@ def parse_args(argv):
         args.extras.append((name, target))
     if args.budget_ms <= 0:
         p.error("--budget-ms must be > 0")
+    try:
+        if not build_cases(args):
+            p.error("no preset selected")
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
@@ -217,6 +325,13 @@ def positive_int(text):
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def num_splits_arg(text):
+    value = int(text)
+    if not 0 <= value <= MAX_NUM_SPLITS:
+        raise argparse.ArgumentTypeError(f"expected 0 (heuristic), 1 (never split) or 2..{MAX_NUM_SPLITS}, got {text}")
     return value
 
 
@@ -229,16 +344,32 @@ def split_choices(parser, flag, text, allowed):
 
 
 def build_cases(args):
+    """The cases, in the order of PRESETS, each selected preset × dtype × mask.
+
+    Overrides: --seqlen sets both lengths, --seqlen-q/--seqlen-k one each; --heads keeps the preset's
+    query/key-value head ratio (MHA presets stay MHA) unless --heads-kv is given. ValueError on a
+    --heads that the preset's ratio does not divide."""
     masks = {"none": [False], "causal": [True], "both": [False, True]}[args.mask]
     cases = []
-    for name, b, h, s, d, dv in PRESETS:
-        if name not in args.preset_names:
+    for p in PRESETS:
+        if p.name not in args.preset_names:
             continue
-        hq = args.heads or h
-        fields = dict(name=name, batch=args.batch or b, num_heads_q=hq, num_heads_kv=args.heads_kv or hq,
-                      seqlen_q=args.seqlen_q or args.seqlen or s, seqlen_k=args.seqlen_k or args.seqlen or s,
-                      head_dim=args.head_dim or d, head_dim_v=args.head_dim_v or args.head_dim or dv,
-                      layout=args.layout)
+        name = p.name
+        hq = args.heads or p.heads
+        if args.heads_kv:
+            hkv = args.heads_kv
+        else:
+            ratio = p.heads // p.kv_heads
+            if hq % ratio:
+                raise ValueError(f"--heads {hq}: preset {name} has {p.heads}/{p.kv_heads} heads (ratio {ratio}); "
+                                 "give --heads-kv too")
+            hkv = hq // ratio
+        fields = dict(name=name, batch=args.batch or p.batch, num_heads_q=hq, num_heads_kv=hkv,
+                      seqlen_q=args.seqlen_q or args.seqlen or p.seqlen_q,
+                      seqlen_k=args.seqlen_k or args.seqlen or p.keys,
+                      head_dim=args.head_dim or p.head_dim,
+                      head_dim_v=args.head_dim_v or args.head_dim or p.head_dim_v,
+                      layout=args.layout, kind=p.kind)
         for dtype in args.dtypes:
             for causal in masks:
                 cases.append(Case(dtype=dtype, causal=causal, **fields))
@@ -271,18 +402,34 @@ def to_bhsd(t, layout):
     return t.transpose(1, 2) if layout == "bshd" else t
 
 
+def bottom_right_bias(c, device):
+    """Additive [1, 1, Sq, Sk] mask in the case's dtype: 0 where query i sees key j (j <= i + Sk - Sq), else -inf.
+
+    For SDPA backends without a bottom-right causal flag; built once per case, outside the timed calls."""
+    keep = torch.ones(c.seqlen_q, c.seqlen_k, dtype=torch.bool, device=device).tril(c.seqlen_k - c.seqlen_q)
+    bias = torch.zeros(c.seqlen_q, c.seqlen_k, dtype=c.torch_dtype, device=device)
+    return bias.masked_fill(~keep, float("-inf")).view(1, 1, c.seqlen_q, c.seqlen_k)
+
+
 def sdpa_backend(name, c):
-    """fn(q, k, v) for PyTorch SDPA pinned to one backend, bottom-right causal."""
+    """fn(q, k, v) for PyTorch SDPA pinned to one backend, bottom-right causal; fn.how says how it is called."""
     pinned = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
               "cudnn": SDPBackend.CUDNN_ATTENTION}[name]
-    gqa = {"enable_gqa": True} if c.num_heads_q != c.num_heads_kv else {}
+    gqa = c.num_heads_q != c.num_heads_kv
+    gqa_kwargs = {"enable_gqa": True} if gqa else {}
+    gqa_how = "; GQA: enable_gqa=True (K/V passed with their Hkv heads, no repeat_interleave)" if gqa else ""
+    # A bottom-right causal mask over one query row hides no key: same as no mask.
+    causal = c.causal and c.seqlen_q > 1
+    causal_how = ": causal with Sq=1 hides no key" if c.causal and not causal else ""
 
-    if c.causal and c.seqlen_q != c.seqlen_k:
+    if causal and c.seqlen_q != c.seqlen_k:
         # is_causal would align the mask top-left: call the kernels with a bottom-right mask.
         if name == "flash":
             def run(q, k, v):
                 qb, kb, vb = (to_bhsd(t, c.layout) for t in (q, k, v))
                 return torch.ops.aten._scaled_dot_product_flash_attention(qb, kb, vb, 0.0, True)[0]
+            run.how = ("aten._scaled_dot_product_flash_attention(is_causal=True): bottom-right causal"
+                       + ("; GQA: native in the kernel (K/V with their Hkv heads)" if gqa else ""))
             return run
         if name == "efficient" and not gqa:
             def run(q, k, v):
@@ -290,20 +437,88 @@ def sdpa_backend(name, c):
                 out = torch.ops.aten._efficient_attention_forward(
                     qs, ks, vs, None, None, None, None, None, 0.0, 2)[0]  # 2: causal from bottom right
                 return out.transpose(1, 2)
+            run.how = "aten._efficient_attention_forward(custom_mask_type=2): bottom-right causal"
             return run
-        raise Unsupported(f"{name}: no bottom-right causal mask for seqlen_q != seqlen_k"
-                          + (" with GQA" if gqa else ""))
+        if c.seqlen_q > c.seqlen_k:
+            raise Unsupported(f"{name}: no bottom-right causal kernel for seqlen_q > seqlen_k"
+                              + (" with GQA" if gqa else "") + " (an explicit mask would leave rows with no key)")
+        bias = bottom_right_bias(c, "cuda")
+
+        def run(q, k, v):
+            with sdpa_kernel([pinned]):
+                return F.scaled_dot_product_attention(to_bhsd(q, c.layout), to_bhsd(k, c.layout),
+                                                      to_bhsd(v, c.layout), attn_mask=bias, **gqa_kwargs)
+        run.how = ("F.scaled_dot_product_attention with an explicit bottom-right additive mask [1,1,Sq,Sk] "
+                   "(is_causal is top-left)" + gqa_how)
+        return run
 
     def run(q, k, v):
         with sdpa_kernel([pinned]):
             return F.scaled_dot_product_attention(to_bhsd(q, c.layout), to_bhsd(k, c.layout),
-                                                  to_bhsd(v, c.layout), is_causal=c.causal, **gqa)
+                                                  to_bhsd(v, c.layout), is_causal=causal, **gqa_kwargs)
+    run.how = f"F.scaled_dot_product_attention(is_causal={causal}{causal_how})" + gqa_how
     return run
 
 
-def flashcore_backend(fc, c):
+def accepts_keyword(fn, name):
+    """Whether fn takes the keyword argument name (True when its signature cannot be read)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def flashcore_backend(fc, c, num_splits=None):
+    """flashcore.attention (the binding sizes and allocates the split-KV workspace); num_splits only when given."""
+    kwargs = {} if num_splits is None else {"num_splits": num_splits}
+
     def run(q, k, v):
-        return to_bhsd(fc.attention(q, k, v, causal=c.causal, layout=c.layout), c.layout)
+        return to_bhsd(fc.attention(q, k, v, causal=c.causal, layout=c.layout, **kwargs), c.layout)
+    run.how = (f"flashcore.attention(layout={c.layout!r}" + (f", num_splits={num_splits}" if kwargs else "")
+               + "), workspace allocated by the binding" + ("; GQA: native" if c.num_heads_q != c.num_heads_kv
+                                                             else ""))
+    return run
+
+
+def import_fa3():
+    """FlashAttention 3's entry points from the fa3-fwd wheel: a namespace, or raises (ImportError mostly)."""
+    import fa3_fwd_config, sys; sys.modules["flash_attn_config"] = fa3_fwd_config  # noqa: E401,E702
+    from fa3_fwd_interface import flash_attn_func, flash_attn_with_kvcache
+    try:
+        from importlib.metadata import version
+        fa3_version = version(FA3_DISTRIBUTION)
+    except Exception:  # the version is for the report only
+        fa3_version = None
+    return argparse.Namespace(flash_attn_func=flash_attn_func, flash_attn_with_kvcache=flash_attn_with_kvcache,
+                              version=fa3_version)
+
+
+def first_output(result):
+    """FA3's out: its functions return out, or (out, lse, ...) when asked for the log-sum-exp."""
+    return result[0] if isinstance(result, (tuple, list)) else result
+
+
+def fa3_backend(fa3, c):
+    """fn(q, k, v) for FlashAttention 3 on [B, S, H, D] views of the case's tensors; returns [B, H, Sq, Dv]."""
+    if fa3 is None:
+        raise Unsupported("fa3: the fa3-fwd wheel is not importable")
+    if c.dtype != "bf16":
+        raise NotApplicable(f"fa3: not applicable to {c.dtype}: the fa3-fwd wheel has bf16 and fp8 kernels only")
+
+    def bshd(t):
+        return t if c.layout == "bshd" else t.transpose(1, 2)
+
+    gqa_how = "; GQA: native (K/V with their Hkv heads)" if c.num_heads_q != c.num_heads_kv else ""
+    if c.decode:
+        def run(q, k, v):  # q [B,Sq,Hq,D]; the caches [B,Sk,Hkv,D], all Sk rows used
+            out = fa3.flash_attn_with_kvcache(bshd(q), bshd(k), bshd(v), causal=c.causal, num_splits=0)
+            return first_output(out).transpose(1, 2)
+        run.how = f"flash_attn_with_kvcache(causal={c.causal}, num_splits=0: its split-KV heuristic)" + gqa_how
+    else:
+        def run(q, k, v):
+            return first_output(fa3.flash_attn_func(bshd(q), bshd(k), bshd(v), causal=c.causal)).transpose(1, 2)
+        run.how = f"flash_attn_func(causal={c.causal})" + gqa_how
     return run
 
 
@@ -313,6 +528,7 @@ def extra_backend(target, c):
 
     def run(q, k, v):
         return fn(to_bhsd(q, c.layout), to_bhsd(k, c.layout), to_bhsd(v, c.layout), c.causal, None)
+    run.how = f"{target}(q, k, v, causal={c.causal}, softmax_scale=None) on [B,H,S,D] tensors"
     return run
 
 
@@ -428,12 +644,13 @@ def dispatch_reason(caught):
     return f" ({' '.join(texts)[:240]})" if texts else ""
 
 
-def run_case(c, backends, fc, args):
+def run_case(c, backends, fc, args, fa3=None):
     """Time every backend on one case; a dict ready for JSON."""
     nsets = buffer_sets(c, args)
     inputs = make_inputs(c, nsets, args.seed)
     result = dataclasses.asdict(c)
-    result.update(flops=attention_flops(c), buffer_sets=nsets, backends={}, reference=None)
+    result.update(flops=attention_flops(c), decode=c.decode, kv_bytes=c.kv_bytes(), buffer_sets=nsets, backends={},
+                  reference=None)
 
     reference = None
     if not args.no_check:
@@ -449,38 +666,53 @@ def run_case(c, backends, fc, args):
             result["reference"] = "fp32"
 
     for name in backends:
-        entry = {"us": None, "tflops": None, "max_abs_diff": None, "error": None}
+        entry = {"us": None, "tflops": None, "tbps": None, "max_abs_diff": None, "check_ok": None, "error": None,
+                 "not_applicable": False, "how": None}
         result["backends"][name] = entry
         try:
             if name == "flashcore":
                 if fc is None:
                     raise Unsupported("flashcore package not loaded")
-                fn = flashcore_backend(fc, c)
+                fn = flashcore_backend(fc, c, getattr(args, "fc_num_splits", None))
+            elif name == "fa3":
+                fn = fa3_backend(fa3, c)
             elif name in SDPA_BACKENDS:
                 fn = sdpa_backend(name, c)
             else:
                 fn = extra_backend(dict(args.extras)[name], c)
+            entry["how"] = getattr(fn, "how", None)
             out = probe(fn, inputs)
             if reference is not None:
                 entry["max_abs_diff"] = (out.float() - reference).abs().max().item()
+                entry["check_ok"] = bool(entry["max_abs_diff"] <= TOLERANCE[c.dtype])  # False for NaN too
             del out
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 us, calls, replays = measure(lambda i: fn(*inputs[i % nsets]), nsets, args.budget_ms,
                                              args.graph_calls)
             entry.update(us=us, tflops=result["flops"] / (us * 1e6), calls_per_graph=calls, replays=replays)
+            if c.decode:
+                entry["tbps"] = result["kv_bytes"] / (us * 1e6)  # bytes / (us * 1e-6 s) / 1e12
         except Exception as e:  # one backend failing must not stop the others
             entry["error"] = str(e) if isinstance(e, Unsupported) else short_error(e)
+            entry["not_applicable"] = isinstance(e, NotApplicable)
             torch.cuda.synchronize()
     del inputs, reference
     torch.cuda.empty_cache()
+    summarize(result)
+    return result
 
-    others = {n: e["tflops"] for n, e in result["backends"].items() if n != "flashcore" and e["tflops"]}
-    fc_tflops = result["backends"].get("flashcore", {}).get("tflops")
+
+def summarize(result):
+    """best_other/ratio_to_best (every other backend), best_peer/ratio_to_best_peer (FA3, cuDNN, flash), check_ok."""
+    others = {n: e["tflops"] for n, e in result["backends"].items() if e["tflops"]}
+    fc_tflops = others.pop("flashcore", None)
+    peers = {n: t for n, t in others.items() if n in PEERS}
     result["best_other"] = max(others, key=others.get) if others else None
     result["ratio_to_best"] = fc_tflops / others[result["best_other"]] if fc_tflops and others else None
-    diff = result["backends"].get("flashcore", {}).get("max_abs_diff")
-    result["check_ok"] = None if diff is None else bool(diff <= TOLERANCE[c.dtype])
+    result["best_peer"] = max(peers, key=peers.get) if peers else None
+    result["ratio_to_best_peer"] = fc_tflops / peers[result["best_peer"]] if fc_tflops and peers else None
+    result["check_ok"] = result["backends"].get("flashcore", {}).get("check_ok")
     return result
 
 
@@ -489,37 +721,50 @@ def run_case(c, backends, fc, args):
 # ---------------------------------------------------------------------------
 
 
-def fmt_cell(entry, width):
+def fmt_cell(entry, width, decode):
+    """us and TFLOP/s, or for decode cases us and the K/V read bandwidth in TB/s."""
     if entry["tflops"] is None:
         return "n/a".center(width)
-    return f"{entry['us']:9.1f} {entry['tflops']:6.1f}".rjust(width)
+    rate = f"{entry['tbps']:6.2f}" if decode else f"{entry['tflops']:6.1f}"
+    return f"{entry['us']:9.1f} {rate}".rjust(width)
 
 
-def print_header(backends, label_width, cell):
+def print_header(backends, label_width, cell, decode=False):
     names = " | ".join(n.center(cell) for n in backends)
-    units = " | ".join("us   TFLOP/s".rjust(cell) for _ in backends)
-    print(f"{'case':<{label_width}} | {names} | {'fc/best':>8} | {'maxdiff':>9} | ref")
-    print(f"{'':<{label_width}} | {units} | {'':>8} | {'vs ref':>9} |")
+    unit = "us      TB/s" if decode else "us   TFLOP/s"
+    units = " | ".join(unit.rjust(cell) for _ in backends)
+    print(f"{'case':<{label_width}} | {names} | {'fc/best':>8} | {'fc/peer':>12} | {'maxdiff':>9} | ref")
+    print(f"{'':<{label_width}} | {units} | {'':>8} | {'(best peer)':>12} | {'vs ref':>9} |")
 
 
 def print_row(r, backends, label_width, cell):
-    cells = " | ".join(fmt_cell(r["backends"][n], cell) for n in backends)
+    cells = " | ".join(fmt_cell(r["backends"][n], cell, r["decode"]) for n in backends)
     ratio = f"{r['ratio_to_best']:.2f}x" if r["ratio_to_best"] else "n/a"
+    peer = f"{r['ratio_to_best_peer']:.2f}x {r['best_peer']}" if r["ratio_to_best_peer"] else "n/a"
     diff = r["backends"].get("flashcore", {}).get("max_abs_diff")
     check = "n/a" if diff is None else f"{diff:.2e}" + ("" if r["check_ok"] else " !")
-    print(f"{r['label']:<{label_width}} | {cells} | {ratio:>8} | {check:>9} | {r['reference'] or '-'}", flush=True)
+    print(f"{r['label']:<{label_width}} | {cells} | {ratio:>8} | {peer:>12} | {check:>9} | {r['reference'] or '-'}",
+          flush=True)
 
 
 def print_notes(results, backends):
-    """Each backend's reasons for n/a, once per reason (shapes in the text ignored)."""
+    """How each backend was called and its reasons for n/a, each once (n/a: digits ignored); outputs off the
+    reference."""
     seen = set()
+    for kind, field in (("how", "how"), ("n/a", "error")):
+        for n in backends:
+            for r in results:
+                text = r["backends"][n][field]
+                key = (kind, n, text if kind == "how" else re.sub(r"\d+", "#", text or ""))
+                if text and key not in seen:
+                    seen.add(key)
+                    print(f"  {kind:<4} {n}: {text}  [first: {r['label']}]")
     for r in results:
         for n in backends:
-            err = r["backends"][n]["error"]
-            key = (n, re.sub(r"\d+", "#", err or ""))
-            if err and key not in seen:
-                seen.add(key)
-                print(f"  n/a  {n}: {err}  [first: {r['label']}]")
+            e = r["backends"][n]
+            if n != "flashcore" and e["check_ok"] is False:
+                print(f"  !    {n}: output differs from the {r['reference']} reference by {e['max_abs_diff']:.2e} "
+                      f"(tolerance {TOLERANCE[r['dtype']]:.0e}): {r['label']}")
 
 
 def write_plot(results, backends, path, title):
@@ -529,6 +774,14 @@ def write_plot(results, backends, path, title):
         import matplotlib.pyplot as plt
     except ImportError:
         print(f"compare.py: matplotlib not available, no plot written to {path}", file=sys.stderr)
+        return
+    decode = [r for r in results if r["decode"]]
+    results = [r for r in results if not r["decode"]]
+    if decode:
+        print(f"compare.py: the plot leaves out the {len(decode)} decode case(s) (judged in TB/s; see the table or "
+              "--json)", file=sys.stderr)
+    if not results:
+        print(f"compare.py: no prefill case to plot, no plot written to {path}", file=sys.stderr)
         return
     head_dims = sorted({(r["head_dim"], r["head_dim_v"]) for r in results})
     variants = sorted({(r["dtype"], r["causal"]) for r in results})
@@ -561,7 +814,7 @@ def write_plot(results, backends, path, title):
     print(f"plot written to {path}")
 
 
-def environment(fc):
+def environment(fc, fa3=None):
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     fc_version, fc_head_dims = None, None
     if fc is not None:  # the loaded library's version, else the package's
@@ -580,11 +833,33 @@ def environment(fc):
         "flashcore": None if fc_version is None else str(fc_version),
         "flashcore_head_dims": fc_head_dims,
         "flashcore_library": os.environ.get("FLASHCORE_LIBRARY"),
+        "fa3": None if fa3 is None else f"{FA3_DISTRIBUTION} {fa3.version or '(version unknown)'}",
     }
+
+
+def fa3_entry_point(c):
+    """The FA3 function a case calls (for --list; fa3_backend decides the same way)."""
+    if c.dtype != "bf16":
+        return "n/a (fp16)"
+    return "flash_attn_with_kvcache" if c.decode else "flash_attn_func"
+
+
+def list_cases(cases):
+    """--list: the selected cases, without a GPU."""
+    width = max(len(c.label) for c in cases)
+    print(f"{'case':<{width}} | {'kind':<7} | decode | {'K/V MiB':>9} | {'GFLOP':>10} | fa3")
+    for c in cases:
+        print(f"{c.label:<{width}} | {c.kind:<7} | {'yes' if c.decode else 'no':<6} | {c.kv_bytes() / 2**20:9.1f} | "
+              f"{attention_flops(c) / 1e9:10.2f} | {fa3_entry_point(c)}")
+    print(f"{len(cases)} case(s)")
 
 
 def main(argv=None):
     args = parse_args(argv)
+    cases = build_cases(args)
+    if args.list:
+        list_cases(cases)
+        return 0
     if torch is None:
         print(f"compare.py: PyTorch is needed: {_TORCH_IMPORT_ERROR}", file=sys.stderr)
         return 2
@@ -601,25 +876,58 @@ def main(argv=None):
                   "point FLASHCORE_LIBRARY (or --library) at libflashcore.so, or leave flashcore out of --backends",
                   file=sys.stderr)
             return 2
-    backends = list(args.backend_list) + [name for name, _ in args.extras]
+    # 0 (the heuristic) is the binding's default, num_splits=None: passed on only when 1..MAX_NUM_SPLITS.
+    args.fc_num_splits = args.num_splits or None
+    if args.num_splits is not None:
+        if fc is None:
+            print("compare.py: --num-splits applies to flashcore only, which is not in --backends; ignored",
+                  file=sys.stderr)
+        elif not accepts_keyword(fc.attention, "num_splits"):
+            print(f"compare.py: the flashcore binding at {getattr(fc, '__file__', '?')} has no num_splits= in "
+                  f"attention() (it predates split-KV); --num-splits {args.num_splits} ignored, flashcore runs "
+                  "with its default", file=sys.stderr)
+            args.fc_num_splits = None
+        elif not args.num_splits:
+            print("compare.py: --num-splits 0: flashcore chooses per call (the binding's default, num_splits=None)")
 
-    env = environment(fc)
+    fa3 = None
+    backend_list = list(args.backend_list)
+    if "fa3" in backend_list:
+        try:
+            fa3 = import_fa3()
+        except Exception as e:  # optional: shown once, then left out of the table
+            print(f"compare.py: fa3 skipped: cannot import FlashAttention 3 from the {FA3_DISTRIBUTION} wheel "
+                  f"({short_error(e)}); install it with python3 -m pip install --no-deps .deps/wheels/*.whl",
+                  file=sys.stderr)
+            backend_list.remove("fa3")
+    backends = backend_list + [name for name, _ in args.extras]
+    if not backends:
+        print("compare.py: no backend left to run", file=sys.stderr)
+        return 2
+
+    env = environment(fc, fa3)
     print(f"{env['device']} (sm_{env['compute_capability'].replace('.', '')}, {env['multiprocessors']} SMs), "
-          f"torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, flashcore {env['flashcore']}")
+          f"torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, flashcore {env['flashcore']}"
+          + (f", {env['fa3']}" if env["fa3"] else ""))
     if env["flashcore_head_dims"]:
         print("flashcore kernels for (head_dim, head_dim_v): "
               + ", ".join(f"{d}" if d == dv else f"{d}/{dv}" for d, dv in env["flashcore_head_dims"]))
-    print("us per call: median over CUDA-graph replays; TFLOP/s = 2*B*Hq*(D+Dv)*visible pairs; "
-          "fc/best = flashcore TFLOP/s / best other backend's (>1: flashcore faster); maxdiff: flashcore's output "
-          "against the ref(erence) backend's")
+    if args.fc_num_splits is not None:
+        print(f"flashcore num_splits={args.fc_num_splits}")
+    print("us per call: median over CUDA-graph replays; TFLOP/s = 2*B*Hq*(D+Dv)*visible pairs; decode cases show "
+          "TB/s = K/V bytes read (B*Hkv*Sk*(D+Dv)*2) per second instead; fc/best = flashcore TFLOP/s / best other "
+          "backend's, fc/peer = the same over the best of " + ", ".join(PEERS) + " (>1: flashcore faster); "
+          "maxdiff: flashcore's output against the ref(erence) backend's")
 
-    cases = build_cases(args)
     label_width = max(len(c.label) for c in cases)
     cell = 16
-    print_header(backends, label_width, cell)
     results = []
-    for c in cases:
-        r = run_case(c, backends, fc, args)
+    for i, c in enumerate(cases):
+        if i == 0 or c.decode != cases[i - 1].decode:
+            if i:
+                print()
+            print_header(backends, label_width, cell, c.decode)
+        r = run_case(c, backends, fc, args, fa3)
         r["label"] = c.label
         results.append(r)
         print_row(r, backends, label_width, cell)
@@ -628,14 +936,16 @@ def main(argv=None):
     if args.json:
         doc = {"tool": "bench/compare.py", "environment": env,
                "settings": {"budget_ms": args.budget_ms, "max_graph_calls": args.graph_calls, "seed": args.seed,
-                            "tolerance": TOLERANCE,
+                            "tolerance": TOLERANCE, "num_splits": args.num_splits,
+                            "num_splits_passed": args.fc_num_splits, "peers": list(PEERS),
                             "flops": "2*B*Hq*(D+Dv)*visible_pairs (4*B*Hq*D*visible_pairs when Dv == D); causal: "
-                                     "bottom-right mask, S(S+1)/2 pairs if Sq == Sk"},
+                                     "bottom-right mask, S(S+1)/2 pairs if Sq == Sk",
+                            "tbps": "decode cases: B*Hkv*Sk*(D+Dv)*2 bytes of K/V / time, in 1e12 bytes/s"},
                "results": results}
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"JSON written to {args.json}")
     if args.plot:
-        write_plot(results, backends, args.plot, f"{env['device']}: flashcore vs PyTorch SDPA backends")
+        write_plot(results, backends, args.plot, f"{env['device']}: flashcore vs FA3 and PyTorch SDPA backends")
 
     bad_check = [r["label"] for r in results if r["check_ok"] is False]
     fc_failed = [r["label"] for r in results if "flashcore" in r["backends"]

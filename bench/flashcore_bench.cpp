@@ -337,6 +337,7 @@ struct Options {
     int graph_calls = 20;
     int replays = 0;  // 0: auto
     int iters = 0;    // 0: auto
+    int num_splits = 0;  // flashcore_forward_params::num_splits (0: the library's choice)
     double budget_ms = 300.0;
     uint64_t seed = 1234;
     bool json = false;
@@ -360,6 +361,7 @@ void print_usage(FILE *f) {
                  "  --head-dim N              head dim of q and k (and of v and out unless\n"
                  "                            --head-dim-v): a multiple of 8 that a kernel of\n"
                  "                            this build covers (--list shows them)\n"
+                 "  --num-splits N            split-KV parts (0: the library's choice, 1: none)\n"
                  "  --head-dim-v N            head dim of v and out (default: --head-dim if\n"
                  "                            given, else the preset's)\n"
                  "  Shape options given with presets override those fields of each preset;\n"
@@ -439,6 +441,7 @@ const IntOption kIntOptions[] = {
     {"--device", &Options::device, 0, 1024},
     {"--buffers", &Options::buffer_sets, 1, 1024},  {"--graph-calls", &Options::graph_calls, 1, 100000},
     {"--replays", &Options::replays, 1, 1000000},   {"--iters", &Options::iters, 1, 1000000},
+    {"--num-splits", &Options::num_splits, 0, FLASHCORE_MAX_NUM_SPLITS},
 };
 
 const IntOption *find_int_option(const std::string &flag) {
@@ -640,6 +643,7 @@ class CaseBuffers {
             p.head_dim_v = s.head_dim_v;
             p.causal = c.causal ? 1 : 0;
             p.softmax_scale = o.softmax_scale;
+            p.num_splits = o.num_splits;
             p.q = set.q.get();
             p.k = set.k.get();
             p.v = set.v.get();

@@ -89,9 +89,9 @@ extern "C" {
  * ------------------------------------------------------------------------- */
 
 #define FLASHCORE_VERSION_MAJOR 0
-#define FLASHCORE_VERSION_MINOR 2
+#define FLASHCORE_VERSION_MINOR 3
 #define FLASHCORE_VERSION_PATCH 0
-/* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 200 for 0.2.0. */
+/* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 300 for 0.3.0. */
 #define FLASHCORE_VERSION_NUMBER \
     (FLASHCORE_VERSION_MAJOR * 10000 + FLASHCORE_VERSION_MINOR * 100 + FLASHCORE_VERSION_PATCH)
 
@@ -119,7 +119,7 @@ typedef enum flashcore_status {
     /* A pointer or stride does not meet the alignment the kernels need. */
     FLASHCORE_STATUS_MISALIGNED = 3,
     /* The workspace passed is smaller than flashcore_forward_workspace_size
-     * asked for. */
+     * asked for (see "Workspace" below). */
     FLASHCORE_STATUS_WORKSPACE_TOO_SMALL = 4,
     /* No CUDA device is visible, or the NVIDIA driver is missing or too old. */
     FLASHCORE_STATUS_NO_DEVICE = 5,
@@ -171,7 +171,8 @@ FLASHCORE_API flashcore_status flashcore_handle_device(flashcore_handle handle, 
 
 typedef enum flashcore_dtype {
     FLASHCORE_DTYPE_FP16 = 1, /* IEEE half (CUDA __half) */
-    FLASHCORE_DTYPE_BF16 = 2  /* bfloat16 (CUDA __nv_bfloat16) */
+    FLASHCORE_DTYPE_BF16 = 2, /* bfloat16 (CUDA __nv_bfloat16) */
+    FLASHCORE_DTYPE_FP32 = 3  /* float; only flashcore_merge_states takes it */
 } flashcore_dtype;
 
 /* Storage orders understood by flashcore_set_contiguous_strides. Any other
@@ -187,6 +188,9 @@ typedef enum flashcore_layout {
 /* Alignment, in bytes, that q, k, v, out and the workspace must have, and
  * that every batch/seq/head stride must be a multiple of (in bytes). */
 #define FLASHCORE_ALIGNMENT 16
+
+/* The largest num_splits a call may ask for (flashcore_forward_params). */
+#define FLASHCORE_MAX_NUM_SPLITS 128
 
 /*
  * Everything one attention call needs. Logical shapes:
@@ -253,6 +257,24 @@ typedef struct flashcore_forward_params {
      * with head_dim 192, as in DeepSeek-style prefill). 0 (the default)
      * means head_dim. Same rules as head_dim. */
     int32_t head_dim_v;
+
+    /* ---- Fields added in 0.3. ---- */
+
+    /* Split-KV: into how many parts the keys each query block sees are
+     * split, each part computed by its own thread block into the workspace,
+     * the parts then merged into out and lse (the same math as
+     * flashcore_merge_states). Splitting lets calls that are too small to
+     * fill the GPU (decode, chunked prefill, few heads) use every SM.
+     *   0 (the default): chosen per call from the grid, the device's
+     *     multiprocessor count and seqlen_k (docs/perf-notes.md gives the
+     *     measured crossovers); usually 1 where the grid fills the GPU.
+     *   1: never split; the call needs no workspace.
+     *   N (2 .. FLASHCORE_MAX_NUM_SPLITS): exactly N parts, some of which may
+     *     be empty when a query block sees fewer than N key tiles.
+     * Results do not depend on the workspace's contents and stay
+     * deterministic for a given num_splits; different num_splits round
+     * differently. */
+    int32_t num_splits;
 } flashcore_forward_params;
 
 /* Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,
@@ -288,9 +310,34 @@ FLASHCORE_API flashcore_status flashcore_supported_head_dims(int32_t *head_dims,
  * forward call performs the same checks itself. */
 FLASHCORE_API flashcore_status flashcore_forward_check(const flashcore_forward_params *params);
 
+/* ---------------------------------------------------------------------------
+ * Workspace
+ *
+ * A call that splits its keys (num_splits, above) keeps each part's partial
+ * output and log-sum-exp in a caller-provided device workspace:
+ *   - flashcore_forward_workspace_size gives its size in bytes. The size
+ *     depends only on the params' dtype, batch_size, num_heads_q,
+ *     num_heads_kv, seqlen_q, seqlen_k, head_dim, head_dim_v, causal and
+ *     num_splits, and on the handle's device (its multiprocessor count
+ *     feeds the num_splits heuristic); not on pointers, strides or the
+ *     softmax scale. The same params on the same handle always give the
+ *     same size, so a buffer sized once can be reused, and captured into
+ *     CUDA graphs, for every call with those params.
+ *   - It is 0 when the call does not split (num_splits = 1 always gives 0);
+ *     then workspace may be NULL.
+ *   - Otherwise flashcore_forward needs workspace_bytes >= that size
+ *     (FLASHCORE_STATUS_WORKSPACE_TOO_SMALL if not) and a workspace pointer
+ *     that is not NULL (FLASHCORE_STATUS_INVALID_ARGUMENT) and
+ *     FLASHCORE_ALIGNMENT aligned (FLASHCORE_STATUS_MISALIGNED).
+ *   - The workspace needs no initialisation; the call overwrites it, and it
+ *     must not be used by anything else until the call's work completes on
+ *     its stream.
+ * ------------------------------------------------------------------------- */
+
 /* Bytes of device workspace flashcore_forward needs for these parameters on
- * this handle's device (it may be 0). Only shapes, dtype and flags are read;
- * the data pointers may still be NULL. */
+ * this handle's device (0 when the call does not split its keys). Only the
+ * fields listed under "Workspace" are read; the data pointers may still be
+ * NULL. */
 FLASHCORE_API flashcore_status flashcore_forward_workspace_size(flashcore_handle handle,
                                                                 const flashcore_forward_params *params,
                                                                 size_t *workspace_bytes);
@@ -308,6 +355,66 @@ FLASHCORE_API flashcore_status flashcore_forward_workspace_size(flashcore_handle
  */
 FLASHCORE_API flashcore_status flashcore_forward(flashcore_handle handle, const flashcore_forward_params *params,
                                                  void *workspace, size_t workspace_bytes, void *stream);
+
+/* ---------------------------------------------------------------------------
+ * Merging partial attention results
+ *
+ * Attention over keys split into parts (a KV cache spread over devices for
+ * context parallelism, a shared prefix cached apart from each request's own
+ * keys, or any split the caller makes) can be computed part by part, each
+ * part giving an output O_s and its log-sum-exp LSE_s (flashcore_forward's
+ * out and lse), and merged exactly:
+ *     LSE = log(sum_s exp(LSE_s)),   O = sum_s exp(LSE_s - LSE) * O_s.
+ * A part in which a row sees no key has LSE_s = -infinity and contributes
+ * nothing; a row that no part sees gets O = 0 and LSE = -infinity, as
+ * flashcore_forward gives it. This is the step flashcore_forward runs after
+ * a split-KV call, in fp32.
+ * ------------------------------------------------------------------------- */
+
+/*
+ * Logical shapes (element strides, last dimension contiguous):
+ *   partial_out:  [num_states, batch_size, num_heads, seqlen, head_dim]
+ *   partial_lse:  [num_states, batch_size, num_heads, seqlen], float32
+ *   out:          [batch_size, num_heads, seqlen, head_dim]
+ *   lse:          [batch_size, num_heads, seqlen], float32, contiguous
+ *                 (optional)
+ * partial_out and out must be FLASHCORE_ALIGNMENT aligned, their strides
+ * multiples of FLASHCORE_ALIGNMENT bytes, and head_dim a multiple of 8;
+ * partial_lse and lse are 4-byte aligned. out and lse must not overlap the
+ * partials or each other.
+ */
+typedef struct flashcore_merge_params {
+    /* sizeof(flashcore_merge_params) as the caller compiled it. */
+    size_t struct_size;
+
+    int32_t partial_dtype; /* flashcore_dtype of partial_out: FP16, BF16 or FP32 */
+    int32_t out_dtype;     /* flashcore_dtype of out: FP16, BF16 or FP32 */
+    int32_t num_states;    /* partial results to merge, >= 1 */
+    int32_t batch_size;
+    int32_t num_heads;
+    int32_t seqlen;
+    int32_t head_dim;
+
+    const void *partial_out;
+    const float *partial_lse; /* natural-log LSE of each partial row */
+    void *out;
+    float *lse; /* optional (NULL: not written) */
+
+    int64_t partial_state_stride, partial_batch_stride, partial_seq_stride, partial_head_stride;
+    int64_t lse_state_stride, lse_batch_stride, lse_seq_stride, lse_head_stride;
+    int64_t out_batch_stride, out_seq_stride, out_head_stride;
+} flashcore_merge_params;
+
+/* Zeroes the struct_size bytes at params and sets struct_size, and both
+ * dtypes to FP16. Pass sizeof(flashcore_merge_params). */
+FLASHCORE_API flashcore_status flashcore_merge_params_init(flashcore_merge_params *params, size_t struct_size);
+
+/* Queues the merge on `stream` (a cudaStream_t, NULL for the default
+ * stream) on the handle's device and returns without waiting. Needs no
+ * workspace; can be captured into a CUDA graph; deterministic. Bad
+ * parameters return a status having queued nothing. */
+FLASHCORE_API flashcore_status flashcore_merge_states(flashcore_handle handle, const flashcore_merge_params *params,
+                                                      void *stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

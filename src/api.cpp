@@ -187,4 +187,23 @@ flashcore_status flashcore_forward(flashcore_handle handle, const flashcore_forw
     });
 }
 
+flashcore_status flashcore_merge_params_init(flashcore_merge_params *params, size_t struct_size) {
+    return guarded(__func__, [&] {
+        if (params == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL");
+        FLASHCORE_TRY(check_merge_struct_size(struct_size, "struct_size"));
+        init_merge_params(params, struct_size);
+        return FLASHCORE_STATUS_SUCCESS;
+    });
+}
+
+flashcore_status flashcore_merge_states(flashcore_handle handle, const flashcore_merge_params *params, void *stream) {
+    return guarded(__func__, [&] {
+        FLASHCORE_TRY(check_handle(handle));
+        flashcore_merge_params p;
+        FLASHCORE_TRY(read_merge_params(params, &p));
+        FLASHCORE_TRY(validate_merge(p));
+        return launch_merge(*handle, p, stream);
+    });
+}
+
 }  // extern "C"

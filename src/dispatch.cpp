@@ -1,8 +1,11 @@
 #include "dispatch.h"
 
+#include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 
+#include "common/merge_params.h"
 #include "error.h"
 #include "handle.h"
 #include "kernel_registry.h"
@@ -11,12 +14,30 @@
 namespace flashcore {
 namespace {
 
-// How many large-tile CTAs an SM holds at once (registers: 128 threads x
-// 230-255 each).
-constexpr int kLargeTileCtasPerSm = 2;
-// The sm_90a kernel serves a call (unless forced) when its grid gives every
-// SM at least this many CTAs.
-constexpr int kSm90MinCtasPerSm = 1;
+// A split pays for its merge only where the grid leaves CTA slots idle:
+// from this fraction of a wave of slots on, calls do not split (as
+// FlashAttention's num_splits_heuristic).
+constexpr double kSplitMinGridFill = 0.8;
+// The heuristic takes the fewest splits whose wave efficiency is within this
+// factor of the best.
+constexpr double kSplitEfficiencyMargin = 0.85;
+// The most splits the heuristic picks (callers may force up to
+// FLASHCORE_MAX_NUM_SPLITS).
+constexpr int kMaxHeuristicSplits = 64;
+// Each part of a split keeps at least this many pipeline steps of keys: the
+// merge kernel and the partials' traffic cost about 3-4 us on an H100, which
+// shorter parts do not win back (mission shape: 8.5 us unsplit, 12.3 us in 4
+// parts of one step; 1024 keys in two parts of 4 steps: 13.1 vs 18.0 us;
+// decode over 32k keys: 16 parts of 16 steps 55 us, 32 parts of 8: 68 us).
+constexpr int64_t kMinKeyStepsPerSplit = 8;
+// Query heads per K/V head are packed into one tile's rows when seqlen_q is
+// below this (the key-split tile's rows): the unpacked tiles would be mostly
+// empty, and every query head would read the same K/V again.
+constexpr int kPackGqaMaxSeqlenQ = 64;
+// The sm_90a kernel serves calls whose query blocks are whole 128-row
+// tiles; shorter query sequences (decode, speculative steps) run on the
+// portable kernel, which packs GQA heads into its 64-row tiles.
+constexpr int kSm90MinSeqlenQ = 128;
 
 const char *variant_name(FwdVariant variant) {
     switch (variant) {
@@ -27,8 +48,59 @@ const char *variant_name(FwdVariant variant) {
     return "unknown";
 }
 
-int64_t num_blocks(const flashcore_forward_params &p, const KernelEntry &kernel) {
-    return fwd_num_blocks(p.batch_size, p.num_heads_q, p.seqlen_q, kernel.info().block_m);
+FwdKernelParams shape_params(const flashcore_forward_params &p, int packed_heads) {
+    FwdKernelParams k = kernel_params(p);
+    k.packed_heads = packed_heads;
+    return k;
+}
+
+int64_t num_blocks(const flashcore_forward_params &p, const KernelEntry &kernel, int packed_heads) {
+    return fwd_num_blocks(shape_params(p, packed_heads), kernel.info().block_m);
+}
+
+// CTAs of `kernel` that one SM of the handle's device holds at once.
+int ctas_per_sm(const flashcore_handle_s &handle, const KernelEntry &kernel) {
+    const FwdKernelInfo info = kernel.info();
+    // The driver reserves 1 KB of shared memory per resident CTA.
+    constexpr size_t kReservedSmemPerCta = 1024;
+    const int by_smem = int(handle.smem_per_sm / (info.smem_bytes + kReservedSmemPerCta));
+    const int ctas = by_smem < info.ctas_per_sm ? by_smem : info.ctas_per_sm;
+    return ctas > 1 ? ctas : 1;
+}
+
+// The number of key splits that best fills `slots` CTA slots (SMs times
+// CTAs per SM) with `blocks` query blocks of `key_steps` pipeline steps
+// each: FlashAttention's wave-efficiency rule, with parts of at least
+// kMinKeyStepsPerSplit steps. Splits that leave some part
+// with no more steps than fewer splits would are skipped; the fewest splits
+// within kSplitEfficiencyMargin of the best efficiency win, since each split
+// adds partial results to write and merge. Crossovers measured on an H100:
+// docs/perf-notes.md.
+int heuristic_splits(int64_t blocks, int64_t slots, int64_t key_steps) {
+    if (double(blocks) >= kSplitMinGridFill * double(slots)) return 1;
+    int64_t max_splits = kMaxHeuristicSplits;
+    if (slots < max_splits) max_splits = slots;
+    if (key_steps / kMinKeyStepsPerSplit < max_splits) max_splits = key_steps / kMinKeyStepsPerSplit;
+    if (max_splits <= 1) return 1;
+    const auto ceil_div64 = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+    const auto eligible = [&](int64_t s) { return s == 1 || ceil_div64(key_steps, s) != ceil_div64(key_steps, s - 1); };
+    const auto efficiency = [&](int64_t s) {
+        const double waves = double(blocks * s) / double(slots);
+        return waves / std::ceil(waves);
+    };
+    double best = 0.0;
+    for (int64_t s = 1; s <= max_splits; ++s) {
+        if (eligible(s)) best = std::max(best, efficiency(s));
+    }
+    for (int64_t s = 1; s <= max_splits; ++s) {
+        if (eligible(s) && efficiency(s) >= kSplitEfficiencyMargin * best) return int(s);
+    }
+    return 1;
+}
+
+int64_t key_steps(const flashcore_forward_params &p, const KernelEntry &kernel) {
+    const int64_t step = kernel.info().keys_per_step;
+    return (int64_t(p.seqlen_k) + step - 1) / step;
 }
 
 // The portable kernel for the call: the pinned variant where the environment
@@ -42,14 +114,19 @@ int64_t num_blocks(const flashcore_forward_params &p, const KernelEntry &kernel)
 // more shared memory than the device offers, the large tiles serve every
 // size.
 flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype,
-                             HeadDims dims, const KernelEntry **chosen) {
+                             HeadDims dims, int packed_heads, const KernelEntry **chosen) {
     if (handle.env.forced_variant) {
         *chosen = find_kernel(KernelPath::kSm80, dtype, dims, *handle.env.forced_variant);
         if (*chosen != nullptr) return FLASHCORE_STATUS_SUCCESS;
     }
     const KernelEntry *large = find_kernel(KernelPath::kSm80, dtype, dims, FwdVariant::kLargeTiles);
     const KernelEntry *key_split = find_kernel(KernelPath::kSm80, dtype, dims, FwdVariant::kKeySplit);
-    if (large != nullptr && num_blocks(p, *large) >= int64_t(handle.num_sms) * kLargeTileCtasPerSm) {
+    // Rows that fit one key-split tile (decode) would leave a large tile
+    // mostly empty, whatever the grid.
+    const bool fits_key_split_tile =
+        key_split != nullptr && int64_t(p.seqlen_q) * packed_heads <= key_split->info().block_m;
+    if (large != nullptr && !fits_key_split_tile &&
+        num_blocks(p, *large, packed_heads) >= int64_t(handle.num_sms) * ctas_per_sm(handle, *large)) {
         *chosen = large;
     } else if (key_split != nullptr &&
                (large == nullptr || key_split->info().smem_bytes <= handle.max_smem_per_block)) {
@@ -62,89 +139,224 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
                 int(dims.head_dim), int(dims.head_dim_v));
 }
 
-// The sm_90a kernel for the call, or nullptr where the portable kernel should
-// serve it. With fewer 128-row blocks than SMs the sm_90a kernel leaves SMs
-// idle and its per-block latency decides; the portable key-split variant is
-// faster there (mission shape: 8.0 vs 10.4 us, docs/hopper-notes.md). Its
-// shared memory fits every sm_90 part (227 KB per block). A grid over the
-// limit goes to the portable kernel, which reports what it cannot do.
-const KernelEntry *choose_sm90(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype,
-                               HeadDims dims) {
-    if (!handle.env.use_sm90) return nullptr;
+// The sm_90a kernel's plan for the call, or false where the portable kernel
+// should serve it: query sequences shorter than a tile (kSm90MinSeqlenQ),
+// and grids too small to fill the SMs that cannot split either (few keys),
+// where the portable key-split variant's lower per-block latency wins
+// (docs/hopper-notes.md). The sm_90a kernel never packs GQA heads.
+bool plan_sm90(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype, HeadDims dims,
+               ForwardPlan *plan) {
+    if (!handle.env.use_sm90) return false;
+    if (p.seqlen_q < kSm90MinSeqlenQ && !handle.env.sm90_forced) return false;
     const KernelEntry *sm90 = find_kernel(KernelPath::kSm90, dtype, dims, FwdVariant::kPersistent);
-    if (sm90 == nullptr) return nullptr;
-    const int64_t blocks = num_blocks(p, *sm90);
-    if (blocks > INT_MAX) return nullptr;
-    if (!handle.env.sm90_forced && blocks < int64_t(handle.num_sms) * kSm90MinCtasPerSm) return nullptr;
-    return sm90;
+    if (sm90 == nullptr) return false;
+    const int64_t blocks = num_blocks(p, *sm90, 1);
+    if (blocks * std::max<int64_t>(p.num_splits, 1) > INT_MAX) return false;
+    const int splits =
+        p.num_splits > 0 ? p.num_splits : heuristic_splits(blocks, handle.num_sms, key_steps(p, *sm90));
+    const bool fills_sms = splits > 1 || double(blocks) >= kSplitMinGridFill * handle.num_sms;
+    if (!fills_sms && !handle.env.sm90_forced) return false;
+    *plan = ForwardPlan{sm90, splits, 1};
+    return true;
+}
+
+flashcore_status plan_sm80(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype,
+                           HeadDims dims, ForwardPlan *plan) {
+    const int group = p.num_heads_q / p.num_heads_kv;
+    const int packed_heads = group > 1 && p.seqlen_q < kPackGqaMaxSeqlenQ ? group : 1;
+    const KernelEntry *kernel = nullptr;
+    const flashcore_status status = choose_sm80(handle, p, dtype, dims, packed_heads, &kernel);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    const int64_t blocks = num_blocks(p, *kernel, packed_heads);
+    const int splits =
+        p.num_splits > 0
+            ? p.num_splits
+            : heuristic_splits(blocks, int64_t(handle.num_sms) * ctas_per_sm(handle, *kernel), key_steps(p, *kernel));
+    *plan = ForwardPlan{kernel, splits, packed_heads};
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+// Bytes of the split-KV partial results (fwd_params.h gives their layout),
+// each array FLASHCORE_ALIGNMENT aligned. False where they would not fit a
+// size_t.
+bool partial_bytes(const flashcore_forward_params &p, int num_splits, size_t *out_bytes, size_t *lse_bytes) {
+    const auto align = [](unsigned __int128 n) { return (n + FLASHCORE_ALIGNMENT - 1) / FLASHCORE_ALIGNMENT * FLASHCORE_ALIGNMENT; };
+    const unsigned __int128 rows = (unsigned __int128)num_splits * unsigned(p.batch_size) * unsigned(p.num_heads_q) *
+                                   unsigned(p.seqlen_q);
+    const unsigned __int128 out = align(rows * unsigned(effective_head_dim_v(p)) * sizeof(float));
+    const unsigned __int128 lse = align(rows * sizeof(float));
+    if (out + lse > (unsigned __int128)(SIZE_MAX / 2)) return false;
+    *out_bytes = size_t(out);
+    *lse_bytes = size_t(lse);
+    return true;
 }
 
 }  // namespace
 
-flashcore_status forward_workspace_bytes(const flashcore_handle_s &, const flashcore_forward_params &,
-                                         size_t *bytes) {
-    // Every kernel keeps all state on chip.
-    *bytes = 0;
-    return FLASHCORE_STATUS_SUCCESS;
-}
-
-flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcore_forward_params &p,
-                                void *workspace, size_t workspace_bytes, void *stream) {
-    size_t needed = 0;
-    flashcore_status status = forward_workspace_bytes(handle, p, &needed);
-    if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    if (workspace_bytes < needed) {
-        return fail(FLASHCORE_STATUS_WORKSPACE_TOO_SMALL,
-                    "workspace_bytes (%zu) is smaller than the %zu bytes flashcore_forward_workspace_size asks for",
-                    workspace_bytes, needed);
-    }
-    if (workspace_bytes > 0 && workspace == nullptr) {
-        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "workspace is NULL but workspace_bytes is %zu",
-                    workspace_bytes);
-    }
-    if (reinterpret_cast<uintptr_t>(workspace) % FLASHCORE_ALIGNMENT != 0) {
-        return fail(FLASHCORE_STATUS_MISALIGNED, "workspace (%p) must be %d-byte aligned", workspace,
-                    FLASHCORE_ALIGNMENT);
-    }
+flashcore_status plan_forward(const flashcore_handle_s &handle, const flashcore_forward_params &p,
+                              ForwardPlan *plan) {
     HeadDims dims{};
     if (!covering_head_dims({p.head_dim, effective_head_dim_v(p)}, &dims)) {
         return fail(FLASHCORE_STATUS_INTERNAL, "no kernel covers head dims (%d, %d), which validation accepted",
                     int(p.head_dim), int(effective_head_dim_v(p)));
     }
     const DType dtype = DType(p.dtype);
-
-    DeviceGuard guard(handle.device);
-    if (guard.status() != FLASHCORE_STATUS_SUCCESS) return guard.status();
-    const FwdKernelParams kparams = kernel_params(p);
-    const FwdLaunchOptions options{handle.env.persistent_ctas};
-    const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
-    if (const KernelEntry *sm90 = choose_sm90(handle, p, dtype, dims)) {
-        // cudaErrorNotSupported: tensors the TMA unit cannot describe,
-        // nothing launched; the portable kernel serves them.
-        const cudaError_t err = sm90->run(kparams, options, cuda_stream);
-        if (err == cudaSuccess) return FLASHCORE_STATUS_SUCCESS;
-        if (err != cudaErrorNotSupported) return fail_cuda(err, "launching the sm_90a attention kernel");
-    }
-    const KernelEntry *kernel = nullptr;
-    status = choose_sm80(handle, p, dtype, dims, &kernel);
+    flashcore_status status = FLASHCORE_STATUS_SUCCESS;
+    if (!plan_sm90(handle, p, dtype, dims, plan)) status = plan_sm80(handle, p, dtype, dims, plan);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    const FwdKernelInfo info = kernel->info();
+    plan->workspace_bytes = 0;
+    if (plan->num_splits > 1) {
+        size_t out_bytes = 0, lse_bytes = 0;
+        if (!partial_bytes(p, plan->num_splits, &out_bytes, &lse_bytes)) {
+            return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                        "the %d-way split of the keys would need a workspace larger than the address space; pass "
+                        "num_splits = 1 (no split)",
+                        plan->num_splits);
+        }
+        plan->workspace_bytes = out_bytes + lse_bytes;
+    }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+flashcore_status forward_workspace_bytes(const flashcore_handle_s &handle, const flashcore_forward_params &p,
+                                         size_t *bytes) {
+    ForwardPlan plan;
+    const flashcore_status status = plan_forward(handle, p, &plan);
+    if (status == FLASHCORE_STATUS_SUCCESS) *bytes = plan.workspace_bytes;
+    return status;
+}
+
+namespace {
+
+// The merge of a split call's parts into out and lse.
+MergeKernelParams split_merge_params(const flashcore_forward_params &p, const FwdKernelParams &k) {
+    const int64_t dv = k.head_dim_v;
+    const int64_t rows_per_head = p.seqlen_q;
+    MergeKernelParams m{};
+    m.partial_out = k.partial_out;
+    m.partial_lse = k.partial_lse;
+    m.out = p.out;
+    m.lse = p.lse;
+    m.num_states = k.num_splits;
+    m.batch_size = p.batch_size;
+    m.num_heads = p.num_heads_q;
+    m.seqlen = p.seqlen_q;
+    m.head_dim = k.head_dim_v;
+    m.partial_seq_stride = dv;
+    m.partial_head_stride = rows_per_head * dv;
+    m.partial_batch_stride = int64_t(p.num_heads_q) * rows_per_head * dv;
+    m.partial_state_stride = int64_t(p.batch_size) * m.partial_batch_stride;
+    m.lse_seq_stride = 1;
+    m.lse_head_stride = rows_per_head;
+    m.lse_batch_stride = int64_t(p.num_heads_q) * rows_per_head;
+    m.lse_state_stride = int64_t(p.batch_size) * m.lse_batch_stride;
+    m.out_batch_stride = p.out_batch_stride;
+    m.out_seq_stride = p.out_seq_stride;
+    m.out_head_stride = p.out_head_stride;
+    return m;
+}
+
+}  // namespace
+
+flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcore_forward_params &p,
+                                void *workspace, size_t workspace_bytes, void *stream) {
+    ForwardPlan plan;
+    flashcore_status status = plan_forward(handle, p, &plan);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    if (workspace_bytes < plan.workspace_bytes) {
+        return fail(FLASHCORE_STATUS_WORKSPACE_TOO_SMALL,
+                    "workspace_bytes (%zu) is smaller than the %zu bytes flashcore_forward_workspace_size asks for "
+                    "(the call splits its keys %d ways)",
+                    workspace_bytes, plan.workspace_bytes, plan.num_splits);
+    }
+    if (plan.workspace_bytes > 0 && workspace == nullptr) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "workspace is NULL but the call needs %zu bytes of it",
+                    plan.workspace_bytes);
+    }
+    if (reinterpret_cast<uintptr_t>(workspace) % FLASHCORE_ALIGNMENT != 0) {
+        return fail(FLASHCORE_STATUS_MISALIGNED, "workspace (%p) must be %d-byte aligned", workspace,
+                    FLASHCORE_ALIGNMENT);
+    }
+    const FwdKernelInfo info = plan.kernel->info();
     if (info.smem_bytes > handle.max_smem_per_block) {
         return fail(FLASHCORE_STATUS_UNSUPPORTED,
                     "the %s kernel for head dims (%d, %d) needs %zu bytes of shared memory per block; device %d "
                     "(sm_%d%d) allows %zu",
-                    variant_name(kernel->variant), int(dims.head_dim), int(dims.head_dim_v), info.smem_bytes,
-                    handle.device, handle.cc_major, handle.cc_minor, handle.max_smem_per_block);
+                    variant_name(plan.kernel->variant), int(plan.kernel->dims.head_dim),
+                    int(plan.kernel->dims.head_dim_v), info.smem_bytes, handle.device, handle.cc_major,
+                    handle.cc_minor, handle.max_smem_per_block);
     }
-    const int64_t blocks = num_blocks(p, *kernel);
+    const int64_t blocks = num_blocks(p, *plan.kernel, plan.packed_heads);
     if (blocks > INT_MAX) {
         return fail(FLASHCORE_STATUS_UNSUPPORTED,
                     "batch_size * num_heads_q * ceil(seqlen_q / %d) = %lld thread blocks exceeds the grid limit "
                     "(%d)",
                     info.block_m, static_cast<long long>(blocks), INT_MAX);
     }
-    const cudaError_t err = kernel->run(kparams, options, cuda_stream);
+
+    DeviceGuard guard(handle.device);
+    if (guard.status() != FLASHCORE_STATUS_SUCCESS) return guard.status();
+    FwdKernelParams kparams = kernel_params(p);
+    kparams.num_splits = plan.num_splits;
+    kparams.packed_heads = plan.packed_heads;
+    if (plan.num_splits > 1) {
+        size_t out_bytes = 0, lse_bytes = 0;
+        partial_bytes(p, plan.num_splits, &out_bytes, &lse_bytes);
+        kparams.partial_out = static_cast<float *>(workspace);
+        kparams.partial_lse = reinterpret_cast<float *>(static_cast<unsigned char *>(workspace) + out_bytes);
+    }
+    const FwdLaunchOptions options{handle.env.persistent_ctas};
+    const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
+    cudaError_t err = plan.kernel->run(kparams, options, cuda_stream);
+    if (err == cudaErrorNotSupported && plan.kernel->path == KernelPath::kSm90) {
+        // Tensors the TMA unit cannot describe, nothing launched: the
+        // portable kernel serves them, with the same splits (so the same
+        // workspace) and no packing.
+        const KernelEntry *portable = nullptr;
+        HeadDims dims = plan.kernel->dims;
+        status = choose_sm80(handle, p, DType(p.dtype), dims, 1, &portable);
+        if (status != FLASHCORE_STATUS_SUCCESS) return status;
+        if (num_blocks(p, *portable, 1) > INT_MAX) {
+            return fail(FLASHCORE_STATUS_UNSUPPORTED, "the call's grid exceeds the portable kernel's limit (%d)",
+                        INT_MAX);
+        }
+        err = portable->run(kparams, options, cuda_stream);
+    }
     if (err != cudaSuccess) return fail_cuda(err, "launching the attention kernel");
+    if (plan.num_splits > 1) {
+        err = run_merge_states(MergeType::kFp32, MergeType(p.dtype), split_merge_params(p, kparams), cuda_stream);
+        if (err != cudaSuccess) return fail_cuda(err, "launching the split-KV merge kernel");
+    }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+flashcore_status launch_merge(const flashcore_handle_s &handle, const flashcore_merge_params &p, void *stream) {
+    MergeKernelParams m{};
+    m.partial_out = p.partial_out;
+    m.partial_lse = p.partial_lse;
+    m.out = p.out;
+    m.lse = p.lse;
+    m.num_states = p.num_states;
+    m.batch_size = p.batch_size;
+    m.num_heads = p.num_heads;
+    m.seqlen = p.seqlen;
+    m.head_dim = p.head_dim;
+    m.partial_state_stride = p.partial_state_stride;
+    m.partial_batch_stride = p.partial_batch_stride;
+    m.partial_seq_stride = p.partial_seq_stride;
+    m.partial_head_stride = p.partial_head_stride;
+    m.lse_state_stride = p.lse_state_stride;
+    m.lse_batch_stride = p.lse_batch_stride;
+    m.lse_seq_stride = p.lse_seq_stride;
+    m.lse_head_stride = p.lse_head_stride;
+    m.out_batch_stride = p.out_batch_stride;
+    m.out_seq_stride = p.out_seq_stride;
+    m.out_head_stride = p.out_head_stride;
+    DeviceGuard guard(handle.device);
+    if (guard.status() != FLASHCORE_STATUS_SUCCESS) return guard.status();
+    const cudaError_t err = run_merge_states(MergeType(p.partial_dtype), MergeType(p.out_dtype), m,
+                                             static_cast<cudaStream_t>(stream));
+    if (err != cudaSuccess) return fail_cuda(err, "launching the merge kernel");
     return FLASHCORE_STATUS_SUCCESS;
 }
 

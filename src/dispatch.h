@@ -8,10 +8,30 @@
 
 namespace flashcore {
 
+struct KernelEntry;
+
+// How a call runs: the kernel, into how many parts its keys are split (1:
+// none), how many query heads share a tile's rows (1: none), and the
+// workspace that takes.
+struct ForwardPlan {
+    const KernelEntry *kernel = nullptr;
+    int num_splits = 1;
+    int packed_heads = 1;
+    size_t workspace_bytes = 0;
+};
+
+// The plan for validated parameters on the handle's device. The same
+// parameters and handle always give the same plan.
+flashcore_status plan_forward(const flashcore_handle_s &handle, const flashcore_forward_params &params,
+                              ForwardPlan *plan);
+
 flashcore_status forward_workspace_bytes(const flashcore_handle_s &handle, const flashcore_forward_params &params,
                                          size_t *bytes);
 
 flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcore_forward_params &params,
                                 void *workspace, size_t workspace_bytes, void *stream);
+
+// Queues the merge of validated flashcore_merge_params.
+flashcore_status launch_merge(const flashcore_handle_s &handle, const flashcore_merge_params &params, void *stream);
 
 }  // namespace flashcore

@@ -107,19 +107,21 @@ flashcore_status create_handle(int device, flashcore_handle *handle) {
     }
     flashcore_handle_s h{};
     h.device = device;
-    int smem_optin = 0;
+    int smem_optin = 0, smem_per_sm = 0;
     const struct {
         int *value;
         cudaDeviceAttr attr;
     } attrs[] = {{&h.cc_major, cudaDevAttrComputeCapabilityMajor},
                  {&h.cc_minor, cudaDevAttrComputeCapabilityMinor},
                  {&h.num_sms, cudaDevAttrMultiProcessorCount},
-                 {&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin}};
+                 {&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin},
+                 {&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor}};
     for (const auto &a : attrs) {
         err = cudaDeviceGetAttribute(a.value, a.attr, device);
         if (err != cudaSuccess) return fail_cuda(err, "cudaDeviceGetAttribute");
     }
     h.max_smem_per_block = size_t(smem_optin);
+    h.smem_per_sm = size_t(smem_per_sm);
     if (h.cc_major < kMinComputeMajor) {
         return fail(FLASHCORE_STATUS_UNSUPPORTED,
                     "device %d has compute capability %d.%d; flashcore needs 8.0 or newer (Ampere, Ada, Hopper and "

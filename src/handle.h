@@ -38,6 +38,7 @@ struct flashcore_handle_s {
     int cc_minor;
     int num_sms;
     size_t max_smem_per_block;  // opt-in limit, for kernels above 48 KB
+    size_t smem_per_sm;         // shared by the CTAs resident on one SM
     flashcore::EnvOverrides env;
 };
 

@@ -29,40 +29,83 @@ flashcore_status check_struct_size(size_t size, const char *what) {
     return FLASHCORE_STATUS_SUCCESS;
 }
 
-void init_params(flashcore_forward_params *params, size_t struct_size) {
-    // Fields this library does not know (a newer caller's) are zero: their
-    // documented default. So is head_dim_v (0: same as head_dim).
+// Zeroes a caller's struct_size bytes, then writes as much of `defaults` as
+// fits in them. Fields this library does not know (a newer caller's) stay
+// zero: their documented default.
+template <typename Struct>
+void write_defaults(Struct *params, size_t struct_size, const Struct &defaults) {
     std::memset(static_cast<void *>(params), 0, struct_size);
+    std::memcpy(static_cast<void *>(params), &defaults, std::min(struct_size, sizeof defaults));
+}
+
+void init_params(flashcore_forward_params *params, size_t struct_size) {
+    // head_dim_v 0 (same as head_dim) and num_splits 0 (the library's
+    // choice) are defaults too.
     flashcore_forward_params defaults{};
     defaults.struct_size = struct_size;
     defaults.dtype = FLASHCORE_DTYPE_FP16;
     defaults.softmax_scale = FLASHCORE_SOFTMAX_SCALE_DEFAULT;
-    std::memcpy(static_cast<void *>(params), &defaults, std::min(struct_size, sizeof defaults));
+    write_defaults(params, struct_size, defaults);
+}
+
+// A struct larger than ours is from a newer header: fine as long as it sets
+// nothing past the fields we know (a new field may sit in what is padding to
+// us). A struct of our size or less is from our header or an older one,
+// whose padding is not looked at.
+static flashcore_status check_unknown_fields_zero(const void *user, size_t size, size_t our_size, size_t known_end) {
+    if (size <= our_size) return FLASHCORE_STATUS_SUCCESS;
+    const unsigned char *bytes = static_cast<const unsigned char *>(user);
+    for (size_t i = known_end; i < size; ++i) {
+        if (bytes[i] != 0) {
+            return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                        "params sets fields beyond the %zu bytes this library (version %s) knows; it was "
+                        "built against a newer flashcore.h",
+                        known_end, flashcore_version_string());
+        }
+    }
+    return FLASHCORE_STATUS_SUCCESS;
 }
 
 flashcore_status read_params(const flashcore_forward_params *user, flashcore_forward_params *params) {
     if (user == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL");
     const size_t size = user->struct_size;
-    const flashcore_status status = check_struct_size(size, "params->struct_size");
+    flashcore_status status = check_struct_size(size, "params->struct_size");
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    // A struct larger than ours is from a newer header: fine as long as it
-    // sets nothing past the fields we know (a new field may sit in what is
-    // padding to us). A struct of our size or less is from our header or an
-    // older one, whose padding is not looked at.
-    if (size > sizeof(flashcore_forward_params)) {
-        const unsigned char *bytes = reinterpret_cast<const unsigned char *>(user);
-        for (size_t i = kParamsKnownEnd; i < size; ++i) {
-            if (bytes[i] != 0) {
-                return fail(FLASHCORE_STATUS_UNSUPPORTED,
-                            "params sets fields beyond the %zu bytes this library (version %s) knows; it was "
-                            "built against a newer flashcore.h",
-                            kParamsKnownEnd, flashcore_version_string());
-            }
-        }
-    }
+    status = check_unknown_fields_zero(user, size, sizeof(flashcore_forward_params), kParamsKnownEnd);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
     // A struct from an older header keeps the defaults of the fields it lacks.
     init_params(params, sizeof(flashcore_forward_params));
     std::memcpy(static_cast<void *>(params), user, std::min(size, kParamsKnownEnd));
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+flashcore_status check_merge_struct_size(size_t size, const char *what) {
+    if (size < kMergeParamsSizeV0_3 || size > kMaxPlausibleStructSize) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "%s (%zu) is not a valid size of flashcore_merge_params (at least %zu); pass "
+                    "sizeof(flashcore_merge_params) to flashcore_merge_params_init",
+                    what, size, kMergeParamsSizeV0_3);
+    }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+void init_merge_params(flashcore_merge_params *params, size_t struct_size) {
+    flashcore_merge_params defaults{};
+    defaults.struct_size = struct_size;
+    defaults.partial_dtype = FLASHCORE_DTYPE_FP16;
+    defaults.out_dtype = FLASHCORE_DTYPE_FP16;
+    write_defaults(params, struct_size, defaults);
+}
+
+flashcore_status read_merge_params(const flashcore_merge_params *user, flashcore_merge_params *params) {
+    if (user == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL");
+    const size_t size = user->struct_size;
+    flashcore_status status = check_merge_struct_size(size, "params->struct_size");
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    status = check_unknown_fields_zero(user, size, sizeof(flashcore_merge_params), kMergeParamsKnownEnd);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    init_merge_params(params, sizeof(flashcore_merge_params));
+    std::memcpy(static_cast<void *>(params), user, std::min(size, kMergeParamsKnownEnd));
     return FLASHCORE_STATUS_SUCCESS;
 }
 
@@ -125,6 +168,8 @@ FwdKernelParams kernel_params(const flashcore_forward_params &p) {
     k.softmax_scale = effective_softmax_scale(p);
     k.softmax_scale_log2 = k.softmax_scale * kLog2e;
     k.causal = p.causal != 0;
+    k.packed_heads = 1;
+    k.num_splits = 1;
     return k;
 }
 

@@ -13,12 +13,17 @@ namespace flashcore {
 
 // Size of flashcore_forward_params as version 0.1 defined it (it ended
 // before head_dim_v): the smallest a caller may pass. read_params gives such
-// a caller the defaults of the fields added since.
+// a caller the defaults of the fields added since (head_dim_v in 0.2,
+// num_splits in 0.3).
 constexpr size_t kParamsSizeV0_1 = offsetof(flashcore_forward_params, head_dim_v);
 // Where the last field this library knows ends: bytes of a caller's struct
 // past it belong to fields of a newer header (sizeof adds only padding).
 constexpr size_t kParamsKnownEnd =
-    offsetof(flashcore_forward_params, head_dim_v) + sizeof(flashcore_forward_params::head_dim_v);
+    offsetof(flashcore_forward_params, num_splits) + sizeof(flashcore_forward_params::num_splits);
+// flashcore_merge_params first appeared in 0.3: no smaller size exists.
+constexpr size_t kMergeParamsSizeV0_3 = sizeof(flashcore_merge_params);
+constexpr size_t kMergeParamsKnownEnd =
+    offsetof(flashcore_merge_params, out_head_stride) + sizeof(flashcore_merge_params::out_head_stride);
 // A struct_size beyond this is not a flashcore_forward_params from any
 // header version, but an uninitialised field.
 constexpr size_t kMaxPlausibleStructSize = 64 * 1024;
@@ -36,6 +41,15 @@ void init_params(flashcore_forward_params *params, size_t struct_size);
 // the defaults they stand for come from the functions below.
 flashcore_status read_params(const flashcore_forward_params *user, flashcore_forward_params *params);
 
+// Checks a caller's flashcore_merge_params struct_size.
+flashcore_status check_merge_struct_size(size_t struct_size, const char *what);
+
+// Writes the defaults into the caller's struct_size bytes at *params.
+void init_merge_params(flashcore_merge_params *params, size_t struct_size);
+
+// As read_params, for flashcore_merge_params.
+flashcore_status read_merge_params(const flashcore_merge_params *user, flashcore_merge_params *params);
+
 // The softmax scale the kernels use: the caller's, or 1/sqrt(head_dim).
 float effective_softmax_scale(const flashcore_forward_params &params);
 
@@ -48,7 +62,8 @@ int32_t effective_head_dim_v(const flashcore_forward_params &params);
 void set_contiguous_strides(flashcore_forward_params *strides, const flashcore_forward_params &shapes,
                             flashcore_layout layout);
 
-// The kernels' parameter block for validated parameters.
+// The kernels' parameter block for validated parameters, neither split nor
+// GQA-packed (the dispatcher sets those).
 FwdKernelParams kernel_params(const flashcore_forward_params &params);
 
 }  // namespace flashcore

@@ -24,4 +24,8 @@ flashcore_status validate_shapes(const flashcore_forward_params &params);
 // Pointers, alignment and strides: what the forward call needs in addition.
 flashcore_status validate_tensors(const flashcore_forward_params &params);
 
+// Everything about flashcore_merge_params: dtypes, sizes, pointers,
+// alignment and strides.
+flashcore_status validate_merge(const flashcore_merge_params &params);
+
 }  // namespace flashcore

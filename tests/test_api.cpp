@@ -120,8 +120,8 @@ std::vector<HeadDimPair> generated_head_dims() {
 
 TEST(Version, RuntimeMatchesHeader) {
     EXPECT_EQ(flashcore_version_number(), unsigned(FLASHCORE_VERSION_NUMBER));
-    EXPECT_EQ(FLASHCORE_VERSION_NUMBER, 200);
-    EXPECT_STREQ(flashcore_version_string(), "0.2.0");
+    EXPECT_EQ(FLASHCORE_VERSION_NUMBER, 300);
+    EXPECT_STREQ(flashcore_version_string(), "0.3.0");
 }
 
 TEST(Status, EveryStatusHasItsOwnString) {
@@ -461,6 +461,10 @@ const InvalidCase kInvalidCases[] = {
      "make elements overlap"},
     {"strides_overflow", [](auto &p) { p.q_batch_stride = int64_t(1) << 62; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
      "2^63 bytes"},
+    {"num_splits_negative", [](auto &p) { p.num_splits = -1; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "num_splits (-1) must be 0 (chosen per call), 1 (no split) or at most FLASHCORE_MAX_NUM_SPLITS (128)"},
+    {"num_splits_too_many", [](auto &p) { p.num_splits = FLASHCORE_MAX_NUM_SPLITS + 1; },
+     FLASHCORE_STATUS_INVALID_ARGUMENT, "num_splits (129)"},
 };
 
 INSTANTIATE_TEST_SUITE_P(AllParameters, InvalidParams, testing::ValuesIn(kInvalidCases),
@@ -524,12 +528,60 @@ TEST(Validation, StructFromVersion0_1) {
     EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_INVALID_ARGUMENT);
 }
 
+// A 0.2 caller's struct ends before num_splits: it is accepted and chooses
+// its splits per call (num_splits 0), whatever lies in memory after it.
+TEST(Validation, StructFromVersion0_2) {
+    constexpr size_t kParamsSizeV0_2 = offsetof(flashcore_forward_params, num_splits);
+    alignas(flashcore_forward_params) unsigned char memory[sizeof(flashcore_forward_params) + 16];
+    std::memset(memory, 0xAB, sizeof memory);  // as num_splits, 0xABABABAB is negative
+    const flashcore_forward_params valid = valid_params();
+    std::memcpy(memory, &valid, kParamsSizeV0_2);
+    flashcore_forward_params *p = reinterpret_cast<flashcore_forward_params *>(memory);
+    p->struct_size = kParamsSizeV0_2;
+    EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    flashcore_forward_params fresh;
+    std::memset(&fresh, 0xAB, sizeof fresh);
+    ASSERT_EQ(flashcore_forward_params_init(&fresh, kParamsSizeV0_2), FLASHCORE_STATUS_SUCCESS);
+    const unsigned char *bytes = reinterpret_cast<const unsigned char *>(&fresh);
+    for (size_t i = kParamsSizeV0_2; i < sizeof fresh; ++i) ASSERT_EQ(bytes[i], 0xAB) << "init wrote byte " << i;
+}
+
+TEST(Params, InitSetsNumSplitsToTheHeuristic) {
+    flashcore_forward_params p;
+    std::memset(&p, 0xAB, sizeof p);
+    ASSERT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_EQ(p.num_splits, 0);
+}
+
+TEST(MergeParams, InitSetsSizeAndDefaults) {
+    flashcore_merge_params p;
+    std::memset(&p, 0xAB, sizeof p);
+    ASSERT_EQ(flashcore_merge_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_EQ(p.struct_size, sizeof p);
+    EXPECT_EQ(p.partial_dtype, FLASHCORE_DTYPE_FP16);
+    EXPECT_EQ(p.out_dtype, FLASHCORE_DTYPE_FP16);
+    EXPECT_EQ(p.num_states, 0);
+    EXPECT_EQ(p.partial_out, nullptr);
+    EXPECT_EQ(p.lse, nullptr);
+    EXPECT_EQ(p.out_head_stride, 0);
+    EXPECT_EQ(flashcore_merge_params_init(nullptr, sizeof p), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(flashcore_merge_params_init(&p, sizeof p - 8), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("sizeof(flashcore_merge_params)"), std::string::npos);
+}
+
+TEST(MergeParams, NullHandleOrParamsAreRejected) {
+    flashcore_merge_params p;
+    ASSERT_EQ(flashcore_merge_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_EQ(flashcore_merge_states(nullptr, &p, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_STREQ(flashcore_last_error_message(), "handle is NULL");
+}
+
 // A newer header may put a field where this library's struct has only
 // padding: a caller whose struct is larger than ours is refused when it sets
-// any byte past head_dim_v; one of our own size is not (its padding is not
+// any byte past num_splits; one of our own size is not (its padding is not
 // looked at).
 TEST(Validation, StructFromNewerHeaderWithAFieldInOurPadding) {
-    constexpr size_t kKnownEnd = offsetof(flashcore_forward_params, head_dim_v) + sizeof(int32_t);
+    constexpr size_t kKnownEnd = offsetof(flashcore_forward_params, num_splits) + sizeof(int32_t);
     alignas(flashcore_forward_params) unsigned char memory[sizeof(flashcore_forward_params) + 16] = {};
     const flashcore_forward_params valid = valid_params();
     std::memcpy(memory, &valid, kKnownEnd);

@@ -24,12 +24,30 @@ struct FwdLaunchOptions {
 struct FwdKernelInfo {
     size_t smem_bytes;  // dynamic shared memory of one CTA
     int block_m;        // query rows per block: blocks = batch * heads * ceil(seqlen_q / block_m)
+    // Keys a CTA consumes per step of its pipeline (a key tile, times the
+    // warp groups that take tiles in turn): a split needs at least one.
+    int keys_per_step;
+    // CTAs an SM holds at once as far as registers and threads go (shared
+    // memory, which depends on the GPU, is for the dispatcher to add).
+    int ctas_per_sm;
 };
 
-// Blocks of block_m query rows in a forward call: one per (batch, query
-// head, block). 64-bit: the dispatcher checks it against the grid limit.
-inline int64_t fwd_num_blocks(int batch_size, int num_heads_q, int seqlen_q, int block_m) {
-    return int64_t((seqlen_q + block_m - 1) / block_m) * num_heads_q * batch_size;
+// Registers of one SM (every GPU from sm_80 on) and the granularity in
+// which they are given to a thread.
+constexpr int kRegistersPerSm = 64 * 1024;
+constexpr int kRegisterAllocationUnit = 8;
+
+constexpr int register_bound_ctas_per_sm(int threads, int max_registers) {
+    return kRegistersPerSm /
+           (threads * ((max_registers + kRegisterAllocationUnit - 1) / kRegisterAllocationUnit * kRegisterAllocationUnit));
+}
+
+// Blocks of block_m query rows in a forward call: one per (batch, head
+// group, block), before any split of the keys. 64-bit: the dispatcher
+// checks it against the grid limit.
+inline int64_t fwd_num_blocks(const FwdKernelParams &p, int block_m) {
+    return int64_t((int64_t(p.seqlen_q) * p.packed_heads + block_m - 1) / block_m) * (p.num_heads_q / p.packed_heads) *
+           p.batch_size;
 }
 
 // Queues the forward kernel for `params` on `stream`. Returns the launch

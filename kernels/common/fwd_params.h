@@ -5,6 +5,13 @@
 
 #include <cstdint>
 
+// Functions both the host dispatcher and the kernels call.
+#if defined(__CUDACC__)
+#define FLASHCORE_HOST_DEVICE __host__ __device__
+#else
+#define FLASHCORE_HOST_DEVICE
+#endif
+
 namespace flashcore {
 
 enum class DType : int { kFp16 = 1, kBf16 = 2 };
@@ -46,6 +53,31 @@ struct FwdKernelParams {
     float softmax_scale;       // natural-exp scale applied to Q*K^T
     float softmax_scale_log2;  // softmax_scale * log2(e): the kernels use exp2
     bool causal;
+
+    // GQA packing: the query heads that share a K/V head (packed_heads of
+    // them, num_heads_q / num_heads_kv, or 1 for none) are the rows of one
+    // query tile. Row r of a (batch, head group) is query r / packed_heads of
+    // query head head_group * packed_heads + r % packed_heads, so each K/V
+    // tile is read once for the whole group. The portable kernel only.
+    int packed_heads;
+
+    // Split-KV (num_splits > 1): the key blocks of each query block are
+    // split into num_splits parts (BlockKeyRange::split), each computed by
+    // its own CTA, which writes its normalised rows and their log-sum-exp to
+    // the workspace in fp32 (not to out and lse):
+    //   partial_out [num_splits][batch_size][num_heads_q][seqlen_q][head_dim_v]
+    //   partial_lse [num_splits][batch_size][num_heads_q][seqlen_q]
+    // and the merge kernel (common/merge_states.cuh) combines them.
+    int num_splits;
+    float *partial_out;
+    float *partial_lse;
 };
+
+// Rows of query tiles per (batch, head group): seqlen_q, times the heads
+// packed into each row group.
+FLASHCORE_HOST_DEVICE inline int fwd_packed_rows(const FwdKernelParams &p) { return p.seqlen_q * p.packed_heads; }
+
+// (batch, head group) pairs: one per query head, or per K/V head when packed.
+FLASHCORE_HOST_DEVICE inline int fwd_head_groups(const FwdKernelParams &p) { return p.num_heads_q / p.packed_heads; }
 
 }  // namespace flashcore

@@ -9,7 +9,8 @@
 // that need masking at the right end (the partial last tile, the causal
 // diagonal) come first and the rest run unmasked.
 //
-// Today's masks: seqlen_k and causal (bottom-right aligned). A row's interval
+// Today's masks: seqlen_k and causal (bottom-right aligned), over tile rows
+// that may be GQA-packed (KeyMask::query). A row's interval
 // is [key_begin, key_end), so a sliding window (a key_begin that grows with
 // the row), per-sequence lengths (seqlen_k per batch) and a split of the key
 // blocks over CTAs (BlockKeyRange::split) fit without changing the users.
@@ -31,12 +32,20 @@ struct RowKeys {
     __device__ __forceinline__ bool contains(int key) const { return key >= begin && key < end; }
 };
 
+// Rows are tile rows: query r / rows_per_query (rows_per_query > 1 where
+// GQA packing puts several heads' copies of a query in consecutive rows).
 struct KeyMask {
     int seqlen_q;
     int seqlen_k;
+    int rows_per_query;
     bool causal;
 
-    __host__ __device__ static KeyMask of(const FwdKernelParams &p) { return {p.seqlen_q, p.seqlen_k, p.causal}; }
+    __host__ __device__ static KeyMask of(const FwdKernelParams &p) {
+        return {p.seqlen_q, p.seqlen_k, p.packed_heads, p.causal};
+    }
+
+    __host__ __device__ int num_rows() const { return seqlen_q * rows_per_query; }
+    __host__ __device__ int query(int row) const { return rows_per_query == 1 ? row : row / rows_per_query; }
 
     // Query i sees keys j <= i + diagonal_shift() under the causal mask
     // (bottom-right alignment: the last query sees the last key).
@@ -45,7 +54,7 @@ struct KeyMask {
     __host__ __device__ int key_begin(int /*row*/) const { return 0; }
     // One past the last key `row` sees; <= 0 when it sees none.
     __host__ __device__ int key_end(int row) const {
-        const int causal_end = row + diagonal_shift() + 1;
+        const int causal_end = query(row) + diagonal_shift() + 1;
         return causal && causal_end < seqlen_k ? causal_end : seqlen_k;
     }
     __device__ __forceinline__ RowKeys row(int r) const { return {key_begin(r), key_end(r)}; }
@@ -64,7 +73,7 @@ struct BlockKeyRange {
 
     __host__ __device__ static BlockKeyRange of(const KeyMask &mask, int m_block) {
         const int first_row = m_block * kBlockM;
-        const int last_row = (first_row + kBlockM < mask.seqlen_q ? first_row + kBlockM : mask.seqlen_q) - 1;
+        const int last_row = (first_row + kBlockM < mask.num_rows() ? first_row + kBlockM : mask.num_rows()) - 1;
         // Intervals only grow with the row: the last row reaches furthest
         // right, the first row's right end is the nearest.
         const int begin = mask.key_begin(first_row);

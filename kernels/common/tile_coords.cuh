@@ -20,26 +20,28 @@ struct FwdTile {
     int m_block;
 };
 
-// Query block m_block of the bh-th (batch, query head) pair, heads of a
-// batch adjacent.
+// Query block m_block of the bh-th (batch, head group) pair, groups of a
+// batch adjacent. head_q is the group's first query head (the only one
+// unless GQA-packed: fwd_params.h).
 __device__ __forceinline__ FwdTile fwd_tile(const FwdKernelParams &p, int bh, int m_block) {
     FwdTile t;
+    const int groups = fwd_head_groups(p);
     t.m_block = m_block;
-    t.head_q = bh % p.num_heads_q;
-    t.batch = bh / p.num_heads_q;
+    t.head_q = (bh % groups) * p.packed_heads;
+    t.batch = bh / groups;
     t.head_kv = t.head_q / (p.num_heads_q / p.num_heads_kv);
     return t;
 }
 
 template <int kBlockM>
 __device__ __forceinline__ FwdTile fwd_tile_for_block(const FwdKernelParams &p, int linear_block) {
-    const int num_m_blocks = ceil_div(p.seqlen_q, kBlockM);
+    const int num_m_blocks = ceil_div(fwd_packed_rows(p), kBlockM);
     return fwd_tile(p, linear_block / num_m_blocks, num_m_blocks - 1 - linear_block % num_m_blocks);
 }
 
 // Rows of query block m_block that exist (the last block may be partial).
 __device__ __forceinline__ int fwd_valid_rows(const FwdKernelParams &p, int m_block, int block_m) {
-    return min(block_m, p.seqlen_q - m_block * block_m);
+    return min(block_m, fwd_packed_rows(p) - m_block * block_m);
 }
 
 }  // namespace flashcore

@@ -15,12 +15,18 @@
 // With kKeySplits = 2 the CTA's two warp groups take alternate key tiles,
 // each with its own ring and barrier, and merge their partial softmax states
 // at the end (key_split.cuh).
+//
+// Split-KV (p.num_splits > 1): blockIdx.y picks the CTA's part of the key
+// blocks, and the CTA writes its fp32 rows and LSE to the workspace for the
+// merge kernel. GQA-packed tiles (p.packed_heads > 1) gather Q's rows from
+// several heads and scatter the results back (common/row_stores.cuh).
 #pragma once
 
 #include "common/fwd_params.h"
 #include "common/key_range.cuh"
 #include "common/online_softmax.cuh"
 #include "common/output_block.cuh"
+#include "common/row_stores.cuh"
 #include "common/tile_coords.cuh"
 #include "sm80/epilogue.cuh"
 #include "sm80/fwd_traits.cuh"
@@ -52,10 +58,13 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
     const int first_query = tile.m_block * kBlockM;
     const int valid_rows = fwd_valid_rows(p, tile.m_block, kBlockM);
     const KeyMask mask = KeyMask::of(p);
-    const BlockKeyRange<kBlockM, kBlockN> keys = BlockKeyRange<kBlockM, kBlockN>::of(mask, tile.m_block);
+    const int kv_split = blockIdx.y;
+    const BlockKeyRange<kBlockM, kBlockN> keys =
+        BlockKeyRange<kBlockM, kBlockN>::of(mask, tile.m_block).split(kv_split, p.num_splits);
 
-    const Element *q = static_cast<const Element *>(p.q) + tile.batch * p.q_batch_stride +
-                       tile.head_q * p.q_head_stride + first_query * p.q_seq_stride;
+    // The (batch, head group)'s Q; a packed tile's rows gather from its heads.
+    const Element *q_heads =
+        static_cast<const Element *>(p.q) + tile.batch * p.q_batch_stride + tile.head_q * p.q_head_stride;
     const Element *k = static_cast<const Element *>(p.k) + tile.batch * p.k_batch_stride +
                        tile.head_kv * p.k_head_stride;
     const Element *v = static_cast<const Element *>(p.v) + tile.batch * p.v_batch_stride +
@@ -63,8 +72,14 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
 
     const int num_n_blocks = keys.num_blocks();
     if (num_n_blocks <= 0) {
-        store_empty_block(OutputBlock<Element>::of(p, tile, kBlockM), p.out_seq_stride, p.head_dim_v, tid,
-                          Traits::kNumThreads);
+        if (p.num_splits > 1) {
+            store_empty_rows(split_destination(p, tile, kBlockM, kv_split), p.head_dim_v, tid, Traits::kNumThreads);
+        } else if (p.packed_heads > 1) {
+            store_empty_rows(output_destination<Element>(p, tile, kBlockM), p.head_dim_v, tid, Traits::kNumThreads);
+        } else {
+            store_empty_block(OutputBlock<Element>::of(p, tile, kBlockM), p.out_seq_stride, p.head_dim_v, tid,
+                              Traits::kNumThreads);
+        }
         return;
     }
     // This split visits tiles t = split, split + kSplits, ... (the t-th
@@ -94,8 +109,19 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
         cp_async_commit();
     };
 
-    load_tile_async<Element, Traits::kHeadDim, kBlockM, Traits::kNumThreads>(smem_q, q, p.q_seq_stride, valid_rows,
-                                                                            qk_vectors, tid);
+    if (p.packed_heads == 1) {
+        load_tile_async<Element, Traits::kHeadDim, kBlockM, Traits::kNumThreads>(
+            smem_q, q_heads + first_query * p.q_seq_stride, p.q_seq_stride, valid_rows, qk_vectors, tid);
+    } else {
+        const int packed_heads = p.packed_heads;
+        load_rows_async<Element, Traits::kHeadDim, kBlockM, Traits::kNumThreads>(
+            smem_q, q_heads,
+            [&](int row) {
+                const int r = first_query + row;
+                return int64_t(r / packed_heads) * p.q_seq_stride + int64_t(r % packed_heads) * p.q_head_stride;
+            },
+            valid_rows, qk_vectors, tid);
+    }
     cp_async_commit();
 #pragma unroll
     for (int j = 0; j < Traits::kStages - 1; ++j) load_kv_tile(j);
@@ -162,10 +188,21 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
 
     float row_lse[Traits::kMAtoms * 2];
     softmax.finalize(acc_o, p.softmax_scale, row_lse);
-    const OutputBlock<Element> dst =
-        OutputBlock<Element>::of(p, fwd_tile_for_block<kBlockM>(p, opaque_block_index()), kBlockM);
+    const FwdTile epi_tile = fwd_tile_for_block<kBlockM>(p, opaque_block_index());
     // After a merge only split 0 holds the result.
     const bool holds_result = epi_split == 0;
+    if (p.num_splits > 1 || p.packed_heads > 1) {
+        if (!holds_result) return;
+        if (p.num_splits > 1) {
+            store_fragment_rows(split_destination(p, epi_tile, kBlockM, blockIdx.y), acc_o, row_lse,
+                                epi_warp_first_row, epi_lane, p.head_dim_v);
+        } else {
+            store_fragment_rows(output_destination<Element>(p, epi_tile, kBlockM), acc_o, row_lse,
+                                epi_warp_first_row, epi_lane, p.head_dim_v);
+        }
+        return;
+    }
+    const OutputBlock<Element> dst = OutputBlock<Element>::of(p, epi_tile, kBlockM);
     if (holds_result && dst.lse != nullptr) {
         store_lse(row_lse, dst.lse, dst.valid_rows, epi_warp_first_row, epi_lane);
     }

@@ -16,7 +16,8 @@ constexpr size_t kDefaultDynamicSmemLimit = 48 * 1024;
 template <DType kDType, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 FwdKernelInfo fwd_info_sm80() {
     using Traits = typename FwdConfig<kDType, kHeadDim, kHeadDimV, kVariant>::Traits;
-    return {Traits::kSmemBytes, Traits::kBlockM};
+    return {Traits::kSmemBytes, Traits::kBlockM, Traits::kBlockN * Traits::kKeySplits,
+            register_bound_ctas_per_sm(Traits::kNumThreads, Traits::kMaxRegisters)};
 }
 
 template <DType kDType, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
@@ -31,10 +32,11 @@ cudaError_t run_fwd_sm80(const FwdKernelParams &params, const FwdLaunchOptions &
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes));
         if (err != cudaSuccess) return err;
     }
-    // The dispatcher has checked that this fits a one-dimensional grid.
-    const int64_t num_blocks =
-        fwd_num_blocks(params.batch_size, params.num_heads_q, params.seqlen_q, Traits::kBlockM);
-    kernel<<<dim3(unsigned(num_blocks)), dim3(Traits::kNumThreads), smem_bytes, stream>>>(params);
+    // The dispatcher has checked that the blocks fit gridDim.x; the key
+    // splits (at most FLASHCORE_MAX_NUM_SPLITS) are gridDim.y.
+    const int64_t num_blocks = fwd_num_blocks(params, Traits::kBlockM);
+    kernel<<<dim3(unsigned(num_blocks), unsigned(params.num_splits)), dim3(Traits::kNumThreads), smem_bytes,
+             stream>>>(params);
     return cudaGetLastError();
 }
 

@@ -140,6 +140,23 @@ __device__ __forceinline__ void load_tile_async(Element *smem, const Element *gm
     }
 }
 
+// As load_tile_async, for rows that are not evenly strided: row r starts at
+// gmem + row_offset(r) (GQA-packed Q tiles gather rows of several heads).
+// Each thread takes vectors tid, tid + kThreads, ... in row-major order.
+template <typename Element, int kRowElems, int kRows, int kThreads, typename RowOffset>
+__device__ __forceinline__ void load_rows_async(Element *smem, const Element *gmem, RowOffset &&row_offset,
+                                                int valid_rows, int valid_vectors, int tid) {
+    constexpr int kVectorsPerRow = kRowElems / kElemsPerVector;
+    const uint32_t base = smem_address(smem);
+    for (int idx = tid; idx < kRows * kVectorsPerRow; idx += kThreads) {
+        const int row = idx / kVectorsPerRow;
+        const int vec = idx % kVectorsPerRow;
+        const bool valid = vec < valid_vectors && row < valid_rows;
+        cp_async_16(base + swizzled_byte_offset<kRowElems>(row, vec),
+                    valid ? gmem + row_offset(row) + vec * kElemsPerVector : gmem, valid);
+    }
+}
+
 // Copies rows [0, valid_rows), vectors [0, valid_vectors) of a shared tile
 // (rows of kRowElems, of which the first kCopyVectors vectors are copied) to
 // global memory with 16-byte stores, by kThreads threads. The caller

@@ -17,6 +17,7 @@
 
 #include "common/key_range.cuh"
 #include "common/output_block.cuh"
+#include "common/row_stores.cuh"
 #include "common/tile_coords.cuh"
 #include "sm90/epilogue.cuh"
 #include "sm90/mainloop.cuh"
@@ -39,6 +40,7 @@ struct Consumer {
 
     bool pending = false;
     FwdTile pending_tile{};
+    int pending_split = 0;
     uint32_t pending_last_kv = 0;  // its last K/V tile
 
     uint32_t kv_count = 0;
@@ -55,7 +57,7 @@ struct Consumer {
 
     __device__ __forceinline__ void run() {
         PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(params.fwd).for_each_block(
-            params.fwd, [&](const FwdTile &tile, const KeyRange &keys) { compute_block(tile, keys); });
+            params.fwd, [&](const FwdTile &tile, const KeyRange &keys, int split) { compute_block(tile, keys, split); });
         if (pending) {
             issue_pending_output();
             wgmma_wait<0>();
@@ -66,11 +68,17 @@ struct Consumer {
         if (wg_tid == 0) bulk_wait_group_all();
     }
 
-    __device__ __forceinline__ void compute_block(const FwdTile &tile, const KeyRange &keys) {
+    __device__ __forceinline__ void compute_block(const FwdTile &tile, const KeyRange &keys, int split) {
         if (keys.num_blocks() <= 0) {
-            store_empty_block(OutputBlock<Element>::of(params.fwd, tile, Traits::kBlockM), params.fwd.out_seq_stride,
-                              params.fwd.head_dim_v, consumer * kWarpgroupThreads + wg_tid,
-                              Traits::kConsumerWarpgroups * kWarpgroupThreads);
+            const int tid = consumer * kWarpgroupThreads + wg_tid;
+            constexpr int kThreads = Traits::kConsumerWarpgroups * kWarpgroupThreads;
+            if (params.fwd.num_splits > 1) {
+                store_empty_rows(split_destination(params.fwd, tile, Traits::kBlockM, split), params.fwd.head_dim_v,
+                                 tid, kThreads);
+            } else {
+                store_empty_block(OutputBlock<Element>::of(params.fwd, tile, Traits::kBlockM),
+                                  params.fwd.out_seq_stride, params.fwd.head_dim_v, tid, kThreads);
+            }
             return;
         }
         const uint32_t kv_base = kv_count;
@@ -100,6 +108,7 @@ struct Consumer {
 
         pending = true;
         pending_tile = tile;
+        pending_split = split;
         pending_last_kv = kv_base + keys.num_blocks() - 1;
         kv_count += keys.num_blocks();
         ++q_count;
@@ -115,6 +124,13 @@ struct Consumer {
         loop.release_v(pending_last_kv);
         float row_lse[2];
         loop.softmax.finalize(loop.acc_o, params.fwd.softmax_scale, row_lse);
+        if (params.fwd.num_splits > 1) {
+            // A split-KV part: fp32 rows and LSE to the workspace.
+            store_fragment_rows(split_destination(params.fwd, pending_tile, Traits::kBlockM, pending_split),
+                                loop.acc_o, row_lse, consumer * Traits::kRowsPerConsumer + (wg_tid / 32) * kMmaM,
+                                wg_tid % 32, params.fwd.head_dim_v);
+            return;
+        }
         store_rows<Traits>(params, pending_tile, loop.pipe.o_staging(consumer), consumer, loop.acc_o[0], row_lse,
                            wg_tid);
     }

@@ -63,7 +63,9 @@ template <DType kDType, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 FwdKernelInfo fwd_info_sm90() {
     static_assert(kVariant == FwdVariant::kPersistent, "the sm90 kernel has one variant");
     using Traits = typename sm90::Sm90Config<kDType, kHeadDim, kHeadDimV>::Traits;
-    return {Traits::kSmemBytes, Traits::kBlockM};
+    // One CTA per SM: __launch_bounds__(threads, 1), and the consumers take
+    // the registers the producer gives up.
+    return {Traits::kSmemBytes, Traits::kBlockM, Traits::kBlockN, 1};
 }
 
 template <DType kDType, int kHeadDim, int kHeadDimV, FwdVariant kVariant>

@@ -30,7 +30,7 @@ __device__ __forceinline__ void run_producer(const Sm90KernelParams &params, con
     uint32_t kv_count = 0;  // K/V tiles loaded so far: their stage and phase
     uint32_t q_count = 0;   // query blocks loaded so far
     PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(p).for_each_block(
-        p, [&](const FwdTile &tile, const BlockKeyRange<Traits::kBlockM, Traits::kBlockN> &keys) {
+        p, [&](const FwdTile &tile, const BlockKeyRange<Traits::kBlockM, Traits::kBlockN> &keys, int /*split*/) {
             if (keys.num_blocks() <= 0) return;  // the consumers store it without K/V
             const int q_buffer = Pipeline<Traits>::q_buffer_of(q_count);
             mbarrier_wait(pipe.q_empty(q_buffer), Pipeline<Traits>::q_phase_of(q_count) ^ 1u);

@@ -14,6 +14,10 @@
 // alone), and the longer block of each pair goes first.
 // Items of one (batch, head) are adjacent, so the CTAs working at the same
 // time read the K/V of only a few heads, which stay in L2.
+//
+// Split-KV (num_splits > 1): each item is done num_splits times, once per
+// part of its blocks' key ranges (BlockKeyRange::split); the parts of an item
+// are adjacent, so they run at the same time and share its Q and K/V in L2.
 #pragma once
 
 #include "common/fwd_params.h"
@@ -37,7 +41,7 @@ struct PersistentSchedule {
     }
 
     __host__ __device__ int64_t num_items(const FwdKernelParams &p) const {
-        return int64_t(items_per_head) * p.num_heads_q * p.batch_size;
+        return int64_t(items_per_head) * p.num_heads_q * p.batch_size * p.num_splits;
     }
 
     // Query blocks in `item`: 2 for a causal pair, else 1.
@@ -52,17 +56,20 @@ struct PersistentSchedule {
         return fwd_tile(p, item / items_per_head, which == 0 ? num_m_blocks - 1 - i : i);
     }
 
-    // Calls visit(tile, keys) for each query block of this CTA, in schedule
-    // order, with the block's BlockKeyRange (keys.num_blocks() <= 0: no row
-    // of the block sees a key).
+    // Calls visit(tile, keys, split) for each query block of this CTA, in
+    // schedule order, with the block's BlockKeyRange, or its part `split`
+    // under split-KV (keys.num_blocks() <= 0: no row of the block sees a key
+    // of it).
     template <typename Visit>
     __device__ __forceinline__ void for_each_block(const FwdKernelParams &p, Visit &&visit) const {
         const int items = int(num_items(p));
         const KeyMask mask = KeyMask::of(p);
-        for (int item = blockIdx.x; item < items; item += gridDim.x) {
+        for (int split_item = blockIdx.x; split_item < items; split_item += gridDim.x) {
+            const int item = split_item / p.num_splits;
+            const int split = split_item % p.num_splits;
             for (int which = 0; which < blocks_in(item); ++which) {
                 const FwdTile t = tile(p, item, which);
-                visit(t, BlockKeyRange<kBlockM, kBlockN>::of(mask, t.m_block));
+                visit(t, BlockKeyRange<kBlockM, kBlockN>::of(mask, t.m_block).split(split, p.num_splits), split);
             }
         }
     }

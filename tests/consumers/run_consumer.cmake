@@ -7,7 +7,7 @@
 #   pkgconfig  consumer.c compiled with `$CC $(pkg-config --cflags --libs flashcore)`,
 #              PKG_CONFIG_PATH=<prefix>/<libdir>/pkgconfig, run with LD_LIBRARY_PATH
 #   cmake      cmake_project/ configured with CMAKE_PREFIX_PATH=<prefix>
-#              (find_package(flashcore 0.2), flashcore::flashcore), built, run
+#              (find_package(flashcore 0.3), flashcore::flashcore), built, run
 #   dlopen     dlopen_consumer.c, compiled without -lflashcore, given the
 #              functions of the installed header, dlopens <prefix>/<libdir>/libflashcore.so.MAJOR
 # The linked programs must also resolve libflashcore from PREFIX (checked with

@@ -80,7 +80,38 @@ FC_FIELD(out_seq_stride, 168, 8);
 FC_FIELD(out_head_stride, 176, 8);
 /* Added in 0.2: a 0.1 struct ends at 184 bytes. */
 FC_FIELD(head_dim_v, 184, 4);
-FC_ASSERT(params_size, sizeof(flashcore_forward_params) >= 188);
+/* Added in 0.3: a 0.2 struct ends at 188 bytes. */
+FC_FIELD(num_splits, 188, 4);
+FC_ASSERT(params_size, sizeof(flashcore_forward_params) >= 192);
+
+/* flashcore_merge_params (0.3). */
+#define FC_MERGE_FIELD(field, offset, size)                                                \
+    FC_ASSERT(merge_##field##_offset, offsetof(flashcore_merge_params, field) == (offset)); \
+    FC_ASSERT(merge_##field##_size, sizeof(((flashcore_merge_params *)0)->field) == (size))
+FC_MERGE_FIELD(struct_size, 0, 8);
+FC_MERGE_FIELD(partial_dtype, 8, 4);
+FC_MERGE_FIELD(out_dtype, 12, 4);
+FC_MERGE_FIELD(num_states, 16, 4);
+FC_MERGE_FIELD(batch_size, 20, 4);
+FC_MERGE_FIELD(num_heads, 24, 4);
+FC_MERGE_FIELD(seqlen, 28, 4);
+FC_MERGE_FIELD(head_dim, 32, 4);
+FC_MERGE_FIELD(partial_out, 40, 8);
+FC_MERGE_FIELD(partial_lse, 48, 8);
+FC_MERGE_FIELD(out, 56, 8);
+FC_MERGE_FIELD(lse, 64, 8);
+FC_MERGE_FIELD(partial_state_stride, 72, 8);
+FC_MERGE_FIELD(partial_batch_stride, 80, 8);
+FC_MERGE_FIELD(partial_seq_stride, 88, 8);
+FC_MERGE_FIELD(partial_head_stride, 96, 8);
+FC_MERGE_FIELD(lse_state_stride, 104, 8);
+FC_MERGE_FIELD(lse_batch_stride, 112, 8);
+FC_MERGE_FIELD(lse_seq_stride, 120, 8);
+FC_MERGE_FIELD(lse_head_stride, 128, 8);
+FC_MERGE_FIELD(out_batch_stride, 136, 8);
+FC_MERGE_FIELD(out_seq_stride, 144, 8);
+FC_MERGE_FIELD(out_head_stride, 152, 8);
+FC_ASSERT(merge_params_size, sizeof(flashcore_merge_params) == 160);
 #endif
 
 /* Every function, assigned to a pointer of the exact type it had when this
@@ -115,6 +146,7 @@ int flashcore_abi_enums(flashcore_status s, flashcore_dtype d, flashcore_layout 
     switch (d) {
     case FLASHCORE_DTYPE_FP16:
     case FLASHCORE_DTYPE_BF16:
+    case FLASHCORE_DTYPE_FP32:
         n += 2;
         break;
     }

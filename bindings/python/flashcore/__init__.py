@@ -7,6 +7,7 @@ __cuda_array_interface__ or DLPack.
 
     import flashcore
     out = flashcore.attention(q, k, v, causal=True)
+    out, lse = flashcore.merge_states(partial_out, partial_lse)   # parts of the keys -> all
     flashcore.supported_head_dims()   # [(head_dim, head_dim_v), ...] of this build
 
 The library is looked for in $FLASHCORE_LIBRARY, then next to this package,
@@ -15,7 +16,7 @@ flashcore.library()). The ctypes declarations in flashcore._ffi are generated
 from include/flashcore.h.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 from . import _ffi
 from ._attention import attention, check_params, forward_params, supported_head_dims
@@ -32,11 +33,14 @@ from ._errors import (
     WorkspaceTooSmallError,
 )
 from ._library import Handle, Library, get_handle, library, open_library
+from ._merge import merge_params, merge_states
 
 Status = _ffi.Status
 Dtype = _ffi.Dtype
 Layout = _ffi.Layout
 ForwardParams = _ffi.flashcore_forward_params
+MergeParams = _ffi.flashcore_merge_params
+MAX_NUM_SPLITS = _ffi.FLASHCORE_MAX_NUM_SPLITS
 HEADER_VERSION_NUMBER = _ffi.FLASHCORE_VERSION_NUMBER
 
 
@@ -53,7 +57,9 @@ def status_string(status):
 __all__ = [
     "__version__",
     "attention",
+    "merge_states",
     "forward_params",
+    "merge_params",
     "check_params",
     "supported_head_dims",
     "Handle",
@@ -67,6 +73,8 @@ __all__ = [
     "Dtype",
     "Layout",
     "ForwardParams",
+    "MergeParams",
+    "MAX_NUM_SPLITS",
     "HEADER_VERSION_NUMBER",
     "FlashcoreError",
     "InvalidArgumentError",

@@ -2,6 +2,7 @@
 
 import ctypes
 import math
+import operator
 
 from . import _ffi
 from ._arrays import can_allocate, contiguous_strides, current_stream, describe, empty, stream_pointer
@@ -33,6 +34,25 @@ def _softmax_scale(softmax_scale):
         # The C API reads 0 as "default"; from Python that is spelled None.
         raise InvalidArgumentError("softmax_scale must be > 0 (None means 1 / sqrt(head_dim)), got %r" % softmax_scale)
     return scale
+
+
+def _num_splits(num_splits):
+    """The C num_splits for the Python argument: None (the library chooses)
+    is 0; otherwise a whole number from 1 (never split) up."""
+    if num_splits is None:
+        return 0
+    if isinstance(num_splits, bool):
+        raise TypeError("num_splits must be None or an int, not a bool")
+    try:
+        n = operator.index(num_splits)
+    except TypeError:
+        raise TypeError("num_splits must be None or an int, got %s" % type(num_splits).__name__) from None
+    if n == 0:
+        # The C API reads 0 as "choose"; from Python that is spelled None.
+        raise InvalidArgumentError("num_splits must be >= 1 (None lets the library choose), got 0")
+    if not -(INT32_MAX + 1) <= n <= INT32_MAX:
+        raise InvalidArgumentError("num_splits %d does not fit the C API's int32" % n)
+    return n  # negative or above FLASHCORE_MAX_NUM_SPLITS: the library says why not
 
 
 class _View:
@@ -104,7 +124,7 @@ def _validate(q, k, v, out, lse, layout):
     return qv, kv, vv
 
 
-def _build(lib, q, k, v, out, lse, layout, causal, scale):
+def _build(lib, q, k, v, out, lse, layout, causal, scale, num_splits=0):
     qv, kv, vv = _validate(q, k, v, out, lse, layout)
     p = lib.new_params()
     batch, heads_q, seqlen_q, head_dim = qv.shape
@@ -114,6 +134,7 @@ def _build(lib, q, k, v, out, lse, layout, causal, scale):
     p.num_heads_kv, p.seqlen_k = kv.shape[1], kv.shape[2]
     p.causal = 1 if causal else 0
     p.softmax_scale = scale
+    p.num_splits = num_splits
     p.lse = lse.ptr if lse is not None else None
     for prefix, info in (("q", q), ("k", k), ("v", v), ("out", out)):
         if info is None:
@@ -130,13 +151,14 @@ def _build(lib, q, k, v, out, lse, layout, causal, scale):
     return p
 
 
-def forward_params(q, k, v, out=None, *, lse=None, causal=False, softmax_scale=None, layout="bhsd"):
+def forward_params(q, k, v, out=None, *, lse=None, causal=False, softmax_scale=None, layout="bhsd", num_splits=None):
     """A flashcore.ForwardParams for these arrays (pointers, sizes, strides),
     for the low-level calls: Handle.workspace_size, Handle.forward,
-    check_params. The arrays must outlive every use of the result."""
+    check_params. The arrays must outlive every use of the result.
+    num_splits as for attention()."""
     layout = _layout(layout)
     infos = [None if a is None else describe(a, name) for a, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"))]
-    return _build(library(), *infos, layout, causal, _softmax_scale(softmax_scale))
+    return _build(library(), *infos, layout, causal, _softmax_scale(softmax_scale), _num_splits(num_splits))
 
 
 def supported_head_dims():
@@ -166,7 +188,7 @@ def _allocate(like, shape, dtype, stream, what):
 
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse=False, stream=None,
-              layout="bhsd", lse=None, workspace=None):
+              layout="bhsd", lse=None, workspace=None, num_splits=None):
     """Fused scaled-dot-product attention, like
     torch.nn.functional.scaled_dot_product_attention(q, k, v):
 
@@ -196,7 +218,15 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse
         current stream of q's framework (for other arrays, the producer's
         __cuda_array_interface__ stream, else the legacy default stream).
     workspace: device memory for the library's scratch space (a CUDA array);
-        allocated with q's framework when needed and None.
+        allocated with q's framework when needed and None. Only calls that
+        split their keys (num_splits) need one.
+    num_splits: split-KV. None (the default) lets the library choose from
+        the grid, the GPU's SM count and Sk (it splits calls too small to
+        fill the GPU, such as decoding); 1 never splits; N (2 up to
+        flashcore.MAX_NUM_SPLITS) splits the keys each query block sees into
+        exactly N parts, computed in parallel and merged (the same math as
+        merge_states). Results are deterministic for a given num_splits;
+        different num_splits round differently.
 
     PyTorch tensors, CuPy arrays and any object with __cuda_array_interface__
     or __dlpack__ are accepted; for the last two, out (and lse, workspace when
@@ -207,6 +237,7 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse
     """
     layout = _layout(layout)
     scale = _softmax_scale(softmax_scale)
+    splits = _num_splits(num_splits)
     user_stream = None if stream is None else stream_pointer(stream)
     qi = describe(q, "q", user_stream or 0)
     s = current_stream(qi) if user_stream is None else user_stream
@@ -221,7 +252,7 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse
     if li is None and return_lse:
         lse = _allocate(qi, qv.shape[:3], "float32", s, "lse")
         li = describe(lse, "lse", s)
-    params = _build(lib, qi, ki, vi, oi, li, layout, causal, scale)
+    params = _build(lib, qi, ki, vi, oi, li, layout, causal, scale, splits)
     lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
 
     device = next((a.device for a in (qi, ki, vi, oi) if a.device is not None), None)

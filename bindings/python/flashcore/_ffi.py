@@ -8,16 +8,16 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "a117dcca6050bc43071f8460299cedb2753f179aca2ad818b04dae4affd28465"
+HEADER_SHA256 = "a34329dd091da11f7f552b564fc00fbf68d0cb7851fb938705a2e352165f2600"
 
 FLASHCORE_VERSION_MAJOR = 0
 
-FLASHCORE_VERSION_MINOR = 2
+FLASHCORE_VERSION_MINOR = 3
 
 FLASHCORE_VERSION_PATCH = 0
 
-# MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 200 for 0.2.0.
-FLASHCORE_VERSION_NUMBER = 200
+# MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 300 for 0.3.0.
+FLASHCORE_VERSION_NUMBER = 300
 
 
 flashcore_status = ctypes.c_int  # C type of enum flashcore_status
@@ -37,7 +37,7 @@ class Status(enum.IntEnum):
     # A pointer or stride does not meet the alignment the kernels need.
     MISALIGNED = 3
     # The workspace passed is smaller than flashcore_forward_workspace_size
-    # asked for.
+    # asked for (see "Workspace" below).
     WORKSPACE_TOO_SMALL = 4
     # No CUDA device is visible, or the NVIDIA driver is missing or too old.
     NO_DEVICE = 5
@@ -75,10 +75,13 @@ class Dtype(enum.IntEnum):
     FP16 = 1
     # bfloat16 (CUDA __nv_bfloat16)
     BF16 = 2
+    # float; only flashcore_merge_states takes it
+    FP32 = 3
 
 
 FLASHCORE_DTYPE_FP16 = Dtype.FP16
 FLASHCORE_DTYPE_BF16 = Dtype.BF16
+FLASHCORE_DTYPE_FP32 = Dtype.FP32
 
 
 # Storage orders understood by flashcore_set_contiguous_strides. Any other
@@ -105,6 +108,9 @@ FLASHCORE_SOFTMAX_SCALE_DEFAULT = 0.0
 # Alignment, in bytes, that q, k, v, out and the workspace must have, and
 # that every batch/seq/head stride must be a multiple of (in bytes).
 FLASHCORE_ALIGNMENT = 16
+
+# The largest num_splits a call may ask for (flashcore_forward_params).
+FLASHCORE_MAX_NUM_SPLITS = 128
 
 
 # Everything one attention call needs. Logical shapes:
@@ -173,6 +179,67 @@ class flashcore_forward_params(ctypes.Structure):
         # with head_dim 192, as in DeepSeek-style prefill). 0 (the default)
         # means head_dim. Same rules as head_dim.
         ("head_dim_v", ctypes.c_int32),
+        # Split-KV: into how many parts the keys each query block sees are
+        # split, each part computed by its own thread block into the workspace,
+        # the parts then merged into out and lse (the same math as
+        # flashcore_merge_states). Splitting lets calls that are too small to
+        # fill the GPU (decode, chunked prefill, few heads) use every SM.
+        #   0 (the default): chosen per call from the grid, the device's
+        #     multiprocessor count and seqlen_k (docs/perf-notes.md gives the
+        #     measured crossovers); usually 1 where the grid fills the GPU.
+        #   1: never split; the call needs no workspace.
+        #   N (2 .. FLASHCORE_MAX_NUM_SPLITS): exactly N parts, some of which may
+        #     be empty when a query block sees fewer than N key tiles.
+        # Results do not depend on the workspace's contents and stay
+        # deterministic for a given num_splits; different num_splits round
+        # differently.
+        ("num_splits", ctypes.c_int32),
+    ]
+
+
+# Logical shapes (element strides, last dimension contiguous):
+#   partial_out:  [num_states, batch_size, num_heads, seqlen, head_dim]
+#   partial_lse:  [num_states, batch_size, num_heads, seqlen], float32
+#   out:          [batch_size, num_heads, seqlen, head_dim]
+#   lse:          [batch_size, num_heads, seqlen], float32, contiguous
+#                 (optional)
+# partial_out and out must be FLASHCORE_ALIGNMENT aligned, their strides
+# multiples of FLASHCORE_ALIGNMENT bytes, and head_dim a multiple of 8;
+# partial_lse and lse are 4-byte aligned. out and lse must not overlap the
+# partials or each other.
+class flashcore_merge_params(ctypes.Structure):
+    """struct flashcore_merge_params; pointer fields are addresses (ints)."""
+
+    _fields_ = [
+        # sizeof(flashcore_merge_params) as the caller compiled it.
+        ("struct_size", ctypes.c_size_t),
+        # flashcore_dtype of partial_out: FP16, BF16 or FP32
+        ("partial_dtype", ctypes.c_int32),
+        # flashcore_dtype of out: FP16, BF16 or FP32
+        ("out_dtype", ctypes.c_int32),
+        # partial results to merge, >= 1
+        ("num_states", ctypes.c_int32),
+        ("batch_size", ctypes.c_int32),
+        ("num_heads", ctypes.c_int32),
+        ("seqlen", ctypes.c_int32),
+        ("head_dim", ctypes.c_int32),
+        ("partial_out", ctypes.c_void_p),
+        # natural-log LSE of each partial row
+        ("partial_lse", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        # optional (NULL: not written)
+        ("lse", ctypes.c_void_p),
+        ("partial_state_stride", ctypes.c_int64),
+        ("partial_batch_stride", ctypes.c_int64),
+        ("partial_seq_stride", ctypes.c_int64),
+        ("partial_head_stride", ctypes.c_int64),
+        ("lse_state_stride", ctypes.c_int64),
+        ("lse_batch_stride", ctypes.c_int64),
+        ("lse_seq_stride", ctypes.c_int64),
+        ("lse_head_stride", ctypes.c_int64),
+        ("out_batch_stride", ctypes.c_int64),
+        ("out_seq_stride", ctypes.c_int64),
+        ("out_head_stride", ctypes.c_int64),
     ]
 
 
@@ -257,8 +324,9 @@ FUNCTIONS = (
         ("params", ctypes.POINTER(flashcore_forward_params)),
     )),
     # Bytes of device workspace flashcore_forward needs for these parameters on
-    # this handle's device (it may be 0). Only shapes, dtype and flags are read;
-    # the data pointers may still be NULL.
+    # this handle's device (0 when the call does not split its keys). Only the
+    # fields listed under "Workspace" are read; the data pointers may still be
+    # NULL.
     ("flashcore_forward_workspace_size", flashcore_status, (
         ("handle", flashcore_handle),
         ("params", ctypes.POINTER(flashcore_forward_params)),
@@ -278,6 +346,21 @@ FUNCTIONS = (
         ("params", ctypes.POINTER(flashcore_forward_params)),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
+        ("stream", ctypes.c_void_p),
+    )),
+    # Zeroes the struct_size bytes at params and sets struct_size, and both
+    # dtypes to FP16. Pass sizeof(flashcore_merge_params).
+    ("flashcore_merge_params_init", flashcore_status, (
+        ("params", ctypes.POINTER(flashcore_merge_params)),
+        ("struct_size", ctypes.c_size_t),
+    )),
+    # Queues the merge on `stream` (a cudaStream_t, NULL for the default
+    # stream) on the handle's device and returns without waiting. Needs no
+    # workspace; can be captured into a CUDA graph; deterministic. Bad
+    # parameters return a status having queued nothing.
+    ("flashcore_merge_states", flashcore_status, (
+        ("handle", flashcore_handle),
+        ("params", ctypes.POINTER(flashcore_merge_params)),
         ("stream", ctypes.c_void_p),
     )),
 )

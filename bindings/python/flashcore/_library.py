@@ -94,6 +94,7 @@ class Library:
                                                                       _ffi.FLASHCORE_VERSION_NUMBER))
         self.version = self.cdll.flashcore_version_string().decode()
         self._params_template = None
+        self._merge_template = None
         self._head_dims = None
 
     def __getattr__(self, name):
@@ -135,6 +136,15 @@ class Library:
             self.check(self.cdll.flashcore_forward_params_init(ctypes.byref(template), ctypes.sizeof(template)))
             self._params_template = bytes(template)
         return _ffi.flashcore_forward_params.from_buffer_copy(self._params_template)
+
+    def new_merge_params(self):
+        """A flashcore_merge_params set up by the library's own
+        flashcore_merge_params_init, struct_size = this package's sizeof."""
+        if self._merge_template is None:
+            template = _ffi.flashcore_merge_params()
+            self.check(self.cdll.flashcore_merge_params_init(ctypes.byref(template), ctypes.sizeof(template)))
+            self._merge_template = bytes(template)
+        return _ffi.flashcore_merge_params.from_buffer_copy(self._merge_template)
 
 
 def open_library(path=None):
@@ -214,6 +224,12 @@ class Handle:
         """Queues flashcore_forward. workspace and stream are raw addresses (ints)."""
         self._lib.check(self._lib.cdll.flashcore_forward(self._live(), ctypes.byref(params), workspace or None,
                                                          workspace_bytes, stream or None))
+
+    def merge_states(self, params, stream=0):
+        """Queues flashcore_merge_states (a flashcore.MergeParams, e.g. from
+        flashcore.merge_params). stream is a raw cudaStream_t (an int); the
+        call needs no workspace."""
+        self._lib.check(self._lib.cdll.flashcore_merge_states(self._live(), ctypes.byref(params), stream or None))
 
     def close(self):
         raw, self._raw = getattr(self, "_raw", None), None

@@ -78,6 +78,10 @@ def test_abi_matches_a_c_compiler(tmp_path):
         elif name.startswith("FLASHCORE_") and isinstance(value, (int, float)):
             probe("value:" + name, "%.17g", "(double)(%s)" % name, "%.17g" % float(value))
     assert any(k.startswith("offsetof:flashcore_forward_params.struct_size") for k in expected)
+    # The 0.3 additions are among what is compared.
+    assert "offsetof:flashcore_forward_params.num_splits" in expected
+    assert all("offsetof:flashcore_merge_params.%s" % f in expected for f in MERGE_FIELDS)
+    assert "value:FLASHCORE_MAX_NUM_SPLITS" in expected and "value:FLASHCORE_DTYPE_FP32" in expected
     src = tmp_path / "abi.c"
     src.write_text("#include <stddef.h>\n#include <stdio.h>\n#include \"flashcore.h\"\nint main(void) {\n%s\n"
                    "    return 0;\n}\n" % "\n".join(body))
@@ -87,6 +91,43 @@ def test_abi_matches_a_c_compiler(tmp_path):
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     seen = dict(line.split(" ", 1) for line in out.splitlines())
     assert seen == expected
+
+
+MERGE_FIELDS = [
+    "struct_size", "partial_dtype", "out_dtype", "num_states", "batch_size", "num_heads", "seqlen", "head_dim",
+    "partial_out", "partial_lse", "out", "lse",
+    "partial_state_stride", "partial_batch_stride", "partial_seq_stride", "partial_head_stride",
+    "lse_state_stride", "lse_batch_stride", "lse_seq_stride", "lse_head_stride",
+    "out_batch_stride", "out_seq_stride", "out_head_stride",
+]
+
+
+def test_split_kv_and_merge_declarations():
+    """What 0.3 added, as the bindings use it: num_splits appended to the
+    forward params (the struct only grows at the end), the merge struct's
+    fields in header order, FP32 and the split limit, and both functions."""
+    fields = [f for f, _ in _ffi.flashcore_forward_params._fields_]
+    assert fields[-2:] == ["head_dim_v", "num_splits"]
+    assert _ffi.flashcore_forward_params.num_splits.offset + 4 <= ctypes.sizeof(_ffi.flashcore_forward_params)
+    assert dict(_ffi.flashcore_forward_params._fields_)["num_splits"] is ctypes.c_int32
+    merge = _ffi.flashcore_merge_params
+    assert [f for f, _ in merge._fields_] == MERGE_FIELDS
+    types = dict(merge._fields_)
+    assert types["struct_size"] is ctypes.c_size_t
+    assert all(types[f] is ctypes.c_int32 for f in MERGE_FIELDS[1:8])
+    assert all(types[f] is ctypes.c_void_p for f in MERGE_FIELDS[8:12])
+    assert all(types[f] is ctypes.c_int64 for f in MERGE_FIELDS[12:])
+    assert _ffi.Dtype.FP32 == _ffi.FLASHCORE_DTYPE_FP32 == 3
+    assert _ffi.FLASHCORE_MAX_NUM_SPLITS == 128
+    funcs = {f[0]: f for f in _ffi.FUNCTIONS}
+    init = funcs["flashcore_merge_params_init"]
+    assert init[1] is _ffi.flashcore_status
+    assert [a for a, _ in init[2]] == ["params", "struct_size"]
+    assert init[2][0][1]._type_ is merge and init[2][1][1] is ctypes.c_size_t
+    merge_fn = funcs["flashcore_merge_states"]
+    assert [a for a, _ in merge_fn[2]] == ["handle", "params", "stream"]
+    assert merge_fn[2][0][1] is _ffi.flashcore_handle and merge_fn[2][1][1]._type_ is merge
+    assert merge_fn[2][2][1] is ctypes.c_void_p
 
 
 def test_functions_have_named_arguments():

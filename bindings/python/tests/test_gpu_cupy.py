@@ -169,3 +169,44 @@ def test_cupy_streams(cp, np, how):
     cp.cuda.runtime.deviceSynchronize()
     del keep
     assert np.array_equal(out.get(), expected)
+
+
+def merge_reference(np, partial_out, partial_lse):
+    """float64 merge of [K, B, H, S, D] partials with [K, B, H, S] lse."""
+    lse_s = partial_lse.astype(np.float64)
+    m = lse_s.max(axis=0)
+    m0 = np.where(np.isfinite(m), m, 0.0)
+    w = np.exp(lse_s - m0)  # 0 for parts that see no key
+    total = w.sum(axis=0)
+    empty = total == 0
+    out = np.einsum("kbhs,kbhsd->bhsd", w, partial_out.astype(np.float64)) / np.where(empty, 1.0, total)[..., None]
+    with np.errstate(divide="ignore"):
+        lse = np.where(empty, -np.inf, np.log(np.where(empty, 1.0, total)) + m0)
+    return out, lse, empty
+
+
+@pytest.mark.parametrize("out_dtype", [None, "float32"])
+@pytest.mark.parametrize("num_states", [1, 3])
+def test_cupy_merge_states(cp, np, num_states, out_dtype):
+    rng = np.random.default_rng(num_states)
+    partial = rng.standard_normal((num_states, 2, 4, 50, 64)).astype(np.float16)
+    plse = (rng.standard_normal((num_states, 2, 4, 50)) * 3).astype(np.float32)
+    plse[:, 0, 0, :2] = -np.inf  # rows that no part sees
+    out, lse = flashcore.merge_states(cp.asarray(partial), cp.asarray(plse), out_dtype=out_dtype)
+    assert isinstance(out, cp.ndarray) and isinstance(lse, cp.ndarray)
+    assert out.shape == (2, 4, 50, 64) and out.dtype == (out_dtype or np.float16) and lse.dtype == np.float32
+    ref, ref_lse, empty = merge_reference(np, partial, plse)
+    host, host_lse = out.get(), lse.get()
+    floor = rel_err(np, ref.astype(host.dtype), ref)
+    assert rel_err(np, host, ref) <= 2 * floor + 1e-5
+    assert (host[empty] == 0).all() and (np.isneginf(host_lse) == empty).all()
+    valid = ~empty
+    assert np.abs(host_lse.astype(np.float64) - ref_lse)[valid].max() <= 1e-4 * max(1.0, np.abs(ref_lse[valid]).max())
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_cupy_num_splits(cp, np, num_splits):
+    q, k, v = host_inputs(np, 1, 8, 2, 4, 700, 64, seed=4)
+    out, lse = flashcore.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), return_lse=True,
+                                   num_splits=num_splits)  # the workspace comes from cupy
+    check(np, out.get(), lse.get(), q, k, v, False)

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 import flashcore
-from fc_testing import gpu_head_dims, head_dim_id
+from fc_testing import covering_pair, gpu_head_dims, head_dim_id
 
 pytestmark = pytest.mark.gpu
 
@@ -351,3 +351,301 @@ def test_other_device(torch):
     assert flashcore.get_handle(1).device == 1
     with torch.cuda.device(1):
         check(torch, out, None, q, k, v, True)
+
+
+# --------------------------------------------------------------------------
+# Split-KV (attention's num_splits) and merge_states
+#
+# merge_states is checked against a float64 merge of the same partials: its
+# relative L2 error must be within twice that of merely rounding the float64
+# result to out's dtype (+ 1e-5, the float32 arithmetic), rows that no part
+# sees must be exactly 0 with lse exactly -inf, and lse must be within 1e-4
+# (relative to its magnitude, at least 1). Attention with num_splits and
+# merged attention over parts of the keys use check() above, like every
+# other attention result.
+# --------------------------------------------------------------------------
+
+MERGE_DTYPES = ["float16", "bfloat16", "float32"]
+NUM_SPLITS = [None, 1, 2, 3, 7]  # None: the library's heuristic
+DECODE_SHAPES = [  # batch, heads_q, heads_kv, seqlen_q, seqlen_k
+    (1, 32, 8, 1, 1000),
+    (2, 32, 8, 5, 1037),
+    (1, 32, 8, 16, 999),
+]
+NEG_INF = float("-inf")
+
+
+def need_head_dim(d):
+    """Skips unless this build runs head_dim d (the GPU tests above assume the
+    default build; these also run on a build for fewer head dims)."""
+    if covering_pair(flashcore.supported_head_dims(), d, d) is None:
+        pytest.skip("this build has no kernel covering head_dim %d: %s" % (d, flashcore.supported_head_dims()))
+
+
+def merge_reference(torch, partial_out, partial_lse):
+    """float64 merge of [K, B, H, S, D] partials (as [B, H, S, D] states)
+    with their [K, B, H, S] lse: out, lse and the rows no part sees."""
+    lse_s = partial_lse.double()
+    lse = torch.logsumexp(lse_s, dim=0)  # -inf where every part is -inf
+    empty = torch.isneginf(lse)
+    weights = torch.exp(lse_s - torch.where(empty, torch.zeros_like(lse), lse)[None])  # 0 for -inf parts
+    out = (weights[..., None] * partial_out.double()).sum(0)
+    return out, lse, empty
+
+
+def random_states(torch, k, b, h, s, d, dtype, seed, empty_state=False):
+    """[K, B, H, S, D] partial outputs and [K, B, H, S] float32 lse with a
+    wide spread, some rows -inf in every part (rows that no part sees) and,
+    with empty_state, one part -inf everywhere (its rows see no key). The
+    outputs of -inf rows are finite noise: a part that saw no key must
+    contribute nothing whatever its out holds."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    partial = torch.randn((k, b, h, s, d), generator=g, device="cuda", dtype=torch.float32).to(getattr(torch, dtype))
+    lse = torch.randn((k, b, h, s), generator=g, device="cuda", dtype=torch.float32) * 3 + 2
+    lse[:, 0, 0, : min(3, s)] = NEG_INF
+    lse[:, b - 1, h - 1, s - 1] = NEG_INF
+    if empty_state:
+        lse[k // 2] = NEG_INF
+    return partial, lse
+
+
+def check_merge(torch, out, lse, partial_out, partial_lse):
+    """out ([B, H, S, D] view) and lse (unless None) against merge_reference."""
+    torch.cuda.synchronize()
+    ref, ref_lse, empty = merge_reference(torch, partial_out, partial_lse)
+    assert torch.isfinite(out).all(), "non-finite values in out"
+    floor = rel_err(ref.to(out.dtype), ref)
+    ours = rel_err(out, ref)
+    assert ours <= 2 * floor + 1e-5, "rel-L2 error %.3g (rounding alone: %.3g)" % (ours, floor)
+    assert (out[empty] == 0).all(), "rows that no part sees must be 0"
+    if lse is not None:
+        assert lse.dtype == torch.float32 and tuple(lse.shape) == tuple(ref_lse.shape)
+        assert torch.equal(torch.isneginf(lse), empty), "lse must be -inf exactly for rows that no part sees"
+        valid = ~empty
+        if valid.any():
+            err = (lse.double() - ref_lse)[valid].abs().max().item()
+            assert err <= 1e-4 * max(1.0, ref_lse[valid].abs().max().item()), "lse off by %.3g" % err
+
+
+@pytest.mark.parametrize("d", [40, 128, 200])  # 200: two passes of 128 columns
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("num_states", [1, 2, 3, 5])
+@pytest.mark.parametrize("dtype", MERGE_DTYPES)
+def test_merge_states_matches_reference(torch, dtype, num_states, layout, d):
+    b, h, s = 2, 6, 77
+    partial, plse = random_states(torch, num_states, b, h, s, d, dtype, seed=num_states * 100 + d)
+    given = partial if layout == "bhsd" else partial.transpose(2, 3).contiguous()  # [K, B, S, H, D]
+    out, lse = flashcore.merge_states(given, plse, layout=layout)
+    want = (b, h, s, d) if layout == "bhsd" else (b, s, h, d)
+    assert out.shape == want and out.dtype == partial.dtype and out.is_contiguous() and out.device == partial.device
+    assert lse.shape == (b, h, s) and lse.dtype == torch.float32 and lse.is_contiguous()
+    check_merge(torch, out if layout == "bhsd" else out.transpose(1, 2), lse, partial, plse)
+
+
+@pytest.mark.parametrize("num_states", [1, 2, 3, 5])
+@pytest.mark.parametrize("dtype", MERGE_DTYPES)
+def test_merge_states_part_that_sees_no_key(torch, dtype, num_states):
+    # One part is -inf everywhere (with K = 1: every row is one no part sees).
+    partial, plse = random_states(torch, num_states, 2, 4, 50, 64, dtype, seed=7 + num_states, empty_state=True)
+    out, lse = flashcore.merge_states(partial, plse)
+    check_merge(torch, out, lse, partial, plse)
+    if num_states == 1:
+        torch.cuda.synchronize()
+        assert (out == 0).all() and torch.isneginf(lse).all()
+
+
+@pytest.mark.parametrize("dtype,out_dtype", [
+    ("float16", "float32"), ("bfloat16", "float32"), ("float32", "float16"), ("float32", "bfloat16"),
+    ("float16", "bfloat16"),
+])
+def test_merge_states_out_dtype(torch, dtype, out_dtype):
+    partial, plse = random_states(torch, 3, 2, 4, 40, 128, dtype, seed=11)
+    out, lse = flashcore.merge_states(partial, plse, out_dtype=getattr(torch, out_dtype))
+    assert out.dtype == getattr(torch, out_dtype)
+    check_merge(torch, out, lse, partial, plse)
+    given = torch.full_like(out, NAN)
+    assert flashcore.merge_states(partial, plse, out=given, return_lse=False) is given  # out's dtype
+    check_merge(torch, given, None, partial, plse)
+
+
+@pytest.mark.parametrize("dtype", MERGE_DTYPES)
+def test_merge_states_strided_views(torch, dtype):
+    k, b, h, s, d = 3, 2, 4, 33, 64
+    t = getattr(torch, dtype)
+    # partial_out: a [K, B, H, S, D] view of padded [B, S, K, H, D + 16] storage, 16 bytes in.
+    g = torch.Generator(device="cuda").manual_seed(5)
+    storage = torch.randn((b, s, k, h, d + 16), generator=g, device="cuda").to(t)
+    partial = storage[..., 8:8 + d].permute(2, 0, 3, 1, 4)
+    # partial_lse: a [K, B, H, S] view of [B, H, S, K] storage.
+    plse = (torch.randn((b, h, s, k), generator=g, device="cuda") * 3).permute(3, 0, 1, 2)
+    plse[:, 1, 2, 5] = NEG_INF
+    assert not partial.is_contiguous() and not plse.is_contiguous()
+    out_storage = torch.full((b, s, h, d + 8), NAN, dtype=t, device="cuda")
+    out = out_storage[..., :d].transpose(1, 2)  # [B, H, S, D] view of padded [B, S, H, D + 8]
+    lse = torch.full((b, h, s), NAN, dtype=torch.float32, device="cuda")
+    res_out, res_lse = flashcore.merge_states(partial, plse, out=out, lse=lse)
+    assert res_out is out and res_lse is lse
+    check_merge(torch, out, lse, partial, plse)
+    assert torch.isnan(out_storage[..., d:]).all(), "wrote outside out"
+
+
+def test_merge_states_low_level_and_determinism(torch):
+    partial, plse = random_states(torch, 4, 2, 8, 64, 128, "bfloat16", seed=21)
+    expected, expected_lse = flashcore.merge_states(partial, plse)
+    out = torch.full_like(expected, NAN)
+    lse = torch.full_like(expected_lse, NAN)
+    params = flashcore.merge_params(partial, plse, out, lse=lse)
+    assert (params.num_states, params.batch_size, params.num_heads, params.seqlen, params.head_dim) == (4, 2, 8, 64, 128)
+    handle = flashcore.get_handle(partial.device.index)
+    handle.merge_states(params, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected) and torch.equal(lse, expected_lse), "two merges differ"
+    check_merge(torch, out, lse, partial, plse)
+
+
+def test_merge_states_on_a_given_stream(torch):
+    partial, plse = random_states(torch, 3, 2, 8, 100, 64, "float16", seed=31)
+    expected, expected_lse = flashcore.merge_states(partial, plse)
+    partial2, plse2 = poisoned_copies(torch, partial, plse)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        delay(torch)  # the inputs are written only after this
+        partial2.copy_(partial)
+        plse2.copy_(plse)
+    out, lse = flashcore.merge_states(partial2, plse2, stream=s)
+    s.synchronize()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+
+
+def test_merge_states_cuda_graph_capture(torch):
+    partial, plse = random_states(torch, 2, 2, 4, 64, 64, "float16", seed=41)
+    out, lse = flashcore.merge_states(partial, plse)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        flashcore.merge_states(partial, plse, out=out, lse=lse)
+    out.fill_(NAN)
+    lse.fill_(NAN)
+    graph.replay()
+    torch.cuda.synchronize()
+    check_merge(torch, out, lse, partial, plse)
+
+
+def test_merge_states_the_library_refuses(torch):
+    partial, plse = random_states(torch, 2, 1, 2, 16, 64, "float16", seed=51)
+    out = torch.full((1, 2, 16, 64), NAN, dtype=torch.float16, device="cuda")
+    shifted = torch.empty(partial.numel() + 1, dtype=torch.float16, device="cuda")[1:].view(partial.shape)  # 2 bytes in
+    with pytest.raises(flashcore.MisalignedError):
+        flashcore.merge_states(shifted, plse, out=out, return_lse=False)
+    odd_rows = torch.zeros((2, 1, 2, 16, 65), dtype=torch.float16, device="cuda")[..., :64]  # row stride 65
+    with pytest.raises(flashcore.MisalignedError):
+        flashcore.merge_states(odd_rows, plse, out=out, return_lse=False)
+    no_states = torch.zeros((0, 1, 2, 16, 64), dtype=torch.float16, device="cuda")
+    with pytest.raises(flashcore.InvalidArgumentError):
+        flashcore.merge_states(no_states, plse[:0], out=out, return_lse=False)
+    narrow = torch.zeros((2, 1, 2, 16, 64), dtype=torch.float16, device="cuda")[..., :60]  # head_dim 60
+    with pytest.raises((flashcore.InvalidArgumentError, flashcore.UnsupportedError, flashcore.MisalignedError)):
+        flashcore.merge_states(narrow, plse, out=torch.zeros((1, 2, 16, 64), dtype=torch.float16,
+                                                             device="cuda")[..., :60], return_lse=False)
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all(), "a failed call wrote to out"
+
+
+@pytest.mark.parametrize("num_splits", NUM_SPLITS, ids=lambda n: "auto" if n is None else "n%d" % n)
+@pytest.mark.parametrize("shape", DECODE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_num_splits_matches_sdpa(torch, dtype, causal, shape, num_splits):
+    need_head_dim(128)
+    b, hq, hkv, sq, sk = shape
+    q, k, v = qkv(torch, b, hq, hkv, sq, sk, 128, dtype, seed=sq + sk)
+    out, lse = flashcore.attention(q, k, v, causal=causal, return_lse=True, num_splits=num_splits)
+    check(torch, out, lse, q, k, v, causal)
+    again, again_lse = flashcore.attention(q, k, v, causal=causal, return_lse=True, num_splits=num_splits)
+    torch.cuda.synchronize()
+    assert torch.equal(out, again) and torch.equal(lse, again_lse), "not deterministic for a given num_splits"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_num_splits_more_than_key_tiles(torch, dtype):
+    # Most of the parts see no key tile at all.
+    need_head_dim(64)
+    q, k, v = qkv(torch, 1, 8, 2, 3, 200, 64, dtype, seed=61)
+    for causal in (False, True):
+        out, lse = flashcore.attention(q, k, v, causal=causal, return_lse=True, num_splits=flashcore.MAX_NUM_SPLITS)
+        check(torch, out, lse, q, k, v, causal)
+
+
+@pytest.mark.parametrize("num_splits", [2, 3, 7])
+def test_num_splits_workspace(torch, num_splits):
+    need_head_dim(128)
+    q, k, v = qkv(torch, 1, 32, 8, 4, 1000, 128, "float16", seed=71)
+    out = torch.full_like(q, NAN)
+    handle = flashcore.get_handle(q.device.index)
+    assert handle.workspace_size(flashcore.forward_params(q, k, v, out, num_splits=1)) == 0
+    params = flashcore.forward_params(q, k, v, out, num_splits=num_splits)
+    needed = handle.workspace_size(params)
+    assert needed > 0, "a split call needs a workspace"
+    # The size depends on shapes and num_splits only, not on pointers.
+    assert handle.workspace_size(flashcore.forward_params(q, k, v, None, num_splits=num_splits)) == needed
+    workspace = torch.empty(needed + 16, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    with pytest.raises(flashcore.WorkspaceTooSmallError):
+        handle.forward(params, workspace.data_ptr(), needed - 1, stream)
+    with pytest.raises(flashcore.InvalidArgumentError):
+        handle.forward(params, 0, needed, stream)
+    with pytest.raises(flashcore.MisalignedError):
+        handle.forward(params, workspace.data_ptr() + 8, needed, stream)
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all(), "a failed call wrote to out"
+    workspace.fill_(0xFF)  # contents do not matter
+    handle.forward(params, workspace.data_ptr(), needed, stream)
+    torch.cuda.synchronize()
+    check(torch, out, None, q, k, v, False)
+    expected = flashcore.attention(q, k, v, num_splits=num_splits)
+    given = flashcore.attention(q, k, v, num_splits=num_splits, workspace=workspace[:needed])
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected) and torch.equal(given, expected)
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("shape", [(1, 32, 8, 16, 1000, 500), (2, 8, 2, 77, 300, 123), (1, 4, 4, 200, 150, 149)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_over_two_halves_merged(torch, dtype, shape, layout):
+    """attention over keys [0, split) and [split, Sk), each with its lse,
+    merged, is attention over all keys."""
+    need_head_dim(128)
+    b, hq, hkv, sq, sk, split = shape
+    q, k, v = qkv(torch, b, hq, hkv, sq, sk, 128, dtype, seed=sk + split)
+    seq = 2 if layout == "bhsd" else 1
+    if layout == "bshd":  # the same values, stored as [B, S, H, D]
+        q, k, v = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    halves = [flashcore.attention(q, k.narrow(seq, start, length), v.narrow(seq, start, length), return_lse=True,
+                                  layout=layout) for start, length in ((0, split), (split, sk - split))]
+    partial_out = torch.stack([o for o, _ in halves])
+    partial_lse = torch.stack([lse for _, lse in halves])
+    out, lse = flashcore.merge_states(partial_out, partial_lse, layout=layout)
+    full, full_lse = flashcore.attention(q, k, v, return_lse=True, layout=layout)
+    as_bhsd = (lambda x: x) if layout == "bhsd" else (lambda x: x.transpose(1, 2))
+    check(torch, as_bhsd(out), lse, as_bhsd(q), as_bhsd(k), as_bhsd(v), False)
+    check_merge(torch, as_bhsd(out), lse, torch.stack([as_bhsd(o) for o, _ in halves]), partial_lse)
+    check(torch, as_bhsd(full), full_lse, as_bhsd(q), as_bhsd(k), as_bhsd(v), False)
+    assert (lse - full_lse).abs().max().item() <= 1e-3 * max(1.0, full_lse.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cached_prefix_and_causal_suffix_merged(torch, dtype):
+    """A shared prefix that every query sees whole (attention without a mask)
+    and the request's own keys (causal, bottom-right aligned), merged, are
+    causal attention over prefix + own keys."""
+    need_head_dim(64)
+    b, hq, hkv, sq, prefix, own = 2, 8, 2, 40, 300, 64
+    q, k, v = qkv(torch, b, hq, hkv, sq, prefix + own, 64, dtype, seed=81)
+    a = flashcore.attention(q, k[:, :, :prefix], v[:, :, :prefix], return_lse=True)
+    c = flashcore.attention(q, k[:, :, prefix:], v[:, :, prefix:], return_lse=True, causal=True)
+    out, lse = flashcore.merge_states(torch.stack([a[0], c[0]]), torch.stack([a[1], c[1]]), out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    check(torch, out.to(q.dtype), lse, q, k, v, True)
+    check_merge(torch, out, lse, torch.stack([a[0], c[0]]), torch.stack([a[1], c[1]]))

@@ -572,3 +572,197 @@ def test_torch_cpu_tensor_rejected(lib):
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
     with pytest.raises(flashcore.InvalidArgumentError, match="CUDA"):
         flashcore.attention(q, q, q)
+
+
+# --------------------------------------------------------------------------
+# Split-KV (num_splits) and merging partial results (no GPU needed)
+# --------------------------------------------------------------------------
+
+
+def test_num_splits_defaults_to_the_heuristic(lib):
+    assert lib.new_params().num_splits == 0
+    q, k, v, out = fake_qkv()
+    assert flashcore.forward_params(q, k, v, out).num_splits == 0
+    assert flashcore.forward_params(q, k, v, out, num_splits=None).num_splits == 0
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, flashcore.MAX_NUM_SPLITS])
+def test_num_splits_reaches_the_params(lib, n):
+    q, k, v, out = fake_qkv(b=1, hq=32, hkv=8, sq=4, sk=1000)
+    p = flashcore.forward_params(q, k, v, out, num_splits=n)
+    assert p.num_splits == n
+    flashcore.check_params(p)
+
+
+@pytest.mark.parametrize("n", [-1, flashcore.MAX_NUM_SPLITS + 1])
+def test_num_splits_out_of_range_is_refused_by_the_library(lib, n):
+    q, k, v, out = fake_qkv()
+    _raises_from_library(lib, flashcore.InvalidArgumentError,
+                         lambda: flashcore.check_params(flashcore.forward_params(q, k, v, out, num_splits=n)))
+    err = _raises_from_library(lib, flashcore.InvalidArgumentError,
+                               lambda: flashcore.attention(q, k, v, out=out, num_splits=n))
+    assert "num_splits" in err.message
+
+
+def test_num_splits_binding_side(lib):
+    q, k, v, out = fake_qkv()
+    with pytest.raises(flashcore.InvalidArgumentError, match="None") as info:
+        flashcore.attention(q, k, v, out=out, num_splits=0)  # 0 is the C spelling of None
+    assert info.value.status == Status.INVALID_ARGUMENT
+    for bad in (True, 2.0, "2"):
+        with pytest.raises(TypeError, match="num_splits"):
+            flashcore.attention(q, k, v, out=out, num_splits=bad)
+    with pytest.raises(flashcore.InvalidArgumentError, match="int32"):
+        flashcore.forward_params(q, k, v, out, num_splits=2**31)
+
+
+def test_forward_refuses_float32(lib):
+    # FP32 is a merge dtype only: the library's check says so, as forward would.
+    p = flashcore.forward_params(*fake_qkv())
+    p.dtype = flashcore.Dtype.FP32
+    _raises_from_library(lib, flashcore.UnsupportedError, lambda: flashcore.check_params(p))
+
+
+def test_merge_params_init_by_library(lib):
+    size = ctypes.sizeof(flashcore.MergeParams)
+    buf = (ctypes.c_ubyte * (size + 16))(*([0xAB] * (size + 16)))
+    lib.check(lib.cdll.flashcore_merge_params_init(ctypes.cast(buf, ctypes.POINTER(flashcore.MergeParams)), size))
+    assert list(buf[size:]) == [0xAB] * 16, "wrote past struct_size"
+    p = flashcore.MergeParams.from_buffer_copy(bytes(buf[:size]))
+    assert p.struct_size == size
+    assert p.partial_dtype == p.out_dtype == flashcore.Dtype.FP16
+    rest = [name for name, _ in flashcore.MergeParams._fields_ if name not in ("struct_size", "partial_dtype", "out_dtype")]
+    assert all(not getattr(p, name) for name in rest), {name: getattr(p, name) for name in rest}
+    assert bytes(lib.new_merge_params()) == bytes(p)
+    with pytest.raises(flashcore.InvalidArgumentError):
+        lib.check(lib.cdll.flashcore_merge_params_init(None, size))
+
+
+def test_merge_states_null_arguments(lib):
+    # A NULL handle or params is an invalid argument, whatever the GPU.
+    with pytest.raises(flashcore.InvalidArgumentError):
+        lib.check(lib.cdll.flashcore_merge_states(None, None, None))
+    p = lib.new_merge_params()
+    with pytest.raises(flashcore.InvalidArgumentError):
+        lib.check(lib.cdll.flashcore_merge_states(None, ctypes.byref(p), None))
+
+
+def fake_states(k=3, b=2, h=8, s=100, d=64, typestr="<f2", layout="bhsd", lse_strides=None, out_typestr=None):
+    """Fake partial_out [K, B, H, S, D] (or [K, B, S, H, D]), partial_lse
+    [K, B, H, S], out and lse, contiguous unless lse_strides is given."""
+    rows = (b, h, s) if layout == "bhsd" else (b, s, h)
+    partial = FakeCudaArray((k,) + rows + (d,), typestr=typestr, index=0)
+    plse = FakeCudaArray((k, b, h, s), typestr="<f4", index=1,
+                         strides=None if lse_strides is None else tuple(4 * x for x in lse_strides))
+    out = FakeCudaArray(rows + (d,), typestr=out_typestr or typestr, index=2)
+    lse = FakeCudaArray((b, h, s), typestr="<f4", index=3)
+    return partial, plse, out, lse
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_merge_params_from_arrays(lib, layout):
+    k, b, h, s, d = 3, 2, 8, 100, 64
+    # partial_lse as a [K, B, H, S] view of [B, H, S, K] storage: any strides go.
+    partial, plse, out, lse = fake_states(k, b, h, s, d, layout=layout, lse_strides=(1, h * s * k, s * k, k))
+    p = flashcore.merge_params(partial, plse, out, lse=lse, layout=layout)
+    assert p.struct_size == ctypes.sizeof(flashcore.MergeParams)
+    assert (p.partial_dtype, p.out_dtype) == (flashcore.Dtype.FP16, flashcore.Dtype.FP16)
+    assert (p.num_states, p.batch_size, p.num_heads, p.seqlen, p.head_dim) == (k, b, h, s, d)
+    assert (p.partial_out, p.partial_lse, p.out, p.lse) == (fake_ptr(0), fake_ptr(1), fake_ptr(2), fake_ptr(3))
+    if layout == "bhsd":
+        assert (p.partial_batch_stride, p.partial_head_stride, p.partial_seq_stride) == (h * s * d, s * d, d)
+        assert (p.out_batch_stride, p.out_head_stride, p.out_seq_stride) == (h * s * d, s * d, d)
+    else:
+        assert (p.partial_batch_stride, p.partial_head_stride, p.partial_seq_stride) == (s * h * d, d, h * d)
+        assert (p.out_batch_stride, p.out_head_stride, p.out_seq_stride) == (s * h * d, d, h * d)
+    assert p.partial_state_stride == b * h * s * d
+    assert (p.lse_state_stride, p.lse_batch_stride, p.lse_head_stride, p.lse_seq_stride) == (1, h * s * k, s * k, k)
+    no_lse = flashcore.merge_params(partial, plse, out, layout=layout)
+    assert no_lse.lse is None
+    with pytest.raises(TypeError, match="out"):
+        flashcore.merge_params(partial, plse, None, layout=layout)
+
+
+@pytest.mark.parametrize("typestr,out_typestr,codes", [
+    ("<f4", "<f2", (flashcore.Dtype.FP32, flashcore.Dtype.FP16)),
+    ("<f2", "<f4", (flashcore.Dtype.FP16, flashcore.Dtype.FP32)),
+])
+def test_merge_params_dtypes(lib, typestr, out_typestr, codes):
+    partial, plse, out, _ = fake_states(typestr=typestr, out_typestr=out_typestr)
+    p = flashcore.merge_params(partial, plse, out)
+    assert (p.partial_dtype, p.out_dtype) == codes
+    bf16 = FakeDLPackArray((3, 2, 8, 100, 64), code=4, index=0)
+    assert flashcore.merge_params(bf16, plse, out).partial_dtype == flashcore.Dtype.BF16
+
+
+@pytest.mark.parametrize("case,cls,match", [
+    ("4d partial_out", flashcore.InvalidArgumentError, "5-D"),
+    ("float64 partial_out", flashcore.UnsupportedError, "float64"),
+    ("partial_lse shape", flashcore.InvalidArgumentError, "partial_lse must be"),
+    ("partial_lse dtype", flashcore.InvalidArgumentError, "partial_lse must be"),
+    ("out shape", flashcore.InvalidArgumentError, "out must have"),
+    ("out dtype", flashcore.InvalidArgumentError, "out_dtype"),
+    ("out_dtype name", flashcore.UnsupportedError, "out_dtype"),
+    ("out readonly", flashcore.InvalidArgumentError, "read-only"),
+    ("head_dim stride", flashcore.InvalidArgumentError, "contiguous"),
+    ("lse shape", flashcore.InvalidArgumentError, "lse must be"),
+    ("lse strides", flashcore.InvalidArgumentError, "lse must be contiguous"),
+    ("layout", flashcore.InvalidArgumentError, "layout"),
+])
+def test_merge_binding_side_validation(lib, case, cls, match):
+    partial, plse, out, lse = fake_states()
+    kwargs = {}
+    if case == "4d partial_out":
+        partial = FakeCudaArray((2, 8, 100, 64), index=0)
+    elif case == "float64 partial_out":
+        partial = FakeCudaArray((3, 2, 8, 100, 64), typestr="<f8", index=0)
+    elif case == "partial_lse shape":
+        plse = FakeCudaArray((3, 2, 100, 8), typestr="<f4", index=1)
+    elif case == "partial_lse dtype":
+        plse = FakeCudaArray((3, 2, 8, 100), typestr="<f2", index=1)
+    elif case == "out shape":
+        out = FakeCudaArray((2, 8, 100, 72), index=2)
+    elif case == "out dtype":
+        kwargs["out_dtype"] = "float32"  # out is float16
+    elif case == "out_dtype name":
+        kwargs["out_dtype"] = "int8"
+    elif case == "out readonly":
+        out = FakeCudaArray((2, 8, 100, 64), index=2, readonly=True)
+    elif case == "head_dim stride":
+        out = FakeCudaArray((2, 8, 100, 64), strides=(8 * 100 * 64 * 2, 100 * 64 * 2, 2, 100 * 2), index=2)
+    elif case == "lse shape":
+        lse = FakeCudaArray((2, 100, 8), typestr="<f4", index=3)
+    elif case == "lse strides":
+        lse = FakeCudaArray((2, 8, 100), typestr="<f4", strides=(8 * 128 * 4, 128 * 4, 4), index=3)
+    elif case == "layout":
+        kwargs["layout"] = "sbhd"
+    with pytest.raises(cls, match=match) as info:
+        flashcore.merge_states(partial, plse, out=out, lse=lse, **kwargs)
+    assert info.value.status == cls.status_code
+
+
+def test_merge_out_dtype_spellings():
+    from flashcore import _merge
+    for spelling in ("float32", flashcore.Dtype.FP32, "torch.float32"):
+        assert _merge._dtype_name(spelling) == "float32"
+    assert _merge._dtype_name(flashcore.Dtype.BF16) == "bfloat16"
+    with pytest.raises(flashcore.UnsupportedError):
+        _merge._dtype_name("float64")
+
+
+def test_merge_generic_arrays_need_out(lib):
+    partial, plse, out, _ = fake_states()
+    with pytest.raises(TypeError, match="out="):
+        flashcore.merge_states(partial, plse)
+    with pytest.raises(TypeError, match="lse="):
+        flashcore.merge_states(partial, plse, out=out)
+
+
+def test_merge_without_gpu_reports_no_device(lib, gpu_present):
+    if gpu_present:
+        pytest.skip("a GPU is present: the fake pointers of this test must not reach it")
+    partial, plse, out, lse = fake_states()
+    with pytest.raises(flashcore.NoDeviceError):
+        flashcore.merge_states(partial, plse, out=out, lse=lse)
+    with pytest.raises(flashcore.NoDeviceError):
+        flashcore.merge_states(partial, plse, out=out, return_lse=False)

@@ -3,11 +3,12 @@
 // Generated from include/flashcore.h by bindings/rust/scripts/regenerate-bindings.sh; do not edit.
 
 pub const FLASHCORE_VERSION_MAJOR: u32 = 0;
-pub const FLASHCORE_VERSION_MINOR: u32 = 2;
+pub const FLASHCORE_VERSION_MINOR: u32 = 3;
 pub const FLASHCORE_VERSION_PATCH: u32 = 0;
-pub const FLASHCORE_VERSION_NUMBER: u32 = 200;
+pub const FLASHCORE_VERSION_NUMBER: u32 = 300;
 pub const FLASHCORE_SOFTMAX_SCALE_DEFAULT: f64 = 0.0;
 pub const FLASHCORE_ALIGNMENT: u32 = 16;
+pub const FLASHCORE_MAX_NUM_SPLITS: u32 = 128;
 pub type __int32_t = core::ffi::c_int;
 pub type __int64_t = core::ffi::c_long;
 extern "C" {
@@ -31,7 +32,7 @@ pub const FLASHCORE_STATUS_UNSUPPORTED: flashcore_status = 2;
 #[doc = " A pointer or stride does not meet the alignment the kernels need."]
 pub const FLASHCORE_STATUS_MISALIGNED: flashcore_status = 3;
 #[doc = " The workspace passed is smaller than flashcore_forward_workspace_size"]
-#[doc = " asked for."]
+#[doc = " asked for (see \"Workspace\" below)."]
 pub const FLASHCORE_STATUS_WORKSPACE_TOO_SMALL: flashcore_status = 4;
 #[doc = " No CUDA device is visible, or the NVIDIA driver is missing or too old."]
 pub const FLASHCORE_STATUS_NO_DEVICE: flashcore_status = 5;
@@ -89,6 +90,8 @@ extern "C" {
 pub const FLASHCORE_DTYPE_FP16: flashcore_dtype = 1;
 #[doc = " bfloat16 (CUDA __nv_bfloat16)"]
 pub const FLASHCORE_DTYPE_BF16: flashcore_dtype = 2;
+#[doc = " float; only flashcore_merge_states takes it"]
+pub const FLASHCORE_DTYPE_FP32: flashcore_dtype = 3;
 #[doc = " ---------------------------------------------------------------------------"]
 #[doc = " Forward attention"]
 #[doc = " -------------------------------------------------------------------------"]
@@ -167,6 +170,21 @@ pub struct flashcore_forward_params {
     #[doc = " with head_dim 192, as in DeepSeek-style prefill). 0 (the default)"]
     #[doc = " means head_dim. Same rules as head_dim."]
     pub head_dim_v: i32,
+    #[doc = " Split-KV: into how many parts the keys each query block sees are"]
+    #[doc = " split, each part computed by its own thread block into the workspace,"]
+    #[doc = " the parts then merged into out and lse (the same math as"]
+    #[doc = " flashcore_merge_states). Splitting lets calls that are too small to"]
+    #[doc = " fill the GPU (decode, chunked prefill, few heads) use every SM."]
+    #[doc = "   0 (the default): chosen per call from the grid, the device's"]
+    #[doc = "     multiprocessor count and seqlen_k (docs/perf-notes.md gives the"]
+    #[doc = "     measured crossovers); usually 1 where the grid fills the GPU."]
+    #[doc = "   1: never split; the call needs no workspace."]
+    #[doc = "   N (2 .. FLASHCORE_MAX_NUM_SPLITS): exactly N parts, some of which may"]
+    #[doc = "     be empty when a query block sees fewer than N key tiles."]
+    #[doc = " Results do not depend on the workspace's contents and stay"]
+    #[doc = " deterministic for a given num_splits; different num_splits round"]
+    #[doc = " differently."]
+    pub num_splits: i32,
 }
 extern "C" {
     #[doc = " Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,"]
@@ -214,8 +232,9 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Bytes of device workspace flashcore_forward needs for these parameters on"]
-    #[doc = " this handle's device (it may be 0). Only shapes, dtype and flags are read;"]
-    #[doc = " the data pointers may still be NULL."]
+    #[doc = " this handle's device (0 when the call does not split its keys). Only the"]
+    #[doc = " fields listed under \"Workspace\" are read; the data pointers may still be"]
+    #[doc = " NULL."]
     pub fn flashcore_forward_workspace_size(
         handle: flashcore_handle,
         params: *const flashcore_forward_params,
@@ -237,6 +256,65 @@ extern "C" {
         params: *const flashcore_forward_params,
         workspace: *mut core::ffi::c_void,
         workspace_bytes: usize,
+        stream: *mut core::ffi::c_void,
+    ) -> flashcore_status;
+}
+#[doc = " Logical shapes (element strides, last dimension contiguous):"]
+#[doc = "   partial_out:  [num_states, batch_size, num_heads, seqlen, head_dim]"]
+#[doc = "   partial_lse:  [num_states, batch_size, num_heads, seqlen], float32"]
+#[doc = "   out:          [batch_size, num_heads, seqlen, head_dim]"]
+#[doc = "   lse:          [batch_size, num_heads, seqlen], float32, contiguous"]
+#[doc = "                 (optional)"]
+#[doc = " partial_out and out must be FLASHCORE_ALIGNMENT aligned, their strides"]
+#[doc = " multiples of FLASHCORE_ALIGNMENT bytes, and head_dim a multiple of 8;"]
+#[doc = " partial_lse and lse are 4-byte aligned. out and lse must not overlap the"]
+#[doc = " partials or each other."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct flashcore_merge_params {
+    #[doc = " sizeof(flashcore_merge_params) as the caller compiled it."]
+    pub struct_size: usize,
+    #[doc = " flashcore_dtype of partial_out: FP16, BF16 or FP32"]
+    pub partial_dtype: i32,
+    #[doc = " flashcore_dtype of out: FP16, BF16 or FP32"]
+    pub out_dtype: i32,
+    #[doc = " partial results to merge, >= 1"]
+    pub num_states: i32,
+    pub batch_size: i32,
+    pub num_heads: i32,
+    pub seqlen: i32,
+    pub head_dim: i32,
+    pub partial_out: *const core::ffi::c_void,
+    #[doc = " natural-log LSE of each partial row"]
+    pub partial_lse: *const f32,
+    pub out: *mut core::ffi::c_void,
+    #[doc = " optional (NULL: not written)"]
+    pub lse: *mut f32,
+    pub partial_state_stride: i64,
+    pub partial_batch_stride: i64,
+    pub partial_seq_stride: i64,
+    pub partial_head_stride: i64,
+    pub lse_state_stride: i64,
+    pub lse_batch_stride: i64,
+    pub lse_seq_stride: i64,
+    pub lse_head_stride: i64,
+    pub out_batch_stride: i64,
+    pub out_seq_stride: i64,
+    pub out_head_stride: i64,
+}
+extern "C" {
+    #[doc = " Zeroes the struct_size bytes at params and sets struct_size, and both"]
+    #[doc = " dtypes to FP16. Pass sizeof(flashcore_merge_params)."]
+    pub fn flashcore_merge_params_init(params: *mut flashcore_merge_params, struct_size: usize) -> flashcore_status;
+}
+extern "C" {
+    #[doc = " Queues the merge on `stream` (a cudaStream_t, NULL for the default"]
+    #[doc = " stream) on the handle's device and returns without waiting. Needs no"]
+    #[doc = " workspace; can be captured into a CUDA graph; deterministic. Bad"]
+    #[doc = " parameters return a status having queued nothing."]
+    pub fn flashcore_merge_states(
+        handle: flashcore_handle,
+        params: *const flashcore_merge_params,
         stream: *mut core::ffi::c_void,
     ) -> flashcore_status;
 }

@@ -83,8 +83,8 @@ mod tests {
         assert_eq!(params.softmax_scale, FLASHCORE_SOFTMAX_SCALE_DEFAULT as f32);
         assert_eq!(params.causal, 0);
         assert!(params.q.is_null() && params.out.is_null() && params.lse.is_null());
-        assert_eq!((params.batch_size, params.head_dim, params.out_head_stride), (0, 0, 0));
-        assert_eq!(params.head_dim_v, 0); // the last field: the library wrote all of Rust's struct
+        assert_eq!((params.batch_size, params.head_dim, params.out_head_stride, params.head_dim_v), (0, 0, 0, 0));
+        assert_eq!(params.num_splits, 0); // the last field: the library wrote all of Rust's struct
 
         // [B=2, S, H, D] with distinct sizes, so every stride has its own value.
         (params.batch_size, params.seqlen_q, params.seqlen_k) = (2, 24, 40);
@@ -117,6 +117,79 @@ mod tests {
         assert_eq!([params.out_batch_stride, params.out_seq_stride, params.out_head_stride], [24 * 6 * 32, 6 * 32, 32]);
         assert_eq!([params.k_batch_stride, params.k_seq_stride, params.k_head_stride], kv_strides);
         assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
+
+        // num_splits, the last field (added in 0.3), is read where Rust wrote it.
+        for (num_splits, expected) in [
+            (1, FLASHCORE_STATUS_SUCCESS),
+            (FLASHCORE_MAX_NUM_SPLITS as i32, FLASHCORE_STATUS_SUCCESS),
+            (FLASHCORE_MAX_NUM_SPLITS as i32 + 1, FLASHCORE_STATUS_INVALID_ARGUMENT),
+            (-1, FLASHCORE_STATUS_INVALID_ARGUMENT),
+            (0, FLASHCORE_STATUS_SUCCESS),
+        ] {
+            params.num_splits = num_splits;
+            assert_eq!(unsafe { flashcore_forward_check(&params) }, expected, "num_splits {num_splits}");
+        }
+
+        // FP32 is a merge dtype only: forward refuses it as unsupported.
+        params.dtype = FLASHCORE_DTYPE_FP32 as i32;
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_UNSUPPORTED);
+    }
+
+    /// flashcore_merge_params_init writes the defaults at Rust's offsets and
+    /// nothing past the size it is given. (Reading the struct needs a GPU:
+    /// the merge is checked field by field by the safe crate's GPU test.)
+    #[test]
+    fn merge_params_init_matches_rust_layout() {
+        #[repr(C)]
+        struct Guarded {
+            params: flashcore_merge_params,
+            guard: [u8; 16],
+        }
+        let mut guarded = core::mem::MaybeUninit::<Guarded>::uninit();
+        // Garbage everywhere, so only what the library writes reads back right.
+        unsafe { guarded.as_mut_ptr().cast::<u8>().write_bytes(0xA5, size_of::<Guarded>()) };
+        let size = size_of::<flashcore_merge_params>();
+        let params = unsafe { core::ptr::addr_of_mut!((*guarded.as_mut_ptr()).params) };
+        assert_eq!(unsafe { flashcore_merge_params_init(params, size) }, FLASHCORE_STATUS_SUCCESS);
+        let guarded = unsafe { guarded.assume_init() };
+        assert_eq!(guarded.guard, [0xA5; 16], "the library wrote past struct_size");
+        let p = guarded.params;
+        assert_eq!(p.struct_size, size);
+        assert_eq!((p.partial_dtype, p.out_dtype), (FLASHCORE_DTYPE_FP16 as i32, FLASHCORE_DTYPE_FP16 as i32));
+        assert_eq!([p.num_states, p.batch_size, p.num_heads, p.seqlen, p.head_dim], [0; 5]);
+        assert!(p.partial_out.is_null() && p.partial_lse.is_null() && p.out.is_null() && p.lse.is_null());
+        let strides = [
+            p.partial_state_stride,
+            p.partial_batch_stride,
+            p.partial_seq_stride,
+            p.partial_head_stride,
+            p.lse_state_stride,
+            p.lse_batch_stride,
+            p.lse_seq_stride,
+            p.lse_head_stride,
+            p.out_batch_stride,
+            p.out_seq_stride,
+            p.out_head_stride, // the last field: the library zeroed all of Rust's struct
+        ];
+        assert_eq!(strides, [0; 11]);
+        assert_eq!(
+            unsafe { flashcore_merge_params_init(core::ptr::null_mut(), size) },
+            FLASHCORE_STATUS_INVALID_ARGUMENT
+        );
+    }
+
+    #[test]
+    fn merge_states_refuses_null_arguments() {
+        let mut params = core::mem::MaybeUninit::<flashcore_merge_params>::zeroed();
+        let size = size_of::<flashcore_merge_params>();
+        assert_eq!(unsafe { flashcore_merge_params_init(params.as_mut_ptr(), size) }, FLASHCORE_STATUS_SUCCESS);
+        let (handle, stream) = (core::ptr::null_mut(), core::ptr::null_mut());
+        // A NULL handle or params is an invalid argument whatever the GPU.
+        let status = unsafe { flashcore_merge_states(handle, params.as_ptr(), stream) };
+        assert_eq!(status, FLASHCORE_STATUS_INVALID_ARGUMENT);
+        let status = unsafe { flashcore_merge_states(handle, core::ptr::null(), stream) };
+        assert_eq!(status, FLASHCORE_STATUS_INVALID_ARGUMENT);
+        assert!(!text(unsafe { flashcore_last_error_message() }).is_empty());
     }
 
     #[test]

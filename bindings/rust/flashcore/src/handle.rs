@@ -2,6 +2,7 @@
 
 use crate::buffer::DeviceBuffer;
 use crate::error::{check, Error, Result, Status};
+use crate::merge::MergeParams;
 use crate::params::ForwardParams;
 use crate::sys;
 use std::ffi::c_void;
@@ -17,8 +18,9 @@ use std::ptr::{self, NonNull};
 ///
 /// `Handle` is [`Send`] and [`Sync`], exactly as `flashcore.h` allows: every
 /// flashcore function may be called from several threads at once, and one
-/// handle may be shared by threads calling `flashcore_forward` and
-/// `flashcore_forward_workspace_size` (the `&self` methods here). The one
+/// handle may be shared by threads calling `flashcore_forward`,
+/// `flashcore_forward_workspace_size` and `flashcore_merge_states` (the
+/// `&self` methods here). The one
 /// call that must not race with other uses, `flashcore_destroy`, runs in
 /// [`Drop`], which Rust only allows once no reference remains.
 ///
@@ -92,8 +94,11 @@ impl Handle {
     }
 
     /// Bytes of device workspace [`forward`](Handle::forward) needs for
-    /// `params` on this handle's device; may be 0. Depends only on shapes,
-    /// dtype and flags, so one allocation serves every call of that shape.
+    /// `params` on this handle's device: 0 unless the call splits its keys
+    /// ([`ForwardParamsBuilder::num_splits`](crate::ForwardParamsBuilder::num_splits);
+    /// with the default, the library decides, so ask). Depends only on
+    /// shapes, dtype, flags and num_splits, so one allocation serves every
+    /// call of that shape on this device, CUDA graph replays included.
     pub fn workspace_size(&self, params: &ForwardParams<'_>) -> Result<usize> {
         let mut bytes = 0;
         // SAFETY: live handle, valid params and out-pointer.
@@ -105,8 +110,11 @@ impl Handle {
     /// and returns without waiting.
     ///
     /// `workspace` must hold at least [`workspace_size`](Handle::workspace_size)
-    /// bytes ([`Status::WorkspaceTooSmall`] otherwise); `None` is fine when
-    /// that is 0. `stream` is a `cudaStream_t` (equivalently a `CUstream`) of
+    /// bytes ([`Status::WorkspaceTooSmall`] otherwise) and be
+    /// [`ALIGNMENT`](crate::ALIGNMENT)-byte aligned ([`Status::Misaligned`]);
+    /// `None` is fine when that size is 0 (otherwise it is
+    /// [`Status::WorkspaceTooSmall`], and a buffer at address 0
+    /// [`Status::InvalidArgument`]). Its contents do not matter. `stream` is a `cudaStream_t` (equivalently a `CUstream`) of
     /// the handle's device, or null for the legacy default stream. The call
     /// uses the handle's device whatever device is current, and results are
     /// bitwise deterministic.
@@ -169,6 +177,66 @@ impl Handle {
             None => (ptr::null_mut(), 0),
         };
         check(sys::flashcore_forward(self.as_raw(), params.as_raw(), workspace, workspace_bytes, stream))
+    }
+
+    /// Queues the merge of partial attention results described by `params`
+    /// (`lse = ln Σₛ exp(lseₛ)`, `out = Σₛ exp(lseₛ − lse) · outₛ`, see
+    /// [`MergeParams`]) on `stream` and returns without waiting.
+    ///
+    /// Needs no workspace. `stream` is as for [`forward`](Handle::forward);
+    /// the call uses the handle's device, can be captured into a CUDA graph
+    /// and is bitwise deterministic. The library validates the params here
+    /// (sizes >= 1, dtypes, head_dim a multiple of 8, alignment, strides,
+    /// overlaps): a call it refuses queues nothing and returns its status
+    /// with the library's message.
+    ///
+    /// # Safety
+    ///
+    /// As for [`forward`](Handle::forward): every buffer given to the params
+    /// is device memory usable from the handle's device, holding at least its
+    /// [`byte_len`](DeviceBuffer::byte_len) bytes; the buffers stay allocated,
+    /// the partials unwritten and out and lse otherwise unused, until the
+    /// queued work has completed; `stream` is null or a live stream of the
+    /// handle's device.
+    ///
+    /// # Example
+    ///
+    /// Attention over a shared prefix and over a request's own keys, each
+    /// computed by [`forward`](Handle::forward) into one slot of the
+    /// partial buffers, then merged:
+    ///
+    /// ```no_run
+    /// use flashcore::{DType, MergeParams, Handle, RawBuffer};
+    /// # fn device_alloc(bytes: usize) -> RawBuffer { unimplemented!() }
+    /// # fn synchronize(stream: *mut std::ffi::c_void) {}
+    ///
+    /// let handle = Handle::new()?;
+    /// let (batch, heads, seqlen, head_dim) = (1, 32, 16, 128);
+    /// let rows = batch * heads * seqlen;
+    /// // [2, B, H, S, D] bf16 partial outputs and [2, B, H, S] f32 lse, written by two forward calls.
+    /// let (partial_out, partial_lse) = (device_alloc(2 * rows * head_dim * 2), device_alloc(2 * rows * 4));
+    /// let (mut out, mut lse) = (device_alloc(rows * head_dim * 2), device_alloc(rows * 4));
+    /// let params = MergeParams::builder()
+    ///     .num_states(2)
+    ///     .batch_size(batch as i32)
+    ///     .num_heads(heads as i32)
+    ///     .seqlen(seqlen as i32)
+    ///     .head_dim(head_dim as i32)
+    ///     .partial_dtype(DType::BF16)
+    ///     .partial_out(&partial_out)
+    ///     .partial_lse(&partial_lse)
+    ///     .out(&mut out)
+    ///     .lse(&mut lse)
+    ///     .build()?;
+    /// let stream = std::ptr::null_mut(); // the default stream
+    /// // SAFETY: live device allocations of the stated sizes, kept until the
+    /// // stream is synchronized below.
+    /// unsafe { handle.merge_states(&params, stream)? };
+    /// synchronize(stream);
+    /// # Ok::<(), flashcore::Error>(())
+    /// ```
+    pub unsafe fn merge_states(&self, params: &MergeParams<'_>, stream: *mut c_void) -> Result<()> {
+        check(sys::flashcore_merge_states(self.as_raw(), params.as_raw(), stream))
     }
 }
 

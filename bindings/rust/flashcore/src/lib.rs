@@ -9,7 +9,9 @@
 //! matrix. fp16 and bf16; head dims that are multiples of 8 up to those of
 //! the build's kernels (see [`supported_head_dims`]), with v and out
 //! optionally narrower than q and k (e.g. 192 and 128); grouped-query
-//! attention; any strides.
+//! attention; any strides; split-KV for calls too small to fill the GPU
+//! ([`ForwardParamsBuilder::num_splits`]); and merging of results computed
+//! over parts of the keys ([`Handle::merge_states`]).
 //!
 //! This crate links the installed `libflashcore.so` (see [`sys`] for how it
 //! is found) and compiles no CUDA, so it builds in seconds and has no
@@ -19,10 +21,12 @@
 //!
 //! # Overview
 //!
-//! - [`Handle`]: the library bound to one GPU; [`Handle::workspace_size`]
-//!   and [`Handle::forward`].
+//! - [`Handle`]: the library bound to one GPU; [`Handle::workspace_size`],
+//!   [`Handle::forward`] and [`Handle::merge_states`].
 //! - [`ForwardParams`]: shapes, options and buffers of one call, made and
 //!   validated by [`ForwardParamsBuilder`].
+//! - [`MergeParams`]: partial results (out and lse of attention over parts
+//!   of the keys) and where their merge goes, made by [`MergeParamsBuilder`].
 //! - [`Error`]: a [`Status`] and the library's explanation.
 //! - [`supported_head_dims`]: the (head_dim, head_dim_v) pairs this build of
 //!   the library has kernels for.
@@ -74,11 +78,13 @@
 mod buffer;
 mod error;
 mod handle;
+mod merge;
 mod params;
 
 pub use buffer::{DeviceBuffer, RawBuffer};
 pub use error::{Error, Result, Status};
 pub use handle::Handle;
+pub use merge::{MergeParams, MergeParamsBuilder, StateStrides};
 pub use params::{DType, ForwardParams, ForwardParamsBuilder, Layout, Strides, Tensor};
 
 /// The raw C API (`flashcore-sys`), for what this crate does not wrap.
@@ -87,6 +93,10 @@ pub use flashcore_sys as sys;
 /// Alignment in bytes that q, k, v, out and the workspace must have, and that
 /// every stride must be a multiple of (in bytes).
 pub const ALIGNMENT: usize = sys::FLASHCORE_ALIGNMENT as usize;
+
+/// The largest [`num_splits`](ForwardParamsBuilder::num_splits) a forward
+/// call may ask for.
+pub const MAX_NUM_SPLITS: i32 = sys::FLASHCORE_MAX_NUM_SPLITS as i32;
 
 /// Version of the loaded library, `"MAJOR.MINOR.PATCH"`.
 ///

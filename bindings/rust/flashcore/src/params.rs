@@ -6,7 +6,9 @@ use crate::sys;
 use std::ffi::c_void;
 use std::marker::PhantomData;
 
-/// Element type of q, k, v and out.
+/// Element type of q, k, v and out of a forward call ([`DType::F16`] or
+/// [`DType::BF16`]), and of the partial and merged outputs of
+/// [`Handle::merge_states`](crate::Handle::merge_states) (any of the three).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum DType {
@@ -15,6 +17,9 @@ pub enum DType {
     F16,
     /// bfloat16 (CUDA `__nv_bfloat16`).
     BF16,
+    /// IEEE 754 single precision (`f32`): merging only. A forward call with
+    /// it fails with [`Status::Unsupported`].
+    F32,
 }
 
 impl DType {
@@ -22,17 +27,20 @@ impl DType {
     ///
     /// ```
     /// assert_eq!(flashcore::DType::BF16.size_of(), 2);
+    /// assert_eq!(flashcore::DType::F32.size_of(), 4);
     /// ```
     pub const fn size_of(self) -> usize {
         match self {
             DType::F16 | DType::BF16 => 2,
+            DType::F32 => 4,
         }
     }
 
-    fn to_raw(self) -> i32 {
+    pub(crate) fn to_raw(self) -> i32 {
         let raw = match self {
             DType::F16 => sys::FLASHCORE_DTYPE_FP16,
             DType::BF16 => sys::FLASHCORE_DTYPE_BF16,
+            DType::F32 => sys::FLASHCORE_DTYPE_FP32,
         };
         raw as i32
     }
@@ -214,6 +222,12 @@ impl<'a> ForwardParams<'a> {
         }
     }
 
+    /// The split-KV setting: 0 for the library's choice, else the number of
+    /// parts (see [`ForwardParamsBuilder::num_splits`]).
+    pub fn num_splits(&self) -> i32 {
+        self.raw.num_splits
+    }
+
     /// Bytes from the start of `tensor`'s buffer to the end of its last element.
     fn extent(&self, tensor: Tensor, element_size: usize) -> i128 {
         let raw = &self.raw;
@@ -237,7 +251,7 @@ impl<'a> ForwardParams<'a> {
 }
 
 /// Fails unless `needed` bytes fit in `buffer`.
-fn ensure_fits(name: &str, needed: i128, buffer: &RawBuffer) -> Result<()> {
+pub(crate) fn ensure_fits(name: &str, needed: i128, buffer: &RawBuffer) -> Result<()> {
     if needed <= buffer.byte_len() as i128 {
         return Ok(());
     }
@@ -247,7 +261,7 @@ fn ensure_fits(name: &str, needed: i128, buffer: &RawBuffer) -> Result<()> {
     ))
 }
 
-fn device_address(buffer: Option<RawBuffer>) -> *mut c_void {
+pub(crate) fn device_address(buffer: Option<RawBuffer>) -> *mut c_void {
     buffer.map_or(std::ptr::null_mut(), |b| b.device_ptr() as usize as *mut c_void)
 }
 
@@ -281,9 +295,10 @@ macro_rules! input_setters {
 ///
 /// Required: the six sizes and q, k, v, out. Optional: [`head_dim_v`],
 /// [`dtype`], [`causal`], [`softmax_scale`], [`layout`] or [`strides`],
-/// [`lse`].
+/// [`lse`], [`num_splits`].
 ///
 /// [`head_dim_v`]: ForwardParamsBuilder::head_dim_v
+/// [`num_splits`]: ForwardParamsBuilder::num_splits
 /// [`dtype`]: ForwardParamsBuilder::dtype
 /// [`causal`]: ForwardParamsBuilder::causal
 /// [`softmax_scale`]: ForwardParamsBuilder::softmax_scale
@@ -325,6 +340,7 @@ pub struct ForwardParamsBuilder<'a> {
     head_dim_v: Option<i32>,
     causal: bool,
     softmax_scale: f32,
+    num_splits: i32,
     layout: Layout,
     strides: [Option<Strides>; 4],
     tensors: [Option<RawBuffer>; 4],
@@ -357,7 +373,9 @@ impl<'a> ForwardParamsBuilder<'a> {
         /// 192, as in DeepSeek-style prefill. The same rules as `head_dim`
         /// apply to the pair.
         head_dim_v: i32 => Some;
-        /// Element type of q, k, v and out (default [`DType::F16`]).
+        /// Element type of q, k, v and out (default [`DType::F16`]; a forward
+        /// call takes F16 or BF16, and [`build`](Self::build) fails with
+        /// [`Status::Unsupported`] for [`DType::F32`]).
         dtype: DType;
         /// Causal mask aligned to the bottom-right corner (default off): query i
         /// sees key j iff j <= i + seqlen_k - seqlen_q. Rows that see no key give
@@ -366,6 +384,18 @@ impl<'a> ForwardParamsBuilder<'a> {
         /// Multiplies Q·Kᵀ before the softmax: finite and > 0, or 0 (the
         /// default) for 1/sqrt(head_dim).
         softmax_scale: f32;
+        /// Split-KV (default 0: the library chooses from the grid, the GPU's
+        /// multiprocessor count and seqlen_k, splitting calls too small to
+        /// fill the GPU, such as decoding). 1 never splits; N, from 2 to
+        /// [`MAX_NUM_SPLITS`](crate::MAX_NUM_SPLITS), splits the keys each
+        /// query block sees into exactly N parts, computed in parallel into
+        /// the workspace and merged (the math of
+        /// [`Handle::merge_states`](crate::Handle::merge_states)). A call that
+        /// splits needs the workspace [`Handle::workspace_size`](crate::Handle::workspace_size)
+        /// reports (0 when it does not split). Results are deterministic for
+        /// a given num_splits; different num_splits round differently. Out of
+        /// range: [`Status::InvalidArgument`] from [`build`](Self::build).
+        num_splits: i32;
         /// Derives all strides for densely packed tensors in `layout` (default
         /// [`Layout::Bhsd`]); [`strides`](Self::strides) overrides single tensors.
         layout: Layout;
@@ -441,6 +471,7 @@ impl<'a> ForwardParamsBuilder<'a> {
         raw.dtype = self.dtype.to_raw();
         raw.causal = i32::from(self.causal);
         raw.softmax_scale = self.softmax_scale;
+        raw.num_splits = self.num_splits;
         // SAFETY: `raw` is a valid params struct with its own struct_size.
         check(unsafe { sys::flashcore_set_contiguous_strides(&mut raw, self.layout.to_raw()) })?;
         for (&tensor, strides) in TENSORS.iter().zip(&self.strides) {
@@ -550,6 +581,7 @@ mod tests {
         assert_eq!((raw.dtype, raw.causal), (sys::FLASHCORE_DTYPE_FP16 as i32, 0));
         assert_eq!(raw.softmax_scale, sys::FLASHCORE_SOFTMAX_SCALE_DEFAULT as f32);
         assert!(raw.lse.is_null());
+        assert_eq!((raw.num_splits, params.num_splits()), (0, 0));
     }
 
     #[test]
@@ -588,10 +620,12 @@ mod tests {
             .dtype(DType::BF16)
             .causal(true)
             .softmax_scale(0.25)
+            .num_splits(7)
             .lse(&mut lse)
             .build()
             .expect("valid params");
         let raw = params.as_raw();
+        assert_eq!((raw.num_splits, params.num_splits()), (7, 7));
         assert_eq!((raw.dtype, raw.causal, raw.softmax_scale), (sys::FLASHCORE_DTYPE_BF16 as i32, 1, 0.25));
         assert_eq!((raw.batch_size, raw.num_heads_q, raw.num_heads_kv), (B as i32, HQ as i32, HKV as i32));
         assert_eq!((raw.seqlen_q, raw.seqlen_k, raw.head_dim), (SQ as i32, SK as i32, D as i32));
@@ -675,7 +709,7 @@ mod tests {
     #[test]
     fn library_verdicts_pass_through() {
         type Edit = fn(ForwardParamsBuilder<'_>) -> ForwardParamsBuilder<'_>;
-        let cases: [(&str, Edit, Status); 10] = [
+        let cases: [(&str, Edit, Status); 13] = [
             ("head_dim 100, not a multiple of 8", |b| b.head_dim(100), Status::Unsupported),
             ("head_dim 264, wider than every kernel", |b| b.head_dim(264), Status::Unsupported),
             ("head_dim_v 264, wider than every kernel", |b| b.head_dim_v(264), Status::Unsupported),
@@ -684,6 +718,9 @@ mod tests {
             ("negative seqlen_k", |b| b.seqlen_k(-3), Status::InvalidArgument),
             ("negative softmax_scale", |b| b.softmax_scale(-1.0), Status::InvalidArgument),
             ("NaN softmax_scale", |b| b.softmax_scale(f32::NAN), Status::InvalidArgument),
+            ("num_splits past the limit", |b| b.num_splits(crate::MAX_NUM_SPLITS + 1), Status::InvalidArgument),
+            ("negative num_splits", |b| b.num_splits(-1), Status::InvalidArgument),
+            ("f32, a merge-only dtype", |b| b.dtype(DType::F32), Status::Unsupported),
             (
                 "negative stride",
                 |b| b.strides(Tensor::K, Strides { batch: 0, seq: -64, head: 64 }),
@@ -700,6 +737,15 @@ mod tests {
             let err = rejected(edit(standard(&mut buffers)));
             assert_eq!(err.status(), expected, "{what}: {err}");
             assert!(!err.message().is_empty() && !err.message().starts_with("not set"), "{what}: {err}");
+        }
+    }
+
+    #[test]
+    fn every_num_splits_in_range_is_accepted() {
+        for n in [0, 1, 2, 3, 7, crate::MAX_NUM_SPLITS] {
+            let mut buffers = Buffers::dense();
+            let params = standard(&mut buffers).num_splits(n).build().expect("valid num_splits");
+            assert_eq!(params.num_splits(), n);
         }
     }
 

@@ -11,7 +11,8 @@ mod half;
 
 use cuda::Gpu;
 use flashcore::{
-    DType, DeviceBuffer, ForwardParams, ForwardParamsBuilder, Handle, Layout, RawBuffer, Status, Strides, Tensor,
+    DType, DeviceBuffer, ForwardParams, ForwardParamsBuilder, Handle, Layout, MergeParams, RawBuffer, StateStrides,
+    Status, Strides, Tensor,
 };
 
 fn skip(test: &str, reason: &str) {
@@ -80,6 +81,9 @@ struct Case {
     layout: Layout,
     /// Queue on a stream of our own instead of the legacy default stream.
     own_stream: bool,
+    /// The num_splits settings to run the case with (0: the library's choice),
+    /// each against the same reference.
+    num_splits: &'static [i32],
 }
 
 impl Case {
@@ -109,11 +113,17 @@ impl Case {
             softmax_scale,
             layout,
             own_stream,
+            num_splits: &[0],
         }
     }
 
     const fn head_dim_v(mut self, head_dim_v: i64) -> Case {
         self.head_dim_v = head_dim_v;
+        self
+    }
+
+    const fn num_splits(mut self, num_splits: &'static [i32]) -> Case {
+        self.num_splits = num_splits;
         self
     }
 }
@@ -375,57 +385,83 @@ fn run_case(handle: &Handle, gpu: &Gpu, case: &Case, random: &mut Random) {
     let (q_dev, k_dev, v_dev) = (gpu.upload(&encode(&q)), gpu.upload(&encode(&k)), gpu.upload(&encode(&v)));
     let rows = (case.batch * case.heads_q * case.seqlen_q) as usize;
     let out_bytes = (rows as i64 * case.head_dim_v * 2) as usize;
-    let (mut out_dev, mut again_dev, mut lse_dev) =
-        (gpu.alloc_poisoned(out_bytes), gpu.alloc_poisoned(out_bytes), gpu.alloc_poisoned(rows * 4));
     let stream = case.own_stream.then(|| gpu.stream());
     let stream_raw = stream.as_ref().map_or(std::ptr::null_mut(), |s| s.raw);
     let synchronize = || match &stream {
         Some(stream) => stream.synchronize(),
         None => gpu.synchronize(),
     };
-
-    let params = builder(case, [&q_dev, &k_dev, &v_dev], &mut out_dev).lse(&mut lse_dev).build().expect("valid params");
-    for (tensor, strides) in
-        [(Tensor::Q, q.strides), (Tensor::K, k.strides), (Tensor::V, v.strides), (Tensor::Out, out_strides)]
-    {
-        assert_eq!(params.strides(tensor), strides, "{}: library strides for {tensor:?}", case.name);
-    }
-    let workspace_bytes = handle.workspace_size(&params).expect("workspace size");
-    let mut workspace = gpu.alloc_poisoned(workspace_bytes);
-    if workspace_bytes > 0 {
-        let mut short = RawBuffer::new(workspace.device_ptr(), workspace_bytes - flashcore::ALIGNMENT);
-        // SAFETY: the call is rejected before any work is queued.
-        let err =
-            unsafe { handle.forward(&params, Some(&mut short), stream_raw) }.expect_err("short workspace accepted");
-        assert_eq!(err.status(), Status::WorkspaceTooSmall, "{err}");
-    }
-    // SAFETY: live allocations of the stated sizes, synchronized before they are read or freed.
-    unsafe { handle.forward(&params, Some(&mut workspace), stream_raw) }.expect("forward");
-    let params = builder(case, [&q_dev, &k_dev, &v_dev], &mut again_dev).build().expect("valid params");
-    // SAFETY: as above.
-    unsafe { handle.forward(&params, Some(&mut workspace), stream_raw) }.expect("second forward");
-    synchronize();
-
-    let out_bits: Vec<u16> = gpu.download(&out_dev);
-    assert!(out_bits == gpu.download::<u16>(&again_dev), "{}: two identical calls gave different bits", case.name);
-    let out =
-        HostTensor { values: out_bits.iter().map(|&b| half::decode(case.dtype, b)).collect(), strides: out_strides };
-    let lse: Vec<f32> = gpu.download(&lse_dev);
-
     let (want_out, want_lse) = reference(case, &q, &k, &v);
-    let got_out = (0..case.batch).flat_map(|b| {
-        let out = &out;
-        (0..case.heads_q).flat_map(move |h| {
-            (0..case.seqlen_q).flat_map(move |i| (0..case.head_dim_v).map(move |d| out.at(b, h, i, d)))
-        })
-    });
-    let (atol, rtol) = if case.dtype == DType::BF16 { (3e-2, 1e-2) } else { (4e-3, 4e-3) };
-    let (out_ratio, out_at, got, want) = worst(got_out, &want_out, atol, rtol);
-    println!("{}: worst out error {:.3} of tolerance (got {got}, want {want} at {out_at})", case.name, out_ratio);
-    assert!(out_ratio <= 1.0, "{}: out[{out_at}] = {got}, reference {want}", case.name);
-    let (lse_ratio, lse_at, got, want) = worst(lse.iter().map(|&x| f64::from(x)), &want_lse, 2e-3, 1e-4);
-    println!("{}: worst lse error {:.3} of tolerance", case.name, lse_ratio);
-    assert!(lse_ratio <= 1.0, "{}: lse[{lse_at}] = {got}, reference {want}", case.name);
+
+    for &num_splits in case.num_splits {
+        let name = format!("{} num_splits={num_splits}", case.name);
+        let (mut out_dev, mut again_dev, mut lse_dev) =
+            (gpu.alloc_poisoned(out_bytes), gpu.alloc_poisoned(out_bytes), gpu.alloc_poisoned(rows * 4));
+        let params = builder(case, [&q_dev, &k_dev, &v_dev], &mut out_dev)
+            .num_splits(num_splits)
+            .lse(&mut lse_dev)
+            .build()
+            .expect("valid params");
+        for (tensor, strides) in
+            [(Tensor::Q, q.strides), (Tensor::K, k.strides), (Tensor::V, v.strides), (Tensor::Out, out_strides)]
+        {
+            assert_eq!(params.strides(tensor), strides, "{name}: library strides for {tensor:?}");
+        }
+        let workspace_bytes = handle.workspace_size(&params).expect("workspace size");
+        match num_splits {
+            1 => assert_eq!(workspace_bytes, 0, "{name}: a call that never splits needs no workspace"),
+            2.. => assert!(workspace_bytes > 0, "{name}: a split call needs a workspace"),
+            _ => {}
+        }
+        let mut workspace = gpu.alloc_poisoned(workspace_bytes);
+        if workspace_bytes > 0 {
+            // Each call below is rejected before any work is queued.
+            let mut short = RawBuffer::new(workspace.device_ptr(), workspace_bytes - flashcore::ALIGNMENT);
+            let err =
+                unsafe { handle.forward(&params, Some(&mut short), stream_raw) }.expect_err("short workspace accepted");
+            assert_eq!(err.status(), Status::WorkspaceTooSmall, "{name}: {err}");
+            let err = unsafe { handle.forward(&params, None, stream_raw) }.expect_err("missing workspace accepted");
+            assert_eq!(err.status(), Status::WorkspaceTooSmall, "{name}: {err}");
+            let mut null = RawBuffer::new(0, workspace_bytes);
+            let err =
+                unsafe { handle.forward(&params, Some(&mut null), stream_raw) }.expect_err("NULL workspace accepted");
+            assert_eq!(err.status(), Status::InvalidArgument, "{name}: {err}");
+            let mut shifted = RawBuffer::new(workspace.device_ptr() + 8, workspace_bytes);
+            let err = unsafe { handle.forward(&params, Some(&mut shifted), stream_raw) }
+                .expect_err("misaligned workspace accepted");
+            assert_eq!(err.status(), Status::Misaligned, "{name}: {err}");
+        }
+        // SAFETY: live allocations of the stated sizes, synchronized before they are read or freed.
+        unsafe { handle.forward(&params, Some(&mut workspace), stream_raw) }.expect("forward");
+        let params = builder(case, [&q_dev, &k_dev, &v_dev], &mut again_dev)
+            .num_splits(num_splits)
+            .build()
+            .expect("valid params");
+        // SAFETY: as above.
+        unsafe { handle.forward(&params, Some(&mut workspace), stream_raw) }.expect("second forward");
+        synchronize();
+
+        let out_bits: Vec<u16> = gpu.download(&out_dev);
+        assert!(out_bits == gpu.download::<u16>(&again_dev), "{name}: two identical calls gave different bits");
+        let out = HostTensor {
+            values: out_bits.iter().map(|&b| half::decode(case.dtype, b)).collect(),
+            strides: out_strides,
+        };
+        let lse: Vec<f32> = gpu.download(&lse_dev);
+        let got_out = (0..case.batch).flat_map(|b| {
+            let out = &out;
+            (0..case.heads_q).flat_map(move |h| {
+                (0..case.seqlen_q).flat_map(move |i| (0..case.head_dim_v).map(move |d| out.at(b, h, i, d)))
+            })
+        });
+        let (atol, rtol) = if case.dtype == DType::BF16 { (3e-2, 1e-2) } else { (4e-3, 4e-3) };
+        let (out_ratio, out_at, got, want) = worst(got_out, &want_out, atol, rtol);
+        println!("{name}: worst out error {out_ratio:.3} of tolerance (got {got}, want {want} at {out_at})");
+        assert!(out_ratio <= 1.0, "{name}: out[{out_at}] = {got}, reference {want}");
+        let (lse_ratio, lse_at, got, want) = worst(lse.iter().map(|&x| f64::from(x)), &want_lse, 2e-3, 1e-4);
+        println!("{name}: worst lse error {lse_ratio:.3} of tolerance");
+        assert!(lse_ratio <= 1.0, "{name}: lse[{lse_at}] = {got}, reference {want}");
+    }
 }
 
 #[test]
@@ -481,4 +517,367 @@ fn one_handle_serves_several_threads() {
         threads.into_iter().map(|t| t.join().expect("thread")).collect()
     });
     assert!(sizes.windows(2).all(|w| w[0] == w[1]), "{sizes:?}");
+}
+
+/// Decode-like calls (few query rows, grouped-query 32/8, about 1000 keys),
+/// each run without splitting, with the library's choice and with forced
+/// split-KV, all against one reference.
+const SPLIT_CASES: [Case; 3] = [
+    Case::new(
+        "fp16 decode B=1 Hq=32 Hkv=8 Sq=1 Sk=1000 D=128, BHSD",
+        DType::F16,
+        [1, 32, 8, 1, 1000, 128],
+        false,
+        0.0,
+        Layout::Bhsd,
+        false,
+    )
+    .num_splits(&[1, 0, 2, 3, 7]),
+    Case::new(
+        "bf16 decode B=2 Hq=32 Hkv=8 Sq=5 Sk=1037 D=128 causal, BSHD, own stream",
+        DType::BF16,
+        [2, 32, 8, 5, 1037, 128],
+        true,
+        0.0,
+        Layout::Bshd,
+        true,
+    )
+    .num_splits(&[1, 0, 2, 3, 7]),
+    Case::new(
+        "fp16 chunk B=1 Hq=32 Hkv=8 Sq=16 Sk=999 D=64 causal, BHSD",
+        DType::F16,
+        [1, 32, 8, 16, 999, 64],
+        true,
+        0.0,
+        Layout::Bhsd,
+        false,
+    )
+    .num_splits(&[1, 0, 2, 3, 7, flashcore::MAX_NUM_SPLITS]),
+];
+
+#[test]
+fn num_splits_matches_cpu_reference() {
+    let Some((handle, gpu)) = setup("num_splits_matches_cpu_reference") else { return };
+    let pairs = flashcore::supported_head_dims().expect("supported head dims");
+    let mut random = Random(0x2545_F491_4F6C_DD1D);
+    for case in &SPLIT_CASES {
+        if !pairs.iter().any(|&(d, dv)| i64::from(d) >= case.head_dim && i64::from(dv) >= case.head_dim_v) {
+            skip(case.name, &format!("this build has no kernel as wide as {}: {pairs:?}", case.head_dim));
+            continue;
+        }
+        run_case(&handle, gpu, case, &mut random);
+    }
+}
+
+/// Device memory holding `values` in `dtype` (which must hold them exactly).
+fn upload_as<'g>(gpu: &'g Gpu, dtype: DType, values: &[f32]) -> cuda::DeviceMemory<'g> {
+    if dtype == DType::F32 {
+        gpu.upload(values)
+    } else {
+        gpu.upload(&values.iter().map(|&x| half::encode(dtype, x)).collect::<Vec<u16>>())
+    }
+}
+
+/// The contents of `memory`, elements of `dtype`, as f32.
+fn download_as(gpu: &Gpu, dtype: DType, memory: &cuda::DeviceMemory<'_>) -> Vec<f32> {
+    if dtype == DType::F32 {
+        gpu.download(memory)
+    } else {
+        gpu.download::<u16>(memory).iter().map(|&b| half::decode(dtype, b)).collect()
+    }
+}
+
+struct MergeCase {
+    partial: DType,
+    out: DType,
+    states: i64,
+    layout: Layout,
+    /// One state sees no key at all (its lse is -inf everywhere).
+    empty_state: bool,
+    /// partial_lse stored as [B, H, S, K] (given through explicit strides).
+    interleaved_lse: bool,
+}
+
+/// Merges random partial results (a wide spread of lse, some rows -inf in
+/// every state) on the GPU and checks out and lse against an f64 merge.
+fn run_merge(handle: &Handle, gpu: &Gpu, case: &MergeCase, random: &mut Random) {
+    // 136 columns take a lane two passes of 128 (and leave most lanes idle in the second).
+    let width = if case.states == 2 { 136 } else { 64 };
+    let (k, batch, heads, seqlen) = (case.states, 2i64, 3i64, 37i64);
+    let name = format!(
+        "merge {:?} -> {:?}, {k} states, head_dim {width}, {:?}{}{}",
+        case.partial,
+        case.out,
+        case.layout,
+        if case.empty_state { ", one state sees no key" } else { "" },
+        if case.interleaved_lse { ", lse as [B, H, S, K]" } else { "" }
+    );
+    let rows = dense_strides(case.layout, heads, seqlen, width);
+    let state_stride = batch * rows.batch;
+    let partial: Vec<f32> = (0..k * state_stride).map(|_| random.value(case.partial)).collect();
+    let partial_at = |s: i64, b: i64, h: i64, i: i64, d: i64| {
+        f64::from(partial[(s * state_stride + b * rows.batch + h * rows.head + i * rows.seq + d) as usize])
+    };
+    let lse_strides = if case.interleaved_lse {
+        StateStrides { state: 1, batch: heads * seqlen * k, seq: k, head: seqlen * k }
+    } else {
+        StateStrides { state: batch * heads * seqlen, batch: heads * seqlen, seq: 1, head: seqlen }
+    };
+    let lse_index = |s: i64, b: i64, h: i64, i: i64| {
+        (s * lse_strides.state + b * lse_strides.batch + h * lse_strides.head + i * lse_strides.seq) as usize
+    };
+    let mut partial_lse = vec![0.0f32; (k * batch * heads * seqlen) as usize];
+    for s in 0..k {
+        for b in 0..batch {
+            for h in 0..heads {
+                for i in 0..seqlen {
+                    let no_key = (b == 0 && h == 0 && i < 3) || (case.empty_state && s == k / 2);
+                    partial_lse[lse_index(s, b, h, i)] =
+                        if no_key { f32::NEG_INFINITY } else { 3.0 * random.value(DType::F32) + 1.0 };
+                }
+            }
+        }
+    }
+
+    // The f64 merge, in [batch, head, position, d] order.
+    let (mut want_out, mut want_lse) = (Vec::new(), Vec::new());
+    for b in 0..batch {
+        for h in 0..heads {
+            for i in 0..seqlen {
+                let lses: Vec<f64> = (0..k).map(|s| f64::from(partial_lse[lse_index(s, b, h, i)])).collect();
+                let max = lses.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let lse = if max == f64::NEG_INFINITY {
+                    max
+                } else {
+                    max + lses.iter().map(|l| (l - max).exp()).sum::<f64>().ln()
+                };
+                want_lse.push(lse);
+                for d in 0..width {
+                    let merged = (0..k)
+                        .filter(|&s| lses[s as usize] > f64::NEG_INFINITY)
+                        .map(|s| (lses[s as usize] - lse).exp() * partial_at(s, b, h, i, d))
+                        .sum::<f64>();
+                    want_out.push(merged);
+                }
+            }
+        }
+    }
+
+    let partial_dev = upload_as(gpu, case.partial, &partial);
+    let partial_lse_dev = gpu.upload(&partial_lse);
+    let rows_count = (batch * heads * seqlen) as usize;
+    let mut out_dev = gpu.alloc_poisoned(rows_count * width as usize * case.out.size_of());
+    let mut lse_dev = gpu.alloc_poisoned(rows_count * 4);
+    let mut builder = MergeParams::builder()
+        .num_states(k as i32)
+        .batch_size(batch as i32)
+        .num_heads(heads as i32)
+        .seqlen(seqlen as i32)
+        .head_dim(width as i32)
+        .partial_dtype(case.partial)
+        .out_dtype(case.out)
+        .layout(case.layout)
+        .partial_out(&partial_dev)
+        .partial_lse(&partial_lse_dev)
+        .out(&mut out_dev)
+        .lse(&mut lse_dev);
+    if case.interleaved_lse {
+        builder = builder.partial_lse_strides(lse_strides);
+    }
+    let params = builder.build().expect("valid merge params");
+    assert_eq!(params.partial_lse_strides(), lse_strides, "{name}");
+    // SAFETY: live allocations of the stated sizes, synchronized before they are read or freed.
+    unsafe { handle.merge_states(&params, std::ptr::null_mut()) }.expect("merge_states");
+    gpu.synchronize();
+
+    let out = download_as(gpu, case.out, &out_dev);
+    let got_out = (0..batch).flat_map(|b| {
+        let out = &out;
+        (0..heads).flat_map(move |h| {
+            (0..seqlen).flat_map(move |i| {
+                (0..width).map(move |d| f64::from(out[(b * rows.batch + h * rows.head + i * rows.seq + d) as usize]))
+            })
+        })
+    });
+    // Only the final rounding to out's dtype and f32 arithmetic: half an ulp, and a little.
+    let (atol, rtol) = match case.out {
+        DType::BF16 => (1e-3, 4e-3),
+        DType::F16 => (1e-4, 5e-4),
+        _ => (1e-5, 1e-5),
+    };
+    let (out_ratio, out_at, got, want) = worst(got_out, &want_out, atol, rtol);
+    println!("{name}: worst out error {out_ratio:.3} of tolerance (got {got}, want {want} at {out_at})");
+    assert!(out_ratio <= 1.0, "{name}: out[{out_at}] = {got}, reference {want}");
+    let lse: Vec<f32> = gpu.download(&lse_dev);
+    let (lse_ratio, lse_at, got, want) = worst(lse.iter().map(|&x| f64::from(x)), &want_lse, 1e-4, 1e-5);
+    println!("{name}: worst lse error {lse_ratio:.3} of tolerance");
+    assert!(lse_ratio <= 1.0, "{name}: lse[{lse_at}] = {got}, reference {want}");
+    for (row, &want) in want_lse.iter().enumerate() {
+        if want == f64::NEG_INFINITY {
+            let zeros = out_zero_row(&out, row, rows, heads, seqlen, width);
+            assert!(zeros, "{name}: row {row} that no state sees must be 0");
+        }
+    }
+}
+
+/// Whether merged row `row` (in [batch, head, position] order) is all zeros.
+fn out_zero_row(out: &[f32], row: usize, rows: Strides, heads: i64, seqlen: i64, width: i64) -> bool {
+    let row = row as i64;
+    let (b, h, i) = (row / (heads * seqlen), row / seqlen % heads, row % seqlen);
+    (0..width).all(|d| out[(b * rows.batch + h * rows.head + i * rows.seq + d) as usize] == 0.0)
+}
+
+#[test]
+fn merge_states_matches_cpu_reference() {
+    let Some((handle, gpu)) = setup("merge_states_matches_cpu_reference") else { return };
+    let mut random = Random(0x1234_5678_9ABC_DEF1);
+    for (partial, out) in [
+        (DType::F16, DType::F16),
+        (DType::BF16, DType::BF16),
+        (DType::F32, DType::F32),
+        (DType::F16, DType::F32),
+        (DType::F32, DType::BF16),
+    ] {
+        for (index, states) in [1, 2, 3, 5].into_iter().enumerate() {
+            for empty_state in [false, true] {
+                let case = MergeCase {
+                    partial,
+                    out,
+                    states,
+                    layout: if index % 2 == 0 { Layout::Bhsd } else { Layout::Bshd },
+                    empty_state,
+                    interleaved_lse: states == 3,
+                };
+                run_merge(&handle, gpu, &case, &mut random);
+            }
+        }
+    }
+}
+
+#[test]
+fn merge_states_refusals_come_from_the_library() {
+    let Some((handle, gpu)) = setup("merge_states_refusals_come_from_the_library") else { return };
+    let partial = gpu.alloc_poisoned(2 * 4 * 16 * 64 * 2);
+    let partial_lse = gpu.alloc_poisoned(2 * 4 * 16 * 4);
+    let mut out = gpu.alloc_poisoned(4 * 16 * 64 * 2);
+    let shifted = RawBuffer::new(partial.device_ptr() + 8, partial.byte_len() - 8);
+    type Edit = for<'a> fn(flashcore::MergeParamsBuilder<'a>, &'a RawBuffer) -> flashcore::MergeParamsBuilder<'a>;
+    let cases: [(&str, Edit, Status); 5] = [
+        ("0 states", |b, _| b.num_states(0), Status::InvalidArgument),
+        ("head_dim 60", |b, _| b.head_dim(60), Status::Unsupported),
+        ("misaligned partial_out", |b, shifted| b.partial_out(shifted).num_states(1), Status::Misaligned),
+        (
+            "partial stride not a multiple of 8",
+            |b, _| b.partial_out_strides(StateStrides { state: 16 * 64, batch: 0, seq: 68, head: 0 }).num_states(1),
+            Status::Misaligned,
+        ),
+        ("negative seqlen", |b, _| b.seqlen(-1), Status::InvalidArgument),
+    ];
+    for (what, edit, expected) in cases {
+        let builder = MergeParams::builder()
+            .num_states(2)
+            .batch_size(1)
+            .num_heads(4)
+            .seqlen(16)
+            .head_dim(64)
+            .partial_out(&partial)
+            .partial_lse(&partial_lse)
+            .out(&mut out);
+        let params = edit(builder, &shifted).build().expect("the builder leaves these to the library");
+        // SAFETY: rejected before any work is queued (and the buffers are live anyway).
+        let err = unsafe { handle.merge_states(&params, std::ptr::null_mut()) }.expect_err(what);
+        if what == "head_dim 60" {
+            // Not a multiple of 8: the header names no one status for it.
+            assert!(matches!(err.status(), Status::Unsupported | Status::InvalidArgument | Status::Misaligned));
+        } else {
+            assert_eq!(err.status(), expected, "{what}: {err}");
+        }
+        assert!(!err.message().is_empty(), "{what}: the library explains");
+    }
+    gpu.synchronize();
+    assert!(gpu.download::<u16>(&out).iter().all(|&bits| bits == 0xFFFF), "a refused merge wrote to out");
+}
+
+/// Attention over keys [0, split) and [split, Sk), each forward call writing
+/// its out and lse into one state of the partial buffers, merged, is
+/// attention over all keys: checked against the same f64 reference as a
+/// single call.
+#[test]
+fn two_halves_merged_match_attention_over_all_keys() {
+    let Some((handle, gpu)) = setup("two_halves_merged_match_attention_over_all_keys") else { return };
+    for (dtype, split) in [(DType::F16, 123), (DType::BF16, 1)] {
+        let case = Case::new("halves", dtype, [2, 8, 2, 37, 300, 64], false, 0.0, Layout::Bhsd, false);
+        let name = format!("{dtype:?} keys split at {split} of {}", case.seqlen_k);
+        let mut random = Random(0x0DDB_1A5E_5BAD_5EED ^ split as u64);
+        let q = random.tensor(&case, case.heads_q, case.seqlen_q, case.head_dim);
+        let k = random.tensor(&case, case.heads_kv, case.seqlen_k, case.head_dim);
+        let v = random.tensor(&case, case.heads_kv, case.seqlen_k, case.head_dim_v);
+        let encode = |t: &HostTensor| t.values.iter().map(|&x| half::encode(dtype, x)).collect::<Vec<u16>>();
+        let (q_dev, k_dev, v_dev) = (gpu.upload(&encode(&q)), gpu.upload(&encode(&k)), gpu.upload(&encode(&v)));
+        let rows = (case.batch * case.heads_q * case.seqlen_q) as usize;
+        let state_bytes = rows * case.head_dim_v as usize * 2;
+        let partial_dev = gpu.alloc_poisoned(2 * state_bytes);
+        let partial_lse_dev = gpu.alloc_poisoned(2 * rows * 4);
+
+        for (state, (start, len)) in [(0, split), (split, case.seqlen_k - split)].into_iter().enumerate() {
+            // The keys and values [start, start + len) of every head: views of k and v.
+            let skip_bytes = (start * case.head_dim * 2) as u64;
+            let view = |m: &cuda::DeviceMemory<'_>| {
+                RawBuffer::new(m.device_ptr() + skip_bytes, m.byte_len() - skip_bytes as usize)
+            };
+            let (k_part, v_part) = (view(&k_dev), view(&v_dev));
+            let mut out_part = RawBuffer::new(partial_dev.device_ptr() + (state * state_bytes) as u64, state_bytes);
+            let mut lse_part = RawBuffer::new(partial_lse_dev.device_ptr() + (state * rows * 4) as u64, rows * 4);
+            let params = ForwardParams::builder()
+                .dtype(dtype)
+                .batch_size(case.batch as i32)
+                .num_heads_q(case.heads_q as i32)
+                .num_heads_kv(case.heads_kv as i32)
+                .seqlen_q(case.seqlen_q as i32)
+                .seqlen_k(len as i32)
+                .head_dim(case.head_dim as i32)
+                .strides(Tensor::K, k.strides)
+                .strides(Tensor::V, v.strides)
+                .q(&q_dev)
+                .k(&k_part)
+                .v(&v_part)
+                .out(&mut out_part)
+                .lse(&mut lse_part)
+                .build()
+                .expect("valid params");
+            let mut workspace = gpu.alloc_poisoned(handle.workspace_size(&params).expect("workspace size"));
+            // SAFETY: views of live allocations, synchronized before they are read or freed.
+            unsafe { handle.forward(&params, Some(&mut workspace), std::ptr::null_mut()) }.expect("forward");
+            gpu.synchronize();
+        }
+
+        let (mut out_dev, mut lse_dev) = (gpu.alloc_poisoned(state_bytes), gpu.alloc_poisoned(rows * 4));
+        let params = MergeParams::builder()
+            .num_states(2)
+            .batch_size(case.batch as i32)
+            .num_heads(case.heads_q as i32)
+            .seqlen(case.seqlen_q as i32)
+            .head_dim(case.head_dim_v as i32)
+            .partial_dtype(dtype)
+            .partial_out(&partial_dev)
+            .partial_lse(&partial_lse_dev)
+            .out(&mut out_dev)
+            .lse(&mut lse_dev)
+            .build()
+            .expect("valid merge params");
+        // SAFETY: live allocations, synchronized before they are read or freed.
+        unsafe { handle.merge_states(&params, std::ptr::null_mut()) }.expect("merge_states");
+        gpu.synchronize();
+
+        let (want_out, want_lse) = reference(&case, &q, &k, &v);
+        let out = download_as(gpu, dtype, &out_dev);
+        let (atol, rtol) = if dtype == DType::BF16 { (3e-2, 1e-2) } else { (4e-3, 4e-3) };
+        let (out_ratio, out_at, got, want) = worst(out.iter().map(|&x| f64::from(x)), &want_out, atol, rtol);
+        println!("{name}: worst out error {out_ratio:.3} of tolerance");
+        assert!(out_ratio <= 1.0, "{name}: out[{out_at}] = {got}, reference {want}");
+        let lse: Vec<f32> = gpu.download(&lse_dev);
+        let (lse_ratio, lse_at, got, want) = worst(lse.iter().map(|&x| f64::from(x)), &want_lse, 2e-3, 1e-4);
+        println!("{name}: worst lse error {lse_ratio:.3} of tolerance");
+        assert!(lse_ratio <= 1.0, "{name}: lse[{lse_at}] = {got}, reference {want}");
+    }
 }

@@ -1,0 +1,212 @@
+"""flashcore.merge_states: merging attention results computed over parts of
+the keys (flashcore_merge_states), and the parameter building under it."""
+
+from . import _ffi
+from ._arrays import contiguous_strides, current_stream, describe, stream_pointer
+from ._attention import INT32_MAX, LAYOUT_AXES, _allocate, _layout
+from ._errors import InvalidArgumentError, UnsupportedError
+from ._library import get_handle, library
+
+Dtype = _ffi.Dtype
+Layout = _ffi.Layout
+# The element types flashcore_merge_states reads and writes, by name.
+MERGE_DTYPES = {"float16": Dtype.FP16, "bfloat16": Dtype.BF16, "float32": Dtype.FP32}
+DTYPE_NAMES = {code: name for name, code in MERGE_DTYPES.items()}
+
+
+def _dtype_name(dtype):
+    """The name ("float16", "bfloat16" or "float32") of a dtype given as a
+    string, a flashcore.Dtype, a torch dtype, or a NumPy/CuPy dtype or type."""
+    if isinstance(dtype, Dtype):
+        return DTYPE_NAMES[dtype]
+    if isinstance(dtype, str):
+        name = dtype
+    elif isinstance(dtype, type):
+        name = dtype.__name__  # numpy.float16 and friends
+    else:
+        name = str(dtype)  # torch.float16 -> "torch.float16"; numpy dtype('float16') -> "float16"
+    name = name.replace("torch.", "")
+    if name not in MERGE_DTYPES:
+        raise UnsupportedError("out_dtype must be one of %s, got %r" % (", ".join(MERGE_DTYPES), dtype))
+    return name
+
+
+def _layout_words(layout, states):
+    prefix = "K, " if states else ""
+    if layout == Layout.BSHD:
+        return "[%sB, S, H, D] (layout='bshd')" % prefix
+    return "[%sB, H, S, D]" % prefix
+
+
+class _MergeView:
+    """An array seen as [(state,) batch, heads, seqlen, head_dim] through a
+    layout; `states` says whether it has the leading state axis."""
+
+    def __init__(self, info, layout, states):
+        self.info = info
+        ndim = 5 if states else 4
+        if len(info.shape) != ndim:
+            raise InvalidArgumentError("%s must be %d-D, %s, got shape %s"
+                                       % (info.name, ndim, _layout_words(layout, states), list(info.shape)))
+        first = 1 if states else 0
+        axes = ((0,) if states else ()) + tuple(first + a for a in LAYOUT_AXES[layout]) + (first + 3,)
+        self.shape = tuple(info.shape[a] for a in axes)
+        self.strides = tuple(info.strides[a] for a in axes)
+
+
+def _check_sizes(info):
+    for size in info.shape:
+        if size > INT32_MAX:
+            raise InvalidArgumentError("%s has a dimension of %d, more than the C API's int32" % (info.name, size))
+
+
+def _validate(partial_out, partial_lse, out, lse, layout, out_dtype=None):
+    """Checks what the C API cannot see (it takes one set of sizes for all
+    arrays); strides, alignment and supported sizes are left to the library.
+    Returns the views of partial_out and out (None when out is None) and the
+    name of out's dtype."""
+    pv = _MergeView(partial_out, layout, True)
+    ov = None if out is None else _MergeView(out, layout, False)
+    if partial_out.dtype not in MERGE_DTYPES:
+        raise UnsupportedError("partial_out has dtype %s; flashcore merges %s"
+                               % (partial_out.dtype, ", ".join(MERGE_DTYPES)))
+    if out is not None:
+        if out.dtype not in MERGE_DTYPES:
+            raise UnsupportedError("out has dtype %s; flashcore merges into %s" % (out.dtype, ", ".join(MERGE_DTYPES)))
+        if out_dtype is not None and out.dtype != out_dtype:
+            raise InvalidArgumentError("out has dtype %s but out_dtype is %s" % (out.dtype, out_dtype))
+        out_dtype = out.dtype
+        if out.shape != partial_out.shape[1:]:
+            raise InvalidArgumentError("out must have partial_out's shape without the leading state axis, %s, got %s"
+                                       % (list(partial_out.shape[1:]), list(out.shape)))
+        if out.readonly:
+            raise InvalidArgumentError("out is read-only")
+    states, batch, heads, seqlen, _ = pv.shape
+    want = (states, batch, heads, seqlen)
+    if len(partial_lse.shape) != 4 or partial_lse.shape != want or partial_lse.dtype != "float32":
+        raise InvalidArgumentError("partial_lse must be float32 of shape [K, B, H, S] = %s, got %s %s"
+                                   % (list(want), partial_lse.dtype, list(partial_lse.shape)))
+    for view in (pv, ov):
+        if view is None:
+            continue
+        if view.strides[-1] != 1 and view.shape[-1] > 1:
+            raise InvalidArgumentError(
+                "%s's last dimension (head_dim) must be contiguous (stride 1), got stride %d: pass a copy "
+                "(e.g. .contiguous()) instead" % (view.info.name, view.strides[-1]))
+    for info in (partial_out, partial_lse, out, lse):
+        if info is not None:
+            _check_sizes(info)
+    if lse is not None:
+        want = (batch, heads, seqlen)
+        if lse.shape != want or lse.dtype != "float32":
+            raise InvalidArgumentError("lse must be float32 of shape [B, H, S] = %s, got %s %s"
+                                       % (list(want), lse.dtype, list(lse.shape)))
+        if any(st != c for size, st, c in zip(lse.shape, lse.strides, contiguous_strides(lse.shape)) if size > 1):
+            raise InvalidArgumentError("lse must be contiguous, got strides %s" % (list(lse.strides),))
+        if lse.readonly:
+            raise InvalidArgumentError("lse is read-only")
+    devices = sorted({a.device for a in (partial_out, partial_lse, out, lse) if a is not None and a.device is not None})
+    if len(devices) > 1:
+        raise InvalidArgumentError("partial_out, partial_lse, out and lse must be on one device, got devices %s"
+                                   % devices)
+    return pv, ov, out_dtype or partial_out.dtype
+
+
+def _aligned_strides(view):
+    """The view's strides, with those of size-1 dimensions (never stepped
+    along; frameworks give them arbitrary values) zeroed where they would
+    break the alignment rule."""
+    step = max(_ffi.FLASHCORE_ALIGNMENT // view.info.itemsize, 1)
+    return tuple(0 if size == 1 and stride % step else stride for size, stride in zip(view.shape, view.strides))
+
+
+def _build(lib, partial_out, partial_lse, out, lse, layout):
+    pv, ov, out_dtype = _validate(partial_out, partial_lse, out, lse, layout)
+    p = lib.new_merge_params()
+    p.partial_dtype = MERGE_DTYPES[partial_out.dtype]
+    p.out_dtype = MERGE_DTYPES[out_dtype]
+    p.num_states, p.batch_size, p.num_heads, p.seqlen, p.head_dim = pv.shape
+    p.partial_out, p.partial_lse, p.out = partial_out.ptr, partial_lse.ptr, out.ptr
+    p.lse = lse.ptr if lse is not None else None
+    state, batch, head, seq, _ = _aligned_strides(pv)
+    p.partial_state_stride, p.partial_batch_stride, p.partial_head_stride, p.partial_seq_stride = state, batch, head, seq
+    # partial_lse is [K, B, H, S] whatever the layout; 4-byte elements need no stride rule.
+    state, batch, head, seq = partial_lse.strides
+    p.lse_state_stride, p.lse_batch_stride, p.lse_head_stride, p.lse_seq_stride = state, batch, head, seq
+    batch, head, seq, _ = _aligned_strides(ov)
+    p.out_batch_stride, p.out_head_stride, p.out_seq_stride = batch, head, seq
+    return p
+
+
+def merge_params(partial_out, partial_lse, out, *, lse=None, layout="bhsd"):
+    """A flashcore.MergeParams for these arrays (pointers, sizes, dtypes,
+    strides), for the low-level Handle.merge_states. Arguments as for
+    merge_states; out's dtype is the output dtype. The arrays must outlive
+    every use of the result."""
+    layout = _layout(layout)
+    if out is None:
+        raise TypeError("merge_params needs out (a CUDA array): the C struct has no default for it")
+    infos = [None if a is None else describe(a, name) for a, name in
+             ((partial_out, "partial_out"), (partial_lse, "partial_lse"), (out, "out"), (lse, "lse"))]
+    return _build(library(), *infos, layout)
+
+
+def merge_states(partial_out, partial_lse, *, out=None, lse=None, return_lse=True, out_dtype=None, layout="bhsd",
+                 stream=None):
+    """Merges K attention results computed over disjoint parts of the keys
+    into the result over all of them (flashcore_merge_states):
+
+        lse = log(sum_s exp(partial_lse[s])),
+        out = sum_s exp(partial_lse[s] - lse) * partial_out[s]
+
+    Each part's out and lse are what attention(..., return_lse=True) gives
+    for that part of the keys (a KV cache spread over devices, a shared
+    prefix cached apart from each request's own keys, ...). A part in which a
+    row sees no key has lse -inf and contributes nothing; rows that no part
+    sees give out = 0 and lse = -inf, as attention does.
+
+    partial_out: [K, B, H, S, D] (layout="bshd": [K, B, S, H, D]), float16,
+        bfloat16 or float32; K >= 1 and D a multiple of 8. Any strides the C
+        API accepts (head_dim contiguous, 16-byte aligned, other strides
+        multiples of 16 bytes), e.g. torch.stack([out_a, out_b]).
+    partial_lse: float32 [K, B, H, S] (whatever the layout, as attention's
+        lse), any strides.
+    out: where to write the result, [B, H, S, D] (or [B, S, H, D]), any
+        strides the C API accepts; allocated with partial_out's framework
+        when None.
+    lse: where to write the merged log-sum-exp, contiguous float32
+        [B, H, S]; allocated when return_lse is set and lse is None.
+    return_lse: return (out, lse) (the default); False returns out alone,
+        and lse is then written only when given.
+    out_dtype: dtype of out when it is allocated: "float16", "bfloat16",
+        "float32", a flashcore.Dtype or a framework dtype (e.g.
+        torch.float32). None: out's dtype when out is given, else
+        partial_out's. The merge computes in float32 either way.
+    layout: "bhsd" or "bshd", as for attention().
+    stream: where to queue the work, as for attention(); None: the current
+        stream of partial_out's framework.
+
+    Returns without waiting for the GPU. Raises flashcore.FlashcoreError
+    subclasses carrying the library's status and message.
+    """
+    layout = _layout(layout)
+    wanted = None if out_dtype is None else _dtype_name(out_dtype)
+    user_stream = None if stream is None else stream_pointer(stream)
+    pi = describe(partial_out, "partial_out", user_stream or 0)
+    s = current_stream(pi) if user_stream is None else user_stream
+    pli = describe(partial_lse, "partial_lse", s)
+    oi = None if out is None else describe(out, "out", s)
+    li = None if lse is None else describe(lse, "lse", s)
+    pv, _, out_name = _validate(pi, pli, oi, li, layout, wanted)
+    lib = library()
+    if oi is None:
+        out = _allocate(pi, pi.shape[1:], None if out_name == pi.dtype else out_name, s, "out")
+        oi = describe(out, "out", s)
+    if li is None and return_lse:
+        lse = _allocate(pi, pv.shape[1:4], "float32", s, "lse")
+        li = describe(lse, "lse", s)
+    params = _build(lib, pi, pli, oi, li, layout)
+    device = next((a.device for a in (pi, pli, oi) if a.device is not None), None)
+    get_handle(device).merge_states(params, s)
+    return (out, lse) if return_lse else out
+

@@ -1,0 +1,156 @@
+// The merge kernel: combines num_states partial attention results over
+// disjoint sets of keys into one,
+//     LSE = log(sum_s exp(LSE_s)),   O = sum_s exp(LSE_s - LSE) * O_s,
+// in fp32. It finishes every split-KV forward call (the parts in the
+// workspace) and serves flashcore_merge_states.
+//
+// One warp per row (batch, head, query): the lanes first reduce the row's
+// LSE values, then each lane accumulates 4 consecutive columns of every
+// state, 128 columns per pass. Rows every state saw nothing of (all LSE_s
+// -inf) get O = 0 and LSE = -inf, as the forward kernels give them. States
+// are visited in order, so results are deterministic.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/merge_params.h"
+
+namespace flashcore {
+namespace {
+
+constexpr int kWarpSize = 32;
+constexpr int kMergeThreads = 128;
+constexpr int kWarpsPerBlock = kMergeThreads / kWarpSize;
+constexpr int kColsPerLane = 4;
+constexpr int kColsPerPass = kColsPerLane * kWarpSize;
+// Blocks of the grid-stride loop: enough to fill any GPU several times.
+constexpr int64_t kMaxMergeBlocks = 1 << 16;
+
+template <typename T>
+struct Vec4;
+template <>
+struct Vec4<float> {
+    __device__ static void load(const float *p, float (&v)[4]) {
+        const float4 x = *reinterpret_cast<const float4 *>(p);
+        v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+    }
+    __device__ static void store(float *p, const float (&v)[4]) {
+        *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    }
+};
+template <typename Half2, float2 (*kToFloat2)(Half2), Half2 (*kFromFloat2)(float2)>
+struct Vec4Of2Byte {
+    template <typename T>
+    __device__ static void load(const T *p, float (&v)[4]) {
+        const uint2 raw = *reinterpret_cast<const uint2 *>(p);
+        const float2 lo = kToFloat2(*reinterpret_cast<const Half2 *>(&raw.x));
+        const float2 hi = kToFloat2(*reinterpret_cast<const Half2 *>(&raw.y));
+        v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
+    }
+    template <typename T>
+    __device__ static void store(T *p, const float (&v)[4]) {
+        const Half2 lo = kFromFloat2(make_float2(v[0], v[1]));
+        const Half2 hi = kFromFloat2(make_float2(v[2], v[3]));
+        uint2 raw;
+        raw.x = *reinterpret_cast<const uint32_t *>(&lo);
+        raw.y = *reinterpret_cast<const uint32_t *>(&hi);
+        *reinterpret_cast<uint2 *>(p) = raw;
+    }
+};
+__device__ float2 half2_to_float2(__half2 x) { return __half22float2(x); }
+__device__ __half2 float2_to_half2(float2 x) { return __float22half2_rn(x); }
+__device__ float2 bf162_to_float2(__nv_bfloat162 x) { return __bfloat1622float2(x); }
+__device__ __nv_bfloat162 float2_to_bf162(float2 x) { return __float22bfloat162_rn(x); }
+template <>
+struct Vec4<__half> : Vec4Of2Byte<__half2, half2_to_float2, float2_to_half2> {};
+template <>
+struct Vec4<__nv_bfloat16> : Vec4Of2Byte<__nv_bfloat162, bf162_to_float2, float2_to_bf162> {};
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+    return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+    return x;
+}
+
+template <typename In, typename Out>
+__global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __grid_constant__ MergeKernelParams p) {
+    const int lane = threadIdx.x % kWarpSize;
+    const int64_t num_rows = int64_t(p.batch_size) * p.num_heads * p.seqlen;
+    const int64_t first_warp = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
+    for (int64_t row = first_warp; row < num_rows; row += int64_t(gridDim.x) * kWarpsPerBlock) {
+        const int query = int(row % p.seqlen);
+        const int head = int(row / p.seqlen % p.num_heads);
+        const int batch = int(row / p.seqlen / p.num_heads);
+        const float *row_lse = p.partial_lse + batch * p.lse_batch_stride + head * p.lse_head_stride +
+                               query * p.lse_seq_stride;
+        float max_lse = -INFINITY;
+        for (int s = lane; s < p.num_states; s += kWarpSize) max_lse = fmaxf(max_lse, row_lse[s * p.lse_state_stride]);
+        max_lse = warp_max(max_lse);
+        float lse = -INFINITY;
+        if (max_lse != -INFINITY) {
+            float sum = 0.f;
+            for (int s = lane; s < p.num_states; s += kWarpSize) sum += expf(row_lse[s * p.lse_state_stride] - max_lse);
+            lse = max_lse + logf(warp_sum(sum));
+        }
+
+        const In *row_in = static_cast<const In *>(p.partial_out) + batch * p.partial_batch_stride +
+                           head * p.partial_head_stride + query * p.partial_seq_stride;
+        Out *row_out = static_cast<Out *>(p.out) + batch * p.out_batch_stride + head * p.out_head_stride +
+                       query * p.out_seq_stride;
+        for (int col = lane * kColsPerLane; col < p.head_dim; col += kColsPerPass) {
+            float acc[kColsPerLane] = {0.f, 0.f, 0.f, 0.f};
+            for (int s = 0; lse != -INFINITY && s < p.num_states; ++s) {
+                // exp(-inf - lse) = 0: a state that saw no key of the row
+                // contributes nothing (and its values are not read).
+                const float weight = expf(row_lse[s * p.lse_state_stride] - lse);
+                if (weight == 0.f) continue;
+                float v[kColsPerLane];
+                Vec4<In>::load(row_in + s * p.partial_state_stride + col, v);
+#pragma unroll
+                for (int i = 0; i < kColsPerLane; ++i) acc[i] += weight * v[i];
+            }
+            Vec4<Out>::store(row_out + col, acc);
+        }
+        if (lane == 0 && p.lse != nullptr) p.lse[row] = lse;
+    }
+}
+
+template <typename In, typename Out>
+cudaError_t launch(const MergeKernelParams &p, cudaStream_t stream) {
+    const int64_t rows = int64_t(p.batch_size) * p.num_heads * p.seqlen;
+    int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    if (blocks > kMaxMergeBlocks) blocks = kMaxMergeBlocks;
+    merge_states_kernel<In, Out><<<dim3(unsigned(blocks)), dim3(kMergeThreads), 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
+template <typename In>
+cudaError_t launch_for_output(MergeType out_type, const MergeKernelParams &p, cudaStream_t stream) {
+    switch (out_type) {
+        case MergeType::kFp16: return launch<In, __half>(p, stream);
+        case MergeType::kBf16: return launch<In, __nv_bfloat16>(p, stream);
+        case MergeType::kFp32: return launch<In, float>(p, stream);
+    }
+    return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t run_merge_states(MergeType partial_type, MergeType out_type, const MergeKernelParams &params,
+                             cudaStream_t stream) {
+    switch (partial_type) {
+        case MergeType::kFp16: return launch_for_output<__half>(out_type, params, stream);
+        case MergeType::kBf16: return launch_for_output<__nv_bfloat16>(out_type, params, stream);
+        case MergeType::kFp32: return launch_for_output<float>(out_type, params, stream);
+    }
+    return cudaErrorInvalidValue;
+}
+
+}  // namespace flashcore

@@ -1,0 +1,255 @@
+// What the GPU tests of the forward call share: the error bars against the
+// float64 reference, tensor layouts, one problem's device buffers and
+// parameters (Workload), and running a call with the workspace it asks for.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "device_tensors.h"
+#include "flashcore.h"
+#include "reference.h"
+
+namespace flashcore_test {
+
+
+// Error bars against the float64 reference: twice the worst error PyTorch
+// SDPA's own fp16/bf16 kernels (flash, efficient, cuDNN) reach against the
+// same kind of reference on these shapes, as measured on an H200 by
+// tests/tools/sdpa_error_baseline.py (fp16: rel_l2 2.83e-4, max_abs 1.03e-3;
+// bf16: rel_l2 2.26e-3, max_abs 9.35e-3). The LSE is computed in fp32 from
+// exact fp32 scores; its bound leaves ~10x headroom over what we measure
+// (4e-6).
+struct Tolerance {
+    double rel_l2;
+    double max_abs;
+    double lse_max_abs;
+};
+inline Tolerance tolerance_for(flashcore_dtype dtype) {
+    if (dtype == FLASHCORE_DTYPE_BF16) return {4.6e-3, 1.9e-2, 5.0e-5};
+    return {5.7e-4, 2.1e-3, 5.0e-5};
+}
+
+enum class Layout { kBHSD, kBSHD, kPadded };
+
+inline const char *layout_name(Layout l) {
+    switch (l) {
+        case Layout::kBHSD: return "bhsd";
+        case Layout::kBSHD: return "bshd";
+        case Layout::kPadded: return "padded";
+    }
+    return "?";
+}
+
+// Element strides of a [B, H, S, D] tensor in the given layout. "Padded" is
+// [B, S, H, D] with gaps after each head, row and batch, as views into larger
+// buffers have.
+inline void strides_for(Layout layout, int heads, int seqlen, int head_dim, int64_t *batch, int64_t *seq, int64_t *head) {
+    switch (layout) {
+        case Layout::kBHSD:
+            *seq = head_dim;
+            *head = int64_t(seqlen) * head_dim;
+            *batch = int64_t(heads) * seqlen * head_dim;
+            return;
+        case Layout::kBSHD:
+            *head = head_dim;
+            *seq = int64_t(heads) * head_dim;
+            *batch = int64_t(seqlen) * heads * head_dim;
+            return;
+        case Layout::kPadded:
+            *head = head_dim + 8;
+            *seq = int64_t(heads) * (head_dim + 8) + 16;
+            *batch = int64_t(seqlen) * *seq + 24;
+            return;
+    }
+}
+
+struct FwdCase {
+    flashcore_dtype dtype;
+    int head_dim;
+    bool causal;
+    int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+    Layout layout;
+    int head_dim_v = 0;  // 0: head_dim
+    int num_splits = 0;  // flashcore_forward_params::num_splits (0: the library's choice)
+
+    int value_dim() const { return head_dim_v != 0 ? head_dim_v : head_dim; }
+};
+
+inline std::string case_name(const FwdCase &c) {
+    char dims[32];
+    if (c.value_dim() == c.head_dim) {
+        std::snprintf(dims, sizeof dims, "d%d", c.head_dim);
+    } else {
+        std::snprintf(dims, sizeof dims, "d%dx%d", c.head_dim, c.value_dim());
+    }
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s_%s_%s_b%d_hq%d_hkv%d_sq%d_sk%d_%s",
+                  c.dtype == FLASHCORE_DTYPE_FP16 ? "fp16" : "bf16", dims, c.causal ? "causal" : "full", c.batch,
+                  c.heads_q, c.heads_kv, c.seqlen_q, c.seqlen_k, layout_name(c.layout));
+    std::string name = buf;
+    if (c.num_splits != 0) name += "_splits" + std::to_string(c.num_splits);
+    return name;
+}
+
+struct HandleDeleter {
+    void operator()(flashcore_handle_s *h) const { flashcore_destroy(h); }
+};
+using UniqueHandle = std::unique_ptr<flashcore_handle_s, HandleDeleter>;
+
+inline UniqueHandle make_handle() {
+    flashcore_handle h = nullptr;
+    const flashcore_status status = flashcore_create(&h);
+    if (status != FLASHCORE_STATUS_SUCCESS) {
+        ADD_FAILURE() << "flashcore_create: " << flashcore_status_string(status) << ": "
+                      << flashcore_last_error_message();
+    }
+    return UniqueHandle(h);
+}
+
+// Device buffers and parameters of one problem, with inputs uploaded.
+struct Workload {
+    FwdCase c;
+    Problem problem;
+    std::vector<float> q, k, v;
+    DeviceTensor dq, dk, dv, dout;
+    float *dlse = nullptr;
+    size_t lse_count = 0;
+    flashcore_forward_params params{};
+
+    explicit Workload(const FwdCase &c_, std::mt19937_64 &rng) : c(c_) {
+        problem.batch = c.batch;
+        problem.seqlen_q = c.seqlen_q;
+        problem.seqlen_k = c.seqlen_k;
+        problem.heads_q = c.heads_q;
+        problem.heads_kv = c.heads_kv;
+        problem.head_dim = c.head_dim;
+        problem.head_dim_v = c.value_dim();
+        problem.causal = c.causal;
+        q = random_values(c.dtype, size_t(c.batch) * c.heads_q * c.seqlen_q * c.head_dim, rng);
+        k = random_values(c.dtype, size_t(c.batch) * c.heads_kv * c.seqlen_k * c.head_dim, rng);
+        v = random_values(c.dtype, size_t(c.batch) * c.heads_kv * c.seqlen_k * c.value_dim(), rng);
+        allocate(dq, c.heads_q, c.seqlen_q, c.head_dim);
+        allocate(dk, c.heads_kv, c.seqlen_k, c.head_dim);
+        allocate(dv, c.heads_kv, c.seqlen_k, c.value_dim());
+        allocate(dout, c.heads_q, c.seqlen_q, c.value_dim());
+        dq.upload(c.dtype, q);
+        dk.upload(c.dtype, k);
+        dv.upload(c.dtype, v);
+        lse_count = size_t(c.batch) * c.heads_q * c.seqlen_q;
+        FC_CHECK_CUDA(cudaMalloc(&dlse, lse_count * sizeof(float)));
+
+        flashcore_forward_params_init(&params, sizeof params);
+        params.dtype = c.dtype;
+        params.batch_size = c.batch;
+        params.seqlen_q = c.seqlen_q;
+        params.seqlen_k = c.seqlen_k;
+        params.num_heads_q = c.heads_q;
+        params.num_heads_kv = c.heads_kv;
+        params.head_dim = c.head_dim;
+        params.head_dim_v = c.head_dim_v;
+        params.causal = c.causal;
+        params.num_splits = c.num_splits;
+        params.q = dq.data;
+        params.k = dk.data;
+        params.v = dv.data;
+        params.out = dout.data;
+        params.lse = dlse;
+        bind(dq, &params.q_batch_stride, &params.q_seq_stride, &params.q_head_stride);
+        bind(dk, &params.k_batch_stride, &params.k_seq_stride, &params.k_head_stride);
+        bind(dv, &params.v_batch_stride, &params.v_seq_stride, &params.v_head_stride);
+        bind(dout, &params.out_batch_stride, &params.out_seq_stride, &params.out_head_stride);
+    }
+    ~Workload() { cudaFree(dlse); }
+
+    void allocate(DeviceTensor &t, int heads, int seqlen, int head_dim) {
+        int64_t b, s, h;
+        strides_for(c.layout, heads, seqlen, head_dim, &b, &s, &h);
+        t.allocate(c.batch, heads, seqlen, head_dim, b, s, h);
+    }
+    static void bind(const DeviceTensor &t, int64_t *b, int64_t *s, int64_t *h) {
+        *b = t.batch_stride;
+        *s = t.seq_stride;
+        *h = t.head_stride;
+    }
+    void poison_outputs() {
+        dout.poison();
+        FC_CHECK_CUDA(cudaMemset(dlse, 0xFF, lse_count * sizeof(float)));
+    }
+    std::vector<float> lse_host() const {
+        std::vector<float> host(lse_count);
+        FC_CHECK_CUDA(cudaMemcpy(host.data(), dlse, lse_count * sizeof(float), cudaMemcpyDeviceToHost));
+        return host;
+    }
+    std::vector<uint16_t> out_bits() const {
+        std::vector<uint16_t> host(dout.capacity);
+        FC_CHECK_CUDA(cudaMemcpy(host.data(), dout.data, host.size() * 2, cudaMemcpyDeviceToHost));
+        return host;
+    }
+};
+
+inline flashcore_status run_forward(flashcore_handle h, const flashcore_forward_params &p, cudaStream_t stream = nullptr) {
+    size_t ws_bytes = 0;
+    flashcore_status status = flashcore_forward_workspace_size(h, &p, &ws_bytes);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    void *ws = nullptr;
+    if (ws_bytes > 0) FC_CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+    status = flashcore_forward(h, &p, ws, ws_bytes, stream);
+    FC_CHECK_CUDA(cudaGetLastError());
+    FC_CHECK_CUDA(cudaStreamSynchronize(stream));
+    if (ws != nullptr) FC_CHECK_CUDA(cudaFree(ws));
+    return status;
+}
+
+inline uint64_t fresh_seed() {
+    std::random_device rd;
+    return (uint64_t(rd()) << 32) ^ rd();
+}
+
+
+// Runs case c on fresh random inputs with poisoned outputs, compares out and
+// lse with the float64 reference, and checks that a second run gives
+// bitwise-identical output. The caller has checked for a GPU.
+inline void expect_matches_reference(const FwdCase &c) {
+    const uint64_t seed = fresh_seed();
+    std::mt19937_64 rng(seed);
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+
+    Workload w(c, rng);
+    w.poison_outputs();
+    ASSERT_EQ(run_forward(handle.get(), w.params), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    const std::vector<float> out = w.dout.download(c.dtype);
+    const std::vector<float> lse = w.lse_host();
+    const std::vector<uint16_t> first_bits = w.out_bits();
+
+    std::vector<double> ref_out, ref_lse;
+    reference_attention(w.problem, w.q, w.k, w.v, ref_out, ref_lse);
+    const ErrorStats e = compare(out, ref_out);
+    const ErrorStats e_lse = compare(lse, ref_lse);
+    const Tolerance tol = tolerance_for(c.dtype);
+    std::printf("[ errors ] %s seed=%llu out: max_abs=%.3e rel_l2=%.3e | lse: max_abs=%.3e\n", case_name(c).c_str(),
+                static_cast<unsigned long long>(seed), e.max_abs, e.rel_l2, e_lse.max_abs);
+    testing::Test::RecordProperty("out_max_abs", std::to_string(e.max_abs));
+    testing::Test::RecordProperty("out_rel_l2", std::to_string(e.rel_l2));
+    testing::Test::RecordProperty("lse_max_abs", std::to_string(e_lse.max_abs));
+    EXPECT_EQ(e.non_finite, 0u) << "output elements not written or not finite";
+    EXPECT_EQ(e.mismatched_inf, 0u);
+    EXPECT_LE(e.rel_l2, tol.rel_l2);
+    EXPECT_LE(e.max_abs, tol.max_abs);
+    EXPECT_EQ(e_lse.non_finite, 0u) << "lse elements not written or not finite";
+    EXPECT_EQ(e_lse.mismatched_inf, 0u) << "rows with no visible key must have lse = -inf";
+    EXPECT_LE(e_lse.max_abs, tol.lse_max_abs);
+
+    // The same inputs give bitwise-identical outputs.
+    w.poison_outputs();
+    ASSERT_EQ(run_forward(handle.get(), w.params), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    EXPECT_TRUE(w.out_bits() == first_bits) << "second run differs from the first";
+}
+
+}  // namespace flashcore_test

@@ -1,0 +1,585 @@
+// GPU tests of split-KV and of merging partial results:
+//   - flashcore_forward with every kind of split count (1, 2, 3, odd, more
+//     than the key blocks, the heuristic's) on decode shapes (seqlen_q 1..16,
+//     GQA ratios 1/4/8/16, packed query heads) and small prefill grids,
+//     causal with seqlen_q < seqlen_k, lengths that are not tile multiples,
+//     against the float64 reference with LSE;
+//   - the workspace contract of flashcore.h (size, stability, too small, NULL,
+//     misaligned, graph capture);
+//   - flashcore_merge_states against a float64 merge, with -inf partials,
+//     strided partials and every dtype, and end to end: attention over two
+//     halves of the keys merged equals attention over all of them.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "device_tensors.h"
+#include "flashcore.h"
+#include "forward_workload.h"
+#include "reference.h"
+#include "test_skip.h"
+
+using namespace flashcore_test;
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Split-KV forward against the float64 reference.
+// ---------------------------------------------------------------------------
+
+class SplitKvTest : public testing::TestWithParam<FwdCase> {};
+
+TEST_P(SplitKvTest, MatchesFloat64Reference) {
+    FC_REQUIRE_GPU();
+    expect_matches_reference(GetParam());
+}
+
+// More than any test shape's key blocks: most splits are empty.
+constexpr int kManySplits = FLASHCORE_MAX_NUM_SPLITS;
+
+std::vector<FwdCase> split_cases() {
+    struct Shape {
+        int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+        Layout layout;
+    };
+    const Shape shapes[] = {
+        // Decode: one query per sequence, GQA 1, 4, 8, 16 (packed heads).
+        {2, 8, 8, 1, 1000, Layout::kBSHD},
+        {1, 16, 4, 1, 4099, Layout::kBHSD},
+        {2, 16, 2, 1, 777, Layout::kPadded},
+        {1, 16, 1, 1, 300, Layout::kBSHD},
+        // A few queries per sequence (speculative decoding, small chunks).
+        {1, 16, 4, 3, 777, Layout::kBHSD},
+        {2, 16, 2, 16, 1531, Layout::kBSHD},
+        {1, 8, 8, 5, 64, Layout::kBSHD},
+        // Small prefill grids (the sm_90a kernel splits these).
+        {1, 4, 2, 300, 1100, Layout::kBSHD},
+        {1, 2, 2, 200, 200, Layout::kBHSD},
+    };
+    struct HeadDims {
+        int qk, v;
+        bool every_split;  // else splits 2 and kManySplits only
+    };
+    const HeadDims head_dims[] = {{64, 64, true}, {128, 128, true}, {32, 32, false},
+                                  {96, 96, false}, {192, 128, false}, {256, 256, false}};
+    const int all_splits[] = {0, 1, 2, 3, 7, kManySplits};
+    const int few_splits[] = {2, kManySplits};
+    std::vector<FwdCase> cases;
+    for (flashcore_dtype dtype : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16})
+        for (const HeadDims &d : head_dims)
+            for (bool causal : {false, true})
+                for (const Shape &s : shapes) {
+                    const auto add = [&](int splits) {
+                        FwdCase c{dtype, d.qk, causal, s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_k,
+                                  s.layout, d.v == d.qk ? 0 : d.v};
+                        c.num_splits = splits;
+                        cases.push_back(c);
+                    };
+                    if (d.every_split) {
+                        for (int splits : all_splits) add(splits);
+                    } else if (dtype == FLASHCORE_DTYPE_BF16) {
+                        for (int splits : few_splits) add(splits);
+                    }
+                }
+    return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Splits, SplitKvTest, testing::ValuesIn(split_cases()),
+                         [](const testing::TestParamInfo<FwdCase> &info) { return case_name(info.param); });
+
+// ---------------------------------------------------------------------------
+// The workspace contract.
+// ---------------------------------------------------------------------------
+
+FwdCase decode_case(int num_splits) {
+    FwdCase c{FLASHCORE_DTYPE_FP16, 128, false, 2, 16, 4, 1, 2000, Layout::kBSHD};
+    c.num_splits = num_splits;
+    return c;
+}
+
+size_t workspace_size(flashcore_handle h, const flashcore_forward_params &p) {
+    size_t bytes = 0;
+    EXPECT_EQ(flashcore_forward_workspace_size(h, &p, &bytes), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    return bytes;
+}
+
+struct DeviceBuffer {
+    void *data = nullptr;
+    explicit DeviceBuffer(size_t bytes) { FC_CHECK_CUDA(cudaMalloc(&data, bytes > 0 ? bytes : 1)); }
+    ~DeviceBuffer() { cudaFree(data); }
+    DeviceBuffer(const DeviceBuffer &) = delete;
+    DeviceBuffer &operator=(const DeviceBuffer &) = delete;
+};
+
+TEST(SplitWorkspace, SizeFollowsTheSplitAndIsStable) {
+    FC_REQUIRE_GPU();
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    std::mt19937_64 rng(fresh_seed());
+    Workload w(decode_case(4), rng);
+    const FwdCase &c = w.c;
+    const size_t bytes = workspace_size(handle.get(), w.params);
+    // Four parts of every row's fp32 output and LSE.
+    const size_t rows = size_t(c.batch) * c.heads_q * c.seqlen_q;
+    EXPECT_GE(bytes, 4 * rows * (c.value_dim() + 1) * sizeof(float));
+    EXPECT_EQ(workspace_size(handle.get(), w.params), bytes) << "same params, same size";
+    // Pointers, strides and the scale do not change it.
+    flashcore_forward_params moved = w.params;
+    moved.q = nullptr;
+    moved.out = nullptr;
+    moved.softmax_scale = 0.3f;
+    moved.q_seq_stride += 64;
+    EXPECT_EQ(workspace_size(handle.get(), moved), bytes);
+    // More splits, more workspace; none without a split.
+    flashcore_forward_params more = w.params;
+    more.num_splits = 8;
+    EXPECT_GT(workspace_size(handle.get(), more), bytes);
+    flashcore_forward_params unsplit = w.params;
+    unsplit.num_splits = 1;
+    EXPECT_EQ(workspace_size(handle.get(), unsplit), 0u);
+}
+
+TEST(SplitWorkspace, HeuristicSplitsDecodeButNotAFullGrid) {
+    FC_REQUIRE_GPU();
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    flashcore_forward_params p;
+    ASSERT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
+    p.batch_size = 1;
+    p.num_heads_q = 32;
+    p.num_heads_kv = 8;
+    p.seqlen_q = 1;
+    p.seqlen_k = 32768;
+    p.head_dim = 128;
+    EXPECT_GT(workspace_size(handle.get(), p), 0u) << "one query over 32k keys should split";
+    p.batch_size = 16;
+    p.seqlen_q = p.seqlen_k = 4096;
+    EXPECT_EQ(workspace_size(handle.get(), p), 0u) << "a grid of many waves should not split";
+}
+
+TEST(SplitWorkspace, TooSmallNullAndMisalignedAreRefusedWritingNothing) {
+    FC_REQUIRE_GPU();
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    std::mt19937_64 rng(fresh_seed());
+    Workload w(decode_case(3), rng);
+    const size_t bytes = workspace_size(handle.get(), w.params);
+    ASSERT_GT(bytes, 0u);
+    DeviceBuffer ws(bytes + 64);
+    w.poison_outputs();
+    const std::vector<uint16_t> poisoned = w.out_bits();
+    const std::vector<float> poisoned_lse = w.lse_host();
+
+    EXPECT_EQ(flashcore_forward(handle.get(), &w.params, ws.data, bytes - 1, nullptr),
+              FLASHCORE_STATUS_WORKSPACE_TOO_SMALL);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("workspace_bytes (" + std::to_string(bytes - 1)),
+              std::string::npos)
+        << flashcore_last_error_message();
+    EXPECT_EQ(flashcore_forward(handle.get(), &w.params, nullptr, 0, nullptr), FLASHCORE_STATUS_WORKSPACE_TOO_SMALL);
+    EXPECT_EQ(flashcore_forward(handle.get(), &w.params, nullptr, bytes, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("workspace is NULL"), std::string::npos);
+    EXPECT_EQ(flashcore_forward(handle.get(), &w.params, static_cast<char *>(ws.data) + 8, bytes, nullptr),
+              FLASHCORE_STATUS_MISALIGNED);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("16-byte aligned"), std::string::npos);
+    FC_CHECK_CUDA(cudaDeviceSynchronize());
+    EXPECT_TRUE(w.out_bits() == poisoned) << "a refused call wrote out";
+    const std::vector<float> lse_after = w.lse_host();
+    EXPECT_EQ(std::memcmp(lse_after.data(), poisoned_lse.data(), lse_after.size() * sizeof(float)), 0)
+        << "a refused call wrote lse";
+
+    // A larger, aligned workspace works; an unsplit call needs none.
+    EXPECT_EQ(flashcore_forward(handle.get(), &w.params, static_cast<char *>(ws.data) + 16, bytes + 48, nullptr),
+              FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    w.params.num_splits = 1;
+    EXPECT_EQ(flashcore_forward(handle.get(), &w.params, nullptr, 0, nullptr), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    FC_CHECK_CUDA(cudaDeviceSynchronize());
+}
+
+// A split call captured into a graph replays to the same bits as a direct
+// call: both kernels and the workspace are captured.
+TEST(SplitWorkspace, CapturedSplitCallReplaysIdentically) {
+    FC_REQUIRE_GPU();
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    std::mt19937_64 rng(fresh_seed());
+    Workload w(decode_case(5), rng);
+    w.poison_outputs();
+    ASSERT_EQ(run_forward(handle.get(), w.params), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    const std::vector<uint16_t> direct = w.out_bits();
+
+    const size_t bytes = workspace_size(handle.get(), w.params);
+    DeviceBuffer ws(bytes);
+    cudaStream_t stream;
+    FC_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    FC_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const flashcore_status status = flashcore_forward(handle.get(), &w.params, ws.data, bytes, stream);
+    FC_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+    ASSERT_EQ(status, FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    cudaGraphExec_t exec;
+    FC_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 3; ++replay) {
+        w.poison_outputs();
+        FC_CHECK_CUDA(cudaGraphLaunch(exec, stream));
+        FC_CHECK_CUDA(cudaStreamSynchronize(stream));
+        EXPECT_TRUE(w.out_bits() == direct) << "replay " << replay;
+    }
+    FC_CHECK_CUDA(cudaGraphExecDestroy(exec));
+    FC_CHECK_CUDA(cudaGraphDestroy(graph));
+    FC_CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
+// ---------------------------------------------------------------------------
+// flashcore_merge_states.
+// ---------------------------------------------------------------------------
+
+size_t dtype_bytes(flashcore_dtype dtype) { return dtype == FLASHCORE_DTYPE_FP32 ? 4 : 2; }
+
+const char *dtype_name(flashcore_dtype dtype) {
+    switch (dtype) {
+        case FLASHCORE_DTYPE_FP16: return "fp16";
+        case FLASHCORE_DTYPE_BF16: return "bf16";
+        case FLASHCORE_DTYPE_FP32: return "fp32";
+    }
+    return "?";
+}
+
+float round_value(flashcore_dtype dtype, float x) {
+    return dtype == FLASHCORE_DTYPE_FP32 ? x : round_to(dtype, x);
+}
+
+// Host values of `dtype` as the bytes the device reads.
+std::vector<unsigned char> encode(flashcore_dtype dtype, const std::vector<float> &values) {
+    std::vector<unsigned char> bytes(values.size() * dtype_bytes(dtype));
+    for (size_t i = 0; i < values.size(); ++i) {
+        if (dtype == FLASHCORE_DTYPE_FP32) {
+            std::memcpy(&bytes[i * 4], &values[i], 4);
+        } else {
+            const uint16_t bits = to_bits(dtype, values[i]);
+            std::memcpy(&bytes[i * 2], &bits, 2);
+        }
+    }
+    return bytes;
+}
+
+std::vector<float> decode(flashcore_dtype dtype, const std::vector<unsigned char> &bytes) {
+    std::vector<float> values(bytes.size() / dtype_bytes(dtype));
+    for (size_t i = 0; i < values.size(); ++i) {
+        if (dtype == FLASHCORE_DTYPE_FP32) {
+            std::memcpy(&values[i], &bytes[i * 4], 4);
+        } else {
+            uint16_t bits;
+            std::memcpy(&bits, &bytes[i * 2], 2);
+            values[i] = from_bits(dtype, bits);
+        }
+    }
+    return values;
+}
+
+// The rounding error a merged value of magnitude <= 1 may carry in `dtype`,
+// plus the fp32 accumulation's.
+double merge_tolerance(flashcore_dtype dtype) {
+    switch (dtype) {
+        case FLASHCORE_DTYPE_FP16: return 1e-3;  // half an ulp at 1 is 4.9e-4
+        case FLASHCORE_DTYPE_BF16: return 8e-3;  // 3.9e-3
+        case FLASHCORE_DTYPE_FP32: return 1e-5;
+    }
+    return 0;
+}
+
+struct MergeCase {
+    int num_states;
+    flashcore_dtype partial_dtype;
+    flashcore_dtype out_dtype;
+    bool write_lse;
+};
+
+std::string merge_case_name(const MergeCase &c) {
+    return "k" + std::to_string(c.num_states) + "_" + dtype_name(c.partial_dtype) + "_to_" + dtype_name(c.out_dtype) +
+           (c.write_lse ? "_lse" : "_nolse");
+}
+
+class MergeTest : public testing::TestWithParam<MergeCase> {};
+
+// Partials laid out [batch][seqlen][state][head][dim] (the state between
+// the other dimensions, as a gather from several devices gives), LSE
+// [state][batch][head][seqlen]. About a fifth of the partial rows are empty
+// (LSE -inf, O NaN: never read), and one row is empty in every state.
+TEST_P(MergeTest, MatchesFloat64Merge) {
+    FC_REQUIRE_GPU();
+    const MergeCase c = GetParam();
+    const int batch = 2, heads = 3, seqlen = 37, dim = 72;
+    const int k = c.num_states;
+    const uint64_t seed = fresh_seed();
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> value(-1.f, 1.f), lse_value(-4.f, 6.f), chance(0.f, 1.f);
+
+    const int64_t p_head = dim, p_state = int64_t(heads) * dim, p_seq = k * p_state, p_batch = seqlen * p_seq;
+    const int64_t l_seq = 1, l_head = seqlen, l_batch = int64_t(heads) * seqlen, l_state = batch * l_batch;
+    std::vector<float> partial(size_t(batch) * p_batch), lse(size_t(k) * l_state);
+    for (float &x : partial) x = round_value(c.partial_dtype, value(rng));
+    for (float &x : lse) x = chance(rng) < 0.2f && k > 1 ? -INFINITY : lse_value(rng);
+    const int empty_b = 1, empty_h = 2, empty_s = 5;
+    for (int s = 0; s < k; ++s) lse[s * l_state + empty_b * l_batch + empty_h * l_head + empty_s * l_seq] = -INFINITY;
+    for (int s = 0; s < k; ++s)
+        for (int b = 0; b < batch; ++b)
+            for (int h = 0; h < heads; ++h)
+                for (int i = 0; i < seqlen; ++i) {
+                    if (lse[s * l_state + b * l_batch + h * l_head + i * l_seq] != -INFINITY) continue;
+                    for (int d = 0; d < dim; ++d) {
+                        partial[b * p_batch + i * p_seq + s * p_state + h * p_head + d] =
+                            std::numeric_limits<float>::quiet_NaN();
+                    }
+                }
+
+    // float64 merge.
+    const size_t rows = size_t(batch) * heads * seqlen;
+    std::vector<double> ref_out(rows * dim), ref_lse(rows);
+    for (int b = 0; b < batch; ++b)
+        for (int h = 0; h < heads; ++h)
+            for (int i = 0; i < seqlen; ++i) {
+                const size_t row = (size_t(b) * heads + h) * seqlen + i;
+                double max_lse = -INFINITY;
+                for (int s = 0; s < k; ++s)
+                    max_lse = std::max(max_lse, double(lse[s * l_state + b * l_batch + h * l_head + i * l_seq]));
+                double total = 0;
+                for (int s = 0; s < k; ++s)
+                    total += std::exp(double(lse[s * l_state + b * l_batch + h * l_head + i * l_seq]) - max_lse);
+                const double merged = max_lse == -INFINITY ? -INFINITY : max_lse + std::log(total);
+                ref_lse[row] = merged;
+                for (int d = 0; d < dim; ++d) {
+                    double acc = 0;
+                    for (int s = 0; s < k && merged != -INFINITY; ++s) {
+                        const double w = std::exp(double(lse[s * l_state + b * l_batch + h * l_head + i * l_seq]) - merged);
+                        if (w > 0) acc += w * partial[b * p_batch + i * p_seq + s * p_state + h * p_head + d];
+                    }
+                    ref_out[row * dim + d] = acc;
+                }
+            }
+
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    const std::vector<unsigned char> partial_bytes = encode(c.partial_dtype, partial);
+    DeviceBuffer d_partial(partial_bytes.size()), d_lse(lse.size() * 4), d_out(rows * dim * 4), d_out_lse(rows * 4);
+    FC_CHECK_CUDA(cudaMemcpy(d_partial.data, partial_bytes.data(), partial_bytes.size(), cudaMemcpyHostToDevice));
+    FC_CHECK_CUDA(cudaMemcpy(d_lse.data, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice));
+    FC_CHECK_CUDA(cudaMemset(d_out.data, 0xFF, rows * dim * 4));
+    FC_CHECK_CUDA(cudaMemset(d_out_lse.data, 0xFF, rows * 4));
+
+    flashcore_merge_params p;
+    ASSERT_EQ(flashcore_merge_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
+    p.partial_dtype = c.partial_dtype;
+    p.out_dtype = c.out_dtype;
+    p.num_states = k;
+    p.batch_size = batch;
+    p.num_heads = heads;
+    p.seqlen = seqlen;
+    p.head_dim = dim;
+    p.partial_out = d_partial.data;
+    p.partial_lse = static_cast<const float *>(d_lse.data);
+    p.out = d_out.data;
+    p.lse = c.write_lse ? static_cast<float *>(d_out_lse.data) : nullptr;
+    p.partial_state_stride = p_state;
+    p.partial_batch_stride = p_batch;
+    p.partial_seq_stride = p_seq;
+    p.partial_head_stride = p_head;
+    p.lse_state_stride = l_state;
+    p.lse_batch_stride = l_batch;
+    p.lse_seq_stride = l_seq;
+    p.lse_head_stride = l_head;
+    p.out_head_stride = int64_t(seqlen) * dim;  // [batch][head][seqlen][dim]
+    p.out_seq_stride = dim;
+    p.out_batch_stride = int64_t(heads) * seqlen * dim;
+    ASSERT_EQ(flashcore_merge_states(handle.get(), &p, nullptr), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    FC_CHECK_CUDA(cudaDeviceSynchronize());
+
+    std::vector<unsigned char> out_bytes(rows * dim * dtype_bytes(c.out_dtype));
+    FC_CHECK_CUDA(cudaMemcpy(out_bytes.data(), d_out.data, out_bytes.size(), cudaMemcpyDeviceToHost));
+    const std::vector<float> out = decode(c.out_dtype, out_bytes);
+    const ErrorStats e = compare(out, ref_out);
+    std::printf("[ errors ] merge %s seed=%llu max_abs=%.3e\n", merge_case_name(c).c_str(),
+                static_cast<unsigned long long>(seed), e.max_abs);
+    EXPECT_EQ(e.non_finite, 0u) << "NaN from an empty partial leaked, or an element was not written";
+    EXPECT_LE(e.max_abs, merge_tolerance(c.out_dtype));
+    const size_t empty_row = (size_t(empty_b) * heads + empty_h) * seqlen + empty_s;
+    for (int d = 0; d < dim; ++d) EXPECT_EQ(out[empty_row * dim + d], 0.f) << "a row no state saw is 0";
+    std::vector<float> out_lse(rows);
+    FC_CHECK_CUDA(cudaMemcpy(out_lse.data(), d_out_lse.data, rows * 4, cudaMemcpyDeviceToHost));
+    if (c.write_lse) {
+        const ErrorStats e_lse = compare(out_lse, ref_lse);
+        EXPECT_EQ(e_lse.non_finite, 0u);
+        EXPECT_EQ(e_lse.mismatched_inf, 0u) << "the row no state saw has lse -inf";
+        EXPECT_LE(e_lse.max_abs, 1e-5);
+    } else {
+        for (float x : out_lse) ASSERT_TRUE(std::isnan(x)) << "lse was written although NULL was passed";
+    }
+}
+
+std::vector<MergeCase> merge_cases() {
+    std::vector<MergeCase> cases;
+    for (int k : {1, 2, 3, 5})
+        for (flashcore_dtype in : {FLASHCORE_DTYPE_FP32, FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16})
+            for (flashcore_dtype out : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP32})
+                cases.push_back({k, in, out, !(k == 3 && out == FLASHCORE_DTYPE_FP32)});
+    return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(States, MergeTest, testing::ValuesIn(merge_cases()),
+                         [](const testing::TestParamInfo<MergeCase> &info) { return merge_case_name(info.param); });
+
+// Attention over all the keys equals attention over each half of them
+// (separate calls, each with its LSE) merged. The partials pass through fp16
+// once more than a direct call's output, so the bound is twice the usual.
+TEST(MergeStates, TwoHalvesOfTheKeysMergeToTheWhole) {
+    FC_REQUIRE_GPU();
+    const flashcore_dtype dtype = FLASHCORE_DTYPE_FP16;
+    FwdCase c{dtype, 128, false, 2, 16, 4, 7, 1500, Layout::kBSHD};
+    const int first_keys = 611;
+    std::mt19937_64 rng(fresh_seed());
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    Workload w(c, rng);
+
+    const size_t rows = size_t(c.batch) * c.heads_q * c.seqlen_q;
+    const int dv = c.value_dim();
+    // Both halves' outputs stacked as [2][batch][head][seqlen][dv], their LSE
+    // as [2][batch][head][seqlen].
+    DeviceBuffer parts(2 * rows * dv * 2), part_lse(2 * rows * 4);
+    for (int half = 0; half < 2; ++half) {
+        flashcore_forward_params p = w.params;
+        const int first = half == 0 ? 0 : first_keys;
+        p.seqlen_k = half == 0 ? first_keys : c.seqlen_k - first_keys;
+        p.k = static_cast<const __half *>(w.dk.data) + first * w.dk.seq_stride;
+        p.v = static_cast<const __half *>(w.dv.data) + first * w.dv.seq_stride;
+        p.out = static_cast<__half *>(parts.data) + half * rows * dv;
+        p.out_seq_stride = dv;
+        p.out_head_stride = int64_t(c.seqlen_q) * dv;
+        p.out_batch_stride = int64_t(c.heads_q) * c.seqlen_q * dv;
+        p.lse = static_cast<float *>(part_lse.data) + half * rows;
+        ASSERT_EQ(run_forward(handle.get(), p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    }
+    flashcore_merge_params m;
+    ASSERT_EQ(flashcore_merge_params_init(&m, sizeof m), FLASHCORE_STATUS_SUCCESS);
+    m.partial_dtype = dtype;
+    m.out_dtype = dtype;
+    m.num_states = 2;
+    m.batch_size = c.batch;
+    m.num_heads = c.heads_q;
+    m.seqlen = c.seqlen_q;
+    m.head_dim = dv;
+    m.partial_out = parts.data;
+    m.partial_lse = static_cast<const float *>(part_lse.data);
+    m.partial_state_stride = int64_t(rows) * dv;
+    m.partial_batch_stride = int64_t(c.heads_q) * c.seqlen_q * dv;
+    m.partial_head_stride = int64_t(c.seqlen_q) * dv;
+    m.partial_seq_stride = dv;
+    m.lse_state_stride = int64_t(rows);
+    m.lse_batch_stride = int64_t(c.heads_q) * c.seqlen_q;
+    m.lse_head_stride = c.seqlen_q;
+    m.lse_seq_stride = 1;
+    m.out = w.params.out;
+    m.out_batch_stride = w.params.out_batch_stride;
+    m.out_seq_stride = w.params.out_seq_stride;
+    m.out_head_stride = w.params.out_head_stride;
+    m.lse = w.params.lse;
+    w.poison_outputs();
+    ASSERT_EQ(flashcore_merge_states(handle.get(), &m, nullptr), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    FC_CHECK_CUDA(cudaDeviceSynchronize());
+
+    std::vector<double> ref_out, ref_lse;
+    reference_attention(w.problem, w.q, w.k, w.v, ref_out, ref_lse);
+    const ErrorStats e = compare(w.dout.download(dtype), ref_out);
+    const ErrorStats e_lse = compare(w.lse_host(), ref_lse);
+    const Tolerance tol = tolerance_for(dtype);
+    EXPECT_EQ(e.non_finite, 0u);
+    EXPECT_LE(e.rel_l2, 2 * tol.rel_l2);
+    EXPECT_LE(e.max_abs, 2 * tol.max_abs);
+    EXPECT_LE(e_lse.max_abs, tol.lse_max_abs);
+}
+
+// Bad merge parameters: a specific status and message, nothing queued.
+TEST(MergeStates, BadParametersAreRefused) {
+    FC_REQUIRE_GPU();
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    DeviceBuffer partial(4096), lse(1024), out(4096);
+    flashcore_merge_params good;
+    ASSERT_EQ(flashcore_merge_params_init(&good, sizeof good), FLASHCORE_STATUS_SUCCESS);
+    good.num_states = 2;
+    good.batch_size = 1;
+    good.num_heads = 2;
+    good.seqlen = 4;
+    good.head_dim = 16;
+    good.partial_out = partial.data;
+    good.partial_lse = static_cast<const float *>(lse.data);
+    good.out = out.data;
+    good.partial_state_stride = 2 * 4 * 16;
+    good.partial_head_stride = 4 * 16;
+    good.partial_seq_stride = 16;
+    good.lse_state_stride = 8;
+    good.lse_head_stride = 4;
+    good.lse_seq_stride = 1;
+    good.out_head_stride = 4 * 16;
+    good.out_seq_stride = 16;
+    FC_CHECK_CUDA(cudaMemset(out.data, 0x7F, 4096));
+    ASSERT_EQ(flashcore_merge_states(handle.get(), &good, nullptr), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    FC_CHECK_CUDA(cudaDeviceSynchronize());
+    FC_CHECK_CUDA(cudaMemset(out.data, 0x7F, 4096));
+
+    struct Bad {
+        const char *what;
+        void (*mutate)(flashcore_merge_params &);
+        flashcore_status expected;
+        const char *message_part;
+    };
+    const Bad bad[] = {
+        {"null params", nullptr, FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL"},
+        {"partial dtype", [](auto &p) { p.partial_dtype = 9; }, FLASHCORE_STATUS_UNSUPPORTED, "partial_dtype 9"},
+        {"out dtype", [](auto &p) { p.out_dtype = 0; }, FLASHCORE_STATUS_UNSUPPORTED, "FLASHCORE_DTYPE_FP32"},
+        {"no states", [](auto &p) { p.num_states = 0; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "num_states (0)"},
+        {"head dim", [](auto &p) { p.head_dim = 12; }, FLASHCORE_STATUS_UNSUPPORTED, "multiple of 8"},
+        {"null partial", [](auto &p) { p.partial_out = nullptr; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+         "partial_out is NULL"},
+        {"null lse", [](auto &p) { p.partial_lse = nullptr; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+         "partial_lse is NULL"},
+        {"null out", [](auto &p) { p.out = nullptr; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "out is NULL"},
+        {"misaligned out", [](auto &p) { p.out = static_cast<char *>(p.out) + 8; }, FLASHCORE_STATUS_MISALIGNED,
+         "16-byte aligned"},
+        {"misaligned stride", [](auto &p) { p.partial_seq_stride = 20; }, FLASHCORE_STATUS_MISALIGNED,
+         "partial_seq_stride (20)"},
+        {"negative lse stride", [](auto &p) { p.lse_head_stride = -4; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+         "lse_head_stride (-4)"},
+        {"overlapping out", [](auto &p) { p.out_seq_stride = 0; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+         "make elements overlap"},
+        {"struct size", [](auto &p) { p.struct_size = 8; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+         "sizeof(flashcore_merge_params)"},
+    };
+    for (const Bad &b : bad) {
+        flashcore_merge_params p = good;
+        if (b.mutate != nullptr) b.mutate(p);
+        EXPECT_EQ(flashcore_merge_states(handle.get(), b.mutate != nullptr ? &p : nullptr, nullptr), b.expected)
+            << b.what;
+        EXPECT_NE(std::string(flashcore_last_error_message()).find(b.message_part), std::string::npos)
+            << b.what << ": " << flashcore_last_error_message();
+    }
+    FC_CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<unsigned char> host(4096);
+    FC_CHECK_CUDA(cudaMemcpy(host.data(), out.data, host.size(), cudaMemcpyDeviceToHost));
+    for (unsigned char byte : host) ASSERT_EQ(byte, 0x7F) << "a refused merge wrote out";
+}
+
+}  // namespace
