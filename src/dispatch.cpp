@@ -269,8 +269,9 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
                     "(the call splits its keys %d ways)",
                     workspace_bytes, plan.workspace_bytes, plan.num_splits);
     }
-    if (plan.workspace_bytes > 0 && workspace == nullptr) {
-        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "workspace is NULL but the call needs %zu bytes of it",
+    if (workspace_bytes > 0 && workspace == nullptr) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "workspace is NULL but workspace_bytes is %zu (the call needs %zu bytes of it)", workspace_bytes,
                     plan.workspace_bytes);
     }
     if (reinterpret_cast<uintptr_t>(workspace) % FLASHCORE_ALIGNMENT != 0) {
