@@ -213,6 +213,7 @@ flashcore_status plan_forward(const flashcore_handle_s &handle, const flashcore_
                         "num_splits = 1 (no split)",
                         plan->num_splits);
         }
+        plan->partial_lse_offset = out_bytes;
         plan->workspace_bytes = out_bytes + lse_bytes;
     }
     return FLASHCORE_STATUS_SUCCESS;
@@ -301,10 +302,9 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
     kparams.num_splits = plan.num_splits;
     kparams.packed_heads = plan.packed_heads;
     if (plan.num_splits > 1) {
-        size_t out_bytes = 0, lse_bytes = 0;
-        partial_bytes(p, plan.num_splits, &out_bytes, &lse_bytes);
         kparams.partial_out = static_cast<float *>(workspace);
-        kparams.partial_lse = reinterpret_cast<float *>(static_cast<unsigned char *>(workspace) + out_bytes);
+        kparams.partial_lse =
+            reinterpret_cast<float *>(static_cast<unsigned char *>(workspace) + plan.partial_lse_offset);
     }
     const FwdLaunchOptions options{handle.env.persistent_ctas};
     const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);

@@ -12,12 +12,14 @@ struct KernelEntry;
 
 // How a call runs: the kernel, into how many parts its keys are split (1:
 // none), how many query heads share a tile's rows (1: none), and the
-// workspace that takes.
+// workspace that takes: the parts' fp32 rows from its start, their LSE
+// values from partial_lse_offset.
 struct ForwardPlan {
     const KernelEntry *kernel = nullptr;
     int num_splits = 1;
     int packed_heads = 1;
     size_t workspace_bytes = 0;
+    size_t partial_lse_offset = 0;
 };
 
 // The plan for validated parameters on the handle's device. The same

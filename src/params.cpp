@@ -66,17 +66,26 @@ static flashcore_status check_unknown_fields_zero(const void *user, size_t size,
     return FLASHCORE_STATUS_SUCCESS;
 }
 
-flashcore_status read_params(const flashcore_forward_params *user, flashcore_forward_params *params) {
+// Copies a caller's struct of any header version into *params: its
+// struct_size checked by check_size, fields it does not have left at the
+// defaults init writes, fields of a newer header (past known_end) refused
+// unless zero.
+template <typename Struct>
+flashcore_status read_struct(const Struct *user, Struct *params, flashcore_status (*check_size)(size_t, const char *),
+                             size_t known_end, void (*init)(Struct *, size_t)) {
     if (user == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL");
     const size_t size = user->struct_size;
-    flashcore_status status = check_struct_size(size, "params->struct_size");
+    flashcore_status status = check_size(size, "params->struct_size");
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    status = check_unknown_fields_zero(user, size, sizeof(flashcore_forward_params), kParamsKnownEnd);
+    status = check_unknown_fields_zero(user, size, sizeof(Struct), known_end);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    // A struct from an older header keeps the defaults of the fields it lacks.
-    init_params(params, sizeof(flashcore_forward_params));
-    std::memcpy(static_cast<void *>(params), user, std::min(size, kParamsKnownEnd));
+    init(params, sizeof(Struct));
+    std::memcpy(static_cast<void *>(params), user, std::min(size, known_end));
     return FLASHCORE_STATUS_SUCCESS;
+}
+
+flashcore_status read_params(const flashcore_forward_params *user, flashcore_forward_params *params) {
+    return read_struct(user, params, check_struct_size, kParamsKnownEnd, init_params);
 }
 
 flashcore_status check_merge_struct_size(size_t size, const char *what) {
@@ -98,15 +107,7 @@ void init_merge_params(flashcore_merge_params *params, size_t struct_size) {
 }
 
 flashcore_status read_merge_params(const flashcore_merge_params *user, flashcore_merge_params *params) {
-    if (user == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL");
-    const size_t size = user->struct_size;
-    flashcore_status status = check_merge_struct_size(size, "params->struct_size");
-    if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    status = check_unknown_fields_zero(user, size, sizeof(flashcore_merge_params), kMergeParamsKnownEnd);
-    if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    init_merge_params(params, sizeof(flashcore_merge_params));
-    std::memcpy(static_cast<void *>(params), user, std::min(size, kMergeParamsKnownEnd));
-    return FLASHCORE_STATUS_SUCCESS;
+    return read_struct(user, params, check_merge_struct_size, kMergeParamsKnownEnd, init_merge_params);
 }
 
 float effective_softmax_scale(const flashcore_forward_params &p) {
