@@ -15,12 +15,12 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/fragment_layout.cuh"
 #include "common/merge_params.h"
 
 namespace flashcore {
 namespace {
 
-constexpr int kWarpSize = 32;
 constexpr int kMergeThreads = 128;
 constexpr int kWarpsPerBlock = kMergeThreads / kWarpSize;
 constexpr int kColsPerLane = 4;
