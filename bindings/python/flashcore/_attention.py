@@ -56,20 +56,62 @@ def _num_splits(num_splits):
 
 
 class _View:
-    """An array seen as [batch, heads, seqlen, head_dim] through a layout."""
+    """An array seen as [batch, heads, seqlen, head_dim] through a layout,
+    after a leading state axis where `states` (merge_states' partials)."""
 
-    def __init__(self, info, layout):
+    def __init__(self, info, layout, states=False):
         self.info = info
-        if len(info.shape) != 4:
-            raise InvalidArgumentError("%s must be 4-D, %s, got shape %s"
-                                       % (info.name, _shape_words(layout), list(info.shape)))
-        axes = LAYOUT_AXES[layout] + (3,)
+        ndim = 5 if states else 4
+        if len(info.shape) != ndim:
+            raise InvalidArgumentError("%s must be %d-D, %s, got shape %s"
+                                       % (info.name, ndim, _shape_words(layout, states), list(info.shape)))
+        first = 1 if states else 0
+        axes = ((0,) if states else ()) + tuple(first + a for a in LAYOUT_AXES[layout]) + (first + 3,)
         self.shape = tuple(info.shape[a] for a in axes)
         self.strides = tuple(info.strides[a] for a in axes)
 
+    def check_head_dim_contiguous(self):
+        if self.strides[-1] != 1 and self.shape[-1] > 1:
+            raise InvalidArgumentError(
+                "%s's last dimension (head_dim) must be contiguous (stride 1), got stride %d: pass a copy "
+                "(e.g. .contiguous()) instead" % (self.info.name, self.strides[-1]))
 
-def _shape_words(layout):
-    return "[B, S, H, D] (layout='bshd')" if layout == Layout.BSHD else "[B, H, S, D]"
+    def aligned_strides(self):
+        """The strides, with those of size-1 dimensions (never stepped along;
+        frameworks give them arbitrary values) zeroed where they would break
+        the alignment rule."""
+        step = max(_ffi.FLASHCORE_ALIGNMENT // self.info.itemsize, 1)
+        return tuple(0 if size == 1 and stride % step else stride for size, stride in zip(self.shape, self.strides))
+
+
+def _shape_words(layout, states=False):
+    prefix = "K, " if states else ""
+    if layout == Layout.BSHD:
+        return "[%sB, S, H, D] (layout='bshd')" % prefix
+    return "[%sB, H, S, D]" % prefix
+
+
+def _check_int32_sizes(info):
+    for size in info.shape:
+        if size > INT32_MAX:
+            raise InvalidArgumentError("%s has a dimension of %d, more than the C API's int32" % (info.name, size))
+
+
+def _check_lse(lse, want, words):
+    """lse: float32 of shape `want` (named `words`), contiguous, writable."""
+    if lse.shape != want or lse.dtype != "float32":
+        raise InvalidArgumentError("lse must be float32 of shape %s = %s, got %s %s"
+                                   % (words, list(want), lse.dtype, list(lse.shape)))
+    if any(st != c for size, st, c in zip(lse.shape, lse.strides, contiguous_strides(lse.shape)) if size > 1):
+        raise InvalidArgumentError("lse must be contiguous, got strides %s" % (list(lse.strides),))
+    if lse.readonly:
+        raise InvalidArgumentError("lse is read-only")
+
+
+def _check_one_device(arrays, names):
+    devices = sorted({a.device for a in arrays if a is not None and a.device is not None})
+    if len(devices) > 1:
+        raise InvalidArgumentError("%s must be on one device, got devices %s" % (names, devices))
 
 
 def _out_shape(q, head_dim_v):
@@ -102,25 +144,11 @@ def _validate(q, k, v, out, lse, layout):
         if out.readonly:
             raise InvalidArgumentError("out is read-only")
     for view in views:
-        if view.strides[3] != 1 and view.shape[3] > 1:
-            raise InvalidArgumentError(
-                "%s's last dimension (head_dim) must be contiguous (stride 1), got stride %d: pass a copy "
-                "(e.g. .contiguous()) instead" % (view.info.name, view.strides[3]))
-        for size in view.shape:
-            if size > INT32_MAX:
-                raise InvalidArgumentError("%s has a dimension of %d, more than the C API's int32" % (view.info.name, size))
+        view.check_head_dim_contiguous()
+        _check_int32_sizes(view.info)
     if lse is not None:
-        want = (qv.shape[0], qv.shape[1], qv.shape[2])
-        if lse.shape != want or lse.dtype != "float32":
-            raise InvalidArgumentError("lse must be float32 of shape [B, H, Sq] = %s, got %s %s"
-                                       % (list(want), lse.dtype, list(lse.shape)))
-        if any(st != c for size, st, c in zip(lse.shape, lse.strides, contiguous_strides(lse.shape)) if size > 1):
-            raise InvalidArgumentError("lse must be contiguous, got strides %s" % (list(lse.strides),))
-        if lse.readonly:
-            raise InvalidArgumentError("lse is read-only")
-    devices = sorted({a.device for a in (q, k, v, out, lse) if a is not None and a.device is not None})
-    if len(devices) > 1:
-        raise InvalidArgumentError("q, k, v, out and lse must be on one device, got devices %s" % devices)
+        _check_lse(lse, (qv.shape[0], qv.shape[1], qv.shape[2]), "[B, H, Sq]")
+    _check_one_device((q, k, v, out, lse), "q, k, v, out and lse")
     return qv, kv, vv
 
 
@@ -140,13 +168,7 @@ def _build(lib, q, k, v, out, lse, layout, causal, scale, num_splits=0):
         if info is None:
             continue
         setattr(p, prefix, info.ptr)
-        view = _View(info, layout)
-        step = max(_ffi.FLASHCORE_ALIGNMENT // info.itemsize, 1)
-        for (size, stride), what in zip(zip(view.shape, view.strides), ("batch", "head", "seq")):
-            # A dimension of size 1 is never stepped along; frameworks give it
-            # arbitrary strides, which the alignment rule need not see.
-            if size == 1 and stride % step:
-                stride = 0
+        for stride, what in zip(_View(info, layout).aligned_strides(), ("batch", "head", "seq")):
             setattr(p, "%s_%s_stride" % (prefix, what), stride)
     return p
 

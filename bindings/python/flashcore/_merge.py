@@ -3,7 +3,7 @@ the keys (flashcore_merge_states), and the parameter building under it."""
 
 from . import _ffi
 from ._arrays import contiguous_strides, current_stream, describe, stream_pointer
-from ._attention import INT32_MAX, LAYOUT_AXES, _allocate, _layout
+from ._attention import _View, _allocate, _check_int32_sizes, _check_lse, _check_one_device, _layout
 from ._errors import InvalidArgumentError, UnsupportedError
 from ._library import get_handle, library
 
@@ -31,42 +31,13 @@ def _dtype_name(dtype):
     return name
 
 
-def _layout_words(layout, states):
-    prefix = "K, " if states else ""
-    if layout == Layout.BSHD:
-        return "[%sB, S, H, D] (layout='bshd')" % prefix
-    return "[%sB, H, S, D]" % prefix
-
-
-class _MergeView:
-    """An array seen as [(state,) batch, heads, seqlen, head_dim] through a
-    layout; `states` says whether it has the leading state axis."""
-
-    def __init__(self, info, layout, states):
-        self.info = info
-        ndim = 5 if states else 4
-        if len(info.shape) != ndim:
-            raise InvalidArgumentError("%s must be %d-D, %s, got shape %s"
-                                       % (info.name, ndim, _layout_words(layout, states), list(info.shape)))
-        first = 1 if states else 0
-        axes = ((0,) if states else ()) + tuple(first + a for a in LAYOUT_AXES[layout]) + (first + 3,)
-        self.shape = tuple(info.shape[a] for a in axes)
-        self.strides = tuple(info.strides[a] for a in axes)
-
-
-def _check_sizes(info):
-    for size in info.shape:
-        if size > INT32_MAX:
-            raise InvalidArgumentError("%s has a dimension of %d, more than the C API's int32" % (info.name, size))
-
-
 def _validate(partial_out, partial_lse, out, lse, layout, out_dtype=None):
     """Checks what the C API cannot see (it takes one set of sizes for all
     arrays); strides, alignment and supported sizes are left to the library.
     Returns the views of partial_out and out (None when out is None) and the
     name of out's dtype."""
-    pv = _MergeView(partial_out, layout, True)
-    ov = None if out is None else _MergeView(out, layout, False)
+    pv = _View(partial_out, layout, states=True)
+    ov = None if out is None else _View(out, layout)
     if partial_out.dtype not in MERGE_DTYPES:
         raise UnsupportedError("partial_out has dtype %s; flashcore merges %s"
                                % (partial_out.dtype, ", ".join(MERGE_DTYPES)))
@@ -87,37 +58,15 @@ def _validate(partial_out, partial_lse, out, lse, layout, out_dtype=None):
         raise InvalidArgumentError("partial_lse must be float32 of shape [K, B, H, S] = %s, got %s %s"
                                    % (list(want), partial_lse.dtype, list(partial_lse.shape)))
     for view in (pv, ov):
-        if view is None:
-            continue
-        if view.strides[-1] != 1 and view.shape[-1] > 1:
-            raise InvalidArgumentError(
-                "%s's last dimension (head_dim) must be contiguous (stride 1), got stride %d: pass a copy "
-                "(e.g. .contiguous()) instead" % (view.info.name, view.strides[-1]))
+        if view is not None:
+            view.check_head_dim_contiguous()
     for info in (partial_out, partial_lse, out, lse):
         if info is not None:
-            _check_sizes(info)
+            _check_int32_sizes(info)
     if lse is not None:
-        want = (batch, heads, seqlen)
-        if lse.shape != want or lse.dtype != "float32":
-            raise InvalidArgumentError("lse must be float32 of shape [B, H, S] = %s, got %s %s"
-                                       % (list(want), lse.dtype, list(lse.shape)))
-        if any(st != c for size, st, c in zip(lse.shape, lse.strides, contiguous_strides(lse.shape)) if size > 1):
-            raise InvalidArgumentError("lse must be contiguous, got strides %s" % (list(lse.strides),))
-        if lse.readonly:
-            raise InvalidArgumentError("lse is read-only")
-    devices = sorted({a.device for a in (partial_out, partial_lse, out, lse) if a is not None and a.device is not None})
-    if len(devices) > 1:
-        raise InvalidArgumentError("partial_out, partial_lse, out and lse must be on one device, got devices %s"
-                                   % devices)
+        _check_lse(lse, (batch, heads, seqlen), "[B, H, S]")
+    _check_one_device((partial_out, partial_lse, out, lse), "partial_out, partial_lse, out and lse")
     return pv, ov, out_dtype or partial_out.dtype
-
-
-def _aligned_strides(view):
-    """The view's strides, with those of size-1 dimensions (never stepped
-    along; frameworks give them arbitrary values) zeroed where they would
-    break the alignment rule."""
-    step = max(_ffi.FLASHCORE_ALIGNMENT // view.info.itemsize, 1)
-    return tuple(0 if size == 1 and stride % step else stride for size, stride in zip(view.shape, view.strides))
 
 
 def _build(lib, partial_out, partial_lse, out, lse, layout):
@@ -128,12 +77,12 @@ def _build(lib, partial_out, partial_lse, out, lse, layout):
     p.num_states, p.batch_size, p.num_heads, p.seqlen, p.head_dim = pv.shape
     p.partial_out, p.partial_lse, p.out = partial_out.ptr, partial_lse.ptr, out.ptr
     p.lse = lse.ptr if lse is not None else None
-    state, batch, head, seq, _ = _aligned_strides(pv)
+    state, batch, head, seq, _ = pv.aligned_strides()
     p.partial_state_stride, p.partial_batch_stride, p.partial_head_stride, p.partial_seq_stride = state, batch, head, seq
     # partial_lse is [K, B, H, S] whatever the layout; 4-byte elements need no stride rule.
     state, batch, head, seq = partial_lse.strides
     p.lse_state_stride, p.lse_batch_stride, p.lse_head_stride, p.lse_seq_stride = state, batch, head, seq
-    batch, head, seq, _ = _aligned_strides(ov)
+    batch, head, seq, _ = ov.aligned_strides()
     p.out_batch_stride, p.out_head_stride, p.out_seq_stride = batch, head, seq
     return p
 
