@@ -25,6 +25,7 @@ enum class FwdVariant : int {
     kLargeTiles = 0,   // sm80: large query blocks, most work per shared-memory read
     kKeySplit = 1,     // sm80: small query blocks, key tiles split over two warp groups: least latency
     kPersistent = 2,   // sm90: persistent wgmma/TMA kernel
+    kDecode = 3,       // sm80: 16-row blocks (decode), keys split over four warps with deep rings
 };
 
 struct FwdKernelParams {

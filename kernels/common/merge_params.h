@@ -34,7 +34,11 @@ struct MergeKernelParams {
 // Queues the merge on `stream`; returns the launch error. The parameters
 // must be validated (head_dim a multiple of 4, pointers and strides aligned
 // to 4 elements).
+// after_forward: the merge of a split-KV forward call, queued right behind
+// the forward kernel on an sm_90+ GPU: launched as its programmatic
+// dependent, so its launch overlaps the forward grid's tail (it waits for
+// that grid's results before reading them).
 cudaError_t run_merge_states(MergeType partial_type, MergeType out_type, const MergeKernelParams &params,
-                             cudaStream_t stream);
+                             cudaStream_t stream, bool after_forward = false);
 
 }  // namespace flashcore

@@ -17,6 +17,7 @@
 
 #include "common/fragment_layout.cuh"
 #include "common/merge_params.h"
+#include "common/ptx.cuh"
 
 namespace flashcore {
 namespace {
@@ -81,6 +82,7 @@ __device__ __forceinline__ float warp_sum(float x) {
 
 template <typename In, typename Out>
 __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __grid_constant__ MergeKernelParams p) {
+    wait_for_prerequisite_grids();
     const int lane = threadIdx.x % kWarpSize;
     const int64_t num_rows = int64_t(p.batch_size) * p.num_heads * p.seqlen;
     const int64_t first_warp = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
@@ -123,20 +125,31 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
 }
 
 template <typename In, typename Out>
-cudaError_t launch(const MergeKernelParams &p, cudaStream_t stream) {
+cudaError_t launch(const MergeKernelParams &p, cudaStream_t stream, bool after_forward) {
     const int64_t rows = int64_t(p.batch_size) * p.num_heads * p.seqlen;
     int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
     if (blocks > kMaxMergeBlocks) blocks = kMaxMergeBlocks;
-    merge_states_kernel<In, Out><<<dim3(unsigned(blocks)), dim3(kMergeThreads), 0, stream>>>(p);
-    return cudaGetLastError();
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(blocks));
+    config.blockDim = dim3(kMergeThreads);
+    config.stream = stream;
+    cudaLaunchAttribute programmatic[1];
+    if (after_forward) {
+        programmatic[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        programmatic[0].val.programmaticStreamSerializationAllowed = 1;
+        config.attrs = programmatic;
+        config.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&config, merge_states_kernel<In, Out>, p);
 }
 
 template <typename In>
-cudaError_t launch_for_output(MergeType out_type, const MergeKernelParams &p, cudaStream_t stream) {
+cudaError_t launch_for_output(MergeType out_type, const MergeKernelParams &p, cudaStream_t stream,
+                              bool after_forward) {
     switch (out_type) {
-        case MergeType::kFp16: return launch<In, __half>(p, stream);
-        case MergeType::kBf16: return launch<In, __nv_bfloat16>(p, stream);
-        case MergeType::kFp32: return launch<In, float>(p, stream);
+        case MergeType::kFp16: return launch<In, __half>(p, stream, after_forward);
+        case MergeType::kBf16: return launch<In, __nv_bfloat16>(p, stream, after_forward);
+        case MergeType::kFp32: return launch<In, float>(p, stream, after_forward);
     }
     return cudaErrorInvalidValue;
 }
@@ -144,11 +157,11 @@ cudaError_t launch_for_output(MergeType out_type, const MergeKernelParams &p, cu
 }  // namespace
 
 cudaError_t run_merge_states(MergeType partial_type, MergeType out_type, const MergeKernelParams &params,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, bool after_forward) {
     switch (partial_type) {
-        case MergeType::kFp16: return launch_for_output<__half>(out_type, params, stream);
-        case MergeType::kBf16: return launch_for_output<__nv_bfloat16>(out_type, params, stream);
-        case MergeType::kFp32: return launch_for_output<float>(out_type, params, stream);
+        case MergeType::kFp16: return launch_for_output<__half>(out_type, params, stream, after_forward);
+        case MergeType::kBf16: return launch_for_output<__nv_bfloat16>(out_type, params, stream, after_forward);
+        case MergeType::kFp32: return launch_for_output<float>(out_type, params, stream, after_forward);
     }
     return cudaErrorInvalidValue;
 }

@@ -49,6 +49,26 @@ __device__ __forceinline__ int opaque_thread_index() {
     return i;
 }
 
+// Programmatic dependent launch (sm_90+; no-ops on older GPUs and for
+// grids launched without the attribute). A kernel that lets its dependents
+// launch early calls launch_dependent_grids(): the next kernel on the stream,
+// if launched with cudaLaunchAttributeProgrammaticStreamSerialization, may
+// then start once every CTA of this grid has called it, and overlap its launch
+// with this grid's tail. The dependent calls wait_for_prerequisite_grids()
+// before it reads what they wrote: it returns once they have completed and
+// their memory is visible.
+__device__ __forceinline__ void launch_dependent_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_prerequisite_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // Barrier kId among `num_threads` threads (a multiple of 32) that all name
 // the same id; other warps are not held.
 template <int kId>

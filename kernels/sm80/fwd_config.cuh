@@ -17,6 +17,14 @@
 // is half as long (the latency of a small problem is that chain). From
 // head_dim 96 on its two rings take more shared memory than sm_86 and sm_89
 // offer (99 KB): there the dispatcher uses the large tiles.
+//
+// kDecode, for query blocks of at most 16 rows (decode and speculative steps,
+// GQA heads packed into the rows): 16 query rows, four single-warp key splits
+// each streaming its own ring of K/V tiles. Decode reads every K/V byte once
+// and does little arithmetic per byte, so what it needs is bytes in flight:
+// 4 splits x (kDecodeStages - 1) tiles of about kDecodeSlotBytes per SM.
+// The 64-row tiles computed 4 to 16 times the rows decode has, and that
+// arithmetic, not the memory system, set their pace.
 #pragma once
 
 #include "common/element.cuh"
@@ -42,6 +50,35 @@ template <DType kDType, int kHeadDim, int kHeadDimV>
 struct FwdConfig<kDType, kHeadDim, kHeadDimV, FwdVariant::kKeySplit> {
     using Traits = FwdTraits<typename ElementOf<kDType>::type, kHeadDim, kHeadDimV, 64, 64, 4, 2, 2, 255,
                              kHeadDim <= 96>;
+};
+
+#ifndef FLASHCORE_DECODE_SLOT_BYTES  // scratch sweeps override these three
+#define FLASHCORE_DECODE_SLOT_BYTES 16384
+#endif
+#ifndef FLASHCORE_DECODE_STAGES
+#define FLASHCORE_DECODE_STAGES 3
+#endif
+#ifndef FLASHCORE_DECODE_KEY_SPLITS
+#define FLASHCORE_DECODE_KEY_SPLITS 4
+#endif
+// Bytes of one ring slot (a K and a V tile) the decode tiles aim for.
+constexpr int kDecodeSlotBytes = FLASHCORE_DECODE_SLOT_BYTES;
+constexpr int kDecodeStages = FLASHCORE_DECODE_STAGES;
+constexpr int kDecodeKeySplits = FLASHCORE_DECODE_KEY_SPLITS;
+constexpr int kDecodeBlockM = 16;
+
+// Keys per decode tile: kDecodeSlotBytes of K and V rows, a multiple of 16
+// (the P*V k-step), from 16 to 64.
+constexpr int decode_block_n(int head_dim, int head_dim_v) {
+    const int keys = kDecodeSlotBytes / ((head_dim + head_dim_v) * 2) / kMmaK * kMmaK;
+    return keys < kMmaK ? kMmaK : (keys > 64 ? 64 : keys);
+}
+
+template <DType kDType, int kHeadDim, int kHeadDimV>
+struct FwdConfig<kDType, kHeadDim, kHeadDimV, FwdVariant::kDecode> {
+    using Traits = FwdTraits<typename ElementOf<kDType>::type, kHeadDim, kHeadDimV, kDecodeBlockM,
+                             decode_block_n(kHeadDim, kHeadDimV), 1, kDecodeKeySplits, kDecodeStages, 255,
+                             kHeadDim <= 128>;
 };
 
 }  // namespace flashcore

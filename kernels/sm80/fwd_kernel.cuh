@@ -12,9 +12,9 @@
 // last to first puts the tiles that need masking (the partial last tile, the
 // causal diagonal) first, so later iterations run unmasked.
 //
-// With kKeySplits = 2 the CTA's two warp groups take alternate key tiles,
-// each with its own ring and barrier, and merge their partial softmax states
-// at the end (key_split.cuh).
+// With kKeySplits > 1 the CTA's warp groups take key tiles in turn, each
+// with its own ring and barrier, and merge their partial softmax states at
+// the end (key_split.cuh).
 //
 // Split-KV (p.num_splits > 1): blockIdx.y picks the CTA's part of the key
 // blocks, and the CTA writes its fp32 rows and LSE to the workspace for the
@@ -43,6 +43,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
     constexpr int kBlockN = Traits::kBlockN;
     constexpr int kSplits = Traits::kKeySplits;
 
+    // A split call's merge kernel may launch as soon as every CTA is running
+    // (it waits for this grid's results itself): common/ptx.cuh.
+    launch_dependent_grids();
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Element *smem_q = reinterpret_cast<Element *>(smem_raw);
 
@@ -180,9 +183,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
     const int epi_warp_first_row = ((epi_tid % Traits::kThreadsPerSplit) / kWarpSize) * Traits::kRowsPerWarp;
     if constexpr (kSplits > 1) {
         const int split0_tiles = (num_n_blocks + kSplits - 1) / kSplits;
-        merge_key_splits<Traits>(softmax, acc_o,
-                                 reinterpret_cast<float *>(smem_raw + Traits::kSmemQBytes + Traits::kSmemRingBytes),
-                                 epi_split, epi_tid % Traits::kThreadsPerSplit, split0_tiles - num_split_tiles,
+        merge_key_splits<Traits>(softmax, acc_o, smem_raw + Traits::kSmemQBytes, epi_split,
+                                 epi_tid % Traits::kThreadsPerSplit, split0_tiles - num_split_tiles,
                                  p.softmax_scale_log2);
     }
 

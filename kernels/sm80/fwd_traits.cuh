@@ -55,7 +55,7 @@ struct FwdTraits {
     static constexpr size_t kSmemRingBytes = size_t(kStages) * kSmemSlotElems * sizeof(Element);
     static constexpr size_t kSmemBytes = kSmemQBytes + size_t(kKeySplits) * kSmemRingBytes;
 
-    static_assert(kKeySplits == 1 || kKeySplits == 2, "the merge combines at most two key splits");
+    static_assert(kKeySplits == 1 || kKeySplits == 2 || kKeySplits == 4, "key_split.cuh merges 1, 2 or 4 splits");
     static_assert(kStages >= 2, "the ring needs a slot to fill while another is read");
     static_assert(kRowsPerWarp % kMmaM == 0, "each warp needs whole m16 tiles");
     static_assert(kBlockN % kMmaK == 0, "K/V tiles are consumed in k16 steps");

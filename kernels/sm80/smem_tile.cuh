@@ -102,35 +102,42 @@ template <typename Element, int kRowElems, int kRows, int kThreads>
 __device__ __forceinline__ void load_tile_async(Element *smem, const Element *gmem, int64_t row_stride,
                                                 int valid_rows, int valid_vectors, int tid) {
     constexpr int kVectorsPerRow = kRowElems / kElemsPerVector;
-    if constexpr (kThreads % kVectorsPerRow == 0 && (kThreads / kVectorsPerRow) % kSwizzleRows == 0) {
-        // Each pass covers whole swizzle blocks of rows, so every thread
-        // keeps one column and one swizzled offset.
+    if constexpr (kThreads % kVectorsPerRow == 0 && kRows % (kThreads / kVectorsPerRow) == 0) {
+        // Each thread keeps one column of vectors. Where a pass covers whole
+        // swizzle blocks of rows it also keeps one swizzled offset;
+        // otherwise (few threads, e.g. one warp per tile) the offset is
+        // swizzled per row.
         constexpr int kRowsPerPass = kThreads / kVectorsPerRow;
-        static_assert(kRows % kRowsPerPass == 0, "the passes must cover the tile's rows");
+        constexpr bool kWholeSwizzleBlocks = kRowsPerPass % kSwizzleRows == 0;
         const int row0 = tid / kVectorsPerRow;
         const int vec = tid % kVectorsPerRow;
-        const uint32_t dst = smem_address(smem) + swizzled_byte_offset<kRowElems>(row0, vec);
+        const uint32_t base = smem_address(smem);
+        const uint32_t dst = base + swizzled_byte_offset<kRowElems>(row0, vec);
         const int64_t pass_stride = row_stride * kRowsPerPass;
         const bool vec_valid = vec < valid_vectors;
         const auto *src = gmem + row0 * row_stride + vec * kElemsPerVector;
 #pragma unroll
         for (int i = 0; i < kRows / kRowsPerPass; ++i) {
-            const bool valid = vec_valid && row0 + i * kRowsPerPass < valid_rows;
+            const int row = row0 + i * kRowsPerPass;
+            const bool valid = vec_valid && row < valid_rows;
             // An invalid vector still needs a mapped address in the
             // instruction; the tile's first element is always in bounds.
-            cp_async_16(dst + row_block_bytes<kRowElems>(i * kRowsPerPass), valid ? src : gmem, valid);
+            cp_async_16(kWholeSwizzleBlocks ? dst + row_block_bytes<kRowElems>(i * kRowsPerPass)
+                                            : base + swizzled_byte_offset<kRowElems>(row, vec),
+                        valid ? src : gmem, valid);
             src = opaque_advance(src, pass_stride);
         }
     } else {
-        // Rows of 12 vectors (head dim 96), or of 32 (256) with too few
-        // threads for 8 rows a pass: each thread takes vectors tid,
-        // tid + kThreads, ... of the tile in row-major order.
+        // Rows of 12 vectors (head dim 96), or tiles with fewer rows than a
+        // pass: each thread takes vectors tid, tid + kThreads, ... of the
+        // tile in row-major order (the last round partly, where the threads
+        // do not divide the vectors).
         constexpr int kVectors = kRows * kVectorsPerRow;
-        static_assert(kVectors % kThreads == 0, "tile vectors must divide evenly among the threads");
         const uint32_t base = smem_address(smem);
 #pragma unroll
-        for (int i = 0; i < kVectors / kThreads; ++i) {
+        for (int i = 0; i < (kVectors + kThreads - 1) / kThreads; ++i) {
             const int idx = tid + i * kThreads;
+            if (kVectors % kThreads != 0 && idx >= kVectors) break;
             const int row = idx / kVectorsPerRow;
             const int vec = idx % kVectorsPerRow;
             const bool valid = vec < valid_vectors && row < valid_rows;
@@ -165,11 +172,11 @@ template <typename Element, int kRowElems, int kCopyVectors, int kRows, int kThr
 __device__ __forceinline__ void store_tile(Element *gmem, int64_t row_stride, const Element *smem, int valid_rows,
                                            int valid_vectors, int tid) {
     constexpr int kVectors = kRows * kCopyVectors;
-    static_assert(kVectors % kThreads == 0, "tile vectors must divide evenly among the threads");
     static_assert(kCopyVectors <= kRowElems / kElemsPerVector, "the copied vectors are a prefix of the row");
 #pragma unroll
-    for (int i = 0; i < kVectors / kThreads; ++i) {
+    for (int i = 0; i < (kVectors + kThreads - 1) / kThreads; ++i) {
         const int idx = tid + i * kThreads;
+        if (kVectors % kThreads != 0 && idx >= kVectors) break;
         const int row = idx / kCopyVectors;
         const int vec = idx % kCopyVectors;
         if (row < valid_rows && vec < valid_vectors) {

@@ -27,6 +27,9 @@ namespace flashcore::sm90 {
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ Sm90KernelParams params) {
+    // A split call's merge kernel may launch as soon as every CTA is running
+    // (it waits for this grid's results itself): common/ptx.cuh.
+    launch_dependent_grids();
     extern __shared__ unsigned char smem_raw[];
     // The swizzles repeat every atom; TMA and wgmma assume tiles aligned to
     // it (kSmemBytes includes the slack).
