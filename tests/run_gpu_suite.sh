@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Runs every GPU test configuration that tests/CMakeLists.txt registers with
+# ctest (the dispatcher's choice, each path, each pinned tile variant, the
+# persistent kernel on 3 CTAs, the split suite on each path), but as a few
+# sharded processes per configuration instead of one process per test: the
+# same tests in minutes rather than the ctest run's quarter hour, which
+# matters on a leased GPU. ctest stays the reference; keep the two lists in
+# step.
+#
+#   tests/run_gpu_suite.sh BUILD_DIR [SHARDS] [LOG_DIR]
+#
+# SHARDS (default 4) processes run each configuration at once. Each process's
+# output goes to LOG_DIR (default BUILD_DIR/gpu-suite-logs); one summary line
+# per configuration is printed. Exits non-zero if any test failed or any
+# process did not finish.
+set -u
+build=${1:?usage: run_gpu_suite.sh BUILD_DIR [SHARDS] [LOG_DIR]}
+shards=${2:-4}
+logs=${3:-${build}/gpu-suite-logs}
+tests_dir=${build}/tests
+mkdir -p "${logs}"
+
+# name | binary | gtest filter | environment
+configs=(
+  "default|test_forward|*|"
+  "portable|test_forward|*|FLASHCORE_FWD_VARIANT=portable"
+  "sm90|test_forward|*|FLASHCORE_FWD_VARIANT=sm90"
+  "sm90_3ctas|test_forward|Shapes/*|FLASHCORE_FWD_VARIANT=sm90 FLASHCORE_PERSISTENT_CTAS=3"
+  "large|test_forward|Shapes/*|FLASHCORE_FWD_VARIANT=large"
+  "keysplit|test_forward|Shapes/*|FLASHCORE_FWD_VARIANT=keysplit"
+  "decode|test_forward|Shapes/*|FLASHCORE_FWD_VARIANT=decode"
+  "split|test_split|*|"
+  "split.portable|test_split|Splits/*|FLASHCORE_FWD_VARIANT=portable"
+  "split.sm90|test_split|Splits/*|FLASHCORE_FWD_VARIANT=sm90"
+)
+
+status=0
+for config in "${configs[@]}"; do
+  IFS='|' read -r name binary filter env_vars <<<"${config}"
+  pids=()
+  for ((shard = 0; shard < shards; ++shard)); do
+    log=${logs}/${name}.${shard}.log
+    # shellcheck disable=SC2086 # env_vars is a list of NAME=VALUE words
+    env ${env_vars} GTEST_TOTAL_SHARDS=${shards} GTEST_SHARD_INDEX=${shard} \
+      "${tests_dir}/${binary}" "--gtest_filter=${filter}" --gtest_brief=1 >"${log}" 2>&1 &
+    pids+=($!)
+  done
+  codes=()
+  for pid in "${pids[@]}"; do
+    wait "${pid}"
+    codes+=($?)
+  done
+  count() { cat "${logs}/${name}".*.log | awk -v tag="$1" '$0 ~ "^\\[  " tag " *\\] [0-9]+ test" {n += $(NF - ($0 ~ /listed below/ ? 3 : 1))} END {print n + 0}'; }
+  passed=$(count PASSED)
+  skipped=$(count SKIPPED)
+  failed=$(count FAILED)
+  line="${name}: ${passed:-0} passed, ${failed:-0} failed, ${skipped:-0} skipped (exit codes ${codes[*]})"
+  echo "${line}"
+  for code in "${codes[@]}"; do
+    # 77: every test of the shard was skipped (no usable GPU for it), which
+    # the sm90 configurations report on other GPUs.
+    if [ "${code}" -ne 0 ] && [ "${code}" -ne 77 ]; then
+      status=1
+      grep -h "^\[  FAILED  \]" "${logs}/${name}".*.log | head -20
+      break
+    fi
+  done
+done
+exit "${status}"
