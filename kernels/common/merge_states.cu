@@ -108,15 +108,26 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
                        query * p.out_seq_stride;
         for (int col = lane * kColsPerLane; col < p.head_dim; col += kColsPerPass) {
             float acc[kColsPerLane] = {0.f, 0.f, 0.f, 0.f};
-            for (int s = 0; lse != -INFINITY && s < p.num_states; ++s) {
-                // exp(-inf - lse) = 0: a state that saw no key of the row
-                // contributes nothing (and its values are not read).
-                const float weight = expf(row_lse[s * p.lse_state_stride] - lse);
-                if (weight == 0.f) continue;
-                float v[kColsPerLane];
-                Vec4<In>::load(row_in + s * p.partial_state_stride + col, v);
+            for (int first = 0; lse != -INFINITY && first < p.num_states; first += kWarpSize) {
+                // Lane i weighs state first + i once; the loop below takes
+                // the weights by shuffle, so the states' loads do not wait
+                // on one another (a split decode merges 16 states per row).
+                const int own_state = first + lane;
+                const float own_weight =
+                    own_state < p.num_states ? expf(row_lse[own_state * p.lse_state_stride] - lse) : 0.f;
+                const int states = min(kWarpSize, p.num_states - first);
+                const In *state_in = row_in + int64_t(first) * p.partial_state_stride + col;
+#pragma unroll 4
+                for (int i = 0; i < states; ++i) {
+                    const float weight = __shfl_sync(0xffffffffu, own_weight, i);
+                    float v[kColsPerLane];
+                    Vec4<In>::load(state_in + int64_t(i) * p.partial_state_stride, v);
+                    // exp(-inf - lse) = 0: a state that saw no key of the
+                    // row contributes nothing, whatever its values (NaN,
+                    // say): selected away, not multiplied.
 #pragma unroll
-                for (int i = 0; i < kColsPerLane; ++i) acc[i] += weight * v[i];
+                    for (int c = 0; c < kColsPerLane; ++c) acc[c] += weight != 0.f ? weight * v[c] : 0.f;
+                }
             }
             Vec4<Out>::store(row_out + col, acc);
         }
