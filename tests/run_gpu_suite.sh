@@ -53,7 +53,8 @@ for config in "${configs[@]}"; do
   count() { cat "${logs}/${name}".*.log | awk -v tag="$1" '$0 ~ "^\\[  " tag " *\\] [0-9]+ test" {n += $(NF - ($0 ~ /listed below/ ? 3 : 1))} END {print n + 0}'; }
   passed=$(count PASSED)
   skipped=$(count SKIPPED)
-  failed=$(count FAILED)
+  # gtest's brief mode lists each failed test but prints no count of them.
+  failed=$(cat "${logs}/${name}".*.log | grep -c '^\[  FAILED  \] [A-Za-z]')
   line="${name}: ${passed:-0} passed, ${failed:-0} failed, ${skipped:-0} skipped (exit codes ${codes[*]})"
   echo "${line}"
   for code in "${codes[@]}"; do

@@ -106,7 +106,11 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
                            head * p.partial_head_stride + query * p.partial_seq_stride;
         Out *row_out = static_cast<Out *>(p.out) + batch * p.out_batch_stride + head * p.out_head_stride +
                        query * p.out_seq_stride;
-        for (int col = lane * kColsPerLane; col < p.head_dim; col += kColsPerPass) {
+        // Every lane runs every pass, also where its columns are past
+        // head_dim: the weights travel by shuffle, which needs the whole warp.
+        for (int pass_col = 0; pass_col < p.head_dim; pass_col += kColsPerPass) {
+            const int col = pass_col + lane * kColsPerLane;
+            const bool has_cols = col < p.head_dim;
             float acc[kColsPerLane] = {0.f, 0.f, 0.f, 0.f};
             for (int first = 0; lse != -INFINITY && first < p.num_states; first += kWarpSize) {
                 // Lane i weighs state first + i once; the loop below takes
@@ -120,6 +124,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
 #pragma unroll 4
                 for (int i = 0; i < states; ++i) {
                     const float weight = __shfl_sync(0xffffffffu, own_weight, i);
+                    if (!has_cols) continue;
                     float v[kColsPerLane];
                     Vec4<In>::load(state_in + int64_t(i) * p.partial_state_stride, v);
                     // exp(-inf - lse) = 0: a state that saw no key of the
@@ -129,7 +134,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
                     for (int c = 0; c < kColsPerLane; ++c) acc[c] += weight != 0.f ? weight * v[c] : 0.f;
                 }
             }
-            Vec4<Out>::store(row_out + col, acc);
+            if (has_cols) Vec4<Out>::store(row_out + col, acc);
         }
         if (lane == 0 && p.lse != nullptr) p.lse[row] = lse;
     }
