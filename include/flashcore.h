@@ -46,6 +46,22 @@
  * - Device pointers are plain CUDA device addresses (from cudaMalloc, a
  *   framework's allocator, or cudaMallocManaged). Streams are cudaStream_t
  *   passed as void*; NULL means the legacy default stream.
+ * - Aliasing: what a call writes (`out`, `lse`, the workspace) must not
+ *   overlap what it reads (`q`, `k`, `v`; for flashcore_merge_states the
+ *   partials) nor one another; inputs may share memory (q, k and v may be
+ *   the same buffer). Each tensor is taken as the address range from its
+ *   first to its last byte, so an output interleaved with another tensor in
+ *   one buffer is refused too. Overlap returns
+ *   FLASHCORE_STATUS_INVALID_ARGUMENT, naming the two tensors.
+ * - Work is queued asynchronously: a fault while it runs (a pointer to too
+ *   little memory, say) is not reported by the call that queued it but by
+ *   the caller's next synchronisation on that stream (cudaStreamSynchronize
+ *   and the like), as a CUDA error that then sticks to the device's context.
+ *   A later flashcore call that meets such an error says so (it comes from
+ *   earlier work) and returns FLASHCORE_STATUS_CUDA_ERROR.
+ * - Enum values pass the ABI as ints: a function taking a flashcore_layout
+ *   or flashcore_status accepts any int value, and refuses (or, for
+ *   flashcore_status_string, names as unknown) those it does not know.
  * - Status values and enum values are never renumbered; new ones may be added.
  * - Structs that cross the ABI begin with a `struct_size` field, set to
  *   sizeof(struct) by the caller (the *_init functions do this). Fields are
@@ -58,9 +74,13 @@
  * - Only symbols starting with `flashcore_` are exported.
  *
  * Thread safety: every function may be called from several threads at once.
- * A handle may be shared by threads: flashcore_forward and
- * flashcore_forward_workspace_size on one handle from several threads at once
- * are safe. flashcore_destroy must not race with other uses of that handle.
+ * A handle may be shared by threads and streams: flashcore_forward,
+ * flashcore_merge_states and flashcore_forward_workspace_size on one handle
+ * from several threads at once, each queueing on its own stream (or the
+ * same one), are safe; the handle holds no per-call state. Calls on
+ * different streams run concurrently on the GPU, so they must not write
+ * memory another of them reads or writes (each call's workspace included).
+ * flashcore_destroy must not race with other uses of that handle.
  */
 #ifndef FLASHCORE_H
 #define FLASHCORE_H
@@ -121,7 +141,9 @@ typedef enum flashcore_status {
     /* The workspace passed is smaller than flashcore_forward_workspace_size
      * asked for (see "Workspace" below). */
     FLASHCORE_STATUS_WORKSPACE_TOO_SMALL = 4,
-    /* No CUDA device is visible, or the NVIDIA driver is missing or too old. */
+    /* No CUDA device is visible, or the NVIDIA driver is missing (the
+     * message says "no NVIDIA driver found") or too old for this library
+     * (the message gives both versions). */
     FLASHCORE_STATUS_NO_DEVICE = 5,
     /* The CUDA runtime reported an error (the message names it). */
     FLASHCORE_STATUS_CUDA_ERROR = 6,
@@ -132,7 +154,7 @@ typedef enum flashcore_status {
 } flashcore_status;
 
 /* A static, human-readable name for a status ("invalid argument", ...).
- * Never NULL; unknown values give "unknown status". */
+ * Never NULL; any other int value gives "unknown status". */
 FLASHCORE_API const char *flashcore_status_string(flashcore_status status);
 
 /* The detail of the last failure on the calling thread, e.g.
@@ -159,7 +181,12 @@ FLASHCORE_API flashcore_status flashcore_create(flashcore_handle *handle);
 FLASHCORE_API flashcore_status flashcore_create_for_device(flashcore_handle *handle, int device);
 
 /* Releases a handle. Passing NULL is allowed and does nothing. Work already
- * queued by flashcore_forward is not waited for and stays valid. */
+ * queued by flashcore_forward is not waited for and stays valid.
+ * A handle carries a magic value that every call checks and that destroy
+ * clears: a destroyed handle (or a pointer that never was one) passed to any
+ * function returns FLASHCORE_STATUS_INVALID_ARGUMENT, "not a live flashcore
+ * handle", as long as its memory can still be read; this catches mistakes,
+ * it does not make using a destroyed handle valid. */
 FLASHCORE_API flashcore_status flashcore_destroy(flashcore_handle handle);
 
 /* The CUDA device ordinal the handle is bound to. */
@@ -204,7 +231,16 @@ typedef enum flashcore_layout {
  * addressed through element strides (not bytes), so [B,S,H,D], [B,H,S,D] and
  * views with padding all work. Strides must be >= 0 and multiples of
  * FLASHCORE_ALIGNMENT / sizeof(element) (8 for fp16/bf16); `out` must not
- * overlap itself (its strides must give each element its own address).
+ * overlap itself (its strides must give each element its own address;
+ * interleaved layouts are fine), nor any other tensor (see "Aliasing" at
+ * the top).
+ *
+ * Empty calls: batch_size, seqlen_q or num_heads_q may be 0. The output is
+ * then empty and the call returns FLASHCORE_STATUS_SUCCESS having read,
+ * written and launched nothing (its workspace size is 0, and its pointers
+ * and strides are not looked at), as PyTorch returns an empty result.
+ * num_heads_kv may be 0 only with num_heads_q 0, seqlen_k only in an empty
+ * call; head_dim is never 0.
  *
  * Grouped-query / multi-query attention: num_heads_q must be a multiple of
  * num_heads_kv; query head h reads key/value head h / (num_heads_q / num_heads_kv).
@@ -233,7 +269,9 @@ typedef struct flashcore_forward_params {
     int32_t causal;
 
     /* Multiplies Q*K^T before the softmax. Must be finite and > 0, or
-     * FLASHCORE_SOFTMAX_SCALE_DEFAULT (0) for 1 / sqrt(head_dim). */
+     * FLASHCORE_SOFTMAX_SCALE_DEFAULT (0) for 1 / sqrt(head_dim); and
+     * softmax_scale * log2(e) must be a finite float too (the kernels
+     * exponentiate with exp2): at most about 2.36e38. */
     float softmax_scale;
 
     const void *q;
@@ -285,7 +323,10 @@ FLASHCORE_API flashcore_status flashcore_forward_params_init(flashcore_forward_p
 
 /* Sets all twelve strides for densely packed q, k, v and out in the given
  * layout, from batch_size, seqlen_q, seqlen_k, num_heads_q, num_heads_kv,
- * head_dim and head_dim_v (which must be set first; all but head_dim_v > 0). */
+ * head_dim and head_dim_v (which must be set first: head_dim > 0, the
+ * others >= 0 as for an empty call). The products are exact: where a packed
+ * tensor would span more than 2^63 bytes, it returns
+ * FLASHCORE_STATUS_INVALID_ARGUMENT and writes nothing. */
 FLASHCORE_API flashcore_status flashcore_set_contiguous_strides(flashcore_forward_params *params,
                                                                 flashcore_layout layout);
 
@@ -381,7 +422,9 @@ FLASHCORE_API flashcore_status flashcore_forward(flashcore_handle handle, const 
  * partial_out and out must be FLASHCORE_ALIGNMENT aligned, their strides
  * multiples of FLASHCORE_ALIGNMENT bytes, and head_dim a multiple of 8;
  * partial_lse and lse are 4-byte aligned. out and lse must not overlap the
- * partials or each other.
+ * partials or each other (checked as address ranges, see "Aliasing").
+ * batch_size, num_heads or seqlen may be 0: the call then succeeds having
+ * done nothing; num_states and head_dim are >= 1.
  */
 typedef struct flashcore_merge_params {
     /* sizeof(flashcore_merge_params) as the caller compiled it. */

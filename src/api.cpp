@@ -4,6 +4,7 @@
 
 #include <new>
 
+#include "abi_enums.h"
 #include "dispatch.h"
 #include "error.h"
 #include "flashcore.h"
@@ -34,11 +35,6 @@ flashcore_status guarded(const char *function, Body &&body) noexcept {
     }
 }
 
-flashcore_status check_handle(flashcore_handle handle) {
-    if (handle == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "handle is NULL");
-    return FLASHCORE_STATUS_SUCCESS;
-}
-
 #define FLASHCORE_TRY(expr)                                       \
     do {                                                          \
         const flashcore_status status_ = (expr);                  \
@@ -56,7 +52,10 @@ unsigned flashcore_version_number(void) { return FLASHCORE_VERSION_NUMBER; }
 
 const char *flashcore_version_string(void) { return kVersionString; }
 
-const char *flashcore_status_string(flashcore_status status) {
+// The two functions that take an enum by value are defined in abi_enums.c:
+// C reads any int there, where C++ must not load an enum outside its
+// enumerators' range. They pass the value on as an int32_t.
+const char *fcimpl_status_string(int32_t status) {
     switch (status) {
         case FLASHCORE_STATUS_SUCCESS: return "success";
         case FLASHCORE_STATUS_INVALID_ARGUMENT: return "invalid argument";
@@ -97,6 +96,9 @@ flashcore_status flashcore_create_for_device(flashcore_handle *handle, int devic
 
 flashcore_status flashcore_destroy(flashcore_handle handle) {
     return guarded(__func__, [&] {
+        if (handle == nullptr) return FLASHCORE_STATUS_SUCCESS;
+        FLASHCORE_TRY(check_handle(handle));
+        handle->magic = kHandleDestroyed;
         delete handle;
         return FLASHCORE_STATUS_SUCCESS;
     });
@@ -120,8 +122,8 @@ flashcore_status flashcore_forward_params_init(flashcore_forward_params *params,
     });
 }
 
-flashcore_status flashcore_set_contiguous_strides(flashcore_forward_params *params, flashcore_layout layout) {
-    return guarded(__func__, [&] {
+int32_t fcimpl_set_contiguous_strides(flashcore_forward_params *params, int32_t layout) {
+    return guarded("flashcore_set_contiguous_strides", [&] {
         if (params == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL");
         if (layout != FLASHCORE_LAYOUT_BHSD && layout != FLASHCORE_LAYOUT_BSHD) {
             return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
@@ -131,8 +133,7 @@ flashcore_status flashcore_set_contiguous_strides(flashcore_forward_params *para
         flashcore_forward_params p;
         FLASHCORE_TRY(read_params(params, &p));
         FLASHCORE_TRY(validate_sizes(p));
-        set_contiguous_strides(params, p, layout);
-        return FLASHCORE_STATUS_SUCCESS;
+        return set_contiguous_strides(params, p, layout);
     });
 }
 
@@ -171,6 +172,10 @@ flashcore_status flashcore_forward_workspace_size(flashcore_handle handle, const
         flashcore_forward_params p;
         FLASHCORE_TRY(read_params(params, &p));
         FLASHCORE_TRY(validate_shapes(p));
+        if (forward_is_empty(p)) {
+            *workspace_bytes = 0;
+            return FLASHCORE_STATUS_SUCCESS;
+        }
         return forward_workspace_bytes(*handle, p, workspace_bytes);
     });
 }
@@ -183,6 +188,7 @@ flashcore_status flashcore_forward(flashcore_handle handle, const flashcore_forw
         FLASHCORE_TRY(read_params(params, &p));
         FLASHCORE_TRY(validate_shapes(p));
         FLASHCORE_TRY(validate_tensors(p));
+        if (forward_is_empty(p)) return FLASHCORE_STATUS_SUCCESS;  // nothing to compute
         return launch_forward(*handle, p, workspace, workspace_bytes, stream);
     });
 }
@@ -202,6 +208,7 @@ flashcore_status flashcore_merge_states(flashcore_handle handle, const flashcore
         flashcore_merge_params p;
         FLASHCORE_TRY(read_merge_params(params, &p));
         FLASHCORE_TRY(validate_merge(p));
+        if (merge_is_empty(p)) return FLASHCORE_STATUS_SUCCESS;  // nothing to merge
         return launch_merge(*handle, p, stream);
     });
 }

@@ -4,12 +4,14 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 
 #include "common/merge_params.h"
 #include "error.h"
 #include "handle.h"
 #include "kernel_registry.h"
 #include "params.h"
+#include "validate.h"
 
 namespace flashcore {
 namespace {
@@ -167,7 +169,7 @@ bool plan_sm90(const flashcore_handle_s &handle, const flashcore_forward_params 
     const KernelEntry *sm90 = find_kernel(KernelPath::kSm90, dtype, dims, FwdVariant::kPersistent);
     if (sm90 == nullptr) return false;
     const int64_t blocks = num_blocks(p, *sm90, 1);
-    if (blocks * std::max<int64_t>(p.num_splits, 1) > INT_MAX) return false;
+    if (blocks > INT_MAX / std::max<int64_t>(p.num_splits, 1)) return false;
     const int splits =
         p.num_splits > 0 ? p.num_splits : heuristic_splits(blocks, handle.num_sms, key_steps(p, *sm90));
     const bool fills_sms = splits > 1 || double(blocks) >= kSplitMinGridFill * handle.num_sms;
@@ -295,6 +297,15 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
         return fail(FLASHCORE_STATUS_MISALIGNED, "workspace (%p) must be %d-byte aligned", workspace,
                     FLASHCORE_ALIGNMENT);
     }
+    if (plan.workspace_bytes > 0) {
+        // The bytes the call writes of the workspace must overlap no tensor.
+        ByteRange ranges[kMaxForwardRanges + 1];
+        const size_t n = forward_ranges(p, ranges);
+        const unsigned __int128 begin = reinterpret_cast<uintptr_t>(workspace);
+        ranges[n] = {"the workspace", begin, begin + plan.workspace_bytes, true};
+        status = check_no_aliasing(ranges, n + 1);
+        if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    }
     const FwdKernelInfo info = plan.kernel->info();
     if (info.smem_bytes > handle.max_smem_per_block) {
         return fail(FLASHCORE_STATUS_UNSUPPORTED,
@@ -322,7 +333,8 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
         kparams.partial_lse =
             reinterpret_cast<float *>(static_cast<unsigned char *>(workspace) + plan.partial_lse_offset);
     }
-    const FwdLaunchOptions options{handle.env.persistent_ctas};
+    const char *failed_call = "the launch";
+    const FwdLaunchOptions options{handle.env.persistent_ctas, &failed_call};
     const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
     cudaError_t err = plan.kernel->run(kparams, options, cuda_stream);
     if (err == cudaErrorNotSupported && plan.kernel->path == KernelPath::kSm90) {
@@ -339,13 +351,21 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
         }
         err = portable->run(kparams, options, cuda_stream);
     }
-    if (err != cudaSuccess) return fail_cuda(err, "launching the attention kernel");
+    if (err != cudaSuccess) {
+        char operation[160];
+        std::snprintf(operation, sizeof operation, "launching the attention kernel (%s)", failed_call);
+        return fail_cuda(err, operation);
+    }
     if (plan.num_splits > 1) {
         // Programmatic dependent launch exists from sm_90 on.
         const bool after_forward = handle.cc_major >= kMinProgrammaticLaunchCcMajor;
-        err = run_merge_states(MergeType::kFp32, MergeType(p.dtype), split_merge_params(p, kparams), cuda_stream,
-                               after_forward);
-        if (err != cudaSuccess) return fail_cuda(err, "launching the split-KV merge kernel");
+        err = cleared(run_merge_states(MergeType::kFp32, MergeType(p.dtype), split_merge_params(p, kparams),
+                                       cuda_stream, after_forward));
+        if (err != cudaSuccess) {
+            return fail_cuda(err,
+                             "launching the split-KV merge kernel (cudaLaunchKernelEx; the attention kernel before "
+                             "it was queued, its partial results are discarded)");
+        }
     }
     return FLASHCORE_STATUS_SUCCESS;
 }
@@ -374,9 +394,9 @@ flashcore_status launch_merge(const flashcore_handle_s &handle, const flashcore_
     m.out_head_stride = p.out_head_stride;
     DeviceGuard guard(handle.device);
     if (guard.status() != FLASHCORE_STATUS_SUCCESS) return guard.status();
-    const cudaError_t err = run_merge_states(MergeType(p.partial_dtype), MergeType(p.out_dtype), m,
-                                             static_cast<cudaStream_t>(stream));
-    if (err != cudaSuccess) return fail_cuda(err, "launching the merge kernel");
+    const cudaError_t err = cleared(run_merge_states(MergeType(p.partial_dtype), MergeType(p.out_dtype), m,
+                                                     static_cast<cudaStream_t>(stream)));
+    if (err != cudaSuccess) return fail_cuda(err, "launching the merge kernel (cudaLaunchKernelEx)");
     return FLASHCORE_STATUS_SUCCESS;
 }
 

@@ -19,8 +19,25 @@ flashcore_status fail(flashcore_status status, const char *format, ...)
     ;
 
 // Maps a CUDA runtime error to a status, with a message naming the failed
-// operation and the CUDA error.
+// operation and the CUDA error. An error of an earlier asynchronous fault
+// (sticky: the context is unusable) is named as such, since no call of the
+// library's own raises one synchronously.
 flashcore_status fail_cuda(cudaError_t error, const char *operation);
+
+// Whether `error` is one of the sticky errors an asynchronous fault leaves
+// in a context (every later call of the process then fails with it).
+bool is_sticky_cuda_error(cudaError_t error);
+
+// For the library's own runtime calls: where `error` is a failure, clears
+// it from the thread's last-error state (cudaGetLastError), so that it is
+// reported once, by flashcore, and not again by whatever asks next. Returns
+// `error`.
+cudaError_t cleared(cudaError_t error);
+
+// NO_DEVICE (or the CUDA error) for a failed cudaGetDeviceCount, telling "no
+// NVIDIA driver found" (libcuda.so.1 cannot be loaded) from a driver too old
+// for this library's runtime and from no visible device.
+flashcore_status fail_no_device(cudaError_t error);
 
 const char *last_error_message();
 

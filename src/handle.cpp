@@ -88,19 +88,23 @@ flashcore_status read_env_overrides(const flashcore_handle_s &h, EnvOverrides *e
 
 }  // namespace
 
+flashcore_status check_handle(const flashcore_handle_s *handle) {
+    if (handle == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "handle is NULL");
+    if (handle->magic != kHandleLive) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "handle (%p) is not a live flashcore handle: it was destroyed, or did not come from "
+                    "flashcore_create",
+                    static_cast<const void *>(handle));
+    }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
 flashcore_status create_handle(int device, flashcore_handle *handle) {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess) {
         cudaGetLastError();  // the runtime keeps this error sticky otherwise
-        const flashcore_status status = fail_cuda(err, "cudaGetDeviceCount");
-        if (status == FLASHCORE_STATUS_NO_DEVICE) {
-            return fail(FLASHCORE_STATUS_NO_DEVICE,
-                        "no usable CUDA device: %s (%s); flashcore needs an NVIDIA GPU of compute capability "
-                        "8.0 or newer and its driver",
-                        cudaGetErrorString(err), cudaGetErrorName(err));
-        }
-        return status;
+        return fail_no_device(err);
     }
     if (count == 0) return fail(FLASHCORE_STATUS_NO_DEVICE, "no CUDA device is visible");
     if (device < 0 || device >= count) {
@@ -108,6 +112,7 @@ flashcore_status create_handle(int device, flashcore_handle *handle) {
                     device, count);
     }
     flashcore_handle_s h{};
+    h.magic = kHandleLive;
     h.device = device;
     int smem_optin = 0, smem_per_sm = 0;
     const struct {
@@ -120,7 +125,7 @@ flashcore_status create_handle(int device, flashcore_handle *handle) {
                  {&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor}};
     for (const auto &a : attrs) {
         err = cudaDeviceGetAttribute(a.value, a.attr, device);
-        if (err != cudaSuccess) return fail_cuda(err, "cudaDeviceGetAttribute");
+        if (err != cudaSuccess) return fail_cuda(cleared(err), "reading the device's attributes (cudaDeviceGetAttribute)");
     }
     h.max_smem_per_block = size_t(smem_optin);
     h.smem_per_sm = size_t(smem_per_sm);
@@ -137,17 +142,59 @@ flashcore_status create_handle(int device, flashcore_handle *handle) {
     return FLASHCORE_STATUS_SUCCESS;
 }
 
+namespace {
+
+// cuCtxGetCurrent and cuCtxSetCurrent from the driver, found once through
+// the runtime (the library has no link-time dependency on libcuda).
+using CtxGetCurrent = int (*)(void **);
+using CtxSetCurrent = int (*)(void *);
+struct ContextFunctions {
+    CtxGetCurrent get = nullptr;
+    CtxSetCurrent set = nullptr;
+};
+
+const ContextFunctions &context_functions() {
+    static const ContextFunctions functions = [] {
+        ContextFunctions f;
+        void *get = nullptr, *set = nullptr;
+        cudaDriverEntryPointQueryResult found_get{}, found_set{};
+        if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 12000, cudaEnableDefault, &found_get) ==
+                cudaSuccess &&
+            cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 12000, cudaEnableDefault, &found_set) ==
+                cudaSuccess &&
+            found_get == cudaDriverEntryPointSuccess && found_set == cudaDriverEntryPointSuccess) {
+            f.get = reinterpret_cast<CtxGetCurrent>(get);
+            f.set = reinterpret_cast<CtxSetCurrent>(set);
+        } else {
+            cudaGetLastError();
+        }
+        return f;
+    }();
+    return functions;
+}
+
+}  // namespace
+
 DeviceGuard::DeviceGuard(int device) {
     cudaError_t err = cudaGetDevice(&previous_);
     if (err == cudaSuccess && previous_ != device) {
+        // The context current on the thread, which may be one the caller
+        // created (cuCtxCreate), not the device's primary one: restored as
+        // it was, where cudaSetDevice(previous_) would put the primary
+        // context in its place.
+        const ContextFunctions &ctx = context_functions();
+        if (ctx.get != nullptr && ctx.get(&previous_context_) != 0) previous_context_ = nullptr;
         err = cudaSetDevice(device);
         switched_ = err == cudaSuccess;
     }
-    if (err != cudaSuccess) status_ = fail_cuda(err, "selecting the handle's device");
+    if (err != cudaSuccess) status_ = fail_cuda(cleared(err), "making the handle's device current");
 }
 
 DeviceGuard::~DeviceGuard() {
-    if (switched_) cudaSetDevice(previous_);
+    if (!switched_) return;
+    const ContextFunctions &ctx = context_functions();
+    if (previous_context_ != nullptr && ctx.set != nullptr && ctx.set(previous_context_) == 0) return;
+    if (cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
 }
 
 }  // namespace flashcore

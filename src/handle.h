@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 
 #include "common/fwd_params.h"
@@ -33,6 +34,10 @@ struct EnvOverrides {
 }  // namespace flashcore
 
 struct flashcore_handle_s {
+    // kHandleLive from creation until flashcore_destroy, which overwrites it
+    // before freeing: every call checks it, so a destroyed or made-up
+    // handle is refused (as far as its memory still reads) rather than used.
+    uint64_t magic;
     int device;
     int cc_major;
     int cc_minor;
@@ -44,14 +49,25 @@ struct flashcore_handle_s {
 
 namespace flashcore {
 
+// flashcore_handle_s::magic of a live handle ("flashcore" in ASCII, one
+// letter short), and what flashcore_destroy leaves there.
+constexpr uint64_t kHandleLive = 0x666c617368636f72ull;
+constexpr uint64_t kHandleDestroyed = 0xdeadfc00deadfc00ull;
+
+// SUCCESS for a live handle; INVALID_ARGUMENT for NULL or a pointer whose
+// magic is not kHandleLive.
+flashcore_status check_handle(const flashcore_handle_s *handle);
+
 // The oldest architecture with the instructions the portable kernels use
 // (cp.async, ldmatrix, bf16 mma.sync).
 constexpr int kMinComputeMajor = 8;
 
 flashcore_status create_handle(int device, flashcore_handle *handle);
 
-// Makes `device` current on the calling thread and restores the previous one
-// on destruction. status() reports a failure to switch.
+// Makes `device` current on the calling thread and restores on destruction
+// what was current before: the driver's context, which may be one the
+// caller created, not the primary one. status() reports a failure to
+// switch.
 class DeviceGuard {
    public:
     explicit DeviceGuard(int device);
@@ -62,6 +78,7 @@ class DeviceGuard {
 
    private:
     int previous_ = -1;
+    void *previous_context_ = nullptr;  // the driver's current context before the switch (CUcontext)
     bool switched_ = false;
     flashcore_status status_ = FLASHCORE_STATUS_SUCCESS;
 };

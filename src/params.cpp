@@ -114,30 +114,54 @@ float effective_softmax_scale(const flashcore_forward_params &p) {
     return p.softmax_scale == FLASHCORE_SOFTMAX_SCALE_DEFAULT ? 1.f / std::sqrt(float(p.head_dim)) : p.softmax_scale;
 }
 
+float softmax_scale_log2(const flashcore_forward_params &p) { return effective_softmax_scale(p) * kLog2e; }
+
 int32_t effective_head_dim_v(const flashcore_forward_params &p) {
     return p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
 }
 
-void set_contiguous_strides(flashcore_forward_params *strides, const flashcore_forward_params &p,
-                            flashcore_layout layout) {
-    auto set = [&](int64_t seqlen, int64_t heads, int64_t dim, int64_t *batch_stride, int64_t *seq_stride,
-                   int64_t *head_stride) {
-        if (layout == FLASHCORE_LAYOUT_BHSD) {
-            *seq_stride = dim;
-            *head_stride = seqlen * dim;
-        } else {
-            *head_stride = dim;
-            *seq_stride = heads * dim;
-        }
-        *batch_stride = heads * seqlen * dim;
+flashcore_status set_contiguous_strides(flashcore_forward_params *strides, const flashcore_forward_params &p,
+                                        int32_t layout) {
+    struct Packed {
+        const char *name;
+        int32_t batch, seqlen, heads, dim;
+        int64_t *batch_stride, *seq_stride, *head_stride;
+        int64_t batch_value, seq_value, head_value;
     };
-    const int64_t d = p.head_dim;
-    const int64_t dv = effective_head_dim_v(p);
-    set(p.seqlen_q, p.num_heads_q, d, &strides->q_batch_stride, &strides->q_seq_stride, &strides->q_head_stride);
-    set(p.seqlen_k, p.num_heads_kv, d, &strides->k_batch_stride, &strides->k_seq_stride, &strides->k_head_stride);
-    set(p.seqlen_k, p.num_heads_kv, dv, &strides->v_batch_stride, &strides->v_seq_stride, &strides->v_head_stride);
-    set(p.seqlen_q, p.num_heads_q, dv, &strides->out_batch_stride, &strides->out_seq_stride,
-        &strides->out_head_stride);
+    const int32_t d = p.head_dim;
+    const int32_t dv = effective_head_dim_v(p);
+    Packed tensors[] = {
+        {"q", p.batch_size, p.seqlen_q, p.num_heads_q, d, &strides->q_batch_stride, &strides->q_seq_stride,
+         &strides->q_head_stride, 0, 0, 0},
+        {"k", p.batch_size, p.seqlen_k, p.num_heads_kv, d, &strides->k_batch_stride, &strides->k_seq_stride,
+         &strides->k_head_stride, 0, 0, 0},
+        {"v", p.batch_size, p.seqlen_k, p.num_heads_kv, dv, &strides->v_batch_stride, &strides->v_seq_stride,
+         &strides->v_head_stride, 0, 0, 0},
+        {"out", p.batch_size, p.seqlen_q, p.num_heads_q, dv, &strides->out_batch_stride, &strides->out_seq_stride,
+         &strides->out_head_stride, 0, 0, 0},
+    };
+    // Every product first, in 128 bits (each size < 2^31): nothing is
+    // written unless all four tensors fit.
+    constexpr __int128 kElementBytes = 2;
+    for (Packed &t : tensors) {
+        const __int128 seq = layout == FLASHCORE_LAYOUT_BHSD ? __int128(t.dim) : __int128(t.heads) * t.dim;
+        const __int128 head = layout == FLASHCORE_LAYOUT_BHSD ? __int128(t.seqlen) * t.dim : __int128(t.dim);
+        const __int128 batch = __int128(t.heads) * t.seqlen * t.dim;
+        if (batch * std::max<int32_t>(t.batch, 1) * kElementBytes > __int128(INT64_MAX)) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                        "packed %s of batch_size %d x %d heads x seqlen %d x %d would span more than 2^63 bytes",
+                        t.name, int(t.batch), int(t.heads), int(t.seqlen), int(t.dim));
+        }
+        t.batch_value = int64_t(batch);
+        t.seq_value = int64_t(seq);
+        t.head_value = int64_t(head);
+    }
+    for (const Packed &t : tensors) {
+        *t.batch_stride = t.batch_value;
+        *t.seq_stride = t.seq_value;
+        *t.head_stride = t.head_value;
+    }
+    return FLASHCORE_STATUS_SUCCESS;
 }
 
 FwdKernelParams kernel_params(const flashcore_forward_params &p) {
@@ -167,7 +191,7 @@ FwdKernelParams kernel_params(const flashcore_forward_params &p) {
     k.head_dim = p.head_dim;
     k.head_dim_v = effective_head_dim_v(p);
     k.softmax_scale = effective_softmax_scale(p);
-    k.softmax_scale_log2 = k.softmax_scale * kLog2e;
+    k.softmax_scale_log2 = softmax_scale_log2(p);
     k.causal = p.causal != 0;
     k.packed_heads = 1;
     k.num_splits = 1;

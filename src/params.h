@@ -53,14 +53,20 @@ flashcore_status read_merge_params(const flashcore_merge_params *user, flashcore
 // The softmax scale the kernels use: the caller's, or 1/sqrt(head_dim).
 float effective_softmax_scale(const flashcore_forward_params &params);
 
+// That scale times log2(e), as the kernels use it (they exponentiate with
+// exp2). Validation requires it to be finite.
+float softmax_scale_log2(const flashcore_forward_params &params);
+
 // The head dim of v and out: head_dim_v, or head_dim where it is 0.
 int32_t effective_head_dim_v(const flashcore_forward_params &params);
 
 // Writes the twelve strides of densely packed q, k, v and out in `layout`
-// into *strides (only those fields), from the shapes in `shapes` (already
-// validated: sizes >= 1, head_dim_v >= 0).
-void set_contiguous_strides(flashcore_forward_params *strides, const flashcore_forward_params &shapes,
-                            flashcore_layout layout);
+// (FLASHCORE_LAYOUT_BHSD or _BSHD) into *strides (only those fields), from
+// the shapes in `shapes` (already validated: sizes >= 0, head_dim >= 1).
+// The products are computed in 128 bits: where a tensor would span more
+// than 2^63 bytes, nothing is written and INVALID_ARGUMENT returned.
+flashcore_status set_contiguous_strides(flashcore_forward_params *strides, const flashcore_forward_params &shapes,
+                                        int32_t layout);
 
 // The kernels' parameter block for validated parameters, neither split nor
 // GQA-packed (the dispatcher sets those).

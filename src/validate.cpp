@@ -1,6 +1,7 @@
 #include "validate.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -39,6 +40,31 @@ struct TensorDims {
     const char *stride_prefix = nullptr;  // strides are <prefix>_<dimension>_stride; nullptr: name
 };
 
+// The strided dimensions of a tensor, batch, seq, head and (the merge's)
+// state, as (stride, extent) pairs.
+struct StridedDim {
+    const char *suffix;
+    int64_t stride;
+    int32_t extent;
+};
+
+void strided_dims(const TensorDims &t, StridedDim dims[4]) {
+    dims[0] = {"batch_stride", t.batch_stride, t.batch};
+    dims[1] = {"seq_stride", t.seq_stride, t.seqlen};
+    dims[2] = {"head_stride", t.head_stride, t.heads};
+    dims[3] = {t.state_stride_name, t.state_stride, t.states};
+}
+
+// The element offset of the tensor's last element (every extent >= 1,
+// strides >= 0): at most 2^94, exact in 128 bits.
+__int128 last_element_offset(const TensorDims &t) {
+    StridedDim dims[4];
+    strided_dims(t, dims);
+    __int128 last = t.dim - 1;
+    for (const StridedDim &d : dims) last += __int128(d.extent - 1) * d.stride;
+    return last;
+}
+
 // Pointer, stride signs and alignment, and an addressable extent. Strides
 // are named <name>_<dimension>_stride, as in the params structs.
 flashcore_status check_tensor(const TensorDims &t) {
@@ -46,18 +72,9 @@ flashcore_status check_tensor(const TensorDims &t) {
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     const int64_t stride_multiple = int64_t(FLASHCORE_ALIGNMENT / t.element_bytes);
     const char *prefix = t.stride_prefix != nullptr ? t.stride_prefix : t.name;
-    const struct {
-        const char *suffix;
-        int64_t stride;
-        int32_t extent;
-    } dims[4] = {{"batch_stride", t.batch_stride, t.batch},
-                 {"seq_stride", t.seq_stride, t.seqlen},
-                 {"head_stride", t.head_stride, t.heads},
-                 {t.state_stride_name, t.state_stride, t.states}};
-    // The largest element offset must be addressable in bytes: bounds the
-    // kernels' 64-bit pointer arithmetic.
-    __int128 last_offset = t.dim - 1;
-    for (const auto &d : dims) {
+    StridedDim dims[4];
+    strided_dims(t, dims);
+    for (const StridedDim &d : dims) {
         if (d.stride < 0) {
             return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s_%s (%" PRId64 ") must be >= 0", prefix, d.suffix,
                         d.stride);
@@ -68,35 +85,99 @@ flashcore_status check_tensor(const TensorDims &t) {
                         " elements (%d bytes); the head dimension must be the contiguous last dimension",
                         prefix, d.suffix, d.stride, stride_multiple, FLASHCORE_ALIGNMENT);
         }
-        last_offset += __int128(d.extent - 1) * d.stride;
     }
-    if (last_offset * __int128(t.element_bytes) > __int128(INT64_MAX)) {
+    // The largest element offset must be addressable in bytes: bounds the
+    // kernels' 64-bit pointer arithmetic.
+    if (last_element_offset(t) * __int128(t.element_bytes) > __int128(INT64_MAX)) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s strides address more than 2^63 bytes", t.name);
     }
     return FLASHCORE_STATUS_SUCCESS;
 }
 
-// Sufficient condition for a strided tensor to give every element its own
-// address: ordered by stride, each dimension steps over the whole extent of
-// the ones below it (the head dimension being the innermost, contiguous one).
-flashcore_status check_no_self_overlap(const TensorDims &t) {
+ByteRange tensor_range(const TensorDims &t, bool written) {
+    const unsigned __int128 begin = reinterpret_cast<uintptr_t>(t.data);
+    return {t.name, begin, begin + (unsigned __int128)(last_element_offset(t) + 1) * t.element_bytes, written};
+}
+
+// floor(a / b) and ceil(a / b) for b > 0.
+__int128 floor_div(__int128 a, __int128 b) { return a / b - (a % b != 0 && a < 0 ? 1 : 0); }
+__int128 ceil_div(__int128 a, __int128 b) { return -floor_div(-a, b); }
+
+// The most index differences the exact overlap search below tries; past it,
+// a layout that fails the quick test is refused as unproven.
+constexpr int64_t kMaxOverlapSearch = int64_t(1) << 16;
+
+enum class Overlap { kNo, kYes, kUnknown };
+
+// Whether two distinct indices of a strided tensor address rows (each `dim`
+// contiguous elements) that share an element: whether some non-zero index
+// difference (d_i with |d_i| < extent_i) has |sum d_i * stride_i| < dim.
+Overlap rows_overlap(const TensorDims &t) {
     struct Dim {
         int64_t stride;
-        int32_t extent;
-    } dims[3] = {{t.batch_stride, t.batch}, {t.seq_stride, t.seqlen}, {t.head_stride, t.heads}};
-    std::sort(std::begin(dims), std::end(dims), [](const Dim &a, const Dim &b) { return a.stride < b.stride; });
-    __int128 span = t.dim;  // elements covered by the dimensions below
-    for (const Dim &d : dims) {
-        if (d.extent == 1) continue;
-        if (__int128(d.stride) < span) {
-            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                        "%s strides (batch %" PRId64 ", seq %" PRId64 ", head %" PRId64
-                        ") make elements overlap; the output needs a distinct address for each element",
-                        t.name, t.batch_stride, t.seq_stride, t.head_stride);
-        }
-        span = __int128(d.stride) * d.extent;
+        int64_t extent;
+    } dims[3];
+    int n = 0;
+    for (const Dim d : {Dim{t.batch_stride, t.batch}, Dim{t.seq_stride, t.seqlen}, Dim{t.head_stride, t.heads}}) {
+        if (d.extent < 2) continue;  // never stepped along
+        if (d.stride == 0) return Overlap::kYes;
+        dims[n++] = d;
     }
-    return FLASHCORE_STATUS_SUCCESS;
+    // Insertion sort of the (at most three) dimensions by `key`.
+    const auto sort_by = [&](int64_t Dim::*key) {
+        for (int i = 1; i < n; ++i) {
+            for (int j = i; j > 0 && dims[j].*key < dims[j - 1].*key; --j) std::swap(dims[j], dims[j - 1]);
+        }
+    };
+    // Quick, sufficient test: ordered by stride, each dimension steps past
+    // the last element of everything below it.
+    sort_by(&Dim::stride);
+    __int128 span = t.dim;  // elements from the first to past the last, of the dimensions below
+    bool nested = true;
+    for (int i = 0; i < n; ++i) {
+        if (__int128(dims[i].stride) < span) nested = false;
+        span += __int128(dims[i].extent - 1) * dims[i].stride;
+    }
+    if (nested) return Overlap::kNo;
+    // Exact search (interleaved layouts): every difference of the
+    // dimensions but the one of the largest extent, solving for that one.
+    sort_by(&Dim::extent);
+    const Dim last = dims[n - 1];
+    int64_t combinations = 1;
+    for (int i = 0; i + 1 < n; ++i) {
+        combinations *= 2 * dims[i].extent - 1;
+        if (combinations > kMaxOverlapSearch) return Overlap::kUnknown;
+    }
+    for (int64_t c = 0; c < combinations; ++c) {
+        __int128 offset = 0;  // sum of the enumerated d_i * stride_i
+        bool all_zero = true;
+        int64_t rest = c;
+        for (int i = 0; i + 1 < n; ++i) {
+            const int64_t width = 2 * dims[i].extent - 1;
+            const int64_t delta = rest % width - (dims[i].extent - 1);
+            rest /= width;
+            offset += __int128(delta) * dims[i].stride;
+            all_zero = all_zero && delta == 0;
+        }
+        // The last difference d with -dim < offset + d * stride < dim.
+        const __int128 bound = last.extent - 1;
+        const __int128 lo = std::max(floor_div(-__int128(t.dim) - offset, last.stride) + 1, -bound);
+        const __int128 hi = std::min(ceil_div(__int128(t.dim) - offset, last.stride) - 1, bound);
+        if (lo <= hi && !(all_zero && lo == 0 && hi == 0)) return Overlap::kYes;
+    }
+    return Overlap::kNo;
+}
+
+// The output gives each element its own address (rows_overlap).
+flashcore_status check_no_self_overlap(const TensorDims &t) {
+    const Overlap overlap = rows_overlap(t);
+    if (overlap == Overlap::kNo) return FLASHCORE_STATUS_SUCCESS;
+    return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                "%s strides (batch %" PRId64 ", seq %" PRId64 ", head %" PRId64 ") %s; the output needs a distinct "
+                "address for each element",
+                t.name, t.batch_stride, t.seq_stride, t.head_stride,
+                overlap == Overlap::kYes ? "make elements overlap"
+                                         : "interleave its dimensions too finely to check that no elements overlap");
 }
 
 // Fails with UNSUPPORTED: `problem`, then the head dims this build has and
@@ -153,20 +234,41 @@ flashcore_status check_head_dims(const flashcore_forward_params &p) {
 
 }  // namespace
 
+bool forward_is_empty(const flashcore_forward_params &p) {
+    return p.batch_size == 0 || p.seqlen_q == 0 || p.num_heads_q == 0;
+}
+
 flashcore_status validate_sizes(const flashcore_forward_params &p) {
     const struct {
         int32_t value;
         const char *name;
     } sizes[] = {{p.batch_size, "batch_size"},   {p.seqlen_q, "seqlen_q"},         {p.seqlen_k, "seqlen_k"},
-                 {p.num_heads_q, "num_heads_q"}, {p.num_heads_kv, "num_heads_kv"}, {p.head_dim, "head_dim"}};
+                 {p.num_heads_q, "num_heads_q"}, {p.num_heads_kv, "num_heads_kv"}};
     for (const auto &s : sizes) {
-        if (s.value < 1) {
-            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s (%d) must be >= 1", s.name, int(s.value));
+        if (s.value < 0) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                        "%s (%d) must be >= 0 (0 only where the output is empty: batch_size, seqlen_q or "
+                        "num_heads_q 0)",
+                        s.name, int(s.value));
         }
+    }
+    if (p.head_dim < 1) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "head_dim (%d) must be >= 1", int(p.head_dim));
     }
     if (p.head_dim_v < 0) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "head_dim_v (%d) must be >= 1, or 0 for the same as head_dim",
                     int(p.head_dim_v));
+    }
+    // Keys and K/V heads may be missing only where no output row needs them.
+    if (p.num_heads_kv == 0 && p.num_heads_q != 0) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "num_heads_kv (0) must be >= 1 where num_heads_q (%d) is not 0", int(p.num_heads_q));
+    }
+    if (p.seqlen_k == 0 && !forward_is_empty(p)) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "seqlen_k (0) must be >= 1 where the output is not empty (batch_size %d, seqlen_q %d, "
+                    "num_heads_q %d)",
+                    int(p.batch_size), int(p.seqlen_q), int(p.num_heads_q));
     }
     return FLASHCORE_STATUS_SUCCESS;
 }
@@ -179,7 +281,7 @@ flashcore_status validate_shapes(const flashcore_forward_params &p) {
     }
     flashcore_status status = validate_sizes(p);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    if (p.num_heads_q % p.num_heads_kv != 0) {
+    if (p.num_heads_kv != 0 && p.num_heads_q % p.num_heads_kv != 0) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "num_heads_q (%d) must be a multiple of num_heads_kv (%d)",
                     int(p.num_heads_q), int(p.num_heads_kv));
     }
@@ -201,30 +303,85 @@ flashcore_status validate_shapes(const flashcore_forward_params &p) {
                     "1/sqrt(head_dim)",
                     double(p.softmax_scale));
     }
+    // The kernels exponentiate with exp2: the scale times log2(e) must be a
+    // finite float too.
+    if (!std::isfinite(softmax_scale_log2(p))) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "softmax_scale (%g) times log2(e) overflows a float; it must be at most %g",
+                    double(p.softmax_scale), double(FLT_MAX) / 1.4426950408889634);
+    }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+namespace {
+
+TensorDims forward_tensor(const flashcore_forward_params &p, int index) {
+    const int32_t d = p.head_dim;
+    const int32_t dv = effective_head_dim_v(p);
+    switch (index) {
+        case 0:
+            return {"q", p.q, p.batch_size, p.seqlen_q, p.num_heads_q, d, p.q_batch_stride, p.q_seq_stride,
+                    p.q_head_stride};
+        case 1:
+            return {"k", p.k, p.batch_size, p.seqlen_k, p.num_heads_kv, d, p.k_batch_stride, p.k_seq_stride,
+                    p.k_head_stride};
+        case 2:
+            return {"v", p.v, p.batch_size, p.seqlen_k, p.num_heads_kv, dv, p.v_batch_stride, p.v_seq_stride,
+                    p.v_head_stride};
+        default:
+            return {"out", p.out, p.batch_size, p.seqlen_q, p.num_heads_q, dv, p.out_batch_stride, p.out_seq_stride,
+                    p.out_head_stride};
+    }
+}
+constexpr int kForwardTensors = 4;  // q, k, v, out
+constexpr int kForwardOut = 3;
+
+// A contiguous float32 LSE of `rows` values.
+ByteRange lse_range(const float *lse, __int128 rows) {
+    const unsigned __int128 begin = reinterpret_cast<uintptr_t>(lse);
+    return {"lse", begin, begin + (unsigned __int128)rows * sizeof(float), true};
+}
+
+}  // namespace
+
+size_t forward_ranges(const flashcore_forward_params &p, ByteRange *ranges) {
+    size_t n = 0;
+    for (int i = 0; i < kForwardTensors; ++i) ranges[n++] = tensor_range(forward_tensor(p, i), i == kForwardOut);
+    if (p.lse != nullptr) ranges[n++] = lse_range(p.lse, __int128(p.batch_size) * p.num_heads_q * p.seqlen_q);
+    return n;
+}
+
+flashcore_status check_no_aliasing(const ByteRange *ranges, size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+        for (size_t j = 0; j < i; ++j) {
+            const ByteRange &a = ranges[i], &b = ranges[j];
+            if (!a.written && !b.written) continue;
+            if (a.begin < b.end && b.begin < a.end) {
+                return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                            "%s (bytes 0x%" PRIx64 " to 0x%" PRIx64 ") overlaps %s (bytes 0x%" PRIx64 " to 0x%" PRIx64
+                            "); out, lse and the workspace must not overlap q, k, v or one another",
+                            a.name, uint64_t(a.begin), uint64_t(a.end - 1), b.name, uint64_t(b.begin),
+                            uint64_t(b.end - 1));
+            }
+        }
+    }
     return FLASHCORE_STATUS_SUCCESS;
 }
 
 flashcore_status validate_tensors(const flashcore_forward_params &p) {
-    const int32_t d = p.head_dim;
-    const int32_t dv = effective_head_dim_v(p);
-    const TensorDims tensors[] = {
-        {"q", p.q, p.batch_size, p.seqlen_q, p.num_heads_q, d, p.q_batch_stride, p.q_seq_stride, p.q_head_stride},
-        {"k", p.k, p.batch_size, p.seqlen_k, p.num_heads_kv, d, p.k_batch_stride, p.k_seq_stride, p.k_head_stride},
-        {"v", p.v, p.batch_size, p.seqlen_k, p.num_heads_kv, dv, p.v_batch_stride, p.v_seq_stride, p.v_head_stride},
-        {"out", p.out, p.batch_size, p.seqlen_q, p.num_heads_q, dv, p.out_batch_stride, p.out_seq_stride,
-         p.out_head_stride},
-    };
-    for (const TensorDims &t : tensors) {
-        const flashcore_status status = check_tensor(t);
+    if (forward_is_empty(p)) return FLASHCORE_STATUS_SUCCESS;
+    for (int i = 0; i < kForwardTensors; ++i) {
+        const flashcore_status status = check_tensor(forward_tensor(p, i));
         if (status != FLASHCORE_STATUS_SUCCESS) return status;
     }
-    flashcore_status status = check_no_self_overlap(tensors[3]);
+    flashcore_status status = check_no_self_overlap(forward_tensor(p, kForwardOut));
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     if (p.lse != nullptr) {
         status = check_pointer(p.lse, "lse", kLseAlignment);
         if (status != FLASHCORE_STATUS_SUCCESS) return status;
     }
-    return FLASHCORE_STATUS_SUCCESS;
+    ByteRange ranges[kMaxForwardRanges];
+    return check_no_aliasing(ranges, forward_ranges(p, ranges));
 }
 
 namespace {
@@ -248,18 +405,24 @@ flashcore_status validate_merge(const flashcore_merge_params &p) {
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     status = check_merge_dtype(p.out_dtype, "out_dtype");
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    // Batches, heads and rows may be 0 (nothing to merge); states and
+    // head_dim may not.
     const struct {
         int32_t value;
         const char *name;
-    } sizes[] = {{p.num_states, "num_states"}, {p.batch_size, "batch_size"}, {p.num_heads, "num_heads"},
-                 {p.seqlen, "seqlen"},         {p.head_dim, "head_dim"}};
+        int32_t min;
+    } sizes[] = {{p.num_states, "num_states", 1}, {p.batch_size, "batch_size", 0}, {p.num_heads, "num_heads", 0},
+                 {p.seqlen, "seqlen", 0},         {p.head_dim, "head_dim", 1}};
     for (const auto &s : sizes) {
-        if (s.value < 1) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s (%d) must be >= 1", s.name, int(s.value));
+        if (s.value < s.min) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s (%d) must be >= %d", s.name, int(s.value), int(s.min));
+        }
     }
     if (p.head_dim % kHeadDimMultiple != 0) {
         return fail(FLASHCORE_STATUS_UNSUPPORTED, "head_dim %d is not a multiple of %d", int(p.head_dim),
                     int(kHeadDimMultiple));
     }
+    if (merge_is_empty(p)) return FLASHCORE_STATUS_SUCCESS;
     TensorDims partial{"partial_out", p.partial_out, p.batch_size, p.seqlen, p.num_heads, p.head_dim,
                        p.partial_batch_stride, p.partial_seq_stride, p.partial_head_stride};
     partial.element_bytes = merge_element_bytes(p.partial_dtype);
@@ -301,7 +464,19 @@ flashcore_status validate_merge(const flashcore_merge_params &p) {
         status = check_pointer(p.lse, "lse", kLseAlignment);
         if (status != FLASHCORE_STATUS_SUCCESS) return status;
     }
-    return FLASHCORE_STATUS_SUCCESS;
+    const unsigned __int128 partial_lse_begin = reinterpret_cast<uintptr_t>(p.partial_lse);
+    ByteRange ranges[] = {
+        tensor_range(partial, false),
+        {"partial_lse", partial_lse_begin, partial_lse_begin + (unsigned __int128)(last_lse + 1) * sizeof(float),
+         false},
+        tensor_range(out, true),
+        lse_range(p.lse, __int128(p.batch_size) * p.num_heads * p.seqlen),
+    };
+    return check_no_aliasing(ranges, p.lse != nullptr ? 4 : 3);
+}
+
+bool merge_is_empty(const flashcore_merge_params &p) {
+    return p.batch_size == 0 || p.num_heads == 0 || p.seqlen == 0;
 }
 
 }  // namespace flashcore

@@ -13,19 +13,44 @@ namespace flashcore {
 // arithmetic (block index * block size + causal offset).
 constexpr int32_t kMaxSeqlen = 1 << 30;
 
-// The six sizes (batch, sequence lengths, head counts, head_dim) are >= 1 and
-// head_dim_v >= 0: what the stride helper needs.
+// The sizes are >= 0, head_dim >= 1, and the zeros allowed (see
+// forward_is_empty): what the stride helper needs.
 flashcore_status validate_sizes(const flashcore_forward_params &params);
+
+// Whether the call's output is empty (batch_size, seqlen_q or num_heads_q is
+// 0): it then succeeds having read and written nothing, launched nothing,
+// its pointers and strides not looked at.
+bool forward_is_empty(const flashcore_forward_params &params);
 
 // Dtype, sizes, head counts, head dims (against the kernels this build has),
 // sequence lengths, scale: what the workspace query needs.
 flashcore_status validate_shapes(const flashcore_forward_params &params);
 
-// Pointers, alignment and strides: what the forward call needs in addition.
+// Pointers, alignment, strides, and no overlap of an output with another
+// tensor: what the forward call needs in addition.
 flashcore_status validate_tensors(const flashcore_forward_params &params);
 
+// A tensor's bytes as an address range [begin, end), for the aliasing rule.
+struct ByteRange {
+    const char *name;
+    unsigned __int128 begin, end;
+    bool written;  // out, lse, the workspace: must overlap nothing else
+};
+
+// The ranges of q, k, v, out and (when given) lse of validated, non-empty
+// parameters; returns how many it wrote (at most kMaxForwardRanges).
+constexpr size_t kMaxForwardRanges = 5;
+size_t forward_ranges(const flashcore_forward_params &params, ByteRange *ranges);
+
+// INVALID_ARGUMENT, naming both, where a written range overlaps another
+// range (read-only ranges may overlap one another: q, k and v may alias).
+flashcore_status check_no_aliasing(const ByteRange *ranges, size_t count);
+
 // Everything about flashcore_merge_params: dtypes, sizes, pointers,
-// alignment and strides.
+// alignment, strides and aliasing.
 flashcore_status validate_merge(const flashcore_merge_params &params);
+
+// Whether a merge's output is empty (batch_size, num_heads or seqlen is 0).
+bool merge_is_empty(const flashcore_merge_params &params);
 
 }  // namespace flashcore

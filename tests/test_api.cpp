@@ -14,8 +14,14 @@
 #include <utility>
 #include <vector>
 
+#include <dlfcn.h>
+
 #include "device_tensors.h"
 #include "flashcore.h"
+
+// tests/enum_calls.c: the enum arguments as any int.
+extern "C" const char *status_string_of_int(int value);
+extern "C" flashcore_status set_contiguous_strides_of_int(flashcore_forward_params *params, int value);
 
 namespace {
 
@@ -27,6 +33,10 @@ constexpr size_t kParamsSizeV0_1 = offsetof(flashcore_forward_params, head_dim_v
 // dereferences them.
 void *fake_pointer(uintptr_t address) { return reinterpret_cast<void *>(address); }
 
+// The i-th of some fake tensors, 2^36 bytes apart: larger than any tensor of
+// these tests, so they never overlap.
+void *fake_tensor(int i) { return fake_pointer((uintptr_t(i) + 1) << 36); }
+
 flashcore_forward_params valid_params() {
     flashcore_forward_params p;
     EXPECT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
@@ -36,11 +46,11 @@ flashcore_forward_params valid_params() {
     p.num_heads_q = 8;
     p.num_heads_kv = 2;
     p.head_dim = 64;
-    p.q = fake_pointer(0x10000);
-    p.k = fake_pointer(0x20000);
-    p.v = fake_pointer(0x30000);
-    p.out = fake_pointer(0x40000);
-    p.lse = static_cast<float *>(fake_pointer(0x50000));
+    p.q = fake_tensor(0);
+    p.k = fake_tensor(1);
+    p.v = fake_tensor(2);
+    p.out = fake_tensor(3);
+    p.lse = static_cast<float *>(fake_tensor(4));
     EXPECT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
     return p;
 }
@@ -138,7 +148,10 @@ TEST(Status, EveryStatusHasItsOwnString) {
         EXPECT_STRNE(text, "unknown status") << int(s);
         EXPECT_TRUE(seen.insert(text).second) << "duplicate string " << text;
     }
-    EXPECT_STREQ(flashcore_status_string(static_cast<flashcore_status>(999)), "unknown status");
+    // Out-of-range values are passed from C (tests/enum_calls.c): in C++ the
+    // cast itself would be undefined.
+    EXPECT_STREQ(status_string_of_int(999), "unknown status");
+    EXPECT_STREQ(status_string_of_int(-1), "unknown status");
     // The numbering is part of the ABI.
     EXPECT_EQ(int(FLASHCORE_STATUS_SUCCESS), 0);
     EXPECT_EQ(int(FLASHCORE_STATUS_INTERNAL), 8);
@@ -216,8 +229,7 @@ TEST(Params, ContiguousStrides) {
     EXPECT_EQ(p.k_seq_stride, 2 * 64);
     EXPECT_EQ(p.v_batch_stride, 300 * 2 * 64);
     EXPECT_EQ(p.out_batch_stride, 100 * 8 * 64);
-    EXPECT_EQ(flashcore_set_contiguous_strides(&p, static_cast<flashcore_layout>(7)),
-              FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(set_contiguous_strides_of_int(&p, 7), FLASHCORE_STATUS_INVALID_ARGUMENT);
     p.seqlen_k = 0;
     EXPECT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BHSD), FLASHCORE_STATUS_INVALID_ARGUMENT);
     EXPECT_NE(std::string(flashcore_last_error_message()).find("seqlen_k"), std::string::npos);
@@ -269,7 +281,7 @@ TEST(Validation, ValidParamsPass) {
     p.lse = nullptr;  // optional
     EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS);
     p.dtype = FLASHCORE_DTYPE_BF16;
-    p.head_dim = 128;
+    p.head_dim = covered(supported_pairs(), 128, 128) ? 128 : 64;
     p.causal = 1;
     p.softmax_scale = 0.3f;
     ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BHSD), FLASHCORE_STATUS_SUCCESS);
@@ -414,13 +426,18 @@ const InvalidCase kInvalidCases[] = {
      "not a valid size"},
     {"dtype_zero", [](auto &p) { p.dtype = 0; }, FLASHCORE_STATUS_UNSUPPORTED, "dtype 0 is not supported"},
     {"dtype_unknown", [](auto &p) { p.dtype = 7; }, FLASHCORE_STATUS_UNSUPPORTED, "FLASHCORE_DTYPE_BF16"},
-    {"batch_zero", [](auto &p) { p.batch_size = 0; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "batch_size (0) must be >= 1"},
-    {"batch_negative", [](auto &p) { p.batch_size = -3; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "batch_size (-3)"},
-    {"seqlen_q_zero", [](auto &p) { p.seqlen_q = 0; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "seqlen_q (0)"},
+    {"batch_negative", [](auto &p) { p.batch_size = -3; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "batch_size (-3) must be >= 0"},
+    {"seqlen_q_negative", [](auto &p) { p.seqlen_q = -1; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "seqlen_q (-1)"},
     {"seqlen_k_negative", [](auto &p) { p.seqlen_k = -1; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "seqlen_k (-1)"},
-    {"heads_q_zero", [](auto &p) { p.num_heads_q = 0; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "num_heads_q (0)"},
-    {"heads_kv_zero", [](auto &p) { p.num_heads_kv = 0; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "num_heads_kv (0)"},
+    {"seqlen_k_zero", [](auto &p) { p.seqlen_k = 0; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "seqlen_k (0) must be >= 1 where the output is not empty"},
+    {"heads_q_negative", [](auto &p) { p.num_heads_q = -8; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "num_heads_q (-8)"},
+    {"heads_kv_zero", [](auto &p) { p.num_heads_kv = 0; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "num_heads_kv (0) must be >= 1 where num_heads_q (8) is not 0"},
     {"head_dim_zero", [](auto &p) { p.head_dim = 0; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "head_dim (0)"},
+    {"head_dim_zero_in_empty_call", [](auto &p) { p.head_dim = 0; p.batch_size = 0; },
+     FLASHCORE_STATUS_INVALID_ARGUMENT, "head_dim (0) must be >= 1"},
     {"heads_do_not_divide", [](auto &p) { p.num_heads_q = 12; p.num_heads_kv = 5; },
      FLASHCORE_STATUS_INVALID_ARGUMENT, "num_heads_q (12) must be a multiple of num_heads_kv (5)"},
     {"more_kv_heads_than_q", [](auto &p) { p.num_heads_q = 2; p.num_heads_kv = 8; },
@@ -441,13 +458,16 @@ const InvalidCase kInvalidCases[] = {
      "softmax_scale (-0.5)"},
     {"scale_nan", [](auto &p) { p.softmax_scale = NAN; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "finite"},
     {"scale_inf", [](auto &p) { p.softmax_scale = INFINITY; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "finite"},
+    // Finite, but times log2(e) it is +inf in float (issue 15, item 5).
+    {"scale_log2_overflows", [](auto &p) { p.softmax_scale = 3e38f; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "softmax_scale (3e+38) times log2(e) overflows a float"},
     {"q_null", [](auto &p) { p.q = nullptr; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "q is NULL"},
     {"k_null", [](auto &p) { p.k = nullptr; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "k is NULL"},
     {"v_null", [](auto &p) { p.v = nullptr; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "v is NULL"},
     {"out_null", [](auto &p) { p.out = nullptr; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "out is NULL"},
-    {"q_misaligned", [](auto &p) { p.q = fake_pointer(0x10002); }, FLASHCORE_STATUS_MISALIGNED, "16-byte aligned"},
-    {"out_misaligned", [](auto &p) { p.out = fake_pointer(0x40008); }, FLASHCORE_STATUS_MISALIGNED, "out ("},
-    {"lse_misaligned", [](auto &p) { p.lse = static_cast<float *>(fake_pointer(0x50002)); },
+    {"q_misaligned", [](auto &p) { p.q = static_cast<const char *>(fake_tensor(0)) + 2; }, FLASHCORE_STATUS_MISALIGNED, "16-byte aligned"},
+    {"out_misaligned", [](auto &p) { p.out = static_cast<char *>(fake_tensor(3)) + 8; }, FLASHCORE_STATUS_MISALIGNED, "out ("},
+    {"lse_misaligned", [](auto &p) { p.lse = reinterpret_cast<float *>(static_cast<char *>(fake_tensor(4)) + 2); },
      FLASHCORE_STATUS_MISALIGNED, "lse ("},
     {"stride_negative", [](auto &p) { p.k_seq_stride = -128; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
      "k_seq_stride (-128) must be >= 0"},
@@ -508,10 +528,10 @@ TEST(Validation, StructFromVersion0_1) {
     p->num_heads_q = 8;
     p->num_heads_kv = 2;
     p->head_dim = 64;
-    p->q = fake_pointer(0x10000);
-    p->k = fake_pointer(0x20000);
-    p->v = fake_pointer(0x30000);
-    p->out = fake_pointer(0x40000);
+    p->q = fake_tensor(0);
+    p->k = fake_tensor(1);
+    p->v = fake_tensor(2);
+    p->out = fake_tensor(3);
     ASSERT_EQ(flashcore_set_contiguous_strides(p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS)
         << flashcore_last_error_message();
     EXPECT_EQ(p->v_seq_stride, 2 * 64);
@@ -705,7 +725,8 @@ TEST(Handle, NullArguments) {
     EXPECT_STREQ(flashcore_last_error_message(), "handle is NULL");
 }
 
-// Without a GPU, creation reports the missing device; with one, it works.
+// Without a GPU, creation reports the missing device or driver; with one,
+// it works.
 TEST(Handle, CreateMatchesDevicePresence) {
     std::string reason;
     const bool have_gpu = flashcore_test::cuda_device_available(&reason);
@@ -718,10 +739,244 @@ TEST(Handle, CreateMatchesDevicePresence) {
     } else {
         EXPECT_EQ(status, FLASHCORE_STATUS_NO_DEVICE) << flashcore_last_error_message();
         EXPECT_EQ(h, nullptr) << "the handle must be set to NULL on failure";
-        EXPECT_NE(std::string(flashcore_last_error_message()).find("CUDA"), std::string::npos)
+        EXPECT_NE(std::string(flashcore_last_error_message()).find("NVIDIA"), std::string::npos)
             << flashcore_last_error_message();
         std::printf("no GPU here: flashcore_create said: %s\n", flashcore_last_error_message());
     }
+}
+
+// ---------------------------------------------------------------------------
+// Issue 15 (hardening): one test per item, each failing before its fix.
+// ---------------------------------------------------------------------------
+
+flashcore_forward_params one_head(int32_t batch, int32_t seqlen) {
+    flashcore_forward_params p = valid_params();
+    p.batch_size = batch;
+    p.seqlen_q = seqlen;
+    p.num_heads_q = p.num_heads_kv = 1;
+    p.head_dim = 64;
+    EXPECT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+    return p;
+}
+
+// Item 2: the self-overlap check takes a dimension's span as
+// (extent - 1) x stride + the span below (not stride x extent), and tells
+// interleaved layouts that overlap from those that do not.
+TEST(Hardening, OutputStridesThatDoNotOverlapAreAccepted) {
+    // Every other token of a packed [B, 9, 1, 64] buffer: rows 128 apart,
+    // batches 576 apart, the last row of a batch ending at 4 x 128 + 64.
+    flashcore_forward_params p = one_head(2, 5);
+    p.out_seq_stride = 128;
+    p.out_batch_stride = 9 * 64;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    // Every other token of a packed [B, 5, 1, 64] buffer: the batches
+    // interleave (batch 1 starts at row 2.5 of batch 0), no element shared.
+    p.out_batch_stride = 5 * 64;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    // Batches 4 rows apart: batch 1's row 0 is batch 0's row 2.
+    p.out_batch_stride = 4 * 64;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("make elements overlap"), std::string::npos)
+        << flashcore_last_error_message();
+    // Three interleaved dimensions: heads 64 apart, rows 3 heads apart,
+    // batches 1.5 rows apart.
+    p = valid_params();
+    p.batch_size = 2;
+    p.seqlen_q = 4;
+    p.num_heads_q = 2;
+    p.num_heads_kv = 1;
+    ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+    p.out_head_stride = 64;
+    p.out_seq_stride = 4 * 64;
+    p.out_batch_stride = 2 * 64;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    p.out_batch_stride = 4 * 64;  // batch 1's row 0 is batch 0's row 1
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_INVALID_ARGUMENT);
+}
+
+// Item 3: the stride products are checked, not wrapped.
+TEST(Hardening, ContiguousStridesThatOverflowAreRefused) {
+    flashcore_forward_params p = valid_params();
+    p.num_heads_q = p.num_heads_kv = INT32_MAX;
+    p.seqlen_q = p.seqlen_k = 1 << 30;
+    p.head_dim = 128;
+    const flashcore_forward_params before = p;
+    EXPECT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BHSD), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("more than 2^63 bytes"), std::string::npos)
+        << flashcore_last_error_message();
+    EXPECT_EQ(std::memcmp(&p, &before, sizeof p), 0) << "a refused call wrote strides";
+    // Just below the limit: [1, 2^20, 2^20, 2^20] x 2 bytes is 2^61 bytes.
+    p = valid_params();
+    p.batch_size = 1;
+    p.num_heads_q = p.num_heads_kv = 1 << 20;
+    p.seqlen_q = p.seqlen_k = 1 << 20;
+    p.head_dim = 1 << 20;
+    ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    EXPECT_EQ(p.q_batch_stride, int64_t(1) << 60);
+    EXPECT_GT(p.k_seq_stride, 0);
+}
+
+// Item 4: enum arguments are read as ints, so any value is refused by name
+// (in a UBSan build of the library, loading them as C++ enums aborts).
+TEST(Hardening, EnumArgumentsOutsideTheirRange) {
+    for (int layout : {2, -1, 7, INT32_MAX}) {
+        flashcore_forward_params p = valid_params();
+        EXPECT_EQ(set_contiguous_strides_of_int(&p, layout), FLASHCORE_STATUS_INVALID_ARGUMENT);
+        EXPECT_EQ(std::string(flashcore_last_error_message()).find("layout " + std::to_string(layout) + " is not one of"),
+                  0u)
+            << flashcore_last_error_message();
+    }
+    for (int status : {9, -1, 999, INT32_MIN}) EXPECT_STREQ(status_string_of_int(status), "unknown status");
+    EXPECT_STREQ(status_string_of_int(int(FLASHCORE_STATUS_MISALIGNED)), "misaligned");
+    // The dtype field is an int32_t: the same.
+    flashcore_forward_params p = valid_params();
+    p.dtype = 7;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_UNSUPPORTED);
+}
+
+// Item 5: the largest scales whose product with log2(e) is still finite pass.
+TEST(Hardening, SoftmaxScaleTimesLog2eMustBeFinite) {
+    flashcore_forward_params p = valid_params();
+    p.softmax_scale = 2.3e38f;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    for (float scale : {2.4e38f, 3e38f, 3.4e38f}) {
+        p.softmax_scale = scale;
+        EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_INVALID_ARGUMENT) << scale;
+        EXPECT_NE(std::string(flashcore_last_error_message()).find("times log2(e) overflows a float; it must be at most"),
+                  std::string::npos)
+            << flashcore_last_error_message();
+    }
+}
+
+// Item 1: outputs must not overlap inputs or each other; inputs may alias.
+TEST(Hardening, OutputsMustNotOverlapOtherTensors) {
+    const auto expect_overlap = [](const flashcore_forward_params &p, const std::string &written,
+                                   const std::string &other) {
+        EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_INVALID_ARGUMENT);
+        const std::string message = flashcore_last_error_message();
+        EXPECT_EQ(message.find(written + " (bytes 0x"), 0u) << message;
+        EXPECT_NE(message.find(") overlaps " + other + " (bytes 0x"), std::string::npos) << message;
+        EXPECT_NE(message.find("must not overlap q, k, v or one another"), std::string::npos) << message;
+    };
+    flashcore_forward_params p = valid_params();
+    p.out = const_cast<void *>(p.k);  // out and k the same buffer
+    expect_overlap(p, "out", "k");
+    p = valid_params();
+    p.lse = static_cast<float *>(p.out);
+    expect_overlap(p, "lse", "out");
+    // The last byte of q is the first of out: overlap by one 16-byte chunk.
+    p = valid_params();
+    const size_t q_bytes = size_t(p.batch_size) * p.seqlen_q * p.num_heads_q * p.head_dim * 2;
+    p.out = static_cast<char *>(const_cast<void *>(p.q)) + q_bytes - 16;
+    expect_overlap(p, "out", "q");
+    p.out = static_cast<char *>(const_cast<void *>(p.q)) + q_bytes;  // adjacent: fine
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    // lse in the middle of v.
+    p = valid_params();
+    p.lse = reinterpret_cast<float *>(static_cast<char *>(const_cast<void *>(p.v)) + 4096);
+    expect_overlap(p, "lse", "v");
+    // q, k and v may alias one another (self-attention over one buffer).
+    p = valid_params();
+    p.num_heads_kv = p.num_heads_q;
+    p.seqlen_k = p.seqlen_q;
+    ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+    p.k = p.v = p.q;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+}
+
+// Empty calls: batch, seqlen_q or heads 0 succeed with nothing looked at.
+TEST(Hardening, EmptyCallsSucceedWithoutPointers) {
+    const std::function<void(flashcore_forward_params &)> empties[] = {
+        [](flashcore_forward_params &p) { p.batch_size = 0; },
+        [](flashcore_forward_params &p) { p.seqlen_q = 0; },
+        [](flashcore_forward_params &p) { p.num_heads_q = 0; p.num_heads_kv = 0; },
+        [](flashcore_forward_params &p) { p.num_heads_q = 0; },
+        [](flashcore_forward_params &p) { p.batch_size = 0; p.seqlen_k = 0; },
+    };
+    for (size_t i = 0; i < std::size(empties); ++i) {
+        flashcore_forward_params p = valid_params();
+        empties[i](p);
+        ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BHSD), FLASHCORE_STATUS_SUCCESS)
+            << i << ": " << flashcore_last_error_message();
+        p.q = p.k = p.v = p.out = nullptr;
+        p.lse = nullptr;
+        EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << i << ": " << flashcore_last_error_message();
+        // Strides are not looked at either (frameworks give empty tensors any).
+        p.out_seq_stride = 3;
+        EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << i << ": " << flashcore_last_error_message();
+        // What does not depend on the pointers is still checked.
+        p.head_dim = 100;
+        EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_UNSUPPORTED) << i;
+    }
+    // Keys missing where rows need them: refused.
+    flashcore_forward_params p = valid_params();
+    p.seqlen_k = 0;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("seqlen_k (0)"), std::string::npos);
+}
+
+// Item 9: a made-up or destroyed handle is refused by every call that takes
+// one. (Memory that never held a handle: reading a freed one would be the
+// use-after-free the check guards against.)
+TEST(Hardening, CallsRefuseAHandleThatIsNotLive) {
+    alignas(64) unsigned char memory[512];
+    for (unsigned char fill : {0x00, 0xAB}) {
+        std::memset(memory, fill, sizeof memory);
+        const flashcore_handle h = reinterpret_cast<flashcore_handle>(memory);
+        const auto expect_refused = [&](flashcore_status status, const char *call) {
+            EXPECT_EQ(status, FLASHCORE_STATUS_INVALID_ARGUMENT) << call;
+            EXPECT_NE(std::string(flashcore_last_error_message()).find("is not a live flashcore handle"),
+                      std::string::npos)
+                << call << ": " << flashcore_last_error_message();
+        };
+        int device = -5;
+        expect_refused(flashcore_handle_device(h, &device), "flashcore_handle_device");
+        EXPECT_EQ(device, -5);
+        flashcore_forward_params p = valid_params();
+        size_t bytes = 77;
+        expect_refused(flashcore_forward_workspace_size(h, &p, &bytes), "flashcore_forward_workspace_size");
+        EXPECT_EQ(bytes, 77u);
+        expect_refused(flashcore_forward(h, &p, nullptr, 0, nullptr), "flashcore_forward");
+        flashcore_merge_params m;
+        ASSERT_EQ(flashcore_merge_params_init(&m, sizeof m), FLASHCORE_STATUS_SUCCESS);
+        expect_refused(flashcore_merge_states(h, &m, nullptr), "flashcore_merge_states");
+        expect_refused(flashcore_destroy(h), "flashcore_destroy");
+    }
+}
+
+// With a GPU: a destroyed handle is refused (as long as its memory still
+// reads, which glibc's allocator keeps for a freed block this small).
+TEST(Hardening, DestroyedHandleIsRefused) {
+    std::string reason;
+    if (!flashcore_test::cuda_device_available(&reason)) GTEST_SKIP() << "needs a GPU: " << reason;
+    flashcore_handle h = nullptr;
+    ASSERT_EQ(flashcore_create(&h), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    int device = -1;
+    EXPECT_EQ(flashcore_handle_device(h, &device), FLASHCORE_STATUS_SUCCESS);
+    ASSERT_EQ(flashcore_destroy(h), FLASHCORE_STATUS_SUCCESS);
+#if !defined(__SANITIZE_ADDRESS__)
+    EXPECT_EQ(flashcore_handle_device(h, &device), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(flashcore_destroy(h), FLASHCORE_STATUS_INVALID_ARGUMENT) << "a double destroy must be refused";
+#endif
+}
+
+// Item 7: without a driver the message says so, in these words (the
+// runtime alone would say "driver version is insufficient").
+TEST(Hardening, MissingDriverIsNamed) {
+    void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (driver != nullptr) {
+        dlclose(driver);
+        GTEST_SKIP() << "libcuda.so.1 loads here: this test is for machines without the NVIDIA driver";
+    }
+    flashcore_handle h = reinterpret_cast<flashcore_handle>(fake_pointer(0x1234));
+    EXPECT_EQ(flashcore_create(&h), FLASHCORE_STATUS_NO_DEVICE);
+    EXPECT_EQ(h, nullptr);
+    const std::string message = flashcore_last_error_message();
+    EXPECT_EQ(message.find("no NVIDIA driver found: libcuda.so.1 cannot be loaded ("), 0u) << message;
+    EXPECT_EQ(message.find("insufficient"), std::string::npos) << message;
+    EXPECT_EQ(flashcore_create_for_device(&h, 0), FLASHCORE_STATUS_NO_DEVICE);
+    EXPECT_EQ(std::string(flashcore_last_error_message()).find("no NVIDIA driver found"), 0u);
 }
 
 }  // namespace

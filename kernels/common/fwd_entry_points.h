@@ -18,7 +18,21 @@ struct FwdLaunchOptions {
     // A persistent kernel launches at most this many CTAs: one per SM, or
     // fewer where a test asks (FLASHCORE_PERSISTENT_CTAS).
     int max_persistent_ctas;
+    // Where a launcher names the runtime call that failed (when not null;
+    // written only on failure), for the caller's message.
+    const char **failed_call = nullptr;
 };
+
+// A launcher's runtime call `call` returned `err`: on failure, the error is
+// cleared from the thread's last-error state (it is reported once, through
+// the return value) and the call named in options.failed_call.
+inline cudaError_t launch_step(cudaError_t err, const FwdLaunchOptions &options, const char *call) {
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        if (options.failed_call != nullptr) *options.failed_call = call;
+    }
+    return err;
+}
 
 // What the dispatcher checks against the device before a launch.
 struct FwdKernelInfo {
@@ -45,9 +59,12 @@ constexpr int register_bound_ctas_per_sm(int threads, int max_registers) {
 // Blocks of block_m query rows in a forward call: one per (batch, head
 // group, block), before any split of the keys. 64-bit: the dispatcher
 // checks it against the grid limit.
+// Computed in 128 bits from sizes that may each be up to 2^31 and saturated
+// at INT64_MAX (the workspace query sees sizes no tensor was checked for).
 inline int64_t fwd_num_blocks(const FwdKernelParams &p, int block_m) {
-    return int64_t((int64_t(p.seqlen_q) * p.packed_heads + block_m - 1) / block_m) * (p.num_heads_q / p.packed_heads) *
-           p.batch_size;
+    const __int128 blocks = __int128((int64_t(p.seqlen_q) * p.packed_heads + block_m - 1) / block_m) *
+                            (p.num_heads_q / p.packed_heads) * p.batch_size;
+    return blocks > __int128(INT64_MAX) ? INT64_MAX : int64_t(blocks);
 }
 
 // Queues the forward kernel for `params` on `stream`. Returns the launch

@@ -21,23 +21,28 @@ FwdKernelInfo fwd_info_sm80() {
 }
 
 template <DType kDType, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
-cudaError_t run_fwd_sm80(const FwdKernelParams &params, const FwdLaunchOptions &, cudaStream_t stream) {
+cudaError_t run_fwd_sm80(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
     using Traits = typename FwdConfig<kDType, kHeadDim, kHeadDimV, kVariant>::Traits;
     const auto kernel = flash_fwd_kernel<Traits>;
     constexpr size_t smem_bytes = Traits::kSmemBytes;
     if (smem_bytes > kDefaultDynamicSmemLimit) {
         // Idempotent and cheap; doing it per launch keeps the handle free of
         // per-kernel state and is safe from several threads.
-        const cudaError_t err =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes));
+        const cudaError_t err = launch_step(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)), options,
+            "cudaFuncSetAttribute (the kernel's dynamic shared memory)");
         if (err != cudaSuccess) return err;
     }
     // The dispatcher has checked that the blocks fit gridDim.x; the key
-    // splits (at most FLASHCORE_MAX_NUM_SPLITS) are gridDim.y.
+    // splits (at most FLASHCORE_MAX_NUM_SPLITS) are gridDim.y. The launch's
+    // own result, not the thread's last error, which may be older.
     const int64_t num_blocks = fwd_num_blocks(params, Traits::kBlockM);
-    kernel<<<dim3(unsigned(num_blocks), unsigned(params.num_splits)), dim3(Traits::kNumThreads), smem_bytes,
-             stream>>>(params);
-    return cudaGetLastError();
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(num_blocks), unsigned(params.num_splits));
+    config.blockDim = dim3(Traits::kNumThreads);
+    config.dynamicSmemBytes = smem_bytes;
+    config.stream = stream;
+    return launch_step(cudaLaunchKernelEx(&config, kernel, params), options, "cudaLaunchKernelEx");
 }
 
 }  // namespace flashcore

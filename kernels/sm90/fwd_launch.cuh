@@ -94,15 +94,20 @@ cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &
     if (!encoded) return cudaErrorNotSupported;
 
     const auto kernel = sm90::flash_fwd_sm90_kernel<Traits>;
-    const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes));
+    const cudaError_t err = launch_step(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes)), options,
+        "cudaFuncSetAttribute (the kernel's dynamic shared memory)");
     if (err != cudaSuccess) return err;
     // Persistent: one CTA per SM at most, each walking its share of the
     // schedule.
     const int64_t num_items = sm90::PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(params).num_items(params);
     const int64_t num_ctas = num_items < options.max_persistent_ctas ? num_items : options.max_persistent_ctas;
-    kernel<<<dim3(unsigned(num_ctas)), dim3(Traits::kNumThreads), Traits::kSmemBytes, stream>>>(p);
-    return cudaGetLastError();
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(num_ctas));
+    config.blockDim = dim3(Traits::kNumThreads);
+    config.dynamicSmemBytes = Traits::kSmemBytes;
+    config.stream = stream;
+    return launch_step(cudaLaunchKernelEx(&config, kernel, p), options, "cudaLaunchKernelEx");
 }
 
 }  // namespace flashcore

@@ -11,6 +11,9 @@
 #   static_cudart     no DT_NEEDED on libcudart (it is linked statically) nor
 #                     on libcuda (the driver is loaded at run time, so the
 #                     library loads, and reports NO_DEVICE, without a driver)
+#   relro             full RELRO: a GNU_RELRO segment (readelf -l) and
+#                     immediate binding (BIND_NOW, or NOW in FLAGS_1), so the
+#                     GOT is read-only once the library is loaded
 cmake_minimum_required(VERSION 3.16)
 include(${CMAKE_CURRENT_LIST_DIR}/../header/FlashcoreHeaderApi.cmake)
 
@@ -129,6 +132,18 @@ elseif(CHECK STREQUAL "static_cudart")
     endif()
   endforeach()
   report(cuda "the library needs CUDA shared libraries; the runtime must be linked statically")
+
+elseif(CHECK STREQUAL "relro")
+  run(segments ${READELF} -lW ${LIBRARY})
+  if(NOT segments MATCHES "GNU_RELRO")
+    list(APPEND relro "no GNU_RELRO segment (link with -z relro)")
+  endif()
+  run(dynamic ${READELF} -d ${LIBRARY})
+  if(NOT dynamic MATCHES "\\(BIND_NOW\\)" AND NOT dynamic MATCHES "\\(FLAGS_1\\)[^\n]*NOW")
+    list(APPEND relro "no BIND_NOW and no NOW in FLAGS_1 (link with -z now)")
+  endif()
+  report(relro "the library has only partial RELRO")
+  message(STATUS "GNU_RELRO and BIND_NOW present")
 
 else()
   message(FATAL_ERROR "unknown CHECK '${CHECK}'")

@@ -7,9 +7,15 @@ framework has been imported, so sys.modules is where to look.
 
 import contextlib
 import ctypes
+import re
 import sys
 
+from ._checked import fits, whole_number
 from ._errors import InvalidArgumentError, MisalignedError
+
+# More dimensions than any array this package reads: a DLPack ndim past it
+# is garbage, not an array.
+MAX_NDIM = 64
 
 
 class ArrayInfo:
@@ -23,9 +29,12 @@ class ArrayInfo:
                  readonly=False, stream=None, keepalive=None):
         self.obj = obj
         self.name = name
-        self.ptr = int(ptr or 0)
-        self.shape = tuple(int(s) for s in shape)
-        self.strides = tuple(int(s) for s in strides)
+        self.ptr = fits(ptr or 0, ctypes.c_void_p, "%s's data pointer" % name)
+        self.shape = _whole_numbers(shape, "%s's shape" % name, minimum=0)
+        self.strides = _whole_numbers(strides, "%s's strides" % name)
+        if len(self.strides) != len(self.shape):
+            raise InvalidArgumentError("%s has %d strides for its %d dimensions (shape %s)"
+                                       % (name, len(self.strides), len(self.shape), list(self.shape)))
         self.dtype = dtype  # "float16", "bfloat16", "float32", ... or the source's own spelling
         self.itemsize = itemsize
         self.device = device
@@ -46,6 +55,21 @@ def is_torch(x):
 
 def is_cupy(x):
     return _module_instance(x, "cupy", "ndarray")
+
+
+def _whole_numbers(values, what, minimum=None):
+    """values as a tuple of ints (each an int or has __index__; no bool, no
+    float), each at least minimum where given, each within int64."""
+    try:
+        items = tuple(values)
+    except TypeError:
+        raise TypeError("%s must be a sequence of ints, got %s" % (what, type(values).__name__)) from None
+    out = tuple(whole_number(v, "%s entry %d" % (what, i)) for i, v in enumerate(items))
+    for i, v in enumerate(out):
+        if minimum is not None and v < minimum:
+            raise InvalidArgumentError("%s entry %d (%d) must be >= %d" % (what, i, v, minimum))
+        fits(v, ctypes.c_int64, "%s entry %d" % (what, i))
+    return out
 
 
 def contiguous_strides(shape):
@@ -90,20 +114,68 @@ def _from_cupy(x, name):
 _TYPESTR = {"f2": "float16", "f4": "float32", "f8": "float64"}
 
 
+_TYPESTR_RE = re.compile(r"^[<>|=][a-zA-Z][0-9]+$")
+
+
+def _cai_key(cai, name, key, required=True):
+    if key not in cai:
+        if required:
+            raise InvalidArgumentError("%s: __cuda_array_interface__ has no '%s'" % (name, key))
+        return None
+    return cai[key]
+
+
+def _bad_cai(name, key, want, value):
+    return InvalidArgumentError("%s: __cuda_array_interface__['%s'] must be %s, got %r" % (name, key, want, value))
+
+
 def _from_cai(x, name):
+    """An ArrayInfo from __cuda_array_interface__ (versions 0 to 3), every
+    key checked: a malformed one raises InvalidArgumentError naming it."""
     cai = x.__cuda_array_interface__
-    shape = tuple(cai["shape"])
-    typestr = cai["typestr"]
+    if not isinstance(cai, dict):
+        raise TypeError("%s: __cuda_array_interface__ must be a dict, got %s" % (name, type(cai).__name__))
+    shape = _cai_key(cai, name, "shape")
+    if not isinstance(shape, (tuple, list)):
+        raise _bad_cai(name, "shape", "a tuple of non-negative ints", shape)
+    try:
+        shape = _whole_numbers(shape, "%s: __cuda_array_interface__['shape']" % name, minimum=0)
+    except TypeError as e:
+        raise _bad_cai(name, "shape", "a tuple of non-negative ints", cai["shape"]) from e
+    typestr = _cai_key(cai, name, "typestr")
+    if not isinstance(typestr, str) or not _TYPESTR_RE.match(typestr) or int(typestr[2:]) == 0:
+        raise _bad_cai(name, "typestr", "a NumPy type string such as '<f2'", typestr)
     itemsize = int(typestr[2:])
     dtype = _TYPESTR.get(typestr[1:], typestr) if typestr[0] in "<|=" else typestr
-    if cai.get("mask") is not None:
+    data = _cai_key(cai, name, "data")
+    if (not isinstance(data, (tuple, list)) or len(data) != 2 or isinstance(data[0], bool)
+            or not (data[0] is None or isinstance(data[0], int)) or not isinstance(data[1], bool)):
+        raise _bad_cai(name, "data", "a (pointer: int, read-only: bool) pair", data)
+    ptr, readonly = data
+    if ptr is not None and not 0 <= ptr < 2 ** (8 * ctypes.sizeof(ctypes.c_void_p)):
+        raise _bad_cai(name, "data", "a pointer within the address space", data)
+    version = _cai_key(cai, name, "version", required=False)
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
+        raise _bad_cai(name, "version", "a non-negative int", version)
+    if _cai_key(cai, name, "mask", required=False) is not None:
         raise InvalidArgumentError("%s: masked arrays (__cuda_array_interface__ mask) are not supported" % name)
-    strides = cai.get("strides")
-    strides = contiguous_strides(shape) if strides is None else _element_strides(name, strides, itemsize)
-    ptr, readonly = cai["data"]
-    stream = cai.get("stream") if cai.get("version", 0) >= 3 else None
+    strides = _cai_key(cai, name, "strides", required=False)
+    if strides is None:
+        strides = contiguous_strides(shape)
+    else:
+        if not isinstance(strides, (tuple, list)) or len(strides) != len(shape):
+            raise _bad_cai(name, "strides", "None or a tuple of %d ints (one per dimension of shape %s)"
+                           % (len(shape), list(shape)), strides)
+        try:
+            byte_strides = _whole_numbers(strides, "%s: __cuda_array_interface__['strides']" % name)
+        except TypeError as e:
+            raise _bad_cai(name, "strides", "None or a tuple of ints", strides) from e
+        strides = _element_strides(name, byte_strides, itemsize)
+    stream = _cai_key(cai, name, "stream", required=False) if (version or 0) >= 3 else None
+    if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int) or stream < 0):
+        raise _bad_cai(name, "stream", "None or a cudaStream_t as a non-negative int", stream)
     return ArrayInfo(x, name, ptr, shape, strides, dtype, itemsize, pointer_device(ptr), None,
-                     readonly=bool(readonly), stream=stream)
+                     readonly=readonly, stream=stream)
 
 
 _cuda_driver = []
@@ -131,6 +203,20 @@ def pointer_device(ptr):
     if lib.cuPointerGetAttribute(ctypes.byref(ordinal), CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) != 0:
         return None
     return ordinal.value
+
+
+def check_known_to_driver(infos):
+    """Where a CUDA driver is loaded, refuses the arrays that came without a
+    framework (__cuda_array_interface__, DLPack) whose pointer the driver
+    does not know as device memory: such an address would fault on the GPU
+    instead. Without a driver (or for torch/cupy arrays) nothing is asked."""
+    for info in infos:
+        if info is None or info.framework is not None or not info.ptr:
+            continue
+        device = pointer_device(info.ptr)  # loads the driver on first use
+        if device is None and _cuda_driver[0] is not None:
+            raise InvalidArgumentError("%s (0x%x) is not device memory the CUDA driver knows "
+                                       "(cuPointerGetAttribute refused it)" % (info.name, info.ptr))
 
 
 # --------------------------------------------------------------------------
@@ -185,12 +271,19 @@ def _from_dlpack(x, name, stream):
     except ValueError:
         raise TypeError("%s: __dlpack__ did not return a 'dltensor' capsule" % name) from None
     t = DLManagedTensor.from_address(address).dl_tensor
-    shape = tuple(t.shape[i] for i in range(t.ndim))
+    if not 0 <= t.ndim <= MAX_NDIM:
+        raise InvalidArgumentError("%s: DLPack ndim (%d) must be from 0 to %d" % (name, t.ndim, MAX_NDIM))
+    if t.ndim and not t.shape:
+        raise InvalidArgumentError("%s: DLPack shape is NULL for %d dimensions" % (name, t.ndim))
+    shape = _whole_numbers((t.shape[i] for i in range(t.ndim)), "%s: DLPack shape" % name, minimum=0)
     strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else contiguous_strides(shape)
+    if t.dtype.bits % 8 or t.dtype.bits == 0:
+        raise InvalidArgumentError("%s: DLPack dtype bits (%d) must be a whole number of bytes"
+                                   % (name, t.dtype.bits))
     if t.dtype.lanes != 1:
         raise InvalidArgumentError("%s: vector DLPack dtypes (lanes=%d) are not supported" % (name, t.dtype.lanes))
     dtype = _DL_DTYPES.get((t.dtype.code, t.dtype.bits), "DLPack code %d bits %d" % (t.dtype.code, t.dtype.bits))
-    return ArrayInfo(x, name, (t.data or 0) + t.byte_offset, shape, strides, dtype, max(t.dtype.bits // 8, 1),
+    return ArrayInfo(x, name, (t.data or 0) + t.byte_offset, shape, strides, dtype, t.dtype.bits // 8,
                      t.device.device_id, None, keepalive=capsule)
 
 

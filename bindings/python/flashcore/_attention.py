@@ -2,10 +2,13 @@
 
 import ctypes
 import math
+import numbers
 import operator
 
 from . import _ffi
-from ._arrays import can_allocate, contiguous_strides, current_stream, describe, empty, stream_pointer
+from ._arrays import (can_allocate, check_known_to_driver, contiguous_strides, current_stream, describe, empty,
+                      stream_pointer)
+from ._checked import fits, set_fields, whole_number
 from ._errors import InvalidArgumentError, UnsupportedError
 from ._library import get_handle, library
 
@@ -14,11 +17,16 @@ Layout = _ffi.Layout
 LAYOUT_AXES = {Layout.BHSD: (0, 1, 2), Layout.BSHD: (0, 2, 1)}
 DTYPES = {"float16": _ffi.Dtype.FP16, "bfloat16": _ffi.Dtype.BF16}
 INT32_MAX = 2**31 - 1
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _layout(layout):
-    if isinstance(layout, str) and layout.upper() in Layout.__members__:
-        return Layout[layout.upper()]
+    if isinstance(layout, str):
+        if layout.upper() in Layout.__members__:
+            return Layout[layout.upper()]
+    else:
+        # An int (or a flashcore.Layout); 1.0 and True are not layouts.
+        layout = whole_number(layout, "layout")
     try:
         return Layout(layout)
     except ValueError:
@@ -29,7 +37,13 @@ def _layout(layout):
 def _softmax_scale(softmax_scale):
     if softmax_scale is None:
         return _ffi.FLASHCORE_SOFTMAX_SCALE_DEFAULT
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError("softmax_scale must be None or a real number, got %s %r"
+                        % (type(softmax_scale).__name__, softmax_scale))
     scale = float(softmax_scale)
+    if math.isfinite(scale) and abs(scale) > FLOAT32_MAX:
+        # ctypes would store it as an infinite float32.
+        raise InvalidArgumentError("softmax_scale %r does not fit a float32 (at most %g)" % (softmax_scale, FLOAT32_MAX))
     if scale == _ffi.FLASHCORE_SOFTMAX_SCALE_DEFAULT:
         # The C API reads 0 as "default"; from Python that is spelled None.
         raise InvalidArgumentError("softmax_scale must be > 0 (None means 1 / sqrt(head_dim)), got %r" % softmax_scale)
@@ -41,17 +55,11 @@ def _num_splits(num_splits):
     is 0; otherwise a whole number from 1 (never split) up."""
     if num_splits is None:
         return 0
-    if isinstance(num_splits, bool):
-        raise TypeError("num_splits must be None or an int, not a bool")
-    try:
-        n = operator.index(num_splits)
-    except TypeError:
-        raise TypeError("num_splits must be None or an int, got %s" % type(num_splits).__name__) from None
+    n = whole_number(num_splits, "num_splits")
     if n == 0:
         # The C API reads 0 as "choose"; from Python that is spelled None.
         raise InvalidArgumentError("num_splits must be >= 1 (None lets the library choose), got 0")
-    if not -(INT32_MAX + 1) <= n <= INT32_MAX:
-        raise InvalidArgumentError("num_splits %d does not fit the C API's int32" % n)
+    n = fits(n, ctypes.c_int32, "num_splits")
     return n  # negative or above FLASHCORE_MAX_NUM_SPLITS: the library says why not
 
 
@@ -157,20 +165,25 @@ def _build(lib, q, k, v, out, lse, layout, causal, scale, num_splits=0):
     p = lib.new_params()
     batch, heads_q, seqlen_q, head_dim = qv.shape
     p.dtype = DTYPES[q.dtype]
-    p.batch_size, p.num_heads_q, p.seqlen_q, p.head_dim = batch, heads_q, seqlen_q, head_dim
-    p.head_dim_v = vv.shape[3]
-    p.num_heads_kv, p.seqlen_k = kv.shape[1], kv.shape[2]
     p.causal = 1 if causal else 0
     p.softmax_scale = scale
-    p.num_splits = num_splits
-    p.lse = lse.ptr if lse is not None else None
+    set_fields(p, batch_size=batch, num_heads_q=heads_q, seqlen_q=seqlen_q, head_dim=head_dim,
+               head_dim_v=vv.shape[3], num_heads_kv=kv.shape[1], seqlen_k=kv.shape[2], num_splits=num_splits,
+               lse=lse.ptr if lse is not None else None)
     for prefix, info in (("q", q), ("k", k), ("v", v), ("out", out)):
         if info is None:
             continue
-        setattr(p, prefix, info.ptr)
+        fields = {prefix: info.ptr}
         for stride, what in zip(_View(info, layout).aligned_strides(), ("batch", "head", "seq")):
-            setattr(p, "%s_%s_stride" % (prefix, what), stride)
+            fields["%s_%s_stride" % (prefix, what)] = stride
+        set_fields(p, **fields)
     return p
+
+
+def _is_empty(params):
+    """Whether the call's output is empty (flashcore.h: batch_size, seqlen_q
+    or num_heads_q 0): the library then does nothing, and neither do we."""
+    return 0 in (params.batch_size, params.seqlen_q, params.num_heads_q)
 
 
 def forward_params(q, k, v, out=None, *, lse=None, causal=False, softmax_scale=None, layout="bhsd", num_splits=None):
@@ -276,6 +289,10 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse
         li = describe(lse, "lse", s)
     params = _build(lib, qi, ki, vi, oi, li, layout, causal, scale, splits)
     lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
+    if _is_empty(params):
+        # As PyTorch: an empty result, nothing launched (no GPU needed).
+        return (out, lse) if return_lse else out
+    check_known_to_driver((qi, ki, vi, oi, li))
 
     device = next((a.device for a in (qi, ki, vi, oi) if a.device is not None), None)
     handle = get_handle(device)
@@ -285,6 +302,7 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse
         wi = describe(workspace, "workspace", s)
         if wi.strides != contiguous_strides(wi.shape):
             raise InvalidArgumentError("workspace must be contiguous")
+        check_known_to_driver((wi,))
         ws_ptr, ws_bytes = wi.ptr, math.prod(wi.shape) * wi.itemsize
     elif needed:
         ws_keep = _allocate(qi, (needed,), "uint8", s, "workspace")

@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "a34329dd091da11f7f552b564fc00fbf68d0cb7851fb938705a2e352165f2600"
+HEADER_SHA256 = "94332daeda7835d98fffd8c225c6c6f758efa4bb98f3d795f00dcd0c974b4bb3"
 
 FLASHCORE_VERSION_MAJOR = 0
 
@@ -39,7 +39,9 @@ class Status(enum.IntEnum):
     # The workspace passed is smaller than flashcore_forward_workspace_size
     # asked for (see "Workspace" below).
     WORKSPACE_TOO_SMALL = 4
-    # No CUDA device is visible, or the NVIDIA driver is missing or too old.
+    # No CUDA device is visible, or the NVIDIA driver is missing (the
+    # message says "no NVIDIA driver found") or too old for this library
+    # (the message gives both versions).
     NO_DEVICE = 5
     # The CUDA runtime reported an error (the message names it).
     CUDA_ERROR = 6
@@ -124,7 +126,16 @@ FLASHCORE_MAX_NUM_SPLITS = 128
 # addressed through element strides (not bytes), so [B,S,H,D], [B,H,S,D] and
 # views with padding all work. Strides must be >= 0 and multiples of
 # FLASHCORE_ALIGNMENT / sizeof(element) (8 for fp16/bf16); `out` must not
-# overlap itself (its strides must give each element its own address).
+# overlap itself (its strides must give each element its own address;
+# interleaved layouts are fine), nor any other tensor (see "Aliasing" at
+# the top).
+#
+# Empty calls: batch_size, seqlen_q or num_heads_q may be 0. The output is
+# then empty and the call returns FLASHCORE_STATUS_SUCCESS having read,
+# written and launched nothing (its workspace size is 0, and its pointers
+# and strides are not looked at), as PyTorch returns an empty result.
+# num_heads_kv may be 0 only with num_heads_q 0, seqlen_k only in an empty
+# call; head_dim is never 0.
 #
 # Grouped-query / multi-query attention: num_heads_q must be a multiple of
 # num_heads_kv; query head h reads key/value head h / (num_heads_q / num_heads_kv).
@@ -153,7 +164,9 @@ class flashcore_forward_params(ctypes.Structure):
         # lse = -infinity.
         ("causal", ctypes.c_int32),
         # Multiplies Q*K^T before the softmax. Must be finite and > 0, or
-        # FLASHCORE_SOFTMAX_SCALE_DEFAULT (0) for 1 / sqrt(head_dim).
+        # FLASHCORE_SOFTMAX_SCALE_DEFAULT (0) for 1 / sqrt(head_dim); and
+        # softmax_scale * log2(e) must be a finite float too (the kernels
+        # exponentiate with exp2): at most about 2.36e38.
         ("softmax_scale", ctypes.c_float),
         ("q", ctypes.c_void_p),
         ("k", ctypes.c_void_p),
@@ -206,7 +219,9 @@ class flashcore_forward_params(ctypes.Structure):
 # partial_out and out must be FLASHCORE_ALIGNMENT aligned, their strides
 # multiples of FLASHCORE_ALIGNMENT bytes, and head_dim a multiple of 8;
 # partial_lse and lse are 4-byte aligned. out and lse must not overlap the
-# partials or each other.
+# partials or each other (checked as address ranges, see "Aliasing").
+# batch_size, num_heads or seqlen may be 0: the call then succeeds having
+# done nothing; num_states and head_dim are >= 1.
 class flashcore_merge_params(ctypes.Structure):
     """struct flashcore_merge_params; pointer fields are addresses (ints)."""
 
@@ -252,7 +267,7 @@ FUNCTIONS = (
     # The same version as a static string, "MAJOR.MINOR.PATCH".
     ("flashcore_version_string", ctypes.c_char_p, ()),
     # A static, human-readable name for a status ("invalid argument", ...).
-    # Never NULL; unknown values give "unknown status".
+    # Never NULL; any other int value gives "unknown status".
     ("flashcore_status_string", ctypes.c_char_p, (
         ("status", flashcore_status),
     )),
@@ -275,6 +290,11 @@ FUNCTIONS = (
     )),
     # Releases a handle. Passing NULL is allowed and does nothing. Work already
     # queued by flashcore_forward is not waited for and stays valid.
+    # A handle carries a magic value that every call checks and that destroy
+    # clears: a destroyed handle (or a pointer that never was one) passed to any
+    # function returns FLASHCORE_STATUS_INVALID_ARGUMENT, "not a live flashcore
+    # handle", as long as its memory can still be read; this catches mistakes,
+    # it does not make using a destroyed handle valid.
     ("flashcore_destroy", flashcore_status, (
         ("handle", flashcore_handle),
     )),
@@ -293,7 +313,10 @@ FUNCTIONS = (
     )),
     # Sets all twelve strides for densely packed q, k, v and out in the given
     # layout, from batch_size, seqlen_q, seqlen_k, num_heads_q, num_heads_kv,
-    # head_dim and head_dim_v (which must be set first; all but head_dim_v > 0).
+    # head_dim and head_dim_v (which must be set first: head_dim > 0, the
+    # others >= 0 as for an empty call). The products are exact: where a packed
+    # tensor would span more than 2^63 bytes, it returns
+    # FLASHCORE_STATUS_INVALID_ARGUMENT and writes nothing.
     ("flashcore_set_contiguous_strides", flashcore_status, (
         ("params", ctypes.POINTER(flashcore_forward_params)),
         ("layout", flashcore_layout),

@@ -9,6 +9,7 @@ import sys
 import threading
 
 from . import _ffi
+from ._checked import fits
 from ._errors import FlashcoreError, LibraryError, error_for_status
 
 ENV_VAR = "FLASHCORE_LIBRARY"
@@ -195,7 +196,8 @@ class Handle:
         if device is None:
             self._lib.check(self._lib.cdll.flashcore_create(ctypes.byref(raw)))
         else:
-            self._lib.check(self._lib.cdll.flashcore_create_for_device(ctypes.byref(raw), int(device)))
+            device = fits(device, ctypes.c_int32, "device")
+            self._lib.check(self._lib.cdll.flashcore_create_for_device(ctypes.byref(raw), device))
         self._raw = raw
         ordinal = ctypes.c_int(-1)
         self._lib.check(self._lib.cdll.flashcore_handle_device(raw, ctypes.byref(ordinal)))
@@ -222,14 +224,18 @@ class Handle:
 
     def forward(self, params, workspace=0, workspace_bytes=0, stream=0):
         """Queues flashcore_forward. workspace and stream are raw addresses (ints)."""
-        self._lib.check(self._lib.cdll.flashcore_forward(self._live(), ctypes.byref(params), workspace or None,
-                                                         workspace_bytes, stream or None))
+        workspace = fits(workspace or None, ctypes.c_void_p, "workspace")
+        workspace_bytes = fits(workspace_bytes, ctypes.c_size_t, "workspace_bytes")
+        stream = fits(stream or None, ctypes.c_void_p, "stream")
+        self._lib.check(self._lib.cdll.flashcore_forward(self._live(), ctypes.byref(params), workspace,
+                                                         workspace_bytes, stream))
 
     def merge_states(self, params, stream=0):
         """Queues flashcore_merge_states (a flashcore.MergeParams, e.g. from
         flashcore.merge_params). stream is a raw cudaStream_t (an int); the
         call needs no workspace."""
-        self._lib.check(self._lib.cdll.flashcore_merge_states(self._live(), ctypes.byref(params), stream or None))
+        stream = fits(stream or None, ctypes.c_void_p, "stream")
+        self._lib.check(self._lib.cdll.flashcore_merge_states(self._live(), ctypes.byref(params), stream))
 
     def close(self):
         raw, self._raw = getattr(self, "_raw", None), None

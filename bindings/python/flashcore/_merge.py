@@ -2,7 +2,8 @@
 the keys (flashcore_merge_states), and the parameter building under it."""
 
 from . import _ffi
-from ._arrays import contiguous_strides, current_stream, describe, stream_pointer
+from ._arrays import check_known_to_driver, contiguous_strides, current_stream, describe, stream_pointer
+from ._checked import set_fields
 from ._attention import _View, _allocate, _check_int32_sizes, _check_lse, _check_one_device, _layout
 from ._errors import InvalidArgumentError, UnsupportedError
 from ._library import get_handle, library
@@ -74,16 +75,18 @@ def _build(lib, partial_out, partial_lse, out, lse, layout):
     p = lib.new_merge_params()
     p.partial_dtype = MERGE_DTYPES[partial_out.dtype]
     p.out_dtype = MERGE_DTYPES[out_dtype]
-    p.num_states, p.batch_size, p.num_heads, p.seqlen, p.head_dim = pv.shape
-    p.partial_out, p.partial_lse, p.out = partial_out.ptr, partial_lse.ptr, out.ptr
-    p.lse = lse.ptr if lse is not None else None
+    states, batch, heads, seqlen, head_dim = pv.shape
+    set_fields(p, num_states=states, batch_size=batch, num_heads=heads, seqlen=seqlen, head_dim=head_dim,
+               partial_out=partial_out.ptr, partial_lse=partial_lse.ptr, out=out.ptr,
+               lse=lse.ptr if lse is not None else None)
     state, batch, head, seq, _ = pv.aligned_strides()
-    p.partial_state_stride, p.partial_batch_stride, p.partial_head_stride, p.partial_seq_stride = state, batch, head, seq
+    set_fields(p, partial_state_stride=state, partial_batch_stride=batch, partial_head_stride=head,
+               partial_seq_stride=seq)
     # partial_lse is [K, B, H, S] whatever the layout; 4-byte elements need no stride rule.
     state, batch, head, seq = partial_lse.strides
-    p.lse_state_stride, p.lse_batch_stride, p.lse_head_stride, p.lse_seq_stride = state, batch, head, seq
+    set_fields(p, lse_state_stride=state, lse_batch_stride=batch, lse_head_stride=head, lse_seq_stride=seq)
     batch, head, seq, _ = ov.aligned_strides()
-    p.out_batch_stride, p.out_head_stride, p.out_seq_stride = batch, head, seq
+    set_fields(p, out_batch_stride=batch, out_head_stride=head, out_seq_stride=seq)
     return p
 
 
@@ -155,6 +158,10 @@ def merge_states(partial_out, partial_lse, *, out=None, lse=None, return_lse=Tru
         lse = _allocate(pi, pv.shape[1:4], "float32", s, "lse")
         li = describe(lse, "lse", s)
     params = _build(lib, pi, pli, oi, li, layout)
+    if 0 in (params.batch_size, params.num_heads, params.seqlen):
+        # An empty result (flashcore.h): nothing to merge, nothing launched.
+        return (out, lse) if return_lse else out
+    check_known_to_driver((pi, pli, oi, li))
     device = next((a.device for a in (pi, pli, oi) if a.device is not None), None)
     get_handle(device).merge_states(params, s)
     return (out, lse) if return_lse else out

@@ -766,3 +766,164 @@ def test_merge_without_gpu_reports_no_device(lib, gpu_present):
         flashcore.merge_states(partial, plse, out=out, lse=lse)
     with pytest.raises(flashcore.NoDeviceError):
         flashcore.merge_states(partial, plse, out=out, return_lse=False)
+
+
+# --------------------------------------------------------------------------
+# Issue 15 (hardening): integers ctypes would wrap, malformed array
+# descriptions, argument types, empty inputs
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["pointer", "stride", "lse pointer"])
+def test_integers_that_do_not_fit_are_refused(lib, case):
+    # ctypes alone stores 2**64 + a as a, and a stride of 2**64 + 8 as 8.
+    q, k, v, out = fake_qkv()
+    lse = None
+    if case == "pointer":
+        q = FakeCudaArray((2, 8, 100, 64), ptr=2**64 + fake_ptr(0))
+    elif case == "stride":
+        k = FakeCudaArray((2, 2, 120, 64), strides=(2**64 + 8, 120 * 64 * 2, 64 * 2, 2), index=1)
+    else:
+        lse = FakeCudaArray((2, 8, 100), typestr="<f4", ptr=2**64 + fake_ptr(4))
+    with pytest.raises(flashcore.InvalidArgumentError, match="does not fit|within the address space"):
+        flashcore.forward_params(q, k, v, out, lse=lse)
+
+
+def test_handle_arguments_that_do_not_fit_are_refused(lib):
+    with pytest.raises(flashcore.InvalidArgumentError, match="device .* does not fit the C API's int32_t"):
+        flashcore.Handle(device=2**32)
+    with pytest.raises(TypeError, match="device must be an int"):
+        flashcore.Handle(device=0.5)
+
+
+def _cai(**overrides):
+    cai = {"shape": (2, 8, 100, 64), "typestr": "<f2", "data": (fake_ptr(0), False), "strides": None,
+           "version": 3, "stream": None}
+    for key, value in overrides.items():
+        if value is KeyError:
+            del cai[key]
+        else:
+            cai[key] = value
+    return cai
+
+
+class _RawCai:
+    def __init__(self, cai):
+        self.__cuda_array_interface__ = cai
+
+
+@pytest.mark.parametrize("overrides,key", [
+    ({"shape": KeyError}, "'shape'"),
+    ({"shape": (2, 8, 100, 64.5)}, "['shape']"),
+    ({"shape": (2, 8, 100.0, 64)}, "['shape']"),
+    ({"shape": (2, 8, True, 64)}, "['shape']"),
+    ({"shape": (2, 8, -1, 64)}, "['shape']"),
+    ({"shape": "2x8"}, "['shape']"),
+    ({"typestr": KeyError}, "'typestr'"),
+    ({"typestr": "f2"}, "['typestr']"),
+    ({"typestr": "<f"}, "['typestr']"),
+    ({"typestr": 2}, "['typestr']"),
+    ({"data": KeyError}, "'data'"),
+    ({"data": (fake_ptr(0),)}, "['data']"),
+    ({"data": ("0x1000", False)}, "['data']"),
+    ({"data": (2**64, False)}, "['data']"),
+    ({"data": (-16, False)}, "['data']"),
+    ({"strides": (1, 2, 3)}, "['strides']"),
+    ({"strides": (8 * 100 * 128, 100 * 128, 128, 2, 2)}, "['strides']"),
+    ({"strides": (8 * 100 * 128, 100 * 128, 128.0, 2)}, "['strides']"),
+    ({"version": "3"}, "['version']"),
+    ({"stream": 1.5}, "['stream']"),
+])
+def test_malformed_cuda_array_interface_names_the_key(overrides, key):
+    with pytest.raises(flashcore.InvalidArgumentError) as info:
+        _arrays.describe(_RawCai(_cai(**overrides)), "q")
+    assert str(info.value).count("q: __cuda_array_interface__") == 1 and key in str(info.value), str(info.value)
+
+
+def test_cuda_array_interface_must_be_a_dict():
+    with pytest.raises(TypeError, match="q: __cuda_array_interface__ must be a dict"):
+        _arrays.describe(_RawCai([("shape", (1,))]), "q")
+    _arrays.describe(_RawCai(_cai()), "q")  # the well-formed one is read
+
+
+def test_malformed_dlpack_is_refused():
+    x = FakeDLPackArray((2, 8, 100, 64))
+    x._managed.dl_tensor.ndim = 1000
+    with pytest.raises(flashcore.InvalidArgumentError, match="DLPack ndim"):
+        _arrays.describe(x, "q")
+    x = FakeDLPackArray((2, 8, -3, 64))
+    with pytest.raises(flashcore.InvalidArgumentError, match="DLPack shape entry 2"):
+        _arrays.describe(x, "q")
+    x = FakeDLPackArray((2, 8, 100, 64), bits=12)
+    with pytest.raises(flashcore.InvalidArgumentError, match="whole number of bytes"):
+        _arrays.describe(x, "q")
+
+
+@pytest.mark.parametrize("kwargs,cls,match", [
+    ({"softmax_scale": True}, TypeError, "softmax_scale"),
+    ({"softmax_scale": "0.5"}, TypeError, "softmax_scale"),
+    ({"softmax_scale": 1e39}, flashcore.InvalidArgumentError, "float32"),
+    ({"layout": 1.0}, TypeError, "layout"),
+    ({"layout": True}, TypeError, "layout"),
+    ({"layout": 2}, flashcore.InvalidArgumentError, "layout"),
+    ({"num_splits": 2.0}, TypeError, "num_splits"),
+])
+def test_argument_types_are_checked(lib, kwargs, cls, match):
+    q, k, v, out = fake_qkv()
+    with pytest.raises(cls, match=match):
+        flashcore.attention(q, k, v, out=out, **kwargs)
+    # The integer spelling of a layout still works.
+    flashcore.check_params(flashcore.forward_params(q, k, v, out, layout=0))
+
+
+@pytest.mark.parametrize("shape", [(0, 8, 100, 64), (2, 8, 0, 64), (2, 0, 100, 64)])
+def test_empty_inputs_give_an_empty_result(lib, shape):
+    # As PyTorch: an empty output, nothing launched, no GPU needed; the
+    # pointers of empty arrays (often NULL) are not looked at.
+    b, h, s, d = shape
+    q = FakeCudaArray(shape, ptr=0)
+    k = FakeCudaArray((b, 2 if h else 0, 120, d), ptr=0)
+    v = FakeCudaArray((b, 2 if h else 0, 120, d), ptr=0)
+    out = FakeCudaArray(shape, ptr=0)
+    assert flashcore.attention(q, k, v, out=out) is out
+    lse = FakeCudaArray(shape[:3], typestr="<f4", ptr=0)
+    assert flashcore.attention(q, k, v, out=out, lse=lse, return_lse=True) == (out, lse)
+    flashcore.check_params(flashcore.forward_params(q, k, v, out))
+
+
+def test_empty_merge_gives_an_empty_result(lib):
+    partial = FakeCudaArray((3, 0, 8, 10, 64), ptr=0)
+    partial_lse = FakeCudaArray((3, 0, 8, 10), typestr="<f4", ptr=0)
+    out = FakeCudaArray((0, 8, 10, 64), ptr=0)
+    assert flashcore.merge_states(partial, partial_lse, out=out, return_lse=False) is out
+
+
+def test_keys_missing_where_rows_need_them_are_refused(lib):
+    q, _, _, out = fake_qkv()
+    k, v = FakeCudaArray((2, 2, 0, 64), index=1), FakeCudaArray((2, 2, 0, 64), index=2)
+    err = _raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.attention(q, k, v, out=out))
+    assert "seqlen_k (0)" in err.message
+
+
+def test_aliased_output_is_refused_by_the_library(lib):
+    q, k, v, _ = fake_qkv()
+    out = FakeCudaArray((2, 8, 100, 64), index=1)  # k's memory
+    err = _raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.attention(q, k, v, out=out))
+    assert err.message.startswith("out (bytes 0x") and "overlaps k" in err.message
+    # q, k and v may share memory.
+    shared = FakeCudaArray((2, 8, 100, 64), index=0)
+    flashcore.check_params(flashcore.forward_params(shared, shared, shared, FakeCudaArray((2, 8, 100, 64), index=3)))
+
+
+def test_pointers_unknown_to_the_driver_are_refused(lib, monkeypatch):
+    # A driver that knows no pointer: arrays without a framework are checked
+    # with it before anything is queued.
+    class NoPointers:
+        @staticmethod
+        def cuPointerGetAttribute(*args):
+            return 1  # CUDA_ERROR_INVALID_VALUE
+
+    monkeypatch.setattr(_arrays, "_cuda_driver", [NoPointers()])
+    q, k, v, out = fake_qkv()
+    with pytest.raises(flashcore.InvalidArgumentError, match=r"q \(0x[0-9a-f]+\) is not device memory the CUDA driver"):
+        flashcore.attention(q, k, v, out=out)

@@ -34,7 +34,9 @@ pub const FLASHCORE_STATUS_MISALIGNED: flashcore_status = 3;
 #[doc = " The workspace passed is smaller than flashcore_forward_workspace_size"]
 #[doc = " asked for (see \"Workspace\" below)."]
 pub const FLASHCORE_STATUS_WORKSPACE_TOO_SMALL: flashcore_status = 4;
-#[doc = " No CUDA device is visible, or the NVIDIA driver is missing or too old."]
+#[doc = " No CUDA device is visible, or the NVIDIA driver is missing (the"]
+#[doc = " message says \"no NVIDIA driver found\") or too old for this library"]
+#[doc = " (the message gives both versions)."]
 pub const FLASHCORE_STATUS_NO_DEVICE: flashcore_status = 5;
 #[doc = " The CUDA runtime reported an error (the message names it)."]
 pub const FLASHCORE_STATUS_CUDA_ERROR: flashcore_status = 6;
@@ -48,7 +50,7 @@ pub const FLASHCORE_STATUS_INTERNAL: flashcore_status = 8;
 pub type flashcore_status = core::ffi::c_uint;
 extern "C" {
     #[doc = " A static, human-readable name for a status (\"invalid argument\", ...)."]
-    #[doc = " Never NULL; unknown values give \"unknown status\"."]
+    #[doc = " Never NULL; any other int value gives \"unknown status\"."]
     pub fn flashcore_status_string(status: flashcore_status) -> *const core::ffi::c_char;
 }
 extern "C" {
@@ -80,6 +82,11 @@ extern "C" {
 extern "C" {
     #[doc = " Releases a handle. Passing NULL is allowed and does nothing. Work already"]
     #[doc = " queued by flashcore_forward is not waited for and stays valid."]
+    #[doc = " A handle carries a magic value that every call checks and that destroy"]
+    #[doc = " clears: a destroyed handle (or a pointer that never was one) passed to any"]
+    #[doc = " function returns FLASHCORE_STATUS_INVALID_ARGUMENT, \"not a live flashcore"]
+    #[doc = " handle\", as long as its memory can still be read; this catches mistakes,"]
+    #[doc = " it does not make using a destroyed handle valid."]
     pub fn flashcore_destroy(handle: flashcore_handle) -> flashcore_status;
 }
 extern "C" {
@@ -114,7 +121,16 @@ pub type flashcore_layout = core::ffi::c_uint;
 #[doc = " addressed through element strides (not bytes), so [B,S,H,D], [B,H,S,D] and"]
 #[doc = " views with padding all work. Strides must be >= 0 and multiples of"]
 #[doc = " FLASHCORE_ALIGNMENT / sizeof(element) (8 for fp16/bf16); `out` must not"]
-#[doc = " overlap itself (its strides must give each element its own address)."]
+#[doc = " overlap itself (its strides must give each element its own address;"]
+#[doc = " interleaved layouts are fine), nor any other tensor (see \"Aliasing\" at"]
+#[doc = " the top)."]
+#[doc = ""]
+#[doc = " Empty calls: batch_size, seqlen_q or num_heads_q may be 0. The output is"]
+#[doc = " then empty and the call returns FLASHCORE_STATUS_SUCCESS having read,"]
+#[doc = " written and launched nothing (its workspace size is 0, and its pointers"]
+#[doc = " and strides are not looked at), as PyTorch returns an empty result."]
+#[doc = " num_heads_kv may be 0 only with num_heads_q 0, seqlen_k only in an empty"]
+#[doc = " call; head_dim is never 0."]
 #[doc = ""]
 #[doc = " Grouped-query / multi-query attention: num_heads_q must be a multiple of"]
 #[doc = " num_heads_kv; query head h reads key/value head h / (num_heads_q / num_heads_kv)."]
@@ -142,7 +158,9 @@ pub struct flashcore_forward_params {
     #[doc = " lse = -infinity."]
     pub causal: i32,
     #[doc = " Multiplies Q*K^T before the softmax. Must be finite and > 0, or"]
-    #[doc = " FLASHCORE_SOFTMAX_SCALE_DEFAULT (0) for 1 / sqrt(head_dim)."]
+    #[doc = " FLASHCORE_SOFTMAX_SCALE_DEFAULT (0) for 1 / sqrt(head_dim); and"]
+    #[doc = " softmax_scale * log2(e) must be a finite float too (the kernels"]
+    #[doc = " exponentiate with exp2): at most about 2.36e38."]
     pub softmax_scale: f32,
     pub q: *const core::ffi::c_void,
     pub k: *const core::ffi::c_void,
@@ -197,7 +215,10 @@ extern "C" {
 extern "C" {
     #[doc = " Sets all twelve strides for densely packed q, k, v and out in the given"]
     #[doc = " layout, from batch_size, seqlen_q, seqlen_k, num_heads_q, num_heads_kv,"]
-    #[doc = " head_dim and head_dim_v (which must be set first; all but head_dim_v > 0)."]
+    #[doc = " head_dim and head_dim_v (which must be set first: head_dim > 0, the"]
+    #[doc = " others >= 0 as for an empty call). The products are exact: where a packed"]
+    #[doc = " tensor would span more than 2^63 bytes, it returns"]
+    #[doc = " FLASHCORE_STATUS_INVALID_ARGUMENT and writes nothing."]
     pub fn flashcore_set_contiguous_strides(
         params: *mut flashcore_forward_params,
         layout: flashcore_layout,
@@ -268,7 +289,9 @@ extern "C" {
 #[doc = " partial_out and out must be FLASHCORE_ALIGNMENT aligned, their strides"]
 #[doc = " multiples of FLASHCORE_ALIGNMENT bytes, and head_dim a multiple of 8;"]
 #[doc = " partial_lse and lse are 4-byte aligned. out and lse must not overlap the"]
-#[doc = " partials or each other."]
+#[doc = " partials or each other (checked as address ranges, see \"Aliasing\")."]
+#[doc = " batch_size, num_heads or seqlen may be 0: the call then succeeds having"]
+#[doc = " done nothing; num_states and head_dim are >= 1."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct flashcore_merge_params {

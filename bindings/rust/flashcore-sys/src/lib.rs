@@ -100,16 +100,17 @@ mod tests {
         let (q_strides, kv_strides) = ([24 * 6 * 64, 6 * 64, 64], [40 * 3 * 64, 3 * 64, 64]);
         assert_eq!(strides, [q_strides, kv_strides, kv_strides, q_strides]);
 
-        // The library finds every pointer where Rust put it.
+        // The library finds every pointer where Rust put it (fake addresses
+        // far enough apart that out overlaps no other tensor).
         let mut lse = 0.0f32;
-        (params.q, params.k, params.v) = (0x1000 as *const _, 0x2000 as *const _, 0x3000 as *const _);
-        (params.out, params.lse) = (0x4000 as *mut _, &mut lse);
+        (params.q, params.k, params.v) = (0x1000_0000 as *const _, 0x2000_0000 as *const _, 0x3000_0000 as *const _);
+        (params.out, params.lse) = (0x4000_0000 as *mut _, &mut lse);
         assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
-        params.v = 0x3008 as *const _;
+        params.v = 0x3000_0008 as *const _;
         assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_MISALIGNED);
 
         // head_dim_v, the field after the strides, is read where Rust wrote it.
-        params.v = 0x3000 as *const _;
+        params.v = 0x3000_0000 as *const _;
         params.head_dim_v = 32;
         let status = unsafe { flashcore_set_contiguous_strides(&mut params, FLASHCORE_LAYOUT_BSHD) };
         assert_eq!(status, FLASHCORE_STATUS_SUCCESS);

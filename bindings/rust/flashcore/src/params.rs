@@ -714,7 +714,7 @@ mod tests {
             ("head_dim 264, wider than every kernel", |b| b.head_dim(264), Status::Unsupported),
             ("head_dim_v 264, wider than every kernel", |b| b.head_dim_v(264), Status::Unsupported),
             ("12 q heads on 5 kv heads", |b| b.num_heads_q(12).num_heads_kv(5), Status::InvalidArgument),
-            ("batch_size 0", |b| b.batch_size(0), Status::InvalidArgument),
+            ("negative batch_size", |b| b.batch_size(-2), Status::InvalidArgument),
             ("negative seqlen_k", |b| b.seqlen_k(-3), Status::InvalidArgument),
             ("negative softmax_scale", |b| b.softmax_scale(-1.0), Status::InvalidArgument),
             ("NaN softmax_scale", |b| b.softmax_scale(f32::NAN), Status::InvalidArgument),

@@ -1,0 +1,399 @@
+// Host fuzzer of the C API's validation: random flashcore_forward_params
+// (mostly near the edges of each rule) against a small model of the rules
+// flashcore.h states. For each call the model lists the statuses the header
+// allows (every rule the parameters break gives one; the library reports
+// the first it checks); the call must return one of them, say why on
+// failure and nothing on success, never write its const input, and
+// flashcore_set_contiguous_strides must write exactly the packed strides or
+// nothing. Without a GPU no handle exists, so flashcore_forward is fuzzed
+// with NULL and made-up handles (which must be refused as such).
+//
+//   fuzz_api [--calls N] [--seed S]
+//
+// Runs N calls with the fixed seed 15, then N with S (default: random,
+// printed so a failure can be replayed). Exits 1 on the first mismatch,
+// printing the parameters.
+#include <algorithm>
+#include <cfloat>
+#include <cinttypes>
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "flashcore.h"
+
+extern "C" flashcore_status set_contiguous_strides_of_int(flashcore_forward_params *params, int value);
+
+namespace {
+
+using i128 = __int128;
+
+constexpr size_t kSizeV0_1 = offsetof(flashcore_forward_params, head_dim_v);
+constexpr size_t kSizeV0_2 = offsetof(flashcore_forward_params, num_splits);
+constexpr int kMaxBruteForceRows = 512;
+
+std::vector<std::pair<int32_t, int32_t>> g_head_dims;  // flashcore_supported_head_dims
+
+struct Rng {
+    std::mt19937_64 engine;
+    uint64_t next() { return engine(); }
+    uint64_t below(uint64_t n) { return next() % n; }
+    bool chance(int percent) { return below(100) < uint64_t(percent); }
+    template <typename T, size_t N>
+    T pick(const T (&values)[N]) { return values[below(N)]; }
+};
+
+int32_t random_size(Rng &r) {
+    if (r.chance(85)) return int32_t(r.below(7));  // 0..6: small enough to model exactly
+    const int32_t edges[] = {-1, -7, 8, 100, 1 << 20, 1 << 30, (1 << 30) + 1, INT32_MAX, INT32_MIN};
+    return r.pick(edges);
+}
+
+int64_t random_stride(Rng &r, int64_t packed) {
+    if (r.chance(60)) return packed;
+    const int64_t edges[] = {0, -8, 4, 8, 64, 72, 128, 512, int64_t(1) << 40, int64_t(1) << 62, INT64_MAX, INT64_MIN};
+    if (r.chance(50)) return int64_t(r.below(100)) * 8;  // small multiples of 8: interleavings
+    return r.chance(50) ? packed + 8 * (int64_t(r.below(9)) - 4) : r.pick(edges);
+}
+
+// A set of fake, 16-byte aligned device addresses: tensors apart, or made
+// to overlap another tensor, or null, or misaligned.
+const void *random_pointer(Rng &r, int index, const std::vector<uintptr_t> &others) {
+    const uintptr_t base = (uintptr_t(index) + 1) << 44;
+    if (r.chance(93)) return reinterpret_cast<const void *>(base);
+    const int kind = int(r.below(4));
+    if (kind == 0) return nullptr;
+    if (kind == 1) return reinterpret_cast<const void *>(base + 2 * (1 + r.below(7)));  // misaligned for 16
+    if (kind == 2 && !others.empty()) {
+        return reinterpret_cast<const void *>(others[r.below(others.size())] + 16 * r.below(64));  // alias
+    }
+    return reinterpret_cast<const void *>(base + 16 * r.below(1024));
+}
+
+struct Expected {
+    std::set<int> statuses;  // rules broken
+    bool unsure = false;     // the model cannot tell whether out overlaps itself
+    void add(flashcore_status s) { statuses.insert(int(s)); }
+};
+
+struct Tensor {
+    const char *name;
+    const void *ptr;
+    i128 batch, seqlen, heads, dim;
+    int64_t bs, ss, hs;
+};
+
+i128 last_offset(const Tensor &t) {
+    return (t.dim - 1) + (t.batch - 1) * t.bs + (t.seqlen - 1) * t.ss + (t.heads - 1) * t.hs;
+}
+
+// Brute force: do two (b, s, h) rows of out share an element?
+int self_overlap(const Tensor &t) {  // 1 yes, 0 no, -1 too large to tell
+    if (t.batch * t.seqlen * t.heads > kMaxBruteForceRows) return -1;
+    std::vector<i128> starts;
+    for (i128 b = 0; b < t.batch; ++b)
+        for (i128 s = 0; s < t.seqlen; ++s)
+            for (i128 h = 0; h < t.heads; ++h) starts.push_back(b * t.bs + s * t.ss + h * t.hs);
+    std::sort(starts.begin(), starts.end());
+    for (size_t i = 1; i < starts.size(); ++i)
+        if (starts[i] - starts[i - 1] < t.dim) return 1;
+    return 0;
+}
+
+bool covered(int32_t d, int32_t dv) {
+    for (const auto &p : g_head_dims)
+        if (p.first >= d && p.second >= dv) return true;
+    return false;
+}
+
+// The model: what flashcore.h says flashcore_forward_check returns.
+Expected model_check(const flashcore_forward_params &in) {
+    Expected e;
+    if (in.struct_size < kSizeV0_1 || in.struct_size > 64 * 1024) {
+        e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        return e;  // nothing else is read
+    }
+    flashcore_forward_params p = in;
+    if (p.struct_size <= kSizeV0_1) p.head_dim_v = 0;
+    if (p.struct_size <= kSizeV0_2) p.num_splits = 0;
+    const bool empty = p.batch_size == 0 || p.seqlen_q == 0 || p.num_heads_q == 0;
+    const int32_t dv = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
+    if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16) e.add(FLASHCORE_STATUS_UNSUPPORTED);
+    bool sizes_ok = true;
+    for (int32_t v : {p.batch_size, p.seqlen_q, p.seqlen_k, p.num_heads_q, p.num_heads_kv}) sizes_ok &= v >= 0;
+    sizes_ok &= p.head_dim >= 1 && p.head_dim_v >= 0;
+    sizes_ok &= !(p.num_heads_kv == 0 && p.num_heads_q != 0) && !(p.seqlen_k == 0 && !empty);
+    if (!sizes_ok) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    if (p.num_heads_kv > 0 && p.num_heads_q % p.num_heads_kv != 0) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    if (p.head_dim >= 1 && p.head_dim_v >= 0 && (p.head_dim % 8 != 0 || dv % 8 != 0 || !covered(p.head_dim, dv)))
+        e.add(FLASHCORE_STATUS_UNSUPPORTED);
+    if (p.seqlen_q > (1 << 30) || p.seqlen_k > (1 << 30)) e.add(FLASHCORE_STATUS_UNSUPPORTED);
+    if (p.num_splits < 0 || p.num_splits > FLASHCORE_MAX_NUM_SPLITS) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    const float s = p.softmax_scale;
+    if (s != 0.f && !(std::isfinite(s) && s > 0.f)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    const float effective = s == 0.f ? 1.f / std::sqrt(float(std::max(p.head_dim, 1))) : s;
+    if (!std::isfinite(effective * 1.4426950408889634f)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    if (empty || !e.statuses.empty()) return e;  // pointers and strides of an empty call are not looked at
+
+    const Tensor tensors[] = {
+        {"q", p.q, p.batch_size, p.seqlen_q, p.num_heads_q, p.head_dim, p.q_batch_stride, p.q_seq_stride,
+         p.q_head_stride},
+        {"k", p.k, p.batch_size, p.seqlen_k, p.num_heads_kv, p.head_dim, p.k_batch_stride, p.k_seq_stride,
+         p.k_head_stride},
+        {"v", p.v, p.batch_size, p.seqlen_k, p.num_heads_kv, dv, p.v_batch_stride, p.v_seq_stride, p.v_head_stride},
+        {"out", p.out, p.batch_size, p.seqlen_q, p.num_heads_q, dv, p.out_batch_stride, p.out_seq_stride,
+         p.out_head_stride},
+    };
+    bool tensors_ok = true;
+    for (const Tensor &t : tensors) {
+        if (t.ptr == nullptr) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        if (reinterpret_cast<uintptr_t>(t.ptr) % 16 != 0) e.add(FLASHCORE_STATUS_MISALIGNED);
+        for (int64_t st : {t.bs, t.ss, t.hs}) {
+            if (st < 0) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+            if (st % 8 != 0) e.add(FLASHCORE_STATUS_MISALIGNED);
+        }
+        tensors_ok &= t.ptr != nullptr && t.bs >= 0 && t.ss >= 0 && t.hs >= 0;
+        if (tensors_ok && last_offset(t) * 2 > i128(INT64_MAX)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    }
+    const bool lse_misaligned = p.lse != nullptr && reinterpret_cast<uintptr_t>(p.lse) % 4 != 0;
+    if (lse_misaligned) e.add(FLASHCORE_STATUS_MISALIGNED);
+    if (!tensors_ok || e.statuses.size() > size_t(lse_misaligned)) return e;
+    const int overlap = self_overlap(tensors[3]);
+    if (overlap == 1) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    e.unsure = overlap < 0;
+    // Aliasing: out and lse against everything, as byte ranges.
+    struct Range {
+        i128 begin, end;
+        bool written;
+    };
+    std::vector<Range> ranges;
+    for (int i = 0; i < 4; ++i) {
+        const i128 begin = i128(reinterpret_cast<uintptr_t>(tensors[i].ptr));
+        ranges.push_back({begin, begin + (last_offset(tensors[i]) + 1) * 2, i == 3});
+    }
+    if (p.lse != nullptr) {
+        const i128 begin = i128(reinterpret_cast<uintptr_t>(p.lse));
+        ranges.push_back({begin, begin + i128(p.batch_size) * p.num_heads_q * p.seqlen_q * 4, true});
+    }
+    for (size_t i = 0; i < ranges.size(); ++i)
+        for (size_t j = 0; j < i; ++j)
+            if ((ranges[i].written || ranges[j].written) && ranges[i].begin < ranges[j].end &&
+                ranges[j].begin < ranges[i].end)
+                e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    return e;
+}
+
+flashcore_forward_params random_params(Rng &r) {
+    flashcore_forward_params p;
+    flashcore_forward_params_init(&p, sizeof p);
+    // Each field: mostly a valid value, sometimes one from the edges of its
+    // rule, so that both the success path and every refusal are frequent.
+    const int32_t bad_dtypes[] = {0, 3, 7, -1, INT32_MIN};
+    p.dtype = r.chance(92) ? int32_t(1 + r.below(2)) : r.pick(bad_dtypes);
+    p.batch_size = random_size(r);
+    p.seqlen_q = random_size(r);
+    p.seqlen_k = random_size(r);
+    p.num_heads_q = random_size(r);
+    p.num_heads_kv = r.chance(70) ? std::max(1, p.num_heads_q / int32_t(1 + r.below(3))) : random_size(r);
+    const int32_t dims[] = {8, 16, 32, 64, 96, 128, 192, 256, 0, -8, 4, 60, 72, 100, 264, INT32_MAX};
+    const auto &listed = g_head_dims[r.below(g_head_dims.size())];
+    p.head_dim = r.chance(80) ? listed.first : r.pick(dims);
+    const int32_t dims_v[] = {8, 64, 128, -8, 264, 60};
+    p.head_dim_v = r.chance(70) ? 0 : r.chance(50) ? listed.second : r.pick(dims_v);
+    p.causal = int32_t(r.below(2));
+    const float scales[] = {0.f, 0.125f, 1.f, -1.f, NAN, INFINITY, -0.f, 3e38f, 2.3e38f, 2.4e38f, FLT_MIN, 1e-45f};
+    p.softmax_scale = r.chance(80) ? 0.f : r.pick(scales);
+    const int32_t splits[] = {0, 1, 2, 128, 129, -1, INT32_MIN};
+    p.num_splits = r.chance(80) ? 0 : r.pick(splits);
+    // Strides: packed in a random layout, then some perturbed.
+    flashcore_forward_params packed = p;
+    if (set_contiguous_strides_of_int(&packed, int(r.below(2))) == FLASHCORE_STATUS_SUCCESS) p = packed;
+    for (int64_t *st : {&p.q_batch_stride, &p.q_seq_stride, &p.q_head_stride, &p.k_batch_stride, &p.k_seq_stride,
+                        &p.k_head_stride, &p.v_batch_stride, &p.v_seq_stride, &p.v_head_stride, &p.out_batch_stride,
+                        &p.out_seq_stride, &p.out_head_stride})
+        if (r.chance(4)) *st = random_stride(r, *st);
+    std::vector<uintptr_t> placed;
+    const void **slots[] = {&p.q, &p.k, &p.v};
+    for (int i = 0; i < 3; ++i) {
+        *slots[i] = random_pointer(r, i, placed);
+        placed.push_back(reinterpret_cast<uintptr_t>(*slots[i]));
+    }
+    p.out = const_cast<void *>(random_pointer(r, 3, placed));
+    placed.push_back(reinterpret_cast<uintptr_t>(p.out));
+    if (r.chance(60)) {
+        const void *lse = random_pointer(r, 4, placed);
+        if (r.chance(5)) lse = static_cast<const char *>(lse) + 4;  // 4-byte aligned, not 16: fine for lse
+        p.lse = static_cast<float *>(const_cast<void *>(lse));
+    }
+    const size_t sizes[] = {kSizeV0_1, kSizeV0_2, 0, 12, kSizeV0_1 - 1, size_t(1) << 40};
+    p.struct_size = r.chance(90) ? sizeof p : r.pick(sizes);
+    if (p.struct_size < sizeof p && p.struct_size >= kSizeV0_1) {
+        // Bytes past an older caller's struct are not its fields: garbage.
+        std::memset(reinterpret_cast<unsigned char *>(&p) + p.struct_size, 0xAB, sizeof p - p.struct_size);
+    }
+    return p;
+}
+
+void print_params(const flashcore_forward_params &p) {
+    std::fprintf(stderr,
+                 "  struct_size %zu dtype %d B %d Sq %d Sk %d Hq %d Hkv %d D %d Dv %d causal %d scale %g splits %d\n"
+                 "  q %p k %p v %p out %p lse %p\n",
+                 p.struct_size, p.dtype, p.batch_size, p.seqlen_q, p.seqlen_k, p.num_heads_q, p.num_heads_kv,
+                 p.head_dim, p.head_dim_v, p.causal, double(p.softmax_scale), p.num_splits, p.q, p.k, p.v, p.out,
+                 static_cast<void *>(p.lse));
+    std::fprintf(stderr,
+                 "  strides q %" PRId64 " %" PRId64 " %" PRId64 "  k %" PRId64 " %" PRId64 " %" PRId64 "  v %" PRId64
+                 " %" PRId64 " %" PRId64 "  out %" PRId64 " %" PRId64 " %" PRId64 " (batch seq head)\n",
+                 p.q_batch_stride, p.q_seq_stride, p.q_head_stride, p.k_batch_stride, p.k_seq_stride, p.k_head_stride,
+                 p.v_batch_stride, p.v_seq_stride, p.v_head_stride, p.out_batch_stride, p.out_seq_stride,
+                 p.out_head_stride);
+}
+
+bool check_forward(const flashcore_forward_params &p, uint64_t call) {
+    const Expected e = model_check(p);
+    flashcore_forward_params copy = p;
+    const flashcore_status got = flashcore_forward_check(&copy);
+    const std::string message = flashcore_last_error_message();
+    bool ok = std::memcmp(&copy, &p, sizeof p) == 0;
+    if (e.statuses.empty()) {
+        ok &= got == FLASHCORE_STATUS_SUCCESS || (e.unsure && got == FLASHCORE_STATUS_INVALID_ARGUMENT);
+    } else {
+        ok &= e.statuses.count(int(got)) == 1 || (e.unsure && got == FLASHCORE_STATUS_INVALID_ARGUMENT);
+    }
+    ok &= (got == FLASHCORE_STATUS_SUCCESS) == message.empty();
+    if (!ok) {
+        std::string allowed;
+        for (int s : e.statuses) allowed += std::string(allowed.empty() ? "" : ", ") + std::to_string(s);
+        std::fprintf(stderr, "call %" PRIu64 ": flashcore_forward_check returned %d (\"%s\"); the model allows {%s}%s\n",
+                     call, int(got), message.c_str(), allowed.empty() ? "0" : allowed.c_str(),
+                     e.unsure ? " (or 1: self-overlap not modelled at this size)" : "");
+        print_params(p);
+    }
+    return ok;
+}
+
+// flashcore_set_contiguous_strides: the packed strides, or nothing written.
+bool check_strides(const flashcore_forward_params &in, int layout, uint64_t call) {
+    flashcore_forward_params p = in;
+    const flashcore_status got = set_contiguous_strides_of_int(&p, layout);
+    bool expect_ok = (layout == 0 || layout == 1) && in.struct_size >= kSizeV0_1 && in.struct_size <= 64 * 1024;
+    const int32_t dv_raw = in.struct_size <= kSizeV0_1 ? 0 : in.head_dim_v;
+    const bool empty = in.batch_size == 0 || in.seqlen_q == 0 || in.num_heads_q == 0;
+    for (int32_t v : {in.batch_size, in.seqlen_q, in.seqlen_k, in.num_heads_q, in.num_heads_kv}) expect_ok &= v >= 0;
+    expect_ok &= in.head_dim >= 1 && dv_raw >= 0 && !(in.num_heads_kv == 0 && in.num_heads_q != 0) &&
+                 !(in.seqlen_k == 0 && !empty);
+    const i128 d = in.head_dim, dv = dv_raw == 0 ? in.head_dim : dv_raw;
+    const struct {
+        i128 s, h, dim;
+        int64_t batch, seq, head;
+    } want[] = {{in.seqlen_q, in.num_heads_q, d, p.q_batch_stride, p.q_seq_stride, p.q_head_stride},
+                {in.seqlen_k, in.num_heads_kv, d, p.k_batch_stride, p.k_seq_stride, p.k_head_stride},
+                {in.seqlen_k, in.num_heads_kv, dv, p.v_batch_stride, p.v_seq_stride, p.v_head_stride},
+                {in.seqlen_q, in.num_heads_q, dv, p.out_batch_stride, p.out_seq_stride, p.out_head_stride}};
+    bool ok = true;
+    if (expect_ok) {
+        for (const auto &w : want)
+            if (w.h * w.s * w.dim * std::max<i128>(in.batch_size, 1) * 2 > i128(INT64_MAX)) expect_ok = false;
+    }
+    if (expect_ok && got == FLASHCORE_STATUS_SUCCESS) {
+        for (const auto &w : want) {
+            const i128 seq = layout == 0 ? w.dim : w.h * w.dim, head = layout == 0 ? w.s * w.dim : w.dim;
+            ok &= w.batch == int64_t(w.h * w.s * w.dim) && w.seq == int64_t(seq) && w.head == int64_t(head);
+        }
+    } else {
+        ok &= !expect_ok && got == FLASHCORE_STATUS_INVALID_ARGUMENT && std::memcmp(&p, &in, sizeof p) == 0;
+    }
+    if (!ok) {
+        std::fprintf(stderr, "call %" PRIu64 ": flashcore_set_contiguous_strides(layout %d) returned %d (\"%s\"), "
+                     "the model expects %s\n", call, layout, int(got), flashcore_last_error_message(),
+                     expect_ok ? "the packed strides" : "INVALID_ARGUMENT and nothing written");
+        print_params(in);
+    }
+    return ok;
+}
+
+// Handles that are not live: refused by every call that takes one.
+bool check_handles(Rng &r, const flashcore_forward_params &p, uint64_t call) {
+    alignas(16) unsigned char fake[256];
+    for (unsigned char &b : fake) b = static_cast<unsigned char>(r.next());
+    const flashcore_handle handles[] = {nullptr, reinterpret_cast<flashcore_handle>(fake)};
+    for (flashcore_handle h : handles) {
+        size_t bytes = 0;
+        const flashcore_status a = flashcore_forward(h, &p, nullptr, size_t(r.next()), nullptr);
+        const flashcore_status b = flashcore_forward_workspace_size(h, &p, &bytes);
+        if (a != FLASHCORE_STATUS_INVALID_ARGUMENT || b != FLASHCORE_STATUS_INVALID_ARGUMENT) {
+            std::fprintf(stderr, "call %" PRIu64 ": a %s handle was not refused (%d, %d): %s\n", call,
+                         h == nullptr ? "NULL" : "made-up", int(a), int(b), flashcore_last_error_message());
+            return false;
+        }
+    }
+    return true;
+}
+
+struct Counts {
+    uint64_t calls = 0, successes = 0;
+};
+
+bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
+    Rng r{std::mt19937_64(seed)};
+    for (uint64_t i = 0; i < forward_calls; ++i) {
+        const flashcore_forward_params p = random_params(r);
+        if (!check_forward(p, i)) return false;
+        ++counts->calls;
+        counts->successes += flashcore_forward_check(&p) == FLASHCORE_STATUS_SUCCESS;
+        ++counts->calls;
+        if (i % 4 == 0) {
+            const int layouts[] = {0, 1, 0, 1, 2, -1, 7};
+            if (!check_strides(p, r.pick(layouts), i)) return false;
+            ++counts->calls;
+        }
+        if (i % 64 == 0) {
+            if (!check_handles(r, p, i)) return false;
+            counts->calls += 4;
+        }
+    }
+    return true;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    uint64_t calls = 500000;
+    uint64_t seed = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (std::strcmp(argv[i], "--calls") == 0) {
+            calls = std::strtoull(argv[i + 1], nullptr, 10);
+        } else if (std::strcmp(argv[i], "--seed") == 0) {
+            seed = std::strtoull(argv[i + 1], nullptr, 10);
+        } else {
+            std::fprintf(stderr, "usage: %s [--calls N] [--seed S]\n", argv[0]);
+            return 2;
+        }
+    }
+    size_t count = 0;
+    flashcore_supported_head_dims(nullptr, nullptr, 0, &count);
+    std::vector<int32_t> d(count), dv(count);
+    flashcore_supported_head_dims(d.data(), dv.data(), count, &count);
+    for (size_t i = 0; i < count; ++i) g_head_dims.emplace_back(d[i], dv[i]);
+
+    constexpr uint64_t kFixedSeed = 15;
+    Counts counts;
+    for (uint64_t s : {kFixedSeed, seed}) {
+        std::printf("fuzz_api: seed %" PRIu64 "%s, %" PRIu64 " parameter sets\n", s,
+                    s == kFixedSeed ? " (fixed)" : " (random; replay with --seed)", calls);
+        std::fflush(stdout);
+        if (!run(s, calls, &counts)) {
+            std::printf("fuzz_api: FAILED with seed %" PRIu64 "\n", s);
+            return 1;
+        }
+    }
+    std::printf("fuzz_api: %" PRIu64 " API calls, %" PRIu64 " valid parameter sets accepted, all as the model "
+                "says\n", counts.calls, counts.successes);
+    return 0;
+}
