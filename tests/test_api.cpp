@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <set>
@@ -707,9 +708,15 @@ TEST(Handle, NullArguments) {
 }
 
 // Without a GPU, creation reports the missing device; with one, it works.
+// FLASHCORE_TEST_EXPECT_NO_DEVICE (ctest's api.fake_old_driver): there must be
+// no device, and the message must start with this text.
 TEST(Handle, CreateMatchesDevicePresence) {
     std::string reason;
     const bool have_gpu = flashcore_test::cuda_device_available(&reason);
+    const char *expected = std::getenv("FLASHCORE_TEST_EXPECT_NO_DEVICE");
+    if (expected != nullptr && *expected != '\0') {
+        ASSERT_FALSE(have_gpu) << "FLASHCORE_TEST_EXPECT_NO_DEVICE is set, but a device is available";
+    }
     flashcore_handle h = reinterpret_cast<flashcore_handle>(fake_pointer(0x1234));
     const flashcore_status status = flashcore_create(&h);
     if (have_gpu) {
@@ -723,6 +730,9 @@ TEST(Handle, CreateMatchesDevicePresence) {
         // runtime's "driver version is insufficient").
         void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
         const std::string message = flashcore_last_error_message();
+        if (expected != nullptr && *expected != '\0') {
+            EXPECT_EQ(message.rfind(expected, 0), 0u) << message;
+        }
         if (driver == nullptr) {
             EXPECT_EQ(message.rfind("no NVIDIA driver found (libcuda.so.1 could not be loaded: ", 0), 0u) << message;
         } else {
