@@ -21,13 +21,15 @@ constexpr int kTimedCalls = 1000;
 constexpr double kMaxRelL2 = 5.7e-4;
 
 int run() {
-    std::string reason;
-    if (!cuda_device_available(&reason)) {
-        std::fprintf(stderr, "flashcore_demo needs an NVIDIA GPU (sm_80 or newer): %s\n", reason.c_str());
-        return 1;
-    }
+    // The library's own message says what is missing: the driver, a newer
+    // driver, a device, or a device of compute capability 8.0 or newer.
     flashcore_handle handle;
     flashcore_status status = flashcore_create(&handle);
+    if (status == FLASHCORE_STATUS_NO_DEVICE || status == FLASHCORE_STATUS_UNSUPPORTED) {
+        std::fprintf(stderr, "flashcore_demo needs an NVIDIA GPU (sm_80 or newer): %s\n",
+                     flashcore_last_error_message());
+        return 1;
+    }
     if (status != FLASHCORE_STATUS_SUCCESS) {
         std::fprintf(stderr, "flashcore_create: %s: %s\n", flashcore_status_string(status),
                      flashcore_last_error_message());

@@ -1,7 +1,5 @@
 #include "error.h"
 
-#include <dlfcn.h>
-
 #include <cstdarg>
 #include <cstdio>
 
@@ -71,34 +69,6 @@ flashcore_status fail_cuda(cudaError_t error, const char *operation) {
     }
     return fail(status, "%s failed: %s (%s, CUDA error %d)", operation, cudaGetErrorString(error),
                 cudaGetErrorName(error), int(error));
-}
-
-flashcore_status fail_no_device(cudaError_t error) {
-    constexpr const char *kNeeds = "flashcore needs an NVIDIA GPU of compute capability 8.0 or newer and its driver";
-    const flashcore_status status = fail_cuda(error, "cudaGetDeviceCount");
-    if (status != FLASHCORE_STATUS_NO_DEVICE) return status;
-    // Ask the driver library itself: the runtime reports a missing one as
-    // cudaErrorInsufficientDriver too.
-    void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-    if (driver == nullptr) {
-        const char *why = dlerror();
-        return fail(FLASHCORE_STATUS_NO_DEVICE, "no NVIDIA driver found: libcuda.so.1 cannot be loaded (%s); %s",
-                    why != nullptr ? why : "unknown reason", kNeeds);
-    }
-    int version = 0;
-    using DriverGetVersion = int (*)(int *);
-    const auto get_version = reinterpret_cast<DriverGetVersion>(dlsym(driver, "cuDriverGetVersion"));
-    const bool have_version = get_version != nullptr && get_version(&version) == 0;
-    dlclose(driver);
-    if (error == cudaErrorInsufficientDriver && have_version) {
-        return fail(FLASHCORE_STATUS_NO_DEVICE,
-                    "the NVIDIA driver is too old: it supports CUDA %d.%d, and this library's CUDA runtime is %d.%d "
-                    "(it needs a driver for CUDA %d.x or newer); %s",
-                    version / 1000, version % 1000 / 10, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10,
-                    CUDART_VERSION / 1000, kNeeds);
-    }
-    return fail(FLASHCORE_STATUS_NO_DEVICE, "no usable CUDA device: %s (%s); %s", cudaGetErrorString(error),
-                cudaGetErrorName(error), kNeeds);
 }
 
 const char *last_error_message() { return t_message; }

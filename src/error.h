@@ -34,11 +34,6 @@ bool is_sticky_cuda_error(cudaError_t error);
 // `error`.
 cudaError_t cleared(cudaError_t error);
 
-// NO_DEVICE (or the CUDA error) for a failed cudaGetDeviceCount, telling "no
-// NVIDIA driver found" (libcuda.so.1 cannot be loaded) from a driver too old
-// for this library's runtime and from no visible device.
-flashcore_status fail_no_device(cudaError_t error);
-
 const char *last_error_message();
 
 }  // namespace flashcore

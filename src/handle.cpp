@@ -1,6 +1,7 @@
 #include "handle.h"
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -86,6 +87,39 @@ flashcore_status read_env_overrides(const flashcore_handle_s &h, EnvOverrides *e
     return read_persistent_ctas(h, env);
 }
 
+// Why cudaGetDeviceCount found no usable device (err maps to NO_DEVICE):
+// no NVIDIA driver installed at all, a driver older than the CUDA runtime
+// linked into the library, or a driver that sees no device. The runtime
+// reports the first two alike (cudaErrorInsufficientDriver), so the driver's
+// presence is checked here the way the runtime loads it: libcuda.so.1.
+flashcore_status fail_no_device(cudaError_t err) {
+    constexpr const char *kNeeds = "flashcore needs an NVIDIA GPU of compute capability 8.0 or newer and its driver";
+    void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (driver == nullptr) {
+        const char *why = dlerror();
+        return fail(FLASHCORE_STATUS_NO_DEVICE, "no NVIDIA driver found (libcuda.so.1 could not be loaded: %s); %s",
+                    why != nullptr ? why : "no reason given", kNeeds);
+    }
+    dlclose(driver);
+    int driver_version = 0;  // as CUDA versions: 1000 * major + 10 * minor; 0 without a driver
+    if (cudaDriverGetVersion(&driver_version) != cudaSuccess) cudaGetLastError();
+    if (err == cudaErrorInsufficientDriver && driver_version > 0) {
+        return fail(FLASHCORE_STATUS_NO_DEVICE,
+                    "the NVIDIA driver (version for CUDA %d.%d) is older than this library's CUDA runtime (%d.%d) "
+                    "needs; update the driver (%s)",
+                    driver_version / 1000, driver_version % 1000 / 10, CUDART_VERSION / 1000,
+                    CUDART_VERSION % 1000 / 10, cudaGetErrorName(err));
+    }
+    if (driver_version == 0) {
+        return fail(FLASHCORE_STATUS_NO_DEVICE,
+                    "no NVIDIA driver found (libcuda.so.1 loads but reports no driver version: %s); %s",
+                    cudaGetErrorString(err), kNeeds);
+    }
+    return fail(FLASHCORE_STATUS_NO_DEVICE, "no usable CUDA device: %s (%s; NVIDIA driver for CUDA %d.%d); %s",
+                cudaGetErrorString(err), cudaGetErrorName(err), driver_version / 1000, driver_version % 1000 / 10,
+                kNeeds);
+}
+
 }  // namespace
 
 flashcore_status check_handle(const flashcore_handle_s *handle) {
@@ -104,7 +138,8 @@ flashcore_status create_handle(int device, flashcore_handle *handle) {
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess) {
         cudaGetLastError();  // the runtime keeps this error sticky otherwise
-        return fail_no_device(err);
+        const flashcore_status status = fail_cuda(err, "cudaGetDeviceCount");
+        return status == FLASHCORE_STATUS_NO_DEVICE ? fail_no_device(err) : status;
     }
     if (count == 0) return fail(FLASHCORE_STATUS_NO_DEVICE, "no CUDA device is visible");
     if (device < 0 || device >= count) {

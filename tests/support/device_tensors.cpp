@@ -9,7 +9,15 @@ bool cuda_device_available(std::string *reason) {
     const cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess) {
         cudaGetLastError();
-        *reason = std::string("no CUDA device: ") + cudaGetErrorString(err);
+        // The library tells a missing driver from an old one; the runtime's
+        // own string says "insufficient" for both.
+        flashcore_handle handle = nullptr;
+        if (flashcore_create(&handle) == FLASHCORE_STATUS_NO_DEVICE) {
+            *reason = std::string("no CUDA device: ") + flashcore_last_error_message();
+        } else {
+            flashcore_destroy(handle);
+            *reason = std::string("no CUDA device: ") + cudaGetErrorString(err);
+        }
         return false;
     }
     if (count == 0) {

@@ -10,9 +10,9 @@ __cuda_array_interface__ or DLPack.
     out, lse = flashcore.merge_states(partial_out, partial_lse)   # parts of the keys -> all
     flashcore.supported_head_dims()   # [(head_dim, head_dim_v), ...] of this build
 
-The library is looked for in $FLASHCORE_LIBRARY, then next to this package,
-then where pkg-config and the dynamic loader find it (see
-flashcore.library()). The ctypes declarations in flashcore._ffi are generated
+The library is looked for inside this package (the flashcore-attention
+wheel carries it), then in $FLASHCORE_LIBRARY, then where pkg-config and the
+dynamic loader find it (see flashcore.open_library()). The ctypes declarations in flashcore._ffi are generated
 from include/flashcore.h.
 """
 

@@ -37,17 +37,25 @@ def _pkgconfig_libdir():
     return proc.stdout.strip() or None
 
 
-def candidates():
-    """Where the library is looked for when FLASHCORE_LIBRARY is not set, in
-    order: (how it was found, path or name for the dynamic loader)."""
-    found = []
+def bundled():
+    """The library shipped inside this package (the flashcore-attention wheel
+    puts it at flashcore/libflashcore.so.MAJOR), as (how, path) pairs; empty
+    for a source checkout or the pure-Python package."""
     package_dir = os.path.dirname(os.path.abspath(__file__))
-    dirs = [("next to the package", package_dir), ("next to the package", os.path.join(package_dir, "lib"))]
+    return [("bundled with the package", os.path.join(d, n))
+            for d in (package_dir, os.path.join(package_dir, "lib"))
+            for n in library_names() if os.path.isfile(os.path.join(d, n))]
+
+
+def candidates():
+    """Where an installed library is looked for when there is no bundled one
+    and FLASHCORE_LIBRARY is not set, in order: (how, path or name for the
+    dynamic loader)."""
+    found = []
     libdir = _pkgconfig_libdir()
     if libdir:
-        dirs.append(("pkg-config libdir", libdir))
-    for how, d in dirs:
-        found += [(how, os.path.join(d, n)) for n in library_names() if os.path.isfile(os.path.join(d, n))]
+        found += [("pkg-config libdir", os.path.join(libdir, n)) for n in library_names()
+                  if os.path.isfile(os.path.join(libdir, n))]
     name = ctypes.util.find_library("flashcore")
     if name:
         found.append(("ctypes.util.find_library", name))
@@ -149,15 +157,21 @@ class Library:
 
 
 def open_library(path=None):
-    """Loads the library without caching it: from path, else from
-    $FLASHCORE_LIBRARY, else from the first of candidates() that loads."""
-    if path is None:
-        path = os.environ.get(ENV_VAR) or None
-        if path is not None:
-            return Library(path, "$" + ENV_VAR)
-    else:
+    """Loads the library without caching it: from path if given, else the
+    first that loads of: the library bundled with the package (bundled()),
+    $FLASHCORE_LIBRARY (an error if it does not load), the installed ones
+    (candidates())."""
+    if path is not None:
         return Library(path)
     tried = []
+    for how, where in bundled():
+        try:
+            return Library(where, how)
+        except LibraryError as e:
+            tried.append(str(e))
+    path = os.environ.get(ENV_VAR) or None
+    if path is not None:
+        return Library(path, "$" + ENV_VAR)
     for how, where in candidates():
         try:
             return Library(where, how)

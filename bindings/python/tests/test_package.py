@@ -118,13 +118,41 @@ def test_library_loaded_matches_header(lib):
     assert _library.bind(lib.cdll) == []
 
 
-def test_environment_variable_comes_first(lib, monkeypatch):
+def test_environment_variable_comes_after_the_bundled_library(lib, monkeypatch):
+    monkeypatch.setattr(_library, "bundled", lambda: [])
     monkeypatch.setenv(_library.ENV_VAR, lib.path)
+    monkeypatch.setattr(_library, "candidates", lambda: [("installed", "/nonexistent/libflashcore.so.0")])
     loaded = flashcore.open_library()
     assert loaded.how == "$" + _library.ENV_VAR and loaded.path == lib.path
 
 
+def test_bundled_library_comes_first(lib, monkeypatch, tmp_path):
+    monkeypatch.setattr(_library, "bundled", lambda: [("bundled with the package", lib.path)])
+    monkeypatch.setenv(_library.ENV_VAR, str(tmp_path / "libflashcore.so.0"))  # would fail to load
+    loaded = flashcore.open_library()
+    assert loaded.how == "bundled with the package" and loaded.path == lib.path
+
+
+def test_unloadable_bundled_library_falls_back(lib, monkeypatch, tmp_path):
+    broken = tmp_path / _library.library_names()[0]
+    broken.write_bytes(b"not a library")
+    monkeypatch.setattr(_library, "bundled", lambda: [("bundled with the package", str(broken))])
+    monkeypatch.setenv(_library.ENV_VAR, lib.path)
+    assert flashcore.open_library().how == "$" + _library.ENV_VAR
+
+
+def test_bundled_looks_inside_the_package(monkeypatch, tmp_path):
+    package = tmp_path / "flashcore"
+    (package / "lib").mkdir(parents=True)
+    (package / _library.library_names()[0]).write_bytes(b"")
+    (package / "lib" / _library.library_names()[-1]).write_bytes(b"")
+    monkeypatch.setattr(_library, "__file__", str(package / "_library.py"))
+    assert _library.bundled() == [("bundled with the package", str(package / _library.library_names()[0])),
+                                  ("bundled with the package", str(package / "lib" / _library.library_names()[-1]))]
+
+
 def test_bad_environment_variable_is_an_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(_library, "bundled", lambda: [])
     missing = str(tmp_path / "libflashcore.so.0")
     monkeypatch.setenv(_library.ENV_VAR, missing)
     with pytest.raises(flashcore.LibraryError) as info:
@@ -134,6 +162,7 @@ def test_bad_environment_variable_is_an_error(monkeypatch, tmp_path):
 
 def test_not_found_lists_what_was_tried(monkeypatch):
     monkeypatch.delenv(_library.ENV_VAR, raising=False)
+    monkeypatch.setattr(_library, "bundled", lambda: [])
     monkeypatch.setattr(_library, "candidates", lambda: [("somewhere", "/nonexistent/libflashcore.so.0")])
     with pytest.raises(flashcore.LibraryError) as info:
         flashcore.open_library()

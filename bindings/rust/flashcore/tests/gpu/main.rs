@@ -2,7 +2,8 @@
 //!
 //! Device memory comes from the CUDA driver API, loaded at run time, so this
 //! binary starts anywhere. Without a GPU (no libcuda.so.1, or no device) the
-//! GPU tests print "SKIPPED: <reason>" and pass, after checking that
+//! GPU tests print "SKIPPED: <test>: <reason>" (to stderr, uncaptured, so it
+//! shows in `cargo test`'s output) and pass, after checking that
 //! flashcore agrees there is no device. Build it with `cargo test --no-run`;
 //! scripts/build-device-test.sh copies it to device/flashcore_gpu_test.
 
@@ -15,8 +16,15 @@ use flashcore::{
     Status, Strides, Tensor,
 };
 
+/// Says that a test is skipped, where `cargo test` shows it: libtest keeps
+/// what `println!`/`eprintln!` print from passing tests to itself, so the line
+/// goes straight to the process's stderr (one write, so parallel tests do not
+/// mix their lines), next to the test's "... ok", instead of vanishing into a
+/// silent pass.
 fn skip(test: &str, reason: &str) {
-    println!("SKIPPED: {test}: {reason}");
+    use std::io::Write;
+    let line = format!("SKIPPED: {test}: {reason}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// A handle and the GPU behind it, or `None` (after printing why) when the
