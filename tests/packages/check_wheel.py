@@ -32,9 +32,10 @@ def main():
 
     # A call needs a handle; without a GPU the library says why.
     no_driver = ctypes.util.find_library("cuda") is None
-    q = Array((1, 8, 128, 64))
+    # q, k and v may share memory; out may overlap none of them.
+    q = Array((1, 8, 128, 64), address=1 << 20)
     try:
-        flashcore.attention(q, q, q, out=Array((1, 8, 128, 64)))
+        flashcore.attention(q, q, q, out=Array((1, 8, 128, 64), address=1 << 24))
     except flashcore.NoDeviceError as e:
         print("flashcore.attention without a GPU: NoDeviceError: %s" % e.message)
         assert e.status == flashcore.Status.NO_DEVICE
@@ -50,8 +51,8 @@ class Array:
     """A device array as flashcore reads it (__cuda_array_interface__), at an
     address nothing is ever launched on: the call fails before that."""
 
-    def __init__(self, shape):
-        self.__cuda_array_interface__ = {"shape": shape, "typestr": "<f2", "data": (1 << 20, False),
+    def __init__(self, shape, address):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": "<f2", "data": (address, False),
                                          "strides": None, "version": 3, "stream": None}
 
 
