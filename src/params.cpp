@@ -7,11 +7,6 @@
 #include "error.h"
 
 namespace flashcore {
-namespace {
-
-constexpr float kLog2e = 1.4426950408889634f;
-
-}  // namespace
 
 flashcore_status check_struct_size(size_t size, const char *what) {
     if (size < kParamsSizeV0_1) {

@@ -308,7 +308,7 @@ flashcore_status validate_shapes(const flashcore_forward_params &p) {
     if (!std::isfinite(softmax_scale_log2(p))) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
                     "softmax_scale (%g) times log2(e) overflows a float; it must be at most %g",
-                    double(p.softmax_scale), double(FLT_MAX) / 1.4426950408889634);
+                    double(p.softmax_scale), double(FLT_MAX) / double(kLog2e));
     }
     return FLASHCORE_STATUS_SUCCESS;
 }
