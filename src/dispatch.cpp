@@ -53,6 +53,7 @@ const char *variant_name(FwdVariant variant) {
         case FwdVariant::kKeySplit: return "keysplit";
         case FwdVariant::kPersistent: return "persistent";
         case FwdVariant::kDecode: return "decode";
+        case FwdVariant::kKeySplit4: return "keysplit4";
     }
     return "unknown";
 }
@@ -118,39 +119,48 @@ int64_t key_steps(const flashcore_forward_params &p, const KernelEntry &kernel) 
 // tiles do the most work per byte read from shared memory, but a CTA walks
 // its key tiles one after another: when the grid does not fill every SM's CTA
 // slots once, finishing sooner matters more than efficiency, and the
-// key-split variant (half the serial chain per warp) wins. Measured
-// crossovers are in docs/perf-notes.md. Where the key-split variant needs
-// more shared memory than the device offers, the large tiles serve every
-// size.
+// key-split variants (a half or a quarter of the serial chain per warp) win:
+// the four-way split while its grid fits one wave, the two-way split (half
+// the K/V re-reads per query row) beyond. Measured crossovers are in
+// docs/perf-notes.md. A variant that needs more shared memory than the
+// device offers is passed over; the large tiles serve every size.
 flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype,
                              HeadDims dims, int packed_heads, const KernelEntry **chosen) {
     if (handle.env.forced_variant) {
         *chosen = find_kernel(KernelPath::kSm80, dtype, dims, *handle.env.forced_variant);
         if (*chosen != nullptr) return FLASHCORE_STATUS_SUCCESS;
     }
+    const auto fitting = [&](FwdVariant variant) -> const KernelEntry * {
+        const KernelEntry *kernel = find_kernel(KernelPath::kSm80, dtype, dims, variant);
+        return kernel != nullptr && kernel->info().smem_bytes <= handle.max_smem_per_block ? kernel : nullptr;
+    };
     const KernelEntry *large = find_kernel(KernelPath::kSm80, dtype, dims, FwdVariant::kLargeTiles);
-    const KernelEntry *key_split = find_kernel(KernelPath::kSm80, dtype, dims, FwdVariant::kKeySplit);
-    const KernelEntry *decode = find_kernel(KernelPath::kSm80, dtype, dims, FwdVariant::kDecode);
+    const KernelEntry *key_split = fitting(FwdVariant::kKeySplit);
+    const KernelEntry *key_split4 = fitting(FwdVariant::kKeySplit4);
+    const KernelEntry *decode = fitting(FwdVariant::kDecode);
     const int64_t rows_per_head_group = int64_t(p.seqlen_q) * packed_heads;
+    const auto fits_tile = [&](const KernelEntry *kernel) {
+        return kernel != nullptr && rows_per_head_group <= kernel->info().block_m;
+    };
+    const auto fits_one_wave = [&](const KernelEntry *kernel) {
+        return kernel != nullptr &&
+               num_blocks(p, *kernel, packed_heads) <= int64_t(handle.num_sms) * ctas_per_sm(handle, *kernel);
+    };
     // Decode: a (packed) query block of at most the decode tile's rows. Its
     // time is the K/V read, which the decode tiles keep most bytes in flight
-    // for; larger tiles would compute rows that are not there.
-    if (decode != nullptr && rows_per_head_group <= decode->info().block_m &&
-        decode->info().smem_bytes <= handle.max_smem_per_block) {
+    // for; larger tiles would compute rows that are not there. Likewise the
+    // smallest key-split tile that holds all the rows.
+    if (fits_tile(decode)) {
         *chosen = decode;
-        return FLASHCORE_STATUS_SUCCESS;
-    }
-    // Rows that fit one key-split tile would leave a large tile mostly
-    // empty, whatever the grid.
-    const bool fits_key_split_tile = key_split != nullptr && rows_per_head_group <= key_split->info().block_m;
-    if (large != nullptr && !fits_key_split_tile &&
-        num_blocks(p, *large, packed_heads) >= int64_t(handle.num_sms) * ctas_per_sm(handle, *large)) {
-        *chosen = large;
-    } else if (key_split != nullptr &&
-               (large == nullptr || key_split->info().smem_bytes <= handle.max_smem_per_block)) {
+    } else if (fits_tile(key_split4) || (key_split4 != nullptr && fits_one_wave(key_split4))) {
+        *chosen = key_split4;
+    } else if (fits_tile(key_split)) {
         *chosen = key_split;
-    } else {
+    } else if (large != nullptr &&
+               num_blocks(p, *large, packed_heads) >= int64_t(handle.num_sms) * ctas_per_sm(handle, *large)) {
         *chosen = large;
+    } else {
+        *chosen = key_split != nullptr ? key_split : large;
     }
     if (*chosen != nullptr) return FLASHCORE_STATUS_SUCCESS;
     return fail(FLASHCORE_STATUS_INTERNAL, "no portable kernel for head dims (%d, %d) in the kernel registry",

@@ -20,12 +20,13 @@ constexpr struct {
     FwdVariant variant;
 } kPinnedVariants[] = {{"large", FwdVariant::kLargeTiles},
                        {"keysplit", FwdVariant::kKeySplit},
+                       {"keysplit4", FwdVariant::kKeySplit4},
                        {"decode", FwdVariant::kDecode}};
 
 // FLASHCORE_FWD_VARIANT chooses the forward kernel for every call of the
 // handle (unset or empty: per call, the sm_90a kernel where it runs):
 //   portable        the portable kernel, tile variant chosen per call;
-//   large|keysplit|decode  the portable kernel with that tile variant;
+//   large|keysplit|keysplit4|decode  the portable kernel with that tile variant;
 //   sm90            the sm_90a kernel; an error where it cannot run.
 flashcore_status read_fwd_variant(const flashcore_handle_s &h, EnvOverrides *env) {
     const bool has_sm90_kernels = has_kernels(KernelPath::kSm90);
@@ -57,7 +58,7 @@ flashcore_status read_fwd_variant(const flashcore_handle_s &h, EnvOverrides *env
     }
     return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
                 "FLASHCORE_FWD_VARIANT is '%.64s'; it must be unset, empty, 'sm90', 'portable', 'large', "
-                "'keysplit' or 'decode'",
+                "'keysplit', 'keysplit4' or 'decode'",
                 value);
 }
 

@@ -15,7 +15,7 @@ namespace flashcore {
 // read_env_overrides when the handle is created (tests and benchmarks use
 // these variables to pin a kernel; see README's Environment table).
 struct EnvOverrides {
-    // FLASHCORE_FWD_VARIANT=large|keysplit|decode: every call uses the portable
+    // FLASHCORE_FWD_VARIANT=large|keysplit|keysplit4|decode: every call uses the portable
     // kernel with that tile variant. Empty: chosen per call.
     std::optional<FwdVariant> forced_variant;
     // Whether calls may use the sm_90a kernels: the library has them, the

@@ -28,6 +28,7 @@ configs=(
   "sm90_3ctas|test_forward|Shapes/*|FLASHCORE_FWD_VARIANT=sm90 FLASHCORE_PERSISTENT_CTAS=3"
   "large|test_forward|Shapes/*|FLASHCORE_FWD_VARIANT=large"
   "keysplit|test_forward|Shapes/*|FLASHCORE_FWD_VARIANT=keysplit"
+  "keysplit4|test_forward|Shapes/*|FLASHCORE_FWD_VARIANT=keysplit4"
   "decode|test_forward|Shapes/*|FLASHCORE_FWD_VARIANT=decode"
   "split|test_split|*|"
   "split.portable|test_split|Splits/*|FLASHCORE_FWD_VARIANT=portable"

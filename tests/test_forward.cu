@@ -364,8 +364,14 @@ TEST(ForwardApi, RejectedCallsWriteNothing) {
     EXPECT_EQ(flashcore_forward_workspace_size(handle.get(), &w.params, &ws_bytes), FLASHCORE_STATUS_SUCCESS);
     EXPECT_EQ(ws_bytes, 0u);
     bad = w.params;
-    bad.seqlen_q = 0;
+    bad.num_heads_kv = 3;
     EXPECT_EQ(flashcore_forward_workspace_size(handle.get(), &bad, &ws_bytes), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    // An empty call (no query rows) is valid and needs no workspace.
+    flashcore_forward_params empty = w.params;
+    empty.seqlen_q = 0;
+    ws_bytes = 1;
+    EXPECT_EQ(flashcore_forward_workspace_size(handle.get(), &empty, &ws_bytes), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_EQ(ws_bytes, 0u);
 }
 
 }  // namespace

@@ -26,6 +26,7 @@ enum class FwdVariant : int {
     kKeySplit = 1,     // sm80: small query blocks, key tiles split over two warp groups: least latency
     kPersistent = 2,   // sm90: persistent wgmma/TMA kernel
     kDecode = 3,       // sm80: 16-row blocks (decode), keys split over four warps with deep rings
+    kKeySplit4 = 4,    // sm80: 32-row blocks, keys split over four 2-warp groups: grids of at most one wave
 };
 
 struct FwdKernelParams {

@@ -18,6 +18,13 @@
 // head_dim 96 on its two rings take more shared memory than sm_86 and sm_89
 // offer (99 KB): there the dispatcher uses the large tiles.
 //
+// kKeySplit4, for grids of at most one CTA per SM: 32 query rows, four
+// groups of 2 warps, so twice the CTAs of kKeySplit and half its chain per
+// warp. It re-reads the head's K/V once per 32 rows instead of per 64, so
+// once the grid needs a second wave kKeySplit is faster (mission shape
+// 1x8x512x64 on an H100: 6.7 against 8.2 us; 1x8x1024x64, 256 CTAs: 16.3
+// against 12.5).
+//
 // kDecode, for query blocks of at most 16 rows (decode and speculative steps,
 // GQA heads packed into the rows): 16 query rows, four single-warp key splits
 // each streaming its own ring of K/V tiles. Decode reads every K/V byte once
@@ -50,6 +57,14 @@ template <DType kDType, int kHeadDim, int kHeadDimV>
 struct FwdConfig<kDType, kHeadDim, kHeadDimV, FwdVariant::kKeySplit> {
     using Traits = FwdTraits<typename ElementOf<kDType>::type, kHeadDim, kHeadDimV, 64, 64, 4, 2, 2, 255,
                              kHeadDim <= 96>;
+};
+
+// Past head_dim 64, 32-key tiles keep four splits' rings (2 slots each)
+// within the 227 KB an sm_90 CTA may have (d128 64-key slots: 256 KB).
+template <DType kDType, int kHeadDim, int kHeadDimV>
+struct FwdConfig<kDType, kHeadDim, kHeadDimV, FwdVariant::kKeySplit4> {
+    using Traits = FwdTraits<typename ElementOf<kDType>::type, kHeadDim, kHeadDimV, 32, kHeadDim <= 64 ? 64 : 32,
+                             2, 4, 2, 255, kHeadDim <= 96>;
 };
 
 #ifndef FLASHCORE_DECODE_SLOT_BYTES  // scratch sweeps override these three
