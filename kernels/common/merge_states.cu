@@ -5,8 +5,9 @@
 // workspace) and serves flashcore_merge_states.
 //
 // One warp per row (batch, head, query): the lanes first reduce the row's
-// LSE values, then each lane accumulates 4 consecutive columns of every
-// state, 128 columns per pass. Rows every state saw nothing of (all LSE_s
+// LSE values (lane i holds state i's), then each lane accumulates 4
+// consecutive columns of every state, 128 columns per pass, loading up to
+// kMergeStatesInFlight states at once. Rows every state saw nothing of (all LSE_s
 // -inf) get O = 0 and LSE = -inf, as the forward kernels give them. States
 // are visited in order, so results are deterministic.
 #include <cuda_bf16.h>
@@ -26,6 +27,11 @@ constexpr int kMergeThreads = 128;
 constexpr int kWarpsPerBlock = kMergeThreads / kWarpSize;
 constexpr int kColsPerLane = 4;
 constexpr int kColsPerPass = kColsPerLane * kWarpSize;
+// States whose values one warp loads before it uses the first: a split
+// decode call merges 8 to 16 per row, and each round trip to memory costs
+// more than the arithmetic of the whole merge. (8 spills 28 bytes in ptxas
+// of CUDA 13; 16 does not.)
+constexpr int kMergeStatesInFlight = 16;
 // Blocks of the grid-stride loop: enough to fill any GPU several times.
 constexpr int64_t kMaxMergeBlocks = 1 << 16;
 
@@ -92,13 +98,22 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
         const int batch = int(row / p.seqlen / p.num_heads);
         const float *row_lse = p.partial_lse + batch * p.lse_batch_stride + head * p.lse_head_stride +
                                query * p.lse_seq_stride;
-        float max_lse = -INFINITY;
-        for (int s = lane; s < p.num_states; s += kWarpSize) max_lse = fmaxf(max_lse, row_lse[s * p.lse_state_stride]);
+        // Lane i holds state i's LSE (the states past the warp's width,
+        // rare, are read again in the loops below): one round trip to
+        // memory before the states' values, which is what the merge's
+        // latency is made of (a split decode merges 8-16 states per row).
+        const float own_lse = lane < p.num_states ? row_lse[lane * p.lse_state_stride] : -INFINITY;
+        float max_lse = own_lse;
+        for (int s = lane + kWarpSize; s < p.num_states; s += kWarpSize) {
+            max_lse = fmaxf(max_lse, row_lse[s * p.lse_state_stride]);
+        }
         max_lse = warp_max(max_lse);
         float lse = -INFINITY;
         if (max_lse != -INFINITY) {
-            float sum = 0.f;
-            for (int s = lane; s < p.num_states; s += kWarpSize) sum += expf(row_lse[s * p.lse_state_stride] - max_lse);
+            float sum = expf(own_lse - max_lse);
+            for (int s = lane + kWarpSize; s < p.num_states; s += kWarpSize) {
+                sum += expf(row_lse[s * p.lse_state_stride] - max_lse);
+            }
             lse = max_lse + logf(warp_sum(sum));
         }
 
@@ -115,23 +130,37 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
             for (int first = 0; lse != -INFINITY && first < p.num_states; first += kWarpSize) {
                 // Lane i weighs state first + i once; the loop below takes
                 // the weights by shuffle, so the states' loads do not wait
-                // on one another (a split decode merges 16 states per row).
+                // on one another and are all issued before the first use.
                 const int own_state = first + lane;
-                const float own_weight =
-                    own_state < p.num_states ? expf(row_lse[own_state * p.lse_state_stride] - lse) : 0.f;
+                const float state_lse = first == 0 ? own_lse
+                                        : own_state < p.num_states ? row_lse[own_state * p.lse_state_stride]
+                                                                   : -INFINITY;
+                const float own_weight = expf(state_lse - lse);
                 const int states = min(kWarpSize, p.num_states - first);
                 const In *state_in = row_in + int64_t(first) * p.partial_state_stride + col;
-#pragma unroll 4
-                for (int i = 0; i < states; ++i) {
-                    const float weight = __shfl_sync(0xffffffffu, own_weight, i);
-                    if (!has_cols) continue;
-                    float v[kColsPerLane];
-                    Vec4<In>::load(state_in + int64_t(i) * p.partial_state_stride, v);
-                    // exp(-inf - lse) = 0: a state that saw no key of the
-                    // row contributes nothing, whatever its values (NaN,
-                    // say): selected away, not multiplied.
+                for (int batch_first = 0; batch_first < states; batch_first += kMergeStatesInFlight) {
+                    // All of a batch's loads are issued before the first use.
+                    float v[kMergeStatesInFlight][kColsPerLane];
 #pragma unroll
-                    for (int c = 0; c < kColsPerLane; ++c) acc[c] += weight != 0.f ? weight * v[c] : 0.f;
+                    for (int j = 0; j < kMergeStatesInFlight; ++j) {
+                        const int i = batch_first + j;
+                        if (has_cols && i < states) {
+                            Vec4<In>::load(state_in + int64_t(i) * p.partial_state_stride, v[j]);
+                        } else {
+#pragma unroll
+                            for (int c = 0; c < kColsPerLane; ++c) v[j][c] = 0.f;
+                        }
+                    }
+#pragma unroll
+                    for (int j = 0; j < kMergeStatesInFlight; ++j) {
+                        // Lanes past the states hold weight 0 (their LSE is -inf).
+                        const float weight = __shfl_sync(0xffffffffu, own_weight, (batch_first + j) % kWarpSize);
+                        // exp(-inf - lse) = 0: a state that saw no key of
+                        // the row contributes nothing, whatever its values
+                        // (NaN, say): selected away, not multiplied.
+#pragma unroll
+                        for (int c = 0; c < kColsPerLane; ++c) acc[c] += weight != 0.f ? weight * v[j][c] : 0.f;
+                    }
                 }
             }
             if (has_cols) Vec4<Out>::store(row_out + col, acc);
