@@ -7,7 +7,7 @@
 // One warp per row (batch, head, query): the lanes first reduce the row's
 // LSE values (lane i holds state i's), then each lane accumulates 4
 // consecutive columns of every state, 128 columns per pass, loading up to
-// kMergeStatesInFlight states at once. Rows every state saw nothing of (all LSE_s
+// kStatesInFlight states at once. Rows every state saw nothing of (all LSE_s
 // -inf) get O = 0 and LSE = -inf, as the forward kernels give them. States
 // are visited in order, so results are deterministic.
 #include <cuda_bf16.h>
@@ -27,11 +27,15 @@ constexpr int kMergeThreads = 128;
 constexpr int kWarpsPerBlock = kMergeThreads / kWarpSize;
 constexpr int kColsPerLane = 4;
 constexpr int kColsPerPass = kColsPerLane * kWarpSize;
-// States whose values one warp loads before it uses the first: a split
-// decode call merges 8 to 16 per row, and each round trip to memory costs
-// more than the arithmetic of the whole merge. (8 spills 28 bytes in ptxas
-// of CUDA 13; 16 does not.)
-constexpr int kMergeStatesInFlight = 16;
+// States whose values one warp loads before it uses the first. A split
+// decode call merges 8 to 16 per row, few rows, and each round trip to
+// memory costs more than the arithmetic of the whole merge; a split prefill
+// call merges 2 to 4 per row, many rows, and there the unused slots of a
+// wide batch cost more than they save (chunked prefill 256/2k with 2 splits
+// on an H100: 27.9 us with 4 in flight, 32.6 with 16). (8 spills 28 bytes
+// in ptxas of CUDA 13.)
+constexpr int kManyStatesInFlight = 16;
+constexpr int kFewStatesInFlight = 4;
 // Blocks of the grid-stride loop: enough to fill any GPU several times.
 constexpr int64_t kMaxMergeBlocks = 1 << 16;
 
@@ -86,7 +90,7 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
-template <typename In, typename Out>
+template <typename In, typename Out, int kStatesInFlight>
 __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __grid_constant__ MergeKernelParams p) {
     wait_for_prerequisite_grids();
     const int lane = threadIdx.x % kWarpSize;
@@ -138,11 +142,11 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
                 const float own_weight = expf(state_lse - lse);
                 const int states = min(kWarpSize, p.num_states - first);
                 const In *state_in = row_in + int64_t(first) * p.partial_state_stride + col;
-                for (int batch_first = 0; batch_first < states; batch_first += kMergeStatesInFlight) {
+                for (int batch_first = 0; batch_first < states; batch_first += kStatesInFlight) {
                     // All of a batch's loads are issued before the first use.
-                    float v[kMergeStatesInFlight][kColsPerLane];
+                    float v[kStatesInFlight][kColsPerLane];
 #pragma unroll
-                    for (int j = 0; j < kMergeStatesInFlight; ++j) {
+                    for (int j = 0; j < kStatesInFlight; ++j) {
                         const int i = batch_first + j;
                         if (has_cols && i < states) {
                             Vec4<In>::load(state_in + int64_t(i) * p.partial_state_stride, v[j]);
@@ -152,7 +156,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
                         }
                     }
 #pragma unroll
-                    for (int j = 0; j < kMergeStatesInFlight; ++j) {
+                    for (int j = 0; j < kStatesInFlight; ++j) {
                         // Lanes past the states hold weight 0 (their LSE is -inf).
                         const float weight = __shfl_sync(0xffffffffu, own_weight, (batch_first + j) % kWarpSize);
                         // exp(-inf - lse) = 0: a state that saw no key of
@@ -185,7 +189,10 @@ cudaError_t launch(const MergeKernelParams &p, cudaStream_t stream, bool after_f
         config.attrs = programmatic;
         config.numAttrs = 1;
     }
-    return cudaLaunchKernelEx(&config, merge_states_kernel<In, Out>, p);
+    if (p.num_states > kFewStatesInFlight) {
+        return cudaLaunchKernelEx(&config, merge_states_kernel<In, Out, kManyStatesInFlight>, p);
+    }
+    return cudaLaunchKernelEx(&config, merge_states_kernel<In, Out, kFewStatesInFlight>, p);
 }
 
 template <typename In>
