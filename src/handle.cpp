@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -80,12 +81,34 @@ flashcore_status read_persistent_ctas(const flashcore_handle_s &h, EnvOverrides 
     return FLASHCORE_STATUS_SUCCESS;
 }
 
+// FLASHCORE_TEST_KV_POSITION=N (0 <= N < 2^63), for tests: the sm_90a
+// kernel's CTAs count their K/V tiles from N instead of 0. Results do not
+// depend on it; a test starts just below 2^32 to cross where a 32-bit count
+// would wrap (sm90/pipeline.cuh).
+flashcore_status read_first_kv_position(EnvOverrides *env) {
+    const char *value = std::getenv("FLASHCORE_TEST_KV_POSITION");
+    if (value == nullptr || *value == '\0') return FLASHCORE_STATUS_SUCCESS;
+    char *end = nullptr;
+    errno = 0;
+    const long long n = std::strtoll(value, &end, 10);
+    if (*end != '\0' || errno == ERANGE || n < 0) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "FLASHCORE_TEST_KV_POSITION is '%.64s'; it must be unset, empty, or a whole number from 0 to "
+                    "2^63 - 1",
+                    value);
+    }
+    env->first_kv_position = uint64_t(n);
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
 // Every environment variable a handle reads, for the device in h.
 flashcore_status read_env_overrides(const flashcore_handle_s &h, EnvOverrides *env) {
     *env = EnvOverrides{};
-    const flashcore_status status = read_fwd_variant(h, env);
+    flashcore_status status = read_fwd_variant(h, env);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    return read_persistent_ctas(h, env);
+    status = read_persistent_ctas(h, env);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    return read_first_kv_position(env);
 }
 
 // Why cudaGetDeviceCount found no usable device (err maps to NO_DEVICE):

@@ -29,6 +29,9 @@ struct EnvOverrides {
     // where FLASHCORE_PERSISTENT_CTAS asks (tests: with a few CTAs, each walks
     // many query blocks).
     int persistent_ctas = 0;
+    // FLASHCORE_TEST_KV_POSITION=N (tests only): where the sm_90a kernel's
+    // count of K/V tiles per CTA starts, so that one call crosses 2^32.
+    uint64_t first_kv_position = 0;
 };
 
 }  // namespace flashcore

@@ -9,10 +9,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "device_tensors.h"
@@ -325,6 +327,71 @@ TEST(ForwardApi, ForcedSm90PathIsRefusedWhereItCannotRun) {
         if (major == 9 && minor == 0) {
             EXPECT_NE(message.find("built without"), std::string::npos) << message;
         }
+    }
+}
+
+// Sets environment variables for its lifetime (handles read them when
+// created), restoring what was there before.
+class ScopedEnv {
+   public:
+    ScopedEnv(std::initializer_list<std::pair<const char *, const char *>> vars) {
+        for (const auto &[name, value] : vars) {
+            const char *previous = std::getenv(name);
+            saved_.push_back({name, previous != nullptr, previous == nullptr ? "" : previous});
+            setenv(name, value, 1);
+        }
+    }
+    ~ScopedEnv() {
+        for (const Saved &s : saved_) {
+            if (s.was_set) {
+                setenv(s.name, s.value.c_str(), 1);
+            } else {
+                unsetenv(s.name);
+            }
+        }
+    }
+
+   private:
+    struct Saved {
+        const char *name;
+        bool was_set;
+        std::string value;
+    };
+    std::vector<Saved> saved_;
+};
+
+// The sm_90a kernel counts a CTA's K/V tiles across all its query blocks.
+// One CTA (FLASHCORE_PERSISTENT_CTAS=1) with its count started just below
+// 2^32 crosses the point where a 32-bit count wraps, with 3 ring stages
+// (head_dim 64), which 2^32 is not a multiple of: results must not change.
+TEST(ForwardSm90, KvCountCrossing2Pow32) {
+    FC_REQUIRE_GPU();
+    const ScopedEnv env({{"FLASHCORE_FWD_VARIANT", "sm90"},
+                         {"FLASHCORE_PERSISTENT_CTAS", "1"},
+                         {"FLASHCORE_TEST_KV_POSITION", "4294967290"}});
+    flashcore_handle probe = nullptr;
+    if (flashcore_create(&probe) == FLASHCORE_STATUS_UNSUPPORTED) {
+        GTEST_SKIP() << "no sm_90a kernel here: " << flashcore_last_error_message();
+    }
+    if (probe != nullptr) flashcore_destroy(probe);
+    for (const bool causal : {false, true}) {
+        expect_matches_reference(FwdCase{FLASHCORE_DTYPE_FP16, 64, causal, 1, 2, 2, 512, 1536, Layout::kBHSD});
+    }
+    expect_matches_reference(FwdCase{FLASHCORE_DTYPE_BF16, 128, false, 1, 2, 1, 300, 1100, Layout::kBSHD});
+}
+
+TEST(ForwardApi, BadKvPositionIsRejectedAtCreate) {
+    FC_REQUIRE_GPU();
+    for (const char *value : {"-1", "12x", "99999999999999999999"}) {
+        flashcore_handle h = nullptr;
+        std::string message;
+        EXPECT_EQ(create_with_env("FLASHCORE_TEST_KV_POSITION", value, &h, &message),
+                  FLASHCORE_STATUS_INVALID_ARGUMENT)
+            << value;
+        EXPECT_EQ(h, nullptr);
+        EXPECT_NE(message.find("FLASHCORE_TEST_KV_POSITION is '" + std::string(value) + "'"), std::string::npos)
+            << message;
+        if (h != nullptr) flashcore_destroy(h);
     }
 }
 

@@ -21,6 +21,9 @@ struct FwdLaunchOptions {
     // Where a launcher names the runtime call that failed (when not null;
     // written only on failure), for the caller's message.
     const char **failed_call = nullptr;
+    // Where a persistent kernel's count of K/V tiles starts: 0, or where a
+    // test asks (FLASHCORE_TEST_KV_POSITION) to cross 2^32 within one call.
+    uint64_t first_kv_position = 0;
 };
 
 // A launcher's runtime call `call` returned `err`: on failure, the error is

@@ -41,9 +41,9 @@ struct Consumer {
     bool pending = false;
     FwdTile pending_tile{};
     int pending_split = 0;
-    uint32_t pending_last_kv = 0;  // its last K/V tile
+    KvPosition pending_last_kv = 0;  // its last K/V tile
 
-    uint32_t kv_count = 0;
+    KvPosition kv_count = params.first_kv_position;  // as the producer's
     uint32_t q_count = 0;
 
     __device__ __forceinline__ Consumer(const Sm90KernelParams &params_, const Pipeline<Traits> &pipe, int consumer_,
@@ -81,7 +81,7 @@ struct Consumer {
             }
             return;
         }
-        const uint32_t kv_base = kv_count;
+        const KvPosition kv_base = kv_count;
         const int q_buffer = Pipeline<Traits>::q_buffer_of(q_count);
         const uint32_t q_rows = smem_address(loop.pipe.q_tile(q_buffer)) +
                                 consumer * Traits::kRowsPerConsumer * Traits::kPanelRowBytes;

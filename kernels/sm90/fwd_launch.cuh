@@ -77,6 +77,7 @@ cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &
     constexpr int kCols = Traits::kPanelCols;
     sm90::Sm90KernelParams p{};
     p.fwd = params;
+    p.first_kv_position = options.first_kv_position;
     const bool encoded =
         sm90::encode_tensor_map(&p.tma_q, kType, params.q, params.head_dim, params.seqlen_q, params.num_heads_q,
                                 params.batch_size, params.q_seq_stride, params.q_head_stride, params.q_batch_stride,

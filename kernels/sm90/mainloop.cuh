@@ -100,10 +100,10 @@ struct Mainloop {
 
     // This warp has read K/V tile `kv` (counted over the CTA): the wgmmas
     // reading it completed.
-    __device__ __forceinline__ void release_k(uint32_t kv) const {
+    __device__ __forceinline__ void release_k(KvPosition kv) const {
         if (lane == 0) mbarrier_arrive(pipe.k_empty(Pipeline<Traits>::stage_of(kv)));
     }
-    __device__ __forceinline__ void release_v(uint32_t kv) const {
+    __device__ __forceinline__ void release_v(KvPosition kv) const {
         if (lane == 0) mbarrier_arrive(pipe.v_empty(Pipeline<Traits>::stage_of(kv)));
     }
     // This warp's last S = Q*K^T of a block completed: a later block's Q may
@@ -121,14 +121,14 @@ struct Mainloop {
     }
 
     // S = Q * K^T of K/V tile `kv`, once it has landed.
-    __device__ __forceinline__ void issue_scores(uint32_t q_rows, uint32_t kv) {
+    __device__ __forceinline__ void issue_scores(uint32_t q_rows, KvPosition kv) {
         const int stage = Pipeline<Traits>::stage_of(kv);
         mbarrier_wait(pipe.k_full(stage), Pipeline<Traits>::phase_of(kv));
         issue_qk<Traits>(scores[0], q_rows, smem_address(pipe.k_tile(stage)));
     }
 
     // O += P * V of K/V tile `kv`, once its V has landed.
-    __device__ __forceinline__ void issue_output(const Fragments &p, uint32_t kv) {
+    __device__ __forceinline__ void issue_output(const Fragments &p, KvPosition kv) {
         const int stage = Pipeline<Traits>::stage_of(kv);
         mbarrier_wait(pipe.v_full(stage), Pipeline<Traits>::phase_of(kv));
         issue_pv<Traits>(acc_o[0], p, smem_address(pipe.v_tile(stage)));
@@ -164,7 +164,7 @@ struct Mainloop {
     // Tile 0 of a block, whose S the caller issued: once S_0 is done, P_0.
     // O is zero, so nothing to rescale.
     __device__ __forceinline__ void first_tile(const KeyMask &mask, const KeyRange &keys, int m_block,
-                                               uint32_t kv_base, int q_buffer) {
+                                               KvPosition kv_base, int q_buffer) {
         wgmma_wait<0>();
         fence_accumulators(scores[0]);
         release_k(kv_base);
@@ -175,7 +175,7 @@ struct Mainloop {
     // One step: S_j = Q K_j^T and O += P_{j-1} V_{j-1} on the tensor cores
     // while P_j is computed from S_j.
     __device__ __forceinline__ void step(const KeyMask &mask, const KeyRange &keys, int m_block, uint32_t q_rows,
-                                         uint32_t kv_base, int q_buffer, int j, const Fragments &p_prev,
+                                         KvPosition kv_base, int q_buffer, int j, const Fragments &p_prev,
                                          Fragments &p_next) {
         issue_scores(q_rows, kv_base + j);
         issue_output(p_prev, kv_base + j - 1);
@@ -197,7 +197,7 @@ struct Mainloop {
     // site whatever the block's tile count: a branch between two issue
     // sites makes ptxas serialise the wgmmas).
     __device__ __forceinline__ void remaining_tiles(const KeyMask &mask, const KeyRange &keys, int m_block,
-                                                    uint32_t q_rows, uint32_t kv_base, int q_buffer) {
+                                                    uint32_t q_rows, KvPosition kv_base, int q_buffer) {
         const int num_blocks = keys.num_blocks();
         int j = 1;
         for (; j + 1 < num_blocks; j += 2) {

@@ -16,6 +16,13 @@
 //   K copy starts that much earlier.
 // The producer's first wait on an empty barrier passes at once (parity 1 of
 // a fresh barrier counts as complete).
+//
+// K/V positions are 64-bit: with 3 stages, a 32-bit count would wrap after
+// 2^32 tiles at a point that is not a multiple of the stages (2^32 % 3 = 1),
+// and the stage and phase computed after the wrap would disagree with the
+// barriers' (a hang, or a stage refilled while in use). A persistent CTA
+// reaches that on long enough inputs with few CTAs. Query-block counts stay
+// 32-bit: their buffers number 1 or 2, which divide 2^32.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +30,9 @@
 #include "sm90/ptx.cuh"
 
 namespace flashcore::sm90 {
+
+// A K/V tile's place in a CTA's sequence of tiles.
+using KvPosition = uint64_t;
 
 template <typename Traits>
 struct Pipeline {
@@ -76,8 +86,8 @@ struct Pipeline {
         fence_barrier_init();
     }
 
-    __device__ __forceinline__ static int stage_of(uint32_t j) { return int(j % Traits::kStages); }
-    __device__ __forceinline__ static uint32_t phase_of(uint32_t j) { return (j / Traits::kStages) & 1u; }
+    __device__ __forceinline__ static int stage_of(KvPosition j) { return int(j % Traits::kStages); }
+    __device__ __forceinline__ static uint32_t phase_of(KvPosition j) { return uint32_t(j / Traits::kStages) & 1u; }
     __device__ __forceinline__ static int q_buffer_of(uint32_t block) { return int(block % Traits::kQStages); }
     __device__ __forceinline__ static uint32_t q_phase_of(uint32_t block) {
         return (block / Traits::kQStages) & 1u;

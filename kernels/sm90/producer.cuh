@@ -27,7 +27,9 @@ __device__ __forceinline__ void load_panels(unsigned char *dst, uint32_t panel_b
 template <typename Traits>
 __device__ __forceinline__ void run_producer(const Sm90KernelParams &params, const Pipeline<Traits> &pipe) {
     const FwdKernelParams &p = params.fwd;
-    uint32_t kv_count = 0;  // K/V tiles loaded so far: their stage and phase
+    // K/V tiles loaded so far: their stage and phase. Starts where the
+    // consumers' count does (0, or a test's FLASHCORE_TEST_KV_POSITION).
+    KvPosition kv_count = params.first_kv_position;
     uint32_t q_count = 0;   // query blocks loaded so far
     PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(p).for_each_block(
         p, [&](const FwdTile &tile, const BlockKeyRange<Traits::kBlockM, Traits::kBlockN> &keys, int /*split*/) {
