@@ -288,23 +288,26 @@ TEST(ForwardApi, UnknownForcedVariantIsRejectedAtCreate) {
     if (h != nullptr) flashcore_destroy(h);
 }
 
-TEST(ForwardApi, BadPersistentCtaCapIsRejectedAtCreate) {
-    FC_REQUIRE_GPU();
-    for (const char *value : {"0", "-3", "12x", "100000"}) {
+// Each value of the environment variable `name` makes handle creation fail
+// with a message that quotes it; `valid` is accepted.
+void expect_env_values_rejected(const char *name, std::initializer_list<const char *> values, const char *valid) {
+    for (const char *value : values) {
         flashcore_handle h = nullptr;
         std::string message;
-        EXPECT_EQ(create_with_env("FLASHCORE_PERSISTENT_CTAS", value, &h, &message),
-                  FLASHCORE_STATUS_INVALID_ARGUMENT)
-            << value;
+        EXPECT_EQ(create_with_env(name, value, &h, &message), FLASHCORE_STATUS_INVALID_ARGUMENT) << value;
         EXPECT_EQ(h, nullptr);
-        EXPECT_NE(message.find("FLASHCORE_PERSISTENT_CTAS is '" + std::string(value) + "'"), std::string::npos)
-            << message;
+        EXPECT_NE(message.find(std::string(name) + " is '" + value + "'"), std::string::npos) << message;
         if (h != nullptr) flashcore_destroy(h);
     }
     flashcore_handle h = nullptr;
     std::string message;
-    EXPECT_EQ(create_with_env("FLASHCORE_PERSISTENT_CTAS", "1", &h, &message), FLASHCORE_STATUS_SUCCESS) << message;
+    EXPECT_EQ(create_with_env(name, valid, &h, &message), FLASHCORE_STATUS_SUCCESS) << message;
     if (h != nullptr) flashcore_destroy(h);
+}
+
+TEST(ForwardApi, BadPersistentCtaCapIsRejectedAtCreate) {
+    FC_REQUIRE_GPU();
+    expect_env_values_rejected("FLASHCORE_PERSISTENT_CTAS", {"0", "-3", "12x", "100000"}, "1");
 }
 
 // FLASHCORE_FWD_VARIANT=sm90 is honoured only where the sm_90a kernels run
@@ -382,17 +385,7 @@ TEST(ForwardSm90, KvCountCrossing2Pow32) {
 
 TEST(ForwardApi, BadKvPositionIsRejectedAtCreate) {
     FC_REQUIRE_GPU();
-    for (const char *value : {"-1", "12x", "99999999999999999999"}) {
-        flashcore_handle h = nullptr;
-        std::string message;
-        EXPECT_EQ(create_with_env("FLASHCORE_TEST_KV_POSITION", value, &h, &message),
-                  FLASHCORE_STATUS_INVALID_ARGUMENT)
-            << value;
-        EXPECT_EQ(h, nullptr);
-        EXPECT_NE(message.find("FLASHCORE_TEST_KV_POSITION is '" + std::string(value) + "'"), std::string::npos)
-            << message;
-        if (h != nullptr) flashcore_destroy(h);
-    }
+    expect_env_values_rejected("FLASHCORE_TEST_KV_POSITION", {"-1", "12x", "99999999999999999999"}, "4294967290");
 }
 
 TEST(ForwardApi, RejectedCallsWriteNothing) {
