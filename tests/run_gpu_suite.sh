@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Runs every GPU test configuration that tests/CMakeLists.txt registers with
 # ctest (the dispatcher's choice, each path, each pinned tile variant, the
-# persistent kernel on 3 CTAs, the split suite on each path), but as a few
-# sharded processes per configuration instead of one process per test: the
-# same tests in minutes rather than the ctest run's quarter hour, which
-# matters on a leased GPU. ctest stays the reference; keep the two lists in
+# persistent kernel on 3 CTAs, the split suite on each path, and last, alone,
+# the race test), but as a few sharded processes per configuration instead of
+# one process per test: the same tests in minutes rather than the ctest run's
+# quarter hour, which matters on a leased GPU. ctest stays the reference; keep the two lists in
 # step.
 #
 #   tests/run_gpu_suite.sh BUILD_DIR [SHARDS] [LOG_DIR]
@@ -20,7 +20,7 @@ logs=${3:-${build}/gpu-suite-logs}
 tests_dir=${build}/tests
 mkdir -p "${logs}"
 
-# name | binary | gtest filter | environment
+# name | binary | gtest filter | environment [| shards: 1 runs it alone]
 configs=(
   "default|test_forward|*|"
   "portable|test_forward|*|FLASHCORE_FWD_VARIANT=portable"
@@ -33,16 +33,18 @@ configs=(
   "split|test_split|*|"
   "split.portable|test_split|Splits/*|FLASHCORE_FWD_VARIANT=portable"
   "split.sm90|test_split|Splits/*|FLASHCORE_FWD_VARIANT=sm90"
+  "race|test_race|*||1"
 )
 
 status=0
 for config in "${configs[@]}"; do
-  IFS='|' read -r name binary filter env_vars <<<"${config}"
+  IFS='|' read -r name binary filter env_vars config_shards <<<"${config}"
+  n=${config_shards:-${shards}}
   pids=()
-  for ((shard = 0; shard < shards; ++shard)); do
+  for ((shard = 0; shard < n; ++shard)); do
     log=${logs}/${name}.${shard}.log
     # shellcheck disable=SC2086 # env_vars is a list of NAME=VALUE words
-    env ${env_vars} GTEST_TOTAL_SHARDS=${shards} GTEST_SHARD_INDEX=${shard} \
+    env ${env_vars} GTEST_TOTAL_SHARDS=${n} GTEST_SHARD_INDEX=${shard} \
       "${tests_dir}/${binary}" "--gtest_filter=${filter}" --gtest_brief=1 >"${log}" 2>&1 &
     pids+=($!)
   done

@@ -112,13 +112,8 @@ size_t workspace_size(flashcore_handle h, const flashcore_forward_params &p) {
     return bytes;
 }
 
-struct DeviceBuffer {
-    void *data = nullptr;
-    explicit DeviceBuffer(size_t bytes) { FC_CHECK_CUDA(cudaMalloc(&data, bytes > 0 ? bytes : 1)); }
-    ~DeviceBuffer() { cudaFree(data); }
-    DeviceBuffer(const DeviceBuffer &) = delete;
-    DeviceBuffer &operator=(const DeviceBuffer &) = delete;
-};
+// Device memory between guard bands (support/device_tensors.h).
+using DeviceBuffer = GuardedBuffer;
 
 TEST(SplitWorkspace, SizeFollowsTheSplitAndIsStable) {
     FC_REQUIRE_GPU();
@@ -371,10 +366,11 @@ TEST_P(MergeTest, MatchesFloat64Merge) {
     UniqueHandle handle = make_handle();
     ASSERT_TRUE(handle);
     const std::vector<unsigned char> partial_bytes = encode(c.partial_dtype, partial);
-    DeviceBuffer d_partial(partial_bytes.size()), d_lse(lse.size() * 4), d_out(rows * dim * 4), d_out_lse(rows * 4);
+    DeviceBuffer d_partial(partial_bytes.size()), d_lse(lse.size() * 4), d_out(rows * dim * dtype_bytes(c.out_dtype)),
+        d_out_lse(rows * 4);
     FC_CHECK_CUDA(cudaMemcpy(d_partial.data, partial_bytes.data(), partial_bytes.size(), cudaMemcpyHostToDevice));
     FC_CHECK_CUDA(cudaMemcpy(d_lse.data, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice));
-    FC_CHECK_CUDA(cudaMemset(d_out.data, 0xFF, rows * dim * 4));
+    FC_CHECK_CUDA(cudaMemset(d_out.data, 0xFF, rows * dim * dtype_bytes(c.out_dtype)));
     FC_CHECK_CUDA(cudaMemset(d_out_lse.data, 0xFF, rows * 4));
 
     flashcore_merge_params p;
@@ -425,6 +421,10 @@ TEST_P(MergeTest, MatchesFloat64Merge) {
     } else {
         for (float x : out_lse) ASSERT_TRUE(std::isnan(x)) << "lse was written although NULL was passed";
     }
+    EXPECT_EQ(d_out.check("out"), "");
+    EXPECT_EQ(d_out_lse.check("lse"), "");
+    EXPECT_EQ(d_partial.check("partial_out"), "");
+    EXPECT_EQ(d_lse.check("partial_lse"), "");
 }
 
 std::vector<MergeCase> merge_cases() {

@@ -52,8 +52,35 @@ float from_bits(flashcore_dtype dtype, uint16_t bits) {
 
 float round_to(flashcore_dtype dtype, float x) { return from_bits(dtype, to_bits(dtype, x)); }
 
-DeviceTensor::~DeviceTensor() {
-    if (data != nullptr) cudaFree(data);
+GuardedBuffer::~GuardedBuffer() {
+    if (base != nullptr) cudaFree(base);
+}
+
+void GuardedBuffer::allocate(size_t bytes_) {
+    bytes = bytes_;
+    void *allocation = nullptr;
+    FC_CHECK_CUDA(cudaMalloc(&allocation, bytes + 2 * kGuardBytes));
+    base = static_cast<unsigned char *>(allocation);
+    data = base + kGuardBytes;
+    FC_CHECK_CUDA(cudaMemset(base, kGuardByte, kGuardBytes));
+    FC_CHECK_CUDA(cudaMemset(base + kGuardBytes + bytes, kGuardByte, kGuardBytes));
+}
+
+std::string GuardedBuffer::check(const char *what) const {
+    std::vector<unsigned char> band(kGuardBytes);
+    const unsigned char *bands[2] = {base, base + kGuardBytes + bytes};
+    for (int side = 0; side < 2; ++side) {
+        FC_CHECK_CUDA(cudaMemcpy(band.data(), bands[side], kGuardBytes, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < kGuardBytes; ++i) {
+            if (band[i] != kGuardByte) {
+                const long long at = side == 0 ? -static_cast<long long>(kGuardBytes - i)
+                                               : static_cast<long long>(bytes + i);
+                return std::string(what) + ": guard byte at offset " + std::to_string(at) + " (of a " +
+                       std::to_string(bytes) + "-byte buffer) was overwritten";
+            }
+        }
+    }
+    return "";
 }
 
 void DeviceTensor::allocate(int batch_, int heads_, int seqlen_, int head_dim_, int64_t batch_stride_,
@@ -66,7 +93,8 @@ void DeviceTensor::allocate(int batch_, int heads_, int seqlen_, int head_dim_, 
     seq_stride = seq_stride_;
     head_stride = head_stride_;
     capacity = offset(batch - 1, heads - 1, seqlen - 1) + size_t(head_dim);
-    FC_CHECK_CUDA(cudaMalloc(&data, capacity * sizeof(uint16_t)));
+    memory.allocate(capacity * sizeof(uint16_t));
+    data = memory.data;
     poison();
 }
 
@@ -93,6 +121,25 @@ std::vector<float> DeviceTensor::download(flashcore_dtype dtype) const {
 }
 
 void DeviceTensor::poison() { FC_CHECK_CUDA(cudaMemset(data, 0xFF, capacity * sizeof(uint16_t))); }
+
+std::string DeviceTensor::check_untouched(const char *what) const {
+    const std::string guards = memory.check(what);
+    if (!guards.empty()) return guards;
+    std::vector<uint16_t> host(capacity);
+    FC_CHECK_CUDA(cudaMemcpy(host.data(), data, capacity * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    std::vector<bool> in_view(capacity, false);
+    for (int b = 0; b < batch; ++b)
+        for (int h = 0; h < heads; ++h)
+            for (int s = 0; s < seqlen; ++s)
+                for (int c = 0; c < head_dim; ++c) in_view[offset(b, h, s) + c] = true;
+    for (size_t i = 0; i < capacity; ++i) {
+        if (!in_view[i] && host[i] != 0xFFFFu) {
+            return std::string(what) + ": element " + std::to_string(i) +
+                   " lies outside the tensor's view (padding) and was overwritten";
+        }
+    }
+    return "";
+}
 
 std::vector<float> random_values(flashcore_dtype dtype, size_t n, std::mt19937_64 &rng) {
     std::normal_distribution<float> dist(0.f, 1.f);

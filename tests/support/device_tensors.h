@@ -34,19 +34,43 @@ float round_to(flashcore_dtype dtype, float x);
 uint16_t to_bits(flashcore_dtype dtype, float x);
 float from_bits(flashcore_dtype dtype, uint16_t bits);
 
+// Bytes of the guard bands allocated before and after the test buffers
+// (a multiple of cudaMalloc's 256-byte alignment, so the buffers keep it),
+// and the byte they hold: a kernel or a launcher that writes outside the
+// caller's tensors shows up as a changed guard byte.
+constexpr size_t kGuardBytes = 256;
+constexpr unsigned char kGuardByte = 0xA5;
+
+// Device memory of `bytes` between two guard bands; `data` is the caller's
+// part. check() names the first changed guard byte, or returns "".
+struct GuardedBuffer {
+    unsigned char *base = nullptr;
+    void *data = nullptr;
+    size_t bytes = 0;
+
+    GuardedBuffer() = default;
+    explicit GuardedBuffer(size_t bytes_) { allocate(bytes_); }
+    GuardedBuffer(const GuardedBuffer &) = delete;
+    GuardedBuffer &operator=(const GuardedBuffer &) = delete;
+    ~GuardedBuffer();
+    void allocate(size_t bytes_);
+    std::string check(const char *what) const;
+};
+
 // One attention tensor on the device: [batch, heads, seqlen, head_dim]
 // logically, stored with arbitrary element strides inside a buffer of
-// `capacity` elements.
+// `capacity` elements, between guard bands.
 struct DeviceTensor {
     int batch = 0, heads = 0, seqlen = 0, head_dim = 0;
     int64_t batch_stride = 0, seq_stride = 0, head_stride = 0;
     size_t capacity = 0;
     void *data = nullptr;
+    GuardedBuffer memory;
 
     DeviceTensor() = default;
     DeviceTensor(const DeviceTensor &) = delete;
     DeviceTensor &operator=(const DeviceTensor &) = delete;
-    ~DeviceTensor();
+    ~DeviceTensor() = default;
 
     void allocate(int batch_, int heads_, int seqlen_, int head_dim_, int64_t batch_stride_, int64_t seq_stride_,
                   int64_t head_stride_);
@@ -57,6 +81,10 @@ struct DeviceTensor {
     std::vector<float> download(flashcore_dtype dtype) const;
     // Fills the whole buffer with 0xFF bytes: NaN in fp16 and bf16.
     void poison();
+    // "" if the guard bands are intact and every element outside the
+    // logical view (the padding of strided layouts) still holds the poison
+    // that upload() and poison() put there; else what changed.
+    std::string check_untouched(const char *what) const;
 };
 
 // n values from a normal distribution, rounded to dtype.

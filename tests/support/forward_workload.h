@@ -118,6 +118,7 @@ struct Workload {
     Problem problem;
     std::vector<float> q, k, v;
     DeviceTensor dq, dk, dv, dout;
+    GuardedBuffer lse_memory;
     float *dlse = nullptr;
     size_t lse_count = 0;
     flashcore_forward_params params{};
@@ -142,7 +143,8 @@ struct Workload {
         dk.upload(c.dtype, k);
         dv.upload(c.dtype, v);
         lse_count = size_t(c.batch) * c.heads_q * c.seqlen_q;
-        FC_CHECK_CUDA(cudaMalloc(&dlse, lse_count * sizeof(float)));
+        lse_memory.allocate(lse_count * sizeof(float));
+        dlse = static_cast<float *>(lse_memory.data);
 
         flashcore_forward_params_init(&params, sizeof params);
         params.dtype = c.dtype;
@@ -165,7 +167,6 @@ struct Workload {
         bind(dv, &params.v_batch_stride, &params.v_seq_stride, &params.v_head_stride);
         bind(dout, &params.out_batch_stride, &params.out_seq_stride, &params.out_head_stride);
     }
-    ~Workload() { cudaFree(dlse); }
 
     void allocate(DeviceTensor &t, int heads, int seqlen, int head_dim) {
         int64_t b, s, h;
@@ -186,6 +187,17 @@ struct Workload {
         FC_CHECK_CUDA(cudaMemcpy(host.data(), dlse, lse_count * sizeof(float), cudaMemcpyDeviceToHost));
         return host;
     }
+    // "" if no call wrote outside out and lse (their guard bands and the
+    // padding of a strided out) or into q, k and v's guard bands and
+    // padding; else what was overwritten.
+    std::string check_untouched() const {
+        for (const std::string &report : {dq.check_untouched("q"), dk.check_untouched("k"),
+                                          dv.check_untouched("v"), dout.check_untouched("out"),
+                                          lse_memory.check("lse")}) {
+            if (!report.empty()) return report;
+        }
+        return "";
+    }
     std::vector<uint16_t> out_bits() const {
         std::vector<uint16_t> host(dout.capacity);
         FC_CHECK_CUDA(cudaMemcpy(host.data(), dout.data, host.size() * 2, cudaMemcpyDeviceToHost));
@@ -197,12 +209,17 @@ inline flashcore_status run_forward(flashcore_handle h, const flashcore_forward_
     size_t ws_bytes = 0;
     flashcore_status status = flashcore_forward_workspace_size(h, &p, &ws_bytes);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    void *ws = nullptr;
-    if (ws_bytes > 0) FC_CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
-    status = flashcore_forward(h, &p, ws, ws_bytes, stream);
+    // The workspace sits between guard bands too: the library may write only
+    // the bytes it asked for.
+    GuardedBuffer ws;
+    if (ws_bytes > 0) ws.allocate(ws_bytes);
+    status = flashcore_forward(h, &p, ws.data, ws_bytes, stream);
     FC_CHECK_CUDA(cudaGetLastError());
     FC_CHECK_CUDA(cudaStreamSynchronize(stream));
-    if (ws != nullptr) FC_CHECK_CUDA(cudaFree(ws));
+    if (ws_bytes > 0) {
+        const std::string report = ws.check("workspace");
+        if (!report.empty()) ADD_FAILURE() << report;
+    }
     return status;
 }
 
@@ -245,11 +262,13 @@ inline void expect_matches_reference(const FwdCase &c) {
     EXPECT_EQ(e_lse.non_finite, 0u) << "lse elements not written or not finite";
     EXPECT_EQ(e_lse.mismatched_inf, 0u) << "rows with no visible key must have lse = -inf";
     EXPECT_LE(e_lse.max_abs, tol.lse_max_abs);
+    EXPECT_EQ(w.check_untouched(), "");
 
     // The same inputs give bitwise-identical outputs.
     w.poison_outputs();
     ASSERT_EQ(run_forward(handle.get(), w.params), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
     EXPECT_TRUE(w.out_bits() == first_bits) << "second run differs from the first";
+    EXPECT_EQ(w.check_untouched(), "");
 }
 
 }  // namespace flashcore_test

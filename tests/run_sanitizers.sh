@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# compute-sanitizer over a representative subset of the GPU tests, the check
+# to run on a GPU before resolving a kernel change: memcheck (out-of-bounds
+# and misaligned accesses, leaks of device memory) and racecheck (shared
+# memory hazards) on every kernel family and tile variant, the split-KV
+# path with its merge kernel, and flashcore_merge_states. Each run is a few
+# shapes, since the tools slow the kernels 10-100x.
+#
+#   tests/run_sanitizers.sh BUILD_DIR [LOG_DIR]
+#
+# Prints one line per run (tool, what, the tool's summary) and exits
+# non-zero if any run reported an error or failed a test. Needs
+# compute-sanitizer (CUDA toolkit) on PATH and a GPU.
+set -u
+build=${1:?usage: run_sanitizers.sh BUILD_DIR [LOG_DIR]}
+logs=${2:-${build}/sanitizer-logs}
+tests_dir=${build}/tests
+mkdir -p "${logs}"
+if ! command -v compute-sanitizer >/dev/null 2>&1; then
+  echo "compute-sanitizer not found on PATH (it comes with the CUDA toolkit)" >&2
+  exit 2
+fi
+
+# Shapes that cover full and causal masks, partial tiles, GQA and strided
+# layouts at two head dims, without taking minutes under the tools.
+shapes='Shapes/*_d64_*b1_hq2_hkv2_sq113_sk203*:Shapes/*_d128_causal_b2_hq8_hkv2_sq300_sk421*:Shapes/*_d64_full_b2_hq6_hkv3_sq190_sk333*'
+
+# name | tool | binary | gtest filter | environment
+runs=(
+  "default|memcheck|test_forward|${shapes}|"
+  "large|memcheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=large"
+  "keysplit|memcheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=keysplit"
+  "keysplit4|memcheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=keysplit4"
+  "decode|memcheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=decode"
+  "sm90|memcheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=sm90 FLASHCORE_PERSISTENT_CTAS=3"
+  "split|memcheck|test_split|Splits/*d64*sq1_*splits128:Splits/*d128*sq3*:States/*:MergeStates.*|"
+  "large|racecheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=large"
+  "keysplit|racecheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=keysplit"
+  "keysplit4|racecheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=keysplit4"
+  "decode|racecheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=decode"
+  "sm90|racecheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=sm90 FLASHCORE_PERSISTENT_CTAS=3"
+  "split|racecheck|test_split|Splits/*d64*sq1_*splits128:States/*|"
+)
+
+status=0
+for run in "${runs[@]}"; do
+  IFS='|' read -r name tool binary filter env_vars <<<"${run}"
+  log=${logs}/${tool}.${name}.log
+  # shellcheck disable=SC2086 # env_vars is a list of NAME=VALUE words
+  env ${env_vars} compute-sanitizer --tool "${tool}" --error-exitcode 9 \
+    "${tests_dir}/${binary}" "--gtest_filter=${filter}" --gtest_brief=1 >"${log}" 2>&1
+  code=$?
+  summary=$(grep -E "(ERROR|RACECHECK) SUMMARY" "${log}" | tail -1 | sed 's/^=* *//')
+  passed=$(grep -E '^\[  PASSED  \] [0-9]+ test' "${log}" | awk '{print $4}')
+  echo "${tool} ${name}: ${summary:-no summary} (${passed:-0} tests passed, exit code ${code})"
+  # 77: every selected test skipped (e.g. sm90 on another GPU).
+  if [ "${code}" -ne 0 ] && [ "${code}" -ne 77 ]; then
+    status=1
+  fi
+done
+exit "${status}"
