@@ -25,6 +25,9 @@ namespace {
 
 // Calls per case: a race that shows one time in a few dozen still fails.
 constexpr int kRepetitions = 20;
+// Repetitions between full checks of the buffers' guard bands and padding
+// (host copies of every tensor: the slow part of the test).
+constexpr int kRepetitionsPerCheck = 5;
 // Free memory left after the ballast: the test's own buffers, the library's
 // workspace and the CUDA context's growth.
 constexpr size_t kHeadroomBytes = size_t(3) << 30;
@@ -80,7 +83,12 @@ TEST_P(RaceTest, RepeatedCallsAreBitwiseIdenticalAndStayInBounds) {
         const std::vector<float> lse = w.lse_host();
         ASSERT_EQ(std::memcmp(lse.data(), first_lse.data(), lse.size() * sizeof(float)), 0)
             << "repetition " << rep << ": lse differs from the first";
-        ASSERT_EQ(w.check_untouched(), "") << "repetition " << rep << " (seed " << seed << ")";
+        // The guard bands keep their bytes across repetitions, so any
+        // repetition's stray write shows at the next check; the padding of
+        // out is poisoned again each time, so only the checked one counts.
+        if (rep % kRepetitionsPerCheck == 0 || rep == kRepetitions - 1) {
+            ASSERT_EQ(w.check_untouched(), "") << "repetition " << rep << " (seed " << seed << ")";
+        }
     }
 }
 
