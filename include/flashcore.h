@@ -452,6 +452,12 @@ typedef struct flashcore_merge_params {
  * dtypes to FP16. Pass sizeof(flashcore_merge_params). */
 FLASHCORE_API flashcore_status flashcore_merge_params_init(flashcore_merge_params *params, size_t struct_size);
 
+/* Checks everything about *params that does not depend on the GPU: dtypes,
+ * sizes, pointers, alignment, strides, aliasing. Returns the status
+ * flashcore_merge_states would return for these parameters before looking
+ * at the device, as flashcore_forward_check does for flashcore_forward. */
+FLASHCORE_API flashcore_status flashcore_merge_check(const flashcore_merge_params *params);
+
 /* Queues the merge on `stream` (a cudaStream_t, NULL for the default
  * stream) on the handle's device and returns without waiting. Needs no
  * workspace; can be captured into a CUDA graph; deterministic. Bad

@@ -202,6 +202,14 @@ flashcore_status flashcore_merge_params_init(flashcore_merge_params *params, siz
     });
 }
 
+flashcore_status flashcore_merge_check(const flashcore_merge_params *params) {
+    return guarded(__func__, [&] {
+        flashcore_merge_params p;
+        FLASHCORE_TRY(read_merge_params(params, &p));
+        return validate_merge(p);
+    });
+}
+
 flashcore_status flashcore_merge_states(flashcore_handle handle, const flashcore_merge_params *params, void *stream) {
     return guarded(__func__, [&] {
         FLASHCORE_TRY(check_handle(handle));

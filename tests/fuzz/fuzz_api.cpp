@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <set>
 #include <string>
@@ -112,6 +113,22 @@ bool covered(int32_t d, int32_t dv) {
     return false;
 }
 
+// A tensor's bytes as [begin, end); written: out, lse (the aliasing rule).
+struct Range {
+    i128 begin, end;
+    bool written;
+};
+
+// Whether a written range overlaps any other range.
+bool written_overlap(const std::vector<Range> &ranges) {
+    for (size_t i = 0; i < ranges.size(); ++i)
+        for (size_t j = 0; j < i; ++j)
+            if ((ranges[i].written || ranges[j].written) && ranges[i].begin < ranges[j].end &&
+                ranges[j].begin < ranges[i].end)
+                return true;
+    return false;
+}
+
 // The model: what flashcore.h says flashcore_forward_check returns.
 Expected model_check(const flashcore_forward_params &in) {
     Expected e;
@@ -168,10 +185,6 @@ Expected model_check(const flashcore_forward_params &in) {
     if (overlap == 1) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     e.unsure = overlap < 0;
     // Aliasing: out and lse against everything, as byte ranges.
-    struct Range {
-        i128 begin, end;
-        bool written;
-    };
     std::vector<Range> ranges;
     for (int i = 0; i < 4; ++i) {
         const i128 begin = i128(reinterpret_cast<uintptr_t>(tensors[i].ptr));
@@ -181,11 +194,7 @@ Expected model_check(const flashcore_forward_params &in) {
         const i128 begin = i128(reinterpret_cast<uintptr_t>(p.lse));
         ranges.push_back({begin, begin + i128(p.batch_size) * p.num_heads_q * p.seqlen_q * 4, true});
     }
-    for (size_t i = 0; i < ranges.size(); ++i)
-        for (size_t j = 0; j < i; ++j)
-            if ((ranges[i].written || ranges[j].written) && ranges[i].begin < ranges[j].end &&
-                ranges[j].begin < ranges[i].end)
-                e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    if (written_overlap(ranges)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     return e;
 }
 
@@ -255,12 +264,13 @@ void print_params(const flashcore_forward_params &p) {
                  p.out_head_stride);
 }
 
-bool check_forward(const flashcore_forward_params &p, uint64_t call) {
-    const Expected e = model_check(p);
-    flashcore_forward_params copy = p;
-    const flashcore_status got = flashcore_forward_check(&copy);
-    const std::string message = flashcore_last_error_message();
-    bool ok = std::memcmp(&copy, &p, sizeof p) == 0;
+// Whether a check's result agrees with the model: one of the statuses it
+// allows (or SUCCESS when it allows none; INVALID_ARGUMENT too where it could
+// not tell self-overlap), a message exactly when it failed, its input
+// unchanged. On disagreement, prints what was returned and allowed.
+bool agrees(const Expected &e, flashcore_status got, const std::string &message, bool input_unchanged,
+            const char *function, uint64_t call) {
+    bool ok = input_unchanged;
     if (e.statuses.empty()) {
         ok &= got == FLASHCORE_STATUS_SUCCESS || (e.unsure && got == FLASHCORE_STATUS_INVALID_ARGUMENT);
     } else {
@@ -269,11 +279,198 @@ bool check_forward(const flashcore_forward_params &p, uint64_t call) {
     ok &= (got == FLASHCORE_STATUS_SUCCESS) == message.empty();
     if (!ok) {
         std::string allowed;
-        for (int s : e.statuses) allowed += std::string(allowed.empty() ? "" : ", ") + std::to_string(s);
-        std::fprintf(stderr, "call %" PRIu64 ": flashcore_forward_check returned %d (\"%s\"); the model allows {%s}%s\n",
-                     call, int(got), message.c_str(), allowed.empty() ? "0" : allowed.c_str(),
-                     e.unsure ? " (or 1: self-overlap not modelled at this size)" : "");
-        print_params(p);
+        for (int st : e.statuses) allowed += std::string(allowed.empty() ? "" : ", ") + std::to_string(st);
+        std::fprintf(stderr, "call %" PRIu64 ": %s returned %d (\"%s\"); the model allows {%s}%s%s\n", call, function,
+                     int(got), message.c_str(), allowed.empty() ? "0" : allowed.c_str(),
+                     e.unsure ? " (or 1: self-overlap not modelled at this size)" : "",
+                     input_unchanged ? "" : "; it wrote its const input");
+    }
+    return ok;
+}
+
+bool check_forward(const flashcore_forward_params &p, uint64_t call) {
+    flashcore_forward_params copy = p;
+    const flashcore_status got = flashcore_forward_check(&copy);
+    const bool ok = agrees(model_check(p), got, flashcore_last_error_message(), std::memcmp(&copy, &p, sizeof p) == 0,
+                           "flashcore_forward_check", call);
+    if (!ok) print_params(p);
+    return ok;
+}
+
+// The merge's rules (flashcore.h, "Merging partial attention results"),
+// as the model of what flashcore_merge_check returns.
+int32_t merge_element_bytes(int32_t dtype) { return dtype == FLASHCORE_DTYPE_FP32 ? 4 : 2; }
+
+struct MergeTensor {
+    const void *ptr;
+    int32_t element_bytes;
+    i128 extents[4];   // batch, seqlen, heads, states (1 for out)
+    int64_t strides[4];
+    i128 dim;
+};
+
+i128 merge_last_offset(const MergeTensor &t) {
+    i128 last = t.dim - 1;
+    for (int i = 0; i < 4; ++i) last += (t.extents[i] - 1) * t.strides[i];
+    return last;
+}
+
+Expected model_merge_check(const flashcore_merge_params &p) {
+    Expected e;
+    if (p.struct_size < sizeof(flashcore_merge_params) || p.struct_size > 64 * 1024) {
+        e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        return e;  // nothing else is read
+    }
+    const auto dtype_ok = [](int32_t d) {
+        return d == FLASHCORE_DTYPE_FP16 || d == FLASHCORE_DTYPE_BF16 || d == FLASHCORE_DTYPE_FP32;
+    };
+    if (!dtype_ok(p.partial_dtype) || !dtype_ok(p.out_dtype)) e.add(FLASHCORE_STATUS_UNSUPPORTED);
+    if (p.num_states < 1 || p.batch_size < 0 || p.num_heads < 0 || p.seqlen < 0 || p.head_dim < 1)
+        e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    if (p.head_dim >= 1 && p.head_dim % 8 != 0) e.add(FLASHCORE_STATUS_UNSUPPORTED);
+    const bool empty = p.batch_size == 0 || p.num_heads == 0 || p.seqlen == 0;
+    if (empty || !e.statuses.empty()) return e;  // an empty merge's pointers and strides are not looked at
+
+    const MergeTensor tensors[] = {
+        {p.partial_out, merge_element_bytes(p.partial_dtype), {p.batch_size, p.seqlen, p.num_heads, p.num_states},
+         {p.partial_batch_stride, p.partial_seq_stride, p.partial_head_stride, p.partial_state_stride}, p.head_dim},
+        {p.out, merge_element_bytes(p.out_dtype), {p.batch_size, p.seqlen, p.num_heads, 1},
+         {p.out_batch_stride, p.out_seq_stride, p.out_head_stride, 0}, p.head_dim},
+    };
+    for (const MergeTensor &t : tensors) {
+        bool ok = t.ptr != nullptr;
+        if (t.ptr == nullptr) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        if (reinterpret_cast<uintptr_t>(t.ptr) % FLASHCORE_ALIGNMENT != 0) e.add(FLASHCORE_STATUS_MISALIGNED);
+        for (int64_t st : t.strides) {
+            if (st < 0) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+            if (st % (FLASHCORE_ALIGNMENT / t.element_bytes) != 0) e.add(FLASHCORE_STATUS_MISALIGNED);
+            ok &= st >= 0;
+        }
+        if (ok && merge_last_offset(t) * t.element_bytes > i128(INT64_MAX)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    }
+    if (!e.statuses.empty()) return e;
+    const Tensor out_rows{"out", p.out, p.batch_size, p.seqlen, p.num_heads, p.head_dim,
+                          p.out_batch_stride, p.out_seq_stride, p.out_head_stride};
+    const int overlap = self_overlap(out_rows);
+    if (overlap == 1) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    e.unsure = overlap < 0;
+
+    if (p.partial_lse == nullptr) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    if (reinterpret_cast<uintptr_t>(p.partial_lse) % 4 != 0) e.add(FLASHCORE_STATUS_MISALIGNED);
+    const struct {
+        int64_t stride;
+        i128 extent;
+    } lse_dims[] = {{p.lse_state_stride, p.num_states},
+                    {p.lse_batch_stride, p.batch_size},
+                    {p.lse_head_stride, p.num_heads},
+                    {p.lse_seq_stride, p.seqlen}};
+    i128 last_lse = 0;
+    bool lse_ok = p.partial_lse != nullptr;
+    for (const auto &d : lse_dims) {
+        if (d.stride < 0) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        lse_ok &= d.stride >= 0;
+        last_lse += (d.extent - 1) * d.stride;
+    }
+    if (lse_ok && last_lse * 4 > i128(INT64_MAX)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    if (p.lse != nullptr && reinterpret_cast<uintptr_t>(p.lse) % 4 != 0) e.add(FLASHCORE_STATUS_MISALIGNED);
+    if (!e.statuses.empty() || !lse_ok) return e;
+
+    // Aliasing: out and lse against everything, as byte ranges.
+    std::vector<Range> ranges;
+    for (int i = 0; i < 2; ++i) {
+        const i128 begin = i128(reinterpret_cast<uintptr_t>(tensors[i].ptr));
+        ranges.push_back({begin, begin + (merge_last_offset(tensors[i]) + 1) * tensors[i].element_bytes, i == 1});
+    }
+    const i128 lse_begin = i128(reinterpret_cast<uintptr_t>(p.partial_lse));
+    ranges.push_back({lse_begin, lse_begin + (last_lse + 1) * 4, false});
+    if (p.lse != nullptr) {
+        const i128 begin = i128(reinterpret_cast<uintptr_t>(p.lse));
+        ranges.push_back({begin, begin + i128(p.batch_size) * p.num_heads * p.seqlen * 4, true});
+    }
+    if (written_overlap(ranges)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    return e;
+}
+
+// Packed strides (in elements) of [outer..., inner] extents, inner first;
+// false where they would not fit int64_t.
+bool packed_strides(std::initializer_list<i128> inner_to_outer, int64_t *strides) {
+    i128 stride = 1;
+    int i = 0;
+    for (i128 extent : inner_to_outer) {
+        if (stride > i128(INT64_MAX)) return false;
+        strides[i++] = int64_t(stride);
+        stride *= std::max<i128>(extent, 1);
+    }
+    return true;
+}
+
+flashcore_merge_params random_merge_params(Rng &r) {
+    flashcore_merge_params p;
+    flashcore_merge_params_init(&p, sizeof p);
+    const int32_t bad_dtypes[] = {0, 4, 7, -1, INT32_MIN};
+    p.partial_dtype = r.chance(93) ? int32_t(1 + r.below(3)) : r.pick(bad_dtypes);
+    p.out_dtype = r.chance(93) ? int32_t(1 + r.below(3)) : r.pick(bad_dtypes);
+    p.num_states = r.chance(90) ? int32_t(1 + r.below(5)) : random_size(r);
+    p.batch_size = random_size(r);
+    p.num_heads = random_size(r);
+    p.seqlen = random_size(r);
+    const int32_t dims[] = {8, 16, 64, 128, 256, 0, -8, 12, 60, INT32_MAX};
+    p.head_dim = r.chance(85) ? int32_t(8 * (1 + r.below(32))) : r.pick(dims);
+    // Packed [state][batch][head][seq][dim] partials and [batch][head][seq][dim]
+    // output, LSE [state][batch][head][seq]; then some strides perturbed.
+    int64_t ps[5] = {}, os[4] = {}, ls[4] = {};
+    const i128 d = p.head_dim, s = p.seqlen, h = p.num_heads, b = p.batch_size;
+    if (packed_strides({d, s, h, b, p.num_states}, ps)) {
+        p.partial_seq_stride = ps[1], p.partial_head_stride = ps[2], p.partial_batch_stride = ps[3];
+        p.partial_state_stride = ps[4];
+    }
+    if (packed_strides({d, s, h, b}, os)) {
+        p.out_seq_stride = os[1], p.out_head_stride = os[2], p.out_batch_stride = os[3];
+    }
+    if (packed_strides({s, h, b, p.num_states}, ls)) {
+        p.lse_seq_stride = ls[0], p.lse_head_stride = ls[1], p.lse_batch_stride = ls[2], p.lse_state_stride = ls[3];
+    }
+    for (int64_t *st : {&p.partial_state_stride, &p.partial_batch_stride, &p.partial_seq_stride,
+                        &p.partial_head_stride, &p.out_batch_stride, &p.out_seq_stride, &p.out_head_stride})
+        if (r.chance(4)) *st = random_stride(r, *st);
+    for (int64_t *st : {&p.lse_state_stride, &p.lse_batch_stride, &p.lse_seq_stride, &p.lse_head_stride}) {
+        if (r.chance(3)) {
+            const int64_t edges[] = {0, -1, 1, 3, int64_t(1) << 61, INT64_MAX, INT64_MIN};
+            *st = r.pick(edges);
+        }
+    }
+    std::vector<uintptr_t> placed;
+    p.partial_out = random_pointer(r, 0, placed);
+    placed.push_back(reinterpret_cast<uintptr_t>(p.partial_out));
+    const void *partial_lse = random_pointer(r, 1, placed);
+    if (r.chance(5)) partial_lse = static_cast<const char *>(partial_lse) + 4;  // 4-byte aligned: fine
+    p.partial_lse = static_cast<const float *>(partial_lse);
+    placed.push_back(reinterpret_cast<uintptr_t>(p.partial_lse));
+    p.out = const_cast<void *>(random_pointer(r, 2, placed));
+    placed.push_back(reinterpret_cast<uintptr_t>(p.out));
+    if (r.chance(60)) p.lse = static_cast<float *>(const_cast<void *>(random_pointer(r, 3, placed)));
+    const size_t sizes[] = {0, 12, sizeof p - 1, size_t(1) << 40};
+    p.struct_size = r.chance(95) ? sizeof p : r.pick(sizes);
+    return p;
+}
+
+bool check_merge(const flashcore_merge_params &p, uint64_t call) {
+    flashcore_merge_params copy = p;
+    const flashcore_status got = flashcore_merge_check(&copy);
+    const bool ok = agrees(model_merge_check(p), got, flashcore_last_error_message(),
+                           std::memcmp(&copy, &p, sizeof p) == 0, "flashcore_merge_check", call);
+    if (!ok) {
+        std::fprintf(stderr,
+                     "  struct_size %zu dtypes %d -> %d states %d B %d H %d S %d D %d\n"
+                     "  partial_out %p partial_lse %p out %p lse %p\n"
+                     "  partial strides %" PRId64 " %" PRId64 " %" PRId64 " %" PRId64 " (state batch seq head)"
+                     "  lse %" PRId64 " %" PRId64 " %" PRId64 " %" PRId64 "  out %" PRId64 " %" PRId64 " %" PRId64
+                     "\n",
+                     p.struct_size, p.partial_dtype, p.out_dtype, p.num_states, p.batch_size, p.num_heads, p.seqlen,
+                     p.head_dim, p.partial_out, static_cast<const void *>(p.partial_lse), p.out,
+                     static_cast<void *>(p.lse), p.partial_state_stride, p.partial_batch_stride, p.partial_seq_stride,
+                     p.partial_head_stride, p.lse_state_stride, p.lse_batch_stride, p.lse_seq_stride,
+                     p.lse_head_stride, p.out_batch_stride, p.out_seq_stride, p.out_head_stride);
     }
     return ok;
 }
@@ -337,7 +534,7 @@ bool check_handles(Rng &r, const flashcore_forward_params &p, uint64_t call) {
 }
 
 struct Counts {
-    uint64_t calls = 0, successes = 0;
+    uint64_t calls = 0, successes = 0, merge_successes = 0;
 };
 
 bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
@@ -347,6 +544,11 @@ bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
         if (!check_forward(p, i)) return false;
         ++counts->calls;
         counts->successes += flashcore_forward_check(&p) == FLASHCORE_STATUS_SUCCESS;
+        ++counts->calls;
+        const flashcore_merge_params m = random_merge_params(r);
+        if (!check_merge(m, i)) return false;
+        counts->calls += 1;
+        counts->merge_successes += flashcore_merge_check(&m) == FLASHCORE_STATUS_SUCCESS;
         ++counts->calls;
         if (i % 4 == 0) {
             const int layouts[] = {0, 1, 0, 1, 2, -1, 7};
@@ -393,7 +595,7 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    std::printf("fuzz_api: %" PRIu64 " API calls, %" PRIu64 " valid parameter sets accepted, all as the model "
-                "says\n", counts.calls, counts.successes);
+    std::printf("fuzz_api: %" PRIu64 " API calls, %" PRIu64 " valid forward and %" PRIu64 " valid merge parameter "
+                "sets accepted, all as the model says\n", counts.calls, counts.successes, counts.merge_successes);
     return 0;
 }

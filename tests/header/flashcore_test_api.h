@@ -30,6 +30,7 @@
     X(flashcore_status, forward,                                                                \
       (flashcore_handle, const flashcore_forward_params *, void *, size_t, void *))               \
     X(flashcore_status, merge_params_init, (flashcore_merge_params *, size_t))                  \
+    X(flashcore_status, merge_check, (const flashcore_merge_params *))                          \
     X(flashcore_status, merge_states, (flashcore_handle, const flashcore_merge_params *, void *))
 
 #define FLASHCORE_TEST_API_MEMBER(ret, name, params) ret (*name) params;

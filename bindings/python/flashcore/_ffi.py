@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "94332daeda7835d98fffd8c225c6c6f758efa4bb98f3d795f00dcd0c974b4bb3"
+HEADER_SHA256 = "403bd45616698e703415e6187eeab408cdc35e0354c5846017792bc0c2a7711b"
 
 FLASHCORE_VERSION_MAJOR = 0
 
@@ -376,6 +376,13 @@ FUNCTIONS = (
     ("flashcore_merge_params_init", flashcore_status, (
         ("params", ctypes.POINTER(flashcore_merge_params)),
         ("struct_size", ctypes.c_size_t),
+    )),
+    # Checks everything about *params that does not depend on the GPU: dtypes,
+    # sizes, pointers, alignment, strides, aliasing. Returns the status
+    # flashcore_merge_states would return for these parameters before looking
+    # at the device, as flashcore_forward_check does for flashcore_forward.
+    ("flashcore_merge_check", flashcore_status, (
+        ("params", ctypes.POINTER(flashcore_merge_params)),
     )),
     # Queues the merge on `stream` (a cudaStream_t, NULL for the default
     # stream) on the handle's device and returns without waiting. Needs no

@@ -331,6 +331,13 @@ extern "C" {
     pub fn flashcore_merge_params_init(params: *mut flashcore_merge_params, struct_size: usize) -> flashcore_status;
 }
 extern "C" {
+    #[doc = " Checks everything about *params that does not depend on the GPU: dtypes,"]
+    #[doc = " sizes, pointers, alignment, strides, aliasing. Returns the status"]
+    #[doc = " flashcore_merge_states would return for these parameters before looking"]
+    #[doc = " at the device, as flashcore_forward_check does for flashcore_forward."]
+    pub fn flashcore_merge_check(params: *const flashcore_merge_params) -> flashcore_status;
+}
+extern "C" {
     #[doc = " Queues the merge on `stream` (a cudaStream_t, NULL for the default"]
     #[doc = " stream) on the handle's device and returns without waiting. Needs no"]
     #[doc = " workspace; can be captured into a CUDA graph; deterministic. Bad"]
