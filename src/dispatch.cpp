@@ -78,6 +78,11 @@ int ctas_per_sm(const flashcore_handle_s &handle, const KernelEntry &kernel) {
     return ctas > 1 ? ctas : 1;
 }
 
+// CTA slots of `kernel` on the handle's device: SMs times CTAs per SM.
+int64_t cta_slots(const flashcore_handle_s &handle, const KernelEntry &kernel) {
+    return int64_t(handle.num_sms) * ctas_per_sm(handle, kernel);
+}
+
 // The number of key splits that best fills `slots` CTA slots (SMs times
 // CTAs per SM) with `blocks` query blocks of `key_steps` pipeline steps
 // each: FlashAttention's wave-efficiency rule, with parts of at least
@@ -143,8 +148,7 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
         return kernel != nullptr && rows_per_head_group <= kernel->info().block_m;
     };
     const auto fits_one_wave = [&](const KernelEntry *kernel) {
-        return kernel != nullptr &&
-               num_blocks(p, *kernel, packed_heads) <= int64_t(handle.num_sms) * ctas_per_sm(handle, *kernel);
+        return kernel != nullptr && num_blocks(p, *kernel, packed_heads) <= cta_slots(handle, *kernel);
     };
     // Decode: a (packed) query block of at most the decode tile's rows. Its
     // time is the K/V read, which the decode tiles keep most bytes in flight
@@ -152,12 +156,11 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
     // smallest key-split tile that holds all the rows.
     if (fits_tile(decode)) {
         *chosen = decode;
-    } else if (fits_tile(key_split4) || (key_split4 != nullptr && fits_one_wave(key_split4))) {
+    } else if (fits_tile(key_split4) || fits_one_wave(key_split4)) {
         *chosen = key_split4;
     } else if (fits_tile(key_split)) {
         *chosen = key_split;
-    } else if (large != nullptr &&
-               num_blocks(p, *large, packed_heads) >= int64_t(handle.num_sms) * ctas_per_sm(handle, *large)) {
+    } else if (large != nullptr && num_blocks(p, *large, packed_heads) >= cta_slots(handle, *large)) {
         *chosen = large;
     } else {
         *chosen = key_split != nullptr ? key_split : large;
@@ -199,7 +202,7 @@ flashcore_status plan_sm80(const flashcore_handle_s &handle, const flashcore_for
     const int splits =
         p.num_splits > 0
             ? p.num_splits
-            : heuristic_splits(blocks, int64_t(handle.num_sms) * ctas_per_sm(handle, *kernel), key_steps(p, *kernel));
+            : heuristic_splits(blocks, cta_slots(handle, *kernel), key_steps(p, *kernel));
     *plan = ForwardPlan{kernel, splits, packed_heads};
     return FLASHCORE_STATUS_SUCCESS;
 }

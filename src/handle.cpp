@@ -4,6 +4,8 @@
 #include <dlfcn.h>
 
 #include <cerrno>
+#include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -63,22 +65,37 @@ flashcore_status read_fwd_variant(const flashcore_handle_s &h, EnvOverrides *env
                 value);
 }
 
+// The environment variable `name` as a whole number from min to max:
+// SUCCESS with *found false where it is unset or empty; INVALID_ARGUMENT,
+// quoting it and saying what is allowed (range: "from ..."), where it is
+// anything else.
+flashcore_status read_env_number(const char *name, long long min, long long max, const char *range, bool *found,
+                                 long long *number) {
+    *found = false;
+    const char *value = std::getenv(name);
+    if (value == nullptr || *value == '\0') return FLASHCORE_STATUS_SUCCESS;
+    char *end = nullptr;
+    errno = 0;
+    const long long n = std::strtoll(value, &end, 10);
+    if (*end != '\0' || errno == ERANGE || n < min || n > max) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s is '%.64s'; it must be unset, empty, or a whole number %s",
+                    name, value, range);
+    }
+    *found = true;
+    *number = n;
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
 // FLASHCORE_PERSISTENT_CTAS=N (1 <= N <= SMs): a persistent kernel launches
 // at most N CTAs instead of one per SM.
 flashcore_status read_persistent_ctas(const flashcore_handle_s &h, EnvOverrides *env) {
-    env->persistent_ctas = h.num_sms;
-    const char *value = std::getenv("FLASHCORE_PERSISTENT_CTAS");
-    if (value == nullptr || *value == '\0') return FLASHCORE_STATUS_SUCCESS;
-    char *end = nullptr;
-    const long n = std::strtol(value, &end, 10);
-    if (*end != '\0' || n < 1 || n > h.num_sms) {
-        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                    "FLASHCORE_PERSISTENT_CTAS is '%.64s'; it must be unset, empty, or a whole number from 1 to %d "
-                    "(the SMs of device %d)",
-                    value, h.num_sms, h.device);
-    }
-    env->persistent_ctas = int(n);
-    return FLASHCORE_STATUS_SUCCESS;
+    char range[80];
+    std::snprintf(range, sizeof range, "from 1 to %d (the SMs of device %d)", h.num_sms, h.device);
+    bool found = false;
+    long long n = 0;
+    const flashcore_status status = read_env_number("FLASHCORE_PERSISTENT_CTAS", 1, h.num_sms, range, &found, &n);
+    env->persistent_ctas = found ? int(n) : h.num_sms;
+    return status;
 }
 
 // FLASHCORE_TEST_KV_POSITION=N (0 <= N < 2^63), for tests: the sm_90a
@@ -86,19 +103,12 @@ flashcore_status read_persistent_ctas(const flashcore_handle_s &h, EnvOverrides 
 // depend on it; a test starts just below 2^32 to cross where a 32-bit count
 // would wrap (sm90/pipeline.cuh).
 flashcore_status read_first_kv_position(EnvOverrides *env) {
-    const char *value = std::getenv("FLASHCORE_TEST_KV_POSITION");
-    if (value == nullptr || *value == '\0') return FLASHCORE_STATUS_SUCCESS;
-    char *end = nullptr;
-    errno = 0;
-    const long long n = std::strtoll(value, &end, 10);
-    if (*end != '\0' || errno == ERANGE || n < 0) {
-        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                    "FLASHCORE_TEST_KV_POSITION is '%.64s'; it must be unset, empty, or a whole number from 0 to "
-                    "2^63 - 1",
-                    value);
-    }
-    env->first_kv_position = uint64_t(n);
-    return FLASHCORE_STATUS_SUCCESS;
+    bool found = false;
+    long long n = 0;
+    const flashcore_status status =
+        read_env_number("FLASHCORE_TEST_KV_POSITION", 0, LLONG_MAX, "from 0 to 2^63 - 1", &found, &n);
+    if (found) env->first_kv_position = uint64_t(n);
+    return status;
 }
 
 // Every environment variable a handle reads, for the device in h.
@@ -126,7 +136,7 @@ flashcore_status fail_no_device(cudaError_t err) {
     }
     dlclose(driver);
     int driver_version = 0;  // as CUDA versions: 1000 * major + 10 * minor; 0 without a driver
-    if (cudaDriverGetVersion(&driver_version) != cudaSuccess) cudaGetLastError();
+    cleared(cudaDriverGetVersion(&driver_version));
     if (err == cudaErrorInsufficientDriver && driver_version > 0) {
         return fail(FLASHCORE_STATUS_NO_DEVICE,
                     "the NVIDIA driver (version for CUDA %d.%d) is older than this library's CUDA runtime (%d.%d) "
@@ -159,9 +169,9 @@ flashcore_status check_handle(const flashcore_handle_s *handle) {
 
 flashcore_status create_handle(int device, flashcore_handle *handle) {
     int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
+    // Cleared: the runtime would report this error again on the next call.
+    cudaError_t err = cleared(cudaGetDeviceCount(&count));
     if (err != cudaSuccess) {
-        cudaGetLastError();  // the runtime keeps this error sticky otherwise
         const flashcore_status status = fail_cuda(err, "cudaGetDeviceCount");
         return status == FLASHCORE_STATUS_NO_DEVICE ? fail_no_device(err) : status;
     }
@@ -253,7 +263,7 @@ DeviceGuard::~DeviceGuard() {
     if (!switched_) return;
     const ContextFunctions &ctx = context_functions();
     if (previous_context_ != nullptr && ctx.set != nullptr && ctx.set(previous_context_) == 0) return;
-    if (cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
+    cleared(cudaSetDevice(previous_));
 }
 
 }  // namespace flashcore

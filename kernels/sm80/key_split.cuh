@@ -1,5 +1,6 @@
 // Merging the partial results of a CTA's key splits (FwdTraits::kKeySplits:
-// 2 for the 64-row key-split tiles, 4 for the 16-row decode tiles).
+// 2 for the 64-row key-split tiles, 4 for the 32-row keysplit4 and the 16-row
+// decode tiles).
 //
 // Every split ran the online softmax over the same query rows but disjoint
 // key tiles, and their warps hold identically laid-out fragments: thread i of
