@@ -263,17 +263,40 @@ TEST(ForwardApi, HandleReportsItsDeviceAndLeavesCurrentDeviceAlone) {
 // flashcore_create with environment variable `name` set to `value`,
 // restoring the variable afterwards; *message: the last error message after
 // the call.
+// Sets environment variables for its lifetime (handles read them when
+// created), restoring what was there before.
+class ScopedEnv {
+   public:
+    ScopedEnv(std::initializer_list<std::pair<const char *, const char *>> vars) {
+        for (const auto &[name, value] : vars) {
+            const char *previous = std::getenv(name);
+            saved_.push_back({name, previous != nullptr, previous == nullptr ? "" : previous});
+            setenv(name, value, 1);
+        }
+    }
+    ~ScopedEnv() {
+        for (const Saved &s : saved_) {
+            if (s.was_set) {
+                setenv(s.name, s.value.c_str(), 1);
+            } else {
+                unsetenv(s.name);
+            }
+        }
+    }
+
+   private:
+    struct Saved {
+        const char *name;
+        bool was_set;
+        std::string value;
+    };
+    std::vector<Saved> saved_;
+};
+
 flashcore_status create_with_env(const char *name, const char *value, flashcore_handle *h, std::string *message) {
-    const char *previous = std::getenv(name);
-    const std::string saved = previous == nullptr ? "" : previous;
-    setenv(name, value, 1);
+    const ScopedEnv env({{name, value}});
     const flashcore_status status = flashcore_create(h);
     *message = flashcore_last_error_message();
-    if (previous == nullptr) {
-        unsetenv(name);
-    } else {
-        setenv(name, saved.c_str(), 1);
-    }
     return status;
 }
 
@@ -333,35 +356,6 @@ TEST(ForwardApi, ForcedSm90PathIsRefusedWhereItCannotRun) {
     }
 }
 
-// Sets environment variables for its lifetime (handles read them when
-// created), restoring what was there before.
-class ScopedEnv {
-   public:
-    ScopedEnv(std::initializer_list<std::pair<const char *, const char *>> vars) {
-        for (const auto &[name, value] : vars) {
-            const char *previous = std::getenv(name);
-            saved_.push_back({name, previous != nullptr, previous == nullptr ? "" : previous});
-            setenv(name, value, 1);
-        }
-    }
-    ~ScopedEnv() {
-        for (const Saved &s : saved_) {
-            if (s.was_set) {
-                setenv(s.name, s.value.c_str(), 1);
-            } else {
-                unsetenv(s.name);
-            }
-        }
-    }
-
-   private:
-    struct Saved {
-        const char *name;
-        bool was_set;
-        std::string value;
-    };
-    std::vector<Saved> saved_;
-};
 
 // The sm_90a kernel counts a CTA's K/V tiles across all its query blocks.
 // One CTA (FLASHCORE_PERSISTENT_CTAS=1) with its count started just below

@@ -101,10 +101,7 @@ void DeviceTensor::allocate(int batch_, int heads_, int seqlen_, int head_dim_, 
 void DeviceTensor::upload(flashcore_dtype dtype, const std::vector<float> &dense) {
     std::vector<uint16_t> host(capacity, 0xFFFFu);
     size_t i = 0;
-    for (int b = 0; b < batch; ++b)
-        for (int h = 0; h < heads; ++h)
-            for (int s = 0; s < seqlen; ++s)
-                for (int c = 0; c < head_dim; ++c) host[offset(b, h, s) + c] = to_bits(dtype, dense[i++]);
+    for_each_view_offset([&](size_t at) { host[at] = to_bits(dtype, dense[i++]); });
     FC_CHECK_CUDA(cudaMemcpy(data, host.data(), capacity * sizeof(uint16_t), cudaMemcpyHostToDevice));
 }
 
@@ -113,10 +110,7 @@ std::vector<float> DeviceTensor::download(flashcore_dtype dtype) const {
     FC_CHECK_CUDA(cudaMemcpy(host.data(), data, capacity * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     std::vector<float> dense;
     dense.reserve(size_t(batch) * heads * seqlen * head_dim);
-    for (int b = 0; b < batch; ++b)
-        for (int h = 0; h < heads; ++h)
-            for (int s = 0; s < seqlen; ++s)
-                for (int c = 0; c < head_dim; ++c) dense.push_back(from_bits(dtype, host[offset(b, h, s) + c]));
+    for_each_view_offset([&](size_t at) { dense.push_back(from_bits(dtype, host[at])); });
     return dense;
 }
 
@@ -128,10 +122,7 @@ std::string DeviceTensor::check_untouched(const char *what) const {
     std::vector<uint16_t> host(capacity);
     FC_CHECK_CUDA(cudaMemcpy(host.data(), data, capacity * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     std::vector<bool> in_view(capacity, false);
-    for (int b = 0; b < batch; ++b)
-        for (int h = 0; h < heads; ++h)
-            for (int s = 0; s < seqlen; ++s)
-                for (int c = 0; c < head_dim; ++c) in_view[offset(b, h, s) + c] = true;
+    for_each_view_offset([&](size_t at) { in_view[at] = true; });
     for (size_t i = 0; i < capacity; ++i) {
         if (!in_view[i] && host[i] != 0xFFFFu) {
             return std::string(what) + ": element " + std::to_string(i) +

@@ -75,6 +75,15 @@ struct DeviceTensor {
     void allocate(int batch_, int heads_, int seqlen_, int head_dim_, int64_t batch_stride_, int64_t seq_stride_,
                   int64_t head_stride_);
     size_t offset(int b, int h, int s) const { return size_t(b * batch_stride + h * head_stride + s * seq_stride); }
+    // Calls f(element offset) for every element of the logical view, in
+    // dense BHSD order.
+    template <typename F>
+    void for_each_view_offset(F &&f) const {
+        for (int b = 0; b < batch; ++b)
+            for (int h = 0; h < heads; ++h)
+                for (int s = 0; s < seqlen; ++s)
+                    for (int c = 0; c < head_dim; ++c) f(offset(b, h, s) + size_t(c));
+    }
     // Writes dense BHSD float values (rounded to dtype) into the strided layout.
     void upload(flashcore_dtype dtype, const std::vector<float> &dense_bhsd);
     // Reads the strided layout back as dense BHSD floats.
