@@ -43,7 +43,7 @@ struct Consumer {
     int pending_split = 0;
     KvPosition pending_last_kv = 0;  // its last K/V tile
 
-    KvPosition kv_count = params.first_kv_position;  // as the producer's
+    KvPosition kv_count = Pipeline<Traits>::first_position(params.first_kv_position);  // as the producer's
     uint32_t q_count = 0;
 
     __device__ __forceinline__ Consumer(const Sm90KernelParams &params_, const Pipeline<Traits> &pipe, int consumer_,

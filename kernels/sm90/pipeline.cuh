@@ -86,6 +86,15 @@ struct Pipeline {
         fence_barrier_init();
     }
 
+    // Where a CTA's count of K/V tiles starts: the params' first position
+    // (0, or a test's FLASHCORE_TEST_KV_POSITION) rounded down to a whole
+    // number of barrier cycles. Fresh barriers are in phase 0, so the first
+    // tile a stage holds must be one whose phase_of is 0; any other start
+    // would let the first waits pass before their tiles landed, or never.
+    __device__ __forceinline__ static KvPosition first_position(uint64_t requested) {
+        constexpr KvPosition kCycle = 2 * Traits::kStages;
+        return requested - requested % kCycle;
+    }
     __device__ __forceinline__ static int stage_of(KvPosition j) { return int(j % Traits::kStages); }
     __device__ __forceinline__ static uint32_t phase_of(KvPosition j) { return uint32_t(j / Traits::kStages) & 1u; }
     __device__ __forceinline__ static int q_buffer_of(uint32_t block) { return int(block % Traits::kQStages); }

@@ -28,8 +28,8 @@ template <typename Traits>
 __device__ __forceinline__ void run_producer(const Sm90KernelParams &params, const Pipeline<Traits> &pipe) {
     const FwdKernelParams &p = params.fwd;
     // K/V tiles loaded so far: their stage and phase. Starts where the
-    // consumers' count does (0, or a test's FLASHCORE_TEST_KV_POSITION).
-    KvPosition kv_count = params.first_kv_position;
+    // consumers' count does.
+    KvPosition kv_count = Pipeline<Traits>::first_position(params.first_kv_position);
     uint32_t q_count = 0;   // query blocks loaded so far
     PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(p).for_each_block(
         p, [&](const FwdTile &tile, const BlockKeyRange<Traits::kBlockM, Traits::kBlockN> &keys, int /*split*/) {

@@ -22,8 +22,9 @@ struct Sm90KernelParams {
     CUtensorMap tma_k;
     CUtensorMap tma_v;
     CUtensorMap tma_o;
-    // Where the CTAs' count of K/V tiles starts (pipeline.cuh): 0, except in
-    // the test that starts it near 2^32 (FLASHCORE_TEST_KV_POSITION).
+    // Where the CTAs' count of K/V tiles starts (Pipeline::first_position):
+    // 0, except in the test that starts it near 2^32
+    // (FLASHCORE_TEST_KV_POSITION).
     uint64_t first_kv_position;
 };
 
