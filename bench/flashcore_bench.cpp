@@ -299,6 +299,10 @@ struct Case {
     flashcore_dtype dtype;
     bool causal;
     flashcore_layout layout;
+    // --window LEFT,RIGHT (flashcore_forward_params::window_left/right; -1
+    // unbounded); use_window false: none.
+    bool use_window = false;
+    int window_left = -1, window_right = -1;
 };
 
 const char *dtype_name(flashcore_dtype d) { return d == FLASHCORE_DTYPE_BF16 ? "bf16" : "fp16"; }
@@ -313,11 +317,28 @@ double visible_pairs(int64_t sq, int64_t sk, bool causal) {
     return static_cast<double>(sk) * (sk + 1) / 2.0;  // the first Sq - Sk rows see nothing
 }
 
+// The same under a sliding window (flashcore.h: query i sees keys
+// i + Sk - Sq - left ... i + Sk - Sq + right), counted row by row.
+double window_visible_pairs(const Case &c) {
+    const Shape &s = c.shape;
+    double pairs = 0;
+    for (int64_t i = 0; i < s.seqlen_q; ++i) {
+        const int64_t diagonal = i + s.seqlen_k - s.seqlen_q;
+        int64_t begin = 0, end = s.seqlen_k;
+        if (c.window_left >= 0) begin = std::max<int64_t>(begin, diagonal - c.window_left);
+        if (c.causal) end = std::min<int64_t>(end, diagonal + 1);
+        if (c.window_right >= 0) end = std::min<int64_t>(end, diagonal + 1 + c.window_right);
+        if (end > begin) pairs += double(end - begin);
+    }
+    return pairs;
+}
+
 // Two matrix products, 2 flops per multiply-add: Q K^T (head_dim per pair)
 // and P V (head_dim_v per pair); 4*B*Hq*D*pairs when the two are equal.
 double attention_flops(const Case &c) {
     const Shape &s = c.shape;
-    return 2.0 * s.batch * s.heads_q * (s.head_dim + s.head_dim_v) * visible_pairs(s.seqlen_q, s.seqlen_k, c.causal);
+    const double pairs = c.use_window ? window_visible_pairs(c) : visible_pairs(s.seqlen_q, s.seqlen_k, c.causal);
+    return 2.0 * s.batch * s.heads_q * (s.head_dim + s.head_dim_v) * pairs;
 }
 
 // ---------------------------------------------------------------------------
@@ -332,6 +353,9 @@ struct Options {
     std::vector<bool> masks{false};
     flashcore_layout layout = FLASHCORE_LAYOUT_BHSD;
     float softmax_scale = FLASHCORE_SOFTMAX_SCALE_DEFAULT;
+    bool use_window = false;
+    int window_left = -1, window_right = -1;
+    float softcap = 0.f;
     int device = -1;
     int buffer_sets = 0;  // 0: auto
     int graph_calls = 20;
@@ -373,6 +397,10 @@ void print_usage(FILE *f) {
                  "  --mask none|causal|both   (default none)\n"
                  "  --layout bhsd|bshd        packed storage order (default bhsd)\n"
                  "  --scale F                 softmax scale (default 1/sqrt(head_dim))\n"
+                 "  --window L,R              sliding window: keys seen left and right of each\n"
+                 "                            query's diagonal, -1 unbounded (with --causal, R\n"
+                 "                            is 0 or -1); TFLOP/s count the window's pairs\n"
+                 "  --softcap F               logit softcap (default 0: none)\n"
                  "\n"
                  "Timing:\n"
                  "  --budget-ms F             target GPU time per measurement (default 300)\n"
@@ -516,6 +544,14 @@ Options parse_args(int argc, char **argv) {
                 throw UsageError("--layout: bhsd or bshd");
         } else if (opt == "--scale") {
             o.softmax_scale = static_cast<float>(parse_double(opt, value(), 0.0));
+        } else if (opt == "--window") {
+            const std::vector<std::string> bounds = split_commas(value());
+            if (bounds.size() != 2) throw UsageError("--window: LEFT,RIGHT (each -1 or >= 0)");
+            o.use_window = true;
+            o.window_left = static_cast<int>(parse_int(opt, bounds[0], -1, kMaxDim));
+            o.window_right = static_cast<int>(parse_int(opt, bounds[1], -1, kMaxDim));
+        } else if (opt == "--softcap") {
+            o.softcap = static_cast<float>(parse_double(opt, value(), 0.0));
         } else if (opt == "--budget-ms") {
             o.budget_ms = parse_double(opt, value(), 1.0);
         } else if (opt == "--seed") {
@@ -559,7 +595,9 @@ std::vector<Case> build_cases(const Options &o) {
             {n, p->batch, p->heads, p->heads, p->seqlen, p->seqlen, p->head_dim, p->head_dim_v}, o);
         if (custom && o.presets.empty()) s.name = "custom";
         for (flashcore_dtype d : o.dtypes)
-            for (bool causal : o.masks) cases.push_back(Case{s, d, causal, o.layout});
+            for (bool causal : o.masks) {
+                cases.push_back(Case{s, d, causal, o.layout, o.use_window, o.window_left, o.window_right});
+            }
     }
     return cases;
 }
@@ -644,6 +682,10 @@ class CaseBuffers {
             p.causal = c.causal ? 1 : 0;
             p.softmax_scale = o.softmax_scale;
             p.num_splits = o.num_splits;
+            p.use_window = c.use_window ? 1 : 0;
+            p.window_left = c.window_left;
+            p.window_right = c.window_right;
+            p.softcap = o.softcap;
             p.q = set.q.get();
             p.k = set.k.get();
             p.v = set.v.get();

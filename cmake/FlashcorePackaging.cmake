@@ -27,7 +27,7 @@ endif()
 # reserved, undeliverable one (.invalid); set a real one for published packages.
 set(FLASHCORE_PACKAGE_MAINTAINER "flashcore developers <maintainers@flashcore.invalid>"
     CACHE STRING "Maintainer field of the Debian packages (name <email>)")
-set(FLASHCORE_PACKAGE_RELEASE 1 CACHE STRING "Debian revision of the packages (the -N of 0.3.0-N)")
+set(FLASHCORE_PACKAGE_RELEASE 1 CACHE STRING "Debian revision of the packages (the -N of 0.4.0-N)")
 
 set(_flashcore_runtime_package "libflashcore${PROJECT_VERSION_MAJOR}")
 set(_flashcore_dev_package "libflashcore-dev")

@@ -109,9 +109,9 @@ extern "C" {
  * ------------------------------------------------------------------------- */
 
 #define FLASHCORE_VERSION_MAJOR 0
-#define FLASHCORE_VERSION_MINOR 3
+#define FLASHCORE_VERSION_MINOR 4
 #define FLASHCORE_VERSION_PATCH 0
-/* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 300 for 0.3.0. */
+/* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 400 for 0.4.0. */
 #define FLASHCORE_VERSION_NUMBER \
     (FLASHCORE_VERSION_MAJOR * 10000 + FLASHCORE_VERSION_MINOR * 100 + FLASHCORE_VERSION_PATCH)
 
@@ -313,6 +313,31 @@ typedef struct flashcore_forward_params {
      * deterministic for a given num_splits; different num_splits round
      * differently. */
     int32_t num_splits;
+
+    /* ---- Fields added in 0.4. ---- */
+
+    /* Sliding window (local attention), as FlashAttention's window_size =
+     * (window_left, window_right). With use_window non-zero, query i sees
+     * key j only where
+     *     i + d - window_left <= j <= i + d + window_right,
+     * d = seqlen_k - seqlen_q (the diagonal, bottom-right aligned as for
+     * causal); a bound of -1 is dropped (unbounded on that side). Each bound
+     * is -1 or >= 0; window_left = window_right = 0 sees the diagonal key
+     * only. causal non-zero is the same as window_right = 0, so with causal
+     * window_right must be -1 or 0. Key tiles that no row of a query block
+     * sees are skipped, not computed. Rows that see no key give out = 0 and
+     * lse = -infinity. use_window 0 (the default): no window, and the two
+     * bounds are ignored. */
+    int32_t use_window;
+    int32_t window_left;
+    int32_t window_right;
+
+    /* Logit softcapping, as in Gemma 2: with softcap > 0 each score s =
+     * softmax_scale * q.k becomes softcap * tanh(s / softcap) before the
+     * mask and the softmax (lse is of the capped scores). 0 (the default):
+     * off. Must be finite and >= 0; softcap * log2(e) must be a finite float
+     * and softmax_scale / softcap must not underflow to 0. */
+    float softcap;
 } flashcore_forward_params;
 
 /* Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,
@@ -358,10 +383,10 @@ FLASHCORE_API flashcore_status flashcore_forward_check(const flashcore_forward_p
  * output and log-sum-exp in a caller-provided device workspace:
  *   - flashcore_forward_workspace_size gives its size in bytes. The size
  *     depends only on the params' dtype, batch_size, num_heads_q,
- *     num_heads_kv, seqlen_q, seqlen_k, head_dim, head_dim_v, causal and
- *     num_splits, and on the handle's device (its multiprocessor count
- *     feeds the num_splits heuristic); not on pointers, strides or the
- *     softmax scale. The same params on the same handle always give the
+ *     num_heads_kv, seqlen_q, seqlen_k, head_dim, head_dim_v, causal,
+ *     num_splits, use_window, window_left and window_right, and on the
+ *     handle's device (its multiprocessor count feeds the num_splits
+ *     heuristic); not on pointers, strides, the softmax scale or softcap. The same params on the same handle always give the
  *     same size, so a buffer sized once can be reused, and captured into
  *     CUDA graphs, for every call with those params.
  *   - It is 0 when the call does not split (num_splits = 1 always gives 0);

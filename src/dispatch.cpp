@@ -113,9 +113,18 @@ int heuristic_splits(int64_t blocks, int64_t slots, int64_t key_steps) {
     return 1;
 }
 
+// Pipeline steps of keys a query block visits: seqlen_k's, or under a
+// window bounded on both sides (causal with window_left, say) the window's
+// span plus the block's rows (its first and last rows' windows are that far
+// apart), whichever is less.
 int64_t key_steps(const flashcore_forward_params &p, const KernelEntry &kernel) {
     const int64_t step = kernel.info().keys_per_step;
-    return (int64_t(p.seqlen_k) + step - 1) / step;
+    int64_t keys = p.seqlen_k;
+    const int32_t left = effective_window_left(p), right = effective_window_right(p);
+    if (left != kWindowUnbounded && right != kWindowUnbounded) {
+        keys = std::min<int64_t>(keys, int64_t(left) + right + 1 + kernel.info().block_m);
+    }
+    return (keys + step - 1) / step;
 }
 
 // The portable kernel for the call: the pinned variant where the environment

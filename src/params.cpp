@@ -111,6 +111,15 @@ float effective_softmax_scale(const flashcore_forward_params &p) {
 
 float softmax_scale_log2(const flashcore_forward_params &p) { return effective_softmax_scale(p) * kLog2e; }
 
+int32_t effective_window_left(const flashcore_forward_params &p) {
+    return p.use_window != 0 && p.window_left >= 0 ? p.window_left : kWindowUnbounded;
+}
+
+int32_t effective_window_right(const flashcore_forward_params &p) {
+    if (p.causal != 0) return 0;
+    return p.use_window != 0 && p.window_right >= 0 ? p.window_right : kWindowUnbounded;
+}
+
 int32_t effective_head_dim_v(const flashcore_forward_params &p) {
     return p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
 }
@@ -185,9 +194,23 @@ FwdKernelParams kernel_params(const flashcore_forward_params &p) {
     k.num_heads_kv = p.num_heads_kv;
     k.head_dim = p.head_dim;
     k.head_dim_v = effective_head_dim_v(p);
-    k.softmax_scale = effective_softmax_scale(p);
-    k.softmax_scale_log2 = softmax_scale_log2(p);
+    // With a softcap the kernels cap t = tanh(q.k * scale / softcap) and
+    // exponentiate softcap * t: softcap takes the scale's place.
+    const bool capped = p.softcap > 0.f;
+    k.softmax_scale = capped ? p.softcap : effective_softmax_scale(p);
+    k.softmax_scale_log2 = k.softmax_scale * kLog2e;
+    k.softcap_prescale = capped ? effective_softmax_scale(p) / p.softcap : 0.f;
     k.causal = p.causal != 0;
+    // A left bound of seqlen_k (a right one of seqlen_q - 1) already shows
+    // every key on that side to every query; clamped there, the kernels'
+    // position + bound sums stay below 2^31 (KeyMask). With INT32_MAX
+    // standing for "unbounded" and comparisons written to avoid the
+    // overflowing sums, calls with seqlen_q > seqlen_k still came out wrong
+    // on the GPU (every path) while the same KeyMask was right on the host:
+    // a signed overflow is undefined, and the compiler may fold such a
+    // comparison and select into a min() of the sum.
+    k.window_left = std::min(effective_window_left(p), p.seqlen_k);
+    k.window_right = std::min(effective_window_right(p), std::max(p.seqlen_q - 1, 0));
     k.packed_heads = 1;
     k.num_splits = 1;
     return k;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <climits>
 #include <cstdint>
 
 #include "common/fwd_params.h"
@@ -14,12 +15,12 @@ namespace flashcore {
 // Size of flashcore_forward_params as version 0.1 defined it (it ended
 // before head_dim_v): the smallest a caller may pass. read_params gives such
 // a caller the defaults of the fields added since (head_dim_v in 0.2,
-// num_splits in 0.3).
+// num_splits in 0.3, the window and softcap in 0.4).
 constexpr size_t kParamsSizeV0_1 = offsetof(flashcore_forward_params, head_dim_v);
 // Where the last field this library knows ends: bytes of a caller's struct
 // past it belong to fields of a newer header (sizeof adds only padding).
 constexpr size_t kParamsKnownEnd =
-    offsetof(flashcore_forward_params, num_splits) + sizeof(flashcore_forward_params::num_splits);
+    offsetof(flashcore_forward_params, softcap) + sizeof(flashcore_forward_params::softcap);
 // flashcore_merge_params first appeared in 0.3: no smaller size exists.
 constexpr size_t kMergeParamsSizeV0_3 = sizeof(flashcore_merge_params);
 constexpr size_t kMergeParamsKnownEnd =
@@ -59,6 +60,14 @@ constexpr float kLog2e = 1.4426950408889634f;
 // That scale times kLog2e, as the kernels use it (they exponentiate with
 // exp2). Validation requires it to be finite.
 float softmax_scale_log2(const flashcore_forward_params &params);
+
+// The window's bounds as the call asks for them: keys a query sees to the
+// left and to the right of its diagonal, kWindowUnbounded where there is no
+// bound (no window, a bound of -1); causal is a right bound of 0. The
+// kernels get them clamped (kernel_params).
+constexpr int32_t kWindowUnbounded = INT32_MAX;
+int32_t effective_window_left(const flashcore_forward_params &params);
+int32_t effective_window_right(const flashcore_forward_params &params);
 
 // The head dim of v and out: head_dim_v, or head_dim where it is 0.
 int32_t effective_head_dim_v(const flashcore_forward_params &params);

@@ -310,6 +310,53 @@ flashcore_status validate_shapes(const flashcore_forward_params &p) {
                     "softmax_scale (%g) times log2(e) overflows a float; it must be at most %g",
                     double(p.softmax_scale), double(FLT_MAX) / double(kLog2e));
     }
+    status = validate_window(p);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    return validate_softcap(p);
+}
+
+flashcore_status validate_window(const flashcore_forward_params &p) {
+    if (p.use_window == 0) return FLASHCORE_STATUS_SUCCESS;
+    const struct {
+        int32_t value;
+        const char *name;
+    } bounds[] = {{p.window_left, "window_left"}, {p.window_right, "window_right"}};
+    for (const auto &b : bounds) {
+        if (b.value < -1) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                        "%s (%d) must be -1 (unbounded) or >= 0 (keys seen on that side of the diagonal)", b.name,
+                        int(b.value));
+        }
+    }
+    if (p.causal != 0 && p.window_right > 0) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "window_right (%d) must be -1 or 0 with causal, which is window_right 0; for a window reaching "
+                    "%d keys past the diagonal pass causal 0",
+                    int(p.window_right), int(p.window_right));
+    }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+flashcore_status validate_softcap(const flashcore_forward_params &p) {
+    if (p.softcap == 0.f) return FLASHCORE_STATUS_SUCCESS;
+    if (!(std::isfinite(p.softcap) && p.softcap > 0.f)) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "softcap (%g) must be finite and > 0, or 0 for none",
+                    double(p.softcap));
+    }
+    if (!std::isfinite(p.softcap * kLog2e)) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "softcap (%g) times log2(e) overflows a float; it must be at most %g", double(p.softcap),
+                    double(FLT_MAX) / double(kLog2e));
+    }
+    // The kernels scale the raw scores by softmax_scale / softcap before the
+    // tanh; a quotient of 0 would read as "no softcap".
+    const float prescale = effective_softmax_scale(p) / p.softcap;
+    if (!(prescale > 0.f) || !std::isfinite(prescale)) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "softmax_scale / softcap (%g / %g) is not a finite float > 0; a softcap this far from the "
+                    "scale caps nothing",
+                    double(effective_softmax_scale(p)), double(p.softcap));
+    }
     return FLASHCORE_STATUS_SUCCESS;
 }
 

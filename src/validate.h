@@ -23,8 +23,17 @@ flashcore_status validate_sizes(const flashcore_forward_params &params);
 bool forward_is_empty(const flashcore_forward_params &params);
 
 // Dtype, sizes, head counts, head dims (against the kernels this build has),
-// sequence lengths, scale: what the workspace query needs.
+// sequence lengths, scale, window and softcap: what the workspace query
+// needs.
 flashcore_status validate_shapes(const flashcore_forward_params &params);
+
+// The sliding window's bounds (use_window, window_left, window_right) and
+// their combination with causal.
+flashcore_status validate_window(const flashcore_forward_params &params);
+
+// softcap: 0, or finite and > 0 with softcap * log2(e) and
+// softmax_scale / softcap finite floats > 0.
+flashcore_status validate_softcap(const flashcore_forward_params &params);
 
 // Pointers, alignment, strides, and no overlap of an output with another
 // tensor: what the forward call needs in addition.

@@ -33,6 +33,56 @@ TEST_P(ForwardTest, MatchesFloat64Reference) {
     expect_matches_reference(GetParam());
 }
 
+// Sliding windows (0, 1, less than a tile, more than the sequence; with and
+// without causal; Sq < Sk, Sq > Sk, decode with GQA packing, forced splits)
+// and softcap with large logits, alone and with a window. Part of the
+// Shapes suite, so every pinned tile variant runs them too.
+std::vector<FwdCase> window_and_softcap_cases() {
+    constexpr auto fp16 = FLASHCORE_DTYPE_FP16;
+    constexpr auto bf16 = FLASHCORE_DTYPE_BF16;
+    const FwdCase square{fp16, 64, true, 1, 2, 2, 512, 512, Layout::kBHSD};
+    const FwdCase square_full{bf16, 128, false, 1, 2, 2, 512, 512, Layout::kBSHD};
+    const FwdCase chunk{fp16, 128, true, 1, 4, 2, 300, 1000, Layout::kBSHD};
+    const FwdCase tall{bf16, 64, false, 1, 2, 2, 600, 300, Layout::kBHSD};
+    const FwdCase decode{bf16, 128, false, 2, 8, 2, 1, 2048, Layout::kBSHD};
+    const FwdCase few_rows{fp16, 64, true, 1, 8, 8, 16, 4096, Layout::kBHSD};
+    const FwdCase gqa{fp16, 64, true, 2, 8, 2, 300, 421, Layout::kPadded};
+    const FwdCase long_causal{bf16, 128, true, 1, 2, 2, 2048, 2048, Layout::kBHSD};
+    FwdCase split3{fp16, 64, false, 1, 4, 4, 64, 2048, Layout::kBSHD};
+    split3.num_splits = 3;
+    return {
+        square.with_window(0, 0),
+        square.with_window(1, -1),
+        square.with_window(37, 0),
+        square.with_window(200, -1),
+        square.with_window(4096, 0),
+        square_full.with_window(0, 0),
+        square_full.with_window(100, 50),
+        square_full.with_window(-1, 0),
+        square_full.with_window(-1, 30),
+        square_full.with_window(63, -1),
+        square_full.with_window(5000, 5000),
+        chunk.with_window(128, 0),
+        chunk.with_window(700, -1),
+        tall.with_window(50, 10),
+        tall.with_window(0, 0),
+        decode.with_window(500, -1),
+        decode.with_window(0, 0),
+        few_rows.with_window(1000, 0),
+        gqa.with_window(64, 0),
+        long_causal.with_window(256, 0),
+        split3.with_window(300, 0),
+        split3.with_window(100, 100),
+        square_full.with_softcap(30.f, 1.f),
+        square.with_softcap(50.f, 0.5f),
+        gqa.with_softcap(30.f, 1.f).with_window(100, 0),
+        chunk.with_softcap(20.f, 1.f),
+        decode.with_softcap(30.f, 0.5f),
+        split3.with_softcap(30.f, 1.f),
+        long_causal.with_softcap(50.f, 1.f).with_window(1000, 0),
+    };
+}
+
 std::vector<FwdCase> all_cases() {
     struct Shape {
         int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
@@ -77,6 +127,8 @@ std::vector<FwdCase> all_cases() {
                     cases.push_back({dtype, d.qk, causal, s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_k,
                                      s.layout, d.v == d.qk ? 0 : d.v});
                 }
+    const std::vector<FwdCase> masked = window_and_softcap_cases();
+    cases.insert(cases.end(), masked.begin(), masked.end());
     return cases;
 }
 

@@ -52,9 +52,22 @@ struct FwdKernelParams {
     int head_dim;
     int head_dim_v;
 
-    float softmax_scale;       // natural-exp scale applied to Q*K^T
-    float softmax_scale_log2;  // softmax_scale * log2(e): the kernels use exp2
+    // The scale of the scores the softmax exponentiates (for the natural-log
+    // LSE), and it times log2(e) (the kernels use exp2): the call's
+    // softmax_scale, or with a softcap the softcap (common/softcap.cuh).
+    float softmax_scale;
+    float softmax_scale_log2;
+    // softmax_scale / softcap: each raw score q.k becomes tanh(q.k * it)
+    // before the softmax. 0: no softcap.
+    float softcap_prescale;
+    // causal is window_right = 0 (kept for the schedulers). The window's
+    // bounds are keys seen left and right of a query's diagonal (KeyMask),
+    // clamped to seqlen_k and seqlen_q - 1: those see every key on their
+    // side, and the kernels' 32-bit sums of positions and bounds cannot
+    // overflow (src/params.cpp kernel_params says why that matters).
     bool causal;
+    int window_left;
+    int window_right;
 
     // GQA packing: the query heads that share a K/V head (packed_heads of
     // them, num_heads_q / num_heads_kv, or 1 for none) are the rows of one

@@ -9,11 +9,11 @@
 // that need masking at the right end (the partial last tile, the causal
 // diagonal) come first and the rest run unmasked.
 //
-// Today's masks: seqlen_k and causal (bottom-right aligned), over tile rows
-// that may be GQA-packed (KeyMask::query). A row's interval
-// is [key_begin, key_end), so a sliding window (a key_begin that grows with
-// the row), per-sequence lengths (seqlen_k per batch) and a split of the key
-// blocks over CTAs (BlockKeyRange::split) fit without changing the users.
+// The masks: seqlen_k and a window around each query's diagonal (bottom-right
+// aligned: query i's diagonal key is i + seqlen_k - seqlen_q), of which
+// causal is the right bound 0, over tile rows that may be GQA-packed
+// (KeyMask::query). A row's interval is [key_begin, key_end); both ends only
+// grow with the row, which BlockKeyRange relies on.
 #pragma once
 
 #include <cmath>
@@ -38,24 +38,33 @@ struct KeyMask {
     int seqlen_q;
     int seqlen_k;
     int rows_per_query;
-    bool causal;
+    // Keys a query sees left and right of its diagonal, at most seqlen_k and
+    // seqlen_q - 1 (FwdKernelParams::window_left, window_right).
+    int window_left;
+    int window_right;
 
     __host__ __device__ static KeyMask of(const FwdKernelParams &p) {
-        return {p.seqlen_q, p.seqlen_k, p.packed_heads, p.causal};
+        return {p.seqlen_q, p.seqlen_k, p.packed_heads, p.window_left, p.window_right};
     }
 
     __host__ __device__ int num_rows() const { return seqlen_q * rows_per_query; }
     __host__ __device__ int query(int row) const { return rows_per_query == 1 ? row : row / rows_per_query; }
 
-    // Query i sees keys j <= i + diagonal_shift() under the causal mask
-    // (bottom-right alignment: the last query sees the last key).
+    // Query i's diagonal key is i + diagonal_shift() (bottom-right
+    // alignment: the last query's is the last key).
     __host__ __device__ int diagonal_shift() const { return seqlen_k - seqlen_q; }
 
-    __host__ __device__ int key_begin(int /*row*/) const { return 0; }
-    // One past the last key `row` sees; <= 0 when it sees none.
+    // The first key `row` sees (>= 0). The diagonal lies in
+    // [seqlen_k - seqlen_q, seqlen_k) and the bounds are clamped (above), so
+    // nothing here exceeds 2^31 - 1 in magnitude (seqlen_q, seqlen_k <= 2^30).
+    __host__ __device__ int key_begin(int row) const {
+        const int first = query(row) + diagonal_shift() - window_left;
+        return first > 0 ? first : 0;
+    }
+    // One past the last key `row` sees; <= key_begin when it sees none.
     __host__ __device__ int key_end(int row) const {
-        const int causal_end = query(row) + diagonal_shift() + 1;
-        return causal && causal_end < seqlen_k ? causal_end : seqlen_k;
+        const int end = query(row) + diagonal_shift() + 1 + window_right;
+        return end < seqlen_k ? end : seqlen_k;
     }
     __device__ __forceinline__ RowKeys row(int r) const { return {key_begin(r), key_end(r)}; }
 };

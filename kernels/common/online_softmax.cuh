@@ -13,6 +13,7 @@
 
 #include "common/fragment_layout.cuh"
 #include "common/ptx.cuh"
+#include "common/softcap.cuh"
 
 namespace flashcore {
 
@@ -69,29 +70,34 @@ struct OnlineSoftmax {
     // asynchronous GEMM, and which must not write the score registers (an
     // asynchronous GEMM may still own them as far as the compiler can tell):
     // visible(m, n, e) says whether score element e of tile (m, n) takes
-    // part (a mask), and sink(m, n, e, p) receives its probability. Returns
-    // whether `out` needs rescale(out, correction) once it is free.
-    template <int kNAtomsS, typename Visible, typename Sink>
+    // part (a mask), and sink(m, n, e, p) receives its probability; the
+    // scores are raw, and cap (common/softcap.cuh) is applied to them on the
+    // way. Returns whether `out` needs rescale(out, correction) once it is
+    // free.
+    template <int kNAtomsS, typename Visible, typename Sink, typename Cap = NoSoftcap>
     __device__ __forceinline__ bool update_scores_into(const float (&scores)[kMAtoms][kNAtomsS][4], float scale_log2,
-                                                       float (&correction)[kRows], Visible &&visible, Sink &&sink) {
-        const bool changed = update_max(scores, scale_log2, correction, visible);
-        exponentiate(scores, scale_log2, visible, sink);
+                                                       float (&correction)[kRows], Visible &&visible, Sink &&sink,
+                                                       const Cap &cap = Cap{}) {
+        const bool changed = update_max(scores, scale_log2, correction, visible, cap);
+        exponentiate(scores, scale_log2, visible, sink, cap);
         return changed;
     }
 
     // The two halves of an update. update_max folds the tile's row maxima
     // into row_max, scales row_sum by the correction factors and returns
-    // whether any row of the warp changed its maximum.
-    template <int kNAtomsS, typename Visible>
+    // whether any row of the warp changed its maximum. The maximum is taken
+    // over the raw scores and capped once (the cap is monotone).
+    template <int kNAtomsS, typename Visible, typename Cap = NoSoftcap>
     __device__ __forceinline__ bool update_max(const float (&scores)[kMAtoms][kNAtomsS][4], float scale_log2,
-                                               float (&correction)[kRows], Visible &&visible) {
+                                               float (&correction)[kRows], Visible &&visible,
+                                               const Cap &cap = Cap{}) {
         bool max_changed = false;
 #pragma unroll
         for (int m = 0; m < kMAtoms; ++m) {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int r = m * 2 + half;
-                float tile_max = row_max[r];
+                float tile_max = -INFINITY;
 #pragma unroll
                 for (int n = 0; n < kNAtomsS; ++n) {
 #pragma unroll
@@ -100,7 +106,7 @@ struct OnlineSoftmax {
                         tile_max = fmaxf(tile_max, visible(m, n, e) ? scores[m][n][e] : -INFINITY);
                     }
                 }
-                const float new_max = quad_max(tile_max);
+                const float new_max = fmaxf(row_max[r], cap.of_max(quad_max(tile_max)));
                 correction[r] = fast_exp2(row_max[r] * scale_log2 - exp2_offset(new_max, scale_log2));
                 max_changed |= new_max != row_max[r];
                 row_max[r] = new_max;
@@ -112,9 +118,9 @@ struct OnlineSoftmax {
 
     // exponentiate turns the tile's scores into probabilities against the
     // current row maxima and adds them to row_sum.
-    template <int kNAtomsS, typename Visible, typename Sink>
+    template <int kNAtomsS, typename Visible, typename Sink, typename Cap = NoSoftcap>
     __device__ __forceinline__ void exponentiate(const float (&scores)[kMAtoms][kNAtomsS][4], float scale_log2,
-                                                 Visible &&visible, Sink &&sink) {
+                                                 Visible &&visible, Sink &&sink, const Cap &cap = Cap{}) {
         float offset[kRows];
 #pragma unroll
         for (int r = 0; r < kRows; ++r) offset[r] = exp2_offset(row_max[r], scale_log2);
@@ -127,7 +133,7 @@ struct OnlineSoftmax {
                     const int r = m * 2 + e / 2;
                     // Computed for masked elements too and then dropped:
                     // a select, where a conditional exp2 becomes a branch.
-                    const float exp = fast_exp2(fmaf(scores[m][n][e], scale_log2, -offset[r]));
+                    const float exp = fast_exp2(fmaf(cap(scores[m][n][e]), scale_log2, -offset[r]));
                     const float p = visible(m, n, e) ? exp : 0.f;
                     sink(m, n, e, p);
                     row_sum[r] += p;

@@ -145,4 +145,11 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
+// 1/x with the hardware approximation (1 ulp); 1/inf = +0.
+__device__ __forceinline__ float fast_rcp(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 }  // namespace flashcore

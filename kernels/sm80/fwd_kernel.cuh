@@ -25,6 +25,7 @@
 #include "common/fwd_params.h"
 #include "common/key_range.cuh"
 #include "common/online_softmax.cuh"
+#include "common/softcap.cuh"
 #include "common/output_block.cuh"
 #include "common/row_stores.cuh"
 #include "common/tile_coords.cuh"
@@ -149,6 +150,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
     }
     OnlineSoftmax<Traits::kMAtoms> softmax;
     softmax.init();
+    const Softcap softcap{p.softcap_prescale};
 
     for (int j = 0; j < num_split_tiles; ++j) {
         const int n_block = keys.n_block(j * kSplits + split);
@@ -165,6 +167,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
 
         float scores[Traits::kMAtoms][Traits::kNAtomsS][4];
         gemm_qk<Traits>(scores, q_frag, slot_k_addr, k_rows);
+        // Capped before the mask, whose -inf the cap would turn into -1.
+        if (softcap.enabled()) softcap.apply(scores);
         if (keys.needs_mask(n_block)) {
             FragmentKeyMask<Traits::kMAtoms>::of(mask, first_query + warp_first_row, n_block * kBlockN, lane)
                 .apply(scores);

@@ -53,7 +53,7 @@ struct Consumer {
           wg_tid(wg_tid_),
           mask(KeyMask::of(params_.fwd)),
           loop{pipe, wg_tid_ % 32, consumer_ * Traits::kRowsPerConsumer + (wg_tid_ / 32) * kMmaM,
-               params_.fwd.softmax_scale_log2} {}
+               params_.fwd.softmax_scale_log2, Softcap{params_.fwd.softcap_prescale}} {}
 
     __device__ __forceinline__ void run() {
         PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(params.fwd).for_each_block(

@@ -89,6 +89,7 @@ struct Mainloop {
     int lane;
     int warp_first_row;  // within the CTA's query block
     float scale_log2;    // softmax_scale * log2(e)
+    Softcap softcap;
 
     float acc_o[1][kNAtomsO][4];
     OnlineSoftmax<1> softmax;
@@ -141,6 +142,15 @@ struct Mainloop {
     // Returns whether O must be rescaled by `correction`.
     __device__ __forceinline__ bool probabilities(const KeyMask &mask, const KeyRange &keys, int m_block, int j,
                                                   Fragments &frag) {
+        // Two copies of the softmax, so that calls without a softcap pay
+        // nothing for it.
+        if (softcap.enabled()) return capped_probabilities(mask, keys, m_block, j, frag, softcap);
+        return capped_probabilities(mask, keys, m_block, j, frag, NoSoftcap{});
+    }
+
+    template <typename Cap>
+    __device__ __forceinline__ bool capped_probabilities(const KeyMask &mask, const KeyRange &keys, int m_block,
+                                                         int j, Fragments &frag, const Cap &cap) {
         const int n_block = keys.n_block(j);
         float pending = 0.f;
         const auto sink = [&](int, int n, int e, float prob) {
@@ -155,10 +165,10 @@ struct Mainloop {
                 mask, m_block * Traits::kBlockM + warp_first_row, n_block * Traits::kBlockN, lane);
             return softmax.update_scores_into(
                 scores, scale_log2, correction,
-                [&](int m, int n, int e) { return visible.visible(m, n, e); }, sink);
+                [&](int m, int n, int e) { return visible.visible(m, n, e); }, sink, cap);
         }
         return softmax.update_scores_into(
-            scores, scale_log2, correction, [](int, int, int) { return true; }, sink);
+            scores, scale_log2, correction, [](int, int, int) { return true; }, sink, cap);
     }
 
     // Tile 0 of a block, whose S the caller issued: once S_0 is done, P_0.

@@ -6,7 +6,9 @@
 // the consumers still finish (and store) the current one; no CTA pays a
 // launch, a pipeline fill or a drain per query block.
 //
-// Without a causal mask a work item is one 128-row query block. With one,
+// Without a causal mask a work item is one 128-row query block (also with a
+// sliding window's left bound, whose blocks see about as many keys each).
+// With one,
 // block m of a head sees about (seqlen_k - seqlen_q) / kBlockN + m + 1 key
 // tiles (the mask is aligned bottom-right). Where the triangle dominates
 // (seqlen_k - seqlen_q < seqlen_q: the shortest block sees less than about
@@ -41,7 +43,8 @@ struct PersistentSchedule {
     __host__ __device__ static PersistentSchedule of(const FwdKernelParams &p) {
         PersistentSchedule s;
         s.num_m_blocks = ceil_div(p.seqlen_q, kBlockM);
-        s.paired = p.causal && p.seqlen_k - p.seqlen_q < p.seqlen_q;
+        // A left window bound makes the blocks' key counts nearly equal.
+        s.paired = p.causal && p.window_left >= p.seqlen_k && p.seqlen_k - p.seqlen_q < p.seqlen_q;
         s.items_per_head = s.paired ? (s.num_m_blocks + 1) / 2 : s.num_m_blocks;
         return s;
     }

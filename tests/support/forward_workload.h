@@ -77,8 +77,28 @@ struct FwdCase {
     Layout layout;
     int head_dim_v = 0;  // 0: head_dim
     int num_splits = 0;  // flashcore_forward_params::num_splits (0: the library's choice)
+    // flashcore_forward_params::use_window, window_left, window_right.
+    bool use_window = false;
+    int window_left = -1;
+    int window_right = -1;
+    float softcap = 0.f;
+    float softmax_scale = 0.f;  // 0: 1/sqrt(head_dim)
 
     int value_dim() const { return head_dim_v != 0 ? head_dim_v : head_dim; }
+
+    FwdCase with_window(int left, int right) const {
+        FwdCase c = *this;
+        c.use_window = true;
+        c.window_left = left;
+        c.window_right = right;
+        return c;
+    }
+    FwdCase with_softcap(float cap, float scale = 0.f) const {
+        FwdCase c = *this;
+        c.softcap = cap;
+        c.softmax_scale = scale;
+        return c;
+    }
 };
 
 inline std::string case_name(const FwdCase &c) {
@@ -94,6 +114,11 @@ inline std::string case_name(const FwdCase &c) {
                   c.heads_q, c.heads_kv, c.seqlen_q, c.seqlen_k, layout_name(c.layout));
     std::string name = buf;
     if (c.num_splits != 0) name += "_splits" + std::to_string(c.num_splits);
+    // gtest names allow [A-Za-z0-9_] only: m1 for -1.
+    const auto bound = [](int b) { return b < 0 ? std::string("m1") : std::to_string(b); };
+    if (c.use_window) name += "_window" + bound(c.window_left) + "_" + bound(c.window_right);
+    if (c.softcap != 0.f) name += "_softcap" + std::to_string(int(c.softcap));
+    if (c.softmax_scale != 0.f) name += "_scale" + std::to_string(int(c.softmax_scale * 1000)) + "m";
     return name;
 }
 
@@ -132,6 +157,10 @@ struct Workload {
         problem.head_dim = c.head_dim;
         problem.head_dim_v = c.value_dim();
         problem.causal = c.causal;
+        problem.softmax_scale = c.softmax_scale;
+        problem.window_left = c.use_window ? c.window_left : -1;
+        problem.window_right = c.use_window ? c.window_right : -1;
+        problem.softcap = c.softcap;
         q = random_values(c.dtype, size_t(c.batch) * c.heads_q * c.seqlen_q * c.head_dim, rng);
         k = random_values(c.dtype, size_t(c.batch) * c.heads_kv * c.seqlen_k * c.head_dim, rng);
         v = random_values(c.dtype, size_t(c.batch) * c.heads_kv * c.seqlen_k * c.value_dim(), rng);
@@ -157,6 +186,11 @@ struct Workload {
         params.head_dim_v = c.head_dim_v;
         params.causal = c.causal;
         params.num_splits = c.num_splits;
+        params.use_window = c.use_window;
+        params.window_left = c.window_left;
+        params.window_right = c.window_right;
+        params.softcap = c.softcap;
+        params.softmax_scale = c.softmax_scale;
         params.q = dq.data;
         params.k = dk.data;
         params.v = dv.data;

@@ -8,6 +8,16 @@
 
 namespace flashcore_test {
 
+void visible_keys(const Problem &p, int i, int *begin, int *end) {
+    const int64_t diagonal = int64_t(i) + p.seqlen_k - p.seqlen_q;
+    int64_t b = 0, e = p.seqlen_k;
+    if (p.window_left >= 0) b = std::max<int64_t>(b, diagonal - p.window_left);
+    if (p.causal) e = std::min<int64_t>(e, diagonal + 1);
+    if (p.window_right >= 0) e = std::min<int64_t>(e, diagonal + 1 + p.window_right);
+    *begin = int(std::min<int64_t>(b, p.seqlen_k));
+    *end = int(std::max<int64_t>(e, *begin));
+}
+
 void reference_attention(const Problem &p, const std::vector<float> &q, const std::vector<float> &k,
                          const std::vector<float> &v, std::vector<double> &out, std::vector<double> &lse) {
     const int d = p.head_dim;
@@ -16,7 +26,6 @@ void reference_attention(const Problem &p, const std::vector<float> &q, const st
     out.assign(size_t(p.batch) * p.heads_q * p.seqlen_q * dv, 0.0);
     lse.assign(size_t(p.batch) * p.heads_q * p.seqlen_q, 0.0);
     const int group = p.heads_q / p.heads_kv;
-    const int shift = p.seqlen_k - p.seqlen_q;
     const int num_rows = p.batch * p.heads_q * p.seqlen_q;
 
     std::atomic<int> next_row{0};
@@ -31,22 +40,24 @@ void reference_attention(const Problem &p, const std::vector<float> &q, const st
             const size_t kv_base = kv_head * p.seqlen_k * d;
             const size_t v_base = kv_head * p.seqlen_k * dv;
             const float *qi = &q[size_t(row) * d];
-            const int visible = p.causal ? std::min(p.seqlen_k, std::max(0, i + shift + 1)) : p.seqlen_k;
+            int first = 0, end = 0;
+            visible_keys(p, i, &first, &end);
             double *o = &out[size_t(row) * dv];
-            if (visible == 0) {
+            if (end <= first) {
                 lse[row] = -std::numeric_limits<double>::infinity();
                 continue;
             }
             double max_score = -std::numeric_limits<double>::infinity();
-            for (int j = 0; j < visible; ++j) {
+            for (int j = first; j < end; ++j) {
                 const float *kj = &k[kv_base + size_t(j) * d];
                 double s = 0;
                 for (int c = 0; c < d; ++c) s += double(qi[c]) * double(kj[c]);
                 scores[j] = s * scale;
+                if (p.softcap > 0) scores[j] = p.softcap * std::tanh(scores[j] / p.softcap);
                 max_score = std::max(max_score, scores[j]);
             }
             double sum = 0;
-            for (int j = 0; j < visible; ++j) {
+            for (int j = first; j < end; ++j) {
                 const double w = std::exp(scores[j] - max_score);
                 sum += w;
                 const float *vj = &v[v_base + size_t(j) * dv];

@@ -18,7 +18,15 @@ struct Problem {
     int head_dim_v = 0;  // of v and out; 0: head_dim
     bool causal = false;
     double softmax_scale = 0;  // 0: 1/sqrt(head_dim)
+    // Keys seen left and right of each query's diagonal (i + seqlen_k -
+    // seqlen_q); -1: unbounded. causal bounds the right at 0 as well.
+    int window_left = -1;
+    int window_right = -1;
+    double softcap = 0;  // > 0: scores become softcap * tanh(score / softcap)
 };
+
+// The keys [begin, end) query i of p sees (end <= begin: none).
+void visible_keys(const Problem &p, int i, int *begin, int *end);
 
 // Dense [batch, heads, seqlen, head_dim] tensors (v and out: head_dim_v) of float values (already
 // rounded to the kernel's input precision). out and lse are resized. Rows
