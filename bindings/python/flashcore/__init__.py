@@ -16,7 +16,7 @@ dynamic loader find it (see flashcore.open_library()). The ctypes declarations i
 from include/flashcore.h.
 """
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 from . import _ffi
 from ._attention import attention, check_params, forward_params, supported_head_dims

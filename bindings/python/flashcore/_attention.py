@@ -63,6 +63,49 @@ def _num_splits(num_splits):
     return n  # negative or above FLASHCORE_MAX_NUM_SPLITS: the library says why not
 
 
+def _window(window):
+    """The C (use_window, window_left, window_right) for the Python argument:
+    None (no window) is use_window 0, the bounds left at their default 0;
+    a pair (left, right), FlashAttention's window_size, is use_window 1 with
+    those bounds, each -1 (unbounded on that side) or >= 0. That a causal
+    call's right bound is -1 or 0 is the library's check."""
+    if window is None:
+        return 0, 0, 0
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError("window must be None or a pair (left, right) of ints, got %s %r"
+                        % (type(window).__name__, window))
+    bounds = []
+    for side, bound in zip(("left", "right"), window):
+        what = "window's %s bound" % side
+        bound = fits(bound, ctypes.c_int32, what)
+        if bound < -1:
+            raise InvalidArgumentError("%s (%d) must be -1 (unbounded) or >= 0 (keys seen on that side of the "
+                                       "diagonal)" % (what, bound))
+        bounds.append(bound)
+    return (1, *bounds)
+
+
+def _softcap(softcap):
+    """The C softcap for the Python argument: 0 (off) or a finite real > 0,
+    refused where its float32 would differ in kind (infinite, or 0 for a
+    value that is not). The limits that depend on softmax_scale too are the
+    library's check."""
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError("softcap must be a real number (0 for none), got %s %r" % (type(softcap).__name__, softcap))
+    try:
+        cap = float(softcap)
+    except OverflowError:  # an int beyond any float
+        cap = math.inf
+    if not (math.isfinite(cap) and cap >= 0):
+        raise InvalidArgumentError("softcap must be finite and >= 0 (0 for none), got %r" % softcap)
+    if cap > FLOAT32_MAX:
+        raise InvalidArgumentError("softcap %r does not fit a float32 (at most %g)" % (softcap, FLOAT32_MAX))
+    if cap > 0 and ctypes.c_float(cap).value == 0:
+        # The C API would read the rounded 0 as "no softcap".
+        raise InvalidArgumentError("softcap %r is 0 as a float32, which means no softcap" % softcap)
+    return cap
+
+
 class _View:
     """An array seen as [batch, heads, seqlen, head_dim] through a layout,
     after a leading state axis where `states` (merge_states' partials)."""
@@ -160,15 +203,19 @@ def _validate(q, k, v, out, lse, layout):
     return qv, kv, vv
 
 
-def _build(lib, q, k, v, out, lse, layout, causal, scale, num_splits=0):
+def _build(lib, q, k, v, out, lse, layout, causal, scale, num_splits=0, window=(0, 0, 0), softcap=0.0):
+    """window: (use_window, window_left, window_right) from _window."""
     qv, kv, vv = _validate(q, k, v, out, lse, layout)
     p = lib.new_params()
     batch, heads_q, seqlen_q, head_dim = qv.shape
     p.dtype = DTYPES[q.dtype]
     p.causal = 1 if causal else 0
     p.softmax_scale = scale
+    p.softcap = softcap
+    use_window, window_left, window_right = window
     set_fields(p, batch_size=batch, num_heads_q=heads_q, seqlen_q=seqlen_q, head_dim=head_dim,
                head_dim_v=vv.shape[3], num_heads_kv=kv.shape[1], seqlen_k=kv.shape[2], num_splits=num_splits,
+               use_window=use_window, window_left=window_left, window_right=window_right,
                lse=lse.ptr if lse is not None else None)
     for prefix, info in (("q", q), ("k", k), ("v", v), ("out", out)):
         if info is None:
@@ -186,14 +233,17 @@ def _is_empty(params):
     return 0 in (params.batch_size, params.seqlen_q, params.num_heads_q)
 
 
-def forward_params(q, k, v, out=None, *, lse=None, causal=False, softmax_scale=None, layout="bhsd", num_splits=None):
+def forward_params(q, k, v, out=None, *, lse=None, causal=False, softmax_scale=None, layout="bhsd", num_splits=None,
+                   window=None, softcap=0.0):
     """A flashcore.ForwardParams for these arrays (pointers, sizes, strides),
     for the low-level calls: Handle.workspace_size, Handle.forward,
     check_params. The arrays must outlive every use of the result.
-    num_splits as for attention()."""
+    num_splits, window and softcap as for attention()."""
     layout = _layout(layout)
+    scale, splits = _softmax_scale(softmax_scale), _num_splits(num_splits)
+    window, softcap = _window(window), _softcap(softcap)
     infos = [None if a is None else describe(a, name) for a, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"))]
-    return _build(library(), *infos, layout, causal, _softmax_scale(softmax_scale), _num_splits(num_splits))
+    return _build(library(), *infos, layout, causal, scale, splits, window, softcap)
 
 
 def supported_head_dims():
@@ -223,11 +273,13 @@ def _allocate(like, shape, dtype, stream, what):
 
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse=False, stream=None,
-              layout="bhsd", lse=None, workspace=None, num_splits=None):
+              layout="bhsd", lse=None, workspace=None, num_splits=None, window=None, softcap=0.0):
     """Fused scaled-dot-product attention, like
     torch.nn.functional.scaled_dot_product_attention(q, k, v):
 
-        out = softmax(softmax_scale * q @ k^T [+ causal mask]) @ v
+        out = softmax(cap(softmax_scale * q @ k^T) [+ causal/window mask]) @ v
+
+    (cap is the identity unless softcap is set).
 
     q: [B, Hq, Sq, D]; k: [B, Hkv, Sk, D]; v: [B, Hkv, Sk, Dv] with Hq a
     multiple of Hkv (grouped-query attention); float16 or bfloat16, on one
@@ -241,11 +293,23 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse
     causal: bottom-right aligned mask: query i sees key j iff
         j <= i + Sk - Sq; rows that see no key give 0 (and lse -inf).
     softmax_scale: None for 1 / sqrt(D).
+    window: sliding window (local attention), FlashAttention's window_size:
+        None (the default) for none, or a pair (left, right) of ints, each
+        -1 (unbounded on that side) or >= 0: query i sees key j only where
+        i + Sk - Sq - left <= j <= i + Sk - Sq + right (bottom-right
+        aligned, as causal). (0, 0) sees the diagonal key only; (left, 0)
+        is causal with a window of left keys back. causal=True is right = 0,
+        so with it right must be -1 or 0. Rows that see no key give 0 (and
+        lse -inf).
+    softcap: logit softcapping (Gemma 2): with softcap > 0 each score
+        s = softmax_scale * q.k becomes softcap * tanh(s / softcap) before
+        the mask and the softmax (lse is of the capped scores); 0 (the
+        default) for none. A finite real >= 0.
     out: where to write the result (q's shape with v's last dimension, q's
         dtype; any strides the C API accepts). Allocated with q's framework
         when None.
     return_lse: also return the float32 [B, Hq, Sq] log-sum-exp of each
-        row's scaled, masked scores: the result is then (out, lse).
+        row's scaled (capped), masked scores: the result is then (out, lse).
     lse: where to write that log-sum-exp (contiguous float32 [B, Hq, Sq]);
         allocated when return_lse is set and lse is None.
     stream: where to queue the work: a torch.cuda.Stream, a cupy Stream, an
@@ -273,6 +337,7 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse
     layout = _layout(layout)
     scale = _softmax_scale(softmax_scale)
     splits = _num_splits(num_splits)
+    window, softcap = _window(window), _softcap(softcap)
     user_stream = None if stream is None else stream_pointer(stream)
     qi = describe(q, "q", user_stream or 0)
     s = current_stream(qi) if user_stream is None else user_stream
@@ -287,7 +352,7 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse
     if li is None and return_lse:
         lse = _allocate(qi, qv.shape[:3], "float32", s, "lse")
         li = describe(lse, "lse", s)
-    params = _build(lib, qi, ki, vi, oi, li, layout, causal, scale, splits)
+    params = _build(lib, qi, ki, vi, oi, li, layout, causal, scale, splits, window, softcap)
     lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
     if _is_empty(params):
         # As PyTorch: an empty result, nothing launched (no GPU needed).

@@ -8,16 +8,16 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "403bd45616698e703415e6187eeab408cdc35e0354c5846017792bc0c2a7711b"
+HEADER_SHA256 = "d93bd99010664a8e83d2ac3511cf8d900fabb67f3971363d845f97eb26662ce8"
 
 FLASHCORE_VERSION_MAJOR = 0
 
-FLASHCORE_VERSION_MINOR = 3
+FLASHCORE_VERSION_MINOR = 4
 
 FLASHCORE_VERSION_PATCH = 0
 
-# MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 300 for 0.3.0.
-FLASHCORE_VERSION_NUMBER = 300
+# MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 400 for 0.4.0.
+FLASHCORE_VERSION_NUMBER = 400
 
 
 flashcore_status = ctypes.c_int  # C type of enum flashcore_status
@@ -207,6 +207,27 @@ class flashcore_forward_params(ctypes.Structure):
         # deterministic for a given num_splits; different num_splits round
         # differently.
         ("num_splits", ctypes.c_int32),
+        # Sliding window (local attention), as FlashAttention's window_size =
+        # (window_left, window_right). With use_window non-zero, query i sees
+        # key j only where
+        #     i + d - window_left <= j <= i + d + window_right,
+        # d = seqlen_k - seqlen_q (the diagonal, bottom-right aligned as for
+        # causal); a bound of -1 is dropped (unbounded on that side). Each bound
+        # is -1 or >= 0; window_left = window_right = 0 sees the diagonal key
+        # only. causal non-zero is the same as window_right = 0, so with causal
+        # window_right must be -1 or 0. Key tiles that no row of a query block
+        # sees are skipped, not computed. Rows that see no key give out = 0 and
+        # lse = -infinity. use_window 0 (the default): no window, and the two
+        # bounds are ignored.
+        ("use_window", ctypes.c_int32),
+        ("window_left", ctypes.c_int32),
+        ("window_right", ctypes.c_int32),
+        # Logit softcapping, as in Gemma 2: with softcap > 0 each score s =
+        # softmax_scale * q.k becomes softcap * tanh(s / softcap) before the
+        # mask and the softmax (lse is of the capped scores). 0 (the default):
+        # off. Must be finite and >= 0; softcap * log2(e) must be a finite float
+        # and softmax_scale / softcap must not underflow to 0.
+        ("softcap", ctypes.c_float),
     ]
 
 

@@ -78,8 +78,9 @@ def test_abi_matches_a_c_compiler(tmp_path):
         elif name.startswith("FLASHCORE_") and isinstance(value, (int, float)):
             probe("value:" + name, "%.17g", "(double)(%s)" % name, "%.17g" % float(value))
     assert any(k.startswith("offsetof:flashcore_forward_params.struct_size") for k in expected)
-    # The 0.3 additions are among what is compared.
+    # The 0.3 and 0.4 additions are among what is compared.
     assert "offsetof:flashcore_forward_params.num_splits" in expected
+    assert all("offsetof:flashcore_forward_params.%s" % f in expected for f in WINDOW_SOFTCAP_FIELDS)
     assert all("offsetof:flashcore_merge_params.%s" % f in expected for f in MERGE_FIELDS)
     assert "value:FLASHCORE_MAX_NUM_SPLITS" in expected and "value:FLASHCORE_DTYPE_FP32" in expected
     src = tmp_path / "abi.c"
@@ -107,7 +108,7 @@ def test_split_kv_and_merge_declarations():
     forward params (the struct only grows at the end), the merge struct's
     fields in header order, FP32 and the split limit, and both functions."""
     fields = [f for f, _ in _ffi.flashcore_forward_params._fields_]
-    assert fields[-2:] == ["head_dim_v", "num_splits"]
+    assert fields[fields.index("head_dim_v"):][:2] == ["head_dim_v", "num_splits"]
     assert _ffi.flashcore_forward_params.num_splits.offset + 4 <= ctypes.sizeof(_ffi.flashcore_forward_params)
     assert dict(_ffi.flashcore_forward_params._fields_)["num_splits"] is ctypes.c_int32
     merge = _ffi.flashcore_merge_params
@@ -128,6 +129,20 @@ def test_split_kv_and_merge_declarations():
     assert [a for a, _ in merge_fn[2]] == ["handle", "params", "stream"]
     assert merge_fn[2][0][1] is _ffi.flashcore_handle and merge_fn[2][1][1]._type_ is merge
     assert merge_fn[2][2][1] is ctypes.c_void_p
+
+
+WINDOW_SOFTCAP_FIELDS = ["use_window", "window_left", "window_right", "softcap"]
+
+
+def test_window_and_softcap_declarations():
+    """What 0.4 added: the sliding window and softcap fields appended to the
+    forward params after num_splits, in header order, with their C types."""
+    fields = [f for f, _ in _ffi.flashcore_forward_params._fields_]
+    assert fields[-5:] == ["num_splits"] + WINDOW_SOFTCAP_FIELDS
+    types = dict(_ffi.flashcore_forward_params._fields_)
+    assert all(types[f] is ctypes.c_int32 for f in WINDOW_SOFTCAP_FIELDS[:3])
+    assert types["softcap"] is ctypes.c_float
+    assert _ffi.flashcore_forward_params.softcap.offset + 4 <= ctypes.sizeof(_ffi.flashcore_forward_params)
 
 
 def test_functions_have_named_arguments():

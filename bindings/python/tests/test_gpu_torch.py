@@ -4,8 +4,11 @@ torch.nn.functional.scaled_dot_product_attention in float64.
 Tolerance: the relative L2 error of our output against the float64
 reference must be within twice what torch's own float16/bfloat16 SDPA gets
 against the same reference (or twice the error of merely rounding the
-reference to that dtype, whichever is larger)."""
+reference to that dtype, whichever is larger). SDPA has no softcap: with
+one, torch's error is that of the same math done by torch at the kernels'
+precision (see torch_low_precision)."""
 
+import math
 import threading
 
 import pytest
@@ -52,34 +55,74 @@ def visible(torch, sq, sk):
     return j <= i + (sk - sq)
 
 
+def window_visible(torch, sq, sk, causal, window, device="cuda"):
+    """The [sq, sk] mask of causal and window=(left, right), built by
+    flashcore.h's rule rather than from visible(): query i sees key j only
+    where i + d - left <= j <= i + d + right, d = sk - sq, a bound of -1
+    dropping its side; causal is right = 0. None where nothing is masked."""
+    if window is None and not causal:
+        return None
+    left, right = (-1, -1) if window is None else window
+    if causal:
+        right = 0  # the library takes only -1 or 0 with causal
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    diagonal = i + (sk - sq)
+    mask = torch.ones((sq, sk), dtype=torch.bool, device=device)
+    if left >= 0:
+        mask &= j >= diagonal - left
+    if right >= 0:
+        mask &= j <= diagonal + right
+    return mask
+
+
 def expand_kv(k, v, heads_q):
     group = heads_q // k.shape[1]
     return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
 
 
-def reference(torch, q, k, v, causal, scale):
-    """float64 out, lse and the rows that see no key, for [B, H, S, D] views."""
+def reference(torch, q, k, v, causal, scale, window=None, softcap=0.0):
+    """float64 out, lse and the rows that see no key, for [B, H, S, D] views;
+    each score s capped as softcap * tanh(s / softcap) where softcap > 0."""
     sdpa = torch.nn.functional.scaled_dot_product_attention
     q64 = q.double()
     k64, v64 = expand_kv(k.double(), v.double(), q.shape[1])
-    mask = visible(torch, q.shape[2], k.shape[2]) if causal else None
-    out = sdpa(q64, k64, v64, attn_mask=mask, scale=scale)
+    mask = window_visible(torch, q.shape[2], k.shape[2], causal, window)
     scores = (q64 @ k64.transpose(-1, -2)) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     empty = torch.isneginf(lse)
+    if softcap:
+        # SDPA cannot cap: the softmax of the capped scores by hand (rows
+        # that see no key subtract 0 instead of -inf, and weigh nothing).
+        weights = torch.exp(scores - torch.where(empty, torch.zeros_like(lse), lse)[..., None])
+        out = weights @ v64
+    else:
+        out = sdpa(q64, k64, v64, attn_mask=mask, scale=scale)
     out = torch.where(empty[..., None], torch.zeros((), dtype=out.dtype, device=out.device), out)
     return out, lse, empty
 
 
-def torch_low_precision(torch, q, k, v, causal, scale):
+def torch_low_precision(torch, q, k, v, causal, scale, window=None, softcap=0.0):
     sdpa = torch.nn.functional.scaled_dot_product_attention
     k2, v2 = expand_kv(k, v, q.shape[1])
     sq, sk = q.shape[2], k.shape[2]
-    if causal and sq == sk:
+    mask = window_visible(torch, sq, sk, causal, window)
+    if softcap:
+        # What a flash kernel does, in torch: float32 scores of the
+        # float16/bfloat16 inputs, capped and softmaxed in float32, the
+        # probabilities rounded to the inputs' dtype for P @ V.
+        scores = (q.float() @ k2.float().transpose(-1, -2)) * scale
+        scores = softcap * torch.tanh(scores / softcap)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.softmax(scores, dim=-1).to(q.dtype) @ v2
+    if causal and sq == sk and window is None:
         return sdpa(q, k2, v2, is_causal=True, scale=scale)
-    return sdpa(q, k2, v2, attn_mask=visible(torch, sq, sk) if causal else None, scale=scale)
+    return sdpa(q, k2, v2, attn_mask=mask, scale=scale)
 
 
 def rel_err(x, ref):
@@ -88,14 +131,14 @@ def rel_err(x, ref):
     return diff / norm if norm > 0 else diff
 
 
-def check(torch, out, lse, q, k, v, causal, scale=None):
+def check(torch, out, lse, q, k, v, causal, scale=None, window=None, softcap=0.0):
     """out (and lse, unless None) against the float64 reference; q, k, v, out
     as [B, H, S, D] views."""
     torch.cuda.synchronize()
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    ref, ref_lse, empty = reference(torch, q, k, v, causal, scale)
+    ref, ref_lse, empty = reference(torch, q, k, v, causal, scale, window, softcap)
     valid = ~empty
-    theirs = rel_err(torch_low_precision(torch, q, k, v, causal, scale)[valid], ref[valid])
+    theirs = rel_err(torch_low_precision(torch, q, k, v, causal, scale, window, softcap)[valid], ref[valid])
     floor = rel_err(ref.to(q.dtype)[valid], ref[valid])
     assert torch.isfinite(out).all(), "non-finite values in out"
     ours = rel_err(out, ref)
@@ -649,3 +692,184 @@ def test_cached_prefix_and_causal_suffix_merged(torch, dtype):
     assert out.dtype == torch.float32
     check(torch, out.to(q.dtype), lse, q, k, v, True)
     check_merge(torch, out, lse, torch.stack([a[0], c[0]]), torch.stack([a[1], c[1]]))
+
+
+# --------------------------------------------------------------------------
+# Sliding window and softcap (0.4)
+#
+# check() with window= and softcap=: the float64 reference masks by
+# window_visible (flashcore.h's rule, written out) and caps each score s as
+# softcap * tanh(s / softcap); the error bar is check()'s.
+# --------------------------------------------------------------------------
+
+WINDOW_SHAPES = [  # batch, heads_q, heads_kv, seqlen_q, seqlen_k
+    (2, 4, 4, 256, 256),
+    (1, 8, 2, 77, 333),  # fewer queries than keys: the diagonal starts 256 keys in
+    (2, 4, 2, 190, 130),  # more queries than keys: the first rows' windows hold no key
+]
+WINDOWS = [  # (window, causal)
+    ((0, 0), False),  # the diagonal key only
+    ((0, 0), True),
+    ((1, -1), False),
+    ((-1, 2), False),
+    ((17, 0), True),  # causal, a window shorter than a key tile
+    ((63, 0), True),
+    ((63, -1), True),  # right -1 with causal: causal's bound 0
+    ((40, 25), False),  # bounded on both sides: tiles outside are skipped
+    ((100, 3), False),
+    ((5000, 5000), False),  # wider than the sequences: nothing masked
+    ((5000, 0), True),  # wider than the sequences: causal alone
+    ((-1, -1), False),  # unbounded on both sides
+]
+SOFTCAP = 30.0
+
+
+def window_id(case):
+    (left, right), causal = case
+    return "w%d_%d%s" % (left, right, "-causal" if causal else "")
+
+
+def test_window_visible_follows_the_rule():
+    # The reference's mask, against cases worked out by hand (CPU only).
+    torch = pytest.importorskip("torch")
+
+    def rows(sq, sk, causal, window):
+        mask = window_visible(torch, sq, sk, causal, window, device="cpu")
+        return [[j for j in range(sk) if mask[i, j]] for i in range(sq)]
+
+    # d = 2: query i's diagonal is key i + 2.
+    assert rows(3, 5, False, (1, 0)) == [[1, 2], [2, 3], [3, 4]]
+    assert rows(3, 5, False, (0, 1)) == [[2, 3], [3, 4], [4]]
+    assert rows(3, 5, False, (-1, 0)) == [[0, 1, 2], [0, 1, 2, 3], [0, 1, 2, 3, 4]]
+    assert rows(3, 5, True, (0, -1)) == [[2], [3], [4]]
+    # d = -2: the first two queries' windows hold no key.
+    assert rows(4, 2, False, (0, 0)) == [[], [], [0], [1]]
+    assert rows(4, 2, False, (1, 1)) == [[], [0], [0, 1], [0, 1]]
+    assert window_visible(torch, 3, 5, False, None, device="cpu") is None
+    assert rows(3, 5, True, None) == [[0, 1, 2], [0, 1, 2, 3], [0, 1, 2, 3, 4]]
+    assert rows(2, 3, False, (-1, -1)) == [[0, 1, 2]] * 2
+
+
+@pytest.mark.parametrize("shape", WINDOW_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("case", WINDOWS, ids=window_id)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_window_matches_reference(torch, dtype, d, case, shape):
+    need_head_dim(d)
+    window, causal = case
+    b, hq, hkv, sq, sk = shape
+    q, k, v = qkv(torch, b, hq, hkv, sq, sk, d, dtype, seed=sq + sk + d)
+    out, lse = flashcore.attention(q, k, v, causal=causal, window=window, return_lse=True)
+    check(torch, out, lse, q, k, v, causal, window=window)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_window_of_the_diagonal_only_copies_v(torch, dtype):
+    # window (0, 0): each row's softmax is over one key, so out is that
+    # key's value row and lse its scaled score; rows before the diagonal
+    # reaches a key give 0 and -inf.
+    need_head_dim(64)
+    b, hq, hkv, d = 2, 4, 2, 64
+    for sq, sk in ((100, 150), (150, 100)):
+        q, k, v = qkv(torch, b, hq, hkv, sq, sk, d, dtype, seed=sq)
+        out, lse = flashcore.attention(q, k, v, window=(0, 0), return_lse=True)
+        torch.cuda.synchronize()
+        k2, v2 = expand_kv(k, v, hq)
+        rows = torch.arange(sq, device="cuda")
+        keys = rows + (sk - sq)
+        seen = keys >= 0
+        want = v2[:, :, keys[seen]]
+        assert torch.allclose(out[:, :, seen].float(), want.float(), rtol=2**-10, atol=0)
+        assert (out[:, :, ~seen] == 0).all() and torch.isneginf(lse[:, :, ~seen]).all()
+        scores = (q[:, :, seen].double() * k2[:, :, keys[seen]].double()).sum(-1) * d**-0.5
+        assert (lse[:, :, seen].double() - scores).abs().max().item() <= 1e-3 * max(1.0, scores.abs().max().item())
+
+
+@pytest.mark.parametrize("softmax_scale", [None, 0.5])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dims", [(64, 64), (128, 128), (192, 128)], ids=head_dim_id)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softcap_with_large_logits(torch, dtype, head_dims, causal, softmax_scale):
+    d, dv = head_dims
+    need_head_dim(d)
+    b, hq, hkv, sq, sk = 2, 4, 2, 150, 170
+    q, k, v = qkv(torch, b, hq, hkv, sq, sk, d, dtype, seed=d + 7, dv=dv)
+    # Scaled scores of standard deviation 16 (more with softmax_scale 0.5), many
+    # beyond the cap; a power of 2, so q stays exact in both dtypes.
+    q = q * 16
+    out, lse = flashcore.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, softcap=SOFTCAP,
+                                   return_lse=True)
+    check(torch, out, lse, q, k, v, causal, scale=softmax_scale, softcap=SOFTCAP)
+    scale = d**-0.5 if softmax_scale is None else softmax_scale
+    assert lse.max().item() <= SOFTCAP + math.log(sk) + 1e-3, "lse beyond what capped scores can give"
+    # The cap changes the result: these logits are far from the identity's range.
+    uncapped = flashcore.attention(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    torch.cuda.synchronize()
+    assert rel_err(uncapped, reference(torch, q, k, v, causal, scale, softcap=SOFTCAP)[0]) > 0.05
+
+
+@pytest.mark.parametrize("case", [((32, 0), True), ((50, 20), False), ((-1, 0), True)], ids=window_id)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_window_softcap_and_gqa(torch, dtype, case):
+    need_head_dim(128)
+    window, causal = case
+    b, hq, hkv, sq, sk, d = 2, 8, 2, 200, 260, 128
+    q, k, v = qkv(torch, b, hq, hkv, sq, sk, d, dtype, seed=91)
+    q = q * 8
+    out, lse = flashcore.attention(q, k, v, causal=causal, window=window, softcap=SOFTCAP, return_lse=True)
+    check(torch, out, lse, q, k, v, causal, window=window, softcap=SOFTCAP)
+
+
+@pytest.mark.parametrize("case", [((24, 8), False), ((40, 0), True)], ids=window_id)
+@pytest.mark.parametrize("softcap", [0.0, SOFTCAP])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_window_and_softcap_bshd_layout(torch, dtype, softcap, case):
+    need_head_dim(128)
+    window, causal = case
+    b, sq, sk, hq, hkv, d = 2, 97, 230, 8, 4, 128
+    q = randn(torch, (b, sq, hq, d), dtype, 92) * 8
+    k, v = randn(torch, (b, sk, hkv, d), dtype, 93), randn(torch, (b, sk, hkv, d), dtype, 94)
+    out, lse = flashcore.attention(q, k, v, causal=causal, window=window, softcap=softcap, return_lse=True,
+                                   layout="bshd")
+    assert out.shape == (b, sq, hq, d) and out.is_contiguous() and lse.shape == (b, hq, sq)
+    t = [x.transpose(1, 2) for x in (out, q, k, v)]
+    check(torch, t[0], lse, t[1], t[2], t[3], causal, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_window_and_softcap_given_out_and_lse(torch, dtype):
+    need_head_dim(64)
+    q, k, v = qkv(torch, 2, 8, 2, 120, 90, 64, dtype, 95)  # rows before the diagonal see no key
+    q = q * 8
+    out = torch.full_like(q, NAN)
+    lse = torch.full((2, 8, 120), NAN, dtype=torch.float32, device="cuda")
+    window = (10, 0)
+    res_out, res_lse = flashcore.attention(q, k, v, out=out, lse=lse, return_lse=True, causal=True, window=window,
+                                           softcap=SOFTCAP, softmax_scale=0.2)
+    assert res_out is out and res_lse is lse
+    check(torch, out, lse, q, k, v, True, scale=0.2, window=window, softcap=SOFTCAP)
+    # A window reaching past the diagonal contradicts causal: refused, nothing written.
+    out.fill_(NAN)
+    lse.fill_(NAN)
+    with pytest.raises(flashcore.InvalidArgumentError, match="window_right"):
+        flashcore.attention(q, k, v, out=out, lse=lse, causal=True, window=(10, 2))
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all() and torch.isnan(lse).all(), "a failed call wrote to out or lse"
+
+
+@pytest.mark.parametrize("num_splits", NUM_SPLITS, ids=lambda n: "auto" if n is None else "n%d" % n)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_window_and_softcap_with_num_splits(torch, dtype, num_splits):
+    # Decode-like (few rows, many keys): the window bounds the keys each
+    # split part sees; parts that get none must contribute nothing.
+    need_head_dim(128)
+    q, k, v = qkv(torch, 1, 32, 8, 16, 1000, 128, dtype, seed=96)
+    q = q * 8
+    for window, causal in (((200, 0), True), ((300, 100), False)):
+        out, lse = flashcore.attention(q, k, v, causal=causal, window=window, softcap=SOFTCAP, return_lse=True,
+                                       num_splits=num_splits)
+        check(torch, out, lse, q, k, v, causal, window=window, softcap=SOFTCAP)
+        again, again_lse = flashcore.attention(q, k, v, causal=causal, window=window, softcap=SOFTCAP,
+                                               return_lse=True, num_splits=num_splits)
+        torch.cuda.synchronize()
+        assert torch.equal(out, again) and torch.equal(lse, again_lse), "not deterministic for a given num_splits"

@@ -798,6 +798,156 @@ def test_merge_without_gpu_reports_no_device(lib, gpu_present):
 
 
 # --------------------------------------------------------------------------
+# Sliding window and softcap (0.4; no GPU needed)
+# --------------------------------------------------------------------------
+
+WINDOW_APIS = ["attention", "forward_params"]
+
+
+def _call(api, q, k, v, out, **kwargs):
+    """attention or forward_params (then check_params) on fake arrays."""
+    if api == "attention":
+        return flashcore.attention(q, k, v, out=out, **kwargs)
+    return flashcore.check_params(flashcore.forward_params(q, k, v, out, **kwargs))
+
+
+def test_window_and_softcap_default_off(lib):
+    p = lib.new_params()
+    assert (p.use_window, p.window_left, p.window_right, p.softcap) == (0, 0, 0, 0.0)
+    q, k, v, out = fake_qkv()
+    for kwargs in ({}, {"window": None, "softcap": 0.0}, {"softcap": 0}):
+        p = flashcore.forward_params(q, k, v, out, **kwargs)
+        assert (p.use_window, p.window_left, p.window_right, p.softcap) == (0, 0, 0, 0.0), kwargs
+    # Spelled out, the defaults give the same struct.
+    assert bytes(flashcore.forward_params(q, k, v, out, window=None, softcap=0.0)) == \
+        bytes(flashcore.forward_params(q, k, v, out))
+
+
+@pytest.mark.parametrize("window,causal", [
+    ((0, 0), False),  # the diagonal key only
+    ((1, -1), False),
+    ((-1, 5), False),
+    ((63, 0), True),  # causal with a window of 63 keys back
+    ((63, -1), True),  # right -1 with causal: causal's own bound 0
+    ((17, 9), False),
+    ((-1, -1), False),  # unbounded both sides: no window in effect
+    ((10**6, 10**6), False),  # wider than the sequences
+    ([3, 0], True),  # a list works as the pair
+])
+def test_window_reaches_the_params(lib, window, causal):
+    q, k, v, out = fake_qkv()
+    p = flashcore.forward_params(q, k, v, out, causal=causal, window=window)
+    assert (p.use_window, p.window_left, p.window_right) == (1, window[0], window[1])
+    assert p.causal == int(causal) and p.softcap == 0.0
+    flashcore.check_params(p)
+
+
+@pytest.mark.parametrize("softcap", [30.0, 50, 0.5, 1e-3, 1e30])
+def test_softcap_reaches_the_params(lib, softcap):
+    q, k, v, out = fake_qkv()
+    p = flashcore.forward_params(q, k, v, out, softcap=softcap, window=(8, 0), causal=True)
+    assert p.softcap == ctypes.c_float(softcap).value and p.softcap > 0
+    assert (p.use_window, p.window_left, p.window_right, p.causal) == (1, 8, 0, 1)
+    flashcore.check_params(p)
+
+
+def test_window_and_softcap_with_the_other_options(lib):
+    # GQA, bshd, lse and num_splits alongside: each field where it belongs.
+    b, s, hq, hkv, d = 2, 50, 8, 2, 128
+    q, out = FakeCudaArray((b, s, hq, d), index=0), FakeCudaArray((b, s, hq, d), index=3)
+    k, v = FakeCudaArray((b, 70, hkv, d), index=1), FakeCudaArray((b, 70, hkv, d), index=2)
+    lse = FakeCudaArray((b, hq, s), typestr="<f4", index=4)
+    p = flashcore.forward_params(q, k, v, out, lse=lse, layout="bshd", num_splits=3, softmax_scale=0.5,
+                                 window=(20, 4), softcap=15.0)
+    assert (p.num_heads_q, p.num_heads_kv, p.seqlen_q, p.seqlen_k, p.num_splits) == (hq, hkv, s, 70, 3)
+    assert (p.use_window, p.window_left, p.window_right, p.softcap, p.softmax_scale) == (1, 20, 4, 15.0, 0.5)
+    assert p.lse == fake_ptr(4)
+    flashcore.check_params(p)
+
+
+@pytest.mark.parametrize("api", WINDOW_APIS)
+@pytest.mark.parametrize("kwargs,cls,match", [
+    ({"window": 5}, TypeError, "window must be None or a pair"),
+    ({"window": (1, 2, 3)}, TypeError, "window must be None or a pair"),
+    ({"window": (4,)}, TypeError, "window must be None or a pair"),
+    ({"window": "ab"}, TypeError, "window must be None or a pair"),
+    ({"window": {0: 1, 1: 2}}, TypeError, "window must be None or a pair"),
+    ({"window": (1.0, 0)}, TypeError, "window's left bound must be an int"),
+    ({"window": (True, 0)}, TypeError, "window's left bound must be an int, not a bool"),
+    ({"window": (0, None)}, TypeError, "window's right bound must be an int"),
+    ({"window": (-2, 0)}, flashcore.InvalidArgumentError, r"window's left bound \(-2\) must be -1"),
+    ({"window": (0, -7)}, flashcore.InvalidArgumentError, r"window's right bound \(-7\) must be -1"),
+    ({"window": (0, 2**31)}, flashcore.InvalidArgumentError, "window's right bound .* int32"),
+    ({"window": (-2**31 - 1, 0)}, flashcore.InvalidArgumentError, "window's left bound .* int32"),
+    ({"softcap": True}, TypeError, "softcap must be a real number"),
+    ({"softcap": "30"}, TypeError, "softcap must be a real number"),
+    ({"softcap": None}, TypeError, "softcap must be a real number"),
+    ({"softcap": 3j}, TypeError, "softcap must be a real number"),
+    ({"softcap": -1.0}, flashcore.InvalidArgumentError, "softcap must be finite and >= 0"),
+    ({"softcap": float("nan")}, flashcore.InvalidArgumentError, "softcap must be finite and >= 0"),
+    ({"softcap": float("inf")}, flashcore.InvalidArgumentError, "softcap must be finite and >= 0"),
+    ({"softcap": 10**400}, flashcore.InvalidArgumentError, "softcap must be finite and >= 0"),
+    ({"softcap": 1e39}, flashcore.InvalidArgumentError, "softcap .* does not fit a float32"),
+    ({"softcap": 1e-50}, flashcore.InvalidArgumentError, "softcap .* is 0 as a float32"),
+])
+def test_window_and_softcap_binding_side(lib, api, kwargs, cls, match):
+    q, k, v, out = fake_qkv()
+    with pytest.raises(cls, match=match) as info:
+        _call(api, q, k, v, out, **kwargs)
+    if issubclass(cls, flashcore.FlashcoreError):
+        assert info.value.status == cls.status_code
+        assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("api", WINDOW_APIS)
+def test_causal_window_reaching_right_is_refused_by_the_library(lib, api):
+    # causal is window_right 0: a window reaching past the diagonal contradicts it.
+    q, k, v, out = fake_qkv()
+    err = _raises_from_library(lib, flashcore.InvalidArgumentError,
+                               lambda: _call(api, q, k, v, out, causal=True, window=(8, 1)))
+    assert "window_right (1)" in err.message and "causal" in err.message
+
+
+@pytest.mark.parametrize("softcap,words", [
+    (1e-40, "softmax_scale / softcap"),  # a float32 subnormal: the scale / softcap quotient overflows
+    (3e38, "log2(e)"),  # fits a float32, softcap * log2(e) does not
+])
+@pytest.mark.parametrize("api", WINDOW_APIS)
+def test_softcap_limits_are_the_library_s(lib, api, softcap, words):
+    q, k, v, out = fake_qkv()
+    err = _raises_from_library(lib, flashcore.InvalidArgumentError, lambda: _call(api, q, k, v, out, softcap=softcap))
+    assert "softcap" in err.message and words in err.message
+
+
+def test_window_fields_set_by_hand_reach_the_library(lib):
+    # The struct as the C API reads it: bounds below -1 are refused there
+    # too, and without use_window the bounds are not looked at.
+    q, k, v, out = fake_qkv()
+    p = flashcore.forward_params(q, k, v, out)
+    p.window_left, p.window_right = -5, -9
+    flashcore.check_params(p)
+    p.use_window = 1
+    err = _raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.check_params(p))
+    assert "window_left (-5)" in err.message
+    p.window_left = 3
+    err = _raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.check_params(p))
+    assert "window_right (-9)" in err.message
+    p.window_right = -1
+    flashcore.check_params(p)
+    p.softcap = -1.0
+    err = _raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.check_params(p))
+    assert "softcap (-1)" in err.message
+
+
+def test_window_call_without_gpu_reports_no_device(lib, gpu_present):
+    if gpu_present:
+        pytest.skip("a GPU is present: the fake pointers of this test must not reach it")
+    q, k, v, out = fake_qkv()
+    with pytest.raises(flashcore.NoDeviceError):
+        flashcore.attention(q, k, v, out=out, causal=True, window=(16, 0), softcap=30.0)
+
+
+# --------------------------------------------------------------------------
 # Issue 15 (hardening): integers ctypes would wrap, malformed array
 # descriptions, argument types, empty inputs
 # --------------------------------------------------------------------------

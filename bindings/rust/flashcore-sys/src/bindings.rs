@@ -3,9 +3,9 @@
 // Generated from include/flashcore.h by bindings/rust/scripts/regenerate-bindings.sh; do not edit.
 
 pub const FLASHCORE_VERSION_MAJOR: u32 = 0;
-pub const FLASHCORE_VERSION_MINOR: u32 = 3;
+pub const FLASHCORE_VERSION_MINOR: u32 = 4;
 pub const FLASHCORE_VERSION_PATCH: u32 = 0;
-pub const FLASHCORE_VERSION_NUMBER: u32 = 300;
+pub const FLASHCORE_VERSION_NUMBER: u32 = 400;
 pub const FLASHCORE_SOFTMAX_SCALE_DEFAULT: f64 = 0.0;
 pub const FLASHCORE_ALIGNMENT: u32 = 16;
 pub const FLASHCORE_MAX_NUM_SPLITS: u32 = 128;
@@ -203,6 +203,27 @@ pub struct flashcore_forward_params {
     #[doc = " deterministic for a given num_splits; different num_splits round"]
     #[doc = " differently."]
     pub num_splits: i32,
+    #[doc = " Sliding window (local attention), as FlashAttention's window_size ="]
+    #[doc = " (window_left, window_right). With use_window non-zero, query i sees"]
+    #[doc = " key j only where"]
+    #[doc = "     i + d - window_left <= j <= i + d + window_right,"]
+    #[doc = " d = seqlen_k - seqlen_q (the diagonal, bottom-right aligned as for"]
+    #[doc = " causal); a bound of -1 is dropped (unbounded on that side). Each bound"]
+    #[doc = " is -1 or >= 0; window_left = window_right = 0 sees the diagonal key"]
+    #[doc = " only. causal non-zero is the same as window_right = 0, so with causal"]
+    #[doc = " window_right must be -1 or 0. Key tiles that no row of a query block"]
+    #[doc = " sees are skipped, not computed. Rows that see no key give out = 0 and"]
+    #[doc = " lse = -infinity. use_window 0 (the default): no window, and the two"]
+    #[doc = " bounds are ignored."]
+    pub use_window: i32,
+    pub window_left: i32,
+    pub window_right: i32,
+    #[doc = " Logit softcapping, as in Gemma 2: with softcap > 0 each score s ="]
+    #[doc = " softmax_scale * q.k becomes softcap * tanh(s / softcap) before the"]
+    #[doc = " mask and the softmax (lse is of the capped scores). 0 (the default):"]
+    #[doc = " off. Must be finite and >= 0; softcap * log2(e) must be a finite float"]
+    #[doc = " and softmax_scale / softcap must not underflow to 0."]
+    pub softcap: f32,
 }
 extern "C" {
     #[doc = " Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,"]

@@ -84,7 +84,8 @@ mod tests {
         assert_eq!(params.causal, 0);
         assert!(params.q.is_null() && params.out.is_null() && params.lse.is_null());
         assert_eq!((params.batch_size, params.head_dim, params.out_head_stride, params.head_dim_v), (0, 0, 0, 0));
-        assert_eq!(params.num_splits, 0); // the last field: the library wrote all of Rust's struct
+        assert_eq!((params.num_splits, params.use_window, params.window_left, params.window_right), (0, 0, 0, 0));
+        assert_eq!(params.softcap, 0.0); // the last field: the library wrote all of Rust's struct
 
         // [B=2, S, H, D] with distinct sizes, so every stride has its own value.
         (params.batch_size, params.seqlen_q, params.seqlen_k) = (2, 24, 40);
@@ -119,7 +120,7 @@ mod tests {
         assert_eq!([params.k_batch_stride, params.k_seq_stride, params.k_head_stride], kv_strides);
         assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
 
-        // num_splits, the last field (added in 0.3), is read where Rust wrote it.
+        // num_splits (added in 0.3) is read where Rust wrote it.
         for (num_splits, expected) in [
             (1, FLASHCORE_STATUS_SUCCESS),
             (FLASHCORE_MAX_NUM_SPLITS as i32, FLASHCORE_STATUS_SUCCESS),
@@ -129,6 +130,39 @@ mod tests {
         ] {
             params.num_splits = num_splits;
             assert_eq!(unsafe { flashcore_forward_check(&params) }, expected, "num_splits {num_splits}");
+        }
+
+        // The window and softcap (added in 0.4; softcap is the last field) are
+        // read where Rust wrote them.
+        params.use_window = 1;
+        for (left, right, causal, expected) in [
+            (3, 0, 0, FLASHCORE_STATUS_SUCCESS),
+            (-1, -1, 0, FLASHCORE_STATUS_SUCCESS),
+            (7, 5, 0, FLASHCORE_STATUS_SUCCESS),
+            (-2, 0, 0, FLASHCORE_STATUS_INVALID_ARGUMENT),
+            (0, -2, 0, FLASHCORE_STATUS_INVALID_ARGUMENT),
+            (7, 0, 1, FLASHCORE_STATUS_SUCCESS),
+            (7, 1, 1, FLASHCORE_STATUS_INVALID_ARGUMENT), // causal is window_right 0
+        ] {
+            (params.window_left, params.window_right, params.causal) = (left, right, causal);
+            assert_eq!(
+                unsafe { flashcore_forward_check(&params) },
+                expected,
+                "window ({left}, {right}), causal {causal}"
+            );
+        }
+        // Without use_window the bounds are not read.
+        (params.use_window, params.window_left, params.window_right, params.causal) = (0, -5, -5, 0);
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
+        for (softcap, expected) in [
+            (30.0, FLASHCORE_STATUS_SUCCESS),
+            (-1.0, FLASHCORE_STATUS_INVALID_ARGUMENT),
+            (f32::NAN, FLASHCORE_STATUS_INVALID_ARGUMENT),
+            (f32::INFINITY, FLASHCORE_STATUS_INVALID_ARGUMENT),
+            (0.0, FLASHCORE_STATUS_SUCCESS),
+        ] {
+            params.softcap = softcap;
+            assert_eq!(unsafe { flashcore_forward_check(&params) }, expected, "softcap {softcap}");
         }
 
         // FP32 is a merge dtype only: forward refuses it as unsupported.

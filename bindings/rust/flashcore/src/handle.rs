@@ -97,8 +97,9 @@ impl Handle {
     /// `params` on this handle's device: 0 unless the call splits its keys
     /// ([`ForwardParamsBuilder::num_splits`](crate::ForwardParamsBuilder::num_splits);
     /// with the default, the library decides, so ask). Depends only on
-    /// shapes, dtype, flags and num_splits, so one allocation serves every
-    /// call of that shape on this device, CUDA graph replays included.
+    /// shapes, dtype, causal, the window and num_splits (not on pointers,
+    /// strides, the softmax scale or the softcap), so one allocation serves
+    /// every call of that shape on this device, CUDA graph replays included.
     pub fn workspace_size(&self, params: &ForwardParams<'_>) -> Result<usize> {
         let mut bytes = 0;
         // SAFETY: live handle, valid params and out-pointer.
@@ -106,8 +107,9 @@ impl Handle {
         Ok(bytes)
     }
 
-    /// Queues `out = softmax(scale · Q·Kᵀ [+ causal mask]) · V` on `stream`
-    /// and returns without waiting.
+    /// Queues `out = softmax(cap(scale · Q·Kᵀ) [+ causal/window mask]) · V`
+    /// on `stream` (cap: the [softcap](crate::ForwardParamsBuilder::softcap),
+    /// if any) and returns without waiting.
     ///
     /// `workspace` must hold at least [`workspace_size`](Handle::workspace_size)
     /// bytes ([`Status::WorkspaceTooSmall`] otherwise) and be

@@ -2,14 +2,17 @@
 //! NVIDIA GPUs (sm_80 and newer),
 //!
 //! ```text
-//! out = softmax(softmax_scale · Q·Kᵀ [+ causal mask]) · V
+//! out = softmax(cap(softmax_scale · Q·Kᵀ) [+ causal/window mask]) · V
 //! ```
 //!
 //! computed in one FlashAttention-style kernel, never materialising the score
 //! matrix. fp16 and bf16; head dims that are multiples of 8 up to those of
 //! the build's kernels (see [`supported_head_dims`]), with v and out
 //! optionally narrower than q and k (e.g. 192 and 128); grouped-query
-//! attention; any strides; split-KV for calls too small to fill the GPU
+//! attention; any strides; sliding windows
+//! ([`ForwardParamsBuilder::window`]) and logit softcapping
+//! ([`ForwardParamsBuilder::softcap`], the `cap` above; none by default);
+//! split-KV for calls too small to fill the GPU
 //! ([`ForwardParamsBuilder::num_splits`]); and merging of results computed
 //! over parts of the keys ([`Handle::merge_states`]).
 //!

@@ -189,8 +189,9 @@ pub struct ForwardParams<'a> {
 }
 
 impl<'a> ForwardParams<'a> {
-    /// Starts a builder with the C defaults: fp16, not causal, softmax scale
-    /// 1/sqrt(head_dim), densely packed [`Layout::Bhsd`], no lse.
+    /// Starts a builder with the C defaults: fp16, not causal, no window, no
+    /// softcap, softmax scale 1/sqrt(head_dim), densely packed
+    /// [`Layout::Bhsd`], no lse.
     pub fn builder() -> ForwardParamsBuilder<'a> {
         ForwardParamsBuilder::default()
     }
@@ -226,6 +227,17 @@ impl<'a> ForwardParams<'a> {
     /// parts (see [`ForwardParamsBuilder::num_splits`]).
     pub fn num_splits(&self) -> i32 {
         self.raw.num_splits
+    }
+
+    /// The sliding window `(left, right)` given to
+    /// [`ForwardParamsBuilder::window`], or `None` without one.
+    pub fn window(&self) -> Option<(i32, i32)> {
+        (self.raw.use_window != 0).then_some((self.raw.window_left, self.raw.window_right))
+    }
+
+    /// The logit softcap: 0 for none (see [`ForwardParamsBuilder::softcap`]).
+    pub fn softcap(&self) -> f32 {
+        self.raw.softcap
     }
 
     /// Bytes from the start of `tensor`'s buffer to the end of its last element.
@@ -294,11 +306,13 @@ macro_rules! input_setters {
 /// side can see.
 ///
 /// Required: the six sizes and q, k, v, out. Optional: [`head_dim_v`],
-/// [`dtype`], [`causal`], [`softmax_scale`], [`layout`] or [`strides`],
-/// [`lse`], [`num_splits`].
+/// [`dtype`], [`causal`], [`window`], [`softcap`], [`softmax_scale`],
+/// [`layout`] or [`strides`], [`lse`], [`num_splits`].
 ///
 /// [`head_dim_v`]: ForwardParamsBuilder::head_dim_v
 /// [`num_splits`]: ForwardParamsBuilder::num_splits
+/// [`window`]: ForwardParamsBuilder::window
+/// [`softcap`]: ForwardParamsBuilder::softcap
 /// [`dtype`]: ForwardParamsBuilder::dtype
 /// [`causal`]: ForwardParamsBuilder::causal
 /// [`softmax_scale`]: ForwardParamsBuilder::softmax_scale
@@ -339,6 +353,9 @@ pub struct ForwardParamsBuilder<'a> {
     head_dim: Option<i32>,
     head_dim_v: Option<i32>,
     causal: bool,
+    /// (left, right) bounds; `None`: no window.
+    window: Option<(i32, i32)>,
+    softcap: f32,
     softmax_scale: f32,
     num_splits: i32,
     layout: Layout,
@@ -384,6 +401,13 @@ impl<'a> ForwardParamsBuilder<'a> {
         /// Multiplies Q·Kᵀ before the softmax: finite and > 0, or 0 (the
         /// default) for 1/sqrt(head_dim).
         softmax_scale: f32;
+        /// Logit softcapping, as in Gemma 2 (default 0: off): with softcap > 0
+        /// each score s = softmax_scale · q·k becomes softcap · tanh(s / softcap)
+        /// before the mask and the softmax (lse is of the capped scores). It
+        /// must be finite and >= 0, with softcap · log2(e) a finite f32 and
+        /// softmax_scale / softcap not 0; otherwise [`build`](Self::build)
+        /// fails with [`Status::InvalidArgument`].
+        softcap: f32;
         /// Split-KV (default 0: the library chooses from the grid, the GPU's
         /// multiprocessor count and seqlen_k, splitting calls too small to
         /// fill the GPU, such as decoding). 1 never splits; N, from 2 to
@@ -399,6 +423,28 @@ impl<'a> ForwardParamsBuilder<'a> {
         /// Derives all strides for densely packed tensors in `layout` (default
         /// [`Layout::Bhsd`]); [`strides`](Self::strides) overrides single tensors.
         layout: Layout;
+    }
+
+    /// Sliding window (local attention), as FlashAttention's
+    /// `window_size = (left, right)` (default: none): query i sees key j only
+    /// where `i + d - left <= j <= i + d + right`, d = seqlen_k - seqlen_q
+    /// (the diagonal, bottom-right aligned as for [`causal`](Self::causal)).
+    /// Each bound is -1 (unbounded on that side) or >= 0: `window(0, 0)` sees
+    /// the diagonal key only, `causal(true).window(left, 0)` the diagonal and
+    /// the `left` keys before it. Causal is a right bound of 0, so with it
+    /// `right` must be -1 or 0. Key tiles outside every row's window are
+    /// skipped, not computed; rows that see no key give out = 0 and
+    /// lse = -inf. A bound below -1, or `right` > 0 with causal:
+    /// [`Status::InvalidArgument`] from [`build`](Self::build).
+    ///
+    /// ```
+    /// # use flashcore::ForwardParams;
+    /// // Mistral-style: causal, each query sees itself and the 4095 keys before it.
+    /// let builder = ForwardParams::builder().causal(true).window(4095, 0);
+    /// ```
+    pub fn window(mut self, left: i32, right: i32) -> Self {
+        self.window = Some((left, right));
+        self
     }
 
     /// Explicit element strides for one tensor, replacing the ones derived
@@ -472,6 +518,10 @@ impl<'a> ForwardParamsBuilder<'a> {
         raw.causal = i32::from(self.causal);
         raw.softmax_scale = self.softmax_scale;
         raw.num_splits = self.num_splits;
+        if let Some((left, right)) = self.window {
+            (raw.use_window, raw.window_left, raw.window_right) = (1, left, right);
+        }
+        raw.softcap = self.softcap;
         // SAFETY: `raw` is a valid params struct with its own struct_size.
         check(unsafe { sys::flashcore_set_contiguous_strides(&mut raw, self.layout.to_raw()) })?;
         for (&tensor, strides) in TENSORS.iter().zip(&self.strides) {
@@ -582,6 +632,8 @@ mod tests {
         assert_eq!(raw.softmax_scale, sys::FLASHCORE_SOFTMAX_SCALE_DEFAULT as f32);
         assert!(raw.lse.is_null());
         assert_eq!((raw.num_splits, params.num_splits()), (0, 0));
+        assert_eq!((raw.use_window, raw.window_left, raw.window_right, raw.softcap), (0, 0, 0, 0.0));
+        assert_eq!((params.window(), params.softcap()), (None, 0.0));
     }
 
     #[test]
@@ -621,11 +673,15 @@ mod tests {
             .causal(true)
             .softmax_scale(0.25)
             .num_splits(7)
+            .window(32, 0)
+            .softcap(30.0)
             .lse(&mut lse)
             .build()
             .expect("valid params");
         let raw = params.as_raw();
         assert_eq!((raw.num_splits, params.num_splits()), (7, 7));
+        assert_eq!((raw.use_window, raw.window_left, raw.window_right, raw.softcap), (1, 32, 0, 30.0));
+        assert_eq!((params.window(), params.softcap()), (Some((32, 0)), 30.0));
         assert_eq!((raw.dtype, raw.causal, raw.softmax_scale), (sys::FLASHCORE_DTYPE_BF16 as i32, 1, 0.25));
         assert_eq!((raw.batch_size, raw.num_heads_q, raw.num_heads_kv), (B as i32, HQ as i32, HKV as i32));
         assert_eq!((raw.seqlen_q, raw.seqlen_k, raw.head_dim), (SQ as i32, SK as i32, D as i32));
@@ -709,7 +765,7 @@ mod tests {
     #[test]
     fn library_verdicts_pass_through() {
         type Edit = fn(ForwardParamsBuilder<'_>) -> ForwardParamsBuilder<'_>;
-        let cases: [(&str, Edit, Status); 13] = [
+        let cases: [(&str, Edit, Status); 21] = [
             ("head_dim 100, not a multiple of 8", |b| b.head_dim(100), Status::Unsupported),
             ("head_dim 264, wider than every kernel", |b| b.head_dim(264), Status::Unsupported),
             ("head_dim_v 264, wider than every kernel", |b| b.head_dim_v(264), Status::Unsupported),
@@ -721,6 +777,14 @@ mod tests {
             ("num_splits past the limit", |b| b.num_splits(crate::MAX_NUM_SPLITS + 1), Status::InvalidArgument),
             ("negative num_splits", |b| b.num_splits(-1), Status::InvalidArgument),
             ("f32, a merge-only dtype", |b| b.dtype(DType::F32), Status::Unsupported),
+            ("window left bound below -1", |b| b.window(-2, 0), Status::InvalidArgument),
+            ("window right bound below -1", |b| b.window(0, -3), Status::InvalidArgument),
+            ("window past the diagonal with causal", |b| b.causal(true).window(16, 1), Status::InvalidArgument),
+            ("negative softcap", |b| b.softcap(-1.0), Status::InvalidArgument),
+            ("NaN softcap", |b| b.softcap(f32::NAN), Status::InvalidArgument),
+            ("infinite softcap", |b| b.softcap(f32::INFINITY), Status::InvalidArgument),
+            ("softcap times log2(e) overflows", |b| b.softcap(3e38), Status::InvalidArgument),
+            ("softmax_scale / softcap overflows", |b| b.softcap(1e-40), Status::InvalidArgument),
             (
                 "negative stride",
                 |b| b.strides(Tensor::K, Strides { batch: 0, seq: -64, head: 64 }),
@@ -747,6 +811,37 @@ mod tests {
             let params = standard(&mut buffers).num_splits(n).build().expect("valid num_splits");
             assert_eq!(params.num_splits(), n);
         }
+    }
+
+    #[test]
+    fn every_window_and_softcap_in_range_is_accepted() {
+        let windows = [(0, 0, false), (1, -1, false), (-1, -1, false), (17, 9, false), (63, 0, true), (63, -1, true)];
+        for (left, right, causal) in windows.into_iter().chain([(i32::MAX, i32::MAX, false)]) {
+            let mut buffers = Buffers::dense();
+            let params = standard(&mut buffers).causal(causal).window(left, right).build().expect("valid window");
+            assert_eq!(params.window(), Some((left, right)));
+            let raw = params.as_raw();
+            assert_eq!((raw.use_window, raw.window_left, raw.window_right), (1, left, right));
+            assert_eq!(raw.causal, i32::from(causal));
+        }
+        for softcap in [0.0, 0.5, 30.0, 50.0, 1e30] {
+            let mut buffers = Buffers::dense();
+            let params = standard(&mut buffers).softcap(softcap).build().expect("valid softcap");
+            assert_eq!((params.softcap(), params.as_raw().softcap, params.window()), (softcap, softcap, None));
+        }
+    }
+
+    #[test]
+    fn window_refusals_name_the_bound() {
+        let mut buffers = Buffers::dense();
+        let err = rejected(standard(&mut buffers).window(-2, 0));
+        assert!(err.message().contains("window_left (-2)"), "{err}");
+        let mut buffers = Buffers::dense();
+        let err = rejected(standard(&mut buffers).causal(true).window(8, 1));
+        assert!(err.message().contains("window_right (1)") && err.message().contains("causal"), "{err}");
+        let mut buffers = Buffers::dense();
+        let err = rejected(standard(&mut buffers).softcap(-1.0));
+        assert!(err.message().contains("softcap"), "{err}");
     }
 
     #[test]

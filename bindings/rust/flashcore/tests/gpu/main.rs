@@ -84,6 +84,10 @@ struct Case {
     /// Of v and out.
     head_dim_v: i64,
     causal: bool,
+    /// Sliding window bounds (left, right), each -1 or >= 0; `None`: no window.
+    window: Option<(i32, i32)>,
+    /// 0: no softcap.
+    softcap: f32,
     /// 0: the default, 1/sqrt(head_dim).
     softmax_scale: f32,
     layout: Layout,
@@ -118,6 +122,8 @@ impl Case {
             head_dim,
             head_dim_v: head_dim,
             causal,
+            window: None,
+            softcap: 0.0,
             softmax_scale,
             layout,
             own_stream,
@@ -133,6 +139,29 @@ impl Case {
     const fn num_splits(mut self, num_splits: &'static [i32]) -> Case {
         self.num_splits = num_splits;
         self
+    }
+
+    const fn window(mut self, left: i32, right: i32) -> Case {
+        self.window = Some((left, right));
+        self
+    }
+
+    const fn softcap(mut self, softcap: f32) -> Case {
+        self.softcap = softcap;
+        self
+    }
+
+    /// The keys query `i` sees, `first..=last` (empty when first > last), by
+    /// flashcore.h's rule: `i + d - left <= j <= i + d + right` with
+    /// d = seqlen_k - seqlen_q, a bound of -1 dropping its side; causal is a
+    /// right bound of 0.
+    fn visible_keys(&self, i: i64) -> std::ops::RangeInclusive<i64> {
+        let diagonal = i + self.seqlen_k - self.seqlen_q;
+        let (left, right) = self.window.map_or((-1, -1), |(l, r)| (i64::from(l), i64::from(r)));
+        let right = if self.causal { 0 } else { right };
+        let first = if left >= 0 { (diagonal - left).max(0) } else { 0 };
+        let last = if right >= 0 { (diagonal + right).min(self.seqlen_k - 1) } else { self.seqlen_k - 1 };
+        first..=last
     }
 }
 
@@ -281,11 +310,13 @@ impl Random {
     }
 }
 
-/// softmax(scale · q·kᵀ + mask) · v and the log-sum-exp, in f64, one query
-/// row at a time; out in [batch, head, position, d] order.
+/// softmax(cap(scale · q·kᵀ) + mask) · v and the log-sum-exp, in f64, one
+/// query row at a time, cap(s) = softcap · tanh(s / softcap) where softcap > 0;
+/// out in [batch, head, position, d] order.
 fn reference(case: &Case, q: &HostTensor, k: &HostTensor, v: &HostTensor) -> (Vec<f64>, Vec<f64>) {
     let scale =
         if case.softmax_scale == 0.0 { 1.0 / (case.head_dim as f64).sqrt() } else { f64::from(case.softmax_scale) };
+    let softcap = f64::from(case.softcap);
     let group = case.heads_q / case.heads_kv;
     let mut out = Vec::new();
     let mut lse = Vec::new();
@@ -293,16 +324,16 @@ fn reference(case: &Case, q: &HostTensor, k: &HostTensor, v: &HostTensor) -> (Ve
         for h in 0..case.heads_q {
             let kv_head = h / group;
             for i in 0..case.seqlen_q {
-                let visible = if case.causal {
-                    (i + case.seqlen_k - case.seqlen_q + 1).clamp(0, case.seqlen_k)
-                } else {
-                    case.seqlen_k
-                };
-                let scores: Vec<f64> = (0..visible)
-                    .map(|j| scale * (0..case.head_dim).map(|d| q.at(b, h, i, d) * k.at(b, kv_head, j, d)).sum::<f64>())
+                let keys = case.visible_keys(i);
+                let cap = |s: f64| if case.softcap > 0.0 { softcap * (s / softcap).tanh() } else { s };
+                let scores: Vec<f64> = keys
+                    .clone()
+                    .map(|j| {
+                        cap(scale * (0..case.head_dim).map(|d| q.at(b, h, i, d) * k.at(b, kv_head, j, d)).sum::<f64>())
+                    })
                     .collect();
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let row_lse = if visible == 0 {
+                let row_lse = if scores.is_empty() {
                     f64::NEG_INFINITY
                 } else {
                     max + scores.iter().map(|s| (s - max).exp()).sum::<f64>().ln()
@@ -310,7 +341,7 @@ fn reference(case: &Case, q: &HostTensor, k: &HostTensor, v: &HostTensor) -> (Ve
                 lse.push(row_lse);
                 for d in 0..case.head_dim_v {
                     let weighted =
-                        scores.iter().enumerate().map(|(j, s)| (s - row_lse).exp() * v.at(b, kv_head, j as i64, d));
+                        scores.iter().zip(keys.clone()).map(|(s, j)| (s - row_lse).exp() * v.at(b, kv_head, j, d));
                     out.push(weighted.sum::<f64>());
                 }
             }
@@ -346,6 +377,46 @@ fn reference_averages_visible_values_when_scores_tie() {
     }
 }
 
+/// The window's rule in the reference, against keys worked out by hand, and
+/// the window and softcap in the tie case: with q = 0 every score is 0
+/// (capped too), so out is the mean of the keys in the window and lse the
+/// log of their count.
+#[test]
+fn reference_windows_follow_the_rule() {
+    // The keys each query sees, for seqlen_q x seqlen_k, causal and a window.
+    let keys = |seqlen_q, seqlen_k, causal, (left, right)| {
+        let case = Case::new("window", DType::F16, [1, 1, 1, seqlen_q, seqlen_k, 8], causal, 0.0, Layout::Bhsd, false)
+            .window(left, right);
+        (0..seqlen_q).map(|i| case.visible_keys(i).collect()).collect::<Vec<Vec<i64>>>()
+    };
+    // d = 2: query i's diagonal is key i + 2.
+    assert_eq!(keys(3, 5, false, (1, 0)), [vec![1, 2], vec![2, 3], vec![3, 4]]);
+    assert_eq!(keys(3, 5, false, (0, 1)), [vec![2, 3], vec![3, 4], vec![4]]);
+    assert_eq!(keys(3, 5, false, (-1, 0)), [vec![0, 1, 2], vec![0, 1, 2, 3], vec![0, 1, 2, 3, 4]]);
+    assert_eq!(keys(3, 5, true, (0, -1)), [vec![2], vec![3], vec![4]]);
+    // d = -2: the first two queries' windows hold no key.
+    assert_eq!(keys(4, 2, false, (0, 0)), [vec![], vec![], vec![0], vec![1]]);
+    assert_eq!(keys(4, 2, false, (1, 1)), [vec![], vec![0], vec![0, 1], vec![0, 1]]);
+    assert_eq!(keys(2, 3, false, (-1, -1)), [vec![0, 1, 2], vec![0, 1, 2]]);
+
+    let case =
+        Case::new("tie", DType::F16, [1, 2, 1, 6, 9, 8], false, 0.0, Layout::Bhsd, false).window(2, 1).softcap(30.0);
+    let mut random = Random(11);
+    let q = HostTensor { values: vec![0.0; 2 * 6 * 8], strides: dense_strides(Layout::Bhsd, 2, 6, 8) };
+    let k = random.tensor(&case, 1, 9, 8);
+    let v = random.tensor(&case, 1, 9, 8);
+    let (out, lse) = reference(&case, &q, &k, &v);
+    for (row, &lse) in lse.iter().enumerate() {
+        let seen = case.visible_keys(row as i64 % 6);
+        let count = seen.clone().count() as f64;
+        assert!((lse - count.ln()).abs() < 1e-12, "row {row}: lse {lse}");
+        for d in 0..8 {
+            let mean = seen.clone().map(|j| v.at(0, 0, j, d)).sum::<f64>() / count;
+            assert!((out[row * 8 + d as usize] - mean).abs() < 1e-12, "row {row}, d {d}");
+        }
+    }
+}
+
 /// Largest |got - want| / (atol + rtol·|want|) over the pairs, with its index;
 /// infinities must match exactly and NaN never passes.
 fn worst(got: impl Iterator<Item = f64>, want: &[f64], atol: f64, rtol: f64) -> (f64, usize, f64, f64) {
@@ -366,7 +437,7 @@ fn builder<'a>(
     [q, k, v]: [&'a cuda::DeviceMemory<'_>; 3],
     out: &'a mut cuda::DeviceMemory<'_>,
 ) -> ForwardParamsBuilder<'a> {
-    ForwardParams::builder()
+    let builder = ForwardParams::builder()
         .dtype(case.dtype)
         .batch_size(case.batch as i32)
         .num_heads_q(case.heads_q as i32)
@@ -376,12 +447,17 @@ fn builder<'a>(
         .head_dim(case.head_dim as i32)
         .head_dim_v(case.head_dim_v as i32)
         .causal(case.causal)
+        .softcap(case.softcap)
         .softmax_scale(case.softmax_scale)
         .layout(case.layout)
         .q(q)
         .k(k)
         .v(v)
-        .out(out)
+        .out(out);
+    match case.window {
+        Some((left, right)) => builder.window(left, right),
+        None => builder,
+    }
 }
 
 fn run_case(handle: &Handle, gpu: &Gpu, case: &Case, random: &mut Random) {
@@ -415,6 +491,7 @@ fn run_case(handle: &Handle, gpu: &Gpu, case: &Case, random: &mut Random) {
         {
             assert_eq!(params.strides(tensor), strides, "{name}: library strides for {tensor:?}");
         }
+        assert_eq!((params.window(), params.softcap()), (case.window, case.softcap), "{name}");
         let workspace_bytes = handle.workspace_size(&params).expect("workspace size");
         match num_splits {
             1 => assert_eq!(workspace_bytes, 0, "{name}: a call that never splits needs no workspace"),
@@ -569,6 +646,123 @@ fn num_splits_matches_cpu_reference() {
     let pairs = flashcore::supported_head_dims().expect("supported head dims");
     let mut random = Random(0x2545_F491_4F6C_DD1D);
     for case in &SPLIT_CASES {
+        if !pairs.iter().any(|&(d, dv)| i64::from(d) >= case.head_dim && i64::from(dv) >= case.head_dim_v) {
+            skip(case.name, &format!("this build has no kernel as wide as {}: {pairs:?}", case.head_dim));
+            continue;
+        }
+        run_case(&handle, gpu, case, &mut random);
+    }
+}
+
+/// Sliding windows and softcapping, against the reference's own mask and cap:
+/// the diagonal alone, one side unbounded, both sides bounded (key tiles
+/// skipped), a window wider than the sequences, rows that see no key, large
+/// logits capped, with causal, grouped-query heads, both layouts and split-KV.
+const WINDOW_CASES: [Case; 9] = [
+    Case::new(
+        "fp16 B=1 Hq=4 Hkv=2 Sq=200 Sk=260 D=64 window (0, 0), BHSD",
+        DType::F16,
+        [1, 4, 2, 200, 260, 64],
+        false,
+        0.0,
+        Layout::Bhsd,
+        false,
+    )
+    .window(0, 0),
+    Case::new(
+        "bf16 B=2 H=2 S=150 D=64 window (1, -1), BSHD",
+        DType::BF16,
+        [2, 2, 2, 150, 150, 64],
+        false,
+        0.0,
+        Layout::Bshd,
+        false,
+    )
+    .window(1, -1),
+    Case::new(
+        "fp16 B=2 Hq=4 Hkv=1 S=300 D=128 causal window (40, 0), BSHD, own stream",
+        DType::F16,
+        [2, 4, 1, 300, 300, 128],
+        true,
+        0.0,
+        Layout::Bshd,
+        true,
+    )
+    .window(40, 0)
+    .num_splits(&[0, 1, 3]),
+    Case::new(
+        "bf16 B=1 H=2 Sq=150 Sk=170 D=64 window (30, 20), BHSD",
+        DType::BF16,
+        [1, 2, 2, 150, 170, 64],
+        false,
+        0.0,
+        Layout::Bhsd,
+        false,
+    )
+    .window(30, 20),
+    Case::new(
+        "fp16 B=1 H=2 S=130 D=64 window (1000, 1000), wider than the sequences, BHSD",
+        DType::F16,
+        [1, 2, 2, 130, 130, 64],
+        false,
+        0.0,
+        Layout::Bhsd,
+        false,
+    )
+    .window(1000, 1000),
+    Case::new(
+        "bf16 B=2 Hq=4 Hkv=2 Sq=190 Sk=130 D=64 window (5, 5) (rows that see no key), BSHD",
+        DType::BF16,
+        [2, 4, 2, 190, 130, 64],
+        false,
+        0.0,
+        Layout::Bshd,
+        false,
+    )
+    .window(5, 5),
+    // Scaled scores of standard deviation about 14: many beyond the cap.
+    Case::new(
+        "fp16 B=1 Hq=4 Hkv=2 Sq=150 Sk=170 D=64 causal scale=4 softcap 30, BSHD",
+        DType::F16,
+        [1, 4, 2, 150, 170, 64],
+        true,
+        4.0,
+        Layout::Bshd,
+        false,
+    )
+    .softcap(30.0),
+    Case::new(
+        "bf16 B=2 Hq=8 Hkv=2 Sq=200 Sk=260 D=128 causal window (32, 0) scale=2 softcap 30, BHSD, own stream",
+        DType::BF16,
+        [2, 8, 2, 200, 260, 128],
+        true,
+        2.0,
+        Layout::Bhsd,
+        true,
+    )
+    .window(32, 0)
+    .softcap(30.0)
+    .num_splits(&[0, 1, 3]),
+    Case::new(
+        "fp16 decode B=1 Hq=32 Hkv=8 Sq=4 Sk=1000 D=128 causal window (200, 0) softcap 50, BHSD",
+        DType::F16,
+        [1, 32, 8, 4, 1000, 128],
+        true,
+        0.0,
+        Layout::Bhsd,
+        false,
+    )
+    .window(200, 0)
+    .softcap(50.0)
+    .num_splits(&[1, 0, 2, 7]),
+];
+
+#[test]
+fn window_and_softcap_match_cpu_reference() {
+    let Some((handle, gpu)) = setup("window_and_softcap_match_cpu_reference") else { return };
+    let pairs = flashcore::supported_head_dims().expect("supported head dims");
+    let mut random = Random(0x6A09_E667_F3BC_C908);
+    for case in &WINDOW_CASES {
         if !pairs.iter().any(|&(d, dv)| i64::from(d) >= case.head_dim && i64::from(dv) >= case.head_dim_v) {
             skip(case.name, &format!("this build has no kernel as wide as {}: {pairs:?}", case.head_dim));
             continue;
