@@ -23,7 +23,10 @@ fi
 
 # Shapes that cover full and causal masks, partial tiles, GQA and strided
 # layouts at two head dims, without taking minutes under the tools.
+# Then a sliding window with softcap on a padded GQA layout, a window with
+# more queries than keys, and a windowed decode (GQA packing).
 shapes='Shapes/*_d64_*b1_hq2_hkv2_sq113_sk203*:Shapes/*_d128_causal_b2_hq8_hkv2_sq300_sk421*:Shapes/*_d64_full_b2_hq6_hkv3_sq190_sk333*'
+shapes+=':Shapes/*_window100_0_softcap30*:Shapes/*sq600_sk300_bhsd_window50_10:Shapes/*sq1_sk2048_bshd_window500_m1'
 
 # name | tool | binary | gtest filter | environment
 runs=(
