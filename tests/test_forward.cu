@@ -221,6 +221,27 @@ TEST(ForwardLarge, TensorOver2Pow31Elements) {
 // Concurrency, graphs, streams.
 // ---------------------------------------------------------------------------
 
+// "" if got == expected (packed [B, S, H, D] outputs of case c), else how
+// many elements differ and where, so a failure says which rows went wrong.
+std::string describe_differences(const std::vector<uint16_t> &got, const std::vector<uint16_t> &expected,
+                                 const FwdCase &c) {
+    if (got == expected) return "";
+    if (got.size() != expected.size()) return "sizes differ";
+    size_t count = 0;
+    std::string where;
+    const size_t d = c.value_dim(), heads = c.heads_q, seqlen = c.seqlen_q;
+    for (size_t i = 0; i < got.size(); ++i) {
+        if (got[i] == expected[i]) continue;
+        if (++count <= 4) {
+            char buf[128];
+            std::snprintf(buf, sizeof buf, " [b %zu, s %zu, h %zu, col %zu]: 0x%04x vs 0x%04x", i / (d * heads * seqlen),
+                          (i / (d * heads)) % seqlen, (i / d) % heads, i % d, unsigned(got[i]), unsigned(expected[i]));
+            where += buf;
+        }
+    }
+    return std::to_string(count) + " of " + std::to_string(got.size()) + " elements differ, first at" + where;
+}
+
 TEST(ForwardConcurrency, OneHandleManyThreadsGiveIdenticalResults) {
     FC_REQUIRE_GPU();
     UniqueHandle handle = make_handle();
@@ -260,7 +281,7 @@ TEST(ForwardConcurrency, OneHandleManyThreadsGiveIdenticalResults) {
     for (auto &th : threads) th.join();
     for (int t = 0; t < kThreads; ++t) {
         EXPECT_EQ(failures[t], 0) << "thread " << t;
-        EXPECT_TRUE(copies[t]->out_bits() == expected) << "thread " << t << " result differs";
+        EXPECT_EQ(describe_differences(copies[t]->out_bits(), expected, c), "") << "thread " << t;
     }
 }
 
