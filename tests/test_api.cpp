@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfloat>
+#include <cstdint>
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
@@ -30,6 +32,11 @@ namespace {
 // flashcore_forward_params as a 0.1 caller compiled it: it ended before
 // head_dim_v.
 constexpr size_t kParamsSizeV0_1 = offsetof(flashcore_forward_params, head_dim_v);
+// As a 0.3 caller compiled it: it ended after num_splits, before the window.
+constexpr size_t kParamsSizeV0_3 = offsetof(flashcore_forward_params, use_window);
+// Where the last field of this header (softcap, 0.4) ends: bytes of a larger
+// struct past it belong to a newer header's fields.
+constexpr size_t kParamsKnownEnd = offsetof(flashcore_forward_params, softcap) + sizeof(float);
 
 // Plausible, suitably aligned device addresses: flashcore_forward_check never
 // dereferences them.
@@ -132,8 +139,8 @@ std::vector<HeadDimPair> generated_head_dims() {
 
 TEST(Version, RuntimeMatchesHeader) {
     EXPECT_EQ(flashcore_version_number(), unsigned(FLASHCORE_VERSION_NUMBER));
-    EXPECT_EQ(FLASHCORE_VERSION_NUMBER, 300);
-    EXPECT_STREQ(flashcore_version_string(), "0.3.0");
+    EXPECT_EQ(FLASHCORE_VERSION_NUMBER, 400);
+    EXPECT_STREQ(flashcore_version_string(), "0.4.0");
 }
 
 TEST(Status, EveryStatusHasItsOwnString) {
@@ -487,6 +494,23 @@ const InvalidCase kInvalidCases[] = {
      "num_splits (-1) must be 0 (chosen per call), 1 (no split) or at most FLASHCORE_MAX_NUM_SPLITS (128)"},
     {"num_splits_too_many", [](auto &p) { p.num_splits = FLASHCORE_MAX_NUM_SPLITS + 1; },
      FLASHCORE_STATUS_INVALID_ARGUMENT, "num_splits (129)"},
+    // Fields added in 0.4 (Window.* and Softcap.* go through more values).
+    {"window_left_minus_2", [](auto &p) { p.use_window = 1; p.window_left = -2; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "window_left (-2) must be -1 (unbounded) or >= 0"},
+    {"window_right_int32_min", [](auto &p) { p.use_window = 1; p.window_right = INT32_MIN; },
+     FLASHCORE_STATUS_INVALID_ARGUMENT, "window_right (-2147483648) must be -1 (unbounded) or >= 0"},
+    {"window_right_1_with_causal", [](auto &p) { p.use_window = 1; p.causal = 1; p.window_right = 1; },
+     FLASHCORE_STATUS_INVALID_ARGUMENT, "window_right (1) must be -1 or 0 with causal"},
+    {"softcap_negative", [](auto &p) { p.softcap = -30.f; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "softcap (-30) must be finite and > 0, or 0 for none"},
+    {"softcap_nan", [](auto &p) { p.softcap = NAN; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "must be finite and > 0, or 0 for none"},
+    {"softcap_inf", [](auto &p) { p.softcap = INFINITY; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "softcap (inf) must be finite and > 0"},
+    {"softcap_log2_overflows", [](auto &p) { p.softcap = FLT_MAX; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "softcap (3.40282e+38) times log2(e) overflows a float"},
+    {"softcap_quotient_underflows", [](auto &p) { p.softmax_scale = 1e-30f; p.softcap = 1e30f; },
+     FLASHCORE_STATUS_INVALID_ARGUMENT, "softmax_scale / softcap (1e-30 / 1e+30) is not a finite float > 0"},
 };
 
 INSTANTIATE_TEST_SUITE_P(AllParameters, InvalidParams, testing::ValuesIn(kInvalidCases),
@@ -600,10 +624,10 @@ TEST(MergeParams, NullHandleOrParamsAreRejected) {
 
 // A newer header may put a field where this library's struct has only
 // padding: a caller whose struct is larger than ours is refused when it sets
-// any byte past num_splits; one of our own size is not (its padding is not
-// looked at).
+// any byte past softcap, the last field this library knows; one of our own
+// size is not (its padding is not looked at).
 TEST(Validation, StructFromNewerHeaderWithAFieldInOurPadding) {
-    constexpr size_t kKnownEnd = offsetof(flashcore_forward_params, num_splits) + sizeof(int32_t);
+    constexpr size_t kKnownEnd = kParamsKnownEnd;
     alignas(flashcore_forward_params) unsigned char memory[sizeof(flashcore_forward_params) + 16] = {};
     const flashcore_forward_params valid = valid_params();
     std::memcpy(memory, &valid, kKnownEnd);
@@ -621,6 +645,306 @@ TEST(Validation, StructFromNewerHeaderWithAFieldInOurPadding) {
         memory[kKnownEnd] = 0xAB;
         EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
     }
+}
+
+// ---------------------------------------------------------------------------
+// Fields added in 0.4: the sliding window and the softcap.
+// ---------------------------------------------------------------------------
+
+// Whether flashcore_forward_check refuses p with INVALID_ARGUMENT and a
+// message that begins with `message_start` (which names the field).
+testing::AssertionResult refused_naming(const flashcore_forward_params &p, const std::string &message_start) {
+    const flashcore_status status = flashcore_forward_check(&p);
+    const std::string message = flashcore_last_error_message();
+    if (status == FLASHCORE_STATUS_INVALID_ARGUMENT && message.rfind(message_start, 0) == 0) {
+        return testing::AssertionSuccess();
+    }
+    return testing::AssertionFailure() << "status " << int(status) << ", message \"" << message
+                                       << "\"; expected INVALID_ARGUMENT (" << int(FLASHCORE_STATUS_INVALID_ARGUMENT)
+                                       << ") and a message beginning \"" << message_start << "\"";
+}
+
+TEST(Params, InitSetsWindowAndSoftcapOff) {
+    flashcore_forward_params p;
+    std::memset(&p, 0xAB, sizeof p);
+    ASSERT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_EQ(p.use_window, 0);
+    EXPECT_EQ(p.window_left, 0);
+    EXPECT_EQ(p.window_right, 0);
+    EXPECT_EQ(p.softcap, 0.f);
+    EXPECT_FALSE(std::signbit(p.softcap)) << "zeroed, not -0";
+}
+
+// use_window 0 (the default): the bounds are ignored, whatever they hold,
+// with causal or without.
+TEST(Window, BoundsAreIgnoredWithoutUseWindow) {
+    const int32_t garbage[] = {-2, INT32_MIN, 1, INT32_MAX, int32_t(0xABABABAB)};
+    for (int32_t causal : {0, 1}) {
+        for (int32_t left : garbage) {
+            for (int32_t right : garbage) {
+                flashcore_forward_params p = valid_params();
+                p.causal = causal;
+                p.use_window = 0;
+                p.window_left = left;
+                p.window_right = right;
+                EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS)
+                    << "causal " << causal << ", window (" << left << ", " << right
+                    << "): " << flashcore_last_error_message();
+            }
+        }
+    }
+}
+
+// Each bound -1 (unbounded) or >= 0, however large; any non-zero use_window
+// turns the window on.
+TEST(Window, AcceptedBounds) {
+    const int32_t bounds[] = {-1, 0, 1, 127, 1 << 30, INT32_MAX};
+    for (int32_t use_window : {1, 2, -1, INT32_MIN, INT32_MAX}) {
+        for (int32_t left : bounds) {
+            for (int32_t right : bounds) {
+                flashcore_forward_params p = valid_params();
+                p.use_window = use_window;
+                p.window_left = left;
+                p.window_right = right;
+                EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS)
+                    << "use_window " << use_window << ", window (" << left << ", " << right
+                    << "): " << flashcore_last_error_message();
+            }
+        }
+    }
+}
+
+// causal is window_right 0: with it, window_right -1 and 0 are accepted
+// (any window_left), larger ones refused naming window_right.
+TEST(Window, CausalAllowsWindowRightMinus1And0Only) {
+    for (int32_t left : {-1, 0, 5, INT32_MAX}) {
+        for (int32_t right : {-1, 0}) {
+            flashcore_forward_params p = valid_params();
+            p.causal = 1;
+            p.use_window = 1;
+            p.window_left = left;
+            p.window_right = right;
+            EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS)
+                << "causal, window (" << left << ", " << right << "): " << flashcore_last_error_message();
+        }
+        for (int32_t right : {1, 2, 1 << 30, INT32_MAX}) {
+            flashcore_forward_params p = valid_params();
+            p.causal = 1;
+            p.use_window = 1;
+            p.window_left = left;
+            p.window_right = right;
+            EXPECT_TRUE(refused_naming(p, "window_right (" + std::to_string(right) +
+                                              ") must be -1 or 0 with causal, which is window_right 0"))
+                << "window (" << left << ", " << right << ")";
+        }
+    }
+    // Any non-zero causal is causal.
+    flashcore_forward_params p = valid_params();
+    p.causal = -7;
+    p.use_window = 1;
+    p.window_right = 1;
+    EXPECT_TRUE(refused_naming(p, "window_right (1) must be -1 or 0 with causal"));
+}
+
+// A bound below -1 is refused, naming the bound, with any non-zero
+// use_window, with causal or without.
+TEST(Window, BoundsBelowMinus1AreRefused) {
+    for (int32_t use_window : {1, 2, -1, INT32_MIN}) {
+        for (int32_t causal : {0, 1}) {
+            for (int32_t bad : {-2, -1000, INT32_MIN}) {
+                const std::string why = ") must be -1 (unbounded) or >= 0 (keys seen on that side of the diagonal)";
+                flashcore_forward_params p = valid_params();
+                p.use_window = use_window;
+                p.causal = causal;
+                p.window_left = bad;
+                p.window_right = causal != 0 ? 0 : 3;
+                EXPECT_TRUE(refused_naming(p, "window_left (" + std::to_string(bad) + why))
+                    << "use_window " << use_window << ", causal " << causal;
+                p.window_left = 3;
+                p.window_right = bad;
+                EXPECT_TRUE(refused_naming(p, "window_right (" + std::to_string(bad) + why))
+                    << "use_window " << use_window << ", causal " << causal;
+            }
+        }
+    }
+}
+
+// An empty call reads no pointers or strides, but the window and the softcap
+// are checked as for any call (the workspace query reads them).
+TEST(Window, CheckedInEmptyCalls) {
+    flashcore_forward_params p = valid_params();
+    p.batch_size = 0;
+    p.q = p.k = p.v = p.out = nullptr;
+    p.use_window = 1;
+    p.window_left = 0;
+    p.window_right = -1;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    p.window_left = -2;
+    EXPECT_TRUE(refused_naming(p, "window_left (-2)"));
+    p.window_left = 0;
+    p.softcap = -1.f;
+    EXPECT_TRUE(refused_naming(p, "softcap (-1)"));
+}
+
+// 0 (and -0, which equals it) is off; any finite softcap > 0 whose product
+// with log2(e) and whose quotient scale / softcap are finite floats > 0 is
+// accepted: tiny ones, and large ones where the quotient is subnormal.
+TEST(Softcap, AcceptedValues) {
+    const struct {
+        float softmax_scale, softcap;
+    } accepted[] = {
+        {0.f, 0.f},     {0.f, -0.f},    {0.f, 30.f},  {0.f, 50.f},   {0.f, 1.f},     {0.f, 1e-30f},
+        {0.f, FLT_MIN}, {0.f, 2.3e38f}, {0.f, 1e30f}, {1.f, 1e-38f}, {2.3e38f, 1.f}, {1e-30f, 1e8f},
+        {0.3f, 30.f},   {FLT_MIN, 1.f}, {1e-45f, 1e-30f},
+    };
+    for (const auto &a : accepted) {
+        flashcore_forward_params p = valid_params();
+        p.softmax_scale = a.softmax_scale;
+        p.softcap = a.softcap;
+        EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS)
+            << "softmax_scale " << a.softmax_scale << ", softcap " << a.softcap << ": "
+            << flashcore_last_error_message();
+    }
+}
+
+TEST(Softcap, RefusedValuesNameTheRule) {
+    const struct {
+        float softmax_scale, softcap;
+        const char *message_start;
+    } refused[] = {
+        {0.f, -1.f, "softcap (-1) must be finite and > 0, or 0 for none"},
+        {0.f, -FLT_MIN, "softcap (-1.17549e-38) must be finite and > 0"},
+        {0.f, -INFINITY, "softcap (-inf) must be finite and > 0"},
+        {0.f, INFINITY, "softcap (inf) must be finite and > 0"},
+        {0.f, NAN, "softcap ("},  // "nan" or "-nan", as printf writes it
+        // Finite, but times log2(e) +inf in float.
+        {0.f, FLT_MAX, "softcap (3.40282e+38) times log2(e) overflows a float; it must be at most"},
+        {0.f, 2.4e38f, "softcap (2.4e+38) times log2(e) overflows a float"},
+        // The quotient underflows to 0 ...
+        {1e-30f, 1e30f, "softmax_scale / softcap (1e-30 / 1e+30) is not a finite float > 0"},
+        {1e-45f, 30.f, "softmax_scale / softcap (1.4013e-45 / 30) is not a finite float > 0"},
+        // ... or overflows to +inf.
+        {0.f, 1e-45f, "softmax_scale / softcap (0.125 / 1.4013e-45) is not a finite float > 0"},
+        {2.3e38f, 0.5f, "softmax_scale / softcap (2.3e+38 / 0.5) is not a finite float > 0"},
+    };
+    for (const auto &r : refused) {
+        flashcore_forward_params p = valid_params();
+        p.softmax_scale = r.softmax_scale;
+        p.softcap = r.softcap;
+        EXPECT_TRUE(refused_naming(p, r.message_start))
+            << "softmax_scale " << r.softmax_scale << ", softcap " << r.softcap;
+        if (std::isnan(r.softcap)) {
+            EXPECT_NE(std::string(flashcore_last_error_message()).find("nan) must be finite and > 0"),
+                      std::string::npos)
+                << flashcore_last_error_message();
+        }
+    }
+}
+
+// A 0.3 caller's struct ends after num_splits: it is accepted, with no
+// window and no softcap, whatever lies in memory after it (as use_window,
+// 0xABABABAB is non-zero and a bound < -1; as softcap, a negative float).
+TEST(Validation, StructFromVersion0_3) {
+    alignas(flashcore_forward_params) unsigned char memory[sizeof(flashcore_forward_params) + 16];
+    std::memset(memory, 0xAB, sizeof memory);
+    flashcore_forward_params *p = reinterpret_cast<flashcore_forward_params *>(memory);
+    ASSERT_EQ(flashcore_forward_params_init(p, kParamsSizeV0_3), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    EXPECT_EQ(p->struct_size, kParamsSizeV0_3);
+    for (size_t i = kParamsSizeV0_3; i < sizeof memory; ++i) ASSERT_EQ(memory[i], 0xAB) << "init wrote byte " << i;
+    const flashcore_forward_params valid = valid_params();
+    constexpr size_t kFirstField = offsetof(flashcore_forward_params, dtype);  // all but struct_size
+    std::memcpy(memory + kFirstField, reinterpret_cast<const unsigned char *>(&valid) + kFirstField,
+                kParamsSizeV0_3 - kFirstField);
+    ASSERT_EQ(flashcore_set_contiguous_strides(p, FLASHCORE_LAYOUT_BHSD), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    for (size_t i = kParamsSizeV0_3; i < sizeof memory; ++i) ASSERT_EQ(memory[i], 0xAB) << "strides wrote byte " << i;
+    EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    p->causal = 1;
+    EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    // The same bytes inside a 0.4 struct are read, and refused.
+    p->struct_size = sizeof(flashcore_forward_params);
+    EXPECT_TRUE(refused_naming(*p, "window_left (" + std::to_string(int32_t(0xABABABAB)) + ")"));
+}
+
+// The 0.4 fields of a struct larger than ours (a newer header's) are read as
+// ours, not taken for unknown fields; the bytes past them are the unknown
+// ones.
+TEST(Validation, StructFromNewerHeaderReadsTheWindowAndSoftcap) {
+    struct Newer {
+        flashcore_forward_params base;
+        int64_t future_field;
+    } newer;
+    static_assert(offsetof(Newer, future_field) == kParamsKnownEnd, "the future field starts right after softcap");
+    newer.base = valid_params();
+    newer.base.struct_size = sizeof(Newer);
+    newer.future_field = 0;
+    newer.base.use_window = 1;
+    newer.base.window_left = 16;
+    newer.base.window_right = 0;
+    newer.base.softcap = 30.f;
+    EXPECT_EQ(flashcore_forward_check(&newer.base), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    newer.base.softcap = -30.f;
+    EXPECT_TRUE(refused_naming(newer.base, "softcap (-30)"));
+    newer.base.softcap = 30.f;
+    newer.base.window_right = -2;
+    EXPECT_TRUE(refused_naming(newer.base, "window_right (-2)"));
+    newer.base.window_right = 0;
+    for (int shift : {0, 63}) {
+        newer.future_field = int64_t(uint64_t(1) << shift);
+        EXPECT_EQ(flashcore_forward_check(&newer.base), FLASHCORE_STATUS_UNSUPPORTED) << "bit " << shift;
+        EXPECT_NE(std::string(flashcore_last_error_message())
+                      .find("params sets fields beyond the " + std::to_string(kParamsKnownEnd) + " bytes"),
+                  std::string::npos)
+            << flashcore_last_error_message();
+    }
+}
+
+// With a GPU: the workspace query checks the window and the softcap as
+// flashcore_forward_check does, and its size does not depend on the
+// softcap (flashcore.h, "Workspace").
+TEST(Workspace, QueryChecksTheWindowAndIgnoresTheSoftcap) {
+    std::string reason;
+    if (!flashcore_test::cuda_device_available(&reason)) GTEST_SKIP() << "needs a GPU: " << reason;
+    flashcore_handle h = nullptr;
+    ASSERT_EQ(flashcore_create(&h), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    // Decode-like calls, which the heuristic splits, and a windowed one.
+    for (int32_t seqlen_q : {1, 100}) {
+        for (int32_t use_window : {0, 1}) {
+            flashcore_forward_params p = valid_params();
+            p.batch_size = 1;
+            p.num_heads_q = p.num_heads_kv = 1;
+            p.seqlen_q = seqlen_q;
+            p.seqlen_k = 8192;
+            p.use_window = use_window;
+            p.window_left = 256;
+            p.window_right = 0;
+            size_t uncapped = 1;
+            ASSERT_EQ(flashcore_forward_workspace_size(h, &p, &uncapped), FLASHCORE_STATUS_SUCCESS)
+                << flashcore_last_error_message();
+            for (float softcap : {30.f, 1e-30f, 2.3e38f}) {
+                p.softcap = softcap;
+                size_t capped = 1;
+                EXPECT_EQ(flashcore_forward_workspace_size(h, &p, &capped), FLASHCORE_STATUS_SUCCESS)
+                    << flashcore_last_error_message();
+                EXPECT_EQ(capped, uncapped) << "softcap " << softcap << ", seqlen_q " << seqlen_q << ", use_window "
+                                            << use_window;
+            }
+            p.softcap = NAN;
+            size_t bytes = 77;
+            EXPECT_EQ(flashcore_forward_workspace_size(h, &p, &bytes), FLASHCORE_STATUS_INVALID_ARGUMENT);
+            EXPECT_EQ(bytes, 77u) << "a refused query wrote the size";
+            p.softcap = 0.f;
+            p.use_window = 1;
+            p.causal = 1;
+            p.window_right = 1;
+            EXPECT_EQ(flashcore_forward_workspace_size(h, &p, &bytes), FLASHCORE_STATUS_INVALID_ARGUMENT);
+            EXPECT_EQ(std::string(flashcore_last_error_message()).rfind("window_right (1)", 0), 0u)
+                << flashcore_last_error_message();
+            EXPECT_EQ(bytes, 77u) << "a refused query wrote the size";
+        }
+    }
+    EXPECT_EQ(flashcore_destroy(h), FLASHCORE_STATUS_SUCCESS);
 }
 
 TEST(SupportedHeadDims, SizingCallWritesOnlyTheCount) {

@@ -13,6 +13,11 @@
 // Runs N calls with the fixed seed 15, then N with S (default: random,
 // printed so a failure can be replayed). Exits 1 on the first mismatch,
 // printing the parameters.
+//
+// The callers it plays are of every header version: of this one, of an
+// older one (a smaller struct_size; the bytes after it are garbage, not
+// its fields), and of a newer one (a larger struct_size, whose fields past
+// softcap this library does not know: zero, or now and then set).
 #include <algorithm>
 #include <cfloat>
 #include <cinttypes>
@@ -37,7 +42,33 @@ using i128 = __int128;
 
 constexpr size_t kSizeV0_1 = offsetof(flashcore_forward_params, head_dim_v);
 constexpr size_t kSizeV0_2 = offsetof(flashcore_forward_params, num_splits);
+constexpr size_t kSizeV0_3 = offsetof(flashcore_forward_params, use_window);
+// Where the last field of this header (softcap) ends: a newer header's
+// fields lie past it.
+constexpr size_t kKnownEnd = offsetof(flashcore_forward_params, softcap) + sizeof(float);
 constexpr int kMaxBruteForceRows = 512;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// A caller's struct with room for a newer header's fields after ours: the
+// library reads struct_size bytes of it, which may reach into `newer`.
+constexpr size_t kNewerBytes = 16;
+struct CallerParams {
+    flashcore_forward_params p;
+    unsigned char newer[kNewerBytes];
+};
+static_assert(offsetof(CallerParams, newer) == sizeof(flashcore_forward_params), "newer follows ours directly");
+
+// Whether the caller's struct is larger than ours and sets a byte past the
+// fields this library knows (refused as UNSUPPORTED, flashcore.h's ABI
+// policy). Valid struct sizes only: a struct_size past 64 KiB is refused
+// before this is looked at.
+bool sets_newer_fields(const CallerParams &c) {
+    if (c.p.struct_size <= sizeof(flashcore_forward_params) || c.p.struct_size > sizeof c) return false;
+    const unsigned char *bytes = reinterpret_cast<const unsigned char *>(&c);
+    for (size_t i = kKnownEnd; i < c.p.struct_size; ++i)
+        if (bytes[i] != 0) return true;
+    return false;
+}
 
 std::vector<std::pair<int32_t, int32_t>> g_head_dims;  // flashcore_supported_head_dims
 
@@ -130,15 +161,25 @@ bool written_overlap(const std::vector<Range> &ranges) {
 }
 
 // The model: what flashcore.h says flashcore_forward_check returns.
-Expected model_check(const flashcore_forward_params &in) {
+Expected model_check(const CallerParams &caller) {
+    const flashcore_forward_params &in = caller.p;
     Expected e;
     if (in.struct_size < kSizeV0_1 || in.struct_size > 64 * 1024) {
         e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
         return e;  // nothing else is read
     }
+    if (sets_newer_fields(caller)) {
+        e.add(FLASHCORE_STATUS_UNSUPPORTED);
+        return e;  // nor is anything read
+    }
+    // An older caller's struct lacks the fields added since: their defaults.
     flashcore_forward_params p = in;
     if (p.struct_size <= kSizeV0_1) p.head_dim_v = 0;
     if (p.struct_size <= kSizeV0_2) p.num_splits = 0;
+    if (p.struct_size <= kSizeV0_3) {
+        p.use_window = p.window_left = p.window_right = 0;
+        p.softcap = 0.f;
+    }
     const bool empty = p.batch_size == 0 || p.seqlen_q == 0 || p.num_heads_q == 0;
     const int32_t dv = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
     if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16) e.add(FLASHCORE_STATUS_UNSUPPORTED);
@@ -155,7 +196,22 @@ Expected model_check(const flashcore_forward_params &in) {
     const float s = p.softmax_scale;
     if (s != 0.f && !(std::isfinite(s) && s > 0.f)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     const float effective = s == 0.f ? 1.f / std::sqrt(float(std::max(p.head_dim, 1))) : s;
-    if (!std::isfinite(effective * 1.4426950408889634f)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    if (!std::isfinite(effective * kLog2e)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    // The window (0.4): its bounds only with use_window non-zero; each -1
+    // or >= 0, and window_right -1 or 0 with causal.
+    if (p.use_window != 0) {
+        if (p.window_left < -1 || p.window_right < -1) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        if (p.causal != 0 && p.window_right > 0) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    }
+    // The softcap (0.4): 0 (or -0) is off; otherwise finite and > 0, with
+    // softcap * log2(e) a finite float and scale / softcap a finite float > 0.
+    const float cap = p.softcap;
+    if (cap != 0.f) {
+        const float quotient = effective / cap;
+        if (!(std::isfinite(cap) && cap > 0.f && std::isfinite(cap * kLog2e) && std::isfinite(quotient) &&
+              quotient > 0.f))
+            e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    }
     if (empty || !e.statuses.empty()) return e;  // pointers and strides of an empty call are not looked at
 
     const Tensor tensors[] = {
@@ -198,8 +254,28 @@ Expected model_check(const flashcore_forward_params &in) {
     return e;
 }
 
-flashcore_forward_params random_params(Rng &r) {
-    flashcore_forward_params p;
+// A window bound: -1 (unbounded) and 0 (the diagonal), the two that causal
+// allows on the right, more often than 1, small, large and INT32_MAX; 1 in
+// 5 below -1 (refused where the window is on).
+int32_t random_window_bound(Rng &r) {
+    switch (r.below(10)) {
+    case 0: return r.chance(50) ? -2 : -int32_t(2 + r.below(1000));
+    case 1: return INT32_MIN;
+    case 2:
+    case 3: return -1;
+    case 4:
+    case 5: return 0;
+    case 6: return 1;
+    case 7: return int32_t(2 + r.below(300));
+    case 8: return int32_t(1) << (10 + r.below(21));  // 1024 .. 2^30
+    default: return INT32_MAX;
+    }
+}
+
+CallerParams random_params(Rng &r) {
+    CallerParams c;
+    std::memset(c.newer, 0xAB, sizeof c.newer);  // garbage, unless a newer caller's struct reaches into it
+    flashcore_forward_params &p = c.p;
     flashcore_forward_params_init(&p, sizeof p);
     // Each field: mostly a valid value, sometimes one from the edges of its
     // rule, so that both the success path and every refusal are frequent.
@@ -216,10 +292,25 @@ flashcore_forward_params random_params(Rng &r) {
     const int32_t dims_v[] = {8, 64, 128, -8, 264, 60};
     p.head_dim_v = r.chance(70) ? 0 : r.chance(50) ? listed.second : r.pick(dims_v);
     p.causal = int32_t(r.below(2));
-    const float scales[] = {0.f, 0.125f, 1.f, -1.f, NAN, INFINITY, -0.f, 3e38f, 2.3e38f, 2.4e38f, FLT_MIN, 1e-45f};
+    const float scales[] = {0.f,   0.125f,  1.f,     -1.f,    NAN,    INFINITY, -0.f,
+                            3e38f, 2.3e38f, 2.4e38f, FLT_MIN, 1e-45f, 1e-30f};
     p.softmax_scale = r.chance(80) ? 0.f : r.pick(scales);
     const int32_t splits[] = {0, 1, 2, 128, 129, -1, INT32_MIN};
     p.num_splits = r.chance(80) ? 0 : r.pick(splits);
+    // The window: mostly off, its bounds then garbage to be ignored; on with
+    // any non-zero use_window.
+    const int32_t use_windows[] = {1, 1, 1, 1, 2, -1, INT32_MIN, INT32_MAX};
+    p.use_window = r.chance(65) ? 0 : r.pick(use_windows);
+    p.window_left = random_window_bound(r);
+    p.window_right = random_window_bound(r);
+    // The softcap: mostly off; else normal, tiny (the scale's quotient may
+    // overflow), huge (softcap * log2(e) may overflow, the quotient
+    // underflow), or not finite and > 0.
+    const float softcaps[] = {30.f,   50.f,    1.f,      0.5f,                         // normal
+                              1e-30f, FLT_MIN, 1e-45f,                                 // tiny
+                              1e30f,  2.3e38f, 2.4e38f,  FLT_MAX,                      // huge
+                              -1.f,   -0.f,    -FLT_MIN, NAN,     -NAN, INFINITY, -INFINITY};
+    p.softcap = r.chance(70) ? 0.f : r.pick(softcaps);
     // Strides: packed in a random layout, then some perturbed.
     flashcore_forward_params packed = p;
     if (set_contiguous_strides_of_int(&packed, int(r.below(2))) == FLASHCORE_STATUS_SUCCESS) p = packed;
@@ -240,22 +331,42 @@ flashcore_forward_params random_params(Rng &r) {
         if (r.chance(5)) lse = static_cast<const char *>(lse) + 4;  // 4-byte aligned, not 16: fine for lse
         p.lse = static_cast<float *>(const_cast<void *>(lse));
     }
-    const size_t sizes[] = {kSizeV0_1, kSizeV0_2, 0, 12, kSizeV0_1 - 1, size_t(1) << 40};
-    p.struct_size = r.chance(90) ? sizeof p : r.pick(sizes);
-    if (p.struct_size < sizeof p && p.struct_size >= kSizeV0_1) {
-        // Bytes past an older caller's struct are not its fields: garbage.
-        std::memset(reinterpret_cast<unsigned char *>(&p) + p.struct_size, 0xAB, sizeof p - p.struct_size);
+    // Past the caller's struct_size: garbage, not its fields. A newer
+    // caller's own fields past ours: zero, or one byte of them set.
+    constexpr size_t kOurs = sizeof(flashcore_forward_params);
+    const size_t sizes[] = {kSizeV0_1,     kSizeV0_2,       kSizeV0_3, 0,         12,
+                            kSizeV0_1 - 1, size_t(1) << 40, kOurs + 4, kOurs + 8, kOurs + kNewerBytes};
+    p.struct_size = r.chance(88) ? kOurs : r.pick(sizes);
+    unsigned char *bytes = reinterpret_cast<unsigned char *>(&c);
+    const size_t end = std::min(p.struct_size, sizeof c);
+    if (end >= kSizeV0_1 && end < kOurs) std::memset(bytes + end, 0xAB, kOurs - end);
+    if (end > kOurs) {
+        std::memset(bytes + kOurs, 0, end - kOurs);
+        if (r.chance(50)) bytes[kKnownEnd + r.below(end - kKnownEnd)] = static_cast<unsigned char>(1 + r.below(255));
     }
-    return p;
+    return c;
 }
 
-void print_params(const flashcore_forward_params &p) {
+uint32_t float_bits(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    return bits;
+}
+
+void print_params(const CallerParams &c) {
+    const flashcore_forward_params &p = c.p;
     std::fprintf(stderr,
-                 "  struct_size %zu dtype %d B %d Sq %d Sk %d Hq %d Hkv %d D %d Dv %d causal %d scale %g splits %d\n"
+                 "  struct_size %zu (ours %zu) dtype %d B %d Sq %d Sk %d Hq %d Hkv %d D %d Dv %d causal %d scale %g "
+                 "splits %d\n"
+                 "  use_window %d window_left %d window_right %d softcap %g (0x%08x)\n"
                  "  q %p k %p v %p out %p lse %p\n",
-                 p.struct_size, p.dtype, p.batch_size, p.seqlen_q, p.seqlen_k, p.num_heads_q, p.num_heads_kv,
-                 p.head_dim, p.head_dim_v, p.causal, double(p.softmax_scale), p.num_splits, p.q, p.k, p.v, p.out,
-                 static_cast<void *>(p.lse));
+                 p.struct_size, sizeof p, p.dtype, p.batch_size, p.seqlen_q, p.seqlen_k, p.num_heads_q,
+                 p.num_heads_kv, p.head_dim, p.head_dim_v, p.causal, double(p.softmax_scale), p.num_splits,
+                 p.use_window, p.window_left, p.window_right, double(p.softcap), float_bits(p.softcap), p.q, p.k, p.v,
+                 p.out, static_cast<void *>(p.lse));
+    std::fprintf(stderr, "  bytes after ours:");
+    for (unsigned char b : c.newer) std::fprintf(stderr, " %02x", b);
+    std::fprintf(stderr, "\n");
     std::fprintf(stderr,
                  "  strides q %" PRId64 " %" PRId64 " %" PRId64 "  k %" PRId64 " %" PRId64 " %" PRId64 "  v %" PRId64
                  " %" PRId64 " %" PRId64 "  out %" PRId64 " %" PRId64 " %" PRId64 " (batch seq head)\n",
@@ -288,12 +399,12 @@ bool agrees(const Expected &e, flashcore_status got, const std::string &message,
     return ok;
 }
 
-bool check_forward(const flashcore_forward_params &p, uint64_t call) {
-    flashcore_forward_params copy = p;
-    const flashcore_status got = flashcore_forward_check(&copy);
-    const bool ok = agrees(model_check(p), got, flashcore_last_error_message(), std::memcmp(&copy, &p, sizeof p) == 0,
+bool check_forward(const CallerParams &c, uint64_t call) {
+    CallerParams copy = c;
+    const flashcore_status got = flashcore_forward_check(&copy.p);
+    const bool ok = agrees(model_check(c), got, flashcore_last_error_message(), std::memcmp(&copy, &c, sizeof c) == 0,
                            "flashcore_forward_check", call);
-    if (!ok) print_params(p);
+    if (!ok) print_params(c);
     return ok;
 }
 
@@ -476,10 +587,16 @@ bool check_merge(const flashcore_merge_params &p, uint64_t call) {
 }
 
 // flashcore_set_contiguous_strides: the packed strides, or nothing written.
-bool check_strides(const flashcore_forward_params &in, int layout, uint64_t call) {
-    flashcore_forward_params p = in;
+bool check_strides(const CallerParams &caller, int layout, uint64_t call) {
+    const flashcore_forward_params &in = caller.p;
+    CallerParams written = caller;
+    flashcore_forward_params &p = written.p;
     const flashcore_status got = set_contiguous_strides_of_int(&p, layout);
+    // The layout, then the struct's size, then a newer header's fields
+    // (UNSUPPORTED), then the sizes the strides are products of.
     bool expect_ok = (layout == 0 || layout == 1) && in.struct_size >= kSizeV0_1 && in.struct_size <= 64 * 1024;
+    const bool refused_as_newer = expect_ok && sets_newer_fields(caller);
+    expect_ok &= !refused_as_newer;
     const int32_t dv_raw = in.struct_size <= kSizeV0_1 ? 0 : in.head_dim_v;
     const bool empty = in.batch_size == 0 || in.seqlen_q == 0 || in.num_heads_q == 0;
     for (int32_t v : {in.batch_size, in.seqlen_q, in.seqlen_k, in.num_heads_q, in.num_heads_kv}) expect_ok &= v >= 0;
@@ -504,13 +621,17 @@ bool check_strides(const flashcore_forward_params &in, int layout, uint64_t call
             ok &= w.batch == int64_t(w.h * w.s * w.dim) && w.seq == int64_t(seq) && w.head == int64_t(head);
         }
     } else {
-        ok &= !expect_ok && got == FLASHCORE_STATUS_INVALID_ARGUMENT && std::memcmp(&p, &in, sizeof p) == 0;
+        const flashcore_status refused =
+            refused_as_newer ? FLASHCORE_STATUS_UNSUPPORTED : FLASHCORE_STATUS_INVALID_ARGUMENT;
+        ok &= !expect_ok && got == refused && std::memcmp(&written, &caller, sizeof caller) == 0;
     }
     if (!ok) {
         std::fprintf(stderr, "call %" PRIu64 ": flashcore_set_contiguous_strides(layout %d) returned %d (\"%s\"), "
                      "the model expects %s\n", call, layout, int(got), flashcore_last_error_message(),
-                     expect_ok ? "the packed strides" : "INVALID_ARGUMENT and nothing written");
-        print_params(in);
+                     expect_ok          ? "the packed strides"
+                     : refused_as_newer ? "UNSUPPORTED and nothing written"
+                                        : "INVALID_ARGUMENT and nothing written");
+        print_params(caller);
     }
     return ok;
 }
@@ -535,15 +656,25 @@ bool check_handles(Rng &r, const flashcore_forward_params &p, uint64_t call) {
 
 struct Counts {
     uint64_t calls = 0, successes = 0, merge_successes = 0;
+    // Accepted forward parameter sets with the window on, the softcap on,
+    // and from a newer header's (larger) struct.
+    uint64_t windowed_successes = 0, capped_successes = 0, newer_successes = 0;
 };
 
 bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
     Rng r{std::mt19937_64(seed)};
     for (uint64_t i = 0; i < forward_calls; ++i) {
-        const flashcore_forward_params p = random_params(r);
-        if (!check_forward(p, i)) return false;
+        const CallerParams c = random_params(r);
+        const flashcore_forward_params &p = c.p;
+        if (!check_forward(c, i)) return false;
         ++counts->calls;
-        counts->successes += flashcore_forward_check(&p) == FLASHCORE_STATUS_SUCCESS;
+        if (flashcore_forward_check(&p) == FLASHCORE_STATUS_SUCCESS) {
+            const bool has_0_4_fields = p.struct_size > kSizeV0_3;
+            ++counts->successes;
+            counts->windowed_successes += has_0_4_fields && p.use_window != 0;
+            counts->capped_successes += has_0_4_fields && p.softcap != 0.f;
+            counts->newer_successes += p.struct_size > sizeof p;
+        }
         ++counts->calls;
         const flashcore_merge_params m = random_merge_params(r);
         if (!check_merge(m, i)) return false;
@@ -552,7 +683,7 @@ bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
         ++counts->calls;
         if (i % 4 == 0) {
             const int layouts[] = {0, 1, 0, 1, 2, -1, 7};
-            if (!check_strides(p, r.pick(layouts), i)) return false;
+            if (!check_strides(c, r.pick(layouts), i)) return false;
             ++counts->calls;
         }
         if (i % 64 == 0) {
@@ -595,7 +726,10 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    std::printf("fuzz_api: %" PRIu64 " API calls, %" PRIu64 " valid forward and %" PRIu64 " valid merge parameter "
-                "sets accepted, all as the model says\n", counts.calls, counts.successes, counts.merge_successes);
+    std::printf("fuzz_api: %" PRIu64 " API calls, %" PRIu64 " valid forward (%" PRIu64 " with a window, %" PRIu64
+                " with a softcap, %" PRIu64 " from a newer header) and %" PRIu64 " valid merge parameter sets "
+                "accepted, all as the model says\n",
+                counts.calls, counts.successes, counts.windowed_successes, counts.capped_successes,
+                counts.newer_successes, counts.merge_successes);
     return 0;
 }

@@ -82,7 +82,12 @@ FC_FIELD(out_head_stride, 176, 8);
 FC_FIELD(head_dim_v, 184, 4);
 /* Added in 0.3: a 0.2 struct ends at 188 bytes. */
 FC_FIELD(num_splits, 188, 4);
-FC_ASSERT(params_size, sizeof(flashcore_forward_params) >= 192);
+/* Added in 0.4: a 0.3 struct ends at 192 bytes. */
+FC_FIELD(use_window, 192, 4);
+FC_FIELD(window_left, 196, 4);
+FC_FIELD(window_right, 200, 4);
+FC_FIELD(softcap, 204, 4);
+FC_ASSERT(params_size, sizeof(flashcore_forward_params) >= 208);
 
 /* flashcore_merge_params (0.3). */
 #define FC_MERGE_FIELD(field, offset, size)                                                \
