@@ -111,6 +111,10 @@ float effective_softmax_scale(const flashcore_forward_params &p) {
 
 float softmax_scale_log2(const flashcore_forward_params &p) { return effective_softmax_scale(p) * kLog2e; }
 
+float softcap_prescale(const flashcore_forward_params &p) {
+    return p.softcap > 0.f ? effective_softmax_scale(p) / p.softcap : 0.f;
+}
+
 int32_t effective_window_left(const flashcore_forward_params &p) {
     return p.use_window != 0 && p.window_left >= 0 ? p.window_left : kWindowUnbounded;
 }
@@ -199,7 +203,7 @@ FwdKernelParams kernel_params(const flashcore_forward_params &p) {
     const bool capped = p.softcap > 0.f;
     k.softmax_scale = capped ? p.softcap : effective_softmax_scale(p);
     k.softmax_scale_log2 = k.softmax_scale * kLog2e;
-    k.softcap_prescale = capped ? effective_softmax_scale(p) / p.softcap : 0.f;
+    k.softcap_prescale = softcap_prescale(p);
     k.causal = p.causal != 0;
     // A left bound of seqlen_k (a right one of seqlen_q - 1) already shows
     // every key on that side to every query; clamped there, the kernels'

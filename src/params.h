@@ -61,6 +61,11 @@ constexpr float kLog2e = 1.4426950408889634f;
 // exp2). Validation requires it to be finite.
 float softmax_scale_log2(const flashcore_forward_params &params);
 
+// softmax_scale / softcap, by which the kernels scale the raw scores before
+// the tanh (FwdKernelParams::softcap_prescale); 0 without a softcap.
+// Validation requires it to be a finite float > 0 where softcap is set.
+float softcap_prescale(const flashcore_forward_params &params);
+
 // The window's bounds as the call asks for them: keys a query sees to the
 // left and to the right of its diagonal, kWindowUnbounded where there is no
 // bound (no window, a bound of -1); causal is a right bound of 0. The

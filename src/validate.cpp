@@ -350,7 +350,7 @@ flashcore_status validate_softcap(const flashcore_forward_params &p) {
     }
     // The kernels scale the raw scores by softmax_scale / softcap before the
     // tanh; a quotient of 0 would read as "no softcap".
-    const float prescale = effective_softmax_scale(p) / p.softcap;
+    const float prescale = softcap_prescale(p);
     if (!(prescale > 0.f) || !std::isfinite(prescale)) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
                     "softmax_scale / softcap (%g / %g) is not a finite float > 0; a softcap this far from the "
