@@ -64,7 +64,10 @@ void GuardedBuffer::allocate(size_t bytes_) {
     data = base + kGuardBytes;
     FC_CHECK_CUDA(cudaMemset(base, kGuardByte, kGuardBytes));
     FC_CHECK_CUDA(cudaMemset(base + kGuardBytes + bytes, kGuardByte, kGuardBytes));
+    finish_device_writes();
 }
+
+void finish_device_writes() { FC_CHECK_CUDA(cudaDeviceSynchronize()); }
 
 std::string GuardedBuffer::check(const char *what) const {
     std::vector<unsigned char> band(kGuardBytes);
@@ -103,6 +106,7 @@ void DeviceTensor::upload(flashcore_dtype dtype, const std::vector<float> &dense
     size_t i = 0;
     for_each_view_offset([&](size_t at) { host[at] = to_bits(dtype, dense[i++]); });
     FC_CHECK_CUDA(cudaMemcpy(data, host.data(), capacity * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    finish_device_writes();
 }
 
 std::vector<float> DeviceTensor::download(flashcore_dtype dtype) const {
@@ -114,7 +118,10 @@ std::vector<float> DeviceTensor::download(flashcore_dtype dtype) const {
     return dense;
 }
 
-void DeviceTensor::poison() { FC_CHECK_CUDA(cudaMemset(data, 0xFF, capacity * sizeof(uint16_t))); }
+void DeviceTensor::poison() {
+    FC_CHECK_CUDA(cudaMemset(data, 0xFF, capacity * sizeof(uint16_t)));
+    finish_device_writes();
+}
 
 std::string DeviceTensor::check_untouched(const char *what) const {
     const std::string guards = memory.check(what);

@@ -41,6 +41,15 @@ float from_bits(flashcore_dtype dtype, uint16_t bits);
 constexpr size_t kGuardBytes = 256;
 constexpr unsigned char kGuardByte = 0xA5;
 
+// Every helper here that writes device memory (allocate, upload, poison)
+// returns only once the device has done it. cudaMemset and a pageable
+// cudaMemcpy to the device may return before their work lands, and that
+// work is on the legacy default stream, which a cudaStreamNonBlocking
+// stream does not wait for: a test that launches on its own stream would
+// otherwise race its own setup (the multi-threaded test's last thread read
+// a V still being copied).
+void finish_device_writes();
+
 // Device memory of `bytes` between two guard bands; `data` is the caller's
 // part. check() names the first changed guard byte, or returns "".
 struct GuardedBuffer {

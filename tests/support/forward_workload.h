@@ -215,6 +215,7 @@ struct Workload {
     void poison_outputs() {
         dout.poison();
         FC_CHECK_CUDA(cudaMemset(dlse, 0xFF, lse_count * sizeof(float)));
+        finish_device_writes();
     }
     std::vector<float> lse_host() const {
         std::vector<float> host(lse_count);
