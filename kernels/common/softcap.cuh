@@ -27,6 +27,7 @@ namespace flashcore {
 
 // No softcap: scores pass unchanged.
 struct NoSoftcap {
+    __device__ __forceinline__ static NoSoftcap of(float /*prescale*/) { return {}; }
     __device__ __forceinline__ float operator()(float raw) const { return raw; }
     __device__ __forceinline__ float of_max(float raw_max) const { return raw_max; }
 };
@@ -34,6 +35,7 @@ struct NoSoftcap {
 struct Softcap {
     float prescale;  // softmax_scale / softcap; 0: no softcap
 
+    __device__ __forceinline__ static Softcap of(float prescale) { return {prescale}; }
     __device__ __forceinline__ bool enabled() const { return prescale != 0.f; }
 
     // tanh(raw * prescale), in the units the softmax then scales by softcap

@@ -27,7 +27,8 @@
 
 namespace flashcore::sm90 {
 
-template <typename Traits>
+// Cap: Softcap or NoSoftcap (common/softcap.cuh), the kernel's choice.
+template <typename Traits, typename Cap>
 struct Consumer {
     using Element = typename Traits::Element;
     using KeyRange = BlockKeyRange<Traits::kBlockM, Traits::kBlockN>;
@@ -36,7 +37,7 @@ struct Consumer {
     int consumer;  // which warpgroup: rows consumer * 64 .. + 63 of each block
     int wg_tid;    // thread index within the warpgroup
     KeyMask mask;
-    Mainloop<Traits> loop;
+    Mainloop<Traits, Cap> loop;
 
     bool pending = false;
     FwdTile pending_tile{};
@@ -53,7 +54,7 @@ struct Consumer {
           wg_tid(wg_tid_),
           mask(KeyMask::of(params_.fwd)),
           loop{pipe, wg_tid_ % 32, consumer_ * Traits::kRowsPerConsumer + (wg_tid_ / 32) * kMmaM,
-               params_.fwd.softmax_scale_log2, Softcap{params_.fwd.softcap_prescale}} {}
+               params_.fwd.softmax_scale_log2, Cap::of(params_.fwd.softcap_prescale)} {}
 
     __device__ __forceinline__ void run() {
         PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(params.fwd).for_each_block(

@@ -94,7 +94,8 @@ cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &
     // The dispatcher falls back to the portable kernel.
     if (!encoded) return cudaErrorNotSupported;
 
-    const auto kernel = sm90::flash_fwd_sm90_kernel<Traits>;
+    const auto kernel = params.softcap_prescale != 0.f ? sm90::flash_fwd_sm90_kernel<Traits, Softcap>
+                                                       : sm90::flash_fwd_sm90_kernel<Traits, NoSoftcap>;
     const cudaError_t err = launch_step(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes)), options,
         "cudaFuncSetAttribute (the kernel's dynamic shared memory)");

@@ -77,7 +77,7 @@ __device__ __forceinline__ void issue_pv(float (&out)[Traits::kHeadDimV / 8][4],
 
 // The register state of a consumer warp while it walks a block's key tiles,
 // and the steps of that walk.
-template <typename Traits>
+template <typename Traits, typename Cap>
 struct Mainloop {
     using Element = typename Traits::Element;
     static constexpr int kNAtomsS = Traits::kBlockN / kMmaN;
@@ -89,7 +89,7 @@ struct Mainloop {
     int lane;
     int warp_first_row;  // within the CTA's query block
     float scale_log2;    // softmax_scale * log2(e)
-    Softcap softcap;
+    Cap cap;  // the softcap, or NoSoftcap
 
     float acc_o[1][kNAtomsO][4];
     OnlineSoftmax<1> softmax;
@@ -142,15 +142,6 @@ struct Mainloop {
     // Returns whether O must be rescaled by `correction`.
     __device__ __forceinline__ bool probabilities(const KeyMask &mask, const KeyRange &keys, int m_block, int j,
                                                   Fragments &frag) {
-        // Two copies of the softmax, so that calls without a softcap pay
-        // nothing for it.
-        if (softcap.enabled()) return capped_probabilities(mask, keys, m_block, j, frag, softcap);
-        return capped_probabilities(mask, keys, m_block, j, frag, NoSoftcap{});
-    }
-
-    template <typename Cap>
-    __device__ __forceinline__ bool capped_probabilities(const KeyMask &mask, const KeyRange &keys, int m_block,
-                                                         int j, Fragments &frag, const Cap &cap) {
         const int n_block = keys.n_block(j);
         float pending = 0.f;
         const auto sink = [&](int, int n, int e, float prob) {
