@@ -47,7 +47,7 @@
  *   framework's allocator, or cudaMallocManaged). Streams are cudaStream_t
  *   passed as void*; NULL means the legacy default stream.
  * - Aliasing: what a call writes (`out`, `lse`, the workspace) must not
- *   overlap what it reads (`q`, `k`, `v`; for flashcore_merge_states the
+ *   overlap what it reads (`q`, `k`, `v`, `seqused_k`; for flashcore_merge_states the
  *   partials) nor one another; inputs may share memory (q, k and v may be
  *   the same buffer). Each tensor is taken as the address range from its
  *   first to its last byte, so an output interleaved with another tensor in
@@ -109,7 +109,7 @@ extern "C" {
  * ------------------------------------------------------------------------- */
 
 #define FLASHCORE_VERSION_MAJOR 0
-#define FLASHCORE_VERSION_MINOR 4
+#define FLASHCORE_VERSION_MINOR 5
 #define FLASHCORE_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 400 for 0.4.0. */
 #define FLASHCORE_VERSION_NUMBER \
@@ -338,6 +338,22 @@ typedef struct flashcore_forward_params {
      * off. Must be finite and >= 0; softcap * log2(e) must be a finite float
      * and softmax_scale / softcap must not underflow to 0. */
     float softcap;
+
+    /* ---- Fields added in 0.5. ---- */
+
+    /* Per-sequence key counts, as FlashAttention's seqused_k (its kv-cache
+     * call's cache_seqlens): NULL (the default), or a device array of
+     * batch_size int32 values, 4-byte aligned. Batch b then attends to its
+     * first seqused_k[b] keys only, as if its seqlen_k were that: k and v
+     * keep their seqlen_k (the cache's capacity) for the strides and the
+     * workspace, and the causal diagonal and the window are aligned to
+     * seqused_k[b] (query i of b sees key j <= i + seqused_k[b] - seqlen_q).
+     * A sequence with 0 keys gives out = 0 and lse = -infinity. Keys past
+     * seqused_k[b] are never used and may hold anything, NaN and infinity
+     * included. Each value should lie in [0, seqlen_k]; the kernels read
+     * the array on the device and clamp each value into that range, so a
+     * wrong value gives a wrong result, never an access outside k and v. */
+    const int32_t *seqused_k;
 } flashcore_forward_params;
 
 /* Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,

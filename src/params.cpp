@@ -215,6 +215,7 @@ FwdKernelParams kernel_params(const flashcore_forward_params &p) {
     // comparison and select into a min() of the sum.
     k.window_left = std::min(effective_window_left(p), p.seqlen_k);
     k.window_right = std::min(effective_window_right(p), std::max(p.seqlen_q - 1, 0));
+    k.seqused_k = p.seqused_k;
     k.packed_heads = 1;
     k.num_splits = 1;
     return k;

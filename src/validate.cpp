@@ -389,12 +389,19 @@ ByteRange lse_range(const float *lse, __int128 rows) {
     return {"lse", begin, begin + (unsigned __int128)rows * sizeof(float), true};
 }
 
+// seqused_k: batch_size int32 values, read by the kernels.
+ByteRange seqused_k_range(const int32_t *seqused_k, int32_t batch_size) {
+    const unsigned __int128 begin = reinterpret_cast<uintptr_t>(seqused_k);
+    return {"seqused_k", begin, begin + (unsigned __int128)batch_size * sizeof(int32_t), false};
+}
+
 }  // namespace
 
 size_t forward_ranges(const flashcore_forward_params &p, ByteRange *ranges) {
     size_t n = 0;
     for (int i = 0; i < kForwardTensors; ++i) ranges[n++] = tensor_range(forward_tensor(p, i), i == kForwardOut);
     if (p.lse != nullptr) ranges[n++] = lse_range(p.lse, __int128(p.batch_size) * p.num_heads_q * p.seqlen_q);
+    if (p.seqused_k != nullptr) ranges[n++] = seqused_k_range(p.seqused_k, p.batch_size);
     return n;
 }
 
@@ -406,7 +413,8 @@ flashcore_status check_no_aliasing(const ByteRange *ranges, size_t count) {
             if (a.begin < b.end && b.begin < a.end) {
                 return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
                             "%s (bytes 0x%" PRIx64 " to 0x%" PRIx64 ") overlaps %s (bytes 0x%" PRIx64 " to 0x%" PRIx64
-                            "); out, lse and the workspace must not overlap q, k, v or one another",
+                            "); out, lse and the workspace must not overlap the inputs (q, k, v, seqused_k; a merge's "
+                            "partials) or one another",
                             a.name, uint64_t(a.begin), uint64_t(a.end - 1), b.name, uint64_t(b.begin),
                             uint64_t(b.end - 1));
             }
@@ -425,6 +433,10 @@ flashcore_status validate_tensors(const flashcore_forward_params &p) {
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     if (p.lse != nullptr) {
         status = check_pointer(p.lse, "lse", kLseAlignment);
+        if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    }
+    if (p.seqused_k != nullptr) {
+        status = check_pointer(p.seqused_k, "seqused_k", alignof(int32_t));
         if (status != FLASHCORE_STATUS_SUCCESS) return status;
     }
     ByteRange ranges[kMaxForwardRanges];

@@ -48,7 +48,7 @@ struct ByteRange {
 
 // The ranges of q, k, v, out and (when given) lse of validated, non-empty
 // parameters; returns how many it wrote (at most kMaxForwardRanges).
-constexpr size_t kMaxForwardRanges = 5;
+constexpr size_t kMaxForwardRanges = 6;
 size_t forward_ranges(const flashcore_forward_params &params, ByteRange *ranges);
 
 // INVALID_ARGUMENT, naming both, where a written range overlaps another

@@ -24,9 +24,13 @@ fi
 # Shapes that cover full and causal masks, partial tiles, GQA and strided
 # layouts at two head dims, without taking minutes under the tools.
 # Then a sliding window with softcap on a padded GQA layout, a window with
-# more queries than keys, and a windowed decode (GQA packing).
+# more queries than keys, and a windowed decode (GQA packing). Then
+# per-batch key counts (seqused_k) over a cache whose unused rows hold NaN:
+# decode with a count of 0 and one of the whole cache, forced splits, causal
+# chunks, and head dim 256.
 shapes='Shapes/*_d64_*b1_hq2_hkv2_sq113_sk203*:Shapes/*_d128_causal_b2_hq8_hkv2_sq300_sk421*:Shapes/*_d64_full_b2_hq6_hkv3_sq190_sk333*'
 shapes+=':Shapes/*_window100_0_softcap30*:Shapes/*sq600_sk300_bhsd_window50_10:Shapes/*sq1_sk2048_bshd_window500_m1'
+shapes+=':Shapes/*_used_0_1_777_2048:Shapes/*_used_1500_129_2000_64:Shapes/*_used_100_600_50:Shapes/*_used_300_650'
 
 # name | tool | binary | gtest filter | environment
 runs=(

@@ -34,9 +34,11 @@ namespace {
 constexpr size_t kParamsSizeV0_1 = offsetof(flashcore_forward_params, head_dim_v);
 // As a 0.3 caller compiled it: it ended after num_splits, before the window.
 constexpr size_t kParamsSizeV0_3 = offsetof(flashcore_forward_params, use_window);
-// Where the last field of this header (softcap, 0.4) ends: bytes of a larger
-// struct past it belong to a newer header's fields.
-constexpr size_t kParamsKnownEnd = offsetof(flashcore_forward_params, softcap) + sizeof(float);
+// As a 0.4 caller compiled it: it ended after softcap, before seqused_k.
+constexpr size_t kParamsSizeV0_4 = offsetof(flashcore_forward_params, seqused_k);
+// Where the last field of this header (seqused_k, 0.5) ends: bytes of a
+// larger struct past it belong to a newer header's fields.
+constexpr size_t kParamsKnownEnd = offsetof(flashcore_forward_params, seqused_k) + sizeof(const int32_t *);
 
 // Plausible, suitably aligned device addresses: flashcore_forward_check never
 // dereferences them.
@@ -139,8 +141,8 @@ std::vector<HeadDimPair> generated_head_dims() {
 
 TEST(Version, RuntimeMatchesHeader) {
     EXPECT_EQ(flashcore_version_number(), unsigned(FLASHCORE_VERSION_NUMBER));
-    EXPECT_EQ(FLASHCORE_VERSION_NUMBER, 400);
-    EXPECT_STREQ(flashcore_version_string(), "0.4.0");
+    EXPECT_EQ(FLASHCORE_VERSION_NUMBER, 500);
+    EXPECT_STREQ(flashcore_version_string(), "0.5.0");
 }
 
 TEST(Status, EveryStatusHasItsOwnString) {
@@ -624,7 +626,7 @@ TEST(MergeParams, NullHandleOrParamsAreRejected) {
 
 // A newer header may put a field where this library's struct has only
 // padding: a caller whose struct is larger than ours is refused when it sets
-// any byte past softcap, the last field this library knows; one of our own
+// any byte past seqused_k, the last field this library knows; one of our own
 // size is not (its padding is not looked at).
 TEST(Validation, StructFromNewerHeaderWithAFieldInOurPadding) {
     constexpr size_t kKnownEnd = kParamsKnownEnd;
@@ -841,24 +843,40 @@ TEST(Softcap, RefusedValuesNameTheRule) {
     }
 }
 
+// A caller's struct of an older header's `size` in memory filled with 0xAB
+// bytes (what lies past its end), initialised, then given valid_params()'s
+// fields up to that size.
+struct OlderStruct {
+    alignas(flashcore_forward_params) unsigned char memory[sizeof(flashcore_forward_params) + 16];
+    flashcore_forward_params *p = reinterpret_cast<flashcore_forward_params *>(memory);
+
+    // Returns "" or what went wrong.
+    std::string init(size_t size) {
+        std::memset(memory, 0xAB, sizeof memory);
+        if (flashcore_forward_params_init(p, size) != FLASHCORE_STATUS_SUCCESS) return flashcore_last_error_message();
+        if (p->struct_size != size) return "struct_size " + std::to_string(p->struct_size);
+        for (size_t i = size; i < sizeof memory; ++i)
+            if (memory[i] != 0xAB) return "init wrote byte " + std::to_string(i);
+        const flashcore_forward_params valid = valid_params();
+        constexpr size_t kFirstField = offsetof(flashcore_forward_params, dtype);  // all but struct_size
+        std::memcpy(memory + kFirstField, reinterpret_cast<const unsigned char *>(&valid) + kFirstField,
+                    size - kFirstField);
+        return "";
+    }
+};
+
 // A 0.3 caller's struct ends after num_splits: it is accepted, with no
 // window and no softcap, whatever lies in memory after it (as use_window,
 // 0xABABABAB is non-zero and a bound < -1; as softcap, a negative float).
 TEST(Validation, StructFromVersion0_3) {
-    alignas(flashcore_forward_params) unsigned char memory[sizeof(flashcore_forward_params) + 16];
-    std::memset(memory, 0xAB, sizeof memory);
-    flashcore_forward_params *p = reinterpret_cast<flashcore_forward_params *>(memory);
-    ASSERT_EQ(flashcore_forward_params_init(p, kParamsSizeV0_3), FLASHCORE_STATUS_SUCCESS)
-        << flashcore_last_error_message();
-    EXPECT_EQ(p->struct_size, kParamsSizeV0_3);
-    for (size_t i = kParamsSizeV0_3; i < sizeof memory; ++i) ASSERT_EQ(memory[i], 0xAB) << "init wrote byte " << i;
-    const flashcore_forward_params valid = valid_params();
-    constexpr size_t kFirstField = offsetof(flashcore_forward_params, dtype);  // all but struct_size
-    std::memcpy(memory + kFirstField, reinterpret_cast<const unsigned char *>(&valid) + kFirstField,
-                kParamsSizeV0_3 - kFirstField);
+    OlderStruct older;
+    ASSERT_EQ(older.init(kParamsSizeV0_3), "");
+    unsigned char *memory = older.memory;
+    flashcore_forward_params *p = older.p;
     ASSERT_EQ(flashcore_set_contiguous_strides(p, FLASHCORE_LAYOUT_BHSD), FLASHCORE_STATUS_SUCCESS)
         << flashcore_last_error_message();
-    for (size_t i = kParamsSizeV0_3; i < sizeof memory; ++i) ASSERT_EQ(memory[i], 0xAB) << "strides wrote byte " << i;
+    for (size_t i = kParamsSizeV0_3; i < sizeof older.memory; ++i)
+        ASSERT_EQ(memory[i], 0xAB) << "strides wrote byte " << i;
     EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
     p->causal = 1;
     EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
@@ -875,7 +893,7 @@ TEST(Validation, StructFromNewerHeaderReadsTheWindowAndSoftcap) {
         flashcore_forward_params base;
         int64_t future_field;
     } newer;
-    static_assert(offsetof(Newer, future_field) == kParamsKnownEnd, "the future field starts right after softcap");
+    static_assert(offsetof(Newer, future_field) == kParamsKnownEnd, "the future field starts right after seqused_k");
     newer.base = valid_params();
     newer.base.struct_size = sizeof(Newer);
     newer.future_field = 0;
@@ -1179,6 +1197,78 @@ TEST(Hardening, EnumArgumentsOutsideTheirRange) {
     EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_UNSUPPORTED);
 }
 
+// ---------------------------------------------------------------------------
+// Fields added in 0.5: seqused_k.
+// ---------------------------------------------------------------------------
+
+TEST(SequsedK, InitLeavesItNull) {
+    flashcore_forward_params p;
+    std::memset(&p, 0xAB, sizeof p);
+    ASSERT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_EQ(p.seqused_k, nullptr);
+}
+
+// Any 4-byte-aligned array that overlaps nothing the call writes; it is
+// read on the device only, so its values are not looked at here.
+TEST(SequsedK, AlignedArrayIsAccepted) {
+    flashcore_forward_params p = valid_params();
+    p.seqused_k = static_cast<const int32_t *>(fake_tensor(5));
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    p.seqused_k = reinterpret_cast<const int32_t *>(static_cast<char *>(fake_tensor(5)) + 4);
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    // An input like q, k and v: it may share their memory.
+    p.seqused_k = static_cast<const int32_t *>(p.q);
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+}
+
+TEST(SequsedK, MisalignedIsRefused) {
+    flashcore_forward_params p = valid_params();
+    p.seqused_k = reinterpret_cast<const int32_t *>(static_cast<char *>(fake_tensor(5)) + 2);
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_MISALIGNED);
+    const std::string message = flashcore_last_error_message();
+    EXPECT_EQ(message.find("seqused_k ("), 0u) << message;
+    EXPECT_NE(message.find("must be 4-byte aligned"), std::string::npos) << message;
+}
+
+// What the call writes must not overlap it: out over its last entry, lse
+// over its first.
+TEST(SequsedK, OverlappingAnOutputIsRefused) {
+    flashcore_forward_params p = valid_params();
+    p.seqused_k = reinterpret_cast<const int32_t *>(static_cast<char *>(p.out) - 4 * (p.batch_size - 1));
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    std::string message = flashcore_last_error_message();
+    EXPECT_EQ(message.find("seqused_k (bytes 0x"), 0u) << message;
+    EXPECT_NE(message.find(") overlaps out (bytes 0x"), std::string::npos) << message;
+    p.seqused_k = reinterpret_cast<const int32_t *>(static_cast<char *>(p.out) - 4 * p.batch_size);  // adjacent
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    p.seqused_k = reinterpret_cast<const int32_t *>(p.lse);
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    message = flashcore_last_error_message();
+    EXPECT_NE(message.find("seqused_k (bytes 0x"), std::string::npos) << message;
+    EXPECT_NE(message.find("lse (bytes 0x"), std::string::npos) << message;
+}
+
+// An empty call looks at no pointers, seqused_k included.
+TEST(SequsedK, EmptyCallIgnoresIt) {
+    flashcore_forward_params p = valid_params();
+    p.batch_size = 0;
+    p.seqused_k = reinterpret_cast<const int32_t *>(uintptr_t(3));
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+}
+
+// A 0.4 caller's struct ends after softcap: accepted with no seqused_k,
+// whatever lies in memory after it (0xAB... would be a misaligned pointer);
+// the same bytes inside a 0.5 struct are read, and refused.
+TEST(Validation, StructFromVersion0_4) {
+    OlderStruct older;
+    ASSERT_EQ(older.init(kParamsSizeV0_4), "");
+    flashcore_forward_params *p = older.p;
+    EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    p->struct_size = sizeof(flashcore_forward_params);
+    EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_MISALIGNED);
+    EXPECT_EQ(std::string(flashcore_last_error_message()).find("seqused_k ("), 0u) << flashcore_last_error_message();
+}
+
 // Item 5: the largest scales whose product with log2(e) is still finite pass.
 TEST(Hardening, SoftmaxScaleTimesLog2eMustBeFinite) {
     flashcore_forward_params p = valid_params();
@@ -1201,7 +1291,9 @@ TEST(Hardening, OutputsMustNotOverlapOtherTensors) {
         const std::string message = flashcore_last_error_message();
         EXPECT_EQ(message.find(written + " (bytes 0x"), 0u) << message;
         EXPECT_NE(message.find(") overlaps " + other + " (bytes 0x"), std::string::npos) << message;
-        EXPECT_NE(message.find("must not overlap q, k, v or one another"), std::string::npos) << message;
+        EXPECT_NE(message.find("must not overlap the inputs (q, k, v, seqused_k; a merge's partials) or one another"),
+                  std::string::npos)
+            << message;
     };
     flashcore_forward_params p = valid_params();
     p.out = const_cast<void *>(p.k);  // out and k the same buffer

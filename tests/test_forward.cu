@@ -83,6 +83,39 @@ std::vector<FwdCase> window_and_softcap_cases() {
     };
 }
 
+// Per-batch key counts (seqused_k) over a cache whose unused rows hold NaN
+// and infinity: counts of 0, 1, tile multiples and not, the full cache;
+// decode with GQA packing and forced splits, chunked prefill with causal
+// (rows that see no key when a count is below seqlen_q), full prefill,
+// window, softcap, the head dims whose panels differ (32, 96: 64-byte rows;
+// 256: the register output path) and padded strides.
+std::vector<FwdCase> seqused_k_cases() {
+    constexpr auto fp16 = FLASHCORE_DTYPE_FP16;
+    constexpr auto bf16 = FLASHCORE_DTYPE_BF16;
+    const FwdCase decode{bf16, 128, false, 4, 8, 2, 1, 2048, Layout::kBSHD};
+    FwdCase decode_split3 = decode;
+    decode_split3.num_splits = 3;
+    const FwdCase packed{fp16, 64, false, 2, 16, 2, 4, 4096, Layout::kBSHD};
+    const FwdCase chunk{fp16, 64, true, 3, 4, 2, 100, 1024, Layout::kBHSD};
+    const FwdCase prefill{bf16, 128, false, 2, 2, 2, 300, 1000, Layout::kBSHD};
+    const FwdCase windowed{fp16, 64, true, 2, 2, 2, 64, 2048, Layout::kBHSD};
+    const FwdCase d96{bf16, 96, false, 2, 4, 4, 1, 1000, Layout::kPadded};
+    const FwdCase d256{fp16, 256, false, 2, 2, 1, 16, 700, Layout::kBSHD};
+    const FwdCase d32{bf16, 32, true, 2, 2, 2, 200, 520, Layout::kBHSD};
+    return {
+        decode.with_seqused_k({0, 1, 777, 2048}),
+        decode_split3.with_seqused_k({1500, 129, 2000, 64}),
+        packed.with_seqused_k({4000, 33}),
+        chunk.with_seqused_k({100, 600, 50}),
+        prefill.with_seqused_k({999, 257}),
+        windowed.with_window(300, 0).with_seqused_k({2000, 700}),
+        prefill.with_softcap(30.f, 1.f).with_seqused_k({640, 1}),
+        d96.with_seqused_k({555, 1000}),
+        d256.with_seqused_k({300, 650}),
+        d32.with_seqused_k({130, 519}),
+    };
+}
+
 std::vector<FwdCase> all_cases() {
     struct Shape {
         int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
@@ -129,6 +162,8 @@ std::vector<FwdCase> all_cases() {
                 }
     const std::vector<FwdCase> masked = window_and_softcap_cases();
     cases.insert(cases.end(), masked.begin(), masked.end());
+    const std::vector<FwdCase> used = seqused_k_cases();
+    cases.insert(cases.end(), used.begin(), used.end());
     return cases;
 }
 

@@ -69,6 +69,10 @@ struct FwdKernelParams {
     int window_left;
     int window_right;
 
+    // Per-batch key counts (flashcore_forward_params::seqused_k), or nullptr:
+    // every batch has seqlen_k. Read on the device through fwd_seqlen_k.
+    const int32_t *seqused_k;
+
     // GQA packing: the query heads that share a K/V head (packed_heads of
     // them, num_heads_q / num_heads_kv, or 1 for none) are the rows of one
     // query tile. Row r of a (batch, head group) is query r / packed_heads of
@@ -91,6 +95,17 @@ struct FwdKernelParams {
 // Rows of query tiles per (batch, head group): seqlen_q, times the heads
 // packed into each row group.
 FLASHCORE_HOST_DEVICE inline int fwd_packed_rows(const FwdKernelParams &p) { return p.seqlen_q * p.packed_heads; }
+
+#if defined(__CUDACC__)
+// The keys batch `batch` attends to: seqused_k[batch] clamped into
+// [0, seqlen_k] (a wrong value must give a wrong result, not a read outside
+// k and v), or seqlen_k.
+__device__ __forceinline__ int fwd_seqlen_k(const FwdKernelParams &p, int batch) {
+    if (p.seqused_k == nullptr) return p.seqlen_k;
+    const int used = __ldg(p.seqused_k + batch);
+    return used < 0 ? 0 : (used < p.seqlen_k ? used : p.seqlen_k);
+}
+#endif
 
 // (batch, head group) pairs: one per query head, or per K/V head when packed.
 FLASHCORE_HOST_DEVICE inline int fwd_head_groups(const FwdKernelParams &p) { return p.num_heads_q / p.packed_heads; }

@@ -43,8 +43,10 @@ struct KeyMask {
     int window_left;
     int window_right;
 
-    __host__ __device__ static KeyMask of(const FwdKernelParams &p) {
-        return {p.seqlen_q, p.seqlen_k, p.packed_heads, p.window_left, p.window_right};
+    // Batch `batch`'s mask: its key count (seqused_k) sets seqlen_k, and with
+    // it the diagonal.
+    __device__ static KeyMask of(const FwdKernelParams &p, int batch) {
+        return {p.seqlen_q, fwd_seqlen_k(p, batch), p.packed_heads, p.window_left, p.window_right};
     }
 
     __host__ __device__ int num_rows() const { return seqlen_q * rows_per_query; }

@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
     const FwdTile tile = fwd_tile_for_block<kBlockM>(p, blockIdx.x);
     const int first_query = tile.m_block * kBlockM;
     const int valid_rows = fwd_valid_rows(p, tile.m_block, kBlockM);
-    const KeyMask mask = KeyMask::of(p);
+    const KeyMask mask = KeyMask::of(p, tile.batch);
     const int kv_split = blockIdx.y;
     const BlockKeyRange<kBlockM, kBlockN> keys =
         BlockKeyRange<kBlockM, kBlockN>::of(mask, tile.m_block).split(kv_split, p.num_splits);
@@ -104,11 +104,11 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
             const int first_key = keys.n_block(j * kSplits + split) * kBlockN;
             Element *slot_k = smem_kv + (j % Traits::kStages) * Traits::kSmemSlotElems;
             load_tile_async<Element, Traits::kHeadDim, kBlockN, Traits::kThreadsPerSplit>(
-                slot_k, k + int64_t(first_key) * p.k_seq_stride, p.k_seq_stride, p.seqlen_k - first_key, qk_vectors,
+                slot_k, k + int64_t(first_key) * p.k_seq_stride, p.k_seq_stride, mask.seqlen_k - first_key, qk_vectors,
                 split_tid);
             load_tile_async<Element, Traits::kHeadDimV, kBlockN, Traits::kThreadsPerSplit>(
                 slot_k + Traits::kSmemKElems, v + int64_t(first_key) * p.v_seq_stride, p.v_seq_stride,
-                p.seqlen_k - first_key, v_vectors, split_tid);
+                mask.seqlen_k - first_key, v_vectors, split_tid);
         }
         cp_async_commit();
     };

@@ -36,7 +36,6 @@ struct Consumer {
     const Sm90KernelParams &params;
     int consumer;  // which warpgroup: rows consumer * 64 .. + 63 of each block
     int wg_tid;    // thread index within the warpgroup
-    KeyMask mask;
     Mainloop<Traits, Cap> loop;
 
     bool pending = false;
@@ -52,7 +51,6 @@ struct Consumer {
         : params(params_),
           consumer(consumer_),
           wg_tid(wg_tid_),
-          mask(KeyMask::of(params_.fwd)),
           loop{pipe, wg_tid_ % 32, consumer_ * Traits::kRowsPerConsumer + (wg_tid_ / 32) * kMmaM,
                params_.fwd.softmax_scale_log2, Cap::of(params_.fwd.softcap_prescale)} {}
 
@@ -101,6 +99,8 @@ struct Consumer {
         loop.issue_scores(q_rows, kv_base);
         wgmma_wait<1>();
         if (pending) finish_pending();
+        const KeyMask mask = KeyMask::of(params.fwd, tile.batch);
+        loop.clear_v_tail(mask, keys, kv_base, params.fwd.seqlen_k, consumer * kWarpgroupThreads + wg_tid);
         loop.softmax.init();
         loop.zero_output();
 

@@ -22,9 +22,6 @@
 
 namespace flashcore::sm90 {
 
-// Named barriers of the consumer warpgroups (0 is __syncthreads).
-constexpr int kFirstConsumerBarrier = 1;
-
 template <typename Traits>
 __device__ __forceinline__ void stage_and_store_rows(const Sm90KernelParams &params, const FwdTile &tile,
                                                      unsigned char *staging, int consumer,

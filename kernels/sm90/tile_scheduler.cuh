@@ -72,13 +72,15 @@ struct PersistentSchedule {
     template <typename Visit>
     __device__ __forceinline__ void for_each_block(const FwdKernelParams &p, Visit &&visit) const {
         const int items = int(num_items(p));
-        const KeyMask mask = KeyMask::of(p);
         for (int split_item = blockIdx.x; split_item < items; split_item += gridDim.x) {
             const int item = split_item / p.num_splits;
             const int split = split_item % p.num_splits;
             for (int which = 0; which < blocks_in(item); ++which) {
                 const FwdTile t = tile(p, item, which);
-                visit(t, BlockKeyRange<kBlockM, kBlockN>::of(mask, t.m_block).split(split, p.num_splits), split);
+                visit(t,
+                      BlockKeyRange<kBlockM, kBlockN>::of(KeyMask::of(p, t.batch), t.m_block)
+                          .split(split, p.num_splits),
+                      split);
             }
         }
     }

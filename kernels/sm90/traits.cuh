@@ -31,6 +31,11 @@ struct Sm90KernelParams {
 // Shared memory an sm_90 block may opt into (H100, H200): 227 KB.
 constexpr size_t kMaxSmemPerBlock = 227 * 1024;
 
+// Named barriers (0 is __syncthreads): one per consumer warpgroup (the
+// epilogue's), then one for both consumers (v_tail.cuh).
+constexpr int kFirstConsumerBarrier = 1;
+constexpr int kBothConsumersBarrier = 3;
+
 // How finished rows of O leave the CTA.
 enum class OutputPath {
     kTmaStore,   // staged in shared memory, one TMA store per block (drains while the next block runs)

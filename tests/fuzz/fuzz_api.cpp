@@ -43,9 +43,10 @@ using i128 = __int128;
 constexpr size_t kSizeV0_1 = offsetof(flashcore_forward_params, head_dim_v);
 constexpr size_t kSizeV0_2 = offsetof(flashcore_forward_params, num_splits);
 constexpr size_t kSizeV0_3 = offsetof(flashcore_forward_params, use_window);
-// Where the last field of this header (softcap) ends: a newer header's
+constexpr size_t kSizeV0_4 = offsetof(flashcore_forward_params, seqused_k);
+// Where the last field of this header (seqused_k) ends: a newer header's
 // fields lie past it.
-constexpr size_t kKnownEnd = offsetof(flashcore_forward_params, softcap) + sizeof(float);
+constexpr size_t kKnownEnd = offsetof(flashcore_forward_params, seqused_k) + sizeof(const int32_t *);
 constexpr int kMaxBruteForceRows = 512;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -180,6 +181,7 @@ Expected model_check(const CallerParams &caller) {
         p.use_window = p.window_left = p.window_right = 0;
         p.softcap = 0.f;
     }
+    if (p.struct_size <= kSizeV0_4) p.seqused_k = nullptr;
     const bool empty = p.batch_size == 0 || p.seqlen_q == 0 || p.num_heads_q == 0;
     const int32_t dv = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
     if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16) e.add(FLASHCORE_STATUS_UNSUPPORTED);
@@ -235,8 +237,10 @@ Expected model_check(const CallerParams &caller) {
         if (tensors_ok && last_offset(t) * 2 > i128(INT64_MAX)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     }
     const bool lse_misaligned = p.lse != nullptr && reinterpret_cast<uintptr_t>(p.lse) % 4 != 0;
-    if (lse_misaligned) e.add(FLASHCORE_STATUS_MISALIGNED);
-    if (!tensors_ok || e.statuses.size() > size_t(lse_misaligned)) return e;
+    // seqused_k (0.5): NULL, or a 4-byte aligned array of batch_size int32.
+    const bool seqused_misaligned = p.seqused_k != nullptr && reinterpret_cast<uintptr_t>(p.seqused_k) % 4 != 0;
+    if (lse_misaligned || seqused_misaligned) e.add(FLASHCORE_STATUS_MISALIGNED);
+    if (!tensors_ok || e.statuses.size() > size_t(lse_misaligned || seqused_misaligned)) return e;
     const int overlap = self_overlap(tensors[3]);
     if (overlap == 1) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     e.unsure = overlap < 0;
@@ -249,6 +253,10 @@ Expected model_check(const CallerParams &caller) {
     if (p.lse != nullptr) {
         const i128 begin = i128(reinterpret_cast<uintptr_t>(p.lse));
         ranges.push_back({begin, begin + i128(p.batch_size) * p.num_heads_q * p.seqlen_q * 4, true});
+    }
+    if (p.seqused_k != nullptr) {  // read, like q, k and v
+        const i128 begin = i128(reinterpret_cast<uintptr_t>(p.seqused_k));
+        ranges.push_back({begin, begin + i128(p.batch_size) * 4, false});
     }
     if (written_overlap(ranges)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     return e;
@@ -330,11 +338,15 @@ CallerParams random_params(Rng &r) {
         const void *lse = random_pointer(r, 4, placed);
         if (r.chance(5)) lse = static_cast<const char *>(lse) + 4;  // 4-byte aligned, not 16: fine for lse
         p.lse = static_cast<float *>(const_cast<void *>(lse));
+        placed.push_back(reinterpret_cast<uintptr_t>(p.lse));
     }
+    // seqused_k: mostly none; else apart, on top of another tensor (an
+    // output's: refused), null, or 2-, 4- or 8-byte aligned.
+    if (r.chance(30)) p.seqused_k = static_cast<const int32_t *>(random_pointer(r, 5, placed));
     // Past the caller's struct_size: garbage, not its fields. A newer
     // caller's own fields past ours: zero, or one byte of them set.
     constexpr size_t kOurs = sizeof(flashcore_forward_params);
-    const size_t sizes[] = {kSizeV0_1,     kSizeV0_2,       kSizeV0_3, 0,         12,
+    const size_t sizes[] = {kSizeV0_1,     kSizeV0_2,       kSizeV0_3, kSizeV0_4, 0,         12,
                             kSizeV0_1 - 1, size_t(1) << 40, kOurs + 4, kOurs + 8, kOurs + kNewerBytes};
     p.struct_size = r.chance(88) ? kOurs : r.pick(sizes);
     unsigned char *bytes = reinterpret_cast<unsigned char *>(&c);
@@ -359,11 +371,11 @@ void print_params(const CallerParams &c) {
                  "  struct_size %zu (ours %zu) dtype %d B %d Sq %d Sk %d Hq %d Hkv %d D %d Dv %d causal %d scale %g "
                  "splits %d\n"
                  "  use_window %d window_left %d window_right %d softcap %g (0x%08x)\n"
-                 "  q %p k %p v %p out %p lse %p\n",
+                 "  q %p k %p v %p out %p lse %p seqused_k %p\n",
                  p.struct_size, sizeof p, p.dtype, p.batch_size, p.seqlen_q, p.seqlen_k, p.num_heads_q,
                  p.num_heads_kv, p.head_dim, p.head_dim_v, p.causal, double(p.softmax_scale), p.num_splits,
                  p.use_window, p.window_left, p.window_right, double(p.softcap), float_bits(p.softcap), p.q, p.k, p.v,
-                 p.out, static_cast<void *>(p.lse));
+                 p.out, static_cast<void *>(p.lse), static_cast<const void *>(p.seqused_k));
     std::fprintf(stderr, "  bytes after ours:");
     for (unsigned char b : c.newer) std::fprintf(stderr, " %02x", b);
     std::fprintf(stderr, "\n");
@@ -658,7 +670,7 @@ struct Counts {
     uint64_t calls = 0, successes = 0, merge_successes = 0;
     // Accepted forward parameter sets with the window on, the softcap on,
     // and from a newer header's (larger) struct.
-    uint64_t windowed_successes = 0, capped_successes = 0, newer_successes = 0;
+    uint64_t windowed_successes = 0, capped_successes = 0, seqused_successes = 0, newer_successes = 0;
 };
 
 bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
@@ -673,6 +685,7 @@ bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
             ++counts->successes;
             counts->windowed_successes += has_0_4_fields && p.use_window != 0;
             counts->capped_successes += has_0_4_fields && p.softcap != 0.f;
+            counts->seqused_successes += p.struct_size > kSizeV0_4 && p.seqused_k != nullptr;
             counts->newer_successes += p.struct_size > sizeof p;
         }
         ++counts->calls;
@@ -727,9 +740,9 @@ int main(int argc, char **argv) {
         }
     }
     std::printf("fuzz_api: %" PRIu64 " API calls, %" PRIu64 " valid forward (%" PRIu64 " with a window, %" PRIu64
-                " with a softcap, %" PRIu64 " from a newer header) and %" PRIu64 " valid merge parameter sets "
-                "accepted, all as the model says\n",
+                " with a softcap, %" PRIu64 " with seqused_k, %" PRIu64 " from a newer header) and %" PRIu64
+                " valid merge parameter sets accepted, all as the model says\n",
                 counts.calls, counts.successes, counts.windowed_successes, counts.capped_successes,
-                counts.newer_successes, counts.merge_successes);
+                counts.seqused_successes, counts.newer_successes, counts.merge_successes);
     return 0;
 }

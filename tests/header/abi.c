@@ -87,7 +87,9 @@ FC_FIELD(use_window, 192, 4);
 FC_FIELD(window_left, 196, 4);
 FC_FIELD(window_right, 200, 4);
 FC_FIELD(softcap, 204, 4);
-FC_ASSERT(params_size, sizeof(flashcore_forward_params) >= 208);
+/* Added in 0.5: a 0.4 struct ends at 208 bytes. */
+FC_FIELD(seqused_k, 208, 8);
+FC_ASSERT(params_size, sizeof(flashcore_forward_params) >= 216);
 
 /* flashcore_merge_params (0.3). */
 #define FC_MERGE_FIELD(field, offset, size)                                                \

@@ -5,10 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "device_tensors.h"
@@ -83,6 +86,8 @@ struct FwdCase {
     int window_right = -1;
     float softcap = 0.f;
     float softmax_scale = 0.f;  // 0: 1/sqrt(head_dim)
+    // flashcore_forward_params::seqused_k, one per batch; empty: none.
+    std::vector<int> seqused_k;
 
     int value_dim() const { return head_dim_v != 0 ? head_dim_v : head_dim; }
 
@@ -97,6 +102,11 @@ struct FwdCase {
         FwdCase c = *this;
         c.softcap = cap;
         c.softmax_scale = scale;
+        return c;
+    }
+    FwdCase with_seqused_k(std::vector<int> used) const {
+        FwdCase c = *this;
+        c.seqused_k = std::move(used);
         return c;
     }
 };
@@ -119,6 +129,10 @@ inline std::string case_name(const FwdCase &c) {
     if (c.use_window) name += "_window" + bound(c.window_left) + "_" + bound(c.window_right);
     if (c.softcap != 0.f) name += "_softcap" + std::to_string(int(c.softcap));
     if (c.softmax_scale != 0.f) name += "_scale" + std::to_string(int(c.softmax_scale * 1000)) + "m";
+    if (!c.seqused_k.empty()) {
+        name += "_used";
+        for (int used : c.seqused_k) name += "_" + bound(used);
+    }
     return name;
 }
 
@@ -145,6 +159,7 @@ struct Workload {
     DeviceTensor dq, dk, dv, dout;
     GuardedBuffer lse_memory;
     float *dlse = nullptr;
+    GuardedBuffer seqused_memory;  // seqused_k on the device, when the case has it
     size_t lse_count = 0;
     flashcore_forward_params params{};
 
@@ -164,6 +179,11 @@ struct Workload {
         q = random_values(c.dtype, size_t(c.batch) * c.heads_q * c.seqlen_q * c.head_dim, rng);
         k = random_values(c.dtype, size_t(c.batch) * c.heads_kv * c.seqlen_k * c.head_dim, rng);
         v = random_values(c.dtype, size_t(c.batch) * c.heads_kv * c.seqlen_k * c.value_dim(), rng);
+        if (!c.seqused_k.empty()) {
+            problem.seqused_k = c.seqused_k;
+            fill_unused_keys(k, c.head_dim);
+            fill_unused_keys(v, c.value_dim());
+        }
         allocate(dq, c.heads_q, c.seqlen_q, c.head_dim);
         allocate(dk, c.heads_kv, c.seqlen_k, c.head_dim);
         allocate(dv, c.heads_kv, c.seqlen_k, c.value_dim());
@@ -191,6 +211,13 @@ struct Workload {
         params.window_right = c.window_right;
         params.softcap = c.softcap;
         params.softmax_scale = c.softmax_scale;
+        if (!c.seqused_k.empty()) {
+            seqused_memory.allocate(c.seqused_k.size() * sizeof(int32_t));
+            FC_CHECK_CUDA(cudaMemcpy(seqused_memory.data, c.seqused_k.data(), c.seqused_k.size() * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice));
+            finish_device_writes();
+            params.seqused_k = static_cast<const int32_t *>(seqused_memory.data);
+        }
         params.q = dq.data;
         params.k = dk.data;
         params.v = dv.data;
@@ -200,6 +227,18 @@ struct Workload {
         bind(dk, &params.k_batch_stride, &params.k_seq_stride, &params.k_head_stride);
         bind(dv, &params.v_batch_stride, &params.v_seq_stride, &params.v_head_stride);
         bind(dout, &params.out_batch_stride, &params.out_seq_stride, &params.out_head_stride);
+    }
+
+    // Keys past a batch's seqused_k are never used: they hold NaN and
+    // infinity (as a KV cache's unused tail may), which must not reach the
+    // output. Dense BHSD host values.
+    void fill_unused_keys(std::vector<float> &values, int dim) const {
+        for (int b = 0; b < c.batch; ++b)
+            for (int h = 0; h < c.heads_kv; ++h)
+                for (int s = std::max(c.seqused_k[b], 0); s < c.seqlen_k; ++s)
+                    for (int col = 0; col < dim; ++col)
+                        values[((size_t(b) * c.heads_kv + h) * c.seqlen_k + s) * dim + col] =
+                            (s + col) % 2 == 0 ? NAN : INFINITY;
     }
 
     void allocate(DeviceTensor &t, int heads, int seqlen, int head_dim) {

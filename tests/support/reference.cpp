@@ -8,13 +8,14 @@
 
 namespace flashcore_test {
 
-void visible_keys(const Problem &p, int i, int *begin, int *end) {
-    const int64_t diagonal = int64_t(i) + p.seqlen_k - p.seqlen_q;
-    int64_t b = 0, e = p.seqlen_k;
+void visible_keys(const Problem &p, int batch, int i, int *begin, int *end) {
+    const int seqlen_k = batch_seqlen_k(p, batch);
+    const int64_t diagonal = int64_t(i) + seqlen_k - p.seqlen_q;
+    int64_t b = 0, e = seqlen_k;
     if (p.window_left >= 0) b = std::max<int64_t>(b, diagonal - p.window_left);
     if (p.causal) e = std::min<int64_t>(e, diagonal + 1);
     if (p.window_right >= 0) e = std::min<int64_t>(e, diagonal + 1 + p.window_right);
-    *begin = int(std::min<int64_t>(b, p.seqlen_k));
+    *begin = int(std::min<int64_t>(b, seqlen_k));
     *end = int(std::max<int64_t>(e, *begin));
 }
 
@@ -41,7 +42,7 @@ void reference_attention(const Problem &p, const std::vector<float> &q, const st
             const size_t v_base = kv_head * p.seqlen_k * dv;
             const float *qi = &q[size_t(row) * d];
             int first = 0, end = 0;
-            visible_keys(p, i, &first, &end);
+            visible_keys(p, b, i, &first, &end);
             double *o = &out[size_t(row) * dv];
             if (end <= first) {
                 lse[row] = -std::numeric_limits<double>::infinity();

@@ -23,10 +23,16 @@ struct Problem {
     int window_left = -1;
     int window_right = -1;
     double softcap = 0;  // > 0: scores become softcap * tanh(score / softcap)
+    // Keys each batch attends to (seqused_k); empty: seqlen_k for all. The
+    // diagonal follows them.
+    std::vector<int> seqused_k;
 };
 
-// The keys [begin, end) query i of p sees (end <= begin: none).
-void visible_keys(const Problem &p, int i, int *begin, int *end);
+// Keys batch b of p attends to.
+inline int batch_seqlen_k(const Problem &p, int b) { return p.seqused_k.empty() ? p.seqlen_k : p.seqused_k[b]; }
+
+// The keys [begin, end) query i of batch b sees (end <= begin: none).
+void visible_keys(const Problem &p, int b, int i, int *begin, int *end);
 
 // Dense [batch, heads, seqlen, head_dim] tensors (v and out: head_dim_v) of float values (already
 // rounded to the kernel's input precision). out and lse are resized. Rows
