@@ -16,10 +16,10 @@ dynamic loader find it (see flashcore.open_library()). The ctypes declarations i
 from include/flashcore.h.
 """
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 from . import _ffi
-from ._attention import attention, check_params, forward_params, supported_head_dims
+from ._attention import attention, attention_with_kvcache, check_params, forward_params, supported_head_dims
 from ._errors import (
     CudaError,
     FlashcoreError,
@@ -57,6 +57,7 @@ def status_string(status):
 __all__ = [
     "__version__",
     "attention",
+    "attention_with_kvcache",
     "merge_states",
     "forward_params",
     "merge_params",

@@ -111,7 +111,7 @@ def _from_cupy(x, name):
 # __cuda_array_interface__
 # --------------------------------------------------------------------------
 
-_TYPESTR = {"f2": "float16", "f4": "float32", "f8": "float64"}
+_TYPESTR = {"f2": "float16", "f4": "float32", "f8": "float64", "i4": "int32", "i8": "int64", "u4": "uint32"}
 
 
 _TYPESTR_RE = re.compile(r"^[<>|=][a-zA-Z][0-9]+$")
@@ -225,7 +225,8 @@ def check_known_to_driver(infos):
 
 kDLCUDA = 2
 kDLCUDAManaged = 13
-_DL_DTYPES = {(2, 16): "float16", (4, 16): "bfloat16", (2, 32): "float32", (2, 64): "float64"}
+_DL_DTYPES = {(2, 16): "float16", (4, 16): "bfloat16", (2, 32): "float32", (2, 64): "float64", (0, 32): "int32",
+              (0, 64): "int64", (1, 32): "uint32"}
 
 
 class DLDevice(ctypes.Structure):
@@ -385,3 +386,17 @@ def empty(like, shape, dtype, stream):
                 return cupy.empty(shape, dtype=like.obj.dtype if dtype is None else dtype)
     raise TypeError("cannot allocate memory for a %s: pass the output (out=) and, when the library "
                     "asks for one, the workspace (workspace=) yourself" % type(like.obj).__name__)
+
+
+def full(like, shape, dtype, value, stream):
+    """As empty(), every element set to value, written on `stream`."""
+    if like.framework == "torch":
+        torch = sys.modules["torch"]
+        with _torch_stream_context(torch, like.device, stream):
+            return torch.full(shape, value, dtype=getattr(torch, dtype), device=torch.device("cuda", like.device))
+    if like.framework == "cupy":
+        cupy = sys.modules["cupy"]
+        with cupy.cuda.Device(like.device):
+            with _cupy_stream_context(cupy, like.device, stream):
+                return cupy.full(shape, value, dtype=dtype)
+    raise TypeError("cannot allocate memory for a %s" % type(like.obj).__name__)

@@ -6,8 +6,8 @@ import numbers
 import operator
 
 from . import _ffi
-from ._arrays import (can_allocate, check_known_to_driver, contiguous_strides, current_stream, describe, empty,
-                      stream_pointer)
+from ._arrays import (can_allocate, check_known_to_driver, contiguous_strides, current_stream, describe, empty, full,
+                      is_cupy, is_torch, stream_pointer)
 from ._checked import fits, set_fields, whole_number
 from ._errors import InvalidArgumentError, UnsupportedError
 from ._library import get_handle, library
@@ -159,6 +159,15 @@ def _check_lse(lse, want, words):
         raise InvalidArgumentError("lse is read-only")
 
 
+def _check_seqused_k(seqused_k, batch):
+    """seqused_k: int32 of shape [batch], contiguous."""
+    if seqused_k.dtype != "int32" or tuple(seqused_k.shape) != (batch,):
+        raise InvalidArgumentError("seqused_k must be int32 of shape [B] = [%d] (one key count per sequence), "
+                                   "got %s %s" % (batch, seqused_k.dtype, list(seqused_k.shape)))
+    if batch > 1 and seqused_k.strides[0] != 1:
+        raise InvalidArgumentError("seqused_k must be contiguous, got stride %d" % seqused_k.strides[0])
+
+
 def _check_one_device(arrays, names):
     devices = sorted({a.device for a in arrays if a is not None and a.device is not None})
     if len(devices) > 1:
@@ -170,7 +179,7 @@ def _out_shape(q, head_dim_v):
     return tuple(q.shape[:3]) + (head_dim_v,)
 
 
-def _validate(q, k, v, out, lse, layout):
+def _validate(q, k, v, out, lse, layout, seqused_k=None):
     """Checks what the C API cannot see (it takes one dtype and one set of
     sizes for all tensors); strides, alignment, head counts and supported
     sizes are left to the library's own validation."""
@@ -199,13 +208,16 @@ def _validate(q, k, v, out, lse, layout):
         _check_int32_sizes(view.info)
     if lse is not None:
         _check_lse(lse, (qv.shape[0], qv.shape[1], qv.shape[2]), "[B, H, Sq]")
-    _check_one_device((q, k, v, out, lse), "q, k, v, out and lse")
+    if seqused_k is not None:
+        _check_seqused_k(seqused_k, qv.shape[0])
+    _check_one_device((q, k, v, out, lse, seqused_k), "q, k, v, out, lse and seqused_k")
     return qv, kv, vv
 
 
-def _build(lib, q, k, v, out, lse, layout, causal, scale, num_splits=0, window=(0, 0, 0), softcap=0.0):
+def _build(lib, q, k, v, out, lse, layout, causal, scale, num_splits=0, window=(0, 0, 0), softcap=0.0,
+           seqused_k=None):
     """window: (use_window, window_left, window_right) from _window."""
-    qv, kv, vv = _validate(q, k, v, out, lse, layout)
+    qv, kv, vv = _validate(q, k, v, out, lse, layout, seqused_k)
     p = lib.new_params()
     batch, heads_q, seqlen_q, head_dim = qv.shape
     p.dtype = DTYPES[q.dtype]
@@ -216,7 +228,8 @@ def _build(lib, q, k, v, out, lse, layout, causal, scale, num_splits=0, window=(
     set_fields(p, batch_size=batch, num_heads_q=heads_q, seqlen_q=seqlen_q, head_dim=head_dim,
                head_dim_v=vv.shape[3], num_heads_kv=kv.shape[1], seqlen_k=kv.shape[2], num_splits=num_splits,
                use_window=use_window, window_left=window_left, window_right=window_right,
-               lse=lse.ptr if lse is not None else None)
+               lse=lse.ptr if lse is not None else None,
+               seqused_k=seqused_k.ptr if seqused_k is not None else None)
     for prefix, info in (("q", q), ("k", k), ("v", v), ("out", out)):
         if info is None:
             continue
@@ -234,16 +247,17 @@ def _is_empty(params):
 
 
 def forward_params(q, k, v, out=None, *, lse=None, causal=False, softmax_scale=None, layout="bhsd", num_splits=None,
-                   window=None, softcap=0.0):
+                   window=None, softcap=0.0, seqused_k=None):
     """A flashcore.ForwardParams for these arrays (pointers, sizes, strides),
     for the low-level calls: Handle.workspace_size, Handle.forward,
     check_params. The arrays must outlive every use of the result.
-    num_splits, window and softcap as for attention()."""
+    num_splits, window, softcap and seqused_k as for attention()."""
     layout = _layout(layout)
     scale, splits = _softmax_scale(softmax_scale), _num_splits(num_splits)
     window, softcap = _window(window), _softcap(softcap)
     infos = [None if a is None else describe(a, name) for a, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"))]
-    return _build(library(), *infos, layout, causal, scale, splits, window, softcap)
+    used = None if seqused_k is None else describe(seqused_k, "seqused_k")
+    return _build(library(), *infos, layout, causal, scale, splits, window, softcap, used)
 
 
 def supported_head_dims():
@@ -273,7 +287,7 @@ def _allocate(like, shape, dtype, stream, what):
 
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse=False, stream=None,
-              layout="bhsd", lse=None, workspace=None, num_splits=None, window=None, softcap=0.0):
+              layout="bhsd", lse=None, workspace=None, num_splits=None, window=None, softcap=0.0, seqused_k=None):
     """Fused scaled-dot-product attention, like
     torch.nn.functional.scaled_dot_product_attention(q, k, v):
 
@@ -305,6 +319,13 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse
         s = softmax_scale * q.k becomes softcap * tanh(s / softcap) before
         the mask and the softmax (lse is of the capped scores); 0 (the
         default) for none. A finite real >= 0.
+    seqused_k: per-sequence key counts (FlashAttention's seqused_k, its
+        kv-cache call's cache_seqlens): None for none, or an int32 CUDA array
+        of shape [B]. Sequence b then attends to its first seqused_k[b] keys
+        of k and v (whose Sk is the cache's capacity); causal and the window
+        align to that count, a count of 0 gives 0 (and lse -inf), and keys
+        past it may hold anything, NaN included. Read on the GPU: each value
+        should be in [0, Sk] and is clamped into it.
     out: where to write the result (q's shape with v's last dimension, q's
         dtype; any strides the C API accepts). Allocated with q's framework
         when None.
@@ -344,7 +365,8 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse
     ki, vi = describe(k, "k", s), describe(v, "v", s)
     oi = None if out is None else describe(out, "out", s)
     li = None if lse is None else describe(lse, "lse", s)
-    qv, _, vv = _validate(qi, ki, vi, oi, li, layout)
+    ui = None if seqused_k is None else describe(seqused_k, "seqused_k", s)
+    qv, _, vv = _validate(qi, ki, vi, oi, li, layout, ui)
     lib = library()
     if oi is None:
         out = _allocate(qi, _out_shape(qi, vv.shape[3]), None, s, "out")
@@ -352,12 +374,12 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse
     if li is None and return_lse:
         lse = _allocate(qi, qv.shape[:3], "float32", s, "lse")
         li = describe(lse, "lse", s)
-    params = _build(lib, qi, ki, vi, oi, li, layout, causal, scale, splits, window, softcap)
+    params = _build(lib, qi, ki, vi, oi, li, layout, causal, scale, splits, window, softcap, ui)
     lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
     if _is_empty(params):
         # As PyTorch: an empty result, nothing launched (no GPU needed).
         return (out, lse) if return_lse else out
-    check_known_to_driver((qi, ki, vi, oi, li))
+    check_known_to_driver((qi, ki, vi, oi, li, ui))
 
     device = next((a.device for a in (qi, ki, vi, oi) if a.device is not None), None)
     handle = get_handle(device)
@@ -375,3 +397,39 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse
     handle.forward(params, ws_ptr, ws_bytes, s)
     del ws_keep  # back to the pool of stream s, which orders its reuse after this call
     return (out, lse) if return_lse else out
+
+
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, causal=False, softmax_scale=None, out=None,
+                           return_lse=False, stream=None, lse=None, workspace=None, num_splits=None, window=None,
+                           softcap=0.0):
+    """Attention of new queries against a KV cache, as FlashAttention's
+    flash_attn_with_kvcache (forward only, without appending to the cache or
+    rotary embedding), in its [B, S, H, D] storage:
+
+    q: [B, Sq, Hq, D]; k_cache: [B, S_cache, Hkv, D]; v_cache:
+    [B, S_cache, Hkv, Dv]; out: [B, Sq, Hq, Dv].
+    cache_seqlens: how many keys of each sequence's cache are in use: an
+        int32 CUDA array of shape [B], or an int for every sequence (then
+        allocated with q's framework), or None for the whole cache. The rows
+        past a sequence's count may hold anything, NaN included. causal and
+        the window align the queries to the end of each sequence's keys:
+        query i of sequence b sees key j <= i + cache_seqlens[b] - Sq.
+    The other arguments are attention()'s (layout is "bshd"). Paged caches
+    (block_table) are not supported yet.
+    """
+    seqused_k = cache_seqlens
+    if cache_seqlens is not None and not hasattr(cache_seqlens, "__cuda_array_interface__") \
+            and not hasattr(cache_seqlens, "__dlpack__"):
+        if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, numbers.Integral):
+            raise TypeError("cache_seqlens must be None, an int or an int32 CUDA array of shape [B], got %s"
+                            % type(cache_seqlens).__name__)
+        count = fits(int(cache_seqlens), ctypes.c_int32, "cache_seqlens")
+        user_stream = None if stream is None else stream_pointer(stream)
+        qi = describe(q, "q", user_stream or 0)
+        if not (is_torch(q) or is_cupy(q)):
+            raise TypeError("an int cache_seqlens needs torch or cupy inputs; pass an int32 CUDA array instead")
+        s = current_stream(qi) if user_stream is None else user_stream
+        seqused_k = full(qi, (qi.shape[0],), "int32", count, s)
+    return attention(q, k_cache, v_cache, causal=causal, softmax_scale=softmax_scale, out=out, return_lse=return_lse,
+                     stream=stream, layout="bshd", lse=lse, workspace=workspace, num_splits=num_splits, window=window,
+                     softcap=softcap, seqused_k=seqused_k)

@@ -8,16 +8,16 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "d93bd99010664a8e83d2ac3511cf8d900fabb67f3971363d845f97eb26662ce8"
+HEADER_SHA256 = "6efabdb840068e2e5e2f2ef36c13245501abeafd897606e7becca5cedd9b88b1"
 
 FLASHCORE_VERSION_MAJOR = 0
 
-FLASHCORE_VERSION_MINOR = 4
+FLASHCORE_VERSION_MINOR = 5
 
 FLASHCORE_VERSION_PATCH = 0
 
 # MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 400 for 0.4.0.
-FLASHCORE_VERSION_NUMBER = 400
+FLASHCORE_VERSION_NUMBER = 500
 
 
 flashcore_status = ctypes.c_int  # C type of enum flashcore_status
@@ -228,6 +228,19 @@ class flashcore_forward_params(ctypes.Structure):
         # off. Must be finite and >= 0; softcap * log2(e) must be a finite float
         # and softmax_scale / softcap must not underflow to 0.
         ("softcap", ctypes.c_float),
+        # Per-sequence key counts, as FlashAttention's seqused_k (its kv-cache
+        # call's cache_seqlens): NULL (the default), or a device array of
+        # batch_size int32 values, 4-byte aligned. Batch b then attends to its
+        # first seqused_k[b] keys only, as if its seqlen_k were that: k and v
+        # keep their seqlen_k (the cache's capacity) for the strides and the
+        # workspace, and the causal diagonal and the window are aligned to
+        # seqused_k[b] (query i of b sees key j <= i + seqused_k[b] - seqlen_q).
+        # A sequence with 0 keys gives out = 0 and lse = -infinity. Keys past
+        # seqused_k[b] are never used and may hold anything, NaN and infinity
+        # included. Each value should lie in [0, seqlen_k]; the kernels read
+        # the array on the device and clamp each value into that range, so a
+        # wrong value gives a wrong result, never an access outside k and v.
+        ("seqused_k", ctypes.c_void_p),
     ]
 
 

@@ -138,11 +138,20 @@ def test_window_and_softcap_declarations():
     """What 0.4 added: the sliding window and softcap fields appended to the
     forward params after num_splits, in header order, with their C types."""
     fields = [f for f, _ in _ffi.flashcore_forward_params._fields_]
-    assert fields[-5:] == ["num_splits"] + WINDOW_SOFTCAP_FIELDS
+    assert fields[-6:-1] == ["num_splits"] + WINDOW_SOFTCAP_FIELDS
     types = dict(_ffi.flashcore_forward_params._fields_)
     assert all(types[f] is ctypes.c_int32 for f in WINDOW_SOFTCAP_FIELDS[:3])
     assert types["softcap"] is ctypes.c_float
     assert _ffi.flashcore_forward_params.softcap.offset + 4 <= ctypes.sizeof(_ffi.flashcore_forward_params)
+
+
+def test_seqused_k_declaration():
+    """What 0.5 added: seqused_k, a pointer, appended after softcap."""
+    fields = _ffi.flashcore_forward_params._fields_
+    assert fields[-1] == ("seqused_k", ctypes.c_void_p)
+    params = _ffi.flashcore_forward_params
+    assert params.seqused_k.offset >= params.softcap.offset + 4
+    assert params.seqused_k.offset % ctypes.sizeof(ctypes.c_void_p) == 0
 
 
 def test_functions_have_named_arguments():

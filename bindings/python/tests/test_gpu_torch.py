@@ -873,3 +873,83 @@ def test_window_and_softcap_with_num_splits(torch, dtype, num_splits):
                                                return_lse=True, num_splits=num_splits)
         torch.cuda.synchronize()
         assert torch.equal(out, again) and torch.equal(lse, again_lse), "not deterministic for a given num_splits"
+
+
+# --------------------------------------------------------------------------
+# seqused_k and attention_with_kvcache (0.5): each sequence against the
+# float64 reference on its own slice of the cache; the cache's unused rows
+# hold NaN and infinity, which must not reach the output.
+# --------------------------------------------------------------------------
+
+KVCACHE_CASES = [  # batch, heads_q, heads_kv, seqlen_q, cache rows, per-sequence lengths
+    (4, 8, 2, 1, 1000, (0, 1, 513, 1000)),  # decode, GQA 4
+    (3, 4, 4, 1, 4096, (4000, 129, 2048)),
+    (2, 8, 1, 16, 700, (300, 16)),  # MQA, several queries
+    (3, 4, 2, 37, 600, (37, 100, 20)),  # a count below seqlen_q: causal rows that see nothing
+]
+
+
+def fill_unused(cache, lengths):
+    """[B, S, H, D]: rows past each sequence's length become NaN and inf."""
+    for b, n in enumerate(lengths):
+        cache[b, n::2] = float("nan")
+        cache[b, n + 1::2] = float("inf")
+
+
+def check_per_sequence(torch, out, lse, q, k, v, lengths, causal, **kwargs):
+    """[B, H, S, D] views; sequence b against its first lengths[b] keys."""
+    torch.cuda.synchronize()
+    for b, n in enumerate(lengths):
+        if n == 0:
+            assert (out[b] == 0).all() and torch.isneginf(lse[b]).all()
+            continue
+        check(torch, out[b:b + 1], lse[b:b + 1], q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], causal, **kwargs)
+
+
+@pytest.mark.parametrize("case", KVCACHE_CASES, ids=lambda c: "x".join(map(str, c[:5])))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_with_kvcache_matches_reference(torch, dtype, causal, case):
+    need_head_dim(128)
+    b, hq, hkv, sq, rows, lengths = case
+    q = randn(torch, (b, sq, hq, 128), dtype, seed=sq)
+    k_cache = randn(torch, (b, rows, hkv, 128), dtype, seed=rows)
+    v_cache = randn(torch, (b, rows, hkv, 128), dtype, seed=rows + 1)
+    fill_unused(k_cache, lengths)
+    fill_unused(v_cache, lengths)
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out, lse = flashcore.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, causal=causal, return_lse=True)
+    assert out.shape == (b, sq, hq, 128)
+    check_per_sequence(torch, out.transpose(1, 2), lse, q.transpose(1, 2), k_cache.transpose(1, 2),
+                       v_cache.transpose(1, 2), lengths, causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_seqused_k_with_window_softcap_and_splits(torch, dtype):
+    need_head_dim(64)
+    b, hq, hkv, sq, sk, lengths = 2, 4, 2, 8, 2048, (2000, 333)
+    q, k, v = qkv(torch, b, hq, hkv, sq, sk, 64, dtype, seed=5)
+    k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()  # fill rows in [B, S, H, D]
+    fill_unused(k, lengths)
+    fill_unused(v, lengths)
+    k, v = k.transpose(1, 2), v.transpose(1, 2)
+    used = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    for num_splits in (None, 1, 3):
+        out, lse = flashcore.attention(q, k, v, causal=True, window=(300, 0), softcap=SOFTCAP, seqused_k=used,
+                                       num_splits=num_splits, return_lse=True)
+        check_per_sequence(torch, out, lse, q, k, v, lengths, True, window=(300, 0), softcap=SOFTCAP)
+
+
+def test_attention_with_kvcache_int_length(torch):
+    # An int applies to every sequence: the same as the whole cache sliced.
+    need_head_dim(64)
+    q = randn(torch, (3, 1, 4, 64), "bfloat16", seed=1)
+    k_cache = randn(torch, (3, 256, 2, 64), "bfloat16", seed=2)
+    v_cache = randn(torch, (3, 256, 2, 64), "bfloat16", seed=3)
+    fill_unused(k_cache, (100, 100, 100))
+    fill_unused(v_cache, (100, 100, 100))
+    # One split each: the heuristic would split the two calls differently.
+    out = flashcore.attention_with_kvcache(q, k_cache, v_cache, 100, num_splits=1)
+    want = flashcore.attention(q, k_cache[:, :100], v_cache[:, :100], layout="bshd", num_splits=1)
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)

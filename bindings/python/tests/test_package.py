@@ -1106,3 +1106,60 @@ def test_pointers_unknown_to_the_driver_are_refused(lib, monkeypatch):
     q, k, v, out = fake_qkv()
     with pytest.raises(flashcore.InvalidArgumentError, match=r"q \(0x[0-9a-f]+\) is not device memory the CUDA driver"):
         flashcore.attention(q, k, v, out=out)
+
+
+# --------------------------------------------------------------------------
+# seqused_k and attention_with_kvcache (0.5; no GPU needed)
+# --------------------------------------------------------------------------
+
+
+def test_seqused_k_default_null(lib):
+    assert lib.new_params().seqused_k is None
+    q, k, v, out = fake_qkv()
+    assert flashcore.forward_params(q, k, v, out).seqused_k is None
+
+
+@pytest.mark.parametrize("api", WINDOW_APIS)
+def test_seqused_k_reaches_the_params(lib, api):
+    q, k, v, out = fake_qkv(b=3)
+    used = FakeCudaArray((3,), typestr="<i4", index=5)
+    if api == "forward_params":
+        p = flashcore.forward_params(q, k, v, out, seqused_k=used)
+        assert p.seqused_k == fake_ptr(5)
+    flashcore.check_params(flashcore.forward_params(q, k, v, out, seqused_k=used))
+
+
+@pytest.mark.parametrize("api", WINDOW_APIS)
+@pytest.mark.parametrize("bad,message", [
+    (dict(shape=(3,), typestr="<i8"), "seqused_k must be int32 of shape [B] = [2]"),
+    (dict(shape=(2,), typestr="<u4"), "seqused_k must be int32 of shape [B] = [2]"),
+    (dict(shape=(3,), typestr="<i4"), "seqused_k must be int32 of shape [B] = [2]"),
+    (dict(shape=(2, 1), typestr="<i4"), "seqused_k must be int32 of shape [B] = [2]"),
+    (dict(shape=(2,), typestr="<i4", strides=(8,)), "seqused_k must be contiguous, got stride 2"),
+])
+def test_seqused_k_is_checked(lib, api, bad, message):
+    q, k, v, out = fake_qkv(b=2)
+    used = FakeCudaArray(index=5, **bad)
+    with pytest.raises(flashcore.InvalidArgumentError) as e:
+        _call(api, q, k, v, out, seqused_k=used)
+    assert message in str(e.value)
+
+
+def test_seqused_k_misaligned_or_overlapping_out_is_refused(lib):
+    q, k, v, out = fake_qkv(b=2)
+    with pytest.raises(flashcore.MisalignedError) as e:
+        _call("forward_params", q, k, v, out, seqused_k=FakeCudaArray((2,), typestr="<i4", ptr=fake_ptr(5, 2)))
+    assert "seqused_k" in str(e.value)
+    with pytest.raises(flashcore.InvalidArgumentError) as e:
+        _call("forward_params", q, k, v, out, seqused_k=FakeCudaArray((2,), typestr="<i4", ptr=fake_ptr(3)))
+    assert "seqused_k" in str(e.value) and "overlaps out" in str(e.value)
+
+
+def test_attention_with_kvcache_int_lengths_need_a_framework(lib):
+    q, k, v, out = fake_qkv(b=2, hq=4, hkv=2, sq=1, sk=64)
+    with pytest.raises(TypeError, match="an int cache_seqlens needs torch or cupy"):
+        flashcore.attention_with_kvcache(q, k, v, 10, out=out)
+    with pytest.raises(TypeError, match="cache_seqlens must be None, an int"):
+        flashcore.attention_with_kvcache(q, k, v, 1.5, out=out)
+    with pytest.raises(TypeError, match="cache_seqlens must be None, an int"):
+        flashcore.attention_with_kvcache(q, k, v, True, out=out)

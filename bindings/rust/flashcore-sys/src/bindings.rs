@@ -3,9 +3,9 @@
 // Generated from include/flashcore.h by bindings/rust/scripts/regenerate-bindings.sh; do not edit.
 
 pub const FLASHCORE_VERSION_MAJOR: u32 = 0;
-pub const FLASHCORE_VERSION_MINOR: u32 = 4;
+pub const FLASHCORE_VERSION_MINOR: u32 = 5;
 pub const FLASHCORE_VERSION_PATCH: u32 = 0;
-pub const FLASHCORE_VERSION_NUMBER: u32 = 400;
+pub const FLASHCORE_VERSION_NUMBER: u32 = 500;
 pub const FLASHCORE_SOFTMAX_SCALE_DEFAULT: f64 = 0.0;
 pub const FLASHCORE_ALIGNMENT: u32 = 16;
 pub const FLASHCORE_MAX_NUM_SPLITS: u32 = 128;
@@ -224,6 +224,19 @@ pub struct flashcore_forward_params {
     #[doc = " off. Must be finite and >= 0; softcap * log2(e) must be a finite float"]
     #[doc = " and softmax_scale / softcap must not underflow to 0."]
     pub softcap: f32,
+    #[doc = " Per-sequence key counts, as FlashAttention's seqused_k (its kv-cache"]
+    #[doc = " call's cache_seqlens): NULL (the default), or a device array of"]
+    #[doc = " batch_size int32 values, 4-byte aligned. Batch b then attends to its"]
+    #[doc = " first seqused_k[b] keys only, as if its seqlen_k were that: k and v"]
+    #[doc = " keep their seqlen_k (the cache's capacity) for the strides and the"]
+    #[doc = " workspace, and the causal diagonal and the window are aligned to"]
+    #[doc = " seqused_k[b] (query i of b sees key j <= i + seqused_k[b] - seqlen_q)."]
+    #[doc = " A sequence with 0 keys gives out = 0 and lse = -infinity. Keys past"]
+    #[doc = " seqused_k[b] are never used and may hold anything, NaN and infinity"]
+    #[doc = " included. Each value should lie in [0, seqlen_k]; the kernels read"]
+    #[doc = " the array on the device and clamp each value into that range, so a"]
+    #[doc = " wrong value gives a wrong result, never an access outside k and v."]
+    pub seqused_k: *const i32,
 }
 extern "C" {
     #[doc = " Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,"]

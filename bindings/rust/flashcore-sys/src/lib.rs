@@ -132,7 +132,7 @@ mod tests {
             assert_eq!(unsafe { flashcore_forward_check(&params) }, expected, "num_splits {num_splits}");
         }
 
-        // The window and softcap (added in 0.4; softcap is the last field) are
+        // The window and softcap (added in 0.4) are
         // read where Rust wrote them.
         params.use_window = 1;
         for (left, right, causal, expected) in [
@@ -164,6 +164,13 @@ mod tests {
             params.softcap = softcap;
             assert_eq!(unsafe { flashcore_forward_check(&params) }, expected, "softcap {softcap}");
         }
+        // seqused_k (added in 0.5; the last field) is read where Rust wrote it:
+        // a misaligned address is refused.
+        params.seqused_k = 0x7000_0002 as *const i32;
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_MISALIGNED);
+        params.seqused_k = 0x7000_0000 as *const i32;
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
+        params.seqused_k = std::ptr::null();
 
         // FP32 is a merge dtype only: forward refuses it as unsupported.
         params.dtype = FLASHCORE_DTYPE_FP32 as i32;

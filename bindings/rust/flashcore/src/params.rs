@@ -362,6 +362,7 @@ pub struct ForwardParamsBuilder<'a> {
     strides: [Option<Strides>; 4],
     tensors: [Option<RawBuffer>; 4],
     lse: Option<RawBuffer>,
+    seqused_k: Option<RawBuffer>,
     buffers: PhantomData<&'a mut ()>,
 }
 
@@ -482,6 +483,20 @@ impl<'a> ForwardParamsBuilder<'a> {
         self
     }
 
+    /// Per-sequence key counts, FlashAttention's `seqused_k` (its kv-cache
+    /// call's `cache_seqlens`): device memory holding `batch_size` i32
+    /// values, 4-byte aligned (optional; default: every sequence has
+    /// `seqlen_k` keys). Sequence b then attends to its first
+    /// `seqused_k[b]` keys of k and v, whose `seqlen_k` is the cache's
+    /// capacity; causal and the window align to that count, a count of 0
+    /// gives out = 0 and lse = -inf, and the keys past it may hold anything,
+    /// NaN included. The values are read on the GPU, clamped into
+    /// `[0, seqlen_k]`.
+    pub fn seqused_k<B: DeviceBuffer + ?Sized>(mut self, seqused_k: &'a B) -> Self {
+        self.seqused_k = Some(RawBuffer::new(seqused_k.device_ptr(), seqused_k.byte_len()));
+        self
+    }
+
     fn tensor<B: DeviceBuffer + ?Sized>(mut self, tensor: Tensor, buffer: &B) -> Self {
         self.tensors[tensor as usize] = Some(RawBuffer::new(buffer.device_ptr(), buffer.byte_len()));
         self
@@ -535,6 +550,7 @@ impl<'a> ForwardParamsBuilder<'a> {
             (device_address(q).cast_const(), device_address(k).cast_const(), device_address(v).cast_const());
         raw.out = device_address(out);
         raw.lse = device_address(self.lse).cast();
+        raw.seqused_k = device_address(self.seqused_k).cast_const().cast();
         // SAFETY: reads the struct only.
         check(unsafe { sys::flashcore_forward_check(&raw) })?;
 
@@ -546,6 +562,9 @@ impl<'a> ForwardParamsBuilder<'a> {
         if let Some(lse) = &self.lse {
             let rows = i128::from(raw.batch_size) * i128::from(raw.num_heads_q) * i128::from(raw.seqlen_q);
             ensure_fits("lse", rows * std::mem::size_of::<f32>() as i128, lse)?;
+        }
+        if let Some(seqused_k) = &self.seqused_k {
+            ensure_fits("seqused_k", i128::from(raw.batch_size) * std::mem::size_of::<i32>() as i128, seqused_k)?;
         }
         Ok(params)
     }
@@ -634,6 +653,23 @@ mod tests {
         assert_eq!((raw.num_splits, params.num_splits()), (0, 0));
         assert_eq!((raw.use_window, raw.window_left, raw.window_right, raw.softcap), (0, 0, 0, 0.0));
         assert_eq!((params.window(), params.softcap()), (None, 0.0));
+        assert!(raw.seqused_k.is_null());
+    }
+
+    #[test]
+    fn seqused_k_reaches_the_c_struct_and_must_hold_a_count_per_sequence() {
+        let mut buffers = Buffers::dense();
+        let counts = RawBuffer::new(0x5000_0000, B as usize * 4);
+        let params = standard(&mut buffers).seqused_k(&counts).build().expect("valid params");
+        assert_eq!(params.as_raw().seqused_k as usize, 0x5000_0000);
+        let mut buffers = Buffers::dense();
+        let short = RawBuffer::new(0x5000_0000, B as usize * 4 - 1);
+        let err = rejected(standard(&mut buffers).seqused_k(&short));
+        assert_eq!(err.status(), Status::InvalidArgument);
+        assert!(err.message().starts_with("seqused_k: the tensor spans"), "{}", err.message());
+        let mut buffers = Buffers::dense();
+        let misaligned = RawBuffer::new(0x5000_0002, B as usize * 4);
+        assert_eq!(rejected(standard(&mut buffers).seqused_k(&misaligned)).status(), Status::Misaligned);
     }
 
     #[test]
