@@ -47,7 +47,8 @@
  *   framework's allocator, or cudaMallocManaged). Streams are cudaStream_t
  *   passed as void*; NULL means the legacy default stream.
  * - Aliasing: what a call writes (`out`, `lse`, the workspace) must not
- *   overlap what it reads (`q`, `k`, `v`, `seqused_k`; for flashcore_merge_states the
+ *   overlap what it reads (`q`, `k`, `v`, `seqused_k`, `cu_seqlens_q`, `cu_seqlens_k`,
+ *   `block_table`; for flashcore_merge_states the
  *   partials) nor one another; inputs may share memory (q, k and v may be
  *   the same buffer). Each tensor is taken as the address range from its
  *   first to its last byte, so an output interleaved with another tensor in
@@ -109,7 +110,7 @@ extern "C" {
  * ------------------------------------------------------------------------- */
 
 #define FLASHCORE_VERSION_MAJOR 0
-#define FLASHCORE_VERSION_MINOR 5
+#define FLASHCORE_VERSION_MINOR 6
 #define FLASHCORE_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 400 for 0.4.0. */
 #define FLASHCORE_VERSION_NUMBER \
@@ -354,6 +355,51 @@ typedef struct flashcore_forward_params {
      * the array on the device and clamp each value into that range, so a
      * wrong value gives a wrong result, never an access outside k and v. */
     const int32_t *seqused_k;
+
+    /* ---- Fields added in 0.6. ---- */
+
+    /* Variable-length batches, as FlashAttention's varlen calls: NULL (the
+     * default), or a device array of batch_size + 1 int32 prefix sums,
+     * 4-byte aligned. With cu_seqlens_q, q and out are packed along the
+     * sequence axis: query i of batch b is row cu_seqlens_q[b] + i of q
+     * and out (element row * q_seq_stride + head * q_head_stride; the batch
+     * strides are ignored), batch b has cu_seqlens_q[b + 1] - cu_seqlens_q[b]
+     * queries, seqlen_q is the longest of them (FlashAttention's
+     * max_seqlen_q; it sizes the grid and the workspace) and
+     * total_seqlen_q the number of rows q and out hold. lse, when given, is
+     * then [num_heads_q][total_seqlen_q] (FlashAttention's varlen layout).
+     * cu_seqlens_k likewise packs k and v (total_seqlen_k rows; seqlen_k is
+     * the longest key sequence); with seqused_k too, batch b uses the first
+     * min(seqused_k[b], its length) of its keys. The causal diagonal and the
+     * window are aligned to each sequence's own lengths. Offsets are read
+     * on the device and clamped into [0, total_seqlen] and lengths into
+     * [0, seqlen], so wrong arrays give wrong results, never an access
+     * outside q, k, v and out. Rows of out outside every sequence are not
+     * written. */
+    const int32_t *cu_seqlens_q;
+    const int32_t *cu_seqlens_k;
+    int32_t total_seqlen_q;
+    int32_t total_seqlen_k;
+
+    /* Paged KV cache, as FlashAttention's block_table and vLLM's paged
+     * attention: NULL (the default), or a device array of int32 page
+     * indices, 4-byte aligned, row b (block_table + b *
+     * block_table_batch_stride) listing the pages of batch b in key order.
+     * k and v are then [num_pages][page_size][num_heads_kv][head_dim(_v)]
+     * pools: key j of batch b is row j % page_size of page
+     * block_table[b][j / page_size], at element page * k_batch_stride +
+     * row * k_seq_stride + head * k_head_stride (the batch strides are the
+     * page strides). seqlen_k is the longest sequence and batch b's length
+     * is seqused_k[b] (seqlen_k without it); each row of the table holds
+     * ceil(seqlen_k / page_size) entries, of which only those of a batch's
+     * keys are read. page_size is a multiple of 16; num_pages >= 1. Entries
+     * are clamped into [0, num_pages) on the device. Not combined with
+     * cu_seqlens_k (cu_seqlens_q is fine: chunked prefill on a paged
+     * cache). */
+    const int32_t *block_table;
+    int64_t block_table_batch_stride;
+    int32_t page_size;
+    int32_t num_pages;
 } flashcore_forward_params;
 
 /* Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,

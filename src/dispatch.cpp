@@ -294,6 +294,8 @@ MergeKernelParams split_merge_params(const flashcore_forward_params &p, const Fw
     m.out_batch_stride = p.out_batch_stride;
     m.out_seq_stride = p.out_seq_stride;
     m.out_head_stride = p.out_head_stride;
+    m.cu_seqlens = p.cu_seqlens_q;
+    m.total_seqlen = p.total_seqlen_q;
     return m;
 }
 

@@ -216,6 +216,29 @@ FwdKernelParams kernel_params(const flashcore_forward_params &p) {
     k.window_left = std::min(effective_window_left(p), p.seqlen_k);
     k.window_right = std::min(effective_window_right(p), std::max(p.seqlen_q - 1, 0));
     k.seqused_k = p.seqused_k;
+    // Packed tensors: every address is batch * batch_stride + row *
+    // seq_stride, the row from cu_seqlens, so their batch strides are 0.
+    k.cu_seqlens_q = p.cu_seqlens_q;
+    k.cu_seqlens_k = p.cu_seqlens_k;
+    k.total_seqlen_q = p.cu_seqlens_q != nullptr ? p.total_seqlen_q : p.seqlen_q;
+    k.total_seqlen_k = p.cu_seqlens_k != nullptr ? p.total_seqlen_k : p.seqlen_k;
+    if (p.cu_seqlens_q != nullptr) {
+        k.q_batch_stride = 0;
+        k.out_batch_stride = 0;
+        k.lse_batch_stride = 0;
+        k.lse_head_stride = p.total_seqlen_q;
+    } else {
+        k.lse_batch_stride = int64_t(p.num_heads_q) * p.seqlen_q;
+        k.lse_head_stride = p.seqlen_q;
+    }
+    if (p.cu_seqlens_k != nullptr) {
+        k.k_batch_stride = 0;
+        k.v_batch_stride = 0;
+    }
+    k.block_table = p.block_table;
+    k.block_table_batch_stride = p.block_table_batch_stride;
+    k.page_size = p.page_size;
+    k.num_pages = p.num_pages;
     k.packed_heads = 1;
     k.num_splits = 1;
     return k;

@@ -15,12 +15,13 @@ namespace flashcore {
 // Size of flashcore_forward_params as version 0.1 defined it (it ended
 // before head_dim_v): the smallest a caller may pass. read_params gives such
 // a caller the defaults of the fields added since (head_dim_v in 0.2,
-// num_splits in 0.3, the window and softcap in 0.4, seqused_k in 0.5).
+// num_splits in 0.3, the window and softcap in 0.4, seqused_k in 0.5, the
+// varlen and paged fields in 0.6).
 constexpr size_t kParamsSizeV0_1 = offsetof(flashcore_forward_params, head_dim_v);
 // Where the last field this library knows ends: bytes of a caller's struct
 // past it belong to fields of a newer header (sizeof adds only padding).
 constexpr size_t kParamsKnownEnd =
-    offsetof(flashcore_forward_params, seqused_k) + sizeof(flashcore_forward_params::seqused_k);
+    offsetof(flashcore_forward_params, num_pages) + sizeof(flashcore_forward_params::num_pages);
 // flashcore_merge_params first appeared in 0.3: no smaller size exists.
 constexpr size_t kMergeParamsSizeV0_3 = sizeof(flashcore_merge_params);
 constexpr size_t kMergeParamsKnownEnd =

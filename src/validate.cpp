@@ -16,6 +16,9 @@ namespace flashcore {
 namespace {
 
 constexpr size_t kLseAlignment = alignof(float);
+// A paged cache's pages hold a multiple of this many keys: the TMA boxes
+// and the kernels' 16-row steps never straddle a page.
+constexpr int32_t kPageSizeMultiple = 16;
 constexpr size_t kElementBytes = 2;  // fp16 and bf16
 
 flashcore_status check_pointer(const void *ptr, const char *name, size_t alignment) {
@@ -235,7 +238,8 @@ flashcore_status check_head_dims(const flashcore_forward_params &p) {
 }  // namespace
 
 bool forward_is_empty(const flashcore_forward_params &p) {
-    return p.batch_size == 0 || p.seqlen_q == 0 || p.num_heads_q == 0;
+    return p.batch_size == 0 || p.seqlen_q == 0 || p.num_heads_q == 0 ||
+           (p.cu_seqlens_q != nullptr && p.total_seqlen_q == 0);
 }
 
 flashcore_status validate_sizes(const flashcore_forward_params &p) {
@@ -312,7 +316,69 @@ flashcore_status validate_shapes(const flashcore_forward_params &p) {
     }
     status = validate_window(p);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    status = validate_packing(p);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
     return validate_softcap(p);
+}
+
+flashcore_status validate_packing(const flashcore_forward_params &p) {
+    const struct {
+        const int32_t *cu_seqlens;
+        int32_t total;
+        const char *side;
+    } packed[] = {{p.cu_seqlens_q, p.total_seqlen_q, "q"}, {p.cu_seqlens_k, p.total_seqlen_k, "k"}};
+    for (const auto &t : packed) {
+        if (t.cu_seqlens == nullptr && t.total != 0) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                        "total_seqlen_%s (%d) is set but cu_seqlens_%s is NULL; total_seqlen_%s counts the rows of "
+                        "packed (variable-length) tensors and must be 0 without them",
+                        t.side, int(t.total), t.side, t.side);
+        }
+        if (t.cu_seqlens != nullptr && (t.total < 0 || t.total > kMaxSeqlen)) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                        "total_seqlen_%s (%d) must be in [0, %d]: the rows of the packed tensors (cu_seqlens_%s[batch_size])",
+                        t.side, int(t.total), int(kMaxSeqlen), t.side);
+        }
+    }
+    if (p.cu_seqlens_k != nullptr && p.total_seqlen_k == 0 && !forward_is_empty(p)) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "total_seqlen_k (0) must be >= 1 where the output is not empty: k and v hold no rows");
+    }
+    if (p.block_table == nullptr) {
+        if (p.page_size != 0 || p.num_pages != 0 || p.block_table_batch_stride != 0) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                        "page_size (%d), num_pages (%d) and block_table_batch_stride (%" PRId64
+                        ") describe a paged K/V cache and must be 0 without a block_table",
+                        int(p.page_size), int(p.num_pages), p.block_table_batch_stride);
+        }
+        return FLASHCORE_STATUS_SUCCESS;
+    }
+    if (p.cu_seqlens_k != nullptr) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "cu_seqlens_k and block_table cannot be combined: a paged cache's key counts come from seqused_k "
+                    "(cu_seqlens_q with a block_table is supported)");
+    }
+    if (p.page_size < kPageSizeMultiple || p.page_size % kPageSizeMultiple != 0 || p.page_size > kMaxSeqlen) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "page_size (%d) is not supported; pages must hold a multiple of %d keys, at most %d",
+                    int(p.page_size), int(kPageSizeMultiple), int(kMaxSeqlen));
+    }
+    if (p.num_pages < 1) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "num_pages (%d) must be >= 1 with a block_table",
+                    int(p.num_pages));
+    }
+    const int64_t pages_per_seq = (int64_t(p.seqlen_k) + p.page_size - 1) / p.page_size;
+    if (p.block_table_batch_stride < pages_per_seq && p.batch_size > 1) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "block_table_batch_stride (%" PRId64 ") must be at least ceil(seqlen_k / page_size) = %" PRId64
+                    ": each row of the table lists the pages of a sequence of up to seqlen_k (%d) keys",
+                    p.block_table_batch_stride, pages_per_seq, int(p.seqlen_k));
+    }
+    if (p.block_table_batch_stride < 0) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "block_table_batch_stride (%" PRId64 ") must be >= 0",
+                    p.block_table_batch_stride);
+    }
+    return FLASHCORE_STATUS_SUCCESS;
 }
 
 flashcore_status validate_window(const flashcore_forward_params &p) {
@@ -362,22 +428,32 @@ flashcore_status validate_softcap(const flashcore_forward_params &p) {
 
 namespace {
 
+// q, k, v or out as strided [batch][seq][head][dim] extents: packed
+// (variable-length) tensors are one batch of all their rows, their batch
+// strides ignored; a paged cache is num_pages batches of page_size rows.
 TensorDims forward_tensor(const flashcore_forward_params &p, int index) {
     const int32_t d = p.head_dim;
     const int32_t dv = effective_head_dim_v(p);
+    const bool packed_q = p.cu_seqlens_q != nullptr;
+    const int32_t q_batches = packed_q ? 1 : p.batch_size;
+    const int32_t q_rows = packed_q ? p.total_seqlen_q : p.seqlen_q;
+    int32_t kv_batches = p.batch_size, kv_rows = p.seqlen_k;
+    if (p.cu_seqlens_k != nullptr) kv_batches = 1, kv_rows = p.total_seqlen_k;
+    if (p.block_table != nullptr) kv_batches = p.num_pages, kv_rows = p.page_size;
+    const bool packed_kv = p.cu_seqlens_k != nullptr;
     switch (index) {
         case 0:
-            return {"q", p.q, p.batch_size, p.seqlen_q, p.num_heads_q, d, p.q_batch_stride, p.q_seq_stride,
+            return {"q", p.q, q_batches, q_rows, p.num_heads_q, d, packed_q ? 0 : p.q_batch_stride, p.q_seq_stride,
                     p.q_head_stride};
         case 1:
-            return {"k", p.k, p.batch_size, p.seqlen_k, p.num_heads_kv, d, p.k_batch_stride, p.k_seq_stride,
-                    p.k_head_stride};
+            return {"k", p.k, kv_batches, kv_rows, p.num_heads_kv, d, packed_kv ? 0 : p.k_batch_stride,
+                    p.k_seq_stride, p.k_head_stride};
         case 2:
-            return {"v", p.v, p.batch_size, p.seqlen_k, p.num_heads_kv, dv, p.v_batch_stride, p.v_seq_stride,
-                    p.v_head_stride};
+            return {"v", p.v, kv_batches, kv_rows, p.num_heads_kv, dv, packed_kv ? 0 : p.v_batch_stride,
+                    p.v_seq_stride, p.v_head_stride};
         default:
-            return {"out", p.out, p.batch_size, p.seqlen_q, p.num_heads_q, dv, p.out_batch_stride, p.out_seq_stride,
-                    p.out_head_stride};
+            return {"out", p.out, q_batches, q_rows, p.num_heads_q, dv, packed_q ? 0 : p.out_batch_stride,
+                    p.out_seq_stride, p.out_head_stride};
     }
 }
 constexpr int kForwardTensors = 4;  // q, k, v, out
@@ -389,19 +465,49 @@ ByteRange lse_range(const float *lse, __int128 rows) {
     return {"lse", begin, begin + (unsigned __int128)rows * sizeof(float), true};
 }
 
-// seqused_k: batch_size int32 values, read by the kernels.
-ByteRange seqused_k_range(const int32_t *seqused_k, int32_t batch_size) {
-    const unsigned __int128 begin = reinterpret_cast<uintptr_t>(seqused_k);
-    return {"seqused_k", begin, begin + (unsigned __int128)batch_size * sizeof(int32_t), false};
+// An int32 array the kernels read (seqused_k, cu_seqlens_q/_k, block_table).
+ByteRange int32_range(const char *name, const int32_t *array, __int128 count) {
+    const unsigned __int128 begin = reinterpret_cast<uintptr_t>(array);
+    return {name, begin, begin + (unsigned __int128)count * sizeof(int32_t), false};
 }
+
+// The entries of the block table the kernels may read: every row's first
+// ceil(seqlen_k / page_size).
+__int128 block_table_entries(const flashcore_forward_params &p) {
+    const __int128 per_row = (__int128(p.seqlen_k) + p.page_size - 1) / p.page_size;
+    return __int128(p.batch_size - 1) * p.block_table_batch_stride + per_row;
+}
+
+// The int32 arrays of a call, with the entries each holds.
+struct Int32Array {
+    const char *name;
+    const int32_t *data;
+    __int128 count;
+};
+size_t int32_arrays(const flashcore_forward_params &p, Int32Array *arrays) {
+    size_t n = 0;
+    if (p.seqused_k != nullptr) arrays[n++] = {"seqused_k", p.seqused_k, p.batch_size};
+    if (p.cu_seqlens_q != nullptr) arrays[n++] = {"cu_seqlens_q", p.cu_seqlens_q, __int128(p.batch_size) + 1};
+    if (p.cu_seqlens_k != nullptr) arrays[n++] = {"cu_seqlens_k", p.cu_seqlens_k, __int128(p.batch_size) + 1};
+    if (p.block_table != nullptr) arrays[n++] = {"block_table", p.block_table, block_table_entries(p)};
+    return n;
+}
+constexpr size_t kMaxInt32Arrays = 4;
 
 }  // namespace
 
 size_t forward_ranges(const flashcore_forward_params &p, ByteRange *ranges) {
     size_t n = 0;
     for (int i = 0; i < kForwardTensors; ++i) ranges[n++] = tensor_range(forward_tensor(p, i), i == kForwardOut);
-    if (p.lse != nullptr) ranges[n++] = lse_range(p.lse, __int128(p.batch_size) * p.num_heads_q * p.seqlen_q);
-    if (p.seqused_k != nullptr) ranges[n++] = seqused_k_range(p.seqused_k, p.batch_size);
+    if (p.lse != nullptr) {
+        // [num_heads_q][total_seqlen_q] for packed queries.
+        const __int128 rows = p.cu_seqlens_q != nullptr ? __int128(p.num_heads_q) * p.total_seqlen_q
+                                                        : __int128(p.batch_size) * p.num_heads_q * p.seqlen_q;
+        ranges[n++] = lse_range(p.lse, rows);
+    }
+    Int32Array arrays[kMaxInt32Arrays];
+    const size_t count = int32_arrays(p, arrays);
+    for (size_t i = 0; i < count; ++i) ranges[n++] = int32_range(arrays[i].name, arrays[i].data, arrays[i].count);
     return n;
 }
 
@@ -413,8 +519,8 @@ flashcore_status check_no_aliasing(const ByteRange *ranges, size_t count) {
             if (a.begin < b.end && b.begin < a.end) {
                 return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
                             "%s (bytes 0x%" PRIx64 " to 0x%" PRIx64 ") overlaps %s (bytes 0x%" PRIx64 " to 0x%" PRIx64
-                            "); out, lse and the workspace must not overlap the inputs (q, k, v, seqused_k; a merge's "
-                            "partials) or one another",
+                            "); out, lse and the workspace must not overlap the inputs (q, k, v, seqused_k, cu_seqlens_q/_k, "
+                            "block_table; a merge's partials) or one another",
                             a.name, uint64_t(a.begin), uint64_t(a.end - 1), b.name, uint64_t(b.begin),
                             uint64_t(b.end - 1));
             }
@@ -435,8 +541,10 @@ flashcore_status validate_tensors(const flashcore_forward_params &p) {
         status = check_pointer(p.lse, "lse", kLseAlignment);
         if (status != FLASHCORE_STATUS_SUCCESS) return status;
     }
-    if (p.seqused_k != nullptr) {
-        status = check_pointer(p.seqused_k, "seqused_k", alignof(int32_t));
+    Int32Array arrays[kMaxInt32Arrays];
+    const size_t count = int32_arrays(p, arrays);
+    for (size_t i = 0; i < count; ++i) {
+        status = check_pointer(arrays[i].data, arrays[i].name, alignof(int32_t));
         if (status != FLASHCORE_STATUS_SUCCESS) return status;
     }
     ByteRange ranges[kMaxForwardRanges];

@@ -31,6 +31,11 @@ flashcore_status validate_shapes(const flashcore_forward_params &params);
 // their combination with causal.
 flashcore_status validate_window(const flashcore_forward_params &params);
 
+// Variable-length batches (cu_seqlens_q/_k, total_seqlen_q/_k) and the
+// paged cache (block_table, its stride, page_size, num_pages): their sizes
+// and combinations.
+flashcore_status validate_packing(const flashcore_forward_params &params);
+
 // softcap: 0, or finite and > 0 with softcap * log2(e) and
 // softmax_scale / softcap finite floats > 0.
 flashcore_status validate_softcap(const flashcore_forward_params &params);
@@ -48,7 +53,7 @@ struct ByteRange {
 
 // The ranges of q, k, v, out and (when given) lse of validated, non-empty
 // parameters; returns how many it wrote (at most kMaxForwardRanges).
-constexpr size_t kMaxForwardRanges = 6;
+constexpr size_t kMaxForwardRanges = 9;
 size_t forward_ranges(const flashcore_forward_params &params, ByteRange *ranges);
 
 // INVALID_ARGUMENT, naming both, where a written range overlaps another

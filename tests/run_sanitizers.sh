@@ -31,6 +31,10 @@ fi
 shapes='Shapes/*_d64_*b1_hq2_hkv2_sq113_sk203*:Shapes/*_d128_causal_b2_hq8_hkv2_sq300_sk421*:Shapes/*_d64_full_b2_hq6_hkv3_sq190_sk333*'
 shapes+=':Shapes/*_window100_0_softcap30*:Shapes/*sq600_sk300_bhsd_window50_10:Shapes/*sq1_sk2048_bshd_window500_m1'
 shapes+=':Shapes/*_used_0_1_777_2048:Shapes/*_used_1500_129_2000_64:Shapes/*_used_100_600_50:Shapes/*_used_300_650'
+# Variable-length batches (lengths 0 and 1, queries and keys apart) and
+# paged caches (pages of 16, 48 and 64 keys, the pool's last page in use;
+# packed queries over pages).
+shapes+=':Shapes/*_qlens_0_1_17_200_513_*:Shapes/*_qlens_128_1_300_*:Shapes/*_page16:Shapes/*_page48:Shapes/*_page64'
 
 # name | tool | binary | gtest filter | environment
 runs=(

@@ -36,9 +36,11 @@ constexpr size_t kParamsSizeV0_1 = offsetof(flashcore_forward_params, head_dim_v
 constexpr size_t kParamsSizeV0_3 = offsetof(flashcore_forward_params, use_window);
 // As a 0.4 caller compiled it: it ended after softcap, before seqused_k.
 constexpr size_t kParamsSizeV0_4 = offsetof(flashcore_forward_params, seqused_k);
-// Where the last field of this header (seqused_k, 0.5) ends: bytes of a
+// As a 0.5 caller compiled it: it ended after seqused_k.
+constexpr size_t kParamsSizeV0_5 = offsetof(flashcore_forward_params, cu_seqlens_q);
+// Where the last field of this header (num_pages, 0.6) ends: bytes of a
 // larger struct past it belong to a newer header's fields.
-constexpr size_t kParamsKnownEnd = offsetof(flashcore_forward_params, seqused_k) + sizeof(const int32_t *);
+constexpr size_t kParamsKnownEnd = offsetof(flashcore_forward_params, num_pages) + sizeof(int32_t);
 
 // Plausible, suitably aligned device addresses: flashcore_forward_check never
 // dereferences them.
@@ -141,8 +143,8 @@ std::vector<HeadDimPair> generated_head_dims() {
 
 TEST(Version, RuntimeMatchesHeader) {
     EXPECT_EQ(flashcore_version_number(), unsigned(FLASHCORE_VERSION_NUMBER));
-    EXPECT_EQ(FLASHCORE_VERSION_NUMBER, 500);
-    EXPECT_STREQ(flashcore_version_string(), "0.5.0");
+    EXPECT_EQ(FLASHCORE_VERSION_NUMBER, 600);
+    EXPECT_STREQ(flashcore_version_string(), "0.6.0");
 }
 
 TEST(Status, EveryStatusHasItsOwnString) {
@@ -626,7 +628,7 @@ TEST(MergeParams, NullHandleOrParamsAreRejected) {
 
 // A newer header may put a field where this library's struct has only
 // padding: a caller whose struct is larger than ours is refused when it sets
-// any byte past seqused_k, the last field this library knows; one of our own
+// any byte past num_pages, the last field this library knows; one of our own
 // size is not (its padding is not looked at).
 TEST(Validation, StructFromNewerHeaderWithAFieldInOurPadding) {
     constexpr size_t kKnownEnd = kParamsKnownEnd;
@@ -893,7 +895,7 @@ TEST(Validation, StructFromNewerHeaderReadsTheWindowAndSoftcap) {
         flashcore_forward_params base;
         int64_t future_field;
     } newer;
-    static_assert(offsetof(Newer, future_field) == kParamsKnownEnd, "the future field starts right after seqused_k");
+    static_assert(offsetof(Newer, future_field) >= kParamsKnownEnd, "the future field starts after num_pages");
     newer.base = valid_params();
     newer.base.struct_size = sizeof(Newer);
     newer.future_field = 0;
@@ -1264,9 +1266,174 @@ TEST(Validation, StructFromVersion0_4) {
     ASSERT_EQ(older.init(kParamsSizeV0_4), "");
     flashcore_forward_params *p = older.p;
     EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    // (The 0.6 fields zero: seqused_k's bytes are the point here.)
+    std::memset(older.memory + kParamsSizeV0_5, 0, sizeof(flashcore_forward_params) - kParamsSizeV0_5);
     p->struct_size = sizeof(flashcore_forward_params);
     EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_MISALIGNED);
     EXPECT_EQ(std::string(flashcore_last_error_message()).find("seqused_k ("), 0u) << flashcore_last_error_message();
+}
+
+// A 0.5 caller's struct ends after seqused_k: accepted without packing or
+// pages, whatever lies in memory after it (0xAB... would be misaligned
+// arrays); the same bytes inside a 0.6 struct are read, and refused.
+TEST(Validation, StructFromVersion0_5) {
+    OlderStruct older;
+    ASSERT_EQ(older.init(kParamsSizeV0_5), "");
+    flashcore_forward_params *p = older.p;
+    EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    p->struct_size = sizeof(flashcore_forward_params);
+    EXPECT_NE(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS);
+}
+
+// ---------------------------------------------------------------------------
+// Fields added in 0.6: variable-length batches and paged caches.
+// ---------------------------------------------------------------------------
+
+TEST(Varlen, InitLeavesThemZero) {
+    flashcore_forward_params p;
+    std::memset(&p, 0xAB, sizeof p);
+    ASSERT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_EQ(p.cu_seqlens_q, nullptr);
+    EXPECT_EQ(p.cu_seqlens_k, nullptr);
+    EXPECT_EQ(p.total_seqlen_q, 0);
+    EXPECT_EQ(p.total_seqlen_k, 0);
+    EXPECT_EQ(p.block_table, nullptr);
+    EXPECT_EQ(p.block_table_batch_stride, 0);
+    EXPECT_EQ(p.page_size, 0);
+    EXPECT_EQ(p.num_pages, 0);
+}
+
+// Packed [total, heads, dim] q, k, v and out (BSHD strides of one batch).
+flashcore_forward_params varlen_params(int32_t total_q, int32_t total_k) {
+    flashcore_forward_params p = valid_params();
+    p.cu_seqlens_q = static_cast<const int32_t *>(fake_tensor(5));
+    p.cu_seqlens_k = static_cast<const int32_t *>(fake_tensor(6));
+    p.total_seqlen_q = total_q;
+    p.total_seqlen_k = total_k;
+    return p;
+}
+
+TEST(Varlen, PackedTensorsAreAccepted) {
+    flashcore_forward_params p = varlen_params(150, 500);
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    // The batch strides of packed tensors are not used.
+    p.q_batch_stride = -8;
+    p.out_batch_stride = 3;
+    p.k_batch_stride = p.v_batch_stride = -1;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    // No rows at all: an empty call.
+    p.total_seqlen_q = 0;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+}
+
+TEST(Varlen, TotalsAreChecked) {
+    flashcore_forward_params p = valid_params();
+    p.total_seqlen_q = 10;
+    EXPECT_TRUE(refused_naming(p, "total_seqlen_q (10) is set but cu_seqlens_q is NULL"));
+    p = valid_params();
+    p.total_seqlen_k = 10;
+    EXPECT_TRUE(refused_naming(p, "total_seqlen_k (10) is set but cu_seqlens_k is NULL"));
+    p = varlen_params(-1, 10);
+    EXPECT_TRUE(refused_naming(p, "total_seqlen_q (-1) must be in [0, 1073741824]"));
+    p = varlen_params(10, (1 << 30) + 1);
+    EXPECT_TRUE(refused_naming(p, "total_seqlen_k (1073741825) must be in [0, 1073741824]"));
+    p = varlen_params(10, 0);
+    EXPECT_TRUE(refused_naming(p, "total_seqlen_k (0) must be >= 1 where the output is not empty"));
+}
+
+// Packed out spans total_seqlen_q rows, lse num_heads_q * total_seqlen_q
+// floats: the aliasing rule sees those extents.
+TEST(Varlen, ExtentsFollowTheTotals) {
+    flashcore_forward_params p = varlen_params(150, 500);
+    const size_t q_bytes = size_t(150) * p.num_heads_q * p.head_dim * 2;
+    p.out = static_cast<char *>(const_cast<void *>(p.q)) + q_bytes - 16;
+    EXPECT_TRUE(refused_naming(p, "out (bytes 0x"));
+    p.out = static_cast<char *>(const_cast<void *>(p.q)) + q_bytes;  // adjacent
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    p = varlen_params(150, 500);
+    p.lse = reinterpret_cast<float *>(static_cast<char *>(p.out) - size_t(150) * p.num_heads_q * 4 + 4);
+    EXPECT_TRUE(refused_naming(p, "lse (bytes 0x"));
+    p.lse = reinterpret_cast<float *>(static_cast<char *>(p.out) - size_t(150) * p.num_heads_q * 4);
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    // cu_seqlens_q holds batch_size + 1 entries.
+    p = varlen_params(150, 500);
+    p.cu_seqlens_q = reinterpret_cast<const int32_t *>(static_cast<char *>(p.out) - 4 * p.batch_size);
+    EXPECT_TRUE(refused_naming(p, "cu_seqlens_q (bytes 0x"));
+    p.cu_seqlens_q = reinterpret_cast<const int32_t *>(static_cast<char *>(p.out) - 4 * (p.batch_size + 1));
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    p.cu_seqlens_k = reinterpret_cast<const int32_t *>(static_cast<char *>(fake_tensor(6)) + 2);
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_MISALIGNED);
+    EXPECT_EQ(std::string(flashcore_last_error_message()).find("cu_seqlens_k ("), 0u) << flashcore_last_error_message();
+}
+
+// A pool of num_pages pages of page_size keys: [pages, page, heads, dim].
+flashcore_forward_params paged_params(int32_t page_size, int32_t num_pages) {
+    flashcore_forward_params p = valid_params();
+    p.block_table = static_cast<const int32_t *>(fake_tensor(7));
+    p.page_size = page_size;
+    p.num_pages = num_pages;
+    p.block_table_batch_stride = (p.seqlen_k + page_size - 1) / page_size;
+    p.k_seq_stride = p.v_seq_stride = int64_t(p.num_heads_kv) * p.head_dim;
+    p.k_batch_stride = p.v_batch_stride = int64_t(page_size) * p.k_seq_stride;
+    return p;
+}
+
+TEST(Paged, PoolIsAccepted) {
+    for (int32_t page : {16, 48, 64, 256, 4096}) {
+        flashcore_forward_params p = paged_params(page, 3);
+        EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << page << ": " << flashcore_last_error_message();
+    }
+}
+
+TEST(Paged, PageSizeMustBeAMultipleOf16) {
+    for (int32_t page : {0, 8, 24, 100, -16}) {
+        flashcore_forward_params p = paged_params(16, 3);
+        p.page_size = page;
+        EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_UNSUPPORTED) << page;
+        EXPECT_EQ(std::string(flashcore_last_error_message())
+                      .find("page_size (" + std::to_string(page) + ") is not supported; pages must hold a multiple of 16 keys"),
+                  0u)
+            << flashcore_last_error_message();
+    }
+}
+
+TEST(Paged, TableAndPoolAreChecked) {
+    flashcore_forward_params p = paged_params(64, 0);
+    EXPECT_TRUE(refused_naming(p, "num_pages (0) must be >= 1 with a block_table"));
+    p = paged_params(64, 4);
+    p.block_table_batch_stride = 4;  // ceil(300 / 64) = 5
+    EXPECT_TRUE(refused_naming(p, "block_table_batch_stride (4) must be at least ceil(seqlen_k / page_size) = 5"));
+    p = paged_params(64, 4);
+    p.cu_seqlens_k = static_cast<const int32_t *>(fake_tensor(6));
+    p.total_seqlen_k = 100;
+    EXPECT_TRUE(refused_naming(p, "cu_seqlens_k and block_table cannot be combined"));
+    p = valid_params();
+    p.page_size = 16;
+    EXPECT_TRUE(refused_naming(p, "page_size (16), num_pages (0) and block_table_batch_stride (0) describe a paged"));
+    p = paged_params(64, 4);
+    p.block_table = reinterpret_cast<const int32_t *>(static_cast<char *>(fake_tensor(7)) + 1);
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_MISALIGNED);
+    // The table's last row ends ceil(seqlen_k / page_size) entries in.
+    p = paged_params(64, 4);
+    p.block_table = reinterpret_cast<const int32_t *>(static_cast<char *>(p.out) - 4 * (5 + 5) + 4);
+    EXPECT_TRUE(refused_naming(p, "block_table (bytes 0x"));
+    p.block_table = reinterpret_cast<const int32_t *>(static_cast<char *>(p.out) - 4 * (5 + 5));
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    // Queries may be packed over a paged cache (chunked prefill).
+    p = paged_params(64, 4);
+    p.cu_seqlens_q = static_cast<const int32_t *>(fake_tensor(5));
+    p.total_seqlen_q = 77;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+}
+
+// k and v span the pool: num_pages pages, not batch_size sequences.
+TEST(Paged, KvExtentIsThePool) {
+    flashcore_forward_params p = paged_params(64, 10);
+    const size_t pool_bytes = size_t(10) * 64 * p.num_heads_kv * p.head_dim * 2;
+    p.out = static_cast<char *>(const_cast<void *>(p.k)) + pool_bytes - 16;
+    EXPECT_TRUE(refused_naming(p, "out (bytes 0x"));
+    p.out = static_cast<char *>(const_cast<void *>(p.k)) + pool_bytes;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
 }
 
 // Item 5: the largest scales whose product with log2(e) is still finite pass.
@@ -1291,7 +1458,7 @@ TEST(Hardening, OutputsMustNotOverlapOtherTensors) {
         const std::string message = flashcore_last_error_message();
         EXPECT_EQ(message.find(written + " (bytes 0x"), 0u) << message;
         EXPECT_NE(message.find(") overlaps " + other + " (bytes 0x"), std::string::npos) << message;
-        EXPECT_NE(message.find("must not overlap the inputs (q, k, v, seqused_k; a merge's partials) or one another"),
+        EXPECT_NE(message.find("must not overlap the inputs (q, k, v, seqused_k, cu_seqlens_q/_k, block_table; a merge's partials) or one another"),
                   std::string::npos)
             << message;
     };

@@ -116,6 +116,51 @@ std::vector<FwdCase> seqused_k_cases() {
     };
 }
 
+// Variable-length batches and paged caches: sequences of length 0 and 1,
+// lengths that are not tile multiples, queries and keys of different
+// lengths (chunked prefill), GQA, splits, window, softcap, the head dims
+// whose paths differ (96: 64-byte panels; 256: the register output path),
+// page sizes 16, 48 (a multiple of 16 that divides no tile), 64 and 256, in
+// shuffled order with the pool's last page in use, and packed queries over
+// a paged cache.
+std::vector<FwdCase> serving_cases() {
+    constexpr auto fp16 = FLASHCORE_DTYPE_FP16;
+    constexpr auto bf16 = FLASHCORE_DTYPE_BF16;
+    const FwdCase d64{fp16, 64, true, 1, 4, 2, 1, 1, Layout::kBSHD};
+    const FwdCase d128{bf16, 128, true, 1, 8, 2, 1, 1, Layout::kBSHD};
+    FwdCase d128_split3 = d128;
+    d128_split3.num_splits = 3;
+    d128_split3.causal = false;
+    const FwdCase d256{fp16, 256, false, 1, 2, 1, 1, 1, Layout::kBSHD};
+    const FwdCase d96{bf16, 96, true, 1, 2, 2, 1, 1, Layout::kPadded};
+    const FwdCase decode{bf16, 128, false, 4, 8, 2, 1, 2048, Layout::kBSHD};
+    FwdCase decode_split3 = decode;
+    decode_split3.num_splits = 3;
+    const FwdCase prefill{bf16, 64, true, 2, 4, 2, 300, 1000, Layout::kBSHD};
+    const FwdCase chunk{fp16, 128, true, 2, 4, 2, 200, 520, Layout::kPadded};
+    const FwdCase wide{fp16, 256, false, 2, 2, 1, 16, 700, Layout::kBSHD};
+    const FwdCase windowed{fp16, 64, true, 2, 2, 2, 64, 2048, Layout::kBHSD};
+    return {
+        d64.with_varlen_q({0, 1, 17, 200, 513}).with_varlen_k({0, 1, 17, 200, 513}),
+        d128.with_varlen_q({128, 1, 300}).with_varlen_k({1000, 64, 300}),
+        d64.with_varlen_q({700, 33, 1500}).with_varlen_k({700, 33, 1500}).with_window(256, 0).with_softcap(30.f, 1.f),
+        d128_split3.with_varlen_q({1, 5, 64}).with_varlen_k({2000, 3, 900}),
+        d256.with_varlen_q({150, 300}).with_varlen_k({150, 300}),
+        d96.with_varlen_q({129, 1, 260}).with_varlen_k({129, 1, 260}),
+        FwdCase{bf16, 128, true, 3, 8, 2, 1, 700, Layout::kBSHD}.with_varlen_q({300, 1, 64}),
+        decode.with_seqused_k({0, 1, 777, 2048}).with_pages(16),
+        decode_split3.with_seqused_k({1500, 129, 2000, 64}).with_pages(256),
+        prefill.with_seqused_k({1000, 257}).with_pages(64),
+        chunk.with_seqused_k({500, 1}).with_pages(48),
+        wide.with_seqused_k({300, 650}).with_pages(256),
+        windowed.with_window(300, 0).with_softcap(30.f, 1.f).with_seqused_k({2000, 700}).with_pages(16),
+        FwdCase{fp16, 128, true, 3, 8, 2, 1, 1200, Layout::kBSHD}
+            .with_varlen_q({64, 200, 1})
+            .with_seqused_k({500, 1200, 33})
+            .with_pages(64),
+    };
+}
+
 std::vector<FwdCase> all_cases() {
     struct Shape {
         int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
@@ -164,6 +209,8 @@ std::vector<FwdCase> all_cases() {
     cases.insert(cases.end(), masked.begin(), masked.end());
     const std::vector<FwdCase> used = seqused_k_cases();
     cases.insert(cases.end(), used.begin(), used.end());
+    const std::vector<FwdCase> serving = serving_cases();
+    cases.insert(cases.end(), serving.begin(), serving.end());
     return cases;
 }
 

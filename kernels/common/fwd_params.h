@@ -70,8 +70,31 @@ struct FwdKernelParams {
     int window_right;
 
     // Per-batch key counts (flashcore_forward_params::seqused_k), or nullptr:
-    // every batch has seqlen_k. Read on the device through fwd_seqlen_k.
+    // every batch has seqlen_k. Read on the device through fwd_batch_seqs.
     const int32_t *seqused_k;
+
+    // Variable-length batches (flashcore_forward_params::cu_seqlens_q/_k):
+    // prefix sums of the packed rows of q/out and k/v, or nullptr. The batch
+    // strides of packed tensors are 0, so every address is batch *
+    // batch_stride + (first row + position) * seq_stride. seqlen_q/_k are the
+    // longest sequences, total_seqlen_q/_k the rows the tensors hold.
+    const int32_t *cu_seqlens_q;
+    const int32_t *cu_seqlens_k;
+    int total_seqlen_q;
+    int total_seqlen_k;
+    // lse entry of (batch, head, row) r: batch * lse_batch_stride + head *
+    // lse_head_stride + first row + r ([batch][head][seqlen_q], or with
+    // cu_seqlens_q [head][total_seqlen_q]).
+    int64_t lse_batch_stride;
+    int64_t lse_head_stride;
+
+    // Paged K/V (flashcore_forward_params::block_table), or nullptr: key j of
+    // batch b is row j % page_size of page block_table[b * stride + j /
+    // page_size], the k/v batch strides being the page strides.
+    const int32_t *block_table;
+    int64_t block_table_batch_stride;
+    int page_size;
+    int num_pages;
 
     // GQA packing: the query heads that share a K/V head (packed_heads of
     // them, num_heads_q / num_heads_kv, or 1 for none) are the rows of one
@@ -97,13 +120,41 @@ struct FwdKernelParams {
 FLASHCORE_HOST_DEVICE inline int fwd_packed_rows(const FwdKernelParams &p) { return p.seqlen_q * p.packed_heads; }
 
 #if defined(__CUDACC__)
-// The keys batch `batch` attends to: seqused_k[batch] clamped into
-// [0, seqlen_k] (a wrong value must give a wrong result, not a read outside
-// k and v), or seqlen_k.
-__device__ __forceinline__ int fwd_seqlen_k(const FwdKernelParams &p, int batch) {
-    if (p.seqused_k == nullptr) return p.seqlen_k;
-    const int used = __ldg(p.seqused_k + batch);
-    return used < 0 ? 0 : (used < p.seqlen_k ? used : p.seqlen_k);
+// One batch's sequences: the first rows of its queries in q/out and of its
+// keys in k/v (0 unless packed), and how many of each it has.
+struct BatchSeqs {
+    int q_row0;
+    int seqlen_q;
+    int k_row0;
+    int seqlen_k;
+};
+
+// Rows [cu[batch], cu[batch + 1]) of a packed tensor of `total` rows,
+// clamped into it, at most max_len long: a wrong prefix sum must give a
+// wrong result, not an access outside the tensor.
+__device__ __forceinline__ void packed_rows(const int32_t *cu_seqlens, int batch, int total, int max_len, int &row0,
+                                            int &len) {
+    const int begin = min(max(__ldg(cu_seqlens + batch), 0), total);
+    const int end = min(max(__ldg(cu_seqlens + batch + 1), begin), total);
+    row0 = begin;
+    len = min(end - begin, max_len);
+}
+
+// Batch `batch`'s sequences: its packed rows (cu_seqlens_q/_k), and its key
+// count clamped by seqused_k.
+__device__ __forceinline__ BatchSeqs fwd_batch_seqs(const FwdKernelParams &p, int batch) {
+    BatchSeqs s{0, p.seqlen_q, 0, p.seqlen_k};
+    if (p.cu_seqlens_q != nullptr) packed_rows(p.cu_seqlens_q, batch, p.total_seqlen_q, p.seqlen_q, s.q_row0, s.seqlen_q);
+    if (p.cu_seqlens_k != nullptr) packed_rows(p.cu_seqlens_k, batch, p.total_seqlen_k, p.seqlen_k, s.k_row0, s.seqlen_k);
+    if (p.seqused_k != nullptr) s.seqlen_k = min(max(__ldg(p.seqused_k + batch), 0), s.seqlen_k);
+    return s;
+}
+
+// The page holding key `key` of batch `batch` of a paged cache, clamped
+// into the pool.
+__device__ __forceinline__ int fwd_page_of(const FwdKernelParams &p, int batch, int key) {
+    const int page = __ldg(p.block_table + batch * p.block_table_batch_stride + key / p.page_size);
+    return min(max(page, 0), p.num_pages - 1);
 }
 #endif
 

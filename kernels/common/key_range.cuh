@@ -43,10 +43,10 @@ struct KeyMask {
     int window_left;
     int window_right;
 
-    // Batch `batch`'s mask: its key count (seqused_k) sets seqlen_k, and with
-    // it the diagonal.
-    __device__ static KeyMask of(const FwdKernelParams &p, int batch) {
-        return {p.seqlen_q, fwd_seqlen_k(p, batch), p.packed_heads, p.window_left, p.window_right};
+    // The mask of a batch's sequences (fwd_batch_seqs): their lengths set
+    // the diagonal.
+    __device__ static KeyMask of(const FwdKernelParams &p, const BatchSeqs &seqs) {
+        return {seqs.seqlen_q, seqs.seqlen_k, p.packed_heads, p.window_left, p.window_right};
     }
 
     __host__ __device__ int num_rows() const { return seqlen_q * rows_per_query; }
@@ -84,12 +84,18 @@ struct BlockKeyRange {
 
     __host__ __device__ static BlockKeyRange of(const KeyMask &mask, int m_block) {
         const int first_row = m_block * kBlockM;
+        BlockKeyRange r;
+        // A block past a shorter sequence's end (variable-length batches):
+        // nothing to visit, nothing to store.
+        if (first_row >= mask.num_rows()) {
+            r.n_block_min = r.n_block_max = r.n_block_min_unmasked = r.n_block_max_unmasked = 0;
+            return r;
+        }
         const int last_row = (first_row + kBlockM < mask.num_rows() ? first_row + kBlockM : mask.num_rows()) - 1;
         // Intervals only grow with the row: the last row reaches furthest
         // right, the first row's right end is the nearest.
         const int begin = mask.key_begin(first_row);
         const int end = mask.key_end(last_row);
-        BlockKeyRange r;
         r.n_block_min = begin / kBlockN;
         r.n_block_max = end > begin ? ceil_div(end, kBlockN) : r.n_block_min;
         r.n_block_min_unmasked = ceil_div(mask.key_begin(last_row), kBlockN);

@@ -29,6 +29,14 @@ struct MergeKernelParams {
     int64_t partial_state_stride, partial_batch_stride, partial_seq_stride, partial_head_stride;
     int64_t lse_state_stride, lse_batch_stride, lse_seq_stride, lse_head_stride;
     int64_t out_batch_stride, out_seq_stride, out_head_stride;
+
+    // Packed output (a variable-length forward call's parts): nullptr, or
+    // the call's cu_seqlens_q. Row `query` of batch b then goes to out row
+    // cu_seqlens[b] + query (out_batch_stride unused) and lse entry
+    // head * total_seqlen + that row; rows at or past the batch's length
+    // (fwd_params.h: packed_rows) are skipped.
+    const int32_t *cu_seqlens;
+    int total_seqlen;
 };
 
 // Queues the merge on `stream`; returns the launch error. The parameters

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "common/fragment_layout.cuh"
+#include "common/fwd_params.h"
 #include "common/merge_params.h"
 #include "common/ptx.cuh"
 
@@ -100,6 +101,17 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
         const int query = int(row % p.seqlen);
         const int head = int(row / p.seqlen % p.num_heads);
         const int batch = int(row / p.seqlen / p.num_heads);
+        // Where the row goes: out row and lse entry.
+        int64_t out_row = row;
+        Out *row_out = static_cast<Out *>(p.out) + batch * p.out_batch_stride + head * p.out_head_stride +
+                       query * p.out_seq_stride;
+        if (p.cu_seqlens != nullptr) {
+            int row0 = 0, len = 0;
+            packed_rows(p.cu_seqlens, batch, p.total_seqlen, p.seqlen, row0, len);
+            if (query >= len) continue;  // the same for the whole warp
+            out_row = int64_t(head) * p.total_seqlen + row0 + query;
+            row_out = static_cast<Out *>(p.out) + head * p.out_head_stride + int64_t(row0 + query) * p.out_seq_stride;
+        }
         const float *row_lse = p.partial_lse + batch * p.lse_batch_stride + head * p.lse_head_stride +
                                query * p.lse_seq_stride;
         // Lane i holds state i's LSE (the states past the warp's width,
@@ -123,8 +135,6 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
 
         const In *row_in = static_cast<const In *>(p.partial_out) + batch * p.partial_batch_stride +
                            head * p.partial_head_stride + query * p.partial_seq_stride;
-        Out *row_out = static_cast<Out *>(p.out) + batch * p.out_batch_stride + head * p.out_head_stride +
-                       query * p.out_seq_stride;
         // Every lane runs every pass, also where its columns are past
         // head_dim: the weights travel by shuffle, which needs the whole warp.
         for (int pass_col = 0; pass_col < p.head_dim; pass_col += kColsPerPass) {
@@ -169,7 +179,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
             }
             if (has_cols) Vec4<Out>::store(row_out + col, acc);
         }
-        if (lane == 0 && p.lse != nullptr) p.lse[row] = lse;
+        if (lane == 0 && p.lse != nullptr) p.lse[out_row] = lse;
     }
 }
 

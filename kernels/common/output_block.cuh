@@ -23,12 +23,9 @@ struct OutputBlock {
     __device__ __forceinline__ static OutputBlock of(const FwdKernelParams &p, const FwdTile &tile, int block_m) {
         const int first_query = tile.m_block * block_m;
         OutputBlock b;
-        b.out = static_cast<Element *>(p.out) + tile.batch * p.out_batch_stride + tile.head_q * p.out_head_stride +
-                first_query * p.out_seq_stride;
-        b.lse = p.lse == nullptr
-                    ? nullptr
-                    : p.lse + (int64_t(tile.batch) * p.num_heads_q + tile.head_q) * p.seqlen_q + first_query;
-        b.valid_rows = fwd_valid_rows(p, tile.m_block, block_m);
+        b.out = static_cast<Element *>(p.out) + fwd_out_offset(p, tile) + first_query * p.out_seq_stride;
+        b.lse = p.lse == nullptr ? nullptr : p.lse + fwd_lse_offset(p, tile) + first_query;
+        b.valid_rows = fwd_valid_rows(p, tile, block_m);
         return b;
     }
 };

@@ -62,7 +62,7 @@ __device__ __forceinline__ RowDestination<float> split_destination(const FwdKern
     d.lse_head_stride = p.seqlen_q;
     d.first_row = tile.m_block * block_m;
     d.packed_heads = p.packed_heads;
-    d.valid_rows = fwd_valid_rows(p, tile.m_block, block_m);
+    d.valid_rows = fwd_valid_rows(p, tile, block_m);
     return d;
 }
 
@@ -71,14 +71,14 @@ template <typename Element>
 __device__ __forceinline__ RowDestination<Element> output_destination(const FwdKernelParams &p, const FwdTile &tile,
                                                                       int block_m) {
     RowDestination<Element> d;
-    d.out = static_cast<Element *>(p.out) + tile.batch * p.out_batch_stride + tile.head_q * p.out_head_stride;
-    d.lse = p.lse == nullptr ? nullptr : p.lse + (int64_t(tile.batch) * p.num_heads_q + tile.head_q) * p.seqlen_q;
+    d.out = static_cast<Element *>(p.out) + fwd_out_offset(p, tile);
+    d.lse = p.lse == nullptr ? nullptr : p.lse + fwd_lse_offset(p, tile);
     d.seq_stride = p.out_seq_stride;
     d.head_stride = p.out_head_stride;
-    d.lse_head_stride = p.seqlen_q;
+    d.lse_head_stride = p.lse_head_stride;
     d.first_row = tile.m_block * block_m;
     d.packed_heads = p.packed_heads;
-    d.valid_rows = fwd_valid_rows(p, tile.m_block, block_m);
+    d.valid_rows = fwd_valid_rows(p, tile, block_m);
     return d;
 }
 

@@ -32,6 +32,7 @@
 #include "sm80/epilogue.cuh"
 #include "sm80/fwd_traits.cuh"
 #include "sm80/key_split.cuh"
+#include "sm80/paged_kv.cuh"
 #include "sm80/smem_tile.cuh"
 #include "sm80/warp_gemm.cuh"
 
@@ -60,19 +61,16 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
 
     const FwdTile tile = fwd_tile_for_block<kBlockM>(p, blockIdx.x);
     const int first_query = tile.m_block * kBlockM;
-    const int valid_rows = fwd_valid_rows(p, tile.m_block, kBlockM);
-    const KeyMask mask = KeyMask::of(p, tile.batch);
+    const int valid_rows = fwd_valid_rows(p, tile, kBlockM);
+    const KeyMask mask = KeyMask::of(p, tile.seqs);
     const int kv_split = blockIdx.y;
     const BlockKeyRange<kBlockM, kBlockN> keys =
         BlockKeyRange<kBlockM, kBlockN>::of(mask, tile.m_block).split(kv_split, p.num_splits);
 
     // The (batch, head group)'s Q; a packed tile's rows gather from its heads.
-    const Element *q_heads =
-        static_cast<const Element *>(p.q) + tile.batch * p.q_batch_stride + tile.head_q * p.q_head_stride;
-    const Element *k = static_cast<const Element *>(p.k) + tile.batch * p.k_batch_stride +
-                       tile.head_kv * p.k_head_stride;
-    const Element *v = static_cast<const Element *>(p.v) + tile.batch * p.v_batch_stride +
-                       tile.head_kv * p.v_head_stride;
+    const Element *q_heads = static_cast<const Element *>(p.q) + fwd_q_offset(p, tile);
+    const Element *k = static_cast<const Element *>(p.k) + fwd_k_offset(p, tile);
+    const Element *v = static_cast<const Element *>(p.v) + fwd_v_offset(p, tile);
 
     const int num_n_blocks = keys.num_blocks();
     if (num_n_blocks <= 0) {
@@ -103,6 +101,12 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
         if (j < num_split_tiles) {
             const int first_key = keys.n_block(j * kSplits + split) * kBlockN;
             Element *slot_k = smem_kv + (j % Traits::kStages) * Traits::kSmemSlotElems;
+            if (p.block_table != nullptr) {
+                load_paged_kv_tile<Traits>(p, tile.batch, first_key, mask.seqlen_k - first_key, slot_k, k, v,
+                                           qk_vectors, v_vectors, split_tid);
+                cp_async_commit();
+                return;
+            }
             load_tile_async<Element, Traits::kHeadDim, kBlockN, Traits::kThreadsPerSplit>(
                 slot_k, k + int64_t(first_key) * p.k_seq_stride, p.k_seq_stride, mask.seqlen_k - first_key, qk_vectors,
                 split_tid);

@@ -99,8 +99,9 @@ struct Consumer {
         loop.issue_scores(q_rows, kv_base);
         wgmma_wait<1>();
         if (pending) finish_pending();
-        const KeyMask mask = KeyMask::of(params.fwd, tile.batch);
-        loop.clear_v_tail(mask, keys, kv_base, params.fwd.seqlen_k, consumer * kWarpgroupThreads + wg_tid);
+        const KeyMask mask = KeyMask::of(params.fwd, tile.seqs);
+        loop.clear_v_tail(mask, keys, kv_base, kv_rows_zero_filled_from(params.fwd),
+                          consumer * kWarpgroupThreads + wg_tid);
         loop.softmax.init();
         loop.zero_output();
 

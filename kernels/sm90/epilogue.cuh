@@ -7,6 +7,9 @@
 // hands the whole 64-row block to the TMA unit. The warpgroup goes on to its
 // next query block while the store drains, and the TMA unit clips rows past
 // seqlen_q and columns past head_dim_v.
+// Packed queries (cu_seqlens_q) take the staging buffer too, but the
+// warpgroup copies it out row by row: a TMA box would also write the rows of
+// the next sequence that follow a short block.
 // OutputPath::kRegisters: each thread stores its own 4-byte pieces of rows,
 // where shared memory has no room for staging (head_dim_v 256).
 #pragma once
@@ -21,6 +24,30 @@
 #include "sm90/traits.cuh"
 
 namespace flashcore::sm90 {
+
+// The warpgroup's staged rows (stage_and_store_rows) to out, 16 bytes per
+// thread and step, within the block's valid rows and head_dim_v.
+template <typename Traits>
+__device__ __forceinline__ void copy_staged_rows(const FwdKernelParams &p, const FwdTile &tile,
+                                                 const unsigned char *staging, int consumer, int wg_tid) {
+    using Element = typename Traits::Element;
+    constexpr int kChunksPerRow = Traits::kHeadDimV / kElemsPerVector;
+    constexpr int kAtomsPerPanel = Traits::kPanelCols / kElemsPerVector;
+    const OutputBlock<Element> dst = OutputBlock<Element>::of(p, tile, Traits::kBlockM);
+    const int first_row = consumer * Traits::kRowsPerConsumer;
+    const int valid_rows = dst.valid_rows - first_row;
+    const int valid_chunks = p.head_dim_v / kElemsPerVector;
+    for (int i = wg_tid; i < Traits::kRowsPerConsumer * kChunksPerRow; i += kWarpgroupThreads) {
+        const int row = i / kChunksPerRow;
+        const int chunk = i % kChunksPerRow;
+        if (row >= valid_rows || chunk >= valid_chunks) continue;
+        const uint4 value = *reinterpret_cast<const uint4 *>(
+            staging + (chunk / kAtomsPerPanel) * Traits::kOPanelBytes +
+            Traits::Swizzle::offset(row, chunk % kAtomsPerPanel));
+        *reinterpret_cast<uint4 *>(dst.out + int64_t(first_row + row) * p.out_seq_stride + chunk * kElemsPerVector) =
+            value;
+    }
+}
 
 template <typename Traits>
 __device__ __forceinline__ void stage_and_store_rows(const Sm90KernelParams &params, const FwdTile &tile,
@@ -52,6 +79,10 @@ __device__ __forceinline__ void stage_and_store_rows(const Sm90KernelParams &par
     fence_shared_to_async_proxy();
     named_barrier_sync_id(barrier, kWarpgroupThreads);
 
+    if (params.fwd.cu_seqlens_q != nullptr) {
+        copy_staged_rows<Traits>(params.fwd, tile, staging, consumer, wg_tid);
+        return;
+    }
     if (wg_tid == 0) {
         const int first_row = consumer * Traits::kRowsPerConsumer;  // within the CTA's block
 #pragma unroll

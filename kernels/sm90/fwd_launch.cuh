@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <numeric>
 
 #include "common/fwd_entry_points.h"
 #include "sm90/fwd_config.cuh"
@@ -78,19 +79,36 @@ cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &
     sm90::Sm90KernelParams p{};
     p.fwd = params;
     p.first_kv_position = options.first_kv_position;
+    // The maps' (seq, batch) extents: packed tensors are one batch of all
+    // their rows, a paged pool is num_pages batches of page_size rows read a
+    // page's share of a tile per box.
+    const bool packed_q = params.cu_seqlens_q != nullptr;
+    const int q_rows = packed_q ? params.total_seqlen_q : params.seqlen_q;
+    const int q_batches = packed_q ? 1 : params.batch_size;
+    const bool paged = params.block_table != nullptr;
+    const bool packed_kv = params.cu_seqlens_k != nullptr;
+    const int kv_rows = paged ? params.page_size : packed_kv ? params.total_seqlen_k : params.seqlen_k;
+    const int kv_batches = paged ? params.num_pages : packed_kv ? 1 : params.batch_size;
+    // The batch dimension of a packed map has extent 1; its stride is
+    // unused but must be one the driver accepts.
+    const int64_t q_batch_stride = packed_q ? params.q_seq_stride : params.q_batch_stride;
+    const int64_t out_batch_stride = packed_q ? params.out_seq_stride : params.out_batch_stride;
+    const int64_t k_batch_stride = packed_kv ? params.k_seq_stride : params.k_batch_stride;
+    const int64_t v_batch_stride = packed_kv ? params.v_seq_stride : params.v_batch_stride;
+    p.kv_box_rows = paged ? std::gcd(params.page_size, Traits::kBlockN) : Traits::kBlockN;
     const bool encoded =
-        sm90::encode_tensor_map(&p.tma_q, kType, params.q, params.head_dim, params.seqlen_q, params.num_heads_q,
-                                params.batch_size, params.q_seq_stride, params.q_head_stride, params.q_batch_stride,
-                                kCols, Traits::kBlockM) &&
-        sm90::encode_tensor_map(&p.tma_k, kType, params.k, params.head_dim, params.seqlen_k, params.num_heads_kv,
-                                params.batch_size, params.k_seq_stride, params.k_head_stride, params.k_batch_stride,
-                                kCols, Traits::kBlockN) &&
-        sm90::encode_tensor_map(&p.tma_v, kType, params.v, params.head_dim_v, params.seqlen_k, params.num_heads_kv,
-                                params.batch_size, params.v_seq_stride, params.v_head_stride, params.v_batch_stride,
-                                kCols, Traits::kBlockN) &&
-        sm90::encode_tensor_map(&p.tma_o, kType, params.out, params.head_dim_v, params.seqlen_q, params.num_heads_q,
-                                params.batch_size, params.out_seq_stride, params.out_head_stride,
-                                params.out_batch_stride, kCols, Traits::kRowsPerConsumer);
+        sm90::encode_tensor_map(&p.tma_q, kType, params.q, params.head_dim, q_rows, params.num_heads_q, q_batches,
+                                params.q_seq_stride, params.q_head_stride, q_batch_stride, kCols,
+                                Traits::kBlockM) &&
+        sm90::encode_tensor_map(&p.tma_k, kType, params.k, params.head_dim, kv_rows, params.num_heads_kv, kv_batches,
+                                params.k_seq_stride, params.k_head_stride, k_batch_stride, kCols,
+                                p.kv_box_rows) &&
+        sm90::encode_tensor_map(&p.tma_v, kType, params.v, params.head_dim_v, kv_rows, params.num_heads_kv,
+                                kv_batches, params.v_seq_stride, params.v_head_stride, v_batch_stride, kCols,
+                                p.kv_box_rows) &&
+        sm90::encode_tensor_map(&p.tma_o, kType, params.out, params.head_dim_v, q_rows, params.num_heads_q, q_batches,
+                                params.out_seq_stride, params.out_head_stride, out_batch_stride, kCols,
+                                Traits::kRowsPerConsumer);
     // The dispatcher falls back to the portable kernel.
     if (!encoded) return cudaErrorNotSupported;
 

@@ -78,7 +78,7 @@ struct PersistentSchedule {
             for (int which = 0; which < blocks_in(item); ++which) {
                 const FwdTile t = tile(p, item, which);
                 visit(t,
-                      BlockKeyRange<kBlockM, kBlockN>::of(KeyMask::of(p, t.batch), t.m_block)
+                      BlockKeyRange<kBlockM, kBlockN>::of(KeyMask::of(p, t.seqs), t.m_block)
                           .split(split, p.num_splits),
                       split);
             }

@@ -26,7 +26,18 @@ struct Sm90KernelParams {
     // 0, except in the test that starts it near 2^32
     // (FLASHCORE_TEST_KV_POSITION).
     uint64_t first_kv_position;
+    // Paged K/V: rows per TMA box of tma_k and tma_v (one page's share of a
+    // tile; producer.cuh).
+    int kv_box_rows;
 };
+
+// Rows of a batch's last K/V tile at and past this key count arrive from
+// TMA as zeros (past the tensor map's rows); below it they hold whatever
+// the tensors hold there (a KV cache's unused tail, the next packed
+// sequence, another page), which the consumers zero in V (v_tail.cuh).
+__host__ __device__ inline int kv_rows_zero_filled_from(const FwdKernelParams &p) {
+    return p.cu_seqlens_k != nullptr || p.block_table != nullptr ? INT32_MAX : p.seqlen_k;
+}
 
 // Shared memory an sm_90 block may opt into (H100, H200): 227 KB.
 constexpr size_t kMaxSmemPerBlock = 227 * 1024;

@@ -44,9 +44,11 @@ constexpr size_t kSizeV0_1 = offsetof(flashcore_forward_params, head_dim_v);
 constexpr size_t kSizeV0_2 = offsetof(flashcore_forward_params, num_splits);
 constexpr size_t kSizeV0_3 = offsetof(flashcore_forward_params, use_window);
 constexpr size_t kSizeV0_4 = offsetof(flashcore_forward_params, seqused_k);
-// Where the last field of this header (seqused_k) ends: a newer header's
-// fields lie past it.
-constexpr size_t kKnownEnd = offsetof(flashcore_forward_params, seqused_k) + sizeof(const int32_t *);
+constexpr size_t kSizeV0_5 = offsetof(flashcore_forward_params, cu_seqlens_q);
+// Where the last field of this header (num_pages) ends: a newer header's
+// fields lie past it. (The generator leaves the 0.6 fields, variable-length
+// batches and paged caches, at their defaults; test_api covers them.)
+constexpr size_t kKnownEnd = offsetof(flashcore_forward_params, num_pages) + sizeof(int32_t);
 constexpr int kMaxBruteForceRows = 512;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -182,6 +184,11 @@ Expected model_check(const CallerParams &caller) {
         p.softcap = 0.f;
     }
     if (p.struct_size <= kSizeV0_4) p.seqused_k = nullptr;
+    if (p.struct_size <= kSizeV0_5) {
+        p.cu_seqlens_q = p.cu_seqlens_k = p.block_table = nullptr;
+        p.total_seqlen_q = p.total_seqlen_k = p.page_size = p.num_pages = 0;
+        p.block_table_batch_stride = 0;
+    }
     const bool empty = p.batch_size == 0 || p.seqlen_q == 0 || p.num_heads_q == 0;
     const int32_t dv = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
     if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16) e.add(FLASHCORE_STATUS_UNSUPPORTED);
@@ -346,7 +353,7 @@ CallerParams random_params(Rng &r) {
     // Past the caller's struct_size: garbage, not its fields. A newer
     // caller's own fields past ours: zero, or one byte of them set.
     constexpr size_t kOurs = sizeof(flashcore_forward_params);
-    const size_t sizes[] = {kSizeV0_1,     kSizeV0_2,       kSizeV0_3, kSizeV0_4, 0,         12,
+    const size_t sizes[] = {kSizeV0_1,     kSizeV0_2,       kSizeV0_3, kSizeV0_4, kSizeV0_5, 0,         12,
                             kSizeV0_1 - 1, size_t(1) << 40, kOurs + 4, kOurs + 8, kOurs + kNewerBytes};
     p.struct_size = r.chance(88) ? kOurs : r.pick(sizes);
     unsigned char *bytes = reinterpret_cast<unsigned char *>(&c);

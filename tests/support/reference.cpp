@@ -10,7 +10,7 @@ namespace flashcore_test {
 
 void visible_keys(const Problem &p, int batch, int i, int *begin, int *end) {
     const int seqlen_k = batch_seqlen_k(p, batch);
-    const int64_t diagonal = int64_t(i) + seqlen_k - p.seqlen_q;
+    const int64_t diagonal = int64_t(i) + seqlen_k - batch_seqlen_q(p, batch);
     int64_t b = 0, e = seqlen_k;
     if (p.window_left >= 0) b = std::max<int64_t>(b, diagonal - p.window_left);
     if (p.causal) e = std::min<int64_t>(e, diagonal + 1);
@@ -44,6 +44,7 @@ void reference_attention(const Problem &p, const std::vector<float> &q, const st
             int first = 0, end = 0;
             visible_keys(p, b, i, &first, &end);
             double *o = &out[size_t(row) * dv];
+            if (i >= batch_seqlen_q(p, b)) continue;
             if (end <= first) {
                 lse[row] = -std::numeric_limits<double>::infinity();
                 continue;

@@ -26,10 +26,15 @@ struct Problem {
     // Keys each batch attends to (seqused_k); empty: seqlen_k for all. The
     // diagonal follows them.
     std::vector<int> seqused_k;
+    // Queries of each batch (variable-length batches); empty: seqlen_q for
+    // all. The diagonal follows them; rows past a batch's count are not
+    // computed (out and lse 0 there).
+    std::vector<int> seqlens_q;
 };
 
-// Keys batch b of p attends to.
+// Keys batch b of p attends to, and its queries.
 inline int batch_seqlen_k(const Problem &p, int b) { return p.seqused_k.empty() ? p.seqlen_k : p.seqused_k[b]; }
+inline int batch_seqlen_q(const Problem &p, int b) { return p.seqlens_q.empty() ? p.seqlen_q : p.seqlens_q[b]; }
 
 // The keys [begin, end) query i of batch b sees (end <= begin: none).
 void visible_keys(const Problem &p, int b, int i, int *begin, int *end);
