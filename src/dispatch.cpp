@@ -58,6 +58,11 @@ const char *variant_name(FwdVariant variant) {
     return "unknown";
 }
 
+// Packed or paged tensors: FwdKernelParams::ragged.
+bool is_ragged(const flashcore_forward_params &p) {
+    return p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.block_table != nullptr;
+}
+
 FwdKernelParams shape_params(const flashcore_forward_params &p, int packed_heads) {
     FwdKernelParams k = kernel_params(p);
     k.packed_heads = packed_heads;
@@ -140,15 +145,22 @@ int64_t key_steps(const flashcore_forward_params &p, const KernelEntry &kernel) 
 // device offers is passed over; the large tiles serve every size.
 flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype,
                              HeadDims dims, int packed_heads, const KernelEntry **chosen) {
+    // Ragged calls (packed or paged tensors) run on the variants compiled
+    // for them (FwdKernelInfo::serves_ragged): decode tiles where the rows
+    // fit them, else the two-way key split, else the decode tiles.
+    const bool ragged = is_ragged(p);
+    const auto usable = [&](const KernelEntry *kernel) {
+        return kernel != nullptr && (!ragged || kernel->info().serves_ragged) ? kernel : nullptr;
+    };
     if (handle.env.forced_variant) {
-        *chosen = find_kernel(KernelPath::kSm80, dtype, dims, *handle.env.forced_variant);
+        *chosen = usable(find_kernel(KernelPath::kSm80, dtype, dims, *handle.env.forced_variant));
         if (*chosen != nullptr) return FLASHCORE_STATUS_SUCCESS;
     }
     const auto fitting = [&](FwdVariant variant) -> const KernelEntry * {
-        const KernelEntry *kernel = find_kernel(KernelPath::kSm80, dtype, dims, variant);
+        const KernelEntry *kernel = usable(find_kernel(KernelPath::kSm80, dtype, dims, variant));
         return kernel != nullptr && kernel->info().smem_bytes <= handle.max_smem_per_block ? kernel : nullptr;
     };
-    const KernelEntry *large = find_kernel(KernelPath::kSm80, dtype, dims, FwdVariant::kLargeTiles);
+    const KernelEntry *large = usable(find_kernel(KernelPath::kSm80, dtype, dims, FwdVariant::kLargeTiles));
     const KernelEntry *key_split = fitting(FwdVariant::kKeySplit);
     const KernelEntry *key_split4 = fitting(FwdVariant::kKeySplit4);
     const KernelEntry *decode = fitting(FwdVariant::kDecode);
@@ -172,7 +184,7 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
     } else if (large != nullptr && num_blocks(p, *large, packed_heads) >= cta_slots(handle, *large)) {
         *chosen = large;
     } else {
-        *chosen = key_split != nullptr ? key_split : large;
+        *chosen = key_split != nullptr ? key_split : large != nullptr ? large : decode;
     }
     if (*chosen != nullptr) return FLASHCORE_STATUS_SUCCESS;
     return fail(FLASHCORE_STATUS_INTERNAL, "no portable kernel for head dims (%d, %d) in the kernel registry",

@@ -220,6 +220,7 @@ FwdKernelParams kernel_params(const flashcore_forward_params &p) {
     // seq_stride, the row from cu_seqlens, so their batch strides are 0.
     k.cu_seqlens_q = p.cu_seqlens_q;
     k.cu_seqlens_k = p.cu_seqlens_k;
+    k.ragged = p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.block_table != nullptr;
     k.total_seqlen_q = p.cu_seqlens_q != nullptr ? p.total_seqlen_q : p.seqlen_q;
     k.total_seqlen_k = p.cu_seqlens_k != nullptr ? p.total_seqlen_k : p.seqlen_k;
     if (p.cu_seqlens_q != nullptr) {

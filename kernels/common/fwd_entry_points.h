@@ -47,6 +47,9 @@ struct FwdKernelInfo {
     // CTAs an SM holds at once as far as registers and threads go (shared
     // memory, which depends on the GPU, is for the dispatcher to add).
     int ctas_per_sm;
+    // Whether the variant has a kernel for ragged batches (packed or paged
+    // tensors: FwdKernelParams::ragged).
+    bool serves_ragged;
 };
 
 // Registers of one SM (every GPU from sm_80 on) and the granularity in

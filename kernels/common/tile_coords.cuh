@@ -24,6 +24,7 @@ struct FwdTile {
 // Query block m_block of the bh-th (batch, head group) pair, groups of a
 // batch adjacent. head_q is the group's first query head (the only one
 // unless GQA-packed: fwd_params.h).
+template <bool kRagged>
 __device__ __forceinline__ FwdTile fwd_tile(const FwdKernelParams &p, int bh, int m_block) {
     FwdTile t;
     const int groups = fwd_head_groups(p);
@@ -31,14 +32,14 @@ __device__ __forceinline__ FwdTile fwd_tile(const FwdKernelParams &p, int bh, in
     t.head_q = (bh % groups) * p.packed_heads;
     t.batch = bh / groups;
     t.head_kv = t.head_q / (p.num_heads_q / p.num_heads_kv);
-    t.seqs = fwd_batch_seqs(p, t.batch);
+    t.seqs = fwd_batch_seqs<kRagged>(p, t.batch);
     return t;
 }
 
-template <int kBlockM>
+template <int kBlockM, bool kRagged>
 __device__ __forceinline__ FwdTile fwd_tile_for_block(const FwdKernelParams &p, int linear_block) {
     const int num_m_blocks = ceil_div(fwd_packed_rows(p), kBlockM);
-    return fwd_tile(p, linear_block / num_m_blocks, num_m_blocks - 1 - linear_block % num_m_blocks);
+    return fwd_tile<kRagged>(p, linear_block / num_m_blocks, num_m_blocks - 1 - linear_block % num_m_blocks);
 }
 
 // Rows of the tile's query block that exist (the last block of a sequence
@@ -59,12 +60,14 @@ __device__ __forceinline__ int64_t fwd_out_offset(const FwdKernelParams &p, cons
 __device__ __forceinline__ int64_t fwd_lse_offset(const FwdKernelParams &p, const FwdTile &t) {
     return t.batch * p.lse_batch_stride + t.head_q * p.lse_head_stride + t.seqs.q_row0;
 }
+template <bool kRagged>
 __device__ __forceinline__ int64_t fwd_k_offset(const FwdKernelParams &p, const FwdTile &t) {
-    const int64_t batch = p.block_table != nullptr ? 0 : t.batch * p.k_batch_stride;
+    const int64_t batch = kRagged && p.block_table != nullptr ? 0 : t.batch * p.k_batch_stride;
     return batch + int64_t(t.seqs.k_row0) * p.k_seq_stride + t.head_kv * p.k_head_stride;
 }
+template <bool kRagged>
 __device__ __forceinline__ int64_t fwd_v_offset(const FwdKernelParams &p, const FwdTile &t) {
-    const int64_t batch = p.block_table != nullptr ? 0 : t.batch * p.v_batch_stride;
+    const int64_t batch = kRagged && p.block_table != nullptr ? 0 : t.batch * p.v_batch_stride;
     return batch + int64_t(t.seqs.k_row0) * p.v_seq_stride + t.head_kv * p.v_head_stride;
 }
 

@@ -38,7 +38,8 @@
 
 namespace flashcore {
 
-template <typename Traits>
+// kRagged: packed and paged tensors (fwd_params.h, fwd_batch_seqs).
+template <typename Traits, bool kRagged>
 __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxRegisters) flash_fwd_kernel(const __grid_constant__ FwdKernelParams p) {
     using Element = typename Traits::Element;
     constexpr int kBlockM = Traits::kBlockM;
@@ -59,7 +60,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
     // This split's K/V ring: kStages slots of (K tile, V tile).
     Element *smem_kv = reinterpret_cast<Element *>(smem_raw + Traits::kSmemQBytes + split * Traits::kSmemRingBytes);
 
-    const FwdTile tile = fwd_tile_for_block<kBlockM>(p, blockIdx.x);
+    const FwdTile tile = fwd_tile_for_block<kBlockM, kRagged>(p, blockIdx.x);
     const int first_query = tile.m_block * kBlockM;
     const int valid_rows = fwd_valid_rows(p, tile, kBlockM);
     const KeyMask mask = KeyMask::of(p, tile.seqs);
@@ -69,8 +70,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
 
     // The (batch, head group)'s Q; a packed tile's rows gather from its heads.
     const Element *q_heads = static_cast<const Element *>(p.q) + fwd_q_offset(p, tile);
-    const Element *k = static_cast<const Element *>(p.k) + fwd_k_offset(p, tile);
-    const Element *v = static_cast<const Element *>(p.v) + fwd_v_offset(p, tile);
+    const Element *k = static_cast<const Element *>(p.k) + fwd_k_offset<kRagged>(p, tile);
+    const Element *v = static_cast<const Element *>(p.v) + fwd_v_offset<kRagged>(p, tile);
 
     const int num_n_blocks = keys.num_blocks();
     if (num_n_blocks <= 0) {
@@ -101,7 +102,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
         if (j < num_split_tiles) {
             const int first_key = keys.n_block(j * kSplits + split) * kBlockN;
             Element *slot_k = smem_kv + (j % Traits::kStages) * Traits::kSmemSlotElems;
-            if (p.block_table != nullptr) {
+            if (kRagged && p.block_table != nullptr) {
                 load_paged_kv_tile<Traits>(p, tile.batch, first_key, mask.seqlen_k - first_key, slot_k, k, v,
                                            qk_vectors, v_vectors, split_tid);
                 cp_async_commit();
@@ -198,7 +199,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
 
     float row_lse[Traits::kMAtoms * 2];
     softmax.finalize(acc_o, p.softmax_scale, row_lse);
-    const FwdTile epi_tile = fwd_tile_for_block<kBlockM>(p, opaque_block_index());
+    const FwdTile epi_tile = fwd_tile_for_block<kBlockM, kRagged>(p, opaque_block_index());
     // After a merge only split 0 holds the result.
     const bool holds_result = epi_split == 0;
     if (p.num_splits > 1 || p.packed_heads > 1) {

@@ -13,17 +13,23 @@ namespace flashcore {
 // Above this, a kernel must opt in to more dynamic shared memory.
 constexpr size_t kDefaultDynamicSmemLimit = 48 * 1024;
 
+// The variants also compiled for ragged batches (packed or paged tensors,
+// FwdKernelParams::ragged): the decode tiles, for paged decode, and the
+// two-way key split, for everything else. Each ragged kernel is a second
+// copy of its variant; for all five the library would grow past 50 MB.
+template <FwdVariant kVariant>
+constexpr bool kServesRagged = kVariant == FwdVariant::kDecode || kVariant == FwdVariant::kKeySplit;
+
 template <DType kDType, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 FwdKernelInfo fwd_info_sm80() {
     using Traits = typename FwdConfig<kDType, kHeadDim, kHeadDimV, kVariant>::Traits;
     return {Traits::kSmemBytes, Traits::kBlockM, Traits::kBlockN * Traits::kKeySplits,
-            register_bound_ctas_per_sm(Traits::kNumThreads, Traits::kMaxRegisters)};
+            register_bound_ctas_per_sm(Traits::kNumThreads, Traits::kMaxRegisters), kServesRagged<kVariant>};
 }
 
-template <DType kDType, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
-cudaError_t run_fwd_sm80(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
-    using Traits = typename FwdConfig<kDType, kHeadDim, kHeadDimV, kVariant>::Traits;
-    const auto kernel = flash_fwd_kernel<Traits>;
+template <typename Traits, bool kRagged>
+cudaError_t launch_fwd_sm80(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
+    const auto kernel = flash_fwd_kernel<Traits, kRagged>;
     constexpr size_t smem_bytes = Traits::kSmemBytes;
     if (smem_bytes > kDefaultDynamicSmemLimit) {
         // Idempotent and cheap; doing it per launch keeps the handle free of
@@ -43,6 +49,17 @@ cudaError_t run_fwd_sm80(const FwdKernelParams &params, const FwdLaunchOptions &
     config.dynamicSmemBytes = smem_bytes;
     config.stream = stream;
     return launch_step(cudaLaunchKernelEx(&config, kernel, params), options, "cudaLaunchKernelEx");
+}
+
+template <DType kDType, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
+cudaError_t run_fwd_sm80(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
+    using Traits = typename FwdConfig<kDType, kHeadDim, kHeadDimV, kVariant>::Traits;
+    if (!params.ragged) return launch_fwd_sm80<Traits, false>(params, options, stream);
+    if constexpr (kServesRagged<kVariant>) {
+        return launch_fwd_sm80<Traits, true>(params, options, stream);
+    } else {
+        return launch_step(cudaErrorNotSupported, options, "a ragged call on a variant without a ragged kernel");
+    }
 }
 
 }  // namespace flashcore

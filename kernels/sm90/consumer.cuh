@@ -27,8 +27,9 @@
 
 namespace flashcore::sm90 {
 
-// Cap: Softcap or NoSoftcap (common/softcap.cuh), the kernel's choice.
-template <typename Traits, typename Cap>
+// Cap: Softcap or NoSoftcap (common/softcap.cuh), the kernel's choice;
+// kRagged: packed and paged tensors (kernel.cuh).
+template <typename Traits, typename Cap, bool kRagged>
 struct Consumer {
     using Element = typename Traits::Element;
     using KeyRange = BlockKeyRange<Traits::kBlockM, Traits::kBlockN>;
@@ -55,7 +56,7 @@ struct Consumer {
                params_.fwd.softmax_scale_log2, Cap::of(params_.fwd.softcap_prescale)} {}
 
     __device__ __forceinline__ void run() {
-        PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(params.fwd).for_each_block(
+        PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(params.fwd).template for_each_block<kRagged>(
             params.fwd, [&](const FwdTile &tile, const KeyRange &keys, int split) { compute_block(tile, keys, split); });
         if (pending) {
             issue_pending_output();
@@ -100,7 +101,7 @@ struct Consumer {
         wgmma_wait<1>();
         if (pending) finish_pending();
         const KeyMask mask = KeyMask::of(params.fwd, tile.seqs);
-        loop.clear_v_tail(mask, keys, kv_base, kv_rows_zero_filled_from(params.fwd),
+        loop.clear_v_tail(mask, keys, kv_base, kv_rows_zero_filled_from<kRagged>(params.fwd),
                           consumer * kWarpgroupThreads + wg_tid);
         loop.softmax.init();
         loop.zero_output();
@@ -133,7 +134,7 @@ struct Consumer {
                                 wg_tid % 32, params.fwd.head_dim_v);
             return;
         }
-        store_rows<Traits>(params, pending_tile, loop.pipe.o_staging(consumer), consumer, loop.acc_o[0], row_lse,
+        store_rows<Traits, kRagged>(params, pending_tile, loop.pipe.o_staging(consumer), consumer, loop.acc_o[0], row_lse,
                            wg_tid);
     }
 };

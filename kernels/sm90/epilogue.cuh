@@ -49,7 +49,7 @@ __device__ __forceinline__ void copy_staged_rows(const FwdKernelParams &p, const
     }
 }
 
-template <typename Traits>
+template <typename Traits, bool kRagged>
 __device__ __forceinline__ void stage_and_store_rows(const Sm90KernelParams &params, const FwdTile &tile,
                                                      unsigned char *staging, int consumer,
                                                      const float (&out)[Traits::kHeadDimV / 8][4], int wg_tid) {
@@ -79,7 +79,7 @@ __device__ __forceinline__ void stage_and_store_rows(const Sm90KernelParams &par
     fence_shared_to_async_proxy();
     named_barrier_sync_id(barrier, kWarpgroupThreads);
 
-    if (params.fwd.cu_seqlens_q != nullptr) {
+    if (kRagged && params.fwd.cu_seqlens_q != nullptr) {
         copy_staged_rows<Traits>(params.fwd, tile, staging, consumer, wg_tid);
         return;
     }
@@ -121,13 +121,13 @@ __device__ __forceinline__ void store_rows_from_registers(const FwdKernelParams 
 
 // The consumer's rows of a finished block: O by the kernel's output path,
 // then the LSE.
-template <typename Traits>
+template <typename Traits, bool kRagged>
 __device__ __forceinline__ void store_rows(const Sm90KernelParams &params, const FwdTile &tile,
                                            unsigned char *staging, int consumer,
                                            const float (&out)[Traits::kHeadDimV / 8][4], const float (&lse)[2],
                                            int wg_tid) {
     if constexpr (Traits::kOutputPath == OutputPath::kTmaStore) {
-        stage_and_store_rows<Traits>(params, tile, staging, consumer, out, wg_tid);
+        stage_and_store_rows<Traits, kRagged>(params, tile, staging, consumer, out, wg_tid);
     } else {
         store_rows_from_registers<Traits>(params.fwd, tile, consumer, out, wg_tid);
     }

@@ -66,7 +66,7 @@ FwdKernelInfo fwd_info_sm90() {
     using Traits = typename sm90::Sm90Config<kDType, kHeadDim, kHeadDimV>::Traits;
     // One CTA per SM: __launch_bounds__(threads, 1), and the consumers take
     // the registers the producer gives up.
-    return {Traits::kSmemBytes, Traits::kBlockM, Traits::kBlockN, 1};
+    return {Traits::kSmemBytes, Traits::kBlockM, Traits::kBlockN, 1, true};
 }
 
 template <DType kDType, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
@@ -112,8 +112,11 @@ cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &
     // The dispatcher falls back to the portable kernel.
     if (!encoded) return cudaErrorNotSupported;
 
-    const auto kernel = params.softcap_prescale != 0.f ? sm90::flash_fwd_sm90_kernel<Traits, Softcap>
-                                                       : sm90::flash_fwd_sm90_kernel<Traits, NoSoftcap>;
+    const bool capped = params.softcap_prescale != 0.f;
+    const auto kernel = params.ragged ? (capped ? sm90::flash_fwd_sm90_kernel<Traits, Softcap, true>
+                                                : sm90::flash_fwd_sm90_kernel<Traits, NoSoftcap, true>)
+                                      : (capped ? sm90::flash_fwd_sm90_kernel<Traits, Softcap, false>
+                                                : sm90::flash_fwd_sm90_kernel<Traits, NoSoftcap, false>);
     const cudaError_t err = launch_step(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes)), options,
         "cudaFuncSetAttribute (the kernel's dynamic shared memory)");

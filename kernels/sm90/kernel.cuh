@@ -28,7 +28,9 @@ namespace flashcore::sm90 {
 // run-time choice: a branch on the softcap at each tile (both softmaxes
 // inlined into the mainloop) made uncapped calls 2.5-5% slower, and one
 // kernel holding both consumers, chosen once per CTA, spilled registers.
-template <typename Traits, typename Cap>
+// kRagged: packed and paged tensors (common/fwd_params.h, fwd_batch_seqs),
+// likewise a kernel of its own.
+template <typename Traits, typename Cap, bool kRagged>
 __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ Sm90KernelParams params) {
     // A split call's merge kernel may launch as soon as every CTA is running
@@ -47,11 +49,11 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const int warpgroup = threadIdx.x / kWarpgroupThreads;
     if (warpgroup == 0) {
         setmaxnreg_decrease<Traits::kProducerRegisters>();
-        if (threadIdx.x == 0) run_producer<Traits>(params, pipe);
+        if (threadIdx.x == 0) run_producer<Traits, kRagged>(params, pipe);
         return;
     }
     setmaxnreg_increase<Traits::kConsumerRegisters>();
-    Consumer<Traits, Cap>(params, pipe, warpgroup - 1, threadIdx.x % kWarpgroupThreads).run();
+    Consumer<Traits, Cap, kRagged>(params, pipe, warpgroup - 1, threadIdx.x % kWarpgroupThreads).run();
 }
 
 }  // namespace flashcore::sm90

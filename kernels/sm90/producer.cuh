@@ -46,11 +46,11 @@ __device__ __forceinline__ void load_paged_panels(unsigned char *dst, const CUte
 }
 
 // The K/V tile of keys from first_key: one box per panel, or by pages.
-template <typename Traits, int kPanels>
+template <typename Traits, int kPanels, bool kRagged>
 __device__ __forceinline__ void load_kv_panels(unsigned char *dst, const CUtensorMap *map, const Sm90KernelParams &params,
                                                const FwdTile &tile, int first_key, uint64_t *bar) {
     const FwdKernelParams &p = params.fwd;
-    if (p.block_table != nullptr) {
+    if (kRagged && p.block_table != nullptr) {
         load_paged_panels<Traits>(dst, map, kPanels, p, tile, first_key, params.kv_box_rows, bar);
     } else {
         load_panels<Traits, kPanels>(dst, Traits::kKVPanelBytes, map, tile.seqs.k_row0 + first_key, tile.head_kv,
@@ -58,14 +58,14 @@ __device__ __forceinline__ void load_kv_panels(unsigned char *dst, const CUtenso
     }
 }
 
-template <typename Traits>
+template <typename Traits, bool kRagged>
 __device__ __forceinline__ void run_producer(const Sm90KernelParams &params, const Pipeline<Traits> &pipe) {
     const FwdKernelParams &p = params.fwd;
     // K/V tiles loaded so far: their stage and phase. Starts where the
     // consumers' count does.
     KvPosition kv_count = Pipeline<Traits>::first_position(params.first_kv_position);
     uint32_t q_count = 0;   // query blocks loaded so far
-    PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(p).for_each_block(
+    PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(p).template for_each_block<kRagged>(
         p, [&](const FwdTile &tile, const BlockKeyRange<Traits::kBlockM, Traits::kBlockN> &keys, int /*split*/) {
             if (keys.num_blocks() <= 0) return;  // the consumers store it without K/V
             const int q_buffer = Pipeline<Traits>::q_buffer_of(q_count);
@@ -83,11 +83,11 @@ __device__ __forceinline__ void run_producer(const Sm90KernelParams &params, con
                 const int first_key = keys.n_block(j) * Traits::kBlockN;
                 mbarrier_wait(pipe.k_empty(stage), free_phase);
                 mbarrier_arrive_expect_tx(pipe.k_full(stage), Traits::kKTileBytes);
-                load_kv_panels<Traits, Traits::kQKPanels>(pipe.k_tile(stage), &params.tma_k, params, tile, first_key,
+                load_kv_panels<Traits, Traits::kQKPanels, kRagged>(pipe.k_tile(stage), &params.tma_k, params, tile, first_key,
                                                           pipe.k_full(stage));
                 mbarrier_wait(pipe.v_empty(stage), free_phase);
                 mbarrier_arrive_expect_tx(pipe.v_full(stage), Traits::kVTileBytes);
-                load_kv_panels<Traits, Traits::kVPanels>(pipe.v_tile(stage), &params.tma_v, params, tile, first_key,
+                load_kv_panels<Traits, Traits::kVPanels, kRagged>(pipe.v_tile(stage), &params.tma_v, params, tile, first_key,
                                                          pipe.v_full(stage));
             }
             ++q_count;

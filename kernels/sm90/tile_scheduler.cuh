@@ -60,23 +60,24 @@ struct PersistentSchedule {
     }
 
     // Block `which` (0: the longer) of `item`.
+    template <bool kRagged>
     __device__ __forceinline__ FwdTile tile(const FwdKernelParams &p, int item, int which) const {
         const int i = item % items_per_head;
-        return fwd_tile(p, item / items_per_head, which == 0 ? num_m_blocks - 1 - i : i);
+        return fwd_tile<kRagged>(p, item / items_per_head, which == 0 ? num_m_blocks - 1 - i : i);
     }
 
     // Calls visit(tile, keys, split) for each query block of this CTA, in
     // schedule order, with the block's BlockKeyRange, or its part `split`
     // under split-KV (keys.num_blocks() <= 0: no row of the block sees a key
     // of it).
-    template <typename Visit>
+    template <bool kRagged, typename Visit>
     __device__ __forceinline__ void for_each_block(const FwdKernelParams &p, Visit &&visit) const {
         const int items = int(num_items(p));
         for (int split_item = blockIdx.x; split_item < items; split_item += gridDim.x) {
             const int item = split_item / p.num_splits;
             const int split = split_item % p.num_splits;
             for (int which = 0; which < blocks_in(item); ++which) {
-                const FwdTile t = tile(p, item, which);
+                const FwdTile t = tile<kRagged>(p, item, which);
                 visit(t,
                       BlockKeyRange<kBlockM, kBlockN>::of(KeyMask::of(p, t.seqs), t.m_block)
                           .split(split, p.num_splits),

@@ -35,8 +35,9 @@ struct Sm90KernelParams {
 // TMA as zeros (past the tensor map's rows); below it they hold whatever
 // the tensors hold there (a KV cache's unused tail, the next packed
 // sequence, another page), which the consumers zero in V (v_tail.cuh).
+template <bool kRagged>
 __host__ __device__ inline int kv_rows_zero_filled_from(const FwdKernelParams &p) {
-    return p.cu_seqlens_k != nullptr || p.block_table != nullptr ? INT32_MAX : p.seqlen_k;
+    return kRagged && (p.cu_seqlens_k != nullptr || p.block_table != nullptr) ? INT32_MAX : p.seqlen_k;
 }
 
 // Shared memory an sm_90 block may opt into (H100, H200): 227 KB.

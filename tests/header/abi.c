@@ -89,7 +89,16 @@ FC_FIELD(window_right, 200, 4);
 FC_FIELD(softcap, 204, 4);
 /* Added in 0.5: a 0.4 struct ends at 208 bytes. */
 FC_FIELD(seqused_k, 208, 8);
-FC_ASSERT(params_size, sizeof(flashcore_forward_params) >= 216);
+/* Added in 0.6: a 0.5 struct ends at 216 bytes. */
+FC_FIELD(cu_seqlens_q, 216, 8);
+FC_FIELD(cu_seqlens_k, 224, 8);
+FC_FIELD(total_seqlen_q, 232, 4);
+FC_FIELD(total_seqlen_k, 236, 4);
+FC_FIELD(block_table, 240, 8);
+FC_FIELD(block_table_batch_stride, 248, 8);
+FC_FIELD(page_size, 256, 4);
+FC_FIELD(num_pages, 260, 4);
+FC_ASSERT(params_size, sizeof(flashcore_forward_params) >= 264);
 
 /* flashcore_merge_params (0.3). */
 #define FC_MERGE_FIELD(field, offset, size)                                                \
