@@ -7,6 +7,8 @@ __cuda_array_interface__ or DLPack.
 
     import flashcore
     out = flashcore.attention(q, k, v, causal=True)
+    out = flashcore.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)   # packed
+    out = flashcore.attention_with_kvcache(q, k_pages, v_pages, cache_seqlens, block_table=block_table)   # paged
     out, lse = flashcore.merge_states(partial_out, partial_lse)   # parts of the keys -> all
     flashcore.supported_head_dims()   # [(head_dim, head_dim_v), ...] of this build
 
@@ -16,10 +18,11 @@ dynamic loader find it (see flashcore.open_library()). The ctypes declarations i
 from include/flashcore.h.
 """
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 from . import _ffi
-from ._attention import attention, attention_with_kvcache, check_params, forward_params, supported_head_dims
+from ._attention import (attention, attention_varlen, attention_with_kvcache, check_params, forward_params,
+                         supported_head_dims)
 from ._errors import (
     CudaError,
     FlashcoreError,
@@ -57,6 +60,7 @@ def status_string(status):
 __all__ = [
     "__version__",
     "attention",
+    "attention_varlen",
     "attention_with_kvcache",
     "merge_states",
     "forward_params",

@@ -1,9 +1,10 @@
-"""flashcore.attention and the parameter building under it."""
+"""flashcore.attention, attention_varlen and attention_with_kvcache, and
+the parameter building under them."""
 
+import collections
 import ctypes
 import math
 import numbers
-import operator
 
 from . import _ffi
 from ._arrays import (can_allocate, check_known_to_driver, contiguous_strides, current_stream, describe, empty, full,
@@ -106,16 +107,51 @@ def _softcap(softcap):
     return cap
 
 
+# The converted keyword arguments every forward call takes: causal as 0/1,
+# scale, num_splits as the C API reads them, window as (use_window,
+# window_left, window_right) from _window, softcap.
+_Options = collections.namedtuple("_Options", "causal scale num_splits window softcap")
+
+
+def _options(causal, softmax_scale, num_splits, window, softcap):
+    return _Options(1 if causal else 0, _softmax_scale(softmax_scale), _num_splits(num_splits), _window(window),
+                    _softcap(softcap))
+
+
+# How packed (variable-length) tensors are described in messages.
+PACKED_WORDS = "[total, H, D] (the rows of every sequence, one after another)"
+
+
+def _paged_words(layout):
+    if layout == Layout.BSHD:
+        return "[num_pages, page_size, H, D] (a page pool)"
+    return "[num_pages, H, page_size, D] (a page pool)"
+
+
 class _View:
     """An array seen as [batch, heads, seqlen, head_dim] through a layout,
-    after a leading state axis where `states` (merge_states' partials)."""
+    after a leading state axis where `states` (merge_states' partials).
+    A packed array, [total, heads, head_dim], is seen as one batch of all
+    its rows with batch stride 0: the C API takes each sequence's rows from
+    cu_seqlens and ignores the batch strides of packed tensors. `words`
+    describes the expected shape in messages, where the layout's default
+    does not."""
 
-    def __init__(self, info, layout, states=False):
+    def __init__(self, info, layout, states=False, packed=False, words=None):
         self.info = info
+        if packed:
+            if len(info.shape) != 3:
+                raise InvalidArgumentError("%s must be 3-D, %s, got shape %s"
+                                           % (info.name, words or PACKED_WORDS, list(info.shape)))
+            rows, heads, dim = info.shape
+            row_stride, head_stride, dim_stride = info.strides
+            self.shape = (1, heads, rows, dim)
+            self.strides = (0, head_stride, row_stride, dim_stride)
+            return
         ndim = 5 if states else 4
         if len(info.shape) != ndim:
             raise InvalidArgumentError("%s must be %d-D, %s, got shape %s"
-                                       % (info.name, ndim, _shape_words(layout, states), list(info.shape)))
+                                       % (info.name, ndim, words or _shape_words(layout, states), list(info.shape)))
         first = 1 if states else 0
         axes = ((0,) if states else ()) + tuple(first + a for a in LAYOUT_AXES[layout]) + (first + 3,)
         self.shape = tuple(info.shape[a] for a in axes)
@@ -159,13 +195,39 @@ def _check_lse(lse, want, words):
         raise InvalidArgumentError("lse is read-only")
 
 
-def _check_seqused_k(seqused_k, batch):
-    """seqused_k: int32 of shape [batch], contiguous."""
-    if seqused_k.dtype != "int32" or tuple(seqused_k.shape) != (batch,):
-        raise InvalidArgumentError("seqused_k must be int32 of shape [B] = [%d] (one key count per sequence), "
-                                   "got %s %s" % (batch, seqused_k.dtype, list(seqused_k.shape)))
-    if batch > 1 and seqused_k.strides[0] != 1:
-        raise InvalidArgumentError("seqused_k must be contiguous, got stride %d" % seqused_k.strides[0])
+def _check_contiguous_vector(info):
+    if info.shape[0] > 1 and info.strides[0] != 1:
+        raise InvalidArgumentError("%s must be contiguous, got stride %d" % (info.name, info.strides[0]))
+
+
+def _check_int32_vector(info, length, words):
+    """info: a contiguous int32 vector of `length` entries; `words` is its
+    shape as messages give it."""
+    if info.dtype != "int32" or tuple(info.shape) != (length,):
+        raise InvalidArgumentError("%s must be int32 of shape %s, got %s %s"
+                                   % (info.name, words, info.dtype, list(info.shape)))
+    _check_contiguous_vector(info)
+
+
+def _batch_from_cu_seqlens(cu_seqlens):
+    """B of packed sequences: cu_seqlens holds B + 1 int32 offsets."""
+    if cu_seqlens.dtype != "int32" or len(cu_seqlens.shape) != 1 or cu_seqlens.shape[0] < 1:
+        raise InvalidArgumentError("%s must be int32 of shape [B + 1] (the row where each of the B sequences "
+                                   "starts, then the end), got %s %s"
+                                   % (cu_seqlens.name, cu_seqlens.dtype, list(cu_seqlens.shape)))
+    _check_contiguous_vector(cu_seqlens)
+    return cu_seqlens.shape[0] - 1
+
+
+def _check_block_table(table, batch, batch_words):
+    """table: int32 [B, max_pages]; only its rows need be contiguous (a
+    view of a wider table works: the C API takes the row stride)."""
+    if table.dtype != "int32" or len(table.shape) != 2 or table.shape[0] != batch:
+        raise InvalidArgumentError("block_table must be int32 of shape [B, max_pages] with B = %d (%s), got %s %s"
+                                   % (batch, batch_words, table.dtype, list(table.shape)))
+    if table.shape[1] > 1 and table.strides[1] != 1:
+        raise InvalidArgumentError("block_table's rows must be contiguous (stride 1 along max_pages), got stride %d"
+                                   % table.strides[1])
 
 
 def _check_one_device(arrays, names):
@@ -174,17 +236,98 @@ def _check_one_device(arrays, names):
         raise InvalidArgumentError("%s must be on one device, got devices %s" % (names, devices))
 
 
+def _names(infos):
+    """'a, b and c' of the arrays given."""
+    names = [a.name for a in infos if a is not None]
+    return names[0] if len(names) == 1 else "%s and %s" % (", ".join(names[:-1]), names[-1])
+
+
 def _out_shape(q, head_dim_v):
     """out's shape, in q's own layout: q's, with head_dim_v last."""
-    return tuple(q.shape[:3]) + (head_dim_v,)
+    return tuple(q.shape[:-1]) + (head_dim_v,)
 
 
-def _validate(q, k, v, out, lse, layout, seqused_k=None):
+class _Sequences:
+    """Where a call's sequences lie when the arrays are not all dense
+    [B, ...] tensors of full length: the described int32 arrays (None where
+    not used) and the longest packed sequences (None without cu_seqlens)."""
+
+    __slots__ = ("seqused_k", "cu_seqlens_q", "cu_seqlens_k", "block_table", "max_seqlen_q", "max_seqlen_k")
+
+    def __init__(self, seqused_k=None, cu_seqlens_q=None, cu_seqlens_k=None, block_table=None, max_seqlen_q=None,
+                 max_seqlen_k=None):
+        self.seqused_k = seqused_k
+        self.cu_seqlens_q = cu_seqlens_q
+        self.cu_seqlens_k = cu_seqlens_k
+        self.block_table = block_table
+        self.max_seqlen_q = max_seqlen_q
+        self.max_seqlen_k = max_seqlen_k
+
+    def arrays(self):
+        return (self.seqused_k, self.cu_seqlens_q, self.cu_seqlens_k, self.block_table)
+
+
+DENSE = _Sequences()
+
+
+def _max_seqlen(value, cu_seqlens, side):
+    """The C seqlen_q/_k of packed sequences: max_seqlen_<side>, which
+    comes with cu_seqlens_<side> and only with it."""
+    name = "max_seqlen_" + side
+    if cu_seqlens is None:
+        if value is not None:
+            raise InvalidArgumentError("%s is given without cu_seqlens_%s; it is the longest of the packed sequences "
+                                       "that cu_seqlens_%s describes" % (name, side, side))
+        return None
+    if value is None:
+        raise TypeError("cu_seqlens_%s needs %s, the longest of its sequences (it sizes the grid)" % (side, name))
+    value = fits(value, ctypes.c_int32, name)
+    if value < 0:
+        raise InvalidArgumentError("%s (%d) must be >= 0" % (name, value))
+    return value
+
+
+def _sequences(stream, seqused_k=None, cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None,
+               block_table=None):
+    """_Sequences from the Python arguments, arrays described on `stream`."""
+    if cu_seqlens_k is not None and block_table is not None:
+        raise InvalidArgumentError("cu_seqlens_k and block_table cannot be combined: a paged cache's key counts come "
+                                   "from seqused_k (cu_seqlens_q with a block_table is supported)")
+    max_q, max_k = _max_seqlen(max_seqlen_q, cu_seqlens_q, "q"), _max_seqlen(max_seqlen_k, cu_seqlens_k, "k")
+
+    def info(x, name):
+        return None if x is None else describe(x, name, stream)
+
+    return _Sequences(info(seqused_k, "seqused_k"), info(cu_seqlens_q, "cu_seqlens_q"),
+                      info(cu_seqlens_k, "cu_seqlens_k"), info(block_table, "block_table"), max_q, max_k)
+
+
+class _Geometry:
+    """The sizes of one call as the C API takes them, with the views of q,
+    k, v and out (out's None when not given)."""
+
+    __slots__ = ("views", "batch", "seqlen_q", "seqlen_k", "total_q", "total_k", "page_size", "num_pages",
+                 "table_stride", "lse_shape", "lse_words")
+
+    def __init__(self, views, batch, seqlen_q, seqlen_k):
+        self.views = views
+        self.batch, self.seqlen_q, self.seqlen_k = batch, seqlen_q, seqlen_k
+        self.total_q = self.total_k = self.page_size = self.num_pages = self.table_stride = 0
+        self.lse_shape, self.lse_words = (batch, views[0].shape[1], seqlen_q), "[B, H, Sq]"
+
+
+def _validate(q, k, v, out, lse, layout, seqs=DENSE):
     """Checks what the C API cannot see (it takes one dtype and one set of
-    sizes for all tensors); strides, alignment, head counts and supported
-    sizes are left to the library's own validation."""
-    views = [_View(a, layout) for a in (q, k, v, out) if a is not None]
-    qv, kv, vv = views[:3]
+    sizes for all tensors) and returns the call's _Geometry; strides,
+    alignment, head counts and supported sizes are left to the library's
+    own validation."""
+    packed_q, packed_kv = seqs.cu_seqlens_q is not None, seqs.cu_seqlens_k is not None
+    paged = seqs.block_table is not None
+    kv_words = _paged_words(layout) if paged else None
+    qv = _View(q, layout, packed=packed_q)
+    kv, vv = (_View(a, layout, packed=packed_kv, words=kv_words) for a in (k, v))
+    ov = None if out is None else _View(out, layout, packed=packed_q)
+    views = [a for a in (qv, kv, vv, ov) if a is not None]
     if q.dtype not in DTYPES:
         raise UnsupportedError("q has dtype %s; flashcore computes on %s" % (q.dtype, " or ".join(DTYPES)))
     for a in (k, v, out):
@@ -193,9 +336,16 @@ def _validate(q, k, v, out, lse, layout, seqused_k=None):
     if kv.shape[:3] != vv.shape[:3]:
         raise InvalidArgumentError("k and v must have the same shape but for the last dimension (v's is head_dim_v), "
                                    "got %s and %s" % (list(k.shape), list(v.shape)))
-    if kv.shape[0] != qv.shape[0] or kv.shape[3] != qv.shape[3]:
-        raise InvalidArgumentError("q %s and k %s must agree on batch size and head_dim (%s)"
-                                   % (list(q.shape), list(k.shape), _shape_words(layout)))
+    if kv.shape[3] != qv.shape[3]:
+        raise InvalidArgumentError("q %s and k %s must have the same head_dim (their last dimension)"
+                                   % (list(q.shape), list(k.shape)))
+    if packed_q:
+        batch, batch_words = _batch_from_cu_seqlens(seqs.cu_seqlens_q), "from cu_seqlens_q"
+    else:
+        batch, batch_words = qv.shape[0], "q's batch size"
+    if not (packed_kv or paged) and kv.shape[0] != batch:
+        raise InvalidArgumentError("k %s must have batch size B = %d (%s, %s)"
+                                   % (list(k.shape), batch, batch_words, _shape_words(layout)))
     if out is not None:
         want = _out_shape(q, vv.shape[3])
         if out.shape != want:
@@ -206,35 +356,58 @@ def _validate(q, k, v, out, lse, layout, seqused_k=None):
     for view in views:
         view.check_head_dim_contiguous()
         _check_int32_sizes(view.info)
+
+    geometry = _Geometry(views, batch, seqs.max_seqlen_q if packed_q else qv.shape[2], kv.shape[2])
+    if packed_q:
+        geometry.total_q = qv.shape[2]
+        geometry.lse_shape, geometry.lse_words = (qv.shape[1], qv.shape[2]), "[Hq, total_q]"
+    if packed_kv:
+        _check_int32_vector(seqs.cu_seqlens_k, batch + 1, "[B + 1] = [%d] (B = %d, %s: the row where each sequence "
+                            "starts in k and v, then the end)" % (batch + 1, batch, batch_words))
+        geometry.seqlen_k, geometry.total_k = seqs.max_seqlen_k, kv.shape[2]
+    if paged:
+        table = seqs.block_table
+        _check_block_table(table, batch, batch_words)
+        geometry.num_pages, geometry.page_size = kv.shape[0], kv.shape[2]
+        # Each sequence holds up to max_pages pages: that is the capacity.
+        geometry.seqlen_k = table.shape[1] * geometry.page_size
+        # A one-row table's stride is never stepped along (frameworks give
+        # such strides arbitrary values); the C API only asks it be >= 0.
+        geometry.table_stride = table.strides[0] if batch > 1 else table.shape[1]
+    if seqs.seqused_k is not None:
+        _check_int32_vector(seqs.seqused_k, batch, "[B] = [%d] (one key count per sequence)" % batch)
     if lse is not None:
-        _check_lse(lse, (qv.shape[0], qv.shape[1], qv.shape[2]), "[B, H, Sq]")
-    if seqused_k is not None:
-        _check_seqused_k(seqused_k, qv.shape[0])
-    _check_one_device((q, k, v, out, lse, seqused_k), "q, k, v, out, lse and seqused_k")
-    return qv, kv, vv
+        _check_lse(lse, geometry.lse_shape, geometry.lse_words)
+    arrays = (q, k, v, out, lse) + seqs.arrays()
+    _check_one_device(arrays, _names(arrays))
+    return geometry
 
 
-def _build(lib, q, k, v, out, lse, layout, causal, scale, num_splits=0, window=(0, 0, 0), softcap=0.0,
-           seqused_k=None):
-    """window: (use_window, window_left, window_right) from _window."""
-    qv, kv, vv = _validate(q, k, v, out, lse, layout, seqused_k)
+def _address(info):
+    return None if info is None else info.ptr
+
+
+def _build(lib, q, k, v, out, lse, layout, options, seqs=DENSE):
+    """A flashcore_forward_params for described arrays and _Options."""
+    geometry = _validate(q, k, v, out, lse, layout, seqs)
+    qv, kv, vv = geometry.views[:3]
     p = lib.new_params()
-    batch, heads_q, seqlen_q, head_dim = qv.shape
     p.dtype = DTYPES[q.dtype]
-    p.causal = 1 if causal else 0
-    p.softmax_scale = scale
-    p.softcap = softcap
-    use_window, window_left, window_right = window
-    set_fields(p, batch_size=batch, num_heads_q=heads_q, seqlen_q=seqlen_q, head_dim=head_dim,
-               head_dim_v=vv.shape[3], num_heads_kv=kv.shape[1], seqlen_k=kv.shape[2], num_splits=num_splits,
-               use_window=use_window, window_left=window_left, window_right=window_right,
-               lse=lse.ptr if lse is not None else None,
-               seqused_k=seqused_k.ptr if seqused_k is not None else None)
-    for prefix, info in (("q", q), ("k", k), ("v", v), ("out", out)):
-        if info is None:
-            continue
-        fields = {prefix: info.ptr}
-        for stride, what in zip(_View(info, layout).aligned_strides(), ("batch", "head", "seq")):
+    p.causal = options.causal
+    p.softmax_scale = options.scale
+    p.softcap = options.softcap
+    use_window, window_left, window_right = options.window
+    set_fields(p, batch_size=geometry.batch, num_heads_q=qv.shape[1], seqlen_q=geometry.seqlen_q,
+               head_dim=qv.shape[3], head_dim_v=vv.shape[3], num_heads_kv=kv.shape[1], seqlen_k=geometry.seqlen_k,
+               num_splits=options.num_splits, use_window=use_window, window_left=window_left,
+               window_right=window_right, lse=_address(lse), seqused_k=_address(seqs.seqused_k),
+               cu_seqlens_q=_address(seqs.cu_seqlens_q), cu_seqlens_k=_address(seqs.cu_seqlens_k),
+               total_seqlen_q=geometry.total_q, total_seqlen_k=geometry.total_k,
+               block_table=_address(seqs.block_table), block_table_batch_stride=geometry.table_stride,
+               page_size=geometry.page_size, num_pages=geometry.num_pages)
+    for prefix, view in zip(("q", "k", "v", "out"), geometry.views):
+        fields = {prefix: view.info.ptr}
+        for stride, what in zip(view.aligned_strides(), ("batch", "head", "seq")):
             fields["%s_%s_stride" % (prefix, what)] = stride
         set_fields(p, **fields)
     return p
@@ -242,22 +415,30 @@ def _build(lib, q, k, v, out, lse, layout, causal, scale, num_splits=0, window=(
 
 def _is_empty(params):
     """Whether the call's output is empty (flashcore.h: batch_size, seqlen_q
-    or num_heads_q 0): the library then does nothing, and neither do we."""
-    return 0 in (params.batch_size, params.seqlen_q, params.num_heads_q)
+    or num_heads_q 0, or packed queries of no rows): the library then does
+    nothing, and neither do we."""
+    return (0 in (params.batch_size, params.seqlen_q, params.num_heads_q)
+            or (params.cu_seqlens_q is not None and params.total_seqlen_q == 0))
 
 
 def forward_params(q, k, v, out=None, *, lse=None, causal=False, softmax_scale=None, layout="bhsd", num_splits=None,
-                   window=None, softcap=0.0, seqused_k=None):
+                   window=None, softcap=0.0, seqused_k=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                   max_seqlen_k=None, block_table=None):
     """A flashcore.ForwardParams for these arrays (pointers, sizes, strides),
     for the low-level calls: Handle.workspace_size, Handle.forward,
     check_params. The arrays must outlive every use of the result.
-    num_splits, window, softcap and seqused_k as for attention()."""
+    num_splits, window, softcap and seqused_k as for attention();
+    cu_seqlens_q/max_seqlen_q and cu_seqlens_k/max_seqlen_k as for
+    attention_varlen() (each side packed on its own: q and out, or k and v,
+    are then [total, H, D] whatever the layout); block_table as for
+    attention_with_kvcache(), k and v then page pools [num_pages,
+    page_size, Hkv, D] (layout="bshd") or [num_pages, Hkv, page_size, D]."""
     layout = _layout(layout)
-    scale, splits = _softmax_scale(softmax_scale), _num_splits(num_splits)
-    window, softcap = _window(window), _softcap(softcap)
+    options = _options(causal, softmax_scale, num_splits, window, softcap)
     infos = [None if a is None else describe(a, name) for a, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"))]
-    used = None if seqused_k is None else describe(seqused_k, "seqused_k")
-    return _build(library(), *infos, layout, causal, scale, splits, window, softcap, used)
+    seqs = _sequences(0, seqused_k=seqused_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                      cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k, block_table=block_table)
+    return _build(library(), *infos, layout, options, seqs)
 
 
 def supported_head_dims():
@@ -284,6 +465,57 @@ def _allocate(like, shape, dtype, stream, what):
         raise TypeError("flashcore cannot allocate %s for %s inputs: pass %s= (a CUDA array) yourself"
                         % (what, type(like.obj).__name__, what))
     return empty(like, shape, dtype, stream)
+
+
+def _describe_first(x, name, stream):
+    """The ArrayInfo of a call's first array and the stream the call runs
+    on: `stream` (any form stream_pointer takes) where given, else the
+    current stream of that array's framework."""
+    user_stream = None if stream is None else stream_pointer(stream)
+    info = describe(x, name, user_stream or 0)
+    return info, current_stream(info) if user_stream is None else user_stream
+
+
+def _forward(q, k, v, *, layout, options, out, lse, return_lse, stream, workspace, **sequences):
+    """What attention, attention_varlen and attention_with_kvcache share:
+    describes the arrays, allocates what was not given, builds and checks
+    the params and queues the call. `sequences` are _sequences' keywords."""
+    qi, s = _describe_first(q, "q", stream)
+    ki, vi = describe(k, "k", s), describe(v, "v", s)
+    oi = None if out is None else describe(out, "out", s)
+    li = None if lse is None else describe(lse, "lse", s)
+    seqs = _sequences(s, **sequences)
+    geometry = _validate(qi, ki, vi, oi, li, layout, seqs)
+    lib = library()
+    if oi is None:
+        out = _allocate(qi, _out_shape(qi, geometry.views[2].shape[3]), None, s, "out")
+        oi = describe(out, "out", s)
+    if li is None and return_lse:
+        lse = _allocate(qi, geometry.lse_shape, "float32", s, "lse")
+        li = describe(lse, "lse", s)
+    params = _build(lib, qi, ki, vi, oi, li, layout, options, seqs)
+    lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
+    if _is_empty(params):
+        # As PyTorch: an empty result, nothing launched (no GPU needed).
+        return (out, lse) if return_lse else out
+    check_known_to_driver((qi, ki, vi, oi, li) + seqs.arrays())
+
+    device = next((a.device for a in (qi, ki, vi, oi) if a.device is not None), None)
+    handle = get_handle(device)
+    needed = handle.workspace_size(params)
+    ws_ptr, ws_bytes, ws_keep = 0, 0, None
+    if workspace is not None:
+        wi = describe(workspace, "workspace", s)
+        if wi.strides != contiguous_strides(wi.shape):
+            raise InvalidArgumentError("workspace must be contiguous")
+        check_known_to_driver((wi,))
+        ws_ptr, ws_bytes = wi.ptr, math.prod(wi.shape) * wi.itemsize
+    elif needed:
+        ws_keep = _allocate(qi, (needed,), "uint8", s, "workspace")
+        ws_ptr, ws_bytes = describe(ws_keep, "workspace").ptr, needed
+    handle.forward(params, ws_ptr, ws_bytes, s)
+    del ws_keep  # back to the pool of stream s, which orders its reuse after this call
+    return (out, lse) if return_lse else out
 
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse=False, stream=None,
@@ -356,52 +588,64 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse
     message. Forward only: no autograd.
     """
     layout = _layout(layout)
-    scale = _softmax_scale(softmax_scale)
-    splits = _num_splits(num_splits)
-    window, softcap = _window(window), _softcap(softcap)
-    user_stream = None if stream is None else stream_pointer(stream)
-    qi = describe(q, "q", user_stream or 0)
-    s = current_stream(qi) if user_stream is None else user_stream
-    ki, vi = describe(k, "k", s), describe(v, "v", s)
-    oi = None if out is None else describe(out, "out", s)
-    li = None if lse is None else describe(lse, "lse", s)
-    ui = None if seqused_k is None else describe(seqused_k, "seqused_k", s)
-    qv, _, vv = _validate(qi, ki, vi, oi, li, layout, ui)
-    lib = library()
-    if oi is None:
-        out = _allocate(qi, _out_shape(qi, vv.shape[3]), None, s, "out")
-        oi = describe(out, "out", s)
-    if li is None and return_lse:
-        lse = _allocate(qi, qv.shape[:3], "float32", s, "lse")
-        li = describe(lse, "lse", s)
-    params = _build(lib, qi, ki, vi, oi, li, layout, causal, scale, splits, window, softcap, ui)
-    lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
-    if _is_empty(params):
-        # As PyTorch: an empty result, nothing launched (no GPU needed).
-        return (out, lse) if return_lse else out
-    check_known_to_driver((qi, ki, vi, oi, li, ui))
-
-    device = next((a.device for a in (qi, ki, vi, oi) if a.device is not None), None)
-    handle = get_handle(device)
-    needed = handle.workspace_size(params)
-    ws_ptr, ws_bytes, ws_keep = 0, 0, None
-    if workspace is not None:
-        wi = describe(workspace, "workspace", s)
-        if wi.strides != contiguous_strides(wi.shape):
-            raise InvalidArgumentError("workspace must be contiguous")
-        check_known_to_driver((wi,))
-        ws_ptr, ws_bytes = wi.ptr, math.prod(wi.shape) * wi.itemsize
-    elif needed:
-        ws_keep = _allocate(qi, (needed,), "uint8", s, "workspace")
-        ws_ptr, ws_bytes = describe(ws_keep, "workspace").ptr, needed
-    handle.forward(params, ws_ptr, ws_bytes, s)
-    del ws_keep  # back to the pool of stream s, which orders its reuse after this call
-    return (out, lse) if return_lse else out
+    return _forward(q, k, v, layout=layout, options=_options(causal, softmax_scale, num_splits, window, softcap),
+                    out=out, lse=lse, return_lse=return_lse, stream=stream, workspace=workspace, seqused_k=seqused_k)
 
 
-def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, causal=False, softmax_scale=None, out=None,
-                           return_lse=False, stream=None, lse=None, workspace=None, num_splits=None, window=None,
-                           softcap=0.0):
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
+                     softmax_scale=None, out=None, return_lse=False, stream=None, lse=None, workspace=None,
+                     num_splits=None, window=None, softcap=0.0, seqused_k=None):
+    """Attention over a batch of sequences of different lengths packed
+    without padding, as FlashAttention's flash_attn_varlen_func (forward
+    only):
+
+    q: [total_q, Hq, D]; k: [total_k, Hkv, D]; v: [total_k, Hkv, Dv]; out:
+    [total_q, Hq, Dv]: the rows of every sequence, one after another.
+    cu_seqlens_q, cu_seqlens_k: int32 CUDA arrays of shape [B + 1], the
+        row where each of the B sequences starts in q (in k and v), then
+        the end: sequence b's queries are rows cu_seqlens_q[b] to
+        cu_seqlens_q[b + 1] - 1. Read on the GPU (clamped into the arrays,
+        so wrong offsets give wrong results, never a fault); rows outside
+        every sequence are not written.
+    max_seqlen_q, max_seqlen_k: ints, the longest query and key sequence;
+        they size the grid and the workspace. A sequence longer than its
+        max is cut to it.
+    causal and window align to each sequence's own lengths: query i of
+        sequence b sees key j <= i + Sk_b - Sq_b. A sequence with no keys
+        gives 0 (and lse -inf).
+    seqused_k: None, or an int32 CUDA array [B]: sequence b then uses only
+        the first min(seqused_k[b], its length) of its keys.
+    lse: float32 [Hq, total_q] (FlashAttention's varlen layout), returned
+        with return_lse as (out, lse).
+
+    The other arguments are attention()'s.
+    """
+    return _forward(q, k, v, layout=Layout.BSHD, options=_options(causal, softmax_scale, num_splits, window, softcap),
+                    out=out, lse=lse, return_lse=return_lse, stream=stream, workspace=workspace, seqused_k=seqused_k,
+                    cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
+                    max_seqlen_k=max_seqlen_k)
+
+
+def _cache_seqlens_array(count, q, cu_seqlens_q, stream):
+    """cache_seqlens given as an int: an int32 [B] CUDA array of it, made
+    with q's framework on the call's stream."""
+    if isinstance(count, bool) or not isinstance(count, numbers.Integral):
+        raise TypeError("cache_seqlens must be None, an int or an int32 CUDA array of shape [B], got %s"
+                        % type(count).__name__)
+    count = fits(int(count), ctypes.c_int32, "cache_seqlens")
+    qi, s = _describe_first(q, "q", stream)
+    if not (is_torch(q) or is_cupy(q)):
+        raise TypeError("an int cache_seqlens needs torch or cupy inputs; pass an int32 CUDA array instead")
+    if cu_seqlens_q is None:
+        batch = qi.shape[0]
+    else:
+        batch = _batch_from_cu_seqlens(describe(cu_seqlens_q, "cu_seqlens_q", s))
+    return full(qi, (batch,), "int32", count, s)
+
+
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, cu_seqlens_q=None,
+                           max_seqlen_q=None, causal=False, softmax_scale=None, out=None, return_lse=False,
+                           stream=None, lse=None, workspace=None, num_splits=None, window=None, softcap=0.0):
     """Attention of new queries against a KV cache, as FlashAttention's
     flash_attn_with_kvcache (forward only, without appending to the cache or
     rotary embedding), in its [B, S, H, D] storage:
@@ -414,22 +658,30 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, causal=Fa
         past a sequence's count may hold anything, NaN included. causal and
         the window align the queries to the end of each sequence's keys:
         query i of sequence b sees key j <= i + cache_seqlens[b] - Sq.
-    The other arguments are attention()'s (layout is "bshd"). Paged caches
-    (block_table) are not supported yet.
+    block_table: a paged cache (FlashAttention's block_table, vLLM's paged
+        attention): None for the contiguous cache above, or an int32 CUDA
+        array [B, max_pages] of page indices. k_cache and v_cache are then
+        page pools, [num_pages, page_size, Hkv, D] and [num_pages,
+        page_size, Hkv, Dv], page_size a multiple of 16: key j of sequence
+        b is row j % page_size of page block_table[b, j // page_size]. Each
+        sequence holds up to max_pages * page_size keys, of which it uses
+        cache_seqlens[b] (all of them without cache_seqlens); only the
+        entries of its used pages are read, the others may hold anything.
+        Entries are clamped into [0, num_pages) on the GPU. The table's
+        rows may be padded (a [:, :max_pages] view of a wider table): only
+        its last dimension must be contiguous.
+    cu_seqlens_q, max_seqlen_q: queries of different lengths packed without
+        padding (chunked prefill), as for attention_varlen: q is then
+        [total_q, Hq, D], out [total_q, Hq, Dv], lse [Hq, total_q], and B
+        is len(cu_seqlens_q) - 1; query i of sequence b, of Sq_b queries,
+        sees key j <= i + cache_seqlens[b] - Sq_b with causal.
+    The other arguments are attention()'s (layout is "bshd").
     """
     seqused_k = cache_seqlens
     if cache_seqlens is not None and not hasattr(cache_seqlens, "__cuda_array_interface__") \
             and not hasattr(cache_seqlens, "__dlpack__"):
-        if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, numbers.Integral):
-            raise TypeError("cache_seqlens must be None, an int or an int32 CUDA array of shape [B], got %s"
-                            % type(cache_seqlens).__name__)
-        count = fits(int(cache_seqlens), ctypes.c_int32, "cache_seqlens")
-        user_stream = None if stream is None else stream_pointer(stream)
-        qi = describe(q, "q", user_stream or 0)
-        if not (is_torch(q) or is_cupy(q)):
-            raise TypeError("an int cache_seqlens needs torch or cupy inputs; pass an int32 CUDA array instead")
-        s = current_stream(qi) if user_stream is None else user_stream
-        seqused_k = full(qi, (qi.shape[0],), "int32", count, s)
-    return attention(q, k_cache, v_cache, causal=causal, softmax_scale=softmax_scale, out=out, return_lse=return_lse,
-                     stream=stream, layout="bshd", lse=lse, workspace=workspace, num_splits=num_splits, window=window,
-                     softcap=softcap, seqused_k=seqused_k)
+        seqused_k = _cache_seqlens_array(cache_seqlens, q, cu_seqlens_q, stream)
+    return _forward(q, k_cache, v_cache, layout=Layout.BSHD,
+                    options=_options(causal, softmax_scale, num_splits, window, softcap), out=out, lse=lse,
+                    return_lse=return_lse, stream=stream, workspace=workspace, seqused_k=seqused_k,
+                    cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, block_table=block_table)

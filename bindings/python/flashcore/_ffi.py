@@ -8,16 +8,16 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "6efabdb840068e2e5e2f2ef36c13245501abeafd897606e7becca5cedd9b88b1"
+HEADER_SHA256 = "0851548694597b08c6148357537f4aff917a665962e46801b3c1ac321346f8d4"
 
 FLASHCORE_VERSION_MAJOR = 0
 
-FLASHCORE_VERSION_MINOR = 5
+FLASHCORE_VERSION_MINOR = 6
 
 FLASHCORE_VERSION_PATCH = 0
 
 # MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 400 for 0.4.0.
-FLASHCORE_VERSION_NUMBER = 500
+FLASHCORE_VERSION_NUMBER = 600
 
 
 flashcore_status = ctypes.c_int  # C type of enum flashcore_status
@@ -241,6 +241,47 @@ class flashcore_forward_params(ctypes.Structure):
         # the array on the device and clamp each value into that range, so a
         # wrong value gives a wrong result, never an access outside k and v.
         ("seqused_k", ctypes.c_void_p),
+        # Variable-length batches, as FlashAttention's varlen calls: NULL (the
+        # default), or a device array of batch_size + 1 int32 prefix sums,
+        # 4-byte aligned. With cu_seqlens_q, q and out are packed along the
+        # sequence axis: query i of batch b is row cu_seqlens_q[b] + i of q
+        # and out (element row * q_seq_stride + head * q_head_stride; the batch
+        # strides are ignored), batch b has cu_seqlens_q[b + 1] - cu_seqlens_q[b]
+        # queries, seqlen_q is the longest of them (FlashAttention's
+        # max_seqlen_q; it sizes the grid and the workspace) and
+        # total_seqlen_q the number of rows q and out hold. lse, when given, is
+        # then [num_heads_q][total_seqlen_q] (FlashAttention's varlen layout).
+        # cu_seqlens_k likewise packs k and v (total_seqlen_k rows; seqlen_k is
+        # the longest key sequence); with seqused_k too, batch b uses the first
+        # min(seqused_k[b], its length) of its keys. The causal diagonal and the
+        # window are aligned to each sequence's own lengths. Offsets are read
+        # on the device and clamped into [0, total_seqlen] and lengths into
+        # [0, seqlen], so wrong arrays give wrong results, never an access
+        # outside q, k, v and out. Rows of out outside every sequence are not
+        # written.
+        ("cu_seqlens_q", ctypes.c_void_p),
+        ("cu_seqlens_k", ctypes.c_void_p),
+        ("total_seqlen_q", ctypes.c_int32),
+        ("total_seqlen_k", ctypes.c_int32),
+        # Paged KV cache, as FlashAttention's block_table and vLLM's paged
+        # attention: NULL (the default), or a device array of int32 page
+        # indices, 4-byte aligned, row b (block_table + b *
+        # block_table_batch_stride) listing the pages of batch b in key order.
+        # k and v are then [num_pages][page_size][num_heads_kv][head_dim(_v)]
+        # pools: key j of batch b is row j % page_size of page
+        # block_table[b][j / page_size], at element page * k_batch_stride +
+        # row * k_seq_stride + head * k_head_stride (the batch strides are the
+        # page strides). seqlen_k is the longest sequence and batch b's length
+        # is seqused_k[b] (seqlen_k without it); each row of the table holds
+        # ceil(seqlen_k / page_size) entries, of which only those of a batch's
+        # keys are read. page_size is a multiple of 16; num_pages >= 1. Entries
+        # are clamped into [0, num_pages) on the device. Not combined with
+        # cu_seqlens_k (cu_seqlens_q is fine: chunked prefill on a paged
+        # cache).
+        ("block_table", ctypes.c_void_p),
+        ("block_table_batch_stride", ctypes.c_int64),
+        ("page_size", ctypes.c_int32),
+        ("num_pages", ctypes.c_int32),
     ]
 
 

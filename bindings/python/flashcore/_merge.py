@@ -2,9 +2,10 @@
 the keys (flashcore_merge_states), and the parameter building under it."""
 
 from . import _ffi
-from ._arrays import check_known_to_driver, contiguous_strides, current_stream, describe, stream_pointer
+from ._arrays import check_known_to_driver, describe
 from ._checked import set_fields
-from ._attention import _View, _allocate, _check_int32_sizes, _check_lse, _check_one_device, _layout
+from ._attention import (_View, _allocate, _check_int32_sizes, _check_lse, _check_one_device, _describe_first,
+                         _layout)
 from ._errors import InvalidArgumentError, UnsupportedError
 from ._library import get_handle, library
 
@@ -143,9 +144,7 @@ def merge_states(partial_out, partial_lse, *, out=None, lse=None, return_lse=Tru
     """
     layout = _layout(layout)
     wanted = None if out_dtype is None else _dtype_name(out_dtype)
-    user_stream = None if stream is None else stream_pointer(stream)
-    pi = describe(partial_out, "partial_out", user_stream or 0)
-    s = current_stream(pi) if user_stream is None else user_stream
+    pi, s = _describe_first(partial_out, "partial_out", stream)
     pli = describe(partial_lse, "partial_lse", s)
     oi = None if out is None else describe(out, "out", s)
     li = None if lse is None else describe(lse, "lse", s)

@@ -84,6 +84,24 @@ def fake_qkv(b=2, hq=8, hkv=2, sq=100, sk=120, d=64, dv=None, cls=FakeCudaArray,
             cls((b, hkv, sk, dv), index=2, **kwargs), cls((b, hq, sq, dv), index=3, **kwargs))
 
 
+def fake_varlen(b=3, hq=8, hkv=2, total_q=100, total_k=120, d=64, dv=None):
+    """Fake packed q [total_q, Hq, D], k [total_k, Hkv, D], v [total_k,
+    Hkv, Dv], out [total_q, Hq, Dv] and int32 cu_seqlens_q/_k of B + 1
+    entries (indices 0-3, 5 and 6)."""
+    dv = d if dv is None else dv
+    return (FakeCudaArray((total_q, hq, d), index=0), FakeCudaArray((total_k, hkv, d), index=1),
+            FakeCudaArray((total_k, hkv, dv), index=2), FakeCudaArray((total_q, hq, dv), index=3),
+            FakeCudaArray((b + 1,), typestr="<i4", index=5), FakeCudaArray((b + 1,), typestr="<i4", index=6))
+
+
+def fake_paged(b=3, hq=8, hkv=2, sq=4, num_pages=40, page_size=16, max_pages=10, d=128):
+    """Fake q [B, Sq, Hq, D], page pools k, v [num_pages, page_size, Hkv,
+    D], out, and an int32 block_table [B, max_pages] (indices 0-3 and 7)."""
+    return (FakeCudaArray((b, sq, hq, d), index=0), FakeCudaArray((num_pages, page_size, hkv, d), index=1),
+            FakeCudaArray((num_pages, page_size, hkv, d), index=2), FakeCudaArray((b, sq, hq, d), index=3),
+            FakeCudaArray((b, max_pages), typestr="<i4", index=7))
+
+
 # The default build's pairs: what the GPU tests are parametrized over when
 # the library cannot be loaded (they skip then anyway).
 DEFAULT_HEAD_DIMS = [(32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256)]

@@ -78,8 +78,9 @@ def test_abi_matches_a_c_compiler(tmp_path):
         elif name.startswith("FLASHCORE_") and isinstance(value, (int, float)):
             probe("value:" + name, "%.17g", "(double)(%s)" % name, "%.17g" % float(value))
     assert any(k.startswith("offsetof:flashcore_forward_params.struct_size") for k in expected)
-    # The 0.3 and 0.4 additions are among what is compared.
+    # The 0.3 to 0.6 additions are among what is compared.
     assert "offsetof:flashcore_forward_params.num_splits" in expected
+    assert all("offsetof:flashcore_forward_params.%s" % f in expected for f, _ in VARLEN_PAGED_FIELDS)
     assert all("offsetof:flashcore_forward_params.%s" % f in expected for f in WINDOW_SOFTCAP_FIELDS)
     assert all("offsetof:flashcore_merge_params.%s" % f in expected for f in MERGE_FIELDS)
     assert "value:FLASHCORE_MAX_NUM_SPLITS" in expected and "value:FLASHCORE_DTYPE_FP32" in expected
@@ -138,7 +139,8 @@ def test_window_and_softcap_declarations():
     """What 0.4 added: the sliding window and softcap fields appended to the
     forward params after num_splits, in header order, with their C types."""
     fields = [f for f, _ in _ffi.flashcore_forward_params._fields_]
-    assert fields[-6:-1] == ["num_splits"] + WINDOW_SOFTCAP_FIELDS
+    start = fields.index("num_splits")
+    assert fields[start:start + 5] == ["num_splits"] + WINDOW_SOFTCAP_FIELDS
     types = dict(_ffi.flashcore_forward_params._fields_)
     assert all(types[f] is ctypes.c_int32 for f in WINDOW_SOFTCAP_FIELDS[:3])
     assert types["softcap"] is ctypes.c_float
@@ -148,10 +150,30 @@ def test_window_and_softcap_declarations():
 def test_seqused_k_declaration():
     """What 0.5 added: seqused_k, a pointer, appended after softcap."""
     fields = _ffi.flashcore_forward_params._fields_
-    assert fields[-1] == ("seqused_k", ctypes.c_void_p)
+    assert fields[[f for f, _ in fields].index("softcap") + 1] == ("seqused_k", ctypes.c_void_p)
     params = _ffi.flashcore_forward_params
     assert params.seqused_k.offset >= params.softcap.offset + 4
     assert params.seqused_k.offset % ctypes.sizeof(ctypes.c_void_p) == 0
+
+
+# What 0.6 added after seqused_k, in header order, with their C types.
+VARLEN_PAGED_FIELDS = [
+    ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p),
+    ("total_seqlen_q", ctypes.c_int32), ("total_seqlen_k", ctypes.c_int32),
+    ("block_table", ctypes.c_void_p), ("block_table_batch_stride", ctypes.c_int64),
+    ("page_size", ctypes.c_int32), ("num_pages", ctypes.c_int32),
+]
+
+
+def test_varlen_and_paged_declarations():
+    """What 0.6 added: the variable-length and paged-cache fields, appended
+    after seqused_k; the struct ends with them."""
+    fields = _ffi.flashcore_forward_params._fields_
+    assert fields[-len(VARLEN_PAGED_FIELDS) - 1:] == [("seqused_k", ctypes.c_void_p)] + VARLEN_PAGED_FIELDS
+    params = _ffi.flashcore_forward_params
+    assert params.cu_seqlens_q.offset >= params.seqused_k.offset + ctypes.sizeof(ctypes.c_void_p)
+    assert params.block_table_batch_stride.offset % 8 == 0
+    assert params.num_pages.offset + 4 <= ctypes.sizeof(params)
 
 
 def test_functions_have_named_arguments():

@@ -896,14 +896,25 @@ def fill_unused(cache, lengths):
         cache[b, n + 1::2] = float("inf")
 
 
+def check_sequence(torch, out, lse, q, k, v, causal, **kwargs):
+    """check() for one sequence as [1, H, S, D] views (lse [1, H, Sq]),
+    which may have no queries (nothing to check) or no keys (out 0, lse
+    -inf)."""
+    if q.shape[2] == 0:
+        return
+    if k.shape[2] == 0:
+        torch.cuda.synchronize()
+        assert (out == 0).all() and torch.isneginf(lse).all(), "a sequence without keys must give 0 and lse -inf"
+        return
+    check(torch, out, lse, q, k, v, causal, **kwargs)
+
+
 def check_per_sequence(torch, out, lse, q, k, v, lengths, causal, **kwargs):
     """[B, H, S, D] views; sequence b against its first lengths[b] keys."""
     torch.cuda.synchronize()
     for b, n in enumerate(lengths):
-        if n == 0:
-            assert (out[b] == 0).all() and torch.isneginf(lse[b]).all()
-            continue
-        check(torch, out[b:b + 1], lse[b:b + 1], q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], causal, **kwargs)
+        check_sequence(torch, out[b:b + 1], lse[b:b + 1], q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], causal,
+                       **kwargs)
 
 
 @pytest.mark.parametrize("case", KVCACHE_CASES, ids=lambda c: "x".join(map(str, c[:5])))
@@ -953,3 +964,306 @@ def test_attention_with_kvcache_int_length(torch):
     want = flashcore.attention(q, k_cache[:, :100], v_cache[:, :100], layout="bshd", num_splits=1)
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+# --------------------------------------------------------------------------
+# Variable-length batches (attention_varlen) and paged KV caches
+# (attention_with_kvcache's block_table), 0.6: each sequence against the
+# float64 reference on its own rows (check_sequence). Rows outside every
+# sequence, the rest of each sequence's last page and the pages no
+# sequence uses hold NaN and infinity, which must not reach the output.
+# --------------------------------------------------------------------------
+
+# Rows after the last sequence of each packed tensor, outside every sequence.
+PAD_ROWS = 3
+VARLEN_CASES = [  # heads_q, heads_kv, query lengths, key lengths
+    (4, 4, (128, 1, 77, 300), (128, 1, 200, 300)),
+    (8, 2, (0, 1, 37, 513, 16), (5, 1, 0, 600, 16)),  # GQA; no queries; no keys
+    (6, 1, (150, 90, 3), (61, 90, 200)),  # MQA; more queries than keys: causal rows that see nothing
+]
+
+
+def varlen_id(case):
+    hq, hkv, q_lengths, k_lengths = case
+    return "h%d-%d_q%s_k%s" % (hq, hkv, "-".join(map(str, q_lengths)), "-".join(map(str, k_lengths)))
+
+
+def need_head_dims(d, dv):
+    if covering_pair(flashcore.supported_head_dims(), d, dv) is None:
+        pytest.skip("this build has no kernel covering head dims (%d, %d)" % (d, dv))
+
+
+def cu_seqlens(torch, lengths):
+    """int32 [B + 1]: where each sequence of these lengths starts when
+    packed one after another, then the end."""
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + n)
+    return torch.tensor(offsets, dtype=torch.int32, device="cuda")
+
+
+def packed(torch, lengths, heads, d, dtype, seed):
+    """Random sequences of these lengths packed one after another into
+    [total + PAD_ROWS, heads, d] (the trailing PAD_ROWS NaN), and their
+    cu_seqlens."""
+    total = sum(lengths)
+    x = randn(torch, (total + PAD_ROWS, heads, d), dtype, seed)
+    x[total:] = NAN
+    return x, cu_seqlens(torch, lengths)
+
+
+def as_sequence(rows):
+    """[n, H, D] packed rows as a [1, H, n, D] view."""
+    return rows.transpose(0, 1).unsqueeze(0)
+
+
+def unpacked(x, lengths):
+    """Each sequence of a packed [total, H, D] tensor as a [1, H, n, D] view."""
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    return [as_sequence(x[start:start + n]) for start, n in zip(starts, lengths)]
+
+
+def check_packed_queries(torch, out, lse, q, q_lengths, kv, causal, **kwargs):
+    """Packed [total_q, H, D] out and q and [H, total_q] lse; kv[b] is
+    sequence b's (k, v) as [1, Hkv, n, D] views."""
+    torch.cuda.synchronize()
+    start = 0
+    for n, (k, v) in zip(q_lengths, kv):
+        rows = slice(start, start + n)
+        check_sequence(torch, as_sequence(out[rows]), lse[:, rows].unsqueeze(0), as_sequence(q[rows]), k, v, causal,
+                       **kwargs)
+        start += n
+
+
+def varlen_inputs(torch, case, d, dv, dtype, seed):
+    hq, hkv, q_lengths, k_lengths = case
+    q, cu_q = packed(torch, q_lengths, hq, d, dtype, seed)
+    k, cu_k = packed(torch, k_lengths, hkv, d, dtype, seed + 1)
+    v, _ = packed(torch, k_lengths, hkv, dv, dtype, seed + 2)
+    return q, k, v, cu_q, cu_k
+
+
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=varlen_id)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dims", [(64, 64), (128, 128), (192, 128)], ids=head_dim_id)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_varlen_matches_reference(torch, dtype, head_dims, causal, case):
+    d, dv = head_dims
+    need_head_dims(d, dv)
+    hq, hkv, q_lengths, k_lengths = case
+    q, k, v, cu_q, cu_k = varlen_inputs(torch, case, d, dv, dtype, seed=d + len(q_lengths))
+    out = torch.full((q.shape[0], hq, dv), NAN, dtype=q.dtype, device="cuda")
+    lse = torch.full((hq, q.shape[0]), NAN, dtype=torch.float32, device="cuda")
+    result = flashcore.attention_varlen(q, k, v, cu_q, cu_k, max(q_lengths), max(k_lengths), causal=causal, out=out,
+                                        lse=lse, return_lse=True)
+    assert result[0] is out and result[1] is lse
+    check_packed_queries(torch, out, lse, q, q_lengths,
+                         list(zip(unpacked(k, k_lengths), unpacked(v, k_lengths))), causal)
+    assert torch.isnan(out[sum(q_lengths):]).all(), "wrote rows outside every sequence"
+
+
+@pytest.mark.parametrize("case", [((32, 0), True), ((50, 20), False), ((0, 0), False), ((-1, 0), True)],
+                         ids=window_id)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_varlen_window_softcap_and_splits(torch, dtype, case):
+    need_head_dim(128)
+    window, causal = case
+    hq, hkv = 8, 2
+    q_lengths, k_lengths = (200, 1, 0, 77, 333, 5), (260, 40, 10, 77, 100, 0)
+    q, k, v, cu_q, cu_k = varlen_inputs(torch, (hq, hkv, q_lengths, k_lengths), 128, 128, dtype, seed=97)
+    q = q * 8
+    kv = list(zip(unpacked(k, k_lengths), unpacked(v, k_lengths)))
+    for num_splits in (None, 1, 3):
+        out, lse = flashcore.attention_varlen(q, k, v, cu_q, cu_k, max(q_lengths), max(k_lengths), causal=causal,
+                                              window=window, softcap=SOFTCAP, num_splits=num_splits, return_lse=True)
+        # Allocated by the call: q's rows with v's head_dim_v, lse [Hq, total_q].
+        assert out.shape == (q.shape[0], hq, 128) and out.dtype == q.dtype and out.is_contiguous()
+        assert lse.shape == (hq, q.shape[0]) and lse.dtype == torch.float32
+        check_packed_queries(torch, out, lse, q, q_lengths, kv, causal, window=window, softcap=SOFTCAP)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_varlen_seqused_k(torch, dtype):
+    # Each sequence uses the first min(seqused_k[b], its length) of its keys;
+    # causal aligns to that count.
+    need_head_dim(64)
+    hq, hkv = 4, 2
+    q_lengths, k_lengths, used = (16, 1, 30, 8), (100, 50, 64, 9), (60, 0, 500, 9)
+    q, k, v, cu_q, cu_k = varlen_inputs(torch, (hq, hkv, q_lengths, k_lengths), 64, 64, dtype, seed=98)
+    seqused_k = torch.tensor(used, dtype=torch.int32, device="cuda")
+    out, lse = flashcore.attention_varlen(q, k, v, cu_q, cu_k, max(q_lengths), max(k_lengths), causal=True,
+                                          seqused_k=seqused_k, return_lse=True)
+    kv = [(ks[:, :, :min(n, nk)], vs[:, :, :min(n, nk)])
+          for ks, vs, n, nk in zip(unpacked(k, k_lengths), unpacked(v, k_lengths), used, k_lengths)]
+    check_packed_queries(torch, out, lse, q, q_lengths, kv, True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_varlen_strided_qkv(torch, dtype):
+    # FlashAttention's packed qkv [total, 3, H, D]: q, k and v are strided views.
+    need_head_dim(128)
+    lengths, h, d = (70, 1, 129, 0, 64), 4, 128
+    total = sum(lengths)
+    qkv = randn(torch, (total, 3, h, d), dtype, seed=99)
+    q, k, v = qkv.unbind(1)
+    assert q.stride() == (3 * h * d, d, 1)
+    cu = cu_seqlens(torch, lengths)
+    out, lse = flashcore.attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True, return_lse=True)
+    check_packed_queries(torch, out, lse, q, lengths, list(zip(unpacked(k, lengths), unpacked(v, lengths))), True)
+
+
+def test_attention_varlen_equal_lengths_match_attention(torch):
+    # Sequences all of one length, packed: the same as the dense batch.
+    need_head_dim(64)
+    b, s, hq, hkv, d = 3, 96, 8, 2, 64
+    q = randn(torch, (b, s, hq, d), "float16", seed=100)
+    k, v = randn(torch, (b, s, hkv, d), "float16", seed=101), randn(torch, (b, s, hkv, d), "float16", seed=102)
+    cu = cu_seqlens(torch, (s,) * b)
+    out, lse = flashcore.attention_varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu, s, s,
+                                          causal=True, return_lse=True)
+    # Back to [B, H, S, D] (and lse [B, H, S]): one check of the whole batch.
+    check(torch, out.view(b, s, hq, d).transpose(1, 2), lse.view(hq, b, s).transpose(0, 1), q.transpose(1, 2),
+          k.transpose(1, 2), v.transpose(1, 2), True)
+
+
+PAGED_CASES = [  # batch, heads_q, heads_kv, seqlen_q, per-sequence key counts
+    (4, 8, 2, 1, (0, 1, 513, 1000)),  # decode, GQA 4, an empty sequence
+    (3, 4, 4, 1, (2048, 129, 256)),  # counts on and off page boundaries
+    (2, 8, 1, 16, (300, 16)),  # MQA, several queries
+    (3, 4, 2, 7, (7, 100, 3)),  # a count below seqlen_q: causal rows that see nothing
+]
+
+
+def paged_cache(torch, k, v, lengths, page_size, seed, spare_columns=0):
+    """k, v [B, S, Hkv, D] (S a multiple of page_size) moved into page
+    pools in shuffled order: (k_pool, v_pool [num_pages, page_size, Hkv,
+    D], block_table [B, S / page_size] int32). Sequence b's first
+    lengths[b] rows are copied into its pages; every other row of the pools
+    is NaN or inf, and the table's entries past a sequence's pages point
+    outside the pool (the library clamps them and uses none of their keys).
+    spare_columns > 0 gives the table as a [:, :max_pages] view of a wider
+    one."""
+    batch, capacity = k.shape[:2]
+    max_pages = capacity // page_size
+    width = max_pages + spare_columns
+    num_pages = batch * width + 3  # a few pages no sequence lists
+    order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed))
+    table = order[:batch * width].view(batch, width).to(torch.int32)  # on the host while filling
+    pools = []
+    for dense in (k, v):
+        pool = torch.empty((num_pages, page_size) + tuple(dense.shape[2:]), dtype=dense.dtype, device="cuda")
+        pool[:, 0::2] = NAN
+        pool[:, 1::2] = float("inf")
+        for b, n in enumerate(lengths):
+            for first in range(0, n, page_size):
+                rows = min(page_size, n - first)
+                pool[int(table[b, first // page_size]), :rows] = dense[b, first:first + rows]
+        pools.append(pool)
+    for b, n in enumerate(lengths):
+        used = -(-n // page_size)
+        table[b, used:] = -1 if b % 2 else num_pages + 100
+    return pools[0], pools[1], table.to("cuda")[:, :max_pages]
+
+
+def paged_inputs(torch, b, hq, hkv, sq, lengths, page_size, d, dtype, seed, spare_columns=0):
+    """q [B, Sq, Hq, D], the dense k and v [B, capacity, Hkv, D] the
+    reference reads, and their paged copies (paged_cache); the capacity is
+    one page more than the longest sequence needs."""
+    capacity = (-(-max(lengths) // page_size) + 1) * page_size
+    q = randn(torch, (b, sq, hq, d), dtype, seed)
+    k, v = randn(torch, (b, capacity, hkv, d), dtype, seed + 1), randn(torch, (b, capacity, hkv, d), dtype, seed + 2)
+    return (q, k, v) + paged_cache(torch, k, v, lengths, page_size, seed, spare_columns)
+
+
+@pytest.mark.parametrize("case", PAGED_CASES, ids=lambda c: "x".join(map(str, c[:4])) + "_" + "-".join(map(str, c[4])))
+@pytest.mark.parametrize("page_size", [16, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paged_kvcache_matches_reference(torch, dtype, causal, page_size, case):
+    need_head_dim(128)
+    b, hq, hkv, sq, lengths = case
+    q, k, v, k_pool, v_pool, table = paged_inputs(torch, b, hq, hkv, sq, lengths, page_size, 128, dtype,
+                                                  seed=sq + page_size)
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out, lse = flashcore.attention_with_kvcache(q, k_pool, v_pool, cache_seqlens, block_table=table, causal=causal,
+                                                return_lse=True)
+    assert out.shape == (b, sq, hq, 128) and lse.shape == (b, hq, sq)
+    check_per_sequence(torch, out.transpose(1, 2), lse, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                       lengths, causal)
+
+
+@pytest.mark.parametrize("page_size", [16, 256])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paged_kvcache_full_capacity_and_padded_table(torch, dtype, page_size):
+    # Without cache_seqlens every sequence uses its table row's whole
+    # capacity (max_pages * page_size); the table is a view with a row
+    # stride larger than its width.
+    need_head_dim(64)
+    b, hq, hkv, sq, d = 3, 8, 2, 5, 64
+    capacity = 1024
+    q = randn(torch, (b, sq, hq, d), dtype, seed=page_size)
+    k, v = randn(torch, (b, capacity, hkv, d), dtype, seed=1), randn(torch, (b, capacity, hkv, d), dtype, seed=2)
+    k_pool, v_pool, table = paged_cache(torch, k, v, (capacity,) * b, page_size, seed=3, spare_columns=5)
+    assert table.stride(0) == capacity // page_size + 5
+    for causal in (False, True):
+        out, lse = flashcore.attention_with_kvcache(q, k_pool, v_pool, block_table=table, causal=causal,
+                                                    return_lse=True)
+        check(torch, out.transpose(1, 2), lse, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal)
+
+
+@pytest.mark.parametrize("page_size", [16, 256])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paged_kvcache_window_softcap_and_splits(torch, dtype, page_size):
+    need_head_dim(128)
+    b, hq, hkv, sq, lengths = 3, 8, 2, 4, (1500, 17, 700)
+    q, k, v, k_pool, v_pool, table = paged_inputs(torch, b, hq, hkv, sq, lengths, page_size, 128, dtype, seed=7)
+    q = q * 8
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    for num_splits in (None, 1, 3):
+        out, lse = flashcore.attention_with_kvcache(q, k_pool, v_pool, cache_seqlens, block_table=table, causal=True,
+                                                    window=(300, 0), softcap=SOFTCAP, num_splits=num_splits,
+                                                    return_lse=True)
+        check_per_sequence(torch, out.transpose(1, 2), lse, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                           lengths, True, window=(300, 0), softcap=SOFTCAP)
+
+
+@pytest.mark.parametrize("page_size", [16, 256])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paged_kvcache_with_packed_queries(torch, dtype, page_size):
+    # Chunked prefill: each sequence's new queries, packed, against its
+    # paged keys (the chunk's own keys are the last of them).
+    need_head_dim(128)
+    hq, hkv = 8, 2
+    q_lengths, k_lengths = (1, 0, 37, 64), (300, 10, 37, 700)
+    q, cu_q = packed(torch, q_lengths, hq, 128, dtype, seed=11)
+    _, k, v, k_pool, v_pool, table = paged_inputs(torch, len(k_lengths), hq, hkv, 1, k_lengths, page_size, 128,
+                                                  dtype, seed=12)
+    cache_seqlens = torch.tensor(k_lengths, dtype=torch.int32, device="cuda")
+    out, lse = flashcore.attention_with_kvcache(q, k_pool, v_pool, cache_seqlens, block_table=table,
+                                                cu_seqlens_q=cu_q, max_seqlen_q=max(q_lengths), causal=True,
+                                                return_lse=True)
+    assert out.shape == q.shape and lse.shape == (hq, q.shape[0])
+    kv = [(k[b:b + 1, :n].transpose(1, 2), v[b:b + 1, :n].transpose(1, 2)) for b, n in enumerate(k_lengths)]
+    check_packed_queries(torch, out, lse, q, q_lengths, kv, True)
+
+
+def test_paged_kvcache_int_length_and_the_library_s_refusals(torch):
+    need_head_dim(64)
+    q, k, v, k_pool, v_pool, table = paged_inputs(torch, 2, 4, 2, 1, (100, 100), 16, 64, "bfloat16", seed=13)
+    # An int cache_seqlens applies to every sequence.
+    out, lse = flashcore.attention_with_kvcache(q, k_pool, v_pool, 100, block_table=table, return_lse=True)
+    check_per_sequence(torch, out.transpose(1, 2), lse, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                       (100, 100), False)
+    as_array = torch.full((2,), 100, dtype=torch.int32, device="cuda")
+    again = flashcore.attention_with_kvcache(q, k_pool, v_pool, as_array, block_table=table)
+    torch.cuda.synchronize()
+    assert torch.equal(out, again)
+    # Pages of 8 keys: refused by the library, nothing written.
+    small = torch.zeros((40, 8, 2, 64), dtype=torch.bfloat16, device="cuda")
+    out.fill_(NAN)
+    with pytest.raises(flashcore.UnsupportedError, match="page_size"):
+        flashcore.attention_with_kvcache(q, small, small, 100, block_table=table, out=out)
+    with pytest.raises(flashcore.InvalidArgumentError, match="block_table must be int32"):
+        flashcore.attention_with_kvcache(q, k_pool, v_pool, 100, block_table=table.long())
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all(), "a failed call wrote to out"

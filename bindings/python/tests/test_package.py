@@ -11,8 +11,8 @@ import threading
 import pytest
 
 import flashcore
-from flashcore import Status, _arrays, _errors, _ffi, _library
-from fc_testing import FakeCudaArray, FakeDLPackArray, covering_pair, fake_ptr, fake_qkv
+from flashcore import Status, _arrays, _attention, _errors, _ffi, _library
+from fc_testing import FakeCudaArray, FakeDLPackArray, covering_pair, fake_paged, fake_ptr, fake_qkv, fake_varlen
 
 # --------------------------------------------------------------------------
 # Import and version (no library needed)
@@ -1163,3 +1163,368 @@ def test_attention_with_kvcache_int_lengths_need_a_framework(lib):
         flashcore.attention_with_kvcache(q, k, v, 1.5, out=out)
     with pytest.raises(TypeError, match="cache_seqlens must be None, an int"):
         flashcore.attention_with_kvcache(q, k, v, True, out=out)
+
+
+# --------------------------------------------------------------------------
+# Variable-length batches (attention_varlen) and paged KV caches
+# (attention_with_kvcache's block_table), 0.6; no GPU needed. The calls run
+# up to the launch against a stand-in handle that keeps the params it is
+# given, so what they would queue is compared field by field.
+# --------------------------------------------------------------------------
+
+VARLEN_FIELDS = ("cu_seqlens_q", "cu_seqlens_k", "total_seqlen_q", "total_seqlen_k", "block_table",
+                 "block_table_batch_stride", "page_size", "num_pages")
+
+
+class _RecordingHandle:
+    """Stands in for get_handle()'s Handle: needs no workspace, keeps a copy
+    of each params struct it is asked to queue."""
+
+    def __init__(self):
+        self.queued = []
+
+    def workspace_size(self, params):
+        return 0
+
+    def forward(self, params, workspace, workspace_bytes, stream):
+        self.queued.append(type(params).from_buffer_copy(params))
+
+
+@pytest.fixture
+def queued(lib, monkeypatch):
+    """The params the calls of the test queue (the fake pointers reach no
+    GPU and no driver)."""
+    handle = _RecordingHandle()
+    monkeypatch.setattr(_attention, "get_handle", lambda device=None: handle)
+    monkeypatch.setattr(_attention, "check_known_to_driver", lambda infos: None)
+    return handle.queued
+
+
+def test_varlen_and_paged_fields_default_off(lib):
+    p = lib.new_params()
+    assert all(not getattr(p, f) for f in VARLEN_FIELDS), {f: getattr(p, f) for f in VARLEN_FIELDS}
+    q, k, v, out = fake_qkv()
+    p = flashcore.forward_params(q, k, v, out)
+    assert all(not getattr(p, f) for f in VARLEN_FIELDS)
+
+
+def test_attention_varlen_queues_packed_params(queued):
+    q, k, v, out, cu_q, cu_k = fake_varlen(b=3, hq=8, hkv=2, total_q=100, total_k=120, d=64)
+    lse = FakeCudaArray((8, 100), typestr="<f4", index=4)
+    used = FakeCudaArray((3,), typestr="<i4", index=8)
+    options = dict(causal=True, window=(16, 0), softcap=30.0, num_splits=2, softmax_scale=0.25, seqused_k=used)
+    result = flashcore.attention_varlen(q, k, v, cu_q, cu_k, 50, 70, out=out, lse=lse, return_lse=True, **options)
+    assert result == (out, lse)
+    (p,) = queued
+    assert (p.batch_size, p.seqlen_q, p.seqlen_k, p.total_seqlen_q, p.total_seqlen_k) == (3, 50, 70, 100, 120)
+    assert (p.num_heads_q, p.num_heads_kv, p.head_dim, p.head_dim_v) == (8, 2, 64, 64)
+    assert (p.q, p.k, p.v, p.out, p.lse) == tuple(fake_ptr(i) for i in range(5))
+    assert (p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k) == (fake_ptr(5), fake_ptr(6), fake_ptr(8))
+    # Rows of [total, H, D]: the batch strides are ignored, left 0.
+    assert (p.q_batch_stride, p.q_seq_stride, p.q_head_stride) == (0, 8 * 64, 64)
+    assert (p.k_batch_stride, p.k_seq_stride, p.k_head_stride) == (0, 2 * 64, 64)
+    assert (p.out_batch_stride, p.out_seq_stride, p.out_head_stride) == (0, 8 * 64, 64)
+    assert (p.causal, p.use_window, p.window_left, p.window_right, p.softcap, p.num_splits) == (1, 1, 16, 0, 30.0, 2)
+    assert (p.block_table, p.page_size, p.num_pages, p.block_table_batch_stride) == (None, 0, 0, 0)
+    flashcore.check_params(p)
+    # forward_params builds the same struct from the same arguments.
+    same = flashcore.forward_params(q, k, v, out, lse=lse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=50,
+                                    max_seqlen_k=70, **options)
+    assert bytes(same) == bytes(p)
+
+
+def test_attention_varlen_strided_rows(queued):
+    # Packed rows padded to 72 elements, v with its own head_dim_v.
+    q = FakeCudaArray((100, 8, 64), strides=(8 * 72 * 2, 72 * 2, 2), index=0)
+    _, k, v, out, cu_q, cu_k = fake_varlen(total_q=100, d=192, dv=128)
+    k = FakeCudaArray((120, 2, 64), index=1)
+    v, out = FakeCudaArray((120, 2, 128), index=2), FakeCudaArray((100, 8, 128), index=3)
+    flashcore.attention_varlen(q, k, v, cu_q, cu_k, 40, 40, out=out)
+    (p,) = queued
+    assert (p.q_seq_stride, p.q_head_stride, p.head_dim, p.head_dim_v) == (8 * 72, 72, 64, 128)
+    assert (p.v_seq_stride, p.out_seq_stride) == (2 * 128, 8 * 128)
+    flashcore.check_params(p)
+
+
+@pytest.mark.parametrize("case,cls,match", [
+    ("cu_seqlens_q int64", flashcore.InvalidArgumentError, r"cu_seqlens_q must be int32 of shape \[B \+ 1\]"),
+    ("cu_seqlens_q 2-D", flashcore.InvalidArgumentError, r"cu_seqlens_q must be int32 of shape \[B \+ 1\]"),
+    ("cu_seqlens_q empty", flashcore.InvalidArgumentError, r"cu_seqlens_q must be int32 of shape \[B \+ 1\]"),
+    ("cu_seqlens_q strided", flashcore.InvalidArgumentError, "cu_seqlens_q must be contiguous, got stride 2"),
+    ("cu_seqlens_k length", flashcore.InvalidArgumentError, r"cu_seqlens_k must be int32 of shape \[B \+ 1\] = \[4\] "
+                                                            r"\(B = 3, from cu_seqlens_q"),
+    ("cu_seqlens_k uint32", flashcore.InvalidArgumentError, r"cu_seqlens_k must be int32 .* got uint32 \[4\]"),
+    ("cu_seqlens_k strided", flashcore.InvalidArgumentError, "cu_seqlens_k must be contiguous, got stride 4"),
+    ("q 4-D", flashcore.InvalidArgumentError, r"q must be 3-D, \[total, H, D\]"),
+    ("k 4-D", flashcore.InvalidArgumentError, r"k must be 3-D, \[total, H, D\]"),
+    ("k v rows", flashcore.InvalidArgumentError, "k and v must have the same shape"),
+    ("head_dim", flashcore.InvalidArgumentError, "same head_dim"),
+    ("out rows", flashcore.InvalidArgumentError, r"out must have q's shape .* \[100, 8, 64\], got \[99, 8, 64\]"),
+    ("float32", flashcore.UnsupportedError, "float32"),
+    ("lse shape", flashcore.InvalidArgumentError, r"lse must be float32 of shape \[Hq, total_q\] = \[8, 100\]"),
+    ("seqused_k", flashcore.InvalidArgumentError, r"seqused_k must be int32 of shape \[B\] = \[3\]"),
+    ("max_seqlen_q < 0", flashcore.InvalidArgumentError, r"max_seqlen_q \(-1\) must be >= 0"),
+    ("max_seqlen_k int32", flashcore.InvalidArgumentError, "max_seqlen_k .* does not fit the C API's int32_t"),
+    ("max_seqlen_q float", TypeError, "max_seqlen_q must be an int"),
+    ("max_seqlen_k None", TypeError, "cu_seqlens_k needs max_seqlen_k"),
+    ("cu_seqlens_q list", TypeError, "cu_seqlens_q must be a CUDA array"),
+    ("cu_seqlens_k host DLPack", flashcore.InvalidArgumentError, "cu_seqlens_k is not in CUDA memory"),
+])
+def test_attention_varlen_binding_side_validation(lib, case, cls, match):
+    q, k, v, out, cu_q, cu_k = fake_varlen()
+    lengths = [50, 70]
+    kwargs = {}
+    if case == "cu_seqlens_q int64":
+        cu_q = FakeCudaArray((4,), typestr="<i8", index=5)
+    elif case == "cu_seqlens_q 2-D":
+        cu_q = FakeCudaArray((4, 1), typestr="<i4", index=5)
+    elif case == "cu_seqlens_q empty":
+        cu_q = FakeCudaArray((0,), typestr="<i4", index=5)
+    elif case == "cu_seqlens_q strided":
+        cu_q = FakeCudaArray((4,), typestr="<i4", strides=(8,), index=5)
+    elif case == "cu_seqlens_k length":
+        cu_k = FakeCudaArray((5,), typestr="<i4", index=6)
+    elif case == "cu_seqlens_k uint32":
+        cu_k = FakeCudaArray((4,), typestr="<u4", index=6)
+    elif case == "cu_seqlens_k strided":
+        cu_k = FakeCudaArray((4,), typestr="<i4", strides=(16,), index=6)
+    elif case == "q 4-D":
+        q = FakeCudaArray((1, 100, 8, 64), index=0)
+    elif case == "k 4-D":
+        k = FakeCudaArray((1, 120, 2, 64), index=1)
+    elif case == "k v rows":
+        v = FakeCudaArray((121, 2, 64), index=2)
+    elif case == "head_dim":
+        k, v = FakeCudaArray((120, 2, 128), index=1), FakeCudaArray((120, 2, 128), index=2)
+    elif case == "out rows":
+        out = FakeCudaArray((99, 8, 64), index=3)
+    elif case == "float32":
+        q, k, v, out = (FakeCudaArray(a.__cuda_array_interface__["shape"], typestr="<f4", index=i)
+                        for i, a in enumerate((q, k, v, out)))
+    elif case == "lse shape":
+        kwargs["lse"] = FakeCudaArray((3, 8, 50), typestr="<f4", index=4)
+    elif case == "seqused_k":
+        kwargs["seqused_k"] = FakeCudaArray((4,), typestr="<i4", index=8)
+    elif case == "max_seqlen_q < 0":
+        lengths[0] = -1
+    elif case == "max_seqlen_k int32":
+        lengths[1] = 2**31
+    elif case == "max_seqlen_q float":
+        lengths[0] = 50.0
+    elif case == "max_seqlen_k None":
+        lengths[1] = None
+    elif case == "cu_seqlens_q list":
+        cu_q = [0, 30, 60, 100]
+    elif case == "cu_seqlens_k host DLPack":
+        cu_k = FakeDLPackArray((4,), code=0, bits=32, device=(1, 0), index=6)
+    with pytest.raises(cls, match=match) as info:
+        flashcore.attention_varlen(q, k, v, cu_q, cu_k, *lengths, out=out, **kwargs)
+    if issubclass(cls, flashcore.FlashcoreError):
+        assert info.value.status == cls.status_code
+
+
+def test_attention_varlen_cpu_tensor_rejected(lib):
+    torch = pytest.importorskip("torch")
+    q, k, v, out, _, cu_k = fake_varlen()
+    with pytest.raises(flashcore.InvalidArgumentError, match="cu_seqlens_q is a tensor on cpu"):
+        flashcore.attention_varlen(q, k, v, torch.tensor([0, 30, 60, 100], dtype=torch.int32), cu_k, 50, 70, out=out)
+
+
+def test_attention_varlen_checks_of_the_library(lib):
+    q, k, v, out, cu_q, cu_k = fake_varlen()
+    # out's memory is cu_seqlens_q's: written over what the kernels read.
+    overlapping = FakeCudaArray((4,), typestr="<i4", ptr=fake_ptr(3, 64))
+    err = _raises_from_library(lib, flashcore.InvalidArgumentError,
+                               lambda: flashcore.attention_varlen(q, k, v, overlapping, cu_k, 50, 70, out=out))
+    assert "cu_seqlens_q" in err.message and "out" in err.message
+    misaligned = FakeCudaArray((4,), typestr="<i4", ptr=fake_ptr(6, 2))
+    err = _raises_from_library(lib, flashcore.MisalignedError,
+                               lambda: flashcore.attention_varlen(q, k, v, cu_q, misaligned, 50, 70, out=out))
+    assert "cu_seqlens_k" in err.message
+    # No key rows at all while queries need some.
+    k0, v0 = FakeCudaArray((0, 2, 64), index=1), FakeCudaArray((0, 2, 64), index=2)
+    err = _raises_from_library(lib, flashcore.InvalidArgumentError,
+                               lambda: flashcore.attention_varlen(q, k0, v0, cu_q, cu_k, 50, 0, out=out))
+    assert "seqlen_k (0)" in err.message
+
+
+@pytest.mark.parametrize("batch,total_q", [(0, 100), (3, 0)])
+def test_attention_varlen_empty(lib, queued, batch, total_q):
+    # No sequence, or no query row: an empty result, nothing queued.
+    q, k, v, out, cu_q, cu_k = fake_varlen(b=batch, total_q=total_q)
+    lse = FakeCudaArray((8, total_q), typestr="<f4", index=4)
+    assert flashcore.attention_varlen(q, k, v, cu_q, cu_k, 0 if total_q == 0 else 50, 70, out=out, lse=lse,
+                                      return_lse=True) == (out, lse)
+    assert queued == []
+
+
+def test_attention_varlen_generic_arrays_need_out(lib):
+    q, k, v, out, cu_q, cu_k = fake_varlen()
+    with pytest.raises(TypeError, match="out="):
+        flashcore.attention_varlen(q, k, v, cu_q, cu_k, 50, 70)
+    with pytest.raises(TypeError, match="lse="):
+        flashcore.attention_varlen(q, k, v, cu_q, cu_k, 50, 70, out=out, return_lse=True)
+
+
+def test_attention_varlen_without_gpu_reports_no_device(lib, gpu_present):
+    if gpu_present:
+        pytest.skip("a GPU is present: the fake pointers of this test must not reach it")
+    q, k, v, out, cu_q, cu_k = fake_varlen()
+    with pytest.raises(flashcore.NoDeviceError):
+        flashcore.attention_varlen(q, k, v, cu_q, cu_k, 50, 70, out=out, causal=True)
+
+
+def test_forward_params_packs_each_side_alone(lib):
+    # Packed queries over dense [B, S, H, D] keys, and the other way round.
+    q, _, _, out, cu_q, cu_k = fake_varlen(b=3)
+    k, v = FakeCudaArray((3, 70, 2, 64), index=1), FakeCudaArray((3, 70, 2, 64), index=2)
+    p = flashcore.forward_params(q, k, v, out, layout="bshd", cu_seqlens_q=cu_q, max_seqlen_q=50)
+    assert (p.batch_size, p.seqlen_q, p.total_seqlen_q, p.seqlen_k, p.total_seqlen_k) == (3, 50, 100, 70, 0)
+    assert (p.k_batch_stride, p.cu_seqlens_k) == (70 * 2 * 64, None)
+    flashcore.check_params(p)
+    dense_q, dense_out = FakeCudaArray((3, 8, 50, 64), index=0), FakeCudaArray((3, 8, 50, 64), index=3)
+    _, k, v, _, _, cu_k = fake_varlen(b=3)
+    p = flashcore.forward_params(dense_q, k, v, dense_out, cu_seqlens_k=cu_k, max_seqlen_k=70)
+    assert (p.batch_size, p.seqlen_q, p.total_seqlen_q, p.seqlen_k, p.total_seqlen_k) == (3, 50, 0, 70, 120)
+    flashcore.check_params(p)
+    k2, v2 = FakeCudaArray((2, 70, 2, 64), index=1), FakeCudaArray((2, 70, 2, 64), index=2)
+    with pytest.raises(flashcore.InvalidArgumentError, match=r"k \[2, 70, 2, 64\] must have batch size B = 3 "
+                                                             r"\(from cu_seqlens_q"):
+        flashcore.forward_params(q, k2, v2, out, layout="bshd", cu_seqlens_q=cu_q, max_seqlen_q=50)
+
+
+def test_forward_params_max_seqlen_needs_its_cu_seqlens(lib):
+    q, k, v, out = fake_qkv()
+    with pytest.raises(flashcore.InvalidArgumentError, match="max_seqlen_q is given without cu_seqlens_q"):
+        flashcore.forward_params(q, k, v, out, max_seqlen_q=100)
+    q, k, v, out, cu_q, cu_k = fake_varlen()
+    with pytest.raises(TypeError, match="cu_seqlens_q needs max_seqlen_q"):
+        flashcore.forward_params(q, k, v, out, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_k=70)
+
+
+@pytest.mark.parametrize("with_lengths", [True, False])
+def test_paged_kvcache_queues_paged_params(queued, with_lengths):
+    q, k, v, out, _ = fake_paged(b=3, sq=4, num_pages=40, page_size=16, hkv=2, d=128)
+    # A [:, :10] view of a [3, 12] table: the row stride is 12.
+    table = FakeCudaArray((3, 10), typestr="<i4", strides=(12 * 4, 4), index=7)
+    lengths = FakeCudaArray((3,), typestr="<i4", index=8) if with_lengths else None
+    assert flashcore.attention_with_kvcache(q, k, v, lengths, block_table=table, out=out, causal=True) is out
+    (p,) = queued
+    assert (p.batch_size, p.seqlen_q, p.num_heads_q, p.num_heads_kv, p.head_dim) == (3, 4, 8, 2, 128)
+    # seqlen_k is the capacity of a row of the table; lengths from cache_seqlens.
+    assert (p.seqlen_k, p.page_size, p.num_pages, p.block_table_batch_stride) == (160, 16, 40, 12)
+    assert (p.block_table, p.seqused_k) == (fake_ptr(7), fake_ptr(8) if with_lengths else None)
+    # The pool's batch strides are its page strides.
+    assert (p.k_batch_stride, p.k_seq_stride, p.k_head_stride) == (16 * 2 * 128, 2 * 128, 128)
+    assert (p.v_batch_stride, p.q_batch_stride, p.q_seq_stride) == (16 * 2 * 128, 4 * 8 * 128, 8 * 128)
+    assert (p.cu_seqlens_q, p.cu_seqlens_k, p.total_seqlen_q, p.total_seqlen_k, p.causal) == (None, None, 0, 0, 1)
+    flashcore.check_params(p)
+    same = flashcore.forward_params(q, k, v, out, layout="bshd", block_table=table, seqused_k=lengths, causal=True)
+    assert bytes(same) == bytes(p)
+
+
+def test_paged_kvcache_one_sequence_table_stride(queued):
+    # A one-row table's stride is never stepped along: whatever the
+    # framework says, the call passes the row's length.
+    q, k, v, out, _ = fake_paged(b=1, page_size=256, num_pages=3)
+    table = FakeCudaArray((1, 5), typestr="<i4", strides=(4, 4), index=7)
+    flashcore.attention_with_kvcache(q, k, v, block_table=table, out=out)
+    (p,) = queued
+    assert (p.block_table_batch_stride, p.seqlen_k, p.page_size) == (5, 5 * 256, 256)
+    flashcore.check_params(p)
+
+
+def test_paged_kvcache_with_packed_queries(queued):
+    # Chunked prefill on a paged cache: cu_seqlens_q with a block_table.
+    _, k, v, _, table = fake_paged(b=3, num_pages=40, page_size=16, max_pages=10)
+    q, out = FakeCudaArray((20, 8, 128), index=0), FakeCudaArray((20, 8, 128), index=3)
+    cu_q = FakeCudaArray((4,), typestr="<i4", index=5)
+    lengths = FakeCudaArray((3,), typestr="<i4", index=8)
+    lse = FakeCudaArray((8, 20), typestr="<f4", index=4)
+    flashcore.attention_with_kvcache(q, k, v, lengths, block_table=table, cu_seqlens_q=cu_q, max_seqlen_q=9,
+                                     causal=True, out=out, lse=lse)
+    (p,) = queued
+    assert (p.batch_size, p.seqlen_q, p.total_seqlen_q, p.seqlen_k, p.q_batch_stride) == (3, 9, 20, 160, 0)
+    assert (p.cu_seqlens_q, p.block_table, p.seqused_k, p.lse) == (fake_ptr(5), fake_ptr(7), fake_ptr(8), fake_ptr(4))
+    flashcore.check_params(p)
+
+
+@pytest.mark.parametrize("case,cls,match", [
+    ("table int64", flashcore.InvalidArgumentError,
+     r"block_table must be int32 of shape \[B, max_pages\] with B = 3 \(q's batch size\), got int64 \[3, 10\]"),
+    ("table 1-D", flashcore.InvalidArgumentError, r"block_table must be int32 of shape \[B, max_pages\]"),
+    ("table rows", flashcore.InvalidArgumentError, r"with B = 3 \(q's batch size\), got int32 \[2, 10\]"),
+    ("table rows with cu_seqlens_q", flashcore.InvalidArgumentError, r"with B = 2 \(from cu_seqlens_q\)"),
+    ("table columns strided", flashcore.InvalidArgumentError,
+     r"block_table's rows must be contiguous \(stride 1 along max_pages\), got stride 2"),
+    ("k 3-D", flashcore.InvalidArgumentError, r"k must be 4-D, \[num_pages, page_size, H, D\] \(a page pool\)"),
+    ("v pages", flashcore.InvalidArgumentError, "k and v must have the same shape"),
+    ("cache_seqlens", flashcore.InvalidArgumentError, r"seqused_k must be int32 of shape \[B\] = \[3\]"),
+    ("table list", TypeError, "block_table must be a CUDA array"),
+    ("table host DLPack", flashcore.InvalidArgumentError, "block_table is not in CUDA memory"),
+])
+def test_paged_kvcache_binding_side_validation(lib, case, cls, match):
+    q, k, v, out, table = fake_paged()
+    lengths, kwargs = None, {}
+    if case == "table int64":
+        table = FakeCudaArray((3, 10), typestr="<i8", index=7)
+    elif case == "table 1-D":
+        table = FakeCudaArray((30,), typestr="<i4", index=7)
+    elif case == "table rows":
+        table = FakeCudaArray((2, 10), typestr="<i4", index=7)
+    elif case == "table rows with cu_seqlens_q":
+        q, out = FakeCudaArray((20, 8, 128), index=0), FakeCudaArray((20, 8, 128), index=3)
+        kwargs = dict(cu_seqlens_q=FakeCudaArray((3,), typestr="<i4", index=5), max_seqlen_q=10)
+    elif case == "table columns strided":
+        table = FakeCudaArray((3, 10), typestr="<i4", strides=(80, 8), index=7)
+    elif case == "k 3-D":
+        k = FakeCudaArray((40 * 16, 2, 128), index=1)
+    elif case == "v pages":
+        v = FakeCudaArray((41, 16, 2, 128), index=2)
+    elif case == "cache_seqlens":
+        lengths = FakeCudaArray((2,), typestr="<i4", index=8)
+    elif case == "table list":
+        table = [[0, 1], [2, 3], [4, 5]]
+    elif case == "table host DLPack":
+        table = FakeDLPackArray((3, 10), code=0, bits=32, device=(1, 0), index=7)
+    with pytest.raises(cls, match=match) as info:
+        flashcore.attention_with_kvcache(q, k, v, lengths, block_table=table, out=out, **kwargs)
+    if issubclass(cls, flashcore.FlashcoreError):
+        assert info.value.status == cls.status_code
+
+
+@pytest.mark.parametrize("page_size", [8, 24])
+def test_paged_kvcache_page_size_is_the_library_s_check(lib, page_size):
+    q, k, v, out, table = fake_paged(page_size=page_size)
+    err = _raises_from_library(lib, flashcore.UnsupportedError,
+                               lambda: flashcore.attention_with_kvcache(q, k, v, block_table=table, out=out))
+    assert "page_size (%d)" % page_size in err.message and "multiple of 16" in err.message
+
+
+def test_paged_kvcache_checks_of_the_library(lib):
+    q, k, v, out, _ = fake_paged()
+    misaligned = FakeCudaArray((3, 10), typestr="<i4", ptr=fake_ptr(7, 2))
+    err = _raises_from_library(lib, flashcore.MisalignedError,
+                               lambda: flashcore.attention_with_kvcache(q, k, v, block_table=misaligned, out=out))
+    assert "block_table" in err.message
+    in_out = FakeCudaArray((3, 10), typestr="<i4", ptr=fake_ptr(3, 256))  # inside out's bytes
+    err = _raises_from_library(lib, flashcore.InvalidArgumentError,
+                               lambda: flashcore.attention_with_kvcache(q, k, v, block_table=in_out, out=out))
+    assert "block_table" in err.message and "out" in err.message
+
+
+def test_paged_and_packed_keys_cannot_be_combined(lib):
+    q, k, v, out, cu_q, cu_k = fake_varlen()
+    table = FakeCudaArray((3, 10), typestr="<i4", index=7)
+    with pytest.raises(flashcore.InvalidArgumentError, match="cu_seqlens_k and block_table cannot be combined"):
+        flashcore.forward_params(q, k, v, out, cu_seqlens_q=cu_q, max_seqlen_q=50, cu_seqlens_k=cu_k,
+                                 max_seqlen_k=70, block_table=table)
+
+
+def test_paged_kvcache_without_gpu_reports_no_device(lib, gpu_present):
+    if gpu_present:
+        pytest.skip("a GPU is present: the fake pointers of this test must not reach it")
+    q, k, v, out, table = fake_paged()
+    with pytest.raises(flashcore.NoDeviceError):
+        flashcore.attention_with_kvcache(q, k, v, FakeCudaArray((3,), typestr="<i4", index=8), block_table=table,
+                                         out=out, causal=True)
