@@ -375,7 +375,9 @@ typedef struct flashcore_forward_params {
      * on the device and clamped into [0, total_seqlen] and lengths into
      * [0, seqlen], so wrong arrays give wrong results, never an access
      * outside q, k, v and out. Rows of out outside every sequence are not
-     * written. */
+     * written. As in FlashAttention, a sequence's last key tile may read
+     * the next sequence's rows (with zero weight): NaN or infinity in one
+     * sequence's v can reach the previous sequence's output. */
     const int32_t *cu_seqlens_q;
     const int32_t *cu_seqlens_k;
     int32_t total_seqlen_q;

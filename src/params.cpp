@@ -240,6 +240,11 @@ FwdKernelParams kernel_params(const flashcore_forward_params &p) {
     k.block_table_batch_stride = p.block_table_batch_stride;
     k.page_size = p.page_size;
     k.num_pages = p.num_pages;
+    k.page_shift = -1;
+    if (p.page_size > 0 && (p.page_size & (p.page_size - 1)) == 0) {
+        k.page_shift = 0;
+        while ((1 << k.page_shift) < p.page_size) ++k.page_shift;
+    }
     k.packed_heads = 1;
     k.num_splits = 1;
     return k;

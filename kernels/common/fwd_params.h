@@ -98,6 +98,9 @@ struct FwdKernelParams {
     int64_t block_table_batch_stride;
     int page_size;
     int num_pages;
+    // log2(page_size) where it is a power of two (the usual 16 ... 256), so
+    // the kernels find a key's page and row with shifts; -1 otherwise.
+    int page_shift;
 
     // GQA packing: the query heads that share a K/V head (packed_heads of
     // them, num_heads_q / num_heads_kv, or 1 for none) are the rows of one
@@ -162,8 +165,15 @@ __device__ __forceinline__ BatchSeqs fwd_batch_seqs(const FwdKernelParams &p, in
 
 // The page holding key `key` of batch `batch` of a paged cache, clamped
 // into the pool.
+__device__ __forceinline__ int fwd_page_index(const FwdKernelParams &p, int key) {
+    return p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;
+}
+// The row of key `key` within its page.
+__device__ __forceinline__ int fwd_page_row(const FwdKernelParams &p, int key) {
+    return p.page_shift >= 0 ? key & (p.page_size - 1) : key % p.page_size;
+}
 __device__ __forceinline__ int fwd_page_of(const FwdKernelParams &p, int batch, int key) {
-    const int page = __ldg(p.block_table + batch * p.block_table_batch_stride + key / p.page_size);
+    const int page = __ldg(p.block_table + batch * p.block_table_batch_stride + fwd_page_index(p, key));
     return min(max(page, 0), p.num_pages - 1);
 }
 #endif

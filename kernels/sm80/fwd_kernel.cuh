@@ -98,13 +98,21 @@ __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxR
     // so a whole iteration of compute or more hides each load's latency.
     // Every request commits exactly one cp.async group (empty past the last
     // tile), which keeps the wait counts below constant.
+    //
+    // A paged cache's tiles: their pages are looked up one request ahead
+    // (paged_kv.cuh), `pages` holding those of the next request's tile.
+    const bool paged = kRagged && p.block_table != nullptr;
+    const auto split_first_key = [&](int j) { return keys.n_block(j * kSplits + split) * kBlockN; };
+    TilePages<kBlockN> pages;
+    if (paged && num_split_tiles > 0) pages.look_up(p, tile.batch, split_first_key(0), mask.seqlen_k);
     const auto load_kv_tile = [&](int j) {
         if (j < num_split_tiles) {
-            const int first_key = keys.n_block(j * kSplits + split) * kBlockN;
+            const int first_key = split_first_key(j);
             Element *slot_k = smem_kv + (j % Traits::kStages) * Traits::kSmemSlotElems;
-            if (kRagged && p.block_table != nullptr) {
-                load_paged_kv_tile<Traits>(p, tile.batch, first_key, mask.seqlen_k - first_key, slot_k, k, v,
-                                           qk_vectors, v_vectors, split_tid);
+            if (paged) {
+                load_paged_kv_tile<Traits>(p, tile.batch, pages, mask.seqlen_k - first_key, slot_k, k, v, qk_vectors,
+                                           v_vectors, split_tid);
+                if (j + 1 < num_split_tiles) pages.look_up(p, tile.batch, split_first_key(j + 1), mask.seqlen_k);
                 cp_async_commit();
                 return;
             }

@@ -36,7 +36,7 @@ __device__ __forceinline__ void load_paged_panels(unsigned char *dst, const CUte
     for (int box_key = first_key; box_key < first_key + Traits::kBlockN; box_key += box_rows) {
         const bool valid = box_key < tile.seqs.seqlen_k;
         const int page = valid ? fwd_page_of(p, tile.batch, box_key) : 0;
-        const int row = valid ? box_key % p.page_size : 0;
+        const int row = valid ? fwd_page_row(p, box_key) : 0;
         unsigned char *box_dst = dst + (box_key - first_key) * Traits::kPanelRowBytes;
         for (int panel = 0; panel < panels; ++panel) {
             tma_load_4d(box_dst + panel * Traits::kKVPanelBytes, map, panel * Traits::kPanelCols, row, tile.head_kv,

@@ -31,13 +31,20 @@ struct Sm90KernelParams {
     int kv_box_rows;
 };
 
-// Rows of a batch's last K/V tile at and past this key count arrive from
-// TMA as zeros (past the tensor map's rows); below it they hold whatever
-// the tensors hold there (a KV cache's unused tail, the next packed
-// sequence, another page), which the consumers zero in V (v_tail.cuh).
+// Rows of a batch's last K/V tile from this key count on are zeros or
+// finite keys of another sequence; rows below it but past the batch's keys
+// may hold anything (a KV cache's unused tail past seqused_k, pages the
+// batch does not own), which the consumers zero in V (v_tail.cuh): their
+// probabilities are 0, but 0 times NaN is NaN. Dense maps zero-fill past
+// seqlen_k; packed keys (cu_seqlens_k) are followed by the next sequence's,
+// which need no zeroing (zeroing costs each block a wait for its first V
+// tile and a barrier of both consumers: varlen prefill ran ~10% slower);
+// with seqused_k or pages any row may be garbage.
 template <bool kRagged>
 __host__ __device__ inline int kv_rows_zero_filled_from(const FwdKernelParams &p) {
-    return kRagged && (p.cu_seqlens_k != nullptr || p.block_table != nullptr) ? INT32_MAX : p.seqlen_k;
+    if (!kRagged) return p.seqlen_k;
+    if (p.block_table != nullptr || (p.cu_seqlens_k != nullptr && p.seqused_k != nullptr)) return INT32_MAX;
+    return p.cu_seqlens_k != nullptr ? 0 : p.seqlen_k;
 }
 
 // Shared memory an sm_90 block may opt into (H100, H200): 227 KB.
