@@ -148,6 +148,8 @@ std::vector<FwdCase> serving_cases() {
         d256.with_varlen_q({150, 300}).with_varlen_k({150, 300}),
         d96.with_varlen_q({129, 1, 260}).with_varlen_k({129, 1, 260}),
         FwdCase{bf16, 128, true, 3, 8, 2, 1, 700, Layout::kBSHD}.with_varlen_q({300, 1, 64}),
+        // Packed keys whose tails past seqused_k hold NaN (zeroed in V on sm_90a).
+        d128.with_varlen_q({200, 129}).with_varlen_k({700, 900}).with_seqused_k({650, 0}),
         decode.with_seqused_k({0, 1, 777, 2048}).with_pages(16),
         decode_split3.with_seqused_k({1500, 129, 2000, 64}).with_pages(256),
         prefill.with_seqused_k({1000, 257}).with_pages(64),
