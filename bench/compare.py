@@ -290,6 +290,11 @@ def parse_args(argv):
     out.add_argument("--list", action="store_true",
                      help="print the cases the other options select (shapes, decode or not, K/V bytes, the FA3 "
                      "entry point) and exit; needs no GPU or PyTorch")
+    out.add_argument("--serving", metavar="KIND[,KIND]",
+                     help="also run issue 16's serving comparisons (bench/serving_cases.py): varlen (ragged causal "
+                     "prefill vs FA3 varlen), paged (paged decode vs the same call on a contiguous cache and FA3 "
+                     "kv-cache decode), window (32k causal with a 4096-key window vs a plain causal 4k prefill); "
+                     "bf16. Without --preset, only these run")
     out.add_argument("--extra", action="append", default=[], metavar="NAME=MODULE:FUNC",
                      help="hook for another kernel: FUNC(q, k, v, causal, softmax_scale) on [B,H,S,D] tensors "
                      "(v: [B,H,S,Dv]), bottom-right causal mask, returning [B,H,S,Dv]; timed like the others "
@@ -304,7 +309,11 @@ def parse_args(argv):
         if n not in PRESET_NAMES:
             p.error(f"unknown preset {n!r}; choose from {', '.join(PRESET_NAMES)} or a group "
                     f"({', '.join(PRESET_GROUPS)})")
-    args.preset_names = names
+    args.preset_names = names if (args.preset or not args.serving) else []
+    args.serving_kinds = []
+    if args.serving:
+        from serving_cases import SERVING_KINDS
+        args.serving_kinds = split_choices(p, "--serving", args.serving, SERVING_KINDS)
     args.extras = []
     for spec in args.extra:
         name, sep, target = spec.partition("=")
@@ -314,7 +323,7 @@ def parse_args(argv):
     if args.budget_ms <= 0:
         p.error("--budget-ms must be > 0")
     try:
-        if not build_cases(args):
+        if not build_cases(args) and not args.serving_kinds:
             p.error("no preset selected")
     except ValueError as e:
         p.error(str(e))
@@ -484,14 +493,14 @@ def flashcore_backend(fc, c, num_splits=None):
 def import_fa3():
     """FlashAttention 3's entry points from the fa3-fwd wheel: a namespace, or raises (ImportError mostly)."""
     import fa3_fwd_config, sys; sys.modules["flash_attn_config"] = fa3_fwd_config  # noqa: E401,E702
-    from fa3_fwd_interface import flash_attn_func, flash_attn_with_kvcache
+    from fa3_fwd_interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
     try:
         from importlib.metadata import version
         fa3_version = version(FA3_DISTRIBUTION)
     except Exception:  # the version is for the report only
         fa3_version = None
-    return argparse.Namespace(flash_attn_func=flash_attn_func, flash_attn_with_kvcache=flash_attn_with_kvcache,
-                              version=fa3_version)
+    return argparse.Namespace(flash_attn_func=flash_attn_func, flash_attn_varlen_func=flash_attn_varlen_func,
+                              flash_attn_with_kvcache=flash_attn_with_kvcache, version=fa3_version)
 
 
 def first_output(result):
@@ -858,7 +867,10 @@ def main(argv=None):
     args = parse_args(argv)
     cases = build_cases(args)
     if args.list:
-        list_cases(cases)
+        if cases:
+            list_cases(cases)
+        for kind in args.serving_kinds:
+            print(f"serving comparison: {kind} (bench/serving_cases.py)")
         return 0
     if torch is None:
         print(f"compare.py: PyTorch is needed: {_TORCH_IMPORT_ERROR}", file=sys.stderr)
@@ -919,7 +931,7 @@ def main(argv=None):
           "backend's, fc/peer = the same over the best of " + ", ".join(PEERS) + " (>1: flashcore faster); "
           "maxdiff: flashcore's output against the ref(erence) backend's")
 
-    label_width = max(len(c.label) for c in cases)
+    label_width = max([len(c.label) for c in cases] or [0])
     cell = 16
     results = []
     for i, c in enumerate(cases):
@@ -932,6 +944,10 @@ def main(argv=None):
         results.append(r)
         print_row(r, backends, label_width, cell)
     print_notes(results, backends)
+    serving = []
+    if args.serving_kinds:
+        from serving_cases import run_serving
+        serving = run_serving(args.serving_kinds, fc, fa3 if "fa3" in backend_list else None, measure, args)
 
     if args.json:
         doc = {"tool": "bench/compare.py", "environment": env,
@@ -941,7 +957,7 @@ def main(argv=None):
                             "flops": "2*B*Hq*(D+Dv)*visible_pairs (4*B*Hq*D*visible_pairs when Dv == D); causal: "
                                      "bottom-right mask, S(S+1)/2 pairs if Sq == Sk",
                             "tbps": "decode cases: B*Hkv*Sk*(D+Dv)*2 bytes of K/V / time, in 1e12 bytes/s"},
-               "results": results}
+               "results": results, "serving": serving}
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"JSON written to {args.json}")
     if args.plot:
