@@ -101,7 +101,9 @@ struct Consumer {
         wgmma_wait<1>();
         if (pending) finish_pending();
         const KeyMask mask = KeyMask::of(params.fwd, tile.seqs);
-        loop.clear_v_tail(mask, keys, kv_base, kv_rows_zero_filled_from<kRagged>(params.fwd),
+        loop.clear_v_tail(mask, keys, kv_base,
+                          v_tail_may_hold_garbage<kRagged>(params.fwd, tile.seqs,
+                                                           (keys.n_block(0) + 1) * Traits::kBlockN),
                           consumer * kWarpgroupThreads + wg_tid);
         loop.softmax.init();
         loop.zero_output();

@@ -174,15 +174,15 @@ struct Mainloop {
         probabilities(mask, keys, m_block, 0, p_frag[0]);
     }
 
-    // The rows of the block's first V tile past the batch's keys but inside
-    // the tensor maps (map_seqlen_k rows; seqused_k only), zeroed
-    // (v_tail.cuh). consumer_tid: the thread's index among both consumers'
+    // The rows of the block's first V tile past the batch's keys, zeroed
+    // where they may hold garbage (traits.cuh, v_tail_may_hold_garbage;
+    // v_tail.cuh). consumer_tid: the thread's index among both consumers'
     // threads. Called where O's registers are free: inside first_tile it
     // made the d128 kernels spill.
     __device__ __forceinline__ void clear_v_tail(const KeyMask &mask, const KeyRange &keys, KvPosition kv_base,
-                                                 int map_seqlen_k, int consumer_tid) {
+                                                 bool tail_may_hold_garbage, int consumer_tid) {
         const int valid_rows = mask.seqlen_k - keys.n_block(0) * Traits::kBlockN;
-        if (mask.seqlen_k < map_seqlen_k && valid_rows < Traits::kBlockN) {
+        if (tail_may_hold_garbage && valid_rows < Traits::kBlockN) {
             const int stage = Pipeline<Traits>::stage_of(kv_base);
             mbarrier_wait(pipe.v_full(stage), Pipeline<Traits>::phase_of(kv_base));
             zero_v_rows<Traits>(pipe.v_tile(stage), valid_rows, consumer_tid);

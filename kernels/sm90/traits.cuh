@@ -31,20 +31,25 @@ struct Sm90KernelParams {
     int kv_box_rows;
 };
 
-// Rows of a batch's last K/V tile from this key count on are zeros or
-// finite keys of another sequence; rows below it but past the batch's keys
-// may hold anything (a KV cache's unused tail past seqused_k, pages the
-// batch does not own), which the consumers zero in V (v_tail.cuh): their
-// probabilities are 0, but 0 times NaN is NaN. Dense maps zero-fill past
-// seqlen_k; packed keys (cu_seqlens_k) are followed by the next sequence's,
-// which need no zeroing (zeroing costs each block a wait for its first V
-// tile and a barrier of both consumers: varlen prefill ran ~10% slower);
-// with seqused_k or pages any row may be garbage.
+// Whether the rows of a batch's last K/V tile past its keys (up to
+// tile_end, the tile's end as a key of the batch) may hold anything, so
+// that the consumers must zero them in V (v_tail.cuh): their probabilities
+// are 0, but 0 times NaN is NaN. Dense maps zero-fill past seqlen_k, so only
+// a KV cache's unused tail past seqused_k needs it; so do pages the batch
+// does not own. Packed keys (cu_seqlens_k) are followed by the next
+// sequence's, finite, which need no zeroing (it costs each block a wait for
+// its first V tile and a barrier of both consumers: varlen prefill ran
+// ~2.5% slower), except past the last sequence, where a larger buffer may
+// hold anything up to total_seqlen_k.
 template <bool kRagged>
-__host__ __device__ inline int kv_rows_zero_filled_from(const FwdKernelParams &p) {
-    if (!kRagged) return p.seqlen_k;
-    if (p.block_table != nullptr || (p.cu_seqlens_k != nullptr && p.seqused_k != nullptr)) return INT32_MAX;
-    return p.cu_seqlens_k != nullptr ? 0 : p.seqlen_k;
+__device__ __forceinline__ bool v_tail_may_hold_garbage(const FwdKernelParams &p, const BatchSeqs &seqs,
+                                                        int tile_end) {
+    if (kRagged && (p.block_table != nullptr || (p.cu_seqlens_k != nullptr && p.seqused_k != nullptr))) return true;
+    if (kRagged && p.cu_seqlens_k != nullptr) {
+        const int packed_end = min(max(__ldg(p.cu_seqlens_k + p.batch_size), 0), p.total_seqlen_k);
+        return seqs.k_row0 + tile_end > packed_end;
+    }
+    return seqs.seqlen_k < p.seqlen_k;
 }
 
 // Shared memory an sm_90 block may opt into (H100, H200): 227 KB.

@@ -198,7 +198,7 @@ inline UniqueHandle make_handle() {
 }
 
 // Rows after the last sequence of packed q and out (total_seqlen_q counts
-// them): the call must leave them alone.
+// them): the call must leave them alone. Packed k and v have as many, NaN.
 constexpr int kPackedTrailingRows = 3;
 // Pages of a paged pool that no sequence uses (they hold NaN).
 constexpr int kSparePages = 2;
@@ -273,11 +273,13 @@ struct Workload {
         }
         if (c.varlen_k()) {
             cu_k = prefix_sums(c.seqlens_k);
-            const int total = std::max(cu_k.back(), 1);
+            // Rows after the last sequence hold NaN, as a larger buffer's
+            // unused rows may: no sequence may see them.
+            const int total = cu_k.back() + kPackedTrailingRows;
             allocate_packed(dk, c.heads_kv, total, c.head_dim);
             allocate_packed(dv, c.heads_kv, total, c.value_dim());
-            std::vector<float> pk(size_t(c.heads_kv) * total * c.head_dim, 0.f);
-            std::vector<float> pv(size_t(c.heads_kv) * total * c.value_dim(), 0.f);
+            std::vector<float> pk(size_t(c.heads_kv) * total * c.head_dim, NAN);
+            std::vector<float> pv(size_t(c.heads_kv) * total * c.value_dim(), NAN);
             pack_rows(k, c.heads_kv, c.seqlen_k, c.head_dim, c.seqlens_k, cu_k, total, pk);
             pack_rows(v, c.heads_kv, c.seqlen_k, c.value_dim(), c.seqlens_k, cu_k, total, pv);
             dk.upload(c.dtype, pk);
