@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "0851548694597b08c6148357537f4aff917a665962e46801b3c1ac321346f8d4"
+HEADER_SHA256 = "165eb671ae1de5d1676d09168d5a22b731c0d01e81ff167b549f5099fee66f72"
 
 FLASHCORE_VERSION_MAJOR = 0
 
@@ -258,7 +258,9 @@ class flashcore_forward_params(ctypes.Structure):
         # on the device and clamped into [0, total_seqlen] and lengths into
         # [0, seqlen], so wrong arrays give wrong results, never an access
         # outside q, k, v and out. Rows of out outside every sequence are not
-        # written.
+        # written. As in FlashAttention, a sequence's last key tile may read
+        # the next sequence's rows (with zero weight): NaN or infinity in one
+        # sequence's v can reach the previous sequence's output.
         ("cu_seqlens_q", ctypes.c_void_p),
         ("cu_seqlens_k", ctypes.c_void_p),
         ("total_seqlen_q", ctypes.c_int32),
