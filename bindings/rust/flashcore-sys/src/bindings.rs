@@ -3,9 +3,9 @@
 // Generated from include/flashcore.h by bindings/rust/scripts/regenerate-bindings.sh; do not edit.
 
 pub const FLASHCORE_VERSION_MAJOR: u32 = 0;
-pub const FLASHCORE_VERSION_MINOR: u32 = 5;
+pub const FLASHCORE_VERSION_MINOR: u32 = 6;
 pub const FLASHCORE_VERSION_PATCH: u32 = 0;
-pub const FLASHCORE_VERSION_NUMBER: u32 = 500;
+pub const FLASHCORE_VERSION_NUMBER: u32 = 600;
 pub const FLASHCORE_SOFTMAX_SCALE_DEFAULT: f64 = 0.0;
 pub const FLASHCORE_ALIGNMENT: u32 = 16;
 pub const FLASHCORE_MAX_NUM_SPLITS: u32 = 128;
@@ -237,6 +237,49 @@ pub struct flashcore_forward_params {
     #[doc = " the array on the device and clamp each value into that range, so a"]
     #[doc = " wrong value gives a wrong result, never an access outside k and v."]
     pub seqused_k: *const i32,
+    #[doc = " Variable-length batches, as FlashAttention's varlen calls: NULL (the"]
+    #[doc = " default), or a device array of batch_size + 1 int32 prefix sums,"]
+    #[doc = " 4-byte aligned. With cu_seqlens_q, q and out are packed along the"]
+    #[doc = " sequence axis: query i of batch b is row cu_seqlens_q[b] + i of q"]
+    #[doc = " and out (element row * q_seq_stride + head * q_head_stride; the batch"]
+    #[doc = " strides are ignored), batch b has cu_seqlens_q[b + 1] - cu_seqlens_q[b]"]
+    #[doc = " queries, seqlen_q is the longest of them (FlashAttention's"]
+    #[doc = " max_seqlen_q; it sizes the grid and the workspace) and"]
+    #[doc = " total_seqlen_q the number of rows q and out hold. lse, when given, is"]
+    #[doc = " then [num_heads_q][total_seqlen_q] (FlashAttention's varlen layout)."]
+    #[doc = " cu_seqlens_k likewise packs k and v (total_seqlen_k rows; seqlen_k is"]
+    #[doc = " the longest key sequence); with seqused_k too, batch b uses the first"]
+    #[doc = " min(seqused_k[b], its length) of its keys. The causal diagonal and the"]
+    #[doc = " window are aligned to each sequence's own lengths. Offsets are read"]
+    #[doc = " on the device and clamped into [0, total_seqlen] and lengths into"]
+    #[doc = " [0, seqlen], so wrong arrays give wrong results, never an access"]
+    #[doc = " outside q, k, v and out. Rows of out outside every sequence are not"]
+    #[doc = " written. As in FlashAttention, a sequence's last key tile may read"]
+    #[doc = " the next sequence's rows (with zero weight): NaN or infinity in one"]
+    #[doc = " sequence's v can reach the previous sequence's output."]
+    pub cu_seqlens_q: *const i32,
+    pub cu_seqlens_k: *const i32,
+    pub total_seqlen_q: i32,
+    pub total_seqlen_k: i32,
+    #[doc = " Paged KV cache, as FlashAttention's block_table and vLLM's paged"]
+    #[doc = " attention: NULL (the default), or a device array of int32 page"]
+    #[doc = " indices, 4-byte aligned, row b (block_table + b *"]
+    #[doc = " block_table_batch_stride) listing the pages of batch b in key order."]
+    #[doc = " k and v are then [num_pages][page_size][num_heads_kv][head_dim(_v)]"]
+    #[doc = " pools: key j of batch b is row j % page_size of page"]
+    #[doc = " block_table[b][j / page_size], at element page * k_batch_stride +"]
+    #[doc = " row * k_seq_stride + head * k_head_stride (the batch strides are the"]
+    #[doc = " page strides). seqlen_k is the longest sequence and batch b's length"]
+    #[doc = " is seqused_k[b] (seqlen_k without it); each row of the table holds"]
+    #[doc = " ceil(seqlen_k / page_size) entries, of which only those of a batch's"]
+    #[doc = " keys are read. page_size is a multiple of 16; num_pages >= 1. Entries"]
+    #[doc = " are clamped into [0, num_pages) on the device. Not combined with"]
+    #[doc = " cu_seqlens_k (cu_seqlens_q is fine: chunked prefill on a paged"]
+    #[doc = " cache)."]
+    pub block_table: *const i32,
+    pub block_table_batch_stride: i64,
+    pub page_size: i32,
+    pub num_pages: i32,
 }
 extern "C" {
     #[doc = " Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,"]

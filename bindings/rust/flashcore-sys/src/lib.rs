@@ -171,6 +171,22 @@ mod tests {
         params.seqused_k = 0x7000_0000 as *const i32;
         assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
         params.seqused_k = std::ptr::null();
+        // The 0.6 fields (the last: num_pages) are read where Rust wrote them:
+        // a page size that is not a multiple of 16 is refused, and a valid
+        // paged pool accepted.
+        params.block_table = 0x7100_0000 as *const i32;
+        params.block_table_batch_stride = i64::from(params.seqlen_k);
+        params.num_pages = 4;
+        params.page_size = 24;
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_UNSUPPORTED);
+        params.page_size = 16;
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
+        (params.block_table, params.block_table_batch_stride, params.page_size, params.num_pages) =
+            (std::ptr::null(), 0, 0, 0);
+        // total_seqlen_q without cu_seqlens_q is refused.
+        params.total_seqlen_q = 5;
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_INVALID_ARGUMENT);
+        params.total_seqlen_q = 0;
 
         // FP32 is a merge dtype only: forward refuses it as unsupported.
         params.dtype = FLASHCORE_DTYPE_FP32 as i32;

@@ -243,16 +243,21 @@ impl<'a> ForwardParams<'a> {
     /// Bytes from the start of `tensor`'s buffer to the end of its last element.
     fn extent(&self, tensor: Tensor, element_size: usize) -> i128 {
         let raw = &self.raw;
-        let (heads, seqlen) = match tensor {
-            Tensor::Q | Tensor::Out => (raw.num_heads_q, raw.seqlen_q),
-            Tensor::K | Tensor::V => (raw.num_heads_kv, raw.seqlen_k),
+        // Packed tensors are one batch of their total rows; a paged pool is
+        // num_pages batches of page_size rows.
+        let (heads, batches, seqlen) = match tensor {
+            Tensor::Q | Tensor::Out if !raw.cu_seqlens_q.is_null() => (raw.num_heads_q, 1, raw.total_seqlen_q),
+            Tensor::Q | Tensor::Out => (raw.num_heads_q, raw.batch_size, raw.seqlen_q),
+            Tensor::K | Tensor::V if !raw.block_table.is_null() => (raw.num_heads_kv, raw.num_pages, raw.page_size),
+            Tensor::K | Tensor::V if !raw.cu_seqlens_k.is_null() => (raw.num_heads_kv, 1, raw.total_seqlen_k),
+            Tensor::K | Tensor::V => (raw.num_heads_kv, raw.batch_size, raw.seqlen_k),
         };
         let width = match tensor {
             Tensor::Q | Tensor::K => self.head_dim(),
             Tensor::V | Tensor::Out => self.head_dim_v(),
         };
         let strides = self.strides(tensor);
-        let last = [(raw.batch_size, strides.batch), (seqlen, strides.seq), (heads, strides.head)]
+        let last = [(batches, strides.batch), (seqlen, strides.seq), (heads, strides.head)]
             .iter()
             .map(|&(count, stride)| (i128::from(count) - 1) * i128::from(stride))
             .sum::<i128>()
@@ -363,6 +368,12 @@ pub struct ForwardParamsBuilder<'a> {
     tensors: [Option<RawBuffer>; 4],
     lse: Option<RawBuffer>,
     seqused_k: Option<RawBuffer>,
+    /// cu_seqlens_q and total_seqlen_q; `None`: q and out are not packed.
+    varlen_q: Option<(RawBuffer, i32)>,
+    /// cu_seqlens_k and total_seqlen_k; `None`: k and v are not packed.
+    varlen_k: Option<(RawBuffer, i32)>,
+    /// block_table, its batch stride, page_size and num_pages; `None`: no pages.
+    paged_kv: Option<(RawBuffer, i64, i32, i32)>,
     buffers: PhantomData<&'a mut ()>,
 }
 
@@ -497,9 +508,98 @@ impl<'a> ForwardParamsBuilder<'a> {
         self
     }
 
+    /// Variable-length queries, as FlashAttention's varlen call: q and out
+    /// are packed `[total_seqlen_q, num_heads_q, head_dim(_v)]`, sequence b's
+    /// query i being row `cu_seqlens_q[b] + i`. `cu_seqlens_q` is device
+    /// memory holding `batch_size + 1` i32 prefix sums, 4-byte aligned;
+    /// [`seqlen_q`](Self::seqlen_q) is then the longest sequence
+    /// (FlashAttention's max_seqlen_q) and lse, if given, is
+    /// `[num_heads_q, total_seqlen_q]`. Unless [`strides`](Self::strides)
+    /// says otherwise, q and out get dense packed strides whatever the
+    /// layout. Causal and the window align to each sequence's own lengths;
+    /// rows of out after the last sequence are not written. The prefix sums
+    /// are read on the GPU and clamped into the tensors.
+    ///
+    /// ```
+    /// # use flashcore::ForwardParams;
+    /// # let (cu_q, cu_k) = (flashcore::RawBuffer::new(0x1000, 12), flashcore::RawBuffer::new(0x2000, 12));
+    /// // Two sequences of 100 and 28 tokens, self-attention: cu_seqlens [0, 100, 128].
+    /// let builder = ForwardParams::builder().batch_size(2).seqlen_q(100).seqlen_k(100)
+    ///     .varlen_q(&cu_q, 128).varlen_k(&cu_k, 128).causal(true);
+    /// ```
+    pub fn varlen_q<B: DeviceBuffer + ?Sized>(mut self, cu_seqlens_q: &'a B, total_seqlen_q: i32) -> Self {
+        self.varlen_q = Some((RawBuffer::new(cu_seqlens_q.device_ptr(), cu_seqlens_q.byte_len()), total_seqlen_q));
+        self
+    }
+
+    /// Variable-length keys: k and v packed `[total_seqlen_k, num_heads_kv,
+    /// head_dim(_v)]` with `batch_size + 1` i32 prefix sums, as
+    /// [`varlen_q`](Self::varlen_q) for the queries; [`seqlen_k`](Self::seqlen_k)
+    /// is the longest key sequence. With [`seqused_k`](Self::seqused_k) too,
+    /// sequence b uses the first `min(seqused_k[b], its length)` keys. Not
+    /// with [`paged_kv`](Self::paged_kv).
+    pub fn varlen_k<B: DeviceBuffer + ?Sized>(mut self, cu_seqlens_k: &'a B, total_seqlen_k: i32) -> Self {
+        self.varlen_k = Some((RawBuffer::new(cu_seqlens_k.device_ptr(), cu_seqlens_k.byte_len()), total_seqlen_k));
+        self
+    }
+
+    /// A paged KV cache (FlashAttention's `block_table`, vLLM's paged
+    /// attention): k and v are pools `[num_pages, page_size, num_heads_kv,
+    /// head_dim(_v)]` and row b of `block_table` (device memory of i32 page
+    /// indices, 4-byte aligned, rows `block_table_batch_stride` apart) lists
+    /// sequence b's pages in key order. [`seqlen_k`](Self::seqlen_k) is the
+    /// longest sequence, each table row holds at least
+    /// `ceil(seqlen_k / page_size)` entries, and the sequences' lengths come
+    /// from [`seqused_k`](Self::seqused_k) (every sequence has `seqlen_k`
+    /// keys without it). `page_size` is a multiple of 16. Unless
+    /// [`strides`](Self::strides) says otherwise, k and v get dense pool
+    /// strides (the batch stride is the page stride). Entries are clamped
+    /// into the pool on the GPU. Packed queries ([`varlen_q`](Self::varlen_q))
+    /// may be combined with it (chunked prefill on a paged cache).
+    ///
+    /// ```
+    /// # use flashcore::ForwardParams;
+    /// # let (table, lengths) = (flashcore::RawBuffer::new(0x1000, 4 * 64), flashcore::RawBuffer::new(0x2000, 16));
+    /// // Decode for 4 sequences of up to 1024 keys in pages of 16: 64 entries per table row.
+    /// let builder = ForwardParams::builder().batch_size(4).seqlen_q(1).seqlen_k(1024)
+    ///     .paged_kv(&table, 64, 16, 256).seqused_k(&lengths);
+    /// ```
+    pub fn paged_kv<B: DeviceBuffer + ?Sized>(
+        mut self,
+        block_table: &'a B,
+        block_table_batch_stride: i64,
+        page_size: i32,
+        num_pages: i32,
+    ) -> Self {
+        let table = RawBuffer::new(block_table.device_ptr(), block_table.byte_len());
+        self.paged_kv = Some((table, block_table_batch_stride, page_size, num_pages));
+        self
+    }
+
     fn tensor<B: DeviceBuffer + ?Sized>(mut self, tensor: Tensor, buffer: &B) -> Self {
         self.tensors[tensor as usize] = Some(RawBuffer::new(buffer.device_ptr(), buffer.byte_len()));
         self
+    }
+
+    /// Dense strides of packed and paged tensors, in place of the layout's:
+    /// packed rows `[total, heads, dim]`, pools `[num_pages, page_size,
+    /// heads, dim]`. Explicit [`strides`](Self::strides) are applied after.
+    fn pack_strides(&self, raw: &mut sys::flashcore_forward_params) {
+        let (hq, hkv) = (i64::from(raw.num_heads_q), i64::from(raw.num_heads_kv));
+        let (d, dv) = (i64::from(raw.head_dim), i64::from(raw.head_dim_v));
+        let page_rows = self.paged_kv.map(|(_, _, page_size, _)| i64::from(page_size));
+        let mut set = |tensor: Tensor, heads: i64, width: i64, rows_per_batch: i64| {
+            let [batch, seq, head] = stride_fields(raw, tensor);
+            (*batch, *seq, *head) = (rows_per_batch * heads * width, heads * width, width);
+        };
+        if self.varlen_q.is_some() {
+            set(Tensor::Q, hq, d, 0);
+            set(Tensor::Out, hq, dv, 0);
+        }
+        if self.varlen_k.is_some() || page_rows.is_some() {
+            set(Tensor::K, hkv, d, page_rows.unwrap_or(0));
+            set(Tensor::V, hkv, dv, page_rows.unwrap_or(0));
+        }
     }
 
     /// Validates everything and returns the params; see the type's
@@ -539,6 +639,7 @@ impl<'a> ForwardParamsBuilder<'a> {
         raw.softcap = self.softcap;
         // SAFETY: `raw` is a valid params struct with its own struct_size.
         check(unsafe { sys::flashcore_set_contiguous_strides(&mut raw, self.layout.to_raw()) })?;
+        self.pack_strides(&mut raw);
         for (&tensor, strides) in TENSORS.iter().zip(&self.strides) {
             if let Some(strides) = strides {
                 let [batch, seq, head] = stride_fields(&mut raw, tensor);
@@ -551,6 +652,17 @@ impl<'a> ForwardParamsBuilder<'a> {
         raw.out = device_address(out);
         raw.lse = device_address(self.lse).cast();
         raw.seqused_k = device_address(self.seqused_k).cast_const().cast();
+        let int32s = |buffer: RawBuffer| device_address(Some(buffer)).cast_const().cast();
+        if let Some((cu_seqlens, total)) = self.varlen_q {
+            (raw.cu_seqlens_q, raw.total_seqlen_q) = (int32s(cu_seqlens), total);
+        }
+        if let Some((cu_seqlens, total)) = self.varlen_k {
+            (raw.cu_seqlens_k, raw.total_seqlen_k) = (int32s(cu_seqlens), total);
+        }
+        if let Some((table, stride, page_size, num_pages)) = self.paged_kv {
+            raw.block_table = int32s(table);
+            (raw.block_table_batch_stride, raw.page_size, raw.num_pages) = (stride, page_size, num_pages);
+        }
         // SAFETY: reads the struct only.
         check(unsafe { sys::flashcore_forward_check(&raw) })?;
 
@@ -560,11 +672,29 @@ impl<'a> ForwardParamsBuilder<'a> {
             ensure_fits(tensor.name(), params.extent(tensor, self.dtype.size_of()), buffer)?;
         }
         if let Some(lse) = &self.lse {
-            let rows = i128::from(raw.batch_size) * i128::from(raw.num_heads_q) * i128::from(raw.seqlen_q);
+            // [num_heads_q, total_seqlen_q] for packed queries.
+            let rows = match self.varlen_q {
+                Some(_) => i128::from(raw.num_heads_q) * i128::from(raw.total_seqlen_q),
+                None => i128::from(raw.batch_size) * i128::from(raw.num_heads_q) * i128::from(raw.seqlen_q),
+            };
             ensure_fits("lse", rows * std::mem::size_of::<f32>() as i128, lse)?;
         }
+        let int32_bytes = |count: i128| count * std::mem::size_of::<i32>() as i128;
         if let Some(seqused_k) = &self.seqused_k {
-            ensure_fits("seqused_k", i128::from(raw.batch_size) * std::mem::size_of::<i32>() as i128, seqused_k)?;
+            ensure_fits("seqused_k", int32_bytes(i128::from(raw.batch_size)), seqused_k)?;
+        }
+        for (name, varlen) in [("cu_seqlens_q", &self.varlen_q), ("cu_seqlens_k", &self.varlen_k)] {
+            if let Some((cu_seqlens, _)) = varlen {
+                ensure_fits(name, int32_bytes(i128::from(raw.batch_size) + 1), cu_seqlens)?;
+            }
+        }
+        if let Some((table, stride, page_size, _)) = &self.paged_kv {
+            let per_row = (i128::from(raw.seqlen_k) + i128::from(*page_size) - 1) / i128::from(*page_size);
+            ensure_fits(
+                "block_table",
+                int32_bytes((i128::from(raw.batch_size) - 1) * i128::from(*stride) + per_row),
+                table,
+            )?;
         }
         Ok(params)
     }
@@ -654,6 +784,92 @@ mod tests {
         assert_eq!((raw.use_window, raw.window_left, raw.window_right, raw.softcap), (0, 0, 0, 0.0));
         assert_eq!((params.window(), params.softcap()), (None, 0.0));
         assert!(raw.seqused_k.is_null());
+    }
+
+    /// Packed [total, heads, dim] buffers of `total_q` query and `total_k`
+    /// key rows of the standard heads and head dim.
+    fn packed(total_q: i64, total_k: i64) -> Buffers {
+        let (q_bytes, kv_bytes) = ((total_q * HQ * D * 2) as usize, (total_k * HKV * D * 2) as usize);
+        Buffers {
+            q: RawBuffer::new(0x1000_0000, q_bytes),
+            k: RawBuffer::new(0x2000_0000, kv_bytes),
+            v: RawBuffer::new(0x3000_0000, kv_bytes),
+            out: RawBuffer::new(0x4000_0000, q_bytes),
+        }
+    }
+
+    #[test]
+    fn varlen_packs_strides_and_reaches_the_c_struct() {
+        let (total_q, total_k) = (200, 150);
+        let mut buffers = packed(total_q, total_k);
+        let (cu_q, cu_k) = (RawBuffer::new(0x6000_0000, (B as usize + 1) * 4), RawBuffer::new(0x6100_0000, 12));
+        let lse = RawBuffer::new(0x5000_0000, (HQ * total_q * 4) as usize);
+        let mut lse_buffer = lse;
+        let params = standard(&mut buffers)
+            .varlen_q(&cu_q, total_q as i32)
+            .varlen_k(&cu_k, total_k as i32)
+            .lse(&mut lse_buffer)
+            .build()
+            .expect("valid params");
+        let raw = params.as_raw();
+        assert_eq!((raw.cu_seqlens_q as usize, raw.total_seqlen_q), (0x6000_0000, total_q as i32));
+        assert_eq!((raw.cu_seqlens_k as usize, raw.total_seqlen_k), (0x6100_0000, total_k as i32));
+        // Packed rows whatever the layout (the default is BHSD).
+        assert_eq!([raw.q_seq_stride, raw.q_head_stride], [HQ * D, D]);
+        assert_eq!([raw.k_seq_stride, raw.k_head_stride], [HKV * D, D]);
+        // Buffers must hold the totals and batch_size + 1 prefix sums.
+        let mut short = packed(total_q - 1, total_k);
+        let err = rejected(standard(&mut short).varlen_q(&cu_q, total_q as i32).varlen_k(&cu_k, total_k as i32));
+        assert!(err.message().starts_with("q: the tensor spans"), "{}", err.message());
+        let mut buffers = packed(total_q, total_k);
+        let short_cu = RawBuffer::new(0x6000_0000, B as usize * 4);
+        let err = rejected(standard(&mut buffers).varlen_q(&short_cu, total_q as i32).varlen_k(&cu_k, total_k as i32));
+        assert!(err.message().starts_with("cu_seqlens_q: the tensor spans"), "{}", err.message());
+        let mut buffers = packed(total_q, total_k);
+        let mut short_lse = RawBuffer::new(0x5000_0000, (HQ * total_q * 4 - 4) as usize);
+        let err = rejected(
+            standard(&mut buffers).varlen_q(&cu_q, total_q as i32).varlen_k(&cu_k, total_k as i32).lse(&mut short_lse),
+        );
+        assert!(err.message().starts_with("lse: the tensor spans"), "{}", err.message());
+        // The library's own checks: a total without its prefix sums.
+        let mut buffers = Buffers::dense();
+        let mut raw = standard(&mut buffers).build().expect("valid params").raw;
+        raw.total_seqlen_q = 7;
+        // SAFETY: reads the struct only.
+        assert_eq!(check(unsafe { sys::flashcore_forward_check(&raw) }).unwrap_err().status(), Status::InvalidArgument);
+    }
+
+    #[test]
+    fn paged_kv_strides_pool_and_table_extent() {
+        let (page_size, num_pages) = (16, 20);
+        let pool_bytes = (num_pages * page_size * HKV * D * 2) as usize;
+        let q_bytes = (B * HQ * SQ * D * 2) as usize;
+        let mut buffers = Buffers {
+            q: RawBuffer::new(0x1000_0000, q_bytes),
+            k: RawBuffer::new(0x2000_0000, pool_bytes),
+            v: RawBuffer::new(0x3000_0000, pool_bytes),
+            out: RawBuffer::new(0x4000_0000, q_bytes),
+        };
+        let per_row = (SK + page_size - 1) / page_size; // 6 pages of 16 for 96 keys
+        let table = RawBuffer::new(0x6000_0000, ((B - 1) * per_row + per_row) as usize * 4);
+        let params = standard(&mut buffers)
+            .paged_kv(&table, per_row, page_size as i32, num_pages as i32)
+            .build()
+            .expect("valid params");
+        let raw = params.as_raw();
+        assert_eq!((raw.block_table as usize, raw.block_table_batch_stride), (0x6000_0000, per_row));
+        assert_eq!((raw.page_size, raw.num_pages), (page_size as i32, num_pages as i32));
+        assert_eq!([raw.k_batch_stride, raw.k_seq_stride, raw.k_head_stride], [page_size * HKV * D, HKV * D, D]);
+        // A table row short of ceil(seqlen_k / page_size) entries.
+        let mut buffers2 = Buffers { k: buffers.k, v: buffers.v, ..Buffers::dense() };
+        let short = RawBuffer::new(0x6000_0000, table.byte_len() - 4);
+        let err = rejected(standard(&mut buffers2).paged_kv(&short, per_row, page_size as i32, num_pages as i32));
+        assert!(err.message().starts_with("block_table: the tensor spans"), "{}", err.message());
+        // Pages of 24 keys: the library refuses them, saying why.
+        let mut buffers3 = Buffers { k: buffers.k, v: buffers.v, ..Buffers::dense() };
+        let err = rejected(standard(&mut buffers3).paged_kv(&table, per_row, 24, num_pages as i32));
+        assert_eq!(err.status(), Status::Unsupported);
+        assert!(err.message().contains("page_size (24) is not supported"), "{}", err.message());
     }
 
     #[test]
