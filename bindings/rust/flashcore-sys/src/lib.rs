@@ -187,10 +187,66 @@ mod tests {
         params.total_seqlen_q = 5;
         assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_INVALID_ARGUMENT);
         params.total_seqlen_q = 0;
+        // Each of the other 0.6 fields, read where Rust wrote it: the library
+        // names the field it refuses.
+        let refused = |params: &flashcore_forward_params, status: flashcore_status, needle: &str| {
+            assert_eq!(unsafe { flashcore_forward_check(params) }, status, "expected a refusal naming {needle}");
+            let message = text(unsafe { flashcore_last_error_message() });
+            assert!(message.contains(needle), "{message:?} does not name {needle}");
+        };
+        (params.cu_seqlens_q, params.total_seqlen_q) = (0x7200_0002 as *const i32, 30);
+        refused(&params, FLASHCORE_STATUS_MISALIGNED, "cu_seqlens_q");
+        params.cu_seqlens_q = 0x7200_0000 as *const i32;
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
+        params.total_seqlen_k = 50;
+        refused(&params, FLASHCORE_STATUS_INVALID_ARGUMENT, "total_seqlen_k (50)");
+        params.cu_seqlens_k = 0x7300_0000 as *const i32;
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
+        params.total_seqlen_k = 0;
+        refused(&params, FLASHCORE_STATUS_INVALID_ARGUMENT, "total_seqlen_k (0)");
+        (params.block_table, params.page_size, params.num_pages) = (0x7100_0000 as *const i32, 16, 4);
+        (params.block_table_batch_stride, params.total_seqlen_k) = (3, 50); // ceil(40 / 16)
+        refused(&params, FLASHCORE_STATUS_INVALID_ARGUMENT, "cu_seqlens_k and block_table cannot be combined");
+        (params.cu_seqlens_k, params.total_seqlen_k) = (std::ptr::null(), 0);
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
+        params.block_table_batch_stride = 2;
+        refused(&params, FLASHCORE_STATUS_INVALID_ARGUMENT, "block_table_batch_stride (2)");
+        (params.block_table_batch_stride, params.num_pages) = (3, 0);
+        refused(&params, FLASHCORE_STATUS_INVALID_ARGUMENT, "num_pages (0)");
+        (params.cu_seqlens_q, params.total_seqlen_q) = (std::ptr::null(), 0);
+        (params.block_table, params.block_table_batch_stride, params.page_size, params.num_pages) =
+            (std::ptr::null(), 0, 0, 0);
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
 
         // FP32 is a merge dtype only: forward refuses it as unsupported.
         params.dtype = FLASHCORE_DTYPE_FP32 as i32;
         assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_UNSUPPORTED);
+    }
+
+    /// The 0.6 fields at the offsets of the C header on LP64 targets (x86_64
+    /// and aarch64 Linux, where CUDA runs); the test above checks them
+    /// against the library itself on any target.
+    #[cfg(target_pointer_width = "64")]
+    #[test]
+    fn params_0_6_offsets_on_lp64() {
+        let params = core::mem::MaybeUninit::<flashcore_forward_params>::uninit();
+        let base = params.as_ptr();
+        let offset = |field: *const u8| field as usize - base as usize;
+        // SAFETY: addr_of! computes field addresses without reading them.
+        let offsets = unsafe {
+            [
+                offset(core::ptr::addr_of!((*base).cu_seqlens_q).cast()),
+                offset(core::ptr::addr_of!((*base).cu_seqlens_k).cast()),
+                offset(core::ptr::addr_of!((*base).total_seqlen_q).cast()),
+                offset(core::ptr::addr_of!((*base).total_seqlen_k).cast()),
+                offset(core::ptr::addr_of!((*base).block_table).cast()),
+                offset(core::ptr::addr_of!((*base).block_table_batch_stride).cast()),
+                offset(core::ptr::addr_of!((*base).page_size).cast()),
+                offset(core::ptr::addr_of!((*base).num_pages).cast()),
+            ]
+        };
+        assert_eq!(offsets, [216, 224, 232, 236, 240, 248, 256, 260]);
+        assert!(size_of::<flashcore_forward_params>() >= 264);
     }
 
     /// flashcore_merge_params_init writes the defaults at Rust's offsets and

@@ -69,6 +69,12 @@ impl Layout {
 }
 
 /// One of the four strided tensors of a forward call.
+///
+/// The shapes below are the dense ones; q and out are `[total_seqlen_q,
+/// num_heads_q, dim]` with [`ForwardParamsBuilder::varlen_q`], k and v
+/// `[total_seqlen_k, num_heads_kv, dim]` with
+/// [`ForwardParamsBuilder::varlen_k`] and `[num_pages, page_size,
+/// num_heads_kv, dim]` pools with [`ForwardParamsBuilder::paged_kv`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Tensor {
     /// Queries, `[batch_size, num_heads_q, seqlen_q, head_dim]`.
@@ -312,8 +318,13 @@ macro_rules! input_setters {
 ///
 /// Required: the six sizes and q, k, v, out. Optional: [`head_dim_v`],
 /// [`dtype`], [`causal`], [`window`], [`softcap`], [`softmax_scale`],
-/// [`layout`] or [`strides`], [`lse`], [`num_splits`].
+/// [`layout`] or [`strides`], [`lse`], [`num_splits`], [`seqused_k`],
+/// [`varlen_q`], [`varlen_k`], [`paged_kv`].
 ///
+/// [`seqused_k`]: ForwardParamsBuilder::seqused_k
+/// [`varlen_q`]: ForwardParamsBuilder::varlen_q
+/// [`varlen_k`]: ForwardParamsBuilder::varlen_k
+/// [`paged_kv`]: ForwardParamsBuilder::paged_kv
 /// [`head_dim_v`]: ForwardParamsBuilder::head_dim_v
 /// [`num_splits`]: ForwardParamsBuilder::num_splits
 /// [`window`]: ForwardParamsBuilder::window
@@ -488,7 +499,8 @@ impl<'a> ForwardParamsBuilder<'a> {
 
     /// Device memory for the natural-log log-sum-exp of each score row,
     /// `[batch_size, num_heads_q, seqlen_q]` f32, contiguous (optional; not
-    /// written when absent).
+    /// written when absent); `[num_heads_q, total_seqlen_q]` with packed
+    /// queries ([`varlen_q`](Self::varlen_q)).
     pub fn lse<B: DeviceBuffer + ?Sized>(mut self, lse: &'a mut B) -> Self {
         self.lse = Some(RawBuffer::new(lse.device_ptr(), lse.byte_len()));
         self
@@ -870,6 +882,116 @@ mod tests {
         let err = rejected(standard(&mut buffers3).paged_kv(&table, per_row, 24, num_pages as i32));
         assert_eq!(err.status(), Status::Unsupported);
         assert!(err.message().contains("page_size (24) is not supported"), "{}", err.message());
+    }
+
+    #[test]
+    fn varlen_and_paged_extents_follow_totals_pools_and_head_dim_v() {
+        let (total_q, total_k, dv) = (200, 150, 32);
+        let cu = RawBuffer::new(0x6000_0000, (B as usize + 1) * 4);
+        let cu_k = RawBuffer::new(0x6100_0000, (B as usize + 1) * 4);
+        // Packed v and out are [total, heads, head_dim_v], in either layout.
+        let (q_bytes, k_bytes) = ((total_q * HQ * D * 2) as usize, (total_k * HKV * D * 2) as usize);
+        let (v_bytes, out_bytes) = ((total_k * HKV * dv * 2) as usize, (total_q * HQ * dv * 2) as usize);
+        let (q, k, v) = (
+            RawBuffer::new(0x1000_0000, q_bytes),
+            RawBuffer::new(0x2000_0000, k_bytes),
+            RawBuffer::new(0x3000_0000, v_bytes),
+        );
+        let mut out = RawBuffer::new(0x4000_0000, out_bytes);
+        let params = with_head_dims(D, Some(dv), [&q, &k, &v], &mut out)
+            .layout(Layout::Bshd)
+            .varlen_q(&cu, total_q as i32)
+            .varlen_k(&cu_k, total_k as i32)
+            .build()
+            .expect("valid params");
+        assert_eq!(params.strides(Tensor::V), Strides { batch: 0, seq: HKV * dv, head: dv });
+        assert_eq!(params.strides(Tensor::Out), Strides { batch: 0, seq: HQ * dv, head: dv });
+        // One element short of the totals, for each packed tensor.
+        let short = |len: usize| RawBuffer::new(0x7000_0000, len - 2);
+        let cases: [(&str, [&RawBuffer; 3], RawBuffer); 4] = [
+            ("q", [&short(q_bytes), &k, &v], out),
+            ("k", [&q, &short(k_bytes), &v], out),
+            ("v", [&q, &k, &short(v_bytes)], out),
+            ("out", [&q, &k, &v], short(out_bytes)),
+        ];
+        for (name, inputs, mut out) in cases {
+            let builder = with_head_dims(D, Some(dv), inputs, &mut out);
+            let err = rejected(builder.varlen_q(&cu, total_q as i32).varlen_k(&cu_k, total_k as i32));
+            assert!(err.message().starts_with(&format!("{name}: the tensor spans")), "{name}: {}", err.message());
+        }
+        // cu_seqlens_k must hold batch_size + 1 entries too.
+        let short_cu_k = RawBuffer::new(0x6100_0000, B as usize * 4);
+        let err = rejected(
+            with_head_dims(D, Some(dv), [&q, &k, &v], &mut out)
+                .varlen_q(&cu, total_q as i32)
+                .varlen_k(&short_cu_k, total_k as i32),
+        );
+        assert_eq!(err.status(), Status::InvalidArgument);
+        assert_eq!(
+            err.message(),
+            format!("cu_seqlens_k: the tensor spans {} bytes but its buffer holds {}", (B + 1) * 4, B * 4)
+        );
+
+        // A paged pool of num_pages * page_size rows, with packed queries
+        // (chunked prefill on a paged cache); one element short is refused.
+        let (page_size, num_pages, per_row) = (32, 7, 3); // ceil(96 / 32) pages per sequence
+        let pool = |width: i64| (num_pages * page_size * HKV * width * 2) as usize;
+        let table = RawBuffer::new(0x6200_0000, (B * per_row * 4) as usize);
+        let (k_pool, v_pool) = (RawBuffer::new(0x2000_0000, pool(D)), RawBuffer::new(0x3000_0000, pool(dv)));
+        let params = with_head_dims(D, Some(dv), [&q, &k_pool, &v_pool], &mut out)
+            .varlen_q(&cu, total_q as i32)
+            .paged_kv(&table, per_row, page_size as i32, num_pages as i32)
+            .build()
+            .expect("valid params");
+        assert_eq!(params.strides(Tensor::V), Strides { batch: page_size * HKV * dv, seq: HKV * dv, head: dv });
+        assert!(params.as_raw().cu_seqlens_k.is_null() && params.as_raw().cu_seqlens_q as usize == 0x6000_0000);
+        let short_pool = short(pool(dv));
+        let err =
+            rejected(
+                with_head_dims(D, Some(dv), [&q, &k_pool, &short_pool], &mut out)
+                    .varlen_q(&cu, total_q as i32)
+                    .paged_kv(&table, per_row, page_size as i32, num_pages as i32),
+            );
+        assert!(err.message().starts_with("v: the tensor spans"), "{}", err.message());
+        // The table's last row needs only ceil(seqlen_k / page_size) entries,
+        // whatever the row stride.
+        let wide = RawBuffer::new(0x6200_0000, ((B - 1) * 10 + per_row) as usize * 4);
+        let built = with_head_dims(D, Some(dv), [&q, &k_pool, &v_pool], &mut out)
+            .varlen_q(&cu, total_q as i32)
+            .paged_kv(&wide, 10, page_size as i32, num_pages as i32)
+            .build();
+        assert!(built.is_ok(), "{:?}", built.err());
+
+        // The library's refusals come back with its messages, before any
+        // extent is computed (page_size 0 divides nothing).
+        for (page_size, status, needle) in [
+            (0, Status::Unsupported, "page_size (0) is not supported"),
+            (24, Status::Unsupported, "page_size (24) is not supported"),
+            (-16, Status::Unsupported, "page_size (-16) is not supported"),
+        ] {
+            let err = rejected(
+                with_head_dims(D, Some(dv), [&q, &k_pool, &v_pool], &mut out).paged_kv(&table, per_row, page_size, 7),
+            );
+            assert_eq!(err.status(), status, "page_size {page_size}");
+            assert!(err.message().contains(needle), "{}", err.message());
+        }
+        let err = rejected(
+            with_head_dims(D, Some(dv), [&q, &k_pool, &v_pool], &mut out).varlen_k(&cu_k, total_k as i32).paged_kv(
+                &table,
+                per_row,
+                page_size as i32,
+                num_pages as i32,
+            ),
+        );
+        assert_eq!(err.status(), Status::InvalidArgument);
+        assert!(err.message().contains("cu_seqlens_k and block_table cannot be combined"), "{}", err.message());
+        let err = rejected(with_head_dims(D, Some(dv), [&q, &k_pool, &v_pool], &mut out).paged_kv(
+            &table,
+            per_row,
+            page_size as i32,
+            0,
+        ));
+        assert!(err.message().contains("num_pages (0) must be >= 1"), "{}", err.message());
     }
 
     #[test]
