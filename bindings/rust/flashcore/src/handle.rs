@@ -130,9 +130,9 @@ impl Handle {
     ///   [`byte_len`](DeviceBuffer::byte_len) bytes at its
     ///   [`device_ptr`](DeviceBuffer::device_ptr);
     /// - those buffers stay allocated until the queued work has completed
-    ///   (synchronize `stream`, or order later work after it), q, k and v are
-    ///   not written, and out, lse and the workspace not otherwise used,
-    ///   until then;
+    ///   (synchronize `stream`, or order later work after it), the inputs (q,
+    ///   k, v and any seqused_k, cu_seqlens or block_table) are not written,
+    ///   and out, lse and the workspace not otherwise used, until then;
     /// - `stream` is null or a live stream of the handle's device.
     ///
     /// # Example

@@ -13,8 +13,12 @@
 //! ([`ForwardParamsBuilder::window`]) and logit softcapping
 //! ([`ForwardParamsBuilder::softcap`], the `cap` above; none by default);
 //! split-KV for calls too small to fill the GPU
-//! ([`ForwardParamsBuilder::num_splits`]); and merging of results computed
-//! over parts of the keys ([`Handle::merge_states`]).
+//! ([`ForwardParamsBuilder::num_splits`]); KV caches: per-sequence key counts
+//! ([`ForwardParamsBuilder::seqused_k`]) and paged pools
+//! ([`ForwardParamsBuilder::paged_kv`]); variable-length batches packed as
+//! FlashAttention's varlen calls ([`ForwardParamsBuilder::varlen_q`],
+//! [`ForwardParamsBuilder::varlen_k`]); and merging of results computed over
+//! parts of the keys ([`Handle::merge_states`]).
 //!
 //! This crate links the installed `libflashcore.so` (see [`sys`] for how it
 //! is found) and compiles no CUDA, so it builds in seconds and has no

@@ -222,11 +222,7 @@ impl<'a> ForwardParams<'a> {
     /// Head dimension of v and out: the one given to
     /// [`ForwardParamsBuilder::head_dim_v`], else [`head_dim`](Self::head_dim).
     pub fn head_dim_v(&self) -> i32 {
-        if self.raw.head_dim_v == 0 {
-            self.raw.head_dim
-        } else {
-            self.raw.head_dim_v
-        }
+        self.raw.head_dim_v
     }
 
     /// The split-KV setting: 0 for the library's choice, else the number of
@@ -631,7 +627,9 @@ impl<'a> ForwardParamsBuilder<'a> {
         raw.num_heads_q = size("num_heads_q", self.num_heads_q);
         raw.num_heads_kv = size("num_heads_kv", self.num_heads_kv);
         raw.head_dim = size("head_dim", self.head_dim);
-        raw.head_dim_v = self.head_dim_v.unwrap_or(raw.head_dim);
+        // Stored resolved (0 means head_dim to the library too), so the
+        // strides derived here and the extents need no special case for it.
+        raw.head_dim_v = self.head_dim_v.filter(|&dv| dv != 0).unwrap_or(raw.head_dim);
         for (tensor, buffer) in TENSORS.iter().zip(&self.tensors) {
             if buffer.is_none() {
                 missing.push(tensor.name());
@@ -815,12 +813,11 @@ mod tests {
         let (total_q, total_k) = (200, 150);
         let mut buffers = packed(total_q, total_k);
         let (cu_q, cu_k) = (RawBuffer::new(0x6000_0000, (B as usize + 1) * 4), RawBuffer::new(0x6100_0000, 12));
-        let lse = RawBuffer::new(0x5000_0000, (HQ * total_q * 4) as usize);
-        let mut lse_buffer = lse;
+        let mut lse = RawBuffer::new(0x5000_0000, (HQ * total_q * 4) as usize);
         let params = standard(&mut buffers)
             .varlen_q(&cu_q, total_q as i32)
             .varlen_k(&cu_k, total_k as i32)
-            .lse(&mut lse_buffer)
+            .lse(&mut lse)
             .build()
             .expect("valid params");
         let raw = params.as_raw();
@@ -873,13 +870,12 @@ mod tests {
         assert_eq!((raw.page_size, raw.num_pages), (page_size as i32, num_pages as i32));
         assert_eq!([raw.k_batch_stride, raw.k_seq_stride, raw.k_head_stride], [page_size * HKV * D, HKV * D, D]);
         // A table row short of ceil(seqlen_k / page_size) entries.
-        let mut buffers2 = Buffers { k: buffers.k, v: buffers.v, ..Buffers::dense() };
+        let mut pooled = Buffers { k: buffers.k, v: buffers.v, ..Buffers::dense() };
         let short = RawBuffer::new(0x6000_0000, table.byte_len() - 4);
-        let err = rejected(standard(&mut buffers2).paged_kv(&short, per_row, page_size as i32, num_pages as i32));
+        let err = rejected(standard(&mut pooled).paged_kv(&short, per_row, page_size as i32, num_pages as i32));
         assert!(err.message().starts_with("block_table: the tensor spans"), "{}", err.message());
         // Pages of 24 keys: the library refuses them, saying why.
-        let mut buffers3 = Buffers { k: buffers.k, v: buffers.v, ..Buffers::dense() };
-        let err = rejected(standard(&mut buffers3).paged_kv(&table, per_row, 24, num_pages as i32));
+        let err = rejected(standard(&mut pooled).paged_kv(&table, per_row, 24, num_pages as i32));
         assert_eq!(err.status(), Status::Unsupported);
         assert!(err.message().contains("page_size (24) is not supported"), "{}", err.message());
     }
@@ -1103,6 +1099,32 @@ mod tests {
         let (v_wide, mut out_wide) = (RawBuffer::new(0x3000_0000, k_bytes), RawBuffer::new(0x4000_0000, q_bytes));
         let params = with_head_dims(d, Some(0), [&q, &k, &v_wide], &mut out_wide).build().expect("valid params");
         assert_eq!(params.head_dim_v(), d as i32);
+    }
+
+    #[test]
+    fn head_dim_v_0_packs_v_and_out_as_head_dim() {
+        // head_dim_v 0 is head_dim for the packed and paged strides too, not
+        // a width of 0 (which would make every row of v read the same address).
+        let (total, page_size, num_pages) = (150, 16, 20);
+        let cu = RawBuffer::new(0x6000_0000, (B as usize + 1) * 4);
+        let mut buffers = packed(total, total);
+        let params = with_head_dims(D, Some(0), [&buffers.q, &buffers.k, &buffers.v], &mut buffers.out)
+            .varlen_q(&cu, total as i32)
+            .varlen_k(&cu, total as i32)
+            .build()
+            .expect("valid params");
+        assert_eq!(params.strides(Tensor::V), Strides { batch: 0, seq: HKV * D, head: D });
+        assert_eq!(params.strides(Tensor::Out), Strides { batch: 0, seq: HQ * D, head: D });
+        assert_eq!((params.as_raw().head_dim_v, params.head_dim_v()), (D as i32, D as i32));
+
+        let pool = RawBuffer::new(0x2000_0000, (num_pages * page_size * HKV * D * 2) as usize);
+        let table = RawBuffer::new(0x6100_0000, (B * SK / page_size * 4) as usize);
+        let mut buffers = Buffers { k: pool, v: RawBuffer::new(0x3000_0000, pool.byte_len()), ..Buffers::dense() };
+        let params = with_head_dims(D, Some(0), [&buffers.q, &buffers.k, &buffers.v], &mut buffers.out)
+            .paged_kv(&table, SK / page_size, page_size as i32, num_pages as i32)
+            .build()
+            .expect("valid params");
+        assert_eq!(params.strides(Tensor::V), Strides { batch: page_size * HKV * D, seq: HKV * D, head: D });
     }
 
     #[test]

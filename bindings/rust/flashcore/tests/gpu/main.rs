@@ -771,6 +771,356 @@ fn window_and_softcap_match_cpu_reference() {
     }
 }
 
+/// Where the keys and values of a [`RaggedCase`] live.
+#[derive(Clone, Copy)]
+enum KeyStorage {
+    /// Packed `[total_seqlen_k, heads, dim]` rows with prefix sums (`varlen_k`).
+    Packed,
+    /// `[num_pages, page_size, heads, dim]` pools through a block table, each
+    /// sequence's key count in seqused_k (`paged_kv`).
+    Paged { page_size: i64 },
+}
+
+/// A batch of sequences of their own lengths, each checked against the
+/// reference of a batch of one with those lengths (causal and the window
+/// align to each sequence's own).
+struct RaggedCase {
+    name: &'static str,
+    dtype: DType,
+    heads_q: i64,
+    heads_kv: i64,
+    head_dim: i64,
+    head_dim_v: i64,
+    causal: bool,
+    window: Option<(i32, i32)>,
+    /// (queries, keys) of each sequence.
+    lengths: &'static [(i64, i64)],
+    /// Queries packed (`varlen_q`), with rows after the last sequence that
+    /// must stay unwritten; otherwise dense BSHD, every sequence having as
+    /// many queries.
+    packed_q: bool,
+    keys: KeyStorage,
+    num_splits: &'static [i32],
+}
+
+const RAGGED_CASES: [RaggedCase; 5] = [
+    RaggedCase {
+        name: "fp16 varlen q and k, Hq=4 Hkv=2 D=64 causal",
+        dtype: DType::F16,
+        heads_q: 4,
+        heads_kv: 2,
+        head_dim: 64,
+        head_dim_v: 64,
+        causal: true,
+        window: None,
+        lengths: &[(37, 50), (128, 160), (1, 77), (200, 200), (90, 13)],
+        packed_q: true,
+        keys: KeyStorage::Packed,
+        num_splits: &[0, 1, 3],
+    },
+    RaggedCase {
+        name: "bf16 varlen q and k, Hq=4 Hkv=1 D=128 window (20, 5) (rows that see no key)",
+        dtype: DType::BF16,
+        heads_q: 4,
+        heads_kv: 1,
+        head_dim: 128,
+        head_dim_v: 128,
+        causal: false,
+        window: Some((20, 5)),
+        lengths: &[(65, 65), (3, 130), (100, 40)],
+        packed_q: true,
+        keys: KeyStorage::Packed,
+        num_splits: &[0],
+    },
+    RaggedCase {
+        name: "fp16 paged decode, pages of 16, Hq=32 Hkv=8 D=128, a sequence with no key",
+        dtype: DType::F16,
+        heads_q: 32,
+        heads_kv: 8,
+        head_dim: 128,
+        head_dim_v: 128,
+        causal: false,
+        window: None,
+        lengths: &[(1, 1000), (1, 0), (1, 17), (1, 513)],
+        packed_q: false,
+        keys: KeyStorage::Paged { page_size: 16 },
+        num_splits: &[1, 0, 2, 7],
+    },
+    RaggedCase {
+        name: "bf16 chunked prefill (varlen q) on a paged cache, pages of 32, Hq=4 Hkv=2 D=64 causal",
+        dtype: DType::BF16,
+        heads_q: 4,
+        heads_kv: 2,
+        head_dim: 64,
+        head_dim_v: 64,
+        causal: true,
+        window: None,
+        lengths: &[(16, 300), (40, 40), (7, 100)],
+        packed_q: true,
+        keys: KeyStorage::Paged { page_size: 32 },
+        num_splits: &[0, 1, 3],
+    },
+    RaggedCase {
+        name: "fp16 paged, pages of 64, Hq=2 Hkv=2 D=192 Dv=128 causal",
+        dtype: DType::F16,
+        heads_q: 2,
+        heads_kv: 2,
+        head_dim: 192,
+        head_dim_v: 128,
+        causal: true,
+        window: None,
+        lengths: &[(5, 200), (5, 64), (5, 5)],
+        packed_q: false,
+        keys: KeyStorage::Paged { page_size: 64 },
+        num_splits: &[0, 1],
+    },
+];
+
+/// `rows` random rows of `heads` x `width` values, as a batch-of-one
+/// `[1, heads, rows, width]` tensor stored row after row (BSHD).
+fn random_rows(random: &mut Random, dtype: DType, rows: i64, heads: i64, width: i64) -> HostTensor {
+    HostTensor {
+        values: (0..rows * heads * width).map(|_| random.value(dtype)).collect(),
+        strides: Strides { batch: 0, seq: heads * width, head: width },
+    }
+}
+
+/// A block table and the size of the pool of pages it indexes.
+struct PageTable {
+    entries: Vec<i32>,
+    /// Entries from one sequence's row to the next.
+    stride: i64,
+    page_size: i64,
+    num_pages: i64,
+}
+
+impl PageTable {
+    /// Pages for sequences of `key_counts` keys, handed out last first (so
+    /// that key order is not pool order), 3 spare pages listed nowhere. Rows
+    /// are 2 entries further apart than ceil(max key count / page_size), and
+    /// their unused entries -1: the library reads only a sequence's own pages.
+    fn new(key_counts: &[i64], page_size: i64) -> PageTable {
+        let pages_for = |keys: i64| (keys + page_size - 1) / page_size;
+        let stride = pages_for(key_counts.iter().copied().max().unwrap_or(0)) + 2;
+        let num_pages = key_counts.iter().map(|&keys| pages_for(keys)).sum::<i64>() + 3;
+        let mut entries = vec![-1; key_counts.len() * stride as usize];
+        let mut next_page = num_pages;
+        for (row, &keys) in entries.chunks_mut(stride as usize).zip(key_counts) {
+            for entry in &mut row[..pages_for(keys) as usize] {
+                next_page -= 1;
+                *entry = next_page as i32;
+            }
+        }
+        PageTable { entries, stride, page_size, num_pages }
+    }
+
+    /// The rows of `sequences` (one `[keys, heads, width]` tensor each, `row_len`
+    /// = heads * width) in a `[num_pages, page_size, heads, width]` pool: row j of sequence b is row
+    /// j % page_size of page entries[b * stride + j / page_size]. Rows that
+    /// hold no key (spare pages, a last page's rows past its sequence's
+    /// length) are NaN, which the library must never read.
+    fn pool<'t>(&self, dtype: DType, row_len: i64, sequences: impl Iterator<Item = &'t HostTensor>) -> Vec<u16> {
+        let row_len = row_len as usize;
+        let mut pool = vec![0xFFFF; (self.num_pages * self.page_size) as usize * row_len];
+        for (row_of_table, sequence) in self.entries.chunks(self.stride as usize).zip(sequences) {
+            for (j, row) in sequence.values.chunks(row_len).enumerate() {
+                let page = row_of_table[j / self.page_size as usize] as usize;
+                let start = (page * self.page_size as usize + j % self.page_size as usize) * row_len;
+                for (slot, &x) in pool[start..start + row_len].iter_mut().zip(row) {
+                    *slot = half::encode(dtype, x);
+                }
+            }
+        }
+        pool
+    }
+}
+
+/// The pages of a [`PageTable`] and where its pool puts each key, checked
+/// without a GPU, so that a failure on one is the library's.
+#[test]
+fn page_table_pools_every_key_once() {
+    let key_counts = [33, 0, 16];
+    let pages = PageTable::new(&key_counts, 16);
+    // 3 + 0 + 1 pages and 3 spare; rows ceil(33 / 16) + 2 entries apart.
+    assert_eq!((pages.stride, pages.num_pages), (5, 7));
+    assert_eq!(pages.entries, [6, 5, 4, -1, -1, -1, -1, -1, -1, -1, 3, -1, -1, -1, -1]);
+    let mut random = Random(3);
+    let sequences: Vec<HostTensor> =
+        key_counts.iter().map(|&keys| random_rows(&mut random, DType::F16, keys, 2, 8)).collect();
+    let pool = pages.pool(DType::F16, 16, sequences.iter());
+    assert_eq!(pool.len(), 7 * 16 * 16);
+    let pool_row = |page: usize, row: usize| &pool[(page * 16 + row) * 16..][..16];
+    let key = |sequence: &HostTensor, j: usize| -> Vec<u16> {
+        sequence.values[j * 16..][..16].iter().map(|&x| half::encode(DType::F16, x)).collect()
+    };
+    assert_eq!(pool_row(6, 0), key(&sequences[0], 0));
+    assert_eq!(pool_row(5, 1), key(&sequences[0], 17));
+    assert_eq!(pool_row(4, 0), key(&sequences[0], 32));
+    assert_eq!(pool_row(3, 15), key(&sequences[2], 15));
+    // Every other row (spare pages, the rest of page 4) is NaN.
+    let holding_keys = pool.chunks(16).filter(|row| row.iter().any(|&bits| bits != 0xFFFF)).count();
+    assert_eq!(holding_keys, 33 + 16);
+}
+
+fn run_ragged_case(handle: &Handle, gpu: &Gpu, case: &RaggedCase, random: &mut Random) {
+    let (hq, hkv, d, dv) = (case.heads_q, case.heads_kv, case.head_dim, case.head_dim_v);
+    let batch = case.lengths.len() as i64;
+    let max_q = case.lengths.iter().map(|&(queries, _)| queries).max().expect("a sequence");
+    let key_counts: Vec<i64> = case.lengths.iter().map(|&(_, keys)| keys).collect();
+    let max_k = *key_counts.iter().max().expect("a sequence");
+    assert!(case.packed_q || case.lengths.iter().all(|&(queries, _)| queries == max_q), "{}: dense q", case.name);
+    // Each sequence's q, k and v, and its reference as a batch of one.
+    let sequences: Vec<[HostTensor; 3]> = case
+        .lengths
+        .iter()
+        .map(|&(queries, keys)| {
+            [
+                random_rows(random, case.dtype, queries, hq, d),
+                random_rows(random, case.dtype, keys, hkv, d),
+                random_rows(random, case.dtype, keys, hkv, dv),
+            ]
+        })
+        .collect();
+    let (mut want_out, mut want_lse) = (Vec::new(), Vec::new());
+    for (&(queries, keys), [q, k, v]) in case.lengths.iter().zip(&sequences) {
+        let one =
+            Case::new(case.name, case.dtype, [1, hq, hkv, queries, keys, d], case.causal, 0.0, Layout::Bshd, false)
+                .head_dim_v(dv);
+        let (out, lse) = reference(&Case { window: case.window, ..one }, q, k, v);
+        want_out.extend(out);
+        want_lse.extend(lse);
+    }
+
+    // Dense BSHD q is the sequences' rows one after another, as packed q is;
+    // packed q gets 3 rows more, after the last sequence.
+    let padding_rows = if case.packed_q { 3 } else { 0 };
+    let total_q = case.lengths.iter().map(|&(queries, _)| queries).sum::<i64>() + padding_rows;
+    let mut q_values: Vec<f32> = sequences.iter().flat_map(|[q, _, _]| q.values.iter().copied()).collect();
+    q_values.extend((0..padding_rows * hq * d).map(|_| random.value(case.dtype)));
+    let encode = |values: &[f32]| values.iter().map(|&x| half::encode(case.dtype, x)).collect::<Vec<u16>>();
+    let prefix_sums = |count: fn(&(i64, i64)) -> i64| -> Vec<i32> {
+        let sums = case.lengths.iter().scan(0, |sum, lengths| {
+            *sum += count(lengths) as i32;
+            Some(*sum)
+        });
+        std::iter::once(0).chain(sums).collect()
+    };
+    let (cu_seqlens_q, cu_seqlens_k) = (prefix_sums(|&(queries, _)| queries), prefix_sums(|&(_, keys)| keys));
+    let pages = match case.keys {
+        KeyStorage::Packed => None,
+        KeyStorage::Paged { page_size } => Some(PageTable::new(&key_counts, page_size)),
+    };
+    // k and v, and the i32 array that indexes them: cu_seqlens_k or the block table.
+    let (k_bits, v_bits, key_index) = match &pages {
+        None => {
+            let packed =
+                |index: usize| sequences.iter().flat_map(|s| s[index].values.iter().copied()).collect::<Vec<_>>();
+            (encode(&packed(1)), encode(&packed(2)), cu_seqlens_k.clone())
+        }
+        Some(pages) => (
+            pages.pool(case.dtype, hkv * d, sequences.iter().map(|[_, k, _]| k)),
+            pages.pool(case.dtype, hkv * dv, sequences.iter().map(|[_, _, v]| v)),
+            pages.entries.clone(),
+        ),
+    };
+    let (q_dev, k_dev, v_dev) = (gpu.upload(&encode(&q_values)), gpu.upload(&k_bits), gpu.upload(&v_bits));
+    let seqused_k: Vec<i32> = key_counts.iter().map(|&keys| keys as i32).collect();
+    let (cu_seqlens_q_dev, key_index_dev, seqused_k_dev) =
+        (gpu.upload(&cu_seqlens_q), gpu.upload(&key_index), gpu.upload(&seqused_k));
+    let out_bytes = (total_q * hq * dv * 2) as usize;
+    let lse_count = (if case.packed_q { hq * total_q } else { batch * hq * max_q }) as usize;
+
+    for &num_splits in case.num_splits {
+        let name = format!("{} num_splits={num_splits}", case.name);
+        let (mut out_dev, mut lse_dev) = (gpu.alloc_poisoned(out_bytes), gpu.alloc_poisoned(lse_count * 4));
+        let mut builder = ForwardParams::builder()
+            .dtype(case.dtype)
+            .batch_size(batch as i32)
+            .num_heads_q(hq as i32)
+            .num_heads_kv(hkv as i32)
+            .seqlen_q(max_q as i32)
+            .seqlen_k(max_k as i32)
+            .head_dim(d as i32)
+            .head_dim_v(dv as i32)
+            .causal(case.causal)
+            .layout(Layout::Bshd)
+            .num_splits(num_splits)
+            .q(&q_dev)
+            .k(&k_dev)
+            .v(&v_dev)
+            .out(&mut out_dev)
+            .lse(&mut lse_dev);
+        if let Some((left, right)) = case.window {
+            builder = builder.window(left, right);
+        }
+        if case.packed_q {
+            builder = builder.varlen_q(&cu_seqlens_q_dev, total_q as i32);
+        }
+        builder = match &pages {
+            None => builder.varlen_k(&key_index_dev, *cu_seqlens_k.last().expect("batch_size + 1 sums")),
+            Some(pages) => builder
+                .paged_kv(&key_index_dev, pages.stride, pages.page_size as i32, pages.num_pages as i32)
+                .seqused_k(&seqused_k_dev),
+        };
+        let params = builder.build().expect("valid params");
+        // The strides worked out here, not by the builder.
+        let packed_strides = |heads: i64, width: i64, rows_per_batch: i64| Strides {
+            batch: rows_per_batch * heads * width,
+            seq: heads * width,
+            head: width,
+        };
+        let q_rows_per_batch = if case.packed_q { 0 } else { max_q };
+        let kv_rows_per_batch = pages.as_ref().map_or(0, |pages| pages.page_size);
+        assert_eq!(params.strides(Tensor::Q), packed_strides(hq, d, q_rows_per_batch), "{name}");
+        assert_eq!(params.strides(Tensor::Out), packed_strides(hq, dv, q_rows_per_batch), "{name}");
+        assert_eq!(params.strides(Tensor::K), packed_strides(hkv, d, kv_rows_per_batch), "{name}");
+        assert_eq!(params.strides(Tensor::V), packed_strides(hkv, dv, kv_rows_per_batch), "{name}");
+        let mut workspace = gpu.alloc_poisoned(handle.workspace_size(&params).expect("workspace size"));
+        // SAFETY: live allocations of the stated sizes, synchronized before they are read or freed.
+        unsafe { handle.forward(&params, Some(&mut workspace), std::ptr::null_mut()) }.expect("forward");
+        gpu.synchronize();
+
+        let out_bits: Vec<u16> = gpu.download(&out_dev);
+        let lse: Vec<f32> = gpu.download(&lse_dev);
+        let (mut got_out, mut got_lse) = (Vec::new(), Vec::new());
+        for (b, (&(queries, _), &first_row)) in case.lengths.iter().zip(&cu_seqlens_q).enumerate() {
+            let (b, first_row) = (b as i64, i64::from(first_row));
+            for h in 0..hq {
+                for i in 0..queries {
+                    let row = ((first_row + i) * hq + h) * dv;
+                    got_out
+                        .extend((row..row + dv).map(|at| f64::from(half::decode(case.dtype, out_bits[at as usize]))));
+                    let lse_at = if case.packed_q { h * total_q + first_row + i } else { (b * hq + h) * max_q + i };
+                    got_lse.push(f64::from(lse[lse_at as usize]));
+                }
+            }
+        }
+        let (atol, rtol) = if case.dtype == DType::BF16 { (3e-2, 1e-2) } else { (4e-3, 4e-3) };
+        let (out_ratio, out_at, got, want) = worst(got_out.into_iter(), &want_out, atol, rtol);
+        println!("{name}: worst out error {out_ratio:.3} of tolerance (got {got}, want {want} at {out_at})");
+        assert!(out_ratio <= 1.0, "{name}: out[{out_at}] = {got}, reference {want}");
+        let (lse_ratio, lse_at, got, want) = worst(got_lse.into_iter(), &want_lse, 2e-3, 1e-4);
+        println!("{name}: worst lse error {lse_ratio:.3} of tolerance");
+        assert!(lse_ratio <= 1.0, "{name}: lse[{lse_at}] = {got}, reference {want}");
+        let padding = &out_bits[((total_q - padding_rows) * hq * dv) as usize..];
+        assert!(padding.iter().all(|&bits| bits == 0xFFFF), "{name}: rows of out after the last sequence were written");
+    }
+}
+
+#[test]
+fn varlen_and_paged_match_cpu_reference() {
+    let Some((handle, gpu)) = setup("varlen_and_paged_match_cpu_reference") else { return };
+    let pairs = flashcore::supported_head_dims().expect("supported head dims");
+    let mut random = Random(0xBB67_AE85_84CA_A73B);
+    for case in &RAGGED_CASES {
+        if !pairs.iter().any(|&(d, dv)| i64::from(d) >= case.head_dim && i64::from(dv) >= case.head_dim_v) {
+            skip(case.name, &format!("this build has no kernel as wide as {}: {pairs:?}", case.head_dim));
+            continue;
+        }
+        run_ragged_case(&handle, gpu, case, &mut random);
+    }
+}
+
 /// Device memory holding `values` in `dtype` (which must hold them exactly).
 fn upload_as<'g>(gpu: &'g Gpu, dtype: DType, values: &[f32]) -> cuda::DeviceMemory<'g> {
     if dtype == DType::F32 {
