@@ -58,11 +58,6 @@ const char *variant_name(FwdVariant variant) {
     return "unknown";
 }
 
-// Packed or paged tensors: FwdKernelParams::ragged.
-bool is_ragged(const flashcore_forward_params &p) {
-    return p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.block_table != nullptr;
-}
-
 FwdKernelParams shape_params(const flashcore_forward_params &p, int packed_heads) {
     FwdKernelParams k = kernel_params(p);
     k.packed_heads = packed_heads;

@@ -124,6 +124,10 @@ int32_t effective_window_right(const flashcore_forward_params &p) {
     return p.use_window != 0 && p.window_right >= 0 ? p.window_right : kWindowUnbounded;
 }
 
+bool is_ragged(const flashcore_forward_params &p) {
+    return p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.block_table != nullptr;
+}
+
 int32_t effective_head_dim_v(const flashcore_forward_params &p) {
     return p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
 }
@@ -220,7 +224,7 @@ FwdKernelParams kernel_params(const flashcore_forward_params &p) {
     // seq_stride, the row from cu_seqlens, so their batch strides are 0.
     k.cu_seqlens_q = p.cu_seqlens_q;
     k.cu_seqlens_k = p.cu_seqlens_k;
-    k.ragged = p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.block_table != nullptr;
+    k.ragged = is_ragged(p);
     k.total_seqlen_q = p.cu_seqlens_q != nullptr ? p.total_seqlen_q : p.seqlen_q;
     k.total_seqlen_k = p.cu_seqlens_k != nullptr ? p.total_seqlen_k : p.seqlen_k;
     if (p.cu_seqlens_q != nullptr) {

@@ -75,6 +75,11 @@ constexpr int32_t kWindowUnbounded = INT32_MAX;
 int32_t effective_window_left(const flashcore_forward_params &params);
 int32_t effective_window_right(const flashcore_forward_params &params);
 
+// Whether the call has packed or paged tensors (cu_seqlens_q, cu_seqlens_k or
+// block_table): it runs on the kernels compiled for ragged batches
+// (FwdKernelParams::ragged).
+bool is_ragged(const flashcore_forward_params &params);
+
 // The head dim of v and out: head_dim_v, or head_dim where it is 0.
 int32_t effective_head_dim_v(const flashcore_forward_params &params);
 
