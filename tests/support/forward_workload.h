@@ -438,27 +438,23 @@ struct Workload {
     // the reference's: packed rows unpacked, and rows past a batch's queries
     // (which the call does not compute) given the reference's values.
     std::vector<float> dense_out(const std::vector<double> &ref) const {
-        const int dv = c.value_dim();
-        const std::vector<float> got = dout.download(c.dtype);
-        if (!c.varlen_q()) return got;
-        std::vector<float> dense(ref.begin(), ref.end());
-        const int total = dout.seqlen;
-        for (int b = 0; b < c.batch; ++b)
-            for (int h = 0; h < c.heads_q; ++h)
-                for (int i = 0; i < c.seqlens_q[b]; ++i)
-                    std::copy_n(&got[(size_t(h) * total + cu_q[b] + i) * dv], dv,
-                                &dense[((size_t(b) * c.heads_q + h) * c.seqlen_q + i) * dv]);
-        return dense;
+        return c.varlen_q() ? unpack_rows(dout.download(c.dtype), ref, c.value_dim()) : dout.download(c.dtype);
     }
     std::vector<float> dense_lse(const std::vector<double> &ref) const {
-        const std::vector<float> got = lse_host();
-        if (!c.varlen_q()) return got;
-        std::vector<float> dense(ref.begin(), ref.end());
+        // [heads][total] packed: rows of width 1.
+        return c.varlen_q() ? unpack_rows(lse_host(), ref, 1) : lse_host();
+    }
+    // pack_rows backwards for the queries: packed [1, heads, total, dim]
+    // rows at cu_q[b] into dense [batch, heads, seqlen_q, dim], the rows
+    // past each batch's queries taken from `fill`.
+    std::vector<float> unpack_rows(const std::vector<float> &packed, const std::vector<double> &fill, int dim) const {
+        std::vector<float> dense(fill.begin(), fill.end());
         const int total = dout.seqlen;
         for (int b = 0; b < c.batch; ++b)
             for (int h = 0; h < c.heads_q; ++h)
                 for (int i = 0; i < c.seqlens_q[b]; ++i)
-                    dense[(size_t(b) * c.heads_q + h) * c.seqlen_q + i] = got[size_t(h) * total + cu_q[b] + i];
+                    std::copy_n(&packed[(size_t(h) * total + cu_q[b] + i) * dim], dim,
+                                &dense[((size_t(b) * c.heads_q + h) * c.seqlen_q + i) * dim]);
         return dense;
     }
     // "" if the rows of packed out and lse after the last sequence still
