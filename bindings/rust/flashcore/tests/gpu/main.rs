@@ -27,6 +27,16 @@ fn skip(test: &str, reason: &str) {
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
+/// Whether the build has a kernel at least (head_dim, head_dim_v) wide;
+/// otherwise the case is reported skipped.
+fn has_kernel_for(pairs: &[(i32, i32)], case: &str, head_dim: i64, head_dim_v: i64) -> bool {
+    let covered = pairs.iter().any(|&(d, dv)| i64::from(d) >= head_dim && i64::from(dv) >= head_dim_v);
+    if !covered {
+        skip(case, &format!("this build has no kernel as wide as {head_dim}: {pairs:?}"));
+    }
+    covered
+}
+
 /// A handle and the GPU behind it, or `None` (after printing why) when the
 /// machine has no usable GPU. Fails when flashcore and the driver disagree.
 fn setup(test: &str) -> Option<(Handle, &'static Gpu)> {
@@ -646,8 +656,7 @@ fn num_splits_matches_cpu_reference() {
     let pairs = flashcore::supported_head_dims().expect("supported head dims");
     let mut random = Random(0x2545_F491_4F6C_DD1D);
     for case in &SPLIT_CASES {
-        if !pairs.iter().any(|&(d, dv)| i64::from(d) >= case.head_dim && i64::from(dv) >= case.head_dim_v) {
-            skip(case.name, &format!("this build has no kernel as wide as {}: {pairs:?}", case.head_dim));
+        if !has_kernel_for(&pairs, case.name, case.head_dim, case.head_dim_v) {
             continue;
         }
         run_case(&handle, gpu, case, &mut random);
@@ -763,8 +772,7 @@ fn window_and_softcap_match_cpu_reference() {
     let pairs = flashcore::supported_head_dims().expect("supported head dims");
     let mut random = Random(0x6A09_E667_F3BC_C908);
     for case in &WINDOW_CASES {
-        if !pairs.iter().any(|&(d, dv)| i64::from(d) >= case.head_dim && i64::from(dv) >= case.head_dim_v) {
-            skip(case.name, &format!("this build has no kernel as wide as {}: {pairs:?}", case.head_dim));
+        if !has_kernel_for(&pairs, case.name, case.head_dim, case.head_dim_v) {
             continue;
         }
         run_case(&handle, gpu, case, &mut random);
@@ -1113,8 +1121,7 @@ fn varlen_and_paged_match_cpu_reference() {
     let pairs = flashcore::supported_head_dims().expect("supported head dims");
     let mut random = Random(0xBB67_AE85_84CA_A73B);
     for case in &RAGGED_CASES {
-        if !pairs.iter().any(|&(d, dv)| i64::from(d) >= case.head_dim && i64::from(dv) >= case.head_dim_v) {
-            skip(case.name, &format!("this build has no kernel as wide as {}: {pairs:?}", case.head_dim));
+        if !has_kernel_for(&pairs, case.name, case.head_dim, case.head_dim_v) {
             continue;
         }
         run_ragged_case(&handle, gpu, case, &mut random);
