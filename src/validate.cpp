@@ -19,6 +19,11 @@ constexpr size_t kLseAlignment = alignof(float);
 // A paged cache's pages hold a multiple of this many keys: the TMA boxes
 // and the kernels' 16-row steps never straddle a page.
 constexpr int32_t kPageSizeMultiple = 16;
+
+// Entries a block-table row needs: pages for seqlen_k keys (page_size > 0).
+int64_t pages_per_sequence(const flashcore_forward_params &p) {
+    return (int64_t(p.seqlen_k) + p.page_size - 1) / p.page_size;
+}
 constexpr size_t kElementBytes = 2;  // fp16 and bf16
 
 flashcore_status check_pointer(const void *ptr, const char *name, size_t alignment) {
@@ -367,7 +372,7 @@ flashcore_status validate_packing(const flashcore_forward_params &p) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "num_pages (%d) must be >= 1 with a block_table",
                     int(p.num_pages));
     }
-    const int64_t pages_per_seq = (int64_t(p.seqlen_k) + p.page_size - 1) / p.page_size;
+    const int64_t pages_per_seq = pages_per_sequence(p);
     if (p.block_table_batch_stride < pages_per_seq && p.batch_size > 1) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
                     "block_table_batch_stride (%" PRId64 ") must be at least ceil(seqlen_k / page_size) = %" PRId64
@@ -474,8 +479,7 @@ ByteRange int32_range(const char *name, const int32_t *array, __int128 count) {
 // The entries of the block table the kernels may read: every row's first
 // ceil(seqlen_k / page_size).
 __int128 block_table_entries(const flashcore_forward_params &p) {
-    const __int128 per_row = (__int128(p.seqlen_k) + p.page_size - 1) / p.page_size;
-    return __int128(p.batch_size - 1) * p.block_table_batch_stride + per_row;
+    return __int128(p.batch_size - 1) * p.block_table_batch_stride + pages_per_sequence(p);
 }
 
 // The int32 arrays of a call, with the entries each holds.
