@@ -35,7 +35,11 @@ __device__ __forceinline__ float exp2_offset(float row_max, float scale_log2) {
     return row_max == -INFINITY ? 0.f : row_max * scale_log2;
 }
 
-template <int kMAtoms>
+// kMaxChains: independent partial maxima per row and tile in update_max,
+// combined at the end. One chain (each FMNMX waiting for the previous one's
+// result) is latency-bound where few warps share a scheduler; more chains
+// cost registers and instruction order (per-config choice: sm90/fwd_config.cuh).
+template <int kMAtoms, int kMaxChains = 1>
 struct OnlineSoftmax {
     static constexpr int kRows = kMAtoms * 2;  // rows g and g + 8 of each m16 tile
     float row_max[kRows];
@@ -97,15 +101,18 @@ struct OnlineSoftmax {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int r = m * 2 + half;
-                float tile_max = -INFINITY;
+                constexpr int kChains = 2 * kNAtomsS < kMaxChains ? 2 * kNAtomsS : kMaxChains;
+                float partial_max[kChains];
 #pragma unroll
-                for (int n = 0; n < kNAtomsS; ++n) {
-#pragma unroll
-                    for (int j = 0; j < 2; ++j) {
-                        const int e = half * 2 + j;
-                        tile_max = fmaxf(tile_max, visible(m, n, e) ? scores[m][n][e] : -INFINITY);
-                    }
+                for (int k = 0; k < 2 * kNAtomsS; ++k) {
+                    const int n = k / 2;
+                    const int e = half * 2 + k % 2;
+                    const float score = visible(m, n, e) ? scores[m][n][e] : -INFINITY;
+                    partial_max[k % kChains] = k < kChains ? score : fmaxf(partial_max[k % kChains], score);
                 }
+                float tile_max = partial_max[0];
+#pragma unroll
+                for (int c = 1; c < kChains; ++c) tile_max = fmaxf(tile_max, partial_max[c]);
                 const float new_max = fmaxf(row_max[r], cap.of_max(quad_max(tile_max)));
                 correction[r] = fast_exp2(row_max[r] * scale_log2 - exp2_offset(new_max, scale_log2));
                 max_changed |= new_max != row_max[r];

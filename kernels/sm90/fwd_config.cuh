@@ -15,6 +15,12 @@
 //
 // Two Q buffers let the next block's Q load, and its first S = Q*K^T start,
 // while the current block finishes.
+//
+// Row maxima in 4 partial chains at head dims <= 64, where the exponentials
+// and the tensor cores take turns and the softmax's latency shows: +1.5-2.5%
+// at d64 (tput-2k full and causal, tput-8k causal; H100, bf16, two rounds);
+// at d128 the same change lost 1.8-2.3% at tput-2k, so it keeps one chain
+// (docs/hopper-notes.md, "Prefill against FlashAttention 3").
 #pragma once
 
 #include "common/element.cuh"
@@ -31,7 +37,8 @@ struct Sm90Config {
                               /*kBlockN=*/kHuge ? 48 : kLarge ? 96 : 128,
                               /*kStages=*/kHeadDim == 128 || (kLarge && !kHuge) ? 2 : 3,
                               /*kQStages=*/kHuge ? 1 : 2,
-                              kLarge ? OutputPath::kRegisters : OutputPath::kTmaStore>;
+                              kLarge ? OutputPath::kRegisters : OutputPath::kTmaStore,
+                              /*kRowMaxChains=*/kHeadDimV <= 64 ? 4 : 1>;
 };
 
 }  // namespace flashcore::sm90

@@ -93,7 +93,7 @@ struct Mainloop {
     Cap cap;  // the softcap, or NoSoftcap
 
     float acc_o[1][kNAtomsO][4];
-    OnlineSoftmax<1> softmax;
+    OnlineSoftmax<1, Traits::kRowMaxChains> softmax;
     float scores[1][kNAtomsS][4];
     // Tile j's probabilities are in p_frag[j % 2]; the block's last in
     // p_frag[1] (see finish_tiles).

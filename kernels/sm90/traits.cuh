@@ -67,7 +67,7 @@ enum class OutputPath {
 };
 
 template <typename Element_, int kHeadDim_, int kHeadDimV_, int kBlockN_, int kStages_, int kQStages_,
-          OutputPath kOutputPath_>
+          OutputPath kOutputPath_, int kRowMaxChains_ = 1>
 struct Sm90Traits {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;    // of Q and K
@@ -78,6 +78,8 @@ struct Sm90Traits {
     // one's is still in use.
     static constexpr int kQStages = kQStages_;
     static constexpr OutputPath kOutputPath = kOutputPath_;
+    // Partial maxima per row in the softmax (OnlineSoftmax's kMaxChains).
+    static constexpr int kRowMaxChains = kRowMaxChains_;
 
     // One producer warpgroup issues the TMA copies; each consumer warpgroup
     // owns 64 query rows (one wgmma M) of the CTA's block.
