@@ -3,14 +3,28 @@
 /// A range of CUDA device memory that flashcore can read or write.
 ///
 /// flashcore allocates nothing itself: q, k, v, out, lse and the workspace
-/// come from the caller, as device addresses. Implement this trait for your
-/// own buffer type (a wrapper around a cudarc `CudaSlice`, a candle or tch
-/// tensor's storage, memory from `cuMemAlloc`, ...) or wrap a bare address
-/// in a [`RawBuffer`].
+/// come from the caller, as device addresses. Three ways in:
+///
+/// - **Raw pointers**: wrap the address and length in a [`RawBuffer`] (a
+///   `CUdeviceptr`, or a `cudaMalloc` pointer cast with `as u64`). A bare
+///   `*mut T` is not a `DeviceBuffer`: it has no length, and the builder
+///   checks every tensor against its buffer's length.
+/// - **Your own buffer type**: implement this trait for it, as below.
+/// - **Another crate's type** (cudarc's `CudaSlice`, a candle or tch
+///   tensor's storage): Rust's orphan rule forbids implementing this trait
+///   for it in your crate, so adapt it with a type of your own, made for
+///   the call, that holds the address and length, and whatever must live
+///   until the call is queued. cudarc (0.17 and later) hands out an address
+///   only for work on a given stream, with a `SyncOnDrop` guard to drop once
+///   that work is queued: keep the guard in the adapter, which the params
+///   borrow until [`Handle::forward`](crate::Handle::forward) has returned.
+///   `examples/cudarc_adapter.rs` is that adapter, complete; it passes the
+///   stream as `stream.cu_stream().cast()`.
 ///
 /// Implementing the trait is safe: the addresses are only handed to the GPU
-/// by [`Handle::forward`](crate::Handle::forward), which is `unsafe` and whose
-/// caller promises that they are valid.
+/// by [`Handle::forward`](crate::Handle::forward) and
+/// [`Handle::merge_states`](crate::Handle::merge_states), which are `unsafe`
+/// and whose callers promise that they are valid.
 ///
 /// ```
 /// use flashcore::DeviceBuffer;
@@ -44,16 +58,22 @@ pub trait DeviceBuffer {
     fn byte_len(&self) -> usize;
 }
 
-/// A bare device address and length, for memory that has no buffer type of
-/// its own (or to call flashcore on raw device pointers).
+/// A bare device address and length: flashcore on raw device pointers, or
+/// on memory that has no buffer type of its own (a part of a larger
+/// allocation, an address from another library).
 ///
 /// ```
 /// use flashcore::{DeviceBuffer, RawBuffer};
+/// use std::ffi::c_void;
 ///
-/// // e.g. a `CUdeviceptr` from cuMemAlloc, or `ptr as u64` from cudaMalloc.
+/// // A `CUdeviceptr` from cuMemAlloc is a u64 already.
 /// let q = RawBuffer::new(0x7f00_0000_0000, 1 << 20);
-/// assert_eq!(q.device_ptr(), 0x7f00_0000_0000);
-/// assert_eq!(q.byte_len(), 1 << 20);
+/// assert_eq!((q.device_ptr(), q.byte_len()), (0x7f00_0000_0000, 1 << 20));
+///
+/// // A `void *` from cudaMalloc (or a tensor's data pointer), cast with `as u64`.
+/// let from_cuda_malloc = 0x7f00_0010_0000 as *mut c_void;
+/// let k = RawBuffer::new(from_cuda_malloc as u64, 1 << 20);
+/// assert_eq!(k.device_ptr(), 0x7f00_0010_0000);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RawBuffer {

@@ -116,10 +116,11 @@ impl Handle {
     /// [`ALIGNMENT`](crate::ALIGNMENT)-byte aligned ([`Status::Misaligned`]);
     /// `None` is fine when that size is 0 (otherwise it is
     /// [`Status::WorkspaceTooSmall`], and a buffer at address 0
-    /// [`Status::InvalidArgument`]). Its contents do not matter. `stream` is a `cudaStream_t` (equivalently a `CUstream`) of
-    /// the handle's device, or null for the legacy default stream. The call
-    /// uses the handle's device whatever device is current, and results are
-    /// bitwise deterministic.
+    /// [`Status::InvalidArgument`]). Its contents do not matter. `stream` is
+    /// a `cudaStream_t` (equivalently a `CUstream`, such as cudarc's
+    /// `stream.cu_stream().cast()`) of the handle's device, or null for the
+    /// legacy default stream. The call uses the handle's device whatever
+    /// device is current, and results are bitwise deterministic.
     ///
     /// # Safety
     ///

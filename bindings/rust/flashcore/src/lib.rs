@@ -24,7 +24,10 @@
 //! is found) and compiles no CUDA, so it builds in seconds and has no
 //! dependencies outside the standard library. Device memory and streams stay
 //! yours: any buffer type reaches flashcore through the [`DeviceBuffer`]
-//! trait, or as a bare address in a [`RawBuffer`].
+//! trait, or as a bare address in a [`RawBuffer`]; types from other crates,
+//! such as cudarc's, through an adapter (see [`DeviceBuffer`] and
+//! `examples/cudarc_adapter.rs`). A stream is a raw `cudaStream_t`/`CUstream`
+//! (`*mut c_void`; cudarc's is `stream.cu_stream().cast()`).
 //!
 //! # Overview
 //!
@@ -43,7 +46,7 @@
 //! ```no_run
 //! use flashcore::{DeviceBuffer, ForwardParams, Handle, Layout};
 //!
-//! // Any device buffer type: implement DeviceBuffer for yours (or wrap a
+//! // Any device buffer type: implement DeviceBuffer for yours (or adapt a
 //! // cudarc slice, or use flashcore::RawBuffer for a bare address).
 //! struct Buffer { address: u64, bytes: usize }
 //! impl DeviceBuffer for Buffer {

@@ -1,6 +1,7 @@
-//! The few CUDA driver API calls the GPU test needs. libcuda.so.1 is opened
-//! with dlopen at run time, so the test binary starts (and skips) on machines
-//! without the NVIDIA driver, such as CI.
+//! The few CUDA driver API calls the GPU test (and, through its cudarc
+//! stand-in, examples/cudarc_adapter.rs) needs. libcuda.so.1 is opened with
+//! dlopen at run time, so the binaries start (and skip) on machines without
+//! the NVIDIA driver, such as CI.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::OnceLock;

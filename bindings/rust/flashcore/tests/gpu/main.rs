@@ -2,64 +2,78 @@
 //!
 //! Device memory comes from the CUDA driver API, loaded at run time, so this
 //! binary starts anywhere. Without a GPU (no libcuda.so.1, or no device) the
-//! GPU tests print "SKIPPED: <test>: <reason>" (to stderr, uncaptured, so it
-//! shows in `cargo test`'s output) and pass, after checking that
-//! flashcore agrees there is no device. Build it with `cargo test --no-run`;
-//! scripts/build-device-test.sh copies it to device/flashcore_gpu_test.
+//! GPU tests report themselves ignored, with the reason (see harness.rs),
+//! after checking that flashcore agrees there is no device; the tests of the
+//! CPU reference and of handle creation run everywhere. Build it with
+//! `cargo test --no-run`; scripts/build-device-test.sh copies it to
+//! device/flashcore_gpu_test.
+
+// A test function left out of main's list would never run: make that an error.
+#![deny(dead_code)]
 
 mod cuda;
 mod half;
+#[macro_use]
+mod harness;
 
 use cuda::Gpu;
 use flashcore::{
     DType, DeviceBuffer, ForwardParams, ForwardParamsBuilder, Handle, Layout, MergeParams, RawBuffer, StateStrides,
     Status, Strides, Tensor,
 };
+use harness::{Outcome, Skip};
 
-/// Says that a test is skipped, where `cargo test` shows it: libtest keeps
-/// what `println!`/`eprintln!` print from passing tests to itself, so the line
-/// goes straight to the process's stderr (one write, so parallel tests do not
-/// mix their lines), next to the test's "... ok", instead of vanishing into a
-/// silent pass.
-fn skip(test: &str, reason: &str) {
-    use std::io::Write;
-    let line = format!("SKIPPED: {test}: {reason}\n");
-    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+fn main() -> std::process::ExitCode {
+    harness::run(&tests![
+        handle_creation_agrees_with_the_driver,
+        reference_averages_visible_values_when_scores_tie,
+        reference_windows_follow_the_rule,
+        forward_matches_cpu_reference,
+        head_dims_without_a_kernel_round_up,
+        one_handle_serves_several_threads,
+        num_splits_matches_cpu_reference,
+        window_and_softcap_match_cpu_reference,
+        page_table_pools_every_key_once,
+        varlen_and_paged_match_cpu_reference,
+        merge_states_matches_cpu_reference,
+        merge_states_refusals_come_from_the_library,
+        two_halves_merged_match_attention_over_all_keys,
+    ])
 }
 
 /// Whether the build has a kernel at least (head_dim, head_dim_v) wide;
-/// otherwise the case is reported skipped.
+/// otherwise says that the case is skipped (the test goes on with its other
+/// cases).
 fn has_kernel_for(pairs: &[(i32, i32)], case: &str, head_dim: i64, head_dim_v: i64) -> bool {
     let covered = pairs.iter().any(|&(d, dv)| i64::from(d) >= head_dim && i64::from(dv) >= head_dim_v);
     if !covered {
-        skip(case, &format!("this build has no kernel as wide as {head_dim}: {pairs:?}"));
+        println!("case {case} skipped: this build has no kernel as wide as {head_dim}: {pairs:?}");
     }
     covered
 }
 
-/// A handle and the GPU behind it, or `None` (after printing why) when the
-/// machine has no usable GPU. Fails when flashcore and the driver disagree.
-fn setup(test: &str) -> Option<(Handle, &'static Gpu)> {
+/// A handle and the GPU behind it, or why the machine has none usable.
+/// Fails when flashcore and the driver disagree. Without a driver the reason
+/// is the C GPU tests' ("no CUDA device: " and flashcore's message), so that
+/// ctest's summary counts both under one line.
+fn setup() -> Result<(Handle, &'static Gpu), Skip> {
     match (Handle::new(), cuda::gpu()) {
-        (Ok(handle), Ok(gpu)) => Some((handle, gpu)),
+        (Ok(handle), Ok(gpu)) => Ok((handle, gpu)),
         (Ok(_), Err(why)) => panic!("flashcore created a handle, but the test cannot use the CUDA driver: {why}"),
         (Err(err), Ok(_)) if err.status() == Status::Unsupported => {
-            skip(test, &format!("GPU not supported by flashcore: {err}"));
-            None
+            Err(Skip(format!("GPU not supported by flashcore: {}", err.message())))
         }
         (Err(err), Ok(gpu)) => {
             panic!("the CUDA driver sees {} device(s) but flashcore_create failed: {err}", gpu.devices)
         }
-        (Err(err), Err(why)) => {
+        (Err(err), Err(_)) => {
             assert_eq!(err.status(), Status::NoDevice, "without a GPU flashcore_create must report no device: {err}");
-            skip(test, &format!("no GPU ({why}); flashcore says: {err}"));
-            None
+            Err(Skip(format!("no CUDA device: {}", err.message())))
         }
     }
 }
 
-#[test]
-fn handle_creation_agrees_with_the_driver() {
+fn handle_creation_agrees_with_the_driver() -> Outcome {
     match cuda::gpu() {
         Err(why) => {
             for (call, result) in [("Handle::new", Handle::new()), ("Handle::for_device(0)", Handle::for_device(0))] {
@@ -70,7 +84,7 @@ fn handle_creation_agrees_with_the_driver() {
             println!("no GPU ({why}): Handle::new reports {}", Handle::new().unwrap_err());
         }
         Ok(gpu) => {
-            let Some((handle, _)) = setup("handle_creation_agrees_with_the_driver") else { return };
+            let (handle, _) = setup()?;
             assert_eq!(handle.device(), Ok(0));
             let last = Handle::for_device(gpu.devices - 1).expect("a handle for the last device");
             assert_eq!(last.device(), Ok(gpu.devices - 1));
@@ -79,6 +93,7 @@ fn handle_creation_agrees_with_the_driver() {
             println!("{} device(s); handles bound as asked", gpu.devices);
         }
     }
+    Ok(())
 }
 
 struct Case {
@@ -363,8 +378,7 @@ fn reference(case: &Case, q: &HostTensor, k: &HostTensor, v: &HostTensor) -> (Ve
 /// With q = 0 every visible key weighs the same: out is the mean of the
 /// visible values and lse = ln(visible keys). Checks the reference itself,
 /// its causal alignment included (query i sees keys 0..=i + Sk - Sq).
-#[test]
-fn reference_averages_visible_values_when_scores_tie() {
+fn reference_averages_visible_values_when_scores_tie() -> Outcome {
     let case = Case::new("uniform", DType::F16, [1, 2, 1, 5, 3, 8], true, 0.0, Layout::Bhsd, false);
     let mut random = Random(7);
     let q = HostTensor { values: vec![0.0; 2 * 5 * 8], strides: dense_strides(Layout::Bhsd, 2, 5, 8) };
@@ -385,14 +399,14 @@ fn reference_averages_visible_values_when_scores_tie() {
             assert!((out[row * 8 + d as usize] - want).abs() < 1e-12, "row {row}, d {d}");
         }
     }
+    Ok(())
 }
 
 /// The window's rule in the reference, against keys worked out by hand, and
 /// the window and softcap in the tie case: with q = 0 every score is 0
 /// (capped too), so out is the mean of the keys in the window and lse the
 /// log of their count.
-#[test]
-fn reference_windows_follow_the_rule() {
+fn reference_windows_follow_the_rule() -> Outcome {
     // The keys each query sees, for seqlen_q x seqlen_k, causal and a window.
     let keys = |seqlen_q, seqlen_k, causal, (left, right)| {
         let case = Case::new("window", DType::F16, [1, 1, 1, seqlen_q, seqlen_k, 8], causal, 0.0, Layout::Bhsd, false)
@@ -425,6 +439,7 @@ fn reference_windows_follow_the_rule() {
             assert!((out[row * 8 + d as usize] - mean).abs() < 1e-12, "row {row}, d {d}");
         }
     }
+    Ok(())
 }
 
 /// Largest |got - want| / (atol + rtol·|want|) over the pairs, with its index;
@@ -559,32 +574,30 @@ fn run_case(handle: &Handle, gpu: &Gpu, case: &Case, random: &mut Random) {
     }
 }
 
-#[test]
-fn forward_matches_cpu_reference() {
-    let Some((handle, gpu)) = setup("forward_matches_cpu_reference") else { return };
+fn forward_matches_cpu_reference() -> Outcome {
+    let (handle, gpu) = setup()?;
     println!("libflashcore {} on device {}", flashcore::version(), handle.device().expect("device"));
     let mut random = Random(0x9E37_79B9_7F4A_7C15);
     for case in &CASES {
         run_case(&handle, gpu, case, &mut random);
     }
+    Ok(())
 }
 
-#[test]
-fn head_dims_without_a_kernel_round_up() {
-    let Some((handle, gpu)) = setup("head_dims_without_a_kernel_round_up") else { return };
+fn head_dims_without_a_kernel_round_up() -> Outcome {
+    let (handle, gpu) = setup()?;
     let pairs = flashcore::supported_head_dims().expect("supported head dims");
     let covering = pairs.iter().find(|&&(d, dv)| d >= 80 && dv >= 80);
     let Some(&(d, dv)) = covering else {
-        skip("head_dims_without_a_kernel_round_up", &format!("this build has no kernel as wide as 80: {pairs:?}"));
-        return;
+        return Err(Skip(format!("this build has no kernel as wide as 80: {pairs:?}")));
     };
     println!("head_dim 80 runs on the ({d}, {dv}) kernel of {pairs:?}");
     run_case(&handle, gpu, &ROUNDED_UP, &mut Random(0x5851_F42D_4C95_7F2D));
+    Ok(())
 }
 
-#[test]
-fn one_handle_serves_several_threads() {
-    let Some((handle, _)) = setup("one_handle_serves_several_threads") else { return };
+fn one_handle_serves_several_threads() -> Outcome {
+    let (handle, _) = setup()?;
     // workspace_size reads only shapes, so made-up aligned addresses will do.
     let sizes: Vec<usize> = std::thread::scope(|scope| {
         let threads: Vec<_> = (0..4)
@@ -612,6 +625,7 @@ fn one_handle_serves_several_threads() {
         threads.into_iter().map(|t| t.join().expect("thread")).collect()
     });
     assert!(sizes.windows(2).all(|w| w[0] == w[1]), "{sizes:?}");
+    Ok(())
 }
 
 /// Decode-like calls (few query rows, grouped-query 32/8, about 1000 keys),
@@ -650,9 +664,8 @@ const SPLIT_CASES: [Case; 3] = [
     .num_splits(&[1, 0, 2, 3, 7, flashcore::MAX_NUM_SPLITS]),
 ];
 
-#[test]
-fn num_splits_matches_cpu_reference() {
-    let Some((handle, gpu)) = setup("num_splits_matches_cpu_reference") else { return };
+fn num_splits_matches_cpu_reference() -> Outcome {
+    let (handle, gpu) = setup()?;
     let pairs = flashcore::supported_head_dims().expect("supported head dims");
     let mut random = Random(0x2545_F491_4F6C_DD1D);
     for case in &SPLIT_CASES {
@@ -661,6 +674,7 @@ fn num_splits_matches_cpu_reference() {
         }
         run_case(&handle, gpu, case, &mut random);
     }
+    Ok(())
 }
 
 /// Sliding windows and softcapping, against the reference's own mask and cap:
@@ -766,9 +780,8 @@ const WINDOW_CASES: [Case; 9] = [
     .num_splits(&[1, 0, 2, 7]),
 ];
 
-#[test]
-fn window_and_softcap_match_cpu_reference() {
-    let Some((handle, gpu)) = setup("window_and_softcap_match_cpu_reference") else { return };
+fn window_and_softcap_match_cpu_reference() -> Outcome {
+    let (handle, gpu) = setup()?;
     let pairs = flashcore::supported_head_dims().expect("supported head dims");
     let mut random = Random(0x6A09_E667_F3BC_C908);
     for case in &WINDOW_CASES {
@@ -777,6 +790,7 @@ fn window_and_softcap_match_cpu_reference() {
         }
         run_case(&handle, gpu, case, &mut random);
     }
+    Ok(())
 }
 
 /// Where the keys and values of a [`RaggedCase`] live.
@@ -945,8 +959,7 @@ impl PageTable {
 
 /// The pages of a [`PageTable`] and where its pool puts each key, checked
 /// without a GPU, so that a failure on one is the library's.
-#[test]
-fn page_table_pools_every_key_once() {
+fn page_table_pools_every_key_once() -> Outcome {
     let key_counts = [33, 0, 16];
     let pages = PageTable::new(&key_counts, 16);
     // 3 + 0 + 1 pages and 3 spare; rows ceil(33 / 16) + 2 entries apart.
@@ -968,6 +981,7 @@ fn page_table_pools_every_key_once() {
     // Every other row (spare pages, the rest of page 4) is NaN.
     let holding_keys = pool.chunks(16).filter(|row| row.iter().any(|&bits| bits != 0xFFFF)).count();
     assert_eq!(holding_keys, 33 + 16);
+    Ok(())
 }
 
 fn run_ragged_case(handle: &Handle, gpu: &Gpu, case: &RaggedCase, random: &mut Random) {
@@ -1115,9 +1129,8 @@ fn run_ragged_case(handle: &Handle, gpu: &Gpu, case: &RaggedCase, random: &mut R
     }
 }
 
-#[test]
-fn varlen_and_paged_match_cpu_reference() {
-    let Some((handle, gpu)) = setup("varlen_and_paged_match_cpu_reference") else { return };
+fn varlen_and_paged_match_cpu_reference() -> Outcome {
+    let (handle, gpu) = setup()?;
     let pairs = flashcore::supported_head_dims().expect("supported head dims");
     let mut random = Random(0xBB67_AE85_84CA_A73B);
     for case in &RAGGED_CASES {
@@ -1126,6 +1139,7 @@ fn varlen_and_paged_match_cpu_reference() {
         }
         run_ragged_case(&handle, gpu, case, &mut random);
     }
+    Ok(())
 }
 
 /// Device memory holding `values` in `dtype` (which must hold them exactly).
@@ -1286,9 +1300,8 @@ fn out_zero_row(out: &[f32], row: usize, rows: Strides, heads: i64, seqlen: i64,
     (0..width).all(|d| out[(b * rows.batch + h * rows.head + i * rows.seq + d) as usize] == 0.0)
 }
 
-#[test]
-fn merge_states_matches_cpu_reference() {
-    let Some((handle, gpu)) = setup("merge_states_matches_cpu_reference") else { return };
+fn merge_states_matches_cpu_reference() -> Outcome {
+    let (handle, gpu) = setup()?;
     let mut random = Random(0x1234_5678_9ABC_DEF1);
     for (partial, out) in [
         (DType::F16, DType::F16),
@@ -1311,11 +1324,11 @@ fn merge_states_matches_cpu_reference() {
             }
         }
     }
+    Ok(())
 }
 
-#[test]
-fn merge_states_refusals_come_from_the_library() {
-    let Some((handle, gpu)) = setup("merge_states_refusals_come_from_the_library") else { return };
+fn merge_states_refusals_come_from_the_library() -> Outcome {
+    let (handle, gpu) = setup()?;
     let partial = gpu.alloc_poisoned(2 * 4 * 16 * 64 * 2);
     let partial_lse = gpu.alloc_poisoned(2 * 4 * 16 * 4);
     let mut out = gpu.alloc_poisoned(4 * 16 * 64 * 2);
@@ -1355,15 +1368,15 @@ fn merge_states_refusals_come_from_the_library() {
     }
     gpu.synchronize();
     assert!(gpu.download::<u16>(&out).iter().all(|&bits| bits == 0xFFFF), "a refused merge wrote to out");
+    Ok(())
 }
 
 /// Attention over keys [0, split) and [split, Sk), each forward call writing
 /// its out and lse into one state of the partial buffers, merged, is
 /// attention over all keys: checked against the same f64 reference as a
 /// single call.
-#[test]
-fn two_halves_merged_match_attention_over_all_keys() {
-    let Some((handle, gpu)) = setup("two_halves_merged_match_attention_over_all_keys") else { return };
+fn two_halves_merged_match_attention_over_all_keys() -> Outcome {
+    let (handle, gpu) = setup()?;
     for (dtype, split) in [(DType::F16, 123), (DType::BF16, 1)] {
         let case = Case::new("halves", dtype, [2, 8, 2, 37, 300, 64], false, 0.0, Layout::Bhsd, false);
         let name = format!("{dtype:?} keys split at {split} of {}", case.seqlen_k);
@@ -1439,4 +1452,5 @@ fn two_halves_merged_match_attention_over_all_keys() {
         println!("{name}: worst lse error {lse_ratio:.3} of tolerance");
         assert!(lse_ratio <= 1.0, "{name}: lse[{lse_at}] = {got}, reference {want}");
     }
+    Ok(())
 }
