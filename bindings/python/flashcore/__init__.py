@@ -7,6 +7,8 @@ __cuda_array_interface__ or DLPack.
 
     import flashcore
     out = flashcore.attention(q, k, v, causal=True)
+    out = flashcore.sdpa(q, k, v, is_causal=True)        # torch.nn.functional.scaled_dot_product_attention's
+    out = flashcore.flash_attn_func(q, k, v, causal=True)   # FlashAttention's, [B, S, H, D]
     out = flashcore.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)   # packed
     out = flashcore.attention_with_kvcache(q, k_pages, v_pages, cache_seqlens, block_table=block_table)   # paged
     out, lse = flashcore.merge_states(partial_out, partial_lse)   # parts of the keys -> all
@@ -16,13 +18,21 @@ The library is looked for inside this package (the flashcore-attention
 wheel carries it), then in $FLASHCORE_LIBRARY, then where pkg-config and the
 dynamic loader find it (see flashcore.open_library()). The ctypes declarations in flashcore._ffi are generated
 from include/flashcore.h.
+
+Under torch.compile and torch.export the calls are the torch operator
+flashcore::forward (registered at import where torch is imported first,
+else at the first traced call), traced without graph breaks.
+`python -m flashcore` says which library is loaded and what the GPUs run.
 """
 
 __version__ = "0.6.0"
 
+import sys as _sys
+
 from . import _ffi
 from ._attention import (attention, attention_varlen, attention_with_kvcache, check_params, forward_params,
                          supported_head_dims)
+from ._dropin import flash_attn_func, sdpa
 from ._errors import (
     CudaError,
     FlashcoreError,
@@ -30,6 +40,7 @@ from ._errors import (
     InvalidArgumentError,
     LibraryError,
     MisalignedError,
+    NoBackwardError,
     NoDeviceError,
     OutOfMemoryError,
     UnsupportedError,
@@ -37,6 +48,7 @@ from ._errors import (
 )
 from ._library import Handle, Library, get_handle, library, open_library
 from ._merge import merge_params, merge_states
+from ._torch_ops import register_torch_ops
 
 Status = _ffi.Status
 Dtype = _ffi.Dtype
@@ -47,12 +59,12 @@ MAX_NUM_SPLITS = _ffi.FLASHCORE_MAX_NUM_SPLITS
 HEADER_VERSION_NUMBER = _ffi.FLASHCORE_VERSION_NUMBER
 
 
-def library_version():
+def library_version() -> str:
     """The loaded library's version string ("MAJOR.MINOR.PATCH")."""
     return library().version
 
 
-def status_string(status):
+def status_string(status: int) -> str:
     """The library's name for a status, e.g. "invalid argument"."""
     return library().status_string(status)
 
@@ -63,6 +75,9 @@ __all__ = [
     "attention_varlen",
     "attention_with_kvcache",
     "merge_states",
+    "sdpa",
+    "flash_attn_func",
+    "register_torch_ops",
     "forward_params",
     "merge_params",
     "check_params",
@@ -91,4 +106,11 @@ __all__ = [
     "OutOfMemoryError",
     "InternalError",
     "LibraryError",
+    "NoBackwardError",
 ]
+
+# torch.ops.flashcore.forward exists as soon as both are imported (a
+# program exported with it loads); where torch comes later, the first
+# traced call registers it.
+if "torch" in _sys.modules:
+    register_torch_ops()

@@ -9,6 +9,7 @@ import contextlib
 import ctypes
 import re
 import sys
+from typing import Any
 
 from ._checked import fits, whole_number
 from ._errors import InvalidArgumentError, MisalignedError
@@ -16,6 +17,10 @@ from ._errors import InvalidArgumentError, MisalignedError
 # More dimensions than any array this package reads: a DLPack ndim past it
 # is garbage, not an array.
 MAX_NDIM = 64
+
+# The type hint of a CUDA array argument: a PyTorch tensor, a CuPy array, or
+# any object with __cuda_array_interface__ or __dlpack__.
+Array = Any
 
 
 class ArrayInfo:
@@ -95,9 +100,13 @@ def _element_strides(name, byte_strides, itemsize):
 # --------------------------------------------------------------------------
 
 
+NEEDS_DEVICE_MEMORY = "flashcore needs CUDA device memory"
+
+
 def _from_torch(x, name):
     if x.device.type != "cuda":
-        raise InvalidArgumentError("%s is a tensor on %s; flashcore needs CUDA tensors" % (name, x.device))
+        where = "the CPU" if x.device.type == "cpu" else "torch device '%s'" % x.device
+        raise InvalidArgumentError("%s is on %s; %s (e.g. %s.cuda())" % (name, where, NEEDS_DEVICE_MEMORY, name))
     return ArrayInfo(x, name, x.data_ptr(), x.shape, x.stride(), str(x.dtype).replace("torch.", ""),
                      x.element_size(), x.device.index, "torch")
 
@@ -181,11 +190,9 @@ def _from_cai(x, name):
 _cuda_driver = []
 
 
-def pointer_device(ptr):
-    """CUDA ordinal of the device holding ptr, asked of the driver; None if
-    there is no driver or it does not know the pointer."""
-    if not ptr:
-        return None
+def cuda_driver():
+    """The CUDA driver (libcuda.so.1 through ctypes), initialized; None where
+    it cannot be loaded or cuInit fails (no driver, no GPU). Loaded once."""
     if not _cuda_driver:
         try:
             lib = ctypes.CDLL("libcuda.so.1")
@@ -195,7 +202,15 @@ def pointer_device(ptr):
         except (OSError, AttributeError):
             lib, ok = None, False
         _cuda_driver.append(lib if ok else None)
-    lib = _cuda_driver[0]
+    return _cuda_driver[0]
+
+
+def pointer_device(ptr):
+    """CUDA ordinal of the device holding ptr, asked of the driver; None if
+    there is no driver or it does not know the pointer."""
+    if not ptr:
+        return None
+    lib = cuda_driver()
     if lib is None:
         return None
     ordinal = ctypes.c_int(-1)
@@ -223,8 +238,13 @@ def check_known_to_driver(infos):
 # DLPack (the unversioned capsule every producer still offers)
 # --------------------------------------------------------------------------
 
+kDLCPU = 1
 kDLCUDA = 2
 kDLCUDAManaged = 13
+# Where DLPack says memory is, for messages: the device types a CUDA array
+# is mistaken for most often.
+_DL_PLACES = {kDLCPU: "the CPU", 3: "pinned host memory (kDLCUDAHost)", 8: "a Metal device", 10: "a ROCm device",
+              11: "pinned ROCm host memory", 14: "a oneAPI device"}
 _DL_DTYPES = {(2, 16): "float16", (4, 16): "bfloat16", (2, 32): "float32", (2, 64): "float64", (0, 32): "int32",
               (0, 64): "int64", (1, 32): "uint32"}
 
@@ -260,7 +280,9 @@ _capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c
 def _from_dlpack(x, name, stream):
     device_type, device_id = x.__dlpack_device__()
     if int(device_type) not in (kDLCUDA, kDLCUDAManaged):
-        raise InvalidArgumentError("%s is not in CUDA memory (DLPack device type %d)" % (name, int(device_type)))
+        place = _DL_PLACES.get(int(device_type), "a device that is not CUDA")
+        raise InvalidArgumentError("%s is on %s (DLPack device type %d); %s"
+                                   % (name, place, int(device_type), NEEDS_DEVICE_MEMORY))
     # The stream we will run on, so the producer can order its work before it
     # (DLPack: 1 is the legacy default stream; 0 is not allowed).
     try:
@@ -299,6 +321,9 @@ def describe(x, name, stream=0):
         return _from_cai(x, name)
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         return _from_dlpack(x, name, stream)
+    if hasattr(x, "__array_interface__") or hasattr(x, "__array__"):
+        raise InvalidArgumentError("%s is a host array (%s, on the CPU); %s"
+                                   % (name, type(x).__name__, NEEDS_DEVICE_MEMORY))
     raise TypeError("%s must be a CUDA array: a PyTorch tensor, a CuPy array, or an object with "
                     "__cuda_array_interface__ or __dlpack__; got %s" % (name, type(x).__name__))
 
@@ -371,12 +396,13 @@ def can_allocate(like):
 
 
 def empty(like, shape, dtype, stream):
-    """A new array of like's framework and device, shape and dtype (None: like's
-    dtype; else "float32" or "uint8"), taken from the memory pool of the stream
-    it will be written on."""
+    """A new array of like's framework and device (like: an ArrayInfo, or any
+    object with its framework and device), shape and dtype (None: like's
+    dtype; a name such as "float32" or "uint8", or the framework's own dtype),
+    taken from the memory pool of the stream it will be written on."""
     if like.framework == "torch":
         torch = sys.modules["torch"]
-        torch_dtype = like.obj.dtype if dtype is None else getattr(torch, dtype)
+        torch_dtype = like.obj.dtype if dtype is None else getattr(torch, dtype) if isinstance(dtype, str) else dtype
         with _torch_stream_context(torch, like.device, stream):
             return torch.empty(shape, dtype=torch_dtype, device=torch.device("cuda", like.device))
     if like.framework == "cupy":
@@ -400,3 +426,41 @@ def full(like, shape, dtype, value, stream):
             with _cupy_stream_context(cupy, like.device, stream):
                 return cupy.full(shape, value, dtype=dtype)
     raise TypeError("cannot allocate memory for a %s" % type(like.obj).__name__)
+
+
+# --------------------------------------------------------------------------
+# Signatures: what the call cache (flashcore._attention) keys on
+# --------------------------------------------------------------------------
+
+_ADDRESS_END = 2 ** (8 * ctypes.sizeof(ctypes.c_void_p))
+
+
+def cai_signature(x):
+    """(key, pointer, stream) of a __cuda_array_interface__ array whose
+    description the call cache can reuse: key holds every entry describe()
+    reads but the pointer and the stream, so that equal keys describe equal
+    arrays but for where they are (and on which stream). None for arrays
+    that take the full path every time: tensor subclasses, CuPy arrays,
+    DLPack-only objects, and interfaces whose per-call entries are malformed
+    (the full path says how). Entries that Python finds equal are read
+    alike (a shape of 64.0 where 64 was cached: the interface allows ints
+    only, and this is the number that was meant). The device is the
+    driver's, asked per pointer each call. (torch tensors are read by the
+    cache itself.)"""
+    torch, cupy = sys.modules.get("torch"), sys.modules.get("cupy")
+    if torch is not None and isinstance(x, torch.Tensor) or cupy is not None and isinstance(x, cupy.ndarray):
+        return None
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if type(cai) is not dict:
+        return None
+    data, version = cai.get("data"), cai.get("version")
+    if type(data) is not tuple or len(data) != 2 or (version is not None and type(version) is not int):
+        return None
+    ptr, readonly = data
+    if type(ptr) is not int or not 0 <= ptr < _ADDRESS_END or type(readonly) is not bool:
+        return None
+    stream = cai.get("stream") if version is not None and version >= 3 else None
+    if stream is not None and (type(stream) is not int or stream < 0):
+        return None
+    key = (cai.get("shape"), cai.get("strides"), cai.get("typestr"), readonly, version, cai.get("mask"))
+    return key, ptr, stream

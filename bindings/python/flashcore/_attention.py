@@ -5,13 +5,17 @@ import collections
 import ctypes
 import math
 import numbers
+import sys
+from typing import Any, List, Optional, Tuple, Union
 
 from . import _ffi
-from ._arrays import (can_allocate, check_known_to_driver, contiguous_strides, current_stream, describe, empty, full,
-                      is_cupy, is_torch, stream_pointer)
+from ._arrays import (Array, can_allocate, check_known_to_driver, contiguous_strides, current_stream, describe, empty,
+                      cai_signature, cuda_driver, full, is_cupy, is_torch, pointer_device,
+                      stream_pointer)
 from ._checked import fits, set_fields, whole_number
-from ._errors import InvalidArgumentError, UnsupportedError
+from ._errors import FlashcoreError, InvalidArgumentError, UnsupportedError
 from ._library import get_handle, library
+from ._torch_ops import refuse_grad, traced_forward, traced_full_int32, tracing
 
 Layout = _ffi.Layout
 # Axes of (batch, heads, seqlen) in each layout; head_dim is always the last.
@@ -231,9 +235,15 @@ def _check_block_table(table, batch, batch_words):
 
 
 def _check_one_device(arrays, names):
-    devices = sorted({a.device for a in arrays if a is not None and a.device is not None})
-    if len(devices) > 1:
-        raise InvalidArgumentError("%s must be on one device, got devices %s" % (names, devices))
+    """The one CUDA device of the arrays (None where none is known)."""
+    return _one_device([a.device for a in arrays if a is not None], names)
+
+
+def _one_device(devices, names):
+    distinct = sorted({d for d in devices if d is not None})
+    if len(distinct) > 1:
+        raise InvalidArgumentError("%s must be on one device, got devices %s" % (names, distinct))
+    return distinct[0] if distinct else None
 
 
 def _names(infos):
@@ -421,9 +431,13 @@ def _is_empty(params):
             or (params.cu_seqlens_q is not None and params.total_seqlen_q == 0))
 
 
-def forward_params(q, k, v, out=None, *, lse=None, causal=False, softmax_scale=None, layout="bhsd", num_splits=None,
-                   window=None, softcap=0.0, seqused_k=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                   max_seqlen_k=None, block_table=None):
+def forward_params(q: Array, k: Array, v: Array, out: Optional[Array] = None, *, lse: Optional[Array] = None,
+                   causal: bool = False, softmax_scale: Optional[float] = None, layout: Union[str, int] = "bhsd",
+                   num_splits: Optional[int] = None, window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
+                   seqused_k: Optional[Array] = None, cu_seqlens_q: Optional[Array] = None,
+                   cu_seqlens_k: Optional[Array] = None, max_seqlen_q: Optional[int] = None,
+                   max_seqlen_k: Optional[int] = None,
+                   block_table: Optional[Array] = None) -> "_ffi.flashcore_forward_params":
     """A flashcore.ForwardParams for these arrays (pointers, sizes, strides),
     for the low-level calls: Handle.workspace_size, Handle.forward,
     check_params. The arrays must outlive every use of the result.
@@ -441,7 +455,7 @@ def forward_params(q, k, v, out=None, *, lse=None, causal=False, softmax_scale=N
     return _build(library(), *infos, layout, options, seqs)
 
 
-def supported_head_dims():
+def supported_head_dims() -> List[Tuple[int, int]]:
     """The (head_dim, head_dim_v) pairs this build of the library has kernels
     of its own for (flashcore_supported_head_dims), in increasing order, e.g.
     [(32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256)].
@@ -453,7 +467,7 @@ def supported_head_dims():
     return library().supported_head_dims()
 
 
-def check_params(params):
+def check_params(params: "_ffi.flashcore_forward_params") -> None:
     """flashcore_forward_check: raises what flashcore_forward would for these
     parameters before looking at the GPU."""
     lib = library()
@@ -476,50 +490,382 @@ def _describe_first(x, name, stream):
     return info, current_stream(info) if user_stream is None else user_stream
 
 
-def _forward(q, k, v, *, layout, options, out, lse, return_lse, stream, workspace, **sequences):
-    """What attention, attention_varlen and attention_with_kvcache share:
-    describes the arrays, allocates what was not given, builds and checks
-    the params and queues the call. `sequences` are _sequences' keywords."""
+# --------------------------------------------------------------------------
+# One call: the full path, and the cache that lets a repeated call skip it
+#
+# Describing and checking the arrays, converting the options and building
+# the params struct depend only on the arrays' shapes, strides, dtypes and
+# devices and on the options; a call whose key (all of those, see
+# _cache_key) was seen before reuses what the full path made of it and
+# only puts in the new addresses. Whatever depends on the addresses is
+# still checked on every call: by flashcore_forward itself (alignment,
+# overlaps, NULL), and for __cuda_array_interface__ arrays by the driver
+# (their device and that it knows the memory).
+# --------------------------------------------------------------------------
+
+# Fields of flashcore_forward_params holding the arrays' addresses, in the
+# order _forward passes the arrays.
+POINTER_FIELDS = ("q", "k", "v", "out", "lse", "seqused_k", "cu_seqlens_q", "cu_seqlens_k", "block_table")
+# Plans kept; past that many the cache starts again empty, so that a model
+# with ever new shapes does not grow it without end.
+MAX_PLANS = 1024
+_plans = {}
+# Option values a key may hold: their exact types, since values of other
+# types can compare equal and mean something else to the full path (True
+# == 1, yet True is no softmax_scale).
+_PLAIN_REAL = (float, int)
+
+
+class _Plan:
+    """What the full path made of one cache key: the params struct but for
+    its addresses (template), whether the result is empty, the shapes of
+    out and lse to allocate (None where given or not asked for), q's dtype
+    and where to allocate (target, torch_device), the device of the
+    framework arrays, the arrays' names for messages, the indices of the
+    arrays given or allocated, the arrays read through
+    __cuda_array_interface__ as (index, name) (their device is the
+    driver's, asked each call), whether q, k or v requires grad, and the
+    workspace size per device once asked."""
+
+    __slots__ = ("template", "empty", "out_shape", "lse_shape", "dtype", "lse_dtype", "target", "torch_device",
+                 "device", "names", "given", "cai_arrays", "requires_grad", "workspace_bytes")
+
+
+class _Target:
+    """Where a plan's arrays are allocated: ArrayInfo's framework and device."""
+
+    __slots__ = ("framework", "device")
+
+    def __init__(self, framework, device):
+        self.framework, self.device = framework, device
+
+
+class _Pointer:
+    """An address to ask the driver about (check_known_to_driver)."""
+
+    __slots__ = ("name", "ptr", "framework")
+
+    def __init__(self, name, ptr):
+        self.name, self.ptr, self.framework = name, ptr, None
+
+
+class _Call:
+    """A prepared call: its result, and unless that is empty (params None)
+    the params to queue on `stream` for `device`, the workspace given as
+    (address, bytes) or None to allocate like `target`, and its plan (None
+    on the full path of an uncached call; with a plan of torch arrays and
+    on_current_stream, the workspace is a plain torch.empty)."""
+
+    __slots__ = ("result", "params", "device", "stream", "target", "workspace", "plan", "on_current_stream")
+
+    def __init__(self, result, params=None, device=None, stream=0, target=None, workspace=None, plan=None,
+                 on_current_stream=False):
+        self.result, self.params, self.device, self.stream = result, params, device, stream
+        self.target, self.workspace, self.plan, self.on_current_stream = target, workspace, plan, on_current_stream
+
+
+def _cache_key(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k):
+    """(key, addresses, q's __cuda_array_interface__ stream) of a call the
+    cache can serve: every array given is a torch tensor (not a subclass)
+    or has a cai_signature(), and every option is a plain value; else None.
+    A torch tensor's part of the key is its shape, strides, dtype, device
+    index (-1 for the CPU: never cached, the full path refuses it) and
+    requires_grad; each part comes after the array's index."""
+    causal, softmax_scale, num_splits, window, softcap = options
+    if type(window) is list:
+        window = tuple(window)
+    if not (type(layout) is str and (softmax_scale is None or type(softmax_scale) in _PLAIN_REAL)
+            and (num_splits is None or type(num_splits) is int) and type(softcap) in _PLAIN_REAL
+            and (window is None or type(window) is tuple and len(window) == 2
+                 and type(window[0]) is int and type(window[1]) is int)
+            and (max_seqlen_q is None or type(max_seqlen_q) is int)
+            and (max_seqlen_k is None or type(max_seqlen_k) is int)):
+        return None
+    torch = sys.modules.get("torch")
+    tensor_type = None if torch is None else torch.Tensor
+    key = [layout, 1 if causal else 0, softmax_scale, num_splits, window, softcap, bool(return_lse), max_seqlen_q,
+           max_seqlen_k]
+    addresses = [None] * len(arrays)
+    q_stream = None
+    for i, a in enumerate(arrays):
+        if a is None:
+            continue
+        if type(a) is tensor_type:  # read here rather than in a call: the common case, and a call's time counts
+            key += (i, a.shape, a.stride(), a.dtype, a.get_device(), a.requires_grad)
+            addresses[i] = a.data_ptr()
+            continue
+        found = cai_signature(a)
+        if found is None:
+            return None
+        key += (i, found[0])
+        addresses[i] = found[1]
+        if not i:
+            q_stream = found[2]
+    return tuple(key), addresses, q_stream
+
+
+def _remember(key, params, infos, out_shape, lse_shape, device):
+    """Keeps the plan of a call that took the full path (infos: the
+    ArrayInfos of the arrays, in POINTER_FIELDS order, None where not
+    given)."""
+    q = infos[0]
+    plan = _Plan()
+    plan.template = bytes(params)
+    plan.empty = _is_empty(params)
+    plan.out_shape, plan.lse_shape = out_shape, lse_shape
+    plan.dtype = q.obj.dtype if q.framework == "torch" else None
+    plan.lse_dtype = sys.modules["torch"].float32 if q.framework == "torch" else "float32"
+    plan.target = _Target(q.framework, q.device)
+    plan.torch_device = q.obj.device if q.framework == "torch" else None
+    plan.device = device
+    plan.names = _names(infos)
+    plan.given = tuple(i for i, a in enumerate(infos) if a is not None)
+    plan.cai_arrays = tuple((i, a.name) for i, a in enumerate(infos) if a is not None and a.framework is None)
+    plan.requires_grad = any(a.framework == "torch" and a.obj.requires_grad for a in infos[:3])
+    plan.workspace_bytes = {}
+    if len(_plans) >= MAX_PLANS:
+        _plans.clear()
+    _plans[key] = plan
+
+
+def _torch_current_stream(device):
+    """torch's current stream on a device, as a cudaStream_t int (without
+    making a torch.cuda.Stream object where torch has the faster call)."""
+    if not _raw_stream:
+        torch = sys.modules["torch"]
+        _raw_stream.append(getattr(torch._C, "_cuda_getCurrentRawStream", None)
+                           or (lambda device: torch.cuda.current_stream(device).cuda_stream))
+    return _raw_stream[0](device)
+
+
+_raw_stream = []
+
+
+def _prepare_cached(plan, addresses, q_stream, q, k, v, out, lse, return_lse, stream, detach):
+    """The cache's path: plan's params with this call's addresses."""
+    if plan.requires_grad:
+        refuse_grad(q, k, v, detach)
+    if stream is not None:
+        s = stream_pointer(stream)
+    elif plan.target.framework == "torch":
+        s = _torch_current_stream(plan.device)
+    else:
+        s = q_stream or 0
+    on_current_stream = stream is None  # allocating on it needs no stream context
+    if plan.out_shape is not None:
+        out = _new(plan, plan.out_shape, plan.dtype, s, on_current_stream)
+        addresses[3] = out.data_ptr()
+    if plan.lse_shape is not None:
+        lse = _new(plan, plan.lse_shape, plan.lse_dtype, s, on_current_stream)
+        addresses[4] = lse.data_ptr()
+    result = (out, lse) if return_lse else out
+    if plan.empty:
+        return _Call(result)
+    params = _ffi.flashcore_forward_params.from_buffer_copy(plan.template)
+    for i in plan.given:
+        setattr(params, POINTER_FIELDS[i], addresses[i])
+    device = plan.device
+    if plan.cai_arrays and cuda_driver() is not None:  # without a driver there is nothing to ask
+        # In the full path's order: the library's verdict on the addresses, then the driver's.
+        lib = library()
+        lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
+        pointers = [_Pointer(name, addresses[i]) for i, name in plan.cai_arrays]
+        check_known_to_driver(pointers)
+        device = _one_device([device] + [pointer_device(p.ptr) for p in pointers], plan.names)
+    return _Call(result, params, device, s, plan.target, None, plan, on_current_stream)
+
+
+def _new(plan, shape, dtype, stream, on_current_stream):
+    """A torch tensor (dtype: a torch dtype) for a cached call: only torch
+    calls allocate."""
+    if on_current_stream:
+        return sys.modules["torch"].empty(shape, dtype=dtype, device=plan.torch_device)
+    return empty(plan.target, shape, dtype, stream)
+
+
+def _hint_bshd(error, q, k, v, layout, seqs):
+    """error, with a hint to pass layout="bshd" where the head counts of
+    dense q and k read as [B, H, S, D] do not fit (Hq not a multiple of
+    Hkv) but read as [B, S, H, D] they, and the rest of the shapes, do:
+    FlashAttention-ordered tensors given with the default layout. (Where
+    both readings fit, as for self-attention with as many query as key
+    heads, the shapes cannot tell.)"""
+    if layout != Layout.BHSD or any(a is not None for a in seqs.arrays()):
+        return error
+    try:
+        as_given = [_View(a, Layout.BHSD) for a in (q, k)]
+        qv, kv, vv = (_View(a, Layout.BSHD) for a in (q, k, v))
+    except InvalidArgumentError:
+        return error
+
+    def heads_fit(q_view, k_view):
+        return k_view.shape[1] > 0 and q_view.shape[1] % k_view.shape[1] == 0
+
+    if heads_fit(*as_given) or not (heads_fit(qv, kv) and kv.shape[:3] == vv.shape[:3]
+                                    and qv.shape[0] == kv.shape[0] and qv.shape[3] == kv.shape[3]):
+        return error
+    hint = (" (these are valid [B, S, H, D] shapes: pass layout='bshd' if that is their order, or "
+            "x.transpose(1, 2) for [B, H, S, D] views)")
+    return type(error)(error.message + hint, error.status)
+
+
+def _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, sequences, key):
+    """The full path: describes and checks everything, and keeps the plan
+    under `key` where it is not None."""
+    refuse_grad(q, k, v, detach)
+    layout = _layout(layout)
+    options = _options(*options)
     qi, s = _describe_first(q, "q", stream)
     ki, vi = describe(k, "k", s), describe(v, "v", s)
     oi = None if out is None else describe(out, "out", s)
     li = None if lse is None else describe(lse, "lse", s)
     seqs = _sequences(s, **sequences)
-    geometry = _validate(qi, ki, vi, oi, li, layout, seqs)
     lib = library()
-    if oi is None:
-        out = _allocate(qi, _out_shape(qi, geometry.views[2].shape[3]), None, s, "out")
-        oi = describe(out, "out", s)
-    if li is None and return_lse:
-        lse = _allocate(qi, geometry.lse_shape, "float32", s, "lse")
-        li = describe(lse, "lse", s)
-    params = _build(lib, qi, ki, vi, oi, li, layout, options, seqs)
-    lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
+    try:
+        geometry = _validate(qi, ki, vi, oi, li, layout, seqs)
+        out_shape = _out_shape(qi, geometry.views[2].shape[3]) if oi is None else None
+        lse_shape = geometry.lse_shape if li is None and return_lse else None
+        if out_shape is not None:
+            out = _allocate(qi, out_shape, None, s, "out")
+            oi = describe(out, "out", s)
+        if lse_shape is not None:
+            lse = _allocate(qi, lse_shape, "float32", s, "lse")
+            li = describe(lse, "lse", s)
+        params = _build(lib, qi, ki, vi, oi, li, layout, options, seqs)
+        lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
+    except InvalidArgumentError as e:
+        raise _hint_bshd(e, qi, ki, vi, layout, seqs) from None
+    infos = (qi, ki, vi, oi, li) + seqs.arrays()
+    device = next((a.device for a in (qi, ki, vi, oi) if a.device is not None), None)
+    if key is not None:
+        _remember(key, params, infos, out_shape, lse_shape, device)
+    result = (out, lse) if return_lse else out
     if _is_empty(params):
         # As PyTorch: an empty result, nothing launched (no GPU needed).
-        return (out, lse) if return_lse else out
-    check_known_to_driver((qi, ki, vi, oi, li) + seqs.arrays())
-
-    device = next((a.device for a in (qi, ki, vi, oi) if a.device is not None), None)
-    handle = get_handle(device)
-    needed = handle.workspace_size(params)
-    ws_ptr, ws_bytes, ws_keep = 0, 0, None
+        return _Call(result)
+    check_known_to_driver(infos)
+    given = None
     if workspace is not None:
         wi = describe(workspace, "workspace", s)
         if wi.strides != contiguous_strides(wi.shape):
             raise InvalidArgumentError("workspace must be contiguous")
         check_known_to_driver((wi,))
-        ws_ptr, ws_bytes = wi.ptr, math.prod(wi.shape) * wi.itemsize
-    elif needed:
-        ws_keep = _allocate(qi, (needed,), "uint8", s, "workspace")
-        ws_ptr, ws_bytes = describe(ws_keep, "workspace").ptr, needed
-    handle.forward(params, ws_ptr, ws_bytes, s)
-    del ws_keep  # back to the pool of stream s, which orders its reuse after this call
-    return (out, lse) if return_lse else out
+        given = (wi.ptr, math.prod(wi.shape) * wi.itemsize)
+    return _Call(result, params, device, s, qi, given)
 
 
-def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse=False, stream=None,
-              layout="bhsd", lse=None, workspace=None, num_splits=None, window=None, softcap=0.0, seqused_k=None):
+def prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k=None,
+            cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None):
+    """Everything a forward call does before it asks for a handle: a _Call.
+    options: (causal, softmax_scale, num_splits, window, softcap) as the
+    caller gave them; the keywords are _sequences'."""
+    arrays = (q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table)
+    found = None
+    if workspace is None:
+        found = _cache_key(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k)
+    if found is not None:
+        try:
+            plan = _plans.get(found[0])
+        except TypeError:  # an unhashable entry (a list for a shape): the full path reads it
+            found = plan = None
+        if plan is not None:
+            return _prepare_cached(plan, found[1], found[2], q, k, v, out, lse, return_lse, stream, detach)
+    sequences = dict(seqused_k=seqused_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                     cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k, block_table=block_table)
+    return _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, sequences,
+                            None if found is None else found[0])
+
+
+def launch(call):
+    """Queues a prepared call (prepare()) and returns its result."""
+    if call.params is None:
+        return call.result
+    plan = call.plan
+    try:
+        handle = get_handle(call.device)
+    except FlashcoreError:
+        if plan is not None:
+            # No handle (no GPU): first what the full path would have said before asking for one, the library's
+            # verdict on this call's addresses (with a handle, flashcore_forward gives the same).
+            lib = library()
+            lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(call.params)))
+        raise
+    ws_keep = None
+    if call.workspace is not None:
+        ws_ptr, ws_bytes = call.workspace
+    else:
+        needed = None if plan is None or call.device is None else plan.workspace_bytes.get(call.device)
+        if needed is None:
+            needed = handle.workspace_size(call.params)
+            if plan is not None and call.device is not None:
+                plan.workspace_bytes[call.device] = needed
+        ws_ptr, ws_bytes = 0, needed
+        if needed and plan is not None and plan.target.framework == "torch":
+            ws_keep = _new(plan, (needed,), sys.modules["torch"].uint8, call.stream, call.on_current_stream)
+            ws_ptr = ws_keep.data_ptr()
+        elif needed:
+            ws_keep = _allocate(call.target, (needed,), "uint8", call.stream, "workspace")
+            ws_ptr = describe(ws_keep, "workspace").ptr
+    handle.forward(call.params, ws_ptr, ws_bytes, call.stream)
+    del ws_keep  # back to the pool of the call's stream, which orders its reuse after this call
+    return call.result
+
+
+def _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k=None,
+             cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None):
+    """What attention, attention_varlen and attention_with_kvcache share:
+    under torch.compile (or torch.export) the torch operator
+    flashcore::forward, else prepare() and launch(), with prepare()'s
+    arguments. (Positional: keywords cost host time on every call.)"""
+    if tracing():
+        return traced_forward(q, k, v, layout=layout, options=options, out=out, lse=lse, return_lse=return_lse,
+                              stream=stream, workspace=workspace, detach=detach, seqused_k=seqused_k,
+                              cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
+                              max_seqlen_k=max_seqlen_k, block_table=block_table)
+    return launch(prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k,
+                          cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table))
+
+
+def _pytorch_names(q, k, layout, causal, softmax_scale, is_causal, scale):
+    """causal and softmax_scale with PyTorch's spellings taken in: scale is
+    softmax_scale; is_causal is causal where the two agree (Sq == Sk: top-left
+    and bottom-right alignment are one mask), refused where they do not."""
+    if scale is not None:
+        if softmax_scale is not None:
+            raise TypeError("pass softmax_scale or scale (PyTorch's name for it), not both")
+        softmax_scale = scale
+    if is_causal is not None:
+        if causal:
+            raise TypeError("pass causal or is_causal, not both (causal is bottom-right aligned, PyTorch's "
+                            "is_causal top-left)")
+        if is_causal:
+            axis = LAYOUT_AXES[_layout(layout)][2]
+            sq, sk = _shape_of(q, "q")[axis], _shape_of(k, "k")[axis]
+            if sq != sk:
+                raise InvalidArgumentError(
+                    "is_causal (PyTorch's name) masks top-left aligned, flashcore's causal bottom-right, and with "
+                    "Sq = %d != Sk = %d the two differ: call flashcore.sdpa(q, k, v, is_causal=True) for PyTorch's "
+                    "mask, or pass causal=True for FlashAttention's" % (sq, sk))
+        causal = bool(is_causal)
+    return causal, softmax_scale
+
+
+def _shape_of(x, name):
+    """x's shape, read without describing it where x has one."""
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        shape = describe(x, name).shape
+    if len(shape) != 4:
+        raise InvalidArgumentError("%s must be 4-D, got shape %s" % (name, list(shape)))
+    return tuple(shape)
+
+
+def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_scale: Optional[float] = None,
+              out: Optional[Array] = None, return_lse: bool = False, stream: Any = None, layout: Union[str, int] = "bhsd",
+              lse: Optional[Array] = None, workspace: Optional[Array] = None, num_splits: Optional[int] = None,
+              window: Optional[Tuple[int, int]] = None, softcap: float = 0.0, seqused_k: Optional[Array] = None,
+              detach: bool = False, is_causal: Optional[bool] = None,
+              scale: Optional[float] = None) -> Union[Array, Tuple[Array, Array]]:
     """Fused scaled-dot-product attention, like
     torch.nn.functional.scaled_dot_product_attention(q, k, v):
 
@@ -534,11 +880,18 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse
     this build has kernels for and which others run. Any storage order works
     as long as the last dimension is contiguous: strides are read from the
     arrays. layout="bshd" takes FlashAttention's [B, S, H, D] shapes instead
-    (out is then [B, Sq, Hq, Dv]).
+    (out is then [B, Sq, Hq, Dv]). Shapes alone cannot always tell [B, S,
+    H, D] tensors given with the default layout from [B, H, S, D] ones;
+    where the head counts then do not fit, the error says to pass
+    layout="bshd".
 
     causal: bottom-right aligned mask: query i sees key j iff
         j <= i + Sk - Sq; rows that see no key give 0 (and lse -inf).
     softmax_scale: None for 1 / sqrt(D).
+    scale, is_causal: PyTorch's names, taken in as softmax_scale and
+        causal: scale is softmax_scale; is_causal=True is causal=True where
+        Sq == Sk, and refused otherwise (PyTorch's mask is then top-left
+        aligned: flashcore.sdpa implements it).
     window: sliding window (local attention), FlashAttention's window_size:
         None (the default) for none, or a pair (left, right) of ints, each
         -1 (unbounded on that side) or >= 0: query i sees key j only where
@@ -580,21 +933,40 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, out=None, return_lse
         merge_states). Results are deterministic for a given num_splits;
         different num_splits round differently.
 
+    detach: forward only: no autograd. A torch input that requires grad
+        while grad mode is on raises NoBackwardError, unless detach=True (or
+        FLASHCORE_DETACH=1 in the environment) says to compute from its
+        values, the result then without a gradient path. Under
+        torch.no_grad() or torch.inference_mode() nothing is refused.
+
     PyTorch tensors, CuPy arrays and any object with __cuda_array_interface__
     or __dlpack__ are accepted; for the last two, out (and lse, workspace when
-    needed) must be given. Returns without waiting for the GPU. Raises
-    flashcore.FlashcoreError subclasses (InvalidArgumentError,
-    UnsupportedError, MisalignedError, ...) carrying the library's status and
-    message. Forward only: no autograd.
+    needed) must be given. Host (CPU) arrays are refused. Returns without
+    waiting for the GPU. Raises flashcore.FlashcoreError subclasses
+    (InvalidArgumentError, UnsupportedError, MisalignedError, ...) carrying
+    the library's status and message.
+
+    A call whose arrays have the shapes, strides, dtypes and devices of an
+    earlier one, with the same options, reuses its checked parameters (only
+    the addresses change; the library checks them on every call): a few
+    microseconds of host time on torch tensors. Under torch.compile (and
+    torch.export) the call is the torch operator flashcore::forward
+    (flashcore.register_torch_ops()), traced without a graph break; stream=
+    and workspace= are refused there (it runs on torch's current stream and
+    allocates from torch's allocator), out= and lse= are copied into.
     """
-    layout = _layout(layout)
-    return _forward(q, k, v, layout=layout, options=_options(causal, softmax_scale, num_splits, window, softcap),
-                    out=out, lse=lse, return_lse=return_lse, stream=stream, workspace=workspace, seqused_k=seqused_k)
+    if is_causal is not None or scale is not None:
+        causal, softmax_scale = _pytorch_names(q, k, layout, causal, softmax_scale, is_causal, scale)
+    return _forward(q, k, v, layout, (causal, softmax_scale, num_splits, window, softcap), out, lse, return_lse,
+                    stream, workspace, detach, seqused_k)
 
 
-def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
-                     softmax_scale=None, out=None, return_lse=False, stream=None, lse=None, workspace=None,
-                     num_splits=None, window=None, softcap=0.0, seqused_k=None):
+def attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k: Array, max_seqlen_q: int,
+                     max_seqlen_k: int, *, causal: bool = False, softmax_scale: Optional[float] = None,
+                     out: Optional[Array] = None, return_lse: bool = False, stream: Any = None,
+                     lse: Optional[Array] = None, workspace: Optional[Array] = None, num_splits: Optional[int] = None,
+                     window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
+                     seqused_k: Optional[Array] = None, detach: bool = False) -> Union[Array, Tuple[Array, Array]]:
     """Attention over a batch of sequences of different lengths packed
     without padding, as FlashAttention's flash_attn_varlen_func (forward
     only):
@@ -618,12 +990,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     lse: float32 [Hq, total_q] (FlashAttention's varlen layout), returned
         with return_lse as (out, lse).
 
-    The other arguments are attention()'s.
+    The other arguments are attention()'s, detach included.
     """
-    return _forward(q, k, v, layout=Layout.BSHD, options=_options(causal, softmax_scale, num_splits, window, softcap),
-                    out=out, lse=lse, return_lse=return_lse, stream=stream, workspace=workspace, seqused_k=seqused_k,
-                    cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
-                    max_seqlen_k=max_seqlen_k)
+    return _forward(q, k, v, "bshd", (causal, softmax_scale, num_splits, window, softcap), out, lse, return_lse,
+                    stream, workspace, detach, seqused_k, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k)
 
 
 def _cache_seqlens_array(count, q, cu_seqlens_q, stream):
@@ -633,6 +1003,8 @@ def _cache_seqlens_array(count, q, cu_seqlens_q, stream):
         raise TypeError("cache_seqlens must be None, an int or an int32 CUDA array of shape [B], got %s"
                         % type(count).__name__)
     count = fits(int(count), ctypes.c_int32, "cache_seqlens")
+    if tracing():
+        return traced_full_int32(q, cu_seqlens_q, count)
     qi, s = _describe_first(q, "q", stream)
     if not (is_torch(q) or is_cupy(q)):
         raise TypeError("an int cache_seqlens needs torch or cupy inputs; pass an int32 CUDA array instead")
@@ -643,9 +1015,14 @@ def _cache_seqlens_array(count, q, cu_seqlens_q, stream):
     return full(qi, (batch,), "int32", count, s)
 
 
-def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, cu_seqlens_q=None,
-                           max_seqlen_q=None, causal=False, softmax_scale=None, out=None, return_lse=False,
-                           stream=None, lse=None, workspace=None, num_splits=None, window=None, softcap=0.0):
+def attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, cache_seqlens: Union[Array, int, None] = None, *,
+                           block_table: Optional[Array] = None, cu_seqlens_q: Optional[Array] = None,
+                           max_seqlen_q: Optional[int] = None, causal: bool = False,
+                           softmax_scale: Optional[float] = None, out: Optional[Array] = None,
+                           return_lse: bool = False, stream: Any = None, lse: Optional[Array] = None,
+                           workspace: Optional[Array] = None, num_splits: Optional[int] = None,
+                           window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
+                           detach: bool = False) -> Union[Array, Tuple[Array, Array]]:
     """Attention of new queries against a KV cache, as FlashAttention's
     flash_attn_with_kvcache (forward only, without appending to the cache or
     rotary embedding), in its [B, S, H, D] storage:
@@ -675,13 +1052,13 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, block_tab
         [total_q, Hq, D], out [total_q, Hq, Dv], lse [Hq, total_q], and B
         is len(cu_seqlens_q) - 1; query i of sequence b, of Sq_b queries,
         sees key j <= i + cache_seqlens[b] - Sq_b with causal.
-    The other arguments are attention()'s (layout is "bshd").
+    The other arguments are attention()'s (layout is "bshd"), detach
+    included.
     """
     seqused_k = cache_seqlens
-    if cache_seqlens is not None and not hasattr(cache_seqlens, "__cuda_array_interface__") \
-            and not hasattr(cache_seqlens, "__dlpack__"):
+    if cache_seqlens is not None and not (is_torch(cache_seqlens) or hasattr(cache_seqlens, "__cuda_array_interface__")
+                                          or hasattr(cache_seqlens, "__dlpack__")):
         seqused_k = _cache_seqlens_array(cache_seqlens, q, cu_seqlens_q, stream)
-    return _forward(q, k_cache, v_cache, layout=Layout.BSHD,
-                    options=_options(causal, softmax_scale, num_splits, window, softcap), out=out, lse=lse,
-                    return_lse=return_lse, stream=stream, workspace=workspace, seqused_k=seqused_k,
-                    cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, block_table=block_table)
+    return _forward(q, k_cache, v_cache, "bshd", (causal, softmax_scale, num_splits, window, softcap), out, lse,
+                    return_lse, stream, workspace, detach, seqused_k, cu_seqlens_q, max_seqlen_q,
+                    block_table=block_table)

@@ -34,7 +34,8 @@ def fits(value, ctype, what):
     holds it."""
     if value is None and ctype is ctypes.c_void_p:
         return None
-    value = whole_number(value, what)
+    if type(value) is not int:  # the common case skips the call (a call's host time matters)
+        value = whole_number(value, what)
     signed, bits = _BITS[ctype]
     low, high = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
     if not low <= value <= high:

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from typing import Optional
 
 from . import _ffi
 from ._checked import fits
@@ -156,7 +157,7 @@ class Library:
         return _ffi.flashcore_merge_params.from_buffer_copy(self._merge_template)
 
 
-def open_library(path=None):
+def open_library(path: Optional[str] = None) -> "Library":
     """Loads the library without caching it: from path if given, else the
     first that loads of: the library bundled with the package (bundled()),
     $FLASHCORE_LIBRARY (an error if it does not load), the installed ones
@@ -185,7 +186,7 @@ _lock = threading.Lock()
 _library = None
 
 
-def library():
+def library() -> "Library":
     """The process's libflashcore, loaded on first use (see open_library)."""
     global _library
     if _library is None:
@@ -275,7 +276,7 @@ class Handle:
 _thread_handles = threading.local()
 
 
-def get_handle(device=None):
+def get_handle(device: Optional[int] = None) -> "Handle":
     """This thread's cached Handle for a CUDA device (None: the thread's
     current device)."""
     cache = getattr(_thread_handles, "cache", None)

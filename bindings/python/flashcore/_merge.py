@@ -1,8 +1,10 @@
 """flashcore.merge_states: merging attention results computed over parts of
 the keys (flashcore_merge_states), and the parameter building under it."""
 
+from typing import Any, Optional, Tuple, Union
+
 from . import _ffi
-from ._arrays import check_known_to_driver, describe
+from ._arrays import Array, check_known_to_driver, describe
 from ._checked import set_fields
 from ._attention import (_View, _allocate, _check_int32_sizes, _check_lse, _check_one_device, _describe_first,
                          _layout)
@@ -91,7 +93,8 @@ def _build(lib, partial_out, partial_lse, out, lse, layout):
     return p
 
 
-def merge_params(partial_out, partial_lse, out, *, lse=None, layout="bhsd"):
+def merge_params(partial_out: Array, partial_lse: Array, out: Array, *, lse: Optional[Array] = None,
+                 layout: Union[str, int] = "bhsd") -> "_ffi.flashcore_merge_params":
     """A flashcore.MergeParams for these arrays (pointers, sizes, dtypes,
     strides), for the low-level Handle.merge_states. Arguments as for
     merge_states; out's dtype is the output dtype. The arrays must outlive
@@ -104,8 +107,9 @@ def merge_params(partial_out, partial_lse, out, *, lse=None, layout="bhsd"):
     return _build(library(), *infos, layout)
 
 
-def merge_states(partial_out, partial_lse, *, out=None, lse=None, return_lse=True, out_dtype=None, layout="bhsd",
-                 stream=None):
+def merge_states(partial_out: Array, partial_lse: Array, *, out: Optional[Array] = None, lse: Optional[Array] = None,
+                 return_lse: bool = True, out_dtype: Any = None, layout: Union[str, int] = "bhsd",
+                 stream: Any = None) -> Union[Array, Tuple[Array, Array]]:
     """Merges K attention results computed over disjoint parts of the keys
     into the result over all of them (flashcore_merge_states):
 

@@ -9,7 +9,7 @@ except ImportError:  # not installed: use the source tree
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import flashcore
 
-from fc_testing import skip_or_fail
+from fc_testing import RecordingHandle, skip_or_fail
 
 
 def pytest_report_header(config):
@@ -68,3 +68,13 @@ def cupy_cuda(lib):
     if count < 1:
         skip_or_fail("cupy sees no CUDA GPU")
     return cupy
+
+
+@pytest.fixture
+def queued(lib, monkeypatch):
+    """The params the calls of the test queue, caught by a RecordingHandle
+    (the fake pointers reach no GPU and no driver)."""
+    handle = RecordingHandle()
+    monkeypatch.setattr(flashcore._attention, "get_handle", lambda device=None: handle)
+    monkeypatch.setattr(flashcore._attention, "check_known_to_driver", lambda infos: None)
+    return handle.queued

@@ -130,3 +130,17 @@ def covering_pair(supported, head_dim, head_dim_v):
     flashcore_supported_head_dims: the first listed pair with both dims at
     least the call's; None when none covers it."""
     return next(((d, dv) for d, dv in supported if d >= head_dim and dv >= head_dim_v), None)
+
+
+class RecordingHandle:
+    """Stands in for get_handle()'s Handle: needs no workspace, keeps a copy
+    of each params struct it is asked to queue."""
+
+    def __init__(self):
+        self.queued = []
+
+    def workspace_size(self, params):
+        return 0
+
+    def forward(self, params, workspace, workspace_bytes, stream):
+        self.queued.append(type(params).from_buffer_copy(params))

@@ -267,16 +267,23 @@ def poisoned_copies(torch, *tensors):
     return copies
 
 
-def test_runs_on_the_current_stream(torch):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_runs_on_the_current_stream(torch, compiled):
     q, k, v = qkv(torch, 2, 4, 4, 256, 256, 64, "float16", 60)
-    expected = flashcore.attention(q, k, v, causal=True)
+
+    def attend(q, k, v):
+        return flashcore.attention(q, k, v, causal=True)
+
+    if compiled:  # the torch operator flashcore::forward (issue 18)
+        attend = torch.compile(attend, fullgraph=True)
+    expected = attend(q, k, v)
     q2, k2, v2 = poisoned_copies(torch, q, k, v)
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         delay(torch)  # the inputs are written only after this
         for dst, src in ((q2, q), (k2, k), (v2, v)):
             dst.copy_(src)
-        out = flashcore.attention(q2, k2, v2, causal=True)
+        out = attend(q2, k2, v2)
     s.synchronize()
     torch.cuda.synchronize()
     assert torch.equal(out, expected)
@@ -1267,3 +1274,277 @@ def test_paged_kvcache_int_length_and_the_library_s_refusals(torch):
         flashcore.attention_with_kvcache(q, k_pool, v_pool, 100, block_table=table.long())
     torch.cuda.synchronize()
     assert torch.isnan(out).all(), "a failed call wrote to out"
+
+
+# --------------------------------------------------------------------------
+# PyTorch's and FlashAttention's ways of calling (issue 18): flashcore.sdpa
+# against PyTorch's own scaled_dot_product_attention in float64 (its
+# semantics: top-left is_causal, broadcasting), flash_attn_func against
+# check() above, the torch operator flashcore::forward under torch.compile
+# and CUDA graphs, the call cache on fresh tensors, and autograd honesty.
+# --------------------------------------------------------------------------
+
+
+def check_against_sdpa(torch, out, q, k, v, is_causal=False, scale=None, enable_gqa=False):
+    """out against torch's scaled_dot_product_attention of the same
+    arguments in float64: relative L2 error within twice that of torch's
+    SDPA in q's dtype (given the mask explicitly, so that every backend
+    computes the same thing), or of rounding the reference, + 1e-5."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    torch.cuda.synchronize()
+    ref = sdpa(q.double(), k.double(), v.double(), is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    mask = None
+    if is_causal:
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device="cuda").tril()
+        explicit = sdpa(q.double(), k.double(), v.double(), attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
+        assert torch.allclose(explicit, ref), "PyTorch's is_causal is not the top-left tril mask"
+    theirs = rel_err(sdpa(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa), ref)
+    floor = rel_err(ref.to(q.dtype), ref)
+    assert tuple(out.shape) == tuple(ref.shape) and out.dtype == q.dtype and out.is_contiguous()
+    assert torch.isfinite(out).all(), "non-finite values in out"
+    ours = rel_err(out, ref)
+    assert ours <= 2 * max(theirs, floor) + 1e-5, \
+        "rel-L2 error %.3g vs torch's %.3g (rounding alone: %.3g)" % (ours, theirs, floor)
+
+
+SDPA_SHAPES = [  # batch, heads_q, heads_kv, seqlen_q, seqlen_k
+    (2, 8, 8, 128, 128),
+    (1, 8, 2, 200, 77),  # Sq > Sk: top-left is_causal is the window (-1, Sq - Sk)
+    (2, 4, 4, 33, 300),  # Sq < Sk: top-left is_causal runs on the first Sq keys
+    (1, 32, 8, 1, 500),  # decoding: is_causal sees key 0 only
+]
+
+
+@pytest.mark.parametrize("shape", SDPA_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sdpa_matches_pytorch(torch, dtype, is_causal, shape):
+    need_head_dim(64)
+    b, hq, hkv, sq, sk = shape
+    q, k, v = qkv(torch, b, hq, hkv, sq, sk, 64, dtype, seed=sq + sk)
+    gqa = hq != hkv
+    out = flashcore.sdpa(q, k, v, is_causal=is_causal, enable_gqa=gqa)
+    check_against_sdpa(torch, out, q, k, v, is_causal, enable_gqa=gqa)
+    scaled = flashcore.sdpa(q, k, v, None, 0.0, is_causal, scale=0.3, enable_gqa=gqa)
+    check_against_sdpa(torch, scaled, q, k, v, is_causal, scale=0.3, enable_gqa=gqa)
+
+
+@pytest.mark.parametrize("q_shape,kv_shape,gqa", [
+    ((6, 50, 64), (6, 70, 64), False),  # [N, L, E]
+    ((2, 3, 4, 40, 64), (2, 3, 4, 40, 64), False),  # two batch dims
+    ((2, 8, 60, 64), (1, 1, 90, 64), False),  # batch and heads broadcast
+    ((2, 8, 60, 64), (2, 2, 30, 64), True),
+])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_sdpa_shapes_like_pytorch(torch, q_shape, kv_shape, gqa, is_causal):
+    need_head_dim(64)
+    q = randn(torch, q_shape, "float16", 200)
+    k, v = randn(torch, kv_shape, "float16", 201), randn(torch, kv_shape, "float16", 202)
+    check_against_sdpa(torch, flashcore.sdpa(q, k, v, is_causal=is_causal, enable_gqa=gqa), q, k, v, is_causal,
+                       enable_gqa=gqa)
+
+
+@pytest.mark.parametrize("case", [
+    dict(causal=False), dict(causal=True), dict(causal=True, window_size=(32, -1)),
+    dict(causal=True, window_size=(-1, 7)), dict(window_size=(20, 10)), dict(softcap=SOFTCAP, causal=True),
+    dict(softmax_scale=0.2),
+], ids=lambda c: "-".join("%s=%s" % item for item in c.items()))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_flash_attn_func_matches_reference(torch, dtype, case):
+    need_head_dim(128)
+    b, sq, sk, hq, hkv, d = 2, 90, 150, 8, 2, 128
+    q = randn(torch, (b, sq, hq, d), dtype, 300)
+    k, v = randn(torch, (b, sk, hkv, d), dtype, 301), randn(torch, (b, sk, hkv, d), dtype, 302)
+    out = flashcore.flash_attn_func(q, k, v, **case)
+    assert out.shape == (b, sq, hq, d) and out.is_contiguous()
+    window = case.get("window_size")
+    # FlashAttention's rules: causal makes the right bound 0 (check() does the same), (-1, -1) is no window.
+    check(torch, out.transpose(1, 2), None, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+          case.get("causal", False), case.get("softmax_scale"), window=None if window == (-1, -1) else window,
+          softcap=case.get("softcap", 0.0))
+
+
+def test_operator_is_the_eager_call(torch):
+    need_head_dim(64)
+    op = flashcore.register_torch_ops()
+    q, k, v = qkv(torch, 2, 8, 2, 100, 130, 64, "bfloat16", 400)
+    out, lse = torch.ops.flashcore.forward(q, k, v, None, None, None, None, None, None, "bhsd", True, None, None,
+                                           [64, 0], 0.0, True)
+    expected, expected_lse = flashcore.attention(q, k, v, causal=True, window=(64, 0), return_lse=True)
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+    check(torch, out, lse, q, k, v, True, window=(64, 0))
+    only_out, empty = op(q, k, v, None, None, None, None, None, None, "bhsd", True, None, None, None, 0.0, False)
+    torch.cuda.synchronize()
+    assert empty.numel() == 0 and torch.equal(only_out, flashcore.attention(q, k, v, causal=True))
+    # PyTorch's own checks of a custom operator: schema, fake against real
+    # outputs, tracing with dynamic shapes.
+    for return_lse in (False, True):
+        torch.library.opcheck(op, (q, k, v, None, None, None, None, None, None, "bhsd", True, None, None, [64, 0],
+                                   0.0, return_lse))
+
+
+class TransformerBlock:
+    """A pre-norm transformer block (grouped-query causal self-attention,
+    GELU MLP) whose attention is flashcore's (`attend`) or PyTorch's SDPA."""
+
+    def __init__(self, torch, dim=256, heads=8, kv_heads=2, seed=0):
+        torch.manual_seed(seed)
+        nn = torch.nn
+        self.torch, self.heads, self.kv_heads, self.head_dim = torch, heads, kv_heads, dim // heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, (heads + 2 * kv_heads) * self.head_dim)
+        self.proj = nn.Linear(heads * self.head_dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.modules = nn.ModuleList([self.norm1, self.norm2, self.qkv, self.proj, self.mlp]).cuda()
+
+    def to(self, dtype):
+        self.modules.to(dtype)
+        return self
+
+    def __call__(self, x, attend):
+        b, s, _ = x.shape
+        h, hkv, d = self.heads, self.kv_heads, self.head_dim
+        q, k, v = self.qkv(self.norm1(x)).split([h * d, hkv * d, hkv * d], dim=-1)
+        q, k, v = (t.view(b, s, n, d).transpose(1, 2) for t, n in ((q, h), (k, hkv), (v, hkv)))
+        o = attend(q, k, v)
+        x = x + self.proj(o.transpose(1, 2).reshape(b, s, h * d))
+        return x + self.mlp(self.norm2(x))
+
+
+ATTENDS = {
+    "attention": lambda q, k, v: flashcore.attention(q, k, v, causal=True),
+    "sdpa": lambda q, k, v: flashcore.sdpa(q, k, v, is_causal=True, enable_gqa=True),
+    "flash_attn_func": lambda q, k, v: flashcore.flash_attn_func(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True).transpose(1, 2),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(ATTENDS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_compiled_transformer_block_matches_eager_sdpa(torch, dtype, entry):
+    # issue 18's done-when 1: torch.compile(fullgraph=True) of a block using
+    # flashcore, against the same block with PyTorch's SDPA, eager, and no
+    # graph break in torch._dynamo.explain.
+    need_head_dim(32)
+    torch_sdpa = torch.nn.functional.scaled_dot_product_attention
+    block = TransformerBlock(torch).to(getattr(torch, dtype))
+    reference = TransformerBlock(torch).to(torch.float64)  # the same weights (same seed)
+    x = randn(torch, (2, 96, 256), dtype, 500)
+    attend = ATTENDS[entry]
+
+    def forward(x):
+        return block(x, attend)
+
+    with torch.no_grad():
+        torch._dynamo.reset()
+        explanation = torch._dynamo.explain(forward)(x)
+        assert explanation.graph_break_count == 0, explanation.break_reasons
+        assert explanation.graph_count == 1
+        torch._dynamo.reset()
+        compiled = torch.compile(forward, fullgraph=True)
+        ours = compiled(x)
+        eager_sdpa = block(x, lambda q, k, v: torch_sdpa(q, k, v, is_causal=True, enable_gqa=True))
+        ref = reference(x.double(), lambda q, k, v: torch_sdpa(q, k, v, is_causal=True, enable_gqa=True))
+        again = compiled(randn(torch, (2, 96, 256), dtype, 501))  # the compiled graph, called again
+    torch.cuda.synchronize()
+    assert torch.isfinite(ours).all() and torch.isfinite(again).all()
+    theirs, floor = rel_err(eager_sdpa, ref), rel_err(ref.to(x.dtype), ref)
+    assert rel_err(ours, ref) <= 2 * max(theirs, floor) + 1e-5, \
+        "compiled flashcore block %.3g vs eager SDPA block %.3g" % (rel_err(ours, ref), theirs)
+
+
+def test_compiled_varlen_and_kvcache_match_eager(torch):
+    need_head_dim(64)
+    lengths_q, lengths_k = [5, 0, 37], [40, 3, 37]
+    q, cu_q = packed(torch, lengths_q, 8, 64, "float16", 600)
+    k, cu_k = packed(torch, lengths_k, 2, 64, "float16", 601)
+    v, _ = packed(torch, lengths_k, 2, 64, "float16", 602)
+    cache_q = randn(torch, (3, 2, 8, 64), "float16", 603)
+    k_cache, v_cache = randn(torch, (3, 50, 2, 64), "float16", 604), randn(torch, (3, 50, 2, 64), "float16", 605)
+    used = torch.tensor([50, 17, 1], dtype=torch.int32, device="cuda")
+
+    def calls(q, k, v, cu_q, cu_k, cache_q, k_cache, v_cache, used):
+        return (flashcore.attention_varlen(q, k, v, cu_q, cu_k, 37, 40, causal=True, return_lse=True),
+                flashcore.attention_with_kvcache(cache_q, k_cache, v_cache, used, causal=True),
+                flashcore.attention_with_kvcache(cache_q, k_cache, v_cache, 20))
+
+    args = (q, k, v, cu_q, cu_k, cache_q, k_cache, v_cache, used)
+    with torch.no_grad():
+        eager = calls(*args)
+        compiled = torch.compile(calls, fullgraph=True)(*args)
+    torch.cuda.synchronize()
+    total = sum(lengths_q)
+    (out, lse), (eager_out, eager_lse) = compiled[0], eager[0]
+    assert torch.equal(out[:total], eager_out[:total]) and torch.equal(lse[:, :total], eager_lse[:, :total])
+    assert torch.equal(compiled[1], eager[1]) and torch.equal(compiled[2], eager[2])
+
+
+def test_operator_cuda_graph_capture(torch):
+    need_head_dim(64)
+    q, k, v = qkv(torch, 1, 32, 8, 1, 1000, 64, "float16", 700)  # decoding: split, with a workspace
+    flashcore.register_torch_ops()
+
+    def step(q, k, v):
+        return torch.ops.flashcore.forward(q, k, v, None, None, None, None, None, None, "bhsd", False, None, None,
+                                           None, 0.0, False)[0]
+
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(q, k, v)  # warm-up outside the capture (handle, plan)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(q, k, v)
+    for seed in (701, 702):
+        for dst, src in zip((q, k, v), qkv(torch, 1, 32, 8, 1, 1000, 64, "float16", seed)):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, flashcore.attention(q, k, v))
+    check(torch, captured, None, q, k, v, False)
+
+
+def test_compiled_with_cuda_graphs(torch):
+    need_head_dim(64)
+
+    def attend(q, k, v):
+        return flashcore.sdpa(q, k, v, is_causal=True, enable_gqa=True) * 2
+
+    from torch._dynamo.utils import counters
+    counters.clear()
+    compiled = torch.compile(attend, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        for seed in (710, 711, 712, 713):  # the first calls record, the later ones replay
+            q, k, v = qkv(torch, 2, 8, 2, 64, 64, 64, "bfloat16", seed)
+            out = compiled(q, k, v).clone()
+            torch.cuda.synchronize()
+            assert torch.equal(out, flashcore.sdpa(q, k, v, is_causal=True, enable_gqa=True) * 2)
+    assert counters["inductor"]["cudagraph_skips"] == 0, "the compiled call ran without a CUDA graph"
+
+
+def test_cached_calls_take_each_call_s_tensors(torch):
+    # One key for every call below: fresh tensors, and views at other offsets
+    # of one buffer, each computed from its own data.
+    need_head_dim(64)
+    b, h, s, d = 2, 4, 80, 64
+    buffer = randn(torch, (4, b, h, s, d), "float16", 800)
+    for i in range(3):
+        q, k, v = buffer[i], buffer[i + 1], randn(torch, (b, h, s, d), "float16", 801 + i)
+        out = flashcore.attention(q, k, v, causal=True)
+        check(torch, out, None, q, k, v, True)
+
+
+def test_inputs_that_require_grad_are_refused_on_the_gpu(torch, monkeypatch):
+    need_head_dim(64)
+    monkeypatch.delenv("FLASHCORE_DETACH", raising=False)
+    q, k, v = qkv(torch, 1, 4, 4, 50, 50, 64, "float16", 900)
+    q.requires_grad_(True)
+    with pytest.raises(flashcore.NoBackwardError, match="q requires grad"):
+        flashcore.attention(q, k, v)
+    out = flashcore.attention(q, k, v, detach=True)
+    assert not out.requires_grad and out.grad_fn is None
+    with torch.no_grad():
+        assert torch.equal(out, flashcore.attention(q, k, v))

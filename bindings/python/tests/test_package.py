@@ -3,6 +3,7 @@ array reading, and validation errors coming back from the library."""
 
 import ctypes
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,7 +13,8 @@ import pytest
 
 import flashcore
 from flashcore import Status, _arrays, _attention, _errors, _ffi, _library
-from fc_testing import FakeCudaArray, FakeDLPackArray, covering_pair, fake_paged, fake_ptr, fake_qkv, fake_varlen
+from fc_testing import (FakeCudaArray, FakeDLPackArray, RecordingHandle, covering_pair, fake_paged, fake_ptr, fake_qkv,
+                        fake_varlen)
 
 # --------------------------------------------------------------------------
 # Import and version (no library needed)
@@ -286,8 +288,11 @@ def test_dlpack_reading(code, bits, name):
 
 
 def test_dlpack_host_memory_refused():
-    with pytest.raises(flashcore.InvalidArgumentError, match="CUDA memory"):
+    with pytest.raises(flashcore.InvalidArgumentError) as info:
         _arrays.describe(FakeDLPackArray((1, 1, 8, 64), device=(1, 0)), "q")
+    assert str(info.value).endswith("q is on the CPU (DLPack device type 1); flashcore needs CUDA device memory")
+    with pytest.raises(flashcore.InvalidArgumentError, match=r"k is on pinned host memory .*type 3\); flashcore needs"):
+        _arrays.describe(FakeDLPackArray((1, 1, 8, 64), device=(3, 0)), "k")
 
 
 def test_not_an_array():
@@ -1169,35 +1174,12 @@ def test_attention_with_kvcache_int_lengths_need_a_framework(lib):
 # Variable-length batches (attention_varlen) and paged KV caches
 # (attention_with_kvcache's block_table), 0.6; no GPU needed. The calls run
 # up to the launch against a stand-in handle that keeps the params it is
-# given, so what they would queue is compared field by field.
+# given (conftest.py's queued), so what they would queue is compared field
+# by field.
 # --------------------------------------------------------------------------
 
 VARLEN_FIELDS = ("cu_seqlens_q", "cu_seqlens_k", "total_seqlen_q", "total_seqlen_k", "block_table",
                  "block_table_batch_stride", "page_size", "num_pages")
-
-
-class _RecordingHandle:
-    """Stands in for get_handle()'s Handle: needs no workspace, keeps a copy
-    of each params struct it is asked to queue."""
-
-    def __init__(self):
-        self.queued = []
-
-    def workspace_size(self, params):
-        return 0
-
-    def forward(self, params, workspace, workspace_bytes, stream):
-        self.queued.append(type(params).from_buffer_copy(params))
-
-
-@pytest.fixture
-def queued(lib, monkeypatch):
-    """The params the calls of the test queue (the fake pointers reach no
-    GPU and no driver)."""
-    handle = _RecordingHandle()
-    monkeypatch.setattr(_attention, "get_handle", lambda device=None: handle)
-    monkeypatch.setattr(_attention, "check_known_to_driver", lambda infos: None)
-    return handle.queued
 
 
 def test_varlen_and_paged_fields_default_off(lib):
@@ -1268,7 +1250,7 @@ def test_attention_varlen_strided_rows(queued):
     ("max_seqlen_q float", TypeError, "max_seqlen_q must be an int"),
     ("max_seqlen_k None", TypeError, "cu_seqlens_k needs max_seqlen_k"),
     ("cu_seqlens_q list", TypeError, "cu_seqlens_q must be a CUDA array"),
-    ("cu_seqlens_k host DLPack", flashcore.InvalidArgumentError, "cu_seqlens_k is not in CUDA memory"),
+    ("cu_seqlens_k host DLPack", flashcore.InvalidArgumentError, r"cu_seqlens_k is on the CPU \(DLPack device type 1\); flashcore needs CUDA device memory"),
 ])
 def test_attention_varlen_binding_side_validation(lib, case, cls, match):
     q, k, v, out, cu_q, cu_k = fake_varlen()
@@ -1326,7 +1308,7 @@ def test_attention_varlen_binding_side_validation(lib, case, cls, match):
 def test_attention_varlen_cpu_tensor_rejected(lib):
     torch = pytest.importorskip("torch")
     q, k, v, out, _, cu_k = fake_varlen()
-    with pytest.raises(flashcore.InvalidArgumentError, match="cu_seqlens_q is a tensor on cpu"):
+    with pytest.raises(flashcore.InvalidArgumentError, match="cu_seqlens_q is on the CPU; flashcore needs CUDA device memory"):
         flashcore.attention_varlen(q, k, v, torch.tensor([0, 30, 60, 100], dtype=torch.int32), cu_k, 50, 70, out=out)
 
 
@@ -1461,7 +1443,7 @@ def test_paged_kvcache_with_packed_queries(queued):
     ("v pages", flashcore.InvalidArgumentError, "k and v must have the same shape"),
     ("cache_seqlens", flashcore.InvalidArgumentError, r"seqused_k must be int32 of shape \[B\] = \[3\]"),
     ("table list", TypeError, "block_table must be a CUDA array"),
-    ("table host DLPack", flashcore.InvalidArgumentError, "block_table is not in CUDA memory"),
+    ("table host DLPack", flashcore.InvalidArgumentError, r"block_table is on the CPU \(DLPack device type 1\); flashcore needs CUDA"),
 ])
 def test_paged_kvcache_binding_side_validation(lib, case, cls, match):
     q, k, v, out, table = fake_paged()
@@ -1528,3 +1510,205 @@ def test_paged_kvcache_without_gpu_reports_no_device(lib, gpu_present):
     with pytest.raises(flashcore.NoDeviceError):
         flashcore.attention_with_kvcache(q, k, v, FakeCudaArray((3,), typestr="<i4", index=8), block_table=table,
                                          out=out, causal=True)
+
+
+# --------------------------------------------------------------------------
+# The call cache (issue 18; no GPU needed): a call whose arrays have the
+# shapes, strides, dtypes and devices of an earlier one, with the same
+# options, reuses that call's params with its own addresses.
+# --------------------------------------------------------------------------
+
+
+def _without_addresses(p):
+    """p's bytes with its array addresses zeroed."""
+    p = type(p).from_buffer_copy(p)
+    for field in _attention.POINTER_FIELDS:
+        setattr(p, field, None)
+    return bytes(p)
+
+
+def _moved(array, offset):
+    """A copy of a FakeCudaArray's interface at another address."""
+    cai = dict(array.__cuda_array_interface__)
+    cai["data"] = (cai["data"][0] + offset, cai["data"][1])
+    moved = FakeCudaArray(cai["shape"])
+    moved.__cuda_array_interface__ = cai
+    return moved
+
+
+def test_repeated_call_reuses_the_params_with_new_addresses(queued):
+    q, k, v, out = fake_qkv(b=1, hq=4, hkv=2, sq=33, sk=65)
+    flashcore.attention(q, k, v, out=out, causal=True, window=(8, 0))
+    plans = len(_attention._plans)
+    moved = [_moved(a, 4096 * (i + 1)) for i, a in enumerate((q, k, v, out))]
+    flashcore.attention(*moved[:3], out=moved[3], causal=True, window=(8, 0))
+    assert len(_attention._plans) == plans, "the second call made a plan of its own"
+    first, second = queued
+    assert _without_addresses(first) == _without_addresses(second)
+    assert (second.q, second.k, second.v, second.out) == tuple(fake_ptr(i, 4096 * (i + 1)) for i in range(4))
+    flashcore.check_params(second)
+
+
+@pytest.mark.parametrize("change", ["strides", "dtype", "readonly out", "option", "return_lse"])
+def test_what_the_key_holds_gives_a_new_plan(queued, change):
+    q, k, v, out = fake_qkv(b=1, hq=4, hkv=4, sq=40, sk=40)
+    flashcore.attention(q, k, v, out=out)
+    kwargs = {}
+    if change == "strides":  # the same shape, rows padded to 72 elements
+        q = FakeCudaArray((1, 4, 40, 64), strides=(4 * 40 * 72 * 2, 40 * 72 * 2, 72 * 2, 2))
+    elif change == "dtype":
+        q, k, v, out = fake_qkv(b=1, hq=4, hkv=4, sq=40, sk=40, typestr="<f4")
+    elif change == "readonly out":
+        out = FakeCudaArray((1, 4, 40, 64), index=3, readonly=True)
+    elif change == "option":
+        kwargs["softmax_scale"] = 0.5
+    else:
+        kwargs.update(return_lse=True, lse=FakeCudaArray((1, 4, 40), typestr="<f4", index=4))
+    plans = len(_attention._plans)
+    try:
+        flashcore.attention(q, k, v, out=out, **kwargs)
+    except flashcore.FlashcoreError as e:  # float32, read-only out: refused as on the first call
+        assert change in ("dtype", "readonly out"), e
+    else:
+        assert len(_attention._plans) == plans + 1
+        assert queued[-1].q_seq_stride == (72 if change == "strides" else 64)
+        assert queued[-1].softmax_scale == (0.5 if change == "option" else 0.0)
+
+
+def test_values_equal_to_cached_ones_are_still_checked(queued):
+    # True == 1 and 1.0: a bool is no softmax_scale and no num_splits,
+    # whatever the cache holds for 1.
+    q, k, v, out = fake_qkv(b=1, hq=2, hkv=2, sq=20, sk=20)
+    flashcore.attention(q, k, v, out=out, softmax_scale=1.0, num_splits=1)
+    with pytest.raises(TypeError, match="softmax_scale"):
+        flashcore.attention(q, k, v, out=out, softmax_scale=True, num_splits=1)
+    with pytest.raises(TypeError, match="num_splits"):
+        flashcore.attention(q, k, v, out=out, softmax_scale=1.0, num_splits=True)
+    with pytest.raises(TypeError, match="window"):
+        flashcore.attention(q, k, v, out=out, window=(True, 0))
+
+
+def test_cached_call_still_checks_the_addresses(lib, gpu_present):
+    if gpu_present:
+        pytest.skip("a GPU is present: the fake pointers of this test must not reach it")
+    q, k, v, out = fake_qkv(b=1, hq=2, hkv=2, sq=24, sk=24)
+    with pytest.raises(flashcore.NoDeviceError):
+        flashcore.attention(q, k, v, out=out)  # valid: cached, then no device
+    _raises_from_library(lib, flashcore.MisalignedError, lambda: flashcore.attention(_moved(q, 2), k, v, out=out))
+    err = _raises_from_library(lib, flashcore.InvalidArgumentError,
+                               lambda: flashcore.attention(q, k, v, out=_moved(out, fake_ptr(1) - fake_ptr(3))))
+    assert "overlaps k" in err.message
+
+
+def test_cached_call_still_asks_the_driver(lib, monkeypatch):
+    q, k, v, out = fake_qkv(b=1, hq=2, hkv=2, sq=28, sk=28)
+    handle = RecordingHandle()
+    monkeypatch.setattr(_attention, "get_handle", lambda device=None: handle)
+    monkeypatch.setattr(_arrays, "_cuda_driver", [None])  # no driver: nothing to ask
+    flashcore.attention(q, k, v, out=out)
+    flashcore.attention(q, k, v, out=out)
+    assert len(handle.queued) == 2
+
+    class KnowsNoPointer:
+        @staticmethod
+        def cuPointerGetAttribute(*args):
+            return 1  # CUDA_ERROR_INVALID_VALUE
+
+    monkeypatch.setattr(_arrays, "_cuda_driver", [KnowsNoPointer()])
+    with pytest.raises(flashcore.InvalidArgumentError, match=r"q \(0x[0-9a-f]+\) is not device memory the CUDA driver"):
+        flashcore.attention(q, k, v, out=out)
+    assert len(handle.queued) == 2
+
+
+def test_varlen_and_paged_calls_are_cached(queued):
+    q, k, v, out, cu_q, cu_k = fake_varlen(b=2, total_q=50, total_k=60)
+    for _ in range(2):
+        flashcore.attention_varlen(q, k, v, cu_q, cu_k, 30, 40, out=out, causal=True)
+    q, k, v, out, table = fake_paged(b=2, sq=1)
+    used = FakeCudaArray((2,), typestr="<i4", index=8)
+    plans = len(_attention._plans)
+    for _ in range(2):
+        flashcore.attention_with_kvcache(q, k, v, used, block_table=table, out=out)
+    assert len(_attention._plans) == plans + 1
+    assert bytes(queued[0]) == bytes(queued[1]) and bytes(queued[2]) == bytes(queued[3])
+    assert queued[2].block_table == fake_ptr(7) and queued[2].seqused_k == fake_ptr(8)
+
+
+def test_the_cache_is_bounded(queued, monkeypatch):
+    monkeypatch.setattr(_attention, "MAX_PLANS", 3)
+    for sq in range(1, 9):
+        q, k, v, out = fake_qkv(b=1, hq=2, hkv=2, sq=sq, sk=16)
+        flashcore.attention(q, k, v, out=out)
+        assert len(_attention._plans) <= 3
+    assert len(queued) == 8
+
+
+# --------------------------------------------------------------------------
+# Messages for common mistakes (issue 18)
+# --------------------------------------------------------------------------
+
+
+def test_bshd_arrays_given_as_bhsd_get_a_hint(lib):
+    # [B, S, H, D] = [2, 100, 8, 64] and [2, 120, 2, 64] read as [B, H, S, D]:
+    # 100 query heads for 120 key heads.
+    q, k, v = (FakeCudaArray(s, index=i) for i, s in enumerate([(2, 100, 8, 64), (2, 120, 2, 64), (2, 120, 2, 64)]))
+    out = FakeCudaArray((2, 100, 8, 64), index=3)
+    with pytest.raises(flashcore.InvalidArgumentError, match="num_heads") as info:
+        flashcore.attention(q, k, v, out=out)
+    assert "pass layout='bshd'" in str(info.value)
+    # Where the head counts fit as given, the error is something else: no hint.
+    q, k, v, out = fake_qkv()
+    with pytest.raises(flashcore.InvalidArgumentError) as info:
+        flashcore.attention(q, k, v, out=FakeCudaArray((2, 8, 100, 64), index=1))  # out overlaps k
+    assert "layout" not in str(info.value)
+
+
+def test_host_arrays_are_named_as_such(lib):
+    class HostArray:
+        __array_interface__ = {"shape": (1, 1, 8, 64), "typestr": "<f2", "data": (4096, False), "version": 3}
+
+    q, k, v, out = fake_qkv()
+    with pytest.raises(flashcore.InvalidArgumentError,
+                       match="q is a host array .*on the CPU.*; flashcore needs CUDA device memory"):
+        flashcore.attention(HostArray(), k, v, out=out)
+    with pytest.raises(flashcore.InvalidArgumentError,
+                       match=r"^invalid argument: v is on the CPU \(DLPack device type 1\); flashcore needs CUDA"):
+        flashcore.attention(q, k, FakeDLPackArray((2, 2, 120, 64), device=(1, 0)), out=out)
+
+
+def test_torch_cpu_tensors_are_named_as_such(lib):
+    torch = pytest.importorskip("torch")
+    q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
+    with pytest.raises(flashcore.InvalidArgumentError, match="^invalid argument: q is on the CPU; flashcore needs CUDA "
+                                                             "device memory"):
+        flashcore.attention(q, q, q)
+
+
+# --------------------------------------------------------------------------
+# python -m flashcore (issue 18)
+# --------------------------------------------------------------------------
+
+
+def test_python_m_flashcore_reports_library_and_gpus(lib, gpu_present):
+    env = dict(os.environ, FLASHCORE_LIBRARY=lib.path,
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(flashcore.__file__))] + sys.path))
+    proc = subprocess.run([sys.executable, "-m", "flashcore"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("flashcore (Python package) %s" % flashcore.__version__)
+    assert "libflashcore %s at %s" % (lib.version, lib.path) in proc.stdout
+    pairs = ", ".join("(%d, %d)" % pair for pair in lib.supported_head_dims())
+    assert "kernels for (head_dim, head_dim_v): %s;" % pairs in proc.stdout
+    if gpu_present:
+        assert re.search(r"^GPU 0: .*compute capability \d+\.\d+, \d+ SMs", proc.stdout, re.M), proc.stdout
+    else:
+        assert re.search(r"^GPUs: none \(", proc.stdout, re.M), proc.stdout
+
+
+def test_python_m_flashcore_without_a_library(tmp_path):
+    env = dict(os.environ, FLASHCORE_LIBRARY=str(tmp_path / "missing.so"),
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(flashcore.__file__))] + sys.path))
+    proc = subprocess.run([sys.executable, "-m", "flashcore"], capture_output=True, text=True, env=env, timeout=120)
+    if flashcore._library.bundled():
+        pytest.skip("this package bundles a library, which comes before FLASHCORE_LIBRARY")
+    assert proc.returncode == 1 and "libflashcore: not loaded" in proc.stdout and "missing.so" in proc.stdout

@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Host time of one flashcore.attention call repeated on one shape: what
+the Python binding costs the CPU per call (issue 18: at most 10 us on
+torch tensors).
+
+Two measurements:
+
+  prepare  everything the call does before it asks for a handle and
+           queues the kernel (flashcore._attention.prepare: reading the
+           arrays, the call cache, the options, the params struct, out and
+           lse), on __cuda_array_interface__ arrays at made-up device
+           addresses with out= given, or on torch CUDA tensors with
+           --inputs torch. The library is the real one (the first call
+           goes through flashcore_forward_params_init and
+           flashcore_forward_check); nothing is queued, so it runs on a
+           machine without a GPU.
+  call     flashcore.attention end to end on torch CUDA tensors (out
+           allocated, the kernel queued on the current stream): the host
+           time of calls made in bursts short enough (--burst) for the
+           GPU's launch queue to take them without blocking, the GPU
+           synchronized between bursts, outside the timing. Needs torch
+           and a GPU; for comparison it also times torch's own
+           scaled_dot_product_attention and a bare torch.empty of the
+           output's size the same way.
+
+    python3 bench/python_overhead.py                 # prepare, no GPU needed
+    python3 bench/python_overhead.py --mode call     # on a GPU, with torch
+
+Set FLASHCORE_LIBRARY (or install the library). The flashcore package is
+the one Python finds (PYTHONPATH, pip), else this checkout's: --mode call
+also times an older package that has no flashcore.sdpa (the row is then
+left out), for before-and-after numbers. Prints the median and the best
+of --repeats runs of --calls calls, in microseconds per call: of wall
+time, or with --clock cpu of this process's CPU time (time.process_time),
+which on a machine busy with other work counts only this loop's own.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+try:
+    import flashcore
+except ImportError:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bindings", "python"))
+    import flashcore
+from flashcore import _attention
+
+# What the timings read (--clock).
+clock = time.perf_counter
+
+# A decode step of a grouped-query model: the calls whose kernels are short
+# enough that the host's part matters.
+SHAPES = {
+    "decode": dict(batch=1, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=4096, head_dim=64),
+    "prefill": dict(batch=1, heads_q=32, heads_kv=8, seqlen_q=1024, seqlen_k=1024, head_dim=64),
+}
+
+
+class DeviceArray:
+    """A __cuda_array_interface__ array (version 3) at a given address: what
+    Numba and other producers hand over. Never read: nothing is queued."""
+
+    def __init__(self, shape, address):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": "<f2", "data": (address, False),
+                                         "strides": None, "version": 3, "stream": None}
+
+
+def per_call_us(run, calls, repeats):
+    """Median and best microseconds per call of `run(calls)` over repeats."""
+    run(calls)  # warm-up: the first call takes the full path and fills the cache
+    times = []
+    for _ in range(repeats):
+        times.append(run(calls) / calls * 1e6)
+    return statistics.median(times), min(times)
+
+
+def shapes_of(shape):
+    b, hq, hkv, sq, sk, d = (shape[k] for k in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim"))
+    return (b, hq, sq, d), (b, hkv, sk, d)
+
+
+def prepare_runner(q, k, v, out, causal):
+    options = (causal, None, None, None, 0.0)
+
+    def run(calls):
+        start = clock()
+        for _ in range(calls):
+            _attention.prepare(q, k, v, "bhsd", options, out, None, False, None, None, False)
+        return clock() - start
+
+    return run
+
+
+def measure_prepare(args, shape):
+    q_shape, kv_shape = shapes_of(shape)
+    if args.inputs == "torch":
+        import torch
+        q = torch.randn(q_shape, device="cuda", dtype=torch.float16)
+        k, v = (torch.randn(kv_shape, device="cuda", dtype=torch.float16) for _ in range(2))
+        out = None
+    else:
+        base, span = 0x7F0000000000, 1 << 34  # 16-byte aligned, far apart; never dereferenced
+        q, k, v, out = (DeviceArray(s, base + i * span) for i, s in enumerate((q_shape, kv_shape, kv_shape, q_shape)))
+    return [("flashcore prepare (%s)" % args.inputs, per_call_us(prepare_runner(q, k, v, out, args.causal),
+                                                                 args.calls, args.repeats))]
+
+
+def burst_runner(torch, one_call, burst):
+    """Times `calls` calls in bursts of `burst`, synchronizing in between."""
+
+    def run(calls):
+        total = 0.0
+        done = 0
+        while done < calls:
+            n = min(burst, calls - done)
+            torch.cuda.synchronize()
+            start = clock()
+            for _ in range(n):
+                one_call()
+            total += clock() - start
+            done += n
+        torch.cuda.synchronize()
+        return total
+
+    return run
+
+
+def measure_call(args, shape):
+    import torch
+    if not torch.cuda.is_available():
+        sys.exit("--mode call needs torch with a CUDA GPU (--mode prepare runs without one)")
+    q_shape, kv_shape = shapes_of(shape)
+    q = torch.randn(q_shape, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(kv_shape, device="cuda", dtype=torch.float16) for _ in range(2))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    group = shape["heads_q"] != shape["heads_kv"]
+    cases = [("flashcore.attention", lambda: flashcore.attention(q, k, v, causal=args.causal))]
+    if hasattr(flashcore, "sdpa"):
+        cases.append(("flashcore.sdpa", lambda: flashcore.sdpa(q, k, v, is_causal=args.causal, enable_gqa=group)))
+    cases += [
+        ("torch sdpa", lambda: sdpa(q, k, v, is_causal=args.causal, enable_gqa=group)),
+        ("torch.empty (out's size)", lambda: torch.empty(q_shape, device="cuda", dtype=torch.float16)),
+    ]
+    with torch.inference_mode():
+        return [(name, per_call_us(burst_runner(torch, call, args.burst), args.calls, args.repeats))
+                for name, call in cases]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=["prepare", "call"], default="prepare")
+    parser.add_argument("--inputs", choices=["cai", "torch"], default="cai",
+                        help="prepare's arrays: __cuda_array_interface__ objects (no GPU needed) or torch CUDA tensors")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="decode")
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--burst", type=int, default=200, help="calls between two synchronizations (--mode call)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    args = parser.parse_args()
+    global clock
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    shape = SHAPES[args.shape]
+    lib = flashcore.library()
+    print("flashcore package at %s; libflashcore %s (%s); shape %s%s; %d calls x %d"
+          % (os.path.dirname(flashcore.__file__), lib.version, lib.path, args.shape, " causal" if args.causal else "",
+             args.calls, args.repeats))
+    print("clock: %s" % ("this process's CPU time" if args.clock == "cpu" else "wall"))
+    rows = measure_prepare(args, shape) if args.mode == "prepare" else measure_call(args, shape)
+    print("%-28s %10s %10s" % ("us per call", "median", "best"))
+    for name, (median, best) in rows:
+        print("%-28s %10.2f %10.2f" % (name, median, best))
+
+
+if __name__ == "__main__":
+    main()

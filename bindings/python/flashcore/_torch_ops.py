@@ -1,0 +1,166 @@
+"""flashcore's forward as a PyTorch operator, flashcore::forward: a
+torch.library.custom_op with a fake (meta) implementation, so that
+torch.compile and torch.export trace calls of flashcore.attention (and of
+attention_varlen, attention_with_kvcache, sdpa, flash_attn_func) into their
+graphs, and CUDA graphs capture them.
+
+Nothing here imports torch: the operator is registered when flashcore is
+imported after torch, else on first use (register_torch_ops()). Eager calls
+do not go through it: they call the library directly, which is faster
+(_attention.prepare and launch); the operator's implementation is that
+same call."""
+
+import os
+import sys
+
+from ._arrays import is_torch
+from ._errors import NoBackwardError
+
+OPERATOR = "flashcore::forward"
+DETACH_ENV = "FLASHCORE_DETACH"
+_registered = []
+
+
+def tracing() -> bool:
+    """Whether torch.compile or torch.export is tracing the calling code
+    (never where torch is not imported)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
+
+
+def refuse_grad(q, k, v, detach):
+    """Raises NoBackwardError where q, k or v is a torch tensor that requires
+    grad while grad mode is on: the result would silently have no gradient
+    path. detach=True, or FLASHCORE_DETACH=1 in the environment, says the
+    caller knows (inference code that leaves requires_grad on). Returns
+    whether an input requires grad that detach lets through."""
+    culprits = [name for name, x in (("q", q), ("k", k), ("v", v)) if is_torch(x) and x.requires_grad]
+    if not culprits or not sys.modules["torch"].is_grad_enabled():
+        return False
+    if detach or os.environ.get(DETACH_ENV) == "1":
+        return True
+    _raise_no_backward(tuple(culprits))
+
+
+def _raise_no_backward(culprits):
+    raise NoBackwardError(
+        "%s %s grad, but flashcore computes the forward pass only: the result would have no gradient path. Run "
+        "inference under torch.no_grad() or torch.inference_mode(), pass detach=True (or set %s=1) to compute "
+        "from the values alone, or train with torch.nn.functional.scaled_dot_product_attention"
+        % (culprits[0] if len(culprits) == 1 else "%s and %s" % (", ".join(culprits[:-1]), culprits[-1]),
+           "requires" if len(culprits) == 1 else "require", DETACH_ENV))
+
+
+def register_torch_ops():
+    """Registers the torch operator flashcore::forward (once; needs torch)
+    and returns it; torch.ops.flashcore.forward is then the same operator.
+
+    flashcore::forward(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k,
+    block_table, max_seqlen_q, max_seqlen_k, layout, causal, softmax_scale,
+    num_splits, window, softcap, return_lse) -> (out, lse) is
+    flashcore.attention's forward with every option spelled out (window a
+    list [left, right] or None), on torch's current stream; lse is an empty
+    tensor unless return_lse. It has no autograd formula."""
+    if _registered:
+        return _registered[0]
+    import torch
+    from typing import List, Optional, Tuple
+
+    from . import _attention
+
+    Tensor = torch.Tensor
+
+    def lse_shape(q, cu_seqlens_q, layout, return_lse):
+        if not return_lse:
+            return (0,)
+        if cu_seqlens_q is not None:
+            return (q.shape[1], q.shape[0])
+        if layout == "bshd":
+            return (q.shape[0], q.shape[2], q.shape[1])
+        return tuple(q.shape[:3])
+
+    @torch.library.custom_op(OPERATOR, mutates_args=())
+    def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+                cu_seqlens_k: Optional[Tensor], block_table: Optional[Tensor], max_seqlen_q: Optional[int],
+                max_seqlen_k: Optional[int], layout: str, causal: bool, softmax_scale: Optional[float],
+                num_splits: Optional[int], window: Optional[List[int]], softcap: float,
+                return_lse: bool) -> Tuple[Tensor, Tensor]:
+        options = (causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap)
+        # detach: the callers (traced_forward) refused or detached inputs that require grad already.
+        call = _attention.prepare(q, k, v, layout, options, None, None, return_lse, None, None, True,
+                                  seqused_k=seqused_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                                  cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k, block_table=block_table)
+        result = _attention.launch(call)
+        return result if return_lse else (result, result.new_empty((0,), dtype=torch.float32))
+
+    @forward.register_fake
+    def _(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, layout, causal,
+          softmax_scale, num_splits, window, softcap, return_lse):
+        # The options are checked while tracing (they are constants), the arrays when the call runs.
+        _attention._layout(layout)
+        _attention._options(causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap)
+        out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
+        return out, q.new_empty(lse_shape(q, cu_seqlens_q, layout, return_lse), dtype=torch.float32)
+
+    _registered.append(forward)
+    return forward
+
+
+def _ensure_registered():
+    register_torch_ops()
+    return True
+
+
+# Dynamo runs a function marked so at trace time and takes its result as a
+# constant, instead of tracing it: registering cannot be traced, and under
+# torch.compile the first flashcore call may come before any eager one.
+# This is the mark torch.compiler.assume_constant_result sets, set here
+# without importing torch.
+_ensure_registered._dynamo_marked_constant = True
+# Likewise the refusal: Dynamo cannot build the exception in traced code,
+# but raises it from there (inside its own error, the message kept).
+_raise_no_backward._dynamo_marked_constant = True
+
+
+def _layout_name(layout):
+    if isinstance(layout, str):
+        return layout.lower()
+    return {0: "bhsd", 1: "bshd"}.get(int(layout), str(layout))
+
+
+def traced_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k=None,
+                   cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None):
+    """_attention._forward while torch.compile or torch.export traces: the
+    call as flashcore::forward. out= and lse= are copied into (an operator
+    that writes its arguments would need them functionalized anyway)."""
+    if stream is not None:
+        raise TypeError("stream= is not taken under torch.compile: flashcore::forward runs on torch's current "
+                        "stream (put the compiled call under torch.cuda.stream(...) instead)")
+    if workspace is not None:
+        raise TypeError("workspace= is not taken under torch.compile: flashcore::forward allocates its workspace "
+                        "from torch's caching allocator")
+    _ensure_registered()
+    torch = sys.modules["torch"]
+    if refuse_grad(q, k, v, detach):
+        q, k, v = q.detach(), k.detach(), v.detach()
+    causal, softmax_scale, num_splits, window, softcap = options
+    result, result_lse = torch.ops.flashcore.forward(
+        q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, _layout_name(layout),
+        bool(causal), None if softmax_scale is None else float(softmax_scale), num_splits,
+        None if window is None else [int(window[0]), int(window[1])], float(softcap),
+        bool(return_lse) or lse is not None)
+    if out is not None:
+        out.copy_(result)
+        result = out
+    if lse is not None:
+        lse.copy_(result_lse)
+        result_lse = lse
+    return (result, result_lse) if return_lse else result
+
+
+def traced_full_int32(q, cu_seqlens_q, count):
+    """attention_with_kvcache's int cache_seqlens as an int32 [B] tensor,
+    while tracing."""
+    torch = sys.modules["torch"]
+    batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
+    return torch.full((batch,), count, dtype=torch.int32, device=q.device)

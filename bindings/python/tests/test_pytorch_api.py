@@ -1,0 +1,374 @@
+"""PyTorch's and FlashAttention's ways of calling, without a GPU (issue
+18): flashcore.sdpa and flashcore.flash_attn_func (what they pass on, what
+they refuse), attention's is_causal= and scale=, autograd honesty, and the
+torch operator flashcore::forward traced by torch.export and torch.compile.
+The tests that need torch skip without it; the kernels' results are checked
+on the GPU (test_gpu_torch.py)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import flashcore
+from flashcore import _dropin
+from fc_testing import FakeCudaArray, fake_qkv
+
+
+@pytest.fixture
+def torch():
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("torch is not installed (CI: install CPU torch to run these)")
+    return torch
+
+
+@pytest.fixture
+def passed_on(monkeypatch):
+    """What flashcore.sdpa and flash_attn_func hand to flashcore.attention:
+    a list of (q, k, v, keywords). The call answers with an empty output
+    for torch tensors, else with q."""
+    calls = []
+
+    def attention(q, k, v, **kwargs):
+        calls.append((q, k, v, kwargs))
+        return q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],)) if hasattr(q, "new_empty") else q
+
+    monkeypatch.setattr(_dropin, "attention", attention)
+    return calls
+
+
+# --------------------------------------------------------------------------
+# flashcore.sdpa
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs,argument", [
+    (dict(attn_mask=FakeCudaArray((100, 120), typestr="|b1")), "attn_mask"),
+    (dict(dropout_p=0.1), "dropout_p"),
+    (dict(scale=0.0), "scale"),
+    (dict(scale=-0.5), "scale"),
+    (dict(scale=float("nan")), "scale"),
+])
+def test_sdpa_refuses_what_flashcore_does_not_compute(kwargs, argument):
+    q, k, v, _ = fake_qkv()
+    with pytest.raises(NotImplementedError, match=r"flashcore\.sdpa: %s" % argument):
+        flashcore.sdpa(q, k, v, **kwargs)
+
+
+def test_sdpa_has_pytorch_s_signature(torch):
+    import inspect
+    assert str(inspect.signature(flashcore.sdpa)).startswith(
+        "(query: Any, key: Any, value: Any, attn_mask: Optional[Any] = None, dropout_p: float = 0.0, "
+        "is_causal: bool = False, *, scale: Optional[float] = None, enable_gqa: bool = False)")
+    q, k, v, _ = fake_qkv()
+    with pytest.raises(TypeError):
+        flashcore.sdpa(q, k, v, None, 0.0, False, 0.5)  # scale is keyword-only, as in PyTorch
+
+
+@pytest.mark.parametrize("sq,sk,causal,window,keys", [
+    (100, 100, True, None, 100),
+    (100, 60, False, (-1, 40), 60),  # top-left: query i sees keys j <= i, the bottom-right diagonal + 40
+    (1, 7, True, None, 1),  # keys 1 and up are seen by no query
+])
+def test_sdpa_is_causal_is_top_left_aligned(torch, passed_on, sq, sk, causal, window, keys):
+    q = torch.empty(2, 4, sq, 64, dtype=torch.float16)
+    k, v = torch.empty(2, 4, sk, 64, dtype=torch.float16), torch.empty(2, 4, sk, 32, dtype=torch.float16)
+    flashcore.sdpa(q, k, v, is_causal=True, scale=0.25)
+    ((q2, k2, v2, kwargs),) = passed_on
+    assert q2 is q and kwargs == dict(causal=causal, softmax_scale=0.25, window=window)
+    assert tuple(k2.shape) == (2, 4, keys, 64) and tuple(v2.shape) == (2, 4, keys, 32)
+    assert k2.data_ptr() == k.data_ptr()  # a view of the first keys, not a copy
+
+
+def test_sdpa_is_causal_with_fewer_queries_needs_a_torch_tensor():
+    q, k, v, _ = fake_qkv(hq=2, hkv=2, sq=10, sk=20)
+    with pytest.raises(TypeError, match="torch tensors only"):
+        flashcore.sdpa(q, k, v, is_causal=True)
+
+
+def test_sdpa_passes_4d_arrays_as_they_are(passed_on):
+    q, k, v, _ = fake_qkv(hq=8, hkv=2)
+    with pytest.raises(flashcore.InvalidArgumentError, match=r"head counts of query, key and value \(\[8\], \[2\], "
+                                                             r"\[2\]\) do not broadcast .*enable_gqa=True"):
+        flashcore.sdpa(q, k, v)  # 8 and 2 heads without enable_gqa: PyTorch refuses them too
+    assert flashcore.sdpa(q, k, v, enable_gqa=True) is q
+    ((q2, k2, v2, kwargs),) = passed_on
+    assert (q2, k2, v2) == (q, k, v) and kwargs == dict(causal=False, softmax_scale=None, window=None)
+
+
+def test_sdpa_enable_gqa_follows_pytorch(torch):
+    q = torch.empty(1, 8, 16, 64, dtype=torch.float16)
+    kv3 = torch.empty(1, 3, 16, 64, dtype=torch.float16)
+    with pytest.raises(flashcore.InvalidArgumentError, match=r"key \(3\) and value \(3\) must divide .* query \(8\)"):
+        flashcore.sdpa(q, kv3, kv3, enable_gqa=True)
+    with pytest.raises(NotImplementedError, match="different head counts"):
+        flashcore.sdpa(q, torch.empty(1, 2, 16, 64), torch.empty(1, 4, 16, 64), enable_gqa=True)
+
+
+@pytest.mark.parametrize("q_shape,kv_shape,gqa,want_q,want_kv,out_shape", [
+    ((3, 16, 64), (3, 20, 64), False, (1, 3, 16, 64), (1, 3, 20, 64), (3, 16, 64)),  # [N, L, E]
+    ((16, 64), (20, 64), False, (1, 1, 16, 64), (1, 1, 20, 64), (16, 64)),  # [L, E]
+    ((2, 3, 4, 16, 64), (2, 3, 4, 20, 64), False, (6, 4, 16, 64), (6, 4, 20, 64), (2, 3, 4, 16, 64)),
+    ((2, 8, 16, 64), (1, 1, 20, 64), False, (2, 8, 16, 64), (2, 1, 20, 64), (2, 8, 16, 64)),  # broadcast B, MQA
+    ((1, 1, 16, 64), (2, 4, 20, 64), False, (2, 4, 16, 64), (2, 4, 20, 64), (2, 4, 16, 64)),  # q broadcast
+    ((2, 8, 16, 64), (1, 2, 20, 64), True, (2, 8, 16, 64), (2, 2, 20, 64), (2, 8, 16, 64)),
+])
+def test_sdpa_shapes_and_broadcasting_as_pytorch(torch, passed_on, q_shape, kv_shape, gqa, want_q, want_kv,
+                                                 out_shape):
+    q, k, v = torch.empty(q_shape), torch.empty(kv_shape), torch.empty(kv_shape)
+    passed_on.clear()
+    result = flashcore.sdpa(q, k, v, enable_gqa=gqa)
+    ((q2, k2, v2, _),) = passed_on
+    assert (tuple(q2.shape), tuple(k2.shape), tuple(v2.shape)) == (want_q, want_kv, want_kv)
+    assert tuple(result.shape) == out_shape
+    # PyTorch's own shape for the same call.
+    assert tuple(torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=gqa).shape) == out_shape
+
+
+# --------------------------------------------------------------------------
+# flashcore.flash_attn_func
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs,argument", [
+    (dict(dropout_p=0.1), "dropout_p"),
+    (dict(alibi_slopes=FakeCudaArray((8,), typestr="<f4")), "alibi_slopes"),
+    (dict(return_attn_probs=True), "return_attn_probs"),
+])
+def test_flash_attn_func_refuses_what_flashcore_does_not_compute(kwargs, argument):
+    q, k, v, _ = fake_qkv()
+    with pytest.raises(NotImplementedError, match=r"flashcore\.flash_attn_func: %s" % argument):
+        flashcore.flash_attn_func(q, k, v, **kwargs)
+
+
+@pytest.mark.parametrize("causal,window_size,window", [
+    (False, (-1, -1), None),
+    (True, (-1, -1), None),
+    (True, (-1, 5), None),  # causal makes the right bound 0, as in FlashAttention
+    (True, (128, -1), (128, 0)),
+    (False, (64, 16), (64, 16)),
+    (False, (-1, 0), (-1, 0)),
+])
+def test_flash_attn_func_passes_flashattention_s_meaning(passed_on, causal, window_size, window):
+    q, k, v, _ = fake_qkv()
+    flashcore.flash_attn_func(q, k, v, 0.0, 0.125, causal, window_size, 30.0, None, True)
+    ((_, _, _, kwargs),) = passed_on
+    assert kwargs == dict(causal=causal, softmax_scale=0.125, window=window, softcap=30.0, layout="bshd")
+
+
+def test_flash_attn_func_queues_bshd_params(queued):
+    b, sq, sk, hq, hkv, d = 2, 50, 70, 8, 2, 64
+    q, k, v = (FakeCudaArray(s, index=i) for i, s in enumerate([(b, sq, hq, d), (b, sk, hkv, d), (b, sk, hkv, d)]))
+    with pytest.raises(TypeError, match="out="):
+        flashcore.flash_attn_func(q, k, v, causal=True)  # generic arrays: no allocation, as for attention
+    out = FakeCudaArray((b, sq, hq, d), index=3)
+    flashcore.attention(q, k, v, out=out, layout="bshd", causal=True, window=(16, 0))
+    (p,) = queued
+    assert (p.num_heads_q, p.seqlen_q, p.q_seq_stride, p.q_head_stride) == (hq, sq, hq * d, d)
+    assert (p.causal, p.use_window, p.window_left, p.window_right) == (1, 1, 16, 0)
+
+
+# --------------------------------------------------------------------------
+# attention's PyTorch names
+# --------------------------------------------------------------------------
+
+
+def test_scale_is_softmax_scale(queued):
+    q, k, v, out = fake_qkv()
+    flashcore.attention(q, k, v, out=out, scale=0.3)
+    assert queued[-1].softmax_scale == pytest.approx(0.3)
+    with pytest.raises(TypeError, match="softmax_scale or scale"):
+        flashcore.attention(q, k, v, out=out, scale=0.3, softmax_scale=0.3)
+
+
+def test_is_causal_where_it_means_causal(queued):
+    q, k, v, out = fake_qkv(sq=64, sk=64)
+    flashcore.attention(q, k, v, out=out, is_causal=True)
+    flashcore.attention(q, k, v, out=out, is_causal=False)
+    assert [p.causal for p in queued] == [1, 0]
+    with pytest.raises(TypeError, match="causal or is_causal"):
+        flashcore.attention(q, k, v, out=out, is_causal=True, causal=True)
+    q, k, v, out = fake_qkv(sq=64, sk=100)
+    with pytest.raises(flashcore.InvalidArgumentError, match=r"Sq = 64 != Sk = 100 .*flashcore\.sdpa"):
+        flashcore.attention(q, k, v, out=out, is_causal=True)
+    q, k, v = (FakeCudaArray(s, index=i) for i, s in enumerate([(2, 64, 8, 64), (2, 64, 2, 64), (2, 64, 2, 64)]))
+    flashcore.attention(q, k, v, out=FakeCudaArray((2, 64, 8, 64), index=3), layout="bshd", is_causal=True)
+    assert queued[-1].causal == 1 and queued[-1].seqlen_q == 64
+
+
+# --------------------------------------------------------------------------
+# Autograd honesty
+# --------------------------------------------------------------------------
+
+
+def test_inputs_that_require_grad_are_refused(torch, monkeypatch):
+    monkeypatch.delenv("FLASHCORE_DETACH", raising=False)
+    q = torch.zeros(1, 2, 8, 64, dtype=torch.float16, requires_grad=True)
+    k = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
+    with pytest.raises(flashcore.NoBackwardError, match="^q requires grad, but flashcore computes the forward pass "
+                                                        "only") as info:
+        flashcore.attention(q, k, k)
+    assert "detach=True" in str(info.value) and "FLASHCORE_DETACH=1" in str(info.value)
+    assert isinstance(info.value, RuntimeError) and info.value.status is None
+    with pytest.raises(flashcore.NoBackwardError, match="^q, k and v require grad"):
+        flashcore.sdpa(q, q, q)
+    with pytest.raises(flashcore.NoBackwardError):
+        flashcore.flash_attn_func(q, k, k)
+    # Past the refusal, these CPU tensors are refused for what they are.
+    cpu = "q is on the CPU"
+    with pytest.raises(flashcore.InvalidArgumentError, match=cpu):
+        flashcore.attention(q, k, k, detach=True)
+    with torch.no_grad():
+        with pytest.raises(flashcore.InvalidArgumentError, match=cpu):
+            flashcore.attention(q, k, k)
+    with torch.inference_mode():
+        with pytest.raises(flashcore.InvalidArgumentError, match=cpu):
+            flashcore.sdpa(q, k, k)
+    monkeypatch.setenv("FLASHCORE_DETACH", "1")
+    with pytest.raises(flashcore.InvalidArgumentError, match=cpu):
+        flashcore.attention(q, k, k)
+
+
+# --------------------------------------------------------------------------
+# The torch operator (traced on the CPU: its fake implementation; its real
+# one runs on the GPU)
+# --------------------------------------------------------------------------
+
+
+def test_operator_is_registered_with_torch(torch):
+    op = flashcore.register_torch_ops()
+    assert flashcore.register_torch_ops() is op
+    assert torch.ops.flashcore.forward.default is not None
+
+
+def _exported(torch, fn, *args):
+    class Module(torch.nn.Module):
+        def forward(self, *a):
+            return fn(*a)
+
+    with torch.no_grad():
+        return torch.export.export(Module(), args)
+
+
+def test_export_traces_every_entry_point(torch):
+    def model(q, k, v, cu_q, cu_k):
+        a = flashcore.attention(q, k, v, causal=True)
+        b, lse = flashcore.sdpa(q, k, v, is_causal=True), None
+        c, lse = flashcore.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), layout="bshd",
+                                     return_lse=True)
+        d = flashcore.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), window_size=(8, 0))
+        packed_q, packed_kv = q[0].transpose(0, 1), k[0].transpose(0, 1)
+        e, lse_packed = flashcore.attention_varlen(packed_q, packed_kv, packed_kv, cu_q, cu_k, 8, 12,
+                                                   return_lse=True)
+        f = flashcore.attention_with_kvcache(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 12)
+        return a, b, c, lse, d, e, lse_packed, f
+
+    q = torch.empty(2, 4, 16, 64, dtype=torch.float16)
+    k = v = torch.empty(2, 4, 24, 64, dtype=torch.float16)
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32), torch.tensor([0, 12, 24], dtype=torch.int32)
+    program = _exported(torch, model, q, k, v, *cu)
+    calls = [n for n in program.graph.nodes if n.target is torch.ops.flashcore.forward.default]
+    assert len(calls) == 6
+    a, b, c, lse, d, e, lse_packed, f = (n.meta["val"] for n in program.graph.output_node().args[0])
+    assert tuple(a.shape) == tuple(b.shape) == (2, 4, 16, 64) and a.is_contiguous()
+    assert tuple(c.shape) == tuple(d.shape) == tuple(f.shape) == (2, 16, 4, 64)
+    assert tuple(lse.shape) == (2, 4, 16) and lse.dtype == torch.float32
+    assert tuple(e.shape) == (16, 4, 64) and tuple(lse_packed.shape) == (4, 16)
+    layouts = [n.args[9] for n in calls]
+    assert layouts == ["bhsd", "bhsd", "bshd", "bshd", "bshd", "bshd"]
+    assert [n.args[13] for n in calls][3] == [8, 0]
+
+
+def test_export_checks_the_options(torch):
+    q = torch.empty(1, 2, 16, 64, dtype=torch.float16)
+    with pytest.raises(flashcore.InvalidArgumentError, match="window's left bound"):
+        _exported(torch, lambda q: flashcore.attention(q, q, q, window=(-2, 0)), q)
+
+
+def test_compile_traces_without_graph_breaks(torch):
+    # fullgraph=True fails on any graph break; the call then reaches the
+    # operator's real implementation, which refuses these CPU tensors.
+    def block(x, w):
+        q = (x @ w).view(1, 8, 2, 64).transpose(1, 2)
+        return flashcore.attention(q, q, q, causal=True).sum() + flashcore.sdpa(q, q, q, is_causal=True).sum()
+
+    compiled = torch.compile(block, fullgraph=True, backend="eager")
+    with pytest.raises(flashcore.InvalidArgumentError, match="q is on the CPU"):
+        compiled(torch.zeros(1, 8, 128, dtype=torch.float16), torch.zeros(128, 128, dtype=torch.float16))
+
+
+def test_compile_refuses_inputs_that_require_grad(torch, monkeypatch):
+    monkeypatch.delenv("FLASHCORE_DETACH", raising=False)
+    q = torch.zeros(1, 2, 16, 64, dtype=torch.float16, requires_grad=True)
+    with pytest.raises(Exception, match="q, k and v require grad, but flashcore computes the forward pass only"):
+        torch.compile(lambda q: flashcore.attention(q, q, q), fullgraph=True, backend="eager")(q)
+    with pytest.raises(flashcore.InvalidArgumentError, match="q is on the CPU"):
+        torch.compile(lambda q: flashcore.attention(q, q, q, detach=True), fullgraph=True, backend="eager")(q)
+
+
+@pytest.mark.parametrize("order", ["flashcore first", "torch first"])
+def test_operator_whatever_the_import_order(torch, order):
+    imports = "import flashcore, torch" if order == "flashcore first" else "import torch, flashcore"
+    code = "\n".join([
+        imports,
+        "import sys",
+        "print(hasattr(torch.ops.flashcore, 'forward'))",
+        "q = torch.empty(1, 2, 16, 64, dtype=torch.float16)",
+        "class M(torch.nn.Module):",
+        "    def forward(self, q): return flashcore.attention(q, q, q)",
+        "program = torch.export.export(M(), (q,))",
+        "print(sum(n.target is torch.ops.flashcore.forward.default for n in program.graph.nodes))",
+    ])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(flashcore.__file__))]
+                                                      + sys.path))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    registered_at_import, traced = proc.stdout.split()
+    assert registered_at_import == str(order == "torch first") and traced == "1"
+
+
+def flashcore_semantics(torch, q, k, v, causal=False, softmax_scale=None, window=None):
+    """flashcore.attention's result by flashcore.h's rules, in float64 on the
+    CPU: [B, H, S, D] arrays, key/value head h // (Hq / Hkv), query i seeing
+    key j iff i + d - left <= j <= i + d + right (d = Sk - Sq; -1 drops a
+    side; causal is right = 0); rows that see no key give 0."""
+    sq, sk = q.shape[2], k.shape[2]
+    group = q.shape[1] // k.shape[1]
+    k, v = k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    left, right = (-1, -1) if window is None else window
+    if causal:
+        right = 0
+    i, j = torch.arange(sq)[:, None], torch.arange(sk)[None, :]
+    mask = torch.ones(sq, sk, dtype=torch.bool)
+    if left >= 0:
+        mask &= j >= i + sk - sq - left
+    if right >= 0:
+        mask &= j <= i + sk - sq + right
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    scores = (q.double() @ k.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, -1).nan_to_num(0.0)
+    return weights @ v
+
+
+@pytest.mark.parametrize("q_shape,kv_shape,gqa", [
+    ((2, 4, 30, 16), (2, 4, 30, 16), False),
+    ((1, 8, 40, 16), (1, 2, 13, 16), True),  # Sq > Sk
+    ((2, 4, 5, 16), (2, 4, 31, 16), False),  # Sq < Sk
+    ((1, 6, 1, 16), (1, 6, 9, 16), False),  # one query
+    ((3, 12, 16), (3, 20, 16), False),
+    ((2, 4, 20, 16), (1, 1, 11, 16), False),
+])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_sdpa_computes_pytorch_s_result_with_flashcore_s_masks(torch, monkeypatch, q_shape, kv_shape, gqa, is_causal):
+    # flashcore.attention replaced by its semantics in float64: what sdpa
+    # asks of it must be PyTorch's result (top-left is_causal included).
+    monkeypatch.setattr(_dropin, "attention", lambda q, k, v, **kwargs: flashcore_semantics(torch, q, k, v, **kwargs))
+    g = torch.Generator().manual_seed(sum(q_shape) + sum(kv_shape))
+    q, k, v = (torch.randn(s, generator=g, dtype=torch.float64) for s in (q_shape, kv_shape, kv_shape))
+    ours = flashcore.sdpa(q, k, v, is_causal=is_causal, scale=0.3, enable_gqa=gqa)
+    theirs = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=0.3,
+                                                              enable_gqa=gqa)
+    assert ours.shape == theirs.shape and torch.allclose(ours, theirs, rtol=1e-10, atol=1e-12)
