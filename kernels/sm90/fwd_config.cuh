@@ -17,10 +17,10 @@
 // while the current block finishes.
 //
 // Row maxima in 4 partial chains at head dims <= 64, where the exponentials
-// and the tensor cores take turns and the softmax's latency shows: +1.5-2.5%
-// at d64 (tput-2k full and causal, tput-8k causal; H100, bf16, two rounds);
-// at d128 the same change lost 1.8-2.3% at tput-2k, so it keeps one chain
-// (docs/hopper-notes.md, "Prefill against FlashAttention 3").
+// and the tensor cores take turns and the softmax's latency shows: +4-20%
+// at d32, +0-4% at d64 (tput-2k and -8k, full and causal, bf16 and fp16,
+// H100); at d128 the same change lost ~2% at tput-2k, so it keeps one
+// chain (docs/hopper-notes.md, "Prefill against FlashAttention 3").
 #pragma once
 
 #include "common/element.cuh"
