@@ -54,7 +54,7 @@ __device__ __forceinline__ void load_kv_panels(unsigned char *dst, const CUtenso
         load_paged_panels<Traits>(dst, map, kPanels, p, tile, first_key, params.kv_box_rows, bar);
     } else {
         load_panels<Traits, kPanels>(dst, Traits::kKVPanelBytes, map, tile.seqs.k_row0 + first_key, tile.head_kv,
-                                     p.cu_seqlens_k != nullptr ? 0 : tile.batch, bar);
+                                     kRagged && p.cu_seqlens_k != nullptr ? 0 : tile.batch, bar);
     }
 }
 
@@ -74,9 +74,10 @@ __device__ __forceinline__ void run_producer(const Sm90KernelParams &params, con
             // Packed queries (cu_seqlens_q): the map is one batch of all rows;
             // a block's rows past its sequence read the next one's, which
             // nothing stores.
+            const int q_batch = kRagged && p.cu_seqlens_q != nullptr ? 0 : tile.batch;
             load_panels<Traits, Traits::kQKPanels>(pipe.q_tile(q_buffer), Traits::kQPanelBytes, &params.tma_q,
                                                    tile.seqs.q_row0 + tile.m_block * Traits::kBlockM, tile.head_q,
-                                                   p.cu_seqlens_q != nullptr ? 0 : tile.batch, pipe.q_full(q_buffer));
+                                                   q_batch, pipe.q_full(q_buffer));
             for (int j = 0; j < keys.num_blocks(); ++j, ++kv_count) {
                 const int stage = Pipeline<Traits>::stage_of(kv_count);
                 const uint32_t free_phase = Pipeline<Traits>::phase_of(kv_count) ^ 1u;
