@@ -391,6 +391,13 @@ def _cupy_stream_context(cupy, device, stream):
 # --------------------------------------------------------------------------
 
 
+def shape_of(x, name):
+    """x's shape as a tuple, read from x.shape where it has one (cheaper
+    than describe(), which reads everything), else from describe()."""
+    shape = getattr(x, "shape", None)
+    return tuple(describe(x, name).shape if shape is None else shape)
+
+
 def can_allocate(like):
     return like.framework in ("torch", "cupy")
 

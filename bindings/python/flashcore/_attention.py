@@ -10,7 +10,7 @@ from typing import Any, List, Optional, Tuple, Union
 
 from . import _ffi
 from ._arrays import (Array, can_allocate, check_known_to_driver, contiguous_strides, current_stream, describe, empty,
-                      cai_signature, cuda_driver, full, is_cupy, is_torch, pointer_device,
+                      cai_signature, cuda_driver, full, is_cupy, is_torch, pointer_device, shape_of,
                       stream_pointer)
 from ._checked import fits, set_fields, whole_number
 from ._errors import FlashcoreError, InvalidArgumentError, UnsupportedError
@@ -851,13 +851,11 @@ def _pytorch_names(q, k, layout, causal, softmax_scale, is_causal, scale):
 
 
 def _shape_of(x, name):
-    """x's shape, read without describing it where x has one."""
-    shape = getattr(x, "shape", None)
-    if shape is None:
-        shape = describe(x, name).shape
+    """x's shape, which must be 4-D."""
+    shape = shape_of(x, name)
     if len(shape) != 4:
         raise InvalidArgumentError("%s must be 4-D, got shape %s" % (name, list(shape)))
-    return tuple(shape)
+    return shape
 
 
 def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_scale: Optional[float] = None,

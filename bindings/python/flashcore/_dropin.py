@@ -8,7 +8,7 @@ compute."""
 import math
 from typing import Any, Optional, Tuple
 
-from ._arrays import Array, describe, is_torch
+from ._arrays import Array, is_torch, shape_of
 from ._attention import attention
 from ._errors import InvalidArgumentError
 
@@ -16,11 +16,6 @@ from ._errors import InvalidArgumentError
 # arrays are read as they are.
 _TORCH_ONLY = ("flashcore.sdpa broadcasts and reshapes torch tensors only: give other arrays as [B, H, S, D] with "
                "one B and H (or, with enable_gqa, key and value heads that divide the query's)")
-
-
-def _shape(x, name):
-    shape = getattr(x, "shape", None)
-    return tuple(describe(x, name).shape if shape is None else shape)
 
 
 def _broadcast(sizes, what, hint=""):
@@ -90,7 +85,7 @@ def sdpa(query: Array, key: Array, value: Array, attn_mask: Optional[Array] = No
     if scale is not None and not scale > 0:
         raise NotImplementedError("flashcore.sdpa: scale=%r is not supported: flashcore takes a softmax scale > 0 "
                                   "only" % (scale,))
-    shapes = [_shape(x, name) for x, name in ((query, "query"), (key, "key"), (value, "value"))]
+    shapes = [shape_of(x, name) for x, name in ((query, "query"), (key, "key"), (value, "value"))]
     for shape, name in zip(shapes, ("query", "key", "value")):
         if len(shape) < 2:
             raise InvalidArgumentError("%s must have at least 2 dimensions ([..., S, E]), got shape %s"
@@ -126,7 +121,7 @@ def sdpa(query: Array, key: Array, value: Array, attn_mask: Optional[Array] = No
                 k, v = k[:, :, :seqlen_q], v[:, :, :seqlen_q]
     out = attention(q, k, v, causal=causal, softmax_scale=scale, window=window)
     out_shape = batch + ((heads_out,) if max(len(s) for s in shapes) >= 3 else ()) + (seqlen_q, shapes[2][-1])
-    return out if _shape(out, "out") == out_shape else out.reshape(out_shape)
+    return out if shape_of(out, "out") == out_shape else out.reshape(out_shape)
 
 
 def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
