@@ -365,7 +365,8 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
             reinterpret_cast<float *>(static_cast<unsigned char *>(workspace) + plan.partial_lse_offset);
     }
     const char *failed_call = "the launch";
-    const FwdLaunchOptions options{handle.env.persistent_ctas, &failed_call, handle.env.first_kv_position};
+    const FwdLaunchOptions options{handle.env.persistent_ctas, &failed_call, handle.env.first_kv_position,
+                                   handle.device};
     const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
     cudaError_t err = plan.kernel->run(kparams, options, cuda_stream);
     if (err == cudaErrorNotSupported && plan.kernel->path == KernelPath::kSm90) {

@@ -398,6 +398,76 @@ TEST(ForwardGraph, CapturedCallReplaysCorrectly) {
 }
 
 // ---------------------------------------------------------------------------
+// What a launch keeps for the next call (the sm_90a kernel's TMA descriptors
+// per thread and geometry, each kernel's shared-memory opt-in per device).
+// ---------------------------------------------------------------------------
+
+// out and lse of w's last run against the float64 reference ("" if within
+// the dtype's tolerance).
+std::string differences_from_reference(const Workload &w) {
+    std::vector<double> ref_out, ref_lse;
+    reference_attention(w.problem, w.q, w.k, w.v, ref_out, ref_lse);
+    const ErrorStats e = compare(w.dense_out(ref_out), ref_out);
+    const ErrorStats e_lse = compare(w.dense_lse(ref_lse), ref_lse);
+    const Tolerance tol = tolerance_for(w.c.dtype);
+    if (e.non_finite == 0 && e.mismatched_inf == 0 && e.rel_l2 <= tol.rel_l2 && e.max_abs <= tol.max_abs &&
+        e_lse.non_finite == 0 && e_lse.mismatched_inf == 0 && e_lse.max_abs <= tol.lse_max_abs) {
+        return w.check_untouched();
+    }
+    char report[200];
+    std::snprintf(report, sizeof report, "out: max_abs %.3e rel_l2 %.3e non-finite %zu; lse: max_abs %.3e non-finite %zu",
+                  e.max_abs, e.rel_l2, size_t(e.non_finite), e_lse.max_abs, size_t(e_lse.non_finite));
+    return report;
+}
+
+// Shapes the dispatcher gives the sm_90a kernel on an H100 (a full grid)
+// and the portable one (a short, ragged GQA call).
+std::vector<FwdCase> launch_cache_cases() {
+    FwdCase full{FLASHCORE_DTYPE_BF16, 128, false, 2, 16, 16, 1024, 1024, Layout::kBSHD};
+    FwdCase ragged{FLASHCORE_DTYPE_FP16, 64, true, 2, 4, 2, 333, 517, Layout::kBHSD};
+    return {full, ragged};
+}
+
+TEST(ForwardLaunch, CallsOfOneShapeOnOtherTensorsEachMatchTheReference) {
+    FC_REQUIRE_GPU();
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    for (const FwdCase &c : launch_cache_cases()) {
+        SCOPED_TRACE(case_name(c));
+        std::mt19937_64 rng(fresh_seed());
+        // Both alive at once, so their tensors are at different addresses.
+        Workload a(c, rng), b(c, rng);
+        for (Workload *w : {&a, &b, &a, &b}) {
+            w->poison_outputs();
+            ASSERT_EQ(run_forward(handle.get(), w->params), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+            EXPECT_EQ(differences_from_reference(*w), "") << (w == &a ? "a" : "b");
+        }
+    }
+}
+
+// A device reset drops every kernel's shared-memory opt-in, which the
+// library remembers having made: the next launch must make it again.
+TEST(ForwardLaunch, CallsAfterADeviceResetSucceed) {
+    FC_REQUIRE_GPU();
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    for (const FwdCase &c : launch_cache_cases()) {
+        SCOPED_TRACE(case_name(c));
+        std::mt19937_64 rng(fresh_seed());
+        {
+            Workload before(c, rng);
+            ASSERT_EQ(run_forward(handle.get(), before.params), FLASHCORE_STATUS_SUCCESS)
+                << flashcore_last_error_message();
+        }
+        FC_CHECK_CUDA(cudaDeviceReset());
+        Workload after(c, rng);
+        after.poison_outputs();
+        ASSERT_EQ(run_forward(handle.get(), after.params), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+        EXPECT_EQ(differences_from_reference(after), "");
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Handle-dependent API behaviour.
 // ---------------------------------------------------------------------------
 

@@ -24,6 +24,10 @@ struct FwdLaunchOptions {
     // Where a persistent kernel's count of K/V tiles starts: 0, or where a
     // test asks (FLASHCORE_TEST_KV_POSITION) to cross 2^32 within one call.
     uint64_t first_kv_position = 0;
+    // The device the launch is on (current while it runs): what a kernel's
+    // shared-memory opt-in is remembered for (dynamic_smem.cuh). -1: unknown,
+    // opted in on every launch.
+    int device = -1;
 };
 
 // A launcher's runtime call `call` returned `err`: on failure, the error is

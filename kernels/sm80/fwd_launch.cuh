@@ -4,14 +4,12 @@
 // dtype each, so the variants compile in parallel.
 #pragma once
 
+#include "common/dynamic_smem.cuh"
 #include "common/fwd_entry_points.h"
 #include "sm80/fwd_config.cuh"
 #include "sm80/fwd_kernel.cuh"
 
 namespace flashcore {
-
-// Above this, a kernel must opt in to more dynamic shared memory.
-constexpr size_t kDefaultDynamicSmemLimit = 48 * 1024;
 
 // The variants also compiled for ragged batches (packed or paged tensors,
 // FwdKernelParams::ragged): the decode tiles, for paged decode, and the
@@ -29,26 +27,16 @@ FwdKernelInfo fwd_info_sm80() {
 
 template <typename Traits, bool kRagged>
 cudaError_t launch_fwd_sm80(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
-    const auto kernel = flash_fwd_kernel<Traits, kRagged>;
-    constexpr size_t smem_bytes = Traits::kSmemBytes;
-    if (smem_bytes > kDefaultDynamicSmemLimit) {
-        // Idempotent and cheap; doing it per launch keeps the handle free of
-        // per-kernel state and is safe from several threads.
-        const cudaError_t err = launch_step(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)), options,
-            "cudaFuncSetAttribute (the kernel's dynamic shared memory)");
-        if (err != cudaSuccess) return err;
-    }
     // The dispatcher has checked that the blocks fit gridDim.x; the key
-    // splits (at most FLASHCORE_MAX_NUM_SPLITS) are gridDim.y. The launch's
-    // own result, not the thread's last error, which may be older.
+    // splits (at most FLASHCORE_MAX_NUM_SPLITS) are gridDim.y.
     const int64_t num_blocks = fwd_num_blocks(params, Traits::kBlockM);
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(unsigned(num_blocks), unsigned(params.num_splits));
     config.blockDim = dim3(Traits::kNumThreads);
-    config.dynamicSmemBytes = smem_bytes;
+    config.dynamicSmemBytes = Traits::kSmemBytes;
     config.stream = stream;
-    return launch_step(cudaLaunchKernelEx(&config, kernel, params), options, "cudaLaunchKernelEx");
+    static DynamicSmemOptIn opt_in;
+    return launch_opted_in(opt_in, flash_fwd_kernel<Traits, kRagged>, config, options, params);
 }
 
 template <DType kDType, int kHeadDim, int kHeadDimV, FwdVariant kVariant>

@@ -1,0 +1,73 @@
+// Launching a kernel whose dynamic shared memory is past the 48 KB default,
+// which it must first be opted in to (cudaFuncSetAttribute). That opt-in
+// costs a runtime call per launch if made every time, and it lasts as long
+// as the context, so it is made once per kernel and device and remembered.
+// A context that never saw it (the device was reset, or the caller made
+// another context current) fails the launch; launch_opted_in then opts in
+// again and retries once.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "common/fwd_entry_points.h"
+
+namespace flashcore {
+
+// Above this, a kernel must opt in to more dynamic shared memory.
+constexpr size_t kDefaultDynamicSmemLimit = 48 * 1024;
+
+// The devices a kernel has been opted in on: bit d for device d. Devices
+// past the word's bits are never remembered (opted in on every launch).
+class DynamicSmemOptIn {
+   public:
+    static constexpr int kRememberedDevices = 64;
+
+    bool remembered(int device) const {
+        return known(device) && (devices_.load(std::memory_order_relaxed) >> device & 1u) != 0;
+    }
+    void remember(int device) {
+        if (known(device)) devices_.fetch_or(uint64_t(1) << device, std::memory_order_relaxed);
+    }
+    void forget(int device) {
+        if (known(device)) devices_.fetch_and(~(uint64_t(1) << device), std::memory_order_relaxed);
+    }
+
+   private:
+    static bool known(int device) { return device >= 0 && device < kRememberedDevices; }
+    std::atomic<uint64_t> devices_{0};
+};
+
+// Queues `kernel` (one launcher's: `opt_in` is that kernel's own record)
+// with `config` on options.device, the current device, opting it in to
+// config.dynamicSmemBytes first where that is past the default and not
+// remembered. Returns the launch's result, with launch_step's reporting.
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch_opted_in(DynamicSmemOptIn &opt_in, void (*kernel)(KernelArgs...), const cudaLaunchConfig_t &config,
+                            const FwdLaunchOptions &options, Args &&...args) {
+    const bool needs_opt_in = config.dynamicSmemBytes > kDefaultDynamicSmemLimit;
+    const bool remembered = needs_opt_in && opt_in.remembered(options.device);
+    if (needs_opt_in && !remembered) {
+        const cudaError_t err = launch_step(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(config.dynamicSmemBytes)),
+            options, "cudaFuncSetAttribute (the kernel's dynamic shared memory)");
+        if (err != cudaSuccess) return err;
+        opt_in.remember(options.device);
+    }
+    cudaError_t err = cudaLaunchKernelEx(&config, kernel, args...);
+    if (err != cudaSuccess && remembered) {
+        // Launch errors of this kind are not sticky: nothing was queued.
+        cudaGetLastError();
+        const cudaError_t set = launch_step(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(config.dynamicSmemBytes)),
+            options, "cudaFuncSetAttribute (the kernel's dynamic shared memory)");
+        if (set != cudaSuccess) return set;
+        err = cudaLaunchKernelEx(&config, kernel, args...);
+    }
+    return launch_step(err, options, "cudaLaunchKernelEx");
+}
+
+}  // namespace flashcore

@@ -1,0 +1,135 @@
+// The TMA descriptors (CUtensorMap) of a call's tensors. Encoding one is a
+// driver call that costs about as much host time as the launch itself
+// (docs/perf-notes.md, "Host time per call"), and a model calls with the same
+// shapes and strides over and over: each thread keeps the maps it encoded
+// last, one per role (Q, K, V, O) and geometry, and a call with a geometry
+// seen before copies its map, swapping in the new base address where it
+// changed (cuTensorMapReplaceAddress, a much cheaper call).
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace flashcore::sm90 {
+
+// A driver function found once through the runtime, so that the library
+// needs no link-time dependency on libcuda. Null where the driver lacks it.
+template <typename Fn>
+Fn driver_function(const char *name) {
+    constexpr int kCudaVersion = 12000;  // the functions' first version
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion(name, &fn, kCudaVersion, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+        cudaGetLastError();
+        fn = nullptr;
+    }
+    return reinterpret_cast<Fn>(fn);
+}
+
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static const auto encoder = driver_function<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled");
+    return encoder;
+}
+
+inline PFN_cuTensorMapReplaceAddress_v12000 tensor_map_address_replacer() {
+    static const auto replacer = driver_function<PFN_cuTensorMapReplaceAddress_v12000>("cuTensorMapReplaceAddress");
+    return replacer;
+}
+
+// Which of a call's tensors a map describes: maps of different roles are
+// kept apart even where their geometry agrees (K and V of one call).
+enum class TensorRole : uint32_t { kQ, kK, kV, kO };
+
+// Everything a map is encoded from but the base address: a 4-d tensor
+// (head_dim, seq, head, batch) of 2-byte elements, read in boxes of
+// box_cols columns (one shared-memory panel) x box_rows rows.
+struct TensorMapGeometry {
+    TensorRole role;
+    CUtensorMapDataType type;
+    uint32_t box_cols, box_rows;
+    uint64_t dims[4];
+    uint64_t byte_strides[3];
+};
+
+namespace detail {
+
+// Maps a thread keeps: two geometries of each role, enough for a model
+// that alternates between two shapes (prefill and decode, say).
+constexpr int kCachedTensorMaps = 8;
+
+struct CachedTensorMap {
+    TensorMapGeometry geometry;
+    const void *base;
+    bool valid;
+    CUtensorMap map;
+};
+
+struct TensorMapCache {
+    CachedTensorMap entries[kCachedTensorMaps];
+    unsigned next_victim;
+};
+
+inline TensorMapCache &thread_tensor_maps() {
+    static thread_local TensorMapCache cache{};
+    return cache;
+}
+
+inline bool same_geometry(const TensorMapGeometry &a, const TensorMapGeometry &b) {
+    // The struct has no padding (static_assert below): bytes compare as fields.
+    return std::memcmp(&a, &b, sizeof a) == 0;
+}
+static_assert(sizeof(TensorMapGeometry) == 4 * sizeof(uint32_t) + 7 * sizeof(uint64_t),
+              "TensorMapGeometry must have no padding bytes, which memcmp would compare");
+
+inline bool encode(CUtensorMap *map, const TensorMapGeometry &g, const void *base) {
+    const PFN_cuTensorMapEncodeTiled_v12000 encode_tiled = tensor_map_encoder();
+    if (encode_tiled == nullptr) return false;
+    constexpr uint32_t kElementBytes = 2;
+    const cuuint64_t dims[4] = {g.dims[0], g.dims[1], g.dims[2], g.dims[3]};
+    const cuuint64_t strides[3] = {g.byte_strides[0], g.byte_strides[1], g.byte_strides[2]};
+    const cuuint32_t box[4] = {g.box_cols, g.box_rows, 1, 1};
+    const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+    const CUtensorMapSwizzle swizzle =
+        g.box_cols * kElementBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+    return encode_tiled(map, g.type, 4, const_cast<void *>(base), dims, strides, box, element_strides,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace detail
+
+// Writes to *map the descriptor of `base` with geometry `g`: head_dim is
+// the call's, so columns past it, like rows past seqlen, read as zeros and
+// are not written; the panel's swizzle follows box_cols. Returns false
+// where the driver cannot describe the tensor.
+inline bool tensor_map(CUtensorMap *map, const TensorMapGeometry &g, const void *base) {
+    detail::TensorMapCache &cache = detail::thread_tensor_maps();
+    for (detail::CachedTensorMap &entry : cache.entries) {
+        if (!entry.valid || !detail::same_geometry(entry.geometry, g)) continue;
+        if (entry.base != base) {
+            const PFN_cuTensorMapReplaceAddress_v12000 replace = tensor_map_address_replacer();
+            if (replace == nullptr || replace(&entry.map, const_cast<void *>(base)) != CUDA_SUCCESS) {
+                // An address the driver refuses (misaligned): encoding says so, or describes it.
+                entry.valid = false;
+                break;
+            }
+            entry.base = base;
+        }
+        *map = entry.map;
+        return true;
+    }
+    if (!detail::encode(map, g, base)) return false;
+    detail::CachedTensorMap &victim = cache.entries[cache.next_victim++ % detail::kCachedTensorMaps];
+    victim.geometry = g;
+    victim.base = base;
+    victim.map = *map;
+    victim.valid = true;
+    return true;
+}
+
+}  // namespace flashcore::sm90
