@@ -10,18 +10,22 @@ Two measurements:
            arrays, the call cache, the options, the params struct, out and
            lse), on __cuda_array_interface__ arrays at made-up device
            addresses with out= given, or on torch CUDA tensors with
-           --inputs torch. The library is the real one (the first call
-           goes through flashcore_forward_params_init and
-           flashcore_forward_check); nothing is queued, so it runs on a
+           --inputs torch (calls on torch tensors take a quicker path of
+           their own, which --mode call times). The library is the real
+           one (the first call goes through flashcore_forward_params_init
+           and flashcore_forward_check); nothing is queued, so it runs on a
            machine without a GPU.
-  call     flashcore.attention end to end on torch CUDA tensors (out
-           allocated, the kernel queued on the current stream): the host
-           time of calls made in bursts short enough (--burst) for the
-           GPU's launch queue to take them without blocking, the GPU
-           synchronized between bursts, outside the timing. Needs torch
-           and a GPU; for comparison it also times torch's own
+  call     flashcore.attention end to end on torch CUDA tensors (the
+           kernel queued on the current stream; out allocated, or given
+           with out=): the host time of calls made in bursts short enough
+           (--burst) for the GPU's launch queue to take them without
+           blocking, the GPU synchronized between bursts, outside the
+           timing. Then the same two calls with the C call (flashcore_forward
+           through ctypes) replaced by nothing: the binding's own share.
+           For comparison it also times flashcore_forward alone through
+           Handle.forward (params built once), torch's own
            scaled_dot_product_attention and a bare torch.empty of the
-           output's size the same way.
+           output's size the same way. Needs torch and a GPU.
 
     python3 bench/python_overhead.py                 # prepare, no GPU needed
     python3 bench/python_overhead.py --mode call     # on a GPU, with torch
@@ -104,8 +108,14 @@ def measure_prepare(args, shape):
     else:
         base, span = 0x7F0000000000, 1 << 34  # 16-byte aligned, far apart; never dereferenced
         q, k, v, out = (DeviceArray(s, base + i * span) for i, s in enumerate((q_shape, kv_shape, kv_shape, q_shape)))
-    return [("flashcore prepare (%s)" % args.inputs, per_call_us(prepare_runner(q, k, v, out, args.causal),
-                                                                 args.calls, args.repeats))]
+    try:
+        timing = per_call_us(prepare_runner(q, k, v, out, args.causal), args.calls, args.repeats)
+    except flashcore.InvalidArgumentError as e:
+        if args.inputs == "torch":
+            raise
+        # A GPU's driver is asked about the addresses, which are made up.
+        sys.exit("%s\n--inputs cai runs on a machine without a GPU; with one, use --inputs torch or --mode call" % e)
+    return [("flashcore prepare (%s)" % args.inputs, timing)]
 
 
 def burst_runner(torch, one_call, burst):
@@ -137,16 +147,40 @@ def measure_call(args, shape):
     k, v = (torch.randn(kv_shape, device="cuda", dtype=torch.float16) for _ in range(2))
     sdpa = torch.nn.functional.scaled_dot_product_attention
     group = shape["heads_q"] != shape["heads_kv"]
-    cases = [("flashcore.attention", lambda: flashcore.attention(q, k, v, causal=args.causal))]
+    out = torch.empty_like(q)
+    cases = [("flashcore.attention", lambda: flashcore.attention(q, k, v, causal=args.causal)),
+             ("flashcore.attention(out=)", lambda: flashcore.attention(q, k, v, causal=args.causal, out=out))]
     if hasattr(flashcore, "sdpa"):
         cases.append(("flashcore.sdpa", lambda: flashcore.sdpa(q, k, v, is_causal=args.causal, enable_gqa=group)))
+    if hasattr(flashcore, "forward_params"):
+        # The library's own share: flashcore_forward called through ctypes on params built once.
+        params = flashcore.forward_params(q, k, v, out, causal=args.causal)
+        handle = flashcore.get_handle(q.device.index)
+        workspace_bytes = handle.workspace_size(params)
+        workspace = torch.empty(max(workspace_bytes, 1), dtype=torch.uint8, device=q.device)
+        stream = torch.cuda.current_stream().cuda_stream
+        cases.append(("flashcore_forward (C)", lambda: handle.forward(params, workspace.data_ptr(), workspace_bytes,
+                                                                      stream)))
     cases += [
         ("torch sdpa", lambda: sdpa(q, k, v, is_causal=args.causal, enable_gqa=group)),
         ("torch.empty (out's size)", lambda: torch.empty(q_shape, device="cuda", dtype=torch.float16)),
     ]
     with torch.inference_mode():
-        return [(name, per_call_us(burst_runner(torch, call, args.burst), args.calls, args.repeats))
+        rows = [(name, per_call_us(burst_runner(torch, call, args.burst), args.calls, args.repeats))
                 for name, call in cases]
+        handle_type = flashcore.Handle
+        if hasattr(handle_type, "forward_unchecked"):
+            # The binding's own share: the same calls with the C call itself (flashcore_forward through
+            # ctypes, which its cached path makes in Handle.forward_unchecked) replaced by nothing.
+            queue = handle_type.forward_unchecked
+            handle_type.forward_unchecked = lambda *unused: None
+            try:
+                for name, call in cases[:2]:
+                    rows.append((name + " w/o C call",
+                                 per_call_us(burst_runner(torch, call, args.burst), args.calls, args.repeats)))
+            finally:
+                handle_type.forward_unchecked = queue
+    return rows
 
 
 def main():

@@ -31,7 +31,7 @@ import sys as _sys
 
 from . import _ffi
 from ._attention import (attention, attention_varlen, attention_with_kvcache, check_params, forward_params,
-                         supported_head_dims)
+                         release_workspaces, supported_head_dims)
 from ._dropin import flash_attn_func, sdpa
 from ._errors import (
     CudaError,
@@ -82,6 +82,7 @@ __all__ = [
     "merge_params",
     "check_params",
     "supported_head_dims",
+    "release_workspaces",
     "Handle",
     "get_handle",
     "Library",

@@ -525,10 +525,14 @@ class _Plan:
     arrays given or allocated, the arrays read through
     __cuda_array_interface__ as (index, name) (their device is the
     driver's, asked each call), whether q, k or v requires grad, and the
-    workspace size per device once asked."""
+    workspace size per device once asked; plain_torch: whether a call
+    on torch's current stream may take _call_plain_torch (torch arrays
+    only, none requiring grad, a result that is not empty); out_like_q:
+    whether out is allocated with q's shape and contiguous strides, which
+    torch.empty_like(q) gives for a contiguous q (in less host time)."""
 
     __slots__ = ("template", "empty", "out_shape", "lse_shape", "dtype", "lse_dtype", "target", "torch_device",
-                 "device", "names", "given", "cai_arrays", "requires_grad", "workspace_bytes")
+                 "device", "names", "given", "cai_arrays", "requires_grad", "workspace_bytes", "plain_torch", "out_like_q")
 
 
 class _Target:
@@ -623,6 +627,9 @@ def _remember(key, params, infos, out_shape, lse_shape, device):
     plan.cai_arrays = tuple((i, a.name) for i, a in enumerate(infos) if a is not None and a.framework is None)
     plan.requires_grad = any(a.framework == "torch" and a.obj.requires_grad for a in infos[:3])
     plan.workspace_bytes = {}
+    plan.plain_torch = (key[0] is _PLAIN_TORCH and not plan.requires_grad and not plan.empty and device is not None)
+    plan.out_like_q = (plan.plain_torch and out_shape is not None and out_shape == tuple(q.obj.shape)
+                       and q.obj.is_contiguous())
     if len(_plans) >= MAX_PLANS:
         _plans.clear()
     _plans[key] = plan
@@ -754,26 +761,151 @@ def _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, wor
     return _Call(result, params, device, s, qi, given)
 
 
+def _lookup(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, workspace):
+    """(found, plan): _cache_key's answer (None where the cache cannot
+    serve the call) and the plan kept under its key (None if none is)."""
+    if workspace is not None:
+        return None, None
+    found = _cache_key(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k)
+    if found is None:
+        return None, None
+    try:
+        return found, _plans.get(found[0])
+    except TypeError:  # an unhashable entry (a list for a shape): the full path reads it
+        return None, None
+
+
 def prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k=None,
             cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None):
     """Everything a forward call does before it asks for a handle: a _Call.
     options: (causal, softmax_scale, num_splits, window, softcap) as the
     caller gave them; the keywords are _sequences'."""
     arrays = (q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table)
-    found = None
-    if workspace is None:
-        found = _cache_key(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k)
-    if found is not None:
-        try:
-            plan = _plans.get(found[0])
-        except TypeError:  # an unhashable entry (a list for a shape): the full path reads it
-            found = plan = None
-        if plan is not None:
-            return _prepare_cached(plan, found[1], found[2], q, k, v, out, lse, return_lse, stream, detach)
+    found, plan = _lookup(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, workspace)
+    if plan is not None:
+        return _prepare_cached(plan, found[1], found[2], q, k, v, out, lse, return_lse, stream, detach)
     sequences = dict(seqused_k=seqused_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                      cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k, block_table=block_table)
     return _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, sequences,
                             None if found is None else found[0])
+
+
+# First element of _plain_torch_key's keys, which _cache_key's never start with.
+_PLAIN_TORCH = object()
+
+
+def _plain_torch_key(q, k, v, out, seqused_k, layout, options, return_lse):
+    """The cache key of a call that _call_plain_torch can serve once the
+    full path has seen it (q, k, v and where given out and seqused_k plain
+    torch tensors, options of plain types, queued on torch's current
+    stream: the caller checks the rest), else None. _cache_key's key
+    restated for this one case, without its loop: on torch tensors each
+    attribute read is host time. Whether grad mode is on and an input
+    requires grad is one entry: a plan kept under False runs without
+    refusing, and one under True is never plain (refuse_grad decides)."""
+    tensor = _torch_tensor_type()
+    if not (type(q) is tensor and type(k) is tensor and type(v) is tensor):
+        return None
+    causal, softmax_scale, num_splits, window, softcap = options
+    if not (type(layout) is str and (softmax_scale is None or type(softmax_scale) is float)
+            and (num_splits is None or type(num_splits) is int) and type(softcap) is float
+            and (window is None or type(window) is tuple and len(window) == 2
+                 and type(window[0]) is int and type(window[1]) is int)):
+        return None
+    grad = _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    key = (_PLAIN_TORCH, layout, 1 if causal else 0, softmax_scale, num_splits, window, softcap,
+           True if return_lse else False, grad,
+           q.shape, q.stride(), q.dtype, q.get_device(),
+           k.shape, k.stride(), k.dtype, k.get_device(),
+           v.shape, v.stride(), v.dtype, v.get_device())
+    if out is not None:
+        if type(out) is not tensor:
+            return None
+        key += (3, out.shape, out.stride(), out.dtype, out.get_device())
+    if seqused_k is not None:
+        if type(seqused_k) is not tensor:
+            return None
+        key += (5, seqused_k.shape, seqused_k.stride(), seqused_k.dtype, seqused_k.get_device())
+    return key
+
+
+def _torch_tensor_type():
+    """torch.Tensor, or None while torch is not imported (then no array is
+    a torch tensor)."""
+    torch = sys.modules.get("torch")
+    return None if torch is None else torch.Tensor
+
+
+def _grad_enabled():
+    return sys.modules["torch"].is_grad_enabled()
+
+
+def _call_plain_torch(plan, q, k, v, out, seqused_k, return_lse):
+    """A call whose _plain_torch_key found a plain_torch plan: what
+    _prepare_cached and launch do, without their other cases, since every
+    step here is host time on every call (issue 18: a call's overhead
+    within 10 us)."""
+    torch = sys.modules["torch"]
+    device = plan.device
+    if out is None:
+        out = (torch.empty_like(q) if plan.out_like_q
+               else torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.torch_device))
+    lse = None
+    params = _ffi.flashcore_forward_params.from_buffer_copy(plan.template)
+    params.q = q.data_ptr()
+    params.k = k.data_ptr()
+    params.v = v.data_ptr()
+    params.out = out.data_ptr()
+    if plan.lse_shape is not None:
+        lse = torch.empty(plan.lse_shape, dtype=plan.lse_dtype, device=plan.torch_device)
+        params.lse = lse.data_ptr()
+    if seqused_k is not None:
+        params.seqused_k = seqused_k.data_ptr()
+    handle = get_handle(device)
+    workspace_bytes = plan.workspace_bytes.get(device)
+    if workspace_bytes is None:
+        workspace_bytes = plan.workspace_bytes[device] = handle.workspace_size(params)
+    stream = _torch_current_stream(device)
+    workspace = None
+    if workspace_bytes:
+        workspace = _stream_workspace(torch, plan.torch_device, device, stream, workspace_bytes)
+    handle.forward_unchecked(params, workspace_bytes and workspace.data_ptr(), workspace_bytes, stream)
+    del workspace
+    return (out, lse) if return_lse else out
+
+
+# Workspaces up to this size are kept per (device, stream) for the next call
+# on that stream (_stream_workspace); larger ones are allocated per call.
+MAX_KEPT_WORKSPACE_BYTES = 16 << 20
+_kept_workspaces = {}
+
+
+def _stream_workspace(torch, torch_device, device, stream, nbytes):
+    """A uint8 torch tensor of at least nbytes to be the workspace of a
+    call queued on `stream`, torch's current stream. Split-KV decode needs
+    one on every call, and torch.empty costs about as much host time as the
+    rest of the call: a stream's calls share one buffer instead, kept from
+    call to call, since the stream runs them one after the other
+    (flashcore.release_workspaces() frees it). While the stream is being
+    captured into a CUDA graph, whose replays may run beside later calls,
+    the workspace is a new tensor from torch's allocator, as are those past
+    MAX_KEPT_WORKSPACE_BYTES; the caller drops it after the launch (the
+    allocator orders its reuse after the call, on the same stream)."""
+    kept = _kept_workspaces.get((device, stream))
+    if kept is not None and kept.numel() >= nbytes:
+        if not torch.cuda.is_current_stream_capturing():
+            return kept
+    elif nbytes <= MAX_KEPT_WORKSPACE_BYTES and not torch.cuda.is_current_stream_capturing():
+        kept = _kept_workspaces[(device, stream)] = torch.empty((nbytes,), dtype=torch.uint8, device=torch_device)
+        return kept
+    return torch.empty((nbytes,), dtype=torch.uint8, device=torch_device)
+
+
+def release_workspaces() -> None:
+    """Frees the workspaces flashcore.attention keeps for its calls on each
+    CUDA stream (back to torch's allocator, which orders their reuse after
+    the calls queued on them)."""
+    _kept_workspaces.clear()
 
 
 def launch(call):
@@ -822,8 +954,29 @@ def _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, 
                               stream=stream, workspace=workspace, detach=detach, seqused_k=seqused_k,
                               cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
                               max_seqlen_k=max_seqlen_k, block_table=block_table)
-    return launch(prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k,
-                          cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table))
+    key = None
+    if (stream is None and workspace is None and lse is None and cu_seqlens_q is None and cu_seqlens_k is None
+            and block_table is None):
+        key = _plain_torch_key(q, k, v, out, seqused_k, layout, options, return_lse)
+    if key is not None:
+        try:
+            plan = _plans.get(key)
+        except TypeError:  # an unhashable entry: the full path reads it
+            plan = key = None
+        if plan is not None:
+            if plan.plain_torch:
+                return _call_plain_torch(plan, q, k, v, out, seqused_k, return_lse)
+            key = None  # a call the general cache (_lookup's) serves
+    arrays = (q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table)
+    found, plan = _lookup(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, workspace)
+    if plan is not None:
+        return launch(_prepare_cached(plan, found[1], found[2], q, k, v, out, lse, return_lse, stream, detach))
+    if key is None and found is not None:
+        key = found[0]
+    sequences = dict(seqused_k=seqused_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                     cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k, block_table=block_table)
+    return launch(_prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach,
+                                   sequences, key))
 
 
 def _pytorch_names(q, k, layout, causal, softmax_scale, is_causal, scale):

@@ -245,6 +245,18 @@ class Handle:
         self._lib.check(self._lib.cdll.flashcore_forward(self._live(), ctypes.byref(params), workspace,
                                                          workspace_bytes, stream))
 
+    def forward_unchecked(self, params, workspace, workspace_bytes, stream):
+        """forward() for arguments known to fit their C types: workspace
+        and stream ints (0 for none), workspace_bytes an int >= 0. The
+        cached calls' path, where each conversion is host time."""
+        raw = self._raw
+        if raw is None:
+            raise FlashcoreError("the handle is closed")
+        status = self._lib.cdll.flashcore_forward(raw, ctypes.byref(params), workspace or None, workspace_bytes,
+                                                  stream or None)
+        if status:
+            self._lib.check(status)
+
     def merge_states(self, params, stream=0):
         """Queues flashcore_merge_states (a flashcore.MergeParams, e.g. from
         flashcore.merge_params). stream is a raw cudaStream_t (an int); the

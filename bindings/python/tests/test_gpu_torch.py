@@ -1548,3 +1548,115 @@ def test_inputs_that_require_grad_are_refused_on_the_gpu(torch, monkeypatch):
     assert not out.requires_grad and out.grad_fn is None
     with torch.no_grad():
         assert torch.equal(out, flashcore.attention(q, k, v))
+
+
+# --------------------------------------------------------------------------
+# The quickest cached path (plain torch tensors on the current stream, issue
+# 18): each call's own tensors and values, the kept split-KV workspaces, and
+# what it must still refuse.
+# --------------------------------------------------------------------------
+
+def split_decode_inputs(torch, seed):
+    """A decode step whose call splits its keys (so it needs a workspace)."""
+    q, k, v = qkv(torch, 1, 32, 8, 1, 4096, 64, "float16", seed)
+    params = flashcore.forward_params(q, k, v, torch.empty_like(q))
+    assert flashcore.get_handle(q.device.index).workspace_size(params) > 0, "the call does not split"
+    return q, k, v
+
+
+def test_quick_path_decode_shares_a_workspace_per_stream(torch):
+    need_head_dim(64)
+    from flashcore import _attention
+    flashcore.release_workspaces()
+    q, k, v = split_decode_inputs(torch, 950)
+    for _ in range(3):  # the full path, the general cache, then the quick path
+        check(torch, flashcore.attention(q, k, v), None, q, k, v, False)
+    assert len(_attention._kept_workspaces) == 1
+    # Two streams at once, several calls each on data of its own: one
+    # workspace per stream, written by one call at a time.
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    inputs = [split_decode_inputs(torch, 960 + 3 * i) for i in range(len(streams))]
+    torch.cuda.synchronize()
+    results = []
+    for stream, (q2, k2, v2) in zip(streams, inputs):
+        with torch.cuda.stream(stream):
+            delay(torch)
+            results.append([flashcore.attention(q2, k2, v2) for _ in range(4)])
+    torch.cuda.synchronize()
+    for (q2, k2, v2), outs in zip(inputs, results):
+        for out in outs:
+            check(torch, out, None, q2, k2, v2, False)
+    assert len(_attention._kept_workspaces) == 1 + len(streams)
+    flashcore.release_workspaces()
+    assert not _attention._kept_workspaces
+
+
+def test_quick_path_under_cuda_graph_capture(torch):
+    # The captured call's workspace is the graph's own (torch's allocator),
+    # not the one kept for eager calls, which may run between replays.
+    need_head_dim(64)
+    from flashcore import _attention
+    q, k, v = split_decode_inputs(torch, 970)
+    out = torch.empty_like(q)
+    for _ in range(3):
+        flashcore.attention(q, k, v, out=out)
+    torch.cuda.synchronize()
+    kept = dict(_attention._kept_workspaces)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        flashcore.attention(q, k, v, out=out)
+    assert _attention._kept_workspaces == kept, "the capture kept a workspace"
+    other_q, other_k, other_v = split_decode_inputs(torch, 973)
+    for _ in range(5):
+        out.fill_(NAN)
+        graph.replay()
+        eager = flashcore.attention(other_q, other_k, other_v)  # the kept workspace, between replays
+        torch.cuda.synchronize()
+        check(torch, out, None, q, k, v, False)
+        check(torch, eager, None, other_q, other_k, other_v, False)
+
+
+@pytest.mark.parametrize("return_lse", [False, True])
+@pytest.mark.parametrize("given_out", [False, True])
+def test_quick_path_takes_each_call_s_tensors(torch, given_out, return_lse):
+    need_head_dim(128)
+    b, hq, hkv, s, d = 2, 8, 2, 300, 128
+    for seed in range(980, 986, 2):
+        q, k, v = qkv(torch, b, hq, hkv, s, s, d, "bfloat16", seed)
+        out = torch.full_like(q, NAN) if given_out else None
+        result = flashcore.attention(q, k, v, causal=True, out=out, return_lse=return_lse)
+        got, lse = result if return_lse else (result, None)
+        assert out is None or got is out
+        check(torch, got, lse, q, k, v, True)
+
+
+def test_quick_path_kvcache_decode_steps(torch):
+    # A decode loop: the same cache tensors, counts that change in place.
+    need_head_dim(128)
+    b, hq, hkv, rows = 3, 8, 2, 1024
+    k_cache = randn(torch, (b, rows, hkv, 128), "float16", seed=990)
+    v_cache = randn(torch, (b, rows, hkv, 128), "float16", seed=991)
+    cache_seqlens = torch.tensor([1, 500, 1000], dtype=torch.int32, device="cuda")
+    for step in range(4):
+        q = randn(torch, (b, 1, hq, 128), "float16", seed=992 + step)
+        out, lse = flashcore.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, return_lse=True)
+        lengths = cache_seqlens.tolist()
+        check_per_sequence(torch, out.transpose(1, 2), lse, q.transpose(1, 2), k_cache.transpose(1, 2),
+                           v_cache.transpose(1, 2), lengths, False)
+        cache_seqlens += 7
+
+
+def test_quick_path_still_refuses_grad(torch, monkeypatch):
+    need_head_dim(64)
+    monkeypatch.delenv("FLASHCORE_DETACH", raising=False)
+    q, k, v = qkv(torch, 1, 4, 4, 50, 50, 64, "float16", 995)
+    for _ in range(3):
+        flashcore.attention(q, k, v)
+    k.requires_grad_(True)
+    with pytest.raises(flashcore.NoBackwardError, match="k requires grad"):
+        flashcore.attention(q, k, v)
+    with torch.no_grad():
+        for _ in range(3):
+            check(torch, flashcore.attention(q, k, v), None, q, k, v, False)
+    with pytest.raises(flashcore.NoBackwardError, match="k requires grad"):
+        flashcore.attention(q, k, v)
