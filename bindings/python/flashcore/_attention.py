@@ -803,7 +803,10 @@ def _plain_torch_key(q, k, v, out, seqused_k, layout, options, return_lse):
     attribute read is host time. Whether grad mode is on and an input
     requires grad is one entry: a plan kept under False runs without
     refusing, and one under True is never plain (refuse_grad decides)."""
-    tensor = _torch_tensor_type()
+    api = _torch_api or _load_torch_api()
+    if api is None:
+        return None
+    tensor = api.tensor
     if not (type(q) is tensor and type(k) is tensor and type(v) is tensor):
         return None
     causal, softmax_scale, num_splits, window, softcap = options
@@ -812,7 +815,7 @@ def _plain_torch_key(q, k, v, out, seqused_k, layout, options, return_lse):
             and (window is None or type(window) is tuple and len(window) == 2
                  and type(window[0]) is int and type(window[1]) is int)):
         return None
-    grad = _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    grad = api.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     key = (_PLAIN_TORCH, layout, 1 if causal else 0, softmax_scale, num_splits, window, softcap,
            True if return_lse else False, grad,
            q.shape, q.stride(), q.dtype, q.get_device(),
@@ -829,15 +832,33 @@ def _plain_torch_key(q, k, v, out, seqused_k, layout, options, return_lse):
     return key
 
 
-def _torch_tensor_type():
-    """torch.Tensor, or None while torch is not imported (then no array is
-    a torch tensor)."""
+class _TorchApi:
+    """The torch functions the quick path calls, looked up once (each
+    lookup is host time on every call)."""
+
+    __slots__ = ("tensor", "is_grad_enabled", "empty", "empty_like", "uint8", "current_stream", "capturing")
+
+    def __init__(self, torch):
+        self.tensor = torch.Tensor
+        self.is_grad_enabled = torch.is_grad_enabled
+        self.empty, self.empty_like, self.uint8 = torch.empty, torch.empty_like, torch.uint8
+        self.current_stream = (getattr(torch._C, "_cuda_getCurrentRawStream", None)
+                               or (lambda device: torch.cuda.current_stream(device).cuda_stream))
+        self.capturing = (getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+                          or torch.cuda.is_current_stream_capturing)
+
+
+_torch_api = None
+
+
+def _load_torch_api():
+    """_TorchApi once torch is imported, else None (then no array is a
+    torch tensor)."""
+    global _torch_api
     torch = sys.modules.get("torch")
-    return None if torch is None else torch.Tensor
-
-
-def _grad_enabled():
-    return sys.modules["torch"].is_grad_enabled()
+    if torch is not None and getattr(torch, "Tensor", None) is not None:
+        _torch_api = _TorchApi(torch)
+    return _torch_api
 
 
 def _call_plain_torch(plan, q, k, v, out, seqused_k, return_lse):
@@ -845,11 +866,11 @@ def _call_plain_torch(plan, q, k, v, out, seqused_k, return_lse):
     _prepare_cached and launch do, without their other cases, since every
     step here is host time on every call (issue 18: a call's overhead
     within 10 us)."""
-    torch = sys.modules["torch"]
+    api = _torch_api
     device = plan.device
     if out is None:
-        out = (torch.empty_like(q) if plan.out_like_q
-               else torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.torch_device))
+        out = api.empty_like(q) if plan.out_like_q else api.empty(plan.out_shape, dtype=plan.dtype,
+                                                                  device=plan.torch_device)
     lse = None
     params = _ffi.flashcore_forward_params.from_buffer_copy(plan.template)
     params.q = q.data_ptr()
@@ -857,7 +878,7 @@ def _call_plain_torch(plan, q, k, v, out, seqused_k, return_lse):
     params.v = v.data_ptr()
     params.out = out.data_ptr()
     if plan.lse_shape is not None:
-        lse = torch.empty(plan.lse_shape, dtype=plan.lse_dtype, device=plan.torch_device)
+        lse = api.empty(plan.lse_shape, dtype=plan.lse_dtype, device=plan.torch_device)
         params.lse = lse.data_ptr()
     if seqused_k is not None:
         params.seqused_k = seqused_k.data_ptr()
@@ -865,40 +886,43 @@ def _call_plain_torch(plan, q, k, v, out, seqused_k, return_lse):
     workspace_bytes = plan.workspace_bytes.get(device)
     if workspace_bytes is None:
         workspace_bytes = plan.workspace_bytes[device] = handle.workspace_size(params)
-    stream = _torch_current_stream(device)
-    workspace = None
-    if workspace_bytes:
-        workspace = _stream_workspace(torch, plan.torch_device, device, stream, workspace_bytes)
-    handle.forward_unchecked(params, workspace_bytes and workspace.data_ptr(), workspace_bytes, stream)
-    del workspace
+    stream = api.current_stream(device)
+    if not workspace_bytes:
+        handle.forward_unchecked(params, 0, 0, stream)
+        return (out, lse) if return_lse else out
+    kept = _kept_workspaces.get((device, stream))
+    if kept is not None and kept[1] >= workspace_bytes and not api.capturing():
+        handle.forward_unchecked(params, kept[2], workspace_bytes, stream)
+    else:
+        workspace = _new_workspace(api, plan.torch_device, device, stream, workspace_bytes)
+        handle.forward_unchecked(params, workspace.data_ptr(), workspace_bytes, stream)
+        del workspace
     return (out, lse) if return_lse else out
 
 
 # Workspaces up to this size are kept per (device, stream) for the next call
-# on that stream (_stream_workspace); larger ones are allocated per call.
+# on that stream (_new_workspace); larger ones are allocated per call.
 MAX_KEPT_WORKSPACE_BYTES = 16 << 20
+# (device, stream) -> (uint8 tensor, its bytes, its address)
 _kept_workspaces = {}
 
 
-def _stream_workspace(torch, torch_device, device, stream, nbytes):
-    """A uint8 torch tensor of at least nbytes to be the workspace of a
-    call queued on `stream`, torch's current stream. Split-KV decode needs
-    one on every call, and torch.empty costs about as much host time as the
-    rest of the call: a stream's calls share one buffer instead, kept from
-    call to call, since the stream runs them one after the other
-    (flashcore.release_workspaces() frees it). While the stream is being
-    captured into a CUDA graph, whose replays may run beside later calls,
-    the workspace is a new tensor from torch's allocator, as are those past
-    MAX_KEPT_WORKSPACE_BYTES; the caller drops it after the launch (the
+def _new_workspace(api, torch_device, device, stream, nbytes):
+    """A uint8 torch tensor of nbytes for a call queued on `stream`, torch's
+    current stream, whose kept workspace (if any) is too small or may not
+    be used. Split-KV decode needs one on every call, and torch.empty costs
+    about as much host time as the rest of the call: a stream's calls share
+    one buffer instead, kept from call to call (this one, where nbytes is
+    at most MAX_KEPT_WORKSPACE_BYTES), since the stream runs them one after
+    the other; flashcore.release_workspaces() frees them. While the stream
+    is being captured into a CUDA graph, whose replays may run beside later
+    calls, the workspace is a new tensor from torch's allocator, as are
+    those past the limit; the caller drops it after the launch (the
     allocator orders its reuse after the call, on the same stream)."""
-    kept = _kept_workspaces.get((device, stream))
-    if kept is not None and kept.numel() >= nbytes:
-        if not torch.cuda.is_current_stream_capturing():
-            return kept
-    elif nbytes <= MAX_KEPT_WORKSPACE_BYTES and not torch.cuda.is_current_stream_capturing():
-        kept = _kept_workspaces[(device, stream)] = torch.empty((nbytes,), dtype=torch.uint8, device=torch_device)
-        return kept
-    return torch.empty((nbytes,), dtype=torch.uint8, device=torch_device)
+    workspace = api.empty((nbytes,), dtype=api.uint8, device=torch_device)
+    if nbytes <= MAX_KEPT_WORKSPACE_BYTES and not api.capturing():
+        _kept_workspaces[(device, stream)] = (workspace, nbytes, workspace.data_ptr())
+    return workspace
 
 
 def release_workspaces() -> None:
