@@ -14,7 +14,7 @@ import threading
 import pytest
 
 import flashcore
-from fc_testing import covering_pair, gpu_head_dims, head_dim_id
+from fc_testing import covering_pair, gpu_head_dims, head_dim_id, need_head_dim
 
 pytestmark = pytest.mark.gpu
 
@@ -423,13 +423,6 @@ DECODE_SHAPES = [  # batch, heads_q, heads_kv, seqlen_q, seqlen_k
     (1, 32, 8, 16, 999),
 ]
 NEG_INF = float("-inf")
-
-
-def need_head_dim(d):
-    """Skips unless this build runs head_dim d (the GPU tests above assume the
-    default build; these also run on a build for fewer head dims)."""
-    if covering_pair(flashcore.supported_head_dims(), d, d) is None:
-        pytest.skip("this build has no kernel covering head_dim %d: %s" % (d, flashcore.supported_head_dims()))
 
 
 def merge_reference(torch, partial_out, partial_lse):

@@ -14,7 +14,7 @@ import pytest
 import flashcore
 from flashcore import Status, _arrays, _attention, _errors, _ffi, _library
 from fc_testing import (FakeCudaArray, FakeDLPackArray, RecordingHandle, covering_pair, fake_paged, fake_ptr, fake_qkv,
-                        fake_varlen)
+                        fake_varlen, need_head_dim)
 
 # --------------------------------------------------------------------------
 # Import and version (no library needed)
@@ -338,6 +338,7 @@ def test_valid_parameters_pass_the_library_check(lib):
 
 
 def test_bshd_storage_read_through_strides(lib):
+    need_head_dim(128)
     # [B, S, H, D] storage seen as [B, H, S, D] (a transposed view), and the same
     # storage given as layout="bshd": both describe the same memory.
     b, s, h, d = 2, 50, 4, 128
@@ -352,6 +353,7 @@ def test_bshd_storage_read_through_strides(lib):
 
 
 def test_bf16_and_lse(lib):
+    need_head_dim(128)
     q, k, v, out = fake_qkv(d=128)
     p = flashcore.forward_params(q, k, v, out, lse=FakeCudaArray((2, 8, 100), typestr="<f4", index=4))
     assert p.lse == fake_ptr(4)
@@ -857,6 +859,7 @@ def test_softcap_reaches_the_params(lib, softcap):
 
 
 def test_window_and_softcap_with_the_other_options(lib):
+    need_head_dim(128)
     # GQA, bshd, lse and num_splits alongside: each field where it belongs.
     b, s, hq, hkv, d = 2, 50, 8, 2, 128
     q, out = FakeCudaArray((b, s, hq, d), index=0), FakeCudaArray((b, s, hq, d), index=3)
@@ -1216,6 +1219,7 @@ def test_attention_varlen_queues_packed_params(queued):
 
 
 def test_attention_varlen_strided_rows(queued):
+    need_head_dim(128)
     # Packed rows padded to 72 elements, v with its own head_dim_v.
     q = FakeCudaArray((100, 8, 64), strides=(8 * 72 * 2, 72 * 2, 2), index=0)
     _, k, v, out, cu_q, cu_k = fake_varlen(total_q=100, d=192, dv=128)
@@ -1386,6 +1390,7 @@ def test_forward_params_max_seqlen_needs_its_cu_seqlens(lib):
 
 @pytest.mark.parametrize("with_lengths", [True, False])
 def test_paged_kvcache_queues_paged_params(queued, with_lengths):
+    need_head_dim(128)
     q, k, v, out, _ = fake_paged(b=3, sq=4, num_pages=40, page_size=16, hkv=2, d=128)
     # A [:, :10] view of a [3, 12] table: the row stride is 12.
     table = FakeCudaArray((3, 10), typestr="<i4", strides=(12 * 4, 4), index=7)
@@ -1406,6 +1411,7 @@ def test_paged_kvcache_queues_paged_params(queued, with_lengths):
 
 
 def test_paged_kvcache_one_sequence_table_stride(queued):
+    need_head_dim(128)
     # A one-row table's stride is never stepped along: whatever the
     # framework says, the call passes the row's length.
     q, k, v, out, _ = fake_paged(b=1, page_size=256, num_pages=3)
@@ -1417,6 +1423,7 @@ def test_paged_kvcache_one_sequence_table_stride(queued):
 
 
 def test_paged_kvcache_with_packed_queries(queued):
+    need_head_dim(128)
     # Chunked prefill on a paged cache: cu_seqlens_q with a block_table.
     _, k, v, _, table = fake_paged(b=3, num_pages=40, page_size=16, max_pages=10)
     q, out = FakeCudaArray((20, 8, 128), index=0), FakeCudaArray((20, 8, 128), index=3)
@@ -1477,6 +1484,7 @@ def test_paged_kvcache_binding_side_validation(lib, case, cls, match):
 
 @pytest.mark.parametrize("page_size", [8, 24])
 def test_paged_kvcache_page_size_is_the_library_s_check(lib, page_size):
+    need_head_dim(128)
     q, k, v, out, table = fake_paged(page_size=page_size)
     err = _raises_from_library(lib, flashcore.UnsupportedError,
                                lambda: flashcore.attention_with_kvcache(q, k, v, block_table=table, out=out))
@@ -1484,6 +1492,7 @@ def test_paged_kvcache_page_size_is_the_library_s_check(lib, page_size):
 
 
 def test_paged_kvcache_checks_of_the_library(lib):
+    need_head_dim(128)
     q, k, v, out, _ = fake_paged()
     misaligned = FakeCudaArray((3, 10), typestr="<i4", ptr=fake_ptr(7, 2))
     err = _raises_from_library(lib, flashcore.MisalignedError,
@@ -1504,6 +1513,7 @@ def test_paged_and_packed_keys_cannot_be_combined(lib):
 
 
 def test_paged_kvcache_without_gpu_reports_no_device(lib, gpu_present):
+    need_head_dim(128)
     if gpu_present:
         pytest.skip("a GPU is present: the fake pointers of this test must not reach it")
     q, k, v, out, table = fake_paged()
@@ -1621,6 +1631,7 @@ def test_cached_call_still_asks_the_driver(lib, monkeypatch):
 
 
 def test_varlen_and_paged_calls_are_cached(queued):
+    need_head_dim(128)
     q, k, v, out, cu_q, cu_k = fake_varlen(b=2, total_q=50, total_k=60)
     for _ in range(2):
         flashcore.attention_varlen(q, k, v, cu_q, cu_k, 30, 40, out=out, causal=True)
