@@ -298,8 +298,9 @@ def _max_seqlen(value, cu_seqlens, side):
 
 
 def _sequences(stream, seqused_k=None, cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None,
-               block_table=None):
-    """_Sequences from the Python arguments, arrays described on `stream`."""
+               block_table=None, seqused_k_name="seqused_k"):
+    """_Sequences from the Python arguments, arrays described on `stream`
+    (seqused_k under the name the caller knows it by)."""
     if cu_seqlens_k is not None and block_table is not None:
         raise InvalidArgumentError("cu_seqlens_k and block_table cannot be combined: a paged cache's key counts come "
                                    "from seqused_k (cu_seqlens_q with a block_table is supported)")
@@ -308,7 +309,7 @@ def _sequences(stream, seqused_k=None, cu_seqlens_q=None, max_seqlen_q=None, cu_
     def info(x, name):
         return None if x is None else describe(x, name, stream)
 
-    return _Sequences(info(seqused_k, "seqused_k"), info(cu_seqlens_q, "cu_seqlens_q"),
+    return _Sequences(info(seqused_k, seqused_k_name), info(cu_seqlens_q, "cu_seqlens_q"),
                       info(cu_seqlens_k, "cu_seqlens_k"), info(block_table, "block_table"), max_q, max_k)
 
 
@@ -968,7 +969,8 @@ def launch(call):
 
 
 def _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k=None,
-             cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None):
+             cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None,
+             seqused_k_name="seqused_k"):
     """What attention, attention_varlen and attention_with_kvcache share:
     under torch.compile (or torch.export) the torch operator
     flashcore::forward, else prepare() and launch(), with prepare()'s
@@ -998,7 +1000,8 @@ def _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, 
     if key is None and found is not None:
         key = found[0]
     sequences = dict(seqused_k=seqused_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-                     cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k, block_table=block_table)
+                     cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k, block_table=block_table,
+                     seqused_k_name=seqused_k_name)
     return launch(_prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach,
                                    sequences, key))
 
@@ -1236,4 +1239,4 @@ def attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, cache_seqle
         seqused_k = _cache_seqlens_array(cache_seqlens, q, cu_seqlens_q, stream)
     return _forward(q, k_cache, v_cache, "bshd", (causal, softmax_scale, num_splits, window, softcap), out, lse,
                     return_lse, stream, workspace, detach, seqused_k, cu_seqlens_q, max_seqlen_q,
-                    block_table=block_table)
+                    block_table=block_table, seqused_k_name="cache_seqlens")

@@ -1448,7 +1448,7 @@ def test_paged_kvcache_with_packed_queries(queued):
      r"block_table's rows must be contiguous \(stride 1 along max_pages\), got stride 2"),
     ("k 3-D", flashcore.InvalidArgumentError, r"k must be 4-D, \[num_pages, page_size, H, D\] \(a page pool\)"),
     ("v pages", flashcore.InvalidArgumentError, "k and v must have the same shape"),
-    ("cache_seqlens", flashcore.InvalidArgumentError, r"seqused_k must be int32 of shape \[B\] = \[3\]"),
+    ("cache_seqlens", flashcore.InvalidArgumentError, r"cache_seqlens must be int32 of shape \[B\] = \[3\]"),
     ("table list", TypeError, "block_table must be a CUDA array"),
     ("table host DLPack", flashcore.InvalidArgumentError, r"block_table is on the CPU \(DLPack device type 1\); flashcore needs CUDA"),
 ])
