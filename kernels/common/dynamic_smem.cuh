@@ -32,9 +32,6 @@ class DynamicSmemOptIn {
     void remember(int device) {
         if (known(device)) devices_.fetch_or(uint64_t(1) << device, std::memory_order_relaxed);
     }
-    void forget(int device) {
-        if (known(device)) devices_.fetch_and(~(uint64_t(1) << device), std::memory_order_relaxed);
-    }
 
    private:
     static bool known(int device) { return device >= 0 && device < kRememberedDevices; }
@@ -48,12 +45,15 @@ class DynamicSmemOptIn {
 template <typename... KernelArgs, typename... Args>
 cudaError_t launch_opted_in(DynamicSmemOptIn &opt_in, void (*kernel)(KernelArgs...), const cudaLaunchConfig_t &config,
                             const FwdLaunchOptions &options, Args &&...args) {
+    const auto opt_in_now = [&] {
+        return launch_step(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(config.dynamicSmemBytes)),
+            options, "cudaFuncSetAttribute (the kernel's dynamic shared memory)");
+    };
     const bool needs_opt_in = config.dynamicSmemBytes > kDefaultDynamicSmemLimit;
     const bool remembered = needs_opt_in && opt_in.remembered(options.device);
     if (needs_opt_in && !remembered) {
-        const cudaError_t err = launch_step(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(config.dynamicSmemBytes)),
-            options, "cudaFuncSetAttribute (the kernel's dynamic shared memory)");
+        const cudaError_t err = opt_in_now();
         if (err != cudaSuccess) return err;
         opt_in.remember(options.device);
     }
@@ -61,9 +61,7 @@ cudaError_t launch_opted_in(DynamicSmemOptIn &opt_in, void (*kernel)(KernelArgs.
     if (err != cudaSuccess && remembered) {
         // Launch errors of this kind are not sticky: nothing was queued.
         cudaGetLastError();
-        const cudaError_t set = launch_step(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(config.dynamicSmemBytes)),
-            options, "cudaFuncSetAttribute (the kernel's dynamic shared memory)");
+        const cudaError_t set = opt_in_now();
         if (set != cudaSuccess) return set;
         err = cudaLaunchKernelEx(&config, kernel, args...);
     }
