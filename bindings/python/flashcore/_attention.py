@@ -639,14 +639,7 @@ def _remember(key, params, infos, out_shape, lse_shape, device):
 def _torch_current_stream(device):
     """torch's current stream on a device, as a cudaStream_t int (without
     making a torch.cuda.Stream object where torch has the faster call)."""
-    if not _raw_stream:
-        torch = sys.modules["torch"]
-        _raw_stream.append(getattr(torch._C, "_cuda_getCurrentRawStream", None)
-                           or (lambda device: torch.cuda.current_stream(device).cuda_stream))
-    return _raw_stream[0](device)
-
-
-_raw_stream = []
+    return (_torch_api or _load_torch_api()).current_stream(device)
 
 
 def _prepare_cached(plan, addresses, q_stream, q, k, v, out, lse, return_lse, stream, detach):
@@ -762,33 +755,31 @@ def _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, wor
     return _Call(result, params, device, s, qi, given)
 
 
-def _lookup(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, workspace):
-    """(found, plan): _cache_key's answer (None where the cache cannot
-    serve the call) and the plan kept under its key (None if none is)."""
-    if workspace is not None:
-        return None, None
-    found = _cache_key(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k)
-    if found is None:
-        return None, None
-    try:
-        return found, _plans.get(found[0])
-    except TypeError:  # an unhashable entry (a list for a shape): the full path reads it
-        return None, None
-
-
 def prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k=None,
-            cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None):
+            cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None,
+            seqused_k_name="seqused_k", plain_key=None):
     """Everything a forward call does before it asks for a handle: a _Call.
     options: (causal, softmax_scale, num_splits, window, softcap) as the
-    caller gave them; the keywords are _sequences'."""
+    caller gave them; the keywords up to seqused_k_name are _sequences'.
+    plain_key: the call's _plain_torch_key, which a call taking the full
+    path keeps its plan under (else under _cache_key's)."""
     arrays = (q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table)
-    found, plan = _lookup(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, workspace)
-    if plan is not None:
-        return _prepare_cached(plan, found[1], found[2], q, k, v, out, lse, return_lse, stream, detach)
+    found = None
+    if workspace is None:
+        found = _cache_key(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k)
+    if found is not None:
+        try:
+            plan = _plans.get(found[0])
+        except TypeError:  # an unhashable entry (a list for a shape): the full path reads it
+            found = plan = None
+        if plan is not None:
+            return _prepare_cached(plan, found[1], found[2], q, k, v, out, lse, return_lse, stream, detach)
     sequences = dict(seqused_k=seqused_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-                     cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k, block_table=block_table)
+                     cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k, block_table=block_table,
+                     seqused_k_name=seqused_k_name)
+    key = plain_key if plain_key is not None else None if found is None else found[0]
     return _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, sequences,
-                            None if found is None else found[0])
+                            key)
 
 
 # First element of _plain_torch_key's keys, which _cache_key's never start with.
@@ -884,9 +875,7 @@ def _call_plain_torch(plan, q, k, v, out, seqused_k, return_lse):
     if seqused_k is not None:
         params.seqused_k = seqused_k.data_ptr()
     handle = get_handle(device)
-    workspace_bytes = plan.workspace_bytes.get(device)
-    if workspace_bytes is None:
-        workspace_bytes = plan.workspace_bytes[device] = handle.workspace_size(params)
+    workspace_bytes = _workspace_bytes(handle, params, plan, device)
     stream = api.current_stream(device)
     if not workspace_bytes:
         handle.forward_unchecked(params, 0, 0, stream)
@@ -933,6 +922,17 @@ def release_workspaces() -> None:
     _kept_workspaces.clear()
 
 
+def _workspace_bytes(handle, params, plan, device):
+    """Bytes of workspace params need on handle's device: asked of the
+    library once per plan and device (None: no plan, or no known device)."""
+    if plan is None or device is None:
+        return handle.workspace_size(params)
+    needed = plan.workspace_bytes.get(device)
+    if needed is None:
+        needed = plan.workspace_bytes[device] = handle.workspace_size(params)
+    return needed
+
+
 def launch(call):
     """Queues a prepared call (prepare()) and returns its result."""
     if call.params is None:
@@ -951,11 +951,7 @@ def launch(call):
     if call.workspace is not None:
         ws_ptr, ws_bytes = call.workspace
     else:
-        needed = None if plan is None or call.device is None else plan.workspace_bytes.get(call.device)
-        if needed is None:
-            needed = handle.workspace_size(call.params)
-            if plan is not None and call.device is not None:
-                plan.workspace_bytes[call.device] = needed
+        needed = _workspace_bytes(handle, call.params, plan, call.device)
         ws_ptr, ws_bytes = 0, needed
         if needed and plan is not None and plan.target.framework == "torch":
             ws_keep = _new(plan, (needed,), sys.modules["torch"].uint8, call.stream, call.on_current_stream)
@@ -985,25 +981,13 @@ def _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, 
             and block_table is None):
         key = _plain_torch_key(q, k, v, out, seqused_k, layout, options, return_lse)
     if key is not None:
-        try:
-            plan = _plans.get(key)
-        except TypeError:  # an unhashable entry: the full path reads it
-            plan = key = None
+        plan = _plans.get(key)
         if plan is not None:
             if plan.plain_torch:
                 return _call_plain_torch(plan, q, k, v, out, seqused_k, return_lse)
-            key = None  # a call the general cache (_lookup's) serves
-    arrays = (q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table)
-    found, plan = _lookup(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, workspace)
-    if plan is not None:
-        return launch(_prepare_cached(plan, found[1], found[2], q, k, v, out, lse, return_lse, stream, detach))
-    if key is None and found is not None:
-        key = found[0]
-    sequences = dict(seqused_k=seqused_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-                     cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k, block_table=block_table,
-                     seqused_k_name=seqused_k_name)
-    return launch(_prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach,
-                                   sequences, key))
+            key = None  # a call the general cache (_cache_key's) serves
+    return launch(prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k,
+                          cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table, seqused_k_name, key))
 
 
 def _pytorch_names(q, k, layout, causal, softmax_scale, is_causal, scale):

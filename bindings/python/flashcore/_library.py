@@ -239,21 +239,16 @@ class Handle:
 
     def forward(self, params, workspace=0, workspace_bytes=0, stream=0):
         """Queues flashcore_forward. workspace and stream are raw addresses (ints)."""
-        workspace = fits(workspace or None, ctypes.c_void_p, "workspace")
-        workspace_bytes = fits(workspace_bytes, ctypes.c_size_t, "workspace_bytes")
-        stream = fits(stream or None, ctypes.c_void_p, "stream")
-        self._lib.check(self._lib.cdll.flashcore_forward(self._live(), ctypes.byref(params), workspace,
-                                                         workspace_bytes, stream))
+        self.forward_unchecked(params, fits(workspace or None, ctypes.c_void_p, "workspace"),
+                               fits(workspace_bytes, ctypes.c_size_t, "workspace_bytes"),
+                               fits(stream or None, ctypes.c_void_p, "stream"))
 
     def forward_unchecked(self, params, workspace, workspace_bytes, stream):
         """forward() for arguments known to fit their C types: workspace
-        and stream ints (0 for none), workspace_bytes an int >= 0. The
-        cached calls' path, where each conversion is host time."""
-        raw = self._raw
-        if raw is None:
-            raise FlashcoreError("the handle is closed")
-        status = self._lib.cdll.flashcore_forward(raw, ctypes.byref(params), workspace or None, workspace_bytes,
-                                                  stream or None)
+        and stream ints (0 or None for none), workspace_bytes an int >= 0.
+        The cached calls' path, where each conversion is host time."""
+        status = self._lib.cdll.flashcore_forward(self._live(), ctypes.byref(params), workspace or None,
+                                                  workspace_bytes, stream or None)
         if status:
             self._lib.check(status)
 
