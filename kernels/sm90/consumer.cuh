@@ -1,7 +1,7 @@
 // A consumer warpgroup: walks the CTA's schedule in step with the producer,
 // computing its 64 rows of each query block, with its state explicit:
 //   loop      the Mainloop's registers (O accumulators, softmax state, S,
-//             two sets of P fragments);
+//             one or two sets of P fragments);
 //   pending   the block whose last O += P*V is still to be issued;
 //   kv_count, q_count  the pipeline positions (K/V tiles and query blocks
 //             consumed so far), whose stage and phase the barriers use.
@@ -83,8 +83,11 @@ struct Consumer {
         }
         const KvPosition kv_base = kv_count;
         const int q_buffer = Pipeline<Traits>::q_buffer_of(q_count);
-        const uint32_t q_rows = smem_address(loop.pipe.q_tile(q_buffer)) +
-                                consumer * Traits::kRowsPerConsumer * Traits::kPanelRowBytes;
+        // Opaque, so that with one Q buffer the compiler does not keep a
+        // descriptor per k-step of Q live over the whole kernel (16
+        // registers at head dim 256, where that made ptxas spill).
+        const uint32_t q_rows = opaque(smem_address(loop.pipe.q_tile(q_buffer)) +
+                                       consumer * Traits::kRowsPerConsumer * Traits::kPanelRowBytes);
 
         // The pending block's last P*V product, then S_0 of this one: the
         // pending block is normalised and stored while S_0 runs. Without a
@@ -119,8 +122,8 @@ struct Consumer {
         ++q_count;
     }
 
-    // The pending block's last O += P*V (its probabilities are in p_frag[1]).
-    __device__ __forceinline__ void issue_pending_output() { loop.issue_output(loop.p_frag[1], pending_last_kv); }
+    // The pending block's last O += P*V.
+    __device__ __forceinline__ void issue_pending_output() { loop.issue_output(loop.last_p(), pending_last_kv); }
 
     // After its last P*V product completed: normalise and store the pending
     // block.

@@ -9,9 +9,13 @@
 // The GEMMs of neighbouring tiles overlap the softmax: while the tensor cores
 // compute S_j and then O += P_{j-1} V_{j-1}, the warpgroup waits only for S_j
 // and exponentiates it; it waits for the P*V product only to rescale O and to
-// reuse P's registers. P of consecutive tiles alternates between two register
-// sets for that. K and V are released (per warp, on their pipeline
-// barriers) as soon as their GEMM is done.
+// reuse P's registers. With two register sets of P (Traits::kPSets) P of
+// consecutive tiles alternates between them, so P_j is packed to 16 bits
+// while the product still reads P_{j-1}; with one set (where O fills the
+// registers, head dim 256, and the freed registers buy a wider key tile) S_j
+// is exponentiated in place and packed into the one set after the product.
+// K and V are released (per warp, on their pipeline barriers) as soon as
+// their GEMM is done.
 //
 // The block's last O += P * V is left to the caller (Consumer): it is issued
 // together with the next block's first S, so the blocks overlap too.
@@ -95,9 +99,9 @@ struct Mainloop {
     float acc_o[1][kNAtomsO][4];
     OnlineSoftmax<1, Traits::kRowMaxChains> softmax;
     float scores[1][kNAtomsS][4];
-    // Tile j's probabilities are in p_frag[j % 2]; the block's last in
-    // p_frag[1] (see finish_tiles).
-    Fragments p_frag[2];
+    // Two sets: tile j's probabilities are in p_frag[j % 2], the block's last
+    // in p_frag[1] (see remaining_tiles). One set: all in p_frag[0].
+    Fragments p_frag[Traits::kPSets];
     float correction[2];
 
     // This warp has read K/V tile `kv` (counted over the CTA): the wgmmas
@@ -113,6 +117,9 @@ struct Mainloop {
     __device__ __forceinline__ void release_q(int q_buffer) const {
         if (lane == 0) mbarrier_arrive(pipe.q_empty(q_buffer));
     }
+
+    // Where the block's last probabilities are, for the caller's last P*V.
+    __device__ __forceinline__ const Fragments &last_p() const { return p_frag[Traits::kPSets - 1]; }
 
     __device__ __forceinline__ void zero_output() {
 #pragma unroll
@@ -136,22 +143,13 @@ struct Mainloop {
         issue_pv<Traits>(acc_o[0], p, smem_address(pipe.v_tile(stage)));
     }
 
-    // Tile j's probabilities, straight from its scores into P fragments
-    // (masked on the tiles that need it). The scores are only read: writing
-    // them in place makes ptxas wait for every wgmma in flight first, which
-    // would serialise this with the P*V product of the previous tile.
-    // Returns whether O must be rescaled by `correction`.
-    __device__ __forceinline__ bool probabilities(const KeyMask &mask, const KeyRange &keys, int m_block, int j,
-                                                  Fragments &frag) {
+    // Tile j's online-softmax update (masked on the tiles that need it): its
+    // probabilities go to sink(m, n, e, prob). Returns whether O must be
+    // rescaled by `correction`.
+    template <typename Sink>
+    __device__ __forceinline__ bool update_tile(const KeyMask &mask, const KeyRange &keys, int m_block, int j,
+                                                Sink &&sink) {
         const int n_block = keys.n_block(j);
-        float pending = 0.f;
-        const auto sink = [&](int, int n, int e, float prob) {
-            if (e % 2 == 0) {
-                pending = prob;
-            } else {
-                frag[n / 2][(n % 2) * 2 + e / 2] = pack2<Element>(pending, prob);
-            }
-        };
         if (keys.needs_mask(n_block)) {
             const FragmentKeyMask<1> visible = FragmentKeyMask<1>::of(
                 mask, m_block * Traits::kBlockM + warp_first_row, n_block * Traits::kBlockN, lane);
@@ -161,6 +159,40 @@ struct Mainloop {
         }
         return softmax.update_scores_into(
             scores, scale_log2, correction, [](int, int, int) { return true; }, sink, cap);
+    }
+
+    // Tile j's probabilities, straight from its scores into 16-bit P
+    // fragments, packed while the previous tile's P*V product still reads
+    // the other set.
+    __device__ __forceinline__ bool probabilities(const KeyMask &mask, const KeyRange &keys, int m_block, int j,
+                                                  Fragments &frag) {
+        float pending = 0.f;
+        return update_tile(mask, keys, m_block, j, [&](int, int n, int e, float prob) {
+            if (e % 2 == 0) {
+                pending = prob;
+            } else {
+                frag[n / 2][(n % 2) * 2 + e / 2] = pack2<Element>(pending, prob);
+            }
+        });
+    }
+
+    // probabilities() for one set of P fragments: the probabilities replace
+    // the scores in their registers (fp32) while the previous tile's P*V
+    // product still reads the one set; pack_scores moves them there after.
+    __device__ __forceinline__ bool probabilities_in_place(const KeyMask &mask, const KeyRange &keys, int m_block,
+                                                           int j) {
+        return update_tile(mask, keys, m_block, j, [&](int, int n, int e, float prob) { scores[0][n][e] = prob; });
+    }
+
+    // The probabilities in the score registers, packed to 16-bit A fragments.
+    __device__ __forceinline__ void pack_scores(Fragments &frag) {
+#pragma unroll
+        for (int n = 0; n < kNAtomsS; ++n) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                frag[n / 2][(n % 2) * 2 + half] = pack2<Element>(scores[0][n][half * 2], scores[0][n][half * 2 + 1]);
+            }
+        }
     }
 
     // Tile 0 of a block, whose S the caller issued: once S_0 is done, P_0.
@@ -209,24 +241,49 @@ struct Mainloop {
         if (rescale) softmax.rescale(acc_o, correction);
     }
 
-    // Tiles 1 .. num_blocks - 1 of a block, then its last probabilities
-    // moved to p_frag[1], where the caller's last P*V reads them (one issue
-    // site whatever the block's tile count: a branch between two issue
-    // sites makes ptxas serialise the wgmmas).
+    // step() with one set of P fragments (FA3's order): S_j is exponentiated
+    // in place while P_{j-1} * V_{j-1} runs, then packed into the set the
+    // product has finished reading.
+    __device__ __forceinline__ void step_in_place(const KeyMask &mask, const KeyRange &keys, int m_block,
+                                                  uint32_t q_rows, KvPosition kv_base, int q_buffer, int j) {
+        issue_scores(q_rows, kv_base + j);
+        issue_output(p_frag[0], kv_base + j - 1);
+
+        wgmma_wait<1>();  // S_j is done; P_{j-1} * V_{j-1} may still run
+        fence_accumulators(scores[0]);
+        release_k(kv_base + j);
+        if (j == keys.num_blocks() - 1) release_q(q_buffer);
+        const bool rescale = probabilities_in_place(mask, keys, m_block, j);
+
+        wgmma_wait<0>();
+        fence_accumulators(acc_o[0]);
+        release_v(kv_base + j - 1);
+        if (rescale) softmax.rescale(acc_o, correction);
+        pack_scores(p_frag[0]);
+    }
+
+    // Tiles 1 .. num_blocks - 1 of a block. With two sets of P its last
+    // probabilities are then moved to p_frag[1], where the caller's last P*V
+    // reads them (one issue site whatever the block's tile count: a branch
+    // between two issue sites makes ptxas serialise the wgmmas).
     __device__ __forceinline__ void remaining_tiles(const KeyMask &mask, const KeyRange &keys, int m_block,
                                                     uint32_t q_rows, KvPosition kv_base, int q_buffer) {
         const int num_blocks = keys.num_blocks();
-        int j = 1;
-        for (; j + 1 < num_blocks; j += 2) {
-            step(mask, keys, m_block, q_rows, kv_base, q_buffer, j, p_frag[0], p_frag[1]);
-            step(mask, keys, m_block, q_rows, kv_base, q_buffer, j + 1, p_frag[1], p_frag[0]);
-        }
-        if (j < num_blocks) step(mask, keys, m_block, q_rows, kv_base, q_buffer, j, p_frag[0], p_frag[1]);
-        if ((num_blocks - 1) % 2 == 0) {
+        if constexpr (Traits::kPSets == 1) {
+            for (int j = 1; j < num_blocks; ++j) step_in_place(mask, keys, m_block, q_rows, kv_base, q_buffer, j);
+        } else {
+            int j = 1;
+            for (; j + 1 < num_blocks; j += 2) {
+                step(mask, keys, m_block, q_rows, kv_base, q_buffer, j, p_frag[0], p_frag[1]);
+                step(mask, keys, m_block, q_rows, kv_base, q_buffer, j + 1, p_frag[1], p_frag[0]);
+            }
+            if (j < num_blocks) step(mask, keys, m_block, q_rows, kv_base, q_buffer, j, p_frag[0], p_frag[1]);
+            if ((num_blocks - 1) % 2 == 0) {
 #pragma unroll
-            for (int kk = 0; kk < Traits::kBlockN / kMmaK; ++kk) {
+                for (int kk = 0; kk < Traits::kBlockN / kMmaK; ++kk) {
 #pragma unroll
-                for (int r = 0; r < 4; ++r) p_frag[1][kk][r] = p_frag[0][kk][r];
+                    for (int r = 0; r < 4; ++r) p_frag[1][kk][r] = p_frag[0][kk][r];
+                }
             }
         }
     }

@@ -32,6 +32,14 @@ __device__ __forceinline__ void fence_operand(float &reg) {
     asm volatile("" : "+f"(reg)::"memory");
 }
 
+// The value of x, opaque to the compiler: what is computed from it cannot be
+// hoisted above this point (out of a loop where x is invariant, to hold the
+// results in registers for the whole loop).
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+
 // ---- register reallocation between warpgroups ------------------------------
 
 template <int kRegisters>

@@ -67,7 +67,7 @@ enum class OutputPath {
 };
 
 template <typename Element_, int kHeadDim_, int kHeadDimV_, int kBlockN_, int kStages_, int kQStages_,
-          OutputPath kOutputPath_, int kRowMaxChains_ = 1>
+          OutputPath kOutputPath_, int kRowMaxChains_ = 1, int kPSets_ = 2>
 struct Sm90Traits {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;    // of Q and K
@@ -80,6 +80,10 @@ struct Sm90Traits {
     static constexpr OutputPath kOutputPath = kOutputPath_;
     // Partial maxima per row in the softmax (OnlineSoftmax's kMaxChains).
     static constexpr int kRowMaxChains = kRowMaxChains_;
+    // Register sets of P fragments (Mainloop): two let P_j be written while
+    // P_{j-1} * V_{j-1} still reads the other; one leaves room for wider key
+    // tiles where O fills the registers.
+    static constexpr int kPSets = kPSets_;
 
     // One producer warpgroup issues the TMA copies; each consumer warpgroup
     // owns 64 query rows (one wgmma M) of the CTA's block.
@@ -126,6 +130,7 @@ struct Sm90Traits {
     static_assert(kHeadDim % kPanelCols == 0 && kHeadDimV % kPanelCols == 0,
                   "head dims must be whole numbers of panels");
     static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
+    static_assert(kPSets == 1 || kPSets == 2, "one or two sets of P fragments");
     static_assert(kQPanelBytes % Swizzle::kAtomBytes == 0 && kKVPanelBytes % Swizzle::kAtomBytes == 0 &&
                       kOPanelBytes % Swizzle::kAtomBytes == 0,
                   "panels must keep the swizzle atom's alignment");
