@@ -3,7 +3,9 @@
 # to run on a GPU before resolving a kernel change: memcheck (out-of-bounds
 # and misaligned accesses, leaks of device memory) and racecheck (shared
 # memory hazards) on every kernel family and tile variant, the split-KV
-# path with its merge kernel, and flashcore_merge_states. Each run is a few
+# path with its merge kernel, and flashcore_merge_states; synccheck (invalid
+# uses of barriers and warp-synchronous primitives) on the sm_90a kernel,
+# whose warpgroups meet at named barriers and mbarriers. Each run is a few
 # shapes, since the tools slow the kernels 10-100x.
 #
 #   tests/run_sanitizers.sh BUILD_DIR [LOG_DIR]
@@ -51,6 +53,8 @@ runs=(
   "decode|racecheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=decode"
   "sm90|racecheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=sm90 FLASHCORE_PERSISTENT_CTAS=3"
   "split|racecheck|test_split|Splits/*d64*sq1_*splits128:States/*|"
+  "sm90|synccheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=sm90 FLASHCORE_PERSISTENT_CTAS=3"
+  "split.sm90|synccheck|test_split|Splits/*d128*sq3*:Splits/*d64*sq1_*splits128|FLASHCORE_FWD_VARIANT=sm90"
 )
 
 status=0

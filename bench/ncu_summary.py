@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""One table from Nsight Compute CSV files, one column per profiled kernel.
+
+Each FILE is what `ncu --csv --page raw` printed for one kernel launch (see
+bench/profile_case.py for the command); lines that are not CSV (ncu's ==PROF==
+messages) are skipped. The rows are the counters docs/hopper-notes.md
+compares: duration, SM clock, the busiest pipes, instructions, issue slots,
+warps per scheduler and the stall reasons per issued instruction.
+
+  python3 bench/ncu_summary.py [--label NAME=FILE ...] FILE ...
+  python3 bench/ncu_summary.py --grep REGEX FILE ...   every metric matching REGEX
+
+Column names are the file names without .csv unless --label gives one.
+"""
+
+import argparse
+import csv
+import io
+import re
+import sys
+from pathlib import Path
+
+# (row label, metric-name regex): the first metric that matches fills the row.
+ROWS = (
+    ("duration", r"^gpu__time_duration\.sum$"),
+    ("SM clock", r"^(sm|smsp)__cycles_elapsed\.avg\.per_second$"),
+    ("grid x block", None),
+    ("registers per thread", r"^launch__registers_per_thread$"),
+    ("shared memory per block", r"^launch__shared_mem_per_block(_dynamic)?$"),
+    ("warp instructions executed", r"^(smsp|sm)__inst_executed\.sum$"),
+    ("issue slots busy %", r"^(smsp__issue_active|sm__inst_issued)\.avg\.pct_of_peak_sustained_active$"),
+    ("warps per scheduler", r"^smsp__warps_active\.avg\.per_cycle_active$"),
+    ("eligible warps per scheduler", r"^smsp__warps_eligible\.avg\.per_cycle_active$"),
+    ("DRAM throughput %", r"^gpu__dram_throughput\.avg\.pct_of_peak_sustained_elapsed$"),
+)
+# Pipes: utilisation metrics of ComputeWorkloadAnalysis, % of peak.
+PIPE = re.compile(r"^sm__(inst_executed_pipe|pipe)_(\w+?)(_cycles_active)?\.avg\.pct_of_peak_sustained_(active|elapsed)$")
+STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
+STALLS_SHOWN = 8
+
+
+def read_report(path):
+    """(metric -> value string, metric -> unit) of the first kernel row in an ncu raw CSV file."""
+    lines = [ln for ln in Path(path).read_text(errors="replace").splitlines() if ln.startswith('"')]
+    rows = list(csv.reader(io.StringIO("\n".join(lines))))
+    if len(rows) < 3:
+        raise ValueError(f"{path}: no kernel row (did the -k filter match a launch?)")
+    header, units, values = rows[0], rows[1], rows[2]
+    return dict(zip(header, values)), dict(zip(header, units))
+
+
+def number(text):
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def fmt(value, unit=""):
+    x = number(value)
+    if x is None:
+        return value
+    text = f"{x:.3g}" if abs(x) < 100 else f"{x:,.0f}"
+    return f"{text} {unit}".strip()
+
+
+def summarize(reports):
+    table = []
+    for label, pattern in ROWS:
+        cells = []
+        for metrics, units in reports:
+            if pattern is None:
+                cells.append(f"{metrics.get('Grid Size', '?')} x {metrics.get('Block Size', '?')}")
+                continue
+            name = next((m for m in metrics if re.match(pattern, m)), None)
+            cells.append(fmt(metrics[name], units.get(name, "")) if name else "n/a")
+        table.append((label, cells))
+
+    # The three busiest pipes of each kernel, named.
+    for rank in range(3):
+        cells = []
+        for metrics, _ in reports:
+            pipes = sorted(((number(v) or 0.0, PIPE.match(m).group(2)) for m, v in metrics.items() if PIPE.match(m)),
+                           reverse=True)
+            seen, named = set(), []
+            for value, pipe in pipes:
+                if pipe not in seen:
+                    seen.add(pipe)
+                    named.append(f"{pipe} {value:.1f}%")
+            cells.append(named[rank] if rank < len(named) else "")
+        table.append((f"pipe #{rank + 1} (% of peak)", cells))
+    for pipe in ("tensor", "xu"):
+        cells = []
+        for metrics, _ in reports:
+            values = [number(v) or 0.0 for m, v in metrics.items() if PIPE.match(m) and pipe in PIPE.match(m).group(2)]
+            cells.append(f"{max(values):.1f}%" if values else "n/a")
+        table.append((f"{pipe} pipe, busiest metric", cells))
+
+    # Stall reasons: the largest over all kernels, same rows for each.
+    totals = {}
+    for metrics, _ in reports:
+        for m, v in metrics.items():
+            s = STALL.match(m)
+            if s and not s.group(1).endswith("_not_issued"):
+                totals[s.group(1)] = totals.get(s.group(1), 0.0) + (number(v) or 0.0)
+    for reason in sorted(totals, key=totals.get, reverse=True)[:STALLS_SHOWN]:
+        metric = f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"
+        table.append((f"stall: {reason}", [fmt(m.get(metric, "n/a")) for m, _ in reports]))
+    return table
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--label", action="append", default=[], metavar="NAME=FILE",
+                   help="column name for FILE (default: the file name)")
+    p.add_argument("--grep", metavar="REGEX", help="print every metric matching REGEX instead of the table")
+    args = p.parse_args(argv)
+    names = {}
+    for item in args.label:
+        name, _, file = item.partition("=")
+        names[file] = name
+    try:
+        reports = [read_report(f) for f in args.files]
+    except (OSError, ValueError) as e:
+        print(f"ncu_summary.py: {e}", file=sys.stderr)
+        return 1
+    columns = [names.get(f, Path(f).stem) for f in args.files]
+    if args.grep:
+        pattern = re.compile(args.grep)
+        for column, (metrics, units) in zip(columns, reports):
+            for m, v in metrics.items():
+                if pattern.search(m):
+                    print(f"{column}\t{m}\t{v} {units.get(m, '')}")
+        return 0
+    print("| counter | " + " | ".join(columns) + " |")
+    print("|---|" + "---|" * len(columns))
+    for label, cells in summarize(reports):
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
