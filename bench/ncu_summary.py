@@ -4,8 +4,9 @@
 Each FILE is what `ncu --csv --page raw` printed for one kernel launch (see
 bench/profile_case.py for the command); lines that are not CSV (ncu's ==PROF==
 messages) are skipped. The rows are the counters docs/hopper-notes.md
-compares: duration, SM clock, the busiest pipes, instructions, issue slots,
-warps per scheduler and the stall reasons per issued instruction.
+compares: duration, SM clock, launch shape, instructions, issue slots,
+warps per scheduler, pipe utilisation and the stall reasons per issued
+instruction.
 
   python3 bench/ncu_summary.py [--label NAME=FILE ...] FILE ...
   python3 bench/ncu_summary.py --grep REGEX FILE ...   every metric matching REGEX
@@ -23,18 +24,21 @@ from pathlib import Path
 # (row label, metric-name regex): the first metric that matches fills the row.
 ROWS = (
     ("duration", r"^gpu__time_duration\.sum$"),
-    ("SM clock", r"^(sm|smsp)__cycles_elapsed\.avg\.per_second$"),
+    ("SM clock", r"^(sm|smsp|gpc)__cycles_elapsed\.avg\.per_second$"),
     ("grid x block", None),
     ("registers per thread", r"^launch__registers_per_thread$"),
     ("shared memory per block", r"^launch__shared_mem_per_block(_dynamic)?$"),
     ("warp instructions executed", r"^(smsp|sm)__inst_executed\.sum$"),
-    ("issue slots busy %", r"^(smsp__issue_active|sm__inst_issued)\.avg\.pct_of_peak_sustained_active$"),
+    ("issue slots busy, % of active cycles", r"^smsp__issue_active\.avg\.pct_of_peak_sustained_active$"),
     ("warps per scheduler", r"^smsp__warps_active\.avg\.per_cycle_active$"),
     ("eligible warps per scheduler", r"^smsp__warps_eligible\.avg\.per_cycle_active$"),
-    ("DRAM throughput %", r"^gpu__dram_throughput\.avg\.pct_of_peak_sustained_elapsed$"),
+    # Pipe utilisation as ComputeWorkloadAnalysis charts it.
+    ("tensor pipe busy, % of elapsed", r"^sm__pipe_tensor_cycles_active\.avg\.pct_of_peak_sustained_elapsed$"),
+    ("MUFU (xu) instructions, % of peak", r"^sm__inst_executed_pipe_xu\.avg\.pct_of_peak_sustained_active$"),
+    ("ALU pipe busy, % of active", r"^sm__pipe_alu_cycles_active\.avg\.pct_of_peak_sustained_active$"),
+    ("FMA pipe busy, % of active", r"^sm__pipe_fma_cycles_active\.avg\.pct_of_peak_sustained_active$"),
+    ("DRAM throughput, % of peak", r"^gpu__dram_throughput\.avg\.pct_of_peak_sustained_elapsed$"),
 )
-# Pipes: utilisation metrics of ComputeWorkloadAnalysis, % of peak.
-PIPE = re.compile(r"^sm__(inst_executed_pipe|pipe)_(\w+?)(_cycles_active)?\.avg\.pct_of_peak_sustained_(active|elapsed)$")
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
 STALLS_SHOWN = 8
 
@@ -60,6 +64,12 @@ def fmt(value, unit=""):
     x = number(value)
     if x is None:
         return value
+    if unit.lower() == "hz":
+        x, unit = x / 1e9, "GHz"
+    elif unit in ("ns", "nsecond"):
+        x, unit = x / 1e3, "us"
+    elif unit in ("usecond",):
+        unit = "us"
     text = f"{x:.3g}" if abs(x) < 100 else f"{x:,.0f}"
     return f"{text} {unit}".strip()
 
@@ -75,26 +85,6 @@ def summarize(reports):
             name = next((m for m in metrics if re.match(pattern, m)), None)
             cells.append(fmt(metrics[name], units.get(name, "")) if name else "n/a")
         table.append((label, cells))
-
-    # The three busiest pipes of each kernel, named.
-    for rank in range(3):
-        cells = []
-        for metrics, _ in reports:
-            pipes = sorted(((number(v) or 0.0, PIPE.match(m).group(2)) for m, v in metrics.items() if PIPE.match(m)),
-                           reverse=True)
-            seen, named = set(), []
-            for value, pipe in pipes:
-                if pipe not in seen:
-                    seen.add(pipe)
-                    named.append(f"{pipe} {value:.1f}%")
-            cells.append(named[rank] if rank < len(named) else "")
-        table.append((f"pipe #{rank + 1} (% of peak)", cells))
-    for pipe in ("tensor", "xu"):
-        cells = []
-        for metrics, _ in reports:
-            values = [number(v) or 0.0 for m, v in metrics.items() if PIPE.match(m) and pipe in PIPE.match(m).group(2)]
-            cells.append(f"{max(values):.1f}%" if values else "n/a")
-        table.append((f"{pipe} pipe, busiest metric", cells))
 
     # Stall reasons: the largest over all kernels, same rows for each.
     totals = {}
