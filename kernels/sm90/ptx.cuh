@@ -75,22 +75,37 @@ struct PanelSwizzle {
         return uint32_t(row * kRowBytes + ((chunk ^ ((row * kRowBytes / 128) % kChunks)) * 16));
     }
 
-    __device__ __forceinline__ static uint64_t descriptor(uint32_t smem_addr, uint32_t leading_byte_offset,
-                                                          uint32_t stride_byte_offset) {
-        return uint64_t((smem_addr & 0x3FFFFu) >> 4) | (uint64_t((leading_byte_offset & 0x3FFFFu) >> 4) << 16) |
-               (uint64_t((stride_byte_offset & 0x3FFFFu) >> 4) << 32) | (kDescriptorLayout << 62);
+    // A wgmma shared-memory descriptor as two 32-bit words, whose start
+    // address advances by a byte offset with one 32-bit add (at()): the
+    // k-steps and panels of a tile are constant offsets from its first, and
+    // rebuilding each descriptor from its address cost five instructions a
+    // wgmma. Exact while the advanced address stays below 2^18 (the 14-bit
+    // field), which every shared-memory address of a CTA is.
+    struct Descriptor {
+        uint32_t lo;  // start address >> 4 (bits 0-13), leading byte offset >> 4 (bits 16-29)
+        uint32_t hi;  // stride byte offset >> 4 (bits 32-45), layout type (bits 62-63)
+
+        __device__ __forceinline__ uint64_t at(uint32_t byte_offset) const {
+            return (uint64_t(hi) << 32) | uint32_t(lo + (byte_offset >> 4));
+        }
+    };
+
+    __device__ __forceinline__ static Descriptor descriptor(uint32_t smem_addr, uint32_t leading_byte_offset,
+                                                            uint32_t stride_byte_offset) {
+        return {((smem_addr & 0x3FFFFu) >> 4) | (((leading_byte_offset & 0x3FFFFu) >> 4) << 16),
+                ((stride_byte_offset & 0x3FFFFu) >> 4) | uint32_t(kDescriptorLayout << 30)};
     }
 
     // K-major operand (rows are M or N, K along the panel row): 8-row groups
     // step by one atom; the leading offset is unused with these swizzles. A
     // k16 step inside a panel moves the start address by 32 bytes.
-    __device__ __forceinline__ static uint64_t k_major(uint32_t smem_addr) {
+    __device__ __forceinline__ static Descriptor k_major(uint32_t smem_addr) {
         return descriptor(smem_addr, 16, kAtomBytes);
     }
 
     // MN-major operand (rows are K, N along the panel row): panels of N
     // columns are panel_bytes apart, 8-row K groups one atom apart.
-    __device__ __forceinline__ static uint64_t mn_major(uint32_t smem_addr, uint32_t panel_bytes) {
+    __device__ __forceinline__ static Descriptor mn_major(uint32_t smem_addr, uint32_t panel_bytes) {
         return descriptor(smem_addr, panel_bytes, kAtomBytes);
     }
 };
