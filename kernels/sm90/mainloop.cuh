@@ -48,6 +48,22 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[kNAtoms][4]) {
     }
 }
 
+// Two code-shape choices measured per head dim (H100, bf16, compare.py, two
+// rounds against the code before them; docs/hopper-notes.md):
+//  - kAdvanceDescriptors: a tile's wgmma descriptors as one 32-bit add from
+//    its first (PanelSwizzle::Descriptor::at) instead of rebuilt from each
+//    address, five uniform instructions fewer a wgmma. Kept from head dim
+//    128 (8k causal +3-5%, d256 causal +3-4%); at 64 tput-2k full lost ~4%.
+//  - kMaskScoresInPlace: on masked tiles without softcap, hidden scores set
+//    to -inf once instead of asking the mask in both passes of the softmax
+//    (a masked d128 tile: 845 -> 536 instructions a warp). Kept from head
+//    dim 64 (tput-2k causal +6% at d64); at 32 it cost tput-8k full 9-12%
+//    although no tile there is masked (the unmasked loop's schedule changed).
+template <typename Traits>
+constexpr bool kAdvanceDescriptors = Traits::kHeadDim >= 128;
+template <typename Traits>
+constexpr bool kMaskScoresInPlace = Traits::kHeadDim >= 64;
+
 // scores = (this warpgroup's 64 rows of Q) * K_tile^T. q_rows: shared address
 // of the warpgroup's first Q row in panel 0.
 template <typename Traits>
@@ -59,11 +75,15 @@ __device__ __forceinline__ void issue_qk(float (&scores)[Traits::kBlockN / 8][4]
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk) {
-        const uint32_t offset = (kk % kK16StepsPerPanel) * kK16RowBytes;
-        const int panel = kk / kK16StepsPerPanel;
-        Wgmma<typename Traits::Element, Traits::kBlockN>::ss(scores, desc_q.at(panel * Traits::kQPanelBytes + offset),
-                                                            desc_k.at(panel * Traits::kKVPanelBytes + offset),
-                                                            kk > 0 ? 1 : 0);
+        const uint32_t q_offset = (kk / kK16StepsPerPanel) * Traits::kQPanelBytes + (kk % kK16StepsPerPanel) * kK16RowBytes;
+        const uint32_t k_offset = (kk / kK16StepsPerPanel) * Traits::kKVPanelBytes + (kk % kK16StepsPerPanel) * kK16RowBytes;
+        if constexpr (kAdvanceDescriptors<Traits>) {
+            Wgmma<typename Traits::Element, Traits::kBlockN>::ss(scores, desc_q.at(q_offset), desc_k.at(k_offset),
+                                                                kk > 0 ? 1 : 0);
+        } else {
+            Wgmma<typename Traits::Element, Traits::kBlockN>::ss(scores, Swizzle::k_major(q_rows + q_offset).at(0),
+                                                                Swizzle::k_major(k_tile + k_offset).at(0), kk > 0 ? 1 : 0);
+        }
     }
     wgmma_commit();
 }
@@ -78,7 +98,13 @@ __device__ __forceinline__ void issue_pv(float (&out)[Traits::kHeadDimV / 8][4],
 #pragma unroll
     for (int kk = 0; kk < Traits::kBlockN / 16; ++kk) {
         // 16 keys are 16 rows: two swizzle atoms further down.
-        Wgmma<typename Traits::Element, Traits::kHeadDimV>::rs(out, p[kk], desc_v.at(kk * 16 * Traits::kPanelRowBytes), 1);
+        const uint32_t offset = kk * 16 * Traits::kPanelRowBytes;
+        if constexpr (kAdvanceDescriptors<Traits>) {
+            Wgmma<typename Traits::Element, Traits::kHeadDimV>::rs(out, p[kk], desc_v.at(offset), 1);
+        } else {
+            Wgmma<typename Traits::Element, Traits::kHeadDimV>::rs(
+                out, p[kk], Swizzle::mn_major(v_tile + offset, Traits::kKVPanelBytes).at(0), 1);
+        }
     }
     wgmma_commit();
 }
@@ -157,7 +183,7 @@ struct Mainloop {
         if (keys.needs_mask(n_block)) {
             const FragmentKeyMask<1> visible = FragmentKeyMask<1>::of(
                 mask, m_block * Traits::kBlockM + warp_first_row, n_block * Traits::kBlockN, lane);
-            if constexpr (std::is_same_v<Cap, NoSoftcap>) {
+            if constexpr (kMaskScoresInPlace<Traits> && std::is_same_v<Cap, NoSoftcap>) {
                 // Hidden scores set to -inf get probability exactly 0 and
                 // leave the row maximum alone: one compare and select per
                 // score, where asking visible() in both passes of the
