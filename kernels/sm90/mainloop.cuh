@@ -75,15 +75,14 @@ __device__ __forceinline__ void issue_qk(float (&scores)[Traits::kBlockN / 8][4]
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk) {
-        const uint32_t q_offset = (kk / kK16StepsPerPanel) * Traits::kQPanelBytes + (kk % kK16StepsPerPanel) * kK16RowBytes;
-        const uint32_t k_offset = (kk / kK16StepsPerPanel) * Traits::kKVPanelBytes + (kk % kK16StepsPerPanel) * kK16RowBytes;
-        if constexpr (kAdvanceDescriptors<Traits>) {
-            Wgmma<typename Traits::Element, Traits::kBlockN>::ss(scores, desc_q.at(q_offset), desc_k.at(k_offset),
-                                                                kk > 0 ? 1 : 0);
-        } else {
-            Wgmma<typename Traits::Element, Traits::kBlockN>::ss(scores, Swizzle::k_major(q_rows + q_offset).at(0),
-                                                                Swizzle::k_major(k_tile + k_offset).at(0), kk > 0 ? 1 : 0);
-        }
+        const uint32_t step = (kk % kK16StepsPerPanel) * kK16RowBytes;
+        const uint32_t q_offset = (kk / kK16StepsPerPanel) * Traits::kQPanelBytes + step;
+        const uint32_t k_offset = (kk / kK16StepsPerPanel) * Traits::kKVPanelBytes + step;
+        const uint64_t desc_a =
+            kAdvanceDescriptors<Traits> ? desc_q.at(q_offset) : Swizzle::k_major(q_rows + q_offset).at(0);
+        const uint64_t desc_b =
+            kAdvanceDescriptors<Traits> ? desc_k.at(k_offset) : Swizzle::k_major(k_tile + k_offset).at(0);
+        Wgmma<typename Traits::Element, Traits::kBlockN>::ss(scores, desc_a, desc_b, kk > 0 ? 1 : 0);
     }
     wgmma_commit();
 }
@@ -99,12 +98,10 @@ __device__ __forceinline__ void issue_pv(float (&out)[Traits::kHeadDimV / 8][4],
     for (int kk = 0; kk < Traits::kBlockN / 16; ++kk) {
         // 16 keys are 16 rows: two swizzle atoms further down.
         const uint32_t offset = kk * 16 * Traits::kPanelRowBytes;
-        if constexpr (kAdvanceDescriptors<Traits>) {
-            Wgmma<typename Traits::Element, Traits::kHeadDimV>::rs(out, p[kk], desc_v.at(offset), 1);
-        } else {
-            Wgmma<typename Traits::Element, Traits::kHeadDimV>::rs(
-                out, p[kk], Swizzle::mn_major(v_tile + offset, Traits::kKVPanelBytes).at(0), 1);
-        }
+        const uint64_t desc_b = kAdvanceDescriptors<Traits>
+                                    ? desc_v.at(offset)
+                                    : Swizzle::mn_major(v_tile + offset, Traits::kKVPanelBytes).at(0);
+        Wgmma<typename Traits::Element, Traits::kHeadDimV>::rs(out, p[kk], desc_b, 1);
     }
     wgmma_commit();
 }
