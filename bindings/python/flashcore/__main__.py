@@ -71,6 +71,19 @@ def kernel_path(ordinal, capability):
             os.environ["FLASHCORE_FWD_VARIANT"] = saved
 
 
+def compiled_path():
+    """Where flashcore._fastcall was found, or why it is not used."""
+    from . import _fastpath
+    if os.environ.get(_fastpath.DISABLE_ENV) == "0":
+        return "off (%s=0)" % _fastpath.DISABLE_ENV
+    module = _fastpath.find()
+    if module is None:
+        return "not built (every call runs in Python)"
+    if not _fastpath.fits_struct(module):
+        return "%s, not used: built against another flashcore.h" % module.__file__
+    return module.__file__
+
+
 def main():
     print("flashcore (Python package) %s at %s" % (flashcore.__version__, os.path.dirname(flashcore.__file__)))
     try:
@@ -81,6 +94,7 @@ def main():
     print("libflashcore %s at %s (found: %s)" % (lib.version, lib.path, lib.how or "given"))
     dims = ", ".join("(%d, %d)" % pair for pair in lib.supported_head_dims())
     print("kernels for (head_dim, head_dim_v): %s; other multiples of 8 run on the first pair that covers them" % dims)
+    print("compiled call path (repeated calls on torch tensors): %s" % compiled_path())
     version, gpus = driver_gpus()
     if version is None:
         try:

@@ -8,7 +8,7 @@ import numbers
 import sys
 from typing import Any, List, Optional, Tuple, Union
 
-from . import _ffi
+from . import _fastpath, _ffi
 from ._arrays import (Array, can_allocate, check_known_to_driver, contiguous_strides, current_stream, describe, empty,
                       cai_signature, cuda_driver, full, is_cupy, is_torch, pointer_device, shape_of,
                       stream_pointer)
@@ -853,13 +853,15 @@ def _load_torch_api():
     return _torch_api
 
 
-def _call_plain_torch(plan, q, k, v, out, seqused_k, return_lse):
+def _call_plain_torch(plan, q, k, v, out, seqused_k, layout, options, return_lse):
     """A call whose _plain_torch_key found a plain_torch plan: what
     _prepare_cached and launch do, without their other cases, since every
     step here is host time on every call (issue 18: a call's overhead
-    within 10 us)."""
+    within 10 us). The compiled path, where there is one, is given the plan
+    for the next such call."""
     api = _torch_api
     device = plan.device
+    out_given = out
     if out is None:
         out = api.empty_like(q) if plan.out_like_q else api.empty(plan.out_shape, dtype=plan.dtype,
                                                                   device=plan.torch_device)
@@ -879,14 +881,16 @@ def _call_plain_torch(plan, q, k, v, out, seqused_k, return_lse):
     stream = api.current_stream(device)
     if not workspace_bytes:
         handle.forward_unchecked(params, 0, 0, stream)
-        return (out, lse) if return_lse else out
-    kept = _kept_workspaces.get((device, stream))
-    if kept is not None and kept[1] >= workspace_bytes and not api.capturing():
-        handle.forward_unchecked(params, kept[2], workspace_bytes, stream)
     else:
-        workspace = _new_workspace(api, plan.torch_device, device, stream, workspace_bytes)
-        handle.forward_unchecked(params, workspace.data_ptr(), workspace_bytes, stream)
-        del workspace
+        kept = _kept_workspaces.get((device, stream))
+        if kept is not None and kept[1] >= workspace_bytes and not api.capturing():
+            handle.forward_unchecked(params, kept[2], workspace_bytes, stream)
+        else:
+            workspace = _new_workspace(api, plan.torch_device, device, stream, workspace_bytes)
+            handle.forward_unchecked(params, workspace.data_ptr(), workspace_bytes, stream)
+            del workspace
+    if _fast:
+        _fastpath.remember(_fast, plan, q, k, v, out_given, seqused_k, layout, options, return_lse, workspace_bytes)
     return (out, lse) if return_lse else out
 
 
@@ -913,6 +917,24 @@ def _new_workspace(api, torch_device, device, stream, nbytes):
     if nbytes <= MAX_KEPT_WORKSPACE_BYTES and not api.capturing():
         _kept_workspaces[(device, stream)] = (workspace, nbytes, workspace.data_ptr())
     return workspace
+
+
+# The compiled path (_fastpath): None until torch is imported and it was
+# looked for, then the configured module, or False where there is none.
+_fast = None
+# tracing(), which attention() asks on every call: torch.compiler.is_compiling
+# itself once _fast is loaded (without tracing()'s lookups).
+_is_compiling = tracing
+
+
+def _load_fast():
+    """_fast, looked for once torch is imported."""
+    global _fast, _is_compiling
+    fast = _fastpath.load(_torch_api or _load_torch_api(), _kept_workspaces)
+    if fast:
+        _is_compiling = sys.modules["torch"].compiler.is_compiling
+    _fast = fast
+    return fast
 
 
 def release_workspaces() -> None:
@@ -979,12 +1001,17 @@ def _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, 
     key = None
     if (stream is None and workspace is None and lse is None and cu_seqlens_q is None and cu_seqlens_k is None
             and block_table is None):
+        fast = _fast if _fast is not None else _load_fast()
+        if fast:
+            result = fast.call(q, k, v, out, seqused_k, layout, options, return_lse)
+            if result is not None:
+                return result
         key = _plain_torch_key(q, k, v, out, seqused_k, layout, options, return_lse)
     if key is not None:
         plan = _plans.get(key)
         if plan is not None:
             if plan.plain_torch:
-                return _call_plain_torch(plan, q, k, v, out, seqused_k, return_lse)
+                return _call_plain_torch(plan, q, k, v, out, seqused_k, layout, options, return_lse)
             key = None  # a call the general cache (_cache_key's) serves
     return launch(prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k,
                           cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table, seqused_k_name, key))
@@ -1119,8 +1146,15 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
     """
     if is_causal is not None or scale is not None:
         causal, softmax_scale = _pytorch_names(q, k, layout, causal, softmax_scale, is_causal, scale)
-    return _forward(q, k, v, layout, (causal, softmax_scale, num_splits, window, softcap), out, lse, return_lse,
-                    stream, workspace, detach, seqused_k)
+    options = (causal, softmax_scale, num_splits, window, softcap)
+    # A repeated call on torch tensors: the compiled path, first thing (each
+    # Python call on the way is host time). Under torch.compile it is never
+    # reached: _is_compiling() comes first, and there _forward traces.
+    if _fast and stream is None and lse is None and workspace is None and not _is_compiling():
+        result = _fast.call(q, k, v, out, seqused_k, layout, options, return_lse)
+        if result is not None:
+            return result
+    return _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k)
 
 
 def attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k: Array, max_seqlen_q: int,

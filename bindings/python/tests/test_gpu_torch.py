@@ -1653,3 +1653,64 @@ def test_quick_path_still_refuses_grad(torch, monkeypatch):
             check(torch, flashcore.attention(q, k, v), None, q, k, v, False)
     with pytest.raises(flashcore.NoBackwardError, match="k requires grad"):
         flashcore.attention(q, k, v)
+
+
+# --------------------------------------------------------------------------
+# The compiled call path (flashcore/_fastcall.c): the calls it serves give
+# what the Python path gives, bit for bit (the same params, the same kernel).
+# --------------------------------------------------------------------------
+
+COMPILED_CASES = {
+    # name: (shape b, hq, hkv, sq, sk, d), dtype, attention keywords
+    "prefill causal": ((1, 8, 2, 300, 300, 64), "float16", dict(causal=True)),
+    "decode split-KV": ((1, 32, 8, 1, 4096, 64), "float16", dict()),
+    "lse and scale": ((2, 4, 4, 77, 133, 128), "bfloat16", dict(return_lse=True, softmax_scale=0.2)),
+    "window and softcap": ((1, 4, 2, 200, 260, 64), "bfloat16", dict(window=(64, 0), softcap=30.0)),
+    "bshd": ((2, 6, 2, 90, 90, 64), "float16", dict(layout="bshd", causal=True)),
+    "seqused_k": ((3, 8, 2, 1, 512, 128), "bfloat16", dict(seqused=True)),
+    "out given": ((2, 8, 8, 64, 64, 64), "float16", dict(out_given=True)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COMPILED_CASES))
+def test_compiled_path_gives_the_python_paths_results(torch, case):
+    from flashcore import _attention
+    (b, hq, hkv, sq, sk, d), dtype, kwargs = COMPILED_CASES[case]
+    need_head_dim(d)
+    kwargs = dict(kwargs)
+    q, k, v = qkv(torch, b, hq, hkv, sq, sk, d, dtype, seed=990)
+    if kwargs.get("layout") == "bshd":
+        q, k, v = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    if kwargs.pop("seqused", False):
+        kwargs["seqused_k"] = torch.tensor([512, 7, 300], dtype=torch.int32, device="cuda")
+    given = kwargs.pop("out_given", False)
+
+    def run():
+        if given:
+            kwargs["out"] = torch.full_like(q, NAN)
+        return flashcore.attention(q, k, v, **kwargs)
+
+    saved = _attention._fast
+    try:
+        _attention._fast = False
+        python = [run() for _ in range(3)]  # the full path, the general cache, the Python quick path
+        _attention._fast = None  # looked for again by the next call
+        run()  # through the Python quick path, which gives the compiled path the plan
+        if not _attention._fast:
+            pytest.skip("flashcore._fastcall is not built: every call takes the Python path")
+        options = (kwargs.get("causal", False), kwargs.get("softmax_scale"), None, kwargs.get("window"),
+                   kwargs.get("softcap", 0.0))
+        out = kwargs["out"] = torch.full_like(q, NAN) if given else None
+        compiled = _attention._fast.call(q, k, v, out, kwargs.get("seqused_k"), kwargs.get("layout", "bhsd"),
+                                         options, kwargs.get("return_lse", False))
+        assert compiled is not None, "the compiled path did not serve the call"
+        again = run()
+        torch.cuda.synchronize()
+    finally:
+        _attention._fast = saved
+    for result in (compiled, again):
+        for mine, theirs in zip(result if isinstance(result, tuple) else (result,),
+                                python[-1] if isinstance(python[-1], tuple) else (python[-1],)):
+            assert torch.equal(mine, theirs)
+    if given:
+        assert compiled is out

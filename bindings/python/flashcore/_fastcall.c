@@ -1,0 +1,627 @@
+/* flashcore._fastcall: the host path of a repeated flashcore.attention call
+ * on torch tensors, compiled (issue 18: a call's host time within 10 us).
+ *
+ * Optional. The package works without it (flashcore/_attention.py's
+ * _plain_torch_key and _call_plain_torch do the same in Python); where it is
+ * built (the wheel, or a CMake build with Python's headers) that Python path
+ * registers each plan it serves here, and the next call with the same
+ * shapes, strides, dtypes, devices and options is served by call() below
+ * without running any Python: the tensors' metadata is read and compared in
+ * C, the params struct is the plan's template with the new addresses, and
+ * flashcore_forward is called through the pointer the ctypes binding found.
+ * What can change from call to call is still checked where the Python path
+ * checks it: the addresses by flashcore_forward itself (it validates every
+ * call), grad mode and requires_grad here (a call that needs the refusal
+ * or detach logic goes back to Python).
+ *
+ * No torch headers and no link to torch or libflashcore: torch is reached
+ * through the Python objects the package passes to configure(), the
+ * library through a function pointer. Written against Python's limited API
+ * (3.8), so one build serves every CPython 3 from 3.8 on (abi3).
+ *
+ * call() returns None for any call it does not serve (a miss): the caller
+ * then takes the Python path, which registers the call's plan (remember())
+ * once it has served it from its own cache. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "flashcore.h"
+
+/* Plans kept, replaced round robin: enough for a model's few shapes
+ * (prefill and decode of each layer kind); more only cost the Python path. */
+#define FASTCALL_MAX_PLANS 16
+/* Tensors of more dimensions are never served here. */
+#define FASTCALL_MAX_DIMS 8
+/* The arrays a plan describes, in the order call() takes them. */
+enum { ARRAY_Q, ARRAY_K, ARRAY_V, ARRAY_OUT, ARRAY_SEQUSED_K, NUM_ARRAYS };
+
+typedef flashcore_status (*forward_fn)(flashcore_handle, const flashcore_forward_params *, void *, size_t, void *);
+
+/* What a plan matches of one array: everything of it but its address. */
+typedef struct {
+    int present;
+    int ndim;
+    long long sizes[FASTCALL_MAX_DIMS];
+    long long strides[FASTCALL_MAX_DIMS];
+    PyObject *dtype; /* a strong reference in a plan, borrowed in a probe */
+    long device;
+} ArrayMeta;
+
+/* The options a plan matches, as _plain_torch_key reads them. */
+typedef struct {
+    PyObject *layout; /* str; a strong reference in a plan */
+    int causal;
+    int has_scale;
+    double softmax_scale;
+    int has_num_splits;
+    long num_splits;
+    int has_window;
+    long window_left, window_right;
+    double softcap;
+    int return_lse;
+} CallOptions;
+
+typedef struct {
+    int valid;
+    CallOptions options;
+    ArrayMeta arrays[NUM_ARRAYS];
+    flashcore_forward_params template_params;
+    int out_like_q;
+    PyObject *out_args, *out_kwargs; /* torch.empty's arguments for out, where out_like_q is 0 */
+    PyObject *lse_args, *lse_kwargs; /* and for lse, or NULL where the call returns none */
+    size_t workspace_bytes;
+    PyObject *handle;         /* the Python Handle, kept alive while the plan is */
+    flashcore_handle raw_handle;
+    PyObject *device_args;    /* (device,): the current-stream query's argument */
+    long device;
+} Plan;
+
+/* configure()'s objects: torch's and the binding's. */
+static struct {
+    int configured;
+    forward_fn forward;
+    PyObject *check;           /* Library.check(status): raises the status's error */
+    PyObject *tensor_type;     /* torch.Tensor (exact type only: subclasses take the Python path) */
+    PyObject *is_grad_enabled; /* torch.is_grad_enabled */
+    PyObject *empty;           /* torch.empty */
+    PyObject *empty_like;      /* torch.empty_like */
+    PyObject *current_stream;  /* (device) -> cudaStream_t as an int */
+    PyObject *capturing;       /* () -> whether the current stream is being captured */
+    PyObject *kept_workspaces; /* dict (device, stream) -> (tensor, bytes, address) */
+    PyObject *stride;          /* torch.Tensor.stride, called unbound */
+    PyObject *get_device;      /* torch.Tensor.get_device */
+    PyObject *data_ptr;        /* torch.Tensor.data_ptr */
+} torch_api;
+
+static Plan plans[FASTCALL_MAX_PLANS];
+static unsigned next_victim;
+
+static PyObject *str_shape, *str_dtype, *str_requires_grad;
+
+/* ---- reading a call ---------------------------------------------------- */
+
+/* Reads `array`'s metadata into *meta (dtype borrowed). Returns 1 when read,
+ * 0 when this path does not serve it, -1 with an exception set. */
+static int read_meta(PyObject *array, ArrayMeta *meta) {
+    meta->present = 1;
+    PyObject *shape = PyObject_GetAttr(array, str_shape);
+    if (shape == NULL) return -1;
+    Py_ssize_t ndim = PyTuple_Size(shape);
+    if (ndim < 0 || ndim > FASTCALL_MAX_DIMS) {
+        Py_DECREF(shape);
+        PyErr_Clear();
+        return 0;
+    }
+    meta->ndim = (int)ndim;
+    for (Py_ssize_t i = 0; i < ndim; ++i) meta->sizes[i] = PyLong_AsLongLong(PyTuple_GetItem(shape, i));
+    Py_DECREF(shape);
+    PyObject *strides = PyObject_CallFunctionObjArgs(torch_api.stride, array, NULL);
+    if (strides == NULL) return -1;
+    if (PyTuple_Size(strides) != ndim) {
+        Py_DECREF(strides);
+        PyErr_Clear();
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < ndim; ++i) meta->strides[i] = PyLong_AsLongLong(PyTuple_GetItem(strides, i));
+    Py_DECREF(strides);
+    PyObject *dtype = PyObject_GetAttr(array, str_dtype);
+    if (dtype == NULL) return -1;
+    /* torch's dtypes live as long as torch: comparing the address after
+     * dropping the reference is safe, and a plan holds its own. */
+    meta->dtype = dtype;
+    Py_DECREF(dtype);
+    PyObject *device = PyObject_CallFunctionObjArgs(torch_api.get_device, array, NULL);
+    if (device == NULL) return -1;
+    meta->device = PyLong_AsLong(device);
+    Py_DECREF(device);
+    return PyErr_Occurred() ? -1 : 1;
+}
+
+static int same_meta(const ArrayMeta *a, const ArrayMeta *b) {
+    if (a->present != b->present) return 0;
+    if (!a->present) return 1;
+    size_t dims = (size_t)a->ndim * sizeof(long long);
+    return a->ndim == b->ndim && a->dtype == b->dtype && a->device == b->device &&
+           memcmp(a->sizes, b->sizes, dims) == 0 && memcmp(a->strides, b->strides, dims) == 0;
+}
+
+/* Reads options (causal, softmax_scale, num_splits, window, softcap) with
+ * _plain_torch_key's rules (exact types: a value of another type that
+ * compares equal may mean something else to the full path). Returns 1, 0
+ * (not served) or -1. */
+static int read_options(PyObject *layout, PyObject *options, PyObject *return_lse, CallOptions *o) {
+    if (!PyUnicode_CheckExact(layout) || !PyTuple_CheckExact(options) || PyTuple_Size(options) != 5) return 0;
+    PyObject *causal = PyTuple_GetItem(options, 0), *scale = PyTuple_GetItem(options, 1),
+             *num_splits = PyTuple_GetItem(options, 2), *window = PyTuple_GetItem(options, 3),
+             *softcap = PyTuple_GetItem(options, 4);
+    o->layout = layout;
+    int truth = PyObject_IsTrue(causal);
+    if (truth < 0) return -1;
+    o->causal = truth;
+    o->has_scale = scale != Py_None;
+    o->softmax_scale = 0.0;
+    if (o->has_scale) {
+        if (!PyFloat_CheckExact(scale)) return 0;
+        o->softmax_scale = PyFloat_AsDouble(scale);
+    }
+    o->has_num_splits = num_splits != Py_None;
+    o->num_splits = 0;
+    if (o->has_num_splits) {
+        if (!PyLong_CheckExact(num_splits)) return 0;
+        o->num_splits = PyLong_AsLong(num_splits);
+        if (o->num_splits == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    o->has_window = window != Py_None;
+    o->window_left = o->window_right = 0;
+    if (o->has_window) {
+        if (!PyTuple_CheckExact(window) || PyTuple_Size(window) != 2) return 0;
+        PyObject *left = PyTuple_GetItem(window, 0), *right = PyTuple_GetItem(window, 1);
+        if (!PyLong_CheckExact(left) || !PyLong_CheckExact(right)) return 0;
+        o->window_left = PyLong_AsLong(left);
+        o->window_right = PyLong_AsLong(right);
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    if (!PyFloat_CheckExact(softcap)) return 0;
+    o->softcap = PyFloat_AsDouble(softcap);
+    truth = PyObject_IsTrue(return_lse);
+    if (truth < 0) return -1;
+    o->return_lse = truth;
+    return 1;
+}
+
+static int same_options(const CallOptions *a, const CallOptions *b) {
+    if (a->causal != b->causal || a->has_scale != b->has_scale || a->has_num_splits != b->has_num_splits ||
+        a->has_window != b->has_window || a->return_lse != b->return_lse || a->softcap != b->softcap)
+        return 0;
+    if (a->has_scale && a->softmax_scale != b->softmax_scale) return 0;
+    if (a->has_num_splits && a->num_splits != b->num_splits) return 0;
+    if (a->has_window && (a->window_left != b->window_left || a->window_right != b->window_right)) return 0;
+    if (a->layout == b->layout) return 1;
+    return PyUnicode_Compare(a->layout, b->layout) == 0 && !PyErr_Occurred();
+}
+
+/* A call's arrays and options, as call() and remember() take them. */
+typedef struct {
+    PyObject *arrays[NUM_ARRAYS];
+    PyObject *layout, *options, *return_lse;
+    ArrayMeta meta[NUM_ARRAYS];
+    CallOptions call_options;
+} Probe;
+
+/* Unpacks (q, k, v, out, seqused_k, layout, options, return_lse) and reads
+ * them. Returns 1 when this path may serve the call, 0 or -1 as above. */
+static int probe_call(PyObject *args, Probe *p) {
+    if (!PyArg_UnpackTuple(args, "call", 8, 8, &p->arrays[ARRAY_Q], &p->arrays[ARRAY_K], &p->arrays[ARRAY_V],
+                           &p->arrays[ARRAY_OUT], &p->arrays[ARRAY_SEQUSED_K], &p->layout, &p->options,
+                           &p->return_lse))
+        return -1;
+    if (!torch_api.configured) return 0;
+    for (int i = 0; i < NUM_ARRAYS; ++i) {
+        PyObject *a = p->arrays[i];
+        if (a == Py_None && i >= ARRAY_OUT) continue;
+        if ((PyObject *)Py_TYPE(a) != torch_api.tensor_type) return 0;
+    }
+    int read = read_options(p->layout, p->options, p->return_lse, &p->call_options);
+    if (read <= 0) return read;
+    /* A plan serves calls without grad only: where grad mode is on and an
+     * input requires grad, the Python path refuses (or detaches). */
+    PyObject *grad = PyObject_CallObject(torch_api.is_grad_enabled, NULL);
+    if (grad == NULL) return -1;
+    int grad_enabled = PyObject_IsTrue(grad);
+    Py_DECREF(grad);
+    if (grad_enabled < 0) return -1;
+    if (grad_enabled) {
+        for (int i = ARRAY_Q; i <= ARRAY_V; ++i) {
+            PyObject *requires = PyObject_GetAttr(p->arrays[i], str_requires_grad);
+            if (requires == NULL) return -1;
+            int truth = PyObject_IsTrue(requires);
+            Py_DECREF(requires);
+            if (truth != 0) return truth < 0 ? -1 : 0;
+        }
+    }
+    for (int i = 0; i < NUM_ARRAYS; ++i) {
+        if (p->arrays[i] == Py_None) {
+            p->meta[i].present = 0;
+            continue;
+        }
+        read = read_meta(p->arrays[i], &p->meta[i]);
+        if (read <= 0) return read;
+    }
+    return 1;
+}
+
+static Plan *find_plan(const Probe *p) {
+    for (int i = 0; i < FASTCALL_MAX_PLANS; ++i) {
+        Plan *plan = &plans[i];
+        if (!plan->valid || !same_options(&plan->options, &p->call_options)) continue;
+        int same = 1;
+        for (int a = 0; a < NUM_ARRAYS && same; ++a) same = same_meta(&plan->arrays[a], &p->meta[a]);
+        if (same) return plan;
+    }
+    return NULL;
+}
+
+/* The address of a torch tensor (data_ptr()), or NULL with an exception. */
+static int address_of(PyObject *tensor, const void **address) {
+    PyObject *ptr = PyObject_CallFunctionObjArgs(torch_api.data_ptr, tensor, NULL);
+    if (ptr == NULL) return -1;
+    *address = PyLong_AsVoidPtr(ptr);
+    Py_DECREF(ptr);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* The kept workspace of (device, stream) when it is at least `bytes` and may
+ * be used (the stream is not being captured): its address in *address.
+ * Returns 1 when found, 0 when the Python path must provide one, -1. */
+static int kept_workspace(const Plan *plan, void *stream, size_t bytes, void **address) {
+    PyObject *key = Py_BuildValue("(lN)", plan->device, PyLong_FromVoidPtr(stream));
+    if (key == NULL) return -1;
+    PyObject *kept = PyDict_GetItem(torch_api.kept_workspaces, key); /* borrowed */
+    Py_DECREF(key);
+    if (kept == NULL || !PyTuple_Check(kept) || PyTuple_Size(kept) != 3) return 0;
+    size_t kept_bytes = PyLong_AsSize_t(PyTuple_GetItem(kept, 1));
+    if (kept_bytes == (size_t)-1 && PyErr_Occurred()) return -1;
+    if (kept_bytes < bytes) return 0;
+    PyObject *capturing = PyObject_CallObject(torch_api.capturing, NULL);
+    if (capturing == NULL) return -1;
+    int truth = PyObject_IsTrue(capturing);
+    Py_DECREF(capturing);
+    if (truth != 0) return truth < 0 ? -1 : 0;
+    *address = PyLong_AsVoidPtr(PyTuple_GetItem(kept, 2));
+    return PyErr_Occurred() ? -1 : 1;
+}
+
+/* ---- the module's functions -------------------------------------------- */
+
+/* A flashcore_forward that queues nothing: configure()'d in its place, the
+ * binding's own host time per call can be measured (bench/python_overhead.py)
+ * and call() tested on a machine without a GPU. */
+static flashcore_status stub_forward(flashcore_handle handle, const flashcore_forward_params *params,
+                                     void *workspace, size_t workspace_bytes, void *stream) {
+    (void)handle;
+    (void)params;
+    (void)workspace;
+    (void)workspace_bytes;
+    (void)stream;
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+PyDoc_STRVAR(stub_forward_address_doc,
+             "stub_forward_address()\n\n"
+             "The address of a function with flashcore_forward's signature that returns success and queues "
+             "nothing, for configure() in benchmarks and tests.");
+
+static PyObject *fastcall_stub_forward_address(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyLong_FromVoidPtr((void *)stub_forward);
+}
+
+PyDoc_STRVAR(call_doc,
+             "call(q, k, v, out, seqused_k, layout, options, return_lse)\n\n"
+             "Queues a call a remembered plan serves and returns its result (out, or (out, lse)); None where no "
+             "plan serves it (the caller then takes the Python path). options: (causal, softmax_scale, num_splits, "
+             "window, softcap), as flashcore.attention passes them.");
+
+static PyObject *fastcall_call(PyObject *self, PyObject *args) {
+    (void)self;
+    Probe p;
+    int served = probe_call(args, &p);
+    if (served < 0) return NULL;
+    Plan *plan = served ? find_plan(&p) : NULL;
+    if (plan == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *stream_obj = PyObject_CallObject(torch_api.current_stream, plan->device_args);
+    if (stream_obj == NULL) return NULL;
+    void *stream = PyLong_AsVoidPtr(stream_obj);
+    Py_DECREF(stream_obj);
+    if (PyErr_Occurred()) return NULL;
+    void *workspace = NULL;
+    if (plan->workspace_bytes) {
+        int found = kept_workspace(plan, stream, plan->workspace_bytes, &workspace);
+        if (found < 0) return NULL;
+        if (!found) Py_RETURN_NONE; /* nothing allocated yet: the Python path allocates one */
+    }
+
+    flashcore_forward_params params = plan->template_params;
+    PyObject *out = p.arrays[ARRAY_OUT], *lse = NULL;
+    if (out == Py_None) {
+        out = plan->out_like_q ? PyObject_CallFunctionObjArgs(torch_api.empty_like, p.arrays[ARRAY_Q], NULL)
+                               : PyObject_Call(torch_api.empty, plan->out_args, plan->out_kwargs);
+        if (out == NULL) return NULL;
+    } else {
+        Py_INCREF(out);
+    }
+    if (plan->lse_args != NULL) {
+        lse = PyObject_Call(torch_api.empty, plan->lse_args, plan->lse_kwargs);
+        if (lse == NULL) goto fail;
+    }
+    const void *address;
+    if (address_of(p.arrays[ARRAY_Q], &params.q) < 0 || address_of(p.arrays[ARRAY_K], &params.k) < 0 ||
+        address_of(p.arrays[ARRAY_V], &params.v) < 0 || address_of(out, &address) < 0)
+        goto fail;
+    params.out = (void *)address;
+    if (lse != NULL) {
+        if (address_of(lse, &address) < 0) goto fail;
+        params.lse = (float *)address;
+    }
+    if (p.arrays[ARRAY_SEQUSED_K] != Py_None) {
+        if (address_of(p.arrays[ARRAY_SEQUSED_K], &address) < 0) goto fail;
+        params.seqused_k = (const int32_t *)address;
+    }
+
+    flashcore_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = torch_api.forward(plan->raw_handle, &params, workspace, plan->workspace_bytes, stream);
+    Py_END_ALLOW_THREADS
+    if (status != FLASHCORE_STATUS_SUCCESS) {
+        PyObject *checked = PyObject_CallFunction(torch_api.check, "i", (int)status);
+        if (checked == NULL) goto fail;
+        Py_DECREF(checked);
+        PyErr_Format(PyExc_RuntimeError, "flashcore_forward failed with status %d", (int)status);
+        goto fail;
+    }
+    if (lse == NULL) return out;
+    PyObject *result = PyTuple_Pack(2, out, lse);
+    Py_DECREF(out);
+    Py_DECREF(lse);
+    return result;
+
+fail:
+    Py_XDECREF(out);
+    Py_XDECREF(lse);
+    return NULL;
+}
+
+static void clear_plan(Plan *plan) {
+    if (!plan->valid) return;
+    plan->valid = 0;
+    Py_CLEAR(plan->options.layout);
+    for (int i = 0; i < NUM_ARRAYS; ++i) {
+        if (plan->arrays[i].present) Py_CLEAR(plan->arrays[i].dtype);
+    }
+    Py_CLEAR(plan->out_args);
+    Py_CLEAR(plan->out_kwargs);
+    Py_CLEAR(plan->lse_args);
+    Py_CLEAR(plan->lse_kwargs);
+    Py_CLEAR(plan->handle);
+    Py_CLEAR(plan->device_args);
+}
+
+/* torch.empty's (args, kwargs) for a tensor of `shape`, or NULL. */
+static int empty_arguments(PyObject *shape, PyObject *dtype, PyObject *torch_device, PyObject **args,
+                           PyObject **kwargs) {
+    *args = PyTuple_Pack(1, shape);
+    *kwargs = Py_BuildValue("{sOsO}", "dtype", dtype, "device", torch_device);
+    if (*args == NULL || *kwargs == NULL) {
+        Py_CLEAR(*args);
+        Py_CLEAR(*kwargs);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(remember_doc,
+             "remember(q, k, v, out, seqused_k, layout, options, return_lse, template, out_like_q, out_shape, "
+             "dtype, torch_device, lse_shape, lse_dtype, workspace_bytes, handle, raw_handle, device)\n\n"
+             "Keeps the plan of a call the Python path served from its cache (the same arguments as call(), "
+             "then what the plan holds: template, the params struct's bytes but for the addresses; out_shape "
+             "(None where out is given) and dtype, or out_like_q; lse_shape (None where no lse is returned) and "
+             "lse_dtype; "
+             "the workspace's bytes; the Handle the calls go to and its flashcore_handle as an int; the "
+             "device). Returns whether it was kept: a call this path would not serve is not.");
+
+static PyObject *fastcall_remember(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_ssize_t n = PyTuple_Size(args);
+    if (n != 19) {
+        PyErr_Format(PyExc_TypeError, "remember() takes 19 arguments (%zd given)", n);
+        return NULL;
+    }
+    PyObject *call_args = PyTuple_GetSlice(args, 0, 8);
+    if (call_args == NULL) return NULL;
+    Probe p;
+    int served = probe_call(call_args, &p);
+    Py_DECREF(call_args);
+    if (served <= 0) {
+        if (served < 0) return NULL;
+        Py_RETURN_FALSE;
+    }
+    PyObject *template_bytes = PyTuple_GetItem(args, 8), *out_like_q = PyTuple_GetItem(args, 9),
+             *out_shape = PyTuple_GetItem(args, 10), *dtype = PyTuple_GetItem(args, 11),
+             *torch_device = PyTuple_GetItem(args, 12), *lse_shape = PyTuple_GetItem(args, 13),
+             *lse_dtype = PyTuple_GetItem(args, 14), *workspace_bytes = PyTuple_GetItem(args, 15),
+             *handle = PyTuple_GetItem(args, 16), *raw_handle = PyTuple_GetItem(args, 17),
+             *device = PyTuple_GetItem(args, 18);
+    if (!PyBytes_Check(template_bytes) || PyBytes_Size(template_bytes) != (Py_ssize_t)sizeof(flashcore_forward_params)) {
+        PyErr_Format(PyExc_ValueError, "template must be the %zu bytes of a flashcore_forward_params",
+                     sizeof(flashcore_forward_params));
+        return NULL;
+    }
+    /* A plan for these arrays and options is replaced in its slot. */
+    Plan *slot = find_plan(&p);
+    if (PyErr_Occurred()) return NULL;
+
+    Plan fresh;
+    memset(&fresh, 0, sizeof fresh);
+    memcpy(&fresh.template_params, PyBytes_AsString(template_bytes), sizeof fresh.template_params);
+    fresh.options = p.call_options;
+    memcpy(fresh.arrays, p.meta, sizeof fresh.arrays);
+    int truth = PyObject_IsTrue(out_like_q);
+    if (truth < 0) return NULL;
+    fresh.out_like_q = truth && p.arrays[ARRAY_OUT] == Py_None;
+    fresh.workspace_bytes = PyLong_AsSize_t(workspace_bytes);
+    fresh.raw_handle = (flashcore_handle)PyLong_AsVoidPtr(raw_handle);
+    fresh.device = PyLong_AsLong(device);
+    if (PyErr_Occurred()) return NULL;
+    if (fresh.raw_handle == NULL) {
+        PyErr_SetString(PyExc_ValueError, "raw_handle is NULL");
+        return NULL;
+    }
+    if (p.arrays[ARRAY_OUT] == Py_None && !fresh.out_like_q &&
+        empty_arguments(out_shape, dtype, torch_device, &fresh.out_args, &fresh.out_kwargs) < 0)
+        goto fail;
+    if (lse_shape != Py_None &&
+        empty_arguments(lse_shape, lse_dtype, torch_device, &fresh.lse_args, &fresh.lse_kwargs) < 0)
+        goto fail;
+    fresh.device_args = Py_BuildValue("(l)", fresh.device);
+    if (fresh.device_args == NULL) goto fail;
+    fresh.handle = handle;
+    Py_INCREF(handle);
+    Py_INCREF(fresh.options.layout);
+    for (int i = 0; i < NUM_ARRAYS; ++i) {
+        if (fresh.arrays[i].present) Py_INCREF(fresh.arrays[i].dtype);
+    }
+    fresh.valid = 1;
+
+    if (slot == NULL) slot = &plans[next_victim++ % FASTCALL_MAX_PLANS];
+    clear_plan(slot);
+    *slot = fresh;
+    Py_RETURN_TRUE;
+
+fail:
+    Py_XDECREF(fresh.out_args);
+    Py_XDECREF(fresh.out_kwargs);
+    Py_XDECREF(fresh.lse_args);
+    Py_XDECREF(fresh.lse_kwargs);
+    Py_XDECREF(fresh.device_args);
+    return NULL;
+}
+
+PyDoc_STRVAR(clear_doc, "clear()\n\nForgets every plan (their handles and dtypes are released).");
+
+static PyObject *fastcall_clear(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    for (int i = 0; i < FASTCALL_MAX_PLANS; ++i) clear_plan(&plans[i]);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(configure_doc,
+             "configure(forward, check, tensor_type, is_grad_enabled, empty, empty_like, current_stream, "
+             "capturing, kept_workspaces)\n\n"
+             "Sets what call() uses: flashcore_forward's address (an int), the binding's status check (raises), "
+             "torch.Tensor, torch.is_grad_enabled, torch.empty, torch.empty_like, a function of a device index "
+             "giving torch's current stream there as an int, one saying whether it is being captured, and the "
+             "binding's dict of kept workspaces. Forgets every plan.");
+
+static PyObject *fastcall_configure(PyObject *self, PyObject *args) {
+    PyObject *forward, *check, *tensor_type, *is_grad_enabled, *empty, *empty_like, *current_stream, *capturing,
+        *kept_workspaces;
+    if (!PyArg_UnpackTuple(args, "configure", 9, 9, &forward, &check, &tensor_type, &is_grad_enabled, &empty,
+                           &empty_like, &current_stream, &capturing, &kept_workspaces))
+        return NULL;
+    if (!PyDict_Check(kept_workspaces)) {
+        PyErr_SetString(PyExc_TypeError, "kept_workspaces must be a dict");
+        return NULL;
+    }
+    void *forward_address = PyLong_AsVoidPtr(forward);
+    if (forward_address == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "forward is NULL");
+        return NULL;
+    }
+    PyObject *stride = PyObject_GetAttrString(tensor_type, "stride");
+    PyObject *get_device = PyObject_GetAttrString(tensor_type, "get_device");
+    PyObject *data_ptr = PyObject_GetAttrString(tensor_type, "data_ptr");
+    if (stride == NULL || get_device == NULL || data_ptr == NULL) {
+        Py_XDECREF(stride);
+        Py_XDECREF(get_device);
+        Py_XDECREF(data_ptr);
+        return NULL;
+    }
+    fastcall_clear(self, NULL);
+    PyObject **slots[] = {&torch_api.check,     &torch_api.tensor_type,    &torch_api.is_grad_enabled,
+                          &torch_api.empty,     &torch_api.empty_like,     &torch_api.current_stream,
+                          &torch_api.capturing, &torch_api.kept_workspaces};
+    PyObject *values[] = {check, tensor_type, is_grad_enabled, empty, empty_like, current_stream, capturing,
+                          kept_workspaces};
+    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; ++i) {
+        PyObject *old = *slots[i];
+        Py_INCREF(values[i]);
+        *slots[i] = values[i];
+        Py_XDECREF(old);
+    }
+    PyObject *old_methods[] = {torch_api.stride, torch_api.get_device, torch_api.data_ptr};
+    torch_api.stride = stride;
+    torch_api.get_device = get_device;
+    torch_api.data_ptr = data_ptr;
+    for (size_t i = 0; i < sizeof old_methods / sizeof old_methods[0]; ++i) Py_XDECREF(old_methods[i]);
+    torch_api.forward = (forward_fn)forward_address;
+    torch_api.configured = 1;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(params_layout_doc,
+             "params_layout()\n\n"
+             "(sizeof, {field: offset}) of flashcore_forward_params as this module was compiled: the binding "
+             "uses the module only where its ctypes struct agrees.");
+
+static PyObject *fastcall_params_layout(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return Py_BuildValue("(n{snsnsnsnsnsnsn})", (Py_ssize_t)sizeof(flashcore_forward_params), "struct_size",
+                         (Py_ssize_t)offsetof(flashcore_forward_params, struct_size), "q",
+                         (Py_ssize_t)offsetof(flashcore_forward_params, q), "k",
+                         (Py_ssize_t)offsetof(flashcore_forward_params, k), "v",
+                         (Py_ssize_t)offsetof(flashcore_forward_params, v), "out",
+                         (Py_ssize_t)offsetof(flashcore_forward_params, out), "lse",
+                         (Py_ssize_t)offsetof(flashcore_forward_params, lse), "seqused_k",
+                         (Py_ssize_t)offsetof(flashcore_forward_params, seqused_k));
+}
+
+static PyMethodDef fastcall_methods[] = {
+    {"call", fastcall_call, METH_VARARGS, call_doc},
+    {"remember", fastcall_remember, METH_VARARGS, remember_doc},
+    {"clear", fastcall_clear, METH_NOARGS, clear_doc},
+    {"configure", fastcall_configure, METH_VARARGS, configure_doc},
+    {"params_layout", fastcall_params_layout, METH_NOARGS, params_layout_doc},
+    {"stub_forward_address", fastcall_stub_forward_address, METH_NOARGS, stub_forward_address_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef fastcall_module = {
+    PyModuleDef_HEAD_INIT, "_fastcall",
+    "The compiled host path of repeated flashcore.attention calls on torch tensors (internal).", -1,
+    fastcall_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fastcall(void) {
+    str_shape = PyUnicode_InternFromString("shape");
+    str_dtype = PyUnicode_InternFromString("dtype");
+    str_requires_grad = PyUnicode_InternFromString("requires_grad");
+    if (str_shape == NULL || str_dtype == NULL || str_requires_grad == NULL) return NULL;
+    return PyModule_Create(&fastcall_module);
+}

@@ -1,0 +1,99 @@
+"""The compiled host path of repeated flashcore.attention calls on torch
+tensors (flashcore/_fastcall.c): found, checked against this package's
+ctypes struct and configured once torch is imported. Optional: where the
+module was not built, or FLASHCORE_FASTCALL=0 is set, load() gives False
+and every call takes the Python path, which computes the same."""
+
+import ctypes
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+from . import _ffi
+from ._errors import FlashcoreError
+from ._library import Handle, library
+
+# FLASHCORE_FASTCALL=0 in the environment: the Python path only (to compare
+# the two, or to rule the compiled one out).
+DISABLE_ENV = "FLASHCORE_FASTCALL"
+MODULE_NAME = "_fastcall"
+
+# device -> the Handle the compiled path queues on. Its plans hold the raw
+# handle, so these live as long as the process (get_handle()'s per-thread
+# handles close with their thread, or when a caller closes them).
+_handles = {}
+
+
+def find():
+    """The compiled module, or None: flashcore._fastcall where it was
+    installed in the package (the wheel), else the one a CMake build put
+    beside the library this package loaded."""
+    if os.environ.get(DISABLE_ENV) == "0":
+        return None
+    try:
+        from . import _fastcall
+        return _fastcall
+    except ImportError:
+        pass
+    directory = os.path.dirname(library().path)
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES if directory else ():
+        path = os.path.join(directory, MODULE_NAME + suffix)
+        if os.path.isfile(path):
+            spec = importlib.util.spec_from_file_location(__package__ + "." + MODULE_NAME, path)
+            module = importlib.util.module_from_spec(spec)
+            try:
+                spec.loader.exec_module(module)
+            except ImportError:
+                return None
+            sys.modules[spec.name] = module
+            return module
+    return None
+
+
+def fits_struct(module):
+    """Whether the module was compiled against this package's
+    flashcore_forward_params (its size and the fields it writes)."""
+    size, offsets = module.params_layout()
+    struct = _ffi.flashcore_forward_params
+    return size == ctypes.sizeof(struct) and all(getattr(struct, f).offset == o for f, o in offsets.items())
+
+
+def load(torch_api, kept_workspaces, forward_address=None):
+    """The configured module; False where there is none or it does not fit;
+    None while torch is not imported (ask again later). torch_api: the
+    binding's _TorchApi; kept_workspaces: its dict of workspaces per
+    (device, stream). forward_address: flashcore_forward's unless given
+    (a stub's, to time the binding alone)."""
+    if torch_api is None:
+        return None
+    try:
+        lib = library()
+        module = find()
+    except (FlashcoreError, OSError):
+        return False  # no library: the Python path says why, as before
+    if module is None or not fits_struct(module):
+        return False
+    if forward_address is None:
+        forward_address = ctypes.cast(lib.cdll.flashcore_forward, ctypes.c_void_p).value
+    module.configure(forward_address, lib.check, torch_api.tensor, torch_api.is_grad_enabled, torch_api.empty,
+                     torch_api.empty_like, torch_api.current_stream, torch_api.capturing, kept_workspaces)
+    return module
+
+
+def remember(module, plan, q, k, v, out, seqused_k, layout, options, return_lse, workspace_bytes):
+    """Gives the module a plan the Python path served (out: as the caller
+    gave it, None to allocate)."""
+    device = plan.device
+    handle = _handles.get(device)
+    if handle is None:
+        handle = _handles[device] = Handle(device)
+    module.remember(q, k, v, out, seqused_k, layout, options, return_lse, plan.template, plan.out_like_q,
+                    plan.out_shape, plan.dtype, plan.torch_device, plan.lse_shape, plan.lse_dtype, workspace_bytes,
+                    handle, handle.value, device)
+
+
+def loaded_from():
+    """Where the compiled module in use was loaded from, or None."""
+    module = sys.modules.get(__package__ + "." + MODULE_NAME)
+    return getattr(module, "__file__", None)

@@ -1,0 +1,297 @@
+"""The compiled call path (flashcore/_fastcall.c) on a machine without a GPU
+or torch: configured with a stand-in tensor class and a recording
+flashcore_forward (a ctypes callback), it must serve exactly the calls a
+remembered plan describes, with the plan's params and this call's
+addresses, and hand every other call back (None). Its results on a GPU are
+tested beside the Python path's in test_gpu_torch.py."""
+
+import ctypes
+
+import pytest
+
+import flashcore
+from flashcore import _attention, _fastpath, _ffi
+
+
+@pytest.fixture(scope="module")
+def module(lib):
+    found = _fastpath.find()
+    if found is None:
+        pytest.skip("flashcore._fastcall is not built (CMake found no Python headers, or FLASHCORE_FASTCALL=0); "
+                    "the binding then runs every call in Python")
+    return found
+
+
+class Dtype:
+    def __init__(self, name):
+        self.name = name
+
+
+FLOAT16, BFLOAT16, FLOAT32 = Dtype("float16"), Dtype("bfloat16"), Dtype("float32")
+
+
+class Tensor:
+    """What the compiled path reads of a torch tensor."""
+
+    next_address = 0x10000
+
+    def __init__(self, shape, dtype=FLOAT16, strides=None, device=0, requires_grad=False):
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self._strides = tuple(strides) if strides else _contiguous(shape)
+        self._device = device
+        self.requires_grad = requires_grad
+        self.address = Tensor.next_address
+        Tensor.next_address += 0x10000
+
+    def stride(self):
+        return self._strides
+
+    def get_device(self):
+        return self._device
+
+    def data_ptr(self):
+        return self.address
+
+
+class SubTensor(Tensor):
+    pass
+
+
+def _contiguous(shape):
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+FORWARD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_ffi.flashcore_forward_params),
+                           ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+
+
+class Backend:
+    """configure()'s arguments, recording what call() does with them."""
+
+    def __init__(self):
+        self.grad = False
+        self.capturing = False
+        self.stream = 0x5000
+        self.status = 0
+        self.queued = []  # (params copy, workspace, workspace_bytes, stream, handle)
+        self.allocated = []
+        self.kept = {}
+        self.forward = FORWARD(self._forward)  # kept alive as long as the backend
+
+    def _forward(self, handle, params, workspace, workspace_bytes, stream):
+        self.queued.append((_ffi.flashcore_forward_params.from_buffer_copy(params.contents), workspace or 0,
+                            workspace_bytes, stream or 0, handle))
+        return self.status
+
+    def check(self, status):
+        if status:
+            raise flashcore.InvalidArgumentError("status %d" % status)
+
+    def empty(self, shape, dtype, device):
+        t = Tensor(shape, dtype=dtype, device=device)
+        self.allocated.append(("empty", t))
+        return t
+
+    def empty_like(self, like):
+        t = Tensor(like.shape, dtype=like.dtype, device=like.get_device())
+        self.allocated.append(("empty_like", t))
+        return t
+
+    def configure(self, module):
+        module.configure(ctypes.cast(self.forward, ctypes.c_void_p).value, self.check, Tensor, lambda: self.grad,
+                         self.empty, self.empty_like, lambda device: self.stream, lambda: self.capturing, self.kept)
+
+
+@pytest.fixture
+def backend(module):
+    b = Backend()
+    b.configure(module)
+    yield b
+    module.clear()
+    if _attention._fast:  # the binding's own configuration, for the tests after this one
+        _attention._fast = None
+
+
+OPTIONS = (False, None, None, None, 0.0)
+HANDLE = 0xABC0
+
+
+def template(**fields):
+    params = _ffi.flashcore_forward_params()
+    params.struct_size = ctypes.sizeof(params)
+    params.seqlen_q = 7  # a field the plan sets and call() must keep
+    for name, value in fields.items():
+        setattr(params, name, value)
+    return bytes(params)
+
+
+def qkv(**kwargs):
+    return Tensor((1, 8, 16, 64), **kwargs), Tensor((1, 2, 32, 64), **kwargs), Tensor((1, 2, 32, 64), **kwargs)
+
+
+def remember(module, q, k, v, out=None, seqused_k=None, layout="bhsd", options=OPTIONS, return_lse=False,
+             out_like_q=True, out_shape=None, lse_shape=None, workspace_bytes=0, device=0, params=None):
+    return module.remember(q, k, v, out, seqused_k, layout, options, return_lse,
+                           params if params is not None else template(), out_like_q, out_shape, FLOAT16, "cuda:0",
+                           lse_shape, FLOAT32, workspace_bytes, object(), HANDLE, device)
+
+
+def test_module_fits_the_ctypes_struct(module):
+    size, offsets = module.params_layout()
+    assert size == ctypes.sizeof(_ffi.flashcore_forward_params)
+    assert set(offsets) >= {"q", "k", "v", "out", "lse", "seqused_k"}
+    assert _fastpath.fits_struct(module)
+
+
+def test_a_remembered_call_is_queued_with_new_addresses(module, backend):
+    q, k, v = qkv()
+    assert remember(module, q, k, v) is True
+    q2, k2, v2 = qkv()
+    out = module.call(q2, k2, v2, None, None, "bhsd", OPTIONS, False)
+    assert [how for how, _ in backend.allocated] == ["empty_like"] and out is backend.allocated[0][1]
+    (params, workspace, workspace_bytes, stream, handle), = backend.queued
+    assert (params.q, params.k, params.v, params.out) == (q2.address, k2.address, v2.address, out.address)
+    assert params.seqlen_q == 7 and params.struct_size == ctypes.sizeof(params)
+    assert not params.lse and not params.seqused_k
+    assert (workspace, workspace_bytes, stream, handle) == (0, 0, backend.stream, HANDLE)
+
+
+def test_out_given_lse_and_seqused_k(module, backend):
+    q, k, v = qkv()
+    out, used = Tensor(q.shape), Tensor((1,), dtype=Dtype("int32"))
+    assert remember(module, q, k, v, out=out, seqused_k=used, return_lse=True, lse_shape=(1, 8, 16))
+    result = module.call(q, k, v, out, used, "bhsd", OPTIONS, True)
+    assert type(result) is tuple and result[0] is out
+    lse = result[1]
+    assert [(how, t.shape, t.dtype) for how, t in backend.allocated] == [("empty", (1, 8, 16), FLOAT32)]
+    (params, *_), = backend.queued
+    assert (params.out, params.lse, params.seqused_k) == (out.address, lse.address, used.address)
+
+
+def test_out_of_another_shape_is_allocated_with_empty(module, backend):
+    q, k, v = qkv()
+    assert remember(module, q, k, v, out_like_q=False, out_shape=(1, 8, 16, 32))
+    out = module.call(q, k, v, None, None, "bhsd", OPTIONS, False)
+    assert [(how, t.shape, t.dtype) for how, t in backend.allocated] == [("empty", (1, 8, 16, 32), FLOAT16)]
+    assert backend.queued[0][0].out == out.address
+
+
+def test_workspace_is_the_kept_one_or_the_python_paths(module, backend):
+    q, k, v = qkv()
+    assert remember(module, q, k, v, workspace_bytes=4096)
+    assert module.call(q, k, v, None, None, "bhsd", OPTIONS, False) is None, "no kept workspace yet"
+    backend.kept[(0, backend.stream)] = (object(), 2048, 0x9000)
+    assert module.call(q, k, v, None, None, "bhsd", OPTIONS, False) is None, "the kept one is too small"
+    backend.kept[(0, backend.stream)] = (object(), 8192, 0x9000)
+    backend.capturing = True
+    assert module.call(q, k, v, None, None, "bhsd", OPTIONS, False) is None, "captured calls allocate their own"
+    backend.capturing = False
+    assert module.call(q, k, v, None, None, "bhsd", OPTIONS, False) is not None
+    assert [(w, n) for _, w, n, _, _ in backend.queued] == [(0x9000, 4096)]
+    assert len(backend.allocated) == 1, "out was allocated before a miss"
+
+
+@pytest.mark.parametrize("change", ["shape", "stride", "dtype", "device", "subclass", "layout", "causal", "scale",
+                                    "scale_type", "num_splits", "window", "window_type", "softcap", "softcap_type",
+                                    "return_lse", "out_given", "seqused_k", "five_options"])
+def test_anything_else_is_handed_back(module, backend, change):
+    q, k, v = qkv()
+    assert remember(module, q, k, v)
+    args = [q, k, v, None, None, "bhsd", OPTIONS, False]
+    options = list(OPTIONS)
+    if change == "shape":
+        args[1] = Tensor((1, 2, 33, 64))
+    elif change == "stride":
+        args[0] = Tensor(q.shape, strides=(8 * 16 * 64, 64, 8 * 64, 1))
+    elif change == "dtype":
+        args[2] = Tensor(v.shape, dtype=BFLOAT16)
+    elif change == "device":
+        args[1] = Tensor(k.shape, device=1)
+    elif change == "subclass":
+        args[0] = SubTensor(q.shape)
+    elif change == "layout":
+        args[5] = "bshd"
+    elif change == "causal":
+        options[0] = True
+    elif change == "scale":
+        options[1] = 0.5
+    elif change == "scale_type":
+        remember(module, q, k, v, options=(False, 1.0, None, None, 0.0))
+        options[1] = 1  # equal to 1.0, but only exact floats are served
+    elif change == "num_splits":
+        options[2] = 2
+    elif change == "window":
+        options[3] = (4, 0)
+    elif change == "window_type":
+        remember(module, q, k, v, options=(False, None, None, (4, 0), 0.0))
+        options[3] = [4, 0]
+    elif change == "softcap":
+        options[4] = 30.0
+    elif change == "softcap_type":
+        options[4] = 0
+    elif change == "return_lse":
+        args[7] = True
+    elif change == "out_given":
+        args[3] = Tensor(q.shape)
+    elif change == "seqused_k":
+        args[4] = Tensor((1,))
+    elif change == "five_options":
+        options.append(None)
+    args[6] = tuple(options)
+    assert module.call(*args) is None
+    assert not backend.queued and not backend.allocated
+
+
+def test_grad_is_left_to_the_python_path(module, backend):
+    q, k, v = qkv()
+    assert remember(module, q, k, v)
+    k.requires_grad = True
+    assert module.call(q, k, v, None, None, "bhsd", OPTIONS, False) is not None, "grad mode is off"
+    backend.grad = True
+    assert module.call(q, k, v, None, None, "bhsd", OPTIONS, False) is None, "the Python path refuses or detaches"
+    k.requires_grad = False
+    assert module.call(q, k, v, None, None, "bhsd", OPTIONS, False) is not None
+    assert len(backend.queued) == 2
+
+
+def test_a_failed_status_raises_the_binding_error(module, backend):
+    q, k, v = qkv()
+    assert remember(module, q, k, v)
+    backend.status = 3
+    with pytest.raises(flashcore.InvalidArgumentError, match="status 3"):
+        module.call(q, k, v, None, None, "bhsd", OPTIONS, False)
+
+
+def test_remembering_again_replaces_the_plan(module, backend):
+    q, k, v = qkv()
+    assert remember(module, q, k, v, params=template(seqlen_q=7))
+    assert remember(module, q, k, v, params=template(seqlen_q=9))
+    module.call(q, k, v, None, None, "bhsd", OPTIONS, False)
+    assert backend.queued[0][0].seqlen_q == 9
+
+
+def test_plans_are_kept_up_to_a_limit(module, backend):
+    shapes = [(1, 2, n, 64) for n in range(1, 40)]
+    for s in shapes:
+        assert remember(module, Tensor(s), Tensor(s), Tensor(s))
+    served = [module.call(Tensor(s), Tensor(s), Tensor(s), None, None, "bhsd", OPTIONS, False) is not None
+              for s in shapes]
+    assert served[-1] and not served[0], "the oldest plans make way for new ones"
+
+
+def test_calls_it_does_not_serve_are_not_remembered(module, backend):
+    q, k, v = qkv()
+    assert remember(module, SubTensor(q.shape), k, v) is False
+    assert remember(module, q, k, v, layout=1) is False
+    with pytest.raises(ValueError, match="flashcore_forward_params"):
+        remember(module, q, k, v, params=b"short")
+
+
+def test_disabled_by_the_environment(module, monkeypatch):
+    monkeypatch.setenv(_fastpath.DISABLE_ENV, "0")
+    assert _fastpath.find() is None
