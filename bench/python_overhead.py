@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """Host time of one flashcore.attention call repeated on one shape: what
 the Python binding costs the CPU per call (issue 18: at most 10 us on
 torch tensors).
 
-Two measurements:
+Three measurements:
 
   prepare  everything the call does before it asks for a handle and
            queues the kernel (flashcore._attention.prepare: reading the
@@ -11,23 +10,31 @@ Two measurements:
            lse), on __cuda_array_interface__ arrays at made-up device
            addresses with out= given, or on torch CUDA tensors with
            --inputs torch (calls on torch tensors take a quicker path of
-           their own, which --mode call times). The library is the real
-           one (the first call goes through flashcore_forward_params_init
-           and flashcore_forward_check); nothing is queued, so it runs on a
-           machine without a GPU.
+           their own, which --mode stub and --mode call time). The library
+           is the real one (the first call goes through
+           flashcore_forward_params_init and flashcore_forward_check);
+           nothing is queued, so it runs on a machine without a GPU.
+  stub     flashcore.attention on torch CPU tensors, served as a repeated
+           call on CUDA tensors is (the compiled path, flashcore/_fastcall.c,
+           and the Python path with FLASHCORE_FASTCALL=0), up to the C call,
+           which is replaced by a stub that queues nothing: everything the
+           binding does on the host, out's allocation included (from torch's
+           CPU allocator here). Needs torch, no GPU.
   call     flashcore.attention end to end on torch CUDA tensors (the
            kernel queued on the current stream; out allocated, or given
-           with out=): the host time of calls made in bursts short enough
-           (--burst) for the GPU's launch queue to take them without
-           blocking, the GPU synchronized between bursts, outside the
-           timing. Then the same two calls with the C call (flashcore_forward
-           through ctypes) replaced by nothing: the binding's own share.
-           For comparison it also times flashcore_forward alone through
-           Handle.forward (params built once), torch's own
-           scaled_dot_product_attention and a bare torch.empty of the
-           output's size the same way. Needs torch and a GPU.
+           with out=), through the compiled path where it is built and
+           through the Python path: the host time of calls made in bursts
+           short enough (--burst) for the GPU's launch queue to take them
+           without blocking, the GPU synchronized between bursts, outside
+           the timing. Then the same calls with the C call (flashcore_forward)
+           replaced by a stub: the binding's own share. For comparison it
+           also times flashcore_forward alone through Handle.forward (params
+           built once), torch's own scaled_dot_product_attention and a bare
+           torch.empty of the output's size the same way. Needs torch and a
+           GPU.
 
     python3 bench/python_overhead.py                 # prepare, no GPU needed
+    python3 bench/python_overhead.py --mode stub     # torch, no GPU needed
     python3 bench/python_overhead.py --mode call     # on a GPU, with torch
 
 Set FLASHCORE_LIBRARY (or install the library). The flashcore package is
@@ -40,6 +47,7 @@ which on a machine busy with other work counts only this loop's own.
 """
 
 import argparse
+import ctypes
 import os
 import statistics
 import sys
@@ -51,6 +59,11 @@ except ImportError:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bindings", "python"))
     import flashcore
 from flashcore import _attention
+
+try:
+    from flashcore import _fastpath
+except ImportError:  # a package from before the compiled path
+    _fastpath = None
 
 # What the timings read (--clock).
 clock = time.perf_counter
@@ -168,24 +181,109 @@ def measure_call(args, shape):
     with torch.inference_mode():
         rows = [(name, per_call_us(burst_runner(torch, call, args.burst), args.calls, args.repeats))
                 for name, call in cases]
-        handle_type = flashcore.Handle
-        if hasattr(handle_type, "forward_unchecked"):
-            # The binding's own share: the same calls with the C call itself (flashcore_forward through
-            # ctypes, which its cached path makes in Handle.forward_unchecked) replaced by nothing.
-            queue = handle_type.forward_unchecked
-            handle_type.forward_unchecked = lambda *unused: None
-            try:
-                for name, call in cases[:2]:
-                    rows.append((name + " w/o C call",
-                                 per_call_us(burst_runner(torch, call, args.burst), args.calls, args.repeats)))
-            finally:
-                handle_type.forward_unchecked = queue
+        rows += binding_rows(lambda call: per_call_us(burst_runner(torch, call, args.burst), args.calls,
+                                                      args.repeats), cases[:2])
     return rows
+
+
+def binding_rows(time_call, cases):
+    """Rows of the binding's own host time: `cases` (name, call) through
+    the Python path (FLASHCORE_FASTCALL=0's), then through each path with
+    the C call replaced by a stub (the compiled path: a C function that
+    returns success; the Python path: Handle.forward_unchecked, its
+    ctypes call, replaced by nothing). Leaves the compiled path as found."""
+    rows = []
+    compiled = getattr(_attention, "_fast", None)
+    if compiled:
+        _attention._fast = False
+        try:
+            rows += [(name + " (Python path)", time_call(call)) for name, call in cases]
+        finally:
+            _attention._fast = compiled
+        _fastpath.load(_attention._torch_api, _attention._kept_workspaces, compiled.stub_forward_address())
+        compiled.clear()
+        try:
+            rows += [(name + " w/o C call", time_call(call)) for name, call in cases]
+        finally:
+            _attention._fast = False  # the Python path's rows below
+    handle_type = flashcore.Handle
+    if hasattr(handle_type, "forward_unchecked"):
+        queue = handle_type.forward_unchecked
+        handle_type.forward_unchecked = lambda *unused: None
+        try:
+            rows += [(name + (" (Python path)" if compiled else "") + " w/o C call", time_call(call))
+                     for name, call in cases]
+        finally:
+            handle_type.forward_unchecked = queue
+            if compiled:
+                _attention._fast = None  # configured again, with flashcore_forward, by the next call
+    return rows
+
+
+def measure_stub(args, shape):
+    """--mode stub: the plans a CUDA call would get, on CPU tensors (the
+    params' bytes do not matter: the stub reads none of them)."""
+    import torch
+    if _fastpath is None:
+        sys.exit("--mode stub needs a flashcore package with the compiled path's loader (flashcore/_fastpath.py)")
+    q_shape, kv_shape = shapes_of(shape)
+    q = torch.randn(q_shape, dtype=torch.float16)
+    k, v = (torch.randn(kv_shape, dtype=torch.float16) for _ in range(2))
+    out = torch.empty_like(q)
+    options = (args.causal, None, None, None, 0.0)
+    api = _attention._load_torch_api()
+    api.current_stream = lambda device: 0  # torch's CUDA calls need a GPU
+    api.capturing = lambda: False
+    template = bytes(ctypes.sizeof(flashcore._ffi.flashcore_forward_params))
+
+    class FakeHandle:
+        value = 1
+
+        def forward_unchecked(self, *unused):
+            pass
+
+    flashcore._library._thread_handles.cache = {0: FakeHandle()}
+    _fastpath._handles[0] = FakeHandle()
+    for given in (None, out):
+        key = _attention._plain_torch_key(q, k, v, given, None, "bhsd", options, False)
+        plan = _attention._Plan()
+        plan.template, plan.out_like_q, plan.out_shape, plan.lse_shape = template, given is None, None, None
+        plan.device, plan.plain_torch, plan.workspace_bytes, plan.torch_device = 0, True, {0: 0}, q.device
+        plan.dtype, plan.lse_dtype = q.dtype, torch.float32
+        _attention._plans[key] = plan
+    cases = [("flashcore.attention", lambda: flashcore.attention(q, k, v, causal=args.causal)),
+             ("flashcore.attention(out=)", lambda: flashcore.attention(q, k, v, causal=args.causal, out=out))]
+    rows = []
+    compiled = _fastpath.load(api, _attention._kept_workspaces)
+    if compiled:
+        compiled.configure(compiled.stub_forward_address(), flashcore.library().check, api.tensor,
+                           api.is_grad_enabled, api.empty, api.empty_like, api.current_stream, api.capturing,
+                           _attention._kept_workspaces)
+        _attention._fast = compiled
+        for name, call in cases:
+            call()  # the Python path's call, which gives the compiled path the plan
+            rows.append((name + " (compiled) w/o C call", per_call_us(timed_loop(call), args.calls, args.repeats)))
+    _attention._fast = False
+    rows += [(name + " (Python path) w/o C call", per_call_us(timed_loop(call), args.calls, args.repeats))
+             for name, call in cases]
+    rows.append(("torch.empty_like(q) (CPU)", per_call_us(timed_loop(lambda: torch.empty_like(q)), args.calls,
+                                                            args.repeats)))
+    return rows
+
+
+def timed_loop(one_call):
+    def run(calls):
+        start = clock()
+        for _ in range(calls):
+            one_call()
+        return clock() - start
+
+    return run
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mode", choices=["prepare", "call"], default="prepare")
+    parser.add_argument("--mode", choices=["prepare", "stub", "call"], default="prepare")
     parser.add_argument("--inputs", choices=["cai", "torch"], default="cai",
                         help="prepare's arrays: __cuda_array_interface__ objects (no GPU needed) or torch CUDA tensors")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="decode")
@@ -203,7 +301,8 @@ def main():
           % (os.path.dirname(flashcore.__file__), lib.version, lib.path, args.shape, " causal" if args.causal else "",
              args.calls, args.repeats))
     print("clock: %s" % ("this process's CPU time" if args.clock == "cpu" else "wall"))
-    rows = measure_prepare(args, shape) if args.mode == "prepare" else measure_call(args, shape)
+    measure = {"prepare": measure_prepare, "stub": measure_stub, "call": measure_call}[args.mode]
+    rows = measure(args, shape)
     print("%-28s %10s %10s" % ("us per call", "median", "best"))
     for name, (median, best) in rows:
         print("%-28s %10.2f %10.2f" % (name, median, best))
