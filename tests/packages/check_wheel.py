@@ -4,7 +4,9 @@ which only the flashcore-attention wheel was installed (check_wheel.sh).
 Checks that `import flashcore` loads the library bundled in the wheel (not a
 system one, not $FLASHCORE_LIBRARY), that its version is the package's, and
 that a call on a machine without a GPU raises NoDeviceError with the
-library's message. Exits non-zero on any failure.
+library's message, and that the compiled call path (flashcore._fastcall)
+is inside, loads in this Python and fits the package's params struct.
+Exits non-zero on any failure.
 """
 
 import ctypes.util
@@ -29,6 +31,13 @@ def main():
     assert os.path.dirname(lib.path) == package_dir, lib.path
     version = importlib.metadata.version(DIST)
     assert flashcore.library_version() == version == flashcore.__version__, (flashcore.library_version(), version)
+
+    from flashcore import _fastpath
+    compiled = _fastpath.find()
+    assert compiled is not None, "the wheel has no flashcore._fastcall"
+    assert os.path.dirname(os.path.abspath(compiled.__file__)) == package_dir, compiled.__file__
+    assert _fastpath.fits_struct(compiled), "flashcore._fastcall was built against another flashcore.h"
+    print("compiled call path: %s" % compiled.__file__)
 
     # A call needs a handle; without a GPU the library says why.
     no_driver = ctypes.util.find_library("cuda") is None
