@@ -394,10 +394,10 @@ static PyObject *fastcall_call(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_RuntimeError, "flashcore_forward failed with status %d", (int)status);
         goto fail;
     }
-    if (lse == NULL) return out;
-    PyObject *result = PyTuple_Pack(2, out, lse);
+    if (!plan->options.return_lse) return out;
+    PyObject *result = PyTuple_Pack(2, out, lse != NULL ? lse : Py_None);
     Py_DECREF(out);
-    Py_DECREF(lse);
+    Py_XDECREF(lse);
     return result;
 
 fail:

@@ -173,6 +173,14 @@ def test_out_given_lse_and_seqused_k(module, backend):
     assert (params.out, params.lse, params.seqused_k) == (out.address, lse.address, used.address)
 
 
+def test_return_lse_without_an_lse_plan_gives_none(module, backend):
+    # As the Python path's (out, lse): a plan that returns no lse array.
+    q, k, v = qkv()
+    assert remember(module, q, k, v, return_lse=True)
+    result = module.call(q, k, v, None, None, "bhsd", OPTIONS, True)
+    assert type(result) is tuple and result[1] is None and result[0] is backend.allocated[0][1]
+
+
 def test_out_of_another_shape_is_allocated_with_empty(module, backend):
     q, k, v = qkv()
     assert remember(module, q, k, v, out_like_q=False, out_shape=(1, 8, 16, 32))
