@@ -1063,6 +1063,14 @@ mod tests {
     fn head_dim_v_shapes_v_and_out() {
         // DeepSeek-style: q and k 192 wide, v and out 128, in both layouts.
         let (d, dv) = (192, 128);
+        // build() asks the library, whose kernels must cover the pair: the
+        // default build's do; one for fewer head dims
+        // (-DFLASHCORE_HEAD_DIMS) is left out, as the Python tests skip.
+        let supported = crate::supported_head_dims().expect("the library's head dims");
+        if !supported.iter().any(|&(kd, kdv)| i64::from(kd) >= d && i64::from(kdv) >= dv) {
+            eprintln!("skipped: this build has no kernel covering head dims ({d}, {dv}): {supported:?}");
+            return;
+        }
         let q_bytes = (B * HQ * SQ * d * 2) as usize;
         let k_bytes = (B * HKV * SK * d * 2) as usize;
         let (q, k) = (RawBuffer::new(0x1000_0000, q_bytes), RawBuffer::new(0x2000_0000, k_bytes));
