@@ -988,11 +988,13 @@ def launch(call):
 
 def _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k=None,
              cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None,
-             seqused_k_name="seqused_k"):
+             seqused_k_name="seqused_k", fast_asked=False):
     """What attention, attention_varlen and attention_with_kvcache share:
     under torch.compile (or torch.export) the torch operator
     flashcore::forward, else prepare() and launch(), with prepare()'s
-    arguments. (Positional: keywords cost host time on every call.)"""
+    arguments; fast_asked: the caller already asked the compiled path,
+    which handed the call back. (Positional: keywords cost host time on
+    every call.)"""
     if tracing():
         return traced_forward(q, k, v, layout=layout, options=options, out=out, lse=lse, return_lse=return_lse,
                               stream=stream, workspace=workspace, detach=detach, seqused_k=seqused_k,
@@ -1002,7 +1004,7 @@ def _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, 
     if (stream is None and workspace is None and lse is None and cu_seqlens_q is None and cu_seqlens_k is None
             and block_table is None):
         fast = _fast if _fast is not None else _load_fast()
-        if fast:
+        if fast and not fast_asked:
             result = fast.call(q, k, v, out, seqused_k, layout, options, return_lse)
             if result is not None:
                 return result
@@ -1150,11 +1152,14 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
     # A repeated call on torch tensors: the compiled path, first thing (each
     # Python call on the way is host time). Under torch.compile it is never
     # reached: _is_compiling() comes first, and there _forward traces.
+    fast_asked = False
     if _fast and stream is None and lse is None and workspace is None and not _is_compiling():
         result = _fast.call(q, k, v, out, seqused_k, layout, options, return_lse)
         if result is not None:
             return result
-    return _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k)
+        fast_asked = True
+    return _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k, None,
+                    None, None, None, None, "seqused_k", fast_asked)
 
 
 def attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k: Array, max_seqlen_q: int,
