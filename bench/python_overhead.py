@@ -254,11 +254,9 @@ def measure_stub(args, shape):
     cases = [("flashcore.attention", lambda: flashcore.attention(q, k, v, causal=args.causal)),
              ("flashcore.attention(out=)", lambda: flashcore.attention(q, k, v, causal=args.causal, out=out))]
     rows = []
-    compiled = _fastpath.load(api, _attention._kept_workspaces)
+    found = _fastpath.find()
+    compiled = found and _fastpath.load(api, _attention._kept_workspaces, found.stub_forward_address())
     if compiled:
-        compiled.configure(compiled.stub_forward_address(), flashcore.library().check, api.tensor,
-                           api.is_grad_enabled, api.empty, api.empty_like, api.current_stream, api.capturing,
-                           _attention._kept_workspaces)
         _attention._fast = compiled
         for name, call in cases:
             call()  # the Python path's call, which gives the compiled path the plan

@@ -272,7 +272,8 @@ static Plan *find_plan(const Probe *p) {
     return NULL;
 }
 
-/* The address of a torch tensor (data_ptr()), or NULL with an exception. */
+/* The address of a torch tensor (data_ptr()) in *address: 0, or -1 with an
+ * exception set. */
 static int address_of(PyObject *tensor, const void **address) {
     PyObject *ptr = PyObject_CallFunctionObjArgs(torch_api.data_ptr, tensor, NULL);
     if (ptr == NULL) return -1;
@@ -281,10 +282,11 @@ static int address_of(PyObject *tensor, const void **address) {
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* The kept workspace of (device, stream) when it is at least `bytes` and may
- * be used (the stream is not being captured): its address in *address.
- * Returns 1 when found, 0 when the Python path must provide one, -1. */
-static int kept_workspace(const Plan *plan, void *stream, size_t bytes, void **address) {
+/* The kept workspace of (device, stream) when it holds the plan's
+ * workspace_bytes and may be used (the stream is not being captured): its
+ * address in *address. Returns 1 when found, 0 when the Python path must
+ * provide one, -1. */
+static int kept_workspace(const Plan *plan, void *stream, void **address) {
     PyObject *key = Py_BuildValue("(lN)", plan->device, PyLong_FromVoidPtr(stream));
     if (key == NULL) return -1;
     PyObject *kept = PyDict_GetItem(torch_api.kept_workspaces, key); /* borrowed */
@@ -292,7 +294,7 @@ static int kept_workspace(const Plan *plan, void *stream, size_t bytes, void **a
     if (kept == NULL || !PyTuple_Check(kept) || PyTuple_Size(kept) != 3) return 0;
     size_t kept_bytes = PyLong_AsSize_t(PyTuple_GetItem(kept, 1));
     if (kept_bytes == (size_t)-1 && PyErr_Occurred()) return -1;
-    if (kept_bytes < bytes) return 0;
+    if (kept_bytes < plan->workspace_bytes) return 0;
     PyObject *capturing = PyObject_CallObject(torch_api.capturing, NULL);
     if (capturing == NULL) return -1;
     int truth = PyObject_IsTrue(capturing);
@@ -351,7 +353,7 @@ static PyObject *fastcall_call(PyObject *self, PyObject *args) {
     if (PyErr_Occurred()) return NULL;
     void *workspace = NULL;
     if (plan->workspace_bytes) {
-        int found = kept_workspace(plan, stream, plan->workspace_bytes, &workspace);
+        int found = kept_workspace(plan, stream, &workspace);
         if (found < 0) return NULL;
         if (!found) Py_RETURN_NONE; /* nothing allocated yet: the Python path allocates one */
     }

@@ -91,9 +91,3 @@ def remember(module, plan, q, k, v, out, seqused_k, layout, options, return_lse,
     module.remember(q, k, v, out, seqused_k, layout, options, return_lse, plan.template, plan.out_like_q,
                     plan.out_shape, plan.dtype, plan.torch_device, plan.lse_shape, plan.lse_dtype, workspace_bytes,
                     handle, handle.value, device)
-
-
-def loaded_from():
-    """Where the compiled module in use was loaded from, or None."""
-    module = sys.modules.get(__package__ + "." + MODULE_NAME)
-    return getattr(module, "__file__", None)
