@@ -863,6 +863,18 @@ def list_cases(cases):
     print(f"{len(cases)} case(s)")
 
 
+def cuda_torch_missing(prog):
+    """Whether PyTorch or a CUDA device it sees is missing, said on stderr
+    as `prog` where it is (the benchmark scripts then exit with 2)."""
+    if torch is None:
+        print(f"{prog}: PyTorch is needed: {_TORCH_IMPORT_ERROR}", file=sys.stderr)
+        return True
+    if not torch.cuda.is_available():
+        print(f"{prog}: no CUDA device visible to PyTorch", file=sys.stderr)
+        return True
+    return False
+
+
 def main(argv=None):
     args = parse_args(argv)
     cases = build_cases(args)
@@ -872,11 +884,7 @@ def main(argv=None):
         for kind in args.serving_kinds:
             print(f"serving comparison: {kind} (bench/serving_cases.py)")
         return 0
-    if torch is None:
-        print(f"compare.py: PyTorch is needed: {_TORCH_IMPORT_ERROR}", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("compare.py: no CUDA device visible to PyTorch", file=sys.stderr)
+    if cuda_torch_missing("compare.py"):
         return 2
 
     fc = None

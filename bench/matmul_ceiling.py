@@ -18,6 +18,8 @@ import json
 import statistics
 import sys
 
+import compare
+
 
 def measure(torch, dtype, n, calls, replays):
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
@@ -52,14 +54,9 @@ def main(argv=None):
     p.add_argument("--replays", type=int, default=15)
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
-    try:
-        import torch
-    except ImportError as e:
-        print(f"matmul_ceiling.py: PyTorch is needed: {e}", file=sys.stderr)
+    if compare.cuda_torch_missing("matmul_ceiling.py"):
         return 2
-    if not torch.cuda.is_available():
-        print("matmul_ceiling.py: no CUDA device visible to PyTorch", file=sys.stderr)
-        return 2
+    torch = compare.torch
     results = [measure(torch, dt, args.n, args.calls, args.replays) for dt in (torch.float16, torch.bfloat16)]
     name = torch.cuda.get_device_name()
     for r in results:

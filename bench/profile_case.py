@@ -49,8 +49,7 @@ def main(argv=None):
         print("profile_case.py: the case flags select no case (see compare.py --help)", file=sys.stderr)
         return 2
     case = cases[0]
-    if compare.torch is None or not compare.torch.cuda.is_available():
-        print("profile_case.py: needs PyTorch with a CUDA device", file=sys.stderr)
+    if compare.cuda_torch_missing("profile_case.py"):
         return 2
 
     try:
