@@ -259,7 +259,10 @@ struct Mainloop {
     }
 
     // One step: S_j = Q K_j^T and O += P_{j-1} V_{j-1} on the tensor cores
-    // while P_j is computed from S_j.
+    // while P_j is computed from S_j. With one set of P fragments (FA3's
+    // order; p_prev and p_next are then the one set) S_j is exponentiated in
+    // place while the product runs, and packed into the set once the product
+    // has finished reading it.
     __device__ __forceinline__ void step(const KeyMask &mask, const KeyRange &keys, int m_block, uint32_t q_rows,
                                          KvPosition kv_base, int q_buffer, int j, const Fragments &p_prev,
                                          Fragments &p_next) {
@@ -270,33 +273,18 @@ struct Mainloop {
         fence_accumulators(scores[0]);
         release_k(kv_base + j);
         if (j == keys.num_blocks() - 1) release_q(q_buffer);
-        const bool rescale = probabilities(mask, keys, m_block, j, p_next);
+        bool rescale;
+        if constexpr (Traits::kPSets == 1) {
+            rescale = probabilities_in_place(mask, keys, m_block, j);
+        } else {
+            rescale = probabilities(mask, keys, m_block, j, p_next);
+        }
 
         wgmma_wait<0>();
         fence_accumulators(acc_o[0]);
         release_v(kv_base + j - 1);
         if (rescale) softmax.rescale(acc_o, correction);
-    }
-
-    // step() with one set of P fragments (FA3's order): S_j is exponentiated
-    // in place while P_{j-1} * V_{j-1} runs, then packed into the set the
-    // product has finished reading.
-    __device__ __forceinline__ void step_in_place(const KeyMask &mask, const KeyRange &keys, int m_block,
-                                                  uint32_t q_rows, KvPosition kv_base, int q_buffer, int j) {
-        issue_scores(q_rows, kv_base + j);
-        issue_output(p_frag[0], kv_base + j - 1);
-
-        wgmma_wait<1>();  // S_j is done; P_{j-1} * V_{j-1} may still run
-        fence_accumulators(scores[0]);
-        release_k(kv_base + j);
-        if (j == keys.num_blocks() - 1) release_q(q_buffer);
-        const bool rescale = probabilities_in_place(mask, keys, m_block, j);
-
-        wgmma_wait<0>();
-        fence_accumulators(acc_o[0]);
-        release_v(kv_base + j - 1);
-        if (rescale) softmax.rescale(acc_o, correction);
-        pack_scores(p_frag[0]);
+        if constexpr (Traits::kPSets == 1) pack_scores(p_next);
     }
 
     // Tiles 1 .. num_blocks - 1 of a block. With two sets of P its last
@@ -307,7 +295,9 @@ struct Mainloop {
                                                     uint32_t q_rows, KvPosition kv_base, int q_buffer) {
         const int num_blocks = keys.num_blocks();
         if constexpr (Traits::kPSets == 1) {
-            for (int j = 1; j < num_blocks; ++j) step_in_place(mask, keys, m_block, q_rows, kv_base, q_buffer, j);
+            for (int j = 1; j < num_blocks; ++j) {
+                step(mask, keys, m_block, q_rows, kv_base, q_buffer, j, p_frag[0], p_frag[0]);
+            }
         } else {
             int j = 1;
             for (; j + 1 < num_blocks; j += 2) {
