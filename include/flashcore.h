@@ -69,7 +69,11 @@
  *   only ever appended. A library reading a struct from an older header
  *   treats the missing fields as their documented defaults; a library reading
  *   a struct from a newer header accepts it when every field it does not know
- *   is zero, and returns FLASHCORE_STATUS_UNSUPPORTED otherwise.
+ *   is zero, and returns FLASHCORE_STATUS_UNSUPPORTED otherwise. A
+ *   struct_size must be where the struct of a released header ends (its
+ *   sizeof, or the end of its last field) or at least this header's sizeof
+ *   (a newer header's; at most 64 KiB); any other size would end inside a
+ *   field and returns FLASHCORE_STATUS_INVALID_ARGUMENT.
  * - The SONAME is libflashcore.so.<MAJOR>. Within one major version, existing
  *   functions keep their signatures and meaning; functions may be added.
  * - Only symbols starting with `flashcore_` are exported.
@@ -270,9 +274,10 @@ typedef struct flashcore_forward_params {
     int32_t causal;
 
     /* Multiplies Q*K^T before the softmax. Must be finite and > 0, or
-     * FLASHCORE_SOFTMAX_SCALE_DEFAULT (0) for 1 / sqrt(head_dim); and
-     * softmax_scale * log2(e) must be a finite float too (the kernels
-     * exponentiate with exp2): at most about 2.36e38. */
+     * FLASHCORE_SOFTMAX_SCALE_DEFAULT (+0) for 1 / sqrt(head_dim); -0 is
+     * refused (a negative scale that underflowed, not a request for the
+     * default). softmax_scale * log2(e) must be a finite float too (the
+     * kernels exponentiate with exp2): at most about 2.36e38. */
     float softmax_scale;
 
     const void *q;
@@ -501,6 +506,10 @@ FLASHCORE_API flashcore_status flashcore_forward(flashcore_handle handle, const 
  * a split-KV call, in fp32.
  * ------------------------------------------------------------------------- */
 
+/* The largest num_states and head_dim flashcore_merge_params accepts. */
+#define FLASHCORE_MERGE_MAX_NUM_STATES 65536
+#define FLASHCORE_MERGE_MAX_HEAD_DIM 65536
+
 /*
  * Logical shapes (element strides, last dimension contiguous):
  *   partial_out:  [num_states, batch_size, num_heads, seqlen, head_dim]
@@ -513,7 +522,8 @@ FLASHCORE_API flashcore_status flashcore_forward(flashcore_handle handle, const 
  * partial_lse and lse are 4-byte aligned. out and lse must not overlap the
  * partials or each other (checked as address ranges, see "Aliasing").
  * batch_size, num_heads or seqlen may be 0: the call then succeeds having
- * done nothing; num_states and head_dim are >= 1.
+ * done nothing; num_states is 1 to FLASHCORE_MERGE_MAX_NUM_STATES and
+ * head_dim 8 to FLASHCORE_MERGE_MAX_HEAD_DIM.
  */
 typedef struct flashcore_merge_params {
     /* sizeof(flashcore_merge_params) as the caller compiled it. */
@@ -521,7 +531,7 @@ typedef struct flashcore_merge_params {
 
     int32_t partial_dtype; /* flashcore_dtype of partial_out: FP16, BF16 or FP32 */
     int32_t out_dtype;     /* flashcore_dtype of out: FP16, BF16 or FP32 */
-    int32_t num_states;    /* partial results to merge, >= 1 */
+    int32_t num_states;    /* partial results to merge, 1 .. FLASHCORE_MERGE_MAX_NUM_STATES */
     int32_t batch_size;
     int32_t num_heads;
     int32_t seqlen;

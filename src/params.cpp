@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "error.h"
 
@@ -21,7 +22,23 @@ flashcore_status check_struct_size(size_t size, const char *what) {
                     "flashcore_forward_params_init",
                     what, size);
     }
-    return FLASHCORE_STATUS_SUCCESS;
+    if (size >= sizeof(flashcore_forward_params)) return FLASHCORE_STATUS_SUCCESS;
+    std::string sizes;
+    size_t listed = 0;
+    for (size_t end : kReleasedParamsEnds) {
+        if (size == end || size == padded_params_size(end)) return FLASHCORE_STATUS_SUCCESS;
+        if (padded_params_size(end) != listed) {
+            listed = padded_params_size(end);
+            sizes += (sizes.empty() ? "" : ", ") + std::to_string(listed);
+        }
+    }
+    // Between two released sizes: the struct would end inside a field, part
+    // of which would be read as the caller's and part as the default.
+    return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                "%s (%zu) is not the size of flashcore_forward_params in any flashcore.h (released sizes: %s; "
+                "a newer header's is at least %zu); pass sizeof(flashcore_forward_params) to "
+                "flashcore_forward_params_init",
+                what, size, sizes.c_str(), sizeof(flashcore_forward_params));
 }
 
 // Zeroes a caller's struct_size bytes, then writes as much of `defaults` as

@@ -18,6 +18,26 @@ namespace flashcore {
 // num_splits in 0.3, the window and softcap in 0.4, seqused_k in 0.5, the
 // varlen and paged fields in 0.6).
 constexpr size_t kParamsSizeV0_1 = offsetof(flashcore_forward_params, head_dim_v);
+// Where each released header's flashcore_forward_params ended: after the
+// last field that version added (0.1 before head_dim_v, 0.2 after it, 0.3
+// after num_splits, 0.4 after softcap, 0.5 after seqused_k, 0.6 after
+// num_pages). A caller's struct_size must be one of these, or that rounded
+// up to the struct's alignment (its sizeof then), or at least our own
+// sizeof (a newer header's): any other size ends inside a field, which
+// would be read in part.
+constexpr size_t field_end(size_t offset, size_t size) { return offset + size; }
+constexpr size_t kReleasedParamsEnds[] = {
+    kParamsSizeV0_1,
+    field_end(offsetof(flashcore_forward_params, head_dim_v), sizeof(int32_t)),     // 0.2
+    field_end(offsetof(flashcore_forward_params, num_splits), sizeof(int32_t)),     // 0.3
+    field_end(offsetof(flashcore_forward_params, softcap), sizeof(float)),          // 0.4
+    field_end(offsetof(flashcore_forward_params, seqused_k), sizeof(const void *)), // 0.5
+    field_end(offsetof(flashcore_forward_params, num_pages), sizeof(int32_t)),      // 0.6
+};
+constexpr size_t padded_params_size(size_t end) {
+    return (end + alignof(flashcore_forward_params) - 1) / alignof(flashcore_forward_params) *
+           alignof(flashcore_forward_params);
+}
 // Where the last field this library knows ends: bytes of a caller's struct
 // past it belong to fields of a newer header (sizeof adds only padding).
 constexpr size_t kParamsKnownEnd =

@@ -312,6 +312,14 @@ flashcore_status validate_shapes(const flashcore_forward_params &p) {
                     "1/sqrt(head_dim)",
                     double(p.softmax_scale));
     }
+    // -0 compares equal to the default's +0, but a caller who passes it most
+    // likely computed a negative scale that underflowed: refused, not taken
+    // for 1/sqrt(head_dim).
+    if (p.softmax_scale == 0.f && std::signbit(p.softmax_scale)) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "softmax_scale is -0.0; it must be finite and > 0, or +0 (FLASHCORE_SOFTMAX_SCALE_DEFAULT) for "
+                    "1/sqrt(head_dim)");
+    }
     // The kernels exponentiate with exp2: the scale times log2(e) must be a
     // finite float too.
     if (!std::isfinite(softmax_scale_log2(p))) {
@@ -587,6 +595,21 @@ flashcore_status validate_merge(const flashcore_merge_params &p) {
     for (const auto &s : sizes) {
         if (s.value < s.min) {
             return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s (%d) must be >= %d", s.name, int(s.value), int(s.min));
+        }
+    }
+    // The kernel counts states and columns in 32-bit ints, stepping past
+    // the last by up to a warp's worth: the bounds keep that far from 2^31.
+    const struct {
+        int32_t value;
+        const char *name;
+        const char *bound_name;
+        int32_t max;
+    } bounded[] = {{p.num_states, "num_states", "FLASHCORE_MERGE_MAX_NUM_STATES", FLASHCORE_MERGE_MAX_NUM_STATES},
+                   {p.head_dim, "head_dim", "FLASHCORE_MERGE_MAX_HEAD_DIM", FLASHCORE_MERGE_MAX_HEAD_DIM}};
+    for (const auto &b : bounded) {
+        if (b.value > b.max) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s (%d) must be at most %s (%d)", b.name, int(b.value),
+                        b.bound_name, int(b.max));
         }
     }
     if (p.head_dim % kHeadDimMultiple != 0) {

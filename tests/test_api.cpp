@@ -191,6 +191,60 @@ TEST(ErrorMessage, IsPerThread) {
     EXPECT_NE(std::string(flashcore_last_error_message()).find("head_dim 100"), std::string::npos);
 }
 
+// Every function may be called from several threads at once (flashcore.h):
+// threads validating different params, creating handles (with a GPU) or
+// failing to (without), listing head dims and reading their own messages,
+// all at once, each see their own results. CI runs the Threads tests under
+// ThreadSanitizer too (.ci/run).
+TEST(Threads, ConcurrentCallsKeepTheirOwnResultsAndMessages) {
+    constexpr int kThreads = 8;
+    constexpr int kRounds = 200;
+    std::string reason;
+    const bool have_gpu = flashcore_test::cuda_device_available(&reason);
+    std::vector<std::string> failures(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([t, have_gpu, &failures] {
+            std::string &failure = failures[t];
+            for (int round = 0; round < kRounds && failure.empty(); ++round) {
+                // Thread t's own refusal: an odd num_heads_q of its own.
+                flashcore_forward_params p = valid_params();
+                p.num_heads_q = 2 * t + 3;
+                p.num_heads_kv = 2;
+                if (flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD) != FLASHCORE_STATUS_SUCCESS) {
+                    failure = "strides: " + std::string(flashcore_last_error_message());
+                }
+                const std::string expected = "num_heads_q (" + std::to_string(p.num_heads_q) +
+                                             ") must be a multiple of num_heads_kv (2)";
+                if (flashcore_forward_check(&p) != FLASHCORE_STATUS_INVALID_ARGUMENT ||
+                    flashcore_last_error_message() != expected) {
+                    failure = "check: " + std::string(flashcore_last_error_message());
+                }
+                size_t count = 0;
+                if (flashcore_supported_head_dims(nullptr, nullptr, 0, &count) != FLASHCORE_STATUS_SUCCESS ||
+                    count == 0) {
+                    failure = "supported_head_dims";
+                }
+                if (round % 20 == 0) {
+                    flashcore_handle h = nullptr;
+                    const flashcore_status status = flashcore_create(&h);
+                    if (status != (have_gpu ? FLASHCORE_STATUS_SUCCESS : FLASHCORE_STATUS_NO_DEVICE)) {
+                        failure = "create: " + std::string(flashcore_last_error_message());
+                    }
+                    flashcore_destroy(h);
+                }
+                p = valid_params();
+                if (flashcore_forward_check(&p) != FLASHCORE_STATUS_SUCCESS ||
+                    std::string(flashcore_last_error_message()) != "") {
+                    failure = "valid check: " + std::string(flashcore_last_error_message());
+                }
+            }
+        });
+    }
+    for (std::thread &thread : threads) thread.join();
+    for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], "") << "thread " << t;
+}
+
 TEST(Params, InitSetsSizeAndDefaults) {
     flashcore_forward_params p;
     std::memset(&p, 0xAB, sizeof p);
@@ -619,6 +673,50 @@ TEST(MergeParams, InitSetsSizeAndDefaults) {
     EXPECT_NE(std::string(flashcore_last_error_message()).find("sizeof(flashcore_merge_params)"), std::string::npos);
 }
 
+// A merge whose fake tensors are densely packed and far apart.
+flashcore_merge_params valid_merge_params(int32_t num_states, int32_t head_dim) {
+    flashcore_merge_params m;
+    EXPECT_EQ(flashcore_merge_params_init(&m, sizeof m), FLASHCORE_STATUS_SUCCESS);
+    m.num_states = num_states;
+    m.batch_size = m.num_heads = m.seqlen = 1;
+    m.head_dim = head_dim;
+    m.partial_out = fake_tensor(0);
+    m.partial_lse = static_cast<const float *>(fake_tensor(1));
+    m.out = fake_tensor(2);
+    m.lse = static_cast<float *>(fake_tensor(3));
+    m.partial_state_stride = m.partial_batch_stride = m.partial_head_stride = m.partial_seq_stride = head_dim;
+    m.lse_state_stride = m.lse_batch_stride = m.lse_head_stride = m.lse_seq_stride = 1;
+    m.out_batch_stride = m.out_head_stride = m.out_seq_stride = head_dim;
+    return m;
+}
+
+// The merge kernel counts states and columns in 32-bit ints: the documented
+// bounds are accepted, one more is refused naming the bound, and so are
+// values whose counters would wrap (2^31 - 8 columns used to pass).
+TEST(MergeParams, NumStatesAndHeadDimHaveUpperBounds) {
+    flashcore_merge_params m = valid_merge_params(FLASHCORE_MERGE_MAX_NUM_STATES, 64);
+    EXPECT_EQ(flashcore_merge_check(&m), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    m = valid_merge_params(2, FLASHCORE_MERGE_MAX_HEAD_DIM);
+    EXPECT_EQ(flashcore_merge_check(&m), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    const struct {
+        int32_t num_states, head_dim;
+        const char *message;
+    } refused[] = {
+        {FLASHCORE_MERGE_MAX_NUM_STATES + 1, 64, "num_states (65537) must be at most FLASHCORE_MERGE_MAX_NUM_STATES (65536)"},
+        {INT32_MAX, 64, "num_states (2147483647) must be at most FLASHCORE_MERGE_MAX_NUM_STATES (65536)"},
+        {1, FLASHCORE_MERGE_MAX_HEAD_DIM + 8, "head_dim (65544) must be at most FLASHCORE_MERGE_MAX_HEAD_DIM (65536)"},
+        {1, 2147483640, "head_dim (2147483640) must be at most FLASHCORE_MERGE_MAX_HEAD_DIM (65536)"},
+    };
+    for (const auto &r : refused) {
+        m = valid_merge_params(r.num_states, r.head_dim);
+        EXPECT_EQ(flashcore_merge_check(&m), FLASHCORE_STATUS_INVALID_ARGUMENT) << r.message;
+        EXPECT_STREQ(flashcore_last_error_message(), r.message);
+        // Also in a call with nothing to merge: the bounds are the struct's.
+        m.batch_size = 0;
+        EXPECT_EQ(flashcore_merge_check(&m), FLASHCORE_STATUS_INVALID_ARGUMENT) << r.message;
+    }
+}
+
 TEST(MergeParams, NullHandleOrParamsAreRejected) {
     flashcore_merge_params p;
     ASSERT_EQ(flashcore_merge_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
@@ -649,6 +747,66 @@ TEST(Validation, StructFromNewerHeaderWithAFieldInOurPadding) {
         memory[kKnownEnd] = 0xAB;
         EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
     }
+}
+
+// struct_size must end where a released header's struct ends (after its
+// last field, or at its sizeof) or be at least ours: a size in between
+// would end inside a field and read part of it (186 ended in head_dim_v).
+TEST(Validation, StructSizeBetweenReleasedSizesIsRefused) {
+    constexpr size_t kFieldEnds[] = {
+        offsetof(flashcore_forward_params, head_dim_v),                     // 0.1
+        offsetof(flashcore_forward_params, head_dim_v) + sizeof(int32_t),   // 0.2
+        offsetof(flashcore_forward_params, num_splits) + sizeof(int32_t),   // 0.3
+        offsetof(flashcore_forward_params, softcap) + sizeof(float),        // 0.4
+        offsetof(flashcore_forward_params, seqused_k) + sizeof(void *),     // 0.5
+        kParamsKnownEnd,                                                    // 0.6
+    };
+    std::set<size_t> accepted;
+    for (size_t end : kFieldEnds) {
+        accepted.insert(end);
+        accepted.insert((end + alignof(flashcore_forward_params) - 1) / alignof(flashcore_forward_params) *
+                        alignof(flashcore_forward_params));
+    }
+    alignas(flashcore_forward_params) unsigned char memory[sizeof(flashcore_forward_params) + 64] = {};
+    const flashcore_forward_params valid = valid_params();
+    std::memcpy(memory, &valid, sizeof valid);
+    flashcore_forward_params *p = reinterpret_cast<flashcore_forward_params *>(memory);
+    size_t refused = 0;
+    for (size_t size = kParamsSizeV0_1; size <= sizeof memory; ++size) {
+        p->struct_size = size;
+        const bool expect_accepted = accepted.count(size) != 0 || size >= sizeof(flashcore_forward_params);
+        const flashcore_status status = flashcore_forward_check(p);
+        if (expect_accepted) {
+            EXPECT_EQ(status, FLASHCORE_STATUS_SUCCESS) << size << ": " << flashcore_last_error_message();
+            continue;
+        }
+        ++refused;
+        EXPECT_EQ(status, FLASHCORE_STATUS_INVALID_ARGUMENT) << size;
+        EXPECT_EQ(std::string(flashcore_last_error_message())
+                      .find("params->struct_size (" + std::to_string(size) + ") is not the size of "
+                            "flashcore_forward_params in any flashcore.h"),
+                  0u)
+            << flashcore_last_error_message();
+        flashcore_forward_params fresh;
+        EXPECT_EQ(flashcore_forward_params_init(&fresh, size), FLASHCORE_STATUS_INVALID_ARGUMENT) << size;
+    }
+    EXPECT_GT(refused, 0u);
+    // The audit's example: 186 bytes end two bytes into head_dim_v.
+    static_assert(offsetof(flashcore_forward_params, head_dim_v) == 184, "LP64 layout");
+    p->struct_size = 186;
+    EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_INVALID_ARGUMENT);
+}
+
+// -0 is not the default scale (+0): most likely a negative scale that
+// underflowed, so it is refused.
+TEST(Validation, NegativeZeroSoftmaxScaleIsRefused) {
+    flashcore_forward_params p = valid_params();
+    p.softmax_scale = 0.0f;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    p.softmax_scale = -0.0f;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(flashcore_last_error_message()).find("softmax_scale is -0.0"), 0u)
+        << flashcore_last_error_message();
 }
 
 // ---------------------------------------------------------------------------

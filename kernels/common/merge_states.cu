@@ -20,6 +20,7 @@
 #include "common/fwd_params.h"
 #include "common/merge_params.h"
 #include "common/ptx.cuh"
+#include "flashcore.h"
 
 namespace flashcore {
 namespace {
@@ -39,6 +40,13 @@ constexpr int kManyStatesInFlight = 16;
 constexpr int kFewStatesInFlight = 4;
 // Blocks of the grid-stride loop: enough to fill any GPU several times.
 constexpr int64_t kMaxMergeBlocks = 1 << 16;
+// The kernel counts columns and states in 32-bit ints, each loop stepping
+// past its bound by less than one step: validation caps both (the merge's
+// documented limits, which also cover every split-KV forward call) so that
+// no count wraps.
+static_assert(int64_t(FLASHCORE_MERGE_MAX_HEAD_DIM) + kColsPerPass <= INT32_MAX, "column counter wraps");
+static_assert(int64_t(FLASHCORE_MERGE_MAX_NUM_STATES) + kWarpSize <= INT32_MAX, "state counter wraps");
+static_assert(FLASHCORE_MAX_NUM_SPLITS <= FLASHCORE_MERGE_MAX_NUM_STATES, "a split call's merge is refused");
 
 template <typename T>
 struct Vec4;
