@@ -14,6 +14,11 @@
 #   relro             full RELRO: a GNU_RELRO segment (readelf -l) and
 #                     immediate binding (BIND_NOW, or NOW in FLAGS_1), so the
 #                     GOT is read-only once the library is loaded
+#   hardening         the four hardening measures at once: stack canaries
+#                     (-fstack-protector-strong: it calls __stack_chk_fail),
+#                     FORTIFY (-D_FORTIFY_SOURCE=2: it calls glibc's checked
+#                     __*_chk functions), full RELRO as above, and hidden
+#                     visibility (it exports flashcore_ symbols only)
 cmake_minimum_required(VERSION 3.16)
 include(${CMAKE_CURRENT_LIST_DIR}/../header/FlashcoreHeaderApi.cmake)
 
@@ -69,6 +74,20 @@ macro(report list what)
     list(JOIN ${list} "\n  " _text)
     string(APPEND problems "${what}:\n  ${_text}\n")
   endif()
+endmacro()
+
+# check_relro(): full RELRO, or what is missing added to `problems`.
+macro(check_relro)
+  run(segments ${READELF} -lW ${LIBRARY})
+  set(relro "")
+  if(NOT segments MATCHES "GNU_RELRO")
+    list(APPEND relro "no GNU_RELRO segment (link with -z relro)")
+  endif()
+  run(dynamic ${READELF} -d ${LIBRARY})
+  if(NOT dynamic MATCHES "\\(BIND_NOW\\)" AND NOT dynamic MATCHES "\\(FLAGS_1\\)[^\n]*NOW")
+    list(APPEND relro "no BIND_NOW and no NOW in FLAGS_1 (link with -z now)")
+  endif()
+  report(relro "the library has only partial RELRO")
 endmacro()
 
 flashcore_header_functions(header_functions)
@@ -134,16 +153,35 @@ elseif(CHECK STREQUAL "static_cudart")
   report(cuda "the library needs CUDA shared libraries; the runtime must be linked statically")
 
 elseif(CHECK STREQUAL "relro")
-  run(segments ${READELF} -lW ${LIBRARY})
-  if(NOT segments MATCHES "GNU_RELRO")
-    list(APPEND relro "no GNU_RELRO segment (link with -z relro)")
-  endif()
-  run(dynamic ${READELF} -d ${LIBRARY})
-  if(NOT dynamic MATCHES "\\(BIND_NOW\\)" AND NOT dynamic MATCHES "\\(FLAGS_1\\)[^\n]*NOW")
-    list(APPEND relro "no BIND_NOW and no NOW in FLAGS_1 (link with -z now)")
-  endif()
-  report(relro "the library has only partial RELRO")
+  check_relro()
   message(STATUS "GNU_RELRO and BIND_NOW present")
+
+elseif(CHECK STREQUAL "hardening")
+  # Functions the library calls from other libraries (nm's U lines).
+  run(listing ${NM} -D --undefined-only ${LIBRARY})
+  set(hardening "")
+  if(NOT listing MATCHES "__stack_chk_fail")
+    list(APPEND hardening "no stack protector: it never calls __stack_chk_fail (compile with -fstack-protector-strong)")
+  endif()
+  string(REGEX MATCHALL "__[a-z0-9_]+_chk" checked "${listing}")
+  list(REMOVE_ITEM checked "__stack_chk")
+  list(REMOVE_DUPLICATES checked)
+  if(NOT checked)
+    list(APPEND hardening "no FORTIFY: it calls none of glibc's __*_chk functions (compile with -O2 -D_FORTIFY_SOURCE=2)")
+  endif()
+  report(hardening "the library's host code is not hardened")
+  check_relro()
+  exported_symbols(symbols)
+  set(visible "")
+  foreach(symbol IN LISTS symbols)
+    if(NOT symbol MATCHES "^. flashcore_" AND NOT symbol MATCHES "^A [A-Z][A-Z0-9_.]*$")
+      list(APPEND visible "${symbol}")
+    endif()
+  endforeach()
+  report(visible "symbols visible outside the library without the flashcore_ prefix (build with hidden visibility)")
+  if(NOT problems)
+    message(STATUS "stack protector, FORTIFY (${checked}), full RELRO, hidden visibility")
+  endif()
 
 else()
   message(FATAL_ERROR "unknown CHECK '${CHECK}'")
