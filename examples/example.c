@@ -1,5 +1,9 @@
 /* The README's example: one causal attention call through the C API.
- * Build: cc example.c $(pkg-config --cflags --libs flashcore) -lcudart */
+ * Build (the CUDA runtime linked statically, as libflashcore does, so the
+ * program needs only the NVIDIA driver at run time; -lcudart instead would
+ * need libcudart.so.13 on the loader's path):
+ *   cc example.c $(pkg-config --cflags --libs flashcore) \
+ *      -L/usr/local/cuda/lib64 -lcudart_static -ldl -lpthread -lrt */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>

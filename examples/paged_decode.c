@@ -10,7 +10,11 @@
  * another sequence, or a pool row past a sequence's length (they hold NaN),
  * would show.
  *
- * Build: cc paged_decode.c $(pkg-config --cflags --libs flashcore) -lcudart */
+ * Build (the CUDA runtime linked statically, as libflashcore does, so the
+ * program needs only the NVIDIA driver at run time; -lcudart instead would
+ * need libcudart.so.13 on the loader's path):
+ *   cc paged_decode.c $(pkg-config --cflags --libs flashcore) \
+ *      -L/usr/local/cuda/lib64 -lcudart_static -ldl -lpthread -lrt */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -38,6 +42,12 @@ static int check_status(flashcore_status status, const char *what) {
 }
 
 int main(void) {
+    /* The handle first: without a GPU or driver, flashcore_create says so
+     * (NO_DEVICE, "no NVIDIA driver found"), where a first cudaMalloc would
+     * only say the driver is "insufficient". */
+    flashcore_handle handle;
+    if (check_status(flashcore_create(&handle), "flashcore_create")) return 1;
+
     /* The pool: as many pages as the sequences need plus two spare, handed
      * out from the back so that no sequence's pages are in order. */
     int32_t pages_needed = 0;
@@ -79,8 +89,6 @@ int main(void) {
     if (check_cuda(cudaMemcpy(d_lengths, kCacheLengths, sizeof kCacheLengths, cudaMemcpyHostToDevice), "upload"))
         return 1;
 
-    flashcore_handle handle;
-    if (check_status(flashcore_create(&handle), "flashcore_create")) return 1;
     flashcore_forward_params p;
     flashcore_forward_params_init(&p, sizeof p);
     p.dtype = FLASHCORE_DTYPE_FP16;
