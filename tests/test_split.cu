@@ -161,6 +161,29 @@ TEST(SplitWorkspace, HeuristicSplitsDecodeButNotAFullGrid) {
     EXPECT_EQ(workspace_size(handle.get(), p), 0u) << "a grid of many waves should not split";
 }
 
+// Poisons a workload's outputs and, at the end of a test of refused calls,
+// checks that none of them wrote out or lse.
+class OutputsUntouched {
+  public:
+    explicit OutputsUntouched(Workload &w) : w_(w) {
+        w_.poison_outputs();
+        out_ = w_.out_bits();
+        lse_ = w_.lse_host();
+    }
+    void expect_untouched() const {
+        FC_CHECK_CUDA(cudaDeviceSynchronize());
+        EXPECT_TRUE(w_.out_bits() == out_) << "a refused call wrote out";
+        const std::vector<float> lse_after = w_.lse_host();
+        EXPECT_EQ(std::memcmp(lse_after.data(), lse_.data(), lse_after.size() * sizeof(float)), 0)
+            << "a refused call wrote lse";
+    }
+
+  private:
+    Workload &w_;
+    std::vector<uint16_t> out_;
+    std::vector<float> lse_;
+};
+
 TEST(SplitWorkspace, TooSmallNullAndMisalignedAreRefusedWritingNothing) {
     FC_REQUIRE_GPU();
     UniqueHandle handle = make_handle();
@@ -170,9 +193,7 @@ TEST(SplitWorkspace, TooSmallNullAndMisalignedAreRefusedWritingNothing) {
     const size_t bytes = workspace_size(handle.get(), w.params);
     ASSERT_GT(bytes, 0u);
     DeviceBuffer ws(bytes + 64);
-    w.poison_outputs();
-    const std::vector<uint16_t> poisoned = w.out_bits();
-    const std::vector<float> poisoned_lse = w.lse_host();
+    const OutputsUntouched outputs(w);
 
     EXPECT_EQ(flashcore_forward(handle.get(), &w.params, ws.data, bytes - 1, nullptr),
               FLASHCORE_STATUS_WORKSPACE_TOO_SMALL);
@@ -185,11 +206,7 @@ TEST(SplitWorkspace, TooSmallNullAndMisalignedAreRefusedWritingNothing) {
     EXPECT_EQ(flashcore_forward(handle.get(), &w.params, static_cast<char *>(ws.data) + 8, bytes, nullptr),
               FLASHCORE_STATUS_MISALIGNED);
     EXPECT_NE(std::string(flashcore_last_error_message()).find("16-byte aligned"), std::string::npos);
-    FC_CHECK_CUDA(cudaDeviceSynchronize());
-    EXPECT_TRUE(w.out_bits() == poisoned) << "a refused call wrote out";
-    const std::vector<float> lse_after = w.lse_host();
-    EXPECT_EQ(std::memcmp(lse_after.data(), poisoned_lse.data(), lse_after.size() * sizeof(float)), 0)
-        << "a refused call wrote lse";
+    outputs.expect_untouched();
 
     // A larger, aligned workspace works; an unsplit call needs none.
     EXPECT_EQ(flashcore_forward(handle.get(), &w.params, static_cast<char *>(ws.data) + 16, bytes + 48, nullptr),
@@ -199,6 +216,41 @@ TEST(SplitWorkspace, TooSmallNullAndMisalignedAreRefusedWritingNothing) {
     EXPECT_EQ(flashcore_forward(handle.get(), &w.params, nullptr, 0, nullptr), FLASHCORE_STATUS_SUCCESS)
         << flashcore_last_error_message();
     FC_CHECK_CUDA(cudaDeviceSynchronize());
+}
+
+// A workspace that overlaps any tensor of the call (its first or last
+// bytes, or all of it) is refused, naming both, before anything is queued.
+TEST(SplitWorkspace, OverlappingATensorIsRefusedWritingNothing) {
+    FC_REQUIRE_GPU();
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    std::mt19937_64 rng(fresh_seed());
+    Workload w(decode_case(3), rng);
+    const size_t bytes = workspace_size(handle.get(), w.params);
+    ASSERT_GT(bytes, 0u);
+    ASSERT_NE(w.params.lse, nullptr);
+    const OutputsUntouched outputs(w);
+    const struct {
+        const char *name;
+        const void *data;
+    } tensors[] = {{"q", w.params.q}, {"k", w.params.k}, {"v", w.params.v}, {"out", w.params.out},
+                   {"lse", w.params.lse}};
+    for (const auto &t : tensors) {
+        const uintptr_t at = reinterpret_cast<uintptr_t>(t.data);
+        ASSERT_EQ(at % FLASHCORE_ALIGNMENT, 0u) << t.name;
+        // The workspace starting at the tensor, and ending 16 bytes into it.
+        for (uintptr_t begin : {at, at + FLASHCORE_ALIGNMENT - ((bytes + FLASHCORE_ALIGNMENT - 1) /
+                                                                FLASHCORE_ALIGNMENT * FLASHCORE_ALIGNMENT)}) {
+            void *workspace = reinterpret_cast<void *>(begin);
+            EXPECT_EQ(flashcore_forward(handle.get(), &w.params, workspace, bytes, nullptr),
+                      FLASHCORE_STATUS_INVALID_ARGUMENT)
+                << t.name << " at " << begin - at;
+            const std::string message = flashcore_last_error_message();
+            EXPECT_NE(message.find("the workspace"), std::string::npos) << message;
+            EXPECT_NE(message.find(std::string(t.name) + " ("), std::string::npos) << message;
+        }
+    }
+    outputs.expect_untouched();
 }
 
 // A split call captured into a graph replays to the same bits as a direct
