@@ -14,7 +14,9 @@
 #   --size_t-is-usize     size_t is usize
 #   --no-layout-tests     bindgen's tests hard-code this host's sizes; the sys
 #                         crate checks the layout against the library instead
-#   --use-core, core::ffi no std types in the raw bindings
+#   (no --use-core/--ctypes-prefix) C types as bindgen's default ::std::os::raw:
+#                         core::ffi's c_int and friends need Rust 1.64, and the
+#                         crates build with Debian 12's rustc 1.63 (rust-version)
 #   -fparse-all-comments  the header's /* */ comments become rustdoc
 # rustfmt formats the file with the workspace's rustfmt.toml (and no other config).
 set -eu
@@ -40,7 +42,6 @@ bindgen "$header" \
     --no-prepend-enum-name \
     --size_t-is-usize \
     --no-layout-tests \
-    --use-core --ctypes-prefix core::ffi \
     --no-rustfmt-bindings \
     --raw-line '// Generated from include/flashcore.h by bindings/rust/scripts/regenerate-bindings.sh; do not edit.' \
     --output "$tmp_dir/bindings.rs" \

@@ -9,17 +9,19 @@ pub const FLASHCORE_VERSION_NUMBER: u32 = 600;
 pub const FLASHCORE_SOFTMAX_SCALE_DEFAULT: f64 = 0.0;
 pub const FLASHCORE_ALIGNMENT: u32 = 16;
 pub const FLASHCORE_MAX_NUM_SPLITS: u32 = 128;
-pub type __int32_t = core::ffi::c_int;
-pub type __int64_t = core::ffi::c_long;
+pub const FLASHCORE_MERGE_MAX_NUM_STATES: u32 = 65536;
+pub const FLASHCORE_MERGE_MAX_HEAD_DIM: u32 = 65536;
+pub type __int32_t = ::std::os::raw::c_int;
+pub type __int64_t = ::std::os::raw::c_long;
 extern "C" {
     #[doc = " The version of the library loaded at run time, in FLASHCORE_VERSION_NUMBER"]
     #[doc = " form. Compare it with FLASHCORE_VERSION_NUMBER to detect a header/library"]
     #[doc = " mismatch."]
-    pub fn flashcore_version_number() -> core::ffi::c_uint;
+    pub fn flashcore_version_number() -> ::std::os::raw::c_uint;
 }
 extern "C" {
     #[doc = " The same version as a static string, \"MAJOR.MINOR.PATCH\"."]
-    pub fn flashcore_version_string() -> *const core::ffi::c_char;
+    pub fn flashcore_version_string() -> *const ::std::os::raw::c_char;
 }
 pub const FLASHCORE_STATUS_SUCCESS: flashcore_status = 0;
 #[doc = " A parameter is wrong whatever the GPU: a null pointer, a size <= 0, head"]
@@ -47,18 +49,18 @@ pub const FLASHCORE_STATUS_INTERNAL: flashcore_status = 8;
 #[doc = " ---------------------------------------------------------------------------"]
 #[doc = " Status codes"]
 #[doc = " -------------------------------------------------------------------------"]
-pub type flashcore_status = core::ffi::c_uint;
+pub type flashcore_status = ::std::os::raw::c_uint;
 extern "C" {
     #[doc = " A static, human-readable name for a status (\"invalid argument\", ...)."]
     #[doc = " Never NULL; any other int value gives \"unknown status\"."]
-    pub fn flashcore_status_string(status: flashcore_status) -> *const core::ffi::c_char;
+    pub fn flashcore_status_string(status: flashcore_status) -> *const ::std::os::raw::c_char;
 }
 extern "C" {
     #[doc = " The detail of the last failure on the calling thread, e.g."]
     #[doc = " \"num_heads_q (12) must be a multiple of num_heads_kv (5)\". The text stays"]
     #[doc = " valid until the next flashcore call on this thread. It is \"\" when the"]
     #[doc = " thread's last call succeeded; never NULL."]
-    pub fn flashcore_last_error_message() -> *const core::ffi::c_char;
+    pub fn flashcore_last_error_message() -> *const ::std::os::raw::c_char;
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -77,7 +79,10 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Creates a handle for the given CUDA device ordinal."]
-    pub fn flashcore_create_for_device(handle: *mut flashcore_handle, device: core::ffi::c_int) -> flashcore_status;
+    pub fn flashcore_create_for_device(
+        handle: *mut flashcore_handle,
+        device: ::std::os::raw::c_int,
+    ) -> flashcore_status;
 }
 extern "C" {
     #[doc = " Releases a handle. Passing NULL is allowed and does nothing. Work already"]
@@ -91,7 +96,7 @@ extern "C" {
 }
 extern "C" {
     #[doc = " The CUDA device ordinal the handle is bound to."]
-    pub fn flashcore_handle_device(handle: flashcore_handle, device: *mut core::ffi::c_int) -> flashcore_status;
+    pub fn flashcore_handle_device(handle: flashcore_handle, device: *mut ::std::os::raw::c_int) -> flashcore_status;
 }
 #[doc = " IEEE half (CUDA __half)"]
 pub const FLASHCORE_DTYPE_FP16: flashcore_dtype = 1;
@@ -102,14 +107,14 @@ pub const FLASHCORE_DTYPE_FP32: flashcore_dtype = 3;
 #[doc = " ---------------------------------------------------------------------------"]
 #[doc = " Forward attention"]
 #[doc = " -------------------------------------------------------------------------"]
-pub type flashcore_dtype = core::ffi::c_uint;
+pub type flashcore_dtype = ::std::os::raw::c_uint;
 #[doc = " [batch, heads, seqlen, head_dim] (PyTorch SDPA)"]
 pub const FLASHCORE_LAYOUT_BHSD: flashcore_layout = 0;
 #[doc = " [batch, seqlen, heads, head_dim] (FlashAttention)"]
 pub const FLASHCORE_LAYOUT_BSHD: flashcore_layout = 1;
 #[doc = " Storage orders understood by flashcore_set_contiguous_strides. Any other"]
 #[doc = " order works through explicit strides."]
-pub type flashcore_layout = core::ffi::c_uint;
+pub type flashcore_layout = ::std::os::raw::c_uint;
 #[doc = " Everything one attention call needs. Logical shapes:"]
 #[doc = "   q:      [batch_size, num_heads_q,  seqlen_q, head_dim]"]
 #[doc = "   k:      [batch_size, num_heads_kv, seqlen_k, head_dim]"]
@@ -158,14 +163,15 @@ pub struct flashcore_forward_params {
     #[doc = " lse = -infinity."]
     pub causal: i32,
     #[doc = " Multiplies Q*K^T before the softmax. Must be finite and > 0, or"]
-    #[doc = " FLASHCORE_SOFTMAX_SCALE_DEFAULT (0) for 1 / sqrt(head_dim); and"]
-    #[doc = " softmax_scale * log2(e) must be a finite float too (the kernels"]
-    #[doc = " exponentiate with exp2): at most about 2.36e38."]
+    #[doc = " FLASHCORE_SOFTMAX_SCALE_DEFAULT (+0) for 1 / sqrt(head_dim); -0 is"]
+    #[doc = " refused (a negative scale that underflowed, not a request for the"]
+    #[doc = " default). softmax_scale * log2(e) must be a finite float too (the"]
+    #[doc = " kernels exponentiate with exp2): at most about 2.36e38."]
     pub softmax_scale: f32,
-    pub q: *const core::ffi::c_void,
-    pub k: *const core::ffi::c_void,
-    pub v: *const core::ffi::c_void,
-    pub out: *mut core::ffi::c_void,
+    pub q: *const ::std::os::raw::c_void,
+    pub k: *const ::std::os::raw::c_void,
+    pub v: *const ::std::os::raw::c_void,
+    pub out: *mut ::std::os::raw::c_void,
     #[doc = " Optional (NULL: not written). Natural-log log-sum-exp of each row of the"]
     #[doc = " scaled, masked scores; 4-byte aligned."]
     pub lse: *mut f32,
@@ -352,9 +358,9 @@ extern "C" {
     pub fn flashcore_forward(
         handle: flashcore_handle,
         params: *const flashcore_forward_params,
-        workspace: *mut core::ffi::c_void,
+        workspace: *mut ::std::os::raw::c_void,
         workspace_bytes: usize,
-        stream: *mut core::ffi::c_void,
+        stream: *mut ::std::os::raw::c_void,
     ) -> flashcore_status;
 }
 #[doc = " Logical shapes (element strides, last dimension contiguous):"]
@@ -368,7 +374,8 @@ extern "C" {
 #[doc = " partial_lse and lse are 4-byte aligned. out and lse must not overlap the"]
 #[doc = " partials or each other (checked as address ranges, see \"Aliasing\")."]
 #[doc = " batch_size, num_heads or seqlen may be 0: the call then succeeds having"]
-#[doc = " done nothing; num_states and head_dim are >= 1."]
+#[doc = " done nothing; num_states is 1 to FLASHCORE_MERGE_MAX_NUM_STATES and"]
+#[doc = " head_dim 8 to FLASHCORE_MERGE_MAX_HEAD_DIM."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct flashcore_merge_params {
@@ -378,16 +385,16 @@ pub struct flashcore_merge_params {
     pub partial_dtype: i32,
     #[doc = " flashcore_dtype of out: FP16, BF16 or FP32"]
     pub out_dtype: i32,
-    #[doc = " partial results to merge, >= 1"]
+    #[doc = " partial results to merge, 1 .. FLASHCORE_MERGE_MAX_NUM_STATES"]
     pub num_states: i32,
     pub batch_size: i32,
     pub num_heads: i32,
     pub seqlen: i32,
     pub head_dim: i32,
-    pub partial_out: *const core::ffi::c_void,
+    pub partial_out: *const ::std::os::raw::c_void,
     #[doc = " natural-log LSE of each partial row"]
     pub partial_lse: *const f32,
-    pub out: *mut core::ffi::c_void,
+    pub out: *mut ::std::os::raw::c_void,
     #[doc = " optional (NULL: not written)"]
     pub lse: *mut f32,
     pub partial_state_stride: i64,
@@ -422,6 +429,6 @@ extern "C" {
     pub fn flashcore_merge_states(
         handle: flashcore_handle,
         params: *const flashcore_merge_params,
-        stream: *mut core::ffi::c_void,
+        stream: *mut ::std::os::raw::c_void,
     ) -> flashcore_status;
 }

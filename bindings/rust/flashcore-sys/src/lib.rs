@@ -37,7 +37,6 @@
 //! assert!(!message.to_bytes().is_empty());
 //! ```
 
-#![no_std]
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
 // The docs are the C header's prose: its [B,H,S,D] are shapes, not links.
 #![allow(rustdoc::broken_intra_doc_links)]
@@ -46,14 +45,10 @@ include!("bindings.rs");
 
 #[cfg(test)]
 mod tests {
-    extern crate std;
-
     use super::*;
-    use core::ffi::{c_char, CStr};
-    use core::mem::size_of;
-    use std::format;
-    use std::string::{String, ToString};
-    use std::vec::Vec;
+    use std::ffi::CStr;
+    use std::mem::size_of;
+    use std::os::raw::c_char;
 
     fn text(ptr: *const c_char) -> String {
         assert!(!ptr.is_null(), "the library returned a NULL string");

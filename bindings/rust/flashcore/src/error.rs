@@ -1,8 +1,9 @@
 //! Status codes and the error type.
 
 use crate::sys;
-use std::ffi::{c_char, CStr};
+use std::ffi::CStr;
 use std::fmt;
+use std::os::raw::c_char;
 
 /// Why a flashcore call failed: the C `flashcore_status`, less its success value.
 ///

@@ -383,8 +383,8 @@ impl<'a> MergeParamsBuilder<'a> {
             (l.state, l.batch, l.seq, l.head);
         (raw.out_batch_stride, raw.out_seq_stride, raw.out_head_stride) =
             (out_strides.batch, out_strides.seq, out_strides.head);
-        raw.partial_out = device_address(self.partial_out).cast_const();
-        raw.partial_lse = device_address(self.partial_lse).cast_const().cast();
+        raw.partial_out = device_address(self.partial_out);
+        raw.partial_lse = device_address(self.partial_lse).cast();
         raw.out = device_address(self.out);
         raw.lse = device_address(self.lse).cast();
 

@@ -657,12 +657,11 @@ impl<'a> ForwardParamsBuilder<'a> {
             }
         }
         let [q, k, v, out] = self.tensors;
-        (raw.q, raw.k, raw.v) =
-            (device_address(q).cast_const(), device_address(k).cast_const(), device_address(v).cast_const());
+        (raw.q, raw.k, raw.v) = (device_address(q), device_address(k), device_address(v));
         raw.out = device_address(out);
         raw.lse = device_address(self.lse).cast();
-        raw.seqused_k = device_address(self.seqused_k).cast_const().cast();
-        let int32s = |buffer: RawBuffer| device_address(Some(buffer)).cast_const().cast();
+        raw.seqused_k = device_address(self.seqused_k).cast();
+        let int32s = |buffer: RawBuffer| device_address(Some(buffer)).cast();
         if let Some((cu_seqlens, total)) = self.varlen_q {
             (raw.cu_seqlens_q, raw.total_seqlen_q) = (int32s(cu_seqlens), total);
         }

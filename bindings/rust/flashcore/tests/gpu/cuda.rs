@@ -3,8 +3,9 @@
 //! dlopen at run time, so the binaries start (and skip) on machines without
 //! the NVIDIA driver, such as CI.
 
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
-use std::sync::OnceLock;
+use std::ffi::{c_void, CStr};
+use std::os::raw::{c_char, c_int, c_uint};
+use std::sync::Mutex;
 
 type CuResult = c_int;
 type CuDevice = c_int;
@@ -82,15 +83,17 @@ unsafe impl Sync for Gpu {}
 
 /// The GPU, or why there is none (driver missing, no device visible, ...).
 pub fn gpu() -> Result<&'static Gpu, String> {
-    static GPU: OnceLock<Result<Gpu, String>> = OnceLock::new();
-    let gpu = GPU.get_or_init(|| unsafe { Gpu::open() }).as_ref().map_err(Clone::clone)?;
+    // Opened once, then leaked for 'static (a Mutex, not OnceLock: Rust 1.63).
+    static GPU: Mutex<Option<&'static Result<Gpu, String>>> = Mutex::new(None);
+    let opened = *GPU.lock().unwrap().get_or_insert_with(|| Box::leak(Box::new(unsafe { Gpu::open() })));
+    let gpu = opened.as_ref().map_err(Clone::clone)?;
     gpu.bind();
     Ok(gpu)
 }
 
 impl Gpu {
     unsafe fn open() -> Result<Gpu, String> {
-        let library = dlopen(c"libcuda.so.1".as_ptr(), RTLD_NOW);
+        let library = dlopen(b"libcuda.so.1\0".as_ptr().cast(), RTLD_NOW);
         if library.is_null() {
             let why = dlerror();
             let why = if why.is_null() { "unknown error".into() } else { CStr::from_ptr(why).to_string_lossy() };

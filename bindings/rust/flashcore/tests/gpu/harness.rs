@@ -87,7 +87,10 @@ impl Options {
 /// Appends `reason` (one line) to `$FLASHCORE_SKIP_LOG`, if set, in one
 /// write so that test binaries running at once do not mix their lines.
 fn log_skip(reason: &str) {
-    let Some(path) = std::env::var_os("FLASHCORE_SKIP_LOG").filter(|path| !path.is_empty()) else { return };
+    let path = match std::env::var_os("FLASHCORE_SKIP_LOG") {
+        Some(path) if !path.is_empty() => path,
+        _ => return,
+    };
     let line = format!("{reason}\n");
     let written = std::fs::OpenOptions::new()
         .create(true)
