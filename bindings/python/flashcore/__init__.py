@@ -65,7 +65,8 @@ def library_version() -> str:
 
 
 def status_string(status: int) -> str:
-    """The library's name for a status, e.g. "invalid argument"."""
+    """The library's name for a status (an int), e.g. "invalid argument";
+    "unknown status" for an int that is none, one beyond a C int too."""
     return library().status_string(status)
 
 

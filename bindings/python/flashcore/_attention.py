@@ -12,8 +12,8 @@ from . import _fastpath, _ffi
 from ._arrays import (Array, can_allocate, check_known_to_driver, contiguous_strides, current_stream, describe, empty,
                       cai_signature, cuda_driver, full, is_cupy, is_torch, pointer_device, shape_of,
                       stream_pointer)
-from ._checked import fits, set_fields, whole_number
-from ._errors import FlashcoreError, InvalidArgumentError, UnsupportedError
+from ._checked import fits, set_fields, shown, struct_ref, whole_number
+from ._errors import FlashcoreError, InvalidArgumentError, InvalidArgumentTypeError, UnsupportedError
 from ._library import get_handle, library
 from ._torch_ops import refuse_grad, traced_forward, traced_full_int32, tracing
 
@@ -23,6 +23,9 @@ LAYOUT_AXES = {Layout.BHSD: (0, 1, 2), Layout.BSHD: (0, 2, 1)}
 DTYPES = {"float16": _ffi.Dtype.FP16, "bfloat16": _ffi.Dtype.BF16}
 INT32_MAX = 2**31 - 1
 FLOAT32_MAX = 3.4028234663852886e38
+# The smallest positive float32 (a subnormal, 2**-149); half of it (2**-150)
+# and less round to 0 as a float32.
+FLOAT32_TINY = 2.0**-149
 
 
 def _layout(layout):
@@ -39,19 +42,39 @@ def _layout(layout):
                                    % (", ".join(repr(n.lower()) for n in Layout.__members__), layout)) from None
 
 
-def _softmax_scale(softmax_scale):
+def _softmax_scale(softmax_scale, name="softmax_scale"):
+    """The C softmax_scale for the Python argument (called `name`): None
+    (1 / sqrt(head_dim)) is the C API's 0; a real number is refused where
+    its float32 would not be what was meant: 0 itself, of either sign (the C
+    API reads +0 as the default, which is spelled None here), a value beyond
+    a float32 (it would become infinite; an int beyond any float too), and a
+    nonzero one that rounds to 0 as a float32 (1e-50 would become the
+    default, -1e-50 -0.0). What is wrong with a value that survives the
+    conversion (negative, NaN, infinite, too large once times log2(e)) is
+    the library's check."""
     if softmax_scale is None:
         return _ffi.FLASHCORE_SOFTMAX_SCALE_DEFAULT
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
-        raise TypeError("softmax_scale must be None or a real number, got %s %r"
-                        % (type(softmax_scale).__name__, softmax_scale))
-    scale = float(softmax_scale)
-    if math.isfinite(scale) and abs(scale) > FLOAT32_MAX:
+        raise InvalidArgumentTypeError("%s must be None or a real number, got %s %s"
+                                       % (name, type(softmax_scale).__name__, shown(softmax_scale)))
+    try:
+        scale = float(softmax_scale)
+    except OverflowError:  # an int beyond any float
+        scale = None
+    if scale is None or math.isfinite(scale) and abs(scale) > FLOAT32_MAX:
         # ctypes would store it as an infinite float32.
-        raise InvalidArgumentError("softmax_scale %r does not fit a float32 (at most %g)" % (softmax_scale, FLOAT32_MAX))
+        raise InvalidArgumentError("%s %s does not fit a float32 (at most %g)" % (name, shown(softmax_scale),
+                                                                                FLOAT32_MAX))
     if scale == _ffi.FLASHCORE_SOFTMAX_SCALE_DEFAULT:
         # The C API reads 0 as "default"; from Python that is spelled None.
-        raise InvalidArgumentError("softmax_scale must be > 0 (None means 1 / sqrt(head_dim)), got %r" % softmax_scale)
+        raise InvalidArgumentError("%s must be > 0 (None means 1 / sqrt(head_dim)), got %r" % (name, softmax_scale))
+    if abs(scale) <= FLOAT32_TINY / 2:  # what rounds to 0 as a float32 (ties to even: 2**-150 does)
+        if scale > 0:
+            rounded, why = "0.0", "which the C API reads as the default, 1 / sqrt(head_dim) (None asks for that)"
+        else:
+            rounded, why = "-0.0", "and a scale must be > 0"
+        raise InvalidArgumentError("%s %r is %s as a float32 (the C API's type), %s; the smallest positive float32 "
+                                   "is %.7g" % (name, softmax_scale, rounded, why, FLOAT32_TINY))
     return scale
 
 
@@ -77,8 +100,8 @@ def _window(window):
     if window is None:
         return 0, 0, 0
     if not isinstance(window, (tuple, list)) or len(window) != 2:
-        raise TypeError("window must be None or a pair (left, right) of ints, got %s %r"
-                        % (type(window).__name__, window))
+        raise InvalidArgumentTypeError("window must be None or a pair (left, right) of ints, got %s %s"
+                                       % (type(window).__name__, shown(window)))
     bounds = []
     for side, bound in zip(("left", "right"), window):
         what = "window's %s bound" % side
@@ -96,15 +119,16 @@ def _softcap(softcap):
     value that is not). The limits that depend on softmax_scale too are the
     library's check."""
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
-        raise TypeError("softcap must be a real number (0 for none), got %s %r" % (type(softcap).__name__, softcap))
+        raise InvalidArgumentTypeError("softcap must be a real number (0 for none), got %s %s"
+                                       % (type(softcap).__name__, shown(softcap)))
     try:
         cap = float(softcap)
     except OverflowError:  # an int beyond any float
         cap = math.inf
     if not (math.isfinite(cap) and cap >= 0):
-        raise InvalidArgumentError("softcap must be finite and >= 0 (0 for none), got %r" % softcap)
+        raise InvalidArgumentError("softcap must be finite and >= 0 (0 for none), got %s" % shown(softcap))
     if cap > FLOAT32_MAX:
-        raise InvalidArgumentError("softcap %r does not fit a float32 (at most %g)" % (softcap, FLOAT32_MAX))
+        raise InvalidArgumentError("softcap %s does not fit a float32 (at most %g)" % (shown(softcap), FLOAT32_MAX))
     if cap > 0 and ctypes.c_float(cap).value == 0:
         # The C API would read the rounded 0 as "no softcap".
         raise InvalidArgumentError("softcap %r is 0 as a float32, which means no softcap" % softcap)
@@ -470,9 +494,10 @@ def supported_head_dims() -> List[Tuple[int, int]]:
 
 def check_params(params: "_ffi.flashcore_forward_params") -> None:
     """flashcore_forward_check: raises what flashcore_forward would for these
-    parameters before looking at the GPU."""
+    parameters (a flashcore.ForwardParams) before looking at the GPU."""
     lib = library()
-    lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
+    lib.check(lib.cdll.flashcore_forward_check(struct_ref(params, _ffi.flashcore_forward_params, "params",
+                                                          "from flashcore.forward_params()")))
 
 
 def _allocate(like, shape, dtype, stream, what):
@@ -503,6 +528,16 @@ def _describe_first(x, name, stream):
 # overlaps, NULL), and for __cuda_array_interface__ arrays by the driver
 # (their device and that it knows the memory).
 # --------------------------------------------------------------------------
+
+class _Params(_ffi.flashcore_forward_params):
+    """The params of a cached call: a plan's template with this call's
+    addresses put in, which come from data_ptr() or cai_signature() and
+    so are known to fit a pointer. Its fields are assigned unchecked
+    (flashcore.ForwardParams checks each assignment, which is host time on
+    every call); it is a ForwardParams for every other purpose."""
+
+    __setattr__ = ctypes.Structure.__setattr__
+
 
 # Fields of flashcore_forward_params holding the arrays' addresses, in the
 # order _forward passes the arrays.
@@ -662,7 +697,7 @@ def _prepare_cached(plan, addresses, q_stream, q, k, v, out, lse, return_lse, st
     result = (out, lse) if return_lse else out
     if plan.empty:
         return _Call(result)
-    params = _ffi.flashcore_forward_params.from_buffer_copy(plan.template)
+    params = _Params.from_buffer_copy(plan.template)
     for i in plan.given:
         setattr(params, POINTER_FIELDS[i], addresses[i])
     device = plan.device
@@ -866,7 +901,7 @@ def _call_plain_torch(plan, q, k, v, out, seqused_k, layout, options, return_lse
         out = api.empty_like(q) if plan.out_like_q else api.empty(plan.out_shape, dtype=plan.dtype,
                                                                   device=plan.torch_device)
     lse = None
-    params = _ffi.flashcore_forward_params.from_buffer_copy(plan.template)
+    params = _Params.from_buffer_copy(plan.template)
     params.q = q.data_ptr()
     params.k = k.data_ptr()
     params.v = v.data_ptr()
@@ -1026,6 +1061,8 @@ def _pytorch_names(q, k, layout, causal, softmax_scale, is_causal, scale):
     if scale is not None:
         if softmax_scale is not None:
             raise TypeError("pass softmax_scale or scale (PyTorch's name for it), not both")
+        if not tracing():  # (traced, it may be symbolic: flashcore::forward checks it as softmax_scale)
+            _softmax_scale(scale, "scale")  # refused under the name it was given
         softmax_scale = scale
     if is_causal is not None:
         if causal:
@@ -1201,8 +1238,8 @@ def _cache_seqlens_array(count, q, cu_seqlens_q, stream):
     """cache_seqlens given as an int: an int32 [B] CUDA array of it, made
     with q's framework on the call's stream."""
     if isinstance(count, bool) or not isinstance(count, numbers.Integral):
-        raise TypeError("cache_seqlens must be None, an int or an int32 CUDA array of shape [B], got %s"
-                        % type(count).__name__)
+        raise InvalidArgumentTypeError("cache_seqlens must be None, an int or an int32 CUDA array of shape [B], "
+                                       "got %s" % type(count).__name__)
     count = fits(int(count), ctypes.c_int32, "cache_seqlens")
     if tracing():
         return traced_full_int32(q, cu_seqlens_q, count)

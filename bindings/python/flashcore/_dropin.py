@@ -6,11 +6,14 @@ and refuse, with NotImplementedError naming the argument, what it does not
 compute."""
 
 import math
+import numbers
 from typing import Any, Optional, Tuple
 
 from ._arrays import Array, is_torch, shape_of
-from ._attention import attention
-from ._errors import InvalidArgumentError
+from ._attention import _softmax_scale, attention
+from ._checked import shown
+from ._errors import InvalidArgumentError, InvalidArgumentTypeError
+from ._torch_ops import tracing
 
 # Why flashcore.sdpa reshapes and broadcasts only torch tensors: the other
 # arrays are read as they are.
@@ -66,7 +69,9 @@ def sdpa(query: Array, key: Array, value: Array, attn_mask: Optional[Array] = No
         this is not causal=True: with L > S it is the window (-1, L - S);
         with L < S keys L and up are seen by no query, and the call runs on
         the first L keys with causal=True (the same mask, square).
-    scale: None for 1 / sqrt(E); else a float > 0.
+    scale: None for 1 / sqrt(E); else a float > 0 that a float32 holds
+        (a positive float32 is at least 1.4e-45 and at most 3.4e38: others
+        raise InvalidArgumentError).
     attn_mask, dropout_p != 0, and scale <= 0 raise NotImplementedError
         naming the argument: flashcore has no arbitrary masks, no dropout,
         and takes softmax scales > 0 only.
@@ -82,9 +87,16 @@ def sdpa(query: Array, key: Array, value: Array, attn_mask: Optional[Array] = No
     if dropout_p != 0:
         raise NotImplementedError("flashcore.sdpa: dropout_p=%r is not supported: flashcore has no dropout (pass "
                                   "0.0)" % (dropout_p,))
-    if scale is not None and not scale > 0:
-        raise NotImplementedError("flashcore.sdpa: scale=%r is not supported: flashcore takes a softmax scale > 0 "
-                                  "only" % (scale,))
+    if scale is not None:
+        # (Traced by torch.compile, the scale may be symbolic: flashcore::forward checks it as softmax_scale.)
+        if not tracing() and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+            raise InvalidArgumentTypeError("flashcore.sdpa: scale must be None or a real number, got %s %s"
+                                           % (type(scale).__name__, shown(scale)))
+        if not scale > 0:
+            raise NotImplementedError("flashcore.sdpa: scale=%r is not supported: flashcore takes a softmax scale > 0 "
+                                      "only" % (scale,))
+        if not tracing():
+            _softmax_scale(scale, "scale")  # one a float32 cannot hold, refused under the name it was given
     shapes = [shape_of(x, name) for x, name in ((query, "query"), (key, "key"), (value, "value"))]
     for shape, name in zip(shapes, ("query", "key", "value")):
         if len(shape) < 2:

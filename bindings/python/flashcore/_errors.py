@@ -34,6 +34,13 @@ class InvalidArgumentError(FlashcoreError, ValueError):
     status_code = Status.INVALID_ARGUMENT
 
 
+class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of a type the binding does not take (a float where the C
+    API has an int, None or another struct where it takes a params struct).
+    An InvalidArgumentError, and a TypeError as Python's own refusals of a
+    type are: either catches it."""
+
+
 class UnsupportedError(FlashcoreError):
     status_code = Status.UNSUPPORTED
 

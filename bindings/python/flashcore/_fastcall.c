@@ -26,6 +26,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <float.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -168,6 +169,12 @@ static int read_options(PyObject *layout, PyObject *options, PyObject *return_ls
     if (o->has_scale) {
         if (!PyFloat_CheckExact(scale)) return 0;
         o->softmax_scale = PyFloat_AsDouble(scale);
+        /* Only a scale that is > 0 as a float32 is served, whatever plan is
+         * kept: the Python path refuses 0 (-0.0 compares equal to it here),
+         * a nonzero scale that rounds to 0 (1e-50; -1e-50 to -0.0) and one
+         * beyond a float32, and leaves the rest to the library. */
+        double d = o->softmax_scale;
+        if (!(d > 0.0 && d <= FLT_MAX && (float)d > 0.0f)) return 0;
     }
     o->has_num_splits = num_splits != Py_None;
     o->num_splits = 0;

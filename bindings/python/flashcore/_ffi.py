@@ -8,7 +8,16 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "165eb671ae1de5d1676d09168d5a22b731c0d01e81ff167b549f5099fee66f72"
+HEADER_SHA256 = "b5d64a8b24114bc62ac862bb789a45bceed45d5e7261d2877e0579de55aecf07"
+
+
+# Assigning to a field of the structs below checks the value against the
+# field's C type (_c_types_): see flashcore/_fields.py.
+try:
+    from ._fields import checked_setattr as _checked_setattr
+except (ImportError, KeyError):  # loaded on its own (exec() with no __name__ raises KeyError)
+    from flashcore._fields import plain_checked_setattr as _checked_setattr
+
 
 FLASHCORE_VERSION_MAJOR = 0
 
@@ -164,9 +173,10 @@ class flashcore_forward_params(ctypes.Structure):
         # lse = -infinity.
         ("causal", ctypes.c_int32),
         # Multiplies Q*K^T before the softmax. Must be finite and > 0, or
-        # FLASHCORE_SOFTMAX_SCALE_DEFAULT (0) for 1 / sqrt(head_dim); and
-        # softmax_scale * log2(e) must be a finite float too (the kernels
-        # exponentiate with exp2): at most about 2.36e38.
+        # FLASHCORE_SOFTMAX_SCALE_DEFAULT (+0) for 1 / sqrt(head_dim); -0 is
+        # refused (a negative scale that underflowed, not a request for the
+        # default). softmax_scale * log2(e) must be a finite float too (the
+        # kernels exponentiate with exp2): at most about 2.36e38.
         ("softmax_scale", ctypes.c_float),
         ("q", ctypes.c_void_p),
         ("k", ctypes.c_void_p),
@@ -285,6 +295,36 @@ class flashcore_forward_params(ctypes.Structure):
         ("page_size", ctypes.c_int32),
         ("num_pages", ctypes.c_int32),
     ]
+    # Each field's C type as the header spells it (a line per run of fields of one
+    # type), against which flashcore/_fields.py checks assignments.
+    _c_types_ = {
+        "struct_size": "size_t",
+        "dtype": "int32_t", "batch_size": "int32_t", "seqlen_q": "int32_t", "seqlen_k": "int32_t",
+        "num_heads_q": "int32_t", "num_heads_kv": "int32_t", "head_dim": "int32_t", "causal": "int32_t",
+        "softmax_scale": "float",
+        "q": "const void *", "k": "const void *", "v": "const void *",
+        "out": "void *",
+        "lse": "float *",
+        "q_batch_stride": "int64_t", "q_seq_stride": "int64_t", "q_head_stride": "int64_t",
+        "k_batch_stride": "int64_t", "k_seq_stride": "int64_t", "k_head_stride": "int64_t",
+        "v_batch_stride": "int64_t", "v_seq_stride": "int64_t", "v_head_stride": "int64_t",
+        "out_batch_stride": "int64_t", "out_seq_stride": "int64_t", "out_head_stride": "int64_t",
+        "head_dim_v": "int32_t", "num_splits": "int32_t", "use_window": "int32_t", "window_left": "int32_t",
+        "window_right": "int32_t",
+        "softcap": "float",
+        "seqused_k": "const int32_t *", "cu_seqlens_q": "const int32_t *", "cu_seqlens_k": "const int32_t *",
+        "total_seqlen_q": "int32_t", "total_seqlen_k": "int32_t",
+        "block_table": "const int32_t *",
+        "block_table_batch_stride": "int64_t",
+        "page_size": "int32_t", "num_pages": "int32_t",
+    }
+    __setattr__ = _checked_setattr
+
+
+# The largest num_states and head_dim flashcore_merge_params accepts.
+FLASHCORE_MERGE_MAX_NUM_STATES = 65536
+
+FLASHCORE_MERGE_MAX_HEAD_DIM = 65536
 
 
 # Logical shapes (element strides, last dimension contiguous):
@@ -298,7 +338,8 @@ class flashcore_forward_params(ctypes.Structure):
 # partial_lse and lse are 4-byte aligned. out and lse must not overlap the
 # partials or each other (checked as address ranges, see "Aliasing").
 # batch_size, num_heads or seqlen may be 0: the call then succeeds having
-# done nothing; num_states and head_dim are >= 1.
+# done nothing; num_states is 1 to FLASHCORE_MERGE_MAX_NUM_STATES and
+# head_dim 8 to FLASHCORE_MERGE_MAX_HEAD_DIM.
 class flashcore_merge_params(ctypes.Structure):
     """struct flashcore_merge_params; pointer fields are addresses (ints)."""
 
@@ -309,7 +350,7 @@ class flashcore_merge_params(ctypes.Structure):
         ("partial_dtype", ctypes.c_int32),
         # flashcore_dtype of out: FP16, BF16 or FP32
         ("out_dtype", ctypes.c_int32),
-        # partial results to merge, >= 1
+        # partial results to merge, 1 .. FLASHCORE_MERGE_MAX_NUM_STATES
         ("num_states", ctypes.c_int32),
         ("batch_size", ctypes.c_int32),
         ("num_heads", ctypes.c_int32),
@@ -333,6 +374,22 @@ class flashcore_merge_params(ctypes.Structure):
         ("out_seq_stride", ctypes.c_int64),
         ("out_head_stride", ctypes.c_int64),
     ]
+    # Each field's C type as the header spells it (a line per run of fields of one
+    # type), against which flashcore/_fields.py checks assignments.
+    _c_types_ = {
+        "struct_size": "size_t",
+        "partial_dtype": "int32_t", "out_dtype": "int32_t", "num_states": "int32_t", "batch_size": "int32_t",
+        "num_heads": "int32_t", "seqlen": "int32_t", "head_dim": "int32_t",
+        "partial_out": "const void *",
+        "partial_lse": "const float *",
+        "out": "void *",
+        "lse": "float *",
+        "partial_state_stride": "int64_t", "partial_batch_stride": "int64_t", "partial_seq_stride": "int64_t",
+        "partial_head_stride": "int64_t", "lse_state_stride": "int64_t", "lse_batch_stride": "int64_t",
+        "lse_seq_stride": "int64_t", "lse_head_stride": "int64_t", "out_batch_stride": "int64_t",
+        "out_seq_stride": "int64_t", "out_head_stride": "int64_t",
+    }
+    __setattr__ = _checked_setattr
 
 
 # (name, restype, ((argument name, argtype), ...)) of every function, in header order.

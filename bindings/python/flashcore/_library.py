@@ -10,11 +10,17 @@ import threading
 from typing import Optional
 
 from . import _ffi
-from ._checked import fits
+from ._checked import fits, struct_ref, whole_number
 from ._errors import FlashcoreError, LibraryError, error_for_status
 
 ENV_VAR = "FLASHCORE_LIBRARY"
 MAJOR = _ffi.FLASHCORE_VERSION_MAJOR
+# What flashcore_status_string gives any value that is no status (flashcore.h).
+UNKNOWN_STATUS = "unknown status"
+_C_INT_BITS = 8 * ctypes.sizeof(ctypes.c_int)
+# Where the low-level calls' params come from, for messages.
+FORWARD_PARAMS_FROM = "from flashcore.forward_params()"
+MERGE_PARAMS_FROM = "from flashcore.merge_params()"
 
 
 def library_names():
@@ -116,7 +122,14 @@ class Library:
         return "<flashcore.Library %s %s>" % (self.version, self.path)
 
     def status_string(self, status):
-        return self.cdll.flashcore_status_string(int(status)).decode()
+        """The library's name for a status (an int): flashcore_status_string,
+        which names any int that is no status "unknown status". An int the C
+        int cannot hold is none either, and has that name too (ctypes would
+        pass it on cut to its low 32 bits: 2**40 read as 0, "success")."""
+        status = whole_number(status, "status")
+        if not -(1 << (_C_INT_BITS - 1)) <= status < (1 << (_C_INT_BITS - 1)):
+            return UNKNOWN_STATUS
+        return self.cdll.flashcore_status_string(status).decode()
 
     def check(self, status):
         """Raises the FlashcoreError subclass for status, with the calling
@@ -232,21 +245,23 @@ class Handle:
 
     def workspace_size(self, params):
         """Bytes of workspace flashcore_forward needs for params on this device."""
+        params = struct_ref(params, _ffi.flashcore_forward_params, "params", FORWARD_PARAMS_FROM)
         size = ctypes.c_size_t(0)
-        self._lib.check(self._lib.cdll.flashcore_forward_workspace_size(self._live(), ctypes.byref(params),
-                                                                        ctypes.byref(size)))
+        self._lib.check(self._lib.cdll.flashcore_forward_workspace_size(self._live(), params, ctypes.byref(size)))
         return size.value
 
     def forward(self, params, workspace=0, workspace_bytes=0, stream=0):
         """Queues flashcore_forward. workspace and stream are raw addresses (ints)."""
+        struct_ref(params, _ffi.flashcore_forward_params, "params", FORWARD_PARAMS_FROM)
         self.forward_unchecked(params, fits(workspace or None, ctypes.c_void_p, "workspace"),
                                fits(workspace_bytes, ctypes.c_size_t, "workspace_bytes"),
                                fits(stream or None, ctypes.c_void_p, "stream"))
 
     def forward_unchecked(self, params, workspace, workspace_bytes, stream):
-        """forward() for arguments known to fit their C types: workspace
-        and stream ints (0 or None for none), workspace_bytes an int >= 0.
-        The cached calls' path, where each conversion is host time."""
+        """forward() for arguments known to fit their C types: params a
+        flashcore.ForwardParams, workspace and stream ints (0 or None for
+        none), workspace_bytes an int >= 0. The cached calls' path, where
+        each conversion is host time."""
         status = self._lib.cdll.flashcore_forward(self._live(), ctypes.byref(params), workspace or None,
                                                   workspace_bytes, stream or None)
         if status:
@@ -256,8 +271,9 @@ class Handle:
         """Queues flashcore_merge_states (a flashcore.MergeParams, e.g. from
         flashcore.merge_params). stream is a raw cudaStream_t (an int); the
         call needs no workspace."""
+        params = struct_ref(params, _ffi.flashcore_merge_params, "params", MERGE_PARAMS_FROM)
         stream = fits(stream or None, ctypes.c_void_p, "stream")
-        self._lib.check(self._lib.cdll.flashcore_merge_states(self._live(), ctypes.byref(params), stream))
+        self._lib.check(self._lib.cdll.flashcore_merge_states(self._live(), params, stream))
 
     def close(self):
         raw, self._raw = getattr(self, "_raw", None), None

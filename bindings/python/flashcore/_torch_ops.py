@@ -128,6 +128,50 @@ def _layout_name(layout):
     return {0: "bhsd", 1: "bshd"}.get(int(layout), str(layout))
 
 
+# The largest finite float: a Python int beyond it has no float.
+_FLOAT_MAX = 1.7976931348623157e308
+
+
+def _not_int(value):
+    return isinstance(value, bool) or not isinstance(value, int)
+
+
+def _not_real(value):
+    return (isinstance(value, bool) or not isinstance(value, (int, float))
+            or isinstance(value, int) and not -_FLOAT_MAX <= value <= _FLOAT_MAX)
+
+
+def _unconvertible(layout, options):
+    """Whether flashcore::forward's schema would not take layout and the
+    options as they are converted below (int(), float()) unchanged: a layout
+    neither a str nor an int, an int option or window bound that is not an
+    int (int() would cut 1.5 to 1), a real option that is no real or an int
+    beyond any float (float() would raise OverflowError), a bool for either.
+    Plain Python that torch.compile traces whether the values are constants
+    or symbolic; the values' other checks are the operator's fake
+    implementation's, which sees them as they are (attention's checks)."""
+    causal, softmax_scale, num_splits, window, softcap = options
+    if window is not None and (not isinstance(window, (tuple, list)) or len(window) != 2
+                               or _not_int(window[0]) or _not_int(window[1])):
+        return True
+    return ((not isinstance(layout, str) and _not_int(layout)) or (num_splits is not None and _not_int(num_splits))
+            or (softmax_scale is not None and _not_real(softmax_scale)) or _not_real(softcap))
+
+
+def _refuse_options(layout, options):
+    """Raises attention's error for the layout and options (what
+    _unconvertible found: a TypeError or an InvalidArgumentError of
+    flashcore's), or returns where they pass (a NumPy scalar, say)."""
+    from . import _attention
+    _attention._layout(layout)
+    _attention._options(*options)
+
+
+# Under torch.compile, run as it is, outside the trace: Dynamo cannot build
+# the exception in traced code. The values it is called with are constants.
+_refuse_options._dynamo_marked_constant = True
+
+
 def traced_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k=None,
                    cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None):
     """_attention._forward while torch.compile or torch.export traces: the
@@ -139,6 +183,8 @@ def traced_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, wo
     if workspace is not None:
         raise TypeError("workspace= is not taken under torch.compile: flashcore::forward allocates its workspace "
                         "from torch's caching allocator")
+    if _unconvertible(layout, options):
+        _refuse_options(layout, options)
     _ensure_registered()
     torch = sys.modules["torch"]
     if refuse_grad(q, k, v, detach):

@@ -255,6 +255,28 @@ def test_anything_else_is_handed_back(module, backend, change):
     assert not backend.queued and not backend.allocated
 
 
+@pytest.mark.parametrize("scale", [0.0, -0.0, 1e-50, -1e-50, 2.0**-150, 1e39, float("inf"), float("nan"), -1.0],
+                         ids=repr)
+def test_scales_the_python_path_refuses_are_never_served(module, backend, scale):
+    # Only a scale > 0 as a float32 is served, whatever plan was kept: -0.0
+    # compares equal to a plan's 0.0, and a plan of a refused scale would
+    # serve it. (Before: the plan was kept and the call served.)
+    q, k, v = qkv()
+    options = (False, scale, None, None, 0.0)
+    assert remember(module, q, k, v, options=options) is False
+    assert module.call(q, k, v, None, None, "bhsd", options, False) is None
+    if scale == 0:
+        assert remember(module, q, k, v, options=(False, 0.0 if str(scale)[0] == "-" else -0.0, None, None, 0.0)) \
+            is False
+        assert module.call(q, k, v, None, None, "bhsd", options, False) is None
+    assert not backend.queued and not backend.allocated
+    for good in (2.0**-149, 0.125, 2e38):
+        options = (False, good, None, None, 0.0)
+        assert remember(module, q, k, v, options=options) is True
+        assert module.call(q, k, v, None, None, "bhsd", options, False) is not None
+    assert len(backend.queued) == 3
+
+
 def test_grad_is_left_to_the_python_path(module, backend):
     q, k, v = qkv()
     assert remember(module, q, k, v)

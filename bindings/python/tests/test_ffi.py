@@ -234,6 +234,33 @@ def test_generator_on_a_synthetic_header(tmp_path):
     assert "# B's comment" in code and "# green" in code and "# Does f." in code
 
 
+def test_generated_structs_check_assignments(tmp_path):
+    """Each struct records its fields' C types as the header spells them,
+    and an assignment a field would not hold as given raises, naming the
+    field (ValueError and TypeError outside the flashcore package) where
+    ctypes would wrap the int or refuse naming nothing."""
+    ns = {}
+    exec(compile(_generate(_generator(), tmp_path, SYNTHETIC), "generated", "exec"), ns)
+    thing = ns["flashcore_thing"]
+    assert thing._c_types_ == {"struct_size": "size_t", "a": "int64_t", "b": "int64_t", "name": "const char *",
+                               "bytes": "unsigned char[3]"}
+    t = thing()
+    t.a, t.struct_size, t.name = -2**63, 2**64 - 1, 2**64 - 1
+    assert (t.a, t.struct_size, t.name) == (-2**63, 2**64 - 1, 2**64 - 1)
+    with pytest.raises(ValueError, match=r"^flashcore_thing\.a \(9223372036854775808\) does not fit its C type "
+                                         r"int64_t \(-9223372036854775808 to 9223372036854775807\)$"):
+        t.a = 2**63
+    with pytest.raises(ValueError, match=r"flashcore_thing\.struct_size \(-1\) does not fit its C type size_t"):
+        t.struct_size = -1
+    with pytest.raises(ValueError, match=r"flashcore_thing\.name \(-16\) does not fit its C type const char \*"):
+        t.name = -16
+    with pytest.raises(TypeError, match=r"flashcore_thing\.b \(int64_t\) must be an int, got float 1\.5"):
+        t.b = 1.5
+    assert (t.a, t.struct_size, t.name, t.b) == (-2**63, 2**64 - 1, 2**64 - 1, 0)
+    t.bytes = (ctypes.c_ubyte * 3)(1, 2, 3)  # an array field: as ctypes takes it
+    assert list(t.bytes) == [1, 2, 3]
+
+
 @pytest.mark.parametrize("decl,match", [
     ("typedef void (*flashcore_callback)(int);", "function pointer"),
     ("int other_prefix(void);", "does not start with"),

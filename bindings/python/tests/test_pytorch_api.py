@@ -288,6 +288,44 @@ def test_export_checks_the_options(torch):
         _exported(torch, lambda q: flashcore.attention(q, q, q, window=(-2, 0)), q)
 
 
+@pytest.mark.parametrize("kwargs,wrong_type,match", [
+    (dict(softmax_scale=10**400), False, r"softmax_scale 1000.* does not fit a float32"),
+    (dict(softcap=-10**400), False, "softcap must be finite"),
+    (dict(softmax_scale=1e-50), False, r"softmax_scale 1e-50 is 0\.0 as a float32"),
+    (dict(window=(1.5, 0)), True, "window's left bound must be an int, got float 1.5"),
+    (dict(layout=1.5), True, "layout must be an int, got float 1.5"),
+    (dict(num_splits=2.0), True, "num_splits must be an int, got float 2.0"),
+])
+def test_export_refuses_options_the_operator_would_convert(torch, kwargs, wrong_type, match):
+    # Before: float() raised OverflowError, int() made the window [1, 0] and
+    # the layout "bshd", 1e-50 became the default scale.
+    q = torch.empty(1, 2, 16, 64, dtype=torch.float16)
+    with pytest.raises(flashcore.InvalidArgumentError, match=match) as info:
+        _exported(torch, lambda q: flashcore.attention(q, q, q, **kwargs), q)
+    assert isinstance(info.value, TypeError) == wrong_type
+
+
+def test_compile_refuses_options_the_operator_would_convert(torch):
+    q = torch.zeros(1, 2, 16, 64, dtype=torch.float16)
+    with pytest.raises(Exception, match=r"softmax_scale 1000.* does not fit a float32"):
+        torch.compile(lambda q: flashcore.attention(q, q, q, softmax_scale=10**400), fullgraph=True,
+                      backend="eager")(q)
+
+
+def test_compile_takes_scales_and_sizes_as_inputs(torch):
+    # Floats and ints given to the compiled function become symbolic when
+    # they change: traced without a graph break still (to the real call,
+    # which refuses these CPU tensors).
+    def block(q, scale, splits):
+        return flashcore.attention(q, q, q, softmax_scale=scale, num_splits=splits).sum() + flashcore.sdpa(
+            q, q, q, scale=scale).sum() + flashcore.attention(q, q, q, scale=scale).sum()
+
+    compiled = torch.compile(block, fullgraph=True, backend="eager")
+    for scale, splits in ((0.5, 1), (0.25, 2), (0.125, 3)):
+        with pytest.raises(flashcore.InvalidArgumentError, match="q is on the CPU"):
+            compiled(torch.zeros(1, 2, 16, 64, dtype=torch.float16), scale, splits)
+
+
 def test_compile_traces_without_graph_breaks(torch):
     # fullgraph=True fails on any graph break; the call then reaches the
     # operator's real implementation, which refuses these CPU tensors.

@@ -10,7 +10,11 @@ macros, so FLASHCORE_API expands to nothing, and with a stand-in <stddef.h> and
 Every enum, struct, opaque handle type, function prototype and numeric
 `#define FLASHCORE_*` constant of the header becomes a ctypes declaration;
 anything the generator does not know how to bind stops it with an error rather
-than being dropped. The comments in front of each declaration are copied, so
+than being dropped. Each struct also records its fields' C types
+(_c_types_), against which flashcore/_fields.py checks an assignment to a
+field: a value the field would not store as given (an int out of its range,
+which ctypes wraps; a float that would become infinite or 0) is refused,
+naming the field. The comments in front of each declaration are copied, so
 the module documents itself. The output depends only on the header's text.
 
 Needs: Python 3.8+, pycparser (2.21 or later), and a C compiler driver that
@@ -20,6 +24,7 @@ takes -E (cc, gcc or clang; set FLASHCORE_CPP to choose one).
 import argparse
 import difflib
 import hashlib
+import itertools
 import os
 import re
 import shlex
@@ -187,6 +192,19 @@ class Comments:
 
 def python_comment(lines, indent):
     return "".join((indent + "# " + l).rstrip() + "\n" for l in lines)
+
+
+def wrap(items, indent, width=112):
+    """items joined by spaces into lines of at most width characters."""
+    lines, line = [], ""
+    for item in items:
+        if line and len(indent) + len(line) + 1 + len(item) > width:
+            lines.append(line)
+            line = ""
+        line = item if not line else line + " " + item
+    if line:
+        lines.append(line)
+    return "".join(indent + l + "\n" for l in lines)
 
 
 # --------------------------------------------------------------------------
@@ -411,6 +429,7 @@ class Binder:
         out += '    """struct %s; pointer fields are addresses (ints)."""\n\n' % (struct.name or node.name)
         out += "    _fields_ = [\n"
         commented = set()
+        c_types = []
         for d in struct.decls:
             if d.bitsize is not None:
                 raise GeneratorError("%s.%s: bit-fields are not supported" % (node.name, d.name))
@@ -419,8 +438,34 @@ class Binder:
                 commented.add(lo)
                 out += python_comment(self.comments.for_decl(lo, hi), "        ")
             out += '        ("%s", %s),\n' % (d.name, self.ctype(d.type, "%s.%s" % (node.name, d.name), True))
+            c_types.append((d.name, self.c_spelling(d.type)))
         out += "    ]\n"
+        out += "    # Each field's C type as the header spells it (a line per run of fields of one\n"
+        out += "    # type), against which flashcore/_fields.py checks assignments.\n"
+        out += "    _c_types_ = {\n"
+        for _, run in itertools.groupby(c_types, key=lambda field: field[1]):
+            out += wrap(['"%s": "%s",' % field for field in run], "        ")
+        out += "    }\n"
+        out += "    __setattr__ = _checked_setattr\n"
         self.add_block(first, out)
+
+    def c_spelling(self, node):
+        """The C type of a declarator as the header spells it, for messages:
+        "int32_t", "const void *", "unsigned char[3]"."""
+        if isinstance(node, c_ast.TypeDecl):
+            inner = node.type
+            if isinstance(inner, c_ast.IdentifierType):
+                base = " ".join(inner.names)
+            elif isinstance(inner, (c_ast.Struct, c_ast.Enum)):
+                base = "%s %s" % ("struct" if isinstance(inner, c_ast.Struct) else "enum", inner.name)
+            else:
+                raise GeneratorError("cannot spell type %s" % type(inner).__name__)
+            return " ".join(list(node.quals) + [base])
+        if isinstance(node, c_ast.PtrDecl):
+            return self.c_spelling(node.type) + " *"
+        if isinstance(node, c_ast.ArrayDecl):
+            return "%s[%d]" % (self.c_spelling(node.type), evaluate(node.dim, self.constants))
+        raise GeneratorError("cannot spell type %s" % type(node).__name__)
 
     def bind_function(self, node):
         if not node.name.startswith(SYMBOL_PREFIX):
@@ -462,6 +507,18 @@ HEADER_SHA256 = "{sha}"
 
 '''
 
+# What a module with structs imports: the checks of assignments to their fields
+# (flashcore/_fields.py), which each struct takes as its __setattr__. Loaded
+# on its own, outside the package (the tests exec what this generates), the
+# module takes them from the flashcore package, raising Python's errors.
+TEMPLATE_CHECKS = '''
+# Assigning to a field of the structs below checks the value against the
+# field's C type (_c_types_): see flashcore/_fields.py.
+try:
+    from ._fields import checked_setattr as _checked_setattr
+except (ImportError, KeyError):  # loaded on its own (exec() with no __name__ raises KeyError)
+    from flashcore._fields import plain_checked_setattr as _checked_setattr
+'''
 
 
 def generate(header=DEFAULT_HEADER, cpp=None):
@@ -476,6 +533,8 @@ def generate(header=DEFAULT_HEADER, cpp=None):
     if rel.startswith("../"):
         rel = os.path.basename(header)
     out = TEMPLATE_HEAD.format(header=rel, sha=hashlib.sha256(raw).hexdigest())
+    if any("__setattr__ = _checked_setattr" in text for _, text in binder.blocks):
+        out += TEMPLATE_CHECKS + "\n\n"
     previous = None
     for _, text in sorted(binder.blocks, key=lambda b: b[0]):
         if previous is not None:
