@@ -371,7 +371,14 @@ flashcore_status validate_packing(const flashcore_forward_params &p) {
                     "cu_seqlens_k and block_table cannot be combined: a paged cache's key counts come from seqused_k "
                     "(cu_seqlens_q with a block_table is supported)");
     }
-    if (p.page_size < kPageSizeMultiple || p.page_size % kPageSizeMultiple != 0 || p.page_size > kMaxSeqlen) {
+    // A page of no keys is wrong whatever the GPU (a size <= 0); other
+    // sizes are what the kernels do not implement.
+    if (p.page_size < 1) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "page_size (%d) must be >= 1 with a block_table; pages must hold a multiple of %d keys", int(p.page_size),
+                    int(kPageSizeMultiple));
+    }
+    if (p.page_size % kPageSizeMultiple != 0 || p.page_size > kMaxSeqlen) {
         return fail(FLASHCORE_STATUS_UNSUPPORTED,
                     "page_size (%d) is not supported; pages must hold a multiple of %d keys, at most %d",
                     int(p.page_size), int(kPageSizeMultiple), int(kMaxSeqlen));
@@ -380,6 +387,8 @@ flashcore_status validate_packing(const flashcore_forward_params &p) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "num_pages (%d) must be >= 1 with a block_table",
                     int(p.num_pages));
     }
+    // An empty call's strides are not looked at (flashcore.h, "Empty calls").
+    if (forward_is_empty(p)) return FLASHCORE_STATUS_SUCCESS;
     const int64_t pages_per_seq = pages_per_sequence(p);
     if (p.block_table_batch_stride < pages_per_seq && p.batch_size > 1) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,

@@ -1544,7 +1544,13 @@ TEST(Paged, PoolIsAccepted) {
 }
 
 TEST(Paged, PageSizeMustBeAMultipleOf16) {
-    for (int32_t page : {0, 8, 24, 100, -16}) {
+    // A size <= 0 is an invalid argument, as for every size.
+    for (int32_t page : {0, -16, INT32_MIN}) {
+        flashcore_forward_params p = paged_params(16, 3);
+        p.page_size = page;
+        EXPECT_TRUE(refused_naming(p, "page_size (" + std::to_string(page) + ") must be >= 1 with a block_table"));
+    }
+    for (int32_t page : {8, 24, 100}) {
         flashcore_forward_params p = paged_params(16, 3);
         p.page_size = page;
         EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_UNSUPPORTED) << page;
@@ -1552,6 +1558,18 @@ TEST(Paged, PageSizeMustBeAMultipleOf16) {
                       .find("page_size (" + std::to_string(page) + ") is not supported; pages must hold a multiple of 16 keys"),
                   0u)
             << flashcore_last_error_message();
+    }
+}
+
+// An empty call's strides are not looked at (flashcore.h, "Empty calls"):
+// the block table's row stride neither.
+TEST(Paged, EmptyCallIgnoresTheTableStride) {
+    for (int64_t stride : {int64_t(-1), int64_t(0), int64_t(1)}) {
+        flashcore_forward_params p = paged_params(16, 3);
+        p.block_table_batch_stride = stride;
+        EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_INVALID_ARGUMENT) << stride;
+        p.seqlen_q = 0;
+        EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << stride << ": " << flashcore_last_error_message();
     }
 }
 

@@ -960,9 +960,9 @@ mod tests {
         // The library's refusals come back with its messages, before any
         // extent is computed (page_size 0 divides nothing).
         for (page_size, status, needle) in [
-            (0, Status::Unsupported, "page_size (0) is not supported"),
+            (0, Status::InvalidArgument, "page_size (0) must be >= 1"),
             (24, Status::Unsupported, "page_size (24) is not supported"),
-            (-16, Status::Unsupported, "page_size (-16) is not supported"),
+            (-16, Status::InvalidArgument, "page_size (-16) must be >= 1"),
         ] {
             let err = rejected(
                 with_head_dims(D, Some(dv), [&q, &k_pool, &v_pool], &mut out).paged_kv(&table, per_row, page_size, 7),
