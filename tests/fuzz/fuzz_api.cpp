@@ -15,9 +15,11 @@
 // printing the parameters.
 //
 // The callers it plays are of every header version: of this one, of an
-// older one (a smaller struct_size; the bytes after it are garbage, not
-// its fields), and of a newer one (a larger struct_size, whose fields past
-// softcap this library does not know: zero, or now and then set).
+// older one (a smaller struct_size: where that header's struct ends, or
+// its sizeof; the bytes after it are garbage, not its fields), of none (a
+// size that ends inside a field), and of a newer one (a larger
+// struct_size, whose fields past num_pages this library does not know:
+// zero, or now and then set).
 #include <algorithm>
 #include <cfloat>
 #include <cinttypes>
@@ -40,15 +42,30 @@ namespace {
 
 using i128 = __int128;
 
-constexpr size_t kSizeV0_1 = offsetof(flashcore_forward_params, head_dim_v);
-constexpr size_t kSizeV0_2 = offsetof(flashcore_forward_params, num_splits);
-constexpr size_t kSizeV0_3 = offsetof(flashcore_forward_params, use_window);
-constexpr size_t kSizeV0_4 = offsetof(flashcore_forward_params, seqused_k);
-constexpr size_t kSizeV0_5 = offsetof(flashcore_forward_params, cu_seqlens_q);
+// Where flashcore_forward_params of each released header ends: after the
+// last field that version added (0.1's before head_dim_v). A struct_size
+// below ours must be one of these or that version's sizeof (the end padded
+// to the struct's alignment; flashcore.h's ABI policy). A field is the
+// caller's where the struct_size covers it, else its default.
+#define FIELD_END(field) (offsetof(flashcore_forward_params, field) + sizeof(flashcore_forward_params::field))
+constexpr size_t kEndV0_1 = offsetof(flashcore_forward_params, head_dim_v);
+constexpr size_t kEndV0_2 = FIELD_END(head_dim_v);
+constexpr size_t kEndV0_3 = FIELD_END(num_splits);
+constexpr size_t kEndV0_4 = FIELD_END(softcap);
+constexpr size_t kEndV0_5 = FIELD_END(seqused_k);
+constexpr size_t kEndV0_6 = FIELD_END(num_pages);
+#undef FIELD_END
+constexpr size_t kReleasedEnds[] = {kEndV0_1, kEndV0_2, kEndV0_3, kEndV0_4, kEndV0_5, kEndV0_6};
+constexpr size_t padded(size_t end) {
+    return (end + alignof(flashcore_forward_params) - 1) / alignof(flashcore_forward_params) *
+           alignof(flashcore_forward_params);
+}
 // Where the last field of this header (num_pages) ends: a newer header's
-// fields lie past it. (The generator leaves the 0.6 fields, variable-length
-// batches and paged caches, at their defaults; test_api covers them.)
-constexpr size_t kKnownEnd = offsetof(flashcore_forward_params, num_pages) + sizeof(int32_t);
+// fields lie past it.
+constexpr size_t kKnownEnd = kEndV0_6;
+constexpr size_t kMaxStructSize = 64 * 1024;
+// The largest seqlen_q, seqlen_k, total_seqlen_q/_k and page_size.
+constexpr int32_t kMaxSeqlen = 1 << 30;
 constexpr int kMaxBruteForceRows = 512;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -60,6 +77,16 @@ struct CallerParams {
     unsigned char newer[kNewerBytes];
 };
 static_assert(offsetof(CallerParams, newer) == sizeof(flashcore_forward_params), "newer follows ours directly");
+
+// Whether a flashcore_forward_params struct_size is one the library reads:
+// a released header's end or sizeof, or ours or larger (a newer header's)
+// up to 64 KiB. Any other size ends inside a field.
+bool struct_size_ok(size_t size) {
+    if (size >= sizeof(flashcore_forward_params)) return size <= kMaxStructSize;
+    for (size_t end : kReleasedEnds)
+        if (size == end || size == padded(end)) return true;
+    return false;
+}
 
 // Whether the caller's struct is larger than ours and sets a byte past the
 // fields this library knows (refused as UNSUPPORTED, flashcore.h's ABI
@@ -90,6 +117,14 @@ int32_t random_size(Rng &r) {
     return r.pick(edges);
 }
 
+// Rows of a packed tensor (total_seqlen_q/_k): mostly a few, else from
+// the edges of [0, 2^30].
+int32_t random_rows(Rng &r) {
+    if (r.chance(85)) return int32_t(r.below(13));
+    const int32_t edges[] = {-1, INT32_MIN, 100, kMaxSeqlen, kMaxSeqlen + 1, INT32_MAX};
+    return r.pick(edges);
+}
+
 int64_t random_stride(Rng &r, int64_t packed) {
     if (r.chance(60)) return packed;
     const int64_t edges[] = {0, -8, 4, 8, 64, 72, 128, 512, int64_t(1) << 40, int64_t(1) << 62, INT64_MAX, INT64_MIN};
@@ -109,6 +144,17 @@ const void *random_pointer(Rng &r, int index, const std::vector<uintptr_t> &othe
         return reinterpret_cast<const void *>(others[r.below(others.size())] + 16 * r.below(64));  // alias
     }
     return reinterpret_cast<const void *>(base + 16 * r.below(1024));
+}
+
+// An int32 array the kernels read, of `count` values: random_pointer's
+// (apart, on top of another tensor, NULL, or 2-, 4- or 8-byte aligned), or
+// now and then ending where out begins, or one value into it (refused).
+const int32_t *random_array(Rng &r, int index, const std::vector<uintptr_t> &others, const void *out, i128 count) {
+    if (out != nullptr && count > 0 && count < (1 << 20) && r.chance(5)) {
+        const uintptr_t end = reinterpret_cast<uintptr_t>(out) + (r.chance(50) ? 4 : 0);
+        return reinterpret_cast<const int32_t *>(end - uintptr_t(count) * 4);
+    }
+    return static_cast<const int32_t *>(random_pointer(r, index, others));
 }
 
 struct Expected {
@@ -167,7 +213,7 @@ bool written_overlap(const std::vector<Range> &ranges) {
 Expected model_check(const CallerParams &caller) {
     const flashcore_forward_params &in = caller.p;
     Expected e;
-    if (in.struct_size < kSizeV0_1 || in.struct_size > 64 * 1024) {
+    if (!struct_size_ok(in.struct_size)) {
         e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
         return e;  // nothing else is read
     }
@@ -177,19 +223,24 @@ Expected model_check(const CallerParams &caller) {
     }
     // An older caller's struct lacks the fields added since: their defaults.
     flashcore_forward_params p = in;
-    if (p.struct_size <= kSizeV0_1) p.head_dim_v = 0;
-    if (p.struct_size <= kSizeV0_2) p.num_splits = 0;
-    if (p.struct_size <= kSizeV0_3) {
+    if (p.struct_size < kEndV0_2) p.head_dim_v = 0;
+    if (p.struct_size < kEndV0_3) p.num_splits = 0;
+    if (p.struct_size < kEndV0_4) {
         p.use_window = p.window_left = p.window_right = 0;
         p.softcap = 0.f;
     }
-    if (p.struct_size <= kSizeV0_4) p.seqused_k = nullptr;
-    if (p.struct_size <= kSizeV0_5) {
+    if (p.struct_size < kEndV0_5) p.seqused_k = nullptr;
+    if (p.struct_size < kEndV0_6) {
         p.cu_seqlens_q = p.cu_seqlens_k = p.block_table = nullptr;
         p.total_seqlen_q = p.total_seqlen_k = p.page_size = p.num_pages = 0;
         p.block_table_batch_stride = 0;
     }
-    const bool empty = p.batch_size == 0 || p.seqlen_q == 0 || p.num_heads_q == 0;
+    const bool packed_q = p.cu_seqlens_q != nullptr, packed_k = p.cu_seqlens_k != nullptr;
+    const bool paged = p.block_table != nullptr;
+    // Empty: no output row. Packed queries with total_seqlen_q 0 have none
+    // either (not stated in flashcore.h).
+    const bool empty =
+        p.batch_size == 0 || p.seqlen_q == 0 || p.num_heads_q == 0 || (packed_q && p.total_seqlen_q == 0);
     const int32_t dv = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
     if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16) e.add(FLASHCORE_STATUS_UNSUPPORTED);
     bool sizes_ok = true;
@@ -200,11 +251,13 @@ Expected model_check(const CallerParams &caller) {
     if (p.num_heads_kv > 0 && p.num_heads_q % p.num_heads_kv != 0) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     if (p.head_dim >= 1 && p.head_dim_v >= 0 && (p.head_dim % 8 != 0 || dv % 8 != 0 || !covered(p.head_dim, dv)))
         e.add(FLASHCORE_STATUS_UNSUPPORTED);
-    if (p.seqlen_q > (1 << 30) || p.seqlen_k > (1 << 30)) e.add(FLASHCORE_STATUS_UNSUPPORTED);
+    if (p.seqlen_q > kMaxSeqlen || p.seqlen_k > kMaxSeqlen) e.add(FLASHCORE_STATUS_UNSUPPORTED);
     if (p.num_splits < 0 || p.num_splits > FLASHCORE_MAX_NUM_SPLITS) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    // The scale: +0 is the default; -0 is refused (0.6).
     const float s = p.softmax_scale;
-    if (s != 0.f && !(std::isfinite(s) && s > 0.f)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-    const float effective = s == 0.f ? 1.f / std::sqrt(float(std::max(p.head_dim, 1))) : s;
+    const bool default_scale = s == 0.f && !std::signbit(s);
+    if (!default_scale && !(std::isfinite(s) && s > 0.f)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    const float effective = default_scale ? 1.f / std::sqrt(float(std::max(p.head_dim, 1))) : s;
     if (!std::isfinite(effective * kLog2e)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     // The window (0.4): its bounds only with use_window non-zero; each -1
     // or >= 0, and window_right -1 or 0 with causal.
@@ -213,7 +266,9 @@ Expected model_check(const CallerParams &caller) {
         if (p.causal != 0 && p.window_right > 0) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     }
     // The softcap (0.4): 0 (or -0) is off; otherwise finite and > 0, with
-    // softcap * log2(e) a finite float and scale / softcap a finite float > 0.
+    // softcap * log2(e) a finite float and scale / softcap a finite float > 0
+    // (flashcore.h says "must not underflow to 0"; an overflow to infinity
+    // is refused too).
     const float cap = p.softcap;
     if (cap != 0.f) {
         const float quotient = effective / cap;
@@ -221,15 +276,57 @@ Expected model_check(const CallerParams &caller) {
               quotient > 0.f))
             e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     }
+    // Variable-length batches (0.6): total_seqlen_q/_k count the rows of the
+    // packed tensors, in [0, 2^30] with cu_seqlens_q/_k and 0 without them;
+    // packed keys hold a row where the output is not empty. (flashcore.h
+    // states none of these three.)
+    const struct {
+        bool packed;
+        int32_t total;
+    } packing[] = {{packed_q, p.total_seqlen_q}, {packed_k, p.total_seqlen_k}};
+    for (const auto &t : packing) {
+        if (t.packed ? t.total < 0 || t.total > kMaxSeqlen : t.total != 0) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    }
+    if (packed_k && p.total_seqlen_k == 0 && !empty) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    // A paged cache (0.6): not with cu_seqlens_k; page_size a multiple of 16
+    // (a size <= 0 is an INVALID_ARGUMENT, flashcore_status says; a
+    // positive page_size off the multiple, or past 2^30, is UNSUPPORTED, as
+    // for head_dim); num_pages >= 1. Each row of the table lists
+    // ceil(seqlen_k / page_size) pages: rows of a non-empty call's table
+    // (an empty call's strides are not looked at) are that far apart or
+    // farther, at a stride >= 0 (not stated in flashcore.h). Without a
+    // table, its page_size, num_pages and stride stay 0 (not stated in
+    // flashcore.h either).
+    i128 pages_per_row = 0;
+    if (!paged) {
+        if (p.page_size != 0 || p.num_pages != 0 || p.block_table_batch_stride != 0)
+            e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    } else {
+        if (packed_k) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        if (p.page_size < 1) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        if (p.page_size >= 1 && (p.page_size % 16 != 0 || p.page_size > kMaxSeqlen))
+            e.add(FLASHCORE_STATUS_UNSUPPORTED);
+        if (p.num_pages < 1) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        if (p.page_size >= 1) pages_per_row = (i128(p.seqlen_k) + p.page_size - 1) / p.page_size;
+        if (!empty && p.page_size >= 1 &&
+            (p.block_table_batch_stride < 0 || (p.batch_size > 1 && p.block_table_batch_stride < pages_per_row)))
+            e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    }
     if (empty || !e.statuses.empty()) return e;  // pointers and strides of an empty call are not looked at
 
+    // Packed tensors are one batch of all their rows, their batch strides
+    // ignored; a paged k and v are num_pages batches of page_size rows.
+    const i128 q_batches = packed_q ? 1 : p.batch_size, q_rows = packed_q ? p.total_seqlen_q : p.seqlen_q;
+    i128 kv_batches = packed_k ? 1 : p.batch_size, kv_rows = packed_k ? p.total_seqlen_k : p.seqlen_k;
+    if (paged) kv_batches = p.num_pages, kv_rows = p.page_size;
     const Tensor tensors[] = {
-        {"q", p.q, p.batch_size, p.seqlen_q, p.num_heads_q, p.head_dim, p.q_batch_stride, p.q_seq_stride,
+        {"q", p.q, q_batches, q_rows, p.num_heads_q, p.head_dim, packed_q ? 0 : p.q_batch_stride, p.q_seq_stride,
          p.q_head_stride},
-        {"k", p.k, p.batch_size, p.seqlen_k, p.num_heads_kv, p.head_dim, p.k_batch_stride, p.k_seq_stride,
+        {"k", p.k, kv_batches, kv_rows, p.num_heads_kv, p.head_dim, packed_k ? 0 : p.k_batch_stride, p.k_seq_stride,
          p.k_head_stride},
-        {"v", p.v, p.batch_size, p.seqlen_k, p.num_heads_kv, dv, p.v_batch_stride, p.v_seq_stride, p.v_head_stride},
-        {"out", p.out, p.batch_size, p.seqlen_q, p.num_heads_q, dv, p.out_batch_stride, p.out_seq_stride,
+        {"v", p.v, kv_batches, kv_rows, p.num_heads_kv, dv, packed_k ? 0 : p.v_batch_stride, p.v_seq_stride,
+         p.v_head_stride},
+        {"out", p.out, q_batches, q_rows, p.num_heads_q, dv, packed_q ? 0 : p.out_batch_stride, p.out_seq_stride,
          p.out_head_stride},
     };
     bool tensors_ok = true;
@@ -243,11 +340,25 @@ Expected model_check(const CallerParams &caller) {
         tensors_ok &= t.ptr != nullptr && t.bs >= 0 && t.ss >= 0 && t.hs >= 0;
         if (tensors_ok && last_offset(t) * 2 > i128(INT64_MAX)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     }
-    const bool lse_misaligned = p.lse != nullptr && reinterpret_cast<uintptr_t>(p.lse) % 4 != 0;
-    // seqused_k (0.5): NULL, or a 4-byte aligned array of batch_size int32.
-    const bool seqused_misaligned = p.seqused_k != nullptr && reinterpret_cast<uintptr_t>(p.seqused_k) % 4 != 0;
-    if (lse_misaligned || seqused_misaligned) e.add(FLASHCORE_STATUS_MISALIGNED);
-    if (!tensors_ok || e.statuses.size() > size_t(lse_misaligned || seqused_misaligned)) return e;
+    // lse (rows: [num_heads_q][total_seqlen_q] for packed queries) and the
+    // int32 arrays the kernels read, each 4-byte aligned: seqused_k (0.5,
+    // batch_size values), cu_seqlens_q/_k (0.6, batch_size + 1) and the
+    // block table (0.6, its rows' ceil(seqlen_k / page_size) entries).
+    const struct {
+        const void *ptr;
+        i128 bytes;
+        bool written;
+    } arrays[] = {
+        {p.lse, (packed_q ? i128(p.total_seqlen_q) : i128(p.batch_size) * p.seqlen_q) * p.num_heads_q * 4, true},
+        {p.seqused_k, i128(p.batch_size) * 4, false},
+        {p.cu_seqlens_q, (i128(p.batch_size) + 1) * 4, false},
+        {p.cu_seqlens_k, (i128(p.batch_size) + 1) * 4, false},
+        {p.block_table, ((i128(p.batch_size) - 1) * p.block_table_batch_stride + pages_per_row) * 4, false},
+    };
+    bool arrays_misaligned = false;
+    for (const auto &a : arrays) arrays_misaligned |= a.ptr != nullptr && reinterpret_cast<uintptr_t>(a.ptr) % 4 != 0;
+    if (arrays_misaligned) e.add(FLASHCORE_STATUS_MISALIGNED);
+    if (!tensors_ok || e.statuses.size() > size_t(arrays_misaligned)) return e;
     const int overlap = self_overlap(tensors[3]);
     if (overlap == 1) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     e.unsure = overlap < 0;
@@ -257,13 +368,10 @@ Expected model_check(const CallerParams &caller) {
         const i128 begin = i128(reinterpret_cast<uintptr_t>(tensors[i].ptr));
         ranges.push_back({begin, begin + (last_offset(tensors[i]) + 1) * 2, i == 3});
     }
-    if (p.lse != nullptr) {
-        const i128 begin = i128(reinterpret_cast<uintptr_t>(p.lse));
-        ranges.push_back({begin, begin + i128(p.batch_size) * p.num_heads_q * p.seqlen_q * 4, true});
-    }
-    if (p.seqused_k != nullptr) {  // read, like q, k and v
-        const i128 begin = i128(reinterpret_cast<uintptr_t>(p.seqused_k));
-        ranges.push_back({begin, begin + i128(p.batch_size) * 4, false});
+    for (const auto &a : arrays) {
+        if (a.ptr == nullptr) continue;
+        const i128 begin = i128(reinterpret_cast<uintptr_t>(a.ptr));
+        ranges.push_back({begin, begin + a.bytes, a.written});
     }
     if (written_overlap(ranges)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     return e;
@@ -310,7 +418,10 @@ CallerParams random_params(Rng &r) {
     const float scales[] = {0.f,   0.125f,  1.f,     -1.f,    NAN,    INFINITY, -0.f,
                             3e38f, 2.3e38f, 2.4e38f, FLT_MIN, 1e-45f, 1e-30f};
     p.softmax_scale = r.chance(80) ? 0.f : r.pick(scales);
-    const int32_t splits[] = {0, 1, 2, 128, 129, -1, INT32_MIN};
+    // num_splits: mostly the library's choice; else none, 2 .. 128, or out
+    // of range.
+    const int32_t splits[] = {1, 2 + int32_t(r.below(FLASHCORE_MAX_NUM_SPLITS - 1)), 2, FLASHCORE_MAX_NUM_SPLITS,
+                              FLASHCORE_MAX_NUM_SPLITS + 1, -1, INT32_MIN, INT32_MAX};
     p.num_splits = r.chance(80) ? 0 : r.pick(splits);
     // The window: mostly off, its bounds then garbage to be ignored; on with
     // any non-zero use_window.
@@ -326,9 +437,57 @@ CallerParams random_params(Rng &r) {
                               1e30f,  2.3e38f, 2.4e38f,  FLT_MAX,                      // huge
                               -1.f,   -0.f,    -FLT_MIN, NAN,     -NAN, INFINITY, -INFINITY};
     p.softcap = r.chance(70) ? 0.f : r.pick(softcaps);
-    // Strides: packed in a random layout, then some perturbed.
+    // Variable-length batches: mostly not; with packed queries or keys,
+    // their total_seqlen mostly a few rows, else from the edges; without,
+    // now and then set anyway (refused). Their cu_seqlens are drawn below,
+    // with the other arrays.
+    const bool packed_q = r.chance(20), packed_k = r.chance(15);
+    p.total_seqlen_q = packed_q || r.chance(3) ? random_rows(r) : 0;
+    p.total_seqlen_k = packed_k || r.chance(3) ? random_rows(r) : 0;
+    // A paged cache: mostly not; with one, mostly pages of a supported size,
+    // a few of them, and table rows as far apart as a row's entries or a
+    // little farther; without, now and then one of its sizes set anyway.
+    const bool paged = r.chance(20);
+    if (paged) {
+        const int32_t page_sizes[] = {16, 32, 64, 256};
+        const int32_t bad_page_sizes[] = {0, -16, -1, 8, 24, kMaxSeqlen, kMaxSeqlen + 16, INT32_MIN, INT32_MAX};
+        p.page_size = r.chance(88) ? r.pick(page_sizes) : r.pick(bad_page_sizes);
+        const int32_t bad_pages[] = {0, -1, INT32_MIN, INT32_MAX, 1 << 20};
+        p.num_pages = r.chance(90) ? int32_t(1 + r.below(8)) : r.pick(bad_pages);
+        const int64_t row =
+            p.seqlen_k >= 0 && p.page_size >= 1 ? (int64_t(p.seqlen_k) + p.page_size - 1) / p.page_size : 1;
+        const int64_t bad_strides[] = {0, -1, row - 1, int64_t(1) << 40, INT64_MAX, INT64_MIN};
+        p.block_table_batch_stride = r.chance(80) ? row + int64_t(r.below(3)) : r.pick(bad_strides);
+    } else if (r.chance(4)) {
+        const int which = int(r.below(3));
+        if (which == 0) p.page_size = 16;
+        if (which == 1) p.num_pages = 1;
+        if (which == 2) p.block_table_batch_stride = r.chance(50) ? 1 : -1;
+    }
+    // Strides: packed in a random layout, then some perturbed. Packed q and
+    // out are one batch of total_seqlen_q rows; packed k and v likewise, a
+    // paged cache's num_pages batches of page_size rows.
+    const int layout = int(r.below(2));
     flashcore_forward_params packed = p;
-    if (set_contiguous_strides_of_int(&packed, int(r.below(2))) == FLASHCORE_STATUS_SUCCESS) p = packed;
+    if (set_contiguous_strides_of_int(&packed, layout) == FLASHCORE_STATUS_SUCCESS) p = packed;
+    if (packed_q) {
+        flashcore_forward_params rows = p;
+        rows.batch_size = 1, rows.seqlen_q = p.total_seqlen_q;
+        if (set_contiguous_strides_of_int(&rows, layout) == FLASHCORE_STATUS_SUCCESS) {
+            p.q_batch_stride = rows.q_batch_stride, p.q_seq_stride = rows.q_seq_stride;
+            p.q_head_stride = rows.q_head_stride, p.out_batch_stride = rows.out_batch_stride;
+            p.out_seq_stride = rows.out_seq_stride, p.out_head_stride = rows.out_head_stride;
+        }
+    }
+    if (packed_k || paged) {
+        flashcore_forward_params rows = p;
+        rows.batch_size = paged ? p.num_pages : 1, rows.seqlen_k = paged ? p.page_size : p.total_seqlen_k;
+        if (set_contiguous_strides_of_int(&rows, layout) == FLASHCORE_STATUS_SUCCESS) {
+            p.k_batch_stride = rows.k_batch_stride, p.k_seq_stride = rows.k_seq_stride;
+            p.k_head_stride = rows.k_head_stride, p.v_batch_stride = rows.v_batch_stride;
+            p.v_seq_stride = rows.v_seq_stride, p.v_head_stride = rows.v_head_stride;
+        }
+    }
     for (int64_t *st : {&p.q_batch_stride, &p.q_seq_stride, &p.q_head_stride, &p.k_batch_stride, &p.k_seq_stride,
                         &p.k_head_stride, &p.v_batch_stride, &p.v_seq_stride, &p.v_head_stride, &p.out_batch_stride,
                         &p.out_seq_stride, &p.out_head_stride})
@@ -347,18 +506,38 @@ CallerParams random_params(Rng &r) {
         p.lse = static_cast<float *>(const_cast<void *>(lse));
         placed.push_back(reinterpret_cast<uintptr_t>(p.lse));
     }
-    // seqused_k: mostly none; else apart, on top of another tensor (an
-    // output's: refused), null, or 2-, 4- or 8-byte aligned.
-    if (r.chance(30)) p.seqused_k = static_cast<const int32_t *>(random_pointer(r, 5, placed));
+    // seqused_k: mostly none; else an int32 array (random_array) of
+    // batch_size values. Likewise cu_seqlens_q/_k of packed queries and keys
+    // (batch_size + 1 values), and the block table of a paged cache (its
+    // rows' entries). Sometimes NULL: the call is then neither.
+    if (r.chance(30)) p.seqused_k = random_array(r, 5, placed, p.out, p.batch_size);
+    if (packed_q) p.cu_seqlens_q = random_array(r, 6, placed, p.out, i128(p.batch_size) + 1);
+    if (packed_k) p.cu_seqlens_k = random_array(r, 7, placed, p.out, i128(p.batch_size) + 1);
+    if (paged) {
+        const i128 entries = (i128(p.batch_size) - 1) * p.block_table_batch_stride +
+                             (p.page_size >= 1 ? (i128(p.seqlen_k) + p.page_size - 1) / p.page_size : 0);
+        p.block_table = random_array(r, 8, placed, p.out, entries);
+    }
     // Past the caller's struct_size: garbage, not its fields. A newer
     // caller's own fields past ours: zero, or one byte of them set.
     constexpr size_t kOurs = sizeof(flashcore_forward_params);
-    const size_t sizes[] = {kSizeV0_1,     kSizeV0_2,       kSizeV0_3, kSizeV0_4, kSizeV0_5, 0,         12,
-                            kSizeV0_1 - 1, size_t(1) << 40, kOurs + 4, kOurs + 8, kOurs + kNewerBytes};
-    p.struct_size = r.chance(88) ? kOurs : r.pick(sizes);
+    // Sizes: each released header's (its end and its sizeof), a newer
+    // header's, and sizes of no header's: short of 0.1's, past 64 KiB, or
+    // ending inside a field or between two fields of one version.
+    const size_t older[] = {kEndV0_1,         kEndV0_2,         kEndV0_3,         kEndV0_4,        kEndV0_5,
+                            padded(kEndV0_2), padded(kEndV0_3), padded(kEndV0_4), padded(kEndV0_5)};
+    const size_t newer[] = {kOurs + 4, kOurs + 8, kOurs + kNewerBytes};
+    const size_t bad_sizes[] = {0, 12, kEndV0_1 - 1, kEndV0_1 + 1, kEndV0_2 + 1,
+                                offsetof(flashcore_forward_params, softcap),
+                                offsetof(flashcore_forward_params, seqused_k) + 4,
+                                offsetof(flashcore_forward_params, cu_seqlens_k),
+                                offsetof(flashcore_forward_params, num_pages), kOurs - 1, kMaxStructSize + 1,
+                                size_t(1) << 40};
+    const int kind = r.chance(88) ? 0 : int(1 + r.below(3));
+    p.struct_size = kind == 0 ? kOurs : kind == 1 ? r.pick(older) : kind == 2 ? r.pick(newer) : r.pick(bad_sizes);
     unsigned char *bytes = reinterpret_cast<unsigned char *>(&c);
     const size_t end = std::min(p.struct_size, sizeof c);
-    if (end >= kSizeV0_1 && end < kOurs) std::memset(bytes + end, 0xAB, kOurs - end);
+    if (end >= kEndV0_1 && end < kOurs) std::memset(bytes + end, 0xAB, kOurs - end);
     if (end > kOurs) {
         std::memset(bytes + kOurs, 0, end - kOurs);
         if (r.chance(50)) bytes[kKnownEnd + r.below(end - kKnownEnd)] = static_cast<unsigned char>(1 + r.below(255));
@@ -376,13 +555,19 @@ void print_params(const CallerParams &c) {
     const flashcore_forward_params &p = c.p;
     std::fprintf(stderr,
                  "  struct_size %zu (ours %zu) dtype %d B %d Sq %d Sk %d Hq %d Hkv %d D %d Dv %d causal %d scale %g "
-                 "splits %d\n"
+                 "(0x%08x) splits %d\n"
                  "  use_window %d window_left %d window_right %d softcap %g (0x%08x)\n"
-                 "  q %p k %p v %p out %p lse %p seqused_k %p\n",
+                 "  q %p k %p v %p out %p lse %p seqused_k %p\n"
+                 "  cu_seqlens_q %p cu_seqlens_k %p total_seqlen_q %d total_seqlen_k %d\n"
+                 "  block_table %p block_table_batch_stride %" PRId64 " page_size %d num_pages %d\n",
                  p.struct_size, sizeof p, p.dtype, p.batch_size, p.seqlen_q, p.seqlen_k, p.num_heads_q,
-                 p.num_heads_kv, p.head_dim, p.head_dim_v, p.causal, double(p.softmax_scale), p.num_splits,
-                 p.use_window, p.window_left, p.window_right, double(p.softcap), float_bits(p.softcap), p.q, p.k, p.v,
-                 p.out, static_cast<void *>(p.lse), static_cast<const void *>(p.seqused_k));
+                 p.num_heads_kv, p.head_dim, p.head_dim_v, p.causal, double(p.softmax_scale),
+                 float_bits(p.softmax_scale), p.num_splits, p.use_window, p.window_left, p.window_right,
+                 double(p.softcap), float_bits(p.softcap), p.q, p.k, p.v, p.out, static_cast<void *>(p.lse),
+                 static_cast<const void *>(p.seqused_k),
+                 static_cast<const void *>(p.cu_seqlens_q), static_cast<const void *>(p.cu_seqlens_k),
+                 p.total_seqlen_q, p.total_seqlen_k, static_cast<const void *>(p.block_table),
+                 p.block_table_batch_stride, p.page_size, p.num_pages);
     std::fprintf(stderr, "  bytes after ours:");
     for (unsigned char b : c.newer) std::fprintf(stderr, " %02x", b);
     std::fprintf(stderr, "\n");
@@ -418,9 +603,11 @@ bool agrees(const Expected &e, flashcore_status got, const std::string &message,
     return ok;
 }
 
-bool check_forward(const CallerParams &c, uint64_t call) {
+// Whether flashcore_forward_check agrees with the model; *got: its status.
+bool check_forward(const CallerParams &c, uint64_t call, flashcore_status *got_out) {
     CallerParams copy = c;
     const flashcore_status got = flashcore_forward_check(&copy.p);
+    *got_out = got;
     const bool ok = agrees(model_check(c), got, flashcore_last_error_message(), std::memcmp(&copy, &c, sizeof c) == 0,
                            "flashcore_forward_check", call);
     if (!ok) print_params(c);
@@ -447,7 +634,7 @@ i128 merge_last_offset(const MergeTensor &t) {
 
 Expected model_merge_check(const flashcore_merge_params &p) {
     Expected e;
-    if (p.struct_size < sizeof(flashcore_merge_params) || p.struct_size > 64 * 1024) {
+    if (p.struct_size < sizeof(flashcore_merge_params) || p.struct_size > kMaxStructSize) {
         e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
         return e;  // nothing else is read
     }
@@ -455,7 +642,11 @@ Expected model_merge_check(const flashcore_merge_params &p) {
         return d == FLASHCORE_DTYPE_FP16 || d == FLASHCORE_DTYPE_BF16 || d == FLASHCORE_DTYPE_FP32;
     };
     if (!dtype_ok(p.partial_dtype) || !dtype_ok(p.out_dtype)) e.add(FLASHCORE_STATUS_UNSUPPORTED);
-    if (p.num_states < 1 || p.batch_size < 0 || p.num_heads < 0 || p.seqlen < 0 || p.head_dim < 1)
+    // num_states 1 .. FLASHCORE_MERGE_MAX_NUM_STATES, head_dim 8 ..
+    // FLASHCORE_MERGE_MAX_HEAD_DIM and a multiple of 8 (UNSUPPORTED, as the
+    // forward's head_dim; one of 1 .. 7 breaks both).
+    if (p.num_states < 1 || p.num_states > FLASHCORE_MERGE_MAX_NUM_STATES || p.batch_size < 0 || p.num_heads < 0 ||
+        p.seqlen < 0 || p.head_dim < 8 || p.head_dim > FLASHCORE_MERGE_MAX_HEAD_DIM)
         e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     if (p.head_dim >= 1 && p.head_dim % 8 != 0) e.add(FLASHCORE_STATUS_UNSUPPORTED);
     const bool empty = p.batch_size == 0 || p.num_heads == 0 || p.seqlen == 0;
@@ -540,11 +731,13 @@ flashcore_merge_params random_merge_params(Rng &r) {
     const int32_t bad_dtypes[] = {0, 4, 7, -1, INT32_MIN};
     p.partial_dtype = r.chance(93) ? int32_t(1 + r.below(3)) : r.pick(bad_dtypes);
     p.out_dtype = r.chance(93) ? int32_t(1 + r.below(3)) : r.pick(bad_dtypes);
-    p.num_states = r.chance(90) ? int32_t(1 + r.below(5)) : random_size(r);
+    const int32_t states[] = {FLASHCORE_MERGE_MAX_NUM_STATES, FLASHCORE_MERGE_MAX_NUM_STATES + 1};
+    p.num_states = r.chance(90) ? int32_t(1 + r.below(5)) : r.chance(80) ? random_size(r) : r.pick(states);
     p.batch_size = random_size(r);
     p.num_heads = random_size(r);
     p.seqlen = random_size(r);
-    const int32_t dims[] = {8, 16, 64, 128, 256, 0, -8, 12, 60, INT32_MAX};
+    const int32_t dims[] = {8, 16, 64, 128, 256, 0, -8, 12, 60, INT32_MAX, 4, FLASHCORE_MERGE_MAX_HEAD_DIM,
+                            FLASHCORE_MERGE_MAX_HEAD_DIM + 8};
     p.head_dim = r.chance(85) ? int32_t(8 * (1 + r.below(32))) : r.pick(dims);
     // Packed [state][batch][head][seq][dim] partials and [batch][head][seq][dim]
     // output, LSE [state][batch][head][seq]; then some strides perturbed.
@@ -584,9 +777,10 @@ flashcore_merge_params random_merge_params(Rng &r) {
     return p;
 }
 
-bool check_merge(const flashcore_merge_params &p, uint64_t call) {
+bool check_merge(const flashcore_merge_params &p, uint64_t call, flashcore_status *got_out) {
     flashcore_merge_params copy = p;
     const flashcore_status got = flashcore_merge_check(&copy);
+    *got_out = got;
     const bool ok = agrees(model_merge_check(p), got, flashcore_last_error_message(),
                            std::memcmp(&copy, &p, sizeof p) == 0, "flashcore_merge_check", call);
     if (!ok) {
@@ -613,11 +807,14 @@ bool check_strides(const CallerParams &caller, int layout, uint64_t call) {
     const flashcore_status got = set_contiguous_strides_of_int(&p, layout);
     // The layout, then the struct's size, then a newer header's fields
     // (UNSUPPORTED), then the sizes the strides are products of.
-    bool expect_ok = (layout == 0 || layout == 1) && in.struct_size >= kSizeV0_1 && in.struct_size <= 64 * 1024;
+    bool expect_ok = (layout == 0 || layout == 1) && struct_size_ok(in.struct_size);
     const bool refused_as_newer = expect_ok && sets_newer_fields(caller);
     expect_ok &= !refused_as_newer;
-    const int32_t dv_raw = in.struct_size <= kSizeV0_1 ? 0 : in.head_dim_v;
-    const bool empty = in.batch_size == 0 || in.seqlen_q == 0 || in.num_heads_q == 0;
+    const int32_t dv_raw = in.struct_size < kEndV0_2 ? 0 : in.head_dim_v;
+    // Empty as for flashcore_forward_check: packed queries of no rows too.
+    const bool has_0_6_fields = in.struct_size >= kEndV0_6;
+    const bool empty = in.batch_size == 0 || in.seqlen_q == 0 || in.num_heads_q == 0 ||
+                       (has_0_6_fields && in.cu_seqlens_q != nullptr && in.total_seqlen_q == 0);
     for (int32_t v : {in.batch_size, in.seqlen_q, in.seqlen_k, in.num_heads_q, in.num_heads_kv}) expect_ok &= v >= 0;
     expect_ok &= in.head_dim >= 1 && dv_raw >= 0 && !(in.num_heads_kv == 0 && in.num_heads_q != 0) &&
                  !(in.seqlen_k == 0 && !empty);
@@ -676,8 +873,10 @@ bool check_handles(Rng &r, const flashcore_forward_params &p, uint64_t call) {
 struct Counts {
     uint64_t calls = 0, successes = 0, merge_successes = 0;
     // Accepted forward parameter sets with the window on, the softcap on,
+    // seqused_k, packed (variable-length) queries or keys, a paged cache,
     // and from a newer header's (larger) struct.
     uint64_t windowed_successes = 0, capped_successes = 0, seqused_successes = 0, newer_successes = 0;
+    uint64_t varlen_successes = 0, paged_successes = 0;
 };
 
 bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
@@ -685,22 +884,23 @@ bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
     for (uint64_t i = 0; i < forward_calls; ++i) {
         const CallerParams c = random_params(r);
         const flashcore_forward_params &p = c.p;
-        if (!check_forward(c, i)) return false;
+        flashcore_status got;
+        if (!check_forward(c, i, &got)) return false;
         ++counts->calls;
-        if (flashcore_forward_check(&p) == FLASHCORE_STATUS_SUCCESS) {
-            const bool has_0_4_fields = p.struct_size > kSizeV0_3;
+        if (got == FLASHCORE_STATUS_SUCCESS) {
+            const bool has_0_4_fields = p.struct_size >= kEndV0_4, has_0_6_fields = p.struct_size >= kEndV0_6;
             ++counts->successes;
             counts->windowed_successes += has_0_4_fields && p.use_window != 0;
             counts->capped_successes += has_0_4_fields && p.softcap != 0.f;
-            counts->seqused_successes += p.struct_size > kSizeV0_4 && p.seqused_k != nullptr;
+            counts->seqused_successes += p.struct_size >= kEndV0_5 && p.seqused_k != nullptr;
+            counts->varlen_successes += has_0_6_fields && (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr);
+            counts->paged_successes += has_0_6_fields && p.block_table != nullptr;
             counts->newer_successes += p.struct_size > sizeof p;
         }
-        ++counts->calls;
         const flashcore_merge_params m = random_merge_params(r);
-        if (!check_merge(m, i)) return false;
-        counts->calls += 1;
-        counts->merge_successes += flashcore_merge_check(&m) == FLASHCORE_STATUS_SUCCESS;
+        if (!check_merge(m, i, &got)) return false;
         ++counts->calls;
+        counts->merge_successes += got == FLASHCORE_STATUS_SUCCESS;
         if (i % 4 == 0) {
             const int layouts[] = {0, 1, 0, 1, 2, -1, 7};
             if (!check_strides(c, r.pick(layouts), i)) return false;
@@ -747,9 +947,11 @@ int main(int argc, char **argv) {
         }
     }
     std::printf("fuzz_api: %" PRIu64 " API calls, %" PRIu64 " valid forward (%" PRIu64 " with a window, %" PRIu64
-                " with a softcap, %" PRIu64 " with seqused_k, %" PRIu64 " from a newer header) and %" PRIu64
+                " with a softcap, %" PRIu64 " with seqused_k, %" PRIu64 " variable-length, %" PRIu64
+                " on a paged cache, %" PRIu64 " from a newer header) and %" PRIu64
                 " valid merge parameter sets accepted, all as the model says\n",
                 counts.calls, counts.successes, counts.windowed_successes, counts.capped_successes,
-                counts.seqused_successes, counts.newer_successes, counts.merge_successes);
+                counts.seqused_successes, counts.varlen_successes, counts.paged_successes, counts.newer_successes,
+                counts.merge_successes);
     return 0;
 }
