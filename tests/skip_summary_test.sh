@@ -1,65 +1,34 @@
 #!/bin/sh
-# skip_summary_test.sh: skip_summary.sh on a made-up ctest log names each
-# test that skipped for a missing tool, with its reason, sums up the GPU
-# skips, and says nothing of what ran.
+# skip_summary_test.sh: skip_summary.sh on made-up logs sums up the GPU
+# skips by reason and names each test that skipped for a missing tool, with
+# its reason; with empty logs it prints nothing. Then report_tool_skip.sh,
+# which the checks call to skip, writes such a line and exits 77.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-printf '%s\n' "no CUDA device: no driver" "no CUDA device: no driver" >"$work/gpu.log"
-cat >"$work/LastTest.log" <<'LOG'
-Start testing: Nov 25 12:49 UTC
-----------------------------------------------------------
-1/5 Testing: api.Version.RuntimeMatchesHeader
-1/5 Test: api.Version.RuntimeMatchesHeader
-Output:
-----------------------------------------------------------
-[  PASSED  ] 1 test.
-<end of output>
-Test time =   0.01 sec
-----------------------------------------------------------
-2/5 Testing: python_pytest
-2/5 Test: python_pytest
-Output:
-----------------------------------------------------------
-SKIP: pytest is not installed for /usr/bin/python3 (pip install pytest, or apt install python3-pytest)
-<end of output>
-Test time =   0.20 sec
-----------------------------------------------------------
-3/5 Testing: rust_bindgen_drift
-3/5 Test: rust_bindgen_drift
-Output:
-----------------------------------------------------------
-SKIPPED: bindgen not found on PATH; install it with: apt-get install bindgen libclang-dev
-<end of output>
-----------------------------------------------------------
-4/5 Testing: consumer.pkgconfig
-4/5 Test: consumer.pkgconfig
-Output:
-----------------------------------------------------------
--- SKIP: pkg-config was not found when the project was configured
-<end of output>
-----------------------------------------------------------
-5/5 Testing: gpu.Shapes/FwdTest.Matches/0
-5/5 Test: gpu.Shapes/FwdTest.Matches/0
-Output:
-----------------------------------------------------------
-GPU test skipped: no CUDA device: no driver
-SKIP: a GPU test's own line, summed up from the GPU log instead
-<end of output>
-End testing: Nov 25 12:49 UTC
-LOG
-
-sh "$here/skip_summary.sh" "$work/gpu.log" "$work" >"$work/got"
+printf '%s\n' "no CUDA device: no driver" "no CUDA device: no driver" "no sm_90 GPU" >"$work/gpu.log"
+printf '%s\n' "rust_bindgen_drift skipped: bindgen not found on PATH" \
+    "python_pytest skipped: pytest is not installed (pip install pytest)" >"$work/tools.log"
+sh "$here/skip_summary.sh" "$work/gpu.log" "$work/tools.log" >"$work/got"
 cat >"$work/expected" <<'EXPECTED'
 2 GPU tests skipped: no CUDA device: no driver
-python_pytest skipped: pytest is not installed for /usr/bin/python3 (pip install pytest, or apt install python3-pytest)
-rust_bindgen_drift skipped: bindgen not found on PATH; install it with: apt-get install bindgen libclang-dev
-consumer.pkgconfig skipped: pkg-config was not found when the project was configured
+1 GPU test skipped: no sm_90 GPU
+python_pytest skipped: pytest is not installed (pip install pytest)
+rust_bindgen_drift skipped: bindgen not found on PATH
 EXPECTED
-if ! diff -u "$work/expected" "$work/got"; then
-    echo "skip_summary.sh printed the lines marked +, expected those marked -" >&2
-    exit 1
-fi
-echo "skip_summary.sh: 4 lines as expected"
+diff -u "$work/expected" "$work/got" || { echo "skip_summary.sh printed the lines marked +, expected -" >&2; exit 1; }
+
+: >"$work/empty"
+sh "$here/skip_summary.sh" "$work/empty" "$work/missing-log" >"$work/got"
+[ ! -s "$work/got" ] || { echo "skip_summary.sh printed for empty logs:" >&2; cat "$work/got" >&2; exit 1; }
+
+rc=0
+FLASHCORE_TOOL_SKIP_LOG="$work/written.log" sh "$here/report_tool_skip.sh" consumer.pkgconfig "pkg-config not found" \
+    >"$work/said" || rc=$?
+[ "$rc" -eq 77 ] || { echo "report_tool_skip.sh exited $rc, expected 77" >&2; exit 1; }
+grep -qx "SKIPPED: pkg-config not found" "$work/said" || { echo "report_tool_skip.sh said:" >&2; cat "$work/said" >&2; exit 1; }
+grep -qx "consumer.pkgconfig skipped: pkg-config not found" "$work/written.log" ||
+    { echo "report_tool_skip.sh wrote:" >&2; cat "$work/written.log" >&2; exit 1; }
+echo "skip_summary.sh and report_tool_skip.sh: as expected"

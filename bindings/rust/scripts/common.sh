@@ -16,6 +16,11 @@ skip() {
         exit 1
     fi
     echo "SKIPPED: $1"
+    # ctest names the test and the log its closing summary prints
+    # (tests/skip_summary.sh), so the reason shows without -V.
+    if [ -n "${FLASHCORE_TOOL_SKIP_LOG:-}" ]; then
+        echo "${FLASHCORE_CTEST_NAME:-$(basename "$0")} skipped: $1" >>"$FLASHCORE_TOOL_SKIP_LOG"
+    fi
     exit 77
 }
 
