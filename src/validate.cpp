@@ -594,31 +594,29 @@ flashcore_status validate_merge(const flashcore_merge_params &p) {
     status = check_merge_dtype(p.out_dtype, "out_dtype");
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     // Batches, heads and rows may be 0 (nothing to merge); states and
-    // head_dim may not.
+    // head_dim may not. The kernel counts states and columns in 32-bit ints,
+    // stepping past the last by up to a warp's worth: their documented
+    // bounds keep that far from 2^31.
     const struct {
         int32_t value;
         const char *name;
         int32_t min;
-    } sizes[] = {{p.num_states, "num_states", 1}, {p.batch_size, "batch_size", 0}, {p.num_heads, "num_heads", 0},
-                 {p.seqlen, "seqlen", 0},         {p.head_dim, "head_dim", 1}};
+        const char *max_name;  // nullptr: no bound but int32_t's
+        int32_t max;
+    } sizes[] = {
+        {p.num_states, "num_states", 1, "FLASHCORE_MERGE_MAX_NUM_STATES", FLASHCORE_MERGE_MAX_NUM_STATES},
+        {p.batch_size, "batch_size", 0, nullptr, INT32_MAX},
+        {p.num_heads, "num_heads", 0, nullptr, INT32_MAX},
+        {p.seqlen, "seqlen", 0, nullptr, INT32_MAX},
+        {p.head_dim, "head_dim", 1, "FLASHCORE_MERGE_MAX_HEAD_DIM", FLASHCORE_MERGE_MAX_HEAD_DIM},
+    };
     for (const auto &s : sizes) {
         if (s.value < s.min) {
             return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s (%d) must be >= %d", s.name, int(s.value), int(s.min));
         }
-    }
-    // The kernel counts states and columns in 32-bit ints, stepping past
-    // the last by up to a warp's worth: the bounds keep that far from 2^31.
-    const struct {
-        int32_t value;
-        const char *name;
-        const char *bound_name;
-        int32_t max;
-    } bounded[] = {{p.num_states, "num_states", "FLASHCORE_MERGE_MAX_NUM_STATES", FLASHCORE_MERGE_MAX_NUM_STATES},
-                   {p.head_dim, "head_dim", "FLASHCORE_MERGE_MAX_HEAD_DIM", FLASHCORE_MERGE_MAX_HEAD_DIM}};
-    for (const auto &b : bounded) {
-        if (b.value > b.max) {
-            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s (%d) must be at most %s (%d)", b.name, int(b.value),
-                        b.bound_name, int(b.max));
+        if (s.value > s.max) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s (%d) must be at most %s (%d)", s.name, int(s.value),
+                        s.max_name, int(s.max));
         }
     }
     if (p.head_dim % kHeadDimMultiple != 0) {
