@@ -12,12 +12,14 @@ from typing import Optional
 from . import _ffi
 from ._checked import fits, struct_ref, whole_number
 from ._errors import FlashcoreError, LibraryError, error_for_status
+from ._fields import int_range
 
 ENV_VAR = "FLASHCORE_LIBRARY"
 MAJOR = _ffi.FLASHCORE_VERSION_MAJOR
 # What flashcore_status_string gives any value that is no status (flashcore.h).
 UNKNOWN_STATUS = "unknown status"
-_C_INT_BITS = 8 * ctypes.sizeof(ctypes.c_int)
+# (lowest, highest) int the C int of flashcore_status_string's argument holds.
+_C_INT_RANGE = int_range(ctypes.c_int)
 # Where the low-level calls' params come from, for messages.
 FORWARD_PARAMS_FROM = "from flashcore.forward_params()"
 MERGE_PARAMS_FROM = "from flashcore.merge_params()"
@@ -127,7 +129,7 @@ class Library:
         int cannot hold is none either, and has that name too (ctypes would
         pass it on cut to its low 32 bits: 2**40 read as 0, "success")."""
         status = whole_number(status, "status")
-        if not -(1 << (_C_INT_BITS - 1)) <= status < (1 << (_C_INT_BITS - 1)):
+        if not _C_INT_RANGE[0] <= status <= _C_INT_RANGE[1]:
             return UNKNOWN_STATUS
         return self.cdll.flashcore_status_string(status).decode()
 

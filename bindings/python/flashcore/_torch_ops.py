@@ -129,7 +129,7 @@ def _layout_name(layout):
 
 
 # The largest finite float: a Python int beyond it has no float.
-_FLOAT_MAX = 1.7976931348623157e308
+_FLOAT_MAX = sys.float_info.max
 
 
 def _not_int(value):
