@@ -15,12 +15,9 @@ skip() {
         echo "FAILED: $1 (FLASHCORE_REQUIRE_TOOLS=1)" >&2
         exit 1
     fi
-    echo "SKIPPED: $1"
-    # ctest names the test and the log its closing summary prints
+    # Prints "SKIPPED: why" and adds the line ctest's closing summary prints
     # (tests/skip_summary.sh), so the reason shows without -V.
-    if [ -n "${FLASHCORE_TOOL_SKIP_LOG:-}" ]; then
-        echo "${FLASHCORE_CTEST_NAME:-$(basename "$0")} skipped: $1" >>"$FLASHCORE_TOOL_SKIP_LOG"
-    fi
+    sh "$REPO_DIR/tests/report_tool_skip.sh" "${FLASHCORE_CTEST_NAME:-$(basename "$0")}" "$1"
     exit 77
 }
 
