@@ -128,6 +128,16 @@ FLASHCORE_API unsigned flashcore_version_number(void);
 /* The same version as a static string, "MAJOR.MINOR.PATCH". */
 FLASHCORE_API const char *flashcore_version_string(void);
 
+/* The version of the CUDA runtime linked (statically) into the library, as
+ * CUDA writes versions: 1000 * major + 10 * minor, e.g. 12040 for 12.4 or
+ * 13000 for 13.0. flashcore is built with CUDA 12 and with CUDA 13 from the
+ * same sources; the two builds differ only in the drivers they run on: an
+ * NVIDIA driver for CUDA major.0 or newer (cuDriverGetVersion() >= 1000 *
+ * major; CUDA's minor-version compatibility), that is driver 525.60.13 or
+ * newer for a CUDA 12 build and 580.65.06 or newer for a CUDA 13 build.
+ * Needs no GPU or driver. */
+FLASHCORE_API int flashcore_cuda_runtime_version(void);
+
 /* ---------------------------------------------------------------------------
  * Status codes
  * ------------------------------------------------------------------------- */

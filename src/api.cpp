@@ -52,6 +52,8 @@ unsigned flashcore_version_number(void) { return FLASHCORE_VERSION_NUMBER; }
 
 const char *flashcore_version_string(void) { return kVersionString; }
 
+int flashcore_cuda_runtime_version(void) { return CUDART_VERSION; }
+
 // The two functions that take an enum by value are defined in abi_enums.c:
 // C reads any int there, where C++ must not load an enum outside its
 // enumerators' range. They pass the value on as an int32_t.

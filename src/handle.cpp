@@ -10,6 +10,7 @@
 #include <cstring>
 #include <new>
 
+#include "common/driver_function.h"
 #include "error.h"
 #include "kernel_registry.h"
 
@@ -121,6 +122,11 @@ flashcore_status read_env_overrides(const flashcore_handle_s &h, EnvOverrides *e
     return read_first_kv_position(env);
 }
 
+// The driver CUDA version the oldest flavour of flashcore (the CUDA 12
+// build) runs on: a driver at least this new but too old for this build is
+// pointed at that build.
+constexpr int kOldestFlavourCudaVersion = 12000;
+
 // Why cudaGetDeviceCount found no usable device (err maps to NO_DEVICE):
 // no NVIDIA driver installed at all, a driver older than the CUDA runtime
 // linked into the library, or a driver that sees no device. The runtime
@@ -138,11 +144,17 @@ flashcore_status fail_no_device(cudaError_t err) {
     int driver_version = 0;  // as CUDA versions: 1000 * major + 10 * minor; 0 without a driver
     cleared(cudaDriverGetVersion(&driver_version));
     if (err == cudaErrorInsufficientDriver && driver_version > 0) {
+        // A CUDA N runtime runs on any driver for CUDA N.0 or newer (minor-version compatibility).
         return fail(FLASHCORE_STATUS_NO_DEVICE,
                     "the NVIDIA driver (version for CUDA %d.%d) is older than this library's CUDA runtime (%d.%d) "
-                    "needs; update the driver (%s)",
+                    "needs: a driver for CUDA %d.0 or newer (%s or newer); update the driver%s (%s)",
                     driver_version / 1000, driver_version % 1000 / 10, CUDART_VERSION / 1000,
-                    CUDART_VERSION % 1000 / 10, cudaGetErrorName(err));
+                    CUDART_VERSION % 1000 / 10, CUDART_VERSION / 1000, FLASHCORE_MIN_DRIVER,
+                    driver_version >= kOldestFlavourCudaVersion
+                        ? ", or use flashcore's CUDA 12 build (Debian: libflashcore0-cuda12; the Python wheel "
+                          "carries both and loads the one the driver runs)"
+                        : "",
+                    cudaGetErrorName(err));
     }
     if (driver_version == 0) {
         return fail(FLASHCORE_STATUS_NO_DEVICE,
@@ -225,17 +237,11 @@ struct ContextFunctions {
 const ContextFunctions &context_functions() {
     static const ContextFunctions functions = [] {
         ContextFunctions f;
-        void *get = nullptr, *set = nullptr;
-        cudaDriverEntryPointQueryResult found_get{}, found_set{};
-        if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 12000, cudaEnableDefault, &found_get) ==
-                cudaSuccess &&
-            cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 12000, cudaEnableDefault, &found_set) ==
-                cudaSuccess &&
-            found_get == cudaDriverEntryPointSuccess && found_set == cudaDriverEntryPointSuccess) {
+        void *get = driver_function("cuCtxGetCurrent");
+        void *set = driver_function("cuCtxSetCurrent");
+        if (get != nullptr && set != nullptr) {
             f.get = reinterpret_cast<CtxGetCurrent>(get);
             f.set = reinterpret_cast<CtxSetCurrent>(set);
-        } else {
-            cudaGetLastError();
         }
         return f;
     }();

@@ -147,6 +147,13 @@ TEST(Version, RuntimeMatchesHeader) {
     EXPECT_STREQ(flashcore_version_string(), "0.6.0");
 }
 
+TEST(Version, CudaRuntimeIsTheToolkits) {
+    // The toolkit that built the library (tests/CMakeLists.txt), e.g. 12040
+    // for the CUDA 12 build; no driver needed.
+    EXPECT_EQ(flashcore_cuda_runtime_version(), FLASHCORE_TOOLKIT_RUNTIME_VERSION);
+    EXPECT_GE(flashcore_cuda_runtime_version(), 12040);
+}
+
 TEST(Status, EveryStatusHasItsOwnString) {
     const flashcore_status all[] = {FLASHCORE_STATUS_SUCCESS,        FLASHCORE_STATUS_INVALID_ARGUMENT,
                                     FLASHCORE_STATUS_UNSUPPORTED,    FLASHCORE_STATUS_MISALIGNED,

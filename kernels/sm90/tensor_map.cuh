@@ -11,24 +11,17 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include "common/driver_function.h"
+
 #include <cstdint>
 #include <cstring>
 
 namespace flashcore::sm90 {
 
-// A driver function found once through the runtime, so that the library
-// needs no link-time dependency on libcuda. Null where the driver lacks it.
+// A driver function, found through the runtime (common/driver_function.h).
 template <typename Fn>
 Fn driver_function(const char *name) {
-    constexpr int kCudaVersion = 12000;  // the functions' first version
-    void *fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion(name, &fn, kCudaVersion, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-        cudaGetLastError();
-        fn = nullptr;
-    }
-    return reinterpret_cast<Fn>(fn);
+    return reinterpret_cast<Fn>(flashcore::driver_function(name));
 }
 
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {

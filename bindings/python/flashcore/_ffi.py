@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "b5d64a8b24114bc62ac862bb789a45bceed45d5e7261d2877e0579de55aecf07"
+HEADER_SHA256 = "d2b98a6f98c63d5796a5f50ff8f53fbac97ba7bb349702292fa525cc9eab7c51"
 
 
 # Assigning to a field of the structs below checks the value against the
@@ -400,6 +400,15 @@ FUNCTIONS = (
     ("flashcore_version_number", ctypes.c_uint, ()),
     # The same version as a static string, "MAJOR.MINOR.PATCH".
     ("flashcore_version_string", ctypes.c_char_p, ()),
+    # The version of the CUDA runtime linked (statically) into the library, as
+    # CUDA writes versions: 1000 * major + 10 * minor, e.g. 12040 for 12.4 or
+    # 13000 for 13.0. flashcore is built with CUDA 12 and with CUDA 13 from the
+    # same sources; the two builds differ only in the drivers they run on: an
+    # NVIDIA driver for CUDA major.0 or newer (cuDriverGetVersion() >= 1000 *
+    # major; CUDA's minor-version compatibility), that is driver 525.60.13 or
+    # newer for a CUDA 12 build and 580.65.06 or newer for a CUDA 13 build.
+    # Needs no GPU or driver.
+    ("flashcore_cuda_runtime_version", ctypes.c_int, ()),
     # A static, human-readable name for a status ("invalid argument", ...).
     # Never NULL; any other int value gives "unknown status".
     ("flashcore_status_string", ctypes.c_char_p, (

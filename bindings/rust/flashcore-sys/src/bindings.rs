@@ -23,6 +23,17 @@ extern "C" {
     #[doc = " The same version as a static string, \"MAJOR.MINOR.PATCH\"."]
     pub fn flashcore_version_string() -> *const ::std::os::raw::c_char;
 }
+extern "C" {
+    #[doc = " The version of the CUDA runtime linked (statically) into the library, as"]
+    #[doc = " CUDA writes versions: 1000 * major + 10 * minor, e.g. 12040 for 12.4 or"]
+    #[doc = " 13000 for 13.0. flashcore is built with CUDA 12 and with CUDA 13 from the"]
+    #[doc = " same sources; the two builds differ only in the drivers they run on: an"]
+    #[doc = " NVIDIA driver for CUDA major.0 or newer (cuDriverGetVersion() >= 1000 *"]
+    #[doc = " major; CUDA's minor-version compatibility), that is driver 525.60.13 or"]
+    #[doc = " newer for a CUDA 12 build and 580.65.06 or newer for a CUDA 13 build."]
+    #[doc = " Needs no GPU or driver."]
+    pub fn flashcore_cuda_runtime_version() -> ::std::os::raw::c_int;
+}
 pub const FLASHCORE_STATUS_SUCCESS: flashcore_status = 0;
 #[doc = " A parameter is wrong whatever the GPU: a null pointer, a size <= 0, head"]
 #[doc = " counts that do not divide, a bad stride, a struct_size too small."]

@@ -132,6 +132,19 @@ pub fn version_number() -> u32 {
     unsafe { sys::flashcore_version_number() }
 }
 
+/// The CUDA runtime linked into the loaded library, as CUDA writes versions
+/// (`1000 * major + 10 * minor`: 12040 for a CUDA 12.4 build, 13000 for
+/// 13.0). It runs on an NVIDIA driver for CUDA `major.0` or newer: 525.60.13
+/// and later for a CUDA 12 build, 580.65.06 and later for a CUDA 13 build.
+///
+/// ```
+/// assert!(flashcore::cuda_runtime_version() >= 12040);
+/// ```
+pub fn cuda_runtime_version() -> i32 {
+    // SAFETY: no arguments, no preconditions.
+    unsafe { sys::flashcore_cuda_runtime_version() }
+}
+
 /// The `(head_dim, head_dim_v)` pairs this build of the library has kernels
 /// of its own for (`flashcore_supported_head_dims`), in increasing order; the
 /// default build has (32, 32), (64, 64), (96, 96), (128, 128), (192, 128)
@@ -184,5 +197,11 @@ mod tests {
     fn version_string_matches_number() {
         let n = crate::version_number();
         assert_eq!(crate::version(), format!("{}.{}.{}", n / 10000, n / 100 % 100, n % 100));
+    }
+
+    #[test]
+    fn cuda_runtime_is_12_or_13() {
+        let v = crate::cuda_runtime_version();
+        assert!((12040..14000).contains(&v), "{v}");
     }
 }
