@@ -1,6 +1,7 @@
 # CPack configuration: Debian packages and a tarball of the install tree.
 #
 #   cmake --build build && cd build && cpack -G DEB    # libflashcore0_*.deb, libflashcore-dev_*.deb
+#   (built with CUDA 12: libflashcore0-cuda12_*.deb and the same libflashcore-dev)
 #   cpack -G TGZ                                       # flashcore-<version>-Linux.tar.gz
 #
 # The Debian packages follow the library conventions: the runtime package is
@@ -29,9 +30,21 @@ set(FLASHCORE_PACKAGE_MAINTAINER "flashcore developers <maintainers@flashcore.in
     CACHE STRING "Maintainer field of the Debian packages (name <email>)")
 set(FLASHCORE_PACKAGE_RELEASE 1 CACHE STRING "Debian revision of the packages (the -N of 0.4.0-N)")
 
-set(_flashcore_runtime_package "libflashcore${PROJECT_VERSION_MAJOR}")
-set(_flashcore_dev_package "libflashcore-dev")
+# Each flavour (the CUDA major built with, CMakeLists.txt) has its own
+# runtime package: the CUDA 13 build is libflashcore0, the CUDA 12 build the
+# variant libflashcore0-cuda12, which provides libflashcore0, and the two
+# conflict (they hold the same file). libflashcore-dev is the same from
+# either build and takes either runtime.
+set(_flashcore_soname_package "libflashcore${PROJECT_VERSION_MAJOR}")
+# The flavour whose runtime package has the plain name: the newest.
+set(_flashcore_newest_cuda_major 13)
 set(_flashcore_deb_version "${PROJECT_VERSION}-${FLASHCORE_PACKAGE_RELEASE}")
+if(FLASHCORE_CUDA_MAJOR EQUAL _flashcore_newest_cuda_major)
+  set(_flashcore_runtime_package "${_flashcore_soname_package}")
+else()
+  set(_flashcore_runtime_package "${_flashcore_soname_package}-cuda${FLASHCORE_CUDA_MAJOR}")
+endif()
+set(_flashcore_dev_package "libflashcore-dev")
 
 # --- Debian documentation: copyright and changelog per package --------------
 # Only in the packages (EXCLUDE_FROM_ALL: a component install, as CPack's,
@@ -132,6 +145,20 @@ fp16 and bf16, grouped-query attention, any strides and head dims up to
 
 The CUDA runtime is linked into the library statically: at run time only
 the NVIDIA driver (libcuda.so.1) is needed, no CUDA toolkit.")
+# What each runtime package needs of the driver, and which to pick.
+set(_flashcore_driver_note
+"This build links the CUDA ${CUDAToolkit_VERSION_MAJOR}.${CUDAToolkit_VERSION_MINOR} runtime: it needs an NVIDIA driver for
+CUDA ${FLASHCORE_CUDA_MAJOR}.0 or newer (driver ${FLASHCORE_MIN_DRIVER} or newer).")
+if(FLASHCORE_CUDA_MAJOR EQUAL _flashcore_newest_cuda_major)
+  string(APPEND _flashcore_driver_note "
+For an older driver (CUDA 12: ${FLASHCORE_MIN_DRIVER_CUDA12} or newer), install
+${_flashcore_soname_package}-cuda12 instead, the same library built with CUDA 12.")
+else()
+  string(APPEND _flashcore_driver_note "
+It is the same library as ${_flashcore_soname_package} (built with CUDA ${_flashcore_newest_cuda_major}, for drivers
+${FLASHCORE_MIN_DRIVER_CUDA${_flashcore_newest_cuda_major}} and newer), for machines with older drivers, and
+replaces it.")
+endif()
 
 # ldconfig runs through dpkg's trigger, as Debian policy asks of libraries.
 file(CONFIGURE OUTPUT "${_flashcore_deb_doc_dir}/triggers" CONTENT "activate-noawait ldconfig\n")
@@ -140,18 +167,32 @@ set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
 
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME "${_flashcore_runtime_package}")
+# For tests/packages/check_debian_packages.sh (CPack writes every CPACK_*
+# variable into CPackConfig.cmake): the flavour and the driver it needs.
+set(CPACK_FLASHCORE_CUDA_MAJOR ${FLASHCORE_CUDA_MAJOR})
+set(CPACK_FLASHCORE_MIN_DRIVER ${FLASHCORE_MIN_DRIVER})
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION libs)
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SHLIBDEPS ON)
-set(CPACK_DEBIAN_RUNTIME_PACKAGE_SUGGESTS "libcuda1")
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_SUGGESTS "libcuda1 (>= ${FLASHCORE_MIN_DRIVER})")
+if(NOT _flashcore_runtime_package STREQUAL _flashcore_soname_package)
+  set(CPACK_DEBIAN_RUNTIME_PACKAGE_PROVIDES "${_flashcore_soname_package} (= ${_flashcore_deb_version})")
+  set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONFLICTS "${_flashcore_soname_package}")
+  set(CPACK_DEBIAN_RUNTIME_PACKAGE_REPLACES "${_flashcore_soname_package}")
+  # The tarball says its flavour too.
+  set(CPACK_PACKAGE_FILE_NAME "flashcore-${PROJECT_VERSION}-cuda${FLASHCORE_CUDA_MAJOR}-${CMAKE_SYSTEM_NAME}")
+endif()
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_EXTRA "${_flashcore_deb_doc_dir}/triggers")
 set(CPACK_DEBIAN_RUNTIME_DESCRIPTION
 "This package contains the shared library libflashcore.so.${PROJECT_VERSION_MAJOR}.
+
+${_flashcore_driver_note}
 
 ${_flashcore_about}")
 
 set(CPACK_DEBIAN_DEVELOPMENT_PACKAGE_NAME "${_flashcore_dev_package}")
 set(CPACK_DEBIAN_DEVELOPMENT_PACKAGE_SECTION libdevel)
-set(CPACK_DEBIAN_DEVELOPMENT_PACKAGE_DEPENDS "${_flashcore_runtime_package} (= ${_flashcore_deb_version})")
+set(CPACK_DEBIAN_DEVELOPMENT_PACKAGE_DEPENDS
+    "${_flashcore_soname_package} (= ${_flashcore_deb_version}) | ${_flashcore_soname_package}-cuda12 (= ${_flashcore_deb_version})")
 set(CPACK_DEBIAN_DEVELOPMENT_DESCRIPTION
 "This package contains the development files: the header flashcore.h, the
 libflashcore.so link, the pkg-config file (flashcore.pc) and the CMake

@@ -5,13 +5,17 @@
 # flashcore installed (needs root or sudo, dpkg-dev, lintian, pkg-config, cc,
 # cmake):
 #   1. cpack -G DEB and -G TGZ from BUILD_DIR (a configured and built tree),
-#      into BUILD_DIR/packages;
+#      into BUILD_DIR/packages; the runtime package is the build's flavour:
+#      libflashcore0 (CUDA 13) or libflashcore0-cuda12 (CUDA 12), which
+#      provides, conflicts with and replaces libflashcore0; each suggests the
+#      driver it needs;
 #   2. lintian on both .deb: any error fails, warnings are listed;
 #   3. dpkg -i both; a C program built with `cc $(pkg-config --cflags --libs
 #      flashcore)` and a CMake project using find_package(flashcore) are
 #      built against /usr and run with no LD_LIBRARY_PATH (tests/consumers/);
 #      without a driver they must report the no-device status with the
-#      "no NVIDIA driver found" message;
+#      "no NVIDIA driver found" message; the installed library's CUDA
+#      runtime is the flavour's (flashcore_cuda_runtime_version);
 #   4. dpkg -r both, and what is named *flashcore* under /usr must be what was
 #      there before (e.g. a pip-installed Python package), nothing more.
 # The packages are removed again however the script ends.
@@ -25,7 +29,7 @@ build=$(cd "$1" && pwd)
 source_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 consumers="${source_dir}/tests/consumers"
 work="${build}/packages"
-runtime_package=libflashcore0
+soname_package=libflashcore0
 dev_package=libflashcore-dev
 
 as_root() {
@@ -41,8 +45,21 @@ if [ -z "${version}" ]; then
     echo "${build} is not a configured flashcore build folder" >&2
     exit 2
 fi
+# The flavour's runtime package and what it needs (cmake/FlashcorePackaging.cmake).
+cpack_value() {
+    sed -n "s/^set($1 \"\(.*\)\")\$/\1/p" "${build}/CPackConfig.cmake"
+}
+runtime_package=$(cpack_value CPACK_DEBIAN_RUNTIME_PACKAGE_NAME)
+cuda_major=$(cpack_value CPACK_FLASHCORE_CUDA_MAJOR)
+min_driver=$(cpack_value CPACK_FLASHCORE_MIN_DRIVER)
+if [ -z "${runtime_package}" ] || [ -z "${cuda_major}" ] || [ -z "${min_driver}" ]; then
+    echo "${build}/CPackConfig.cmake lacks the runtime package's name or flavour" >&2
+    exit 2
+fi
+echo "--- flavour: CUDA ${cuda_major} build, runtime package ${runtime_package}, driver ${min_driver}+"
 before=$(flashcore_under_usr)
-if dpkg-query -W "${runtime_package}" "${dev_package}" >/dev/null 2>&1 ||
+if dpkg-query -W -f='${Status}\n' "${soname_package}" "${soname_package}-cuda12" "${dev_package}" 2>/dev/null |
+    grep -q 'install ok installed' ||
     ls /usr/lib/libflashcore* /usr/lib/*/libflashcore* /usr/include/flashcore.h >/dev/null 2>&1; then
     echo "libflashcore is already installed under /usr; this check installs and removes its packages" >&2
     exit 1
@@ -57,11 +74,26 @@ dev_deb=$(ls "${work}/${dev_package}_${version}"-*.deb)
 ls -l "${work}"
 for deb in "${runtime_deb}" "${dev_deb}"; do
     echo "$(basename "${deb}"):"
-    dpkg-deb -f "${deb}" Package Version Architecture Section Depends Suggests | sed 's/^/  /'
+    dpkg-deb -f "${deb}" Package Version Architecture Section Depends Suggests Provides Conflicts Replaces |
+        sed 's/^/  /'
 done
-if [ "$(dpkg-deb -f "${dev_deb}" Depends)" != "$(dpkg-deb -f "${runtime_deb}" Package) (= $(dpkg-deb -f "${runtime_deb}" Version))" ]; then
-    echo "${dev_package} must depend on exactly its own version of ${runtime_package}" >&2
+runtime_version=$(dpkg-deb -f "${runtime_deb}" Version)
+if [ "$(dpkg-deb -f "${dev_deb}" Depends)" != \
+    "${soname_package} (= ${runtime_version}) | ${soname_package}-cuda12 (= ${runtime_version})" ]; then
+    echo "${dev_package} must depend on exactly its own version of ${soname_package} or ${soname_package}-cuda12" >&2
     exit 1
+fi
+[ "$(dpkg-deb -f "${runtime_deb}" Suggests)" = "libcuda1 (>= ${min_driver})" ] ||
+    { echo "${runtime_package} must suggest libcuda1 (>= ${min_driver}), the driver it needs" >&2; exit 1; }
+dpkg-deb -f "${runtime_deb}" Description | grep -q "CUDA ${cuda_major}.0 or newer (driver ${min_driver} or newer)" ||
+    { echo "${runtime_package}'s description does not say which driver it needs" >&2; exit 1; }
+if [ "${runtime_package}" != "${soname_package}" ]; then
+    for field in Conflicts Replaces; do
+        [ "$(dpkg-deb -f "${runtime_deb}" "${field}")" = "${soname_package}" ] ||
+            { echo "${runtime_package}: ${field} must be ${soname_package}" >&2; exit 1; }
+    done
+    [ "$(dpkg-deb -f "${runtime_deb}" Provides)" = "${soname_package} (= ${runtime_version})" ] ||
+        { echo "${runtime_package} must provide ${soname_package} (= ${runtime_version})" >&2; exit 1; }
 fi
 dpkg-deb -f "${runtime_deb}" Depends | grep -q 'libc6 (>= ' ||
     { echo "${runtime_package} has no libc6 dependency: was dpkg-shlibdeps run?" >&2; exit 1; }
@@ -98,6 +130,12 @@ run_consumer() {
             { echo "${program}: no 'no NVIDIA driver found' message without a driver" >&2; exit 1; }
     fi
 }
+
+echo "--- the installed library's CUDA runtime"
+runtime=$(python3 -c 'import ctypes; print(ctypes.CDLL("libflashcore.so.0").flashcore_cuda_runtime_version())')
+echo "  flashcore_cuda_runtime_version() = ${runtime}"
+[ "$((runtime / 1000))" = "${cuda_major}" ] ||
+    { echo "${runtime_package} holds a CUDA ${runtime} library, not a CUDA ${cuda_major} one" >&2; exit 1; }
 
 echo "--- C consumer through pkg-config"
 flags=$(env -u PKG_CONFIG_PATH pkg-config --cflags --libs flashcore)
