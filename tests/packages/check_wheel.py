@@ -1,34 +1,63 @@
 """check_wheel.py: run by the Python of a fresh virtual environment into
 which only the flashcore-attention wheel was installed (check_wheel.sh).
 
-Checks that `import flashcore` loads the library bundled in the wheel (not a
-system one, not $FLASHCORE_LIBRARY), that its version is the package's, and
-that a call on a machine without a GPU raises NoDeviceError with the
-library's message, and that the compiled call path (flashcore._fastcall)
-is inside, loads in this Python and fits the package's params struct.
-Exits non-zero on any failure.
+Checks that `import flashcore` loads a library bundled in the wheel (not a
+system one, not $FLASHCORE_LIBRARY): the wheel carries one build per CUDA
+major (flashcore/cudaMAJOR/; $FLASHCORE_WHEEL_EXPECT_CUDA_MAJORS, e.g.
+"12 13", says which it must carry), without a driver the newest is loaded,
+and each is loaded when FLASHCORE_CUDA_MAJOR asks for it (in a process of
+its own) and reports its own CUDA runtime. For each: its version is the
+package's, a call on a machine without a GPU raises NoDeviceError with the
+library's message, and the compiled call path (flashcore._fastcall) is
+inside, loads in this Python and fits the package's params struct. Exits
+non-zero on any failure.
 """
 
 import ctypes.util
 import importlib.metadata
 import os
+import subprocess
 import sys
 
 import flashcore
+from flashcore import _library
 
 DIST = "flashcore-attention"
+EXPECT_ENV = "FLASHCORE_WHEEL_EXPECT_CUDA_MAJORS"
 
 
 def main():
     assert "FLASHCORE_LIBRARY" not in os.environ, "run without FLASHCORE_LIBRARY"
     package_dir = os.path.dirname(os.path.abspath(flashcore.__file__))
+    builds = _library.flavoured_builds(package_dir)
+    print("bundled builds: %s" % ", ".join("CUDA %d at %s" % (m, builds[m]) for m in sorted(builds)))
+    assert builds, "the wheel carries no flashcore/cudaMAJOR/ library"
+    expected = os.environ.get(EXPECT_ENV)
+    if expected:
+        assert sorted(builds) == sorted(int(m) for m in expected.split()), (sorted(builds), expected)
+    requested = os.environ.get(_library.CUDA_MAJOR_ENV_VAR)
+    if requested is None:
+        if ctypes.util.find_library("cuda") is None:
+            check_loaded(package_dir, max(builds))
+        for major in sorted(builds):
+            print("--- %s=%d" % (_library.CUDA_MAJOR_ENV_VAR, major))
+            subprocess.run([sys.executable, os.path.abspath(__file__)], check=True,
+                           env=dict(os.environ, **{_library.CUDA_MAJOR_ENV_VAR: str(major)}))
+    else:
+        check_loaded(package_dir, int(requested))
+
+
+def check_loaded(package_dir, major):
+    """The loaded library is the bundled CUDA `major` build, and works as the
+    package's library should without a GPU."""
     assert package_dir.startswith(sys.prefix), "flashcore imported from %s, not the venv %s" % (package_dir,
                                                                                             sys.prefix)
     lib = flashcore.library()
     print("flashcore %s from %s" % (flashcore.__version__, package_dir))
-    print("library %s: %s (%s)" % (lib.version, lib.path, lib.how))
-    assert lib.how == "bundled with the package", lib.how
-    assert os.path.dirname(lib.path) == package_dir, lib.path
+    print("library %s, %s: %s (%s)" % (lib.version, lib.cuda_runtime(), lib.path, lib.how))
+    assert lib.how.startswith("bundled with the package, CUDA %d build: " % major), lib.how
+    assert os.path.dirname(lib.path) == os.path.join(package_dir, "cuda%d" % major), lib.path
+    assert lib.cuda_runtime_version // 1000 == major, lib.cuda_runtime_version
     version = importlib.metadata.version(DIST)
     assert flashcore.library_version() == version == flashcore.__version__, (flashcore.library_version(), version)
 

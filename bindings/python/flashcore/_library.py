@@ -3,6 +3,7 @@
 import ctypes
 import ctypes.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,8 @@ from ._errors import FlashcoreError, LibraryError, error_for_status
 from ._fields import int_range
 
 ENV_VAR = "FLASHCORE_LIBRARY"
+# Picks the bundled build by CUDA major, overriding the driver-based choice.
+CUDA_MAJOR_ENV_VAR = "FLASHCORE_CUDA_MAJOR"
 MAJOR = _ffi.FLASHCORE_VERSION_MAJOR
 # What flashcore_status_string gives any value that is no status (flashcore.h).
 UNKNOWN_STATUS = "unknown status"
@@ -46,14 +49,157 @@ def _pkgconfig_libdir():
     return proc.stdout.strip() or None
 
 
+# --------------------------------------------------------------------------
+# CUDA flavours: the wheel bundles one build per CUDA major
+# --------------------------------------------------------------------------
+
+# CUDA writes versions as 1000 * major + 10 * minor (12040 is 12.4).
+CUDA_VERSION_PER_MAJOR = 1000
+CUDA_VERSION_PER_MINOR = 10
+# The oldest NVIDIA driver of each CUDA major: a build linked against CUDA
+# major.x runs on it and on any newer driver (CUDA's minor-version
+# compatibility), i.e. wherever cuDriverGetVersion() >= 1000 * major.
+MINIMUM_DRIVER_FOR_CUDA_MAJOR = {12: "525.60.13", 13: "580.65.06"}
+# Where the wheel puts each build: flashcore/cuda12/, flashcore/cuda13/.
+FLAVOUR_DIR = re.compile(r"cuda([0-9]+)$")
+# The CUDA driver library's name, per platform (none on macOS).
+CUDA_DRIVER_NAMES = {"linux": "libcuda.so.1", "win32": "nvcuda.dll"}
+
+
+def cuda_version_string(version):
+    """12080 -> "12.8"."""
+    return "%d.%d" % (version // CUDA_VERSION_PER_MAJOR, version % CUDA_VERSION_PER_MAJOR // CUDA_VERSION_PER_MINOR)
+
+
+def driver_requirement(cuda_major):
+    """The driver a build of that CUDA major needs, in words."""
+    text = "an NVIDIA driver for CUDA %d.0 or newer" % cuda_major
+    if cuda_major in MINIMUM_DRIVER_FOR_CUDA_MAJOR:
+        text += " (%s+)" % MINIMUM_DRIVER_FOR_CUDA_MAJOR[cuda_major]
+    return text
+
+
+def driver_runs(driver_version, cuda_major):
+    """Whether a driver supporting CUDA driver_version (cuDriverGetVersion)
+    runs a build of that CUDA major."""
+    return driver_version >= cuda_major * CUDA_VERSION_PER_MAJOR
+
+
+def driver_cuda_version():
+    """The CUDA version the installed NVIDIA driver supports
+    (cuDriverGetVersion, e.g. 12080), or None without a driver. Asked of
+    libcuda directly, before any libflashcore is loaded; it needs no cuInit
+    and no GPU."""
+    name = CUDA_DRIVER_NAMES.get(sys.platform)
+    if name is None:
+        return None
+    try:
+        cuda = ctypes.CDLL(name)
+        version = ctypes.c_int(0)
+        if cuda.cuDriverGetVersion(ctypes.byref(version)) != 0 or version.value <= 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return version.value
+
+
+def _needs(cuda_major):
+    """What a build of that CUDA major needs, for reasons: e.g. "needs 13.0,
+    driver 580.65.06 or newer" (the driver part where known)."""
+    text = "needs %d.0" % cuda_major
+    if cuda_major in MINIMUM_DRIVER_FOR_CUDA_MAJOR:
+        text += ", driver %s or newer" % MINIMUM_DRIVER_FOR_CUDA_MAJOR[cuda_major]
+    return text
+
+
+def _bundled_list(majors):
+    """[13, 12] -> "CUDA 13 and CUDA 12 builds", for messages."""
+    return " and ".join("CUDA %d" % m for m in majors) + (" builds" if len(majors) > 1 else " build")
+
+
+def choose_flavour(available, driver_version, requested):
+    """The bundled builds to try, in order, as (CUDA major, reason) pairs.
+    available: the CUDA majors bundled; driver_version: cuDriverGetVersion's
+    value or None without a driver; requested: $FLASHCORE_CUDA_MAJOR or None.
+    The first pair is the choice; the others are builds the driver runs too,
+    newest first, tried only when the choice does not load. Raises
+    LibraryError for a request that no bundled build meets."""
+    available = sorted(set(available), reverse=True)
+    if requested is not None:
+        setting = "%s=%s" % (CUDA_MAJOR_ENV_VAR, requested)
+        major = int(requested) if requested.strip().isdecimal() else None
+        if major not in available:
+            bundles = "the %s" % _bundled_list(available) if available else "no CUDA-specific build"
+            raise LibraryError("%s: no such build is bundled with this package, which has %s" % (setting, bundles))
+        return [(major, setting)]
+    if not available:
+        return []
+    if driver_version is None:
+        newest, older = available[0], available[1:]
+        return ([(newest, "no NVIDIA driver found: the newest build (it reports the missing driver on first use)")]
+                + [(m, "no NVIDIA driver found: an older build, tried as the newer one did not load") for m in older])
+    driver = "the NVIDIA driver supports CUDA %s" % cuda_version_string(driver_version)
+    runnable = [m for m in available if driver_runs(driver_version, m)]
+    if not runnable:
+        oldest = available[-1]
+        return [(oldest, "%s, too old for every bundled build (the oldest, CUDA %d, %s): creating a handle fails "
+                         "with NO_DEVICE and the library's message" % (driver, oldest, _needs(oldest)))]
+    chosen = runnable[0]
+    too_new = [m for m in available if m > chosen]
+    if too_new:
+        reason = "%s, which runs the CUDA %d build and not the CUDA %d one (%s)" % (driver, chosen, too_new[-1],
+                                                                                    _needs(too_new[-1]))
+    else:
+        reason = "%s: the newest build it runs" % driver
+    return [(chosen, reason)] + [(m, "%s, which runs this build too: tried as a newer one did not load" % driver)
+                                 for m in runnable[1:]]
+
+
+def package_dir():
+    """This package's folder, where the wheel puts the library."""
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def flavoured_builds(folder):
+    """{CUDA major: library path} of the builds in folder/cudaMAJOR/."""
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return {}
+    builds = {}
+    for entry in entries:
+        match = FLAVOUR_DIR.match(entry)
+        if not match:
+            continue
+        for name in library_names():
+            path = os.path.join(folder, entry, name)
+            if os.path.isfile(path):
+                builds[int(match.group(1))] = path
+                break
+    return builds
+
+
 def bundled():
-    """The library shipped inside this package (the flashcore-attention wheel
-    puts it at flashcore/libflashcore.so.MAJOR), as (how, path) pairs; empty
-    for a source checkout or the pure-Python package."""
-    package_dir = os.path.dirname(os.path.abspath(__file__))
-    return [("bundled with the package", os.path.join(d, n))
-            for d in (package_dir, os.path.join(package_dir, "lib"))
-            for n in library_names() if os.path.isfile(os.path.join(d, n))]
+    """The libraries shipped inside this package, as (how, path) pairs in the
+    order to try; empty for a source checkout or the pure-Python package.
+    The wheel puts one build per CUDA major at flashcore/cudaMAJOR/ and the
+    one to load is picked by choose_flavour from the driver's CUDA version
+    or $FLASHCORE_CUDA_MAJOR; an older wheel put its one library, of unknown
+    flavour, at flashcore/libflashcore.so.MAJOR (or flashcore/lib/)."""
+    here = package_dir()
+    builds = flavoured_builds(here)
+    requested = os.environ.get(CUDA_MAJOR_ENV_VAR) or None
+    found = []
+    if builds or requested is not None:
+        # The driver is asked only where there is a choice to make.
+        driver_version = driver_cuda_version() if builds and requested is None else None
+        found = [("bundled with the package, CUDA %d build: %s" % (major, reason), builds[major])
+                 for major, reason in choose_flavour(sorted(builds), driver_version, requested)]
+    if requested is not None:
+        return found  # a flat-layout library's flavour is unknown: it cannot meet the request
+    return found + [("bundled with the package", os.path.join(d, n))
+                    for d in (here, os.path.join(here, "lib"))
+                    for n in library_names() if os.path.isfile(os.path.join(d, n))]
 
 
 def candidates():
@@ -111,6 +257,8 @@ class Library:
                                "declares: install a newer library" % (path, self.version_number, ", ".join(missing),
                                                                       _ffi.FLASHCORE_VERSION_NUMBER))
         self.version = self.cdll.flashcore_version_string().decode()
+        self.cuda_runtime_version = self.cdll.flashcore_cuda_runtime_version()
+        self.cuda_major = self.cuda_runtime_version // CUDA_VERSION_PER_MAJOR
         self._params_template = None
         self._merge_template = None
         self._head_dims = None
@@ -122,6 +270,15 @@ class Library:
 
     def __repr__(self):
         return "<flashcore.Library %s %s>" % (self.version, self.path)
+
+    def cuda_runtime(self):
+        """The runtime linked into the library, e.g. "CUDA 12.4 runtime"."""
+        return "CUDA %s runtime" % cuda_version_string(self.cuda_runtime_version)
+
+    def driver_requirement(self):
+        """The driver this library needs, in words: "an NVIDIA driver for
+        CUDA 12.0 or newer (525.60.13+)"."""
+        return driver_requirement(self.cuda_major)
 
     def status_string(self, status):
         """The library's name for a status (an int): flashcore_status_string,
