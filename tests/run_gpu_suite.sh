@@ -11,7 +11,8 @@
 #
 # SHARDS (default 4) processes run each configuration at once. Each process's
 # output goes to LOG_DIR (default BUILD_DIR/gpu-suite-logs); one summary line
-# per configuration is printed. Exits non-zero if any test failed or any
+# per configuration is printed. GPU_SUITE_CONFIGS="default split" runs only
+# the configurations named (default: all). Exits non-zero if any test failed or any
 # process did not finish.
 set -u
 build=${1:?usage: run_gpu_suite.sh BUILD_DIR [SHARDS] [LOG_DIR]}
@@ -39,6 +40,9 @@ configs=(
 status=0
 for config in "${configs[@]}"; do
   IFS='|' read -r name binary filter env_vars config_shards <<<"${config}"
+  if [ -n "${GPU_SUITE_CONFIGS:-}" ] && [[ " ${GPU_SUITE_CONFIGS} " != *" ${name} "* ]]; then
+    continue
+  fi
   n=${config_shards:-${shards}}
   pids=()
   for ((shard = 0; shard < n; ++shard)); do
