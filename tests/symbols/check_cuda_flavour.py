@@ -136,7 +136,8 @@ def main():
 
     nvcc = cache_value(build, "CMAKE_CUDA_COMPILER")
     source = cache_value(build, "CMAKE_HOME_DIRECTORY")
-    architectures = (cache_value(build, "CMAKE_CUDA_ARCHITECTURES") or "").split(";")
+    # (CMakeLists.txt records the list in effect, the default included.)
+    architectures = (cache_value(build, "FLASHCORE_CUDA_ARCHITECTURES") or "").split(";")
     sm90 = (cache_value(build, "FLASHCORE_ENABLE_SM90") or "OFF").upper() in ("ON", "1", "TRUE", "YES")
     if not nvcc or not source:
         print("%s is not a configured flashcore build folder" % build, file=sys.stderr)
