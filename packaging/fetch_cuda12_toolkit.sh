@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # fetch_cuda12_toolkit.sh PREFIX
 #
-# The CUDA 12.4 compiler for libflashcore's CUDA 12 build, from Debian
-# trixie's non-free packages, unpacked into PREFIX with the usual toolkit
-# layout (bin/nvcc, include/, lib64/, nvvm/libdevice/), on a Debian 12 (or
-# newer) machine. Nothing is installed on the system: apt reads its own
-# sources list and package lists under PREFIX.download/ (the machine keeps
-# its own suite), `apt-get download` fetches the .deb files there, and only
-# the files the build needs are unpacked from them (about 250 MB of the
-# 2.7 GB the packages hold). Needs apt-get, dpkg-deb and network access to
-# deb.debian.org; no root.
+# The CUDA 12 compiler for libflashcore's CUDA 12 build, unpacked into
+# PREFIX with the usual toolkit layout (bin/nvcc, include/, lib64/,
+# nvvm/libdevice/), on a Debian 12 (or newer) machine: nvcc, cicc, the
+# headers and the static runtime of CUDA 12.4 from Debian trixie's non-free
+# packages, CCCL 2.8's headers and CUDA 12.9's ptxas from NVIDIA's wheels
+# on PyPI (CCCL_WHEEL, PTXAS_WHEEL below say why). Nothing is installed on
+# the system: apt reads its own sources list and package lists under
+# PREFIX.download/ (the machine keeps its own suite), `apt-get download`
+# fetches the .deb files there, and only the files the build needs are
+# unpacked from them (about 190 MB of the 2.7 GB the packages hold). Needs
+# apt-get, dpkg-deb, python3 with pip, and network access to
+# deb.debian.org and PyPI; no root.
 #
 #   packaging/fetch_cuda12_toolkit.sh ~/.cache/flashcore/cuda-12.4
 #   cmake -S . -B build-cuda12 -DCMAKE_CUDA_COMPILER=~/.cache/flashcore/cuda-12.4/bin/nvcc
@@ -17,7 +20,8 @@
 # The toolkit's own binaries need only glibc 2.7; the host compiler is the
 # machine's g++ (Debian 12: g++-12; CUDA 12.4 accepts g++ up to 13).
 # Run again with the same PREFIX, it does nothing when PREFIX/bin/nvcc is
-# already CUDA 12.4 (so CI fetches it once per run, and a kept PREFIX once).
+# already CUDA 12.4 with the ptxas asked for (so CI fetches it once per
+# run, and a kept PREFIX once).
 # Prints the path of nvcc last.
 set -euo pipefail
 
@@ -42,13 +46,25 @@ PACKAGES=(nvidia-cuda-toolkit nvidia-cuda-dev libcudart12)
 # wrappers the sm_90a kernels use (kernels/sm90/ptx.cuh); NVIDIA's own
 # wheel of CCCL 2.8 for CUDA 12 has them and supports every CUDA 12 compiler.
 CCCL_WHEEL=nvidia-cuda-cccl-cu12==12.9.27
+# ptxas, which turns the PTX into machine code, from CUDA 12.9 (NVIDIA's
+# wheel; it holds no nvcc, so the rest stays 12.4). 12.4's orders the
+# sm_90a kernels' softmax worse: they ran up to 26% slower than the CUDA 13
+# build on an H100, 12.9's match it (docs/perf-notes.md, issue 32). Its
+# machine code loads on every CUDA 12 driver as 12.4's does (minor-version
+# compatibility covers cubins of any 12.x; only PTX newer than the driver
+# could not be loaded, and the PTX stays cicc 12.4's). The toolkit keeps
+# 12.4's as bin/ptxas-12.4; FLASHCORE_CUDA12_PTXAS=12.4 makes it the one used.
+PTXAS_WHEEL=nvidia-cuda-nvcc-cu12==12.9.86
+PTXAS_RELEASE=12.9
+PTXAS_CHOICE=${FLASHCORE_CUDA12_PTXAS:-${PTXAS_RELEASE}}
 
 nvcc_release() {
     "$1" --version 2>/dev/null | sed -n 's/.*release \([0-9]*\.[0-9]*\),.*/\1/p'
 }
 
-if [ -x "${prefix}/bin/nvcc" ] && [ "$(nvcc_release "${prefix}/bin/nvcc")" = "${CUDA_RELEASE}" ]; then
-    echo "CUDA ${CUDA_RELEASE} already in ${prefix}" >&2
+if [ -x "${prefix}/bin/nvcc" ] && [ "$(nvcc_release "${prefix}/bin/nvcc")" = "${CUDA_RELEASE}" ] &&
+    [ "$(nvcc_release "${prefix}/bin/ptxas")" = "${PTXAS_CHOICE}" ]; then
+    echo "CUDA ${CUDA_RELEASE} (ptxas ${PTXAS_CHOICE}) already in ${prefix}" >&2
     echo "${prefix}/bin/nvcc"
     exit 0
 fi
@@ -73,9 +89,9 @@ apt-get "${apt_options[@]}" update -qq >&2
 echo "--- apt-get download ${PACKAGES[*]}" >&2
 (cd "${download}/debs" && rm -f ./*.deb && apt-get "${apt_options[@]}" download -qq "${PACKAGES[@]}" >&2)
 
-echo "--- pip download ${CCCL_WHEEL}" >&2
+echo "--- pip download ${CCCL_WHEEL} ${PTXAS_WHEEL}" >&2
 rm -f "${download}"/debs/*.whl
-python3 -m pip download -q --no-deps --disable-pip-version-check -d "${download}/debs" "${CCCL_WHEEL}" >&2
+python3 -m pip download -q --no-deps --disable-pip-version-check -d "${download}/debs" "${CCCL_WHEEL}" "${PTXAS_WHEEL}" >&2
 
 staging=${download}/root
 rm -rf "${staging}" "${prefix}"
@@ -108,17 +124,26 @@ for tool in ptxas fatbinary nvlink cudafe++ bin2c cuobjdump nvprune cu++filt; do
     mv "${staging}/usr/bin/${tool}" "${prefix}/bin/"
 done
 mv "${staging}/usr/include" "${prefix}/include"
-python3 - "${download}"/debs/*.whl "${prefix}/include" <<'PY'
-import sys, zipfile
-wheel, include = sys.argv[1], sys.argv[2]
+python3 - "${download}"/debs/nvidia_cuda_cccl_cu12-*.whl "${download}"/debs/nvidia_cuda_nvcc_cu12-*.whl \
+    "${prefix}" <<'PY'
+import os, sys, zipfile
+cccl_wheel, ptxas_wheel, prefix = sys.argv[1:4]
 root = "nvidia/cuda_cccl/include/"
-with zipfile.ZipFile(wheel) as z:
+with zipfile.ZipFile(cccl_wheel) as z:
     for name in z.namelist():
         if name.startswith(root) and not name.endswith("/") and not name.endswith(".py"):
-            z.extract(name, include + "/.cccl")
+            z.extract(name, os.path.join(prefix, "include", ".cccl"))
+with zipfile.ZipFile(ptxas_wheel) as z, open(os.path.join(prefix, "bin", "ptxas-12.9"), "wb") as out:
+    out.write(z.read("nvidia/cuda_nvcc/bin/ptxas"))
+os.chmod(os.path.join(prefix, "bin", "ptxas-12.9"), 0o755)
 PY
 mv "${prefix}"/include/.cccl/nvidia/cuda_cccl/include/* "${prefix}/include/"
 rm -rf "${prefix}/include/.cccl"
+mv "${prefix}/bin/ptxas" "${prefix}/bin/ptxas-12.4"
+case "${PTXAS_CHOICE}" in
+    12.4 | "${PTXAS_RELEASE}") ln -s "ptxas-${PTXAS_CHOICE}" "${prefix}/bin/ptxas" ;;
+    *) echo "FLASHCORE_CUDA12_PTXAS=${PTXAS_CHOICE}: 12.4 or ${PTXAS_RELEASE}" >&2; exit 2 ;;
+esac
 for lib in libcudart_static.a libcudadevrt.a libculibos.a; do
     mv "${staging}/usr/lib/x86_64-linux-gnu/${lib}" "${prefix}/lib64/"
 done
@@ -149,5 +174,9 @@ if [ "${release}" != "${CUDA_RELEASE}" ]; then
     echo "${prefix}/bin/nvcc reports release '${release}', not ${CUDA_RELEASE}" >&2
     exit 1
 fi
-echo "--- $("${prefix}/bin/nvcc" --version | tail -n 2 | head -n 1) in ${prefix} ($(du -sh "${prefix}" | cut -f1))" >&2
+if [ "$(nvcc_release "${prefix}/bin/ptxas")" != "${PTXAS_CHOICE}" ]; then
+    echo "${prefix}/bin/ptxas reports release '$(nvcc_release "${prefix}/bin/ptxas")', not ${PTXAS_CHOICE}" >&2
+    exit 1
+fi
+echo "--- $("${prefix}/bin/nvcc" --version | tail -n 2 | head -n 1), ptxas ${PTXAS_CHOICE}, in ${prefix} ($(du -sh "${prefix}" | cut -f1))" >&2
 echo "${prefix}/bin/nvcc"
