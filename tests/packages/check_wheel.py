@@ -37,7 +37,10 @@ def main():
         assert sorted(builds) == sorted(int(m) for m in expected.split()), (sorted(builds), expected)
     requested = os.environ.get(_library.CUDA_MAJOR_ENV_VAR)
     if requested is None:
-        if ctypes.util.find_library("cuda") is None:
+        # Without a driver the newest build is loaded (the loader's rule; with
+        # one, which is loaded depends on its version).
+        if _library.driver_cuda_version() is None:
+            print("--- no NVIDIA driver: the newest build")
             check_loaded(package_dir, max(builds))
         for major in sorted(builds):
             print("--- %s=%d" % (_library.CUDA_MAJOR_ENV_VAR, major))
