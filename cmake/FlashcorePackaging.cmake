@@ -167,8 +167,9 @@ set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
 
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME "${_flashcore_runtime_package}")
-# For tests/packages/check_debian_packages.sh (CPack writes every CPACK_*
-# variable into CPackConfig.cmake): the flavour and the driver it needs.
+# For tests/packages/check_debian_packages.sh and
+# tests/symbols/check_cuda_flavour.py (CPack writes every CPACK_* variable
+# into CPackConfig.cmake): the flavour and the driver it needs.
 set(CPACK_FLASHCORE_CUDA_MAJOR ${FLASHCORE_CUDA_MAJOR})
 set(CPACK_FLASHCORE_MIN_DRIVER ${FLASHCORE_MIN_DRIVER})
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION libs)

@@ -36,8 +36,6 @@ import re
 import subprocess
 import sys
 
-# The driver each CUDA major's runtime needs at least (CMakeLists.txt).
-MIN_DRIVER = {12: "525.60.13", 13: "580.65.06"}
 # The version (1000 * major + 10 * minor) of the driver API forms the library
 # asks for (kernels/common/driver_function.h: kDriverFunctionVersion).
 DRIVER_FUNCTION_VERSION = 12000
@@ -83,6 +81,14 @@ def cache_value(build, name):
             if m:
                 return m.group(1)
     return None
+
+
+def cpack_value(build, name):
+    """A CPACK_* value the build wrote into CPackConfig.cmake: the flavour and
+    its oldest driver (cmake/FlashcorePackaging.cmake, from CMakeLists.txt)."""
+    with open(os.path.join(build, "CPackConfig.cmake")) as f:
+        m = re.search(r'^set\(%s "(.*)"\)$' % re.escape(name), f.read(), re.MULTILINE)
+    return m.group(1) if m else None
 
 
 def run(*command):
@@ -157,7 +163,10 @@ def main():
     major = runtime // 1000
     check(runtime == toolkit_version, "CUDA runtime %s, the toolkit's (%s, %s)"
           % (version_text(runtime), version_text(toolkit_version), nvcc))
-    check(major in MIN_DRIVER, "CUDA %d is a flavour flashcore builds (%s)" % (major, sorted(MIN_DRIVER)))
+    flavour = cpack_value(build, "CPACK_FLASHCORE_CUDA_MAJOR")
+    min_driver = cpack_value(build, "CPACK_FLASHCORE_MIN_DRIVER")
+    check(flavour == str(major) and min_driver is not None,
+          "the build's flavour is the runtime's: CUDA %s, driver %s+ (CPackConfig.cmake)" % (flavour, min_driver))
 
     # --- machine code and PTX
     # The toolkit's own cuobjdump: an older one names sm_90a code sm_90.
@@ -214,7 +223,7 @@ def main():
         print("FAILED: %d check(s)" % len(failures))
         return 1
     print("-- CUDA %s build: needs an NVIDIA driver for CUDA %d.0 or newer (%s+); newest runtime call from CUDA %s"
-          % (version_text(runtime), major, MIN_DRIVER[major], version_text(newest_call)))
+          % (version_text(runtime), major, min_driver, version_text(newest_call)))
     return 0
 
 
