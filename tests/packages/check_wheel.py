@@ -13,7 +13,7 @@ inside, loads in this Python and fits the package's params struct. Exits
 non-zero on any failure.
 """
 
-import ctypes.util
+import ctypes
 import importlib.metadata
 import os
 import subprocess
@@ -72,7 +72,9 @@ def check_loaded(package_dir, major):
     print("compiled call path: %s" % compiled.__file__)
 
     # A call needs a handle; without a GPU the library says why.
-    no_driver = ctypes.util.find_library("cuda") is None
+    # As the library looks for the driver: whether libcuda.so.1 loads
+    # (find_library("cuda") also finds the toolkit's stub libcuda.so).
+    no_driver = not libcuda_loads()
     # q, k and v may share memory; out may overlap none of them.
     q = Array((1, 8, 128, 64), address=1 << 20)
     try:
@@ -86,6 +88,14 @@ def check_loaded(package_dir, major):
         if no_driver:
             raise AssertionError("flashcore.attention succeeded on a machine without an NVIDIA driver")
     print("OK: %s %s loads its bundled library" % (DIST, version))
+
+
+def libcuda_loads():
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
 
 
 class Array:
