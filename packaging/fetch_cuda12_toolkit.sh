@@ -99,7 +99,7 @@ mkdir -p "${staging}"
 # Only what nvcc and the library's build use (tar wildcards over each .deb's
 # ./usr tree); the rest (cuBLAS, cuFFT, NPP, ... in nvidia-cuda-dev) stays packed.
 wanted=(
-    './usr/bin/nvcc' './usr/bin/ptxas' './usr/bin/fatbinary' './usr/bin/nvlink' './usr/bin/cudafe++'
+    './usr/bin/ptxas' './usr/bin/fatbinary' './usr/bin/nvlink' './usr/bin/cudafe++'
     './usr/bin/bin2c' './usr/bin/cuobjdump' './usr/bin/nvprune' './usr/bin/cu++filt'
     './usr/lib/nvidia-cuda-toolkit/bin/nvcc' './usr/lib/nvidia-cuda-toolkit/bin/cicc'
     './usr/lib/nvidia-cuda-toolkit/bin/crt/*' './usr/lib/nvidia-cuda-toolkit/libdevice/*'
