@@ -5,13 +5,14 @@
 #include <new>
 
 #include "abi_enums.h"
-#include "dispatch.h"
 #include "error.h"
 #include "flashcore.h"
+#include "fwd/dispatch.h"
+#include "fwd/forward_params.h"
+#include "fwd/registry.h"
+#include "fwd/validate.h"
 #include "handle.h"
-#include "kernel_registry.h"
-#include "params.h"
-#include "validate.h"
+#include "merge/merge.h"
 
 namespace flashcore {
 namespace {
@@ -147,7 +148,7 @@ flashcore_status flashcore_supported_head_dims(int32_t *head_dims, int32_t *head
             return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "%s is NULL but capacity is %zu",
                         head_dims == nullptr ? "head_dims" : "head_dims_v", capacity);
         }
-        const Span<HeadDims> supported = supported_head_dims();
+        const Span<HeadDims> supported = fwd_supported_head_dims();
         for (size_t i = 0; i < supported.size && i < capacity; ++i) {
             head_dims[i] = supported.data[i].head_dim;
             head_dims_v[i] = supported.data[i].head_dim_v;

@@ -12,28 +12,19 @@
 
 #include "common/driver_function.h"
 #include "error.h"
-#include "kernel_registry.h"
+#include "fwd/registry.h"
 
 namespace flashcore {
 namespace {
 
-// Values of FLASHCORE_FWD_VARIANT that pin the portable kernel to one tile
-// variant.
-constexpr struct {
-    const char *name;
-    FwdVariant variant;
-} kPinnedVariants[] = {{"large", FwdVariant::kLargeTiles},
-                       {"keysplit", FwdVariant::kKeySplit},
-                       {"keysplit4", FwdVariant::kKeySplit4},
-                       {"decode", FwdVariant::kDecode}};
-
 // FLASHCORE_FWD_VARIANT chooses the forward kernel for every call of the
 // handle (unset or empty: per call, the sm_90a kernel where it runs):
 //   portable        the portable kernel, tile variant chosen per call;
-//   large|keysplit|keysplit4|decode  the portable kernel with that tile variant;
+//   large|keysplit|keysplit4|decode  the portable kernel with that tile variant
+//                   (the pinnable tiles of kernels/fwd/tiles.def);
 //   sm90            the sm_90a kernel; an error where it cannot run.
 flashcore_status read_fwd_variant(const flashcore_handle_s &h, EnvOverrides *env) {
-    const bool has_sm90_kernels = has_kernels(KernelPath::kSm90);
+    const bool has_sm90_kernels = fwd_kernels().has_path(KernelPath::kSm90);
     env->use_sm90 = has_sm90_kernels && h.cc_major == 9 && h.cc_minor == 0;
     const char *value = std::getenv("FLASHCORE_FWD_VARIANT");
     if (value == nullptr || *value == '\0') return FLASHCORE_STATUS_SUCCESS;
@@ -54,16 +45,14 @@ flashcore_status read_fwd_variant(const flashcore_handle_s &h, EnvOverrides *env
     }
     env->use_sm90 = false;
     if (std::strcmp(value, "portable") == 0) return FLASHCORE_STATUS_SUCCESS;
-    for (const auto &pinned : kPinnedVariants) {
-        if (std::strcmp(value, pinned.name) == 0) {
-            env->forced_variant = pinned.variant;
-            return FLASHCORE_STATUS_SUCCESS;
-        }
+    FwdVariant pinned{};
+    if (fwd_pinnable_tile(value, &pinned)) {
+        env->forced_variant = pinned;
+        return FLASHCORE_STATUS_SUCCESS;
     }
     return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                "FLASHCORE_FWD_VARIANT is '%.64s'; it must be unset, empty, 'sm90', 'portable', 'large', "
-                "'keysplit', 'keysplit4' or 'decode'",
-                value);
+                "FLASHCORE_FWD_VARIANT is '%.64s'; it must be unset, empty, 'sm90', 'portable', %s", value,
+                fwd_pinnable_tile_names());
 }
 
 // The environment variable `name` as a whole number from min to max:

@@ -1,7 +1,9 @@
-// The one table of the forward kernels this build has, generated from
-// kernels/fwd_variants.list (fwd_kernel_list.inc), and the questions the rest
-// of the library asks it: which head dims are supported, which kernel head
-// dims serve a call, and where a given kernel's entry points are.
+// What every kernel family's registry is made of: a kernel's key (path,
+// element types, head dims, tile) and the generated table of a family's
+// kernels (kernels/kernels.list -> generated/<family>_kernels.inc), with the
+// questions dispatch and validation ask it. A family supplies its tile enum
+// and entry-point types (its `Family` struct: fwd/registry.h) and its own
+// registry source that expands its table; nothing here names a family.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,14 +11,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/fwd_entry_points.h"
+#include "common/types.h"
 
 namespace flashcore {
-
-// A call's head dims are multiples of this: loads and stores along D move
-// 16-byte chunks of 2-byte elements, so a call narrower than its kernel
-// masks whole chunks.
-constexpr int32_t kHeadDimMultiple = 8;
 
 // (head_dim, head_dim_v): of q/k, and of v/out.
 struct HeadDims {
@@ -30,16 +27,6 @@ constexpr bool operator<(HeadDims a, HeadDims b) {
     return a.head_dim < b.head_dim || (a.head_dim == b.head_dim && a.head_dim_v < b.head_dim_v);
 }
 
-// One kernel: a line of kernels/fwd_variants.list in one dtype.
-struct KernelEntry {
-    KernelPath path;
-    DType dtype;
-    HeadDims dims;
-    FwdVariant variant;
-    cudaError_t (*run)(const FwdKernelParams &, const FwdLaunchOptions &, cudaStream_t);
-    FwdKernelInfo (*info)();
-};
-
 // A read-only run of T.
 template <typename T>
 struct Span {
@@ -49,21 +36,82 @@ struct Span {
     const T *end() const { return data + size; }
 };
 
-// The head dims the sm80 kernels have (every sm90 kernel has an sm80 twin
-// with its head dims, so these are what every supported GPU runs), sorted by
-// head_dim then head_dim_v, each once. Never empty.
-Span<HeadDims> supported_head_dims();
+// One kernel of a family: a line of kernels/kernels.list in one input type.
+// Family provides Tile (its tiles.def enum), Run (the launcher's function
+// type) and Info (what its dispatcher checks before a launch).
+template <typename Family>
+struct KernelEntry {
+    KernelPath path;
+    DType input;
+    DType output;
+    HeadDims dims;
+    typename Family::Tile tile;
+    typename Family::Run run;
+    typename Family::Info (*info)();
+};
 
-// The kernel head dims that serve a call with head dims `call` (multiples of
-// kHeadDimMultiple, >= it): the first supported pair with both components at
-// least the call's. Returns false where no pair covers the call.
-bool covering_head_dims(HeadDims call, HeadDims *kernel);
+// A family's kernels, in list order. Lookups are linear: a family has tens
+// of kernels, and a call looks up a handful.
+template <typename Family>
+struct KernelTable {
+    using Entry = KernelEntry<Family>;
+    Span<Entry> kernels;
 
-// The kernel of that path, dtype, kernel head dims and variant, or nullptr
-// where this build has none (e.g. the sm_90a kernels were not built).
-const KernelEntry *find_kernel(KernelPath path, DType dtype, HeadDims kernel, FwdVariant variant);
+    // The kernel of that path, input type, kernel head dims and tile, or
+    // nullptr where this build has none.
+    const Entry *find(KernelPath path, DType input, HeadDims dims, typename Family::Tile tile) const {
+        for (const Entry &e : kernels) {
+            if (e.path == path && e.input == input && e.dims == dims && e.tile == tile) return &e;
+        }
+        return nullptr;
+    }
 
-// Whether this build has any kernel of that path.
-bool has_kernels(KernelPath path);
+    // Whether this build has any kernel of that path.
+    bool has_path(KernelPath path) const {
+        for (const Entry &e : kernels) {
+            if (e.path == path) return true;
+        }
+        return false;
+    }
+};
+
+// The sorted, distinct head dims of a table's kernels of one path, built at
+// compile time (kCapacity: at least the table's size).
+template <size_t kCapacity>
+struct HeadDimSet {
+    HeadDims pairs[kCapacity];
+    size_t count;
+
+    constexpr void insert(HeadDims dims) {
+        size_t at = 0;
+        while (at < count && pairs[at] < dims) ++at;
+        if (at < count && pairs[at] == dims) return;
+        for (size_t i = count; i > at; --i) pairs[i] = pairs[i - 1];
+        pairs[at] = dims;
+        ++count;
+    }
+    Span<HeadDims> span() const { return {pairs, count}; }
+};
+
+template <typename Entry, size_t kSize>
+constexpr HeadDimSet<kSize> head_dims_of_path(const Entry (&kernels)[kSize], KernelPath path) {
+    HeadDimSet<kSize> set{};
+    for (const Entry &e : kernels) {
+        if (e.path == path) set.insert(e.dims);
+    }
+    return set;
+}
+
+// The first pair of `supported` (sorted) with both components at least the
+// call's. Returns false where none covers the call.
+inline bool covering_head_dims(Span<HeadDims> supported, HeadDims call, HeadDims *kernel) {
+    for (const HeadDims &dims : supported) {
+        if (dims.head_dim >= call.head_dim && dims.head_dim_v >= call.head_dim_v) {
+            *kernel = dims;
+            return true;
+        }
+    }
+    return false;
+}
 
 }  // namespace flashcore

@@ -96,7 +96,7 @@ std::string pairs_text(const std::vector<HeadDimPair> &pairs) {
 }
 
 // The header's documented list for the default build (every line of
-// kernels/fwd_variants.list).
+// fwd line of kernels/kernels.list).
 const std::vector<HeadDimPair> kDefaultHeadDims = {{32, 32}, {64, 64}, {96, 96}, {128, 128}, {192, 128}, {256, 256}};
 
 // Whether this build lists the default head dims; a build configured with
@@ -121,16 +121,16 @@ bool covered(const std::vector<HeadDimPair> &pairs, int32_t head_dim, int32_t he
 // the build puts it there): what the query must list, however the build was
 // configured.
 #if defined(__has_include)
-#if __has_include("fwd_kernel_list.inc")
+#if __has_include("fwd_kernels.inc")
 #define FLASHCORE_TEST_HAS_KERNEL_LIST 1
 std::vector<HeadDimPair> generated_head_dims() {
     const struct {
         const char *path;
         int32_t head_dim, head_dim_v;
     } lines[] = {
-#define FLASHCORE_FWD_KERNEL(path, dtype, head_dim, head_dim_v, variant) {#path, head_dim, head_dim_v},
-#include "fwd_kernel_list.inc"
-#undef FLASHCORE_FWD_KERNEL
+#define FLASHCORE_KERNEL(path, input, output, head_dim, head_dim_v, tile) {#path, head_dim, head_dim_v},
+#include "fwd_kernels.inc"
+#undef FLASHCORE_KERNEL
     };
     std::set<HeadDimPair> pairs;
     for (const auto &line : lines) {

@@ -13,7 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/fwd_entry_points.h"
+#include "fwd/entry_points.h"
 
 namespace flashcore {
 

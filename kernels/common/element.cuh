@@ -4,7 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "common/fwd_params.h"
+#include "fwd/params.h"
 
 namespace flashcore {
 

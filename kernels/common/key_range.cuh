@@ -19,7 +19,7 @@
 #include <cmath>
 
 #include "common/fragment_layout.cuh"
-#include "common/fwd_params.h"
+#include "fwd/params.h"
 
 namespace flashcore {
 

@@ -1,0 +1,99 @@
+// Tile configurations of the portable forward kernel per (element type,
+// head dims, variant): what kernels/fwd_variants.list instantiates and the
+// launch heuristic (src/dispatch.cpp) chooses from. The 64 and 128 entries
+// were measured on an H200 with a scratch sweep over block sizes, warps,
+// stages and Q in registers or not (docs/perf-notes.md); the others follow
+// them within the register and shared-memory budgets.
+//
+// kLargeTiles, for grids that fill the GPU: 128 query rows, 4 warps of two
+// m16 tiles each, so every K/V fragment read from shared memory feeds two
+// MMAs. From head_dim 96 on, 32-key tiles keep the live S tile small enough
+// to fit 255 registers without spilling; past 128 the blocks have 64 rows (at
+// 192 x 128 the 128-row block spills on sm_90, and at 256 the O accumulators
+// alone are 128 registers per 16 rows).
+//
+// kKeySplit, for small problems: 64 query rows, two groups of 4 warps
+// splitting the key tiles between them, so each warp's serial chain of tiles
+// is half as long (the latency of a small problem is that chain). From
+// head_dim 96 on its two rings take more shared memory than sm_86 and sm_89
+// offer (99 KB): there the dispatcher uses the large tiles.
+//
+// kKeySplit4, for grids of at most one CTA per SM: 32 query rows, four
+// groups of 2 warps, so twice the CTAs of kKeySplit and half its chain per
+// warp. It re-reads the head's K/V once per 32 rows instead of per 64, so
+// once the grid needs a second wave kKeySplit is faster (mission shape
+// 1x8x512x64 on an H100: 6.7 against 8.2 us; 1x8x1024x64, 256 CTAs: 16.3
+// against 12.5).
+//
+// kDecode, for query blocks of at most 16 rows (decode and speculative steps,
+// GQA heads packed into the rows): 16 query rows, four single-warp key splits
+// each streaming its own ring of K/V tiles. Decode reads every K/V byte once
+// and does little arithmetic per byte, so what it needs is bytes in flight:
+// 4 splits x (kDecodeStages - 1) tiles of about kDecodeSlotBytes per SM.
+// The 64-row tiles computed 4 to 16 times the rows decode has, and that
+// arithmetic, not the memory system, set their pace.
+#pragma once
+
+#include "common/element.cuh"
+#include "fwd/params.h"
+#include "fwd/sm80/traits.cuh"
+
+namespace flashcore {
+
+template <DType kDType, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
+struct FwdConfig;
+
+// FwdTraits<Element, head_dim, head_dim_v, BlockM, BlockN, WarpsPerSplit, KeySplits, Stages, MaxRegisters,
+//           QInRegisters>
+template <DType kDType, int kHeadDim, int kHeadDimV>
+struct FwdConfig<kDType, kHeadDim, kHeadDimV, FwdVariant::kLargeTiles> {
+    static constexpr int kBlockM = kHeadDim <= 128 ? 128 : 64;
+    static constexpr int kBlockN = kHeadDim <= 64 ? 64 : 32;
+    using Traits = FwdTraits<typename ElementOf<kDType>::type, kHeadDim, kHeadDimV, kBlockM, kBlockN, 4, 1, 2, 255,
+                             kHeadDim <= 64>;
+};
+
+template <DType kDType, int kHeadDim, int kHeadDimV>
+struct FwdConfig<kDType, kHeadDim, kHeadDimV, FwdVariant::kKeySplit> {
+    using Traits = FwdTraits<typename ElementOf<kDType>::type, kHeadDim, kHeadDimV, 64, 64, 4, 2, 2, 255,
+                             kHeadDim <= 96>;
+};
+
+// Past head_dim 64, 32-key tiles keep four splits' rings (2 slots each)
+// within the 227 KB an sm_90 CTA may have (d128 64-key slots: 256 KB).
+template <DType kDType, int kHeadDim, int kHeadDimV>
+struct FwdConfig<kDType, kHeadDim, kHeadDimV, FwdVariant::kKeySplit4> {
+    using Traits = FwdTraits<typename ElementOf<kDType>::type, kHeadDim, kHeadDimV, 32, kHeadDim <= 64 ? 64 : 32,
+                             2, 4, 2, 255, kHeadDim <= 96>;
+};
+
+#ifndef FLASHCORE_DECODE_SLOT_BYTES  // scratch sweeps override these three
+#define FLASHCORE_DECODE_SLOT_BYTES 16384
+#endif
+#ifndef FLASHCORE_DECODE_STAGES
+#define FLASHCORE_DECODE_STAGES 3
+#endif
+#ifndef FLASHCORE_DECODE_KEY_SPLITS
+#define FLASHCORE_DECODE_KEY_SPLITS 4
+#endif
+// Bytes of one ring slot (a K and a V tile) the decode tiles aim for.
+constexpr int kDecodeSlotBytes = FLASHCORE_DECODE_SLOT_BYTES;
+constexpr int kDecodeStages = FLASHCORE_DECODE_STAGES;
+constexpr int kDecodeKeySplits = FLASHCORE_DECODE_KEY_SPLITS;
+constexpr int kDecodeBlockM = 16;
+
+// Keys per decode tile: kDecodeSlotBytes of K and V rows, a multiple of 16
+// (the P*V k-step), from 16 to 64.
+constexpr int decode_block_n(int head_dim, int head_dim_v) {
+    const int keys = kDecodeSlotBytes / ((head_dim + head_dim_v) * 2) / kMmaK * kMmaK;
+    return keys < kMmaK ? kMmaK : (keys > 64 ? 64 : keys);
+}
+
+template <DType kDType, int kHeadDim, int kHeadDimV>
+struct FwdConfig<kDType, kHeadDim, kHeadDimV, FwdVariant::kDecode> {
+    using Traits = FwdTraits<typename ElementOf<kDType>::type, kHeadDim, kHeadDimV, kDecodeBlockM,
+                             decode_block_n(kHeadDim, kHeadDimV), 1, kDecodeKeySplits, kDecodeStages, 255,
+                             kHeadDim <= 128>;
+};
+
+}  // namespace flashcore

@@ -1,0 +1,147 @@
+// A consumer warpgroup: walks the CTA's schedule in step with the producer,
+// computing its 64 rows of each query block, with its state explicit:
+//   loop      the Mainloop's registers (O accumulators, softmax state, S,
+//             one or two sets of P fragments);
+//   pending   the block whose last O += P*V is still to be issued;
+//   kv_count, q_count  the pipeline positions (K/V tiles and query blocks
+//             consumed so far), whose stage and phase the barriers use.
+//
+// Neighbouring blocks overlap: block t's last O += P*V is issued, then block
+// t + 1's S_0 = Q*K_0^T (its Q and first K tile were loaded ahead), and block
+// t is normalised and stored while S_0 runs. (Issuing S_0 first, so that
+// block t + 1's first softmax would overlap the P*V product, was slower:
+// block t then cannot finish before block t + 1's first K lands.)
+#pragma once
+
+#include <cstdint>
+
+#include "common/key_range.cuh"
+#include "fwd/output_block.cuh"
+#include "fwd/row_stores.cuh"
+#include "fwd/tile_coords.cuh"
+#include "fwd/sm90/epilogue.cuh"
+#include "fwd/sm90/mainloop.cuh"
+#include "fwd/sm90/pipeline.cuh"
+#include "sm90/tile_scheduler.cuh"
+#include "fwd/sm90/traits.cuh"
+
+namespace flashcore::sm90 {
+
+// Cap: Softcap or NoSoftcap (common/softcap.cuh), the kernel's choice;
+// kRagged: packed and paged tensors (kernel.cuh).
+template <typename Traits, typename Cap, bool kRagged>
+struct Consumer {
+    using Element = typename Traits::Element;
+    using KeyRange = BlockKeyRange<Traits::kBlockM, Traits::kBlockN>;
+
+    const Sm90KernelParams &params;
+    int consumer;  // which warpgroup: rows consumer * 64 .. + 63 of each block
+    int wg_tid;    // thread index within the warpgroup
+    Mainloop<Traits, Cap> loop;
+
+    bool pending = false;
+    FwdTile pending_tile{};
+    int pending_split = 0;
+    KvPosition pending_last_kv = 0;  // its last K/V tile
+
+    KvPosition kv_count = Pipeline<Traits>::first_position(params.first_kv_position);  // as the producer's
+    uint32_t q_count = 0;
+
+    __device__ __forceinline__ Consumer(const Sm90KernelParams &params_, const Pipeline<Traits> &pipe, int consumer_,
+                                        int wg_tid_)
+        : params(params_),
+          consumer(consumer_),
+          wg_tid(wg_tid_),
+          loop{pipe, wg_tid_ % 32, consumer_ * Traits::kRowsPerConsumer + (wg_tid_ / 32) * kMmaM,
+               params_.fwd.softmax_scale_log2, Cap::of(params_.fwd.softcap_prescale)} {}
+
+    __device__ __forceinline__ void run() {
+        PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(params.fwd).template for_each_block<kRagged>(
+            params.fwd, [&](const FwdTile &tile, const KeyRange &keys, int split) { compute_block(tile, keys, split); });
+        if (pending) {
+            issue_pending_output();
+            wgmma_wait<0>();
+            finish_pending();
+        }
+        // The staging buffers live in this CTA's shared memory: the last
+        // stores must be done with them before the CTA exits.
+        if (wg_tid == 0) bulk_wait_group_all();
+    }
+
+    __device__ __forceinline__ void compute_block(const FwdTile &tile, const KeyRange &keys, int split) {
+        if (keys.num_blocks() <= 0) {
+            const int tid = consumer * kWarpgroupThreads + wg_tid;
+            constexpr int kThreads = Traits::kConsumerWarpgroups * kWarpgroupThreads;
+            if (params.fwd.num_splits > 1) {
+                store_empty_rows(split_destination(params.fwd, tile, Traits::kBlockM, split), params.fwd.head_dim_v,
+                                 tid, kThreads);
+            } else {
+                store_empty_block(OutputBlock<Element>::of(params.fwd, tile, Traits::kBlockM),
+                                  params.fwd.out_seq_stride, params.fwd.head_dim_v, tid, kThreads);
+            }
+            return;
+        }
+        const KvPosition kv_base = kv_count;
+        const int q_buffer = Pipeline<Traits>::q_buffer_of(q_count);
+        // Opaque, so that with one Q buffer the compiler does not keep a
+        // descriptor per k-step of Q live over the whole kernel (16
+        // registers at head dim 256, where that made ptxas spill).
+        const uint32_t q_rows = opaque(smem_address(loop.pipe.q_tile(q_buffer)) +
+                                       consumer * Traits::kRowsPerConsumer * Traits::kPanelRowBytes);
+
+        // The pending block's last P*V product, then S_0 of this one: the
+        // pending block is normalised and stored while S_0 runs. Without a
+        // pending block an empty group takes the product's place, so both
+        // paths wait for the same groups (ptxas tracks the wgmmas in flight
+        // per group, not per path).
+        if (pending) {
+            issue_pending_output();
+        } else {
+            wgmma_commit();
+        }
+        mbarrier_wait(loop.pipe.q_full(q_buffer), Pipeline<Traits>::q_phase_of(q_count));
+        loop.issue_scores(q_rows, kv_base);
+        wgmma_wait<1>();
+        if (pending) finish_pending();
+        const KeyMask mask = KeyMask::of(params.fwd, tile.seqs);
+        loop.clear_v_tail(mask, keys, kv_base,
+                          v_tail_may_hold_garbage<kRagged>(params.fwd, tile.seqs,
+                                                           (keys.n_block(0) + 1) * Traits::kBlockN),
+                          consumer * kWarpgroupThreads + wg_tid);
+        loop.softmax.init();
+        loop.zero_output();
+
+        loop.first_tile(mask, keys, tile.m_block, kv_base, q_buffer);
+        loop.remaining_tiles(mask, keys, tile.m_block, q_rows, kv_base, q_buffer);
+
+        pending = true;
+        pending_tile = tile;
+        pending_split = split;
+        pending_last_kv = kv_base + keys.num_blocks() - 1;
+        kv_count += keys.num_blocks();
+        ++q_count;
+    }
+
+    // The pending block's last O += P*V.
+    __device__ __forceinline__ void issue_pending_output() { loop.issue_output(loop.last_p(), pending_last_kv); }
+
+    // After its last P*V product completed: normalise and store the pending
+    // block.
+    __device__ __forceinline__ void finish_pending() {
+        fence_accumulators(loop.acc_o[0]);
+        loop.release_v(pending_last_kv);
+        float row_lse[2];
+        loop.softmax.finalize(loop.acc_o, params.fwd.softmax_scale, row_lse);
+        if (params.fwd.num_splits > 1) {
+            // A split-KV part: fp32 rows and LSE to the workspace.
+            store_fragment_rows(split_destination(params.fwd, pending_tile, Traits::kBlockM, pending_split),
+                                loop.acc_o, row_lse, consumer * Traits::kRowsPerConsumer + (wg_tid / 32) * kMmaM,
+                                wg_tid % 32, params.fwd.head_dim_v);
+            return;
+        }
+        store_rows<Traits, kRagged>(params, pending_tile, loop.pipe.o_staging(consumer), consumer, loop.acc_o[0], row_lse,
+                           wg_tid);
+    }
+};
+
+}  // namespace flashcore::sm90

@@ -1,0 +1,140 @@
+// Writes a consumer warpgroup's finished rows of O, and its log-sum-exp
+// values straight from registers.
+//
+// OutputPath::kTmaStore: the accumulator fragments are scattered (each quad
+// of lanes holds 16 bytes of a row); the warpgroup writes them into a
+// staging buffer in the swizzled panel layout, conflict-free, and one thread
+// hands the whole 64-row block to the TMA unit. The warpgroup goes on to its
+// next query block while the store drains, and the TMA unit clips rows past
+// seqlen_q and columns past head_dim_v.
+// Packed queries (cu_seqlens_q) take the staging buffer too, but the
+// warpgroup copies it out row by row: a TMA box would also write the rows of
+// the next sequence that follow a short block.
+// OutputPath::kRegisters: each thread stores its own 4-byte pieces of rows,
+// where shared memory has no room for staging (head_dim_v 256).
+#pragma once
+
+#include <cstdint>
+
+#include "common/fragment_layout.cuh"
+#include "fwd/output_block.cuh"
+#include "common/ptx.cuh"
+#include "fwd/tile_coords.cuh"
+#include "sm90/ptx.cuh"
+#include "fwd/sm90/traits.cuh"
+
+namespace flashcore::sm90 {
+
+// The warpgroup's staged rows (stage_and_store_rows) to out, 16 bytes per
+// thread and step, within the block's valid rows and head_dim_v.
+template <typename Traits>
+__device__ __forceinline__ void copy_staged_rows(const FwdKernelParams &p, const FwdTile &tile,
+                                                 const unsigned char *staging, int consumer, int wg_tid) {
+    using Element = typename Traits::Element;
+    constexpr int kChunksPerRow = Traits::kHeadDimV / kElemsPerVector;
+    constexpr int kAtomsPerPanel = Traits::kPanelCols / kElemsPerVector;
+    const OutputBlock<Element> dst = OutputBlock<Element>::of(p, tile, Traits::kBlockM);
+    const int first_row = consumer * Traits::kRowsPerConsumer;
+    const int valid_rows = dst.valid_rows - first_row;
+    const int valid_chunks = p.head_dim_v / kElemsPerVector;
+    for (int i = wg_tid; i < Traits::kRowsPerConsumer * kChunksPerRow; i += kWarpgroupThreads) {
+        const int row = i / kChunksPerRow;
+        const int chunk = i % kChunksPerRow;
+        if (row >= valid_rows || chunk >= valid_chunks) continue;
+        const uint4 value = *reinterpret_cast<const uint4 *>(
+            staging + (chunk / kAtomsPerPanel) * Traits::kOPanelBytes +
+            Traits::Swizzle::offset(row, chunk % kAtomsPerPanel));
+        *reinterpret_cast<uint4 *>(dst.out + int64_t(first_row + row) * p.out_seq_stride + chunk * kElemsPerVector) =
+            value;
+    }
+}
+
+template <typename Traits, bool kRagged>
+__device__ __forceinline__ void stage_and_store_rows(const Sm90KernelParams &params, const FwdTile &tile,
+                                                     unsigned char *staging, int consumer,
+                                                     const float (&out)[Traits::kHeadDimV / 8][4], int wg_tid) {
+    using Swizzle = typename Traits::Swizzle;
+    constexpr int kChunkBytes = 16;
+    constexpr int kAtomsPerPanel = Traits::kPanelCols / kMmaN;  // an n8 atom is one 16-byte chunk of a row
+    const int lane = wg_tid % 32;
+    const int warp_first_row = (wg_tid / 32) * kMmaM;  // within the warpgroup's rows
+    const int barrier = kFirstConsumerBarrier + consumer;
+
+    // The previous block's store must be done reading the staging buffer.
+    if (wg_tid == 0) bulk_wait_group_read_all();
+    named_barrier_sync_id(barrier, kWarpgroupThreads);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = warp_first_row + frag_row(lane) + half * kFragRowHalf;
+#pragma unroll
+        for (int n = 0; n < Traits::kHeadDimV / kMmaN; ++n) {
+            const uint32_t offset = (n / kAtomsPerPanel) * Traits::kOPanelBytes +
+                                    Swizzle::offset(row, n % kAtomsPerPanel) +
+                                    frag_col(lane) * sizeof(typename Traits::Element);
+            static_assert(kChunkBytes == kMmaN * sizeof(typename Traits::Element), "one n8 atom per chunk");
+            *reinterpret_cast<uint32_t *>(staging + offset) =
+                pack2<typename Traits::Element>(out[n][half * 2], out[n][half * 2 + 1]);
+        }
+    }
+    fence_shared_to_async_proxy();
+    named_barrier_sync_id(barrier, kWarpgroupThreads);
+
+    if (kRagged && params.fwd.cu_seqlens_q != nullptr) {
+        copy_staged_rows<Traits>(params.fwd, tile, staging, consumer, wg_tid);
+        return;
+    }
+    if (wg_tid == 0) {
+        const int first_row = consumer * Traits::kRowsPerConsumer;  // within the CTA's block
+#pragma unroll
+        for (int panel = 0; panel < Traits::kVPanels; ++panel) {
+            tma_store_4d(&params.tma_o, staging + panel * Traits::kOPanelBytes, panel * Traits::kPanelCols,
+                         tile.m_block * Traits::kBlockM + first_row, tile.head_q, tile.batch);
+        }
+        bulk_commit_group();
+    }
+}
+
+// Each thread writes its fragments' pairs of columns, within the block's
+// valid rows and the call's head_dim_v.
+template <typename Traits>
+__device__ __forceinline__ void store_rows_from_registers(const FwdKernelParams &p, const FwdTile &tile,
+                                                          int consumer, const float (&out)[Traits::kHeadDimV / 8][4],
+                                                          int wg_tid) {
+    using Element = typename Traits::Element;
+    const OutputBlock<Element> dst = OutputBlock<Element>::of(p, tile, Traits::kBlockM);
+    const int lane = wg_tid % 32;
+    const int first_row = consumer * Traits::kRowsPerConsumer + (wg_tid / 32) * kMmaM + frag_row(lane);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = first_row + half * kFragRowHalf;
+        if (row >= dst.valid_rows) continue;
+        Element *row_out = dst.out + int64_t(row) * p.out_seq_stride + frag_col(lane);
+#pragma unroll
+        for (int n = 0; n < Traits::kHeadDimV / kMmaN; ++n) {
+            if (n * kMmaN + frag_col(lane) < p.head_dim_v) {
+                *reinterpret_cast<uint32_t *>(row_out + n * kMmaN) =
+                    pack2<Element>(out[n][half * 2], out[n][half * 2 + 1]);
+            }
+        }
+    }
+}
+
+// The consumer's rows of a finished block: O by the kernel's output path,
+// then the LSE.
+template <typename Traits, bool kRagged>
+__device__ __forceinline__ void store_rows(const Sm90KernelParams &params, const FwdTile &tile,
+                                           unsigned char *staging, int consumer,
+                                           const float (&out)[Traits::kHeadDimV / 8][4], const float (&lse)[2],
+                                           int wg_tid) {
+    if constexpr (Traits::kOutputPath == OutputPath::kTmaStore) {
+        stage_and_store_rows<Traits, kRagged>(params, tile, staging, consumer, out, wg_tid);
+    } else {
+        store_rows_from_registers<Traits>(params.fwd, tile, consumer, out, wg_tid);
+    }
+    const OutputBlock<typename Traits::Element> dst =
+        OutputBlock<typename Traits::Element>::of(params.fwd, tile, Traits::kBlockM);
+    const int warp_first_row = consumer * Traits::kRowsPerConsumer + (wg_tid / 32) * kMmaM;
+    if (dst.lse != nullptr) store_lse(lse, dst.lse, dst.valid_rows, warp_first_row, wg_tid % 32);
+}
+
+}  // namespace flashcore::sm90

@@ -1,0 +1,59 @@
+// The Hopper (sm_90a) fused attention forward kernel.
+//
+// The kernel is persistent (tile_scheduler.cuh): each CTA computes a
+// sequence of 128-row query blocks. It has three warpgroups:
+//   warpgroup 0, the producer (producer.cuh): gives up most of its registers
+//     (setmaxnreg) and has one thread issue the TMA copies of Q and of the
+//     K/V tiles into a kStages-deep ring guarded by mbarriers (pipeline.cuh);
+//   warpgroups 1 and 2, the consumers (consumer.cuh): each owns 64 query
+//     rows, takes the registers the producer gave up, and runs the mainloop
+//     (mainloop.cuh: S = Q*K^T, online softmax, O += P*V on wgmma, the
+//     softmax overlapped with the tensor cores) over each block's key tiles;
+//     a finished block is normalised while the next block's first
+//     S = Q*K^T runs, and its rows leave through the epilogue
+//     (epilogue.cuh).
+// Which key tiles a block visits, and which need masking, comes from its
+// BlockKeyRange (common/key_range.cuh), last tile first, as in the portable
+// kernel.
+#pragma once
+
+#include "fwd/sm90/consumer.cuh"
+#include "fwd/sm90/pipeline.cuh"
+#include "fwd/sm90/producer.cuh"
+#include "fwd/sm90/traits.cuh"
+
+namespace flashcore::sm90 {
+
+// Cap: Softcap or NoSoftcap (common/softcap.cuh). Two kernels rather than a
+// run-time choice: a branch on the softcap at each tile (both softmaxes
+// inlined into the mainloop) made uncapped calls 2.5-5% slower, and one
+// kernel holding both consumers, chosen once per CTA, spilled registers.
+// kRagged: packed and paged tensors (common/fwd_params.h, fwd_batch_seqs),
+// likewise a kernel of its own.
+template <typename Traits, typename Cap, bool kRagged>
+__global__ void __launch_bounds__(Traits::kNumThreads, 1)
+    flash_fwd_sm90_kernel(const __grid_constant__ Sm90KernelParams params) {
+    // A split call's merge kernel may launch as soon as every CTA is running
+    // (it waits for this grid's results itself): common/ptx.cuh.
+    launch_dependent_grids();
+    extern __shared__ unsigned char smem_raw[];
+    // The swizzles repeat every atom; TMA and wgmma assume tiles aligned to
+    // it (kSmemBytes includes the slack).
+    unsigned char *smem = reinterpret_cast<unsigned char *>(
+        (reinterpret_cast<uintptr_t>(smem_raw) + kSmemBaseAlignment - 1) & ~uintptr_t(kSmemBaseAlignment - 1));
+    const Pipeline<Traits> pipe{smem};
+
+    if (threadIdx.x == 0) pipe.init();
+    __syncthreads();
+
+    const int warpgroup = threadIdx.x / kWarpgroupThreads;
+    if (warpgroup == 0) {
+        setmaxnreg_decrease<Traits::kProducerRegisters>();
+        if (threadIdx.x == 0) run_producer<Traits, kRagged>(params, pipe);
+        return;
+    }
+    setmaxnreg_increase<Traits::kConsumerRegisters>();
+    Consumer<Traits, Cap, kRagged>(params, pipe, warpgroup - 1, threadIdx.x % kWarpgroupThreads).run();
+}
+
+}  // namespace flashcore::sm90

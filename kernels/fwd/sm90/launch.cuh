@@ -1,0 +1,132 @@
+// Host-side launch of the sm90 kernel: the TMA descriptors of Q, K, V and O
+// for the call (tensor_map.cuh), then the launch. Included only by the
+// generated sm_90a translation units (kernels/CMakeLists.txt).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <numeric>
+
+#include "common/dynamic_smem.cuh"
+#include "fwd/entry_points.h"
+#include "fwd/sm90/config.cuh"
+#include "fwd/sm90/kernel.cuh"
+#include "sm90/tensor_map.cuh"
+
+namespace flashcore::sm90 {
+
+// The geometry of a map of `role` over a 4-d (head_dim, seq, head, batch)
+// tensor of 2-byte elements, with strides in elements.
+inline TensorMapGeometry tensor_geometry(TensorRole role, CUtensorMapDataType type, int head_dim, int seqlen,
+                                         int heads, int batch, int64_t seq_stride, int64_t head_stride,
+                                         int64_t batch_stride, int box_cols, int box_rows) {
+    constexpr int64_t kElementBytes = 2;
+    TensorMapGeometry g{};
+    g.role = role;
+    g.type = type;
+    g.box_cols = uint32_t(box_cols);
+    g.box_rows = uint32_t(box_rows);
+    g.dims[0] = uint64_t(head_dim);
+    g.dims[1] = uint64_t(seqlen);
+    g.dims[2] = uint64_t(heads);
+    g.dims[3] = uint64_t(batch);
+    g.byte_strides[0] = uint64_t(seq_stride * kElementBytes);
+    g.byte_strides[1] = uint64_t(head_stride * kElementBytes);
+    g.byte_strides[2] = uint64_t(batch_stride * kElementBytes);
+    return g;
+}
+
+template <typename Traits, typename Cap, bool kRagged>
+cudaError_t launch(const Sm90KernelParams &p, int64_t num_ctas, const FwdLaunchOptions &options, cudaStream_t stream) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(num_ctas));
+    config.blockDim = dim3(Traits::kNumThreads);
+    config.dynamicSmemBytes = Traits::kSmemBytes;
+    config.stream = stream;
+    static DynamicSmemOptIn opt_in;
+    return launch_opted_in(opt_in, flash_fwd_sm90_kernel<Traits, Cap, kRagged>, config, options, p);
+}
+
+}  // namespace flashcore::sm90
+
+namespace flashcore {
+
+template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
+FwdKernelInfo fwd_info_sm90() {
+    static_assert(kVariant == FwdVariant::kPersistent, "the sm90 kernel has one variant");
+    using Traits = typename sm90::Sm90Config<kInput, kHeadDim, kHeadDimV>::Traits;
+    // One CTA per SM: __launch_bounds__(threads, 1), and the consumers take
+    // the registers the producer gives up.
+    return {Traits::kSmemBytes, Traits::kBlockM, Traits::kBlockN, 1, true};
+}
+
+template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
+cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
+    static_assert(kInput == kOutput, "the forward kernels write their input type (fwd/family.cmake)");
+    static_assert(kVariant == FwdVariant::kPersistent, "the sm90 kernel has one variant");
+    using Traits = typename sm90::Sm90Config<kInput, kHeadDim, kHeadDimV>::Traits;
+    constexpr CUtensorMapDataType kType =
+        kInput == DType::kBf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    constexpr int kCols = Traits::kPanelCols;
+    sm90::Sm90KernelParams p{};
+    p.fwd = params;
+    p.first_kv_position = options.first_kv_position;
+    // The maps' (seq, batch) extents: packed tensors are one batch of all
+    // their rows, a paged pool is num_pages batches of page_size rows read a
+    // page's share of a tile per box.
+    const bool packed_q = params.cu_seqlens_q != nullptr;
+    const int q_rows = packed_q ? params.total_seqlen_q : params.seqlen_q;
+    const int q_batches = packed_q ? 1 : params.batch_size;
+    const bool paged = params.block_table != nullptr;
+    const bool packed_kv = params.cu_seqlens_k != nullptr;
+    const int kv_rows = paged ? params.page_size : packed_kv ? params.total_seqlen_k : params.seqlen_k;
+    const int kv_batches = paged ? params.num_pages : packed_kv ? 1 : params.batch_size;
+    // The batch dimension of a packed map has extent 1; its stride is
+    // unused but must be one the driver accepts.
+    const int64_t q_batch_stride = packed_q ? params.q_seq_stride : params.q_batch_stride;
+    const int64_t out_batch_stride = packed_q ? params.out_seq_stride : params.out_batch_stride;
+    const int64_t k_batch_stride = packed_kv ? params.k_seq_stride : params.k_batch_stride;
+    const int64_t v_batch_stride = packed_kv ? params.v_seq_stride : params.v_batch_stride;
+    p.kv_box_rows = paged ? std::gcd(params.page_size, Traits::kBlockN) : Traits::kBlockN;
+    using sm90::TensorRole;
+    using sm90::tensor_geometry;
+    const bool encoded =
+        sm90::tensor_map(&p.tma_q,
+                         tensor_geometry(TensorRole::kQ, kType, params.head_dim, q_rows, params.num_heads_q, q_batches,
+                                         params.q_seq_stride, params.q_head_stride, q_batch_stride, kCols,
+                                         Traits::kBlockM),
+                         params.q) &&
+        sm90::tensor_map(&p.tma_k,
+                         tensor_geometry(TensorRole::kK, kType, params.head_dim, kv_rows, params.num_heads_kv,
+                                         kv_batches, params.k_seq_stride, params.k_head_stride, k_batch_stride, kCols,
+                                         p.kv_box_rows),
+                         params.k) &&
+        sm90::tensor_map(&p.tma_v,
+                         tensor_geometry(TensorRole::kV, kType, params.head_dim_v, kv_rows, params.num_heads_kv,
+                                         kv_batches, params.v_seq_stride, params.v_head_stride, v_batch_stride, kCols,
+                                         p.kv_box_rows),
+                         params.v) &&
+        sm90::tensor_map(&p.tma_o,
+                         tensor_geometry(TensorRole::kO, kType, params.head_dim_v, q_rows, params.num_heads_q,
+                                         q_batches, params.out_seq_stride, params.out_head_stride, out_batch_stride,
+                                         kCols, Traits::kRowsPerConsumer),
+                         params.out);
+    // The dispatcher falls back to the portable kernel.
+    if (!encoded) return cudaErrorNotSupported;
+
+    // Persistent: one CTA per SM at most, each walking its share of the
+    // schedule.
+    const int64_t num_items = sm90::PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(params).num_items(params);
+    const int64_t num_ctas = num_items < options.max_persistent_ctas ? num_items : options.max_persistent_ctas;
+    const bool capped = params.softcap_prescale != 0.f;
+    if (params.ragged) {
+        return capped ? sm90::launch<Traits, Softcap, true>(p, num_ctas, options, stream)
+                      : sm90::launch<Traits, NoSoftcap, true>(p, num_ctas, options, stream);
+    }
+    return capped ? sm90::launch<Traits, Softcap, false>(p, num_ctas, options, stream)
+                  : sm90::launch<Traits, NoSoftcap, false>(p, num_ctas, options, stream);
+}
+
+}  // namespace flashcore

@@ -1,0 +1,98 @@
+// The producer: one thread of the producer warpgroup issues every TMA copy
+// of a CTA. For each query block of its schedule: Q, into a buffer the
+// consumers are done with; then the K and V tiles of its BlockKeyRange, last
+// key tile first (the order the consumers visit them), each into the next
+// free stage of the ring.
+#pragma once
+
+#include "fwd/tile_coords.cuh"
+#include "fwd/sm90/pipeline.cuh"
+#include "sm90/ptx.cuh"
+#include "sm90/tile_scheduler.cuh"
+#include "fwd/sm90/traits.cuh"
+
+namespace flashcore::sm90 {
+
+// Copies a [rows][kPanels * panel columns] box starting at `row` as kPanels
+// panels, all signalled on `bar`.
+template <typename Traits, int kPanels>
+__device__ __forceinline__ void load_panels(unsigned char *dst, uint32_t panel_bytes, const CUtensorMap *map, int row,
+                                            int head, int batch, uint64_t *bar) {
+#pragma unroll
+    for (int panel = 0; panel < kPanels; ++panel) {
+        tma_load_4d(dst + panel * panel_bytes, map, panel * Traits::kPanelCols, row, head, batch, bar);
+    }
+}
+
+// The K and V tiles of keys [first_key, first_key + kBlockN) of a paged
+// cache: box_rows rows at a time (fwd_launch.cuh: the largest multiple of 16
+// dividing both the page and the tile), each box from its own page. Boxes
+// past the batch's keys load page 0's rows instead of reading the table
+// past its row; the consumers mask those keys and zero those V rows.
+template <typename Traits>
+__device__ __forceinline__ void load_paged_panels(unsigned char *dst, const CUtensorMap *map, int panels,
+                                                  const FwdKernelParams &p, const FwdTile &tile, int first_key,
+                                                  int box_rows, uint64_t *bar) {
+    for (int box_key = first_key; box_key < first_key + Traits::kBlockN; box_key += box_rows) {
+        const bool valid = box_key < tile.seqs.seqlen_k;
+        const int page = valid ? fwd_page_of(p, tile.batch, box_key) : 0;
+        const int row = valid ? fwd_page_row(p, box_key) : 0;
+        unsigned char *box_dst = dst + (box_key - first_key) * Traits::kPanelRowBytes;
+        for (int panel = 0; panel < panels; ++panel) {
+            tma_load_4d(box_dst + panel * Traits::kKVPanelBytes, map, panel * Traits::kPanelCols, row, tile.head_kv,
+                        page, bar);
+        }
+    }
+}
+
+// The K/V tile of keys from first_key: one box per panel, or by pages.
+template <typename Traits, int kPanels, bool kRagged>
+__device__ __forceinline__ void load_kv_panels(unsigned char *dst, const CUtensorMap *map, const Sm90KernelParams &params,
+                                               const FwdTile &tile, int first_key, uint64_t *bar) {
+    const FwdKernelParams &p = params.fwd;
+    if (kRagged && p.block_table != nullptr) {
+        load_paged_panels<Traits>(dst, map, kPanels, p, tile, first_key, params.kv_box_rows, bar);
+    } else {
+        load_panels<Traits, kPanels>(dst, Traits::kKVPanelBytes, map, tile.seqs.k_row0 + first_key, tile.head_kv,
+                                     kRagged && p.cu_seqlens_k != nullptr ? 0 : tile.batch, bar);
+    }
+}
+
+template <typename Traits, bool kRagged>
+__device__ __forceinline__ void run_producer(const Sm90KernelParams &params, const Pipeline<Traits> &pipe) {
+    const FwdKernelParams &p = params.fwd;
+    // K/V tiles loaded so far: their stage and phase. Starts where the
+    // consumers' count does.
+    KvPosition kv_count = Pipeline<Traits>::first_position(params.first_kv_position);
+    uint32_t q_count = 0;   // query blocks loaded so far
+    PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(p).template for_each_block<kRagged>(
+        p, [&](const FwdTile &tile, const BlockKeyRange<Traits::kBlockM, Traits::kBlockN> &keys, int /*split*/) {
+            if (keys.num_blocks() <= 0) return;  // the consumers store it without K/V
+            const int q_buffer = Pipeline<Traits>::q_buffer_of(q_count);
+            mbarrier_wait(pipe.q_empty(q_buffer), Pipeline<Traits>::q_phase_of(q_count) ^ 1u);
+            mbarrier_arrive_expect_tx(pipe.q_full(q_buffer), Traits::kQBytes);
+            // Packed queries (cu_seqlens_q): the map is one batch of all rows;
+            // a block's rows past its sequence read the next one's, which
+            // nothing stores.
+            const int q_batch = kRagged && p.cu_seqlens_q != nullptr ? 0 : tile.batch;
+            load_panels<Traits, Traits::kQKPanels>(pipe.q_tile(q_buffer), Traits::kQPanelBytes, &params.tma_q,
+                                                   tile.seqs.q_row0 + tile.m_block * Traits::kBlockM, tile.head_q,
+                                                   q_batch, pipe.q_full(q_buffer));
+            for (int j = 0; j < keys.num_blocks(); ++j, ++kv_count) {
+                const int stage = Pipeline<Traits>::stage_of(kv_count);
+                const uint32_t free_phase = Pipeline<Traits>::phase_of(kv_count) ^ 1u;
+                const int first_key = keys.n_block(j) * Traits::kBlockN;
+                mbarrier_wait(pipe.k_empty(stage), free_phase);
+                mbarrier_arrive_expect_tx(pipe.k_full(stage), Traits::kKTileBytes);
+                load_kv_panels<Traits, Traits::kQKPanels, kRagged>(pipe.k_tile(stage), &params.tma_k, params, tile, first_key,
+                                                          pipe.k_full(stage));
+                mbarrier_wait(pipe.v_empty(stage), free_phase);
+                mbarrier_arrive_expect_tx(pipe.v_full(stage), Traits::kVTileBytes);
+                load_kv_panels<Traits, Traits::kVPanels, kRagged>(pipe.v_tile(stage), &params.tma_v, params, tile, first_key,
+                                                         pipe.v_full(stage));
+            }
+            ++q_count;
+        });
+}
+
+}  // namespace flashcore::sm90

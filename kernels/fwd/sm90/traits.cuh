@@ -1,0 +1,139 @@
+// Compile-time shape of the sm90 forward kernel: tile sizes, warp roles,
+// register split and shared-memory layout.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fwd/params.h"
+#include "sm90/ptx.cuh"
+
+namespace flashcore::sm90 {
+
+// Kernel arguments: the portable kernel's parameters plus the TMA
+// descriptors of Q, K, V and O (4-d: head_dim, seq, head, batch), encoded
+// per call on the host. __grid_constant__, so the TMA unit reads them in
+// place.
+struct Sm90KernelParams {
+    FwdKernelParams fwd;
+    CUtensorMap tma_q;
+    CUtensorMap tma_k;
+    CUtensorMap tma_v;
+    CUtensorMap tma_o;
+    // Where the CTAs' count of K/V tiles starts (Pipeline::first_position):
+    // 0, except in the test that starts it near 2^32
+    // (FLASHCORE_TEST_KV_POSITION).
+    uint64_t first_kv_position;
+    // Paged K/V: rows per TMA box of tma_k and tma_v (one page's share of a
+    // tile; producer.cuh).
+    int kv_box_rows;
+};
+
+// Whether the rows of a batch's last K/V tile past its keys (up to
+// tile_end, the tile's end as a key of the batch) may hold anything, so
+// that the consumers must zero them in V (v_tail.cuh): their probabilities
+// are 0, but 0 times NaN is NaN. Dense maps zero-fill past seqlen_k, so only
+// a KV cache's unused tail past seqused_k needs it; so do pages the batch
+// does not own. Packed keys (cu_seqlens_k) are followed by the next
+// sequence's, finite, which need no zeroing (it costs each block a wait for
+// its first V tile and a barrier of both consumers: varlen prefill ran
+// ~2.5% slower), except past the last sequence, where a larger buffer may
+// hold anything up to total_seqlen_k.
+template <bool kRagged>
+__device__ __forceinline__ bool v_tail_may_hold_garbage(const FwdKernelParams &p, const BatchSeqs &seqs,
+                                                        int tile_end) {
+    if (kRagged && (p.block_table != nullptr || (p.cu_seqlens_k != nullptr && p.seqused_k != nullptr))) return true;
+    if (kRagged && p.cu_seqlens_k != nullptr) {
+        const int packed_end = min(max(__ldg(p.cu_seqlens_k + p.batch_size), 0), p.total_seqlen_k);
+        return seqs.k_row0 + tile_end > packed_end;
+    }
+    return seqs.seqlen_k < p.seqlen_k;
+}
+
+// Shared memory an sm_90 block may opt into (H100, H200): 227 KB.
+constexpr size_t kMaxSmemPerBlock = 227 * 1024;
+
+// Named barriers (0 is __syncthreads): one per consumer warpgroup (the
+// epilogue's), then one for both consumers (v_tail.cuh).
+constexpr int kFirstConsumerBarrier = 1;
+constexpr int kBothConsumersBarrier = 3;
+
+// How finished rows of O leave the CTA.
+enum class OutputPath {
+    kTmaStore,   // staged in shared memory, one TMA store per block (drains while the next block runs)
+    kRegisters,  // stored from the accumulators (where shared memory has no room for staging)
+};
+
+template <typename Element_, int kHeadDim_, int kHeadDimV_, int kBlockN_, int kStages_, int kQStages_,
+          OutputPath kOutputPath_, int kRowMaxChains_ = 1, int kPSets_ = 2>
+struct Sm90Traits {
+    using Element = Element_;
+    static constexpr int kHeadDim = kHeadDim_;    // of Q and K
+    static constexpr int kHeadDimV = kHeadDimV_;  // of V and O
+    static constexpr int kBlockN = kBlockN_;      // keys per K/V tile
+    static constexpr int kStages = kStages_;      // K/V tiles in flight
+    // Q buffers: with two, the next query block's Q loads while the current
+    // one's is still in use.
+    static constexpr int kQStages = kQStages_;
+    static constexpr OutputPath kOutputPath = kOutputPath_;
+    // Partial maxima per row in the softmax (OnlineSoftmax's kMaxChains).
+    static constexpr int kRowMaxChains = kRowMaxChains_;
+    // Register sets of P fragments (Mainloop): two let P_j be written while
+    // P_{j-1} * V_{j-1} still reads the other; one leaves room for wider key
+    // tiles where O fills the registers.
+    static constexpr int kPSets = kPSets_;
+
+    // One producer warpgroup issues the TMA copies; each consumer warpgroup
+    // owns 64 query rows (one wgmma M) of the CTA's block.
+    static constexpr int kConsumerWarpgroups = 2;
+    static constexpr int kRowsPerConsumer = 64;
+    static constexpr int kBlockM = kConsumerWarpgroups * kRowsPerConsumer;
+    static constexpr int kNumThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
+    static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpgroupThreads / 32;
+
+    // Registers per thread after the split: the producer needs only a few,
+    // the consumers hold S, O and P. 128 x 24 + 256 x 240 <= 64K.
+    static constexpr int kProducerRegisters = 24;
+    static constexpr int kConsumerRegisters = 240;
+
+    // Panels: 128-byte rows where both head dims are multiples of 64 columns,
+    // else 64-byte rows (32, 96).
+    static constexpr int kPanelRowBytes = kHeadDim % 64 == 0 && kHeadDimV % 64 == 0 ? 128 : 64;
+    using Swizzle = PanelSwizzle<kPanelRowBytes>;
+    static constexpr int kPanelCols = Swizzle::kCols;
+    static constexpr int kQKPanels = kHeadDim / kPanelCols;
+    static constexpr int kVPanels = kHeadDimV / kPanelCols;
+    static constexpr uint32_t kQPanelBytes = kBlockM * kPanelRowBytes;
+    static constexpr uint32_t kQBytes = kQKPanels * kQPanelBytes;
+    static constexpr uint32_t kKVPanelBytes = kBlockN * kPanelRowBytes;
+    static constexpr uint32_t kKTileBytes = kQKPanels * kKVPanelBytes;
+    static constexpr uint32_t kVTileBytes = kVPanels * kKVPanelBytes;
+
+    // Each consumer stages its finished rows of O for the TMA store.
+    static constexpr uint32_t kOPanelBytes = kRowsPerConsumer * kPanelRowBytes;
+    static constexpr uint32_t kOStagingBytes =
+        kOutputPath == OutputPath::kTmaStore ? kVPanels * kOPanelBytes : 0;
+
+    // Shared memory, from an aligned base: the Q buffers, the K ring, the V
+    // ring, the O staging of each consumer, then the mbarriers.
+    static constexpr uint32_t kSmemK = kQStages * kQBytes;
+    static constexpr uint32_t kSmemV = kSmemK + kStages * kKTileBytes;
+    static constexpr uint32_t kSmemO = kSmemV + kStages * kVTileBytes;
+    static constexpr uint32_t kSmemBarriers = kSmemO + kConsumerWarpgroups * kOStagingBytes;
+    // q_full, q_empty per Q buffer; k_full, v_full, k_empty, v_empty per stage
+    static constexpr int kNumBarriers = 2 * kQStages + 4 * kStages;
+    static constexpr size_t kSmemBytes = kSmemBarriers + kNumBarriers * sizeof(uint64_t) + kSmemBaseAlignment;
+
+    static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory beyond what an sm_90 block may opt into");
+    static_assert(kHeadDim % kPanelCols == 0 && kHeadDimV % kPanelCols == 0,
+                  "head dims must be whole numbers of panels");
+    static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
+    static_assert(kPSets == 1 || kPSets == 2, "one or two sets of P fragments");
+    static_assert(kQPanelBytes % Swizzle::kAtomBytes == 0 && kKVPanelBytes % Swizzle::kAtomBytes == 0 &&
+                      kOPanelBytes % Swizzle::kAtomBytes == 0,
+                  "panels must keep the swizzle atom's alignment");
+};
+
+}  // namespace flashcore::sm90

@@ -1,0 +1,74 @@
+// Decodes a query block's coordinates: (batch, query head, key/value head,
+// query block) from a linear block or pair index.
+//
+// The portable grid is one-dimensional, so batch * heads is not bounded by
+// gridDim.y/z. Blocks of the same (batch, head) are adjacent, so they share
+// K/V in L2, and within a head the query blocks run last-to-first: under a
+// causal mask the last blocks see the most keys, and starting the longest
+// work first evens out the tail of the launch.
+#pragma once
+
+#include "fwd/params.h"
+#include "common/key_range.cuh"
+
+namespace flashcore {
+
+struct FwdTile {
+    int batch;
+    int head_q;
+    int head_kv;
+    int m_block;
+    BatchSeqs seqs;  // the batch's rows and lengths
+};
+
+// Query block m_block of the bh-th (batch, head group) pair, groups of a
+// batch adjacent. head_q is the group's first query head (the only one
+// unless GQA-packed: fwd_params.h).
+template <bool kRagged>
+__device__ __forceinline__ FwdTile fwd_tile(const FwdKernelParams &p, int bh, int m_block) {
+    FwdTile t;
+    const int groups = fwd_head_groups(p);
+    t.m_block = m_block;
+    t.head_q = (bh % groups) * p.packed_heads;
+    t.batch = bh / groups;
+    t.head_kv = t.head_q / (p.num_heads_q / p.num_heads_kv);
+    t.seqs = fwd_batch_seqs<kRagged>(p, t.batch);
+    return t;
+}
+
+template <int kBlockM, bool kRagged>
+__device__ __forceinline__ FwdTile fwd_tile_for_block(const FwdKernelParams &p, int linear_block) {
+    const int num_m_blocks = ceil_div(fwd_packed_rows(p), kBlockM);
+    return fwd_tile<kRagged>(p, linear_block / num_m_blocks, num_m_blocks - 1 - linear_block % num_m_blocks);
+}
+
+// Rows of the tile's query block that exist (the last block of a sequence
+// may be partial; <= 0 for blocks past a shorter sequence's end).
+__device__ __forceinline__ int fwd_valid_rows(const FwdKernelParams &p, const FwdTile &tile, int block_m) {
+    return min(block_m, tile.seqs.seqlen_q * p.packed_heads - tile.m_block * block_m);
+}
+
+// Element offsets of the tile's (batch, head) row 0 in q and out, and of its
+// K/V head's key 0 (its page 0 row 0 for a paged cache, whose keys are
+// found per page: fwd_page_of).
+__device__ __forceinline__ int64_t fwd_q_offset(const FwdKernelParams &p, const FwdTile &t) {
+    return t.batch * p.q_batch_stride + int64_t(t.seqs.q_row0) * p.q_seq_stride + t.head_q * p.q_head_stride;
+}
+__device__ __forceinline__ int64_t fwd_out_offset(const FwdKernelParams &p, const FwdTile &t) {
+    return t.batch * p.out_batch_stride + int64_t(t.seqs.q_row0) * p.out_seq_stride + t.head_q * p.out_head_stride;
+}
+__device__ __forceinline__ int64_t fwd_lse_offset(const FwdKernelParams &p, const FwdTile &t) {
+    return t.batch * p.lse_batch_stride + t.head_q * p.lse_head_stride + t.seqs.q_row0;
+}
+template <bool kRagged>
+__device__ __forceinline__ int64_t fwd_k_offset(const FwdKernelParams &p, const FwdTile &t) {
+    const int64_t batch = kRagged && p.block_table != nullptr ? 0 : t.batch * p.k_batch_stride;
+    return batch + int64_t(t.seqs.k_row0) * p.k_seq_stride + t.head_kv * p.k_head_stride;
+}
+template <bool kRagged>
+__device__ __forceinline__ int64_t fwd_v_offset(const FwdKernelParams &p, const FwdTile &t) {
+    const int64_t batch = kRagged && p.block_table != nullptr ? 0 : t.batch * p.v_batch_stride;
+    return batch + int64_t(t.seqs.k_row0) * p.v_seq_stride + t.head_kv * p.v_head_stride;
+}
+
+}  // namespace flashcore

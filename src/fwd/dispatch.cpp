@@ -1,0 +1,401 @@
+#include "fwd/dispatch.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+
+#include "error.h"
+#include "fwd/forward_params.h"
+#include "fwd/registry.h"
+#include "fwd/validate.h"
+#include "handle.h"
+#include "merge/merge.h"
+
+namespace flashcore {
+namespace {
+
+// A split pays for its merge only where the grid leaves CTA slots idle:
+// from this fraction of a wave of slots on, calls do not split (as
+// FlashAttention's num_splits_heuristic).
+constexpr double kSplitMinGridFill = 0.8;
+// The heuristic takes the fewest splits whose wave efficiency is within this
+// factor of the best. FlashAttention uses 0.85; the parts' partial results
+// cost little next to a wave's SMs left idle (decode over 32k keys on an
+// H200: 14 parts filling 85% of the SMs 42.5 us, 16 parts filling 97%
+// 41.5 us), so only near-ties go to fewer splits.
+constexpr double kSplitEfficiencyMargin = 0.95;
+// The most splits the heuristic picks (callers may force up to
+// FLASHCORE_MAX_NUM_SPLITS).
+constexpr int kMaxHeuristicSplits = 64;
+// Each part of a split keeps at least this many pipeline steps of keys: the
+// merge kernel and the partials' traffic cost about 3-4 us on an H100, which
+// shorter parts do not win back (mission shape: 8.5 us unsplit, 12.3 us in 4
+// parts of one step; 1024 keys in two parts of 4 steps: 13.1 vs 18.0 us;
+// decode over 32k keys: 16 parts of 16 steps 55 us, 32 parts of 8: 68 us).
+constexpr int64_t kMinKeyStepsPerSplit = 8;
+// Query heads per K/V head are packed into one tile's rows when seqlen_q is
+// below this (the key-split tile's rows): the unpacked tiles would be mostly
+// empty, and every query head would read the same K/V again.
+constexpr int kPackGqaMaxSeqlenQ = 64;
+// The sm_90a kernel serves calls whose query blocks are whole 128-row
+// tiles; shorter query sequences (decode, speculative steps) run on the
+// portable kernel, which packs GQA heads into its 64-row tiles.
+constexpr int kSm90MinSeqlenQ = 128;
+// The first compute capability with programmatic dependent launch: the
+// split-KV merge is queued as the forward kernel's dependent there.
+constexpr int kMinProgrammaticLaunchCcMajor = 9;
+
+FwdKernelParams shape_params(const flashcore_forward_params &p, int packed_heads) {
+    FwdKernelParams k = kernel_params(p);
+    k.packed_heads = packed_heads;
+    return k;
+}
+
+int64_t num_blocks(const flashcore_forward_params &p, const FwdKernel &kernel, int packed_heads) {
+    return fwd_num_blocks(shape_params(p, packed_heads), kernel.info().block_m);
+}
+
+// CTAs of `kernel` that one SM of the handle's device holds at once.
+int ctas_per_sm(const flashcore_handle_s &handle, const FwdKernel &kernel) {
+    const FwdKernelInfo info = kernel.info();
+    // The driver reserves 1 KB of shared memory per resident CTA.
+    constexpr size_t kReservedSmemPerCta = 1024;
+    const int by_smem = int(handle.smem_per_sm / (info.smem_bytes + kReservedSmemPerCta));
+    const int ctas = by_smem < info.ctas_per_sm ? by_smem : info.ctas_per_sm;
+    return ctas > 1 ? ctas : 1;
+}
+
+// CTA slots of `kernel` on the handle's device: SMs times CTAs per SM.
+int64_t cta_slots(const flashcore_handle_s &handle, const FwdKernel &kernel) {
+    return int64_t(handle.num_sms) * ctas_per_sm(handle, kernel);
+}
+
+// The number of key splits that best fills `slots` CTA slots (SMs times
+// CTAs per SM) with `blocks` query blocks of `key_steps` pipeline steps
+// each: FlashAttention's wave-efficiency rule, with parts of at least
+// kMinKeyStepsPerSplit steps. Splits that leave some part
+// with no more steps than fewer splits would are skipped; the fewest splits
+// within kSplitEfficiencyMargin of the best efficiency win, since each split
+// adds partial results to write and merge. Crossovers measured on an H100:
+// docs/perf-notes.md.
+int heuristic_splits(int64_t blocks, int64_t slots, int64_t key_steps) {
+    if (double(blocks) >= kSplitMinGridFill * double(slots)) return 1;
+    int64_t max_splits = kMaxHeuristicSplits;
+    if (slots < max_splits) max_splits = slots;
+    if (key_steps / kMinKeyStepsPerSplit < max_splits) max_splits = key_steps / kMinKeyStepsPerSplit;
+    if (max_splits <= 1) return 1;
+    const auto ceil_div64 = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+    const auto eligible = [&](int64_t s) { return s == 1 || ceil_div64(key_steps, s) != ceil_div64(key_steps, s - 1); };
+    const auto efficiency = [&](int64_t s) {
+        const double waves = double(blocks * s) / double(slots);
+        return waves / std::ceil(waves);
+    };
+    double best = 0.0;
+    for (int64_t s = 1; s <= max_splits; ++s) {
+        if (eligible(s)) best = std::max(best, efficiency(s));
+    }
+    for (int64_t s = 1; s <= max_splits; ++s) {
+        if (eligible(s) && efficiency(s) >= kSplitEfficiencyMargin * best) return int(s);
+    }
+    return 1;
+}
+
+// Pipeline steps of keys a query block visits: seqlen_k's, or under a
+// window bounded on both sides (causal with window_left, say) the window's
+// span plus the block's rows (its first and last rows' windows are that far
+// apart), whichever is less.
+int64_t key_steps(const flashcore_forward_params &p, const FwdKernel &kernel) {
+    const int64_t step = kernel.info().keys_per_step;
+    int64_t keys = p.seqlen_k;
+    const int32_t left = effective_window_left(p), right = effective_window_right(p);
+    if (left != kWindowUnbounded && right != kWindowUnbounded) {
+        keys = std::min<int64_t>(keys, int64_t(left) + right + 1 + kernel.info().block_m);
+    }
+    return (keys + step - 1) / step;
+}
+
+// The portable kernel for the call: the pinned variant where the environment
+// asks for one and the build has it for these head dims (not every head dim
+// has every variant: kernels/kernels.list), else by grid size. Large
+// tiles do the most work per byte read from shared memory, but a CTA walks
+// its key tiles one after another: when the grid does not fill every SM's CTA
+// slots once, finishing sooner matters more than efficiency, and the
+// key-split variants (a half or a quarter of the serial chain per warp) win:
+// the four-way split while its grid fits one wave, the two-way split (half
+// the K/V re-reads per query row) beyond. Measured crossovers are in
+// docs/perf-notes.md. A variant that needs more shared memory than the
+// device offers is passed over; the large tiles serve every size.
+flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype,
+                             HeadDims dims, int packed_heads, const FwdKernel **chosen) {
+    // Ragged calls (packed or paged tensors) run on the variants compiled
+    // for them (FwdKernelInfo::serves_ragged): decode tiles where the rows
+    // fit them, else the two-way key split, else the decode tiles.
+    const bool ragged = is_ragged(p);
+    const auto usable = [&](const FwdKernel *kernel) {
+        return kernel != nullptr && (!ragged || kernel->info().serves_ragged) ? kernel : nullptr;
+    };
+    if (handle.env.forced_variant) {
+        *chosen = usable(fwd_kernels().find(KernelPath::kSm80, dtype, dims, *handle.env.forced_variant));
+        if (*chosen != nullptr) return FLASHCORE_STATUS_SUCCESS;
+    }
+    const auto fitting = [&](FwdVariant variant) -> const FwdKernel * {
+        const FwdKernel *kernel = usable(fwd_kernels().find(KernelPath::kSm80, dtype, dims, variant));
+        return kernel != nullptr && kernel->info().smem_bytes <= handle.max_smem_per_block ? kernel : nullptr;
+    };
+    const FwdKernel *large = usable(fwd_kernels().find(KernelPath::kSm80, dtype, dims, FwdVariant::kLargeTiles));
+    const FwdKernel *key_split = fitting(FwdVariant::kKeySplit);
+    const FwdKernel *key_split4 = fitting(FwdVariant::kKeySplit4);
+    const FwdKernel *decode = fitting(FwdVariant::kDecode);
+    const int64_t rows_per_head_group = int64_t(p.seqlen_q) * packed_heads;
+    const auto fits_tile = [&](const FwdKernel *kernel) {
+        return kernel != nullptr && rows_per_head_group <= kernel->info().block_m;
+    };
+    const auto fits_one_wave = [&](const FwdKernel *kernel) {
+        return kernel != nullptr && num_blocks(p, *kernel, packed_heads) <= cta_slots(handle, *kernel);
+    };
+    // Decode: a (packed) query block of at most the decode tile's rows. Its
+    // time is the K/V read, which the decode tiles keep most bytes in flight
+    // for; larger tiles would compute rows that are not there. Likewise the
+    // smallest key-split tile that holds all the rows.
+    if (fits_tile(decode)) {
+        *chosen = decode;
+    } else if (fits_tile(key_split4) || fits_one_wave(key_split4)) {
+        *chosen = key_split4;
+    } else if (fits_tile(key_split)) {
+        *chosen = key_split;
+    } else if (large != nullptr && num_blocks(p, *large, packed_heads) >= cta_slots(handle, *large)) {
+        *chosen = large;
+    } else {
+        *chosen = key_split != nullptr ? key_split : large != nullptr ? large : decode;
+    }
+    if (*chosen != nullptr) return FLASHCORE_STATUS_SUCCESS;
+    return fail(FLASHCORE_STATUS_INTERNAL, "no portable kernel for head dims (%d, %d) in the kernel registry",
+                int(dims.head_dim), int(dims.head_dim_v));
+}
+
+// The sm_90a kernel's plan for the call, or false where the portable kernel
+// should serve it: query sequences shorter than a tile (kSm90MinSeqlenQ),
+// and grids too small to fill the SMs that cannot split either (few keys),
+// where the portable key-split variant's lower per-block latency wins
+// (docs/hopper-notes.md). The sm_90a kernel never packs GQA heads.
+bool plan_sm90(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype, HeadDims dims,
+               ForwardPlan *plan) {
+    if (!handle.env.use_sm90) return false;
+    if (p.seqlen_q < kSm90MinSeqlenQ && !handle.env.sm90_forced) return false;
+    const FwdKernel *sm90 = fwd_kernels().find(KernelPath::kSm90, dtype, dims, FwdVariant::kPersistent);
+    if (sm90 == nullptr) return false;
+    const int64_t blocks = num_blocks(p, *sm90, 1);
+    if (blocks > INT_MAX / std::max<int64_t>(p.num_splits, 1)) return false;
+    const int splits =
+        p.num_splits > 0 ? p.num_splits : heuristic_splits(blocks, handle.num_sms, key_steps(p, *sm90));
+    const bool fills_sms = splits > 1 || double(blocks) >= kSplitMinGridFill * handle.num_sms;
+    if (!fills_sms && !handle.env.sm90_forced) return false;
+    *plan = ForwardPlan{sm90, splits, 1};
+    return true;
+}
+
+flashcore_status plan_sm80(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype,
+                           HeadDims dims, ForwardPlan *plan) {
+    const int group = p.num_heads_q / p.num_heads_kv;
+    const int packed_heads = group > 1 && p.seqlen_q < kPackGqaMaxSeqlenQ ? group : 1;
+    const FwdKernel *kernel = nullptr;
+    const flashcore_status status = choose_sm80(handle, p, dtype, dims, packed_heads, &kernel);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    const int64_t blocks = num_blocks(p, *kernel, packed_heads);
+    const int splits =
+        p.num_splits > 0
+            ? p.num_splits
+            : heuristic_splits(blocks, cta_slots(handle, *kernel), key_steps(p, *kernel));
+    *plan = ForwardPlan{kernel, splits, packed_heads};
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+// Bytes of the split-KV partial results (fwd_params.h gives their layout),
+// each array FLASHCORE_ALIGNMENT aligned. False where they would not fit a
+// size_t.
+bool partial_bytes(const flashcore_forward_params &p, int num_splits, size_t *out_bytes, size_t *lse_bytes) {
+    const auto align = [](unsigned __int128 n) { return (n + FLASHCORE_ALIGNMENT - 1) / FLASHCORE_ALIGNMENT * FLASHCORE_ALIGNMENT; };
+    const unsigned __int128 rows = (unsigned __int128)num_splits * unsigned(p.batch_size) * unsigned(p.num_heads_q) *
+                                   unsigned(p.seqlen_q);
+    const unsigned __int128 out = align(rows * unsigned(effective_head_dim_v(p)) * sizeof(float));
+    const unsigned __int128 lse = align(rows * sizeof(float));
+    if (out + lse > (unsigned __int128)(SIZE_MAX / 2)) return false;
+    *out_bytes = size_t(out);
+    *lse_bytes = size_t(lse);
+    return true;
+}
+
+}  // namespace
+
+flashcore_status plan_forward(const flashcore_handle_s &handle, const flashcore_forward_params &p,
+                              ForwardPlan *plan) {
+    HeadDims dims{};
+    if (!fwd_covering_head_dims({p.head_dim, effective_head_dim_v(p)}, &dims)) {
+        return fail(FLASHCORE_STATUS_INTERNAL, "no kernel covers head dims (%d, %d), which validation accepted",
+                    int(p.head_dim), int(effective_head_dim_v(p)));
+    }
+    const DType dtype = DType(p.dtype);
+    flashcore_status status = FLASHCORE_STATUS_SUCCESS;
+    if (!plan_sm90(handle, p, dtype, dims, plan)) status = plan_sm80(handle, p, dtype, dims, plan);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    plan->workspace_bytes = 0;
+    if (plan->num_splits > 1) {
+        size_t out_bytes = 0, lse_bytes = 0;
+        if (!partial_bytes(p, plan->num_splits, &out_bytes, &lse_bytes)) {
+            return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                        "the %d-way split of the keys would need a workspace larger than the address space; pass "
+                        "num_splits = 1 (no split)",
+                        plan->num_splits);
+        }
+        plan->partial_lse_offset = out_bytes;
+        plan->workspace_bytes = out_bytes + lse_bytes;
+    }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+flashcore_status forward_workspace_bytes(const flashcore_handle_s &handle, const flashcore_forward_params &p,
+                                         size_t *bytes) {
+    ForwardPlan plan;
+    const flashcore_status status = plan_forward(handle, p, &plan);
+    if (status == FLASHCORE_STATUS_SUCCESS) *bytes = plan.workspace_bytes;
+    return status;
+}
+
+namespace {
+
+// The merge of a split call's parts into out and lse: the parts described
+// as a merge's inputs (their layout: fwd/params.h), then the merge kernel's
+// parameters from that, as flashcore_merge_states gets them, plus the
+// packed queries' rows, which only a split call has.
+MergeKernelParams split_merge_params(const flashcore_forward_params &p, const FwdKernelParams &k) {
+    const int64_t dv = k.head_dim_v;
+    const int64_t rows_per_head = p.seqlen_q;
+    flashcore_merge_params parts{};
+    parts.partial_dtype = FLASHCORE_DTYPE_FP32;
+    parts.out_dtype = p.dtype;
+    parts.partial_out = k.partial_out;
+    parts.partial_lse = k.partial_lse;
+    parts.out = p.out;
+    parts.lse = p.lse;
+    parts.num_states = k.num_splits;
+    parts.batch_size = p.batch_size;
+    parts.num_heads = p.num_heads_q;
+    parts.seqlen = p.seqlen_q;
+    parts.head_dim = k.head_dim_v;
+    parts.partial_seq_stride = dv;
+    parts.partial_head_stride = rows_per_head * dv;
+    parts.partial_batch_stride = int64_t(p.num_heads_q) * rows_per_head * dv;
+    parts.partial_state_stride = int64_t(p.batch_size) * parts.partial_batch_stride;
+    parts.lse_seq_stride = 1;
+    parts.lse_head_stride = rows_per_head;
+    parts.lse_batch_stride = int64_t(p.num_heads_q) * rows_per_head;
+    parts.lse_state_stride = int64_t(p.batch_size) * parts.lse_batch_stride;
+    parts.out_batch_stride = p.out_batch_stride;
+    parts.out_seq_stride = p.out_seq_stride;
+    parts.out_head_stride = p.out_head_stride;
+    MergeKernelParams m = merge_kernel_params(parts);
+    m.cu_seqlens = p.cu_seqlens_q;
+    m.total_seqlen = p.total_seqlen_q;
+    return m;
+}
+
+}  // namespace
+
+flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcore_forward_params &p,
+                                void *workspace, size_t workspace_bytes, void *stream) {
+    ForwardPlan plan;
+    flashcore_status status = plan_forward(handle, p, &plan);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    if (workspace_bytes < plan.workspace_bytes) {
+        return fail(FLASHCORE_STATUS_WORKSPACE_TOO_SMALL,
+                    "workspace_bytes (%zu) is smaller than the %zu bytes flashcore_forward_workspace_size asks for "
+                    "(the call splits its keys %d ways)",
+                    workspace_bytes, plan.workspace_bytes, plan.num_splits);
+    }
+    if (workspace_bytes > 0 && workspace == nullptr) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "workspace is NULL but workspace_bytes is %zu (the call needs %zu bytes of it)", workspace_bytes,
+                    plan.workspace_bytes);
+    }
+    if (reinterpret_cast<uintptr_t>(workspace) % FLASHCORE_ALIGNMENT != 0) {
+        return fail(FLASHCORE_STATUS_MISALIGNED, "workspace (%p) must be %d-byte aligned", workspace,
+                    FLASHCORE_ALIGNMENT);
+    }
+    if (plan.workspace_bytes > 0) {
+        // The bytes the call writes of the workspace must overlap no tensor.
+        ByteRange ranges[kMaxForwardRanges + 1];
+        const size_t n = forward_ranges(p, ranges);
+        const unsigned __int128 begin = reinterpret_cast<uintptr_t>(workspace);
+        ranges[n] = {"the workspace", begin, begin + plan.workspace_bytes, true};
+        status = check_no_aliasing(ranges, n + 1);
+        if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    }
+    const FwdKernelInfo info = plan.kernel->info();
+    if (info.smem_bytes > handle.max_smem_per_block) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "the %s kernel for head dims (%d, %d) needs %zu bytes of shared memory per block; device %d "
+                    "(sm_%d%d) allows %zu",
+                    fwd_tile_name(plan.kernel->tile), int(plan.kernel->dims.head_dim),
+                    int(plan.kernel->dims.head_dim_v), info.smem_bytes, handle.device, handle.cc_major,
+                    handle.cc_minor, handle.max_smem_per_block);
+    }
+    const int64_t blocks = num_blocks(p, *plan.kernel, plan.packed_heads);
+    if (blocks > INT_MAX) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "batch_size * num_heads_q * ceil(seqlen_q / %d) = %lld thread blocks exceeds the grid limit "
+                    "(%d)",
+                    info.block_m, static_cast<long long>(blocks), INT_MAX);
+    }
+
+    DeviceGuard guard(handle.device);
+    if (guard.status() != FLASHCORE_STATUS_SUCCESS) return guard.status();
+    FwdKernelParams kparams = kernel_params(p);
+    kparams.num_splits = plan.num_splits;
+    kparams.packed_heads = plan.packed_heads;
+    if (plan.num_splits > 1) {
+        kparams.partial_out = static_cast<float *>(workspace);
+        kparams.partial_lse =
+            reinterpret_cast<float *>(static_cast<unsigned char *>(workspace) + plan.partial_lse_offset);
+    }
+    const char *failed_call = "the launch";
+    const FwdLaunchOptions options{handle.env.persistent_ctas, &failed_call, handle.env.first_kv_position,
+                                   handle.device};
+    const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
+    cudaError_t err = plan.kernel->run(kparams, options, cuda_stream);
+    if (err == cudaErrorNotSupported && plan.kernel->path == KernelPath::kSm90) {
+        // Tensors the TMA unit cannot describe, nothing launched: the
+        // portable kernel serves them, with the same splits (so the same
+        // workspace) and no packing.
+        const FwdKernel *portable = nullptr;
+        HeadDims dims = plan.kernel->dims;
+        status = choose_sm80(handle, p, DType(p.dtype), dims, 1, &portable);
+        if (status != FLASHCORE_STATUS_SUCCESS) return status;
+        if (num_blocks(p, *portable, 1) > INT_MAX) {
+            return fail(FLASHCORE_STATUS_UNSUPPORTED, "the call's grid exceeds the portable kernel's limit (%d)",
+                        INT_MAX);
+        }
+        err = portable->run(kparams, options, cuda_stream);
+    }
+    if (err != cudaSuccess) {
+        char operation[160];
+        std::snprintf(operation, sizeof operation, "launching the attention kernel (%s)", failed_call);
+        return fail_cuda(err, operation);
+    }
+    if (plan.num_splits > 1) {
+        // Programmatic dependent launch exists from sm_90 on.
+        const bool after_forward = handle.cc_major >= kMinProgrammaticLaunchCcMajor;
+        err = cleared(run_merge_states(MergeType::kFp32, MergeType(p.dtype), split_merge_params(p, kparams),
+                                       cuda_stream, after_forward));
+        if (err != cudaSuccess) {
+            return fail_cuda(err,
+                             "launching the split-KV merge kernel (cudaLaunchKernelEx; the attention kernel before "
+                             "it was queued, its partial results are discarded)");
+        }
+    }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+
+}  // namespace flashcore

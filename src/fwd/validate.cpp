@@ -1,0 +1,381 @@
+#include "validate.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <iterator>
+#include <string>
+
+#include "error.h"
+#include "fwd/forward_params.h"
+#include "fwd/registry.h"
+
+namespace flashcore {
+namespace {
+
+// A paged cache's pages hold a multiple of this many keys: the TMA boxes
+// and the kernels' 16-row steps never straddle a page.
+constexpr int32_t kPageSizeMultiple = 16;
+
+// Entries a block-table row needs: pages for seqlen_k keys (page_size > 0).
+int64_t pages_per_sequence(const flashcore_forward_params &p) {
+    return (int64_t(p.seqlen_k) + p.page_size - 1) / p.page_size;
+}
+// Fails with UNSUPPORTED: `problem`, then the head dims this build has and
+// the rule by which the others run.
+flashcore_status unsupported_head_dims(const char *problem, int multiple) {
+    std::string pairs;
+    for (const HeadDims &d : fwd_supported_head_dims()) {
+        if (!pairs.empty()) pairs += ", ";
+        pairs += "(" + std::to_string(d.head_dim) + ", " + std::to_string(d.head_dim_v) + ")";
+    }
+    return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                "%s; supported (head_dim, head_dim_v): %s, and any pair of multiples of %d that one of these "
+                "covers (it runs on the first with both at least its own)",
+                problem, pairs.c_str(), multiple);
+}
+
+// The call's head dims have a kernel: multiples of a vector's elements
+// (head_dim_multiple) that a pair of the registry covers. The dtype is valid.
+flashcore_status check_head_dims(const flashcore_forward_params &p) {
+    const HeadDims call{p.head_dim, effective_head_dim_v(p)};
+    const int multiple = head_dim_multiple(DType(p.dtype));
+    // Named as the caller set it: head_dim_v 0 stands for head_dim.
+    const char *v_name = p.head_dim_v == 0 ? "head_dim_v (0, so head_dim)" : "head_dim_v";
+    char problem[160];
+    HeadDims kernel{};
+    if (call.head_dim % multiple != 0) {
+        std::snprintf(problem, sizeof problem, "head_dim %d is not a multiple of %d", int(call.head_dim), multiple);
+    } else if (call.head_dim_v % multiple != 0) {
+        std::snprintf(problem, sizeof problem, "%s %d is not a multiple of %d", v_name, int(call.head_dim_v),
+                      multiple);
+    } else if (fwd_covering_head_dims(call, &kernel)) {
+        return FLASHCORE_STATUS_SUCCESS;
+    } else {
+        // No pair covers the call: either head_dim exceeds every pair's, or
+        // head_dim_v exceeds that of every pair wide enough for head_dim.
+        int32_t max_head_dim = 0, max_head_dim_v = 0, max_head_dim_v_here = 0;
+        for (const HeadDims &d : fwd_supported_head_dims()) {
+            max_head_dim = std::max(max_head_dim, d.head_dim);
+            max_head_dim_v = std::max(max_head_dim_v, d.head_dim_v);
+            if (d.head_dim >= call.head_dim) max_head_dim_v_here = std::max(max_head_dim_v_here, d.head_dim_v);
+        }
+        if (call.head_dim > max_head_dim) {
+            std::snprintf(problem, sizeof problem, "head_dim %d exceeds %d", int(call.head_dim), int(max_head_dim));
+        } else if (max_head_dim_v_here == max_head_dim_v) {
+            std::snprintf(problem, sizeof problem, "%s %d exceeds %d", v_name, int(call.head_dim_v),
+                          int(max_head_dim_v));
+        } else {
+            std::snprintf(problem, sizeof problem, "%s %d exceeds %d, the largest with head_dim >= %d", v_name,
+                          int(call.head_dim_v), int(max_head_dim_v_here), int(call.head_dim));
+        }
+    }
+    return unsupported_head_dims(problem, multiple);
+}
+
+}  // namespace
+
+bool forward_is_empty(const flashcore_forward_params &p) {
+    return p.batch_size == 0 || p.seqlen_q == 0 || p.num_heads_q == 0 ||
+           (p.cu_seqlens_q != nullptr && p.total_seqlen_q == 0);
+}
+
+flashcore_status validate_sizes(const flashcore_forward_params &p) {
+    const struct {
+        int32_t value;
+        const char *name;
+    } sizes[] = {{p.batch_size, "batch_size"},   {p.seqlen_q, "seqlen_q"},         {p.seqlen_k, "seqlen_k"},
+                 {p.num_heads_q, "num_heads_q"}, {p.num_heads_kv, "num_heads_kv"}};
+    for (const auto &s : sizes) {
+        if (s.value < 0) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                        "%s (%d) must be >= 0 (0 only where the output is empty: batch_size, seqlen_q or "
+                        "num_heads_q 0)",
+                        s.name, int(s.value));
+        }
+    }
+    if (p.head_dim < 1) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "head_dim (%d) must be >= 1", int(p.head_dim));
+    }
+    if (p.head_dim_v < 0) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "head_dim_v (%d) must be >= 1, or 0 for the same as head_dim",
+                    int(p.head_dim_v));
+    }
+    // Keys and K/V heads may be missing only where no output row needs them.
+    if (p.num_heads_kv == 0 && p.num_heads_q != 0) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "num_heads_kv (0) must be >= 1 where num_heads_q (%d) is not 0", int(p.num_heads_q));
+    }
+    if (p.seqlen_k == 0 && !forward_is_empty(p)) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "seqlen_k (0) must be >= 1 where the output is not empty (batch_size %d, seqlen_q %d, "
+                    "num_heads_q %d)",
+                    int(p.batch_size), int(p.seqlen_q), int(p.num_heads_q));
+    }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+flashcore_status validate_shapes(const flashcore_forward_params &p) {
+    if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "dtype %d is not supported; supported: FLASHCORE_DTYPE_FP16 (%d), FLASHCORE_DTYPE_BF16 (%d)",
+                    int(p.dtype), int(FLASHCORE_DTYPE_FP16), int(FLASHCORE_DTYPE_BF16));
+    }
+    flashcore_status status = validate_sizes(p);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    if (p.num_heads_kv != 0 && p.num_heads_q % p.num_heads_kv != 0) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "num_heads_q (%d) must be a multiple of num_heads_kv (%d)",
+                    int(p.num_heads_q), int(p.num_heads_kv));
+    }
+    status = check_head_dims(p);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    if (p.seqlen_q > kMaxSeqlen || p.seqlen_k > kMaxSeqlen) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED, "seqlen_q (%d) and seqlen_k (%d) must be at most %d",
+                    int(p.seqlen_q), int(p.seqlen_k), int(kMaxSeqlen));
+    }
+    if (p.num_splits < 0 || p.num_splits > FLASHCORE_MAX_NUM_SPLITS) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "num_splits (%d) must be 0 (chosen per call), 1 (no split) or at most "
+                    "FLASHCORE_MAX_NUM_SPLITS (%d)",
+                    int(p.num_splits), int(FLASHCORE_MAX_NUM_SPLITS));
+    }
+    if (p.softmax_scale != FLASHCORE_SOFTMAX_SCALE_DEFAULT && !(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.f)) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "softmax_scale (%g) must be finite and > 0, or FLASHCORE_SOFTMAX_SCALE_DEFAULT (0) for "
+                    "1/sqrt(head_dim)",
+                    double(p.softmax_scale));
+    }
+    // -0 compares equal to the default's +0, but a caller who passes it most
+    // likely computed a negative scale that underflowed: refused, not taken
+    // for 1/sqrt(head_dim).
+    if (p.softmax_scale == 0.f && std::signbit(p.softmax_scale)) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "softmax_scale is -0.0; it must be finite and > 0, or +0 (FLASHCORE_SOFTMAX_SCALE_DEFAULT) for "
+                    "1/sqrt(head_dim)");
+    }
+    // The kernels exponentiate with exp2: the scale times log2(e) must be a
+    // finite float too.
+    if (!std::isfinite(softmax_scale_log2(p))) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "softmax_scale (%g) times log2(e) overflows a float; it must be at most %g",
+                    double(p.softmax_scale), double(FLT_MAX) / double(kLog2e));
+    }
+    status = validate_window(p);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    status = validate_packing(p);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    return validate_softcap(p);
+}
+
+flashcore_status validate_packing(const flashcore_forward_params &p) {
+    const struct {
+        const int32_t *cu_seqlens;
+        int32_t total;
+        const char *side;
+    } packed[] = {{p.cu_seqlens_q, p.total_seqlen_q, "q"}, {p.cu_seqlens_k, p.total_seqlen_k, "k"}};
+    for (const auto &t : packed) {
+        if (t.cu_seqlens == nullptr && t.total != 0) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                        "total_seqlen_%s (%d) is set but cu_seqlens_%s is NULL; total_seqlen_%s counts the rows of "
+                        "packed (variable-length) tensors and must be 0 without them",
+                        t.side, int(t.total), t.side, t.side);
+        }
+        if (t.cu_seqlens != nullptr && (t.total < 0 || t.total > kMaxSeqlen)) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                        "total_seqlen_%s (%d) must be in [0, %d]: the rows of the packed tensors (cu_seqlens_%s[batch_size])",
+                        t.side, int(t.total), int(kMaxSeqlen), t.side);
+        }
+    }
+    if (p.cu_seqlens_k != nullptr && p.total_seqlen_k == 0 && !forward_is_empty(p)) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "total_seqlen_k (0) must be >= 1 where the output is not empty: k and v hold no rows");
+    }
+    if (p.block_table == nullptr) {
+        if (p.page_size != 0 || p.num_pages != 0 || p.block_table_batch_stride != 0) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                        "page_size (%d), num_pages (%d) and block_table_batch_stride (%" PRId64
+                        ") describe a paged K/V cache and must be 0 without a block_table",
+                        int(p.page_size), int(p.num_pages), p.block_table_batch_stride);
+        }
+        return FLASHCORE_STATUS_SUCCESS;
+    }
+    if (p.cu_seqlens_k != nullptr) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "cu_seqlens_k and block_table cannot be combined: a paged cache's key counts come from seqused_k "
+                    "(cu_seqlens_q with a block_table is supported)");
+    }
+    // A page of no keys is wrong whatever the GPU (a size <= 0); other
+    // sizes are what the kernels do not implement.
+    if (p.page_size < 1) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "page_size (%d) must be >= 1 with a block_table; pages must hold a multiple of %d keys", int(p.page_size),
+                    int(kPageSizeMultiple));
+    }
+    if (p.page_size % kPageSizeMultiple != 0 || p.page_size > kMaxSeqlen) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "page_size (%d) is not supported; pages must hold a multiple of %d keys, at most %d",
+                    int(p.page_size), int(kPageSizeMultiple), int(kMaxSeqlen));
+    }
+    if (p.num_pages < 1) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "num_pages (%d) must be >= 1 with a block_table",
+                    int(p.num_pages));
+    }
+    // An empty call's strides are not looked at (flashcore.h, "Empty calls").
+    if (forward_is_empty(p)) return FLASHCORE_STATUS_SUCCESS;
+    const int64_t pages_per_seq = pages_per_sequence(p);
+    if (p.block_table_batch_stride < pages_per_seq && p.batch_size > 1) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "block_table_batch_stride (%" PRId64 ") must be at least ceil(seqlen_k / page_size) = %" PRId64
+                    ": each row of the table lists the pages of a sequence of up to seqlen_k (%d) keys",
+                    p.block_table_batch_stride, pages_per_seq, int(p.seqlen_k));
+    }
+    if (p.block_table_batch_stride < 0) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "block_table_batch_stride (%" PRId64 ") must be >= 0",
+                    p.block_table_batch_stride);
+    }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+flashcore_status validate_window(const flashcore_forward_params &p) {
+    if (p.use_window == 0) return FLASHCORE_STATUS_SUCCESS;
+    const struct {
+        int32_t value;
+        const char *name;
+    } bounds[] = {{p.window_left, "window_left"}, {p.window_right, "window_right"}};
+    for (const auto &b : bounds) {
+        if (b.value < -1) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                        "%s (%d) must be -1 (unbounded) or >= 0 (keys seen on that side of the diagonal)", b.name,
+                        int(b.value));
+        }
+    }
+    if (p.causal != 0 && p.window_right > 0) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "window_right (%d) must be -1 or 0 with causal, which is window_right 0; for a window reaching "
+                    "%d keys past the diagonal pass causal 0",
+                    int(p.window_right), int(p.window_right));
+    }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+flashcore_status validate_softcap(const flashcore_forward_params &p) {
+    if (p.softcap == 0.f) return FLASHCORE_STATUS_SUCCESS;
+    if (!(std::isfinite(p.softcap) && p.softcap > 0.f)) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "softcap (%g) must be finite and > 0, or 0 for none",
+                    double(p.softcap));
+    }
+    if (!std::isfinite(p.softcap * kLog2e)) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "softcap (%g) times log2(e) overflows a float; it must be at most %g", double(p.softcap),
+                    double(FLT_MAX) / double(kLog2e));
+    }
+    // The kernels scale the raw scores by softmax_scale / softcap before the
+    // tanh; a quotient of 0 would read as "no softcap".
+    const float prescale = softcap_prescale(p);
+    if (!(prescale > 0.f) || !std::isfinite(prescale)) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "softmax_scale / softcap (%g / %g) is not a finite float > 0; a softcap this far from the "
+                    "scale caps nothing",
+                    double(effective_softmax_scale(p)), double(p.softcap));
+    }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+namespace {
+
+// q, k, v or out as strided [batch][seq][head][dim] extents: packed
+// (variable-length) tensors are one batch of all their rows, their batch
+// strides ignored; a paged cache is num_pages batches of page_size rows.
+TensorDims forward_tensor(const flashcore_forward_params &p, int index) {
+    const int32_t d = p.head_dim;
+    const int32_t dv = effective_head_dim_v(p);
+    const bool packed_q = p.cu_seqlens_q != nullptr;
+    const int32_t q_batches = packed_q ? 1 : p.batch_size;
+    const int32_t q_rows = packed_q ? p.total_seqlen_q : p.seqlen_q;
+    int32_t kv_batches = p.batch_size, kv_rows = p.seqlen_k;
+    if (p.cu_seqlens_k != nullptr) kv_batches = 1, kv_rows = p.total_seqlen_k;
+    if (p.block_table != nullptr) kv_batches = p.num_pages, kv_rows = p.page_size;
+    const bool packed_kv = p.cu_seqlens_k != nullptr;
+    const size_t bytes = dtype_bytes(DType(p.dtype));
+    switch (index) {
+        case 0:
+            return {"q", p.q, q_batches, q_rows, p.num_heads_q, d, packed_q ? 0 : p.q_batch_stride, p.q_seq_stride,
+                    p.q_head_stride, bytes};
+        case 1:
+            return {"k", p.k, kv_batches, kv_rows, p.num_heads_kv, d, packed_kv ? 0 : p.k_batch_stride,
+                    p.k_seq_stride, p.k_head_stride, bytes};
+        case 2:
+            return {"v", p.v, kv_batches, kv_rows, p.num_heads_kv, dv, packed_kv ? 0 : p.v_batch_stride,
+                    p.v_seq_stride, p.v_head_stride, bytes};
+        default:
+            return {"out", p.out, q_batches, q_rows, p.num_heads_q, dv, packed_q ? 0 : p.out_batch_stride,
+                    p.out_seq_stride, p.out_head_stride, bytes};
+    }
+}
+constexpr int kForwardTensors = 4;  // q, k, v, out
+constexpr int kForwardOut = 3;
+
+// The entries of the block table the kernels may read: every row's first
+// ceil(seqlen_k / page_size).
+__int128 block_table_entries(const flashcore_forward_params &p) {
+    return __int128(p.batch_size - 1) * p.block_table_batch_stride + pages_per_sequence(p);
+}
+
+// The int32 arrays of a call, with the entries each holds.
+struct Int32Array {
+    const char *name;
+    const int32_t *data;
+    __int128 count;
+};
+size_t int32_arrays(const flashcore_forward_params &p, Int32Array *arrays) {
+    size_t n = 0;
+    if (p.seqused_k != nullptr) arrays[n++] = {"seqused_k", p.seqused_k, p.batch_size};
+    if (p.cu_seqlens_q != nullptr) arrays[n++] = {"cu_seqlens_q", p.cu_seqlens_q, __int128(p.batch_size) + 1};
+    if (p.cu_seqlens_k != nullptr) arrays[n++] = {"cu_seqlens_k", p.cu_seqlens_k, __int128(p.batch_size) + 1};
+    if (p.block_table != nullptr) arrays[n++] = {"block_table", p.block_table, block_table_entries(p)};
+    return n;
+}
+constexpr size_t kMaxInt32Arrays = 4;
+
+}  // namespace
+
+size_t forward_ranges(const flashcore_forward_params &p, ByteRange *ranges) {
+    size_t n = 0;
+    for (int i = 0; i < kForwardTensors; ++i) ranges[n++] = tensor_range(forward_tensor(p, i), i == kForwardOut);
+    if (p.lse != nullptr) {
+        // [num_heads_q][total_seqlen_q] for packed queries.
+        const __int128 rows = p.cu_seqlens_q != nullptr ? __int128(p.num_heads_q) * p.total_seqlen_q
+                                                        : __int128(p.batch_size) * p.num_heads_q * p.seqlen_q;
+        ranges[n++] = lse_range(p.lse, rows);
+    }
+    Int32Array arrays[kMaxInt32Arrays];
+    const size_t count = int32_arrays(p, arrays);
+    for (size_t i = 0; i < count; ++i) ranges[n++] = int32_range(arrays[i].name, arrays[i].data, arrays[i].count);
+    return n;
+}
+
+flashcore_status validate_tensors(const flashcore_forward_params &p) {
+    if (forward_is_empty(p)) return FLASHCORE_STATUS_SUCCESS;
+    for (int i = 0; i < kForwardTensors; ++i) {
+        const flashcore_status status = check_tensor(forward_tensor(p, i));
+        if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    }
+    flashcore_status status = check_no_self_overlap(forward_tensor(p, kForwardOut));
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    if (p.lse != nullptr) {
+        status = check_pointer(p.lse, "lse", kLseAlignment);
+        if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    }
+    Int32Array arrays[kMaxInt32Arrays];
+    const size_t count = int32_arrays(p, arrays);
+    for (size_t i = 0; i < count; ++i) {
+        status = check_pointer(arrays[i].data, arrays[i].name, alignof(int32_t));
+        if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    }
+    ByteRange ranges[kMaxForwardRanges];
+    return check_no_aliasing(ranges, forward_ranges(p, ranges));
+}
+
+}  // namespace flashcore

@@ -1,0 +1,54 @@
+// Checks of flashcore_forward_params (read by read_params): everything that
+// can be checked without a GPU and is particular to the forward call (what
+// every call checks of its tensors is in tensor_checks.h). Each check fails with its specific status and
+// a message that says what was wrong and what is supported.
+#pragma once
+
+#include <cstdint>
+
+#include "flashcore.h"
+#include "tensor_checks.h"
+
+namespace flashcore {
+
+// Sequence lengths beyond this would overflow the kernels' 32-bit tile
+// arithmetic (block index * block size + causal offset).
+constexpr int32_t kMaxSeqlen = 1 << 30;
+
+// The sizes are >= 0, head_dim >= 1, and the zeros allowed (see
+// forward_is_empty): what the stride helper needs.
+flashcore_status validate_sizes(const flashcore_forward_params &params);
+
+// Whether the call's output is empty (batch_size, seqlen_q or num_heads_q is
+// 0): it then succeeds having read and written nothing, launched nothing,
+// its pointers and strides not looked at.
+bool forward_is_empty(const flashcore_forward_params &params);
+
+// Dtype, sizes, head counts, head dims (against the kernels this build has),
+// sequence lengths, scale, window and softcap: what the workspace query
+// needs.
+flashcore_status validate_shapes(const flashcore_forward_params &params);
+
+// The sliding window's bounds (use_window, window_left, window_right) and
+// their combination with causal.
+flashcore_status validate_window(const flashcore_forward_params &params);
+
+// Variable-length batches (cu_seqlens_q/_k, total_seqlen_q/_k) and the
+// paged cache (block_table, its stride, page_size, num_pages): their sizes
+// and combinations.
+flashcore_status validate_packing(const flashcore_forward_params &params);
+
+// softcap: 0, or finite and > 0 with softcap * log2(e) and
+// softmax_scale / softcap finite floats > 0.
+flashcore_status validate_softcap(const flashcore_forward_params &params);
+
+// Pointers, alignment, strides, and no overlap of an output with another
+// tensor: what the forward call needs in addition.
+flashcore_status validate_tensors(const flashcore_forward_params &params);
+
+// The ranges of q, k, v, out and (when given) lse of validated, non-empty
+// parameters; returns how many it wrote (at most kMaxForwardRanges).
+constexpr size_t kMaxForwardRanges = 9;
+size_t forward_ranges(const flashcore_forward_params &params, ByteRange *ranges);
+
+}  // namespace flashcore
