@@ -126,6 +126,94 @@ struct BlockKeyRange {
     }
 };
 
+// The transpose of BlockKeyRange, for kernels that walk the query blocks
+// of one key block (a backward pass: dK, dV of key block n_block): the
+// query blocks of kBlockM rows that see a key of key block n_block (keys
+// n_block * kBlockN ...): [m_block_min, m_block_max). Query blocks in
+// [m_block_min_unmasked, m_block_max_unmasked) need no per-element mask.
+//
+// Exact, as BlockKeyRange is: m_block is in [m_block_min, m_block_max) iff
+// a row of it sees a key of the block (no block that sees none is in it,
+// none that sees one is left out), and needs_mask(m_block) iff the tile
+// (every row of the query block) x (the block's keys below seqlen_k) has an
+// element the row does not see. Rows past num_rows (the partial last query
+// block) count as not seeing any key, as keys past seqlen_k do on the key
+// side; the key block's own keys past seqlen_k (its partial tile) are the
+// kernel's to leave out, as BlockKeyRange leaves rows past num_rows to it.
+// (Tested against a brute-force mask in tests/test_key_range.cu.)
+//
+// The queries that see a key j are those with diagonal in
+// [j - window_right, j + window_left]: a contiguous run of queries for the
+// keys [k0, k1) of the block, and the queries that see every key of it are
+// those with diagonal in [k1 - 1 - window_right, k0 + window_left].
+template <int kBlockM, int kBlockN>
+struct QueryBlockRange {
+    int m_block_min;
+    int m_block_max;
+    int m_block_min_unmasked;
+    int m_block_max_unmasked;
+
+    __host__ __device__ static QueryBlockRange of(const KeyMask &mask, int n_block) {
+        const int k0 = n_block * kBlockN;
+        QueryBlockRange r;
+        // A key block past a shorter sequence's end (variable-length
+        // batches), or of no keys: no query sees it.
+        if (k0 >= mask.seqlen_k) {
+            r.m_block_min = r.m_block_max = r.m_block_min_unmasked = r.m_block_max_unmasked = 0;
+            return r;
+        }
+        const int k1 = k0 + kBlockN < mask.seqlen_k ? k0 + kBlockN : mask.seqlen_k;
+        // Query q's diagonal is q + seqlen_k - seqlen_q. The sums are
+        // arranged so that none exceeds 2^31 - 1 in magnitude (KeyMask's
+        // bounds): key - seqlen_k <= 0 first, then the window, then seqlen_q.
+        // Queries [q_begin, q_end) see a key of [k0, k1): the first sees k0
+        // at its right window edge, the last k1 - 1 at its left one.
+        const int q_begin = clamp_query(k0 - mask.seqlen_k - mask.window_right, mask.seqlen_q);
+        const int q_end = clamp_query(k1 - mask.seqlen_k + mask.window_left, mask.seqlen_q);
+        // Queries [full_begin, full_end) see all of [k0, k1).
+        const int full_begin = clamp_query(k1 - 1 - mask.seqlen_k - mask.window_right, mask.seqlen_q);
+        const int full_end = clamp_query(k0 + 1 - mask.seqlen_k + mask.window_left, mask.seqlen_q);
+        const int rows_per_query = mask.rows_per_query;
+        r.m_block_min = q_begin * rows_per_query / kBlockM;
+        r.m_block_max = q_end > q_begin ? ceil_div(q_end * rows_per_query, kBlockM) : r.m_block_min;
+        r.m_block_min_unmasked = ceil_div(full_begin * rows_per_query, kBlockM);
+        r.m_block_max_unmasked = full_end * rows_per_query / kBlockM;
+        return r;
+    }
+
+    // Query blocks to visit; <= 0 when no row sees a key of the block.
+    __host__ __device__ int num_blocks() const { return m_block_max - m_block_min; }
+
+    // The query block visited j-th: first first, so that the blocks of the
+    // causal diagonal, which need the mask, come first.
+    __host__ __device__ int m_block(int j) const { return m_block_min + j; }
+
+    __host__ __device__ bool needs_mask(int m_block) const {
+        return m_block >= m_block_max_unmasked || m_block < m_block_min_unmasked;
+    }
+
+    // Split `split_index` of `num_splits` equal parts of the range (the last
+    // may be shorter or empty), as BlockKeyRange::split. The masking bounds
+    // stay those of the whole key block.
+    __host__ __device__ QueryBlockRange split(int split_index, int num_splits) const {
+        const int per_split = ceil_div(num_blocks() > 0 ? num_blocks() : 0, num_splits);
+        QueryBlockRange r = *this;
+        r.m_block_min = m_block_min + split_index * per_split;
+        r.m_block_max = r.m_block_min + per_split < m_block_max ? r.m_block_min + per_split : m_block_max;
+        return r;
+    }
+
+   private:
+    // The query whose diagonal is `diagonal_minus_seqlen_k` + seqlen_k,
+    // clamped into [0, seqlen_q]: diagonal d belongs to query
+    // d - seqlen_k + seqlen_q.
+    __host__ __device__ static int clamp_query(int diagonal_minus_seqlen_k, int seqlen_q) {
+        if (diagonal_minus_seqlen_k >= 0) return seqlen_q;
+        const int q = seqlen_q + diagonal_minus_seqlen_k;
+        return q > 0 ? q : 0;
+    }
+};
+
 // Visibility of one warp's accumulator fragments of a key tile: kMAtoms m16
 // tiles of rows from warp_first_row, key columns from tile_first_key.
 template <int kMAtoms>

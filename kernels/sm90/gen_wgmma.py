@@ -7,7 +7,52 @@ written by hand. It covers every N that is a multiple of 16 up to 256 (the
 key tile of S = Q*K^T, head_dim_v of O += P*V), so a new head dim or key tile
 needs no change here. Run from this directory:
 python3 gen_wgmma.py > wgmma.cuh
+
+Variants (the backward pass's transposed operands, fp8), only when asked:
+with --variant or --list it writes, instead of wgmma.cuh, a header of exactly
+the wrappers named (so a family that needs them pays for no others, and the
+default wgmma.cuh does not grow):
+python3 gen_wgmma.py --variant ss:f16:mn.k:64,128 --variant ss:e4m3:k.k:64 \\
+    --output wgmma_bwd.cuh
+python3 gen_wgmma.py --list wgmma.list --output wgmma_bwd.cuh
+A variant is FORM:TYPES:MAJOR:NS (a --list file holds one a line; # starts a
+comment):
+  FORM   ss: A and B from shared memory (descriptors);
+         rs: A from registers (4 x 32 bits a thread: 8 16-bit or 16 fp8
+             elements), B from shared memory.
+  TYPES  f16, bf16 (k = 16); e4m3, e5m2 (k = 32), or ATYPE.BTYPE for fp8
+         operands of two types (e4m3.e5m2). fp32 accumulators.
+  MAJOR  the shared-memory operands' layouts, k (K-major) or mn (MN-major,
+         transposed): A.B for ss (mn.k: A MN-major, B K-major), B for rs.
+         fp8 has no transpose: k only.
+  NS     comma-separated N, multiples of 8 from 8 to 256.
+A family's CMake can run it at configure time with its own list, e.g.
+  execute_process(COMMAND ${Python3_EXECUTABLE} .../gen_wgmma.py
+                  --list ${CMAKE_CURRENT_SOURCE_DIR}/wgmma.list
+                  --output ${CMAKE_CURRENT_BINARY_DIR}/wgmma_bwd.cuh
+                  COMMAND_ERROR_IS_FATAL ANY)
+(--output rewrites the file only when its text changes, so a reconfigure
+rebuilds nothing). tests/wgmma_generator_test.py compiles such a header for
+sm_90a and checks the instructions in the machine code.
+
+The PTX these follow (PTX ISA, wgmma.mma_async, "Syntax"):
+  .f16.f16 / .bf16.bf16: shapes m64nNk16, N = 8 ... 256 step 8;
+    ss: d, a-desc, b-desc, scale-d, imm-scale-a, imm-scale-b, imm-trans-a,
+        imm-trans-b;  rs: d, a, b-desc, scale-d, imm-scale-a, imm-scale-b,
+        imm-trans-b. imm-trans 1 reads that operand transposed (MN-major);
+    "the transpose operation is only supported for the .f16/.bf16 types on
+    matrices accessed from shared memory using matrix descriptors".
+  .e4m3/.e5m2 (.atype.btype, either of each): shapes m64nNk32, N = 8 ... 256
+    step 8; ss: d, a-desc, b-desc, scale-d, imm-scale-a, imm-scale-b;
+    rs: d, a, b-desc, scale-d, imm-scale-a, imm-scale-b: no transpose
+    operands, both operands K-major. The rs A fragment is 4 registers, each
+    4 packed fp8 elements (64 x 32 bytes over 128 threads; CUTLASS's
+    SM90_64xNx32_F32E4M3E4M3_RS_TN takes uint32_t a[4] likewise).
 """
+
+import argparse
+import os
+import sys
 
 SHAPES_N = tuple(range(16, 257, 16))
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
@@ -47,33 +92,61 @@ def accumulators(n_atoms):
         ", ".join('"+f"(d[%d][%d])' % (j, e) for e in range(4)) for j in range(n_atoms))
 
 
-def wrapper(element, ptx_type, n):
+def instruction(n, k, a_type, b_type):
+    return "wgmma.mma_async.sync.aligned.m64n%dk%d.f32.%s.%s" % (n, k, a_type, b_type)
+
+
+# The asm statements, 8 spaces in (a static member function's body). The
+# transpose immediates follow imm-scale-a, imm-scale-b (1, 1); fp8 has none.
+def ss_asm(instr, n, trans=(0, 0)):
     regs = n // 2
-    n_atoms = n // 8
-    d_list = "{" + operand_list(regs) + "}"
-    acc = accumulators(n_atoms)
-    instr = "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s" % (n, ptx_type, ptx_type)
     pred = '"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"\n'
-    ss = ("        asm volatile(\n"
-          "            " + pred % (regs + 2) +
-          '            "' + instr + " " + d_list + ", %%%d, %%%d, p, 1, 1, 0, 0;\\n}\\n\"\n" % (regs, regs + 1) +
-          "            : " + acc + "\n"
-          '            : "l"(desc_a), "l"(desc_b), "r"(scale_d));\n')
-    rs = ("        asm volatile(\n"
-          "            " + pred % (regs + 5) +
-          '            "' + instr + " " + d_list +
-          ", {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, 1;\\n}\\n\"\n" % (regs, regs + 1, regs + 2, regs + 3, regs + 4) +
-          "            : " + acc + "\n"
-          '            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));\n')
+    imms = "".join(", %d" % t for t in trans)
+    return ("        asm volatile(\n"
+            "            " + pred % (regs + 2) +
+            '            "' + instr + " {" + operand_list(regs) + "}, %%%d, %%%d, p, 1, 1%s;\\n}\\n\"\n"
+            % (regs, regs + 1, imms) +
+            "            : " + accumulators(n // 8) + "\n"
+            '            : "l"(desc_a), "l"(desc_b), "r"(scale_d));\n')
+
+
+def rs_asm(instr, n, trans=(1,)):
+    regs = n // 2
+    pred = '"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"\n'
+    imms = "".join(", %d" % t for t in trans)
+    return ("        asm volatile(\n"
+            "            " + pred % (regs + 5) +
+            '            "' + instr + " {" + operand_list(regs) +
+            "}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1%s;\\n}\\n\"\n"
+            % (regs, regs + 1, regs + 2, regs + 3, regs + 4, imms) +
+            "            : " + accumulators(n // 8) + "\n"
+            '            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));\n')
+
+
+# A member function's head; its continuation line lines up after the "(".
+def signature(name, n, first, second):
+    head = "    __device__ __forceinline__ static void %s(" % name
+    return head + "float (&d)[%d][4], %s,\n" % (n // 8, first) + " " * len(head) + second + ") {\n"
+
+
+def ss_signature(name, n):
+    return signature(name, n, "uint64_t desc_a, uint64_t desc_b", "int scale_d")
+
+
+def rs_signature(name, n):
+    return signature(name, n, "const uint32_t (&a)[4]", "uint64_t desc_b, int scale_d")
+
+
+# wgmma.cuh: Wgmma<Element, N>::ss (A, B K-major) and ::rs (B MN-major).
+def wrapper(element, ptx_type, n):
+    instr = instruction(n, 16, ptx_type, ptx_type)
     return ("\ntemplate <>\nstruct Wgmma<%s, %d> {\n" % (element, n) +
-            "    __device__ __forceinline__ static void ss(float (&d)[%d][4], uint64_t desc_a, uint64_t desc_b,\n"
-            "                                              int scale_d) {\n" % n_atoms + ss + "    }\n" +
-            "    __device__ __forceinline__ static void rs(float (&d)[%d][4], const uint32_t (&a)[4],\n"
-            "                                              uint64_t desc_b, int scale_d) {\n" % n_atoms + rs +
+            ss_signature("ss", n) + ss_asm(instr, n, (0, 0)) + "    }\n" +
+            rs_signature("rs", n) + rs_asm(instr, n, (1,)) +
             "    }\n};\n")
 
 
-def main():
+def main_default():
     out = [HEADER]
     for element, ptx_type in TYPES:
         for n in SHAPES_N:
@@ -82,5 +155,167 @@ def main():
     print("".join(out), end="")
 
 
+# ---- variants (--variant, --list) -------------------------------------------
+
+# PTX type: (C++ element type, bits).
+ELEMENTS = {
+    "f16": ("__half", 16),
+    "bf16": ("__nv_bfloat16", 16),
+    "e4m3": ("__nv_fp8_e4m3", 8),
+    "e5m2": ("__nv_fp8_e5m2", 8),
+}
+MAJORS = {"k": "WgmmaMajor::kK", "mn": "WgmmaMajor::kMN"}
+
+VARIANTS_HEADER = """\
+// Generated by gen_wgmma.py --variant/--list; do not edit.
+//
+// wgmma.mma_async wrappers beyond wgmma.cuh's, as a family asked for them:
+// D(64 x N, fp32) (+)= A(64 x K) * B(K x N), K = 16 for f16/bf16 and 32 for
+// fp8, issued by a whole warpgroup; d and scale_d as in wgmma.cuh (the
+// m16n8 accumulator fragments of the warp's 16 rows).
+//   WgmmaSs<A, B, N, MajorA, MajorB>::mma: A and B from shared memory
+//     (descriptors), each K-major or MN-major (transposed; f16/bf16 only).
+//   WgmmaRs<A, B, N, MajorB>::mma: A from registers (4 x 32 bits a thread:
+//     the mma.sync A fragment of 16-bit types, 16 packed fp8 for fp8), B from
+//     shared memory.
+// Headers generated for several families may meet in one unit: each
+// wrapper is defined once (its own guard).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+%s
+#include <cstdint>
+
+namespace flashcore::sm90 {
+
+#ifndef FLASHCORE_SM90_WGMMA_VARIANTS_DECLARED
+#define FLASHCORE_SM90_WGMMA_VARIANTS_DECLARED
+// A shared-memory operand's layout: K-major (k contiguous, the PTX default)
+// or MN-major (m or n contiguous: imm-trans 1).
+enum class WgmmaMajor { kK, kMN };
+template <typename ElementA, typename ElementB, int N, WgmmaMajor kMajorA, WgmmaMajor kMajorB>
+struct WgmmaSs;
+template <typename ElementA, typename ElementB, int N, WgmmaMajor kMajorB>
+struct WgmmaRs;
+#endif
+"""
+
+
+class SpecError(ValueError):
+    pass
+
+
+def parse_variant(spec):
+    """FORM:TYPES:MAJOR:NS -> [(form, a_type, b_type, majors, n)]."""
+    fields = spec.strip().split(":")
+    if len(fields) != 4:
+        raise SpecError("%r: want FORM:TYPES:MAJOR:NS, e.g. ss:f16:mn.k:64,128" % spec)
+    form, types, major, ns = fields
+    if form not in ("ss", "rs"):
+        raise SpecError("%r: FORM is ss or rs" % spec)
+    types = types.split(".")
+    if len(types) == 1:
+        types = types * 2
+    if len(types) != 2 or any(t not in ELEMENTS for t in types):
+        raise SpecError("%r: TYPES is one of %s, or ATYPE.BTYPE of fp8 types" % (spec, ", ".join(ELEMENTS)))
+    a_type, b_type = types
+    bits = ELEMENTS[a_type][1]
+    if ELEMENTS[b_type][1] != bits:
+        raise SpecError("%r: A and B are both 16-bit or both fp8" % spec)
+    if bits == 16 and a_type != b_type:
+        raise SpecError("%r: f16 and bf16 wgmma take A and B of one type" % spec)
+    majors = tuple(major.split("."))
+    if len(majors) != (2 if form == "ss" else 1) or any(m not in MAJORS for m in majors):
+        raise SpecError("%r: MAJOR is %s, each k or mn" % (spec, "A.B" if form == "ss" else "B's"))
+    if bits == 8 and any(m != "k" for m in majors):
+        raise SpecError("%r: fp8 wgmma has no transpose: both operands K-major (k)" % spec)
+    try:
+        n_list = [int(n) for n in ns.split(",")]
+    except ValueError:
+        raise SpecError("%r: NS is a comma-separated list of numbers" % spec) from None
+    for n in n_list:
+        if n % 8 != 0 or not 8 <= n <= 256:
+            raise SpecError("%r: N = %d is not a multiple of 8 from 8 to 256" % (spec, n))
+    return [(form, a_type, b_type, majors, n) for n in n_list]
+
+
+def variant(form, a_type, b_type, majors, n):
+    k = 32 if ELEMENTS[a_type][1] == 8 else 16
+    instr = instruction(n, k, a_type, b_type)
+    # 16-bit types: transpose immediates for the shared-memory operands
+    # (rs: B only); fp8: none.
+    trans = tuple(int(m == "mn") for m in majors) if k == 16 else ()
+    guard = "FLASHCORE_SM90_WGMMA_%s_%s_%s_N%d_%s" % (form, a_type, b_type, n, "_".join(majors))
+    args = [ELEMENTS[a_type][0], ELEMENTS[b_type][0], str(n)] + [MAJORS[m] for m in majors]
+    if form == "ss":
+        body = ss_signature("mma", n) + ss_asm(instr, n, trans)
+    else:
+        body = rs_signature("mma", n) + rs_asm(instr, n, trans)
+    return ("\n#ifndef %s\n#define %s\ntemplate <>\nstruct Wgmma%s<%s> {\n" % (
+        guard.upper(), guard.upper(), form.capitalize(), ", ".join(args)) +
+            "    static constexpr int kK = %d;\n" % k + body + "    }\n};\n#endif\n")
+
+
+def variants_header(variants):
+    fp8 = any(ELEMENTS[v[1]][1] == 8 for v in variants)
+    out = [VARIANTS_HEADER % ("#include <cuda_fp8.h>\n" if fp8 else "")]
+    for v in sorted(set(variants)):
+        out.append(variant(*v))
+    out.append("\n}  // namespace flashcore::sm90\n")
+    return "".join(out)
+
+
+def read_list(path):
+    specs = []
+    with open(path) as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if line:
+                specs.append(line)
+    return specs
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(
+        description="Writes wgmma.cuh (no options), or a header of the wgmma variants named.",
+        epilog="See the docstring (the head of this file) for the variant syntax.")
+    parser.add_argument("--variant", action="append", default=[], metavar="FORM:TYPES:MAJOR:NS",
+                        help="a variant to emit, e.g. ss:bf16:mn.k:64,128 (repeatable)")
+    parser.add_argument("--list", action="append", default=[], metavar="FILE",
+                        help="a file of variants, one a line (repeatable)")
+    parser.add_argument("--output", metavar="FILE",
+                        help="write here (only if the text changes) instead of to stdout")
+    args = parser.parse_args(argv)
+    if not args.variant and not args.list:
+        if args.output:
+            parser.error("--output goes with --variant or --list; wgmma.cuh is written to stdout")
+        main_default()
+        return 0
+    specs = list(args.variant)
+    for path in args.list:
+        specs += read_list(path)
+    try:
+        variants = [v for spec in specs for v in parse_variant(spec)]
+    except SpecError as e:
+        parser.error(str(e))
+    if not variants:
+        parser.error("the lists name no variant")
+    text = variants_header(variants)
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        with open(args.output) as f:
+            if f.read() == text:
+                return 0
+    except OSError:
+        pass
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    with open(args.output, "w") as f:
+        f.write(text)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,415 @@
+// BlockKeyRange and QueryBlockRange (kernels/common/key_range.cuh) against
+// a brute-force mask, on the host (no GPU needed): for each query block x
+// key block tile of many masks (causal, windows of 0, 1 and odd sizes,
+// seqlen_q < = > seqlen_k, lengths that are not multiples of the blocks,
+// GQA-packed rows, the sequences of a variable-length batch), whether a row
+// of the tile sees a key decides whether the tile is in each range, and
+// whether an element is hidden decides needs_mask.
+//
+// The brute force decides each element (row, key) from the mask's
+// definition alone (query row / rows_per_query sees key j when j lies in
+// [diagonal - window_left, diagonal + window_right] and below seqlen_k,
+// the diagonal bottom-right aligned), in 64-bit arithmetic, not from
+// KeyMask's own bounds.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "common/key_range.cuh"
+
+namespace {
+
+using flashcore::BlockKeyRange;
+using flashcore::KeyMask;
+using flashcore::QueryBlockRange;
+
+std::string describe(const KeyMask &m) {
+    std::ostringstream s;
+    s << "seqlen_q " << m.seqlen_q << " seqlen_k " << m.seqlen_k << " rows_per_query " << m.rows_per_query
+      << " window_left " << m.window_left << " window_right " << m.window_right;
+    return s.str();
+}
+
+// Whether tile row `row` sees key `key`, from the mask's definition.
+bool brute_visible(const KeyMask &m, int64_t row, int64_t key) {
+    if (row < 0 || row >= int64_t(m.seqlen_q) * m.rows_per_query || key < 0 || key >= m.seqlen_k) return false;
+    const int64_t diagonal = row / m.rows_per_query + int64_t(m.seqlen_k) - m.seqlen_q;
+    return key >= diagonal - m.window_left && key <= diagonal + m.window_right;
+}
+
+// Every element of the mask, brute-forced, as 2-D prefix sums over the valid
+// rows and keys, so that the visible elements of any tile count in O(1).
+class VisibleCounts {
+   public:
+    explicit VisibleCounts(const KeyMask &m)
+        : rows_(m.seqlen_q * m.rows_per_query), keys_(m.seqlen_k), sums_(size_t(rows_ + 1) * (keys_ + 1), 0) {
+        for (int r = 0; r < rows_; ++r) {
+            for (int k = 0; k < keys_; ++k) {
+                at(r + 1, k + 1) = at(r, k + 1) + at(r + 1, k) - at(r, k) + (brute_visible(m, r, k) ? 1 : 0);
+            }
+        }
+    }
+    int rows() const { return rows_; }
+    int keys() const { return keys_; }
+    // Visible elements of rows [r0, r1) x keys [k0, k1), clipped to the mask.
+    int64_t count(int r0, int r1, int k0, int k1) const {
+        r0 = clip(r0, rows_), r1 = clip(r1, rows_), k0 = clip(k0, keys_), k1 = clip(k1, keys_);
+        if (r1 <= r0 || k1 <= k0) return 0;
+        return at(r1, k1) - at(r0, k1) - at(r1, k0) + at(r0, k0);
+    }
+
+   private:
+    static int clip(int x, int hi) { return x < 0 ? 0 : (x > hi ? hi : x); }
+    int64_t &at(int r, int k) { return sums_[size_t(r) * (keys_ + 1) + k]; }
+    int64_t at(int r, int k) const { return sums_[size_t(r) * (keys_ + 1) + k]; }
+    int rows_;
+    int keys_;
+    std::vector<int64_t> sums_;
+};
+
+// BlockKeyRange::needs_mask is __device__ only; the same test on the host.
+template <int kBlockM, int kBlockN>
+bool key_needs_mask(const BlockKeyRange<kBlockM, kBlockN> &r, int n_block) {
+    return n_block >= r.n_block_max_unmasked || n_block < r.n_block_min_unmasked;
+}
+
+template <int kBlockM, int kBlockN>
+std::string tile(const KeyMask &m, int m_block, int n_block) {
+    std::ostringstream s;
+    s << kBlockM << "x" << kBlockN << " tile (m_block " << m_block << ", n_block " << n_block << ") of "
+      << describe(m);
+    return s.str();
+}
+
+// The query blocks and key blocks a check walks: every block of the mask
+// (of `max_rows` rows and `max_keys` keys: a variable-length batch's
+// longest sequences) and one past the end.
+struct Extent {
+    int max_rows;
+    int max_keys;
+};
+
+// One tile's verdicts from a range [lo, hi) of blocks (`block`: the tile's
+// block on the range's axis) against the brute force: the tile is in the
+// range iff it has a visible element, and needs_mask (asked in the range
+// only) iff fewer than `elements` of it are visible. "" if both are right;
+// else what is wrong, to which the caller adds which tile.
+std::string check_tile(const char *range, int lo, int hi, int block, bool needs_mask, int64_t seen,
+                       int64_t elements) {
+    const bool in_range = block >= lo && block < hi;
+    if (in_range == (seen > 0) && !(in_range && needs_mask != (seen < elements))) return "";
+    std::ostringstream s;
+    if (in_range != (seen > 0)) {
+        s << range << " [" << lo << ", " << hi << ") " << (in_range ? "includes" : "omits") << " a tile with " << seen
+          << " visible elements: ";
+    } else {
+        s << range << "::needs_mask is " << (needs_mask ? "true" : "false") << " for a tile with " << seen << " of "
+          << elements << " elements visible: ";
+    }
+    return s.str();
+}
+
+// BlockKeyRange of every query block: exact (a key block is in the range iff
+// a row of the query block sees one of its keys), and needs_mask iff the
+// tile's valid rows x all kBlockN key positions (those past seqlen_k count
+// as hidden) have a hidden element. Returns the first failure, "" if none.
+template <int kBlockM, int kBlockN>
+std::string check_key_side(const KeyMask &m, const VisibleCounts &v, Extent e) {
+    const int m_blocks = flashcore::ceil_div(e.max_rows, kBlockM) + 1;
+    const int n_blocks = flashcore::ceil_div(e.max_keys, kBlockN) + 1;
+    for (int mb = 0; mb < m_blocks; ++mb) {
+        const auto r = BlockKeyRange<kBlockM, kBlockN>::of(m, mb);
+        const int r0 = mb * kBlockM, r1 = r0 + kBlockM;
+        const int valid_rows = std::max(0, std::min(r1, v.rows()) - r0);
+        bool any = false;
+        for (int nb = 0; nb < n_blocks; ++nb) {
+            const int64_t seen = v.count(r0, r1, nb * kBlockN, (nb + 1) * kBlockN);
+            any = any || seen > 0;
+            const std::string f = check_tile("BlockKeyRange", r.n_block_min, r.n_block_max, nb, key_needs_mask(r, nb),
+                                             seen, int64_t(valid_rows) * kBlockN);
+            if (!f.empty()) return f + tile<kBlockM, kBlockN>(m, mb, nb);
+        }
+        if ((r.num_blocks() > 0) != any) return "BlockKeyRange::num_blocks(), " + tile<kBlockM, kBlockN>(m, mb, 0);
+        for (int j = 0; j < r.num_blocks(); ++j) {
+            if (r.n_block(j) != r.n_block_max - 1 - j) return "BlockKeyRange::n_block order, " + describe(m);
+        }
+    }
+    return "";
+}
+
+// QueryBlockRange of every key block: exact (a query block is in the range
+// iff one of its rows sees a key of the key block), and needs_mask iff all
+// kBlockM row positions (those past the last row count as hidden) x the key
+// block's valid keys have a hidden element. With both ranges exact, the
+// query block range of n_block holds m_block iff the key block range of
+// m_block holds n_block: checked as well.
+template <int kBlockM, int kBlockN>
+std::string check_query_side(const KeyMask &m, const VisibleCounts &v, Extent e) {
+    const int m_blocks = flashcore::ceil_div(e.max_rows, kBlockM) + 1;
+    const int n_blocks = flashcore::ceil_div(e.max_keys, kBlockN) + 1;
+    for (int nb = 0; nb < n_blocks; ++nb) {
+        const auto r = QueryBlockRange<kBlockM, kBlockN>::of(m, nb);
+        const int k0 = nb * kBlockN, k1 = k0 + kBlockN;
+        const int valid_keys = std::max(0, std::min(k1, v.keys()) - k0);
+        bool any = false;
+        for (int mb = 0; mb < m_blocks; ++mb) {
+            const int64_t seen = v.count(mb * kBlockM, (mb + 1) * kBlockM, k0, k1);
+            any = any || seen > 0;
+            const std::string f = check_tile("QueryBlockRange", r.m_block_min, r.m_block_max, mb, r.needs_mask(mb),
+                                             seen, int64_t(kBlockM) * valid_keys);
+            if (!f.empty()) return f + tile<kBlockM, kBlockN>(m, mb, nb);
+            const auto keys = BlockKeyRange<kBlockM, kBlockN>::of(m, mb);
+            if ((mb >= r.m_block_min && mb < r.m_block_max) != (nb >= keys.n_block_min && nb < keys.n_block_max)) {
+                return "QueryBlockRange and BlockKeyRange disagree on the " + tile<kBlockM, kBlockN>(m, mb, nb);
+            }
+        }
+        if ((r.num_blocks() > 0) != any) return "QueryBlockRange::num_blocks(), " + tile<kBlockM, kBlockN>(m, 0, nb);
+        for (int j = 0; j < r.num_blocks(); ++j) {
+            if (r.m_block(j) != r.m_block_min + j) return "QueryBlockRange::m_block order, " + describe(m);
+        }
+    }
+    return "";
+}
+
+// QueryBlockRange::split: the parts, in order, are the range cut into
+// ceil(num_blocks / num_splits)-block pieces, and keep the masking bounds.
+template <int kBlockM, int kBlockN>
+std::string check_query_splits(const KeyMask &m, Extent e) {
+    for (int nb = 0; nb <= flashcore::ceil_div(e.max_keys, kBlockN); ++nb) {
+        const auto whole = QueryBlockRange<kBlockM, kBlockN>::of(m, nb);
+        for (int splits = 1; splits <= 5; ++splits) {
+            int next = whole.m_block_min;
+            for (int s = 0; s < splits; ++s) {
+                const auto part = whole.split(s, splits);
+                if (part.m_block_min_unmasked != whole.m_block_min_unmasked ||
+                    part.m_block_max_unmasked != whole.m_block_max_unmasked) {
+                    return "split changed the masking bounds, " + describe(m);
+                }
+                if (part.num_blocks() <= 0) continue;
+                if (part.m_block_min != next || part.m_block_max > whole.m_block_max ||
+                    part.num_blocks() > flashcore::ceil_div(whole.num_blocks(), splits)) {
+                    return "split " + std::to_string(s) + " of " + std::to_string(splits) + " of n_block " +
+                           std::to_string(nb) + " is [" + std::to_string(part.m_block_min) + ", " +
+                           std::to_string(part.m_block_max) + "), " + describe(m);
+                }
+                next = part.m_block_max;
+            }
+            if (whole.num_blocks() > 0 && next != whole.m_block_max) {
+                return "the splits of n_block " + std::to_string(nb) + " miss blocks, " + describe(m);
+            }
+        }
+    }
+    return "";
+}
+
+template <int M, int N>
+using Shape = std::pair<std::integral_constant<int, M>, std::integral_constant<int, N>>;
+
+// f(Shape<kBlockM, kBlockN>{}) for every block shape the tests cover: the
+// kernels' 64 and 128 query blocks with 64, 128 and 176 key blocks, and
+// small ones (more tiles per mask, many of them partial).
+template <typename F>
+void for_each_block_shape(F &&f) {
+    f(Shape<64, 64>{});
+    f(Shape<64, 128>{});
+    f(Shape<64, 176>{});
+    f(Shape<128, 64>{});
+    f(Shape<128, 128>{});
+    f(Shape<128, 176>{});
+    f(Shape<16, 48>{});
+    f(Shape<48, 16>{});
+}
+
+// Runs every check on one mask, for every block shape; the first failure
+// of each check and shape, into `failures`.
+void check_mask(const KeyMask &m, Extent e, std::vector<std::string> &failures) {
+    const VisibleCounts v(m);
+    for_each_block_shape([&](auto shape) {
+        constexpr int kM = decltype(shape.first)::value;
+        constexpr int kN = decltype(shape.second)::value;
+        for (const std::string &f :
+             {check_key_side<kM, kN>(m, v, e), check_query_side<kM, kN>(m, v, e), check_query_splits<kM, kN>(m, e)}) {
+            if (!f.empty()) failures.push_back(f);
+        }
+    });
+}
+
+void expect_no_failures(const std::vector<std::string> &failures, int masks) {
+    EXPECT_TRUE(failures.empty()) << failures.size() << " failures over " << masks << " masks; the first: "
+                                  << (failures.empty() ? "" : failures.front());
+    for (size_t i = 1; i < failures.size() && i < 10; ++i) ADD_FAILURE() << failures[i];
+}
+
+// Window bounds: 0 (causal on the right), 1, small odd ones, block-sized
+// ones, and "unbounded" (-1 here), which the host clamps to seqlen_k on the
+// left and seqlen_q - 1 on the right (src/params.cpp kernel_params): for
+// the batch's longest sequences, so a shorter sequence's bound can exceed
+// its own lengths.
+constexpr int kUnbounded = -1;
+const int kWindowsLeft[] = {0, 1, 3, 37, 64, 65, 129, kUnbounded};
+const int kWindowsRight[] = {0, 1, 5, 63, 128, kUnbounded};
+
+KeyMask make_mask(int seqlen_q, int seqlen_k, int rows_per_query, int window_left, int window_right, int max_q,
+                  int max_k) {
+    const int left = window_left == kUnbounded ? max_k : std::min(window_left, max_k);
+    const int max_right = std::max(max_q - 1, 0);
+    const int right = window_right == kUnbounded ? max_right : std::min(window_right, max_right);
+    return KeyMask{seqlen_q, seqlen_k, rows_per_query, left, right};
+}
+
+// KeyMask's row intervals are the brute force's: the ranges' tests below
+// rest on the same definition of the mask.
+TEST(KeyRange, KeyMaskRowsMatchBruteForce) {
+    std::vector<std::string> failures;
+    int masks = 0;
+    for (int sq : {1, 7, 64, 100}) {
+        for (int sk : {1, 9, 64, 130}) {
+            for (int rpq : {1, 3}) {
+                for (int wl : kWindowsLeft) {
+                    for (int wr : kWindowsRight) {
+                        const KeyMask m = make_mask(sq, sk, rpq, wl, wr, sq, sk);
+                        ++masks;
+                        for (int row = 0; row < m.num_rows(); ++row) {
+                            for (int key = -1; key <= sk; ++key) {
+                                const bool in = key >= m.key_begin(row) && key < m.key_end(row);
+                                if (in != brute_visible(m, row, key)) {
+                                    failures.push_back("row " + std::to_string(row) + " key " + std::to_string(key) +
+                                                       " of " + describe(m));
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    expect_no_failures(failures, masks);
+}
+
+// One sequence per call: every pair of lengths from the lists (seqlen_q <,
+// =, > seqlen_k; multiples of the blocks and not), every window, with and
+// without GQA packing.
+TEST(KeyRange, DenseMasksMatchBruteForce) {
+    std::vector<std::string> failures;
+    int masks = 0;
+    for (int sq : {1, 2, 63, 64, 100, 257}) {
+        for (int sk : {1, 64, 130, 176, 300}) {
+            for (int rpq : {1, 3}) {
+                for (int wl : kWindowsLeft) {
+                    for (int wr : kWindowsRight) {
+                        const KeyMask m = make_mask(sq, sk, rpq, wl, wr, sq, sk);
+                        check_mask(m, Extent{m.num_rows(), sk}, failures);
+                        ++masks;
+                    }
+                }
+            }
+        }
+    }
+    expect_no_failures(failures, masks);
+}
+
+// A variable-length batch (cu_seqlens_q/_k, seqused_k): the kernels' grids
+// cover the longest sequences (max_q, max_k); each sequence's mask has its
+// own lengths (KeyMask::of) and the call's window bounds, clamped for the
+// longest sequences. Every block of the grid is checked, so blocks past a
+// short sequence's end must come out empty, and empty sequences too.
+TEST(KeyRange, VariableLengthSequencesMatchBruteForce) {
+    const int max_q = 300, max_k = 520;
+    const int seqs[][2] = {{0, 10}, {10, 0}, {0, 0},   {1, 1},   {5, 200},  {200, 5},
+                           {64, 64}, {129, 300}, {77, 513}, {300, 520}, {300, 17}, {3, 520}};
+    std::vector<std::string> failures;
+    int masks = 0;
+    for (const auto &seq : seqs) {
+        for (int rpq : {1, 2}) {
+            for (int wl : kWindowsLeft) {
+                for (int wr : kWindowsRight) {
+                    const KeyMask m = make_mask(seq[0], seq[1], rpq, wl, wr, max_q, max_k);
+                    check_mask(m, Extent{max_q * rpq, max_k}, failures);
+                    ++masks;
+                }
+            }
+        }
+    }
+    expect_no_failures(failures, masks);
+}
+
+// Lengths near KeyMask's limit (2^30): no 32-bit sum overflows. Too long to
+// brute-force element by element; instead, the blocks at and next to each
+// range's ends (and the first and last blocks) are brute-forced row by row,
+// from each row's visible keys in 64-bit arithmetic.
+struct RowInterval {
+    int64_t begin, end;
+};
+RowInterval brute_row(const KeyMask &m, int64_t row) {
+    const int64_t diagonal = row / m.rows_per_query + int64_t(m.seqlen_k) - m.seqlen_q;
+    return {std::max<int64_t>(diagonal - m.window_left, 0),
+            std::min<int64_t>(diagonal + m.window_right + 1, m.seqlen_k)};
+}
+
+TEST(KeyRange, LongSequencesDoNotOverflow) {
+    constexpr int kM = 128, kN = 128;
+    const int big = 1 << 30;
+    std::vector<std::string> failures;
+    int masks = 0;
+    for (const auto &lengths : {std::pair<int, int>{big, big}, {big, 1000}, {1000, big}, {big, big - 77}}) {
+        const int sq = lengths.first, sk = lengths.second;
+        for (int wl : {0, 1, 4097, big - 1, kUnbounded}) {
+            for (int wr : {0, 3, big - 2, kUnbounded}) {
+                const KeyMask m = make_mask(sq, sk, 1, wl, wr, sq, sk);
+                ++masks;
+                const int64_t rows = int64_t(sq), n_last = (sk - 1) / kN, m_last = (sq - 1) / kM;
+                // Query side: key blocks 0, 1, the middle and the last two.
+                for (int64_t nb : {int64_t(0), int64_t(1), n_last / 2, n_last - 1, n_last}) {
+                    if (nb < 0) continue;
+                    const auto r = QueryBlockRange<kM, kN>::of(m, int(nb));
+                    const int64_t k0 = nb * kN, k1 = std::min<int64_t>(k0 + kN, sk);
+                    for (int64_t mb : {int64_t(r.m_block_min) - 1, int64_t(r.m_block_min), int64_t(r.m_block_min) + 1,
+                                       int64_t(r.m_block_max) - 2, int64_t(r.m_block_max) - 1, int64_t(r.m_block_max),
+                                       int64_t(0), m_last}) {
+                        if (mb < 0 || mb > m_last) continue;
+                        bool seen = false, hidden = false;
+                        for (int64_t row = mb * kM; row < (mb + 1) * kM; ++row) {
+                            const RowInterval i = row < rows ? brute_row(m, row) : RowInterval{0, 0};
+                            seen = seen || std::max(i.begin, k0) < std::min(i.end, k1);
+                            hidden = hidden || !(i.begin <= k0 && i.end >= k1);
+                        }
+                        const bool in_range = mb >= r.m_block_min && mb < r.m_block_max;
+                        if (in_range != seen || (in_range && r.needs_mask(int(mb)) != hidden)) {
+                            failures.push_back("QueryBlockRange " + tile<kM, kN>(m, int(mb), int(nb)));
+                        }
+                    }
+                }
+                // Key side: query blocks 0, 1, the middle and the last two.
+                for (int64_t mb : {int64_t(0), int64_t(1), m_last / 2, m_last - 1, m_last}) {
+                    if (mb < 0) continue;
+                    const auto r = BlockKeyRange<kM, kN>::of(m, int(mb));
+                    for (int64_t nb : {int64_t(r.n_block_min) - 1, int64_t(r.n_block_min), int64_t(r.n_block_min) + 1,
+                                       int64_t(r.n_block_max) - 2, int64_t(r.n_block_max) - 1, int64_t(r.n_block_max),
+                                       int64_t(0), n_last}) {
+                        if (nb < 0 || nb > n_last) continue;
+                        const int64_t k0 = nb * kN, k1 = k0 + kN;
+                        bool seen = false, hidden = false;
+                        for (int64_t row = mb * kM; row < std::min<int64_t>((mb + 1) * kM, rows); ++row) {
+                            const RowInterval i = brute_row(m, row);
+                            seen = seen || std::max(i.begin, k0) < std::min(i.end, k1);
+                            hidden = hidden || !(i.begin <= k0 && i.end >= k1);
+                        }
+                        const bool in_range = nb >= r.n_block_min && nb < r.n_block_max;
+                        if (in_range != seen || (in_range && key_needs_mask(r, int(nb)) != hidden)) {
+                            failures.push_back("BlockKeyRange " + tile<kM, kN>(m, int(mb), int(nb)));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    expect_no_failures(failures, masks);
+}
+
+}  // namespace
