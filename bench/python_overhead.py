@@ -5,7 +5,7 @@ torch tensors).
 Three measurements:
 
   prepare  everything the call does before it asks for a handle and
-           queues the kernel (flashcore._attention.prepare: reading the
+           queues the kernel (flashcore._planning.prepare: reading the
            arrays, the call cache, the options, the params struct, out and
            lse), on __cuda_array_interface__ arrays at made-up device
            addresses with out= given, or on torch CUDA tensors with
@@ -58,7 +58,7 @@ try:
 except ImportError:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bindings", "python"))
     import flashcore
-from flashcore import _attention
+from flashcore import _attention, _launch, _planning
 
 try:
     from flashcore import _fastpath
@@ -105,7 +105,7 @@ def prepare_runner(q, k, v, out, causal):
     def run(calls):
         start = clock()
         for _ in range(calls):
-            _attention.prepare(q, k, v, "bhsd", options, out, None, False, None, None, False)
+            _planning.prepare(q, k, v, "bhsd", options, out, None, False, None, None, False)
         return clock() - start
 
     return run
@@ -200,7 +200,7 @@ def binding_rows(time_call, cases):
             rows += [(name + " (Python path)", time_call(call)) for name, call in cases]
         finally:
             _attention._fast = compiled
-        _fastpath.load(_attention._torch_api, _attention._kept_workspaces, compiled.stub_forward_address())
+        _fastpath.load(_launch.torch_api(), _launch._kept_workspaces, compiled.stub_forward_address())
         compiled.clear()
         try:
             rows += [(name + " w/o C call", time_call(call)) for name, call in cases]
@@ -231,7 +231,7 @@ def measure_stub(args, shape):
     k, v = (torch.randn(kv_shape, dtype=torch.float16) for _ in range(2))
     out = torch.empty_like(q)
     options = (args.causal, None, None, None, 0.0)
-    api = _attention._load_torch_api()
+    api = _launch.torch_api()
     api.current_stream = lambda device: 0  # torch's CUDA calls need a GPU
     api.capturing = lambda: False
     template = bytes(ctypes.sizeof(flashcore._ffi.flashcore_forward_params))
@@ -245,17 +245,18 @@ def measure_stub(args, shape):
     flashcore._library._thread_handles.cache = {0: FakeHandle()}
     _fastpath._handles[0] = FakeHandle()
     for given in (None, out):
-        key = _attention._plain_torch_key(q, k, v, given, None, "bhsd", options, False)
-        plan = _attention._Plan()
+        key = _planning.plan_of((q, k, v, given, None, None, None, None, None), "bhsd", options, False, None, None,
+                                None)[0]
+        plan = _planning._Plan()
         plan.template, plan.out_like_q, plan.out_shape, plan.lse_shape = template, given is None, None, None
         plan.device, plan.plain_torch, plan.workspace_bytes, plan.torch_device = 0, True, {0: 0}, q.device
         plan.dtype, plan.lse_dtype = q.dtype, torch.float32
-        _attention._plans[key] = plan
+        _planning._plans[key] = plan
     cases = [("flashcore.attention", lambda: flashcore.attention(q, k, v, causal=args.causal)),
              ("flashcore.attention(out=)", lambda: flashcore.attention(q, k, v, causal=args.causal, out=out))]
     rows = []
     found = _fastpath.find()
-    compiled = found and _fastpath.load(api, _attention._kept_workspaces, found.stub_forward_address())
+    compiled = found and _fastpath.load(api, _launch._kept_workspaces, found.stub_forward_address())
     if compiled:
         _attention._fast = compiled
         for name, call in cases:

@@ -31,7 +31,7 @@ import sys as _sys
 
 from . import _ffi
 from ._attention import (attention, attention_varlen, attention_with_kvcache, check_params, forward_params,
-                         release_workspaces, supported_head_dims)
+                         supported_head_dims)
 from ._dropin import flash_attn_func, sdpa
 from ._errors import (
     CudaError,
@@ -46,6 +46,7 @@ from ._errors import (
     UnsupportedError,
     WorkspaceTooSmallError,
 )
+from ._launch import release_workspaces
 from ._library import Handle, Library, get_handle, library, open_library
 from ._merge import merge_params, merge_states
 from ._torch_ops import register_torch_ops

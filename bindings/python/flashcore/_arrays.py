@@ -435,8 +435,26 @@ def full(like, shape, dtype, value, stream):
     raise TypeError("cannot allocate memory for a %s" % type(like.obj).__name__)
 
 
+def allocate(like, shape, dtype, stream, what):
+    """empty(), where like's framework can allocate; else a TypeError that
+    asks for `what` (out, lse, workspace) to be given."""
+    if not can_allocate(like):
+        raise TypeError("flashcore cannot allocate %s for %s inputs: pass %s= (a CUDA array) yourself"
+                        % (what, type(like.obj).__name__, what))
+    return empty(like, shape, dtype, stream)
+
+
+def describe_first(x, name, stream):
+    """The ArrayInfo of a call's first array and the stream the call runs
+    on: `stream` (any form stream_pointer takes) where given, else the
+    current stream of that array's framework."""
+    user_stream = None if stream is None else stream_pointer(stream)
+    info = describe(x, name, user_stream or 0)
+    return info, current_stream(info) if user_stream is None else user_stream
+
+
 # --------------------------------------------------------------------------
-# Signatures: what the call cache (flashcore._attention) keys on
+# Signatures: what the call cache (flashcore._planning) keys on
 # --------------------------------------------------------------------------
 
 _ADDRESS_END = 2 ** (8 * ctypes.sizeof(ctypes.c_void_p))

@@ -1,14 +1,15 @@
 /* flashcore._fastcall: the host path of a repeated flashcore.attention call
  * on torch tensors, compiled (issue 18: a call's host time within 10 us).
  *
- * Optional. The package works without it (flashcore/_attention.py's
- * _plain_torch_key and _call_plain_torch do the same in Python); where it is
- * built (the wheel, or a CMake build with Python's headers) that Python path
- * registers each plan it serves here, and the next call with the same
- * shapes, strides, dtypes, devices and options is served by call() below
- * without running any Python: the tensors' metadata is read and compared in
- * C, the params struct is the plan's template with the new addresses, and
- * flashcore_forward is called through the pointer the ctypes binding found.
+ * Optional. The package works without it (flashcore/_launch.py's
+ * launch_plain does the same in Python, from the plans of
+ * flashcore/_planning.py); where it is built (the wheel, or a CMake build
+ * with Python's headers) that Python path registers each plan it serves
+ * here, and the next call with the same shapes, strides, dtypes, devices
+ * and options is served by call() below without running any Python: the
+ * tensors' metadata is read and compared in C, the params struct is the
+ * plan's template with the new addresses, and flashcore_forward is called
+ * through the pointer the ctypes binding found.
  * What can change from call to call is still checked where the Python path
  * checks it: the addresses by flashcore_forward itself (it validates every
  * call), grad mode and requires_grad here (a call that needs the refusal
@@ -53,7 +54,8 @@ typedef struct {
     long device;
 } ArrayMeta;
 
-/* The options a plan matches, as _plain_torch_key reads them. */
+/* The options a plan matches (those of the key, _planning.py plan_of, that the
+ * plan was kept under), as read_options() reads them. */
 typedef struct {
     PyObject *layout; /* str; a strong reference in a plan */
     int causal;
@@ -152,9 +154,9 @@ static int same_meta(const ArrayMeta *a, const ArrayMeta *b) {
 }
 
 /* Reads options (causal, softmax_scale, num_splits, window, softcap) with
- * _plain_torch_key's rules (exact types: a value of another type that
- * compares equal may mean something else to the full path). Returns 1, 0
- * (not served) or -1. */
+ * plan_of's rules (exact types: a value of another type that compares
+ * equal may mean something else to the full path), narrower: a float
+ * softmax_scale and softcap only. Returns 1, 0 (not served) or -1. */
 static int read_options(PyObject *layout, PyObject *options, PyObject *return_lse, CallOptions *o) {
     if (!PyUnicode_CheckExact(layout) || !PyTuple_CheckExact(options) || PyTuple_Size(options) != 5) return 0;
     PyObject *causal = PyTuple_GetItem(options, 0), *scale = PyTuple_GetItem(options, 1),

@@ -62,8 +62,8 @@ def fits_struct(module):
 def load(torch_api, kept_workspaces, forward_address=None):
     """The configured module; False where there is none or it does not fit;
     None while torch is not imported (ask again later). torch_api: the
-    binding's _TorchApi; kept_workspaces: its dict of workspaces per
-    (device, stream). forward_address: flashcore_forward's unless given
+    binding's _TorchApi (_launch); kept_workspaces: its dict of workspaces
+    per (device, stream). forward_address: flashcore_forward's unless given
     (a stub's, to time the binding alone)."""
     if torch_api is None:
         return None
@@ -81,13 +81,14 @@ def load(torch_api, kept_workspaces, forward_address=None):
     return module
 
 
-def remember(module, plan, q, k, v, out, seqused_k, layout, options, return_lse, workspace_bytes):
-    """Gives the module a plan the Python path served (out: as the caller
-    gave it, None to allocate)."""
+def remember(module, plan, q, k, v, out, seqused_k, layout, options, return_lse):
+    """Gives the module a plan that _launch.launch_plain served, with the
+    arguments of that call (out: as the caller gave it, None to allocate):
+    the module keys the plan on its own reading of them."""
     device = plan.device
     handle = _handles.get(device)
     if handle is None:
         handle = _handles[device] = Handle(device)
     module.remember(q, k, v, out, seqused_k, layout, options, return_lse, plan.template, plan.out_like_q,
-                    plan.out_shape, plan.dtype, plan.torch_device, plan.lse_shape, plan.lse_dtype, workspace_bytes,
-                    handle, handle.value, device)
+                    plan.out_shape, plan.dtype, plan.torch_device, plan.lse_shape, plan.lse_dtype,
+                    plan.workspace_bytes[device], handle, handle.value, device)

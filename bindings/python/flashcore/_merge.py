@@ -4,11 +4,11 @@ the keys (flashcore_merge_states), and the parameter building under it."""
 from typing import Any, Optional, Tuple, Union
 
 from . import _ffi
-from ._arrays import Array, check_known_to_driver, describe
+from ._arguments import _layout
+from ._arrays import Array, allocate, check_known_to_driver, describe, describe_first
 from ._checked import set_fields
-from ._attention import (_View, _allocate, _check_int32_sizes, _check_lse, _check_one_device, _describe_first,
-                         _layout)
 from ._errors import InvalidArgumentError, UnsupportedError
+from ._geometry import _View, _check_int32_sizes, _check_lse, _check_one_device
 from ._library import get_handle, library
 
 Dtype = _ffi.Dtype
@@ -148,17 +148,17 @@ def merge_states(partial_out: Array, partial_lse: Array, *, out: Optional[Array]
     """
     layout = _layout(layout)
     wanted = None if out_dtype is None else _dtype_name(out_dtype)
-    pi, s = _describe_first(partial_out, "partial_out", stream)
+    pi, s = describe_first(partial_out, "partial_out", stream)
     pli = describe(partial_lse, "partial_lse", s)
     oi = None if out is None else describe(out, "out", s)
     li = None if lse is None else describe(lse, "lse", s)
     pv, _, out_name = _validate(pi, pli, oi, li, layout, wanted)
     lib = library()
     if oi is None:
-        out = _allocate(pi, pi.shape[1:], None if out_name == pi.dtype else out_name, s, "out")
+        out = allocate(pi, pi.shape[1:], None if out_name == pi.dtype else out_name, s, "out")
         oi = describe(out, "out", s)
     if li is None and return_lse:
-        lse = _allocate(pi, pv.shape[1:4], "float32", s, "lse")
+        lse = allocate(pi, pv.shape[1:4], "float32", s, "lse")
         li = describe(lse, "lse", s)
     params = _build(lib, pi, pli, oi, li, layout)
     if 0 in (params.batch_size, params.num_heads, params.seqlen):

@@ -7,48 +7,18 @@ graphs, and CUDA graphs capture them.
 Nothing here imports torch: the operator is registered when flashcore is
 imported after torch, else on first use (register_torch_ops()). Eager calls
 do not go through it: they call the library directly, which is faster
-(_attention.prepare and launch); the operator's implementation is that
-same call."""
+(_planning.prepare and _launch.launch); the operator's implementation is
+that same call."""
 
-import os
 import sys
 
-from ._arrays import is_torch
-from ._errors import NoBackwardError
+from ._arguments import _layout, _options
+from ._launch import launch
+from ._modes import refuse_grad
+from ._planning import prepare
 
 OPERATOR = "flashcore::forward"
-DETACH_ENV = "FLASHCORE_DETACH"
 _registered = []
-
-
-def tracing() -> bool:
-    """Whether torch.compile or torch.export is tracing the calling code
-    (never where torch is not imported)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and torch.compiler.is_compiling()
-
-
-def refuse_grad(q, k, v, detach):
-    """Raises NoBackwardError where q, k or v is a torch tensor that requires
-    grad while grad mode is on: the result would silently have no gradient
-    path. detach=True, or FLASHCORE_DETACH=1 in the environment, says the
-    caller knows (inference code that leaves requires_grad on). Returns
-    whether an input requires grad that detach lets through."""
-    culprits = [name for name, x in (("q", q), ("k", k), ("v", v)) if is_torch(x) and x.requires_grad]
-    if not culprits or not sys.modules["torch"].is_grad_enabled():
-        return False
-    if detach or os.environ.get(DETACH_ENV) == "1":
-        return True
-    _raise_no_backward(tuple(culprits))
-
-
-def _raise_no_backward(culprits):
-    raise NoBackwardError(
-        "%s %s grad, but flashcore computes the forward pass only: the result would have no gradient path. Run "
-        "inference under torch.no_grad() or torch.inference_mode(), pass detach=True (or set %s=1) to compute "
-        "from the values alone, or train with torch.nn.functional.scaled_dot_product_attention"
-        % (culprits[0] if len(culprits) == 1 else "%s and %s" % (", ".join(culprits[:-1]), culprits[-1]),
-           "requires" if len(culprits) == 1 else "require", DETACH_ENV))
 
 
 def register_torch_ops():
@@ -65,8 +35,6 @@ def register_torch_ops():
         return _registered[0]
     import torch
     from typing import List, Optional, Tuple
-
-    from . import _attention
 
     Tensor = torch.Tensor
 
@@ -87,18 +55,18 @@ def register_torch_ops():
                 return_lse: bool) -> Tuple[Tensor, Tensor]:
         options = (causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap)
         # detach: the callers (traced_forward) refused or detached inputs that require grad already.
-        call = _attention.prepare(q, k, v, layout, options, None, None, return_lse, None, None, True,
-                                  seqused_k=seqused_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-                                  cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k, block_table=block_table)
-        result = _attention.launch(call)
+        call = prepare(q, k, v, layout, options, None, None, return_lse, None, None, True, seqused_k=seqused_k,
+                       cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
+                       max_seqlen_k=max_seqlen_k, block_table=block_table)
+        result = launch(call)
         return result if return_lse else (result, result.new_empty((0,), dtype=torch.float32))
 
     @forward.register_fake
     def _(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, layout, causal,
           softmax_scale, num_splits, window, softcap, return_lse):
         # The options are checked while tracing (they are constants), the arrays when the call runs.
-        _attention._layout(layout)
-        _attention._options(causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap)
+        _layout(layout)
+        _options(causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap)
         out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
         return out, q.new_empty(lse_shape(q, cu_seqlens_q, layout, return_lse), dtype=torch.float32)
 
@@ -117,9 +85,6 @@ def _ensure_registered():
 # This is the mark torch.compiler.assume_constant_result sets, set here
 # without importing torch.
 _ensure_registered._dynamo_marked_constant = True
-# Likewise the refusal: Dynamo cannot build the exception in traced code,
-# but raises it from there (inside its own error, the message kept).
-_raise_no_backward._dynamo_marked_constant = True
 
 
 def _layout_name(layout):
@@ -162,9 +127,8 @@ def _refuse_options(layout, options):
     """Raises attention's error for the layout and options (what
     _unconvertible found: a TypeError or an InvalidArgumentError of
     flashcore's), or returns where they pass (a NumPy scalar, say)."""
-    from . import _attention
-    _attention._layout(layout)
-    _attention._options(*options)
+    _layout(layout)
+    _options(*options)
 
 
 # Under torch.compile, run as it is, outside the trace: Dynamo cannot build

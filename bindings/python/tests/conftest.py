@@ -75,6 +75,6 @@ def queued(lib, monkeypatch):
     """The params the calls of the test queue, caught by a RecordingHandle
     (the fake pointers reach no GPU and no driver)."""
     handle = RecordingHandle()
-    monkeypatch.setattr(flashcore._attention, "get_handle", lambda device=None: handle)
-    monkeypatch.setattr(flashcore._attention, "check_known_to_driver", lambda infos: None)
+    monkeypatch.setattr(flashcore._launch, "get_handle", lambda device=None: handle)
+    monkeypatch.setattr(flashcore._planning, "check_known_to_driver", lambda infos: None)
     return handle.queued

@@ -410,3 +410,88 @@ def test_sdpa_computes_pytorch_s_result_with_flashcore_s_masks(torch, monkeypatc
     theirs = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=0.3,
                                                               enable_gqa=gqa)
     assert ours.shape == theirs.shape and torch.allclose(ours, theirs, rtol=1e-10, atol=1e-12)
+
+
+# --------------------------------------------------------------------------
+# One planning path (issue 33): a repeated call on torch tensors is planned
+# once, by the full path, under its one key; the Python quick path
+# (_launch.launch_plain) and the compiled one (flashcore/_fastcall.c) run
+# that plan. On CPU tensors described as device 0's, queued nowhere.
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def queued_as_on_a_gpu(torch, lib, monkeypatch):
+    """(path, params) of each call queued, path "launch" (launch()),
+    "launch_plain" or "compiled", for calls on CPU tensors planned as a
+    GPU's would be."""
+    import ctypes
+
+    from flashcore import _arrays, _attention, _fastpath, _ffi, _launch, _planning
+    queued = []
+
+    class Handle:
+        value = 1
+
+        def workspace_size(self, params):
+            return 0
+
+        def forward(self, params, *unused):
+            queued.append(("launch", _ffi.flashcore_forward_params.from_buffer_copy(params)))
+
+        def forward_unchecked(self, params, *unused):
+            queued.append(("launch_plain", _ffi.flashcore_forward_params.from_buffer_copy(params)))
+
+    def as_on_device_0(x, name):
+        return _arrays.ArrayInfo(x, name, x.data_ptr(), x.shape, x.stride(), str(x.dtype)[6:], x.element_size(), 0,
+                                 "torch")
+
+    handle = Handle()
+    monkeypatch.setattr(_arrays, "_from_torch", as_on_device_0)
+    monkeypatch.setattr(_arrays, "current_stream", lambda info: 0)
+    monkeypatch.setattr(_planning, "check_known_to_driver", lambda infos: None)
+    monkeypatch.setattr(_planning, "allocate", lambda like, shape, dtype, stream, what: torch.empty(
+        shape, dtype=like.obj.dtype if dtype is None else getattr(torch, dtype)))
+    monkeypatch.setattr(_planning, "_plans", {})
+    monkeypatch.setattr(_launch, "get_handle", lambda device=None: handle)
+    api = _launch.torch_api()
+    monkeypatch.setattr(api, "current_stream", lambda device: 0)
+    monkeypatch.setattr(api, "capturing", lambda: False)
+    monkeypatch.setitem(_fastpath._handles, 0, handle)
+    forward_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_ffi.flashcore_forward_params),
+                                    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+
+    @forward_type
+    def compiled_forward(raw_handle, params, *unused):
+        queued.append(("compiled", _ffi.flashcore_forward_params.from_buffer_copy(params.contents)))
+        return 0
+
+    module = _fastpath.load(api, _launch._kept_workspaces, ctypes.cast(compiled_forward, ctypes.c_void_p).value)
+    _attention._fast = module
+    yield queued
+    if module:
+        module.clear()
+    _attention._fast = None  # configured again, with flashcore_forward, by the next call
+
+
+def _without_addresses(params):
+    params = type(params).from_buffer_copy(params)
+    for field in ("q", "k", "v", "out"):
+        setattr(params, field, None)
+    return bytes(params)
+
+
+def test_one_plan_serves_every_path(torch, queued_as_on_a_gpu):
+    from flashcore import _attention, _planning
+    q = torch.randn(1, 8, 16, 64, dtype=torch.float16)
+    k, v = (torch.randn(1, 2, 32, 64, dtype=torch.float16) for _ in range(2))
+    outs = [flashcore.attention(q, k, v, causal=True) for _ in range(3)]
+    # softcap=0 is softcap=0.0 to the key: the same plan, through the quick path.
+    outs.append(flashcore.attention(q, k, v, causal=True, softcap=0))
+    assert len(_planning._plans) == 1
+    compiled = "compiled" if _attention._fast else "launch_plain"
+    assert [path for path, _ in queued_as_on_a_gpu] == ["launch", "launch_plain", compiled, "launch_plain"]
+    assert len({_without_addresses(params) for _, params in queued_as_on_a_gpu}) == 1
+    for (_, params), out in zip(queued_as_on_a_gpu, outs):
+        assert (params.q, params.k, params.v, params.out) == (q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                                              out.data_ptr())

@@ -1,0 +1,351 @@
+"""The arrays of a forward call as the C API takes them: each seen through
+the layout (_View), the checks the C API cannot make (it takes one dtype
+and one set of sizes for all of them), the sequences of packed and paged
+calls, and the params struct built from all that (_build)."""
+
+import ctypes
+
+from . import _ffi
+from ._arguments import LAYOUT_AXES, Layout
+from ._arrays import contiguous_strides, describe
+from ._checked import fits, set_fields
+from ._errors import InvalidArgumentError, UnsupportedError
+
+DTYPES = {"float16": _ffi.Dtype.FP16, "bfloat16": _ffi.Dtype.BF16}
+INT32_MAX = 2**31 - 1
+
+
+# How packed (variable-length) tensors are described in messages.
+PACKED_WORDS = "[total, H, D] (the rows of every sequence, one after another)"
+
+
+def _paged_words(layout):
+    if layout == Layout.BSHD:
+        return "[num_pages, page_size, H, D] (a page pool)"
+    return "[num_pages, H, page_size, D] (a page pool)"
+
+
+class _View:
+    """An array seen as [batch, heads, seqlen, head_dim] through a layout,
+    after a leading state axis where `states` (merge_states' partials).
+    A packed array, [total, heads, head_dim], is seen as one batch of all
+    its rows with batch stride 0: the C API takes each sequence's rows from
+    cu_seqlens and ignores the batch strides of packed tensors. `words`
+    describes the expected shape in messages, where the layout's default
+    does not."""
+
+    def __init__(self, info, layout, states=False, packed=False, words=None):
+        self.info = info
+        if packed:
+            if len(info.shape) != 3:
+                raise InvalidArgumentError("%s must be 3-D, %s, got shape %s"
+                                           % (info.name, words or PACKED_WORDS, list(info.shape)))
+            rows, heads, dim = info.shape
+            row_stride, head_stride, dim_stride = info.strides
+            self.shape = (1, heads, rows, dim)
+            self.strides = (0, head_stride, row_stride, dim_stride)
+            return
+        ndim = 5 if states else 4
+        if len(info.shape) != ndim:
+            raise InvalidArgumentError("%s must be %d-D, %s, got shape %s"
+                                       % (info.name, ndim, words or _shape_words(layout, states), list(info.shape)))
+        first = 1 if states else 0
+        axes = ((0,) if states else ()) + tuple(first + a for a in LAYOUT_AXES[layout]) + (first + 3,)
+        self.shape = tuple(info.shape[a] for a in axes)
+        self.strides = tuple(info.strides[a] for a in axes)
+
+    def check_head_dim_contiguous(self):
+        if self.strides[-1] != 1 and self.shape[-1] > 1:
+            raise InvalidArgumentError(
+                "%s's last dimension (head_dim) must be contiguous (stride 1), got stride %d: pass a copy "
+                "(e.g. .contiguous()) instead" % (self.info.name, self.strides[-1]))
+
+    def aligned_strides(self):
+        """The strides, with those of size-1 dimensions (never stepped along;
+        frameworks give them arbitrary values) zeroed where they would break
+        the alignment rule."""
+        step = max(_ffi.FLASHCORE_ALIGNMENT // self.info.itemsize, 1)
+        return tuple(0 if size == 1 and stride % step else stride for size, stride in zip(self.shape, self.strides))
+
+
+def _shape_words(layout, states=False):
+    prefix = "K, " if states else ""
+    if layout == Layout.BSHD:
+        return "[%sB, S, H, D] (layout='bshd')" % prefix
+    return "[%sB, H, S, D]" % prefix
+
+
+def _check_int32_sizes(info):
+    for size in info.shape:
+        if size > INT32_MAX:
+            raise InvalidArgumentError("%s has a dimension of %d, more than the C API's int32" % (info.name, size))
+
+
+def _check_lse(lse, want, words):
+    """lse: float32 of shape `want` (named `words`), contiguous, writable."""
+    if lse.shape != want or lse.dtype != "float32":
+        raise InvalidArgumentError("lse must be float32 of shape %s = %s, got %s %s"
+                                   % (words, list(want), lse.dtype, list(lse.shape)))
+    if any(st != c for size, st, c in zip(lse.shape, lse.strides, contiguous_strides(lse.shape)) if size > 1):
+        raise InvalidArgumentError("lse must be contiguous, got strides %s" % (list(lse.strides),))
+    if lse.readonly:
+        raise InvalidArgumentError("lse is read-only")
+
+
+def _check_contiguous_vector(info):
+    if info.shape[0] > 1 and info.strides[0] != 1:
+        raise InvalidArgumentError("%s must be contiguous, got stride %d" % (info.name, info.strides[0]))
+
+
+def _check_int32_vector(info, length, words):
+    """info: a contiguous int32 vector of `length` entries; `words` is its
+    shape as messages give it."""
+    if info.dtype != "int32" or tuple(info.shape) != (length,):
+        raise InvalidArgumentError("%s must be int32 of shape %s, got %s %s"
+                                   % (info.name, words, info.dtype, list(info.shape)))
+    _check_contiguous_vector(info)
+
+
+def _batch_from_cu_seqlens(cu_seqlens):
+    """B of packed sequences: cu_seqlens holds B + 1 int32 offsets."""
+    if cu_seqlens.dtype != "int32" or len(cu_seqlens.shape) != 1 or cu_seqlens.shape[0] < 1:
+        raise InvalidArgumentError("%s must be int32 of shape [B + 1] (the row where each of the B sequences "
+                                   "starts, then the end), got %s %s"
+                                   % (cu_seqlens.name, cu_seqlens.dtype, list(cu_seqlens.shape)))
+    _check_contiguous_vector(cu_seqlens)
+    return cu_seqlens.shape[0] - 1
+
+
+def _check_block_table(table, batch, batch_words):
+    """table: int32 [B, max_pages]; only its rows need be contiguous (a
+    view of a wider table works: the C API takes the row stride)."""
+    if table.dtype != "int32" or len(table.shape) != 2 or table.shape[0] != batch:
+        raise InvalidArgumentError("block_table must be int32 of shape [B, max_pages] with B = %d (%s), got %s %s"
+                                   % (batch, batch_words, table.dtype, list(table.shape)))
+    if table.shape[1] > 1 and table.strides[1] != 1:
+        raise InvalidArgumentError("block_table's rows must be contiguous (stride 1 along max_pages), got stride %d"
+                                   % table.strides[1])
+
+
+def _check_one_device(arrays, names):
+    """The one CUDA device of the arrays (None where none is known)."""
+    return _one_device([a.device for a in arrays if a is not None], names)
+
+
+def _one_device(devices, names):
+    distinct = sorted({d for d in devices if d is not None})
+    if len(distinct) > 1:
+        raise InvalidArgumentError("%s must be on one device, got devices %s" % (names, distinct))
+    return distinct[0] if distinct else None
+
+
+def _names(infos):
+    """'a, b and c' of the arrays given."""
+    names = [a.name for a in infos if a is not None]
+    return names[0] if len(names) == 1 else "%s and %s" % (", ".join(names[:-1]), names[-1])
+
+
+def _out_shape(q, head_dim_v):
+    """out's shape, in q's own layout: q's, with head_dim_v last."""
+    return tuple(q.shape[:-1]) + (head_dim_v,)
+
+
+class _Sequences:
+    """Where a call's sequences lie when the arrays are not all dense
+    [B, ...] tensors of full length: the described int32 arrays (None where
+    not used) and the longest packed sequences (None without cu_seqlens)."""
+
+    __slots__ = ("seqused_k", "cu_seqlens_q", "cu_seqlens_k", "block_table", "max_seqlen_q", "max_seqlen_k")
+
+    def __init__(self, seqused_k=None, cu_seqlens_q=None, cu_seqlens_k=None, block_table=None, max_seqlen_q=None,
+                 max_seqlen_k=None):
+        self.seqused_k = seqused_k
+        self.cu_seqlens_q = cu_seqlens_q
+        self.cu_seqlens_k = cu_seqlens_k
+        self.block_table = block_table
+        self.max_seqlen_q = max_seqlen_q
+        self.max_seqlen_k = max_seqlen_k
+
+    def arrays(self):
+        return (self.seqused_k, self.cu_seqlens_q, self.cu_seqlens_k, self.block_table)
+
+
+DENSE = _Sequences()
+
+
+def _max_seqlen(value, cu_seqlens, side):
+    """The C seqlen_q/_k of packed sequences: max_seqlen_<side>, which
+    comes with cu_seqlens_<side> and only with it."""
+    name = "max_seqlen_" + side
+    if cu_seqlens is None:
+        if value is not None:
+            raise InvalidArgumentError("%s is given without cu_seqlens_%s; it is the longest of the packed sequences "
+                                       "that cu_seqlens_%s describes" % (name, side, side))
+        return None
+    if value is None:
+        raise TypeError("cu_seqlens_%s needs %s, the longest of its sequences (it sizes the grid)" % (side, name))
+    value = fits(value, ctypes.c_int32, name)
+    if value < 0:
+        raise InvalidArgumentError("%s (%d) must be >= 0" % (name, value))
+    return value
+
+
+def _sequences(stream, seqused_k=None, cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None,
+               block_table=None, seqused_k_name="seqused_k"):
+    """_Sequences from the Python arguments, arrays described on `stream`
+    (seqused_k under the name the caller knows it by)."""
+    if cu_seqlens_k is not None and block_table is not None:
+        raise InvalidArgumentError("cu_seqlens_k and block_table cannot be combined: a paged cache's key counts come "
+                                   "from seqused_k (cu_seqlens_q with a block_table is supported)")
+    max_q, max_k = _max_seqlen(max_seqlen_q, cu_seqlens_q, "q"), _max_seqlen(max_seqlen_k, cu_seqlens_k, "k")
+
+    def info(x, name):
+        return None if x is None else describe(x, name, stream)
+
+    return _Sequences(info(seqused_k, seqused_k_name), info(cu_seqlens_q, "cu_seqlens_q"),
+                      info(cu_seqlens_k, "cu_seqlens_k"), info(block_table, "block_table"), max_q, max_k)
+
+
+class _Geometry:
+    """The sizes of one call as the C API takes them, with the views of q,
+    k, v and out (out's None when not given)."""
+
+    __slots__ = ("views", "batch", "seqlen_q", "seqlen_k", "total_q", "total_k", "page_size", "num_pages",
+                 "table_stride", "lse_shape", "lse_words")
+
+    def __init__(self, views, batch, seqlen_q, seqlen_k):
+        self.views = views
+        self.batch, self.seqlen_q, self.seqlen_k = batch, seqlen_q, seqlen_k
+        self.total_q = self.total_k = self.page_size = self.num_pages = self.table_stride = 0
+        self.lse_shape, self.lse_words = (batch, views[0].shape[1], seqlen_q), "[B, H, Sq]"
+
+
+def _validate(q, k, v, out, lse, layout, seqs=DENSE):
+    """Checks what the C API cannot see (it takes one dtype and one set of
+    sizes for all tensors) and returns the call's _Geometry; strides,
+    alignment, head counts and supported sizes are left to the library's
+    own validation."""
+    packed_q, packed_kv = seqs.cu_seqlens_q is not None, seqs.cu_seqlens_k is not None
+    paged = seqs.block_table is not None
+    kv_words = _paged_words(layout) if paged else None
+    qv = _View(q, layout, packed=packed_q)
+    kv, vv = (_View(a, layout, packed=packed_kv, words=kv_words) for a in (k, v))
+    ov = None if out is None else _View(out, layout, packed=packed_q)
+    views = [a for a in (qv, kv, vv, ov) if a is not None]
+    if q.dtype not in DTYPES:
+        raise UnsupportedError("q has dtype %s; flashcore computes on %s" % (q.dtype, " or ".join(DTYPES)))
+    for a in (k, v, out):
+        if a is not None and a.dtype != q.dtype:
+            raise InvalidArgumentError("%s has dtype %s but q has %s: all must match" % (a.name, a.dtype, q.dtype))
+    if kv.shape[:3] != vv.shape[:3]:
+        raise InvalidArgumentError("k and v must have the same shape but for the last dimension (v's is head_dim_v), "
+                                   "got %s and %s" % (list(k.shape), list(v.shape)))
+    if kv.shape[3] != qv.shape[3]:
+        raise InvalidArgumentError("q %s and k %s must have the same head_dim (their last dimension)"
+                                   % (list(q.shape), list(k.shape)))
+    if packed_q:
+        batch, batch_words = _batch_from_cu_seqlens(seqs.cu_seqlens_q), "from cu_seqlens_q"
+    else:
+        batch, batch_words = qv.shape[0], "q's batch size"
+    if not (packed_kv or paged) and kv.shape[0] != batch:
+        raise InvalidArgumentError("k %s must have batch size B = %d (%s, %s)"
+                                   % (list(k.shape), batch, batch_words, _shape_words(layout)))
+    if out is not None:
+        want = _out_shape(q, vv.shape[3])
+        if out.shape != want:
+            raise InvalidArgumentError("out must have q's shape with v's last dimension (head_dim_v), %s, got %s"
+                                       % (list(want), list(out.shape)))
+        if out.readonly:
+            raise InvalidArgumentError("out is read-only")
+    for view in views:
+        view.check_head_dim_contiguous()
+        _check_int32_sizes(view.info)
+
+    geometry = _Geometry(views, batch, seqs.max_seqlen_q if packed_q else qv.shape[2], kv.shape[2])
+    if packed_q:
+        geometry.total_q = qv.shape[2]
+        geometry.lse_shape, geometry.lse_words = (qv.shape[1], qv.shape[2]), "[Hq, total_q]"
+    if packed_kv:
+        _check_int32_vector(seqs.cu_seqlens_k, batch + 1, "[B + 1] = [%d] (B = %d, %s: the row where each sequence "
+                            "starts in k and v, then the end)" % (batch + 1, batch, batch_words))
+        geometry.seqlen_k, geometry.total_k = seqs.max_seqlen_k, kv.shape[2]
+    if paged:
+        table = seqs.block_table
+        _check_block_table(table, batch, batch_words)
+        geometry.num_pages, geometry.page_size = kv.shape[0], kv.shape[2]
+        # Each sequence holds up to max_pages pages: that is the capacity.
+        geometry.seqlen_k = table.shape[1] * geometry.page_size
+        # A one-row table's stride is never stepped along (frameworks give
+        # such strides arbitrary values); the C API only asks it be >= 0.
+        geometry.table_stride = table.strides[0] if batch > 1 else table.shape[1]
+    if seqs.seqused_k is not None:
+        _check_int32_vector(seqs.seqused_k, batch, "[B] = [%d] (one key count per sequence)" % batch)
+    if lse is not None:
+        _check_lse(lse, geometry.lse_shape, geometry.lse_words)
+    arrays = (q, k, v, out, lse) + seqs.arrays()
+    _check_one_device(arrays, _names(arrays))
+    return geometry
+
+
+def _address(info):
+    return None if info is None else info.ptr
+
+
+def _build(lib, q, k, v, out, lse, layout, options, seqs=DENSE):
+    """A flashcore_forward_params for described arrays and _Options."""
+    geometry = _validate(q, k, v, out, lse, layout, seqs)
+    qv, kv, vv = geometry.views[:3]
+    p = lib.new_params()
+    p.dtype = DTYPES[q.dtype]
+    p.causal = options.causal
+    p.softmax_scale = options.scale
+    p.softcap = options.softcap
+    use_window, window_left, window_right = options.window
+    set_fields(p, batch_size=geometry.batch, num_heads_q=qv.shape[1], seqlen_q=geometry.seqlen_q,
+               head_dim=qv.shape[3], head_dim_v=vv.shape[3], num_heads_kv=kv.shape[1], seqlen_k=geometry.seqlen_k,
+               num_splits=options.num_splits, use_window=use_window, window_left=window_left,
+               window_right=window_right, lse=_address(lse), seqused_k=_address(seqs.seqused_k),
+               cu_seqlens_q=_address(seqs.cu_seqlens_q), cu_seqlens_k=_address(seqs.cu_seqlens_k),
+               total_seqlen_q=geometry.total_q, total_seqlen_k=geometry.total_k,
+               block_table=_address(seqs.block_table), block_table_batch_stride=geometry.table_stride,
+               page_size=geometry.page_size, num_pages=geometry.num_pages)
+    for prefix, view in zip(("q", "k", "v", "out"), geometry.views):
+        fields = {prefix: view.info.ptr}
+        for stride, what in zip(view.aligned_strides(), ("batch", "head", "seq")):
+            fields["%s_%s_stride" % (prefix, what)] = stride
+        set_fields(p, **fields)
+    return p
+
+
+def _is_empty(params):
+    """Whether the call's output is empty (flashcore.h: batch_size, seqlen_q
+    or num_heads_q 0, or packed queries of no rows): the library then does
+    nothing, and neither do we."""
+    return (0 in (params.batch_size, params.seqlen_q, params.num_heads_q)
+            or (params.cu_seqlens_q is not None and params.total_seqlen_q == 0))
+
+
+def _hint_bshd(error, q, k, v, layout, seqs):
+    """error, with a hint to pass layout="bshd" where the head counts of
+    dense q and k read as [B, H, S, D] do not fit (Hq not a multiple of
+    Hkv) but read as [B, S, H, D] they, and the rest of the shapes, do:
+    FlashAttention-ordered tensors given with the default layout. (Where
+    both readings fit, as for self-attention with as many query as key
+    heads, the shapes cannot tell.)"""
+    if layout != Layout.BHSD or any(a is not None for a in seqs.arrays()):
+        return error
+    try:
+        as_given = [_View(a, Layout.BHSD) for a in (q, k)]
+        qv, kv, vv = (_View(a, Layout.BSHD) for a in (q, k, v))
+    except InvalidArgumentError:
+        return error
+
+    def heads_fit(q_view, k_view):
+        return k_view.shape[1] > 0 and q_view.shape[1] % k_view.shape[1] == 0
+
+    if heads_fit(*as_given) or not (heads_fit(qv, kv) and kv.shape[:3] == vv.shape[:3]
+                                    and qv.shape[0] == kv.shape[0] and qv.shape[3] == kv.shape[3]):
+        return error
+    hint = (" (these are valid [B, S, H, D] shapes: pass layout='bshd' if that is their order, or "
+            "x.transpose(1, 2) for [B, H, S, D] views)")
+    return type(error)(error.message + hint, error.status)
