@@ -13,7 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "fwd/entry_points.h"
+#include "common/launch_options.h"
 
 namespace flashcore {
 
@@ -44,7 +44,7 @@ class DynamicSmemOptIn {
 // remembered. Returns the launch's result, with launch_step's reporting.
 template <typename... KernelArgs, typename... Args>
 cudaError_t launch_opted_in(DynamicSmemOptIn &opt_in, void (*kernel)(KernelArgs...), const cudaLaunchConfig_t &config,
-                            const FwdLaunchOptions &options, Args &&...args) {
+                            const LaunchOptions &options, Args &&...args) {
     const auto opt_in_now = [&] {
         return launch_step(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(config.dynamicSmemBytes)),

@@ -9,9 +9,6 @@ constexpr int kMmaM = 16;  // rows of one m16n8k16 tile: the unit along the quer
 constexpr int kMmaN = 8;
 constexpr int kMmaK = 16;
 constexpr int kWarpSize = 32;
-// Elements of a 16-byte vector of 2-byte types: the unit of every global and
-// shared memory access, and the granularity of head dims.
-constexpr int kElemsPerVector = 8;
 
 // Lane l holds rows l/4 and l/4 + 8, columns 2*(l%4) and 2*(l%4) + 1 of its
 // m16n8 tile, in the order (row, col), (row, col+1), (row+8, col),

@@ -1,7 +1,7 @@
 // Entry points of the forward kernels: one explicit instantiation per line of
-// kernels/fwd_variants.list and dtype, in a generated translation unit (see
+// kernels/kernels.list and input type, in a generated translation unit (see
 // kernels/CMakeLists.txt). Host code reaches them through the generated
-// table (src/kernel_registry.cpp), never by name.
+// table (src/fwd/registry.cpp), never by name.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,37 +9,13 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/launch_options.h"
 #include "fwd/params.h"
 
 namespace flashcore {
 
-// Launch settings that are not kernel arguments.
-struct FwdLaunchOptions {
-    // A persistent kernel launches at most this many CTAs: one per SM, or
-    // fewer where a test asks (FLASHCORE_PERSISTENT_CTAS).
-    int max_persistent_ctas;
-    // Where a launcher names the runtime call that failed (when not null;
-    // written only on failure), for the caller's message.
-    const char **failed_call = nullptr;
-    // Where a persistent kernel's count of K/V tiles starts: 0, or where a
-    // test asks (FLASHCORE_TEST_KV_POSITION) to cross 2^32 within one call.
-    uint64_t first_kv_position = 0;
-    // The device the launch is on (current while it runs): what a kernel's
-    // shared-memory opt-in is remembered for (dynamic_smem.cuh). -1: unknown,
-    // opted in on every launch.
-    int device = -1;
-};
-
-// A launcher's runtime call `call` returned `err`: on failure, the error is
-// cleared from the thread's last-error state (it is reported once, through
-// the return value) and the call named in options.failed_call.
-inline cudaError_t launch_step(cudaError_t err, const FwdLaunchOptions &options, const char *call) {
-    if (err != cudaSuccess) {
-        cudaGetLastError();
-        if (options.failed_call != nullptr) *options.failed_call = call;
-    }
-    return err;
-}
+// The launch settings of every family (common/launch_options.h).
+using FwdLaunchOptions = LaunchOptions;
 
 // What the dispatcher checks against the device before a launch.
 struct FwdKernelInfo {

@@ -1,6 +1,7 @@
-// Shared-memory tiles of [rows][kRowElems] 2-byte elements, stored with an
-// XOR swizzle, and their cooperative loads from (and stores to) global
-// memory.
+// Shared-memory tiles of [rows][kRowElems] elements, moved in 16-byte
+// vectors (kElemsPerVector<Element> elements: common/element.cuh) and stored
+// with an XOR swizzle of those vectors, and their cooperative loads from (and
+// stores to) global memory.
 //
 // Why the swizzle: ldmatrix reads one 16-byte vector from each of 8
 // consecutive rows. Unswizzled, rows of 64 bytes or more put several of those
@@ -14,6 +15,7 @@
 
 #include <cstdint>
 
+#include "common/element.cuh"
 #include "common/fragment_layout.cuh"
 #include "common/ptx.cuh"
 
@@ -24,31 +26,33 @@ constexpr int kSwizzleRows = 8;
 constexpr int kSwizzleGroupVectors = 8;
 constexpr int kHalfGroupVectors = 4;
 
-// Element offset of vector `vec` (0 .. kRowElems/8 - 1) of row `row`.
-template <int kRowElems>
+// Element offset of vector `vec` (0 .. kRowElems / kElemsPerVector - 1) of
+// row `row`.
+template <typename Element, int kRowElems>
 __device__ __forceinline__ int swizzled_offset(int row, int vec) {
-    constexpr int kVectors = kRowElems / kElemsPerVector;
+    constexpr int kVectors = kRowElems / kElemsPerVector<Element>;
     constexpr int kFullGroupVectors = kVectors / kSwizzleGroupVectors * kSwizzleGroupVectors;
     static_assert(kVectors % kHalfGroupVectors == 0, "rows are whole groups of 8 vectors, plus at most 4");
     const int swizzled = kFullGroupVectors == kVectors || vec < kFullGroupVectors
                              ? vec ^ (row % kSwizzleRows)
                              : vec ^ ((row / 2) % kHalfGroupVectors);
-    return row * kRowElems + swizzled * kElemsPerVector;
+    return row * kRowElems + swizzled * kElemsPerVector<Element>;
 }
 
 // Byte offset of vector `vec` of row `row`, as above.
-template <int kRowElems>
+template <typename Element, int kRowElems>
 __device__ __forceinline__ uint32_t swizzled_byte_offset(int row, int vec) {
-    return uint32_t(swizzled_offset<kRowElems>(row, vec)) * 2u;
+    return uint32_t(swizzled_offset<Element, kRowElems>(row, vec)) * uint32_t(sizeof(Element));
 }
 
 // Moving 8 rows down leaves the swizzle unchanged.
-template <int kRowElems>
+template <typename Element, int kRowElems>
 __device__ __forceinline__ constexpr uint32_t row_block_bytes(int rows) {
-    return uint32_t(rows) * kRowElems * 2u;
+    return uint32_t(rows) * kRowElems * uint32_t(sizeof(Element));
 }
 
-// Fragment loops step through a row 2 vectors (one k16 slice) at a time from
+// Fragment loops step through a row 2 vectors (one k-step of the MMA: 32
+// bytes, k16 of a two-byte type) at a time from
 // a lane's vector b in {0, 1}. Since b ^ x stays in the pair's group for the
 // XORs above, the swizzle only permutes vectors within a group; with o(v) the
 // offset of vector v within the row,
@@ -59,9 +63,9 @@ __device__ __forceinline__ constexpr uint32_t row_block_bytes(int rows) {
 // keeps four address registers per base, not eight. Where rows are a multiple
 // of 128 bytes the row's own offset has no bits in common with the XOR and
 // rides along in the base; otherwise (192-byte rows) it is added after.
-template <int kRowElems>
+template <typename Element, int kRowElems>
 struct SwizzledRowSteps {
-    static constexpr int kVectors = kRowElems / kElemsPerVector;
+    static constexpr int kVectors = kRowElems / kElemsPerVector<Element>;
     static constexpr int kFullSteps = kVectors / kSwizzleGroupVectors * kSwizzleGroupVectors / 2;
     static constexpr bool kHasHalfGroup = kVectors % kSwizzleGroupVectors != 0;
     static constexpr bool kRowsAligned = !kHasHalfGroup;  // rows a multiple of 128 bytes
@@ -71,18 +75,24 @@ struct SwizzledRowSteps {
 
     __device__ __forceinline__ static SwizzledRowSteps of(int row, int b) {
         SwizzledRowSteps s;
-        s.row_base = kRowsAligned ? 0u : row_block_bytes<kRowElems>(row);
-        s.full_base = swizzled_byte_offset<kRowElems>(row, b) - s.row_base;
-        s.half_base = kHasHalfGroup ? swizzled_byte_offset<kRowElems>(row, 2 * kFullSteps + b) : 0u;
+        s.row_base = kRowsAligned ? 0u : row_block_bytes<Element, kRowElems>(row);
+        s.full_base = swizzled_byte_offset<Element, kRowElems>(row, b) - s.row_base;
+        s.half_base = kHasHalfGroup ? swizzled_byte_offset<Element, kRowElems>(row, 2 * kFullSteps + b) : 0u;
         return s;
+    }
+
+    // Bytes of `rows` rows (row_block_bytes).
+    __device__ __forceinline__ static constexpr uint32_t block_bytes(int rows) {
+        return row_block_bytes<Element, kRowElems>(rows);
     }
 
     // Byte offset of vector 2 * step + b; step is a compile-time constant.
     __device__ __forceinline__ uint32_t at(int step) const {
         if (step < kFullSteps) {
-            return row_base + (full_base ^ (uint32_t(step % 4) * 2u * 16u)) + uint32_t(step / 4) * 8u * 16u;
+            return row_base + (full_base ^ (uint32_t(step % 4) * 2u * uint32_t(kVectorBytes))) +
+                   uint32_t(step / 4) * 8u * uint32_t(kVectorBytes);
         }
-        return half_base ^ (uint32_t(step - kFullSteps) * 2u * 16u);
+        return half_base ^ (uint32_t(step - kFullSteps) * 2u * uint32_t(kVectorBytes));
     }
 };
 
@@ -101,7 +111,7 @@ struct SwizzledRowSteps {
 template <typename Element, int kRowElems, int kRows, int kThreads>
 __device__ __forceinline__ void load_tile_async(Element *smem, const Element *gmem, int64_t row_stride,
                                                 int valid_rows, int valid_vectors, int tid) {
-    constexpr int kVectorsPerRow = kRowElems / kElemsPerVector;
+    constexpr int kVectorsPerRow = kRowElems / kElemsPerVector<Element>;
     if constexpr (kThreads % kVectorsPerRow == 0 && kRows % (kThreads / kVectorsPerRow) == 0) {
         // Each thread keeps one column of vectors. Where a pass covers whole
         // swizzle blocks of rows it also keeps one swizzled offset;
@@ -112,18 +122,18 @@ __device__ __forceinline__ void load_tile_async(Element *smem, const Element *gm
         const int row0 = tid / kVectorsPerRow;
         const int vec = tid % kVectorsPerRow;
         const uint32_t base = smem_address(smem);
-        const uint32_t dst = base + swizzled_byte_offset<kRowElems>(row0, vec);
+        const uint32_t dst = base + swizzled_byte_offset<Element, kRowElems>(row0, vec);
         const int64_t pass_stride = row_stride * kRowsPerPass;
         const bool vec_valid = vec < valid_vectors;
-        const auto *src = gmem + row0 * row_stride + vec * kElemsPerVector;
+        const auto *src = gmem + row0 * row_stride + vec * kElemsPerVector<Element>;
 #pragma unroll
         for (int i = 0; i < kRows / kRowsPerPass; ++i) {
             const int row = row0 + i * kRowsPerPass;
             const bool valid = vec_valid && row < valid_rows;
             // An invalid vector still needs a mapped address in the
             // instruction; the tile's first element is always in bounds.
-            cp_async_16(kWholeSwizzleBlocks ? dst + row_block_bytes<kRowElems>(i * kRowsPerPass)
-                                            : base + swizzled_byte_offset<kRowElems>(row, vec),
+            cp_async_16(kWholeSwizzleBlocks ? dst + row_block_bytes<Element, kRowElems>(i * kRowsPerPass)
+                                            : base + swizzled_byte_offset<Element, kRowElems>(row, vec),
                         valid ? src : gmem, valid);
             src = opaque_advance(src, pass_stride);
         }
@@ -141,8 +151,8 @@ __device__ __forceinline__ void load_tile_async(Element *smem, const Element *gm
             const int row = idx / kVectorsPerRow;
             const int vec = idx % kVectorsPerRow;
             const bool valid = vec < valid_vectors && row < valid_rows;
-            cp_async_16(base + swizzled_byte_offset<kRowElems>(row, vec),
-                        valid ? gmem + row * row_stride + vec * kElemsPerVector : gmem, valid);
+            cp_async_16(base + swizzled_byte_offset<Element, kRowElems>(row, vec),
+                        valid ? gmem + row * row_stride + vec * kElemsPerVector<Element> : gmem, valid);
         }
     }
 }
@@ -153,14 +163,14 @@ __device__ __forceinline__ void load_tile_async(Element *smem, const Element *gm
 template <typename Element, int kRowElems, int kRows, int kThreads, typename RowOffset>
 __device__ __forceinline__ void load_rows_async(Element *smem, const Element *gmem, RowOffset &&row_offset,
                                                 int valid_rows, int valid_vectors, int tid) {
-    constexpr int kVectorsPerRow = kRowElems / kElemsPerVector;
+    constexpr int kVectorsPerRow = kRowElems / kElemsPerVector<Element>;
     const uint32_t base = smem_address(smem);
     for (int idx = tid; idx < kRows * kVectorsPerRow; idx += kThreads) {
         const int row = idx / kVectorsPerRow;
         const int vec = idx % kVectorsPerRow;
         const bool valid = vec < valid_vectors && row < valid_rows;
-        cp_async_16(base + swizzled_byte_offset<kRowElems>(row, vec),
-                    valid ? gmem + row_offset(row) + vec * kElemsPerVector : gmem, valid);
+        cp_async_16(base + swizzled_byte_offset<Element, kRowElems>(row, vec),
+                    valid ? gmem + row_offset(row) + vec * kElemsPerVector<Element> : gmem, valid);
     }
 }
 
@@ -172,7 +182,7 @@ template <typename Element, int kRowElems, int kCopyVectors, int kRows, int kThr
 __device__ __forceinline__ void store_tile(Element *gmem, int64_t row_stride, const Element *smem, int valid_rows,
                                            int valid_vectors, int tid) {
     constexpr int kVectors = kRows * kCopyVectors;
-    static_assert(kCopyVectors <= kRowElems / kElemsPerVector, "the copied vectors are a prefix of the row");
+    static_assert(kCopyVectors <= kRowElems / kElemsPerVector<Element>, "the copied vectors are a prefix of the row");
 #pragma unroll
     for (int i = 0; i < (kVectors + kThreads - 1) / kThreads; ++i) {
         const int idx = tid + i * kThreads;
@@ -180,8 +190,8 @@ __device__ __forceinline__ void store_tile(Element *gmem, int64_t row_stride, co
         const int row = idx / kCopyVectors;
         const int vec = idx % kCopyVectors;
         if (row < valid_rows && vec < valid_vectors) {
-            const uint4 value = *reinterpret_cast<const uint4 *>(smem + swizzled_offset<kRowElems>(row, vec));
-            *reinterpret_cast<uint4 *>(gmem + row * row_stride + vec * kElemsPerVector) = value;
+            const uint4 value = *reinterpret_cast<const uint4 *>(smem + swizzled_offset<Element, kRowElems>(row, vec));
+            *reinterpret_cast<uint4 *>(gmem + row * row_stride + vec * kElemsPerVector<Element>) = value;
         }
     }
 }

@@ -14,6 +14,13 @@
 
 namespace flashcore {
 
+// Rows of Q and K tiles (kHeadDim elements), and of V tiles (kHeadDimV), as
+// the fragment loops step through them.
+template <typename Traits>
+using QKRowSteps = SwizzledRowSteps<typename Traits::Element, Traits::kHeadDim>;
+template <typename Traits>
+using VRowSteps = SwizzledRowSteps<typename Traits::Element, Traits::kHeadDimV>;
+
 // ldmatrix.x4 lane roles: lane l addresses row (l % 8) of matrix (l / 8).
 __device__ __forceinline__ int ldm_row(int lane) { return lane % 8; }
 __device__ __forceinline__ int ldm_matrix(int lane) { return lane / 8; }
@@ -22,14 +29,15 @@ __device__ __forceinline__ int ldm_matrix(int lane) { return lane / 8; }
 // re-read from shared memory one k-step at a time (Traits::kQInRegisters).
 template <typename Traits>
 struct QFragments {
+    static_assert(sizeof(typename Traits::Element) == 2, "ldmatrix .b16 and mma m16n8k16 take two-byte elements");
     uint32_t frag[Traits::kMAtoms][Traits::kQFragSteps][4];
-    uint32_t smem_base;                            // Q's tile
-    SwizzledRowSteps<Traits::kHeadDim> lane_rows;  // this lane's ldmatrix offsets for m-tile 0
+    uint32_t smem_base;            // Q's tile
+    QKRowSteps<Traits> lane_rows;  // this lane's ldmatrix offsets for m-tile 0
 
     // Matrices: rows 0-7 / 8-15 at k 0-7, then the same at k 8-15.
     __device__ __forceinline__ void init(const typename Traits::Element *smem_q, int first_row, int lane) {
         smem_base = smem_address(smem_q);
-        lane_rows = SwizzledRowSteps<Traits::kHeadDim>::of(first_row + lane % kMmaM, lane / kMmaM);
+        lane_rows = QKRowSteps<Traits>::of(first_row + lane % kMmaM, lane / kMmaM);
         if constexpr (Traits::kQInRegisters) {
 #pragma unroll
             for (int ks = 0; ks < Traits::kKStepsQK; ++ks) load_step(ks, ks);
@@ -39,8 +47,7 @@ struct QFragments {
     __device__ __forceinline__ void load_step(int ks, int slot) {
 #pragma unroll
         for (int m = 0; m < Traits::kMAtoms; ++m) {
-            ldmatrix_x4(frag[m][slot],
-                        smem_base + lane_rows.at(ks) + row_block_bytes<Traits::kHeadDim>(m * kMmaM));
+            ldmatrix_x4(frag[m][slot], smem_base + lane_rows.at(ks) + QKRowSteps<Traits>::block_bytes(m * kMmaM));
         }
     }
 
@@ -58,24 +65,21 @@ struct QFragments {
 // This lane's K fragment rows in a K tile. Matrices: keys 0-7 at k 0-7 and
 // k 8-15, then keys 8-15 the same.
 template <typename Traits>
-__device__ __forceinline__ SwizzledRowSteps<Traits::kHeadDim> k_fragment_rows(int lane) {
-    return SwizzledRowSteps<Traits::kHeadDim>::of((ldm_matrix(lane) / 2) * kMmaN + ldm_row(lane),
-                                                  ldm_matrix(lane) % 2);
+__device__ __forceinline__ QKRowSteps<Traits> k_fragment_rows(int lane) {
+    return QKRowSteps<Traits>::of((ldm_matrix(lane) / 2) * kMmaN + ldm_row(lane), ldm_matrix(lane) % 2);
 }
 
 // This lane's V fragment rows in a V tile. Matrices: keys 0-7 / 8-15 at
 // head-dim columns 0-7, then at columns 8-15; ldmatrix.trans turns them into
 // B fragments.
 template <typename Traits>
-__device__ __forceinline__ SwizzledRowSteps<Traits::kHeadDimV> v_fragment_rows(int lane) {
-    return SwizzledRowSteps<Traits::kHeadDimV>::of((ldm_matrix(lane) % 2) * kMmaN + ldm_row(lane),
-                                                   ldm_matrix(lane) / 2);
+__device__ __forceinline__ VRowSteps<Traits> v_fragment_rows(int lane) {
+    return VRowSteps<Traits>::of((ldm_matrix(lane) % 2) * kMmaN + ldm_row(lane), ldm_matrix(lane) / 2);
 }
 
 template <typename Traits>
-__device__ __forceinline__ void gemm_qk(float (&scores)[Traits::kMAtoms][Traits::kNAtomsS][4],
-                                        QFragments<Traits> &q, uint32_t smem_k,
-                                        const SwizzledRowSteps<Traits::kHeadDim> &k_rows) {
+__device__ __forceinline__ void gemm_qk(float (&scores)[Traits::kMAtoms][Traits::kNAtomsS][4], QFragments<Traits> &q,
+                                        uint32_t smem_k, const QKRowSteps<Traits> &k_rows) {
     using Element = typename Traits::Element;
 #pragma unroll
     for (int m = 0; m < Traits::kMAtoms; ++m) {
@@ -92,7 +96,7 @@ __device__ __forceinline__ void gemm_qk(float (&scores)[Traits::kMAtoms][Traits:
 #pragma unroll
         for (int n = 0; n < Traits::kNAtomsS; n += 2) {
             uint32_t k_frag[4];
-            ldmatrix_x4(k_frag, step_addr + row_block_bytes<Traits::kHeadDim>(n * kMmaN));
+            ldmatrix_x4(k_frag, step_addr + QKRowSteps<Traits>::block_bytes(n * kMmaN));
 #pragma unroll
             for (int m = 0; m < Traits::kMAtoms; ++m) {
                 mma_m16n8k16<Element>(scores[m][n], q.frag[m][slot], k_frag[0], k_frag[1]);
@@ -104,8 +108,8 @@ __device__ __forceinline__ void gemm_qk(float (&scores)[Traits::kMAtoms][Traits:
 
 template <typename Traits>
 __device__ __forceinline__ void gemm_pv(float (&out)[Traits::kMAtoms][Traits::kNAtomsO][4],
-                                        const float (&probs)[Traits::kMAtoms][Traits::kNAtomsS][4],
-                                        uint32_t smem_v, const SwizzledRowSteps<Traits::kHeadDimV> &v_rows) {
+                                        const float (&probs)[Traits::kMAtoms][Traits::kNAtomsS][4], uint32_t smem_v,
+                                        const VRowSteps<Traits> &v_rows) {
     using Element = typename Traits::Element;
 #pragma unroll
     for (int ks = 0; ks < Traits::kKStepsPV; ++ks) {
@@ -117,7 +121,7 @@ __device__ __forceinline__ void gemm_pv(float (&out)[Traits::kMAtoms][Traits::kN
             p_frag[m][2] = pack2<Element>(probs[m][2 * ks + 1][0], probs[m][2 * ks + 1][1]);
             p_frag[m][3] = pack2<Element>(probs[m][2 * ks + 1][2], probs[m][2 * ks + 1][3]);
         }
-        const uint32_t step_addr = smem_v + row_block_bytes<Traits::kHeadDimV>(ks * kMmaK);
+        const uint32_t step_addr = smem_v + VRowSteps<Traits>::block_bytes(ks * kMmaK);
 #pragma unroll
         for (int n = 0; n < Traits::kNAtomsO; n += 2) {
             uint32_t v_frag[4];

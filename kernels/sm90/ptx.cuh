@@ -55,16 +55,16 @@ __device__ __forceinline__ void setmaxnreg_decrease() {
 // ---- shared-memory matrix descriptors --------------------------------------
 //
 // Tiles are stored as the TMA unit's 128- or 64-byte swizzle writes them:
-// panels of kRowBytes / 2 two-byte columns (kRowBytes per row), 16-byte chunk
-// c of row r at chunk c ^ ((r * kRowBytes / 128) % (kRowBytes / 16)), groups
-// of 8 rows (one swizzle atom) 8 * kRowBytes apart. Panels start aligned to
-// the atom. Head dims that are multiples of 64 use 128-byte rows; 32 and 96
-// use 64-byte rows.
+// panels of kRowBytes bytes per row (kRowBytes / 2 columns of a two-byte
+// type), 16-byte chunk c of row r at chunk c ^ ((r * kRowBytes / 128) %
+// (kRowBytes / 16)), groups of 8 rows (one swizzle atom) 8 * kRowBytes apart.
+// Panels start aligned to the atom. Rows that are multiples of 128 bytes use
+// 128-byte panels (two-byte head dims 64, 128, ...); others 64-byte panels
+// (32, 96).
 
 template <int kRowBytes>
 struct PanelSwizzle {
     static_assert(kRowBytes == 128 || kRowBytes == 64, "the 128- and 64-byte swizzles");
-    static constexpr int kCols = kRowBytes / 2;
     static constexpr uint32_t kAtomBytes = 8 * kRowBytes;  // 8 rows
     static constexpr int kChunks = kRowBytes / 16;
     // Layout-type field of a wgmma descriptor (bits 62-63).

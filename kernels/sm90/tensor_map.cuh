@@ -39,7 +39,7 @@ inline PFN_cuTensorMapReplaceAddress_v12000 tensor_map_address_replacer() {
 enum class TensorRole : uint32_t { kQ, kK, kV, kO };
 
 // Everything a map is encoded from but the base address: a 4-d tensor
-// (head_dim, seq, head, batch) of 2-byte elements, read in boxes of
+// (head_dim, seq, head, batch) of `type` elements, read in boxes of
 // box_cols columns (one shared-memory panel) x box_rows rows.
 struct TensorMapGeometry {
     TensorRole role;
@@ -50,6 +50,21 @@ struct TensorMapGeometry {
 };
 
 namespace detail {
+
+// Bytes of one element of a map type the kernels use (0: another).
+inline uint32_t element_bytes(CUtensorMapDataType type) {
+    switch (type) {
+        case CU_TENSOR_MAP_DATA_TYPE_UINT8:
+            return 1;
+        case CU_TENSOR_MAP_DATA_TYPE_FLOAT16:
+        case CU_TENSOR_MAP_DATA_TYPE_BFLOAT16:
+            return 2;
+        case CU_TENSOR_MAP_DATA_TYPE_FLOAT32:
+            return 4;
+        default:
+            return 0;
+    }
+}
 
 // Maps a thread keeps: two geometries of each role, enough for a model
 // that alternates between two shapes (prefill and decode, say).
@@ -82,13 +97,13 @@ static_assert(sizeof(TensorMapGeometry) == 4 * sizeof(uint32_t) + 7 * sizeof(uin
 inline bool encode(CUtensorMap *map, const TensorMapGeometry &g, const void *base) {
     const PFN_cuTensorMapEncodeTiled_v12000 encode_tiled = tensor_map_encoder();
     if (encode_tiled == nullptr) return false;
-    constexpr uint32_t kElementBytes = 2;
+    const uint32_t box_bytes = g.box_cols * element_bytes(g.type);
+    if (box_bytes != 128 && box_bytes != 64) return false;  // the panels' swizzles (sm90/ptx.cuh)
     const cuuint64_t dims[4] = {g.dims[0], g.dims[1], g.dims[2], g.dims[3]};
     const cuuint64_t strides[3] = {g.byte_strides[0], g.byte_strides[1], g.byte_strides[2]};
     const cuuint32_t box[4] = {g.box_cols, g.box_rows, 1, 1};
     const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-    const CUtensorMapSwizzle swizzle =
-        g.box_cols * kElementBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+    const CUtensorMapSwizzle swizzle = box_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
     return encode_tiled(map, g.type, 4, const_cast<void *>(base), dims, strides, box, element_strides,
                         CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;

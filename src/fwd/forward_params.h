@@ -57,7 +57,6 @@ void init_params(flashcore_forward_params *params, size_t struct_size);
 // the defaults they stand for come from the functions below.
 flashcore_status read_params(const flashcore_forward_params *user, flashcore_forward_params *params);
 
-
 // The softmax scale the kernels use: the caller's, or 1/sqrt(head_dim).
 float effective_softmax_scale(const flashcore_forward_params &params);
 

@@ -1,6 +1,6 @@
-// Tile configurations of the portable forward kernel per (element type,
-// head dims, variant): what kernels/fwd_variants.list instantiates and the
-// launch heuristic (src/dispatch.cpp) chooses from. The 64 and 128 entries
+// Tile configurations of the portable forward kernel per (input and output
+// element types, head dims, variant): what kernels/kernels.list instantiates
+// and the launch heuristic (src/fwd/dispatch.cpp) chooses from. The 64 and 128 entries
 // were measured on an H200 with a scratch sweep over block sizes, warps,
 // stages and Q in registers or not (docs/perf-notes.md); the others follow
 // them within the register and shared-memory budgets.
@@ -40,31 +40,31 @@
 
 namespace flashcore {
 
-template <DType kDType, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
+template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 struct FwdConfig;
 
-// FwdTraits<Element, head_dim, head_dim_v, BlockM, BlockN, WarpsPerSplit, KeySplits, Stages, MaxRegisters,
-//           QInRegisters>
-template <DType kDType, int kHeadDim, int kHeadDimV>
-struct FwdConfig<kDType, kHeadDim, kHeadDimV, FwdVariant::kLargeTiles> {
+// FwdTraits<Element, ElementOut, head_dim, head_dim_v, BlockM, BlockN, WarpsPerSplit, KeySplits, Stages,
+//           MaxRegisters, QInRegisters>
+template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV>
+struct FwdConfig<kInput, kOutput, kHeadDim, kHeadDimV, FwdVariant::kLargeTiles> {
     static constexpr int kBlockM = kHeadDim <= 128 ? 128 : 64;
     static constexpr int kBlockN = kHeadDim <= 64 ? 64 : 32;
-    using Traits = FwdTraits<typename ElementOf<kDType>::type, kHeadDim, kHeadDimV, kBlockM, kBlockN, 4, 1, 2, 255,
-                             kHeadDim <= 64>;
+    using Traits = FwdTraits<ElementType<kInput>, ElementType<kOutput>, kHeadDim, kHeadDimV, kBlockM, kBlockN, 4, 1, 2,
+                             255, kHeadDim <= 64>;
 };
 
-template <DType kDType, int kHeadDim, int kHeadDimV>
-struct FwdConfig<kDType, kHeadDim, kHeadDimV, FwdVariant::kKeySplit> {
-    using Traits = FwdTraits<typename ElementOf<kDType>::type, kHeadDim, kHeadDimV, 64, 64, 4, 2, 2, 255,
+template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV>
+struct FwdConfig<kInput, kOutput, kHeadDim, kHeadDimV, FwdVariant::kKeySplit> {
+    using Traits = FwdTraits<ElementType<kInput>, ElementType<kOutput>, kHeadDim, kHeadDimV, 64, 64, 4, 2, 2, 255,
                              kHeadDim <= 96>;
 };
 
 // Past head_dim 64, 32-key tiles keep four splits' rings (2 slots each)
 // within the 227 KB an sm_90 CTA may have (d128 64-key slots: 256 KB).
-template <DType kDType, int kHeadDim, int kHeadDimV>
-struct FwdConfig<kDType, kHeadDim, kHeadDimV, FwdVariant::kKeySplit4> {
-    using Traits = FwdTraits<typename ElementOf<kDType>::type, kHeadDim, kHeadDimV, 32, kHeadDim <= 64 ? 64 : 32,
-                             2, 4, 2, 255, kHeadDim <= 96>;
+template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV>
+struct FwdConfig<kInput, kOutput, kHeadDim, kHeadDimV, FwdVariant::kKeySplit4> {
+    using Traits = FwdTraits<ElementType<kInput>, ElementType<kOutput>, kHeadDim, kHeadDimV, 32,
+                             kHeadDim <= 64 ? 64 : 32, 2, 4, 2, 255, kHeadDim <= 96>;
 };
 
 #ifndef FLASHCORE_DECODE_SLOT_BYTES  // scratch sweeps override these three
@@ -82,18 +82,18 @@ constexpr int kDecodeStages = FLASHCORE_DECODE_STAGES;
 constexpr int kDecodeKeySplits = FLASHCORE_DECODE_KEY_SPLITS;
 constexpr int kDecodeBlockM = 16;
 
-// Keys per decode tile: kDecodeSlotBytes of K and V rows, a multiple of 16
-// (the P*V k-step), from 16 to 64.
-constexpr int decode_block_n(int head_dim, int head_dim_v) {
-    const int keys = kDecodeSlotBytes / ((head_dim + head_dim_v) * 2) / kMmaK * kMmaK;
+// Keys per decode tile: kDecodeSlotBytes of K and V rows of element_bytes
+// elements, a multiple of 16 (the P*V k-step), from 16 to 64.
+constexpr int decode_block_n(int head_dim, int head_dim_v, int element_bytes) {
+    const int keys = kDecodeSlotBytes / ((head_dim + head_dim_v) * element_bytes) / kMmaK * kMmaK;
     return keys < kMmaK ? kMmaK : (keys > 64 ? 64 : keys);
 }
 
-template <DType kDType, int kHeadDim, int kHeadDimV>
-struct FwdConfig<kDType, kHeadDim, kHeadDimV, FwdVariant::kDecode> {
-    using Traits = FwdTraits<typename ElementOf<kDType>::type, kHeadDim, kHeadDimV, kDecodeBlockM,
-                             decode_block_n(kHeadDim, kHeadDimV), 1, kDecodeKeySplits, kDecodeStages, 255,
-                             kHeadDim <= 128>;
+template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV>
+struct FwdConfig<kInput, kOutput, kHeadDim, kHeadDimV, FwdVariant::kDecode> {
+    using Traits = FwdTraits<ElementType<kInput>, ElementType<kOutput>, kHeadDim, kHeadDimV, kDecodeBlockM,
+                             decode_block_n(kHeadDim, kHeadDimV, int(dtype_bytes(kInput))), 1, kDecodeKeySplits,
+                             kDecodeStages, 255, kHeadDim <= 128>;
 };
 
 }  // namespace flashcore

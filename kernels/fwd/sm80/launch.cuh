@@ -1,6 +1,6 @@
 // Host-side launch of the portable forward kernel. Included only by the
 // generated per-variant translation units (kernels/CMakeLists.txt), which
-// instantiate run_fwd_sm80 for one line of kernels/fwd_variants.list and
+// instantiate run_fwd_sm80 for one line of kernels/kernels.list and input
 // dtype each, so the variants compile in parallel.
 #pragma once
 
@@ -20,18 +20,15 @@ constexpr bool kServesRagged = kVariant == FwdVariant::kDecode || kVariant == Fw
 
 template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 FwdKernelInfo fwd_info_sm80() {
-    using Traits = typename FwdConfig<kInput, kHeadDim, kHeadDimV, kVariant>::Traits;
+    using Traits = typename FwdConfig<kInput, kOutput, kHeadDim, kHeadDimV, kVariant>::Traits;
     return {Traits::kSmemBytes, Traits::kBlockM, Traits::kBlockN * Traits::kKeySplits,
             register_bound_ctas_per_sm(Traits::kNumThreads, Traits::kMaxRegisters), kServesRagged<kVariant>};
 }
 
 template <typename Traits, bool kRagged>
 cudaError_t launch_fwd_sm80(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
-    // The dispatcher has checked that the blocks fit gridDim.x; the key
-    // splits (at most FLASHCORE_MAX_NUM_SPLITS) are gridDim.y.
-    const int64_t num_blocks = fwd_num_blocks(params, Traits::kBlockM);
     cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(unsigned(num_blocks), unsigned(params.num_splits));
+    config.gridDim = sm80::BlockScheduler<Traits::kBlockM, Traits::kBlockN, kRagged>::grid(params);
     config.blockDim = dim3(Traits::kNumThreads);
     config.dynamicSmemBytes = Traits::kSmemBytes;
     config.stream = stream;
@@ -42,7 +39,7 @@ cudaError_t launch_fwd_sm80(const FwdKernelParams &params, const FwdLaunchOption
 template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 cudaError_t run_fwd_sm80(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
     static_assert(kInput == kOutput, "the forward kernels write their input type (fwd/family.cmake)");
-    using Traits = typename FwdConfig<kInput, kHeadDim, kHeadDimV, kVariant>::Traits;
+    using Traits = typename FwdConfig<kInput, kOutput, kHeadDim, kHeadDimV, kVariant>::Traits;
     if (!params.ragged) return launch_fwd_sm80<Traits, false>(params, options, stream);
     if constexpr (kServesRagged<kVariant>) {
         return launch_fwd_sm80<Traits, true>(params, options, stream);

@@ -45,9 +45,9 @@ struct TilePages {
 // Whether kThreads threads copy a tile of kRowElems-element rows in passes
 // of whole 16-row chunks, one vector column each (TilePages' chunks);
 // otherwise (rows of 12 or 24 vectors) each vector finds its row's page.
-template <int kRowElems, int kRows, int kThreads>
-constexpr bool kChunkedCopy = kThreads % (kRowElems / kElemsPerVector) == 0 &&
-                              kPageChunkRows % (kThreads / (kRowElems / kElemsPerVector)) == 0 &&
+template <typename Element, int kRowElems, int kRows, int kThreads>
+constexpr bool kChunkedCopy = kThreads % (kRowElems / kElemsPerVector<Element>) == 0 &&
+                              kPageChunkRows % (kThreads / (kRowElems / kElemsPerVector<Element>)) == 0 &&
                               kRows % kPageChunkRows == 0;
 
 // As load_tile_async (smem_tile.cuh), for the rows of one K or V tile of a
@@ -58,15 +58,15 @@ __device__ __forceinline__ void load_paged_tile_async(Element *smem, const Eleme
                                                       int64_t row_stride, const FwdKernelParams &p, int batch,
                                                       const TilePages<kRows> &pages, int valid_rows,
                                                       int valid_vectors, int tid) {
-    constexpr int kVectorsPerRow = kRowElems / kElemsPerVector;
-    if constexpr (kChunkedCopy<kRowElems, kRows, kThreads>) {
+    constexpr int kVectorsPerRow = kRowElems / kElemsPerVector<Element>;
+    if constexpr (kChunkedCopy<Element, kRowElems, kRows, kThreads>) {
         constexpr int kRowsPerPass = kThreads / kVectorsPerRow;
         const int row0 = tid / kVectorsPerRow;
         const int vec = tid % kVectorsPerRow;
         const uint32_t base = smem_address(smem);
         const bool vec_valid = vec < valid_vectors;
         const int64_t pass_stride = row_stride * kRowsPerPass;
-        const Element *thread_gmem = gmem + row0 * row_stride + vec * kElemsPerVector;
+        const Element *thread_gmem = gmem + row0 * row_stride + vec * kElemsPerVector<Element>;
 #pragma unroll
         for (int chunk = 0; chunk < TilePages<kRows>::kChunks; ++chunk) {
             const int chunk_row = chunk * kPageChunkRows;
@@ -79,7 +79,7 @@ __device__ __forceinline__ void load_paged_tile_async(Element *smem, const Eleme
                 const bool valid = vec_valid && row < valid_rows;
                 // An invalid vector still needs a mapped address: gmem, the
                 // head's first row of page 0, always is.
-                cp_async_16(base + swizzled_byte_offset<kRowElems>(row, vec), valid ? src : gmem, valid);
+                cp_async_16(base + swizzled_byte_offset<Element, kRowElems>(row, vec), valid ? src : gmem, valid);
                 src = opaque_advance(src, pass_stride);
             }
         }

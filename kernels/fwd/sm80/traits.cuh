@@ -4,14 +4,16 @@
 
 #include <cstddef>
 
+#include "common/element.cuh"
 #include "common/fragment_layout.cuh"
 
 namespace flashcore {
 
-template <typename Element_, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_, int kWarpsPerSplit_,
-          int kKeySplits_, int kStages_, int kMaxRegisters_, bool kQInRegisters_>
+template <typename Element_, typename ElementOut_, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_,
+          int kWarpsPerSplit_, int kKeySplits_, int kStages_, int kMaxRegisters_, bool kQInRegisters_>
 struct FwdTraits {
-    using Element = Element_;
+    using Element = Element_;        // of Q, K and V
+    using ElementOut = ElementOut_;  // of O
     static constexpr int kHeadDim = kHeadDim_;    // of Q and K
     static constexpr int kHeadDimV = kHeadDimV_;  // of V and O
     static constexpr int kBlockM = kBlockM_;      // query rows per CTA
@@ -59,9 +61,10 @@ struct FwdTraits {
     static_assert(kStages >= 2, "the ring needs a slot to fill while another is read");
     static_assert(kRowsPerWarp % kMmaM == 0, "each warp needs whole m16 tiles");
     static_assert(kBlockN % kMmaK == 0, "K/V tiles are consumed in k16 steps");
-    static_assert(kHeadDim % 32 == 0 && kHeadDimV % 32 == 0,
+    static_assert(kHeadDim % (4 * kElemsPerVector<Element>) == 0 && kHeadDimV % (4 * kElemsPerVector<Element>) == 0,
                   "rows are swizzled in groups of 8 or 4 16-byte vectors (smem_tile.cuh)");
     static_assert(kHeadDimV <= kHeadDim, "the output tile reuses Q's shared memory");
+    static_assert(sizeof(ElementOut) == sizeof(Element), "the output tile is staged in Q's rows, with Q's swizzle");
 };
 
 }  // namespace flashcore

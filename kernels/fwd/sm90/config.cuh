@@ -1,4 +1,5 @@
-// Tile configuration of the sm90 kernel per (element type, head dims): 128
+// Tile configuration of the sm90 kernel per (input and output element
+// types, head dims): 128
 // query rows (two consumer warpgroups of 64), the key tile, the K/V ring
 // depth, the Q buffers, the sets of P fragments and how O leaves, within 227
 // KB of shared memory and 240 registers per consumer thread (O, S, P).
@@ -34,11 +35,11 @@
 
 namespace flashcore::sm90 {
 
-template <DType kDType, int kHeadDim, int kHeadDimV>
+template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV>
 struct Sm90Config {
     static constexpr bool kLarge = kHeadDim > 128;    // 192, 256: two K/V stages, O stored from registers
     static constexpr bool kHuge = kHeadDimV > 128;    // 256: 80-key tiles, one Q buffer, one P set
-    using Traits = Sm90Traits<typename ElementOf<kDType>::type, kHeadDim, kHeadDimV,
+    using Traits = Sm90Traits<ElementType<kInput>, ElementType<kOutput>, kHeadDim, kHeadDimV,
                               /*kBlockN=*/kHuge ? 80 : kLarge ? 96 : 128,
                               /*kStages=*/kHeadDim == 128 || kLarge ? 2 : 3,
                               /*kQStages=*/kHuge ? 1 : 2,

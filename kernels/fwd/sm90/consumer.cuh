@@ -14,16 +14,16 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/key_range.cuh"
-#include "fwd/output_block.cuh"
-#include "fwd/row_stores.cuh"
-#include "fwd/tile_coords.cuh"
+#include "fwd/output_destination.cuh"
 #include "fwd/sm90/epilogue.cuh"
 #include "fwd/sm90/mainloop.cuh"
 #include "fwd/sm90/pipeline.cuh"
-#include "sm90/tile_scheduler.cuh"
 #include "fwd/sm90/traits.cuh"
+#include "fwd/tile_coords.cuh"
+#include "sm90/tile_scheduler.cuh"
 
 namespace flashcore::sm90 {
 
@@ -31,7 +31,7 @@ namespace flashcore::sm90 {
 // kRagged: packed and paged tensors (kernel.cuh).
 template <typename Traits, typename Cap, bool kRagged>
 struct Consumer {
-    using Element = typename Traits::Element;
+    using ElementOut = typename Traits::ElementOut;
     using KeyRange = BlockKeyRange<Traits::kBlockM, Traits::kBlockN>;
 
     const Sm90KernelParams &params;
@@ -72,13 +72,9 @@ struct Consumer {
         if (keys.num_blocks() <= 0) {
             const int tid = consumer * kWarpgroupThreads + wg_tid;
             constexpr int kThreads = Traits::kConsumerWarpgroups * kWarpgroupThreads;
-            if (params.fwd.num_splits > 1) {
-                store_empty_rows(split_destination(params.fwd, tile, Traits::kBlockM, split), params.fwd.head_dim_v,
-                                 tid, kThreads);
-            } else {
-                store_empty_block(OutputBlock<Element>::of(params.fwd, tile, Traits::kBlockM),
-                                  params.fwd.out_seq_stride, params.fwd.head_dim_v, tid, kThreads);
-            }
+            with_output_destination<ElementOut, false>(params.fwd, tile, Traits::kBlockM, split, [&](const auto &dst) {
+                store_empty_rows(dst, params.fwd.head_dim_v, tid, kThreads);
+            });
             return;
         }
         const KvPosition kv_base = kv_count;
@@ -132,15 +128,20 @@ struct Consumer {
         loop.release_v(pending_last_kv);
         float row_lse[2];
         loop.softmax.finalize(loop.acc_o, params.fwd.softmax_scale, row_lse);
-        if (params.fwd.num_splits > 1) {
-            // A split-KV part: fp32 rows and LSE to the workspace.
-            store_fragment_rows(split_destination(params.fwd, pending_tile, Traits::kBlockM, pending_split),
-                                loop.acc_o, row_lse, consumer * Traits::kRowsPerConsumer + (wg_tid / 32) * kMmaM,
-                                wg_tid % 32, params.fwd.head_dim_v);
-            return;
-        }
-        store_rows<Traits, kRagged>(params, pending_tile, loop.pipe.o_staging(consumer), consumer, loop.acc_o[0], row_lse,
-                           wg_tid);
+        // The plain block deferred (PlainBlock): its addresses are computed
+        // after O is staged.
+        with_output_destination<ElementOut, false, /*kDeferPlain=*/true>(
+            params.fwd, pending_tile, Traits::kBlockM, pending_split, [&](const auto &dst) {
+                if constexpr (std::decay_t<decltype(dst)>::kLayout == RowLayout::kScattered) {
+                    // A split-KV part: fp32 rows and LSE to the workspace.
+                    store_fragment_rows(dst, loop.acc_o, row_lse,
+                                        consumer * Traits::kRowsPerConsumer + (wg_tid / 32) * kMmaM, wg_tid % 32,
+                                        params.fwd);
+                } else {
+                    store_rows<Traits, kRagged>(params, pending_tile, dst, loop.pipe.o_staging(consumer), consumer,
+                                                loop.acc_o, row_lse, wg_tid);
+                }
+            });
     }
 };
 

@@ -17,15 +17,20 @@
 
 namespace flashcore::sm90 {
 
+// The TMA element type of a DType.
+constexpr CUtensorMapDataType tensor_map_type(DType dtype) {
+    return dtype == DType::kBf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+
 // The geometry of a map of `role` over a 4-d (head_dim, seq, head, batch)
-// tensor of 2-byte elements, with strides in elements.
-inline TensorMapGeometry tensor_geometry(TensorRole role, CUtensorMapDataType type, int head_dim, int seqlen,
-                                         int heads, int batch, int64_t seq_stride, int64_t head_stride,
-                                         int64_t batch_stride, int box_cols, int box_rows) {
-    constexpr int64_t kElementBytes = 2;
+// tensor of `dtype` elements, with strides in elements.
+inline TensorMapGeometry tensor_geometry(TensorRole role, DType dtype, int head_dim, int seqlen, int heads, int batch,
+                                         int64_t seq_stride, int64_t head_stride, int64_t batch_stride, int box_cols,
+                                         int box_rows) {
+    const int64_t kElementBytes = int64_t(dtype_bytes(dtype));
     TensorMapGeometry g{};
     g.role = role;
-    g.type = type;
+    g.type = tensor_map_type(dtype);
     g.box_cols = uint32_t(box_cols);
     g.box_rows = uint32_t(box_rows);
     g.dims[0] = uint64_t(head_dim);
@@ -56,7 +61,7 @@ namespace flashcore {
 template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 FwdKernelInfo fwd_info_sm90() {
     static_assert(kVariant == FwdVariant::kPersistent, "the sm90 kernel has one variant");
-    using Traits = typename sm90::Sm90Config<kInput, kHeadDim, kHeadDimV>::Traits;
+    using Traits = typename sm90::Sm90Config<kInput, kOutput, kHeadDim, kHeadDimV>::Traits;
     // One CTA per SM: __launch_bounds__(threads, 1), and the consumers take
     // the registers the producer gives up.
     return {Traits::kSmemBytes, Traits::kBlockM, Traits::kBlockN, 1, true};
@@ -66,9 +71,7 @@ template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant k
 cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
     static_assert(kInput == kOutput, "the forward kernels write their input type (fwd/family.cmake)");
     static_assert(kVariant == FwdVariant::kPersistent, "the sm90 kernel has one variant");
-    using Traits = typename sm90::Sm90Config<kInput, kHeadDim, kHeadDimV>::Traits;
-    constexpr CUtensorMapDataType kType =
-        kInput == DType::kBf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    using Traits = typename sm90::Sm90Config<kInput, kOutput, kHeadDim, kHeadDimV>::Traits;
     constexpr int kCols = Traits::kPanelCols;
     sm90::Sm90KernelParams p{};
     p.fwd = params;
@@ -94,22 +97,22 @@ cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &
     using sm90::tensor_geometry;
     const bool encoded =
         sm90::tensor_map(&p.tma_q,
-                         tensor_geometry(TensorRole::kQ, kType, params.head_dim, q_rows, params.num_heads_q, q_batches,
+                         tensor_geometry(TensorRole::kQ, kInput, params.head_dim, q_rows, params.num_heads_q, q_batches,
                                          params.q_seq_stride, params.q_head_stride, q_batch_stride, kCols,
                                          Traits::kBlockM),
                          params.q) &&
         sm90::tensor_map(&p.tma_k,
-                         tensor_geometry(TensorRole::kK, kType, params.head_dim, kv_rows, params.num_heads_kv,
+                         tensor_geometry(TensorRole::kK, kInput, params.head_dim, kv_rows, params.num_heads_kv,
                                          kv_batches, params.k_seq_stride, params.k_head_stride, k_batch_stride, kCols,
                                          p.kv_box_rows),
                          params.k) &&
         sm90::tensor_map(&p.tma_v,
-                         tensor_geometry(TensorRole::kV, kType, params.head_dim_v, kv_rows, params.num_heads_kv,
+                         tensor_geometry(TensorRole::kV, kInput, params.head_dim_v, kv_rows, params.num_heads_kv,
                                          kv_batches, params.v_seq_stride, params.v_head_stride, v_batch_stride, kCols,
                                          p.kv_box_rows),
                          params.v) &&
         sm90::tensor_map(&p.tma_o,
-                         tensor_geometry(TensorRole::kO, kType, params.head_dim_v, q_rows, params.num_heads_q,
+                         tensor_geometry(TensorRole::kO, kOutput, params.head_dim_v, q_rows, params.num_heads_q,
                                          q_batches, params.out_seq_stride, params.out_head_stride, out_batch_stride,
                                          kCols, Traits::kRowsPerConsumer),
                          params.out);

@@ -36,8 +36,9 @@
 
 namespace flashcore::sm90 {
 
-// Bytes a k16 step moves along a swizzled row (16 two-byte columns).
-constexpr uint32_t kK16RowBytes = 32;
+// Bytes a wgmma k-step moves along a swizzled row: 32 (16 two-byte
+// columns, or 32 one-byte ones).
+constexpr uint32_t kKStepRowBytes = 32;
 
 template <int kNAtoms>
 __device__ __forceinline__ void fence_accumulators(float (&acc)[kNAtoms][4]) {
@@ -68,16 +69,17 @@ constexpr bool kMaskScoresInPlace = Traits::kHeadDim >= 64;
 // of the warpgroup's first Q row in panel 0.
 template <typename Traits>
 __device__ __forceinline__ void issue_qk(float (&scores)[Traits::kBlockN / 8][4], uint32_t q_rows, uint32_t k_tile) {
-    constexpr int kK16StepsPerPanel = Traits::kPanelCols / 16;
+    constexpr int kKStepCols = int(kKStepRowBytes) / Traits::kElementBytes;
+    constexpr int kKStepsPerPanel = Traits::kPanelCols / kKStepCols;
     using Swizzle = typename Traits::Swizzle;
     const auto desc_q = Swizzle::k_major(q_rows);
     const auto desc_k = Swizzle::k_major(k_tile);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk) {
-        const uint32_t step = (kk % kK16StepsPerPanel) * kK16RowBytes;
-        const uint32_t q_offset = (kk / kK16StepsPerPanel) * Traits::kQPanelBytes + step;
-        const uint32_t k_offset = (kk / kK16StepsPerPanel) * Traits::kKVPanelBytes + step;
+    for (int kk = 0; kk < Traits::kHeadDim / kKStepCols; ++kk) {
+        const uint32_t step = (kk % kKStepsPerPanel) * kKStepRowBytes;
+        const uint32_t q_offset = (kk / kKStepsPerPanel) * Traits::kQPanelBytes + step;
+        const uint32_t k_offset = (kk / kKStepsPerPanel) * Traits::kKVPanelBytes + step;
         const uint64_t desc_a =
             kAdvanceDescriptors<Traits> ? desc_q.at(q_offset) : Swizzle::k_major(q_rows + q_offset).at(0);
         const uint64_t desc_b =

@@ -66,10 +66,11 @@ enum class OutputPath {
     kRegisters,  // stored from the accumulators (where shared memory has no room for staging)
 };
 
-template <typename Element_, int kHeadDim_, int kHeadDimV_, int kBlockN_, int kStages_, int kQStages_,
-          OutputPath kOutputPath_, int kRowMaxChains_ = 1, int kPSets_ = 2>
+template <typename Element_, typename ElementOut_, int kHeadDim_, int kHeadDimV_, int kBlockN_, int kStages_,
+          int kQStages_, OutputPath kOutputPath_, int kRowMaxChains_ = 1, int kPSets_ = 2>
 struct Sm90Traits {
-    using Element = Element_;
+    using Element = Element_;        // of Q, K and V
+    using ElementOut = ElementOut_;  // of O
     static constexpr int kHeadDim = kHeadDim_;    // of Q and K
     static constexpr int kHeadDimV = kHeadDimV_;  // of V and O
     static constexpr int kBlockN = kBlockN_;      // keys per K/V tile
@@ -98,11 +99,14 @@ struct Sm90Traits {
     static constexpr int kProducerRegisters = 24;
     static constexpr int kConsumerRegisters = 240;
 
-    // Panels: 128-byte rows where both head dims are multiples of 64 columns,
-    // else 64-byte rows (32, 96).
-    static constexpr int kPanelRowBytes = kHeadDim % 64 == 0 && kHeadDimV % 64 == 0 ? 128 : 64;
+    // Panels: 128-byte rows where both head dims' rows are multiples of 128
+    // bytes (of two-byte elements: 64 columns), else 64-byte rows (32, 96).
+    static constexpr int kElementBytes = int(sizeof(Element));
+    static constexpr int kPanelRowBytes = kHeadDim * kElementBytes % 128 == 0 && kHeadDimV * kElementBytes % 128 == 0
+                                              ? 128
+                                              : 64;
     using Swizzle = PanelSwizzle<kPanelRowBytes>;
-    static constexpr int kPanelCols = Swizzle::kCols;
+    static constexpr int kPanelCols = kPanelRowBytes / kElementBytes;
     static constexpr int kQKPanels = kHeadDim / kPanelCols;
     static constexpr int kVPanels = kHeadDimV / kPanelCols;
     static constexpr uint32_t kQPanelBytes = kBlockM * kPanelRowBytes;
@@ -131,6 +135,7 @@ struct Sm90Traits {
                   "head dims must be whole numbers of panels");
     static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
     static_assert(kPSets == 1 || kPSets == 2, "one or two sets of P fragments");
+    static_assert(sizeof(ElementOut) == sizeof(Element), "O is staged in the input's panel layout");
     static_assert(kQPanelBytes % Swizzle::kAtomBytes == 0 && kKVPanelBytes % Swizzle::kAtomBytes == 0 &&
                       kOPanelBytes % Swizzle::kAtomBytes == 0,
                   "panels must keep the swizzle atom's alignment");

@@ -1,0 +1,39 @@
+// Launch settings that are not kernel arguments, and how a launcher reports
+// a failed runtime call: what every family's launchers take.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace flashcore {
+
+// Launch settings that are not kernel arguments.
+struct LaunchOptions {
+    // A persistent kernel launches at most this many CTAs: one per SM, or
+    // fewer where a test asks (FLASHCORE_PERSISTENT_CTAS).
+    int max_persistent_ctas;
+    // Where a launcher names the runtime call that failed (when not null;
+    // written only on failure), for the caller's message.
+    const char **failed_call = nullptr;
+    // Where a persistent kernel's count of K/V tiles starts: 0, or where a
+    // test asks (FLASHCORE_TEST_KV_POSITION) to cross 2^32 within one call.
+    uint64_t first_kv_position = 0;
+    // The device the launch is on (current while it runs): what a kernel's
+    // shared-memory opt-in is remembered for (dynamic_smem.cuh). -1: unknown,
+    // opted in on every launch.
+    int device = -1;
+};
+
+// A launcher's runtime call `call` returned `err`: on failure, the error is
+// cleared from the thread's last-error state (it is reported once, through
+// the return value) and the call named in options.failed_call.
+inline cudaError_t launch_step(cudaError_t err, const LaunchOptions &options, const char *call) {
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        if (options.failed_call != nullptr) *options.failed_call = call;
+    }
+    return err;
+}
+
+}  // namespace flashcore
