@@ -7,7 +7,7 @@
 #include "abi_enums.h"
 #include "error.h"
 #include "flashcore.h"
-#include "fwd/dispatch.h"
+#include "fwd/call.h"
 #include "fwd/forward_params.h"
 #include "fwd/registry.h"
 #include "fwd/validate.h"
@@ -160,10 +160,7 @@ flashcore_status flashcore_supported_head_dims(int32_t *head_dims, int32_t *head
 
 flashcore_status flashcore_forward_check(const flashcore_forward_params *params) {
     return guarded(__func__, [&] {
-        flashcore_forward_params p;
-        FLASHCORE_TRY(read_params(params, &p));
-        FLASHCORE_TRY(validate_shapes(p));
-        return validate_tensors(p);
+        return check_call(params);
     });
 }
 
@@ -171,15 +168,7 @@ flashcore_status flashcore_forward_workspace_size(flashcore_handle handle, const
                                                   size_t *workspace_bytes) {
     return guarded(__func__, [&] {
         FLASHCORE_TRY(check_handle(handle));
-        if (workspace_bytes == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "workspace_bytes is NULL");
-        flashcore_forward_params p;
-        FLASHCORE_TRY(read_params(params, &p));
-        FLASHCORE_TRY(validate_shapes(p));
-        if (forward_is_empty(p)) {
-            *workspace_bytes = 0;
-            return FLASHCORE_STATUS_SUCCESS;
-        }
-        return forward_workspace_bytes(*handle, p, workspace_bytes);
+        return call_workspace_bytes(*handle, params, workspace_bytes);
     });
 }
 
@@ -187,12 +176,7 @@ flashcore_status flashcore_forward(flashcore_handle handle, const flashcore_forw
                                    size_t workspace_bytes, void *stream) {
     return guarded(__func__, [&] {
         FLASHCORE_TRY(check_handle(handle));
-        flashcore_forward_params p;
-        FLASHCORE_TRY(read_params(params, &p));
-        FLASHCORE_TRY(validate_shapes(p));
-        FLASHCORE_TRY(validate_tensors(p));
-        if (forward_is_empty(p)) return FLASHCORE_STATUS_SUCCESS;  // nothing to compute
-        return launch_forward(*handle, p, workspace, workspace_bytes, stream);
+        return run_call(*handle, params, workspace, workspace_bytes, stream);
     });
 }
 
@@ -207,20 +191,14 @@ flashcore_status flashcore_merge_params_init(flashcore_merge_params *params, siz
 
 flashcore_status flashcore_merge_check(const flashcore_merge_params *params) {
     return guarded(__func__, [&] {
-        flashcore_merge_params p;
-        FLASHCORE_TRY(read_merge_params(params, &p));
-        return validate_merge(p);
+        return check_call(params);
     });
 }
 
 flashcore_status flashcore_merge_states(flashcore_handle handle, const flashcore_merge_params *params, void *stream) {
     return guarded(__func__, [&] {
         FLASHCORE_TRY(check_handle(handle));
-        flashcore_merge_params p;
-        FLASHCORE_TRY(read_merge_params(params, &p));
-        FLASHCORE_TRY(validate_merge(p));
-        if (merge_is_empty(p)) return FLASHCORE_STATUS_SUCCESS;  // nothing to merge
-        return launch_merge(*handle, p, stream);
+        return run_call(*handle, params, nullptr, 0, stream);
     });
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 
+#include "call_steps.h"
 #include "common/types.h"
 #include "flashcore.h"
 #include "merge/params.h"
@@ -41,5 +42,20 @@ MergeKernelParams merge_kernel_params(const flashcore_merge_params &params);
 
 // Queues the merge of validated flashcore_merge_params.
 flashcore_status launch_merge(const flashcore_handle_s &handle, const flashcore_merge_params &params, void *stream);
+
+// The merge's steps behind the API's seam (call_steps.h): it has no workspace
+// query, and takes no workspace.
+template <>
+struct CallSteps<flashcore_merge_params> {
+    static flashcore_status read(const flashcore_merge_params *user, flashcore_merge_params *params) {
+        return read_merge_params(user, params);
+    }
+    static flashcore_status check(const flashcore_merge_params &p) { return validate_merge(p); }
+    static bool is_empty(const flashcore_merge_params &p) { return merge_is_empty(p); }
+    static flashcore_status launch(const flashcore_handle_s &handle, const flashcore_merge_params &p, void *,
+                                   size_t, void *stream) {
+        return launch_merge(handle, p, stream);
+    }
+};
 
 }  // namespace flashcore
