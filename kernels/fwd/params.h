@@ -52,7 +52,7 @@ struct FwdKernelParams {
     // bounds are keys seen left and right of a query's diagonal (KeyMask),
     // clamped to seqlen_k and seqlen_q - 1: those see every key on their
     // side, and the kernels' 32-bit sums of positions and bounds cannot
-    // overflow (src/params.cpp kernel_params says why that matters).
+    // overflow (src/fwd/forward_params.cpp kernel_params says why that matters).
     bool causal;
     int window_left;
     int window_right;

@@ -259,8 +259,7 @@ class Library:
         self.version = self.cdll.flashcore_version_string().decode()
         self.cuda_runtime_version = self.cdll.flashcore_cuda_runtime_version()
         self.cuda_major = self.cuda_runtime_version // CUDA_VERSION_PER_MAJOR
-        self._params_template = None
-        self._merge_template = None
+        self._templates = {}  # params struct type -> its bytes as the library's init left them
         self._head_dims = None
 
     def __getattr__(self, name):
@@ -310,23 +309,24 @@ class Library:
             self._head_dims = [(dims[i], dims_v[i]) for i in range(min(count.value, capacity))]
         return list(self._head_dims)
 
+    def _new_struct(self, struct_type, init):
+        """A params struct set up by the library's own init function (init,
+        e.g. flashcore_forward_params_init), struct_size = this package's
+        sizeof; the library is asked once per struct type."""
+        template = self._templates.get(struct_type)
+        if template is None:
+            fresh = struct_type()
+            self.check(init(ctypes.byref(fresh), ctypes.sizeof(fresh)))
+            template = self._templates[struct_type] = bytes(fresh)
+        return struct_type.from_buffer_copy(template)
+
     def new_params(self):
-        """A flashcore_forward_params set up by the library's own
-        flashcore_forward_params_init, struct_size = this package's sizeof."""
-        if self._params_template is None:
-            template = _ffi.flashcore_forward_params()
-            self.check(self.cdll.flashcore_forward_params_init(ctypes.byref(template), ctypes.sizeof(template)))
-            self._params_template = bytes(template)
-        return _ffi.flashcore_forward_params.from_buffer_copy(self._params_template)
+        """A flashcore_forward_params set up by flashcore_forward_params_init."""
+        return self._new_struct(_ffi.flashcore_forward_params, self.cdll.flashcore_forward_params_init)
 
     def new_merge_params(self):
-        """A flashcore_merge_params set up by the library's own
-        flashcore_merge_params_init, struct_size = this package's sizeof."""
-        if self._merge_template is None:
-            template = _ffi.flashcore_merge_params()
-            self.check(self.cdll.flashcore_merge_params_init(ctypes.byref(template), ctypes.sizeof(template)))
-            self._merge_template = bytes(template)
-        return _ffi.flashcore_merge_params.from_buffer_copy(self._merge_template)
+        """A flashcore_merge_params set up by flashcore_merge_params_init."""
+        return self._new_struct(_ffi.flashcore_merge_params, self.cdll.flashcore_merge_params_init)
 
 
 def open_library(path: Optional[str] = None) -> "Library":
