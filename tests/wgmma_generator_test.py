@@ -10,8 +10,8 @@
 4. each kernel's machine code (cuobjdump -sass) holds one HGMMA or QGMMA of
    the variant's shape and types, reading the operands the variant names
    transposed (.tnspA, .tnspB) and no others.
-Without cuobjdump, steps 1-3 run and the test reports itself skipped for
-step 4 (tests/report_tool_skip.sh).
+Without cuobjdump (or the nvdisasm it runs), steps 1-3 run and the test
+reports itself skipped for step 4 (tests/report_tool_skip.sh).
 
 wgmma_generator_test.py --source-dir DIR --nvcc NVCC [--ccbin CXX]
     [--cuobjdump CUOBJDUMP] --work-dir DIR
@@ -241,16 +241,20 @@ def main():
     cubin = compile_kernels(args, work, headers, variants, failures) if headers else None
 
     cuobjdump = args.cuobjdump if args.cuobjdump and os.access(args.cuobjdump, os.X_OK) else shutil.which("cuobjdump")
-    if cubin and cuobjdump:
+    missing = None if cuobjdump else "cuobjdump not found (set FLASHCORE_CUOBJDUMP)"
+    # cuobjdump -sass runs nvdisasm, which it looks for beside itself and on PATH.
+    if cuobjdump and not (shutil.which("nvdisasm") or os.environ.get("NVDISASM_PATH")
+                          or os.access(os.path.join(os.path.dirname(cuobjdump), "nvdisasm"), os.X_OK)):
+        missing = "nvdisasm, which cuobjdump -sass runs, not found beside %s or on PATH" % cuobjdump
+    if cubin and not missing:
         check_sass(cuobjdump, cubin, variants, failures)
     if failures.items:
         print("%d failures" % len(failures.items))
         return 1
-    if cubin and not cuobjdump:
+    if cubin and missing:
         skip = os.path.join(args.source_dir, "tests", "report_tool_skip.sh")
         return subprocess.call(["sh", skip, os.environ.get("FLASHCORE_CTEST_NAME", "host.wgmma_generator"),
-                                "cuobjdump not found (set FLASHCORE_CUOBJDUMP): the variants compile, "
-                                "their SASS is not checked"])
+                                missing + ": the variants compile, their SASS is not checked"])
     return 0
 
 
