@@ -3,7 +3,7 @@
 
 use crate::buffer::{DeviceBuffer, RawBuffer};
 use crate::error::{check, Error, Result, Status};
-use crate::params::{device_address, ensure_fits, DType, Layout, Strides};
+use crate::params::{device_address, ensure_fits, tensor_extent, DType, Layout, Missing, Strides};
 use crate::sys;
 use std::marker::PhantomData;
 
@@ -138,18 +138,6 @@ impl<'a> MergeParams<'a> {
     pub fn out_strides(&self) -> Strides {
         let r = &self.raw;
         Strides { batch: r.out_batch_stride, seq: r.out_seq_stride, head: r.out_head_stride }
-    }
-
-    /// Bytes from the start of a buffer to the end of the last element of a
-    /// tensor with these sizes and strides (`width` contiguous elements last).
-    fn extent(counts_and_strides: &[(i32, i64)], width: i32, element_size: usize) -> i128 {
-        let last = counts_and_strides
-            .iter()
-            .map(|&(count, stride)| (i128::from(count) - 1) * i128::from(stride))
-            .sum::<i128>()
-            + i128::from(width)
-            - 1;
-        (last + 1) * element_size as i128
     }
 }
 
@@ -311,28 +299,18 @@ impl<'a> MergeParamsBuilder<'a> {
     /// Checks what only the Rust side can see and returns the params; see
     /// the type's documentation. Touches no GPU.
     pub fn build(self) -> Result<MergeParams<'a>> {
-        let mut missing = Vec::new();
-        let mut size = |name: &'static str, value: Option<i32>| {
-            value.unwrap_or_else(|| {
-                missing.push(name);
-                0
-            })
-        };
-        let num_states = size("num_states", self.num_states);
-        let batch_size = size("batch_size", self.batch_size);
-        let num_heads = size("num_heads", self.num_heads);
-        let seqlen = size("seqlen", self.seqlen);
-        let head_dim = size("head_dim", self.head_dim);
+        let mut missing = Missing::default();
+        let num_states = missing.size("num_states", self.num_states);
+        let batch_size = missing.size("batch_size", self.batch_size);
+        let num_heads = missing.size("num_heads", self.num_heads);
+        let seqlen = missing.size("seqlen", self.seqlen);
+        let head_dim = missing.size("head_dim", self.head_dim);
         for (name, buffer) in
             [("partial_out", &self.partial_out), ("partial_lse", &self.partial_lse), ("out", &self.out)]
         {
-            if buffer.is_none() {
-                missing.push(name);
-            }
+            missing.buffer(name, buffer);
         }
-        if !missing.is_empty() {
-            return Err(Error::new(Status::InvalidArgument, format!("not set: {}", missing.join(", "))));
-        }
+        missing.check()?;
 
         let (batch, heads, seq, width) =
             (i128::from(batch_size), i128::from(num_heads), i128::from(seqlen), i128::from(head_dim));
@@ -394,10 +372,10 @@ impl<'a> MergeParamsBuilder<'a> {
         let out = [(batch_size, out_strides.batch), (seqlen, out_strides.seq), (num_heads, out_strides.head)];
         let [partial_out_buffer, partial_lse_buffer, out_buffer] =
             [self.partial_out, self.partial_lse, self.out].map(|b| b.expect("checked above"));
-        let partial_bytes = MergeParams::extent(&partial, head_dim, self.partial_dtype.size_of());
+        let partial_bytes = tensor_extent(&partial, head_dim, self.partial_dtype.size_of());
         ensure_fits("partial_out", partial_bytes, &partial_out_buffer)?;
-        ensure_fits("partial_lse", MergeParams::extent(&partial_lse, 1, f32_size), &partial_lse_buffer)?;
-        ensure_fits("out", MergeParams::extent(&out, head_dim, out_dtype.size_of()), &out_buffer)?;
+        ensure_fits("partial_lse", tensor_extent(&partial_lse, 1, f32_size), &partial_lse_buffer)?;
+        ensure_fits("out", tensor_extent(&out, head_dim, out_dtype.size_of()), &out_buffer)?;
         if let Some(lse) = &self.lse {
             ensure_fits("lse", batch * heads * seq * f32_size as i128, lse)?;
         }

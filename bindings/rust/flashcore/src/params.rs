@@ -259,13 +259,48 @@ impl<'a> ForwardParams<'a> {
             Tensor::V | Tensor::Out => self.head_dim_v(),
         };
         let strides = self.strides(tensor);
-        let last = [(batches, strides.batch), (seqlen, strides.seq), (heads, strides.head)]
-            .iter()
-            .map(|&(count, stride)| (i128::from(count) - 1) * i128::from(stride))
-            .sum::<i128>()
+        tensor_extent(&[(batches, strides.batch), (seqlen, strides.seq), (heads, strides.head)], width, element_size)
+    }
+}
+
+/// Bytes from the start of a buffer to the end of the last element of a
+/// tensor with these (count, stride) dimensions and `width` contiguous
+/// elements last, of `element_size` bytes each.
+pub(crate) fn tensor_extent(counts_and_strides: &[(i32, i64)], width: i32, element_size: usize) -> i128 {
+    let last =
+        counts_and_strides.iter().map(|&(count, stride)| (i128::from(count) - 1) * i128::from(stride)).sum::<i128>()
             + i128::from(width)
             - 1;
-        (last + 1) * element_size as i128
+    (last + 1) * element_size as i128
+}
+
+/// The required settings a builder was never given, named together in one
+/// "not set: ..." error.
+#[derive(Default)]
+pub(crate) struct Missing(Vec<&'static str>);
+
+impl Missing {
+    /// `value`, or 0 with `name` noted where it was never given.
+    pub(crate) fn size(&mut self, name: &'static str, value: Option<i32>) -> i32 {
+        value.unwrap_or_else(|| {
+            self.0.push(name);
+            0
+        })
+    }
+
+    /// Notes `name` where `buffer` was never given.
+    pub(crate) fn buffer<T>(&mut self, name: &'static str, buffer: &Option<T>) {
+        if buffer.is_none() {
+            self.0.push(name);
+        }
+    }
+
+    /// INVALID_ARGUMENT naming every setting noted, if any.
+    pub(crate) fn check(self) -> Result<()> {
+        if self.0.is_empty() {
+            return Ok(());
+        }
+        Err(Error::new(Status::InvalidArgument, format!("not set: {}", self.0.join(", "))))
     }
 }
 
@@ -613,31 +648,21 @@ impl<'a> ForwardParamsBuilder<'a> {
     /// Validates everything and returns the params; see the type's
     /// documentation for the order of checks. Touches no GPU.
     pub fn build(self) -> Result<ForwardParams<'a>> {
-        let mut missing = Vec::new();
-        let mut size = |name: &'static str, value: Option<i32>| {
-            value.unwrap_or_else(|| {
-                missing.push(name);
-                0
-            })
-        };
+        let mut missing = Missing::default();
         let mut raw = init_raw()?;
-        raw.batch_size = size("batch_size", self.batch_size);
-        raw.seqlen_q = size("seqlen_q", self.seqlen_q);
-        raw.seqlen_k = size("seqlen_k", self.seqlen_k);
-        raw.num_heads_q = size("num_heads_q", self.num_heads_q);
-        raw.num_heads_kv = size("num_heads_kv", self.num_heads_kv);
-        raw.head_dim = size("head_dim", self.head_dim);
+        raw.batch_size = missing.size("batch_size", self.batch_size);
+        raw.seqlen_q = missing.size("seqlen_q", self.seqlen_q);
+        raw.seqlen_k = missing.size("seqlen_k", self.seqlen_k);
+        raw.num_heads_q = missing.size("num_heads_q", self.num_heads_q);
+        raw.num_heads_kv = missing.size("num_heads_kv", self.num_heads_kv);
+        raw.head_dim = missing.size("head_dim", self.head_dim);
         // Stored resolved (0 means head_dim to the library too), so the
         // strides derived here and the extents need no special case for it.
         raw.head_dim_v = self.head_dim_v.filter(|&dv| dv != 0).unwrap_or(raw.head_dim);
         for (tensor, buffer) in TENSORS.iter().zip(&self.tensors) {
-            if buffer.is_none() {
-                missing.push(tensor.name());
-            }
+            missing.buffer(tensor.name(), buffer);
         }
-        if !missing.is_empty() {
-            return Err(Error::new(Status::InvalidArgument, format!("not set: {}", missing.join(", "))));
-        }
+        missing.check()?;
 
         raw.dtype = self.dtype.to_raw();
         raw.causal = i32::from(self.causal);
