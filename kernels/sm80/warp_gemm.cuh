@@ -1,5 +1,7 @@
-// The two matrix products of the forward pass, as one warp sees them: its band
-// of query rows times a K/V tile in shared memory, on m16n8k16 tensor cores.
+// Warp-level matrix products on m16n8k16 tensor cores. First the two of the
+// forward pass, as one warp sees them: its band of query rows times a K/V
+// tile in shared memory; then (SmemOperand, warp_mma) products of two shared
+// tiles in either orientation, which the backward pass is made of.
 //
 //   S[m][n]  = Q_frag[m] * K_tile^T     (K rows are keys: ldmatrix, no transpose)
 //   O[m][d] += P[m] * V_tile            (V rows are keys: ldmatrix.trans)
@@ -130,6 +132,152 @@ __device__ __forceinline__ void gemm_pv(float (&out)[Traits::kMAtoms][Traits::kN
             for (int m = 0; m < Traits::kMAtoms; ++m) {
                 mma_m16n8k16<Element>(out[m][n], p_frag[m], v_frag[0], v_frag[1]);
                 mma_m16n8k16<Element>(out[m][n + 1], p_frag[m], v_frag[2], v_frag[3]);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Products of two shared-memory tiles in either orientation, for kernels
+// whose operands are not all in the forward's shapes (the backward pass:
+// S = Q K^T and dP = dO V^T as above, but also dV = P^T dO, dK = dS^T Q and
+// dQ = dS K, whose operands are transposed tiles).
+//
+// A tile is a swizzled [rows][kRowElems] array (smem_tile.cuh). As a GEMM
+// operand it is either
+//   K-major: its rows run along the GEMM's M (for A) or N (for B) and its
+//            contiguous elements along the reduction K: Q and K in Q K^T.
+//            Read with ldmatrix.
+//   MN-major: its rows run along K and its elements along M or N: dO in
+//            P^T dO, K in dS K. Read with ldmatrix.trans, which hands each
+//            lane the transposed pairs the MMA's fragments want.
+template <typename Element, int kRowElems, bool kKMajor>
+struct SmemOperand {
+    static_assert(sizeof(Element) == 2, "ldmatrix .b16 and mma m16n8k16 take two-byte elements");
+    static constexpr int kVectors = kRowElems / kElemsPerVector<Element>;
+    static constexpr uint32_t kRowBytes = uint32_t(kRowElems * sizeof(Element));
+    // Rows of whole 8-vector groups (128-byte multiples) swizzle vector v of
+    // row r to v ^ (r % 8). A lane's ldmatrix row is then row0 + (its row
+    // in the matrix) with row0 a multiple of 8, and its vector vec0 + (0 or
+    // 1) with vec0 even, so its address is
+    //   lane_addr + row0 * kRowBytes + (vec0 & ~7) * 16 + ((vec0 & 6) * 16 ^ lane_xor)
+    // with lane_addr (the tile, the lane's row) and lane_xor (its vector bit
+    // XOR its row % 8) fixed: with row0 and vec0 compile-time constants, one
+    // XOR and an immediate per load. Other rows (a half group: head dims
+    // 32, 96) compute the swizzle per load.
+    static constexpr bool kWholeGroups = kVectors % kSwizzleGroupVectors == 0;
+    uint32_t base;       // shared address of the tile
+    uint32_t lane_addr;  // base + the lane's row's bytes
+    uint32_t lane_xor;   // the lane's vector bit XOR its row % 8, in bytes
+    int lane_row;        // the lane's row within the 16 rows a load spans
+    int lane_vec;        // the lane's vector bit
+
+    // lane_rows_by_low_matrix_bit: the lane's matrix's bit 0 (rather than
+    // bit 1) picks its 8 rows, bit 1 its vector (the A operand of a K-major
+    // tile and the B operand of an MN-major one); otherwise the reverse.
+    __device__ __forceinline__ static SmemOperand make(const Element *tile, int lane, bool rows_by_low_bit) {
+        SmemOperand o;
+        const int matrix = ldm_matrix(lane);
+        o.base = smem_address(tile);
+        o.lane_row = (rows_by_low_bit ? matrix % 2 : matrix / 2) * kMmaN + ldm_row(lane);
+        o.lane_vec = rows_by_low_bit ? matrix / 2 : matrix % 2;
+        o.lane_addr = o.base + uint32_t(o.lane_row) * kRowBytes;
+        o.lane_xor = uint32_t(o.lane_vec ^ (o.lane_row % kSwizzleRows)) * uint32_t(kVectorBytes);
+        return o;
+    }
+    // As the A operand (rows along M) or the B operand (rows along N).
+    __device__ __forceinline__ static SmemOperand a_of(const Element *tile, int lane) { return make(tile, lane, kKMajor); }
+    __device__ __forceinline__ static SmemOperand b_of(const Element *tile, int lane) { return make(tile, lane, !kKMajor); }
+
+    // The lane's address for the 16 x 16 block at (row0, vec0): row0 a
+    // multiple of 8, vec0 even.
+    __device__ __forceinline__ uint32_t at(int row0, int vec0) const {
+        if constexpr (kWholeGroups) {
+            return lane_addr + uint32_t(row0) * kRowBytes + uint32_t(vec0 & ~(kSwizzleGroupVectors - 1)) * kVectorBytes +
+                   ((uint32_t(vec0 & (kSwizzleGroupVectors - 2)) * uint32_t(kVectorBytes)) ^ lane_xor);
+        } else {
+            return base + swizzled_byte_offset<Element, kRowElems>(row0 + lane_row, vec0 + lane_vec);
+        }
+    }
+
+    // The A fragment of rows [m0, m0 + 16), k-step ks (an operand made by
+    // a_of). Its four matrices: (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7,
+    // k 8-15), (m 8-15, k 8-15).
+    __device__ __forceinline__ void load_a(uint32_t (&frag)[4], int m0, int ks) const {
+        if constexpr (kKMajor) {
+            ldmatrix_x4(frag, at(m0, ks * 2));
+        } else {
+            ldmatrix_x4_trans(frag, at(ks * kMmaK, m0 / kMmaN));
+        }
+    }
+
+    // The B fragments of the two n8 tiles [n0, n0 + 16), k-step ks (an
+    // operand made by b_of): frag[0], frag[1] of tile n0, frag[2], frag[3]
+    // of tile n0 + 8. Matrices: (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15,
+    // k 0-7), (n 8-15, k 8-15).
+    __device__ __forceinline__ void load_b(uint32_t (&frag)[4], int n0, int ks) const {
+        if constexpr (kKMajor) {
+            ldmatrix_x4(frag, at(n0, ks * 2));
+        } else {
+            ldmatrix_x4_trans(frag, at(ks * kMmaK, n0 / kMmaN));
+        }
+    }
+};
+
+// acc[m][n] (m16 tiles from row m0, n8 tiles from column n0) += A * B over
+// kKSteps k16 steps, A and B SmemOperands. kNTiles is even: B is read two
+// n8 tiles at a time.
+template <typename Element, int kMTiles, int kNTiles, int kKSteps, typename AOperand, typename BOperand>
+__device__ __forceinline__ void warp_mma(float (&acc)[kMTiles][kNTiles][4], const AOperand &a, int m0,
+                                         const BOperand &b, int n0) {
+    static_assert(kNTiles % 2 == 0, "B fragments are loaded for two n8 tiles at a time");
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+        uint32_t a_frag[kMTiles][4];
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) a.load_a(a_frag[m], m0 + m * kMmaM, ks);
+#pragma unroll
+        for (int n = 0; n < kNTiles; n += 2) {
+            uint32_t b_frag[4];
+            b.load_b(b_frag, n0 + n * kMmaN, ks);
+#pragma unroll
+            for (int m = 0; m < kMTiles; ++m) {
+                mma_m16n8k16<Element>(acc[m][n], a_frag[m], b_frag[0], b_frag[1]);
+                mma_m16n8k16<Element>(acc[m][n + 1], a_frag[m], b_frag[2], b_frag[3]);
+            }
+        }
+    }
+}
+
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void zero_fragments(float (&acc)[kMTiles][kNTiles][4]) {
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
+        }
+    }
+}
+
+// Writes accumulator fragments (m16 tiles from row m0, n8 tiles from column
+// n0) into a swizzled shared tile of Element, converted, as the pairs each
+// lane holds (frag_row, frag_col: fragment_layout.cuh).
+template <typename Element, int kRowElems, int kMTiles, int kNTiles>
+__device__ __forceinline__ void store_fragments(Element *tile, const float (&acc)[kMTiles][kNTiles][4], int m0, int n0,
+                                                int lane) {
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) {
+            const int col = n0 + n * kMmaN + frag_col(lane);
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = m0 + m * kMmaM + frag_row(lane) + half * kFragRowHalf;
+                Element *dst = tile + swizzled_offset<Element, kRowElems>(row, col / kElemsPerVector<Element>) +
+                               col % kElemsPerVector<Element>;
+                *reinterpret_cast<uint32_t *>(dst) = pack2<Element>(acc[m][n][2 * half], acc[m][n][2 * half + 1]);
             }
         }
     }

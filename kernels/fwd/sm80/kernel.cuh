@@ -1,24 +1,8 @@
 // The portable (sm_80+) fused attention forward kernel, composed of parts as
 // the Hopper one is (fwd/sm90/kernel.cuh).
 //
-// The shell, KernelShell<Mainloop, Epilogue, Scheduler>, is the shape of
-// every portable kernel here: one CTA, one work item, three parts.
-//   Scheduler  what the CTA computes, from its block index: work(params),
-//              the CTA's work item (here a query block and the key tiles it
-//              visits: scheduler.cuh);
-//   Mainloop   the computation (mainloop.cuh). Constructed from shared
-//              memory (the thread's place in the CTA), bind(params, work)
-//              binds it to the item's operands and says whether there is
-//              anything to compute; run(params, work, finish) computes and
-//              calls finish(...) with the results in registers, while they
-//              are in scope;
-//   Epilogue   where results go: store_empty(params, work, tid) for an item
-//              with nothing to compute, and store(params, mainloop,
-//              results..., smem), called as run's finish (epilogue.cuh,
-//              through fwd/output_destination.cuh).
-// A backward kernel is the same shell with its own three parts: a scheduler
-// over key blocks, a mainloop accumulating dK and dV over query tiles, an
-// epilogue storing them.
+// The shell is KernelShell (sm80/kernel_shell.cuh), as every portable
+// kernel's.
 //
 // The forward parts: one CTA computes one block of kBlockM query rows of
 // one (batch, head group), or with split-KV (p.num_splits > 1, blockIdx.y)
@@ -44,26 +28,10 @@
 #include "fwd/sm80/mainloop.cuh"
 #include "fwd/sm80/scheduler.cuh"
 #include "fwd/sm80/traits.cuh"
+#include "sm80/kernel_shell.cuh"
 
 namespace flashcore {
 namespace sm80 {
-
-template <typename Mainloop, typename Epilogue, typename Scheduler>
-struct KernelShell {
-    // p: the kernel's parameters; smem: its dynamic shared memory.
-    template <typename Params>
-    __device__ __forceinline__ static void run(const Params &p, unsigned char *smem) {
-        Mainloop mainloop(smem);
-        const typename Scheduler::Work work = Scheduler::work(p);
-        if (!mainloop.bind(p, work)) {
-            Epilogue::store_empty(p, work, mainloop.tid);
-            return;
-        }
-        mainloop.run(p, work, [&](auto &acc_o, auto &softmax, auto &row_lse) {
-            Epilogue::store(p, mainloop, acc_o, softmax, row_lse, smem);
-        });
-    }
-};
 
 // The forward kernel's parts.
 template <typename Traits, bool kRagged>

@@ -1,0 +1,31 @@
+# The backward family (kernels/bwd/): included by kernels/CMakeLists.txt at its
+# first line in kernels/kernels.list.
+
+flashcore_read_tiles(bwd ${CMAKE_CURRENT_LIST_DIR}/tiles.def FLASHCORE_BWD_TILE)
+
+# Its portable kernels' targets: the build's, less sm_86 and sm_89 machine
+# code where sm_80's is built (it runs there; the forward's sm_86/sm_89 code
+# exists because it measured faster, which the backward's has not been), so
+# the backward adds half as much to the library. The sm_90 machine code and
+# PTX for newer GPUs stay.
+set(FLASHCORE_bwd_SM80_ARCHITECTURES ${CMAKE_CUDA_ARCHITECTURES})
+if(CMAKE_CUDA_ARCHITECTURES MATCHES "(^|;)80(-real)?(;|$)")
+  list(REMOVE_ITEM FLASHCORE_bwd_SM80_ARCHITECTURES 86 86-real 89 89-real)
+endif()
+
+# The backward family's rules over its selected kernels, records
+# "path|in|out|head_dim|head_dim_v|tile":
+# - its kernels take and write 16-bit types, the gradients in the input's
+#   type (the dQ accumulator is fp32 in the workspace, not an output type);
+# - only the portable path exists so far: an sm90 line has no kernel yet.
+function(flashcore_bwd_check_kernels kernels)
+  foreach(kernel IN LISTS kernels)
+    string(REPLACE "|" ";" f "${kernel}")
+    list(GET f 0 path)
+    list(GET f 1 in)
+    list(GET f 2 out)
+    if(NOT in STREQUAL out OR NOT in MATCHES "^(fp16|bf16)$")
+      message(FATAL_ERROR "kernels.list: bwd ${path} ${in} -> ${out}: the backward kernels write their 16-bit input type")
+    endif()
+  endforeach()
+endfunction()

@@ -1,0 +1,120 @@
+// Compile-time shape of the portable backward kernel (BwdTraits) and its
+// configuration per head dims (BwdConfig): what kernels/kernels.list
+// instantiates.
+//
+// One CTA of kNumWarps warps owns a block of kBlockN keys: their K and V
+// tiles stay in shared memory, and dK, dV accumulate in registers while the
+// CTA walks the kBlockM-row query blocks that see them. Per query block:
+//   S  = Q K^T,  dP = dO V^T          warps tiled kWarpsMSdP x (the rest)
+//                                     over [kBlockM x kBlockN]
+//   P  = exp2(S * scale_log2 - lse_log2), dS = P * (dP - D)
+//   P, dS -> shared memory (the next products read them transposed)
+//   dV += P^T dO, dK += dS^T Q        warps kWarpsNdKV x (the rest) over
+//                                     [kBlockN x head dim]
+//   dQ  = dS K -> fp32 accumulator    warps kWarpsMdQ x (the rest) over
+//                                     [kBlockM x head_dim], atomically added
+// The warp tilings are FlashAttention 2's (its Flash_bwd_kernel_traits for
+// sm_80): each product's warps split its output so that every operand
+// fragment a warp reads from shared memory feeds several MMAs.
+//
+// Registers: dK and dV live through the whole kernel, kBlockN * (head_dim +
+// head_dim_v) / kNumThreads floats per thread (128 at d128 with 128 keys,
+// 128 at d256 with 64), S and dP next to them. 255 registers at 256 threads
+// is one CTA per SM, as FlashAttention 2's kernels run.
+//
+// Shared memory: K, V, kStages x (Q, dO, the rows' lse and D) and P, dS. Q and dO of the next
+// query block load while the current one computes (kStages 2) where the
+// budget allows it; at d256 one stage keeps the CTA within an A100's 163 KB.
+#pragma once
+
+#include <cstddef>
+
+#include "bwd/params.h"
+#include "common/element.cuh"
+#include "common/fragment_layout.cuh"
+
+namespace flashcore {
+
+template <typename Element_, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_, int kStages_,
+          int kWarpsMSdP_, int kWarpsNdKV_, int kWarpsMdQ_>
+struct BwdTraits {
+    using Element = Element_;
+    static constexpr int kHeadDim = kHeadDim_;    // of Q, K, dQ, dK
+    static constexpr int kHeadDimV = kHeadDimV_;  // of V, O, dO, dV
+    static constexpr int kBlockM = kBlockM_;      // query rows per step
+    static constexpr int kBlockN = kBlockN_;      // keys per CTA
+    static constexpr int kStages = kStages_;      // Q/dO buffers
+    static constexpr int kNumWarps = 8;
+    static constexpr int kNumThreads = kNumWarps * kWarpSize;
+    static constexpr int kMaxRegisters = 255;
+
+    // S and dP: kWarpsMSdP warps along the queries, the rest along the keys.
+    static constexpr int kWarpsMSdP = kWarpsMSdP_;
+    static constexpr int kWarpsNSdP = kNumWarps / kWarpsMSdP;
+    static constexpr int kSdPMTiles = kBlockM / kWarpsMSdP / kMmaM;
+    static constexpr int kSdPNTiles = kBlockN / kWarpsNSdP / kMmaN;
+    // dK and dV: kWarpsNdKV warps along the keys, the rest along the head dim.
+    static constexpr int kWarpsNdKV = kWarpsNdKV_;
+    static constexpr int kWarpsDdKV = kNumWarps / kWarpsNdKV;
+    static constexpr int kdKVMTiles = kBlockN / kWarpsNdKV / kMmaM;
+    static constexpr int kdKNTiles = kHeadDim / kWarpsDdKV / kMmaN;
+    static constexpr int kdVNTiles = kHeadDimV / kWarpsDdKV / kMmaN;
+    // dQ: kWarpsMdQ warps along the queries, the rest along the head dim.
+    static constexpr int kWarpsMdQ = kWarpsMdQ_;
+    static constexpr int kWarpsDdQ = kNumWarps / kWarpsMdQ;
+    static constexpr int kdQMTiles = kBlockM / kWarpsMdQ / kMmaM;
+    // Past head dim 128 a warp's dQ columns are computed in two passes (four
+    // past 192), so that its accumulators (live beside dK and dV) stay small.
+    static constexpr int kdQPasses = kHeadDim > 192 ? 4 : kHeadDim > 128 ? 2 : 1;
+    static constexpr int kdQNTiles = kHeadDim / kWarpsDdQ / kMmaN / kdQPasses;  // per pass
+
+    // Shared memory, in this order: K, V, kStages x (Q, dO, lse, D), P, dS.
+    static constexpr size_t kSmemKBytes = size_t(kBlockN) * kHeadDim * sizeof(Element);
+    static constexpr size_t kSmemVBytes = size_t(kBlockN) * kHeadDimV * sizeof(Element);
+    static constexpr size_t kSmemQBytes = size_t(kBlockM) * kHeadDim * sizeof(Element);
+    static constexpr size_t kSmemDoBytes = size_t(kBlockM) * kHeadDimV * sizeof(Element);
+    // A stage's lse and D values of its rows (fp32), loaded with Q and dO.
+    static constexpr size_t kSmemRowStatsBytes = size_t(kBlockM) * sizeof(float);
+    static constexpr size_t kSmemStageBytes = kSmemQBytes + kSmemDoBytes + 2 * kSmemRowStatsBytes;
+    static constexpr size_t kSmemPBytes = size_t(kBlockM) * kBlockN * sizeof(Element);
+    static constexpr size_t kSmemKOffset = 0;
+    static constexpr size_t kSmemVOffset = kSmemKOffset + kSmemKBytes;
+    static constexpr size_t kSmemStagesOffset = kSmemVOffset + kSmemVBytes;
+    static constexpr size_t kSmemPOffset = kSmemStagesOffset + kStages * kSmemStageBytes;
+    static constexpr size_t kSmemDsOffset = kSmemPOffset + kSmemPBytes;
+    static constexpr size_t kSmemBytes = kSmemDsOffset + kSmemPBytes;
+
+    static_assert(kBlockM % (kWarpsMSdP * kMmaM) == 0 && kBlockM % (kWarpsMdQ * kMmaM) == 0,
+                  "query rows split into whole m16 tiles per warp");
+    static_assert(kBlockN % (kWarpsNdKV * kMmaM) == 0, "keys split into whole m16 tiles per warp");
+    static_assert(kSdPNTiles % 2 == 0 && kdKNTiles % 2 == 0 && kdVNTiles % 2 == 0 && kdQNTiles % 2 == 0,
+                  "B fragments are read two n8 tiles at a time (warp_mma)");
+    static_assert(kStages == 1 || kStages == 2, "Q and dO are single- or double-buffered");
+    static_assert(kHeadDim % (4 * kElemsPerVector<Element>) == 0 && kHeadDimV % (4 * kElemsPerVector<Element>) == 0 &&
+                      kBlockN % (4 * kElemsPerVector<Element>) == 0,
+                  "rows are swizzled in groups of 8 or 4 16-byte vectors (smem_tile.cuh)");
+};
+
+template <DType kInput, int kHeadDim, int kHeadDimV, BwdVariant kVariant>
+struct BwdConfig;
+
+// BwdTraits<Element, head_dim, head_dim_v, BlockM, BlockN, Stages, WarpsMSdP, WarpsNdKV, WarpsMdQ>
+// Query rows per step: 128 up to head dim 64 (its registers and shared
+// memory allow it, and each step's fixed costs, its barriers and the lse and
+// D loads, are spread over twice the rows), else 64. Keys per CTA: 128 at head dims 32, 64 and 128; 64
+// at 96 (its 12-vector rows take more address registers: 128 keys spill)
+// and past 128, which keeps dK and dV within the registers (192: 80 floats;
+// 256: 128); at 256 one Q/dO stage keeps shared memory at 145 KB.
+template <DType kInput, int kHeadDim, int kHeadDimV>
+struct BwdConfig<kInput, kHeadDim, kHeadDimV, BwdVariant::kKvBlock> {
+    static constexpr int kBlockM = kHeadDim <= 64 ? 128 : 64;
+    static constexpr int kBlockN = kHeadDim == 96 || kHeadDim > 128 ? 64 : 128;
+    static constexpr int kWarpsNdKV = kHeadDim > 128 ? 2 : 4;
+    // dQ's warps: 2 x 4 over 64 x 128 at head dim 128 (32 x 32 per warp: 32
+    // fragment loads per step, not the 40 of 16 x 64), else 4 along the rows.
+    static constexpr int kWarpsMdQ = kHeadDim == 128 ? 2 : 4;
+    using Traits = BwdTraits<ElementType<kInput>, kHeadDim, kHeadDimV, kBlockM, kBlockN, (kHeadDim > 192 ? 1 : 2), 2,
+                             kWarpsNdKV, kWarpsMdQ>;
+};
+
+}  // namespace flashcore

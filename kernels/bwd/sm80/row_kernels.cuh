@@ -1,0 +1,120 @@
+// The backward pass's two row-wise kernels around the main one: memory-bound
+// passes over the query rows, one warp per row.
+//   preprocess  D = rowsum(dO * O) into dq's scratch words (row_stats.cuh),
+//               the deterministic counter zeroed, the row's fp32 dQ
+//               accumulator zeroed (the main kernel only adds to it);
+//   convert     dq = grad_scale * dQ accumulator, in the input type, over
+//               the scratch words.
+// Rows are those of every (batch, query head): seqlen_q per batch, or the
+// packed rows [cu_seqlens_q[0], cu_seqlens_q[batch_size]) of a
+// variable-length call (rows outside every sequence are not touched).
+#pragma once
+
+#include <cstdint>
+
+#include "bwd/params.h"
+#include "bwd/sm80/row_stats.cuh"
+#include "common/element.cuh"
+#include "common/fragment_layout.cuh"
+
+namespace flashcore {
+
+constexpr int kRowKernelWarps = 8;
+constexpr int kRowKernelThreads = kRowKernelWarps * kWarpSize;
+
+// Rows per (batch, query head) the row kernels walk (the packed rows of a
+// variable-length call), and how many (batch, head) pairs there are.
+FLASHCORE_HOST_DEVICE inline int64_t bwd_rows_per_head(const BwdKernelParams &p) {
+    return p.fwd.cu_seqlens_q != nullptr ? p.fwd.total_seqlen_q : p.fwd.seqlen_q;
+}
+FLASHCORE_HOST_DEVICE inline int64_t bwd_row_kernel_rows(const BwdKernelParams &p) {
+    const int64_t batches = p.fwd.cu_seqlens_q != nullptr ? 1 : p.fwd.batch_size;
+    return batches * p.fwd.num_heads_q * bwd_rows_per_head(p);
+}
+
+#if defined(__CUDACC__)
+// The row this warp handles: (batch, head, row), or false where it is past
+// the last row or outside every packed sequence.
+struct BwdRow {
+    int batch;
+    int head;
+    int64_t row;
+
+    __device__ __forceinline__ static bool of(const BwdKernelParams &p, BwdRow *r) {
+        const int64_t index = int64_t(blockIdx.x) * kRowKernelWarps + threadIdx.x / kWarpSize;
+        if (index >= bwd_row_kernel_rows(p)) return false;
+        const int64_t rows = bwd_rows_per_head(p);
+        r->row = index % rows;
+        const int64_t bh = index / rows;
+        r->head = int(bh % p.fwd.num_heads_q);
+        r->batch = int(bh / p.fwd.num_heads_q);
+        if (p.fwd.cu_seqlens_q != nullptr) {
+            const int total = p.fwd.total_seqlen_q;
+            const int first = min(max(__ldg(p.fwd.cu_seqlens_q), 0), total);
+            const int last = min(max(__ldg(p.fwd.cu_seqlens_q + p.fwd.batch_size), first), total);
+            if (r->row < first || r->row >= last) return false;
+        }
+        return true;
+    }
+
+    __device__ __forceinline__ float *accumulator(const BwdKernelParams &p) const {
+        return p.dq_accum + batch * p.dq_accum_batch_stride + head * p.dq_accum_head_stride + row * p.fwd.head_dim;
+    }
+};
+
+template <typename Element>
+__global__ void __launch_bounds__(kRowKernelThreads) bwd_preprocess_kernel(const __grid_constant__ BwdKernelParams p) {
+    BwdRow r;
+    if (!BwdRow::of(p, &r)) return;
+    const int lane = threadIdx.x % kWarpSize;
+    constexpr int kElems = kElemsPerVector<Element>;
+    const Element *dout = static_cast<const Element *>(p.dout) + r.batch * p.dout_batch_stride +
+                          r.row * p.dout_seq_stride + r.head * p.dout_head_stride;
+    const Element *out = static_cast<const Element *>(p.fwd.out) + r.batch * p.fwd.out_batch_stride +
+                         r.row * p.fwd.out_seq_stride + r.head * p.fwd.out_head_stride;
+    float sum = 0.f;
+    for (int vec = lane; vec < p.fwd.head_dim_v / kElems; vec += kWarpSize) {
+        const uint4 dout_vec = *reinterpret_cast<const uint4 *>(dout + vec * kElems);
+        const uint4 out_vec = *reinterpret_cast<const uint4 *>(out + vec * kElems);
+        const Element *d = reinterpret_cast<const Element *>(&dout_vec);
+        const Element *o = reinterpret_cast<const Element *>(&out_vec);
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) sum += float(d[e]) * float(o[e]);
+    }
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    float4 *accumulator = reinterpret_cast<float4 *>(r.accumulator(p));
+    for (int i = lane; i < p.fwd.head_dim / 4; i += kWarpSize) accumulator[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (lane == 0) {
+        float *stats = bwd_row_stats(p, r.batch, r.head, r.row);
+        stats[0] = sum;
+        *bwd_block_counter(stats) = 0;
+    }
+}
+
+template <typename Element>
+__global__ void __launch_bounds__(kRowKernelThreads) bwd_convert_kernel(const __grid_constant__ BwdKernelParams p) {
+    BwdRow r;
+    if (!BwdRow::of(p, &r)) return;
+    const int lane = threadIdx.x % kWarpSize;
+    constexpr int kElems = kElemsPerVector<Element>;
+    const float *accumulator = r.accumulator(p);
+    Element *dq = static_cast<Element *>(p.dq) + r.batch * p.dq_batch_stride + r.row * p.dq_seq_stride +
+                  r.head * p.dq_head_stride;
+    for (int vec = lane; vec < p.fwd.head_dim / kElems; vec += kWarpSize) {
+        uint4 packed;
+        Element *e = reinterpret_cast<Element *>(&packed);
+#pragma unroll
+        for (int i = 0; i < kElems; i += 4) {
+            const float4 a = *reinterpret_cast<const float4 *>(accumulator + vec * kElems + i);
+            e[i] = Element(a.x * p.grad_scale);
+            e[i + 1] = Element(a.y * p.grad_scale);
+            e[i + 2] = Element(a.z * p.grad_scale);
+            e[i + 3] = Element(a.w * p.grad_scale);
+        }
+        *reinterpret_cast<uint4 *>(dq + vec * kElems) = packed;
+    }
+}
+#endif
+
+}  // namespace flashcore

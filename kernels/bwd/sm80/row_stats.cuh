@@ -1,0 +1,47 @@
+// Per-row values the backward kernels hand each other through dq itself,
+// which no kernel writes as a gradient until the last one (convert.cuh):
+// the first 16 bytes of a query row of dq (head dims are at least 8
+// two-byte elements) hold
+//   word 0: D = rowsum(dO * O) of the row, fp32 (preprocess.cuh writes it,
+//           the main kernel reads it);
+//   word 1: in the deterministic mode, on the first row of each query block
+//           of the main kernel, the count of key blocks that have added
+//           their dQ to the block's accumulator rows (zeroed by the
+//           preprocess; key block n waits for the count to reach its rank
+//           among the block's key blocks, adds, and increments it).
+// So the call needs no workspace beyond the dQ accumulator, and nothing is
+// allocated for these values.
+#pragma once
+
+#include <cstdint>
+
+#include "bwd/params.h"
+#include "fwd/params.h"
+
+namespace flashcore {
+
+constexpr int kRowStatsWords = 2;  // words 0 (D) and 1 (the counter)
+
+// The first word of row `row` (of the batch's sequence: q_row0 added by the
+// caller) of query head `head` in dq.
+__device__ __forceinline__ float *bwd_row_stats(const BwdKernelParams &p, int batch, int head, int64_t row) {
+    char *dq = static_cast<char *>(p.dq);
+    const int64_t element = int64_t(batch) * p.dq_batch_stride + int64_t(head) * p.dq_head_stride + row * p.dq_seq_stride;
+    return reinterpret_cast<float *>(dq + element * 2);  // two-byte elements (BwdTraits: fp16, bf16)
+}
+
+// The deterministic mode's counter of a query block whose first row's stats
+// are at `stats`.
+__device__ __forceinline__ int *bwd_block_counter(float *stats) { return reinterpret_cast<int *>(stats + 1); }
+
+__device__ __forceinline__ int load_acquire(const int *address) {
+    int value;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(value) : "l"(address) : "memory");
+    return value;
+}
+
+__device__ __forceinline__ void add_release(int *address, int value) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(address), "r"(value) : "memory");
+}
+
+}  // namespace flashcore
