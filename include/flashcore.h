@@ -114,7 +114,7 @@ extern "C" {
  * ------------------------------------------------------------------------- */
 
 #define FLASHCORE_VERSION_MAJOR 0
-#define FLASHCORE_VERSION_MINOR 6
+#define FLASHCORE_VERSION_MINOR 7
 #define FLASHCORE_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 400 for 0.4.0. */
 #define FLASHCORE_VERSION_NUMBER \
@@ -500,6 +500,166 @@ FLASHCORE_API flashcore_status flashcore_forward_workspace_size(flashcore_handle
  */
 FLASHCORE_API flashcore_status flashcore_forward(flashcore_handle handle, const flashcore_forward_params *params,
                                                  void *workspace, size_t workspace_bytes, void *stream);
+
+/* ---------------------------------------------------------------------------
+ * Backward attention (training)
+ *
+ * The gradients of the forward pass: given the forward's inputs q, k, v, its
+ * output out and log-sum-exp lse, and the gradient of the loss with respect
+ * to out (dout), flashcore_backward computes dq, dk and dv, as
+ * FlashAttention's backward pass does:
+ *     P  = exp(softmax_scale * Q K^T [masked] - lse)      (recomputed)
+ *     dV = P^T dO,   dP = dO V^T,   dS = P * (dP - rowsum(dO * O)),
+ *     dQ = softmax_scale * dS K,    dK = softmax_scale * dS^T Q
+ * (with a softcap, dS is multiplied by the tanh's derivative first). Nothing
+ * of size seqlen_q x seqlen_k is stored. The options are the forward's: the
+ * same values must be passed as the forward call that produced out and lse
+ * was given (dtype, scale, causal, window, softcap, GQA, head_dim_v,
+ * varlen), since P is recomputed from them; paged K/V caches are not taken.
+ *
+ * The call runs three kernels on its stream: a preprocess (the row sums of
+ * dO * O; the dQ accumulator zeroed), the main kernel (parallel over blocks
+ * of keys, dK and dV accumulated in registers, dQ in an fp32 accumulator in
+ * the workspace) and a postprocess (dQ scaled and converted to dtype).
+ * ------------------------------------------------------------------------- */
+
+/*
+ * Everything one backward call needs. Logical shapes, as the forward's
+ * (element strides, the last dimension contiguous):
+ *   q, dq:     [batch_size, num_heads_q,  seqlen_q, head_dim]
+ *   k, dk:     [batch_size, num_heads_kv, seqlen_k, head_dim]
+ *   v, dv:     [batch_size, num_heads_kv, seqlen_k, head_dim_v]
+ *   out, dout: [batch_size, num_heads_q,  seqlen_q, head_dim_v]
+ *   lse:       [batch_size, num_heads_q,  seqlen_q], float32, contiguous
+ *              (with cu_seqlens_q: [num_heads_q, total_seqlen_q]), as the
+ *              forward wrote it.
+ * dq, dk and dv have the dtype of q; each has strides of its own. Strides
+ * follow the forward's rules (>= 0, multiples of FLASHCORE_ALIGNMENT /
+ * sizeof(element)); every tensor pointer is FLASHCORE_ALIGNMENT aligned,
+ * lse 4-byte aligned.
+ *
+ * Aliasing: dq, dk, dv and the workspace are written; they must not overlap
+ * one another nor any input (q, k, v, out, dout, lse, seqused_k,
+ * cu_seqlens_q, cu_seqlens_k), each taken as the address range from its
+ * first to its last byte; the inputs may share memory. dq, dk and dv must not
+ * overlap themselves either. Overlap returns FLASHCORE_STATUS_INVALID_ARGUMENT
+ * naming the two tensors. dq doubles as scratch between the call's kernels
+ * (it holds the row sums until the postprocess writes the gradient), so its
+ * contents before the call do not matter.
+ *
+ * Written: every element of dq, dk and dv inside the call's sequences (rows
+ * of queries that see no key get dq = 0; keys no query sees, and keys past
+ * seqused_k[b], get dk = dv = 0). With cu_seqlens_q/_k, rows of the packed
+ * tensors outside every sequence are not written.
+ *
+ * Empty calls: batch_size or num_heads_q 0 succeed having read, written and
+ * launched nothing (workspace size 0, pointers and strides not looked at).
+ * seqlen_q 0 (or total_seqlen_q 0 with cu_seqlens_q) with keys is not
+ * empty: dq is, but dk and dv are written, as zeros (no query sees a key);
+ * q, out, dout, dq and lse then hold nothing, and their pointers and
+ * strides are not looked at.
+ * seqlen_k must be >= 1 unless the call is empty, as in the forward.
+ */
+typedef struct flashcore_backward_params {
+    /* sizeof(flashcore_backward_params) as the caller compiled it. */
+    size_t struct_size;
+
+    int32_t dtype; /* flashcore_dtype of q, k, v, out, dout, dq, dk, dv: FP16 or BF16 */
+    int32_t batch_size;
+    int32_t seqlen_q;
+    int32_t seqlen_k;
+    int32_t num_heads_q;
+    int32_t num_heads_kv;
+    int32_t head_dim;   /* of q and k: as flashcore_forward_params::head_dim */
+    int32_t head_dim_v; /* of v and out; 0 (the default): head_dim */
+
+    /* As the forward's fields of the same names. */
+    int32_t causal;
+    float softmax_scale;
+    int32_t use_window;
+    int32_t window_left;
+    int32_t window_right;
+    float softcap;
+
+    /* Non-zero: bitwise-identical dq, dk and dv from run to run for the same
+     * inputs (the dQ accumulator's additions are made in a fixed order, which
+     * costs some speed). 0 (the default): the additions race, so dq may
+     * differ in its last bits from run to run; dk and dv are deterministic
+     * either way. */
+    int32_t deterministic;
+
+    /* Inputs. */
+    const void *q;
+    const void *k;
+    const void *v;
+    const void *out;
+    const void *dout;
+    const float *lse; /* required: the forward's lse */
+    /* Outputs. */
+    void *dq;
+    void *dk;
+    void *dv;
+
+    /* Element strides. flashcore_backward_set_contiguous_strides sets them
+     * for packed tensors. */
+    int64_t q_batch_stride, q_seq_stride, q_head_stride;
+    int64_t k_batch_stride, k_seq_stride, k_head_stride;
+    int64_t v_batch_stride, v_seq_stride, v_head_stride;
+    int64_t out_batch_stride, out_seq_stride, out_head_stride;
+    int64_t dout_batch_stride, dout_seq_stride, dout_head_stride;
+    int64_t dq_batch_stride, dq_seq_stride, dq_head_stride;
+    int64_t dk_batch_stride, dk_seq_stride, dk_head_stride;
+    int64_t dv_batch_stride, dv_seq_stride, dv_head_stride;
+
+    /* Ragged batches, as the forward's fields of the same names: seqused_k
+     * (keys past it get dk = dv = 0), and packed q/out/dout/dq with
+     * cu_seqlens_q and k/v/dk/dv with cu_seqlens_k (their batch strides then
+     * ignored), each NULL (the default) or a device int32 array. */
+    const int32_t *seqused_k;
+    const int32_t *cu_seqlens_q;
+    const int32_t *cu_seqlens_k;
+    int32_t total_seqlen_q;
+    int32_t total_seqlen_k;
+} flashcore_backward_params;
+
+/* Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,
+ * softmax_scale = default; everything else 0 (not causal, no window, no
+ * softcap, not deterministic). Pass sizeof(flashcore_backward_params). */
+FLASHCORE_API flashcore_status flashcore_backward_params_init(flashcore_backward_params *params,
+                                                              size_t struct_size);
+
+/* Sets all 24 strides for densely packed tensors in the given layout, as
+ * flashcore_set_contiguous_strides does for the forward: dq like q, dk like
+ * k, dv like v, dout like out. The sizes and head dims must be set first;
+ * nothing is written on failure. */
+FLASHCORE_API flashcore_status flashcore_backward_set_contiguous_strides(flashcore_backward_params *params,
+                                                                         flashcore_layout layout);
+
+/* Checks everything about *params that does not depend on the GPU, as
+ * flashcore_forward_check does: the status flashcore_backward would return
+ * before looking at the device. */
+FLASHCORE_API flashcore_status flashcore_backward_check(const flashcore_backward_params *params);
+
+/* Bytes of device workspace flashcore_backward needs: the fp32 dQ
+ * accumulator, 4 * num_heads_q * head_dim bytes per query row (rows:
+ * batch_size * seqlen_q, or total_seqlen_q with cu_seqlens_q), rounded up to
+ * FLASHCORE_ALIGNMENT; 0 for an empty call. It depends only on the shapes
+ * (dtype, batch_size, seqlen_q, seqlen_k, num_heads_q, num_heads_kv,
+ * head_dim, head_dim_v, total_seqlen_q with cu_seqlens_q set), never on
+ * pointers, strides or options, so a buffer sized once serves every call of
+ * those shapes. The workspace needs no initialisation and must not be used
+ * by anything else until the call's work completes. */
+FLASHCORE_API flashcore_status flashcore_backward_workspace_size(flashcore_handle handle,
+                                                                 const flashcore_backward_params *params,
+                                                                 size_t *workspace_bytes);
+
+/* Queues the backward computation on `stream` on the handle's device and
+ * returns without waiting, as flashcore_forward does: workspace at least
+ * flashcore_backward_workspace_size bytes (FLASHCORE_STATUS_WORKSPACE_TOO_SMALL
+ * otherwise), FLASHCORE_ALIGNMENT aligned. Can be captured into a CUDA
+ * graph. Bad parameters return a status having queued nothing. */
+FLASHCORE_API flashcore_status flashcore_backward(flashcore_handle handle, const flashcore_backward_params *params,
+                                                  void *workspace, size_t workspace_bytes, void *stream);
 
 /* ---------------------------------------------------------------------------
  * Merging partial attention results

@@ -22,6 +22,10 @@ const char *fcimpl_status_string(int32_t status);
  * flashcore_status. */
 int32_t fcimpl_set_contiguous_strides(flashcore_forward_params *params, int32_t layout);
 
+/* flashcore_backward_set_contiguous_strides with the layout value `layout`;
+ * returns a flashcore_status. */
+int32_t fcimpl_backward_set_contiguous_strides(flashcore_backward_params *params, int32_t layout);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,6 +5,7 @@
 #include <new>
 
 #include "abi_enums.h"
+#include "bwd/call.h"
 #include "error.h"
 #include "flashcore.h"
 #include "fwd/call.h"
@@ -42,6 +43,13 @@ flashcore_status guarded(const char *function, Body &&body) noexcept {
         if (status_ != FLASHCORE_STATUS_SUCCESS) return status_;  \
     } while (0)
 
+// A flashcore_layout passed as an int (abi_enums.h): one of its enumerators.
+flashcore_status check_layout(int32_t layout) {
+    if (layout == FLASHCORE_LAYOUT_BHSD || layout == FLASHCORE_LAYOUT_BSHD) return FLASHCORE_STATUS_SUCCESS;
+    return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                "layout %d is not one of FLASHCORE_LAYOUT_BHSD (0), FLASHCORE_LAYOUT_BSHD (1)", int(layout));
+}
+
 }  // namespace
 }  // namespace flashcore
 
@@ -55,7 +63,7 @@ const char *flashcore_version_string(void) { return kVersionString; }
 
 int flashcore_cuda_runtime_version(void) { return CUDART_VERSION; }
 
-// The two functions that take an enum by value are defined in abi_enums.c:
+// The functions that take an enum by value are defined in abi_enums.c:
 // C reads any int there, where C++ must not load an enum outside its
 // enumerators' range. They pass the value on as an int32_t.
 const char *fcimpl_status_string(int32_t status) {
@@ -128,10 +136,7 @@ flashcore_status flashcore_forward_params_init(flashcore_forward_params *params,
 int32_t fcimpl_set_contiguous_strides(flashcore_forward_params *params, int32_t layout) {
     return guarded("flashcore_set_contiguous_strides", [&] {
         if (params == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL");
-        if (layout != FLASHCORE_LAYOUT_BHSD && layout != FLASHCORE_LAYOUT_BSHD) {
-            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                        "layout %d is not one of FLASHCORE_LAYOUT_BHSD (0), FLASHCORE_LAYOUT_BSHD (1)", int(layout));
-        }
+        FLASHCORE_TRY(check_layout(layout));
         // Shapes must be valid first: the strides are products of them.
         flashcore_forward_params p;
         FLASHCORE_TRY(read_params(params, &p));
@@ -199,6 +204,49 @@ flashcore_status flashcore_merge_states(flashcore_handle handle, const flashcore
     return guarded(__func__, [&] {
         FLASHCORE_TRY(check_handle(handle));
         return run_call(*handle, params, nullptr, 0, stream);
+    });
+}
+
+flashcore_status flashcore_backward_params_init(flashcore_backward_params *params, size_t struct_size) {
+    return guarded(__func__, [&] {
+        if (params == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL");
+        FLASHCORE_TRY(check_backward_struct_size(struct_size, "struct_size"));
+        init_backward_params(params, struct_size);
+        return FLASHCORE_STATUS_SUCCESS;
+    });
+}
+
+int32_t fcimpl_backward_set_contiguous_strides(flashcore_backward_params *params, int32_t layout) {
+    return guarded("flashcore_backward_set_contiguous_strides", [&] {
+        if (params == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL");
+        FLASHCORE_TRY(check_layout(layout));
+        // Shapes must be valid first: the strides are products of them.
+        flashcore_backward_params p;
+        FLASHCORE_TRY(read_backward_params(params, &p));
+        FLASHCORE_TRY(validate_backward_sizes(p));
+        return set_backward_contiguous_strides(params, p, layout);
+    });
+}
+
+flashcore_status flashcore_backward_check(const flashcore_backward_params *params) {
+    return guarded(__func__, [&] {
+        return check_call(params);
+    });
+}
+
+flashcore_status flashcore_backward_workspace_size(flashcore_handle handle, const flashcore_backward_params *params,
+                                                   size_t *workspace_bytes) {
+    return guarded(__func__, [&] {
+        FLASHCORE_TRY(check_handle(handle));
+        return call_workspace_bytes(*handle, params, workspace_bytes);
+    });
+}
+
+flashcore_status flashcore_backward(flashcore_handle handle, const flashcore_backward_params *params, void *workspace,
+                                    size_t workspace_bytes, void *stream) {
+    return guarded(__func__, [&] {
+        FLASHCORE_TRY(check_handle(handle));
+        return run_call(*handle, params, workspace, workspace_bytes, stream);
     });
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <string>
 #include <utility>
 
 #include "error.h"
@@ -185,16 +186,44 @@ flashcore_status check_no_aliasing(const ByteRange *ranges, size_t count) {
             const ByteRange &a = ranges[i], &b = ranges[j];
             if (!a.written && !b.written) continue;
             if (a.begin < b.end && b.begin < a.end) {
+                // The rule in the call's own terms: what it writes, then
+                // what it reads (inputs may share memory with each other).
+                std::string written, read;
+                for (size_t k = 0; k < count; ++k) {
+                    std::string &list = ranges[k].written ? written : read;
+                    list += (list.empty() ? "" : ", ") + std::string(ranges[k].name);
+                }
                 return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
                             "%s (bytes 0x%" PRIx64 " to 0x%" PRIx64 ") overlaps %s (bytes 0x%" PRIx64 " to 0x%" PRIx64
-                            "); out, lse and the workspace must not overlap the inputs (q, k, v, seqused_k, cu_seqlens_q/_k, "
-                            "block_table; a merge's partials) or one another",
+                            "); what the call writes (%s) must not overlap what it reads (%s) or one another",
                             a.name, uint64_t(a.begin), uint64_t(a.end - 1), b.name, uint64_t(b.begin),
-                            uint64_t(b.end - 1));
+                            uint64_t(b.end - 1), written.c_str(), read.c_str());
             }
         }
     }
     return FLASHCORE_STATUS_SUCCESS;
+}
+
+flashcore_status check_workspace(void *workspace, size_t bytes, size_t needed, const char *size_function,
+                                 const char *what, ByteRange *ranges, size_t count) {
+    if (bytes < needed) {
+        return fail(FLASHCORE_STATUS_WORKSPACE_TOO_SMALL,
+                    "workspace_bytes (%zu) is smaller than the %zu bytes %s asks for (%s)", bytes, needed,
+                    size_function, what);
+    }
+    if (bytes > 0 && workspace == nullptr) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "workspace is NULL but workspace_bytes is %zu (the call needs %zu bytes of it)", bytes, needed);
+    }
+    if (reinterpret_cast<uintptr_t>(workspace) % FLASHCORE_ALIGNMENT != 0) {
+        return fail(FLASHCORE_STATUS_MISALIGNED, "workspace (%p) must be %d-byte aligned", workspace,
+                    FLASHCORE_ALIGNMENT);
+    }
+    if (needed == 0) return FLASHCORE_STATUS_SUCCESS;
+    // The bytes the call writes of the workspace must overlap no tensor.
+    const unsigned __int128 begin = reinterpret_cast<uintptr_t>(workspace);
+    ranges[count] = {"the workspace", begin, begin + needed, true};
+    return check_no_aliasing(ranges, count + 1);
 }
 
 }  // namespace flashcore

@@ -56,6 +56,14 @@ ByteRange lse_range(const float *lse, __int128 rows);
 // An int32 array the kernels read (seqused_k, cu_seqlens_q/_k, block_table).
 ByteRange int32_range(const char *name, const int32_t *array, __int128 count);
 
+// A call's workspace: at least `needed` bytes (WORKSPACE_TOO_SMALL naming
+// `size_function` and `what` the workspace holds), not NULL where bytes are
+// given, FLASHCORE_ALIGNMENT aligned; and where `needed` > 0, the bytes the
+// call writes overlap none of the call's `count` ranges (`ranges` has room
+// for one more, the workspace's).
+flashcore_status check_workspace(void *workspace, size_t bytes, size_t needed, const char *size_function,
+                                 const char *what, ByteRange *ranges, size_t count);
+
 // INVALID_ARGUMENT, naming both, where a written range overlaps another
 // range (read-only ranges may overlap one another: q, k and v may alias).
 flashcore_status check_no_aliasing(const ByteRange *ranges, size_t count);

@@ -308,30 +308,12 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
     ForwardPlan plan;
     flashcore_status status = plan_forward(handle, p, &plan);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    if (workspace_bytes < plan.workspace_bytes) {
-        return fail(FLASHCORE_STATUS_WORKSPACE_TOO_SMALL,
-                    "workspace_bytes (%zu) is smaller than the %zu bytes flashcore_forward_workspace_size asks for "
-                    "(the call splits its keys %d ways)",
-                    workspace_bytes, plan.workspace_bytes, plan.num_splits);
-    }
-    if (workspace_bytes > 0 && workspace == nullptr) {
-        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                    "workspace is NULL but workspace_bytes is %zu (the call needs %zu bytes of it)", workspace_bytes,
-                    plan.workspace_bytes);
-    }
-    if (reinterpret_cast<uintptr_t>(workspace) % FLASHCORE_ALIGNMENT != 0) {
-        return fail(FLASHCORE_STATUS_MISALIGNED, "workspace (%p) must be %d-byte aligned", workspace,
-                    FLASHCORE_ALIGNMENT);
-    }
-    if (plan.workspace_bytes > 0) {
-        // The bytes the call writes of the workspace must overlap no tensor.
-        ByteRange ranges[kMaxForwardRanges + 1];
-        const size_t n = forward_ranges(p, ranges);
-        const unsigned __int128 begin = reinterpret_cast<uintptr_t>(workspace);
-        ranges[n] = {"the workspace", begin, begin + plan.workspace_bytes, true};
-        status = check_no_aliasing(ranges, n + 1);
-        if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    }
+    char splits[64];
+    std::snprintf(splits, sizeof splits, "the call splits its keys %d ways", plan.num_splits);
+    ByteRange ranges[kMaxForwardRanges + 1];
+    status = check_workspace(workspace, workspace_bytes, plan.workspace_bytes, "flashcore_forward_workspace_size",
+                             splits, ranges, plan.workspace_bytes > 0 ? forward_ranges(p, ranges) : 0);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
     const FwdKernelInfo info = plan.kernel->info();
     if (info.smem_bytes > handle.max_smem_per_block) {
         return fail(FLASHCORE_STATUS_UNSUPPORTED,

@@ -23,11 +23,11 @@ constexpr int32_t kPageSizeMultiple = 16;
 int64_t pages_per_sequence(const flashcore_forward_params &p) {
     return (int64_t(p.seqlen_k) + p.page_size - 1) / p.page_size;
 }
-// Fails with UNSUPPORTED: `problem`, then the head dims this build has and
-// the rule by which the others run.
-flashcore_status unsupported_head_dims(const char *problem, int multiple) {
+// Fails with UNSUPPORTED: `problem`, then the head dims this build has
+// kernels for (`supported`) and the rule by which the others run.
+flashcore_status unsupported_head_dims(const char *problem, int multiple, Span<HeadDims> supported) {
     std::string pairs;
-    for (const HeadDims &d : fwd_supported_head_dims()) {
+    for (const HeadDims &d : supported) {
         if (!pairs.empty()) pairs += ", ";
         pairs += "(" + std::to_string(d.head_dim) + ", " + std::to_string(d.head_dim_v) + ")";
     }
@@ -38,8 +38,9 @@ flashcore_status unsupported_head_dims(const char *problem, int multiple) {
 }
 
 // The call's head dims have a kernel: multiples of a vector's elements
-// (head_dim_multiple) that a pair of the registry covers. The dtype is valid.
-flashcore_status check_head_dims(const flashcore_forward_params &p) {
+// (head_dim_multiple) that a pair of `supported` (a family's registry)
+// covers. The dtype is valid.
+flashcore_status check_head_dims(const flashcore_forward_params &p, Span<HeadDims> supported) {
     const HeadDims call{p.head_dim, effective_head_dim_v(p)};
     const int multiple = head_dim_multiple(DType(p.dtype));
     // Named as the caller set it: head_dim_v 0 stands for head_dim.
@@ -51,13 +52,13 @@ flashcore_status check_head_dims(const flashcore_forward_params &p) {
     } else if (call.head_dim_v % multiple != 0) {
         std::snprintf(problem, sizeof problem, "%s %d is not a multiple of %d", v_name, int(call.head_dim_v),
                       multiple);
-    } else if (fwd_covering_head_dims(call, &kernel)) {
+    } else if (covering_head_dims(supported, call, &kernel)) {
         return FLASHCORE_STATUS_SUCCESS;
     } else {
         // No pair covers the call: either head_dim exceeds every pair's, or
         // head_dim_v exceeds that of every pair wide enough for head_dim.
         int32_t max_head_dim = 0, max_head_dim_v = 0, max_head_dim_v_here = 0;
-        for (const HeadDims &d : fwd_supported_head_dims()) {
+        for (const HeadDims &d : supported) {
             max_head_dim = std::max(max_head_dim, d.head_dim);
             max_head_dim_v = std::max(max_head_dim_v, d.head_dim_v);
             if (d.head_dim >= call.head_dim) max_head_dim_v_here = std::max(max_head_dim_v_here, d.head_dim_v);
@@ -72,7 +73,7 @@ flashcore_status check_head_dims(const flashcore_forward_params &p) {
                           int(call.head_dim_v), int(max_head_dim_v_here), int(call.head_dim));
         }
     }
-    return unsupported_head_dims(problem, multiple);
+    return unsupported_head_dims(problem, multiple, supported);
 }
 
 }  // namespace
@@ -118,6 +119,10 @@ flashcore_status validate_sizes(const flashcore_forward_params &p) {
 }
 
 flashcore_status validate_shapes(const flashcore_forward_params &p) {
+    return validate_shapes(p, fwd_supported_head_dims());
+}
+
+flashcore_status validate_shapes(const flashcore_forward_params &p, Span<HeadDims> supported) {
     if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16) {
         return fail(FLASHCORE_STATUS_UNSUPPORTED,
                     "dtype %d is not supported; supported: FLASHCORE_DTYPE_FP16 (%d), FLASHCORE_DTYPE_BF16 (%d)",
@@ -129,7 +134,7 @@ flashcore_status validate_shapes(const flashcore_forward_params &p) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "num_heads_q (%d) must be a multiple of num_heads_kv (%d)",
                     int(p.num_heads_q), int(p.num_heads_kv));
     }
-    status = check_head_dims(p);
+    status = check_head_dims(p, supported);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     if (p.seqlen_q > kMaxSeqlen || p.seqlen_k > kMaxSeqlen) {
         return fail(FLASHCORE_STATUS_UNSUPPORTED, "seqlen_q (%d) and seqlen_k (%d) must be at most %d",

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "flashcore.h"
+#include "kernel_registry.h"
 #include "tensor_checks.h"
 
 namespace flashcore {
@@ -28,6 +29,12 @@ bool forward_is_empty(const flashcore_forward_params &params);
 // sequence lengths, scale, window and softcap: what the workspace query
 // needs.
 flashcore_status validate_shapes(const flashcore_forward_params &params);
+
+// The same checks with the head dims against `supported` (sorted, as a
+// family's registry lists them): what a family whose call carries the
+// forward's options (the backward pass) checks of them, against its own
+// kernels.
+flashcore_status validate_shapes(const flashcore_forward_params &params, Span<HeadDims> supported);
 
 // The sliding window's bounds (use_window, window_left, window_right) and
 // their combination with causal.

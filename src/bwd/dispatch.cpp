@@ -1,0 +1,108 @@
+#include "bwd/dispatch.h"
+
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+
+#include "bwd/backward_params.h"
+#include "bwd/registry.h"
+#include "bwd/validate.h"
+#include "error.h"
+#include "fwd/forward_params.h"
+#include "handle.h"
+
+namespace flashcore {
+namespace {
+
+// Bytes of the fp32 dQ accumulator: a float per query row, head and
+// dimension of the call's head_dim, rounded up to FLASHCORE_ALIGNMENT.
+// False where they would not fit half a size_t (no allocation that large
+// can exist, and the caller's size arithmetic keeps room).
+bool dq_accum_bytes(const flashcore_backward_params &p, size_t *bytes) {
+    const unsigned __int128 rows = p.cu_seqlens_q != nullptr
+                                       ? (unsigned __int128)unsigned(p.total_seqlen_q)
+                                       : (unsigned __int128)unsigned(p.batch_size) * unsigned(p.seqlen_q);
+    const unsigned __int128 raw = rows * unsigned(p.num_heads_q) * unsigned(p.head_dim) * sizeof(float);
+    const unsigned __int128 aligned = (raw + FLASHCORE_ALIGNMENT - 1) / FLASHCORE_ALIGNMENT * FLASHCORE_ALIGNMENT;
+    if (aligned > (unsigned __int128)(SIZE_MAX / 2)) return false;
+    *bytes = size_t(aligned);
+    return true;
+}
+
+}  // namespace
+
+flashcore_status plan_backward(const flashcore_backward_params &p, BackwardPlan *plan) {
+    const HeadDims call{p.head_dim, effective_head_dim_v(forward_view(p))};
+    HeadDims dims{};
+    if (!bwd_covering_head_dims(call, &dims)) {
+        return fail(FLASHCORE_STATUS_INTERNAL,
+                    "no backward kernel covers head dims (%d, %d), which validation accepted", int(call.head_dim),
+                    int(call.head_dim_v));
+    }
+    const BwdKernel *kernel = bwd_kernels().find(KernelPath::kSm80, DType(p.dtype), dims, BwdVariant::kKvBlock);
+    if (kernel == nullptr) {
+        return fail(FLASHCORE_STATUS_INTERNAL, "no portable backward kernel for head dims (%d, %d) in the registry",
+                    int(dims.head_dim), int(dims.head_dim_v));
+    }
+    size_t bytes = 0;
+    if (!dq_accum_bytes(p, &bytes)) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "the dQ accumulator of %d query heads x head_dim %d over the call's query rows would need a "
+                    "workspace larger than the address space",
+                    int(p.num_heads_q), int(p.head_dim));
+    }
+    *plan = BackwardPlan{kernel, bytes};
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+flashcore_status backward_workspace_bytes(const flashcore_backward_params &p, size_t *bytes) {
+    BackwardPlan plan;
+    const flashcore_status status = plan_backward(p, &plan);
+    if (status == FLASHCORE_STATUS_SUCCESS) *bytes = plan.workspace_bytes;
+    return status;
+}
+
+flashcore_status launch_backward(const flashcore_handle_s &handle, const flashcore_backward_params &p,
+                                 void *workspace, size_t workspace_bytes, void *stream) {
+    BackwardPlan plan;
+    flashcore_status status = plan_backward(p, &plan);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    ByteRange ranges[kMaxBackwardRanges + 1];
+    status = check_workspace(workspace, workspace_bytes, plan.workspace_bytes, "flashcore_backward_workspace_size",
+                             "the fp32 dQ accumulator", ranges, backward_ranges(p, ranges));
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    const BwdKernelInfo info = plan.kernel->info();
+    if (info.smem_bytes > handle.max_smem_per_block) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "the backward %s kernel for head dims (%d, %d) needs %zu bytes of shared memory per block; "
+                    "device %d (sm_%d%d) allows %zu",
+                    bwd_tile_name(plan.kernel->tile), int(plan.kernel->dims.head_dim),
+                    int(plan.kernel->dims.head_dim_v), info.smem_bytes, handle.device, handle.cc_major,
+                    handle.cc_minor, handle.max_smem_per_block);
+    }
+    // The main kernel's 1-D grid: a CTA per block of keys of each (batch,
+    // K/V head).
+    const __int128 key_blocks = (__int128(p.seqlen_k) + info.block_n - 1) / info.block_n;
+    const __int128 ctas = key_blocks * p.batch_size * p.num_heads_kv;
+    if (ctas > INT_MAX) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "batch_size * num_heads_kv * ceil(seqlen_k / %d) = %lld thread blocks exceeds the grid limit "
+                    "(%d)",
+                    info.block_n, static_cast<long long>(ctas), INT_MAX);
+    }
+
+    DeviceGuard guard(handle.device);
+    if (guard.status() != FLASHCORE_STATUS_SUCCESS) return guard.status();
+    const BwdKernelParams kparams = bwd_kernel_params(p, workspace);
+    const char *failed_call = "the launch";
+    const LaunchOptions options{handle.env.persistent_ctas, &failed_call, 0, handle.device};
+    const cudaError_t err = plan.kernel->run(kparams, options, static_cast<cudaStream_t>(stream));
+    if (err != cudaSuccess) {
+        char operation[160];
+        std::snprintf(operation, sizeof operation, "launching the backward kernels (%s)", failed_call);
+        return fail_cuda(err, operation);
+    }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+}  // namespace flashcore
