@@ -3,9 +3,10 @@
 # to run on a GPU before resolving a kernel change: memcheck (out-of-bounds
 # and misaligned accesses, leaks of device memory) and racecheck (shared
 # memory hazards) on every kernel family and tile variant, the split-KV
-# path with its merge kernel, and flashcore_merge_states; synccheck (invalid
-# uses of barriers and warp-synchronous primitives) on the sm_90a kernel,
-# whose warpgroups meet at named barriers and mbarriers. Each run is a few
+# path with its merge kernel, flashcore_merge_states and the backward pass;
+# synccheck (invalid uses of barriers and warp-synchronous primitives) on
+# the sm_90a kernel, whose warpgroups meet at named barriers and mbarriers,
+# and on the backward kernels. Each run is a few
 # shapes, since the tools slow the kernels 10-100x.
 #
 #   tests/run_sanitizers.sh BUILD_DIR [LOG_DIR]
@@ -38,6 +39,18 @@ shapes+=':Shapes/*_used_0_1_777_2048:Shapes/*_used_1500_129_2000_64:Shapes/*_use
 # packed queries over pages).
 shapes+=':Shapes/*_qlens_0_1_17_200_513_*:Shapes/*_qlens_128_1_300_*:Shapes/*_page16:Shapes/*_page48:Shapes/*_page64'
 
+# The backward pass (its preprocess, main and postprocess kernels, in the
+# default and the deterministic mode, which every Gradients case runs):
+# small shapes at head dims 40/24 (a larger kernel, masked), 64, 128,
+# 192/128 and 256, full and causal, rows that see no key (seqlen_q >
+# seqlen_k), GQA, a window with softcap, seqused_k, variable-length batches
+# with empty sequences, calls without queries; for memcheck also the
+# workspace and refused-call tests and graph capture.
+bwd_shapes='Gradients/*/fp16_d64_*_b2_hq4_hkv2_sq200_sk333_bshd:Gradients/*/bf16_d128_causal_b1_hq2_hkv1_sq257_sk129_bhsd'
+bwd_shapes+=':Gradients/*/fp16_d256_full_b2_hq4_hkv2_sq200_sk333_padded:Gradients/*/bf16_d40x24_causal_b2_hq4_hkv2_sq200_sk333_bhsd'
+bwd_shapes+=':Gradients/*_d192x128_full_b1_hq4_hkv1_sq100_sk300_bhsd_softcap50:Gradients/*_window100_0_softcap30*'
+bwd_shapes+=':Gradients/*_used_100_600_50:Gradients/*_qlens_0_1_17_200_513_*:Gradients/*_qlens_0_0_*:Gradients/*_sq0_*'
+
 # name | tool | binary | gtest filter | environment
 runs=(
   "default|memcheck|test_forward|${shapes}|"
@@ -55,6 +68,9 @@ runs=(
   "split|racecheck|test_split|Splits/*d64*sq1_*splits128:States/*|"
   "sm90|synccheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=sm90 FLASHCORE_PERSISTENT_CTAS=3"
   "split.sm90|synccheck|test_split|Splits/*d128*sq3*:Splits/*d64*sq1_*splits128|FLASHCORE_FWD_VARIANT=sm90"
+  "backward|memcheck|test_backward|${bwd_shapes}:BackwardApi.*:BackwardGraph.*|"
+  "backward|racecheck|test_backward|${bwd_shapes}|"
+  "backward|synccheck|test_backward|${bwd_shapes}|"
 )
 
 status=0

@@ -12,9 +12,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <set>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -117,34 +119,48 @@ bool covered(const std::vector<HeadDimPair> &pairs, int32_t head_dim, int32_t he
     GTEST_SKIP() << "this build has no kernel for head dims (" << (head_dim) << ", " << (head_dim_v)   \
                  << "); it lists " << pairs_text(supported_pairs())
 
-// The sm80 head dims of the generated kernel list (on the include path where
-// the build puts it there): what the query must list, however the build was
-// configured.
+// The sm80 head dims of the generated kernel lists (on the include path where
+// the build puts them there): what the query must list (the forward's), and
+// what flashcore_backward_check takes (the backward's), however the build
+// was configured.
 #if defined(__has_include)
-#if __has_include("fwd_kernels.inc")
+#if __has_include("fwd_kernels.inc") && __has_include("bwd_kernels.inc")
 #define FLASHCORE_TEST_HAS_KERNEL_LIST 1
-std::vector<HeadDimPair> generated_head_dims() {
-    const struct {
-        const char *path;
-        int32_t head_dim, head_dim_v;
-    } lines[] = {
-#define FLASHCORE_KERNEL(path, input, output, head_dim, head_dim_v, tile) {#path, head_dim, head_dim_v},
-#include "fwd_kernels.inc"
-#undef FLASHCORE_KERNEL
-    };
+// One line of a generated list: FLASHCORE_KERNEL(path, input, output,
+// head_dim, head_dim_v, tile).
+struct KernelLine {
+    const char *path;
+    int32_t head_dim, head_dim_v;
+};
+#define FLASHCORE_KERNEL(path, input, output, head_dim, head_dim_v, tile) KernelLine{#path, head_dim, head_dim_v},
+
+std::vector<HeadDimPair> sm80_head_dims(std::initializer_list<KernelLine> lines) {
     std::set<HeadDimPair> pairs;
-    for (const auto &line : lines) {
+    for (const KernelLine &line : lines) {
         if (std::string(line.path) == "sm80") pairs.emplace(line.head_dim, line.head_dim_v);
     }
     return {pairs.begin(), pairs.end()};
 }
+
+std::vector<HeadDimPair> generated_head_dims() {
+    return sm80_head_dims({
+#include "fwd_kernels.inc"
+    });
+}
+
+std::vector<HeadDimPair> generated_bwd_head_dims() {
+    return sm80_head_dims({
+#include "bwd_kernels.inc"
+    });
+}
+#undef FLASHCORE_KERNEL
 #endif
 #endif
 
 TEST(Version, RuntimeMatchesHeader) {
     EXPECT_EQ(flashcore_version_number(), unsigned(FLASHCORE_VERSION_NUMBER));
-    EXPECT_EQ(FLASHCORE_VERSION_NUMBER, 600);
-    EXPECT_STREQ(flashcore_version_string(), "0.6.0");
+    EXPECT_EQ(FLASHCORE_VERSION_NUMBER, 700);
+    EXPECT_STREQ(flashcore_version_string(), "0.7.0");
 }
 
 TEST(Version, CudaRuntimeIsTheToolkits) {
@@ -1641,7 +1657,8 @@ TEST(Hardening, OutputsMustNotOverlapOtherTensors) {
         const std::string message = flashcore_last_error_message();
         EXPECT_EQ(message.find(written + " (bytes 0x"), 0u) << message;
         EXPECT_NE(message.find(") overlaps " + other + " (bytes 0x"), std::string::npos) << message;
-        EXPECT_NE(message.find("must not overlap the inputs (q, k, v, seqused_k, cu_seqlens_q/_k, block_table; a merge's partials) or one another"),
+        EXPECT_NE(message.find("); what the call writes (out"), std::string::npos) << message;
+        EXPECT_NE(message.find(") must not overlap what it reads (q, k, v"),
                   std::string::npos)
             << message;
     };
@@ -1727,6 +1744,11 @@ TEST(Hardening, CallsRefuseAHandleThatIsNotLive) {
         flashcore_merge_params m;
         ASSERT_EQ(flashcore_merge_params_init(&m, sizeof m), FLASHCORE_STATUS_SUCCESS);
         expect_refused(flashcore_merge_states(h, &m, nullptr), "flashcore_merge_states");
+        flashcore_backward_params b;
+        ASSERT_EQ(flashcore_backward_params_init(&b, sizeof b), FLASHCORE_STATUS_SUCCESS);
+        expect_refused(flashcore_backward_workspace_size(h, &b, &bytes), "flashcore_backward_workspace_size");
+        EXPECT_EQ(bytes, 77u);
+        expect_refused(flashcore_backward(h, &b, nullptr, 0, nullptr), "flashcore_backward");
         expect_refused(flashcore_destroy(h), "flashcore_destroy");
     }
 }
@@ -1765,6 +1787,595 @@ TEST(Hardening, MissingDriverIsNamed) {
     EXPECT_EQ(message.find("insufficient"), std::string::npos) << message;
     EXPECT_EQ(flashcore_create_for_device(&h, 0), FLASHCORE_STATUS_NO_DEVICE);
     EXPECT_EQ(std::string(flashcore_last_error_message()).find("no NVIDIA driver found"), 0u);
+}
+
+// ---------------------------------------------------------------------------
+// The backward pass (0.7): flashcore_backward_params and its calls.
+// ---------------------------------------------------------------------------
+
+// q, k, v, out, lse, dout, dq, dk and dv: fake_tensor(0 .. 8).
+flashcore_backward_params valid_backward_params() {
+    flashcore_backward_params p;
+    EXPECT_EQ(flashcore_backward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
+    p.batch_size = 2;
+    p.seqlen_q = 100;
+    p.seqlen_k = 300;
+    p.num_heads_q = 8;
+    p.num_heads_kv = 2;
+    p.head_dim = 64;
+    p.q = fake_tensor(0);
+    p.k = fake_tensor(1);
+    p.v = fake_tensor(2);
+    p.out = fake_tensor(3);
+    p.lse = static_cast<const float *>(fake_tensor(4));
+    p.dout = fake_tensor(5);
+    p.dq = fake_tensor(6);
+    p.dk = fake_tensor(7);
+    p.dv = fake_tensor(8);
+    EXPECT_EQ(flashcore_backward_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    return p;
+}
+
+// Whether flashcore_backward_check returns `expected` with a message that
+// contains `message_part`.
+testing::AssertionResult backward_refused(const flashcore_backward_params &p, flashcore_status expected,
+                                          const std::string &message_part) {
+    const flashcore_status status = flashcore_backward_check(&p);
+    const std::string message = flashcore_last_error_message();
+    if (status == expected && message.find(message_part) != std::string::npos) return testing::AssertionSuccess();
+    return testing::AssertionFailure() << "status " << int(status) << ", message \"" << message << "\"; expected "
+                                       << int(expected) << " and a message containing \"" << message_part << "\"";
+}
+
+testing::AssertionResult backward_accepted(const flashcore_backward_params &p) {
+    const flashcore_status status = flashcore_backward_check(&p);
+    const std::string message = flashcore_last_error_message();
+    if (status == FLASHCORE_STATUS_SUCCESS && message.empty()) return testing::AssertionSuccess();
+    return testing::AssertionFailure() << "status " << int(status) << ", message \"" << message << "\"";
+}
+
+// A struct's bytes, padding included: the calls must write exactly what
+// they document, and nothing when they refuse.
+std::vector<unsigned char> bytes_of(const flashcore_backward_params &p) {
+    const unsigned char *bytes = reinterpret_cast<const unsigned char *>(&p);
+    return {bytes, bytes + sizeof p};
+}
+
+TEST(BackwardParams, InitSetsSizeAndDefaults) {
+    flashcore_backward_params p;
+    std::memset(&p, 0xAB, sizeof p);
+    ASSERT_EQ(flashcore_backward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_EQ(p.struct_size, sizeof(flashcore_backward_params));
+    EXPECT_EQ(p.dtype, FLASHCORE_DTYPE_FP16);
+    EXPECT_EQ(p.softmax_scale, FLASHCORE_SOFTMAX_SCALE_DEFAULT);
+    EXPECT_FALSE(std::signbit(p.softmax_scale));
+    EXPECT_EQ(p.head_dim_v, 0);
+    EXPECT_EQ(p.causal, 0);
+    EXPECT_EQ(p.use_window, 0);
+    EXPECT_EQ(p.softcap, 0.f);
+    EXPECT_EQ(p.deterministic, 0);
+    EXPECT_EQ(p.q, nullptr);
+    EXPECT_EQ(p.lse, nullptr);
+    EXPECT_EQ(p.dv, nullptr);
+    EXPECT_EQ(p.dv_head_stride, 0);
+    EXPECT_EQ(p.cu_seqlens_k, nullptr);
+    EXPECT_EQ(p.total_seqlen_k, 0);
+    EXPECT_EQ(flashcore_last_error_message(), std::string());
+    EXPECT_EQ(flashcore_backward_params_init(nullptr, sizeof p), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_STREQ(flashcore_last_error_message(), "params is NULL");
+    // The struct first appeared in 0.7: no smaller size is any header's.
+    for (size_t size : {size_t(0), sizeof p - 8, size_t(1) << 40}) {
+        std::memset(&p, 0xAB, sizeof p);
+        EXPECT_EQ(flashcore_backward_params_init(&p, size), FLASHCORE_STATUS_INVALID_ARGUMENT) << size;
+        EXPECT_NE(std::string(flashcore_last_error_message()).find("is not a valid size of flashcore_backward_params"),
+                  std::string::npos)
+            << flashcore_last_error_message();
+        EXPECT_EQ(p.struct_size, size_t(0xABABABABABABABABull)) << "a refused init wrote the struct";
+    }
+}
+
+// A newer header's larger struct: init writes exactly its struct_size bytes.
+TEST(BackwardParams, InitWritesExactlyTheCallersSize) {
+    struct Newer {
+        flashcore_backward_params base;
+        int64_t future_field;
+        unsigned char guard[16];
+    } newer;
+    std::memset(&newer, 0xAB, sizeof newer);
+    const size_t size = offsetof(Newer, guard);
+    ASSERT_EQ(flashcore_backward_params_init(&newer.base, size), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_EQ(newer.base.struct_size, size);
+    EXPECT_EQ(newer.future_field, 0);
+    for (unsigned char byte : newer.guard) EXPECT_EQ(byte, 0xAB) << "init wrote past struct_size";
+}
+
+TEST(BackwardParams, StructSizeIsCheckedByEveryCall) {
+    flashcore_backward_params p = valid_backward_params();
+    EXPECT_TRUE(backward_accepted(p));
+    for (size_t size : {size_t(0), sizeof p - 4, size_t(1) << 40}) {
+        p.struct_size = size;
+        EXPECT_TRUE(backward_refused(p, FLASHCORE_STATUS_INVALID_ARGUMENT,
+                                     "params->struct_size (" + std::to_string(size) + ") is not a valid size"));
+        const std::vector<unsigned char> before = bytes_of(p);
+        EXPECT_EQ(flashcore_backward_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BHSD),
+                  FLASHCORE_STATUS_INVALID_ARGUMENT);
+        EXPECT_EQ(bytes_of(p), before);
+    }
+    EXPECT_EQ(flashcore_backward_check(nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_STREQ(flashcore_last_error_message(), "params is NULL");
+}
+
+// A struct from a newer header: accepted when the fields this library does
+// not know are zero, refused (UNSUPPORTED) when one is set.
+TEST(BackwardParams, StructFromNewerHeader) {
+    struct Newer {
+        flashcore_backward_params base;
+        int64_t future_field;
+    } newer;
+    newer.base = valid_backward_params();
+    newer.base.struct_size = sizeof(Newer);
+    newer.future_field = 0;
+    EXPECT_TRUE(backward_accepted(newer.base));
+    newer.future_field = 42;
+    EXPECT_TRUE(backward_refused(newer.base, FLASHCORE_STATUS_UNSUPPORTED, "newer flashcore.h"));
+    EXPECT_EQ(flashcore_backward_set_contiguous_strides(&newer.base, FLASHCORE_LAYOUT_BSHD),
+              FLASHCORE_STATUS_UNSUPPORTED);
+}
+
+// dq like q, dk like k, dv like v and dout like out, each as the forward's
+// strides of the same shapes.
+TEST(BackwardParams, ContiguousStrides) {
+    flashcore_backward_params p = valid_backward_params();  // B=2, Sq=100, Sk=300, Hq=8, Hkv=2
+    p.head_dim = 192;  // only the sizes are checked here
+    p.head_dim_v = 128;
+    // Each tensor's strides against the packed strides of its (seqlen,
+    // heads, dim) in `layout`.
+    const auto expect_packed = [](const flashcore_backward_params &s, flashcore_layout layout) {
+        const struct {
+            const char *name;
+            int64_t batch, seq, head;
+            int64_t seqlen, heads, dim;
+        } tensors[] = {
+            {"q", s.q_batch_stride, s.q_seq_stride, s.q_head_stride, 100, 8, 192},
+            {"dq", s.dq_batch_stride, s.dq_seq_stride, s.dq_head_stride, 100, 8, 192},
+            {"k", s.k_batch_stride, s.k_seq_stride, s.k_head_stride, 300, 2, 192},
+            {"dk", s.dk_batch_stride, s.dk_seq_stride, s.dk_head_stride, 300, 2, 192},
+            {"v", s.v_batch_stride, s.v_seq_stride, s.v_head_stride, 300, 2, 128},
+            {"dv", s.dv_batch_stride, s.dv_seq_stride, s.dv_head_stride, 300, 2, 128},
+            {"out", s.out_batch_stride, s.out_seq_stride, s.out_head_stride, 100, 8, 128},
+            {"dout", s.dout_batch_stride, s.dout_seq_stride, s.dout_head_stride, 100, 8, 128},
+        };
+        const bool bhsd = layout == FLASHCORE_LAYOUT_BHSD;
+        for (const auto &t : tensors) {
+            EXPECT_EQ(t.seq, bhsd ? t.dim : t.heads * t.dim) << t.name << ", layout " << int(layout);
+            EXPECT_EQ(t.head, bhsd ? t.seqlen * t.dim : t.dim) << t.name << ", layout " << int(layout);
+            EXPECT_EQ(t.batch, t.heads * t.seqlen * t.dim) << t.name << ", layout " << int(layout);
+        }
+    };
+    for (flashcore_layout layout : {FLASHCORE_LAYOUT_BHSD, FLASHCORE_LAYOUT_BSHD}) {
+        ASSERT_EQ(flashcore_backward_set_contiguous_strides(&p, layout), FLASHCORE_STATUS_SUCCESS)
+            << flashcore_last_error_message();
+        expect_packed(p, layout);
+    }
+    // A call without query rows is not empty: it needs keys.
+    p.seqlen_q = 0;
+    EXPECT_EQ(flashcore_backward_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    EXPECT_EQ(p.dq_batch_stride, 0);
+    p.seqlen_k = 0;
+    const std::vector<unsigned char> before = bytes_of(p);
+    EXPECT_EQ(flashcore_backward_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("seqlen_k (0) must be >= 1 unless the call is empty"),
+              std::string::npos)
+        << flashcore_last_error_message();
+    EXPECT_EQ(bytes_of(p), before) << "a refused call wrote strides";
+    p.batch_size = 0;  // empty: no keys needed
+    EXPECT_EQ(flashcore_backward_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    EXPECT_EQ(flashcore_backward_set_contiguous_strides(nullptr, FLASHCORE_LAYOUT_BHSD),
+              FLASHCORE_STATUS_INVALID_ARGUMENT);
+}
+
+// Strides too large for 2^63 bytes: refused, nothing written.
+TEST(BackwardParams, ContiguousStridesThatOverflowAreRefused) {
+    flashcore_backward_params p = valid_backward_params();
+    p.batch_size = INT32_MAX;
+    p.seqlen_k = 1 << 30;
+    p.num_heads_q = p.num_heads_kv = 1 << 20;
+    const std::vector<unsigned char> before = bytes_of(p);
+    EXPECT_EQ(flashcore_backward_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BHSD), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("would span more than 2^63 bytes"), std::string::npos)
+        << flashcore_last_error_message();
+    EXPECT_EQ(bytes_of(p), before);
+}
+
+TEST(Backward, ValidParamsPass) {
+    flashcore_backward_params p = valid_backward_params();
+    EXPECT_TRUE(backward_accepted(p));
+    p.dtype = FLASHCORE_DTYPE_BF16;
+    p.causal = 1;
+    p.deterministic = 1;
+    p.softmax_scale = 0.3f;
+    EXPECT_TRUE(backward_accepted(p));
+    p.deterministic = -7;  // any non-zero value
+    p.use_window = 1;
+    p.window_left = 64;
+    p.window_right = 0;
+    p.softcap = 30.f;
+    EXPECT_TRUE(backward_accepted(p));
+    // GQA 1, 4 (above) and 8; q, k and v may alias one another.
+    p = valid_backward_params();
+    p.num_heads_kv = p.num_heads_q;
+    p.seqlen_k = p.seqlen_q;
+    ASSERT_EQ(flashcore_backward_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+    p.k = p.v = p.q;
+    EXPECT_TRUE(backward_accepted(p));
+    p.num_heads_kv = 1;
+    ASSERT_EQ(flashcore_backward_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BHSD), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_TRUE(backward_accepted(p));
+}
+
+// The read tensors are read only: out and dout may overlap themselves and
+// one another, lse may lie inside an input.
+TEST(Backward, InputsMayShareMemory) {
+    flashcore_backward_params p = valid_backward_params();
+    p.out_seq_stride = 0;
+    p.dout_head_stride = 0;
+    EXPECT_TRUE(backward_accepted(p));
+    p.dout = p.out;
+    p.lse = static_cast<const float *>(p.q);
+    EXPECT_TRUE(backward_accepted(p));
+}
+
+struct InvalidBackwardCase {
+    const char *name;
+    std::function<void(flashcore_backward_params &)> mutate;
+    flashcore_status expected;
+    const char *message_part;
+};
+
+class InvalidBackwardParams : public testing::TestWithParam<InvalidBackwardCase> {};
+
+TEST_P(InvalidBackwardParams, ReturnSpecificStatusAndMessage) {
+    const InvalidBackwardCase &c = GetParam();
+    flashcore_backward_params p = valid_backward_params();
+    c.mutate(p);
+    const std::vector<unsigned char> before = bytes_of(p);
+    EXPECT_TRUE(backward_refused(p, c.expected, c.message_part));
+    EXPECT_EQ(bytes_of(p), before) << "the check wrote its input";
+    // Without a handle the backward call fails on the handle first.
+    EXPECT_EQ(flashcore_backward(nullptr, &p, nullptr, 0, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_STREQ(flashcore_last_error_message(), "handle is NULL");
+}
+
+// An address `bytes` into the tensor at `pointer`.
+template <typename T>
+T *offset(T *pointer, size_t bytes) {
+    using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
+    return reinterpret_cast<T *>(reinterpret_cast<Byte *>(pointer) + bytes);
+}
+
+const InvalidBackwardCase kInvalidBackwardCases[] = {
+    {"dtype_unknown", [](auto &p) { p.dtype = FLASHCORE_DTYPE_FP32; }, FLASHCORE_STATUS_UNSUPPORTED,
+     "dtype 3 is not supported; supported: FLASHCORE_DTYPE_FP16 (1), FLASHCORE_DTYPE_BF16 (2)"},
+    {"batch_negative", [](auto &p) { p.batch_size = -3; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "batch_size (-3) must be >= 0"},
+    {"seqlen_q_negative", [](auto &p) { p.seqlen_q = -1; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "seqlen_q (-1)"},
+    {"seqlen_k_zero", [](auto &p) { p.seqlen_k = 0; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "seqlen_k (0) must be >= 1"},
+    // Without query rows a backward call is not empty (dk, dv are written).
+    {"seqlen_k_zero_without_queries", [](auto &p) { p.seqlen_k = 0; p.seqlen_q = 0; },
+     FLASHCORE_STATUS_INVALID_ARGUMENT, "seqlen_k (0) must be >= 1 unless the call is empty"},
+    {"heads_kv_zero", [](auto &p) { p.num_heads_kv = 0; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "num_heads_kv (0) must be >= 1 where num_heads_q (8) is not 0"},
+    {"heads_do_not_divide", [](auto &p) { p.num_heads_q = 12; p.num_heads_kv = 5; },
+     FLASHCORE_STATUS_INVALID_ARGUMENT, "num_heads_q (12) must be a multiple of num_heads_kv (5)"},
+    {"head_dim_zero", [](auto &p) { p.head_dim = 0; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "head_dim (0) must be >= 1"},
+    {"head_dim_100", [](auto &p) { p.head_dim = 100; }, FLASHCORE_STATUS_UNSUPPORTED,
+     "head_dim 100 is not a multiple of 8; supported (head_dim, head_dim_v): ("},
+    {"head_dim_264", [](auto &p) { p.head_dim = 264; }, FLASHCORE_STATUS_UNSUPPORTED, "head_dim 264 exceeds"},
+    {"head_dim_v_264", [](auto &p) { p.head_dim_v = 264; }, FLASHCORE_STATUS_UNSUPPORTED, "head_dim_v 264 exceeds"},
+    {"head_dim_v_negative", [](auto &p) { p.head_dim_v = -8; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "head_dim_v (-8) must be >= 1, or 0 for the same as head_dim"},
+    {"seqlen_too_long", [](auto &p) { p.seqlen_k = (1 << 30) + 1; }, FLASHCORE_STATUS_UNSUPPORTED, "at most"},
+    {"scale_negative", [](auto &p) { p.softmax_scale = -0.5f; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "softmax_scale (-0.5)"},
+    {"scale_negative_zero", [](auto &p) { p.softmax_scale = -0.f; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "softmax_scale is -0.0"},
+    {"scale_log2_overflows", [](auto &p) { p.softmax_scale = 3e38f; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "times log2(e) overflows a float"},
+    {"window_left_minus_2", [](auto &p) { p.use_window = 1; p.window_left = -2; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "window_left (-2) must be -1 (unbounded) or >= 0"},
+    {"window_right_1_with_causal", [](auto &p) { p.use_window = 1; p.causal = 1; p.window_right = 1; },
+     FLASHCORE_STATUS_INVALID_ARGUMENT, "window_right (1) must be -1 or 0 with causal"},
+    {"softcap_negative", [](auto &p) { p.softcap = -30.f; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "softcap (-30) must be finite and > 0, or 0 for none"},
+    {"softcap_inf", [](auto &p) { p.softcap = INFINITY; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "softcap (inf) must be finite and > 0"},
+    {"q_null", [](auto &p) { p.q = nullptr; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "q is NULL"},
+    {"k_null", [](auto &p) { p.k = nullptr; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "k is NULL"},
+    {"v_null", [](auto &p) { p.v = nullptr; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "v is NULL"},
+    {"out_null", [](auto &p) { p.out = nullptr; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "out is NULL"},
+    {"dout_null", [](auto &p) { p.dout = nullptr; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "dout is NULL"},
+    {"dq_null", [](auto &p) { p.dq = nullptr; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "dq is NULL"},
+    {"dk_null", [](auto &p) { p.dk = nullptr; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "dk is NULL"},
+    {"dv_null", [](auto &p) { p.dv = nullptr; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "dv is NULL"},
+    {"lse_null", [](auto &p) { p.lse = nullptr; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "lse is NULL: the backward pass needs the forward's log-sum-exp"},
+    {"dout_misaligned", [](auto &p) { p.dout = offset(p.dout, 8); }, FLASHCORE_STATUS_MISALIGNED,
+     "must be 16-byte aligned"},
+    {"dq_misaligned", [](auto &p) { p.dq = offset(p.dq, 2); }, FLASHCORE_STATUS_MISALIGNED, "dq ("},
+    {"lse_misaligned", [](auto &p) { p.lse = offset(p.lse, 2); }, FLASHCORE_STATUS_MISALIGNED,
+     "must be 4-byte aligned"},
+    {"dq_stride_negative", [](auto &p) { p.dq_seq_stride = -8; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "dq_seq_stride (-8) must be >= 0"},
+    {"dk_stride_not_multiple_of_8", [](auto &p) { p.dk_head_stride = 100; }, FLASHCORE_STATUS_MISALIGNED,
+     "dk_head_stride (100) must be a multiple of 8"},
+    {"dout_batch_stride_misaligned", [](auto &p) { p.dout_batch_stride += 4; }, FLASHCORE_STATUS_MISALIGNED,
+     "dout_batch_stride"},
+    {"dv_strides_overflow", [](auto &p) { p.dv_batch_stride = int64_t(1) << 62; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "dv strides address more than 2^63 bytes"},
+    {"dq_rows_overlap", [](auto &p) { p.dq_seq_stride = 0; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "dq strides (batch 51200, seq 0, head 64) make elements overlap"},
+    {"dk_heads_overlap", [](auto &p) { p.dk_head_stride = 32; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "dk strides"},
+    {"dv_batches_overlap", [](auto &p) { p.dv_batch_stride = 0; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "dv strides (batch 0,"},
+    {"dq_is_q", [](auto &p) { p.dq = const_cast<void *>(p.q); }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     ") overlaps q (bytes 0x"},
+    {"dk_overlaps_dv", [](auto &p) { p.dk = offset(p.dv, 4096); }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     ") overlaps dk (bytes 0x"},
+    {"dv_overlaps_lse", [](auto &p) { p.dv = const_cast<float *>(p.lse); }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     ") overlaps dv (bytes 0x"},
+    {"dq_overlaps_dout", [](auto &p) { p.dq = offset(const_cast<void *>(p.dout), 16); },
+     FLASHCORE_STATUS_INVALID_ARGUMENT, ") overlaps dout (bytes 0x"},
+    {"seqused_k_misaligned", [](auto &p) { p.seqused_k = offset(static_cast<const int32_t *>(fake_tensor(11)), 2); },
+     FLASHCORE_STATUS_MISALIGNED, "seqused_k ("},
+    {"seqused_k_in_dk", [](auto &p) { p.seqused_k = static_cast<const int32_t *>(p.dk); },
+     FLASHCORE_STATUS_INVALID_ARGUMENT, "seqused_k (bytes 0x"},
+    {"total_seqlen_q_without_cu_seqlens_q", [](auto &p) { p.total_seqlen_q = 5; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "total_seqlen_q (5) is set but cu_seqlens_q is NULL"},
+    {"total_seqlen_q_negative",
+     [](auto &p) {
+         p.cu_seqlens_q = static_cast<const int32_t *>(fake_tensor(9));
+         p.total_seqlen_q = -1;
+     },
+     FLASHCORE_STATUS_INVALID_ARGUMENT, "total_seqlen_q (-1) must be in [0, 1073741824]"},
+    {"total_seqlen_k_zero",
+     [](auto &p) {
+         p.cu_seqlens_k = static_cast<const int32_t *>(fake_tensor(10));
+         p.total_seqlen_k = 0;
+     },
+     FLASHCORE_STATUS_INVALID_ARGUMENT, "total_seqlen_k (0) must be >= 1"},
+    // Packed queries of no rows: not empty either.
+    {"total_seqlen_k_zero_without_queries",
+     [](auto &p) {
+         p.cu_seqlens_q = static_cast<const int32_t *>(fake_tensor(9));
+         p.cu_seqlens_k = static_cast<const int32_t *>(fake_tensor(10));
+         p.total_seqlen_k = 0;
+     },
+     FLASHCORE_STATUS_INVALID_ARGUMENT, "total_seqlen_k (0) must be >= 1 unless the call is empty"},
+    {"cu_seqlens_k_misaligned",
+     [](auto &p) {
+         p.cu_seqlens_k = offset(static_cast<const int32_t *>(fake_tensor(10)), 1);
+         p.total_seqlen_k = 10;
+     },
+     FLASHCORE_STATUS_MISALIGNED, "cu_seqlens_k ("},
+};
+
+INSTANTIATE_TEST_SUITE_P(AllParameters, InvalidBackwardParams, testing::ValuesIn(kInvalidBackwardCases),
+                         [](const testing::TestParamInfo<InvalidBackwardCase> &info) {
+                             return std::string(info.param.name);
+                         });
+
+// The aliasing rule at its edges: a gradient one 16-byte chunk into another
+// tensor is refused, one adjacent to it accepted; the message names both.
+TEST(Backward, GradientsMustNotOverlapAnything) {
+    flashcore_backward_params p = valid_backward_params();
+    const size_t q_bytes = size_t(p.batch_size) * p.seqlen_q * p.num_heads_q * p.head_dim * 2;
+    p.dq = offset(const_cast<void *>(p.q), q_bytes - 16);
+    EXPECT_TRUE(backward_refused(p, FLASHCORE_STATUS_INVALID_ARGUMENT, "dq (bytes 0x"));
+    EXPECT_EQ(std::string(flashcore_last_error_message()).rfind("dq (bytes 0x", 0), 0u);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find(") overlaps q (bytes 0x"), std::string::npos);
+    p.dq = offset(const_cast<void *>(p.q), q_bytes);
+    EXPECT_TRUE(backward_accepted(p));
+    // dk right after dv: adjacent is fine, one chunk back is not.
+    p = valid_backward_params();
+    const size_t dv_bytes = size_t(p.batch_size) * p.seqlen_k * p.num_heads_kv * p.head_dim * 2;
+    p.dk = offset(p.dv, dv_bytes);
+    EXPECT_TRUE(backward_accepted(p));
+    p.dk = offset(p.dv, dv_bytes - 16);
+    EXPECT_TRUE(backward_refused(p, FLASHCORE_STATUS_INVALID_ARGUMENT, ") overlaps dk (bytes 0x"));
+    // lse holds batch_size * num_heads_q * seqlen_q floats.
+    p = valid_backward_params();
+    const size_t lse_bytes = size_t(p.batch_size) * p.num_heads_q * p.seqlen_q * 4;
+    p.dq = offset(const_cast<float *>(p.lse), lse_bytes - 16);
+    EXPECT_TRUE(backward_refused(p, FLASHCORE_STATUS_INVALID_ARGUMENT, ") overlaps dq (bytes 0x"));
+    p.dq = offset(const_cast<float *>(p.lse), lse_bytes);
+    EXPECT_TRUE(backward_accepted(p));
+}
+
+// Empty calls (batch_size or num_heads_q 0) look at no pointer or stride;
+// what does not depend on them is still checked.
+TEST(Backward, EmptyCallsSucceedWithoutPointers) {
+    const std::function<void(flashcore_backward_params &)> empties[] = {
+        [](flashcore_backward_params &p) { p.batch_size = 0; },
+        [](flashcore_backward_params &p) { p.num_heads_q = 0; p.num_heads_kv = 0; },
+        [](flashcore_backward_params &p) { p.num_heads_q = 0; },
+        [](flashcore_backward_params &p) { p.batch_size = 0; p.seqlen_k = 0; },
+    };
+    for (size_t i = 0; i < std::size(empties); ++i) {
+        flashcore_backward_params p = valid_backward_params();
+        empties[i](p);
+        p.q = p.k = p.v = p.out = p.dout = nullptr;
+        p.dq = p.dk = p.dv = nullptr;
+        p.lse = nullptr;
+        p.dq_seq_stride = 3;
+        EXPECT_TRUE(backward_accepted(p)) << i;
+        p.head_dim = 100;
+        EXPECT_TRUE(backward_refused(p, FLASHCORE_STATUS_UNSUPPORTED, "head_dim 100")) << i;
+    }
+}
+
+// Without query rows (seqlen_q 0, or total_seqlen_q 0 with cu_seqlens_q) a
+// call writes dk and dv: their tensors and k, v are checked, the empty q,
+// out, dout, dq and lse are not looked at.
+TEST(Backward, CallsWithoutQueryRowsCheckTheKeySide) {
+    for (bool packed : {false, true}) {
+        flashcore_backward_params p = valid_backward_params();
+        if (packed) {
+            p.cu_seqlens_q = static_cast<const int32_t *>(fake_tensor(9));
+            p.total_seqlen_q = 0;
+        } else {
+            p.seqlen_q = 0;
+        }
+        p.q = p.out = p.dout = nullptr;
+        p.dq = nullptr;
+        p.lse = nullptr;
+        p.q_seq_stride = p.dq_head_stride = 3;
+        EXPECT_TRUE(backward_accepted(p)) << packed;
+        flashcore_backward_params q = p;
+        q.dk = nullptr;
+        EXPECT_TRUE(backward_refused(q, FLASHCORE_STATUS_INVALID_ARGUMENT, "dk is NULL")) << packed;
+        q = p;
+        q.dv = const_cast<void *>(q.k);
+        EXPECT_TRUE(backward_refused(q, FLASHCORE_STATUS_INVALID_ARGUMENT, "dv (bytes 0x")) << packed;
+        q = p;
+        q.v_head_stride = 4;
+        EXPECT_TRUE(backward_refused(q, FLASHCORE_STATUS_MISALIGNED, "v_head_stride (4)")) << packed;
+    }
+}
+
+// Packed (variable-length) tensors: q, out, dout, dq and lse span
+// total_seqlen_q rows, k, v, dk and dv total_seqlen_k; batch strides ignored.
+flashcore_backward_params varlen_backward_params(int32_t total_q, int32_t total_k) {
+    flashcore_backward_params p = valid_backward_params();
+    p.cu_seqlens_q = static_cast<const int32_t *>(fake_tensor(9));
+    p.cu_seqlens_k = static_cast<const int32_t *>(fake_tensor(10));
+    p.total_seqlen_q = total_q;
+    p.total_seqlen_k = total_k;
+    return p;
+}
+
+TEST(Backward, PackedTensorsFollowTheTotals) {
+    flashcore_backward_params p = varlen_backward_params(150, 500);
+    EXPECT_TRUE(backward_accepted(p));
+    p.dq_batch_stride = p.dout_batch_stride = -8;
+    p.dk_batch_stride = p.dv_batch_stride = 3;
+    EXPECT_TRUE(backward_accepted(p));
+    // dq spans 150 rows of 8 heads x 64 (BSHD).
+    const size_t dq_bytes = size_t(150) * p.num_heads_q * p.head_dim * 2;
+    p.dout = offset(static_cast<const void *>(p.dq), dq_bytes - 16);
+    EXPECT_TRUE(backward_refused(p, FLASHCORE_STATUS_INVALID_ARGUMENT, "overlaps dout"));
+    p.dout = offset(static_cast<const void *>(p.dq), dq_bytes);
+    EXPECT_TRUE(backward_accepted(p));
+    // dk spans 500 rows of 2 heads x 64.
+    p = varlen_backward_params(150, 500);
+    const size_t dk_bytes = size_t(500) * p.num_heads_kv * p.head_dim * 2;
+    p.cu_seqlens_k = static_cast<const int32_t *>(offset(p.dk, dk_bytes - 4));
+    EXPECT_TRUE(backward_refused(p, FLASHCORE_STATUS_INVALID_ARGUMENT, "cu_seqlens_k (bytes 0x"));
+    p.cu_seqlens_k = static_cast<const int32_t *>(offset(p.dk, dk_bytes));
+    EXPECT_TRUE(backward_accepted(p));
+    // lse: [num_heads_q][total_seqlen_q].
+    p = varlen_backward_params(150, 500);
+    const size_t lse_bytes = size_t(150) * p.num_heads_q * 4;
+    p.lse = static_cast<const float *>(p.dv) - lse_bytes / 4 + 1;
+    EXPECT_TRUE(backward_refused(p, FLASHCORE_STATUS_INVALID_ARGUMENT, "lse (bytes 0x"));
+    p.lse = static_cast<const float *>(p.dv) - lse_bytes / 4;
+    EXPECT_TRUE(backward_accepted(p));
+}
+
+// The head dims are those of the backward kernels, named as the forward's
+// message names them.
+TEST(Backward, HeadDimsAreTheBackwardKernels) {
+    flashcore_backward_params p = valid_backward_params();
+    p.head_dim = 100;
+    const flashcore_status status = flashcore_backward_check(&p);
+    EXPECT_EQ(status, FLASHCORE_STATUS_UNSUPPORTED);
+    const std::string message = flashcore_last_error_message();
+#ifdef FLASHCORE_TEST_HAS_KERNEL_LIST
+    EXPECT_NE(message.find("supported (head_dim, head_dim_v): " + pairs_text(generated_bwd_head_dims()) + ", and any"),
+              std::string::npos)
+        << message;
+    for (const HeadDimPair &pair : generated_bwd_head_dims()) {
+        p.head_dim = pair.first;
+        p.head_dim_v = pair.second;
+        ASSERT_EQ(flashcore_backward_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+        EXPECT_TRUE(backward_accepted(p)) << pair.first << ", " << pair.second;
+    }
+#else
+    EXPECT_NE(message.find("supported (head_dim, head_dim_v): ("), std::string::npos) << message;
+#endif
+}
+
+// Needs a handle, hence a GPU: the workspace is the fp32 dQ accumulator,
+// 4 * rows * num_heads_q * head_dim bytes rounded up to FLASHCORE_ALIGNMENT,
+// whatever the pointers, strides and options; and flashcore_backward
+// checks the workspace it is given before it launches anything.
+TEST(Backward, WorkspaceIsTheDqAccumulator) {
+    std::string reason;
+    if (!flashcore_test::cuda_device_available(&reason)) GTEST_SKIP() << "needs a GPU: " << reason;
+    flashcore_handle h = nullptr;
+    ASSERT_EQ(flashcore_create(&h), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    const auto workspace_of = [h](const flashcore_backward_params &p) {
+        size_t bytes = 7;
+        EXPECT_EQ(flashcore_backward_workspace_size(h, &p, &bytes), FLASHCORE_STATUS_SUCCESS)
+            << flashcore_last_error_message();
+        return bytes;
+    };
+    flashcore_backward_params p = valid_backward_params();  // B=2, Sq=100, Hq=8, D=64
+    EXPECT_EQ(workspace_of(p), size_t(4) * 2 * 100 * 8 * 64);
+    p.causal = 1;
+    p.deterministic = 1;
+    p.softcap = 20.f;
+    p.q = nullptr;  // not looked at
+    p.dq_seq_stride = 3;
+    EXPECT_EQ(workspace_of(p), size_t(4) * 2 * 100 * 8 * 64);
+    // head_dim_v does not count (rows of a multiple of 8 floats need no
+    // rounding up to FLASHCORE_ALIGNMENT).
+    p = valid_backward_params();
+    p.seqlen_q = 3;
+    p.num_heads_q = p.num_heads_kv = 1;
+    p.head_dim = 8;
+    p.batch_size = 1;
+    if (covered(supported_pairs(), 8, 8)) {
+        EXPECT_EQ(workspace_of(p), size_t(4) * 3 * 8);  // a multiple of FLASHCORE_ALIGNMENT already
+    }
+    // Packed queries: total_seqlen_q rows, whatever batch_size and seqlen_q.
+    p = varlen_backward_params(150, 500);
+    EXPECT_EQ(workspace_of(p), size_t(4) * 150 * 8 * 64);
+    // No rows: none; an empty call: none.
+    p = valid_backward_params();
+    p.seqlen_q = 0;
+    EXPECT_EQ(workspace_of(p), 0u);
+    p = valid_backward_params();
+    p.batch_size = 0;
+    EXPECT_EQ(workspace_of(p), 0u);
+    // A refused query writes nothing.
+    p = valid_backward_params();
+    p.head_dim = 100;
+    size_t bytes = 77;
+    EXPECT_EQ(flashcore_backward_workspace_size(h, &p, &bytes), FLASHCORE_STATUS_UNSUPPORTED);
+    EXPECT_EQ(bytes, 77u);
+    EXPECT_EQ(flashcore_backward_workspace_size(h, &p, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+
+    // The workspace given to flashcore_backward, checked before any launch
+    // (the tensors are fake addresses: nothing may be queued).
+    p = valid_backward_params();
+    const size_t needed = workspace_of(p);
+    void *workspace = fake_tensor(12);
+    EXPECT_EQ(flashcore_backward(h, &p, workspace, needed - 1, nullptr), FLASHCORE_STATUS_WORKSPACE_TOO_SMALL);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("flashcore_backward_workspace_size"), std::string::npos);
+    EXPECT_EQ(flashcore_backward(h, &p, nullptr, needed, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(flashcore_backward(h, &p, offset(workspace, 8), needed, nullptr), FLASHCORE_STATUS_MISALIGNED);
+    EXPECT_EQ(flashcore_backward(h, &p, p.dq, needed, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("the workspace (bytes 0x"), std::string::npos)
+        << flashcore_last_error_message();
+    EXPECT_EQ(flashcore_backward(h, &p, offset(const_cast<void *>(p.k), 64), needed, nullptr),
+              FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(flashcore_destroy(h), FLASHCORE_STATUS_SUCCESS);
 }
 
 }  // namespace

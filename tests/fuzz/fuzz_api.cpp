@@ -1,12 +1,14 @@
-// Host fuzzer of the C API's validation: random flashcore_forward_params
-// (mostly near the edges of each rule) against a small model of the rules
+// Host fuzzer of the C API's validation: random flashcore_forward_params,
+// flashcore_merge_params and flashcore_backward_params (mostly near the
+// edges of each rule) against a small model of the rules
 // flashcore.h states. For each call the model lists the statuses the header
 // allows (every rule the parameters break gives one; the library reports
 // the first it checks); the call must return one of them, say why on
 // failure and nothing on success, never write its const input, and
-// flashcore_set_contiguous_strides must write exactly the packed strides or
-// nothing. Without a GPU no handle exists, so flashcore_forward is fuzzed
-// with NULL and made-up handles (which must be refused as such).
+// flashcore_set_contiguous_strides (and the backward one) must write exactly
+// the packed strides or nothing. Without a GPU no handle exists, so
+// flashcore_forward and flashcore_backward are fuzzed with NULL and made-up
+// handles (which must be refused as such).
 //
 //   fuzz_api [--calls N] [--seed S]
 //
@@ -29,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <iterator>
 #include <random>
 #include <set>
 #include <string>
@@ -209,6 +212,88 @@ bool written_overlap(const std::vector<Range> &ranges) {
     return false;
 }
 
+// The rules of the sizes and options flashcore.h states for a forward call,
+// which a backward call shares (its view as a forward call's parameters):
+// adds to *e a status for each one `p` breaks; `empty`: whether the call
+// has nothing to compute (its keys may then be missing). Returns the
+// entries of a block-table row (0 without a paged cache).
+i128 model_shapes(const flashcore_forward_params &p, bool empty, Expected *e) {
+    const int32_t dv = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
+    const bool packed_q = p.cu_seqlens_q != nullptr, packed_k = p.cu_seqlens_k != nullptr;
+    const bool paged = p.block_table != nullptr;
+    if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16) e->add(FLASHCORE_STATUS_UNSUPPORTED);
+    bool sizes_ok = true;
+    for (int32_t v : {p.batch_size, p.seqlen_q, p.seqlen_k, p.num_heads_q, p.num_heads_kv}) sizes_ok &= v >= 0;
+    sizes_ok &= p.head_dim >= 1 && p.head_dim_v >= 0;
+    sizes_ok &= !(p.num_heads_kv == 0 && p.num_heads_q != 0) && !(p.seqlen_k == 0 && !empty);
+    if (!sizes_ok) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    if (p.num_heads_kv > 0 && p.num_heads_q % p.num_heads_kv != 0) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    if (p.head_dim >= 1 && p.head_dim_v >= 0 && (p.head_dim % 8 != 0 || dv % 8 != 0 || !covered(p.head_dim, dv)))
+        e->add(FLASHCORE_STATUS_UNSUPPORTED);
+    if (p.seqlen_q > kMaxSeqlen || p.seqlen_k > kMaxSeqlen) e->add(FLASHCORE_STATUS_UNSUPPORTED);
+    if (p.num_splits < 0 || p.num_splits > FLASHCORE_MAX_NUM_SPLITS) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    // The scale: +0 is the default; -0 is refused (0.6).
+    const float s = p.softmax_scale;
+    const bool default_scale = s == 0.f && !std::signbit(s);
+    if (!default_scale && !(std::isfinite(s) && s > 0.f)) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    const float effective = default_scale ? 1.f / std::sqrt(float(std::max(p.head_dim, 1))) : s;
+    if (!std::isfinite(effective * kLog2e)) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    // The window (0.4): its bounds only with use_window non-zero; each -1
+    // or >= 0, and window_right -1 or 0 with causal.
+    if (p.use_window != 0) {
+        if (p.window_left < -1 || p.window_right < -1) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        if (p.causal != 0 && p.window_right > 0) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    }
+    // The softcap (0.4): 0 (or -0) is off; otherwise finite and > 0, with
+    // softcap * log2(e) a finite float and scale / softcap a finite float > 0
+    // (flashcore.h says "must not underflow to 0"; an overflow to infinity
+    // is refused too).
+    const float cap = p.softcap;
+    if (cap != 0.f) {
+        const float quotient = effective / cap;
+        if (!(std::isfinite(cap) && cap > 0.f && std::isfinite(cap * kLog2e) && std::isfinite(quotient) &&
+              quotient > 0.f))
+            e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    }
+    // Variable-length batches (0.6): total_seqlen_q/_k count the rows of the
+    // packed tensors, in [0, 2^30] with cu_seqlens_q/_k and 0 without them;
+    // packed keys hold a row where the output is not empty. (flashcore.h
+    // states none of these three.)
+    const struct {
+        bool packed;
+        int32_t total;
+    } packing[] = {{packed_q, p.total_seqlen_q}, {packed_k, p.total_seqlen_k}};
+    for (const auto &t : packing) {
+        if (t.packed ? t.total < 0 || t.total > kMaxSeqlen : t.total != 0) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    }
+    if (packed_k && p.total_seqlen_k == 0 && !empty) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    // A paged cache (0.6): not with cu_seqlens_k; page_size a multiple of 16
+    // (a size <= 0 is an INVALID_ARGUMENT, flashcore_status says; a
+    // positive page_size off the multiple, or past 2^30, is UNSUPPORTED, as
+    // for head_dim); num_pages >= 1. Each row of the table lists
+    // ceil(seqlen_k / page_size) pages: rows of a non-empty call's table
+    // (an empty call's strides are not looked at) are that far apart or
+    // farther, at a stride >= 0 (not stated in flashcore.h). Without a
+    // table, its page_size, num_pages and stride stay 0 (not stated in
+    // flashcore.h either).
+    i128 pages_per_row = 0;
+    if (!paged) {
+        if (p.page_size != 0 || p.num_pages != 0 || p.block_table_batch_stride != 0)
+            e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    } else {
+        if (packed_k) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        if (p.page_size < 1) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        if (p.page_size >= 1 && (p.page_size % 16 != 0 || p.page_size > kMaxSeqlen))
+            e->add(FLASHCORE_STATUS_UNSUPPORTED);
+        if (p.num_pages < 1) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        if (p.page_size >= 1) pages_per_row = (i128(p.seqlen_k) + p.page_size - 1) / p.page_size;
+        if (!empty && p.page_size >= 1 &&
+            (p.block_table_batch_stride < 0 || (p.batch_size > 1 && p.block_table_batch_stride < pages_per_row)))
+            e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    }
+    return pages_per_row;
+}
+
 // The model: what flashcore.h says flashcore_forward_check returns.
 Expected model_check(const CallerParams &caller) {
     const flashcore_forward_params &in = caller.p;
@@ -242,76 +327,7 @@ Expected model_check(const CallerParams &caller) {
     const bool empty =
         p.batch_size == 0 || p.seqlen_q == 0 || p.num_heads_q == 0 || (packed_q && p.total_seqlen_q == 0);
     const int32_t dv = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
-    if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16) e.add(FLASHCORE_STATUS_UNSUPPORTED);
-    bool sizes_ok = true;
-    for (int32_t v : {p.batch_size, p.seqlen_q, p.seqlen_k, p.num_heads_q, p.num_heads_kv}) sizes_ok &= v >= 0;
-    sizes_ok &= p.head_dim >= 1 && p.head_dim_v >= 0;
-    sizes_ok &= !(p.num_heads_kv == 0 && p.num_heads_q != 0) && !(p.seqlen_k == 0 && !empty);
-    if (!sizes_ok) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-    if (p.num_heads_kv > 0 && p.num_heads_q % p.num_heads_kv != 0) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-    if (p.head_dim >= 1 && p.head_dim_v >= 0 && (p.head_dim % 8 != 0 || dv % 8 != 0 || !covered(p.head_dim, dv)))
-        e.add(FLASHCORE_STATUS_UNSUPPORTED);
-    if (p.seqlen_q > kMaxSeqlen || p.seqlen_k > kMaxSeqlen) e.add(FLASHCORE_STATUS_UNSUPPORTED);
-    if (p.num_splits < 0 || p.num_splits > FLASHCORE_MAX_NUM_SPLITS) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-    // The scale: +0 is the default; -0 is refused (0.6).
-    const float s = p.softmax_scale;
-    const bool default_scale = s == 0.f && !std::signbit(s);
-    if (!default_scale && !(std::isfinite(s) && s > 0.f)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-    const float effective = default_scale ? 1.f / std::sqrt(float(std::max(p.head_dim, 1))) : s;
-    if (!std::isfinite(effective * kLog2e)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-    // The window (0.4): its bounds only with use_window non-zero; each -1
-    // or >= 0, and window_right -1 or 0 with causal.
-    if (p.use_window != 0) {
-        if (p.window_left < -1 || p.window_right < -1) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-        if (p.causal != 0 && p.window_right > 0) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-    }
-    // The softcap (0.4): 0 (or -0) is off; otherwise finite and > 0, with
-    // softcap * log2(e) a finite float and scale / softcap a finite float > 0
-    // (flashcore.h says "must not underflow to 0"; an overflow to infinity
-    // is refused too).
-    const float cap = p.softcap;
-    if (cap != 0.f) {
-        const float quotient = effective / cap;
-        if (!(std::isfinite(cap) && cap > 0.f && std::isfinite(cap * kLog2e) && std::isfinite(quotient) &&
-              quotient > 0.f))
-            e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-    }
-    // Variable-length batches (0.6): total_seqlen_q/_k count the rows of the
-    // packed tensors, in [0, 2^30] with cu_seqlens_q/_k and 0 without them;
-    // packed keys hold a row where the output is not empty. (flashcore.h
-    // states none of these three.)
-    const struct {
-        bool packed;
-        int32_t total;
-    } packing[] = {{packed_q, p.total_seqlen_q}, {packed_k, p.total_seqlen_k}};
-    for (const auto &t : packing) {
-        if (t.packed ? t.total < 0 || t.total > kMaxSeqlen : t.total != 0) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-    }
-    if (packed_k && p.total_seqlen_k == 0 && !empty) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-    // A paged cache (0.6): not with cu_seqlens_k; page_size a multiple of 16
-    // (a size <= 0 is an INVALID_ARGUMENT, flashcore_status says; a
-    // positive page_size off the multiple, or past 2^30, is UNSUPPORTED, as
-    // for head_dim); num_pages >= 1. Each row of the table lists
-    // ceil(seqlen_k / page_size) pages: rows of a non-empty call's table
-    // (an empty call's strides are not looked at) are that far apart or
-    // farther, at a stride >= 0 (not stated in flashcore.h). Without a
-    // table, its page_size, num_pages and stride stay 0 (not stated in
-    // flashcore.h either).
-    i128 pages_per_row = 0;
-    if (!paged) {
-        if (p.page_size != 0 || p.num_pages != 0 || p.block_table_batch_stride != 0)
-            e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-    } else {
-        if (packed_k) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-        if (p.page_size < 1) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-        if (p.page_size >= 1 && (p.page_size % 16 != 0 || p.page_size > kMaxSeqlen))
-            e.add(FLASHCORE_STATUS_UNSUPPORTED);
-        if (p.num_pages < 1) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-        if (p.page_size >= 1) pages_per_row = (i128(p.seqlen_k) + p.page_size - 1) / p.page_size;
-        if (!empty && p.page_size >= 1 &&
-            (p.block_table_batch_stride < 0 || (p.batch_size > 1 && p.block_table_batch_stride < pages_per_row)))
-            e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-    }
+    const i128 pages_per_row = model_shapes(p, empty, &e);
     if (empty || !e.statuses.empty()) return e;  // pointers and strides of an empty call are not looked at
 
     // Packed tensors are one batch of all their rows, their batch strides
@@ -799,6 +815,32 @@ bool check_merge(const flashcore_merge_params &p, uint64_t call, flashcore_statu
     return ok;
 }
 
+// A tensor's shape and the strides a stride helper wrote for it.
+struct WrittenStrides {
+    i128 s, h, dim;
+    int64_t batch, seq, head;
+};
+
+// Whether a packed tensor of each shape fits 2^63 bytes (of 2-byte
+// elements), as the stride helpers require.
+template <size_t N>
+bool packed_fit(const WrittenStrides (&tensors)[N], int32_t batch_size) {
+    for (const WrittenStrides &w : tensors)
+        if (w.h * w.s * w.dim * std::max<i128>(batch_size, 1) * 2 > i128(INT64_MAX)) return false;
+    return true;
+}
+
+// Whether every tensor got the packed strides of `layout` (0: BHSD, 1: BSHD).
+template <size_t N>
+bool packed_written(const WrittenStrides (&tensors)[N], int layout) {
+    bool ok = true;
+    for (const WrittenStrides &w : tensors) {
+        const i128 seq = layout == 0 ? w.dim : w.h * w.dim, head = layout == 0 ? w.s * w.dim : w.dim;
+        ok &= w.batch == int64_t(w.h * w.s * w.dim) && w.seq == int64_t(seq) && w.head == int64_t(head);
+    }
+    return ok;
+}
+
 // flashcore_set_contiguous_strides: the packed strides, or nothing written.
 bool check_strides(const CallerParams &caller, int layout, uint64_t call) {
     const flashcore_forward_params &in = caller.p;
@@ -819,23 +861,15 @@ bool check_strides(const CallerParams &caller, int layout, uint64_t call) {
     expect_ok &= in.head_dim >= 1 && dv_raw >= 0 && !(in.num_heads_kv == 0 && in.num_heads_q != 0) &&
                  !(in.seqlen_k == 0 && !empty);
     const i128 d = in.head_dim, dv = dv_raw == 0 ? in.head_dim : dv_raw;
-    const struct {
-        i128 s, h, dim;
-        int64_t batch, seq, head;
-    } want[] = {{in.seqlen_q, in.num_heads_q, d, p.q_batch_stride, p.q_seq_stride, p.q_head_stride},
-                {in.seqlen_k, in.num_heads_kv, d, p.k_batch_stride, p.k_seq_stride, p.k_head_stride},
-                {in.seqlen_k, in.num_heads_kv, dv, p.v_batch_stride, p.v_seq_stride, p.v_head_stride},
-                {in.seqlen_q, in.num_heads_q, dv, p.out_batch_stride, p.out_seq_stride, p.out_head_stride}};
+    const WrittenStrides want[] = {
+        {in.seqlen_q, in.num_heads_q, d, p.q_batch_stride, p.q_seq_stride, p.q_head_stride},
+        {in.seqlen_k, in.num_heads_kv, d, p.k_batch_stride, p.k_seq_stride, p.k_head_stride},
+        {in.seqlen_k, in.num_heads_kv, dv, p.v_batch_stride, p.v_seq_stride, p.v_head_stride},
+        {in.seqlen_q, in.num_heads_q, dv, p.out_batch_stride, p.out_seq_stride, p.out_head_stride}};
+    expect_ok &= packed_fit(want, in.batch_size);
     bool ok = true;
-    if (expect_ok) {
-        for (const auto &w : want)
-            if (w.h * w.s * w.dim * std::max<i128>(in.batch_size, 1) * 2 > i128(INT64_MAX)) expect_ok = false;
-    }
     if (expect_ok && got == FLASHCORE_STATUS_SUCCESS) {
-        for (const auto &w : want) {
-            const i128 seq = layout == 0 ? w.dim : w.h * w.dim, head = layout == 0 ? w.s * w.dim : w.dim;
-            ok &= w.batch == int64_t(w.h * w.s * w.dim) && w.seq == int64_t(seq) && w.head == int64_t(head);
-        }
+        ok &= packed_written(want, layout);
     } else {
         const flashcore_status refused =
             refused_as_newer ? FLASHCORE_STATUS_UNSUPPORTED : FLASHCORE_STATUS_INVALID_ARGUMENT;
@@ -852,19 +886,381 @@ bool check_strides(const CallerParams &caller, int layout, uint64_t call) {
     return ok;
 }
 
+// ---------------------------------------------------------------------------
+// flashcore_backward_params (0.7): the same options, eight tensors.
+// ---------------------------------------------------------------------------
+
+// A caller's backward struct with room for a newer header's fields.
+struct BackwardCaller {
+    flashcore_backward_params p;
+    unsigned char newer[kNewerBytes];
+};
+static_assert(offsetof(BackwardCaller, newer) == sizeof(flashcore_backward_params), "newer follows ours directly");
+// Where the last field of this header (total_seqlen_k) ends.
+constexpr size_t kBackwardKnownEnd =
+    offsetof(flashcore_backward_params, total_seqlen_k) + sizeof(flashcore_backward_params::total_seqlen_k);
+
+// The struct first appeared in 0.7: ours or a newer header's, up to 64 KiB.
+bool backward_struct_size_ok(size_t size) {
+    return size >= sizeof(flashcore_backward_params) && size <= kMaxStructSize;
+}
+
+bool sets_newer_backward_fields(const BackwardCaller &c) {
+    if (c.p.struct_size <= sizeof(flashcore_backward_params) || c.p.struct_size > sizeof c) return false;
+    const unsigned char *bytes = reinterpret_cast<const unsigned char *>(&c);
+    for (size_t i = kBackwardKnownEnd; i < c.p.struct_size; ++i)
+        if (bytes[i] != 0) return true;
+    return false;
+}
+
+// flashcore.h: batch_size or num_heads_q 0; a call without query rows is
+// not empty (it writes dk and dv).
+bool backward_empty(const flashcore_backward_params &p) { return p.batch_size == 0 || p.num_heads_q == 0; }
+
+// The forward call a backward call is the gradient of: its sizes and
+// options, as the shape rules see them.
+flashcore_forward_params forward_of(const flashcore_backward_params &b) {
+    flashcore_forward_params f;
+    flashcore_forward_params_init(&f, sizeof f);
+    f.dtype = b.dtype;
+    f.batch_size = b.batch_size;
+    f.seqlen_q = b.seqlen_q;
+    f.seqlen_k = b.seqlen_k;
+    f.num_heads_q = b.num_heads_q;
+    f.num_heads_kv = b.num_heads_kv;
+    f.head_dim = b.head_dim;
+    f.head_dim_v = b.head_dim_v;
+    f.causal = b.causal;
+    f.softmax_scale = b.softmax_scale;
+    f.use_window = b.use_window;
+    f.window_left = b.window_left;
+    f.window_right = b.window_right;
+    f.softcap = b.softcap;
+    f.seqused_k = b.seqused_k;
+    f.cu_seqlens_q = b.cu_seqlens_q;
+    f.cu_seqlens_k = b.cu_seqlens_k;
+    f.total_seqlen_q = b.total_seqlen_q;
+    f.total_seqlen_k = b.total_seqlen_k;
+    return f;
+}
+
+// The backward call's eight tensors, the gradients last.
+constexpr int kBackwardTensors = 8, kFirstGradient = 5;
+void backward_tensors(const flashcore_backward_params &p, Tensor *t) {
+    const bool packed_q = p.cu_seqlens_q != nullptr, packed_k = p.cu_seqlens_k != nullptr;
+    const i128 qb = packed_q ? 1 : p.batch_size, qr = packed_q ? p.total_seqlen_q : p.seqlen_q;
+    const i128 kb = packed_k ? 1 : p.batch_size, kr = packed_k ? p.total_seqlen_k : p.seqlen_k;
+    const i128 d = p.head_dim, dv = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
+    const auto bq = [&](int64_t s) { return packed_q ? 0 : s; };
+    const auto bk = [&](int64_t s) { return packed_k ? 0 : s; };
+    t[0] = {"q", p.q, qb, qr, p.num_heads_q, d, bq(p.q_batch_stride), p.q_seq_stride, p.q_head_stride};
+    t[1] = {"k", p.k, kb, kr, p.num_heads_kv, d, bk(p.k_batch_stride), p.k_seq_stride, p.k_head_stride};
+    t[2] = {"v", p.v, kb, kr, p.num_heads_kv, dv, bk(p.v_batch_stride), p.v_seq_stride, p.v_head_stride};
+    t[3] = {"out", p.out, qb, qr, p.num_heads_q, dv, bq(p.out_batch_stride), p.out_seq_stride, p.out_head_stride};
+    t[4] = {"dout", p.dout, qb, qr, p.num_heads_q, dv, bq(p.dout_batch_stride), p.dout_seq_stride,
+            p.dout_head_stride};
+    t[5] = {"dq", p.dq, qb, qr, p.num_heads_q, d, bq(p.dq_batch_stride), p.dq_seq_stride, p.dq_head_stride};
+    t[6] = {"dk", p.dk, kb, kr, p.num_heads_kv, d, bk(p.dk_batch_stride), p.dk_seq_stride, p.dk_head_stride};
+    t[7] = {"dv", p.dv, kb, kr, p.num_heads_kv, dv, bk(p.dv_batch_stride), p.dv_seq_stride, p.dv_head_stride};
+}
+
+// The model: what flashcore.h says flashcore_backward_check returns.
+Expected model_backward_check(const BackwardCaller &caller) {
+    const flashcore_backward_params &p = caller.p;
+    Expected e;
+    if (!backward_struct_size_ok(p.struct_size)) {
+        e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        return e;
+    }
+    if (sets_newer_backward_fields(caller)) {
+        e.add(FLASHCORE_STATUS_UNSUPPORTED);
+        return e;
+    }
+    // The forward's rules, with the backward's emptiness: a call without
+    // query rows still needs its keys. (Its head dims: the backward kernels
+    // have every forward pair, issue 34.)
+    const bool empty = backward_empty(p);
+    model_shapes(forward_of(p), empty, &e);
+    if (empty || !e.statuses.empty()) return e;
+
+    // Tensors of no rows (the query side of a call without queries) are
+    // not looked at; lse is required where it has entries.
+    Tensor tensors[kBackwardTensors];
+    backward_tensors(p, tensors);
+    const auto has_elements = [](const Tensor &t) { return t.batch > 0 && t.seqlen > 0 && t.heads > 0; };
+    bool tensors_ok = true;
+    for (const Tensor &t : tensors) {
+        if (!has_elements(t)) continue;
+        if (t.ptr == nullptr) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        if (reinterpret_cast<uintptr_t>(t.ptr) % 16 != 0) e.add(FLASHCORE_STATUS_MISALIGNED);
+        bool ok = t.ptr != nullptr;
+        for (int64_t st : {t.bs, t.ss, t.hs}) {
+            if (st < 0) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+            if (st % 8 != 0) e.add(FLASHCORE_STATUS_MISALIGNED);
+            ok &= st >= 0;
+        }
+        if (ok && last_offset(t) * 2 > i128(INT64_MAX)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        tensors_ok &= ok;
+    }
+    if (!tensors_ok || !e.statuses.empty()) return e;  // the library stops at the first tensor's problem
+    for (int i = kFirstGradient; i < kBackwardTensors; ++i) {
+        if (!has_elements(tensors[i])) continue;
+        const int overlap = self_overlap(tensors[i]);
+        if (overlap == 1) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        e.unsure |= overlap < 0;
+    }
+    const bool packed_q = p.cu_seqlens_q != nullptr;
+    const i128 lse_entries =
+        (packed_q ? i128(p.total_seqlen_q) : i128(p.batch_size) * p.seqlen_q) * p.num_heads_q;
+    if (lse_entries > 0 && p.lse == nullptr) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    const struct {
+        const void *ptr;
+        i128 bytes;
+    } arrays[] = {
+        {lse_entries > 0 ? p.lse : nullptr, lse_entries * 4},
+        {p.seqused_k, i128(p.batch_size) * 4},
+        {p.cu_seqlens_q, (i128(p.batch_size) + 1) * 4},
+        {p.cu_seqlens_k, (i128(p.batch_size) + 1) * 4},
+    };
+    for (const auto &a : arrays)
+        if (a.ptr != nullptr && reinterpret_cast<uintptr_t>(a.ptr) % 4 != 0) e.add(FLASHCORE_STATUS_MISALIGNED);
+    if (!e.statuses.empty()) return e;
+    // Aliasing: the gradients against everything, as byte ranges; the
+    // inputs (lse among them) may share memory.
+    std::vector<Range> ranges;
+    for (int i = 0; i < kBackwardTensors; ++i) {
+        if (!has_elements(tensors[i])) continue;
+        const i128 begin = i128(reinterpret_cast<uintptr_t>(tensors[i].ptr));
+        ranges.push_back({begin, begin + (last_offset(tensors[i]) + 1) * 2, i >= kFirstGradient});
+    }
+    for (const auto &a : arrays) {
+        if (a.ptr == nullptr) continue;
+        const i128 begin = i128(reinterpret_cast<uintptr_t>(a.ptr));
+        ranges.push_back({begin, begin + a.bytes, false});
+    }
+    if (written_overlap(ranges)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    return e;
+}
+
+// Random backward parameters: the forward's random options and shapes
+// (random_params), then eight tensors of their own, mostly apart, now and
+// then on top of one another, NULL or misaligned; lse mostly given.
+BackwardCaller random_backward_params(Rng &r) {
+    const CallerParams forward = random_params(r);
+    const flashcore_forward_params &f = forward.p;
+    BackwardCaller c;
+    std::memset(c.newer, 0xAB, sizeof c.newer);
+    flashcore_backward_params &p = c.p;
+    flashcore_backward_params_init(&p, sizeof p);
+    p.dtype = f.dtype;
+    p.batch_size = f.batch_size;
+    p.seqlen_q = r.chance(10) ? 0 : f.seqlen_q;  // calls without query rows: not empty here
+    p.seqlen_k = f.seqlen_k;
+    p.num_heads_q = f.num_heads_q;
+    p.num_heads_kv = f.num_heads_kv;
+    p.head_dim = f.head_dim;
+    p.head_dim_v = f.struct_size >= kEndV0_2 ? f.head_dim_v : 0;
+    p.causal = f.causal;
+    p.softmax_scale = f.softmax_scale;
+    if (f.struct_size >= kEndV0_4) {
+        p.use_window = f.use_window;
+        p.window_left = f.window_left;
+        p.window_right = f.window_right;
+        p.softcap = f.softcap;
+    }
+    const int32_t deterministic[] = {0, 1, -1, INT32_MAX};
+    p.deterministic = r.pick(deterministic);
+    const bool packed_q = r.chance(20), packed_k = r.chance(15);
+    p.total_seqlen_q = packed_q || r.chance(3) ? random_rows(r) : 0;
+    p.total_seqlen_k = packed_k || r.chance(3) ? random_rows(r) : 0;
+    // Strides: packed in a random layout (packed tensors as one batch of
+    // their rows), then some perturbed.
+    const int layout = int(r.below(2));
+    flashcore_backward_params packed = p;
+    if (flashcore_backward_set_contiguous_strides(&packed, flashcore_layout(layout)) == FLASHCORE_STATUS_SUCCESS) {
+        p = packed;
+    }
+    if (packed_q || packed_k) {
+        flashcore_backward_params rows = p;
+        rows.batch_size = 1;
+        if (packed_q) rows.seqlen_q = p.total_seqlen_q;
+        if (packed_k) rows.seqlen_k = p.total_seqlen_k;
+        if (flashcore_backward_set_contiguous_strides(&rows, flashcore_layout(layout)) == FLASHCORE_STATUS_SUCCESS) {
+            if (packed_q) {
+                p.q_seq_stride = rows.q_seq_stride, p.q_head_stride = rows.q_head_stride;
+                p.out_seq_stride = rows.out_seq_stride, p.out_head_stride = rows.out_head_stride;
+                p.dout_seq_stride = rows.dout_seq_stride, p.dout_head_stride = rows.dout_head_stride;
+                p.dq_seq_stride = rows.dq_seq_stride, p.dq_head_stride = rows.dq_head_stride;
+            }
+            if (packed_k) {
+                p.k_seq_stride = rows.k_seq_stride, p.k_head_stride = rows.k_head_stride;
+                p.v_seq_stride = rows.v_seq_stride, p.v_head_stride = rows.v_head_stride;
+                p.dk_seq_stride = rows.dk_seq_stride, p.dk_head_stride = rows.dk_head_stride;
+                p.dv_seq_stride = rows.dv_seq_stride, p.dv_head_stride = rows.dv_head_stride;
+            }
+        }
+    }
+    for (int64_t *st :
+         {&p.q_batch_stride, &p.q_seq_stride, &p.q_head_stride, &p.k_batch_stride, &p.k_seq_stride, &p.k_head_stride,
+          &p.v_batch_stride, &p.v_seq_stride, &p.v_head_stride, &p.out_batch_stride, &p.out_seq_stride,
+          &p.out_head_stride, &p.dout_batch_stride, &p.dout_seq_stride, &p.dout_head_stride, &p.dq_batch_stride,
+          &p.dq_seq_stride, &p.dq_head_stride, &p.dk_batch_stride, &p.dk_seq_stride, &p.dk_head_stride,
+          &p.dv_batch_stride, &p.dv_seq_stride, &p.dv_head_stride})
+        if (r.chance(3)) *st = random_stride(r, *st);
+    std::vector<uintptr_t> placed;
+    const auto place = [&](int index) {
+        const void *ptr = random_pointer(r, index, placed);
+        placed.push_back(reinterpret_cast<uintptr_t>(ptr));
+        return ptr;
+    };
+    p.q = place(0);
+    p.k = place(1);
+    p.v = place(2);
+    p.out = place(3);
+    p.dout = place(4);
+    if (r.chance(95)) {
+        const void *lse = place(5);
+        if (r.chance(5)) lse = static_cast<const char *>(lse) + 4;  // 4-byte aligned: fine for lse
+        p.lse = static_cast<const float *>(lse);
+    }
+    p.dq = const_cast<void *>(place(6));
+    p.dk = const_cast<void *>(place(7));
+    p.dv = const_cast<void *>(place(8));
+    if (r.chance(30)) p.seqused_k = random_array(r, 9, placed, p.dk, p.batch_size);
+    if (packed_q) p.cu_seqlens_q = random_array(r, 10, placed, p.dq, i128(p.batch_size) + 1);
+    if (packed_k) p.cu_seqlens_k = random_array(r, 11, placed, p.dv, i128(p.batch_size) + 1);
+    // Sizes: ours, a newer header's (its fields zero, or one byte set), or
+    // of no header's.
+    constexpr size_t kOurs = sizeof(flashcore_backward_params);
+    const size_t newer[] = {kOurs + 4, kOurs + 8, kOurs + kNewerBytes};
+    const size_t bad_sizes[] = {0, 12, offsetof(flashcore_backward_params, q), kOurs - 8, kOurs - 1,
+                                kMaxStructSize + 1, size_t(1) << 40};
+    const int kind = r.chance(90) ? 0 : int(1 + r.below(2));
+    p.struct_size = kind == 0 ? kOurs : kind == 1 ? r.pick(newer) : r.pick(bad_sizes);
+    if (p.struct_size > kOurs && p.struct_size <= sizeof c) {
+        unsigned char *bytes = reinterpret_cast<unsigned char *>(&c);
+        std::memset(bytes + kOurs, 0, p.struct_size - kOurs);
+        if (r.chance(50)) bytes[kBackwardKnownEnd + r.below(p.struct_size - kBackwardKnownEnd)] = 1;
+    }
+    return c;
+}
+
+void print_backward_params(const BackwardCaller &c) {
+    const flashcore_backward_params &p = c.p;
+    std::fprintf(stderr,
+                 "  struct_size %zu (ours %zu) dtype %d B %d Sq %d Sk %d Hq %d Hkv %d D %d Dv %d causal %d scale %g "
+                 "(0x%08x) deterministic %d\n"
+                 "  use_window %d window_left %d window_right %d softcap %g (0x%08x)\n"
+                 "  q %p k %p v %p out %p dout %p lse %p dq %p dk %p dv %p\n"
+                 "  seqused_k %p cu_seqlens_q %p cu_seqlens_k %p total_seqlen_q %d total_seqlen_k %d\n",
+                 p.struct_size, sizeof p, p.dtype, p.batch_size, p.seqlen_q, p.seqlen_k, p.num_heads_q,
+                 p.num_heads_kv, p.head_dim, p.head_dim_v, p.causal, double(p.softmax_scale),
+                 float_bits(p.softmax_scale), p.deterministic, p.use_window, p.window_left, p.window_right,
+                 double(p.softcap), float_bits(p.softcap), p.q, p.k, p.v, p.out, p.dout,
+                 static_cast<const void *>(p.lse), p.dq, p.dk, p.dv, static_cast<const void *>(p.seqused_k),
+                 static_cast<const void *>(p.cu_seqlens_q), static_cast<const void *>(p.cu_seqlens_k),
+                 p.total_seqlen_q, p.total_seqlen_k);
+    std::fprintf(stderr, "  bytes after ours:");
+    for (unsigned char b : c.newer) std::fprintf(stderr, " %02x", b);
+    std::fprintf(stderr, "\n  strides (batch seq head):");
+    const struct {
+        const char *name;
+        int64_t b, s, h;
+    } strides[] = {{"q", p.q_batch_stride, p.q_seq_stride, p.q_head_stride},
+                   {"k", p.k_batch_stride, p.k_seq_stride, p.k_head_stride},
+                   {"v", p.v_batch_stride, p.v_seq_stride, p.v_head_stride},
+                   {"out", p.out_batch_stride, p.out_seq_stride, p.out_head_stride},
+                   {"dout", p.dout_batch_stride, p.dout_seq_stride, p.dout_head_stride},
+                   {"dq", p.dq_batch_stride, p.dq_seq_stride, p.dq_head_stride},
+                   {"dk", p.dk_batch_stride, p.dk_seq_stride, p.dk_head_stride},
+                   {"dv", p.dv_batch_stride, p.dv_seq_stride, p.dv_head_stride}};
+    for (const auto &s : strides) std::fprintf(stderr, " %s %" PRId64 " %" PRId64 " %" PRId64, s.name, s.b, s.s, s.h);
+    std::fprintf(stderr, "\n");
+}
+
+bool check_backward(const BackwardCaller &c, uint64_t call, flashcore_status *got_out) {
+    BackwardCaller copy = c;
+    const flashcore_status got = flashcore_backward_check(&copy.p);
+    *got_out = got;
+    const bool ok = agrees(model_backward_check(c), got, flashcore_last_error_message(),
+                           std::memcmp(&copy, &c, sizeof c) == 0, "flashcore_backward_check", call);
+    if (!ok) print_backward_params(c);
+    return ok;
+}
+
+// flashcore_backward_set_contiguous_strides: the forward's packed strides
+// for q, k, v, out and for dq, dk, dv, dout likewise, or nothing written.
+bool check_backward_strides(const BackwardCaller &caller, int layout, uint64_t call) {
+    const flashcore_backward_params &in = caller.p;
+    BackwardCaller written = caller;
+    flashcore_backward_params &p = written.p;
+    // Layouts 0 and 1 only: an int outside the enumerators cannot be passed
+    // from C++ (tests/enum_calls.c has no backward helper).
+    const flashcore_status got = flashcore_backward_set_contiguous_strides(&p, flashcore_layout(layout));
+    bool expect_ok = (layout == 0 || layout == 1) && backward_struct_size_ok(in.struct_size);
+    const bool refused_as_newer = expect_ok && sets_newer_backward_fields(caller);
+    expect_ok &= !refused_as_newer;
+    for (int32_t v : {in.batch_size, in.seqlen_q, in.seqlen_k, in.num_heads_q, in.num_heads_kv}) expect_ok &= v >= 0;
+    expect_ok &= in.head_dim >= 1 && in.head_dim_v >= 0 && !(in.num_heads_kv == 0 && in.num_heads_q != 0) &&
+                 !(in.seqlen_k == 0 && !backward_empty(in));
+    const i128 d = in.head_dim, dv = in.head_dim_v == 0 ? in.head_dim : in.head_dim_v;
+    const WrittenStrides want[] = {
+        {in.seqlen_q, in.num_heads_q, d, p.q_batch_stride, p.q_seq_stride, p.q_head_stride},
+        {in.seqlen_q, in.num_heads_q, d, p.dq_batch_stride, p.dq_seq_stride, p.dq_head_stride},
+        {in.seqlen_k, in.num_heads_kv, d, p.k_batch_stride, p.k_seq_stride, p.k_head_stride},
+        {in.seqlen_k, in.num_heads_kv, d, p.dk_batch_stride, p.dk_seq_stride, p.dk_head_stride},
+        {in.seqlen_k, in.num_heads_kv, dv, p.v_batch_stride, p.v_seq_stride, p.v_head_stride},
+        {in.seqlen_k, in.num_heads_kv, dv, p.dv_batch_stride, p.dv_seq_stride, p.dv_head_stride},
+        {in.seqlen_q, in.num_heads_q, dv, p.out_batch_stride, p.out_seq_stride, p.out_head_stride},
+        {in.seqlen_q, in.num_heads_q, dv, p.dout_batch_stride, p.dout_seq_stride, p.dout_head_stride}};
+    expect_ok &= packed_fit(want, in.batch_size);
+    bool ok = true;
+    if (expect_ok && got == FLASHCORE_STATUS_SUCCESS) {
+        ok &= packed_written(want, layout);
+        // Nothing but the strides (24 contiguous fields) is written.
+        const size_t first = offsetof(flashcore_backward_params, q_batch_stride);
+        const size_t last = offsetof(flashcore_backward_params, dv_head_stride) + sizeof(int64_t);
+        ok &= std::memcmp(&written, &caller, first) == 0 &&
+              std::memcmp(reinterpret_cast<const unsigned char *>(&written) + last,
+                          reinterpret_cast<const unsigned char *>(&caller) + last, sizeof caller - last) == 0;
+    } else {
+        const flashcore_status refused =
+            refused_as_newer ? FLASHCORE_STATUS_UNSUPPORTED : FLASHCORE_STATUS_INVALID_ARGUMENT;
+        ok &= !expect_ok && got == refused && std::memcmp(&written, &caller, sizeof caller) == 0;
+    }
+    if (!ok) {
+        std::fprintf(stderr, "call %" PRIu64 ": flashcore_backward_set_contiguous_strides(layout %d) returned %d "
+                     "(\"%s\"), the model expects %s\n", call, layout, int(got), flashcore_last_error_message(),
+                     expect_ok          ? "the packed strides, nothing else written"
+                     : refused_as_newer ? "UNSUPPORTED and nothing written"
+                                        : "INVALID_ARGUMENT and nothing written");
+        print_backward_params(caller);
+    }
+    return ok;
+}
+
 // Handles that are not live: refused by every call that takes one.
-bool check_handles(Rng &r, const flashcore_forward_params &p, uint64_t call) {
+bool check_handles(Rng &r, const flashcore_forward_params &p, const flashcore_backward_params &backward,
+                   uint64_t call) {
     alignas(16) unsigned char fake[256];
     for (unsigned char &b : fake) b = static_cast<unsigned char>(r.next());
     const flashcore_handle handles[] = {nullptr, reinterpret_cast<flashcore_handle>(fake)};
     for (flashcore_handle h : handles) {
         size_t bytes = 0;
-        const flashcore_status a = flashcore_forward(h, &p, nullptr, size_t(r.next()), nullptr);
-        const flashcore_status b = flashcore_forward_workspace_size(h, &p, &bytes);
-        if (a != FLASHCORE_STATUS_INVALID_ARGUMENT || b != FLASHCORE_STATUS_INVALID_ARGUMENT) {
-            std::fprintf(stderr, "call %" PRIu64 ": a %s handle was not refused (%d, %d): %s\n", call,
-                         h == nullptr ? "NULL" : "made-up", int(a), int(b), flashcore_last_error_message());
-            return false;
+        const flashcore_status statuses[] = {
+            flashcore_forward(h, &p, nullptr, size_t(r.next()), nullptr),
+            flashcore_forward_workspace_size(h, &p, &bytes),
+            flashcore_backward(h, &backward, nullptr, size_t(r.next()), nullptr),
+            flashcore_backward_workspace_size(h, &backward, &bytes),
+        };
+        for (size_t i = 0; i < std::size(statuses); ++i) {
+            if (statuses[i] != FLASHCORE_STATUS_INVALID_ARGUMENT) {
+                std::fprintf(stderr, "call %" PRIu64 ": a %s handle was not refused by call %zu (forward, its "
+                             "workspace size, backward, its workspace size): %d: %s\n",
+                             call, h == nullptr ? "NULL" : "made-up", i, int(statuses[i]),
+                             flashcore_last_error_message());
+                return false;
+            }
         }
     }
     return true;
@@ -877,6 +1273,10 @@ struct Counts {
     // and from a newer header's (larger) struct.
     uint64_t windowed_successes = 0, capped_successes = 0, seqused_successes = 0, newer_successes = 0;
     uint64_t varlen_successes = 0, paged_successes = 0;
+    // Accepted backward parameter sets: all, without query rows (not
+    // empty), variable-length, and from a newer header's struct.
+    uint64_t backward_successes = 0, backward_rowless_successes = 0, backward_varlen_successes = 0;
+    uint64_t backward_newer_successes = 0;
 };
 
 bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
@@ -901,14 +1301,25 @@ bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
         if (!check_merge(m, i, &got)) return false;
         ++counts->calls;
         counts->merge_successes += got == FLASHCORE_STATUS_SUCCESS;
+        const BackwardCaller b = random_backward_params(r);
+        if (!check_backward(b, i, &got)) return false;
+        ++counts->calls;
+        if (got == FLASHCORE_STATUS_SUCCESS) {
+            const bool rowless = b.p.seqlen_q == 0 || (b.p.cu_seqlens_q != nullptr && b.p.total_seqlen_q == 0);
+            ++counts->backward_successes;
+            counts->backward_rowless_successes += !backward_empty(b.p) && rowless;
+            counts->backward_varlen_successes += b.p.cu_seqlens_q != nullptr || b.p.cu_seqlens_k != nullptr;
+            counts->backward_newer_successes += b.p.struct_size > sizeof b.p;
+        }
         if (i % 4 == 0) {
             const int layouts[] = {0, 1, 0, 1, 2, -1, 7};
             if (!check_strides(c, r.pick(layouts), i)) return false;
-            ++counts->calls;
+            if (!check_backward_strides(b, int(r.below(2)), i)) return false;
+            counts->calls += 2;
         }
         if (i % 64 == 0) {
-            if (!check_handles(r, p, i)) return false;
-            counts->calls += 4;
+            if (!check_handles(r, p, b.p, i)) return false;
+            counts->calls += 8;
         }
     }
     return true;
@@ -948,10 +1359,12 @@ int main(int argc, char **argv) {
     }
     std::printf("fuzz_api: %" PRIu64 " API calls, %" PRIu64 " valid forward (%" PRIu64 " with a window, %" PRIu64
                 " with a softcap, %" PRIu64 " with seqused_k, %" PRIu64 " variable-length, %" PRIu64
-                " on a paged cache, %" PRIu64 " from a newer header) and %" PRIu64
-                " valid merge parameter sets accepted, all as the model says\n",
+                " on a paged cache, %" PRIu64 " from a newer header), %" PRIu64
+                " valid merge and %" PRIu64 " valid backward (%" PRIu64 " without query rows, %" PRIu64
+                " variable-length, %" PRIu64 " from a newer header) parameter sets accepted, all as the model says\n",
                 counts.calls, counts.successes, counts.windowed_successes, counts.capped_successes,
                 counts.seqused_successes, counts.varlen_successes, counts.paged_successes, counts.newer_successes,
-                counts.merge_successes);
+                counts.merge_successes, counts.backward_successes, counts.backward_rowless_successes,
+                counts.backward_varlen_successes, counts.backward_newer_successes);
     return 0;
 }

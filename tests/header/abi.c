@@ -3,8 +3,9 @@
  * pins the parts of flashcore.h that are ABI, as the header's policy states
  * them. It fails to compile when
  *   - an enumerator is renumbered or removed,
- *   - a field of flashcore_forward_params moves, changes size or is removed
- *     (new fields may only be appended: the struct may grow),
+ *   - a field of flashcore_forward_params, flashcore_merge_params or
+ *     flashcore_backward_params moves, changes size or is removed (new
+ *     fields may only be appended: the structs may grow),
  *   - a function changes its signature (flashcore_test_api.h),
  *   - a documented macro changes value.
  */
@@ -128,6 +129,66 @@ FC_MERGE_FIELD(out_batch_stride, 136, 8);
 FC_MERGE_FIELD(out_seq_stride, 144, 8);
 FC_MERGE_FIELD(out_head_stride, 152, 8);
 FC_ASSERT(merge_params_size, sizeof(flashcore_merge_params) == 160);
+
+/* flashcore_backward_params (0.7). */
+#define FC_BACKWARD_FIELD(field, offset, size)                                                   \
+    FC_ASSERT(backward_##field##_offset, offsetof(flashcore_backward_params, field) == (offset)); \
+    FC_ASSERT(backward_##field##_size, sizeof(((flashcore_backward_params *)0)->field) == (size))
+FC_BACKWARD_FIELD(struct_size, 0, 8);
+FC_BACKWARD_FIELD(dtype, 8, 4);
+FC_BACKWARD_FIELD(batch_size, 12, 4);
+FC_BACKWARD_FIELD(seqlen_q, 16, 4);
+FC_BACKWARD_FIELD(seqlen_k, 20, 4);
+FC_BACKWARD_FIELD(num_heads_q, 24, 4);
+FC_BACKWARD_FIELD(num_heads_kv, 28, 4);
+FC_BACKWARD_FIELD(head_dim, 32, 4);
+FC_BACKWARD_FIELD(head_dim_v, 36, 4);
+FC_BACKWARD_FIELD(causal, 40, 4);
+FC_BACKWARD_FIELD(softmax_scale, 44, 4);
+FC_BACKWARD_FIELD(use_window, 48, 4);
+FC_BACKWARD_FIELD(window_left, 52, 4);
+FC_BACKWARD_FIELD(window_right, 56, 4);
+FC_BACKWARD_FIELD(softcap, 60, 4);
+FC_BACKWARD_FIELD(deterministic, 64, 4);
+FC_BACKWARD_FIELD(q, 72, 8);
+FC_BACKWARD_FIELD(k, 80, 8);
+FC_BACKWARD_FIELD(v, 88, 8);
+FC_BACKWARD_FIELD(out, 96, 8);
+FC_BACKWARD_FIELD(dout, 104, 8);
+FC_BACKWARD_FIELD(lse, 112, 8);
+FC_BACKWARD_FIELD(dq, 120, 8);
+FC_BACKWARD_FIELD(dk, 128, 8);
+FC_BACKWARD_FIELD(dv, 136, 8);
+FC_BACKWARD_FIELD(q_batch_stride, 144, 8);
+FC_BACKWARD_FIELD(q_seq_stride, 152, 8);
+FC_BACKWARD_FIELD(q_head_stride, 160, 8);
+FC_BACKWARD_FIELD(k_batch_stride, 168, 8);
+FC_BACKWARD_FIELD(k_seq_stride, 176, 8);
+FC_BACKWARD_FIELD(k_head_stride, 184, 8);
+FC_BACKWARD_FIELD(v_batch_stride, 192, 8);
+FC_BACKWARD_FIELD(v_seq_stride, 200, 8);
+FC_BACKWARD_FIELD(v_head_stride, 208, 8);
+FC_BACKWARD_FIELD(out_batch_stride, 216, 8);
+FC_BACKWARD_FIELD(out_seq_stride, 224, 8);
+FC_BACKWARD_FIELD(out_head_stride, 232, 8);
+FC_BACKWARD_FIELD(dout_batch_stride, 240, 8);
+FC_BACKWARD_FIELD(dout_seq_stride, 248, 8);
+FC_BACKWARD_FIELD(dout_head_stride, 256, 8);
+FC_BACKWARD_FIELD(dq_batch_stride, 264, 8);
+FC_BACKWARD_FIELD(dq_seq_stride, 272, 8);
+FC_BACKWARD_FIELD(dq_head_stride, 280, 8);
+FC_BACKWARD_FIELD(dk_batch_stride, 288, 8);
+FC_BACKWARD_FIELD(dk_seq_stride, 296, 8);
+FC_BACKWARD_FIELD(dk_head_stride, 304, 8);
+FC_BACKWARD_FIELD(dv_batch_stride, 312, 8);
+FC_BACKWARD_FIELD(dv_seq_stride, 320, 8);
+FC_BACKWARD_FIELD(dv_head_stride, 328, 8);
+FC_BACKWARD_FIELD(seqused_k, 336, 8);
+FC_BACKWARD_FIELD(cu_seqlens_q, 344, 8);
+FC_BACKWARD_FIELD(cu_seqlens_k, 352, 8);
+FC_BACKWARD_FIELD(total_seqlen_q, 360, 4);
+FC_BACKWARD_FIELD(total_seqlen_k, 364, 4);
+FC_ASSERT(backward_params_size, sizeof(flashcore_backward_params) == 368);
 #endif
 
 /* Every function, assigned to a pointer of the exact type it had when this

@@ -95,13 +95,16 @@ void DeviceTensor::allocate(int batch_, int heads_, int seqlen_, int head_dim_, 
     batch_stride = batch_stride_;
     seq_stride = seq_stride_;
     head_stride = head_stride_;
-    capacity = offset(batch - 1, heads - 1, seqlen - 1) + size_t(head_dim);
+    // An empty view (seqlen 0, as a call without queries has) holds nothing.
+    const bool empty = batch == 0 || heads == 0 || seqlen == 0;
+    capacity = empty ? 0 : offset(batch - 1, heads - 1, seqlen - 1) + size_t(head_dim);
     memory.allocate(capacity * sizeof(uint16_t));
     data = memory.data;
     poison();
 }
 
 void DeviceTensor::upload(flashcore_dtype dtype, const std::vector<float> &dense) {
+    if (capacity == 0) return;  // an empty view (seqlen 0): nothing to copy
     std::vector<uint16_t> host(capacity, 0xFFFFu);
     size_t i = 0;
     for_each_view_offset([&](size_t at) { host[at] = to_bits(dtype, dense[i++]); });
@@ -110,6 +113,7 @@ void DeviceTensor::upload(flashcore_dtype dtype, const std::vector<float> &dense
 }
 
 std::vector<float> DeviceTensor::download(flashcore_dtype dtype) const {
+    if (capacity == 0) return {};
     std::vector<uint16_t> host(capacity);
     FC_CHECK_CUDA(cudaMemcpy(host.data(), data, capacity * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     std::vector<float> dense;
@@ -125,7 +129,7 @@ void DeviceTensor::poison() {
 
 std::string DeviceTensor::check_untouched(const char *what) const {
     const std::string guards = memory.check(what);
-    if (!guards.empty()) return guards;
+    if (!guards.empty() || capacity == 0) return guards;
     std::vector<uint16_t> host(capacity);
     FC_CHECK_CUDA(cudaMemcpy(host.data(), data, capacity * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     std::vector<bool> in_view(capacity, false);

@@ -8,6 +8,53 @@
 
 namespace flashcore_test {
 
+namespace {
+
+double softmax_scale_of(const Problem &p) {
+    return p.softmax_scale != 0 ? p.softmax_scale : 1.0 / std::sqrt(double(p.head_dim));
+}
+
+// In four partial sums: independent chains of additions, which the CPU
+// overlaps (one chain waits an addition's latency per element; the
+// backward reference spends most of its time here).
+double dot(const float *a, const float *b, int n) {
+    double sum[4] = {0, 0, 0, 0};
+    int c = 0;
+    for (; c + 4 <= n; c += 4)
+        for (int lane = 0; lane < 4; ++lane) sum[lane] += double(a[c + lane]) * double(b[c + lane]);
+    for (; c < n; ++c) sum[0] += double(a[c]) * double(b[c]);
+    return (sum[0] + sum[1]) + (sum[2] + sum[3]);
+}
+
+// A scaled (and capped) score and its derivative with respect to the
+// scaled score before the cap: 1 without a softcap, 1 - tanh^2 with one.
+struct Score {
+    double value;
+    double cap_derivative;
+};
+
+Score score_of(const Problem &p, double scale, const float *q_row, const float *k_row) {
+    const double scaled = dot(q_row, k_row, p.head_dim) * scale;
+    if (p.softcap <= 0) return {scaled, 1.0};
+    const double t = std::tanh(scaled / p.softcap);
+    return {p.softcap * t, 1.0 - t * t};
+}
+
+// work(i) for every i in [0, count), spread over all cores.
+template <typename Work>
+void parallel_for(int64_t count, Work &&work) {
+    std::atomic<int64_t> next{0};
+    auto worker = [&] {
+        for (int64_t i; (i = next.fetch_add(1)) < count;) work(i);
+    };
+    const unsigned num_threads = std::max(1u, std::thread::hardware_concurrency());
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < num_threads; ++t) threads.emplace_back(worker);
+    for (auto &t : threads) t.join();
+}
+
+}  // namespace
+
 void visible_keys(const Problem &p, int batch, int i, int *begin, int *end) {
     const int seqlen_k = batch_seqlen_k(p, batch);
     const int64_t diagonal = int64_t(i) + seqlen_k - batch_seqlen_q(p, batch);
@@ -23,7 +70,7 @@ void reference_attention(const Problem &p, const std::vector<float> &q, const st
                          const std::vector<float> &v, std::vector<double> &out, std::vector<double> &lse) {
     const int d = p.head_dim;
     const int dv = value_head_dim(p);
-    const double scale = p.softmax_scale != 0 ? p.softmax_scale : 1.0 / std::sqrt(double(d));
+    const double scale = softmax_scale_of(p);
     out.assign(size_t(p.batch) * p.heads_q * p.seqlen_q * dv, 0.0);
     lse.assign(size_t(p.batch) * p.heads_q * p.seqlen_q, 0.0);
     const int group = p.heads_q / p.heads_kv;
@@ -51,11 +98,7 @@ void reference_attention(const Problem &p, const std::vector<float> &q, const st
             }
             double max_score = -std::numeric_limits<double>::infinity();
             for (int j = first; j < end; ++j) {
-                const float *kj = &k[kv_base + size_t(j) * d];
-                double s = 0;
-                for (int c = 0; c < d; ++c) s += double(qi[c]) * double(kj[c]);
-                scores[j] = s * scale;
-                if (p.softcap > 0) scores[j] = p.softcap * std::tanh(scores[j] / p.softcap);
+                scores[j] = score_of(p, scale, qi, &k[kv_base + size_t(j) * d]).value;
                 max_score = std::max(max_score, scores[j]);
             }
             double sum = 0;
@@ -73,6 +116,81 @@ void reference_attention(const Problem &p, const std::vector<float> &q, const st
     std::vector<std::thread> threads;
     for (unsigned t = 0; t < num_threads; ++t) threads.emplace_back(worker);
     for (auto &t : threads) t.join();
+}
+
+void reference_attention_backward(const Problem &p, const std::vector<float> &q, const std::vector<float> &k,
+                                  const std::vector<float> &v, const std::vector<float> &dout,
+                                  std::vector<double> &dq, std::vector<double> &dk, std::vector<double> &dv) {
+    const int d = p.head_dim;
+    const int d_v = value_head_dim(p);
+    const double scale = softmax_scale_of(p);
+    const int group = p.heads_q / p.heads_kv;
+    std::vector<double> out, lse;
+    reference_attention(p, q, k, v, out, lse);
+    const int64_t num_rows = int64_t(p.batch) * p.heads_q * p.seqlen_q;
+    // D = rowsum(dout * out), the softmax's share of each row's dP.
+    std::vector<double> row_sums(size_t(num_rows), 0.0);
+    for (int64_t row = 0; row < num_rows; ++row)
+        for (int c = 0; c < d_v; ++c) row_sums[row] += double(dout[row * d_v + c]) * out[row * d_v + c];
+    dq.assign(size_t(num_rows) * d, 0.0);
+    dk.assign(size_t(p.batch) * p.heads_kv * p.seqlen_k * d, 0.0);
+    dv.assign(size_t(p.batch) * p.heads_kv * p.seqlen_k * d_v, 0.0);
+
+    // P and dS (the gradient of the loss with respect to the scaled score
+    // before the cap) of query row `row` and key j of K/V head kv_head
+    // (batch * heads_kv + head); the key must be visible to the row.
+    auto probability_and_score_gradient = [&](int64_t row, int64_t kv_head, int j, double *probability) {
+        const size_t key = size_t(kv_head) * p.seqlen_k + j;
+        const Score s = score_of(p, scale, &q[row * d], &k[key * d]);
+        *probability = std::exp(s.value - lse[row]);
+        const double dprobability = dot(&dout[row * d_v], &v[key * d_v], d_v);
+        return *probability * (dprobability - row_sums[row]) * s.cap_derivative;
+    };
+
+    // dq: each query row on its own, over the keys it sees.
+    parallel_for(num_rows, [&](int64_t row) {
+        const int i = int(row % p.seqlen_q);
+        const int64_t bh = row / p.seqlen_q;
+        const int b = int(bh / p.heads_q);
+        const int64_t kv_head = int64_t(b) * p.heads_kv + (bh % p.heads_q) / group;
+        if (i >= batch_seqlen_q(p, b)) return;
+        int first = 0, end = 0;
+        visible_keys(p, b, i, &first, &end);
+        double *dq_row = &dq[size_t(row) * d];
+        for (int j = first; j < end; ++j) {
+            double probability = 0;
+            const double ds = probability_and_score_gradient(row, kv_head, j, &probability);
+            const float *k_row = &k[(size_t(kv_head) * p.seqlen_k + j) * d];
+            for (int c = 0; c < d; ++c) dq_row[c] += scale * ds * double(k_row[c]);
+        }
+    });
+
+    // dk and dv: each key of each K/V head on its own, summed over the query
+    // heads of its group and the rows that see it.
+    const int64_t num_keys = int64_t(p.batch) * p.heads_kv * p.seqlen_k;
+    parallel_for(num_keys, [&](int64_t key) {
+        const int j = int(key % p.seqlen_k);
+        const int64_t kv_head = key / p.seqlen_k;
+        const int b = int(kv_head / p.heads_kv);
+        const int first_head = int(kv_head % p.heads_kv) * group;
+        if (j >= batch_seqlen_k(p, b)) return;
+        double *dk_row = &dk[size_t(key) * d];
+        double *dv_row = &dv[size_t(key) * d_v];
+        for (int h = first_head; h < first_head + group; ++h) {
+            for (int i = 0; i < batch_seqlen_q(p, b); ++i) {
+                int first = 0, end = 0;
+                visible_keys(p, b, i, &first, &end);
+                if (j < first || j >= end) continue;
+                const int64_t row = (int64_t(b) * p.heads_q + h) * p.seqlen_q + i;
+                double probability = 0;
+                const double ds = probability_and_score_gradient(row, kv_head, j, &probability);
+                const float *q_row = &q[size_t(row) * d];
+                const float *dout_row = &dout[size_t(row) * d_v];
+                for (int c = 0; c < d; ++c) dk_row[c] += scale * ds * double(q_row[c]);
+                for (int c = 0; c < d_v; ++c) dv_row[c] += probability * double(dout_row[c]);
+            }
+        }
+    });
 }
 
 ErrorStats compare(const std::vector<float> &got, const std::vector<double> &ref) {

@@ -47,6 +47,23 @@ void reference_attention(const Problem &p, const std::vector<float> &q, const st
 
 inline int value_head_dim(const Problem &p) { return p.head_dim_v != 0 ? p.head_dim_v : p.head_dim; }
 
+// The float64 gradients of reference_attention's out for a loss whose
+// gradient with respect to out is dout (dense [batch, heads_q, seqlen_q,
+// head_dim_v], values already rounded to the kernel's precision), resized
+// to dense [batch, heads, seqlen, dim] tensors like their inputs:
+//     P = softmax(scores + mask),  D = rowsum(dout * out),
+//     dS = P * (dout V^T - D)  [* (1 - tanh^2) of the softcap],
+//     dq = scale dS K,  dk = scale dS^T Q,  dv = P^T dout,
+// dk and dv summed over the query heads that share a key/value head. P, out
+// and D come from the float64 forward, not from the kernels' 16-bit out, so
+// the reference owes nothing to the code under test. Rows past a batch's
+// queries and rows that see no key get dq = 0; keys no query sees (those
+// past seqused_k included) get dk = dv = 0; keys past seqused_k are never
+// read (they may hold NaN). Runs on all cores.
+void reference_attention_backward(const Problem &p, const std::vector<float> &q, const std::vector<float> &k,
+                                  const std::vector<float> &v, const std::vector<float> &dout,
+                                  std::vector<double> &dq, std::vector<double> &dk, std::vector<double> &dv);
+
 struct ErrorStats {
     double max_abs = 0;
     double rel_l2 = 0;   // ||got - ref|| / ||ref||

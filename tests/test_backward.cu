@@ -1,0 +1,558 @@
+// GPU correctness of flashcore_backward against the float64 CPU reference,
+// through the public C API only (flashcore_forward gives out and lse, then
+// flashcore_backward gives dq, dk and dv): fp16/bf16 x every kernel head dim
+// (32, 64, 96, 128, 192/128, 256) and head dims that run on a larger kernel
+// (40/24, 80, 112, 160/128, 136) x causal on/off, windows, softcap, GQA 1/4/8,
+// seqlen_q != seqlen_k both ways, odd lengths, seqused_k, variable-length
+// batches with empty sequences, calls without queries, strided layouts; each
+// in the default and the deterministic mode; determinism under contention,
+// graph capture, the workspace's size and the calls refused before any work.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backward_workload.h"
+#include "device_tensors.h"
+#include "flashcore.h"
+#include "forward_workload.h"
+#include "reference.h"
+#include "test_skip.h"
+
+using namespace flashcore_test;
+
+namespace {
+
+constexpr auto fp16 = FLASHCORE_DTYPE_FP16;
+constexpr auto bf16 = FLASHCORE_DTYPE_BF16;
+
+struct ReferenceGradients {
+    std::vector<double> dq, dk, dv;
+};
+
+ReferenceGradients reference_gradients(const BwdWorkload &w) {
+    ReferenceGradients ref;
+    reference_attention_backward(w.fwd.problem, w.fwd.q, w.fwd.k, w.fwd.v, w.dout, ref.dq, ref.dk, ref.dv);
+    return ref;
+}
+
+// "" if w's gradients (its last backward call's) are finite, within the
+// dtype's error bars of the reference, and exactly zero where no key or no
+// query is seen; else what is wrong. Prints the errors, labelled with
+// `what`.
+std::string gradient_differences(const BwdWorkload &w, const ReferenceGradients &ref, const std::string &what) {
+    const std::vector<float> dq = w.dense_dq(ref.dq), dk = w.dense_dk(ref.dk), dv = w.dense_dv(ref.dv);
+    const GradientTolerance tol = gradient_tolerance_for(w.c.dtype);
+    struct Named {
+        const char *name;
+        GradientError e;
+    };
+    const Named errors[] = {
+        {"dq", compare_gradient(dq, ref.dq)},
+        {"dk", compare_gradient(dk, ref.dk)},
+        {"dv", compare_gradient(dv, ref.dv)},
+    };
+    std::printf("[ errors ] %s:", what.c_str());
+    for (const Named &n : errors) {
+        std::printf(" %s max_rel=%.3e rel_l2=%.3e (max_ref %.3g)", n.name, n.e.max_rel, n.e.rel_l2, n.e.max_ref);
+    }
+    std::printf("\n");
+    std::string report;
+    for (const Named &n : errors) {
+        char line[200];
+        if (n.e.non_finite > 0) {
+            std::snprintf(line, sizeof line, "%s: %zu elements not written or not finite; ", n.name, n.e.non_finite);
+            report += line;
+        } else if (n.e.max_rel > tol.max_rel || n.e.rel_l2 > tol.rel_l2) {
+            std::snprintf(line, sizeof line, "%s: max_rel %.3e (bar %.3e), rel_l2 %.3e (bar %.3e); ", n.name,
+                          n.e.max_rel, tol.max_rel, n.e.rel_l2, tol.rel_l2);
+            report += line;
+        }
+    }
+    if (!report.empty()) return report;
+    return w.unseen_gradients_not_zero(dq, dk, dv);
+}
+
+// Where two runs' gradients differ: "" if they are bitwise identical, else
+// how many 16-bit words of the buffer differ and the first.
+std::string describe_bit_differences(const std::vector<uint16_t> &got, const std::vector<uint16_t> &expected) {
+    if (got == expected) return "";
+    if (got.size() != expected.size()) return "sizes differ";
+    size_t count = 0, first = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        if (got[i] == expected[i]) continue;
+        if (count++ == 0) first = i;
+    }
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%zu of %zu elements differ, the first at element %zu: 0x%04x vs 0x%04x", count,
+                  got.size(), first, unsigned(got[first]), unsigned(expected[first]));
+    return buf;
+}
+
+// Runs case c's forward, then its backward twice in the default mode and
+// twice in the deterministic mode, on fresh random inputs with the gradients
+// poisoned before each run: every run within the error bars of the float64
+// reference, dk and dv bitwise identical between runs of a mode (dq too in
+// the deterministic mode), and nothing written outside dq, dk and dv. The
+// caller has checked for a GPU.
+void expect_gradients_match_reference(const FwdCase &c) {
+    const uint64_t seed = fresh_seed();
+    std::mt19937_64 rng(seed);
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    BwdWorkload w(c, rng);
+    ASSERT_EQ(w.run_forward_pass(handle.get()), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    const InputSnapshot inputs = w.snapshot_inputs();
+    const ReferenceGradients ref = reference_gradients(w);
+
+    EXPECT_EQ(flashcore_backward_check(&w.params), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    size_t ws_bytes = 0;
+    ASSERT_EQ(flashcore_backward_workspace_size(handle.get(), &w.params, &ws_bytes), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    EXPECT_EQ(ws_bytes, w.expected_workspace_bytes());
+
+    for (const bool deterministic : {false, true}) {
+        const std::string mode = deterministic ? "deterministic" : "default";
+        SCOPED_TRACE(mode + " mode");
+        w.params.deterministic = deterministic ? 1 : 0;
+        w.poison_gradients();
+        ASSERT_EQ(run_backward(handle.get(), w.params), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+        const GradientBits first = w.gradient_bits();
+        const std::string label =
+            case_name(c) + " seed=" + std::to_string(static_cast<unsigned long long>(seed)) + " " + mode;
+        EXPECT_EQ(gradient_differences(w, ref, label), "");
+        EXPECT_EQ(w.check_untouched(inputs), "");
+
+        w.poison_gradients();
+        ASSERT_EQ(run_backward(handle.get(), w.params), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+        const GradientBits second = w.gradient_bits();
+        EXPECT_EQ(describe_bit_differences(second.dk, first.dk), "") << "dk of a second run";
+        EXPECT_EQ(describe_bit_differences(second.dv, first.dv), "") << "dv of a second run";
+        if (deterministic) {
+            EXPECT_EQ(describe_bit_differences(second.dq, first.dq), "") << "dq of a second run";
+        } else {
+            // dq may round differently; it must still be right.
+            EXPECT_EQ(gradient_differences(w, ref, label + " (second run)"), "");
+        }
+        EXPECT_EQ(w.check_untouched(inputs), "");
+    }
+}
+
+class BackwardTest : public testing::TestWithParam<FwdCase> {};
+
+TEST_P(BackwardTest, MatchesFloat64Reference) {
+    FC_REQUIRE_GPU();
+    expect_gradients_match_reference(GetParam());
+}
+
+// Every head-dim pair (the default build's kernels, then pairs that run on
+// a larger kernel with masked loads and stores) x dtype x mask, on a small
+// GQA shape with lengths that are not tile multiples (seqlen_q < seqlen_k),
+// and causal on one with seqlen_q > seqlen_k (rows that see no key).
+std::vector<FwdCase> head_dim_cases() {
+    struct HeadDims {
+        int qk, v;
+    };
+    const HeadDims head_dims[] = {{32, 32}, {64, 64},  {96, 96},   {128, 128}, {192, 128}, {256, 256},
+                                  {40, 24}, {80, 80},  {112, 112}, {160, 128}, {136, 136}};
+    const Layout layouts[] = {Layout::kBHSD, Layout::kBSHD, Layout::kPadded};
+    std::vector<FwdCase> cases;
+    int n = 0;
+    for (const HeadDims &d : head_dims) {
+        const int head_dim_v = d.v == d.qk ? 0 : d.v;
+        const Layout layout = layouts[n++ % 3];
+        for (const flashcore_dtype dtype : {fp16, bf16}) {
+            for (const bool causal : {false, true})
+                cases.push_back({dtype, d.qk, causal, 2, 4, 2, 200, 333, layout, head_dim_v});
+            cases.push_back({dtype, d.qk, true, 1, 2, 1, 257, 129, layout, head_dim_v});
+        }
+    }
+    return cases;
+}
+
+// Shapes at two head dims, causal and not: single rows and keys, odd
+// lengths, seqlen_q far above and below seqlen_k, GQA groups of 1, 4 and 8,
+// batches, the three layouts, and two long ones.
+std::vector<FwdCase> shape_cases() {
+    struct Shape {
+        int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+        Layout layout;
+    };
+    const Shape shapes[] = {
+        {1, 2, 2, 1, 1, Layout::kBSHD},       {1, 2, 2, 1, 129, Layout::kBHSD},
+        {1, 2, 2, 17, 77, Layout::kBSHD},     {1, 2, 2, 77, 17, Layout::kBHSD},
+        {1, 2, 2, 129, 257, Layout::kPadded}, {1, 2, 2, 257, 129, Layout::kBSHD},
+        {1, 2, 2, 600, 40, Layout::kBHSD},    {2, 4, 4, 77, 600, Layout::kBSHD},
+        {1, 2, 2, 512, 512, Layout::kBHSD},   {2, 8, 2, 300, 421, Layout::kBSHD},
+        {1, 8, 1, 333, 200, Layout::kPadded}, {3, 4, 1, 128, 128, Layout::kBHSD},
+        {1, 2, 2, 1024, 1024, Layout::kBSHD}, {1, 2, 2, 2048, 2048, Layout::kBHSD},
+    };
+    struct Kernel {
+        flashcore_dtype dtype;
+        int head_dim;
+    };
+    std::vector<FwdCase> cases;
+    for (const Kernel k : {Kernel{fp16, 64}, Kernel{bf16, 128}})
+        for (const bool causal : {false, true})
+            for (const Shape &s : shapes)
+                cases.push_back({k.dtype, k.head_dim, causal, s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_k,
+                                 s.layout});
+    return cases;
+}
+
+FwdCase with_scale(FwdCase c, float scale) {
+    c.softmax_scale = scale;
+    return c;
+}
+
+// Sliding windows (the diagonal only, one side unbounded, less than a tile,
+// more than the sequence; with and without causal; seqlen_q below and above
+// seqlen_k; GQA), softcap with large logits alone and with a window, and an
+// explicit softmax scale.
+std::vector<FwdCase> window_and_softcap_cases() {
+    const FwdCase square{fp16, 64, true, 1, 2, 2, 300, 300, Layout::kBHSD};
+    const FwdCase square_full{bf16, 128, false, 1, 2, 2, 300, 300, Layout::kBSHD};
+    const FwdCase wide{fp16, 128, true, 1, 4, 2, 200, 600, Layout::kPadded};
+    const FwdCase tall{bf16, 64, false, 1, 2, 2, 500, 250, Layout::kBHSD};
+    const FwdCase d256{bf16, 256, false, 1, 2, 1, 150, 260, Layout::kBSHD};
+    const FwdCase d32{fp16, 32, true, 2, 2, 2, 130, 130, Layout::kBSHD};
+    const FwdCase d192{fp16, 192, false, 1, 4, 1, 100, 300, Layout::kBHSD, 128};
+    return {
+        square.with_window(0, 0),
+        square.with_window(1, -1),
+        square.with_window(37, 0),
+        square.with_window(200, -1),
+        square.with_window(4096, 0),
+        square_full.with_window(0, 0),
+        square_full.with_window(100, 50),
+        square_full.with_window(-1, 0),
+        square_full.with_window(-1, 30),
+        square_full.with_window(63, -1),
+        square_full.with_window(5000, 5000),
+        wide.with_window(128, 0),
+        wide.with_window(300, -1),
+        tall.with_window(50, 10),
+        tall.with_window(0, 0),
+        tall.with_window(-1, 0),
+        d256.with_window(40, 20),
+        d32.with_window(16, 0),
+        square_full.with_softcap(30.f, 1.f),
+        square.with_softcap(50.f, 0.5f),
+        wide.with_softcap(30.f, 1.f).with_window(100, 0),
+        tall.with_softcap(20.f, 1.f),
+        d256.with_softcap(30.f, 1.f),
+        d192.with_softcap(50.f),
+        d32.with_softcap(30.f, 1.f).with_window(50, 0),
+        with_scale(square, 0.3f),
+        with_scale(d192, 0.05f),
+    };
+}
+
+// Per-batch key counts (seqused_k) over keys whose tails hold NaN and
+// infinity: counts of 0, 1, tile multiples and not, the whole length;
+// causal with counts below seqlen_q (rows that see no key), window,
+// softcap, several head dims and layouts.
+std::vector<FwdCase> seqused_k_cases() {
+    return {
+        FwdCase{bf16, 128, false, 4, 8, 2, 1, 700, Layout::kBSHD}.with_seqused_k({0, 1, 377, 700}),
+        FwdCase{fp16, 64, true, 3, 4, 2, 100, 600, Layout::kBHSD}.with_seqused_k({100, 600, 50}),
+        FwdCase{bf16, 128, false, 2, 2, 2, 300, 600, Layout::kBSHD}.with_softcap(30.f, 1.f).with_seqused_k({599, 129}),
+        FwdCase{fp16, 64, true, 2, 2, 2, 64, 900, Layout::kBHSD}.with_window(300, 0).with_seqused_k({800, 300}),
+        FwdCase{bf16, 96, false, 2, 4, 4, 33, 500, Layout::kPadded}.with_seqused_k({255, 500}),
+        FwdCase{fp16, 256, false, 2, 2, 1, 16, 400, Layout::kBSHD}.with_seqused_k({300, 0}),
+        FwdCase{bf16, 32, true, 2, 2, 2, 200, 520, Layout::kBHSD}.with_seqused_k({130, 519}),
+    };
+}
+
+// Variable-length batches: sequences of length 0 and 1, lengths that are
+// not tile multiples, queries and keys of different lengths, packed queries
+// over dense keys and the reverse, GQA, window, softcap, seqused_k over
+// packed keys, a batch with no query at all, and the head dims whose tiles
+// differ.
+std::vector<FwdCase> varlen_cases() {
+    const FwdCase d64{fp16, 64, true, 1, 4, 2, 1, 1, Layout::kBSHD};
+    const FwdCase d128{bf16, 128, true, 1, 8, 2, 1, 1, Layout::kBSHD};
+    const FwdCase d128_full{bf16, 128, false, 1, 4, 4, 1, 1, Layout::kPadded};
+    const FwdCase d256{fp16, 256, false, 1, 2, 1, 1, 1, Layout::kBSHD};
+    const FwdCase d96{bf16, 96, true, 1, 2, 2, 1, 1, Layout::kPadded};
+    return {
+        d64.with_varlen_q({0, 1, 17, 200, 513}).with_varlen_k({0, 1, 17, 200, 513}),
+        d128.with_varlen_q({128, 1, 300}).with_varlen_k({600, 64, 300}),
+        d64.with_varlen_q({300, 33, 600}).with_varlen_k({300, 33, 600}).with_window(128, 0).with_softcap(30.f, 1.f),
+        d128_full.with_varlen_q({1, 5, 64, 0}).with_varlen_k({900, 3, 600, 17}),
+        d256.with_varlen_q({150, 300}).with_varlen_k({150, 300}),
+        d96.with_varlen_q({129, 1, 260}).with_varlen_k({129, 1, 260}),
+        FwdCase{bf16, 128, true, 3, 8, 2, 1, 700, Layout::kBSHD}.with_varlen_q({300, 1, 64}),
+        FwdCase{fp16, 64, false, 2, 4, 4, 250, 1, Layout::kBHSD}.with_varlen_k({100, 333}),
+        d128.with_varlen_q({200, 129}).with_varlen_k({700, 900}).with_seqused_k({650, 0}),
+        d64.with_varlen_q({0, 0}).with_varlen_k({33, 1}),
+    };
+}
+
+// Calls without queries (seqlen_q 0) but with keys: dk and dv are written,
+// all zeros.
+std::vector<FwdCase> no_query_cases() {
+    return {
+        FwdCase{fp16, 64, false, 2, 4, 2, 0, 77, Layout::kBSHD},
+        FwdCase{bf16, 128, true, 1, 2, 2, 0, 129, Layout::kBHSD},
+    };
+}
+
+std::vector<FwdCase> all_cases() {
+    std::vector<FwdCase> cases;
+    std::set<std::string> names;
+    for (const std::vector<FwdCase> &group : {head_dim_cases(), shape_cases(), window_and_softcap_cases(),
+                                              seqused_k_cases(), varlen_cases(), no_query_cases()}) {
+        for (const FwdCase &c : group) {
+            // A case two groups share runs once (gtest refuses repeated names).
+            if (names.insert(case_name(c)).second) cases.push_back(c);
+        }
+    }
+    return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Gradients, BackwardTest, testing::ValuesIn(all_cases()),
+                         [](const testing::TestParamInfo<FwdCase> &info) { return case_name(info.param); });
+
+// ---------------------------------------------------------------------------
+// Determinism under contention, graphs.
+// ---------------------------------------------------------------------------
+
+// Shapes where many key blocks add into each row's dQ and several query
+// heads into each K/V head's dK and dV: GQA with causal and seqlen_q <
+// seqlen_k, a long full mask, a variable-length batch with an empty sequence.
+std::vector<FwdCase> determinism_cases() {
+    return {
+        FwdCase{fp16, 64, true, 2, 8, 2, 700, 900, Layout::kBSHD},
+        FwdCase{bf16, 128, false, 1, 4, 4, 1024, 1024, Layout::kBHSD},
+        FwdCase{bf16, 64, true, 1, 8, 1, 1, 1, Layout::kBSHD}.with_varlen_q({300, 0, 517}).with_varlen_k({400, 1, 517}),
+    };
+}
+
+struct Stream {
+    cudaStream_t stream = nullptr;
+    Stream() { FC_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)); }
+    ~Stream() { cudaStreamDestroy(stream); }
+    Stream(const Stream &) = delete;
+    Stream &operator=(const Stream &) = delete;
+};
+
+// Each mode, kRuns times on the same inputs, each run's backward queued on
+// one stream while large forward calls run on another (so its thread blocks
+// are scheduled differently every time), reusing one workspace that is never
+// cleared: the deterministic mode gives bitwise-identical dq, dk and dv;
+// the default mode bitwise-identical dk and dv (dq may differ in its last
+// bits). The first run of each is checked against the reference.
+TEST(BackwardDeterminism, RepeatedRunsUnderContentionAreBitwiseIdentical) {
+    FC_REQUIRE_GPU();
+    constexpr int kRuns = 8;
+    constexpr int kNoiseCallsPerRun = 3;
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    const uint64_t seed = fresh_seed();
+    std::mt19937_64 rng(seed);
+    // A forward call that fills the GPU for a few hundred microseconds; no
+    // split, so it needs no workspace.
+    FwdCase noise_case{fp16, 128, false, 2, 16, 16, 2048, 2048, Layout::kBSHD};
+    noise_case.num_splits = 1;
+    Workload noise(noise_case, rng);
+    Stream work, background;
+
+    for (const FwdCase &c : determinism_cases()) {
+        BwdWorkload w(c, rng);
+        ASSERT_EQ(w.run_forward_pass(handle.get()), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+        const ReferenceGradients ref = reference_gradients(w);
+        for (const bool deterministic : {true, false}) {
+            const std::string mode = deterministic ? "deterministic" : "default";
+            SCOPED_TRACE(case_name(c) + " seed=" + std::to_string(static_cast<unsigned long long>(seed)) + " " + mode);
+            w.params.deterministic = deterministic ? 1 : 0;
+            size_t ws_bytes = 0;
+            ASSERT_EQ(flashcore_backward_workspace_size(handle.get(), &w.params, &ws_bytes), FLASHCORE_STATUS_SUCCESS);
+            GuardedBuffer ws(ws_bytes);
+            FC_CHECK_CUDA(cudaMemset(ws.data, 0xFF, ws_bytes));
+            finish_device_writes();
+            GradientBits first;
+            int dq_differs = 0;
+            for (int run = 0; run < kRuns; ++run) {
+                w.poison_gradients();
+                for (int n = 0; n < kNoiseCallsPerRun; ++n) {
+                    ASSERT_EQ(flashcore_forward(handle.get(), &noise.params, nullptr, 0, background.stream),
+                              FLASHCORE_STATUS_SUCCESS)
+                        << flashcore_last_error_message();
+                }
+                ASSERT_EQ(flashcore_backward(handle.get(), &w.params, ws.data, ws_bytes, work.stream),
+                          FLASHCORE_STATUS_SUCCESS)
+                    << flashcore_last_error_message();
+                FC_CHECK_CUDA(cudaStreamSynchronize(work.stream));
+                FC_CHECK_CUDA(cudaStreamSynchronize(background.stream));
+                const GradientBits bits = w.gradient_bits();
+                if (run == 0) {
+                    first = bits;
+                    EXPECT_EQ(gradient_differences(w, ref, case_name(c) + " " + mode + " under contention"), "");
+                    continue;
+                }
+                EXPECT_EQ(describe_bit_differences(bits.dk, first.dk), "") << "dk, run " << run;
+                EXPECT_EQ(describe_bit_differences(bits.dv, first.dv), "") << "dv, run " << run;
+                if (deterministic) {
+                    EXPECT_EQ(describe_bit_differences(bits.dq, first.dq), "") << "dq, run " << run;
+                } else if (bits.dq != first.dq) {
+                    ++dq_differs;
+                }
+            }
+            if (!deterministic) {
+                std::printf("[ info   ] %s default mode: dq differed from the first run in %d of %d runs\n",
+                            case_name(c).c_str(), dq_differs, kRuns - 1);
+            }
+            EXPECT_EQ(ws.check("workspace"), "");
+        }
+    }
+}
+
+// A backward call captured into a CUDA graph gives, replayed twice on a
+// workspace that is never cleared, what a direct call gives, bit for bit.
+TEST(BackwardGraph, CapturedCallReplaysAsADirectCall) {
+    FC_REQUIRE_GPU();
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    const FwdCase c{bf16, 128, true, 2, 4, 2, 300, 421, Layout::kBSHD};
+    std::mt19937_64 rng(fresh_seed());
+    BwdWorkload w(c, rng);
+    ASSERT_EQ(w.run_forward_pass(handle.get()), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    w.params.deterministic = 1;
+    ASSERT_EQ(run_backward(handle.get(), w.params), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    const GradientBits expected = w.gradient_bits();
+
+    size_t ws_bytes = 0;
+    ASSERT_EQ(flashcore_backward_workspace_size(handle.get(), &w.params, &ws_bytes), FLASHCORE_STATUS_SUCCESS);
+    GuardedBuffer ws(ws_bytes);
+    Stream s;
+    cudaGraph_t graph;
+    FC_CHECK_CUDA(cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeGlobal));
+    const flashcore_status status = flashcore_backward(handle.get(), &w.params, ws.data, ws_bytes, s.stream);
+    FC_CHECK_CUDA(cudaStreamEndCapture(s.stream, &graph));
+    ASSERT_EQ(status, FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    cudaGraphExec_t exec;
+    FC_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 2; ++replay) {
+        w.poison_gradients();
+        FC_CHECK_CUDA(cudaGraphLaunch(exec, s.stream));
+        FC_CHECK_CUDA(cudaStreamSynchronize(s.stream));
+        const GradientBits got = w.gradient_bits();
+        EXPECT_EQ(describe_bit_differences(got.dq, expected.dq), "") << "dq, replay " << replay;
+        EXPECT_EQ(describe_bit_differences(got.dk, expected.dk), "") << "dk, replay " << replay;
+        EXPECT_EQ(describe_bit_differences(got.dv, expected.dv), "") << "dv, replay " << replay;
+    }
+    EXPECT_EQ(ws.check("workspace"), "");
+    FC_CHECK_CUDA(cudaGraphExecDestroy(exec));
+    FC_CHECK_CUDA(cudaGraphDestroy(graph));
+}
+
+// ---------------------------------------------------------------------------
+// The workspace and calls refused before any work.
+// ---------------------------------------------------------------------------
+
+// The workspace is the fp32 dQ accumulator, align16(4 * rows * num_heads_q
+// * head_dim) bytes: rows batch * seqlen_q, or total_seqlen_q when packed;
+// the call's head_dim, not its kernel's; 0 without queries or in an empty
+// call.
+TEST(BackwardApi, WorkspaceIsTheFp32DqAccumulator) {
+    FC_REQUIRE_GPU();
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    std::mt19937_64 rng(fresh_seed());
+    const FwdCase cases[] = {
+        FwdCase{fp16, 64, false, 2, 4, 2, 100, 130, Layout::kBSHD},
+        FwdCase{bf16, 128, true, 1, 8, 1, 77, 300, Layout::kBHSD},
+        FwdCase{fp16, 40, false, 1, 2, 2, 33, 50, Layout::kBSHD, 24},
+        FwdCase{bf16, 192, true, 1, 2, 1, 65, 65, Layout::kPadded, 128},
+        FwdCase{fp16, 64, true, 1, 4, 2, 1, 1, Layout::kBSHD}.with_varlen_q({0, 17, 200}).with_varlen_k({5, 17, 300}),
+        FwdCase{fp16, 64, false, 2, 4, 2, 0, 77, Layout::kBSHD},
+    };
+    for (const FwdCase &c : cases) {
+        SCOPED_TRACE(case_name(c));
+        BwdWorkload w(c, rng);
+        size_t ws_bytes = 1;
+        ASSERT_EQ(flashcore_backward_workspace_size(handle.get(), &w.params, &ws_bytes), FLASHCORE_STATUS_SUCCESS)
+            << flashcore_last_error_message();
+        EXPECT_EQ(ws_bytes, w.expected_workspace_bytes());
+        if (c.seqlen_q == 0) EXPECT_EQ(ws_bytes, 0u);
+        flashcore_backward_params empty = w.params;
+        empty.batch_size = 0;
+        ws_bytes = 1;
+        ASSERT_EQ(flashcore_backward_workspace_size(handle.get(), &empty, &ws_bytes), FLASHCORE_STATUS_SUCCESS)
+            << flashcore_last_error_message();
+        EXPECT_EQ(ws_bytes, 0u) << "a call with batch_size 0";
+    }
+}
+
+// Workspaces too small, NULL or misaligned, and bad parameters, are refused
+// with their status before anything is queued: the gradients keep their
+// poison. A workspace of exactly the size asked for, and a larger one, work.
+TEST(BackwardApi, RejectedCallsWriteNothing) {
+    FC_REQUIRE_GPU();
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    const FwdCase c{fp16, 64, true, 2, 4, 2, 100, 130, Layout::kBSHD};
+    std::mt19937_64 rng(fresh_seed());
+    BwdWorkload w(c, rng);
+    ASSERT_EQ(w.run_forward_pass(handle.get()), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    w.poison_gradients();
+    const GradientBits poisoned = w.gradient_bits();
+
+    size_t ws_bytes = 0;
+    ASSERT_EQ(flashcore_backward_workspace_size(handle.get(), &w.params, &ws_bytes), FLASHCORE_STATUS_SUCCESS);
+    ASSERT_EQ(ws_bytes, w.expected_workspace_bytes());
+    ASSERT_GT(ws_bytes, size_t(FLASHCORE_ALIGNMENT));
+    // Room for a misaligned pointer to the whole size.
+    GuardedBuffer ws(ws_bytes + FLASHCORE_ALIGNMENT);
+    char *const base = static_cast<char *>(ws.data);
+    const flashcore_backward_params &p = w.params;
+    EXPECT_EQ(flashcore_backward(handle.get(), &p, base, ws_bytes - 1, nullptr), FLASHCORE_STATUS_WORKSPACE_TOO_SMALL);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("workspace"), std::string::npos)
+        << flashcore_last_error_message();
+    EXPECT_EQ(flashcore_backward(handle.get(), &p, base, ws_bytes - FLASHCORE_ALIGNMENT, nullptr),
+              FLASHCORE_STATUS_WORKSPACE_TOO_SMALL);
+    EXPECT_EQ(flashcore_backward(handle.get(), &p, nullptr, 0, nullptr), FLASHCORE_STATUS_WORKSPACE_TOO_SMALL);
+    EXPECT_EQ(flashcore_backward(handle.get(), &p, nullptr, ws_bytes, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(flashcore_backward(handle.get(), &p, base + 4, ws_bytes, nullptr), FLASHCORE_STATUS_MISALIGNED);
+    EXPECT_EQ(flashcore_backward(nullptr, &p, base, ws_bytes, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+
+    flashcore_backward_params bad = p;
+    bad.lse = nullptr;  // required
+    EXPECT_EQ(flashcore_backward(handle.get(), &bad, base, ws_bytes, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    bad = p;
+    bad.dq = const_cast<void *>(p.q);  // an output over an input
+    EXPECT_EQ(flashcore_backward(handle.get(), &bad, base, ws_bytes, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    bad = p;
+    bad.dv = p.dk;  // two outputs over one another
+    EXPECT_EQ(flashcore_backward(handle.get(), &bad, base, ws_bytes, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    bad = p;
+    bad.dk = static_cast<char *>(p.dk) + 2;
+    EXPECT_EQ(flashcore_backward(handle.get(), &bad, base, ws_bytes, nullptr), FLASHCORE_STATUS_MISALIGNED);
+    bad = p;
+    bad.num_heads_kv = 3;
+    EXPECT_EQ(flashcore_backward(handle.get(), &bad, base, ws_bytes, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    FC_CHECK_CUDA(cudaDeviceSynchronize());
+    const GradientBits after = w.gradient_bits();
+    EXPECT_EQ(describe_bit_differences(after.dq, poisoned.dq), "") << "a rejected call wrote dq";
+    EXPECT_EQ(describe_bit_differences(after.dk, poisoned.dk), "") << "a rejected call wrote dk";
+    EXPECT_EQ(describe_bit_differences(after.dv, poisoned.dv), "") << "a rejected call wrote dv";
+    EXPECT_EQ(ws.check("workspace"), "");
+
+    // Exactly the size asked for, then more than that.
+    for (const size_t bytes : {ws_bytes, ws_bytes + FLASHCORE_ALIGNMENT}) {
+        w.poison_gradients();
+        EXPECT_EQ(flashcore_backward(handle.get(), &p, base, bytes, nullptr), FLASHCORE_STATUS_SUCCESS)
+            << flashcore_last_error_message();
+        FC_CHECK_CUDA(cudaDeviceSynchronize());
+        EXPECT_TRUE(w.gradient_bits().dq != poisoned.dq) << "workspace of " << bytes << " bytes: dq not written";
+    }
+    EXPECT_EQ(ws.check("workspace"), "");
+}
+
+}  // namespace
