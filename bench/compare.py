@@ -129,6 +129,7 @@ PRESETS = [
     Preset("tput-8k-d192", 4, 16, 8192, 192, 128),
     Preset("tput-2k-d256", 16, 16, 2048, 256, 256),
     Preset("tput-8k-d256", 4, 16, 8192, 256, 256),
+    Preset("tput-4k-d256", 4, 16, 4096, 256, 256),  # issue 34's d256 backward target
     Preset("tput-2k-d32", 16, 16, 2048, 32, 32),
     Preset("tput-8k-d32", 4, 16, 8192, 32, 32),
     # Issue 13's serving shapes, head_dim 128. Decode: one query row per sequence against a K/V cache of
@@ -151,12 +152,21 @@ PRESET_GROUPS = {  # --preset accepts these names too
     "decode": [p.name for p in PRESETS if p.kind == "decode"],
     "chunk": [p.name for p in PRESETS if p.kind == "chunk"],
     "serving": [p.name for p in PRESETS if p.kind != "prefill"],
+    # Issue 34's backward targets (flashcore_bench has the same group); --backward's default.
+    "backward-targets": ["tput-2k-d64", "tput-8k-d64", "tput-2k-d128", "tput-8k-d128", "tput-4k-d256"],
 }
 # Cases with at most this many query rows count as decode (K/V bandwidth, FA3's KV-cache entry point).
 DECODE_MAX_SEQLEN_Q = 16
 
 SDPA_BACKENDS = ("flash", "efficient", "cudnn")
 ALL_BACKENDS = ("flashcore", "fa3") + SDPA_BACKENDS
+# --backward: flashcore's backward in its default and its deterministic mode, beside the others'.
+BACKWARD_BACKENDS = ("flashcore", "flashcore-det", "fa3") + SDPA_BACKENDS
+# The backward pass's flops, by the convention of FlashAttention's benchmarks (and issue 34's anchors):
+# 2.5 times the forward's (five matrix products of the forward's size to its two).
+BACKWARD_FLOPS_PER_FORWARD_FLOP = 2.5
+# Loose, as TOLERANCE: the largest gradient difference from the reference's, over its largest value.
+BACKWARD_TOLERANCE = {"fp16": 2e-2, "bf16": 4e-2}
 # fc/peer: flashcore against the best of these (FlashAttention 3, cuDNN, PyTorch's flash backend).
 PEERS = ("fa3", "cudnn", "flash")
 # FlashAttention 3 comes from this third-party wheel (never vendored): pip install fa3-fwd==0.0.3.
@@ -271,9 +281,16 @@ def parse_args(argv):
         sel.add_argument("--" + flag, type=positive_int, metavar="N",
                          help=what + "; overrides that field of every selected preset")
     run = p.add_argument_group("timing")
-    run.add_argument("--backends", default=",".join(ALL_BACKENDS),
-                     help="comma list from " + ", ".join(ALL_BACKENDS) + " (default: all; fa3 is left out, "
-                     "with the reason, when its wheel cannot be imported)")
+    run.add_argument("--backends",
+                     help="comma list from " + ", ".join(ALL_BACKENDS) + " (with --backward: from "
+                     + ", ".join(BACKWARD_BACKENDS) + ") (default: all; fa3 is left out, with the reason, when its "
+                     "wheel cannot be imported)")
+    run.add_argument("--backward", action="store_true",
+                     help="time the backward pass (dq, dk, dv from out, lse and dout) instead of the forward: each "
+                     "backend's backward alone (flashcore: the operator flashcore::backward, default and "
+                     "deterministic modes; SDPA: its attention node's backward), TFLOP/s = "
+                     f"{BACKWARD_FLOPS_PER_FORWARD_FLOP} x the forward's flops / time; default presets: "
+                     "backward-targets")
     run.add_argument("--num-splits", type=num_splits_arg, metavar="N",
                      help=f"flashcore only: split-KV parts (1 never split, 2..{MAX_NUM_SPLITS} forced, 0 the "
                      "library's heuristic, which is also the default); passed as flashcore.attention(num_splits=N)")
@@ -302,8 +319,15 @@ def parse_args(argv):
     args = p.parse_args(argv)
 
     args.dtypes = split_choices(p, "--dtype", args.dtype, ("fp16", "bf16"))
-    args.backend_list = split_choices(p, "--backends", args.backends, ALL_BACKENDS)
-    names = [n for item in (args.preset or [",".join(PRESET_NAMES)]) for n in item.split(",") if n]
+    known = BACKWARD_BACKENDS if args.backward else ALL_BACKENDS
+    args.backend_list = split_choices(p, "--backends", args.backends or ",".join(known), known)
+    if args.backward:
+        for flag, given in (("--serving", args.serving), ("--extra", args.extra),
+                            ("--num-splits", args.num_splits is not None)):
+            if given:
+                p.error(f"{flag} is a forward option, not taken with --backward")
+    default_presets = PRESET_GROUPS["backward-targets"] if args.backward else PRESET_NAMES
+    names = [n for item in (args.preset or [",".join(default_presets)]) for n in item.split(",") if n]
     names = [m for n in names for m in PRESET_GROUPS.get(n, [n])]
     for n in names:
         if n not in PRESET_NAMES:
@@ -606,14 +630,17 @@ def measure(call, nsets, budget_ms, max_graph_calls):
     return statistics.median(per_call_us), calls, replays
 
 
-def buffer_sets(c, args):
+def buffer_sets(c, args, set_factor=1):
+    """Buffer sets to rotate over: enough to exceed twice the L2, as many as
+    half the free memory holds (a set: c.set_bytes() times set_factor)."""
     if args.buffers:
         return args.buffers
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     l2 = getattr(props, "L2_cache_size", 0) or 60 * 10**6
     free, _ = torch.cuda.mem_get_info()
-    want = math.ceil(2 * l2 / c.set_bytes())
-    fit = int(0.5 * free // c.set_bytes())
+    set_bytes = set_factor * c.set_bytes()
+    want = math.ceil(2 * l2 / set_bytes)
+    fit = int(0.5 * free // set_bytes)
     return max(1, min(want, fit, 64))
 
 
@@ -712,10 +739,172 @@ def run_case(c, backends, fc, args, fa3=None):
     return result
 
 
+# ---------------------------------------------------------------------------
+# --backward: each backend's backward pass alone
+# ---------------------------------------------------------------------------
+
+# A buffer set for the backward holds dout and the forward's out and lse beside q, k and v, and each call
+# writes dq, dk and dv (flashcore also its fp32 dQ workspace): about twice a forward set.
+BACKWARD_SET_FACTOR = 2
+# Autograd nodes of views between an attention output and the attention's own node: their backward is run
+# once outside the timed calls, to give the attention node the gradient of its own output.
+VIEW_NODE = re.compile(r"^(Transpose|View|UnsafeView|Permute|Alias|Expand|Reshape|Select)Backward")
+# Names of the nodes that are an attention's backward (PyTorch's SDPA kernels' and FlashAttention's).
+ATTENTION_NODE = re.compile(r"Attention|Attn")
+
+
+def backward_flops(c):
+    return BACKWARD_FLOPS_PER_FORWARD_FLOP * attention_flops(c)
+
+
+def make_douts(c, nsets, seed):
+    """The gradient of out for each buffer set, in the case's layout."""
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+    shape = ((c.batch, c.num_heads_q, c.seqlen_q, c.head_dim_v) if c.layout == "bhsd"
+             else (c.batch, c.seqlen_q, c.num_heads_q, c.head_dim_v))
+    return [torch.randn(shape, device="cuda", dtype=c.torch_dtype, generator=gen) for _ in range(nsets)]
+
+
+def attention_node(out, dout):
+    """(node, grad): the autograd node of the attention under out and the
+    gradient of its own output, dout carried back through the view nodes on
+    the way (once, outside the timed calls). Raises Unsupported where the
+    node found is no attention's (a forward-only kernel's NotImplemented)."""
+    node, grad = out.grad_fn, dout
+    while node is not None and VIEW_NODE.match(node.name()):
+        result = node(grad)
+        grad = result[0] if isinstance(result, (tuple, list)) else result
+        node = node.next_functions[0][0]
+    if node is None or not ATTENTION_NODE.search(node.name()):
+        raise Unsupported("no backward: the output's autograd node is %s" % (None if node is None else node.name()))
+    return node, grad
+
+
+def as_bhsd_gradient(g, like_bhsd):
+    """A gradient as a [B, H, S, D] view: node gradients come in the shape of
+    the kernel's own inputs, [B, H, S, D] or [B, S, H, D] views."""
+    if tuple(g.shape) == tuple(like_bhsd.shape):
+        return g
+    return g.transpose(1, 2)
+
+
+def backward_runner(name, c, fc, fa3, inputs, douts):
+    """call(i): the backend's backward pass alone on buffer set i, returning
+    (dq, dk, dv) as [B, H, S, D] views; the forward that gives it out (and
+    the lse) runs here, once per set, untimed. call.how says how."""
+    if name.startswith("flashcore"):
+        if fc is None:
+            raise Unsupported("flashcore package not loaded")
+        deterministic = name == "flashcore-det"
+        fc.register_torch_ops()
+        saved = [fc.attention(q, k, v, causal=c.causal, layout=c.layout, return_lse=True) for q, k, v in inputs]
+
+        def call(i):
+            (q, k, v), (out, lse) = inputs[i], saved[i]
+            grads = torch.ops.flashcore.backward(douts[i], q, k, v, out, lse, None, None, None, None, None, c.layout,
+                                                 c.causal, None, None, 0.0, deterministic)
+            return tuple(to_bhsd(g, c.layout) for g in grads)
+        call.how = (f"torch.ops.flashcore.backward(layout={c.layout!r}, deterministic={deterministic}) on the out "
+                    "and lse of flashcore.attention(return_lse=True); dq, dk, dv and the dQ workspace from torch's "
+                    "allocator")
+        return call
+    forward = fa3_backend(fa3, c) if name == "fa3" else sdpa_backend(name, c)
+    nodes = []
+    for (q, k, v), dout in zip(inputs, douts):
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        with torch.enable_grad():
+            out = forward(*leaves)
+        try:
+            node, grad = attention_node(out, to_bhsd(dout, c.layout))
+        except Unsupported as e:
+            raise (NotApplicable if name == "fa3" else Unsupported)(f"{name}: {e}") from None
+        nodes.append((node, grad, out, [to_bhsd(x, c.layout) for x in (q, k, v)]))
+
+    def call(i):
+        node, grad, _, like = nodes[i]
+        grads = node(grad)
+        return tuple(as_bhsd_gradient(g, x) for g, x in zip(grads[:3], like))
+    call.how = f"{forward.how}; its autograd node {nodes[0][0].name()} called on dout"
+    return call
+
+
+def reference_gradients(c, fc, fa3, inputs, douts):
+    """(name, [dq, dk, dv] in fp32) of buffer set 0: the first of REFERENCES
+    that runs the case, else autograd through reference_fp32 when its score
+    matrix fits; (None, None) otherwise."""
+    for name in REFERENCES:
+        try:
+            with torch.no_grad():
+                grads = probe(backward_runner(name, c, fc, fa3, inputs[:1], douts[:1]), [(0,)])
+            return name, [g.float() for g in grads]
+        except Unsupported:
+            continue
+    if c.batch * c.num_heads_q * c.seqlen_q * c.seqlen_k * 4 > MAX_FP32_REFERENCE_BYTES:
+        return None, None
+    leaves = [x.detach().float().requires_grad_() for x in inputs[0]]
+    with torch.enable_grad():
+        out = reference_fp32(c, *leaves)
+        grads = torch.autograd.grad(out, leaves, to_bhsd(douts[0], c.layout).float())
+    return "fp32", [to_bhsd(g, c.layout) for g in grads]
+
+
+def run_backward_case(c, backends, fc, args, fa3=None):
+    """--backward: time every backend's backward pass on one case; a dict ready for JSON."""
+    nsets = buffer_sets(c, args, BACKWARD_SET_FACTOR)
+    inputs = make_inputs(c, nsets, args.seed)
+    douts = make_douts(c, nsets, args.seed + 1)
+    result = dataclasses.asdict(c)
+    result.update(flops=backward_flops(c), forward_flops=attention_flops(c), decode=False, kv_bytes=c.kv_bytes(),
+                  buffer_sets=nsets, backends={}, reference=None)
+    reference = None
+    if not args.no_check:
+        result["reference"], reference = reference_gradients(c, fc, fa3, inputs, douts)
+
+    for name in backends:
+        entry = {"us": None, "tflops": None, "tbps": None, "max_abs_diff": None, "max_rel_diff": None,
+                 "check_ok": None, "error": None, "not_applicable": False, "how": None}
+        result["backends"][name] = entry
+        try:
+            call = backward_runner(name, c, fc, fa3, inputs, douts)
+            entry["how"] = call.how
+            with torch.no_grad():
+                grads = probe(call, [(0,)])
+                if reference is not None:
+                    if [tuple(g.shape) for g in grads] != [tuple(r.shape) for r in reference]:
+                        raise Unsupported(f"{name}: gradients of shapes {[list(g.shape) for g in grads]}")
+                    diffs = [(g.float() - r).abs().max().item() for g, r in zip(grads, reference)]
+                    scale = max(r.abs().max().item() for r in reference) or 1.0
+                    entry["max_abs_diff"] = max(diffs)
+                    entry["max_rel_diff"] = entry["max_abs_diff"] / scale
+                    entry["check_ok"] = bool(entry["max_rel_diff"] <= BACKWARD_TOLERANCE[c.dtype])  # NaN: False
+                del grads
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    us, calls, replays = measure(lambda i: call(i % nsets), nsets, args.budget_ms, args.graph_calls)
+            entry.update(us=us, tflops=result["flops"] / (us * 1e6), calls_per_graph=calls, replays=replays)
+        except Exception as e:  # one backend failing must not stop the others
+            entry["error"] = str(e) if isinstance(e, Unsupported) else short_error(e)
+            entry["not_applicable"] = isinstance(e, NotApplicable)
+            torch.cuda.synchronize()
+        finally:
+            call = None
+            torch.cuda.empty_cache()
+    del inputs, douts, reference
+    torch.cuda.empty_cache()
+    summarize(result)
+    fc_us, det_us = (result["backends"].get(n, {}).get("us") for n in ("flashcore", "flashcore-det"))
+    result["deterministic_cost"] = det_us / fc_us - 1.0 if fc_us and det_us else None
+    return result
+
+
 def summarize(result):
-    """best_other/ratio_to_best (every other backend), best_peer/ratio_to_best_peer (FA3, cuDNN, flash), check_ok."""
+    """best_other/ratio_to_best (every other backend), best_peer/ratio_to_best_peer (FA3, cuDNN, flash),
+    ratio_to_flash (PyTorch's flash backend, the backward targets' anchor), check_ok."""
     others = {n: e["tflops"] for n, e in result["backends"].items() if e["tflops"]}
     fc_tflops = others.pop("flashcore", None)
+    others.pop("flashcore-det", None)  # flashcore's own deterministic mode is no other backend
+    result["ratio_to_flash"] = fc_tflops / others["flash"] if fc_tflops and others.get("flash") else None
     peers = {n: t for n, t in others.items() if n in PEERS}
     result["best_other"] = max(others, key=others.get) if others else None
     result["ratio_to_best"] = fc_tflops / others[result["best_other"]] if fc_tflops and others else None
@@ -738,25 +927,35 @@ def fmt_cell(entry, width, decode):
     return f"{entry['us']:9.1f} {rate}".rjust(width)
 
 
-def print_header(backends, label_width, cell, decode=False):
+def print_header(backends, label_width, cell, decode=False, backward=False):
     names = " | ".join(n.center(cell) for n in backends)
     unit = "us      TB/s" if decode else "us   TFLOP/s"
     units = " | ".join(unit.rjust(cell) for _ in backends)
+    if backward:
+        print(f"{'case':<{label_width}} | {names} | {'fc/flash':>8} | {'fc/peer':>12} | {'det cost':>8} | "
+              f"{'reldiff':>9} | ref")
+        print(f"{'':<{label_width}} | {units} | {'':>8} | {'(best peer)':>12} | {'':>8} | {'vs ref':>9} |")
+        return
     print(f"{'case':<{label_width}} | {names} | {'fc/best':>8} | {'fc/peer':>12} | {'maxdiff':>9} | ref")
     print(f"{'':<{label_width}} | {units} | {'':>8} | {'(best peer)':>12} | {'vs ref':>9} |")
 
 
-def print_row(r, backends, label_width, cell):
+def print_row(r, backends, label_width, cell, backward=False):
     cells = " | ".join(fmt_cell(r["backends"][n], cell, r["decode"]) for n in backends)
-    ratio = f"{r['ratio_to_best']:.2f}x" if r["ratio_to_best"] else "n/a"
+    first = r["ratio_to_flash"] if backward else r["ratio_to_best"]
+    ratio = f"{first:.2f}x" if first else "n/a"
     peer = f"{r['ratio_to_best_peer']:.2f}x {r['best_peer']}" if r["ratio_to_best_peer"] else "n/a"
-    diff = r["backends"].get("flashcore", {}).get("max_abs_diff")
+    diff = r["backends"].get("flashcore", {}).get("max_rel_diff" if backward else "max_abs_diff")
     check = "n/a" if diff is None else f"{diff:.2e}" + ("" if r["check_ok"] else " !")
-    print(f"{r['label']:<{label_width}} | {cells} | {ratio:>8} | {peer:>12} | {check:>9} | {r['reference'] or '-'}",
-          flush=True)
+    det = ""
+    if backward:
+        cost = r.get("deterministic_cost")
+        det = (f"{100 * cost:+7.1f}%" if cost is not None else "n/a".rjust(8)) + " | "
+    print(f"{r['label']:<{label_width}} | {cells} | {ratio:>8} | {peer:>12} | {det}{check:>9} | "
+          f"{r['reference'] or '-'}", flush=True)
 
 
-def print_notes(results, backends):
+def print_notes(results, backends, backward=False):
     """How each backend was called and its reasons for n/a, each once (n/a: digits ignored); outputs off the
     reference."""
     seen = set()
@@ -771,7 +970,12 @@ def print_notes(results, backends):
     for r in results:
         for n in backends:
             e = r["backends"][n]
-            if n != "flashcore" and e["check_ok"] is False:
+            if n == "flashcore" or e["check_ok"] is not False:
+                continue
+            if backward:
+                print(f"  !    {n}: gradients differ from the {r['reference']} reference's by {e['max_rel_diff']:.2e} "
+                      f"of their largest value (tolerance {BACKWARD_TOLERANCE[r['dtype']]:.0e}): {r['label']}")
+            else:
                 print(f"  !    {n}: output differs from the {r['reference']} reference by {e['max_abs_diff']:.2e} "
                       f"(tolerance {TOLERANCE[r['dtype']]:.0e}): {r['label']}")
 
@@ -853,14 +1057,16 @@ def fa3_entry_point(c):
     return "flash_attn_with_kvcache" if c.decode else "flash_attn_func"
 
 
-def list_cases(cases):
-    """--list: the selected cases, without a GPU."""
+def list_cases(cases, backward=False):
+    """--list: the selected cases, without a GPU (with --backward, the backward pass's GFLOP)."""
     width = max(len(c.label) for c in cases)
     print(f"{'case':<{width}} | {'kind':<7} | decode | {'K/V MiB':>9} | {'GFLOP':>10} | fa3")
     for c in cases:
-        print(f"{c.label:<{width}} | {c.kind:<7} | {'yes' if c.decode else 'no':<6} | {c.kv_bytes() / 2**20:9.1f} | "
-              f"{attention_flops(c) / 1e9:10.2f} | {fa3_entry_point(c)}")
-    print(f"{len(cases)} case(s)")
+        flops = backward_flops(c) if backward else attention_flops(c)
+        fa3 = "n/a (fa3-fwd: forward only)" if backward else fa3_entry_point(c)
+        print(f"{c.label:<{width}} | {c.kind:<7} | {'yes' if c.decode and not backward else 'no':<6} | "
+              f"{c.kv_bytes() / 2**20:9.1f} | {flops / 1e9:10.2f} | {fa3}")
+    print(f"{len(cases)} case(s)" + (", backward pass" if backward else ""))
 
 
 def cuda_torch_missing(prog):
@@ -880,7 +1086,7 @@ def main(argv=None):
     cases = build_cases(args)
     if args.list:
         if cases:
-            list_cases(cases)
+            list_cases(cases, args.backward)
         for kind in args.serving_kinds:
             print(f"serving comparison: {kind} (bench/serving_cases.py)")
         return 0
@@ -888,7 +1094,7 @@ def main(argv=None):
         return 2
 
     fc = None
-    if "flashcore" in args.backend_list:
+    if "flashcore" in args.backend_list or "flashcore-det" in args.backend_list:
         try:
             fc = import_flashcore(args.library)
         except Exception as e:
@@ -934,24 +1140,37 @@ def main(argv=None):
               + ", ".join(f"{d}" if d == dv else f"{d}/{dv}" for d, dv in env["flashcore_head_dims"]))
     if args.fc_num_splits is not None:
         print(f"flashcore num_splits={args.fc_num_splits}")
-    print("us per call: median over CUDA-graph replays; TFLOP/s = 2*B*Hq*(D+Dv)*visible pairs; decode cases show "
-          "TB/s = K/V bytes read (B*Hkv*Sk*(D+Dv)*2) per second instead; fc/best = flashcore TFLOP/s / best other "
-          "backend's, fc/peer = the same over the best of " + ", ".join(PEERS) + " (>1: flashcore faster); "
-          "maxdiff: flashcore's output against the ref(erence) backend's")
+    if args.backward:
+        print(f"backward pass alone (dq, dk, dv from dout, q, k, v, out and lse): us per call: median over CUDA-graph "
+              f"replays; TFLOP/s = {BACKWARD_FLOPS_PER_FORWARD_FLOP} x 2*B*Hq*(D+Dv)*visible pairs (the forward's "
+              "flops); fc/flash = flashcore TFLOP/s / PyTorch's flash backend's, fc/peer = the same over the best "
+              "of " + ", ".join(PEERS) + " (>1: flashcore faster); det cost = flashcore-det's time over "
+              "flashcore's, - 1; reldiff: flashcore's largest gradient difference from the ref(erence) backend's, "
+              "over the reference's largest value")
+    else:
+        print("us per call: median over CUDA-graph replays; TFLOP/s = 2*B*Hq*(D+Dv)*visible pairs; decode cases "
+              "show TB/s = K/V bytes read (B*Hkv*Sk*(D+Dv)*2) per second instead; fc/best = flashcore TFLOP/s / "
+              "best other backend's, fc/peer = the same over the best of " + ", ".join(PEERS) + " (>1: flashcore "
+              "faster); maxdiff: flashcore's output against the ref(erence) backend's")
 
     label_width = max([len(c.label) for c in cases] or [0])
     cell = 16
     results = []
     for i, c in enumerate(cases):
-        if i == 0 or c.decode != cases[i - 1].decode:
-            if i:
-                print()
-            print_header(backends, label_width, cell, c.decode)
-        r = run_case(c, backends, fc, args, fa3)
+        if args.backward:
+            if i == 0:
+                print_header(backends, label_width, cell, backward=True)
+            r = run_backward_case(c, backends, fc, args, fa3)
+        else:
+            if i == 0 or c.decode != cases[i - 1].decode:
+                if i:
+                    print()
+                print_header(backends, label_width, cell, c.decode)
+            r = run_case(c, backends, fc, args, fa3)
         r["label"] = c.label
         results.append(r)
-        print_row(r, backends, label_width, cell)
-    print_notes(results, backends)
+        print_row(r, backends, label_width, cell, args.backward)
+    print_notes(results, backends, args.backward)
     serving = []
     if args.serving_kinds:
         from serving_cases import run_serving
@@ -959,8 +1178,11 @@ def main(argv=None):
 
     if args.json:
         doc = {"tool": "bench/compare.py", "environment": env,
-               "settings": {"budget_ms": args.budget_ms, "max_graph_calls": args.graph_calls, "seed": args.seed,
-                            "tolerance": TOLERANCE, "num_splits": args.num_splits,
+               "settings": {"mode": "backward" if args.backward else "forward",
+                            "backward_flops": f"{BACKWARD_FLOPS_PER_FORWARD_FLOP} x the forward's flops",
+                            "budget_ms": args.budget_ms, "max_graph_calls": args.graph_calls, "seed": args.seed,
+                            "tolerance": BACKWARD_TOLERANCE if args.backward else TOLERANCE,
+                            "num_splits": args.num_splits,
                             "num_splits_passed": args.fc_num_splits, "peers": list(PEERS),
                             "flops": "2*B*Hq*(D+Dv)*visible_pairs (4*B*Hq*D*visible_pairs when Dv == D); causal: "
                                      "bottom-right mask, S(S+1)/2 pairs if Sq == Sk",
@@ -969,11 +1191,13 @@ def main(argv=None):
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"JSON written to {args.json}")
     if args.plot:
-        write_plot(results, backends, args.plot, f"{env['device']}: flashcore vs FA3 and PyTorch SDPA backends")
+        what = "backward pass" if args.backward else "forward"
+        write_plot(results, backends, args.plot, f"{env['device']}: flashcore vs FA3 and PyTorch SDPA backends, {what}")
 
-    bad_check = [r["label"] for r in results if r["check_ok"] is False]
-    fc_failed = [r["label"] for r in results if "flashcore" in r["backends"]
-                 and r["backends"]["flashcore"]["error"] and r["best_other"]]
+    ours = [n for n in ("flashcore", "flashcore-det") if n in backends]
+    bad_check = [f"{r['label']} ({n})" for r in results for n in ours if r["backends"][n]["check_ok"] is False]
+    fc_failed = [f"{r['label']} ({n})" for r in results for n in ours
+                 if r["backends"][n]["error"] and r["best_other"]]
     for label in bad_check:
         print(f"compare.py: flashcore output differs from the reference beyond tolerance: {label}", file=sys.stderr)
     for label in fc_failed:

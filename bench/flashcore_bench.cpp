@@ -1,16 +1,21 @@
-// flashcore_bench: latency and throughput of flashcore_forward, through the
-// public C API only (include/flashcore.h) plus the CUDA runtime for memory,
-// streams, events and graphs. No device code: inputs are generated on the
-// host and copied over.
+// flashcore_bench: latency and throughput of flashcore_forward, or with
+// --backward of flashcore_backward, through the public C API only
+// (include/flashcore.h) plus the CUDA runtime for memory, streams, events
+// and graphs. No device code: inputs are generated on the host and copied
+// over.
 //
 // Two measurements per case (see bench/README.md for the details):
-//   graph  - N flashcore_forward calls captured in one CUDA graph, the graph
-//            replayed many times after warm-up, each replay timed with events;
-//            the median replay time / N is the per-call time (GPU time,
-//            launch overhead hidden).
+//   graph  - N calls captured in one CUDA graph, the graph replayed many
+//            times after warm-up, each replay timed with events; the median
+//            replay time / N is the per-call time (GPU time, launch
+//            overhead hidden).
 //   single - one call at a time between two events, synchronised after each
 //            call; p50 and p90 over many calls (includes the host-side
-//            validation and launch of flashcore_forward as the GPU sees it).
+//            validation and launch of the call as the GPU sees it).
+//
+// --backward times flashcore_backward (dq, dk and dv, all three of its
+// kernels) on out and lse that one flashcore_forward call per buffer set
+// computed beforehand, outside the timing.
 //
 // Exit status: 0 all cases ran and passed the output check, 1 a case failed
 // (error or non-finite output), 2 no usable GPU, 3 bad command line.
@@ -289,10 +294,23 @@ const Preset kPresets[] = {
     {"tput-8k-d192", 4, 16, 8192, 192, 128, "throughput (DeepSeek-style prefill)"},
     {"tput-2k-d256", 16, 16, 2048, 256, 256, "throughput (Gemma-style head dim)"},
     {"tput-8k-d256", 4, 16, 8192, 256, 256, "throughput (Gemma-style head dim)"},
+    {"tput-4k-d256", 4, 16, 4096, 256, 256, "throughput (Gemma-style head dim; issue 34's d256 backward target)"},
     {"tput-2k-d32", 16, 16, 2048, 32, 32, "throughput (small head dim)"},
     {"tput-8k-d32", 4, 16, 8192, 32, 32, "throughput (small head dim)"},
 };
 // clang-format on
+
+// Names that select several presets.
+struct PresetGroup {
+    const char *name;
+    std::vector<const char *> presets;
+    const char *note;
+};
+const PresetGroup kPresetGroups[] = {
+    {"backward-targets",
+     {"tput-2k-d64", "tput-8k-d64", "tput-2k-d128", "tput-8k-d128", "tput-4k-d256"},
+     "issue 34's backward targets; run with --backward --mask both"},
+};
 
 struct Case {
     Shape shape;
@@ -341,6 +359,17 @@ double attention_flops(const Case &c) {
     return 2.0 * s.batch * s.heads_q * (s.head_dim + s.head_dim_v) * pairs;
 }
 
+// The backward pass's flops, by the convention FlashAttention's benchmarks
+// and issue 34's anchors use: 2.5 times the forward's (five matrix products
+// against two: Q K^T recomputed, dO V^T, P^T dO, dS K, dS^T Q). Exact when
+// head_dim_v = head_dim; otherwise the products count 2*(3*D + 2*Dv) flops
+// a pair against this 2.5*2*(D + Dv).
+constexpr double kBackwardFlopsPerForwardFlop = 2.5;
+
+double case_flops(const Case &c, bool backward) {
+    return attention_flops(c) * (backward ? kBackwardFlopsPerForwardFlop : 1.0);
+}
+
 // ---------------------------------------------------------------------------
 // Options
 // ---------------------------------------------------------------------------
@@ -362,6 +391,9 @@ struct Options {
     int replays = 0;  // 0: auto
     int iters = 0;    // 0: auto
     int num_splits = 0;  // flashcore_forward_params::num_splits (0: the library's choice)
+    bool num_splits_given = false;
+    bool backward = false;       // time flashcore_backward instead of flashcore_forward
+    bool deterministic = false;  // flashcore_backward_params::deterministic
     double budget_ms = 300.0;
     uint64_t seed = 1234;
     bool json = false;
@@ -402,6 +434,13 @@ void print_usage(FILE *f) {
                  "                            is 0 or -1); TFLOP/s count the window's pairs\n"
                  "  --softcap F               logit softcap (default 0: none)\n"
                  "\n"
+                 "Pass:\n"
+                 "  --backward                time flashcore_backward (dq, dk, dv) on out and lse from\n"
+                 "                            a forward call made beforehand; TFLOP/s count 2.5x the\n"
+                 "                            forward's flops (--preset backward-targets: issue 34's)\n"
+                 "  --deterministic           with --backward: the deterministic mode (bitwise-\n"
+                 "                            identical dq run to run)\n"
+                 "\n"
                  "Timing:\n"
                  "  --budget-ms F             target GPU time per measurement (default 300)\n"
                  "  --graph-calls N           calls captured per graph, at most (default 20; raised\n"
@@ -417,7 +456,7 @@ void print_usage(FILE *f) {
                  "  --no-check                skip the finite-output check\n"
                  "  --json                    print one JSON document on stdout (progress on stderr)\n"
                  "  --json-out PATH           print the table and write the JSON document to PATH\n"
-                 "  --list                    list presets and exit\n"
+                 "  --list                    list presets (and preset groups) and exit\n"
                  "  -h, --help\n"
                  "\n"
                  "Exit status: 0 ok, 1 a case failed, 2 no usable GPU, 3 bad command line.\n");
@@ -484,6 +523,12 @@ const Preset *find_preset(const std::string &name) {
     return nullptr;
 }
 
+const PresetGroup *find_preset_group(const std::string &name) {
+    for (const PresetGroup &g : kPresetGroups)
+        if (name == g.name) return &g;
+    return nullptr;
+}
+
 Options parse_args(int argc, char **argv) {
     Options o;
     for (int i = 1; i < argc; ++i) {
@@ -502,11 +547,16 @@ Options parse_args(int argc, char **argv) {
         };
         if (const IntOption *io = find_int_option(opt)) {
             o.*(io->field) = static_cast<int>(parse_int(opt, value(), io->lo, io->hi));
+            if (io->field == &Options::num_splits) o.num_splits_given = true;
         } else if (opt == "-h" || opt == "--help") {
             print_usage(stdout);
             std::exit(0);
         } else if (opt == "--preset") {
             for (const std::string &n : split_commas(value())) {
+                if (const PresetGroup *g = find_preset_group(n)) {
+                    o.presets.insert(o.presets.end(), g->presets.begin(), g->presets.end());
+                    continue;
+                }
                 if (!find_preset(n)) throw UsageError("unknown preset '" + n + "' (see --list)");
                 o.presets.push_back(n);
             }
@@ -556,6 +606,10 @@ Options parse_args(int argc, char **argv) {
             o.budget_ms = parse_double(opt, value(), 1.0);
         } else if (opt == "--seed") {
             o.seed = static_cast<uint64_t>(parse_int(opt, value(), 0, 0x7FFFFFFFL));
+        } else if (opt == "--backward") {
+            o.backward = true;
+        } else if (opt == "--deterministic") {
+            o.deterministic = true;
         } else if (opt == "--json") {
             o.json = true;
         } else if (opt == "--json-out") {
@@ -568,6 +622,9 @@ Options parse_args(int argc, char **argv) {
             throw UsageError("unknown option '" + std::string(argv[i]) + "' (see --help)");
         }
     }
+    if (o.deterministic && !o.backward) throw UsageError("--deterministic: a backward option (add --backward)");
+    // The forward that gives the backward its out and lse is not timed.
+    if (o.num_splits_given && o.backward) throw UsageError("--num-splits: a forward option, not with --backward");
     return o;
 }
 
@@ -642,16 +699,17 @@ struct Result {
 
 double tflops(double flops, double us) { return us > 0 ? flops / (us * 1e6) : NAN; }
 
-// Everything one case needs on the device: `sets` copies of q, k, v and out,
-// one params struct per set, one workspace shared by all (calls are serial).
+// Everything one case needs on the device: `sets` copies of q, k, v and out
+// (and for --backward of lse, dout, dq, dk and dv), one params struct per
+// set, one workspace shared by all (calls are serial).
 class CaseBuffers {
   public:
-    CaseBuffers(const Case &c, const Options &o, int sets) {
+    CaseBuffers(const Case &c, const Options &o, int sets) : backward_(o.backward) {
         const Shape &s = c.shape;
         const size_t elem = 2;
         const size_t rows_q = static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q;
         const size_t rows_kv = static_cast<size_t>(s.batch) * s.heads_kv * s.seqlen_k;
-        out_elems_ = rows_q * s.head_dim_v;
+        const size_t out_elems = rows_q * s.head_dim_v;
         std::vector<uint16_t> host;
         uint64_t seed = o.seed;
         for (int i = 0; i < sets; ++i) {
@@ -659,13 +717,24 @@ class CaseBuffers {
             set.q = DeviceBuffer(rows_q * s.head_dim * elem);
             set.k = DeviceBuffer(rows_kv * s.head_dim * elem);
             set.v = DeviceBuffer(rows_kv * s.head_dim_v * elem);
-            set.out = DeviceBuffer(out_elems_ * elem);
-            for (DeviceBuffer *b : {&set.q, &set.k, &set.v}) {
+            set.out = DeviceBuffer(out_elems * elem);
+            std::vector<DeviceBuffer *> inputs{&set.q, &set.k, &set.v};
+            // 0xFFFF is a NaN in fp16 and bf16: output the kernel never writes shows up in the check.
+            std::vector<DeviceBuffer *> outputs{&set.out};
+            if (backward_) {
+                set.lse = DeviceBuffer(rows_q * sizeof(float));
+                set.dout = DeviceBuffer(out_elems * elem);
+                set.dq = DeviceBuffer(rows_q * s.head_dim * elem);
+                set.dk = DeviceBuffer(rows_kv * s.head_dim * elem);
+                set.dv = DeviceBuffer(rows_kv * s.head_dim_v * elem);
+                inputs.push_back(&set.dout);
+                outputs.insert(outputs.end(), {&set.dq, &set.dk, &set.dv});
+            }
+            for (DeviceBuffer *b : inputs) {
                 fill_random(host, b->bytes() / elem, c.dtype, seed++ * 0x100000001B3ull);
                 CUDA_CHECK(cudaMemcpy(b->get(), host.data(), b->bytes(), cudaMemcpyHostToDevice));
             }
-            // 0xFFFF is a NaN in fp16 and bf16: output the kernel never writes shows up in the check.
-            CUDA_CHECK(cudaMemset(set.out.get(), 0xFF, set.out.bytes()));
+            for (DeviceBuffer *b : outputs) CUDA_CHECK(cudaMemset(b->get(), 0xFF, b->bytes()));
             sets_.push_back(std::move(set));
         }
         for (Set &set : sets_) {
@@ -681,7 +750,9 @@ class CaseBuffers {
             p.head_dim_v = s.head_dim_v;
             p.causal = c.causal ? 1 : 0;
             p.softmax_scale = o.softmax_scale;
-            p.num_splits = o.num_splits;
+            // The backward's out and lse come from an unsplit call, which
+            // needs no workspace (any split gives the same values to rounding).
+            p.num_splits = backward_ ? 1 : o.num_splits;
             p.use_window = c.use_window ? 1 : 0;
             p.window_left = c.window_left;
             p.window_right = c.window_right;
@@ -690,39 +761,100 @@ class CaseBuffers {
             p.k = set.k.get();
             p.v = set.v.get();
             p.out = set.out.get();
+            p.lse = static_cast<float *>(set.lse.get());  // NULL (not written) unless --backward
             fc_check(flashcore_set_contiguous_strides(&p, c.layout), "flashcore_set_contiguous_strides");
             fc_check(flashcore_forward_check(&p), "flashcore_forward_check");
             params_.push_back(p);
+            if (!backward_) continue;
+
+            flashcore_backward_params b;
+            fc_check(flashcore_backward_params_init(&b, sizeof b), "flashcore_backward_params_init");
+            b.dtype = p.dtype;
+            b.batch_size = p.batch_size;
+            b.num_heads_q = p.num_heads_q;
+            b.num_heads_kv = p.num_heads_kv;
+            b.seqlen_q = p.seqlen_q;
+            b.seqlen_k = p.seqlen_k;
+            b.head_dim = p.head_dim;
+            b.head_dim_v = p.head_dim_v;
+            b.causal = p.causal;
+            b.softmax_scale = p.softmax_scale;
+            b.use_window = p.use_window;
+            b.window_left = p.window_left;
+            b.window_right = p.window_right;
+            b.softcap = p.softcap;
+            b.deterministic = o.deterministic ? 1 : 0;
+            b.q = p.q;
+            b.k = p.k;
+            b.v = p.v;
+            b.out = p.out;
+            b.lse = p.lse;
+            b.dout = set.dout.get();
+            b.dq = set.dq.get();
+            b.dk = set.dk.get();
+            b.dv = set.dv.get();
+            fc_check(flashcore_backward_set_contiguous_strides(&b, c.layout), "flashcore_backward_set_contiguous_strides");
+            fc_check(flashcore_backward_check(&b), "flashcore_backward_check");
+            backward_params_.push_back(b);
         }
     }
 
-    // q and k (head_dim wide), v and out (head_dim_v wide), 2 bytes an element.
-    static size_t set_bytes(const Shape &s) {
+    // --backward: each set's out and lse, from one forward call per set.
+    void run_forward_calls(flashcore_handle h, cudaStream_t stream) const {
+        for (const flashcore_forward_params &p : params_)
+            fc_check(flashcore_forward(h, &p, nullptr, 0, stream), "flashcore_forward (out and lse for the backward)");
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+
+    // Device bytes of one set: q and k (head_dim wide), v and out (head_dim_v
+    // wide), 2 bytes an element; for the backward also dq, dk, dv and dout
+    // (as many again) and lse.
+    static size_t set_bytes(const Shape &s, bool backward) {
         const size_t rows_q = static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q;
         const size_t rows_kv = static_cast<size_t>(s.batch) * s.heads_kv * s.seqlen_k;
-        return 2 * (rows_q + rows_kv) * (static_cast<size_t>(s.head_dim) + static_cast<size_t>(s.head_dim_v));
+        const size_t forward =
+            2 * (rows_q + rows_kv) * (static_cast<size_t>(s.head_dim) + static_cast<size_t>(s.head_dim_v));
+        return backward ? 2 * forward + rows_q * sizeof(float) : forward;
     }
 
     int sets() const { return static_cast<int>(params_.size()); }
     const flashcore_forward_params &params(int i) const { return params_[static_cast<size_t>(i) % params_.size()]; }
-    const DeviceBuffer &out(int i) const { return sets_[static_cast<size_t>(i)].out; }
-    size_t out_elems() const { return out_elems_; }
+    const flashcore_backward_params &backward_params(int i) const {
+        return backward_params_[static_cast<size_t>(i) % backward_params_.size()];
+    }
+    // The buffers the timed call writes in set i, with their names and
+    // element counts: out, or dq, dk and dv.
+    struct Output {
+        const char *name;
+        const DeviceBuffer *buffer;
+    };
+    std::vector<Output> outputs(int i) const {
+        const Set &set = sets_[static_cast<size_t>(i)];
+        if (!backward_) return {{"out", &set.out}};
+        return {{"dq", &set.dq}, {"dk", &set.dk}, {"dv", &set.dv}};
+    }
 
   private:
     struct Set {
-        DeviceBuffer q, k, v, out;
+        DeviceBuffer q, k, v, out, lse, dout, dq, dk, dv;
     };
+    bool backward_;
     std::vector<Set> sets_;
     std::vector<flashcore_forward_params> params_;
-    size_t out_elems_ = 0;
+    std::vector<flashcore_backward_params> backward_params_;
 };
 
-int auto_buffer_sets(const Shape &s, const Device &dev) {
-    const size_t per_set = CaseBuffers::set_bytes(s);
+// Sets of buffers to rotate through: enough to exceed twice the L2 cache,
+// at most 64 and at most 70% of free memory (less what the workspace takes:
+// the backward's dQ accumulator, 4 bytes per query row and head_dim column).
+int auto_buffer_sets(const Shape &s, const Device &dev, bool backward) {
+    const size_t per_set = CaseBuffers::set_bytes(s, backward);
+    const double workspace =
+        backward ? 4.0 * static_cast<double>(s.batch) * s.heads_q * s.seqlen_q * s.head_dim : 0.0;
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     const double want = std::ceil(2.0 * static_cast<double>(dev.l2_bytes) / static_cast<double>(per_set));
-    const double fit = std::floor(0.7 * static_cast<double>(free_b) / static_cast<double>(per_set));
+    const double fit = std::floor((0.7 * static_cast<double>(free_b) - workspace) / static_cast<double>(per_set));
     return std::max(1, static_cast<int>(std::min({want, fit, 64.0})));
 }
 
@@ -733,7 +865,7 @@ class Bench {
     Result run(const Case &c) {
         Result r;
         r.c = c;
-        r.flops = attention_flops(c);
+        r.flops = case_flops(c, o_.backward);
         try {
             measure(c, r);
         } catch (const CaseError &e) {
@@ -750,6 +882,12 @@ class Bench {
     DeviceBuffer workspace_;
 
     void call(const CaseBuffers &bufs, int i) {
+        if (o_.backward) {
+            fc_check(flashcore_backward(h_, &bufs.backward_params(i), workspace_.get(), workspace_.bytes(),
+                                        stream_.get()),
+                     "flashcore_backward");
+            return;
+        }
         fc_check(flashcore_forward(h_, &bufs.params(i), workspace_.get(), workspace_.bytes(), stream_.get()),
                  "flashcore_forward");
     }
@@ -765,12 +903,18 @@ class Bench {
     }
 
     void measure(const Case &c, Result &r) {
-        const int sets = o_.buffer_sets > 0 ? o_.buffer_sets : auto_buffer_sets(c.shape, dev_);
+        const int sets = o_.buffer_sets > 0 ? o_.buffer_sets : auto_buffer_sets(c.shape, dev_, o_.backward);
         CaseBuffers bufs(c, o_, sets);
         r.buffer_sets = sets;
 
         size_t ws = 0;
-        fc_check(flashcore_forward_workspace_size(h_, &bufs.params(0), &ws), "flashcore_forward_workspace_size");
+        if (o_.backward) {
+            bufs.run_forward_calls(h_, stream_.get());
+            fc_check(flashcore_backward_workspace_size(h_, &bufs.backward_params(0), &ws),
+                     "flashcore_backward_workspace_size");
+        } else {
+            fc_check(flashcore_forward_workspace_size(h_, &bufs.params(0), &ws), "flashcore_forward_workspace_size");
+        }
         r.workspace_bytes = ws;
         if (ws > workspace_.bytes()) workspace_ = DeviceBuffer(ws);
 
@@ -782,7 +926,7 @@ class Bench {
         measure_single(bufs, t_ms, r);
         measure_graph(bufs, t_ms, r);
 
-        if (o_.check) r.check = check_output(bufs, c.dtype);
+        if (o_.check) r.check = check_outputs(bufs, c.dtype);
     }
 
     void measure_single(const CaseBuffers &bufs, double t_ms, Result &r) {
@@ -845,21 +989,24 @@ class Bench {
         r.graph_us = percentile(per_call_us, 0.5);
     }
 
-    // Every output element of set 0 finite, and not all zero.
-    std::string check_output(const CaseBuffers &bufs, flashcore_dtype dtype) {
+    // Every output element of set 0 (out, or dq, dk and dv) finite, and not
+    // all of a tensor zero.
+    std::string check_outputs(const CaseBuffers &bufs, flashcore_dtype dtype) {
         CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-        std::vector<uint16_t> host(bufs.out_elems());
-        CUDA_CHECK(cudaMemcpy(host.data(), bufs.out(0).get(), host.size() * 2, cudaMemcpyDeviceToHost));
-        size_t bad = 0, nonzero = 0;
-        for (uint16_t b : host) {
-            const float f = dtype == FLASHCORE_DTYPE_BF16 ? bf16_bits_to_float(b) : half_bits_to_float(b);
-            if (!std::isfinite(f))
-                ++bad;
-            else if (f != 0.0f)
-                ++nonzero;
+        for (const CaseBuffers::Output &output : bufs.outputs(0)) {
+            std::vector<uint16_t> host(output.buffer->bytes() / 2);
+            CUDA_CHECK(cudaMemcpy(host.data(), output.buffer->get(), host.size() * 2, cudaMemcpyDeviceToHost));
+            size_t bad = 0, nonzero = 0;
+            for (uint16_t b : host) {
+                const float f = dtype == FLASHCORE_DTYPE_BF16 ? bf16_bits_to_float(b) : half_bits_to_float(b);
+                if (!std::isfinite(f))
+                    ++bad;
+                else if (f != 0.0f)
+                    ++nonzero;
+            }
+            if (bad) return strprintf("%zu of %zu %s elements not finite", bad, host.size(), output.name);
+            if (!nonzero) return strprintf("all %s elements are zero", output.name);
         }
-        if (bad) return strprintf("%zu of %zu outputs not finite", bad, host.size());
-        if (!nonzero) return "all outputs are zero";
         return "ok";
     }
 };
@@ -918,9 +1065,10 @@ void print_json(FILE *f, const Device &dev, const Options &o, const std::vector<
     std::fprintf(
         f,
         "  \"settings\": {\"budget_ms\": %g, \"max_graph_calls\": %d, \"seed\": %" PRIu64
-        ", \"flops\": \"2*B*Hq*(D+Dv)*visible_pairs, 4*B*Hq*D*visible_pairs when Dv == D (causal: bottom-right "
-        "mask, S(S+1)/2 pairs when Sq == Sk)\"},\n",
-        o.budget_ms, o.graph_calls, o.seed);
+        ", \"pass\": \"%s\", \"deterministic\": %s, \"flops\": \"%s2*B*Hq*(D+Dv)*visible_pairs, "
+        "4*B*Hq*D*visible_pairs when Dv == D (causal: bottom-right mask, S(S+1)/2 pairs when Sq == Sk)\"},\n",
+        o.budget_ms, o.graph_calls, o.seed, o.backward ? "backward" : "forward", o.deterministic ? "true" : "false",
+        o.backward ? "2.5 * " : "");
     std::fprintf(f, "  \"results\": [\n");
     for (size_t i = 0; i < results.size(); ++i) print_json_result(f, results[i], i + 1 == results.size());
     std::fprintf(f, "  ]\n}\n");
@@ -969,6 +1117,12 @@ void print_presets() {
     for (const Preset &p : kPresets)
         std::printf("%-15s %5d %5d %7d %8d %10d  %s\n", p.name, p.batch, p.heads, p.seqlen, p.head_dim, p.head_dim_v,
                     p.note);
+    std::printf("\n%-17s %s\n", "preset group", "presets");
+    for (const PresetGroup &g : kPresetGroups) {
+        std::string names;
+        for (const char *n : g.presets) names += (names.empty() ? "" : ",") + std::string(n);
+        std::printf("%-17s %s  (%s)\n", g.name, names.c_str(), g.note);
+    }
     std::printf("\nThis build's kernels (head_dim or head_dim/head_dim_v): %s; other multiples of 8 run on the\n"
                 "first that covers both head dims.\n",
                 supported_head_dims_text().c_str());
@@ -1011,7 +1165,12 @@ int run(const Options &o) {
                  supported_head_dims_text().c_str());
     std::fprintf(info,
                  "us per call. graph: median over replays of a CUDA graph of many calls; call p50/p90: one "
-                 "call between two events, synchronised each time. TFLOP/s: 2*B*Hq*(D+Dv)*(visible q/k pairs).\n");
+                 "call between two events, synchronised each time. TFLOP/s: %s2*B*Hq*(D+Dv)*(visible q/k pairs).\n",
+                 o.backward ? "2.5 * " : "");
+    if (o.backward)
+        std::fprintf(info, "pass: backward (flashcore_backward: dq, dk, dv; %s mode), on out and lse from a forward "
+                           "call per buffer set made beforehand\n",
+                     o.deterministic ? "deterministic" : "default");
     if (!o.json) print_table_header();
 
     const std::vector<Case> cases = build_cases(o);
@@ -1028,7 +1187,7 @@ int run(const Options &o) {
         } catch (const FatalError &e) {  // the context may be unusable: report this case, skip the rest
             Result r;
             r.c = c;
-            r.flops = attention_flops(c);
+            r.flops = case_flops(c, o.backward);
             r.error = e.what();
             results.push_back(r);
             fatal = true;

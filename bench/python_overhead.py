@@ -105,7 +105,7 @@ def prepare_runner(q, k, v, out, causal):
     def run(calls):
         start = clock()
         for _ in range(calls):
-            _planning.prepare(q, k, v, "bhsd", options, out, None, False, None, None, False)
+            _planning.prepare(q, k, v, "bhsd", options, out, None, False, None, None)
         return clock() - start
 
     return run
