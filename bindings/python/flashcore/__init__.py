@@ -14,24 +14,30 @@ __cuda_array_interface__ or DLPack.
     out, lse = flashcore.merge_states(partial_out, partial_lse)   # parts of the keys -> all
     flashcore.supported_head_dims()   # [(head_dim, head_dim_v), ...] of this build
 
+On torch tensors that require grad the results are differentiable:
+autograd computes the gradients of q, k and v with the library's backward
+pass (flashcore_backward), in eager mode and under torch.compile alike.
+
 The library is looked for inside this package (the flashcore-attention
 wheel carries it), then in $FLASHCORE_LIBRARY, then where pkg-config and the
 dynamic loader find it (see flashcore.open_library()). The ctypes declarations in flashcore._ffi are generated
 from include/flashcore.h.
 
 Under torch.compile and torch.export the calls are the torch operator
-flashcore::forward (registered at import where torch is imported first,
-else at the first traced call), traced without graph breaks.
+flashcore::forward, with flashcore::backward as its autograd formula
+(registered at import where torch is imported first, else at the first
+traced or differentiated call), traced without graph breaks.
 `python -m flashcore` says which library is loaded and what the GPUs run.
 """
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 import sys as _sys
 
 from . import _ffi
 from ._attention import (attention, attention_varlen, attention_with_kvcache, check_params, forward_params,
                          supported_head_dims)
+from ._backward import backward_params, check_backward_params
 from ._dropin import flash_attn_func, sdpa
 from ._errors import (
     CudaError,
@@ -40,7 +46,6 @@ from ._errors import (
     InvalidArgumentError,
     LibraryError,
     MisalignedError,
-    NoBackwardError,
     NoDeviceError,
     OutOfMemoryError,
     UnsupportedError,
@@ -55,6 +60,7 @@ Status = _ffi.Status
 Dtype = _ffi.Dtype
 Layout = _ffi.Layout
 ForwardParams = _ffi.flashcore_forward_params
+BackwardParams = _ffi.flashcore_backward_params
 MergeParams = _ffi.flashcore_merge_params
 MAX_NUM_SPLITS = _ffi.FLASHCORE_MAX_NUM_SPLITS
 HEADER_VERSION_NUMBER = _ffi.FLASHCORE_VERSION_NUMBER
@@ -81,8 +87,10 @@ __all__ = [
     "flash_attn_func",
     "register_torch_ops",
     "forward_params",
+    "backward_params",
     "merge_params",
     "check_params",
+    "check_backward_params",
     "supported_head_dims",
     "release_workspaces",
     "Handle",
@@ -96,6 +104,7 @@ __all__ = [
     "Dtype",
     "Layout",
     "ForwardParams",
+    "BackwardParams",
     "MergeParams",
     "MAX_NUM_SPLITS",
     "HEADER_VERSION_NUMBER",
@@ -109,7 +118,6 @@ __all__ = [
     "OutOfMemoryError",
     "InternalError",
     "LibraryError",
-    "NoBackwardError",
 ]
 
 # torch.ops.flashcore.forward exists as soon as both are imported (a

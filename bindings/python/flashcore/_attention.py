@@ -1,9 +1,10 @@
 """flashcore.attention, attention_varlen and attention_with_kvcache, with
 forward_params, check_params and supported_head_dims beside them: the
 public entry points of a forward call, and the way each call takes
-(_forward): under torch.compile the torch operator (_torch_ops), for a
-repeated call on torch tensors the compiled path (_fastpath), else the
-call's plan (_planning), queued by _launch."""
+(_forward): under torch.compile, and where the result must be
+differentiable, the torch operator (_torch_ops), whose autograd formula is
+the backward pass; for a repeated call on torch tensors the compiled path
+(_fastpath); else the call's plan (_planning), queued by _launch."""
 
 import ctypes
 import numbers
@@ -18,9 +19,9 @@ from ._errors import InvalidArgumentError, InvalidArgumentTypeError
 from ._geometry import _batch_from_cu_seqlens, _build, _sequences
 from ._launch import launch, launch_plain
 from ._library import library
-from ._modes import tracing
+from ._modes import tracing, wants_grad
 from ._planning import plan_of, prepare
-from ._torch_ops import traced_forward, traced_full_int32
+from ._torch_ops import operator_forward, traced_full_int32
 
 
 # The compiled path (_fastpath): None until torch is imported and it was
@@ -87,21 +88,22 @@ def check_params(params: "_ffi.flashcore_forward_params") -> None:
 
 def _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k=None,
              cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None,
-             seqused_k_name="seqused_k", fast_asked=False):
+             seqused_k_name="seqused_k", fast_asked=False, deterministic=False):
     """What attention, attention_varlen and attention_with_kvcache share:
     under torch.compile (or torch.export) the torch operator
-    flashcore::forward; else the compiled path where it serves the call;
-    else the call's plan (plan_of): launch_plain() where the plan is of
-    plain torch tensors and the call on torch's current stream (the
-    compiled path is then given the plan for the next such call), else
+    flashcore::forward; else the compiled path where it serves the call
+    (never one to differentiate); else the call's plan (plan_of):
+    launch_plain() where the plan is of plain torch tensors that do not
+    require grad and the call on torch's current stream (the compiled path
+    is then given the plan for the next such call); flashcore::forward
+    again where the result must be differentiable (wants_grad); else
     prepare() and launch(), with prepare()'s arguments. fast_asked: the
     caller already asked the compiled path, which handed the call back.
     (Positional: keywords cost host time on every call.)"""
     if tracing():
-        return traced_forward(q, k, v, layout=layout, options=options, out=out, lse=lse, return_lse=return_lse,
-                              stream=stream, workspace=workspace, detach=detach, seqused_k=seqused_k,
-                              cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
-                              max_seqlen_k=max_seqlen_k, block_table=block_table)
+        return _operator_forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach,
+                                 seqused_k, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table,
+                                 deterministic)
     if (stream is None and workspace is None and lse is None and cu_seqlens_q is None and cu_seqlens_k is None
             and block_table is None):
         fast = _fast if _fast is not None else _load_fast()
@@ -117,9 +119,21 @@ def _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, 
         if _fast:
             _fastpath.remember(_fast, plan, q, k, v, out, seqused_k, layout, options, return_lse)
         return result
-    return launch(prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k,
-                          cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table, seqused_k_name,
-                          planned))
+    if (plan is None or plan.requires_grad) and wants_grad(q, k, v, detach):
+        return _operator_forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach,
+                                 seqused_k, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table,
+                                 deterministic)
+    return launch(prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, seqused_k, cu_seqlens_q,
+                          max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table, seqused_k_name, planned))
+
+
+def _operator_forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k,
+                      cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table, deterministic):
+    """_torch_ops.operator_forward with _forward's arguments."""
+    return operator_forward(q, k, v, layout=layout, options=options, out=out, lse=lse, return_lse=return_lse,
+                            stream=stream, workspace=workspace, detach=detach, seqused_k=seqused_k,
+                            cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
+                            max_seqlen_k=max_seqlen_k, block_table=block_table, deterministic=deterministic)
 
 
 def _pytorch_names(q, k, layout, causal, softmax_scale, is_causal, scale):
@@ -160,8 +174,8 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
               out: Optional[Array] = None, return_lse: bool = False, stream: Any = None, layout: Union[str, int] = "bhsd",
               lse: Optional[Array] = None, workspace: Optional[Array] = None, num_splits: Optional[int] = None,
               window: Optional[Tuple[int, int]] = None, softcap: float = 0.0, seqused_k: Optional[Array] = None,
-              detach: bool = False, is_causal: Optional[bool] = None,
-              scale: Optional[float] = None) -> Union[Array, Tuple[Array, Array]]:
+              detach: bool = False, is_causal: Optional[bool] = None, scale: Optional[float] = None,
+              deterministic: bool = False) -> Union[Array, Tuple[Array, Array]]:
     """Fused scaled-dot-product attention, like
     torch.nn.functional.scaled_dot_product_attention(q, k, v):
 
@@ -229,11 +243,26 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
         merge_states). Results are deterministic for a given num_splits;
         different num_splits round differently.
 
-    detach: forward only: no autograd. A torch input that requires grad
-        while grad mode is on raises NoBackwardError, unless detach=True (or
-        FLASHCORE_DETACH=1 in the environment) says to compute from its
-        values, the result then without a gradient path. Under
-        torch.no_grad() or torch.inference_mode() nothing is refused.
+    Gradients: where q, k or v is a torch tensor that requires grad and
+        grad mode is on, the result is differentiable: autograd computes
+        the gradients of q, k and v with flashcore_backward (the call is
+        then the torch operator flashcore::forward, whose autograd formula
+        that is, and keeps q, k, v, out and the lse for the backward pass).
+        The returned lse, if asked for, has no gradient. stream= and
+        workspace= are not taken then; out= and lse= are copied into.
+        Paged caches (attention_with_kvcache's block_table) have no
+        backward pass: such a call raises UnsupportedError.
+    deterministic: the backward pass makes dq bitwise identical from run
+        to run (it accumulates in a fixed order, at some cost in speed); dk
+        and dv are either way, as is the forward. Also on where
+        torch.use_deterministic_algorithms(True) is in effect when the
+        backward runs.
+    detach: True computes from the values of inputs that require grad,
+        the result then without a gradient path (as does
+        FLASHCORE_DETACH=1 in the environment): for inference code that
+        leaves requires_grad on, which needs neither the autograd graph
+        nor the lse kept for it. Under torch.no_grad() or
+        torch.inference_mode() no call is differentiated anyway.
 
     PyTorch tensors, CuPy arrays and any object with __cuda_array_interface__
     or __dlpack__ are accepted; for the last two, out (and lse, workspace when
@@ -264,7 +293,7 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
             return result
         fast_asked = True
     return _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k, None,
-                    None, None, None, None, "seqused_k", fast_asked)
+                    None, None, None, None, "seqused_k", fast_asked, deterministic)
 
 
 def attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k: Array, max_seqlen_q: int,
@@ -272,10 +301,10 @@ def attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqle
                      out: Optional[Array] = None, return_lse: bool = False, stream: Any = None,
                      lse: Optional[Array] = None, workspace: Optional[Array] = None, num_splits: Optional[int] = None,
                      window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
-                     seqused_k: Optional[Array] = None, detach: bool = False) -> Union[Array, Tuple[Array, Array]]:
+                     seqused_k: Optional[Array] = None, detach: bool = False,
+                     deterministic: bool = False) -> Union[Array, Tuple[Array, Array]]:
     """Attention over a batch of sequences of different lengths packed
-    without padding, as FlashAttention's flash_attn_varlen_func (forward
-    only):
+    without padding, as FlashAttention's flash_attn_varlen_func:
 
     q: [total_q, Hq, D]; k: [total_k, Hkv, D]; v: [total_k, Hkv, Dv]; out:
     [total_q, Hq, Dv]: the rows of every sequence, one after another.
@@ -296,10 +325,13 @@ def attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqle
     lse: float32 [Hq, total_q] (FlashAttention's varlen layout), returned
         with return_lse as (out, lse).
 
-    The other arguments are attention()'s, detach included.
+    The other arguments are attention()'s, detach and deterministic
+    included; the result is differentiable as attention()'s is (the
+    gradients of rows outside every sequence are 0).
     """
     return _forward(q, k, v, "bshd", (causal, softmax_scale, num_splits, window, softcap), out, lse, return_lse,
-                    stream, workspace, detach, seqused_k, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k)
+                    stream, workspace, detach, seqused_k, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k,
+                    None, "seqused_k", False, deterministic)
 
 
 def _cache_seqlens_array(count, q, cu_seqlens_q, stream):
@@ -328,10 +360,10 @@ def attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, cache_seqle
                            return_lse: bool = False, stream: Any = None, lse: Optional[Array] = None,
                            workspace: Optional[Array] = None, num_splits: Optional[int] = None,
                            window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
-                           detach: bool = False) -> Union[Array, Tuple[Array, Array]]:
+                           detach: bool = False, deterministic: bool = False) -> Union[Array, Tuple[Array, Array]]:
     """Attention of new queries against a KV cache, as FlashAttention's
-    flash_attn_with_kvcache (forward only, without appending to the cache or
-    rotary embedding), in its [B, S, H, D] storage:
+    flash_attn_with_kvcache (without appending to the cache or rotary
+    embedding), in its [B, S, H, D] storage:
 
     q: [B, Sq, Hq, D]; k_cache: [B, S_cache, Hkv, D]; v_cache:
     [B, S_cache, Hkv, Dv]; out: [B, Sq, Hq, Dv].
@@ -358,8 +390,10 @@ def attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, cache_seqle
         [total_q, Hq, D], out [total_q, Hq, Dv], lse [Hq, total_q], and B
         is len(cu_seqlens_q) - 1; query i of sequence b, of Sq_b queries,
         sees key j <= i + cache_seqlens[b] - Sq_b with causal.
-    The other arguments are attention()'s (layout is "bshd"), detach
-    included.
+    The other arguments are attention()'s (layout is "bshd"), detach and
+    deterministic included: a contiguous cache's result is differentiable
+    as attention()'s is; a paged one's is not (UnsupportedError where an
+    input requires grad, unless detach=True).
     """
     seqused_k = cache_seqlens
     if cache_seqlens is not None and not (is_torch(cache_seqlens) or hasattr(cache_seqlens, "__cuda_array_interface__")
@@ -367,4 +401,4 @@ def attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, cache_seqle
         seqused_k = _cache_seqlens_array(cache_seqlens, q, cu_seqlens_q, stream)
     return _forward(q, k_cache, v_cache, "bshd", (causal, softmax_scale, num_splits, window, softcap), out, lse,
                     return_lse, stream, workspace, detach, seqused_k, cu_seqlens_q, max_seqlen_q,
-                    block_table=block_table, seqused_k_name="cache_seqlens")
+                    block_table=block_table, seqused_k_name="cache_seqlens", deterministic=deterministic)

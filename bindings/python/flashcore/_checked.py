@@ -19,6 +19,7 @@ _RANGES = {ctype: int_range(ctype) for ctype in _C_NAMES}
 _setattr = ctypes.Structure.__setattr__
 # The params structs by the names the package exports them under.
 STRUCT_NAMES = {_ffi.flashcore_forward_params: "flashcore.ForwardParams",
+                _ffi.flashcore_backward_params: "flashcore.BackwardParams",
                 _ffi.flashcore_merge_params: "flashcore.MergeParams"}
 
 

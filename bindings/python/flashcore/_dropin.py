@@ -54,7 +54,7 @@ def _as_bhsd(x, name, shape, batch, heads):
 def sdpa(query: Array, key: Array, value: Array, attn_mask: Optional[Array] = None, dropout_p: float = 0.0,
          is_causal: bool = False, *, scale: Optional[float] = None, enable_gqa: bool = False) -> Array:
     """torch.nn.functional.scaled_dot_product_attention, same signature and
-    semantics, computed by flashcore (forward only, float16/bfloat16):
+    semantics, computed by flashcore (float16/bfloat16):
 
         out = softmax(query @ key^T * scale [+ causal mask]) @ value
 
@@ -77,10 +77,12 @@ def sdpa(query: Array, key: Array, value: Array, attn_mask: Optional[Array] = No
         naming the argument: flashcore has no arbitrary masks, no dropout,
         and takes softmax scales > 0 only.
 
-    As for every flashcore call, inputs that require grad raise
-    NoBackwardError while grad mode is on (FLASHCORE_DETACH=1 computes from
-    their values); under torch.compile the call is the flashcore::forward
-    operator.
+    As for every flashcore call, the result is differentiable where an
+    input requires grad (grad mode on): autograd computes the gradients of
+    query, key and value with flashcore's backward pass (deterministic
+    where torch.use_deterministic_algorithms(True) is in effect); under
+    torch.compile the call is the flashcore::forward operator, forward and
+    backward.
     """
     if attn_mask is not None:
         raise NotImplementedError("flashcore.sdpa: attn_mask is not supported: flashcore masks only causally "
@@ -142,13 +144,14 @@ def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0, softma
                     alibi_slopes: Optional[Any] = None, deterministic: bool = False,
                     return_attn_probs: bool = False) -> Array:
     """FlashAttention 2's flash_attn_func, same signature and semantics,
-    computed by flashcore (forward only): q [B, Sq, Hq, D], k [B, Sk, Hkv,
-    D], v [B, Sk, Hkv, Dv] (Hkv dividing Hq), out [B, Sq, Hq, Dv]; causal
-    and window_size bottom-right aligned, as flashcore.attention's causal and
+    computed by flashcore: q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk,
+    Hkv, Dv] (Hkv dividing Hq), out [B, Sq, Hq, Dv]; causal and
+    window_size bottom-right aligned, as flashcore.attention's causal and
     window (causal=True makes the window's right bound 0, as FlashAttention
-    does); softcap as attention's. deterministic is accepted and changes
-    nothing (it is about FlashAttention's backward; flashcore's forward is
-    deterministic).
+    does); softcap as attention's. Differentiable as attention's result is;
+    deterministic makes the backward pass's dq bitwise identical from run
+    to run, as FlashAttention's does (flashcore's forward, dk and dv are
+    deterministic either way).
 
     dropout_p != 0, alibi_slopes and return_attn_probs raise
     NotImplementedError naming the argument; for the log-sum-exp that
@@ -173,4 +176,4 @@ def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0, softma
     unbounded = (-1, 0) if causal else (-1, -1)  # what causal alone, or nothing, already masks
     window = None if (left, right) == unbounded else (left, right)
     return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window, softcap=softcap,
-                     layout="bshd")
+                     layout="bshd", deterministic=deterministic)

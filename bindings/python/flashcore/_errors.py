@@ -74,12 +74,6 @@ class LibraryError(FlashcoreError):
     package can use. Carries no status."""
 
 
-class NoBackwardError(FlashcoreError, RuntimeError):
-    """An input requires grad while grad mode is on, but flashcore computes
-    the forward pass only: its output would have no gradient path. Carries
-    no status (the library was not asked)."""
-
-
 ERROR_CLASSES = {
     cls.status_code: cls
     for cls in (

@@ -12,8 +12,8 @@
  * through the pointer the ctypes binding found.
  * What can change from call to call is still checked where the Python path
  * checks it: the addresses by flashcore_forward itself (it validates every
- * call), grad mode and requires_grad here (a call that needs the refusal
- * or detach logic goes back to Python).
+ * call), grad mode and requires_grad here (a call to be differentiated,
+ * or detached, goes back to Python).
  *
  * No torch headers and no link to torch or libflashcore: torch is reached
  * through the Python objects the package passes to configure(), the
@@ -244,7 +244,8 @@ static int probe_call(PyObject *args, Probe *p) {
     int read = read_options(p->layout, p->options, p->return_lse, &p->call_options);
     if (read <= 0) return read;
     /* A plan serves calls without grad only: where grad mode is on and an
-     * input requires grad, the Python path refuses (or detaches). */
+     * input requires grad, the Python path makes the call differentiable
+     * (or detaches). */
     PyObject *grad = PyObject_CallObject(torch_api.is_grad_enabled, NULL);
     if (grad == NULL) return -1;
     int grad_enabled = PyObject_IsTrue(grad);

@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "d2b98a6f98c63d5796a5f50ff8f53fbac97ba7bb349702292fa525cc9eab7c51"
+HEADER_SHA256 = "955a6e4c23d9fb8a9ef0db9490c5d740a3b171eea0be3846e0d9979180d552f9"
 
 
 # Assigning to a field of the structs below checks the value against the
@@ -21,12 +21,12 @@ except (ImportError, KeyError):  # loaded on its own (exec() with no __name__ ra
 
 FLASHCORE_VERSION_MAJOR = 0
 
-FLASHCORE_VERSION_MINOR = 6
+FLASHCORE_VERSION_MINOR = 7
 
 FLASHCORE_VERSION_PATCH = 0
 
 # MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 400 for 0.4.0.
-FLASHCORE_VERSION_NUMBER = 600
+FLASHCORE_VERSION_NUMBER = 700
 
 
 flashcore_status = ctypes.c_int  # C type of enum flashcore_status
@@ -321,6 +321,148 @@ class flashcore_forward_params(ctypes.Structure):
     __setattr__ = _checked_setattr
 
 
+# Everything one backward call needs. Logical shapes, as the forward's
+# (element strides, the last dimension contiguous):
+#   q, dq:     [batch_size, num_heads_q,  seqlen_q, head_dim]
+#   k, dk:     [batch_size, num_heads_kv, seqlen_k, head_dim]
+#   v, dv:     [batch_size, num_heads_kv, seqlen_k, head_dim_v]
+#   out, dout: [batch_size, num_heads_q,  seqlen_q, head_dim_v]
+#   lse:       [batch_size, num_heads_q,  seqlen_q], float32, contiguous
+#              (with cu_seqlens_q: [num_heads_q, total_seqlen_q]), as the
+#              forward wrote it.
+# dq, dk and dv have the dtype of q; each has strides of its own. Strides
+# follow the forward's rules (>= 0, multiples of FLASHCORE_ALIGNMENT /
+# sizeof(element)); every tensor pointer is FLASHCORE_ALIGNMENT aligned,
+# lse 4-byte aligned.
+#
+# Aliasing: dq, dk, dv and the workspace are written; they must not overlap
+# one another nor any input (q, k, v, out, dout, lse, seqused_k,
+# cu_seqlens_q, cu_seqlens_k), each taken as the address range from its
+# first to its last byte; the inputs may share memory. dq, dk and dv must not
+# overlap themselves either. Overlap returns FLASHCORE_STATUS_INVALID_ARGUMENT
+# naming the two tensors. dq doubles as scratch between the call's kernels
+# (it holds the row sums until the postprocess writes the gradient), so its
+# contents before the call do not matter.
+#
+# Written: every element of dq, dk and dv inside the call's sequences (rows
+# of queries that see no key get dq = 0; keys no query sees, and keys past
+# seqused_k[b], get dk = dv = 0). With cu_seqlens_q/_k, rows of the packed
+# tensors outside every sequence are not written.
+#
+# Empty calls: batch_size or num_heads_q 0 succeed having read, written and
+# launched nothing (workspace size 0, pointers and strides not looked at).
+# seqlen_q 0 (or total_seqlen_q 0 with cu_seqlens_q) with keys is not
+# empty: dq is, but dk and dv are written, as zeros (no query sees a key);
+# q, out, dout, dq and lse then hold nothing, and their pointers and
+# strides are not looked at.
+# seqlen_k must be >= 1 unless the call is empty, as in the forward.
+class flashcore_backward_params(ctypes.Structure):
+    """struct flashcore_backward_params; pointer fields are addresses (ints)."""
+
+    _fields_ = [
+        # sizeof(flashcore_backward_params) as the caller compiled it.
+        ("struct_size", ctypes.c_size_t),
+        # flashcore_dtype of q, k, v, out, dout, dq, dk, dv: FP16 or BF16
+        ("dtype", ctypes.c_int32),
+        ("batch_size", ctypes.c_int32),
+        ("seqlen_q", ctypes.c_int32),
+        ("seqlen_k", ctypes.c_int32),
+        ("num_heads_q", ctypes.c_int32),
+        ("num_heads_kv", ctypes.c_int32),
+        # of q and k: as flashcore_forward_params::head_dim
+        ("head_dim", ctypes.c_int32),
+        # of v and out; 0 (the default): head_dim
+        ("head_dim_v", ctypes.c_int32),
+        # As the forward's fields of the same names.
+        ("causal", ctypes.c_int32),
+        ("softmax_scale", ctypes.c_float),
+        ("use_window", ctypes.c_int32),
+        ("window_left", ctypes.c_int32),
+        ("window_right", ctypes.c_int32),
+        ("softcap", ctypes.c_float),
+        # Non-zero: bitwise-identical dq, dk and dv from run to run for the same
+        # inputs (the dQ accumulator's additions are made in a fixed order, which
+        # costs some speed). 0 (the default): the additions race, so dq may
+        # differ in its last bits from run to run; dk and dv are deterministic
+        # either way.
+        ("deterministic", ctypes.c_int32),
+        # Inputs.
+        ("q", ctypes.c_void_p),
+        ("k", ctypes.c_void_p),
+        ("v", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("dout", ctypes.c_void_p),
+        # required: the forward's lse
+        ("lse", ctypes.c_void_p),
+        # Outputs.
+        ("dq", ctypes.c_void_p),
+        ("dk", ctypes.c_void_p),
+        ("dv", ctypes.c_void_p),
+        # Element strides. flashcore_backward_set_contiguous_strides sets them
+        # for packed tensors.
+        ("q_batch_stride", ctypes.c_int64),
+        ("q_seq_stride", ctypes.c_int64),
+        ("q_head_stride", ctypes.c_int64),
+        ("k_batch_stride", ctypes.c_int64),
+        ("k_seq_stride", ctypes.c_int64),
+        ("k_head_stride", ctypes.c_int64),
+        ("v_batch_stride", ctypes.c_int64),
+        ("v_seq_stride", ctypes.c_int64),
+        ("v_head_stride", ctypes.c_int64),
+        ("out_batch_stride", ctypes.c_int64),
+        ("out_seq_stride", ctypes.c_int64),
+        ("out_head_stride", ctypes.c_int64),
+        ("dout_batch_stride", ctypes.c_int64),
+        ("dout_seq_stride", ctypes.c_int64),
+        ("dout_head_stride", ctypes.c_int64),
+        ("dq_batch_stride", ctypes.c_int64),
+        ("dq_seq_stride", ctypes.c_int64),
+        ("dq_head_stride", ctypes.c_int64),
+        ("dk_batch_stride", ctypes.c_int64),
+        ("dk_seq_stride", ctypes.c_int64),
+        ("dk_head_stride", ctypes.c_int64),
+        ("dv_batch_stride", ctypes.c_int64),
+        ("dv_seq_stride", ctypes.c_int64),
+        ("dv_head_stride", ctypes.c_int64),
+        # Ragged batches, as the forward's fields of the same names: seqused_k
+        # (keys past it get dk = dv = 0), and packed q/out/dout/dq with
+        # cu_seqlens_q and k/v/dk/dv with cu_seqlens_k (their batch strides then
+        # ignored), each NULL (the default) or a device int32 array.
+        ("seqused_k", ctypes.c_void_p),
+        ("cu_seqlens_q", ctypes.c_void_p),
+        ("cu_seqlens_k", ctypes.c_void_p),
+        ("total_seqlen_q", ctypes.c_int32),
+        ("total_seqlen_k", ctypes.c_int32),
+    ]
+    # Each field's C type as the header spells it (a line per run of fields of one
+    # type), against which flashcore/_fields.py checks assignments.
+    _c_types_ = {
+        "struct_size": "size_t",
+        "dtype": "int32_t", "batch_size": "int32_t", "seqlen_q": "int32_t", "seqlen_k": "int32_t",
+        "num_heads_q": "int32_t", "num_heads_kv": "int32_t", "head_dim": "int32_t", "head_dim_v": "int32_t",
+        "causal": "int32_t",
+        "softmax_scale": "float",
+        "use_window": "int32_t", "window_left": "int32_t", "window_right": "int32_t",
+        "softcap": "float",
+        "deterministic": "int32_t",
+        "q": "const void *", "k": "const void *", "v": "const void *", "out": "const void *",
+        "dout": "const void *",
+        "lse": "const float *",
+        "dq": "void *", "dk": "void *", "dv": "void *",
+        "q_batch_stride": "int64_t", "q_seq_stride": "int64_t", "q_head_stride": "int64_t",
+        "k_batch_stride": "int64_t", "k_seq_stride": "int64_t", "k_head_stride": "int64_t",
+        "v_batch_stride": "int64_t", "v_seq_stride": "int64_t", "v_head_stride": "int64_t",
+        "out_batch_stride": "int64_t", "out_seq_stride": "int64_t", "out_head_stride": "int64_t",
+        "dout_batch_stride": "int64_t", "dout_seq_stride": "int64_t", "dout_head_stride": "int64_t",
+        "dq_batch_stride": "int64_t", "dq_seq_stride": "int64_t", "dq_head_stride": "int64_t",
+        "dk_batch_stride": "int64_t", "dk_seq_stride": "int64_t", "dk_head_stride": "int64_t",
+        "dv_batch_stride": "int64_t", "dv_seq_stride": "int64_t", "dv_head_stride": "int64_t",
+        "seqused_k": "const int32_t *", "cu_seqlens_q": "const int32_t *", "cu_seqlens_k": "const int32_t *",
+        "total_seqlen_q": "int32_t", "total_seqlen_k": "int32_t",
+    }
+    __setattr__ = _checked_setattr
+
+
 # The largest num_states and head_dim flashcore_merge_params accepts.
 FLASHCORE_MERGE_MAX_NUM_STATES = 65536
 
@@ -510,6 +652,53 @@ FUNCTIONS = (
     ("flashcore_forward", flashcore_status, (
         ("handle", flashcore_handle),
         ("params", ctypes.POINTER(flashcore_forward_params)),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+        ("stream", ctypes.c_void_p),
+    )),
+    # Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,
+    # softmax_scale = default; everything else 0 (not causal, no window, no
+    # softcap, not deterministic). Pass sizeof(flashcore_backward_params).
+    ("flashcore_backward_params_init", flashcore_status, (
+        ("params", ctypes.POINTER(flashcore_backward_params)),
+        ("struct_size", ctypes.c_size_t),
+    )),
+    # Sets all 24 strides for densely packed tensors in the given layout, as
+    # flashcore_set_contiguous_strides does for the forward: dq like q, dk like
+    # k, dv like v, dout like out. The sizes and head dims must be set first;
+    # nothing is written on failure.
+    ("flashcore_backward_set_contiguous_strides", flashcore_status, (
+        ("params", ctypes.POINTER(flashcore_backward_params)),
+        ("layout", flashcore_layout),
+    )),
+    # Checks everything about *params that does not depend on the GPU, as
+    # flashcore_forward_check does: the status flashcore_backward would return
+    # before looking at the device.
+    ("flashcore_backward_check", flashcore_status, (
+        ("params", ctypes.POINTER(flashcore_backward_params)),
+    )),
+    # Bytes of device workspace flashcore_backward needs: the fp32 dQ
+    # accumulator, 4 * num_heads_q * head_dim bytes per query row (rows:
+    # batch_size * seqlen_q, or total_seqlen_q with cu_seqlens_q), rounded up to
+    # FLASHCORE_ALIGNMENT; 0 for an empty call. It depends only on the shapes
+    # (dtype, batch_size, seqlen_q, seqlen_k, num_heads_q, num_heads_kv,
+    # head_dim, head_dim_v, total_seqlen_q with cu_seqlens_q set), never on
+    # pointers, strides or options, so a buffer sized once serves every call of
+    # those shapes. The workspace needs no initialisation and must not be used
+    # by anything else until the call's work completes.
+    ("flashcore_backward_workspace_size", flashcore_status, (
+        ("handle", flashcore_handle),
+        ("params", ctypes.POINTER(flashcore_backward_params)),
+        ("workspace_bytes", ctypes.POINTER(ctypes.c_size_t)),
+    )),
+    # Queues the backward computation on `stream` on the handle's device and
+    # returns without waiting, as flashcore_forward does: workspace at least
+    # flashcore_backward_workspace_size bytes (FLASHCORE_STATUS_WORKSPACE_TOO_SMALL
+    # otherwise), FLASHCORE_ALIGNMENT aligned. Can be captured into a CUDA
+    # graph. Bad parameters return a status having queued nothing.
+    ("flashcore_backward", flashcore_status, (
+        ("handle", flashcore_handle),
+        ("params", ctypes.POINTER(flashcore_backward_params)),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
         ("stream", ctypes.c_void_p),

@@ -81,14 +81,15 @@ def _check_int32_sizes(info):
             raise InvalidArgumentError("%s has a dimension of %d, more than the C API's int32" % (info.name, size))
 
 
-def _check_lse(lse, want, words):
-    """lse: float32 of shape `want` (named `words`), contiguous, writable."""
+def _check_lse(lse, want, words, written=True):
+    """lse: float32 of shape `want` (named `words`), contiguous, and
+    writable where the call writes it."""
     if lse.shape != want or lse.dtype != "float32":
         raise InvalidArgumentError("lse must be float32 of shape %s = %s, got %s %s"
                                    % (words, list(want), lse.dtype, list(lse.shape)))
     if any(st != c for size, st, c in zip(lse.shape, lse.strides, contiguous_strides(lse.shape)) if size > 1):
         raise InvalidArgumentError("lse must be contiguous, got strides %s" % (list(lse.strides),))
-    if lse.readonly:
+    if written and lse.readonly:
         raise InvalidArgumentError("lse is read-only")
 
 
@@ -220,11 +221,12 @@ class _Geometry:
         self.lse_shape, self.lse_words = (batch, views[0].shape[1], seqlen_q), "[B, H, Sq]"
 
 
-def _validate(q, k, v, out, lse, layout, seqs=DENSE):
+def _validate(q, k, v, out, lse, layout, seqs=DENSE, written=True):
     """Checks what the C API cannot see (it takes one dtype and one set of
     sizes for all tensors) and returns the call's _Geometry; strides,
     alignment, head counts and supported sizes are left to the library's
-    own validation."""
+    own validation. written: whether the call writes out and lse (the
+    forward does; the backward reads them)."""
     packed_q, packed_kv = seqs.cu_seqlens_q is not None, seqs.cu_seqlens_k is not None
     paged = seqs.block_table is not None
     kv_words = _paged_words(layout) if paged else None
@@ -255,7 +257,7 @@ def _validate(q, k, v, out, lse, layout, seqs=DENSE):
         if out.shape != want:
             raise InvalidArgumentError("out must have q's shape with v's last dimension (head_dim_v), %s, got %s"
                                        % (list(want), list(out.shape)))
-        if out.readonly:
+        if written and out.readonly:
             raise InvalidArgumentError("out is read-only")
     for view in views:
         view.check_head_dim_contiguous()
@@ -281,7 +283,7 @@ def _validate(q, k, v, out, lse, layout, seqs=DENSE):
     if seqs.seqused_k is not None:
         _check_int32_vector(seqs.seqused_k, batch, "[B] = [%d] (one key count per sequence)" % batch)
     if lse is not None:
-        _check_lse(lse, geometry.lse_shape, geometry.lse_words)
+        _check_lse(lse, geometry.lse_shape, geometry.lse_words, written)
     arrays = (q, k, v, out, lse) + seqs.arrays()
     _check_one_device(arrays, _names(arrays))
     return geometry
@@ -317,12 +319,78 @@ def _build(lib, q, k, v, out, lse, layout, options, seqs=DENSE):
     return p
 
 
+# Why a paged call has no gradients, for the errors that say so.
+PAGED_BACKWARD = ("gradients through a paged KV cache (block_table) are not computed: flashcore_backward takes no "
+                  "paged caches. Run the call under torch.no_grad(), or pass detach=True to compute from the values "
+                  "alone")
+
+
+def _build_backward(lib, q, k, v, out, dout, lse, dq, dk, dv, layout, options, deterministic, seqs=DENSE):
+    """A flashcore_backward_params for described arrays (dout, dq, dk and dv
+    are out's, q's, k's and v's gradients: their shapes and dtype), _Options
+    (num_splits unused) and deterministic."""
+    if seqs.block_table is not None:
+        raise UnsupportedError(PAGED_BACKWARD)
+    why = {"out": " (the forward's output: the backward pass reads it)",
+           "lse": " (the forward's log-sum-exp: the backward pass recomputes the attention weights from it)"}
+    for info, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (dout, "dout"), (lse, "lse"), (dq, "dq"),
+                       (dk, "dk"), (dv, "dv")):
+        if info is None:
+            raise InvalidArgumentError("%s%s is required" % (name, why.get(name, "")))
+    geometry = _validate(q, k, v, out, lse, layout, seqs, written=False)
+    packed_q, packed_kv = seqs.cu_seqlens_q is not None, seqs.cu_seqlens_k is not None
+    grads = ((dout, out, packed_q), (dq, q, packed_q), (dk, k, packed_kv), (dv, v, packed_kv))
+    for grad, like, _ in grads:
+        if grad.shape != like.shape:
+            raise InvalidArgumentError("%s must have %s's shape %s, got %s"
+                                       % (grad.name, like.name, list(like.shape), list(grad.shape)))
+        if grad.dtype != q.dtype:
+            raise InvalidArgumentError("%s has dtype %s but q has %s: all must match"
+                                       % (grad.name, grad.dtype, q.dtype))
+    for grad in (dq, dk, dv):
+        if grad.readonly:
+            raise InvalidArgumentError("%s is read-only" % grad.name)
+    views = list(geometry.views)
+    for grad, _, packed in grads:
+        view = _View(grad, layout, packed=packed)
+        view.check_head_dim_contiguous()
+        views.append(view)
+    arrays = (q, k, v, out, dout, lse, dq, dk, dv) + seqs.arrays()
+    _check_one_device(arrays, _names(arrays))
+    qv, kv, vv = views[:3]
+    p = lib.new_backward_params()
+    p.dtype = DTYPES[q.dtype]
+    p.causal = options.causal
+    p.softmax_scale = options.scale
+    p.softcap = options.softcap
+    use_window, window_left, window_right = options.window
+    set_fields(p, batch_size=geometry.batch, num_heads_q=qv.shape[1], seqlen_q=geometry.seqlen_q,
+               head_dim=qv.shape[3], head_dim_v=vv.shape[3], num_heads_kv=kv.shape[1], seqlen_k=geometry.seqlen_k,
+               use_window=use_window, window_left=window_left, window_right=window_right,
+               deterministic=1 if deterministic else 0, lse=lse.ptr, seqused_k=_address(seqs.seqused_k),
+               cu_seqlens_q=_address(seqs.cu_seqlens_q), cu_seqlens_k=_address(seqs.cu_seqlens_k),
+               total_seqlen_q=geometry.total_q, total_seqlen_k=geometry.total_k)
+    for prefix, view in zip(("q", "k", "v", "out", "dout", "dq", "dk", "dv"), views):
+        fields = {prefix: view.info.ptr}
+        for stride, what in zip(view.aligned_strides(), ("batch", "head", "seq")):
+            fields["%s_%s_stride" % (prefix, what)] = stride
+        set_fields(p, **fields)
+    return p
+
+
 def _is_empty(params):
     """Whether the call's output is empty (flashcore.h: batch_size, seqlen_q
     or num_heads_q 0, or packed queries of no rows): the library then does
     nothing, and neither do we."""
     return (0 in (params.batch_size, params.seqlen_q, params.num_heads_q)
             or (params.cu_seqlens_q is not None and params.total_seqlen_q == 0))
+
+
+def _backward_is_empty(params):
+    """Whether a backward call has nothing to compute (flashcore.h: batch_size
+    or num_heads_q 0; unlike the forward, no query rows with keys still
+    gives dk = dv = 0)."""
+    return 0 in (params.batch_size, params.num_heads_q)
 
 
 def _hint_bshd(error, q, k, v, layout, seqs):

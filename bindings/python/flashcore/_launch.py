@@ -1,5 +1,6 @@
 """Queuing a prepared call on the GPU: the workspace, the handle and
-flashcore_forward. launch() takes any call _planning.prepare() made;
+flashcore_forward (flashcore_backward: launch_backward()). launch() takes
+any call _planning.prepare() made;
 launch_plain() is the quicker way of a planned call on plain torch
 tensors queued on torch's current stream (every step of it is host time
 on every call: issue 18), and what it served is what the compiled path
@@ -21,6 +22,13 @@ class _Params(_ffi.flashcore_forward_params):
     so are known to fit a pointer. Its fields are assigned unchecked
     (flashcore.ForwardParams checks each assignment, which is host time on
     every call); it is a ForwardParams for every other purpose."""
+
+    __setattr__ = ctypes.Structure.__setattr__
+
+
+class _BackwardParams(_ffi.flashcore_backward_params):
+    """The params of a planned backward call, assigned unchecked as
+    _Params are; a flashcore.BackwardParams for every other purpose."""
 
     __setattr__ = ctypes.Structure.__setattr__
 
@@ -201,3 +209,24 @@ def launch_plain(plan, addresses, q, out, return_lse):
             handle.forward_unchecked(params, workspace.data_ptr(), workspace_bytes, stream)
             del workspace
     return (out, lse) if return_lse else out
+
+
+def launch_backward(params, plan):
+    """Queues a backward call (_planning.prepare_backward's params and plan)
+    on torch's current stream of its device, its workspace (the fp32 dQ
+    accumulator, as large as dq in float32) a new tensor from torch's
+    caching allocator, which orders its reuse after the call."""
+    if plan.empty:
+        return
+    api = _torch_api or _load_torch_api()
+    handle = get_handle(plan.device)
+    workspace_bytes = plan.workspace_bytes
+    if workspace_bytes is None:
+        workspace_bytes = plan.workspace_bytes = handle.backward_workspace_size(params)
+    stream = api.current_stream(plan.device)
+    if not workspace_bytes:
+        handle.backward_unchecked(params, 0, 0, stream)
+        return
+    workspace = api.empty((workspace_bytes,), dtype=api.uint8, device=plan.torch_device)
+    handle.backward_unchecked(params, workspace.data_ptr(), workspace_bytes, stream)
+    del workspace

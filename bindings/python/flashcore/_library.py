@@ -25,6 +25,7 @@ UNKNOWN_STATUS = "unknown status"
 _C_INT_RANGE = int_range(ctypes.c_int)
 # Where the low-level calls' params come from, for messages.
 FORWARD_PARAMS_FROM = "from flashcore.forward_params()"
+BACKWARD_PARAMS_FROM = "from flashcore.backward_params()"
 MERGE_PARAMS_FROM = "from flashcore.merge_params()"
 
 
@@ -324,6 +325,10 @@ class Library:
         """A flashcore_forward_params set up by flashcore_forward_params_init."""
         return self._new_struct(_ffi.flashcore_forward_params, self.cdll.flashcore_forward_params_init)
 
+    def new_backward_params(self):
+        """A flashcore_backward_params set up by flashcore_backward_params_init."""
+        return self._new_struct(_ffi.flashcore_backward_params, self.cdll.flashcore_backward_params_init)
+
     def new_merge_params(self):
         """A flashcore_merge_params set up by flashcore_merge_params_init."""
         return self._new_struct(_ffi.flashcore_merge_params, self.cdll.flashcore_merge_params_init)
@@ -423,6 +428,31 @@ class Handle:
         each conversion is host time."""
         status = self._lib.cdll.flashcore_forward(self._live(), ctypes.byref(params), workspace or None,
                                                   workspace_bytes, stream or None)
+        if status:
+            self._lib.check(status)
+
+    def backward_workspace_size(self, params):
+        """Bytes of workspace flashcore_backward needs for params (a
+        flashcore.BackwardParams): the fp32 dQ accumulator."""
+        params = struct_ref(params, _ffi.flashcore_backward_params, "params", BACKWARD_PARAMS_FROM)
+        size = ctypes.c_size_t(0)
+        self._lib.check(self._lib.cdll.flashcore_backward_workspace_size(self._live(), params, ctypes.byref(size)))
+        return size.value
+
+    def backward(self, params, workspace=0, workspace_bytes=0, stream=0):
+        """Queues flashcore_backward (a flashcore.BackwardParams, e.g. from
+        flashcore.backward_params). workspace and stream are raw addresses
+        (ints)."""
+        struct_ref(params, _ffi.flashcore_backward_params, "params", BACKWARD_PARAMS_FROM)
+        self.backward_unchecked(params, fits(workspace or None, ctypes.c_void_p, "workspace"),
+                                fits(workspace_bytes, ctypes.c_size_t, "workspace_bytes"),
+                                fits(stream or None, ctypes.c_void_p, "stream"))
+
+    def backward_unchecked(self, params, workspace, workspace_bytes, stream):
+        """backward() for arguments known to fit their C types, as
+        forward_unchecked()."""
+        status = self._lib.cdll.flashcore_backward(self._live(), ctypes.byref(params), workspace or None,
+                                                   workspace_bytes, stream or None)
         if status:
             self._lib.check(status)
 

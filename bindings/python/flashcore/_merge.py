@@ -1,11 +1,12 @@
 """flashcore.merge_states: merging attention results computed over parts of
 the keys (flashcore_merge_states), and the parameter building under it."""
 
+import sys
 from typing import Any, Optional, Tuple, Union
 
 from . import _ffi
 from ._arguments import _layout
-from ._arrays import Array, allocate, check_known_to_driver, describe, describe_first
+from ._arrays import Array, allocate, check_known_to_driver, describe, describe_first, is_torch
 from ._checked import set_fields
 from ._errors import InvalidArgumentError, UnsupportedError
 from ._geometry import _View, _check_int32_sizes, _check_lse, _check_one_device
@@ -145,7 +146,16 @@ def merge_states(partial_out: Array, partial_lse: Array, *, out: Optional[Array]
 
     Returns without waiting for the GPU. Raises flashcore.FlashcoreError
     subclasses carrying the library's status and message.
+
+    Not differentiable: a partial_out that requires grad while grad mode is
+    on raises UnsupportedError rather than giving a result without a
+    gradient path (attention's lse has no gradient either, so train on the
+    attention over all the keys, or merge under torch.no_grad()).
     """
+    if is_torch(partial_out) and partial_out.requires_grad and sys.modules["torch"].is_grad_enabled():
+        raise UnsupportedError("merge_states has no backward pass, and partial_out requires grad: the result would "
+                               "have no gradient path. Merge under torch.no_grad() (or pass partial_out.detach()), "
+                               "or train on attention over all the keys")
     layout = _layout(layout)
     wanted = None if out_dtype is None else _dtype_name(out_dtype)
     pi, s = describe_first(partial_out, "partial_out", stream)

@@ -1,14 +1,13 @@
 """The modes of torch that decide how a call runs: whether torch.compile or
-torch.export is tracing it (the call is then the torch operator
-flashcore::forward, _torch_ops), and grad mode with inputs that require
-grad (refused: flashcore computes the forward pass only). Nothing here
-imports torch."""
+torch.export is tracing it, and whether it must be differentiable (grad
+mode on, an input that requires grad): either way the call is the torch
+operator flashcore::forward (_torch_ops), whose autograd formula is the
+backward pass. Nothing here imports torch."""
 
 import os
 import sys
 
 from ._arrays import is_torch
-from ._errors import NoBackwardError
 
 DETACH_ENV = "FLASHCORE_DETACH"
 
@@ -20,31 +19,21 @@ def tracing() -> bool:
     return torch is not None and torch.compiler.is_compiling()
 
 
-def refuse_grad(q, k, v, detach):
-    """Raises NoBackwardError where q, k or v is a torch tensor that requires
-    grad while grad mode is on: the result would silently have no gradient
-    path. detach=True, or FLASHCORE_DETACH=1 in the environment, says the
-    caller knows (inference code that leaves requires_grad on). Returns
-    whether an input requires grad that detach lets through."""
-    culprits = [name for name, x in (("q", q), ("k", k), ("v", v)) if is_torch(x) and x.requires_grad]
-    if not culprits or not sys.modules["torch"].is_grad_enabled():
+def requires_grad(q, k, v):
+    """Whether q, k or v is a torch tensor that requires grad while grad mode
+    is on: what autograd would differentiate."""
+    for x in (q, k, v):
+        if is_torch(x) and x.requires_grad:
+            return sys.modules["torch"].is_grad_enabled()
+    return False
+
+
+def wants_grad(q, k, v, detach):
+    """Whether the call must give a result autograd can differentiate
+    (requires_grad()), unless detach=True, or FLASHCORE_DETACH=1 in the
+    environment, says to compute from the values alone (inference code that
+    leaves requires_grad on, and wants neither the graph nor the lse that
+    a differentiable call keeps for the backward pass)."""
+    if detach or not requires_grad(q, k, v):
         return False
-    if detach or os.environ.get(DETACH_ENV) == "1":
-        return True
-    _raise_no_backward(tuple(culprits))
-
-
-def _raise_no_backward(culprits):
-    raise NoBackwardError(
-        "%s %s grad, but flashcore computes the forward pass only: the result would have no gradient path. Run "
-        "inference under torch.no_grad() or torch.inference_mode(), pass detach=True (or set %s=1) to compute "
-        "from the values alone, or train with torch.nn.functional.scaled_dot_product_attention"
-        % (culprits[0] if len(culprits) == 1 else "%s and %s" % (", ".join(culprits[:-1]), culprits[-1]),
-           "requires" if len(culprits) == 1 else "require", DETACH_ENV))
-
-
-# Dynamo cannot build the exception in traced code, but raises it from
-# there (inside its own error, the message kept) where the function is run
-# at trace time: the mark torch.compiler.assume_constant_result sets, set
-# here without importing torch.
-_raise_no_backward._dynamo_marked_constant = True
+    return os.environ.get(DETACH_ENV) != "1"

@@ -20,10 +20,10 @@ from ._arguments import _layout, _options
 from ._arrays import (allocate, cai_signature, check_known_to_driver, contiguous_strides, cuda_driver, describe,
                       describe_first, pointer_device, stream_pointer)
 from ._errors import InvalidArgumentError
-from ._geometry import _build, _hint_bshd, _is_empty, _names, _one_device, _out_shape, _sequences, _validate
-from ._launch import _Call, _new, _Params, torch_current_stream
+from ._geometry import (_backward_is_empty, _build, _build_backward, _hint_bshd, _is_empty, _names, _one_device,
+                        _out_shape, _sequences, _validate)
+from ._launch import _BackwardParams, _Call, _new, _Params, torch_current_stream
 from ._library import library
-from ._modes import refuse_grad
 
 # Fields of flashcore_forward_params holding the arrays' addresses, in the
 # order plan_of takes the arrays.
@@ -90,9 +90,7 @@ def plan_of(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, wor
     in POINTER_FIELDS order (None where not given); addresses: theirs.
     NOT_PLANNED unless every array given is a torch tensor (not a
     subclass) or has a cai_signature(), and every option is a plain value.
-    A torch tensor's part of the key is its shape, strides, dtype, device
-    index (-1 for the CPU: never planned, the full path refuses it) and
-    requires_grad; each part comes after the array's index."""
+    The arrays' parts of the key are _array_key()'s."""
     if workspace is not None:
         return NOT_PLANNED
     causal, softmax_scale, num_splits, window, softcap = options
@@ -105,10 +103,27 @@ def plan_of(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, wor
             and (max_seqlen_q is None or type(max_seqlen_q) is int)
             and (max_seqlen_k is None or type(max_seqlen_k) is int)):
         return NOT_PLANNED
+    keyed = _array_key([layout, 1 if causal else 0, softmax_scale, num_splits, window, softcap, bool(return_lse),
+                        max_seqlen_q, max_seqlen_k], arrays)
+    if keyed is None:
+        return NOT_PLANNED
+    key, addresses, q_stream = keyed
+    try:
+        return key, _plans.get(key), addresses, q_stream
+    except TypeError:  # an unhashable entry (a list for a shape): the full path reads it
+        return NOT_PLANNED
+
+
+def _array_key(key, arrays):
+    """(key, addresses, q's __cuda_array_interface__ stream): key (a list of
+    the call's options) with each array's part appended after its index,
+    as a tuple, and the arrays' addresses (None where not given); None
+    where an array is neither a torch tensor (not a subclass) nor has a
+    cai_signature(). A torch tensor's part is its shape, strides, dtype,
+    device index (-1 for the CPU: never planned, the full path refuses it)
+    and requires_grad."""
     torch = sys.modules.get("torch")
     tensor_type = None if torch is None else torch.Tensor
-    key = [layout, 1 if causal else 0, softmax_scale, num_splits, window, softcap, bool(return_lse), max_seqlen_q,
-           max_seqlen_k]
     addresses = [None] * len(arrays)
     q_stream = None
     for i, a in enumerate(arrays):
@@ -120,16 +135,12 @@ def plan_of(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, wor
             continue
         found = cai_signature(a)
         if found is None:
-            return NOT_PLANNED
+            return None
         key += (i, found[0])
         addresses[i] = found[1]
         if not i:
             q_stream = found[2]
-    key = tuple(key)
-    try:
-        return key, _plans.get(key), addresses, q_stream
-    except TypeError:  # an unhashable entry (a list for a shape): the full path reads it
-        return NOT_PLANNED
+    return tuple(key), addresses, q_stream
 
 
 def _keep_plan(key, params, infos, out_shape, lse_shape, device):
@@ -237,24 +248,100 @@ def _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, wor
     return _Call(result, params, device, s, qi, given)
 
 
-def prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k=None,
-            cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None,
-            seqused_k_name="seqused_k", planned=None):
+def prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, seqused_k=None, cu_seqlens_q=None,
+            max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None, seqused_k_name="seqused_k",
+            planned=None):
     """Everything a forward call does before it asks for a handle: a _Call
     for launch(), from the call's plan, or from the full path, which keeps
-    the plan it makes under the call's key. options: (causal,
-    softmax_scale, num_splits, window, softcap) as the caller gave them;
-    the keywords up to seqused_k_name are _sequences'. planned: plan_of's
-    answer for this call, where the caller has it already."""
+    the plan it makes under the call's key. The result has no gradient
+    path: calls that need one are flashcore::forward's (_torch_ops), which
+    comes here below autograd. options: (causal, softmax_scale,
+    num_splits, window, softcap) as the caller gave them; the keywords up
+    to seqused_k_name are _sequences'. planned: plan_of's answer for this
+    call, where the caller has it already."""
     if planned is None:
         planned = plan_of((q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table), layout, options,
                           return_lse, max_seqlen_q, max_seqlen_k, workspace)
     key, plan, addresses, q_stream = planned
-    if plan is None or plan.requires_grad:
-        refuse_grad(q, k, v, detach)
     if plan is not None:
         return _prepare_cached(plan, addresses, q_stream, out, lse, return_lse, stream)
     sequences = dict(seqused_k=seqused_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                      cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k, block_table=block_table,
                      seqused_k_name=seqused_k_name)
     return _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, workspace, sequences, key)
+
+
+# --------------------------------------------------------------------------
+# The backward pass (flashcore::backward, on torch tensors): planned as the
+# forward is, under a key of the arrays and options.
+# --------------------------------------------------------------------------
+
+# Fields of flashcore_backward_params holding the arrays' addresses, in the
+# order prepare_backward takes the arrays.
+BACKWARD_POINTER_FIELDS = ("q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv", "seqused_k", "cu_seqlens_q",
+                           "cu_seqlens_k")
+_backward_plans = {}
+
+
+class _BackwardPlan:
+    """What the full path made of one backward key: the params struct but
+    for its addresses (template), whether the call has nothing to compute
+    (empty), q's device (index and torch.device) and the workspace size
+    once asked (it depends on the shapes alone)."""
+
+    __slots__ = ("template", "empty", "device", "torch_device", "workspace_bytes")
+
+
+def backward_in_full(arrays, layout, options, deterministic, max_seqlen_q, max_seqlen_k, stream=0):
+    """The full path of a backward call: the arrays (BACKWARD_POINTER_FIELDS
+    order, None where not given) described on `stream` and checked, and
+    (the flashcore_backward_params built of them, q's device). options:
+    (causal, softmax_scale, window, softcap) as the caller gave them."""
+    causal, softmax_scale, window, softcap = options
+    layout = _layout(layout)
+    options = _options(causal, softmax_scale, None, window, softcap)
+    infos = [None if a is None else describe(a, name, stream) for a, name in zip(arrays[:9], BACKWARD_POINTER_FIELDS)]
+    seqs = _sequences(stream, seqused_k=arrays[9], cu_seqlens_q=arrays[10], max_seqlen_q=max_seqlen_q,
+                      cu_seqlens_k=arrays[11], max_seqlen_k=max_seqlen_k)
+    try:
+        return _build_backward(library(), *infos, layout, options, deterministic, seqs), infos[0].device
+    except InvalidArgumentError as e:
+        raise _hint_bshd(e, infos[0], infos[1], infos[2], layout, seqs) from None
+
+
+def prepare_backward(arrays, layout, options, deterministic, max_seqlen_q, max_seqlen_k):
+    """(params, plan) of a backward call on torch tensors: arrays in
+    BACKWARD_POINTER_FIELDS order (None where not given), options (causal,
+    softmax_scale, window, softcap) as flashcore::backward has them. A
+    call whose key was seen before gets its plan's params with its own
+    addresses (flashcore_backward checks them, alignment and overlaps, on
+    every call); else the full path builds and checks them
+    (flashcore_backward_check) and keeps the plan."""
+    causal, softmax_scale, window, softcap = options
+    keyed = _array_key([layout, bool(causal), softmax_scale, None if window is None else tuple(window), softcap,
+                        bool(deterministic), max_seqlen_q, max_seqlen_k], arrays)
+    key, addresses = (None, None) if keyed is None else keyed[:2]
+    try:
+        plan = None if key is None else _backward_plans.get(key)
+    except TypeError:  # an unhashable entry: the full path reads it
+        key = plan = None
+    if plan is not None:
+        params = _BackwardParams.from_buffer_copy(plan.template)
+        for field, address in zip(BACKWARD_POINTER_FIELDS, addresses):
+            if address is not None:
+                setattr(params, field, address)
+        return params, plan
+    params, device = backward_in_full(arrays, layout, options, deterministic, max_seqlen_q, max_seqlen_k)
+    lib = library()
+    lib.check(lib.cdll.flashcore_backward_check(ctypes.byref(params)))
+    plan = _BackwardPlan()
+    plan.template = bytes(params)
+    plan.empty = _backward_is_empty(params)
+    plan.device = device
+    plan.torch_device = arrays[0].device
+    plan.workspace_bytes = None
+    if key is not None:
+        if len(_backward_plans) >= MAX_PLANS:
+            _backward_plans.clear()
+        _backward_plans[key] = plan
+    return params, plan

@@ -1,36 +1,63 @@
-"""flashcore's forward as a PyTorch operator, flashcore::forward: a
-torch.library.custom_op with a fake (meta) implementation, so that
-torch.compile and torch.export trace calls of flashcore.attention (and of
-attention_varlen, attention_with_kvcache, sdpa, flash_attn_func) into their
-graphs, and CUDA graphs capture them.
+"""flashcore as PyTorch operators: flashcore::forward and
+flashcore::backward, torch.library.custom_op's with fake (meta)
+implementations, the backward registered as the forward's autograd
+formula (register_autograd): torch.compile and torch.export trace calls of
+flashcore.attention (and of attention_varlen, attention_with_kvcache, sdpa,
+flash_attn_func) into their graphs, the backward pass included, and CUDA
+graphs capture them.
 
-Nothing here imports torch: the operator is registered when flashcore is
-imported after torch, else on first use (register_torch_ops()). Eager calls
-do not go through it: they call the library directly, which is faster
-(_planning.prepare and _launch.launch); the operator's implementation is
-that same call."""
+Nothing here imports torch: the operators are registered when flashcore is
+imported after torch, else on first use (register_torch_ops()). Eager
+calls that need no gradient do not go through them: they call the library
+directly, which is faster (_planning.prepare and _launch.launch); the
+forward operator's implementation is that same call. Eager calls that do
+need one (an input that requires grad, grad mode on) are flashcore::forward
+too, so that eager and compiled training share one autograd formula."""
 
 import sys
 
 from ._arguments import _layout, _options
+from ._arrays import is_torch
+from ._backward import gradients
+from ._errors import UnsupportedError
+from ._geometry import PAGED_BACKWARD
 from ._launch import launch
-from ._modes import refuse_grad
+from ._modes import requires_grad, wants_grad
 from ._planning import prepare
 
 OPERATOR = "flashcore::forward"
+BACKWARD_OPERATOR = "flashcore::backward"
+# flashcore::forward's arguments that have a gradient: q, k and v, its first
+# three; the others (the integer arrays and the options) have none.
+DIFFERENTIABLE_ARGUMENTS = 3
 _registered = []
 
 
 def register_torch_ops():
-    """Registers the torch operator flashcore::forward (once; needs torch)
-    and returns it; torch.ops.flashcore.forward is then the same operator.
+    """Registers the torch operators flashcore::forward and
+    flashcore::backward (once; needs torch) and returns the forward one;
+    torch.ops.flashcore.forward and torch.ops.flashcore.backward are then
+    the same operators.
 
     flashcore::forward(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k,
     block_table, max_seqlen_q, max_seqlen_k, layout, causal, softmax_scale,
-    num_splits, window, softcap, return_lse) -> (out, lse) is
-    flashcore.attention's forward with every option spelled out (window a
-    list [left, right] or None), on torch's current stream; lse is an empty
-    tensor unless return_lse. It has no autograd formula."""
+    num_splits, window, softcap, return_lse, deterministic=False) ->
+    (out, lse) is flashcore.attention's forward with every option spelled
+    out (window a list [left, right] or None), on torch's current stream;
+    lse is an empty tensor unless return_lse. Its autograd formula gives
+    the gradients of q, k and v (None for the other arguments) through
+    flashcore::backward, from the lse: a call to be differentiated needs
+    return_lse=True (flashcore.attention asks for it), and no block_table.
+    lse itself is not differentiable. deterministic is for the backward
+    pass (the forward's results are deterministic either way).
+
+    flashcore::backward(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q,
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout, causal,
+    softmax_scale, window, softcap, deterministic) -> (dq, dk, dv) is
+    flashcore_backward on torch's current stream: the forward call's
+    tensors and options, dout the gradient of out; dq, dk and dv are new
+    tensors of q's, k's and v's shapes and strides. deterministic is or'ed
+    with torch.are_deterministic_algorithms_enabled() when it runs."""
     if _registered:
         return _registered[0]
     import torch
@@ -51,11 +78,10 @@ def register_torch_ops():
     def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
                 cu_seqlens_k: Optional[Tensor], block_table: Optional[Tensor], max_seqlen_q: Optional[int],
                 max_seqlen_k: Optional[int], layout: str, causal: bool, softmax_scale: Optional[float],
-                num_splits: Optional[int], window: Optional[List[int]], softcap: float,
-                return_lse: bool) -> Tuple[Tensor, Tensor]:
+                num_splits: Optional[int], window: Optional[List[int]], softcap: float, return_lse: bool,
+                deterministic: bool = False) -> Tuple[Tensor, Tensor]:
         options = (causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap)
-        # detach: the callers (traced_forward) refused or detached inputs that require grad already.
-        call = prepare(q, k, v, layout, options, None, None, return_lse, None, None, True, seqused_k=seqused_k,
+        call = prepare(q, k, v, layout, options, None, None, return_lse, None, None, seqused_k=seqused_k,
                        cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
                        max_seqlen_k=max_seqlen_k, block_table=block_table)
         result = launch(call)
@@ -63,13 +89,50 @@ def register_torch_ops():
 
     @forward.register_fake
     def _(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, layout, causal,
-          softmax_scale, num_splits, window, softcap, return_lse):
+          softmax_scale, num_splits, window, softcap, return_lse, deterministic=False):
         # The options are checked while tracing (they are constants), the arrays when the call runs.
         _layout(layout)
         _options(causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap)
         out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
         return out, q.new_empty(lse_shape(q, cu_seqlens_q, layout, return_lse), dtype=torch.float32)
 
+    @torch.library.custom_op(BACKWARD_OPERATOR, mutates_args=())
+    def backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                 seqused_k: Optional[Tensor], cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+                 max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], layout: str, causal: bool,
+                 softmax_scale: Optional[float], window: Optional[List[int]], softcap: float,
+                 deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+        return gradients(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         layout, causal, softmax_scale, window, softcap, deterministic)
+
+    @backward.register_fake
+    def _(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout, causal,
+          softmax_scale, window, softcap, deterministic):
+        # As gradients(): each gradient like its tensor (zeros_like and empty_like give the same strides).
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def setup_context(ctx, inputs, output):
+        (q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, layout, causal,
+         softmax_scale, num_splits, window, softcap, return_lse, deterministic) = inputs
+        out, lse = output
+        if block_table is not None:
+            _refuse_paged()
+        if not return_lse:
+            raise ValueError("flashcore::forward computes gradients from its lse: call it with return_lse=True "
+                             "where q, k or v requires grad (flashcore.attention does)")
+        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k)
+        ctx.options = (max_seqlen_q, max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic)
+
+    def differentiate(ctx, dout, dlse):
+        # dlse: lse is marked non-differentiable, so this is zeros.
+        q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        grads = torch.ops.flashcore.backward(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k,
+                                             *ctx.options)
+        wanted = tuple(g if needed else None for g, needed in zip(grads, ctx.needs_input_grad))
+        return wanted + (None,) * (len(ctx.needs_input_grad) - DIFFERENTIABLE_ARGUMENTS)
+
+    forward.register_autograd(differentiate, setup_context=setup_context)
     _registered.append(forward)
     return forward
 
@@ -136,29 +199,63 @@ def _refuse_options(layout, options):
 _refuse_options._dynamo_marked_constant = True
 
 
-def traced_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k=None,
-                   cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None):
-    """_attention._forward while torch.compile or torch.export traces: the
-    call as flashcore::forward. out= and lse= are copied into (an operator
-    that writes its arguments would need them functionalized anyway)."""
+def _refuse_paged():
+    """Raises the error of a differentiable call with a block_table."""
+    raise UnsupportedError(PAGED_BACKWARD)
+
+
+# Under torch.compile, run as it is, outside the trace (Dynamo cannot build
+# the exception in traced code).
+_refuse_paged._dynamo_marked_constant = True
+
+# Why stream= and workspace= are not taken by an operator call, in its two
+# cases: traced, and eager with gradients.
+_UNDER_COMPILE = "under torch.compile"
+_WITH_GRAD = "where q, k or v requires grad (the call is then the torch operator flashcore::forward)"
+
+
+def operator_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k=None,
+                     cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None,
+                     deterministic=False):
+    """_attention._forward's call as flashcore::forward: while torch.compile
+    or torch.export traces, and for calls to be differentiated
+    (_modes.wants_grad). A differentiable call asks the operator for the
+    lse, which its autograd formula needs, whether or not the caller
+    does; detach=True (or FLASHCORE_DETACH=1) computes from the values of
+    inputs that require grad, the result without a gradient path. out= and
+    lse= are copied into (an operator that writes its arguments would need
+    them functionalized anyway; out then has the gradient path)."""
+    where = _UNDER_COMPILE if sys.modules["torch"].compiler.is_compiling() else _WITH_GRAD
     if stream is not None:
-        raise TypeError("stream= is not taken under torch.compile: flashcore::forward runs on torch's current "
-                        "stream (put the compiled call under torch.cuda.stream(...) instead)")
+        if where is _UNDER_COMPILE:
+            raise TypeError("stream= is not taken under torch.compile: flashcore::forward runs on torch's current "
+                            "stream (put the compiled call under torch.cuda.stream(...) instead)")
+        raise TypeError("stream= is not taken %s: it runs on torch's current stream, as its backward does (put the "
+                        "call under torch.cuda.stream(...) instead)" % where)
     if workspace is not None:
-        raise TypeError("workspace= is not taken under torch.compile: flashcore::forward allocates its workspace "
-                        "from torch's caching allocator")
+        raise TypeError("workspace= is not taken %s: flashcore::forward allocates its workspace from torch's caching "
+                        "allocator" % where)
     if _unconvertible(layout, options):
         _refuse_options(layout, options)
     _ensure_registered()
     torch = sys.modules["torch"]
-    if refuse_grad(q, k, v, detach):
+    differentiable = wants_grad(q, k, v, detach)
+    if differentiable:
+        if block_table is not None:
+            _refuse_paged()
+        for x, name in ((k, "k"), (v, "v"), (seqused_k, "seqused_k"), (cu_seqlens_q, "cu_seqlens_q"),
+                        (cu_seqlens_k, "cu_seqlens_k")):
+            if x is not None and not is_torch(x):
+                raise TypeError("gradients are computed for torch tensors: %s is a %s (pass detach=True, or run under "
+                                "torch.no_grad(), to compute from the values alone)" % (name, type(x).__name__))
+    elif requires_grad(q, k, v):
         q, k, v = q.detach(), k.detach(), v.detach()
     causal, softmax_scale, num_splits, window, softcap = options
     result, result_lse = torch.ops.flashcore.forward(
         q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, _layout_name(layout),
         bool(causal), None if softmax_scale is None else float(softmax_scale), num_splits,
         None if window is None else [int(window[0]), int(window[1])], float(softcap),
-        bool(return_lse) or lse is not None)
+        bool(return_lse) or lse is not None or differentiable, bool(deterministic))
     if out is not None:
         out.copy_(result)
         result = out

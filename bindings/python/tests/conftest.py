@@ -9,7 +9,7 @@ except ImportError:  # not installed: use the source tree
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import flashcore
 
-from fc_testing import RecordingHandle, skip_or_fail
+from fc_testing import FakeGpuHandle, RecordingHandle, skip_or_fail
 
 
 def pytest_report_header(config):
@@ -78,3 +78,31 @@ def queued(lib, monkeypatch):
     monkeypatch.setattr(flashcore._launch, "get_handle", lambda device=None: handle)
     monkeypatch.setattr(flashcore._planning, "check_known_to_driver", lambda infos: None)
     return handle.queued
+
+
+@pytest.fixture
+def fake_gpu(lib, monkeypatch):
+    """A FakeGpuHandle that every call on torch CPU tensors is queued to, the
+    tensors described as device 0's and planned as a GPU's would be (the
+    plans start empty), on stream 0, outside any CUDA graph capture. Skips
+    without torch."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    from flashcore import _arrays, _launch, _planning
+
+    def as_on_device_0(x, name):
+        return _arrays.ArrayInfo(x, name, x.data_ptr(), x.shape, x.stride(), str(x.dtype)[6:], x.element_size(), 0,
+                                 "torch")
+
+    handle = FakeGpuHandle(torch)
+    monkeypatch.setattr(_arrays, "_from_torch", as_on_device_0)
+    monkeypatch.setattr(_arrays, "current_stream", lambda info: 0)
+    monkeypatch.setattr(_planning, "check_known_to_driver", lambda infos: None)
+    monkeypatch.setattr(_planning, "allocate", lambda like, shape, dtype, stream, what: torch.empty(
+        shape, dtype=like.obj.dtype if dtype is None else getattr(torch, dtype)))
+    monkeypatch.setattr(_planning, "_plans", {})
+    monkeypatch.setattr(_planning, "_backward_plans", {})
+    monkeypatch.setattr(_launch, "get_handle", lambda device=None: handle)
+    api = _launch.torch_api()
+    monkeypatch.setattr(api, "current_stream", lambda device: 0)
+    monkeypatch.setattr(api, "capturing", lambda: False)
+    return handle

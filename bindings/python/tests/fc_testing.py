@@ -153,3 +153,66 @@ def need_head_dim(d):
     if covering_pair(flashcore.supported_head_dims(), d, d) is None:
         pytest.skip("this build has no kernel covering head_dim %d: %s" % (d, flashcore.supported_head_dims()))
 
+
+
+class FakeGpuHandle:
+    """Stands in for a GPU's Handle for torch CPU tensors described as device
+    0's (the fake_gpu fixture): queued holds (path, params copy) for each
+    call, path "launch" (Handle.forward), "launch_plain"
+    (forward_unchecked) or "backward". The forward writes zeros to out and
+    lse, the backward FILL_DQ, FILL_DK and FILL_DV to every element of dq,
+    dk and dv (all dense, as the binding allocates them), so that a test
+    sees which gradient went where."""
+
+    value = 1
+    FILL_DQ, FILL_DK, FILL_DV = 1.0, 2.0, 3.0
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.queued = []
+        self.workspaces = []  # (address, bytes) each backward call was given
+
+    def workspace_size(self, params):
+        return 0
+
+    def backward_workspace_size(self, params):
+        return 4 * params.num_heads_q * params.head_dim * self._rows_q(params)
+
+    @staticmethod
+    def _rows_q(params):
+        return params.total_seqlen_q if params.cu_seqlens_q else params.batch_size * params.seqlen_q
+
+    @staticmethod
+    def _rows_k(params):
+        return params.total_seqlen_k if params.cu_seqlens_k else params.batch_size * params.seqlen_k
+
+    def _fill(self, address, count, dtype_code, value):
+        torch = self.torch
+        dtype = torch.float16 if dtype_code == flashcore.Dtype.FP16 else torch.bfloat16
+        bits = torch.tensor(value, dtype=dtype).view(torch.int16).item() & 0xFFFF
+        (ctypes.c_uint16 * count).from_address(address)[:] = [bits] * count
+
+    def _forward(self, path, params):
+        self.queued.append((path, type(params).from_buffer_copy(params)))
+        rows = self._rows_q(params)
+        ctypes.memset(params.out, 0, 2 * rows * params.num_heads_q * (params.head_dim_v or params.head_dim))
+        if params.lse:
+            ctypes.memset(params.lse, 0, 4 * rows * params.num_heads_q)
+
+    def forward(self, params, *unused):
+        self._forward("launch", params)
+
+    def forward_unchecked(self, params, *unused):
+        self._forward("launch_plain", params)
+
+    def backward_unchecked(self, params, workspace, workspace_bytes, stream):
+        self.queued.append(("backward", flashcore.BackwardParams.from_buffer_copy(params)))
+        self.workspaces.append((workspace, workspace_bytes))
+        rows_q, rows_k = self._rows_q(params), self._rows_k(params)
+        dv = params.head_dim_v or params.head_dim
+        self._fill(params.dq, rows_q * params.num_heads_q * params.head_dim, params.dtype, self.FILL_DQ)
+        self._fill(params.dk, rows_k * params.num_heads_kv * params.head_dim, params.dtype, self.FILL_DK)
+        self._fill(params.dv, rows_k * params.num_heads_kv * dv, params.dtype, self.FILL_DV)
+
+    def backward_params(self):
+        return [params for path, params in self.queued if path == "backward"]

@@ -176,6 +176,44 @@ def test_varlen_and_paged_declarations():
     assert params.num_pages.offset + 4 <= ctypes.sizeof(params)
 
 
+# What 0.7 added: the backward pass's struct, in header order.
+BACKWARD_TENSORS = ["q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv"]
+BACKWARD_FIELDS = (
+    ["struct_size", "dtype", "batch_size", "seqlen_q", "seqlen_k", "num_heads_q", "num_heads_kv", "head_dim",
+     "head_dim_v", "causal", "softmax_scale", "use_window", "window_left", "window_right", "softcap", "deterministic"]
+    + BACKWARD_TENSORS
+    + ["%s_%s_stride" % (t, w) for t in BACKWARD_TENSORS if t != "lse" for w in ("batch", "seq", "head")]
+    + ["seqused_k", "cu_seqlens_q", "cu_seqlens_k", "total_seqlen_q", "total_seqlen_k"])
+
+
+def test_backward_declarations():
+    """What 0.7 added: flashcore_backward_params (struct_size first, the
+    forward's options, deterministic, the nine tensors, 24 strides, the
+    ragged fields) and its five functions, as the binding calls them."""
+    backward = _ffi.flashcore_backward_params
+    assert [f for f, _ in backward._fields_] == BACKWARD_FIELDS
+    types = dict(backward._fields_)
+    assert types["struct_size"] is ctypes.c_size_t
+    assert types["softmax_scale"] is ctypes.c_float and types["softcap"] is ctypes.c_float
+    assert all(types[f] is ctypes.c_void_p for f in BACKWARD_TENSORS + ["seqused_k", "cu_seqlens_q", "cu_seqlens_k"])
+    assert all(types[f] is ctypes.c_int64 for f in BACKWARD_FIELDS if f.endswith("_stride"))
+    assert backward._c_types_["lse"] == "const float *" and backward._c_types_["dq"] == "void *"
+    funcs = {f[0]: f for f in _ffi.FUNCTIONS}
+    expected = {
+        "flashcore_backward_params_init": ["params", "struct_size"],
+        "flashcore_backward_set_contiguous_strides": ["params", "layout"],
+        "flashcore_backward_check": ["params"],
+        "flashcore_backward_workspace_size": ["handle", "params", "workspace_bytes"],
+        "flashcore_backward": ["handle", "params", "workspace", "workspace_bytes", "stream"],
+    }
+    for name, args in expected.items():
+        assert funcs[name][1] is _ffi.flashcore_status, name
+        assert [a for a, _ in funcs[name][2]] == args, name
+        params = dict(funcs[name][2])["params"]
+        assert params._type_ is backward, name
+    assert dict(funcs["flashcore_backward"][2])["workspace_bytes"] is ctypes.c_size_t
+
+
 def test_functions_have_named_arguments():
     names = [f[0] for f in _ffi.FUNCTIONS]
     assert len(names) == len(set(names)) and all(n.startswith("flashcore_") for n in names)

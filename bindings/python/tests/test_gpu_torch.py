@@ -1274,7 +1274,7 @@ def test_paged_kvcache_int_length_and_the_library_s_refusals(torch):
 # against PyTorch's own scaled_dot_product_attention in float64 (its
 # semantics: top-left is_causal, broadcasting), flash_attn_func against
 # check() above, the torch operator flashcore::forward under torch.compile
-# and CUDA graphs, the call cache on fresh tensors, and autograd honesty.
+# and CUDA graphs, the call cache on fresh tensors, and inputs that require grad.
 # --------------------------------------------------------------------------
 
 
@@ -1530,17 +1530,20 @@ def test_cached_calls_take_each_call_s_tensors(torch):
         check(torch, out, None, q, k, v, True)
 
 
-def test_inputs_that_require_grad_are_refused_on_the_gpu(torch, monkeypatch):
+def test_inputs_that_require_grad_are_differentiated_on_the_gpu(torch, monkeypatch):
+    # The gradients themselves: test_gpu_backward.py.
     need_head_dim(64)
     monkeypatch.delenv("FLASHCORE_DETACH", raising=False)
     q, k, v = qkv(torch, 1, 4, 4, 50, 50, 64, "float16", 900)
     q.requires_grad_(True)
-    with pytest.raises(flashcore.NoBackwardError, match="q requires grad"):
-        flashcore.attention(q, k, v)
-    out = flashcore.attention(q, k, v, detach=True)
-    assert not out.requires_grad and out.grad_fn is None
+    out = flashcore.attention(q, k, v)
+    assert out.requires_grad and out.grad_fn is not None
+    detached = flashcore.attention(q, k, v, detach=True)
+    assert not detached.requires_grad and detached.grad_fn is None
     with torch.no_grad():
-        assert torch.equal(out, flashcore.attention(q, k, v))
+        plain = flashcore.attention(q, k, v)
+    # The differentiable call also writes the lse, which changes nothing in out.
+    assert torch.equal(out, plain) and torch.equal(detached, plain)
 
 
 # --------------------------------------------------------------------------
@@ -1639,20 +1642,21 @@ def test_quick_path_kvcache_decode_steps(torch):
         cache_seqlens += 7
 
 
-def test_quick_path_still_refuses_grad(torch, monkeypatch):
+def test_quick_path_hands_grad_calls_to_autograd(torch, monkeypatch):
     need_head_dim(64)
     monkeypatch.delenv("FLASHCORE_DETACH", raising=False)
     q, k, v = qkv(torch, 1, 4, 4, 50, 50, 64, "float16", 995)
     for _ in range(3):
         flashcore.attention(q, k, v)
     k.requires_grad_(True)
-    with pytest.raises(flashcore.NoBackwardError, match="k requires grad"):
-        flashcore.attention(q, k, v)
+    out = flashcore.attention(q, k, v)
+    assert out.grad_fn is not None
+    (dk,) = torch.autograd.grad(out.float().sum(), k)
+    assert dk.shape == k.shape and torch.isfinite(dk).all()
     with torch.no_grad():
         for _ in range(3):
             check(torch, flashcore.attention(q, k, v), None, q, k, v, False)
-    with pytest.raises(flashcore.NoBackwardError, match="k requires grad"):
-        flashcore.attention(q, k, v)
+    assert flashcore.attention(q, k, v).grad_fn is not None
 
 
 # --------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """PyTorch's and FlashAttention's ways of calling, without a GPU (issue
 18): flashcore.sdpa and flashcore.flash_attn_func (what they pass on, what
-they refuse), attention's is_causal= and scale=, autograd honesty, and the
-torch operator flashcore::forward traced by torch.export and torch.compile.
+they refuse), attention's is_causal= and scale=, inputs that require grad,
+and the torch operator flashcore::forward traced by torch.export and
+torch.compile.
 The tests that need torch skip without it; the kernels' results are checked
 on the GPU (test_gpu_torch.py)."""
 
@@ -156,7 +157,8 @@ def test_flash_attn_func_passes_flashattention_s_meaning(passed_on, causal, wind
     q, k, v, _ = fake_qkv()
     flashcore.flash_attn_func(q, k, v, 0.0, 0.125, causal, window_size, 30.0, None, True)
     ((_, _, _, kwargs),) = passed_on
-    assert kwargs == dict(causal=causal, softmax_scale=0.125, window=window, softcap=30.0, layout="bshd")
+    assert kwargs == dict(causal=causal, softmax_scale=0.125, window=window, softcap=30.0, layout="bshd",
+                          deterministic=True)
 
 
 def test_flash_attn_func_queues_bshd_params(queued):
@@ -200,36 +202,25 @@ def test_is_causal_where_it_means_causal(queued):
 
 
 # --------------------------------------------------------------------------
-# Autograd honesty
+# Inputs that require grad (the backward pass itself: test_backward.py)
 # --------------------------------------------------------------------------
 
 
-def test_inputs_that_require_grad_are_refused(torch, monkeypatch):
+def test_inputs_that_require_grad_are_differentiated(torch, monkeypatch):
+    # Once refused (NoBackwardError): now the call is the differentiable
+    # operator, whose implementation refuses these CPU tensors for what they are.
     monkeypatch.delenv("FLASHCORE_DETACH", raising=False)
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16, requires_grad=True)
     k = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
-    with pytest.raises(flashcore.NoBackwardError, match="^q requires grad, but flashcore computes the forward pass "
-                                                        "only") as info:
-        flashcore.attention(q, k, k)
-    assert "detach=True" in str(info.value) and "FLASHCORE_DETACH=1" in str(info.value)
-    assert isinstance(info.value, RuntimeError) and info.value.status is None
-    with pytest.raises(flashcore.NoBackwardError, match="^q, k and v require grad"):
-        flashcore.sdpa(q, q, q)
-    with pytest.raises(flashcore.NoBackwardError):
-        flashcore.flash_attn_func(q, k, k)
-    # Past the refusal, these CPU tensors are refused for what they are.
+    assert not hasattr(flashcore, "NoBackwardError")
     cpu = "q is on the CPU"
-    with pytest.raises(flashcore.InvalidArgumentError, match=cpu):
-        flashcore.attention(q, k, k, detach=True)
+    for call in (lambda: flashcore.attention(q, k, k), lambda: flashcore.sdpa(q, q, q),
+                 lambda: flashcore.flash_attn_func(q, k, k), lambda: flashcore.attention(q, k, k, detach=True)):
+        with pytest.raises(flashcore.InvalidArgumentError, match=cpu):
+            call()
     with torch.no_grad():
         with pytest.raises(flashcore.InvalidArgumentError, match=cpu):
             flashcore.attention(q, k, k)
-    with torch.inference_mode():
-        with pytest.raises(flashcore.InvalidArgumentError, match=cpu):
-            flashcore.sdpa(q, k, k)
-    monkeypatch.setenv("FLASHCORE_DETACH", "1")
-    with pytest.raises(flashcore.InvalidArgumentError, match=cpu):
-        flashcore.attention(q, k, k)
 
 
 # --------------------------------------------------------------------------
@@ -338,13 +329,14 @@ def test_compile_traces_without_graph_breaks(torch):
         compiled(torch.zeros(1, 8, 128, dtype=torch.float16), torch.zeros(128, 128, dtype=torch.float16))
 
 
-def test_compile_refuses_inputs_that_require_grad(torch, monkeypatch):
+def test_compile_takes_inputs_that_require_grad(torch, monkeypatch):
+    # Traced without a graph break, forward and backward, to the real call,
+    # which refuses these CPU tensors (test_backward.py runs it on a fake GPU).
     monkeypatch.delenv("FLASHCORE_DETACH", raising=False)
     q = torch.zeros(1, 2, 16, 64, dtype=torch.float16, requires_grad=True)
-    with pytest.raises(Exception, match="q, k and v require grad, but flashcore computes the forward pass only"):
-        torch.compile(lambda q: flashcore.attention(q, q, q), fullgraph=True, backend="eager")(q)
-    with pytest.raises(flashcore.InvalidArgumentError, match="q is on the CPU"):
-        torch.compile(lambda q: flashcore.attention(q, q, q, detach=True), fullgraph=True, backend="eager")(q)
+    for detach in (False, True):
+        with pytest.raises(flashcore.InvalidArgumentError, match="q is on the CPU"):
+            torch.compile(lambda q: flashcore.attention(q, q, q, detach=detach), fullgraph=True, backend="eager")(q)
 
 
 @pytest.mark.parametrize("order", ["flashcore first", "torch first"])
@@ -421,43 +413,16 @@ def test_sdpa_computes_pytorch_s_result_with_flashcore_s_masks(torch, monkeypatc
 
 
 @pytest.fixture
-def queued_as_on_a_gpu(torch, lib, monkeypatch):
+def queued_as_on_a_gpu(torch, fake_gpu, monkeypatch):
     """(path, params) of each call queued, path "launch" (launch()),
     "launch_plain" or "compiled", for calls on CPU tensors planned as a
     GPU's would be."""
     import ctypes
 
-    from flashcore import _arrays, _attention, _fastpath, _ffi, _launch, _planning
-    queued = []
-
-    class Handle:
-        value = 1
-
-        def workspace_size(self, params):
-            return 0
-
-        def forward(self, params, *unused):
-            queued.append(("launch", _ffi.flashcore_forward_params.from_buffer_copy(params)))
-
-        def forward_unchecked(self, params, *unused):
-            queued.append(("launch_plain", _ffi.flashcore_forward_params.from_buffer_copy(params)))
-
-    def as_on_device_0(x, name):
-        return _arrays.ArrayInfo(x, name, x.data_ptr(), x.shape, x.stride(), str(x.dtype)[6:], x.element_size(), 0,
-                                 "torch")
-
-    handle = Handle()
-    monkeypatch.setattr(_arrays, "_from_torch", as_on_device_0)
-    monkeypatch.setattr(_arrays, "current_stream", lambda info: 0)
-    monkeypatch.setattr(_planning, "check_known_to_driver", lambda infos: None)
-    monkeypatch.setattr(_planning, "allocate", lambda like, shape, dtype, stream, what: torch.empty(
-        shape, dtype=like.obj.dtype if dtype is None else getattr(torch, dtype)))
-    monkeypatch.setattr(_planning, "_plans", {})
-    monkeypatch.setattr(_launch, "get_handle", lambda device=None: handle)
+    from flashcore import _attention, _fastpath, _ffi, _launch
+    queued = fake_gpu.queued
     api = _launch.torch_api()
-    monkeypatch.setattr(api, "current_stream", lambda device: 0)
-    monkeypatch.setattr(api, "capturing", lambda: False)
-    monkeypatch.setitem(_fastpath._handles, 0, handle)
+    monkeypatch.setitem(_fastpath._handles, 0, fake_gpu)
     forward_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_ffi.flashcore_forward_params),
                                     ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
 

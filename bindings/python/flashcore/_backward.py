@@ -1,0 +1,93 @@
+"""The backward pass: backward_params and check_backward_params (the
+low-level calls, as forward_params and check_params are the forward's),
+and gradients(), the body of the torch operator flashcore::backward, which
+the autograd formula of flashcore::forward calls (_torch_ops): it takes
+the gradient of out and gives those of q, k and v, planned and queued as
+the forward's calls are (_planning.prepare_backward,
+_launch.launch_backward)."""
+
+import sys
+from typing import Optional, Tuple, Union
+
+from . import _ffi
+from ._arrays import Array
+from ._checked import struct_ref
+from ._launch import launch_backward
+from ._library import BACKWARD_PARAMS_FROM, library
+from ._planning import backward_in_full, prepare_backward
+
+# The C API's alignment of pointers and strides, in bytes.
+ALIGNMENT = _ffi.FLASHCORE_ALIGNMENT
+
+
+def backward_params(q: Array, k: Array, v: Array, out: Array, dout: Array, lse: Array, dq: Array, dk: Array,
+                    dv: Array, *, causal: bool = False, softmax_scale: Optional[float] = None,
+                    layout: Union[str, int] = "bhsd", window: Optional[Tuple[int, int]] = None,
+                    softcap: float = 0.0, seqused_k: Optional[Array] = None, cu_seqlens_q: Optional[Array] = None,
+                    cu_seqlens_k: Optional[Array] = None, max_seqlen_q: Optional[int] = None,
+                    max_seqlen_k: Optional[int] = None,
+                    deterministic: bool = False) -> "_ffi.flashcore_backward_params":
+    """A flashcore.BackwardParams for these arrays (pointers, sizes,
+    strides), for Handle.backward_workspace_size, Handle.backward and
+    check_backward_params. q, k, v, out and lse are the forward call's
+    (lse required: the forward's return_lse), with its options (causal,
+    softmax_scale, layout, window, softcap, seqused_k, cu_seqlens_q/_k and
+    max_seqlen_q/_k as for attention() and attention_varlen()); dout is
+    the gradient of out, and dq, dk and dv receive those of q, k and v
+    (each of its tensor's shape and q's dtype, any strides the C API
+    takes). deterministic: bitwise-identical dq from run to run (dk and dv
+    are either way). The arrays must outlive every use of the result."""
+    arrays = (q, k, v, out, dout, lse, dq, dk, dv, seqused_k, cu_seqlens_q, cu_seqlens_k)
+    params, _ = backward_in_full(arrays, layout, (causal, softmax_scale, window, softcap), deterministic,
+                                 max_seqlen_q, max_seqlen_k)
+    return params
+
+
+def check_backward_params(params: "_ffi.flashcore_backward_params") -> None:
+    """flashcore_backward_check: raises what flashcore_backward would for
+    these parameters (a flashcore.BackwardParams) before looking at the
+    GPU."""
+    lib = library()
+    lib.check(lib.cdll.flashcore_backward_check(struct_ref(params, _ffi.flashcore_backward_params, "params",
+                                                           BACKWARD_PARAMS_FROM)))
+
+
+def _readable(torch, x):
+    """x as the C API reads a tensor (head_dim contiguous, the other strides
+    multiples of ALIGNMENT bytes, the address aligned), else a contiguous
+    copy of it. Autograd hands the backward whatever gradient the next
+    operation gave: the expanded ones of a sum(), a slice of a larger
+    one."""
+    step = max(ALIGNMENT // x.element_size(), 1)
+    shape, strides = x.shape, x.stride()
+    if (x.data_ptr() % ALIGNMENT == 0 and (strides[-1] == 1 or shape[-1] <= 1)
+            and all(stride % step == 0 or size <= 1 for size, stride in zip(shape[:-1], strides[:-1]))):
+        return x
+    return x.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation (contiguous() may keep x)
+
+
+def gradient_like(torch, x, packed):
+    """A tensor for x's gradient: x's shape, dtype and (dense) strides.
+    Packed tensors' rows outside every sequence are not written by the
+    library, and get no gradient: zeros."""
+    return torch.zeros_like(x) if packed else torch.empty_like(x)
+
+
+def gradients(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout,
+              causal, softmax_scale, window, softcap, deterministic):
+    """(dq, dk, dv) for the gradient dout of a forward call's out
+    (flashcore::backward's implementation): torch tensors on one CUDA
+    device, the forward's q, k, v, out and lse, queued on torch's current
+    stream. deterministic: the call's, or'ed with
+    torch.are_deterministic_algorithms_enabled() as the backward runs."""
+    torch = sys.modules["torch"]
+    dout = _readable(torch, dout)
+    dq = gradient_like(torch, q, cu_seqlens_q is not None)
+    dk = gradient_like(torch, k, cu_seqlens_k is not None)
+    dv = gradient_like(torch, v, cu_seqlens_k is not None)
+    deterministic = bool(deterministic) or torch.are_deterministic_algorithms_enabled()
+    params, plan = prepare_backward((q, k, v, out, dout, lse, dq, dk, dv, seqused_k, cu_seqlens_q, cu_seqlens_k),
+                                    layout, (causal, softmax_scale, window, softcap), deterministic, max_seqlen_q,
+                                    max_seqlen_k)
+    launch_backward(params, plan)
+    return dq, dk, dv
