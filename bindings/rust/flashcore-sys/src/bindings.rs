@@ -3,9 +3,9 @@
 // Generated from include/flashcore.h by bindings/rust/scripts/regenerate-bindings.sh; do not edit.
 
 pub const FLASHCORE_VERSION_MAJOR: u32 = 0;
-pub const FLASHCORE_VERSION_MINOR: u32 = 6;
+pub const FLASHCORE_VERSION_MINOR: u32 = 7;
 pub const FLASHCORE_VERSION_PATCH: u32 = 0;
-pub const FLASHCORE_VERSION_NUMBER: u32 = 600;
+pub const FLASHCORE_VERSION_NUMBER: u32 = 700;
 pub const FLASHCORE_SOFTMAX_SCALE_DEFAULT: f64 = 0.0;
 pub const FLASHCORE_ALIGNMENT: u32 = 16;
 pub const FLASHCORE_MAX_NUM_SPLITS: u32 = 128;
@@ -369,6 +369,175 @@ extern "C" {
     pub fn flashcore_forward(
         handle: flashcore_handle,
         params: *const flashcore_forward_params,
+        workspace: *mut ::std::os::raw::c_void,
+        workspace_bytes: usize,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> flashcore_status;
+}
+#[doc = " Everything one backward call needs. Logical shapes, as the forward's"]
+#[doc = " (element strides, the last dimension contiguous):"]
+#[doc = "   q, dq:     [batch_size, num_heads_q,  seqlen_q, head_dim]"]
+#[doc = "   k, dk:     [batch_size, num_heads_kv, seqlen_k, head_dim]"]
+#[doc = "   v, dv:     [batch_size, num_heads_kv, seqlen_k, head_dim_v]"]
+#[doc = "   out, dout: [batch_size, num_heads_q,  seqlen_q, head_dim_v]"]
+#[doc = "   lse:       [batch_size, num_heads_q,  seqlen_q], float32, contiguous"]
+#[doc = "              (with cu_seqlens_q: [num_heads_q, total_seqlen_q]), as the"]
+#[doc = "              forward wrote it."]
+#[doc = " dq, dk and dv have the dtype of q; each has strides of its own. Strides"]
+#[doc = " follow the forward's rules (>= 0, multiples of FLASHCORE_ALIGNMENT /"]
+#[doc = " sizeof(element)); every tensor pointer is FLASHCORE_ALIGNMENT aligned,"]
+#[doc = " lse 4-byte aligned."]
+#[doc = ""]
+#[doc = " Aliasing: dq, dk, dv and the workspace are written; they must not overlap"]
+#[doc = " one another nor any input (q, k, v, out, dout, lse, seqused_k,"]
+#[doc = " cu_seqlens_q, cu_seqlens_k), each taken as the address range from its"]
+#[doc = " first to its last byte; the inputs may share memory. dq, dk and dv must not"]
+#[doc = " overlap themselves either. Overlap returns FLASHCORE_STATUS_INVALID_ARGUMENT"]
+#[doc = " naming the two tensors. dq doubles as scratch between the call's kernels"]
+#[doc = " (it holds the row sums until the postprocess writes the gradient), so its"]
+#[doc = " contents before the call do not matter."]
+#[doc = ""]
+#[doc = " Written: every element of dq, dk and dv inside the call's sequences (rows"]
+#[doc = " of queries that see no key get dq = 0; keys no query sees, and keys past"]
+#[doc = " seqused_k[b], get dk = dv = 0). With cu_seqlens_q/_k, rows of the packed"]
+#[doc = " tensors outside every sequence are not written."]
+#[doc = ""]
+#[doc = " Empty calls: batch_size or num_heads_q 0 succeed having read, written and"]
+#[doc = " launched nothing (workspace size 0, pointers and strides not looked at)."]
+#[doc = " seqlen_q 0 (or total_seqlen_q 0 with cu_seqlens_q) with keys is not"]
+#[doc = " empty: dq is, but dk and dv are written, as zeros (no query sees a key)."]
+#[doc = " seqlen_k must be >= 1 unless the call is empty, as in the forward."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct flashcore_backward_params {
+    #[doc = " sizeof(flashcore_backward_params) as the caller compiled it."]
+    pub struct_size: usize,
+    #[doc = " flashcore_dtype of q, k, v, out, dout, dq, dk, dv: FP16 or BF16"]
+    pub dtype: i32,
+    pub batch_size: i32,
+    pub seqlen_q: i32,
+    pub seqlen_k: i32,
+    pub num_heads_q: i32,
+    pub num_heads_kv: i32,
+    #[doc = " of q and k: as flashcore_forward_params::head_dim"]
+    pub head_dim: i32,
+    #[doc = " of v and out; 0 (the default): head_dim"]
+    pub head_dim_v: i32,
+    #[doc = " As the forward's fields of the same names."]
+    pub causal: i32,
+    pub softmax_scale: f32,
+    pub use_window: i32,
+    pub window_left: i32,
+    pub window_right: i32,
+    pub softcap: f32,
+    #[doc = " Non-zero: bitwise-identical dq, dk and dv from run to run for the same"]
+    #[doc = " inputs (the dQ accumulator's additions are made in a fixed order, which"]
+    #[doc = " costs some speed). 0 (the default): the additions race, so dq may"]
+    #[doc = " differ in its last bits from run to run; dk and dv are deterministic"]
+    #[doc = " either way."]
+    pub deterministic: i32,
+    #[doc = " Inputs."]
+    pub q: *const ::std::os::raw::c_void,
+    pub k: *const ::std::os::raw::c_void,
+    pub v: *const ::std::os::raw::c_void,
+    pub out: *const ::std::os::raw::c_void,
+    pub dout: *const ::std::os::raw::c_void,
+    #[doc = " required: the forward's lse"]
+    pub lse: *const f32,
+    #[doc = " Outputs."]
+    pub dq: *mut ::std::os::raw::c_void,
+    pub dk: *mut ::std::os::raw::c_void,
+    pub dv: *mut ::std::os::raw::c_void,
+    #[doc = " Element strides. flashcore_backward_set_contiguous_strides sets them"]
+    #[doc = " for packed tensors."]
+    pub q_batch_stride: i64,
+    #[doc = " Element strides. flashcore_backward_set_contiguous_strides sets them"]
+    #[doc = " for packed tensors."]
+    pub q_seq_stride: i64,
+    #[doc = " Element strides. flashcore_backward_set_contiguous_strides sets them"]
+    #[doc = " for packed tensors."]
+    pub q_head_stride: i64,
+    pub k_batch_stride: i64,
+    pub k_seq_stride: i64,
+    pub k_head_stride: i64,
+    pub v_batch_stride: i64,
+    pub v_seq_stride: i64,
+    pub v_head_stride: i64,
+    pub out_batch_stride: i64,
+    pub out_seq_stride: i64,
+    pub out_head_stride: i64,
+    pub dout_batch_stride: i64,
+    pub dout_seq_stride: i64,
+    pub dout_head_stride: i64,
+    pub dq_batch_stride: i64,
+    pub dq_seq_stride: i64,
+    pub dq_head_stride: i64,
+    pub dk_batch_stride: i64,
+    pub dk_seq_stride: i64,
+    pub dk_head_stride: i64,
+    pub dv_batch_stride: i64,
+    pub dv_seq_stride: i64,
+    pub dv_head_stride: i64,
+    #[doc = " Ragged batches, as the forward's fields of the same names: seqused_k"]
+    #[doc = " (keys past it get dk = dv = 0), and packed q/out/dout/dq with"]
+    #[doc = " cu_seqlens_q and k/v/dk/dv with cu_seqlens_k (their batch strides then"]
+    #[doc = " ignored), each NULL (the default) or a device int32 array."]
+    pub seqused_k: *const i32,
+    pub cu_seqlens_q: *const i32,
+    pub cu_seqlens_k: *const i32,
+    pub total_seqlen_q: i32,
+    pub total_seqlen_k: i32,
+}
+extern "C" {
+    #[doc = " Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,"]
+    #[doc = " softmax_scale = default; everything else 0 (not causal, no window, no"]
+    #[doc = " softcap, not deterministic). Pass sizeof(flashcore_backward_params)."]
+    pub fn flashcore_backward_params_init(
+        params: *mut flashcore_backward_params,
+        struct_size: usize,
+    ) -> flashcore_status;
+}
+extern "C" {
+    #[doc = " Sets all 24 strides for densely packed tensors in the given layout, as"]
+    #[doc = " flashcore_set_contiguous_strides does for the forward: dq like q, dk like"]
+    #[doc = " k, dv like v, dout like out. The sizes and head dims must be set first;"]
+    #[doc = " nothing is written on failure."]
+    pub fn flashcore_backward_set_contiguous_strides(
+        params: *mut flashcore_backward_params,
+        layout: flashcore_layout,
+    ) -> flashcore_status;
+}
+extern "C" {
+    #[doc = " Checks everything about *params that does not depend on the GPU, as"]
+    #[doc = " flashcore_forward_check does: the status flashcore_backward would return"]
+    #[doc = " before looking at the device."]
+    pub fn flashcore_backward_check(params: *const flashcore_backward_params) -> flashcore_status;
+}
+extern "C" {
+    #[doc = " Bytes of device workspace flashcore_backward needs: the fp32 dQ"]
+    #[doc = " accumulator, 4 * num_heads_q * head_dim bytes per query row (rows:"]
+    #[doc = " batch_size * seqlen_q, or total_seqlen_q with cu_seqlens_q), rounded up to"]
+    #[doc = " FLASHCORE_ALIGNMENT; 0 for an empty call. It depends only on the shapes"]
+    #[doc = " (dtype, batch_size, seqlen_q, seqlen_k, num_heads_q, num_heads_kv,"]
+    #[doc = " head_dim, head_dim_v, total_seqlen_q with cu_seqlens_q set), never on"]
+    #[doc = " pointers, strides or options, so a buffer sized once serves every call of"]
+    #[doc = " those shapes. The workspace needs no initialisation and must not be used"]
+    #[doc = " by anything else until the call's work completes."]
+    pub fn flashcore_backward_workspace_size(
+        handle: flashcore_handle,
+        params: *const flashcore_backward_params,
+        workspace_bytes: *mut usize,
+    ) -> flashcore_status;
+}
+extern "C" {
+    #[doc = " Queues the backward computation on `stream` on the handle's device and"]
+    #[doc = " returns without waiting, as flashcore_forward does: workspace at least"]
+    #[doc = " flashcore_backward_workspace_size bytes (FLASHCORE_STATUS_WORKSPACE_TOO_SMALL"]
+    #[doc = " otherwise), FLASHCORE_ALIGNMENT aligned. Can be captured into a CUDA"]
+    #[doc = " graph. Bad parameters return a status having queued nothing."]
+    pub fn flashcore_backward(
+        handle: flashcore_handle,
+        params: *const flashcore_backward_params,
         workspace: *mut ::std::os::raw::c_void,
         workspace_bytes: usize,
         stream: *mut ::std::os::raw::c_void,

@@ -301,6 +301,157 @@ mod tests {
         assert!(!text(unsafe { flashcore_last_error_message() }).is_empty());
     }
 
+    /// flashcore_backward_params_init, _set_contiguous_strides and _check
+    /// against Rust's layout of the 0.7 backward struct: the library writes
+    /// the defaults and the 24 strides at Rust's offsets, nothing past the
+    /// size it is given, and finds every pointer where Rust put it.
+    #[test]
+    fn backward_params_layout_matches_library() {
+        #[repr(C)]
+        struct Guarded {
+            params: flashcore_backward_params,
+            guard: [u8; 16],
+        }
+        let mut guarded = core::mem::MaybeUninit::<Guarded>::uninit();
+        // Garbage everywhere, so only what the library writes reads back right.
+        unsafe { guarded.as_mut_ptr().cast::<u8>().write_bytes(0xA5, size_of::<Guarded>()) };
+        let size = size_of::<flashcore_backward_params>();
+        let params = unsafe { core::ptr::addr_of_mut!((*guarded.as_mut_ptr()).params) };
+        assert_eq!(unsafe { flashcore_backward_params_init(params, size) }, FLASHCORE_STATUS_SUCCESS);
+        let guarded = unsafe { guarded.assume_init() };
+        assert_eq!(guarded.guard, [0xA5; 16], "the library wrote past struct_size");
+        let mut p = guarded.params;
+        assert_eq!(p.struct_size, size);
+        assert_eq!(p.dtype, FLASHCORE_DTYPE_FP16 as i32);
+        assert_eq!(p.softmax_scale, FLASHCORE_SOFTMAX_SCALE_DEFAULT as f32);
+        assert_eq!([p.batch_size, p.head_dim, p.head_dim_v, p.causal, p.use_window, p.deterministic], [0; 6]);
+        assert_eq!(p.softcap, 0.0);
+        assert!(p.q.is_null() && p.dout.is_null() && p.lse.is_null() && p.dq.is_null() && p.dv.is_null());
+        assert!(p.seqused_k.is_null() && p.cu_seqlens_q.is_null() && p.cu_seqlens_k.is_null());
+        assert_eq!((p.total_seqlen_q, p.total_seqlen_k), (0, 0)); // the last field: the library zeroed it
+
+        // [B=2, S, H, D] with distinct sizes and head dims, so every stride
+        // has its own value; each gradient and dout like its tensor.
+        (p.batch_size, p.seqlen_q, p.seqlen_k) = (2, 24, 40);
+        (p.num_heads_q, p.num_heads_kv, p.head_dim, p.head_dim_v) = (6, 3, 64, 32);
+        let status = unsafe { flashcore_backward_set_contiguous_strides(&mut p, FLASHCORE_LAYOUT_BSHD) };
+        assert_eq!(status, FLASHCORE_STATUS_SUCCESS);
+        let strides = [
+            [p.q_batch_stride, p.q_seq_stride, p.q_head_stride],
+            [p.k_batch_stride, p.k_seq_stride, p.k_head_stride],
+            [p.v_batch_stride, p.v_seq_stride, p.v_head_stride],
+            [p.out_batch_stride, p.out_seq_stride, p.out_head_stride],
+            [p.dout_batch_stride, p.dout_seq_stride, p.dout_head_stride],
+            [p.dq_batch_stride, p.dq_seq_stride, p.dq_head_stride],
+            [p.dk_batch_stride, p.dk_seq_stride, p.dk_head_stride],
+            [p.dv_batch_stride, p.dv_seq_stride, p.dv_head_stride],
+        ];
+        let q = [24 * 6 * 64, 6 * 64, 64];
+        let k = [40 * 3 * 64, 3 * 64, 64];
+        let v = [40 * 3 * 32, 3 * 32, 32];
+        let out = [24 * 6 * 32, 6 * 32, 32];
+        assert_eq!(strides, [q, k, v, out, out, q, k, v]);
+
+        // The library finds every pointer where Rust put it: fake addresses
+        // 256 MiB apart, all accepted; then each one in turn misaligned.
+        let mut pointers: [u64; 9] = core::array::from_fn(|i| (i as u64 + 1) << 28);
+        let place = |p: &mut flashcore_backward_params, at: &[u64; 9]| {
+            (p.q, p.k, p.v) = (at[0] as *const _, at[1] as *const _, at[2] as *const _);
+            (p.out, p.dout, p.lse) = (at[3] as *const _, at[4] as *const _, at[5] as *const _);
+            (p.dq, p.dk, p.dv) = (at[6] as *mut _, at[7] as *mut _, at[8] as *mut _);
+        };
+        place(&mut p, &pointers);
+        assert_eq!(unsafe { flashcore_backward_check(&p) }, FLASHCORE_STATUS_SUCCESS);
+        let names = ["q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv"];
+        for (index, name) in names.iter().enumerate() {
+            // lse needs 4-byte alignment only.
+            let shift = if *name == "lse" { 2 } else { 8 };
+            pointers[index] += shift;
+            place(&mut p, &pointers);
+            assert_eq!(unsafe { flashcore_backward_check(&p) }, FLASHCORE_STATUS_MISALIGNED, "{name}");
+            let message = text(unsafe { flashcore_last_error_message() });
+            assert!(message.starts_with(&format!("{name} (")), "{name}: {message:?}");
+            pointers[index] -= shift;
+        }
+        place(&mut p, &pointers);
+
+        // The fields after the strides are read where Rust wrote them (at
+        // addresses past the nine tensors').
+        p.seqused_k = 0xA000_0002 as *const i32;
+        assert_eq!(unsafe { flashcore_backward_check(&p) }, FLASHCORE_STATUS_MISALIGNED);
+        p.seqused_k = 0xA000_0000 as *const i32;
+        assert_eq!(unsafe { flashcore_backward_check(&p) }, FLASHCORE_STATUS_SUCCESS);
+        let refused = |p: &flashcore_backward_params, needle: &str| {
+            assert_eq!(unsafe { flashcore_backward_check(p) }, FLASHCORE_STATUS_INVALID_ARGUMENT, "{needle}");
+            let message = text(unsafe { flashcore_last_error_message() });
+            assert!(message.contains(needle), "{message:?} does not name {needle}");
+        };
+        p.total_seqlen_q = 30;
+        refused(&p, "total_seqlen_q (30)");
+        p.cu_seqlens_q = 0xB000_0000 as *const i32;
+        assert_eq!(unsafe { flashcore_backward_check(&p) }, FLASHCORE_STATUS_SUCCESS);
+        p.total_seqlen_k = 50;
+        refused(&p, "total_seqlen_k (50)");
+        p.cu_seqlens_k = 0xC000_0000 as *const i32;
+        assert_eq!(unsafe { flashcore_backward_check(&p) }, FLASHCORE_STATUS_SUCCESS);
+        // The options before the pointers: a window bound and the softcap.
+        (p.use_window, p.window_left) = (1, -2);
+        refused(&p, "window_left (-2)");
+        (p.use_window, p.window_left, p.softcap) = (0, 0, -1.0);
+        refused(&p, "softcap");
+        p.softcap = 0.0;
+        assert_eq!(unsafe { flashcore_backward_check(&p) }, FLASHCORE_STATUS_SUCCESS);
+    }
+
+    /// The backward struct at the offsets of the C header on LP64 targets;
+    /// the test above checks it against the library itself on any target.
+    #[cfg(target_pointer_width = "64")]
+    #[test]
+    fn backward_params_offsets_on_lp64() {
+        let params = core::mem::MaybeUninit::<flashcore_backward_params>::uninit();
+        let base = params.as_ptr();
+        let offset = |field: *const u8| field as usize - base as usize;
+        // SAFETY: addr_of! computes field addresses without reading them.
+        let offsets = unsafe {
+            [
+                offset(core::ptr::addr_of!((*base).dtype).cast()),
+                offset(core::ptr::addr_of!((*base).softcap).cast()),
+                offset(core::ptr::addr_of!((*base).deterministic).cast()),
+                offset(core::ptr::addr_of!((*base).q).cast()),
+                offset(core::ptr::addr_of!((*base).lse).cast()),
+                offset(core::ptr::addr_of!((*base).dv).cast()),
+                offset(core::ptr::addr_of!((*base).q_batch_stride).cast()),
+                offset(core::ptr::addr_of!((*base).dv_head_stride).cast()),
+                offset(core::ptr::addr_of!((*base).seqused_k).cast()),
+                offset(core::ptr::addr_of!((*base).cu_seqlens_k).cast()),
+                offset(core::ptr::addr_of!((*base).total_seqlen_q).cast()),
+                offset(core::ptr::addr_of!((*base).total_seqlen_k).cast()),
+            ]
+        };
+        assert_eq!(offsets, [8, 60, 64, 72, 112, 136, 144, 328, 336, 352, 360, 364]);
+        assert_eq!(size_of::<flashcore_backward_params>(), 368);
+    }
+
+    #[test]
+    fn backward_refuses_null_arguments() {
+        let mut params = core::mem::MaybeUninit::<flashcore_backward_params>::zeroed();
+        let size = size_of::<flashcore_backward_params>();
+        assert_eq!(unsafe { flashcore_backward_params_init(params.as_mut_ptr(), size) }, FLASHCORE_STATUS_SUCCESS);
+        let (handle, stream, workspace) = (core::ptr::null_mut(), core::ptr::null_mut(), core::ptr::null_mut());
+        // A NULL handle or params is an invalid argument whatever the GPU.
+        let status = unsafe { flashcore_backward(handle, params.as_ptr(), workspace, 0, stream) };
+        assert_eq!(status, FLASHCORE_STATUS_INVALID_ARGUMENT);
+        let mut bytes = usize::MAX;
+        let status = unsafe { flashcore_backward_workspace_size(handle, params.as_ptr(), &mut bytes) };
+        assert_eq!(status, FLASHCORE_STATUS_INVALID_ARGUMENT);
+        assert_eq!(unsafe { flashcore_backward_check(core::ptr::null()) }, FLASHCORE_STATUS_INVALID_ARGUMENT);
+        assert!(!text(unsafe { flashcore_last_error_message() }).is_empty());
+        assert_eq!(
+            unsafe { flashcore_backward_params_init(core::ptr::null_mut(), size) },
+            FLASHCORE_STATUS_INVALID_ARGUMENT
+        );
+    }
+
     #[test]
     fn supported_head_dims_sizes_then_fills() {
         let mut count = usize::MAX;

@@ -2,8 +2,8 @@
 
 /// A range of CUDA device memory that flashcore can read or write.
 ///
-/// flashcore allocates nothing itself: q, k, v, out, lse and the workspace
-/// come from the caller, as device addresses. Three ways in:
+/// flashcore allocates nothing itself: q, k, v, out, lse, the gradients and
+/// the workspaces come from the caller, as device addresses. Three ways in:
 ///
 /// - **Raw pointers**: wrap the address and length in a [`RawBuffer`] (a
 ///   `CUdeviceptr`, or a `cudaMalloc` pointer cast with `as u64`). A bare
@@ -22,9 +22,10 @@
 ///   stream as `stream.cu_stream().cast()`.
 ///
 /// Implementing the trait is safe: the addresses are only handed to the GPU
-/// by [`Handle::forward`](crate::Handle::forward) and
-/// [`Handle::merge_states`](crate::Handle::merge_states), which are `unsafe`
-/// and whose callers promise that they are valid.
+/// by [`Handle::forward`](crate::Handle::forward),
+/// [`Handle::merge_states`](crate::Handle::merge_states) and
+/// [`Handle::backward`](crate::Handle::backward), which are `unsafe` and
+/// whose callers promise that they are valid.
 ///
 /// ```
 /// use flashcore::DeviceBuffer;
@@ -49,8 +50,8 @@
 pub trait DeviceBuffer {
     /// The device address of the buffer's first byte: a `CUdeviceptr`, or a
     /// `cudaMalloc` pointer cast to `u64`. It must be
-    /// [`ALIGNMENT`](crate::ALIGNMENT)-byte aligned for q, k, v, out and the
-    /// workspace (4-byte for lse).
+    /// [`ALIGNMENT`](crate::ALIGNMENT)-byte aligned for q, k, v, out, the
+    /// gradients and the workspace (4-byte for lse and the i32 arrays).
     fn device_ptr(&self) -> u64;
 
     /// How many bytes, from [`device_ptr`](DeviceBuffer::device_ptr) on, the

@@ -29,6 +29,7 @@ pub enum Status {
     /// A pointer or stride does not meet the alignment the kernels need (`FLASHCORE_STATUS_MISALIGNED`).
     Misaligned,
     /// The workspace is smaller than [`Handle::workspace_size`](crate::Handle::workspace_size)
+    /// (or [`Handle::backward_workspace_size`](crate::Handle::backward_workspace_size))
     /// asked for (`FLASHCORE_STATUS_WORKSPACE_TOO_SMALL`).
     WorkspaceTooSmall,
     /// No CUDA device is visible, or the driver is missing or too old (`FLASHCORE_STATUS_NO_DEVICE`).

@@ -1,5 +1,6 @@
 //! The library handle.
 
+use crate::backward::BackwardParams;
 use crate::buffer::DeviceBuffer;
 use crate::error::{check, Error, Result, Status};
 use crate::merge::MergeParams;
@@ -19,8 +20,9 @@ use std::ptr::{self, NonNull};
 /// `Handle` is [`Send`] and [`Sync`], exactly as `flashcore.h` allows: every
 /// flashcore function may be called from several threads at once, and one
 /// handle may be shared by threads calling `flashcore_forward`,
-/// `flashcore_forward_workspace_size` and `flashcore_merge_states` (the
-/// `&self` methods here). The one
+/// `flashcore_forward_workspace_size`, `flashcore_merge_states`,
+/// `flashcore_backward_workspace_size` and `flashcore_backward` (the `&self`
+/// methods here). The one
 /// call that must not race with other uses, `flashcore_destroy`, runs in
 /// [`Drop`], which Rust only allows once no reference remains.
 ///
@@ -240,6 +242,126 @@ impl Handle {
     /// ```
     pub unsafe fn merge_states(&self, params: &MergeParams<'_>, stream: *mut c_void) -> Result<()> {
         check(sys::flashcore_merge_states(self.as_raw(), params.as_raw(), stream))
+    }
+
+    /// Bytes of device workspace [`backward`](Handle::backward) needs for
+    /// `params`: the fp32 dQ accumulator, 4 · num_heads_q · head_dim bytes
+    /// per query row (rows: batch_size · seqlen_q, or total_seqlen_q with
+    /// [`varlen_q`](crate::BackwardParamsBuilder::varlen_q)), rounded up to
+    /// [`ALIGNMENT`](crate::ALIGNMENT); 0 for an empty call. Depends only on
+    /// the shapes (not on pointers, strides or options), so one allocation
+    /// serves every call of those shapes, CUDA graph replays included.
+    pub fn backward_workspace_size(&self, params: &BackwardParams<'_>) -> Result<usize> {
+        let mut bytes = 0;
+        // SAFETY: live handle, valid params and out-pointer.
+        check(unsafe { sys::flashcore_backward_workspace_size(self.as_raw(), params.as_raw(), &mut bytes) })?;
+        Ok(bytes)
+    }
+
+    /// Queues the gradients of attention (dq, dk and dv, see
+    /// [`BackwardParams`]) on `stream` and returns without waiting: three
+    /// kernels (the row sums of dO ∘ O, the main kernel over blocks of keys,
+    /// dq's conversion), P recomputed from q, k and the forward's lse, nothing
+    /// of size seqlen_q × seqlen_k stored.
+    ///
+    /// `workspace` must hold at least
+    /// [`backward_workspace_size`](Handle::backward_workspace_size) bytes
+    /// ([`Status::WorkspaceTooSmall`] otherwise) and be
+    /// [`ALIGNMENT`](crate::ALIGNMENT)-byte aligned ([`Status::Misaligned`]);
+    /// `None` is fine when that size is 0 (an empty call). Its contents do
+    /// not matter.
+    /// `stream` is as for [`forward`](Handle::forward); the call uses the
+    /// handle's device whatever device is current and can be captured into a
+    /// CUDA graph. dk and dv are bitwise deterministic; dq is too with
+    /// [`deterministic`](crate::BackwardParamsBuilder::deterministic), and
+    /// may otherwise differ in its last bits between runs. Bad parameters
+    /// return a status having queued nothing.
+    ///
+    /// # Safety
+    ///
+    /// As for [`forward`](Handle::forward): every buffer given to the params
+    /// and `workspace` is device memory usable from the handle's device,
+    /// holding at least its [`byte_len`](DeviceBuffer::byte_len) bytes; the
+    /// buffers stay allocated, the inputs (q, k, v, out, dout, lse and any
+    /// seqused_k or cu_seqlens) unwritten, and dq, dk, dv and the workspace
+    /// otherwise unused, until the queued work has completed; `stream` is
+    /// null or a live stream of the handle's device.
+    ///
+    /// # Example
+    ///
+    /// A forward call that keeps its lse, then the backward call with the
+    /// gradient of the loss with respect to its output:
+    ///
+    /// ```no_run
+    /// use flashcore::{BackwardParams, ForwardParams, Handle, RawBuffer};
+    /// # fn device_alloc(bytes: usize) -> RawBuffer { unimplemented!() }
+    /// # fn synchronize(stream: *mut std::ffi::c_void) {}
+    ///
+    /// let handle = Handle::new()?;
+    /// let (heads, seqlen, head_dim) = (8, 1024, 128);
+    /// let bytes = heads * seqlen * head_dim * 2; // [1, 8, 1024, 128] bf16
+    /// let (q, k, v) = (device_alloc(bytes), device_alloc(bytes), device_alloc(bytes));
+    /// let (mut out, mut lse) = (device_alloc(bytes), device_alloc(heads * seqlen * 4));
+    /// let stream = std::ptr::null_mut(); // the default stream
+    /// let forward = ForwardParams::builder()
+    ///     .dtype(flashcore::DType::BF16)
+    ///     .batch_size(1)
+    ///     .num_heads_q(heads as i32)
+    ///     .num_heads_kv(heads as i32)
+    ///     .seqlen_q(seqlen as i32)
+    ///     .seqlen_k(seqlen as i32)
+    ///     .head_dim(head_dim as i32)
+    ///     .causal(true)
+    ///     .q(&q)
+    ///     .k(&k)
+    ///     .v(&v)
+    ///     .out(&mut out)
+    ///     .lse(&mut lse)
+    ///     .build()?;
+    /// let mut workspace = device_alloc(handle.workspace_size(&forward)?);
+    /// // SAFETY: live device allocations of the stated sizes, kept until the
+    /// // stream is synchronized below.
+    /// unsafe { handle.forward(&forward, Some(&mut workspace), stream)? };
+    /// drop(forward); // releases out and lse for the backward call to read
+    ///
+    /// let dout = device_alloc(bytes); // filled by the layers after attention
+    /// let (mut dq, mut dk, mut dv) = (device_alloc(bytes), device_alloc(bytes), device_alloc(bytes));
+    /// let backward = BackwardParams::builder()
+    ///     .dtype(flashcore::DType::BF16) // the same options as the forward call
+    ///     .batch_size(1)
+    ///     .num_heads_q(heads as i32)
+    ///     .num_heads_kv(heads as i32)
+    ///     .seqlen_q(seqlen as i32)
+    ///     .seqlen_k(seqlen as i32)
+    ///     .head_dim(head_dim as i32)
+    ///     .causal(true)
+    ///     .q(&q)
+    ///     .k(&k)
+    ///     .v(&v)
+    ///     .out(&out)
+    ///     .dout(&dout)
+    ///     .lse(&lse)
+    ///     .dq(&mut dq)
+    ///     .dk(&mut dk)
+    ///     .dv(&mut dv)
+    ///     .build()?;
+    /// let mut workspace = device_alloc(handle.backward_workspace_size(&backward)?);
+    /// // SAFETY: as above.
+    /// unsafe { handle.backward(&backward, Some(&mut workspace), stream)? };
+    /// synchronize(stream);
+    /// # Ok::<(), flashcore::Error>(())
+    /// ```
+    pub unsafe fn backward(
+        &self,
+        params: &BackwardParams<'_>,
+        workspace: Option<&mut dyn DeviceBuffer>,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        let (workspace, workspace_bytes) = match workspace {
+            Some(buffer) => (buffer.device_ptr() as usize as *mut c_void, buffer.byte_len()),
+            None => (ptr::null_mut(), 0),
+        };
+        check(sys::flashcore_backward(self.as_raw(), params.as_raw(), workspace, workspace_bytes, stream))
     }
 }
 

@@ -17,8 +17,10 @@
 //! ([`ForwardParamsBuilder::seqused_k`]) and paged pools
 //! ([`ForwardParamsBuilder::paged_kv`]); variable-length batches packed as
 //! FlashAttention's varlen calls ([`ForwardParamsBuilder::varlen_q`],
-//! [`ForwardParamsBuilder::varlen_k`]); and merging of results computed over
-//! parts of the keys ([`Handle::merge_states`]).
+//! [`ForwardParamsBuilder::varlen_k`]); merging of results computed over
+//! parts of the keys ([`Handle::merge_states`]); and the backward pass for
+//! training: the gradients dq, dk and dv ([`Handle::backward`], with every
+//! option of the forward but paged KV caches).
 //!
 //! This crate links the installed `libflashcore.so` (see [`sys`] for how it
 //! is found) and compiles no CUDA, so it builds in seconds and has no
@@ -32,9 +34,13 @@
 //! # Overview
 //!
 //! - [`Handle`]: the library bound to one GPU; [`Handle::workspace_size`],
-//!   [`Handle::forward`] and [`Handle::merge_states`].
+//!   [`Handle::forward`], [`Handle::merge_states`],
+//!   [`Handle::backward_workspace_size`] and [`Handle::backward`].
 //! - [`ForwardParams`]: shapes, options and buffers of one call, made and
 //!   validated by [`ForwardParamsBuilder`].
+//! - [`BackwardParams`]: the same for the gradients of a forward call (its
+//!   inputs, out, lse and dout in; dq, dk and dv out), made and validated by
+//!   [`BackwardParamsBuilder`].
 //! - [`MergeParams`]: partial results (out and lse of attention over parts
 //!   of the keys) and where their merge goes, made by [`MergeParamsBuilder`].
 //! - [`Error`]: a [`Status`] and the library's explanation.
@@ -85,12 +91,16 @@
 
 #![deny(missing_docs)]
 
+// First: its setters! macro serves the other builders.
+#[macro_use]
+mod params;
+mod backward;
 mod buffer;
 mod error;
 mod handle;
 mod merge;
-mod params;
 
+pub use backward::{BackwardParams, BackwardParamsBuilder, BackwardTensor};
 pub use buffer::{DeviceBuffer, RawBuffer};
 pub use error::{Error, Result, Status};
 pub use handle::Handle;
@@ -100,8 +110,9 @@ pub use params::{DType, ForwardParams, ForwardParamsBuilder, Layout, Strides, Te
 /// The raw C API (`flashcore-sys`), for what this crate does not wrap.
 pub use flashcore_sys as sys;
 
-/// Alignment in bytes that q, k, v, out and the workspace must have, and that
-/// every stride must be a multiple of (in bytes).
+/// Alignment in bytes that q, k, v, out and the workspace must have (and
+/// dout, dq, dk and dv of a backward call), and that every stride must be a
+/// multiple of (in bytes).
 pub const ALIGNMENT: usize = sys::FLASHCORE_ALIGNMENT as usize;
 
 /// The largest [`num_splits`](ForwardParamsBuilder::num_splits) a forward

@@ -60,7 +60,7 @@ pub enum Layout {
 }
 
 impl Layout {
-    fn to_raw(self) -> sys::flashcore_layout {
+    pub(crate) fn to_raw(self) -> sys::flashcore_layout {
         match self {
             Layout::Bhsd => sys::FLASHCORE_LAYOUT_BHSD,
             Layout::Bshd => sys::FLASHCORE_LAYOUT_BSHD,

@@ -1,4 +1,5 @@
-//! Runs flashcore on the GPU and checks it against a CPU reference in f64.
+//! Runs flashcore on the GPU and checks it against a CPU reference in f64
+//! (the backward pass's tests, and its reference, are in backward.rs).
 //!
 //! Device memory comes from the CUDA driver API, loaded at run time, so this
 //! binary starts anywhere. Without a GPU (no libcuda.so.1, or no device) the
@@ -11,11 +12,16 @@
 // A test function left out of main's list would never run: make that an error.
 #![deny(dead_code)]
 
+mod backward;
 mod cuda;
 mod half;
 #[macro_use]
 mod harness;
 
+use backward::{
+    backward_matches_cpu_reference, backward_reference_matches_finite_differences,
+    backward_without_queries_zeroes_dk_and_dv, varlen_backward_matches_cpu_reference,
+};
 use cuda::Gpu;
 use flashcore::{
     DType, DeviceBuffer, ForwardParams, ForwardParamsBuilder, Handle, Layout, MergeParams, RawBuffer, StateStrides,
@@ -38,6 +44,10 @@ fn main() -> std::process::ExitCode {
         merge_states_matches_cpu_reference,
         merge_states_refusals_come_from_the_library,
         two_halves_merged_match_attention_over_all_keys,
+        backward_reference_matches_finite_differences,
+        backward_matches_cpu_reference,
+        backward_without_queries_zeroes_dk_and_dv,
+        varlen_backward_matches_cpu_reference,
     ])
 }
 
