@@ -105,4 +105,7 @@ def fake_gpu(lib, monkeypatch):
     api = _launch.torch_api()
     monkeypatch.setattr(api, "current_stream", lambda device: 0)
     monkeypatch.setattr(api, "capturing", lambda: False)
-    return handle
+    yield handle
+    # Code torch.compile traced through the stand-ins must not be reused by
+    # later tests on a real GPU.
+    torch._dynamo.reset()

@@ -338,9 +338,14 @@ def test_the_operator_needs_its_lse_to_differentiate(torch, fake_gpu):
 
 
 def test_a_backward_call_is_planned_once(torch, fake_gpu):
+    # Other tests (the GPU ones, in the same session) may have planned
+    # calls of their own, some with this test's key: start from none.
+    _planning._backward_plans.clear()
+    kept = []  # alive, so that each call's tensors have addresses of their own
     for seed in range(3):
         q, k, v = tensors(torch, [(1, 4, 8, 64)] * 3, seed=seed)
         flashcore.attention(q, k, v, causal=True).float().sum().backward()
+        kept.append((q, k, v))
     assert len(_planning._backward_plans) == 1
     first, *others = fake_gpu.backward_params()
     for p in others:
@@ -358,6 +363,14 @@ def _without_addresses(params):
 def test_operators_pass_opcheck(torch, fake_gpu, layout, varlen):
     # torch's own check of the registrations: schema, fake implementations
     # against the real ones, autograd, and AOT dispatch with dynamic shapes.
+    # On the stand-in GPU only where there is no real one: the AOT dispatch
+    # check leaves graphs traced through the stand-in in torch's caches,
+    # which compiled calls on a real GPU later in the session then reuse
+    # (test_gpu_torch's compiled tests failed after it on an H200; the
+    # compiled GPU tests there and in test_gpu_backward cover the
+    # registrations on a GPU).
+    if torch.cuda.is_available():
+        pytest.skip("opcheck runs on the CPU stand-in only where no GPU is present (see the comment)")
     if varlen:
         q, k, v = tensors(torch, [(12, 4, 64), (20, 2, 64), (20, 2, 64)])
         cu_q, cu_k = torch.tensor([0, 5, 12], dtype=torch.int32), torch.tensor([0, 9, 20], dtype=torch.int32)
