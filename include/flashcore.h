@@ -41,7 +41,8 @@
  *   what was wrong and what is supported. No function aborts, exits, prints
  *   or lets a C++ exception escape.
  * - Bad input never writes anywhere: parameters are validated completely
- *   before any work is queued. Only `out`, `lse` and the workspace are ever
+ *   before any work is queued. Only a call's outputs (`out` and `lse`; for
+ *   flashcore_backward `dq`, `dk` and `dv`) and the workspace are ever
  *   written, and only by a call that returned FLASHCORE_STATUS_SUCCESS.
  * - Device pointers are plain CUDA device addresses (from cudaMalloc, a
  *   framework's allocator, or cudaMallocManaged). Streams are cudaStream_t
@@ -80,9 +81,9 @@
  *
  * Thread safety: every function may be called from several threads at once.
  * A handle may be shared by threads and streams: flashcore_forward,
- * flashcore_merge_states and flashcore_forward_workspace_size on one handle
- * from several threads at once, each queueing on its own stream (or the
- * same one), are safe; the handle holds no per-call state. Calls on
+ * flashcore_backward, flashcore_merge_states and the workspace queries on
+ * one handle from several threads at once, each queueing on its own stream
+ * (or the same one), are safe; the handle holds no per-call state. Calls on
  * different streams run concurrently on the GPU, so they must not write
  * memory another of them reads or writes (each call's workspace included).
  * flashcore_destroy must not race with other uses of that handle.

@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "955a6e4c23d9fb8a9ef0db9490c5d740a3b171eea0be3846e0d9979180d552f9"
+HEADER_SHA256 = "5816bcd288acf1089c1d4151e158a05fd4bd21b215e7e675df10bda9015861a9"
 
 
 # Assigning to a field of the structs below checks the value against the
