@@ -17,6 +17,20 @@ namespace flashcore {
 // but an uninitialised field.
 constexpr size_t kMaxPlausibleStructSize = 64 * 1024;
 
+// A struct_size for a struct that has had one layout since `first_version`
+// (flashcore_merge_params, flashcore_backward_params): at least its size
+// then, `first_size`, and plausible (a newer header's may be larger).
+inline flashcore_status check_size_since_first_release(size_t size, const char *what, const char *struct_name,
+                                                       size_t first_size, const char *first_version) {
+    if (size < first_size || size > kMaxPlausibleStructSize) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "%s (%zu) is not a valid size of %s (at least %zu, its size in %s, where it first appeared); "
+                    "pass sizeof(%s) to %s_init",
+                    what, size, struct_name, first_size, first_version, struct_name, struct_name);
+    }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
 // Zeroes a caller's struct_size bytes, then writes as much of `defaults` as
 // fits in them. Fields this library does not know (a newer caller's) stay
 // zero: their documented default.

@@ -7,14 +7,7 @@
 namespace flashcore {
 
 flashcore_status check_backward_struct_size(size_t size, const char *what) {
-    if (size < kBackwardParamsSizeV0_7 || size > kMaxPlausibleStructSize) {
-        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                    "%s (%zu) is not a valid size of flashcore_backward_params (at least %zu, its size in 0.7, "
-                    "where it first appeared); pass sizeof(flashcore_backward_params) to "
-                    "flashcore_backward_params_init",
-                    what, size, kBackwardParamsSizeV0_7);
-    }
-    return FLASHCORE_STATUS_SUCCESS;
+    return check_size_since_first_release(size, what, "flashcore_backward_params", kBackwardParamsSizeV0_7, "0.7");
 }
 
 void init_backward_params(flashcore_backward_params *params, size_t struct_size) {

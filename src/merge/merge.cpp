@@ -18,13 +18,7 @@ constexpr int32_t kMergeHeadDimMultiple = head_dim_multiple(DType::kFp16);
 }  // namespace
 
 flashcore_status check_merge_struct_size(size_t size, const char *what) {
-    if (size < kMergeParamsSizeV0_3 || size > kMaxPlausibleStructSize) {
-        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                    "%s (%zu) is not a valid size of flashcore_merge_params (at least %zu); pass "
-                    "sizeof(flashcore_merge_params) to flashcore_merge_params_init",
-                    what, size, kMergeParamsSizeV0_3);
-    }
-    return FLASHCORE_STATUS_SUCCESS;
+    return check_size_since_first_release(size, what, "flashcore_merge_params", kMergeParamsSizeV0_3, "0.3");
 }
 
 void init_merge_params(flashcore_merge_params *params, size_t struct_size) {
