@@ -22,6 +22,7 @@
 #include <cmath>
 
 #include "common/ptx.cuh"
+#include "common/types.h"
 
 namespace flashcore {
 
@@ -42,7 +43,7 @@ struct Softcap {
     // (absolute error about 1e-7; exp2 of a large argument is +inf, whose
     // reciprocal is 0: tanh 1).
     __device__ __forceinline__ float operator()(float raw) const {
-        constexpr float kTwoLog2e = 2.f * 1.4426950408889634f;
+        constexpr float kTwoLog2e = 2.f * kLog2e;
         const float e2x = fast_exp2(raw * (prescale * kTwoLog2e));
         return fmaf(-2.f, fast_rcp(e2x + 1.f), 1.f);
     }

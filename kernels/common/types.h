@@ -34,6 +34,10 @@ constexpr size_t dtype_bytes(DType dtype) {
 // dtype it has not validated yet.
 constexpr size_t kWidestDTypeBytes = 2;
 
+// log2(e): the kernels exponentiate with exp2, so the host folds it into
+// the softmax scale and the kernels into the LSE and the softcap's tanh.
+constexpr float kLog2e = 1.4426950408889634f;
+
 // Bytes every load and store along a row's contiguous head dimension moves
 // at once (one 16-byte vector): a call's head dims are multiples of a
 // vector's elements, head_dim_multiple(dtype), since a kernel wider than the

@@ -60,28 +60,6 @@ void backward_tensors(const flashcore_backward_params &p, TensorDims *t) {
 // an empty call's are not.
 bool has_elements(const TensorDims &t) { return t.batch > 0 && t.seqlen > 0 && t.heads > 0; }
 
-// Entries of lse: [batch_size][num_heads_q][seqlen_q], or
-// [num_heads_q][total_seqlen_q] for packed queries.
-__int128 lse_entries(const flashcore_backward_params &p) {
-    return p.cu_seqlens_q != nullptr ? __int128(p.num_heads_q) * p.total_seqlen_q
-                                     : __int128(p.batch_size) * p.num_heads_q * p.seqlen_q;
-}
-
-// The int32 arrays of a call, with the entries each holds.
-struct Int32Array {
-    const char *name;
-    const int32_t *data;
-    __int128 count;
-};
-constexpr size_t kMaxInt32Arrays = 3;
-size_t int32_arrays(const flashcore_backward_params &p, Int32Array *arrays) {
-    size_t n = 0;
-    if (p.seqused_k != nullptr) arrays[n++] = {"seqused_k", p.seqused_k, p.batch_size};
-    if (p.cu_seqlens_q != nullptr) arrays[n++] = {"cu_seqlens_q", p.cu_seqlens_q, __int128(p.batch_size) + 1};
-    if (p.cu_seqlens_k != nullptr) arrays[n++] = {"cu_seqlens_k", p.cu_seqlens_k, __int128(p.batch_size) + 1};
-    return n;
-}
-
 static_assert(kMaxBackwardRanges >= kBackwardTensors + 1 + kMaxInt32Arrays,
               "kMaxBackwardRanges: the tensors, lse and the int32 arrays");
 
@@ -114,14 +92,12 @@ size_t backward_ranges(const flashcore_backward_params &p, ByteRange *ranges) {
     for (int i = 0; i < kBackwardTensors; ++i) {
         if (has_elements(tensors[i])) ranges[n++] = tensor_range(tensors[i], i >= kDq);
     }
-    if (lse_entries(p) > 0) {
-        ranges[n] = lse_range(p.lse, lse_entries(p));
+    const flashcore_forward_params view = forward_view(p);
+    if (lse_entries(view) > 0) {
+        ranges[n] = lse_range(p.lse, lse_entries(view));
         ranges[n++].written = false;  // the forward's output, read here
     }
-    Int32Array arrays[kMaxInt32Arrays];
-    const size_t count = int32_arrays(p, arrays);
-    for (size_t i = 0; i < count; ++i) ranges[n++] = int32_range(arrays[i].name, arrays[i].data, arrays[i].count);
-    return n;
+    return n + int32_array_ranges(view, ranges + n);
 }
 
 flashcore_status validate_backward_tensors(const flashcore_backward_params &p) {
@@ -137,7 +113,8 @@ flashcore_status validate_backward_tensors(const flashcore_backward_params &p) {
         if (has_elements(tensors[i])) status = check_no_self_overlap(tensors[i]);
         if (status != FLASHCORE_STATUS_SUCCESS) return status;
     }
-    if (lse_entries(p) > 0) {
+    const flashcore_forward_params view = forward_view(p);
+    if (lse_entries(view) > 0) {
         if (p.lse == nullptr) {
             return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
                         "lse is NULL: the backward pass needs the forward's log-sum-exp (pass the lse the forward "
@@ -146,12 +123,8 @@ flashcore_status validate_backward_tensors(const flashcore_backward_params &p) {
         status = check_pointer(p.lse, "lse", kLseAlignment);
         if (status != FLASHCORE_STATUS_SUCCESS) return status;
     }
-    Int32Array arrays[kMaxInt32Arrays];
-    const size_t count = int32_arrays(p, arrays);
-    for (size_t i = 0; i < count; ++i) {
-        status = check_pointer(arrays[i].data, arrays[i].name, alignof(int32_t));
-        if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    }
+    status = check_int32_arrays(view);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
     ByteRange ranges[kMaxBackwardRanges];
     return check_no_aliasing(ranges, backward_ranges(p, ranges));
 }

@@ -38,7 +38,7 @@ flashcore_status validate_backward_tensors(const flashcore_backward_params &para
 // The address ranges of the tensors of validated, non-empty parameters that
 // have elements (q, k, v, out, dout, lse and the int32 arrays read; dq, dk
 // and dv written); returns how many it wrote (at most kMaxBackwardRanges).
-constexpr size_t kMaxBackwardRanges = 12;
+constexpr size_t kMaxBackwardRanges = 13;
 size_t backward_ranges(const flashcore_backward_params &params, ByteRange *ranges);
 
 }  // namespace flashcore

@@ -60,9 +60,6 @@ flashcore_status read_params(const flashcore_forward_params *user, flashcore_for
 // The softmax scale the kernels use: the caller's, or 1/sqrt(head_dim).
 float effective_softmax_scale(const flashcore_forward_params &params);
 
-// log2(e).
-constexpr float kLog2e = 1.4426950408889634f;
-
 // That scale times kLog2e, as the kernels use it (they exponentiate with
 // exp2). Validation requires it to be finite.
 float softmax_scale_log2(const flashcore_forward_params &params);

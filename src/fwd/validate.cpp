@@ -342,23 +342,36 @@ size_t int32_arrays(const flashcore_forward_params &p, Int32Array *arrays) {
     if (p.block_table != nullptr) arrays[n++] = {"block_table", p.block_table, block_table_entries(p)};
     return n;
 }
-constexpr size_t kMaxInt32Arrays = 4;
 
 }  // namespace
+
+__int128 lse_entries(const flashcore_forward_params &p) {
+    return p.cu_seqlens_q != nullptr ? __int128(p.num_heads_q) * p.total_seqlen_q
+                                     : __int128(p.batch_size) * p.num_heads_q * p.seqlen_q;
+}
+
+flashcore_status check_int32_arrays(const flashcore_forward_params &p) {
+    Int32Array arrays[kMaxInt32Arrays];
+    const size_t count = int32_arrays(p, arrays);
+    for (size_t i = 0; i < count; ++i) {
+        const flashcore_status status = check_pointer(arrays[i].data, arrays[i].name, alignof(int32_t));
+        if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+size_t int32_array_ranges(const flashcore_forward_params &p, ByteRange *ranges) {
+    Int32Array arrays[kMaxInt32Arrays];
+    const size_t count = int32_arrays(p, arrays);
+    for (size_t i = 0; i < count; ++i) ranges[i] = int32_range(arrays[i].name, arrays[i].data, arrays[i].count);
+    return count;
+}
 
 size_t forward_ranges(const flashcore_forward_params &p, ByteRange *ranges) {
     size_t n = 0;
     for (int i = 0; i < kForwardTensors; ++i) ranges[n++] = tensor_range(forward_tensor(p, i), i == kForwardOut);
-    if (p.lse != nullptr) {
-        // [num_heads_q][total_seqlen_q] for packed queries.
-        const __int128 rows = p.cu_seqlens_q != nullptr ? __int128(p.num_heads_q) * p.total_seqlen_q
-                                                        : __int128(p.batch_size) * p.num_heads_q * p.seqlen_q;
-        ranges[n++] = lse_range(p.lse, rows);
-    }
-    Int32Array arrays[kMaxInt32Arrays];
-    const size_t count = int32_arrays(p, arrays);
-    for (size_t i = 0; i < count; ++i) ranges[n++] = int32_range(arrays[i].name, arrays[i].data, arrays[i].count);
-    return n;
+    if (p.lse != nullptr) ranges[n++] = lse_range(p.lse, lse_entries(p));
+    return n + int32_array_ranges(p, ranges + n);
 }
 
 flashcore_status validate_tensors(const flashcore_forward_params &p) {
@@ -373,12 +386,8 @@ flashcore_status validate_tensors(const flashcore_forward_params &p) {
         status = check_pointer(p.lse, "lse", kLseAlignment);
         if (status != FLASHCORE_STATUS_SUCCESS) return status;
     }
-    Int32Array arrays[kMaxInt32Arrays];
-    const size_t count = int32_arrays(p, arrays);
-    for (size_t i = 0; i < count; ++i) {
-        status = check_pointer(arrays[i].data, arrays[i].name, alignof(int32_t));
-        if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    }
+    status = check_int32_arrays(p);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
     ByteRange ranges[kMaxForwardRanges];
     return check_no_aliasing(ranges, forward_ranges(p, ranges));
 }

@@ -53,8 +53,21 @@ flashcore_status validate_softcap(const flashcore_forward_params &params);
 // tensor: what the forward call needs in addition.
 flashcore_status validate_tensors(const flashcore_forward_params &params);
 
+// Entries of lse: [batch_size][num_heads_q][seqlen_q], or with
+// cu_seqlens_q [num_heads_q][total_seqlen_q].
+__int128 lse_entries(const flashcore_forward_params &params);
+
+// The int32 arrays the kernels read (seqused_k, cu_seqlens_q/_k,
+// block_table): their pointers, 4-byte aligned; and their address ranges,
+// written to `ranges` (returns how many: at most kMaxInt32Arrays). What
+// every family whose call carries these arrays checks of them.
+constexpr size_t kMaxInt32Arrays = 4;
+flashcore_status check_int32_arrays(const flashcore_forward_params &params);
+size_t int32_array_ranges(const flashcore_forward_params &params, ByteRange *ranges);
+
 // The ranges of q, k, v, out and (when given) lse of validated, non-empty
-// parameters; returns how many it wrote (at most kMaxForwardRanges).
+// parameters, and of the int32 arrays; returns how many it wrote (at most
+// kMaxForwardRanges).
 constexpr size_t kMaxForwardRanges = 9;
 size_t forward_ranges(const flashcore_forward_params &params, ByteRange *ranges);
 

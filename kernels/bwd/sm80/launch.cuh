@@ -18,8 +18,7 @@ BwdKernelInfo bwd_info_sm80() {
 }
 
 // One row kernel over every query row (none: nothing launched).
-template <typename Element>
-cudaError_t launch_row_kernel(void (*kernel)(BwdKernelParams), const BwdKernelParams &params,
+inline cudaError_t launch_row_kernel(void (*kernel)(BwdKernelParams), const BwdKernelParams &params,
                               const LaunchOptions &options, cudaStream_t stream, const char *name) {
     const int64_t rows = bwd_row_kernel_rows(params);
     if (rows == 0) return cudaSuccess;
@@ -35,7 +34,7 @@ cudaError_t run_bwd_sm80(const BwdKernelParams &params, const LaunchOptions &opt
     static_assert(kInput == kOutput, "the backward kernels write their input type (bwd/family.cmake)");
     using Traits = typename BwdConfig<kInput, kHeadDim, kHeadDimV, kVariant>::Traits;
     using Element = typename Traits::Element;
-    cudaError_t err = launch_row_kernel<Element>(bwd_preprocess_kernel<Element>, params, options, stream,
+    cudaError_t err = launch_row_kernel(bwd_preprocess_kernel<Element>, params, options, stream,
                                                  "cudaLaunchKernelEx (the backward preprocess)");
     if (err != cudaSuccess) return err;
     cudaLaunchConfig_t config = {};
@@ -46,7 +45,7 @@ cudaError_t run_bwd_sm80(const BwdKernelParams &params, const LaunchOptions &opt
     static DynamicSmemOptIn opt_in;
     err = launch_opted_in(opt_in, flash_bwd_kernel<Traits>, config, options, params);
     if (err != cudaSuccess) return err;
-    return launch_row_kernel<Element>(bwd_convert_kernel<Element>, params, options, stream,
+    return launch_row_kernel(bwd_convert_kernel<Element>, params, options, stream,
                                       "cudaLaunchKernelEx (the backward postprocess)");
 }
 

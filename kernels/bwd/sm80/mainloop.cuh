@@ -30,8 +30,6 @@
 
 namespace flashcore::sm80 {
 
-constexpr float kLog2eBwd = 1.4426950408889634f;
-
 template <typename Traits>
 struct BwdMainloop {
     using Element = typename Traits::Element;
@@ -219,7 +217,7 @@ struct BwdMainloop {
                     // Rows past the sequence, and rows that saw no key (lse
                     // -inf), have P = 0.
                     const float lse_log2 =
-                        first_row + r >= w.tile.seqs.seqlen_q || lse == -INFINITY ? INFINITY : lse * kLog2eBwd;
+                        first_row + r >= w.tile.seqs.seqlen_q || lse == -INFINITY ? INFINITY : lse * kLog2e;
                     const float row_dot = stage_dots[r];
 #pragma unroll
                     for (int n = 0; n < Traits::kSdPNTiles; ++n) {
