@@ -101,12 +101,29 @@ flashcore_status read_first_kv_position(EnvOverrides *env) {
     return status;
 }
 
+// FLASHCORE_TEST_SMEM_PER_BLOCK=N (1 <= N <= the device's opt-in limit), for
+// tests: kernels with a configuration per shared-memory limit choose as if
+// the device allowed N bytes per block.
+flashcore_status read_smem_per_block_choice(const flashcore_handle_s &h, EnvOverrides *env) {
+    char range[96];
+    std::snprintf(range, sizeof range, "from 1 to %zu (the shared memory per block device %d allows)",
+                  h.max_smem_per_block, h.device);
+    bool found = false;
+    long long n = 0;
+    const flashcore_status status = read_env_number("FLASHCORE_TEST_SMEM_PER_BLOCK", 1,
+                                                    static_cast<long long>(h.max_smem_per_block), range, &found, &n);
+    if (found) env->smem_per_block_choice = size_t(n);
+    return status;
+}
+
 // Every environment variable a handle reads, for the device in h.
 flashcore_status read_env_overrides(const flashcore_handle_s &h, EnvOverrides *env) {
     *env = EnvOverrides{};
     flashcore_status status = read_fwd_variant(h, env);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     status = read_persistent_ctas(h, env);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    status = read_smem_per_block_choice(h, env);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     return read_first_kv_position(env);
 }

@@ -32,6 +32,11 @@ struct EnvOverrides {
     // FLASHCORE_TEST_KV_POSITION=N (tests only): where the sm_90a kernel's
     // count of K/V tiles per CTA starts, so that one call crosses 2^32.
     uint64_t first_kv_position = 0;
+    // FLASHCORE_TEST_SMEM_PER_BLOCK=N (tests only): the shared memory per
+    // block that kernels with a configuration per limit choose by, at most
+    // the device's (the backward at head dim 256: an A100's 163 KB
+    // configuration, tested on an H100). 0: the device's.
+    size_t smem_per_block_choice = 0;
 };
 
 }  // namespace flashcore

@@ -23,6 +23,10 @@ struct LaunchOptions {
     // shared-memory opt-in is remembered for (dynamic_smem.cuh). -1: unknown,
     // opted in on every launch.
     int device = -1;
+    // The dynamic shared memory a block may opt in to on that device, which
+    // picks between configurations of one kernel (the backward's at head
+    // dim 256). 0: unknown, the configuration every supported GPU runs.
+    size_t max_smem_per_block = 0;
 };
 
 // A launcher's runtime call `call` returned `err`: on failure, the error is

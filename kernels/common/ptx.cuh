@@ -49,6 +49,19 @@ __device__ __forceinline__ void red_add2(float *address, float lo, float hi) {
 #endif
 }
 
+// address[0..3] += values (address 16-byte aligned): one instruction on
+// sm_90, four scalar reductions before it.
+__device__ __forceinline__ void red_add4(float *address, const float (&values)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(address), "f"(values[0]), "f"(values[1]),
+                 "f"(values[2]), "f"(values[3])
+                 : "memory");
+#else
+#pragma unroll
+    for (int e = 0; e < 4; ++e) red_add(address + e, values[e]);
+#endif
+}
+
 // ptr + elements, computed by an instruction the compiler cannot see into,
 // so it cannot hoist or combine the address arithmetic (see load_tile_async).
 template <typename T>

@@ -263,21 +263,50 @@ __device__ __forceinline__ void zero_fragments(float (&acc)[kMTiles][kNTiles][4]
 
 // Writes accumulator fragments (m16 tiles from row m0, n8 tiles from column
 // n0) into a swizzled shared tile of Element, converted, as the pairs each
-// lane holds (frag_row, frag_col: fragment_layout.cuh).
+// lane holds (frag_row, frag_col: fragment_layout.cuh). m0 and n0 are
+// multiples of 8.
+//
+// With rows of whole 8-vector groups, every row a lane writes has the same
+// row % 8 (frag_row: m0 and the tiles' steps are multiples of 8), so each n8
+// tile's swizzled vector is computed once and the rows are immediate offsets
+// from it: one store per pair, not a swizzle per pair.
 template <typename Element, int kRowElems, int kMTiles, int kNTiles>
 __device__ __forceinline__ void store_fragments(Element *tile, const float (&acc)[kMTiles][kNTiles][4], int m0, int n0,
                                                 int lane) {
-#pragma unroll
-    for (int m = 0; m < kMTiles; ++m) {
+    constexpr int kVectors = kRowElems / kElemsPerVector<Element>;
+    if constexpr (kVectors % kSwizzleGroupVectors == 0) {
+        constexpr int kRowBytes = kRowElems * int(sizeof(Element));
+        constexpr int kVecBytes = int(kVectorBytes);
+        const int lane_row = frag_row(lane);  // the rows' index % 8
+        char *row_base = reinterpret_cast<char *>(tile) + (m0 + lane_row) * kRowBytes +
+                         frag_col(lane) * int(sizeof(Element));
 #pragma unroll
         for (int n = 0; n < kNTiles; ++n) {
-            const int col = n0 + n * kMmaN + frag_col(lane);
+            const int vec = n0 / kElemsPerVector<Element> + n;  // frag_col stays inside it
+            char *tile_base = row_base + (vec & ~(kSwizzleGroupVectors - 1)) * kVecBytes +
+                              ((vec % kSwizzleGroupVectors) ^ lane_row) * kVecBytes;
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int row = m0 + m * kMmaM + frag_row(lane) + half * kFragRowHalf;
-                Element *dst = tile + swizzled_offset<Element, kRowElems>(row, col / kElemsPerVector<Element>) +
-                               col % kElemsPerVector<Element>;
-                *reinterpret_cast<uint32_t *>(dst) = pack2<Element>(acc[m][n][2 * half], acc[m][n][2 * half + 1]);
+            for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    *reinterpret_cast<uint32_t *>(tile_base + (m * kMmaM + half * kFragRowHalf) * kRowBytes) =
+                        pack2<Element>(acc[m][n][2 * half], acc[m][n][2 * half + 1]);
+                }
+            }
+        }
+    } else {
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+            for (int n = 0; n < kNTiles; ++n) {
+                const int col = n0 + n * kMmaN + frag_col(lane);
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int row = m0 + m * kMmaM + frag_row(lane) + half * kFragRowHalf;
+                    Element *dst = tile + swizzled_offset<Element, kRowElems>(row, col / kElemsPerVector<Element>) +
+                                   col % kElemsPerVector<Element>;
+                    *reinterpret_cast<uint32_t *>(dst) = pack2<Element>(acc[m][n][2 * half], acc[m][n][2 * half + 1]);
+                }
             }
         }
     }

@@ -91,11 +91,23 @@ flashcore_status launch_backward(const flashcore_handle_s &handle, const flashco
                     info.block_n, static_cast<long long>(ctas), INT_MAX);
     }
 
+    // The convert kernel's: a CTA per block of queries of each (batch, query
+    // head).
+    const __int128 query_blocks = (__int128(p.seqlen_q) + info.block_m - 1) / info.block_m;
+    const __int128 convert_ctas = query_blocks * p.batch_size * p.num_heads_q;
+    if (convert_ctas > INT_MAX) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "batch_size * num_heads_q * ceil(seqlen_q / %d) = %lld thread blocks exceeds the grid limit (%d)",
+                    info.block_m, static_cast<long long>(convert_ctas), INT_MAX);
+    }
+
     DeviceGuard guard(handle.device);
     if (guard.status() != FLASHCORE_STATUS_SUCCESS) return guard.status();
     const BwdKernelParams kparams = bwd_kernel_params(p, workspace);
     const char *failed_call = "the launch";
-    const LaunchOptions options{handle.env.persistent_ctas, &failed_call, 0, handle.device};
+    const size_t smem_choice =
+        handle.env.smem_per_block_choice != 0 ? handle.env.smem_per_block_choice : handle.max_smem_per_block;
+    const LaunchOptions options{handle.env.persistent_ctas, &failed_call, 0, handle.device, smem_choice};
     const cudaError_t err = plan.kernel->run(kparams, options, static_cast<cudaStream_t>(stream));
     if (err != cudaSuccess) {
         char operation[160];

@@ -5,6 +5,8 @@
 // (dK, dV to their tensors).
 #pragma once
 
+#include <cstddef>
+
 #include "bwd/params.h"
 #include "bwd/sm80/config.cuh"
 #include "bwd/sm80/epilogue.cuh"
@@ -13,6 +15,10 @@
 #include "sm80/kernel_shell.cuh"
 
 namespace flashcore {
+
+// The dynamic shared memory an sm_80 block may opt in to (an A100's).
+constexpr size_t kSm80MaxSmemPerBlock = 163 * 1024;
+
 namespace sm80 {
 
 template <typename Traits>
@@ -24,7 +30,14 @@ template <typename Traits>
 __global__ void __launch_bounds__(Traits::kNumThreads, 1) __maxnreg__(Traits::kMaxRegisters)
     flash_bwd_kernel(const __grid_constant__ BwdKernelParams p) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    sm80::BwdKernel<Traits>::run(p, smem_raw);
+    // A configuration sm_80 cannot launch (run_bwd_sm80 picks it by the
+    // device's limit) gets no machine code there.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 800
+    constexpr bool kLaunchable = Traits::kSmemBytes <= kSm80MaxSmemPerBlock;
+#else
+    constexpr bool kLaunchable = true;
+#endif
+    if constexpr (kLaunchable) sm80::BwdKernel<Traits>::run(p, smem_raw);
 }
 
 }  // namespace flashcore

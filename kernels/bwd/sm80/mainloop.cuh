@@ -19,6 +19,7 @@
 
 #include "bwd/params.h"
 #include "bwd/sm80/config.cuh"
+#include "bwd/sm80/dq_accumulator.cuh"
 #include "bwd/sm80/row_stats.cuh"
 #include "common/element.cuh"
 #include "common/key_range.cuh"
@@ -203,37 +204,13 @@ struct BwdMainloop {
                 FragmentKeyMask<Traits::kSdPMTiles>::of(w.mask, first_row + sdp_row0, first_key + sdp_col0, lane)
                     .apply(acc_s);
             }
-            // P and dS, row by row of the thread's fragments: each row's lse
-            // (in log2 units) and D are read from the stage where they are
-            // used, so only one row's are live at a time.
-            const float *stage_lse_values = stage_lse(j);
-            const float *stage_dots = stage_row_dot(j);
-#pragma unroll
-            for (int m = 0; m < Traits::kSdPMTiles; ++m) {
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int r = sdp_row0 + m * kMmaM + frag_row(lane) + half * kFragRowHalf;
-                    const float lse = stage_lse_values[r];
-                    // Rows past the sequence, and rows that saw no key (lse
-                    // -inf), have P = 0.
-                    const float lse_log2 =
-                        first_row + r >= w.tile.seqs.seqlen_q || lse == -INFINITY ? INFINITY : lse * kLog2e;
-                    const float row_dot = stage_dots[r];
-#pragma unroll
-                    for (int n = 0; n < Traits::kSdPNTiles; ++n) {
-#pragma unroll
-                        for (int e = 2 * half; e < 2 * half + 2; ++e) {
-                            const float score = acc_s[m][n][e];
-                            const float prob = fast_exp2(fmaf(score, p.fwd.softmax_scale_log2, -lse_log2));
-                            float ds = prob * (acc_dp[m][n][e] - row_dot);
-                            // The capped logit's derivative: 1 - tanh^2 (a
-                            // masked score is -inf: 0 there, as prob is).
-                            if (softcap.enabled()) ds *= fmaxf(1.f - score * score, 0.f);
-                            acc_s[m][n][e] = prob;
-                            acc_dp[m][n][e] = ds;
-                        }
-                    }
-                }
+            // Two copies of the loop, so that calls without a softcap
+            // issue none of its instructions (predicated off, they would
+            // still take issue slots).
+            if (softcap.enabled()) {
+                probabilities_and_ds<true>(p, w, j, first_row, sdp_row0, lane, acc_s, acc_dp);
+            } else {
+                probabilities_and_ds<false>(p, w, j, first_row, sdp_row0, lane, acc_s, acc_dp);
             }
             store_fragments<Element, kBlockN>(smem_p, acc_s, sdp_row0, sdp_col0, lane);
             store_fragments<Element, kBlockN>(smem_ds, acc_dp, sdp_row0, sdp_col0, lane);
@@ -242,11 +219,23 @@ struct BwdMainloop {
             warp_mma<Element, Traits::kdKVMTiles, Traits::kdVNTiles, kBlockM / kMmaK>(
                 acc_dv, SmemOperand<Element, kBlockN, false>::a_of(smem_p, lane), dkv_row0,
                 SmemOperand<Element, Traits::kHeadDimV, false>::b_of(do_tile, lane), dv_col0);
-            warp_mma<Element, Traits::kdKVMTiles, Traits::kdKNTiles, kBlockM / kMmaK>(
-                acc_dk, SmemOperand<Element, kBlockN, false>::a_of(smem_ds, lane), dkv_row0,
-                SmemOperand<Element, Traits::kHeadDim, false>::b_of(q_tile, lane), dk_col0);
 
-            begin_dq(p, w, head, m_block);
+            // dQ before dK: its reductions then drain while the dK product
+            // runs, rather than queueing at the end of the step (and in the
+            // deterministic mode the next key block is let in sooner). Past
+            // head dim 192 (dQ in passes) the other order keeps the
+            // registers within the budget.
+            const auto dk_product = [&] {
+                warp_mma<Element, Traits::kdKVMTiles, Traits::kdKNTiles, kBlockM / kMmaK>(
+                    acc_dk, SmemOperand<Element, kBlockN, false>::a_of(smem_ds, lane), dkv_row0,
+                    SmemOperand<Element, Traits::kHeadDim, false>::b_of(q_tile, lane), dk_col0);
+            };
+            constexpr bool kDkFirst = Traits::kdQPasses > 2;
+            if constexpr (kDkFirst) dk_product();
+            // The deterministic mode's turn is awaited after the first dQ
+            // product, so that only the additions are serialized (before
+            // it past head dim 192, for the registers).
+            if constexpr (kDkFirst) begin_dq(p, w, head, m_block);
 #pragma unroll
             for (int pass = 0; pass < Traits::kdQPasses; ++pass) {
                 const int col0 = dq_col0 + pass * Traits::kdQNTiles * kMmaN;
@@ -255,9 +244,20 @@ struct BwdMainloop {
                 warp_mma<Element, Traits::kdQMTiles, Traits::kdQNTiles, kBlockN / kMmaK>(
                     acc_dq, SmemOperand<Element, kBlockN, true>::a_of(smem_ds, lane), dq_row0,
                     SmemOperand<Element, Traits::kHeadDim, false>::b_of(smem_k, lane), col0);
-                add_dq(p, w, head, m_block, acc_dq, dq_row0, col0, lane);
+                if (!kDkFirst && pass == 0) begin_dq(p, w, head, m_block);
+                add_dq(p, w, head, m_block, acc_dq, pass, dq_row0, col0, lane);
             }
-            end_dq(p, w, head, m_block);
+            // The deterministic mode's count after the dK product where
+            // the registers allow (sm_80's scalar reductions leave one
+            // register too few at head dim 128).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+            constexpr bool kCountAfterDk = false;
+#else
+            constexpr bool kCountAfterDk = true;
+#endif
+            if constexpr (!kCountAfterDk) end_dq(p, w, head, m_block);
+            if constexpr (!kDkFirst) dk_product();
+            if constexpr (kCountAfterDk) end_dq(p, w, head, m_block);
 
             if (Traits::kStages == 1) {
                 // Every warp is done with Q and dO before they are reloaded.
@@ -269,6 +269,47 @@ struct BwdMainloop {
         finish(w, acc_dk, acc_dv);
     }
 
+    // P = exp2(S * scale_log2 - lse_log2) into acc_s and dS = P * (dP - D)
+    // [* (1 - tanh^2) with a softcap] into acc_dp, row by row of the
+    // thread's fragments: each row's lse (in log2 units) and D are read from
+    // step j's stage where they are used, so only one row's are live at a
+    // time.
+    template <bool kSoftcap, typename Work>
+    __device__ __forceinline__ void probabilities_and_ds(
+        const BwdKernelParams &p, const Work &w, int j, int first_row, int sdp_row0, int lane,
+        float (&acc_s)[Traits::kSdPMTiles][Traits::kSdPNTiles][4],
+        float (&acc_dp)[Traits::kSdPMTiles][Traits::kSdPNTiles][4]) const {
+        const float *stage_lse_values = stage_lse(j);
+        const float *stage_dots = stage_row_dot(j);
+#pragma unroll
+        for (int m = 0; m < Traits::kSdPMTiles; ++m) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int r = sdp_row0 + m * kMmaM + frag_row(lane) + half * kFragRowHalf;
+                const float lse = stage_lse_values[r];
+                // Rows past the sequence, and rows that saw no key (lse
+                // -inf), have P = 0.
+                const float lse_log2 =
+                    first_row + r >= w.tile.seqs.seqlen_q || lse == -INFINITY ? INFINITY : lse * kLog2e;
+                const float row_dot = stage_dots[r];
+#pragma unroll
+                for (int n = 0; n < Traits::kSdPNTiles; ++n) {
+#pragma unroll
+                    for (int e = 2 * half; e < 2 * half + 2; ++e) {
+                        const float score = acc_s[m][n][e];
+                        const float prob = fast_exp2(fmaf(score, p.fwd.softmax_scale_log2, -lse_log2));
+                        float ds = prob * (acc_dp[m][n][e] - row_dot);
+                        // The capped logit's derivative: 1 - tanh^2 (a
+                        // masked score is -inf: 0 there, as prob is).
+                        if constexpr (kSoftcap) ds *= fmaxf(1.f - score * score, 0.f);
+                        acc_s[m][n][e] = prob;
+                        acc_dp[m][n][e] = ds;
+                    }
+                }
+            }
+        }
+    }
+
     // The deterministic mode's counter of query block m_block of `head`.
     template <typename Work>
     __device__ __forceinline__ int *dq_counter(const BwdKernelParams &p, const Work &w, int head, int m_block) const {
@@ -276,36 +317,37 @@ struct BwdMainloop {
             bwd_row_stats(p, w.tile.batch, head, int64_t(w.tile.seqs.q_row0) + int64_t(m_block) * kBlockM));
     }
 
-    // Before a step's dQ additions, in the deterministic mode: waits until
-    // the key blocks after this one that the query block sees have added
-    // theirs. They are [n_block_min, n_block_max) (BlockKeyRange), added in
-    // decreasing order (scheduler.cuh says why).
+    // Before the warp's dQ additions of a step, in the deterministic mode:
+    // waits until the key blocks after this one that the query block sees
+    // have added theirs. They are [n_block_min, n_block_max)
+    // (BlockKeyRange), added in decreasing order (scheduler.cuh says why),
+    // and each of their warps counts its own additions (end_dq), so this
+    // key block's turn comes at rank * kNumWarps. Warps wait and count on
+    // their own: no barrier across the CTA, and a warp's release waits only
+    // for its own reductions.
     template <typename Work>
     __device__ __forceinline__ void begin_dq(const BwdKernelParams &p, const Work &w, int head, int m_block) const {
         if (!p.deterministic) return;
         const int rank = BlockKeyRange<kBlockM, kBlockN>::of(w.mask, m_block).n_block_max - 1 - w.n_block;
-        if (tid == 0) {
+        if (tid % kWarpSize == 0) {
+            // At least: this CTA's faster warps may have counted already.
             const int *counter = dq_counter(p, w, head, m_block);
-            while (load_acquire(counter) != rank) {
+            while (load_acquire(counter) < rank * Traits::kNumWarps) {
             }
         }
-        __syncthreads();
+        __syncwarp();
     }
 
-    // After them: the CTA's additions are ordered before the count that
-    // lets the next key block in. The barrier orders every thread's
-    // additions before thread 0's release (cumulativity: the PTX memory
-    // model's release covers what the releasing thread has observed through
-    // the barrier, as CUTLASS's semaphores rely on), so one thread fences,
-    // not 256.
+    // After them (as late as the step allows, so that the reductions have
+    // landed and the release does not stall the warp): the warp's additions
+    // are ordered before its count. __syncwarp orders the lanes' additions
+    // before lane 0's release (cumulativity: the PTX memory model's release
+    // covers what the releasing thread has observed through the barrier).
     template <typename Work>
     __device__ __forceinline__ void end_dq(const BwdKernelParams &p, const Work &w, int head, int m_block) const {
         if (!p.deterministic) return;
-        __syncthreads();
-        if (tid == 0) {
-            __threadfence();
-            add_release(dq_counter(p, w, head, m_block), 1);
-        }
+        __syncwarp();
+        if (tid % kWarpSize == 0) add_release(dq_counter(p, w, head, m_block), 1);
     }
 
     // Adds the warp's dQ fragments (rows from dq_row0, columns from col0) of
@@ -313,14 +355,24 @@ struct BwdMainloop {
     template <typename Work>
     __device__ __forceinline__ void add_dq(const BwdKernelParams &p, const Work &w, int head, int m_block,
                                            const float (&acc_dq)[Traits::kdQMTiles][Traits::kdQNTiles][4],
-                                           int dq_row0, int col0, int lane) const {
+                                           int pass, int dq_row0, int col0, int lane) const {
         const int first_row = m_block * kBlockM;
         float *accumulator = p.dq_accum + w.tile.batch * p.dq_accum_batch_stride + head * p.dq_accum_head_stride +
                              (int64_t(w.tile.seqs.q_row0) + first_row) * p.fwd.head_dim;
         const int valid_rows = w.tile.seqs.seqlen_q - first_row;
-        // A whole block at the kernel's head dim (the common case) needs no
-        // per-element bounds.
-        const bool whole = valid_rows >= kBlockM && p.fwd.head_dim == Traits::kHeadDim;
+        if (DqAccumLayout<Traits>::by_fragment(valid_rows, p.fwd.head_dim)) {
+            // A whole block at the kernel's head dim (the common case):
+            // stored by fragment tile (dq_accumulator.cuh), each tile's
+            // reduction one run of contiguous lines.
+            float *warp_base = accumulator + DqAccumLayout<Traits>::group(pass, warp, 0, 0) +
+                               lane * DqAccumLayout<Traits>::kLaneStride;
+#pragma unroll
+            for (int m = 0; m < Traits::kdQMTiles; ++m) {
+#pragma unroll
+                for (int n = 0; n < Traits::kdQNTiles; ++n) DqAccumLayout<Traits>::add(warp_base, m, n, acc_dq[m][n]);
+            }
+            return;
+        }
 #pragma unroll
         for (int m = 0; m < Traits::kdQMTiles; ++m) {
 #pragma unroll
@@ -330,7 +382,7 @@ struct BwdMainloop {
 #pragma unroll
                 for (int n = 0; n < Traits::kdQNTiles; ++n) {
                     const int col = col0 + n * kMmaN + frag_col(lane);
-                    if (whole || (row < valid_rows && col < p.fwd.head_dim)) {
+                    if (row < valid_rows && col < p.fwd.head_dim) {
                         red_add2(dst_row + col, acc_dq[m][n][2 * half], acc_dq[m][n][2 * half + 1]);
                     }
                 }

@@ -1,10 +1,9 @@
-// The backward pass's two row-wise kernels around the main one: memory-bound
-// passes over the query rows, one warp per row.
+// The backward pass's row-wise kernel before the main one, a memory-bound
+// pass over the query rows, one warp per row (the convert kernel after it
+// goes by query block: convert.cuh):
 //   preprocess  D = rowsum(dO * O) into dq's scratch words (row_stats.cuh),
 //               the deterministic counter zeroed, the row's fp32 dQ
-//               accumulator zeroed (the main kernel only adds to it);
-//   convert     dq = grad_scale * dQ accumulator, in the input type, over
-//               the scratch words.
+//               accumulator zeroed (the main kernel only adds to it).
 // Rows are those of every (batch, query head): seqlen_q per batch, or the
 // packed rows [cu_seqlens_q[0], cu_seqlens_q[batch_size]) of a
 // variable-length call (rows outside every sequence are not touched).
@@ -92,29 +91,6 @@ __global__ void __launch_bounds__(kRowKernelThreads) bwd_preprocess_kernel(const
     }
 }
 
-template <typename Element>
-__global__ void __launch_bounds__(kRowKernelThreads) bwd_convert_kernel(const __grid_constant__ BwdKernelParams p) {
-    BwdRow r;
-    if (!BwdRow::of(p, &r)) return;
-    const int lane = threadIdx.x % kWarpSize;
-    constexpr int kElems = kElemsPerVector<Element>;
-    const float *accumulator = r.accumulator(p);
-    Element *dq = static_cast<Element *>(p.dq) + r.batch * p.dq_batch_stride + r.row * p.dq_seq_stride +
-                  r.head * p.dq_head_stride;
-    for (int vec = lane; vec < p.fwd.head_dim / kElems; vec += kWarpSize) {
-        uint4 packed;
-        Element *e = reinterpret_cast<Element *>(&packed);
-#pragma unroll
-        for (int i = 0; i < kElems; i += 4) {
-            const float4 a = *reinterpret_cast<const float4 *>(accumulator + vec * kElems + i);
-            e[i] = Element(a.x * p.grad_scale);
-            e[i + 1] = Element(a.y * p.grad_scale);
-            e[i + 2] = Element(a.z * p.grad_scale);
-            e[i + 3] = Element(a.w * p.grad_scale);
-        }
-        *reinterpret_cast<uint4 *>(dq + vec * kElems) = packed;
-    }
-}
 #endif
 
 }  // namespace flashcore

@@ -5,10 +5,11 @@
 //   word 0: D = rowsum(dO * O) of the row, fp32 (preprocess.cuh writes it,
 //           the main kernel reads it);
 //   word 1: in the deterministic mode, on the first row of each query block
-//           of the main kernel, the count of key blocks that have added
-//           their dQ to the block's accumulator rows (zeroed by the
-//           preprocess; key block n waits for the count to reach its rank
-//           among the block's key blocks, adds, and increments it).
+//           of the main kernel, the count of warps of key blocks that have
+//           added their dQ to the block's accumulator rows (zeroed by the
+//           preprocess; each warp of key block n waits for the count to
+//           reach its rank among the block's key blocks times the warps per
+//           CTA, adds, and increments it).
 // So the call needs no workspace beyond the dQ accumulator, and nothing is
 // allocated for these values.
 #pragma once

@@ -1,0 +1,95 @@
+// The backward pass's last kernel: dq = grad_scale * the fp32 dQ
+// accumulator, in the input type, over dq's scratch words (row_stats.cuh).
+// A CTA per query block of a (batch, query head), the main kernel's blocks,
+// so that it knows which blocks are stored by fragment
+// (dq_accumulator.cuh); it writes the rows of the block that exist.
+#pragma once
+
+#include <cstdint>
+
+#include "bwd/params.h"
+#include "bwd/sm80/dq_accumulator.cuh"
+#include "common/element.cuh"
+#include "fwd/params.h"
+
+namespace flashcore {
+
+// Query blocks of kBlockM rows of the longest sequence, per (batch, query
+// head): the convert kernel's grid is this times batch * query heads.
+FLASHCORE_HOST_DEVICE inline int64_t bwd_query_blocks(const BwdKernelParams &p, int block_m) {
+    return (int64_t(p.fwd.seqlen_q) + block_m - 1) / block_m;
+}
+
+#if defined(__CUDACC__)
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kNumThreads) bwd_convert_kernel(const __grid_constant__ BwdKernelParams p) {
+    using Element = typename Traits::Element;
+    using Layout = DqAccumLayout<Traits>;
+    constexpr int kElems = kElemsPerVector<Element>;
+    const int64_t num_m_blocks = bwd_query_blocks(p, Traits::kBlockM);
+    const int m_block = int(blockIdx.x % num_m_blocks);
+    const int64_t bh = blockIdx.x / num_m_blocks;
+    const int head = int(bh % p.fwd.num_heads_q);
+    const int batch = int(bh / p.fwd.num_heads_q);
+    const BatchSeqs seqs = fwd_batch_seqs<true>(p.fwd, batch);
+    const int first_row = m_block * Traits::kBlockM;
+    const int seq_rows = seqs.seqlen_q - first_row;  // of the sequence from first_row on
+    if (seq_rows <= 0) return;
+    const int valid_rows = min(seq_rows, Traits::kBlockM);
+    const int64_t row0 = int64_t(seqs.q_row0) + first_row;
+    const float *accumulator = p.dq_accum + batch * p.dq_accum_batch_stride + head * p.dq_accum_head_stride +
+                               row0 * p.fwd.head_dim;
+    Element *dq = static_cast<Element *>(p.dq) + batch * p.dq_batch_stride + row0 * p.dq_seq_stride +
+                  int64_t(head) * p.dq_head_stride;
+
+    // One 16-byte vector of dq per thread and step.
+    auto store = [&](int row, int vec, const float (&values)[kElems]) {
+        uint4 packed;
+        Element *e = reinterpret_cast<Element *>(&packed);
+#pragma unroll
+        for (int i = 0; i < kElems; ++i) e[i] = Element(values[i] * p.grad_scale);
+        *reinterpret_cast<uint4 *>(dq + row * p.dq_seq_stride + vec * kElems) = packed;
+    };
+    if (Layout::by_fragment(seq_rows, p.fwd.head_dim)) {
+        constexpr int kVectors = Traits::kHeadDim / kElems;
+        for (int i = threadIdx.x; i < Traits::kBlockM * kVectors; i += Traits::kNumThreads) {
+            const int row = i / kVectors;
+            const int vec = i % kVectors;
+            // Column pairs 2j, 2j + 1 of the vector: lane + j of the tile.
+            const float *base = accumulator + Layout::offset(row, vec * kElems);
+            float values[kElems];
+#pragma unroll
+            for (int j = 0; j < kElems / 2; ++j) {
+                if constexpr (Layout::kValueStride == 1) {
+                    const float2 pair = *reinterpret_cast<const float2 *>(base + j * Layout::kLaneStride);
+                    values[2 * j] = pair.x;
+                    values[2 * j + 1] = pair.y;
+                } else {
+                    values[2 * j] = base[j * Layout::kLaneStride];
+                    values[2 * j + 1] = base[j * Layout::kLaneStride + Layout::kValueStride];
+                }
+            }
+            store(row, vec, values);
+        }
+    } else {
+        const int vectors = p.fwd.head_dim / kElems;
+        for (int i = threadIdx.x; i < valid_rows * vectors; i += Traits::kNumThreads) {
+            const int row = i / vectors;
+            const int vec = i % vectors;
+            const float *base = accumulator + int64_t(row) * p.fwd.head_dim + vec * kElems;
+            float values[kElems];
+#pragma unroll
+            for (int j = 0; j < kElems; j += 4) {
+                const float4 a = *reinterpret_cast<const float4 *>(base + j);
+                values[j] = a.x;
+                values[j + 1] = a.y;
+                values[j + 2] = a.z;
+                values[j + 3] = a.w;
+            }
+            store(row, vec, values);
+        }
+    }
+}
+#endif
+
+}  // namespace flashcore
