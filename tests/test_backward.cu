@@ -22,6 +22,7 @@
 #include "flashcore.h"
 #include "forward_workload.h"
 #include "reference.h"
+#include "scoped_env.h"
 #include "test_skip.h"
 
 using namespace flashcore_test;
@@ -318,6 +319,23 @@ std::vector<FwdCase> all_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Gradients, BackwardTest, testing::ValuesIn(all_cases()),
                          [](const testing::TestParamInfo<FwdCase> &info) { return case_name(info.param); });
+
+// The head-dim-256 kernel has a configuration per shared-memory limit (two
+// Q/dO stages where a block may have 209 KB, as on sm_90; one within an
+// A100's 163 KB). The cases above run the one this GPU picks; these run the
+// A100's here, as if the GPU allowed 163 KB (FLASHCORE_TEST_SMEM_PER_BLOCK).
+TEST(BackwardConfigs, A100SharedMemoryConfigurationMatchesReference) {
+    FC_REQUIRE_GPU();
+    constexpr const char *kA100SmemPerBlock = "166912";  // 163 KB
+    const ScopedEnv env({{"FLASHCORE_TEST_SMEM_PER_BLOCK", kA100SmemPerBlock}});
+    expect_gradients_match_reference(FwdCase{fp16, 256, false, 2, 4, 2, 200, 333, Layout::kBSHD});
+    expect_gradients_match_reference(FwdCase{bf16, 256, true, 1, 4, 1, 300, 257, Layout::kBHSD});
+}
+
+TEST(BackwardApi, BadSmemChoiceIsRejectedAtCreate) {
+    FC_REQUIRE_GPU();
+    expect_env_values_rejected("FLASHCORE_TEST_SMEM_PER_BLOCK", {"0", "-1", "12x", "99999999999"}, "166912");
+}
 
 // ---------------------------------------------------------------------------
 // Determinism under contention, graphs.
