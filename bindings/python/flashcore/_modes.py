@@ -12,10 +12,25 @@ from ._arrays import is_torch
 DETACH_ENV = "FLASHCORE_DETACH"
 
 
+# The torch module once a call has seen it imported. A global, which dynamo
+# reads as a constant: a sys.modules lookup that dynamo traces fails
+# ("dictionary changed size during iteration") when an import elsewhere
+# changes sys.modules meanwhile, as torch.compile's own lazy imports do.
+_torch = sys.modules.get("torch")
+
+
+def _torch_module():
+    """torch, if it is imported (looked up until it is)."""
+    global _torch
+    if _torch is None:
+        _torch = sys.modules.get("torch")
+    return _torch
+
+
 def tracing() -> bool:
     """Whether torch.compile or torch.export is tracing the calling code
     (never where torch is not imported)."""
-    torch = sys.modules.get("torch")
+    torch = _torch if _torch is not None else _torch_module()
     return torch is not None and torch.compiler.is_compiling()
 
 
@@ -24,7 +39,7 @@ def requires_grad(q, k, v):
     is on: what autograd would differentiate."""
     for x in (q, k, v):
         if is_torch(x) and x.requires_grad:
-            return sys.modules["torch"].is_grad_enabled()
+            return _torch_module().is_grad_enabled()
     return False
 
 

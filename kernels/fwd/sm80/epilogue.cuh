@@ -28,8 +28,8 @@ namespace flashcore::sm80 {
 //
 // smem_o is Q's tile, and O's rows are laid out with Q's row pitch
 // (head_dim, not head_dim_v): each warp then writes only within its own
-// rows of Q, which no other warp reads, so no barrier is needed between the
-// last Q*K^T and these writes.
+// rows of Q, which no other warp reads, so no CTA barrier is needed between
+// the last Q*K^T and these writes (a warp one is).
 template <typename Traits>
 __device__ __forceinline__ void store_staged_block(const float (&out)[Traits::kMAtoms][Traits::kNAtomsO][4],
                                                    bool holds_fragments, typename Traits::ElementOut *smem_o,
@@ -39,6 +39,10 @@ __device__ __forceinline__ void store_staged_block(const float (&out)[Traits::kM
     constexpr int kElems = kElemsPerVector<ElementOut>;
     const int64_t seq_stride = *dst.seq_stride;
     const int valid_vectors = p.head_dim_v / kElems;
+    // Within the warp the rows' last reads were ldmatrix loads whose
+    // addresses other lanes gave: ordered before these writes (racecheck
+    // reports the lanes' hazard otherwise, for warps that diverge).
+    __syncwarp();
     if (holds_fragments) {
 #pragma unroll
         for (int m = 0; m < Traits::kMAtoms; ++m) {
