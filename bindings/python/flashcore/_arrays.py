@@ -49,8 +49,25 @@ class ArrayInfo:
         self.keepalive = keepalive  # e.g. the DLPack capsule
 
 
+# Frameworks' modules once seen imported. Code that torch.compile traces
+# reads them from here: a sys.modules lookup that dynamo traces fails
+# ("dictionary changed size during iteration") when an import elsewhere
+# changes sys.modules meanwhile, as torch.compile's own lazy imports do.
+_imported = {}
+
+
+def imported(name):
+    """Module `name` if it is imported, else None (looked up until it is)."""
+    mod = _imported.get(name)
+    if mod is None:
+        mod = sys.modules.get(name)
+        if mod is not None:
+            _imported[name] = mod
+    return mod
+
+
 def _module_instance(x, module, cls):
-    mod = sys.modules.get(module)
+    mod = imported(module)
     return mod is not None and isinstance(x, getattr(mod, cls))
 
 

@@ -5,32 +5,16 @@ operator flashcore::forward (_torch_ops), whose autograd formula is the
 backward pass. Nothing here imports torch."""
 
 import os
-import sys
 
-from ._arrays import is_torch
+from ._arrays import imported, is_torch
 
 DETACH_ENV = "FLASHCORE_DETACH"
-
-
-# The torch module once a call has seen it imported. A global, which dynamo
-# reads as a constant: a sys.modules lookup that dynamo traces fails
-# ("dictionary changed size during iteration") when an import elsewhere
-# changes sys.modules meanwhile, as torch.compile's own lazy imports do.
-_torch = sys.modules.get("torch")
-
-
-def _torch_module():
-    """torch, if it is imported (looked up until it is)."""
-    global _torch
-    if _torch is None:
-        _torch = sys.modules.get("torch")
-    return _torch
 
 
 def tracing() -> bool:
     """Whether torch.compile or torch.export is tracing the calling code
     (never where torch is not imported)."""
-    torch = _torch if _torch is not None else _torch_module()
+    torch = imported("torch")  # not sys.modules: see _arrays.imported
     return torch is not None and torch.compiler.is_compiling()
 
 
@@ -39,7 +23,7 @@ def requires_grad(q, k, v):
     is on: what autograd would differentiate."""
     for x in (q, k, v):
         if is_torch(x) and x.requires_grad:
-            return _torch_module().is_grad_enabled()
+            return imported("torch").is_grad_enabled()
     return False
 
 

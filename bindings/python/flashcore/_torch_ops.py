@@ -17,7 +17,7 @@ too, so that eager and compiled training share one autograd formula."""
 import sys
 
 from ._arguments import _layout, _options
-from ._arrays import is_torch
+from ._arrays import imported, is_torch
 from ._backward import gradients
 from ._errors import UnsupportedError
 from ._geometry import PAGED_BACKWARD
@@ -225,7 +225,7 @@ def operator_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, 
     inputs that require grad, the result without a gradient path. out= and
     lse= are copied into (an operator that writes its arguments would need
     them functionalized anyway; out then has the gradient path)."""
-    where = _UNDER_COMPILE if sys.modules["torch"].compiler.is_compiling() else _WITH_GRAD
+    where = _UNDER_COMPILE if imported("torch").compiler.is_compiling() else _WITH_GRAD
     if stream is not None:
         if where is _UNDER_COMPILE:
             raise TypeError("stream= is not taken under torch.compile: flashcore::forward runs on torch's current "
@@ -238,7 +238,7 @@ def operator_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, 
     if _unconvertible(layout, options):
         _refuse_options(layout, options)
     _ensure_registered()
-    torch = sys.modules["torch"]
+    torch = imported("torch")
     differentiable = wants_grad(q, k, v, detach)
     if differentiable:
         if block_table is not None:
@@ -268,6 +268,6 @@ def operator_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, 
 def traced_full_int32(q, cu_seqlens_q, count):
     """attention_with_kvcache's int cache_seqlens as an int32 [B] tensor,
     while tracing."""
-    torch = sys.modules["torch"]
+    torch = imported("torch")
     batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
     return torch.full((batch,), count, dtype=torch.int32, device=q.device)
