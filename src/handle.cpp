@@ -116,6 +116,26 @@ flashcore_status read_smem_per_block_choice(const flashcore_handle_s &h, EnvOver
     return status;
 }
 
+}  // namespace
+
+flashcore_status check_kernel_smem(const flashcore_handle_s &handle, const char *kernel, int32_t head_dim,
+                                   int32_t head_dim_v, size_t smem_bytes) {
+    if (smem_bytes <= handle.max_smem_per_block) return FLASHCORE_STATUS_SUCCESS;
+    return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                "the %s kernel for head dims (%d, %d) needs %zu bytes of shared memory per block; device %d "
+                "(sm_%d%d) allows %zu",
+                kernel, int(head_dim), int(head_dim_v), smem_bytes, handle.device, handle.cc_major, handle.cc_minor,
+                handle.max_smem_per_block);
+}
+
+flashcore_status fail_grid_limit(const char *heads_name, const char *seqlen_name, int block_rows, long long blocks) {
+    return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                "batch_size * %s * ceil(%s / %d) = %lld thread blocks exceeds the grid limit (%d)", heads_name,
+                seqlen_name, block_rows, blocks, INT_MAX);
+}
+
+namespace {
+
 // Every environment variable a handle reads, for the device in h.
 flashcore_status read_env_overrides(const flashcore_handle_s &h, EnvOverrides *env) {
     *env = EnvOverrides{};

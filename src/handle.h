@@ -72,6 +72,17 @@ constexpr int kMinComputeMajor = 8;
 
 flashcore_status create_handle(int device, flashcore_handle *handle);
 
+// UNSUPPORTED where a kernel needs more shared memory per block than the
+// handle's device allows; `kernel` names it in the message ("the <kernel>
+// kernel for head dims ..."). SUCCESS otherwise.
+flashcore_status check_kernel_smem(const flashcore_handle_s &handle, const char *kernel, int32_t head_dim,
+                                   int32_t head_dim_v, size_t smem_bytes);
+
+// UNSUPPORTED for a one-dimensional grid of `blocks` thread blocks, one per
+// `block_rows` rows of seqlen_name for each batch and heads_name, past the
+// grid's limit (INT_MAX): the message gives that product.
+flashcore_status fail_grid_limit(const char *heads_name, const char *seqlen_name, int block_rows, long long blocks);
+
 // Makes `device` current on the calling thread and restores on destruction
 // what was current before: the driver's context, which may be one the
 // caller created, not the primary one. status() reports a failure to

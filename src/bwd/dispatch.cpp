@@ -72,33 +72,24 @@ flashcore_status launch_backward(const flashcore_handle_s &handle, const flashco
                              "the fp32 dQ accumulator", ranges, backward_ranges(p, ranges));
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     const BwdKernelInfo info = plan.kernel->info();
-    if (info.smem_bytes > handle.max_smem_per_block) {
-        return fail(FLASHCORE_STATUS_UNSUPPORTED,
-                    "the backward %s kernel for head dims (%d, %d) needs %zu bytes of shared memory per block; "
-                    "device %d (sm_%d%d) allows %zu",
-                    bwd_tile_name(plan.kernel->tile), int(plan.kernel->dims.head_dim),
-                    int(plan.kernel->dims.head_dim_v), info.smem_bytes, handle.device, handle.cc_major,
-                    handle.cc_minor, handle.max_smem_per_block);
+    char kernel_name[64];
+    std::snprintf(kernel_name, sizeof kernel_name, "backward %s", bwd_tile_name(plan.kernel->tile));
+    status = check_kernel_smem(handle, kernel_name, plan.kernel->dims.head_dim, plan.kernel->dims.head_dim_v,
+                               info.smem_bytes);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    // The 1-D grids: the main kernel's, a CTA per block of keys of each
+    // (batch, K/V head); the convert kernel's, a CTA per block of queries
+    // of each (batch, query head).
+    const auto grid_blocks = [&p](int32_t seqlen, int block_rows, int32_t heads) {
+        return (__int128(seqlen) + block_rows - 1) / block_rows * p.batch_size * heads;
+    };
+    const __int128 key_ctas = grid_blocks(p.seqlen_k, info.block_n, p.num_heads_kv);
+    if (key_ctas > INT_MAX) {
+        return fail_grid_limit("num_heads_kv", "seqlen_k", info.block_n, static_cast<long long>(key_ctas));
     }
-    // The main kernel's 1-D grid: a CTA per block of keys of each (batch,
-    // K/V head).
-    const __int128 key_blocks = (__int128(p.seqlen_k) + info.block_n - 1) / info.block_n;
-    const __int128 ctas = key_blocks * p.batch_size * p.num_heads_kv;
-    if (ctas > INT_MAX) {
-        return fail(FLASHCORE_STATUS_UNSUPPORTED,
-                    "batch_size * num_heads_kv * ceil(seqlen_k / %d) = %lld thread blocks exceeds the grid limit "
-                    "(%d)",
-                    info.block_n, static_cast<long long>(ctas), INT_MAX);
-    }
-
-    // The convert kernel's: a CTA per block of queries of each (batch, query
-    // head).
-    const __int128 query_blocks = (__int128(p.seqlen_q) + info.block_m - 1) / info.block_m;
-    const __int128 convert_ctas = query_blocks * p.batch_size * p.num_heads_q;
-    if (convert_ctas > INT_MAX) {
-        return fail(FLASHCORE_STATUS_UNSUPPORTED,
-                    "batch_size * num_heads_q * ceil(seqlen_q / %d) = %lld thread blocks exceeds the grid limit (%d)",
-                    info.block_m, static_cast<long long>(convert_ctas), INT_MAX);
+    const __int128 query_ctas = grid_blocks(p.seqlen_q, info.block_m, p.num_heads_q);
+    if (query_ctas > INT_MAX) {
+        return fail_grid_limit("num_heads_q", "seqlen_q", info.block_m, static_cast<long long>(query_ctas));
     }
 
     DeviceGuard guard(handle.device);

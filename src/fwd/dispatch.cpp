@@ -315,20 +315,12 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
                              splits, ranges, plan.workspace_bytes > 0 ? forward_ranges(p, ranges) : 0);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     const FwdKernelInfo info = plan.kernel->info();
-    if (info.smem_bytes > handle.max_smem_per_block) {
-        return fail(FLASHCORE_STATUS_UNSUPPORTED,
-                    "the %s kernel for head dims (%d, %d) needs %zu bytes of shared memory per block; device %d "
-                    "(sm_%d%d) allows %zu",
-                    fwd_tile_name(plan.kernel->tile), int(plan.kernel->dims.head_dim),
-                    int(plan.kernel->dims.head_dim_v), info.smem_bytes, handle.device, handle.cc_major,
-                    handle.cc_minor, handle.max_smem_per_block);
-    }
+    status = check_kernel_smem(handle, fwd_tile_name(plan.kernel->tile), plan.kernel->dims.head_dim,
+                               plan.kernel->dims.head_dim_v, info.smem_bytes);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
     const int64_t blocks = num_blocks(p, *plan.kernel, plan.packed_heads);
     if (blocks > INT_MAX) {
-        return fail(FLASHCORE_STATUS_UNSUPPORTED,
-                    "batch_size * num_heads_q * ceil(seqlen_q / %d) = %lld thread blocks exceeds the grid limit "
-                    "(%d)",
-                    info.block_m, static_cast<long long>(blocks), INT_MAX);
+        return fail_grid_limit("num_heads_q", "seqlen_q", info.block_m, static_cast<long long>(blocks));
     }
 
     DeviceGuard guard(handle.device);
