@@ -293,11 +293,11 @@ def _address(info):
     return None if info is None else info.ptr
 
 
-def _build(lib, q, k, v, out, lse, layout, options, seqs=DENSE):
-    """A flashcore_forward_params for described arrays and _Options."""
-    geometry = _validate(q, k, v, out, lse, layout, seqs)
+def _set_call_fields(p, q, geometry, options, seqs, **fields):
+    """Sets what flashcore_forward_params and flashcore_backward_params
+    share (the dtype, the options, the shapes, the sequence arrays), then
+    `fields`."""
     qv, kv, vv = geometry.views[:3]
-    p = lib.new_params()
     p.dtype = DTYPES[q.dtype]
     p.causal = options.causal
     p.softmax_scale = options.scale
@@ -305,17 +305,30 @@ def _build(lib, q, k, v, out, lse, layout, options, seqs=DENSE):
     use_window, window_left, window_right = options.window
     set_fields(p, batch_size=geometry.batch, num_heads_q=qv.shape[1], seqlen_q=geometry.seqlen_q,
                head_dim=qv.shape[3], head_dim_v=vv.shape[3], num_heads_kv=kv.shape[1], seqlen_k=geometry.seqlen_k,
-               num_splits=options.num_splits, use_window=use_window, window_left=window_left,
-               window_right=window_right, lse=_address(lse), seqused_k=_address(seqs.seqused_k),
-               cu_seqlens_q=_address(seqs.cu_seqlens_q), cu_seqlens_k=_address(seqs.cu_seqlens_k),
-               total_seqlen_q=geometry.total_q, total_seqlen_k=geometry.total_k,
-               block_table=_address(seqs.block_table), block_table_batch_stride=geometry.table_stride,
-               page_size=geometry.page_size, num_pages=geometry.num_pages)
-    for prefix, view in zip(("q", "k", "v", "out"), geometry.views):
+               use_window=use_window, window_left=window_left, window_right=window_right,
+               seqused_k=_address(seqs.seqused_k), cu_seqlens_q=_address(seqs.cu_seqlens_q),
+               cu_seqlens_k=_address(seqs.cu_seqlens_k), total_seqlen_q=geometry.total_q,
+               total_seqlen_k=geometry.total_k, **fields)
+
+
+def _set_tensor_fields(p, prefixes, views):
+    """Each view's pointer and strides into the fields named by its prefix
+    ("q": q, q_batch_stride, ...)."""
+    for prefix, view in zip(prefixes, views):
         fields = {prefix: view.info.ptr}
         for stride, what in zip(view.aligned_strides(), ("batch", "head", "seq")):
             fields["%s_%s_stride" % (prefix, what)] = stride
         set_fields(p, **fields)
+
+
+def _build(lib, q, k, v, out, lse, layout, options, seqs=DENSE):
+    """A flashcore_forward_params for described arrays and _Options."""
+    geometry = _validate(q, k, v, out, lse, layout, seqs)
+    p = lib.new_params()
+    _set_call_fields(p, q, geometry, options, seqs, num_splits=options.num_splits, lse=_address(lse),
+                     block_table=_address(seqs.block_table), block_table_batch_stride=geometry.table_stride,
+                     page_size=geometry.page_size, num_pages=geometry.num_pages)
+    _set_tensor_fields(p, ("q", "k", "v", "out"), geometry.views)
     return p
 
 
@@ -357,24 +370,9 @@ def _build_backward(lib, q, k, v, out, dout, lse, dq, dk, dv, layout, options, d
         views.append(view)
     arrays = (q, k, v, out, dout, lse, dq, dk, dv) + seqs.arrays()
     _check_one_device(arrays, _names(arrays))
-    qv, kv, vv = views[:3]
     p = lib.new_backward_params()
-    p.dtype = DTYPES[q.dtype]
-    p.causal = options.causal
-    p.softmax_scale = options.scale
-    p.softcap = options.softcap
-    use_window, window_left, window_right = options.window
-    set_fields(p, batch_size=geometry.batch, num_heads_q=qv.shape[1], seqlen_q=geometry.seqlen_q,
-               head_dim=qv.shape[3], head_dim_v=vv.shape[3], num_heads_kv=kv.shape[1], seqlen_k=geometry.seqlen_k,
-               use_window=use_window, window_left=window_left, window_right=window_right,
-               deterministic=1 if deterministic else 0, lse=lse.ptr, seqused_k=_address(seqs.seqused_k),
-               cu_seqlens_q=_address(seqs.cu_seqlens_q), cu_seqlens_k=_address(seqs.cu_seqlens_k),
-               total_seqlen_q=geometry.total_q, total_seqlen_k=geometry.total_k)
-    for prefix, view in zip(("q", "k", "v", "out", "dout", "dq", "dk", "dv"), views):
-        fields = {prefix: view.info.ptr}
-        for stride, what in zip(view.aligned_strides(), ("batch", "head", "seq")):
-            fields["%s_%s_stride" % (prefix, what)] = stride
-        set_fields(p, **fields)
+    _set_call_fields(p, q, geometry, options, seqs, deterministic=1 if deterministic else 0, lse=lse.ptr)
+    _set_tensor_fields(p, ("q", "k", "v", "out", "dout", "dq", "dk", "dv"), views)
     return p
 
 
