@@ -324,9 +324,10 @@ INSTANTIATE_TEST_SUITE_P(Gradients, BackwardTest, testing::ValuesIn(all_cases())
 // Q/dO stages where a block may have 209 KB, as on sm_90; one within an
 // A100's 163 KB). The cases above run the one this GPU picks; these run the
 // A100's here, as if the GPU allowed 163 KB (FLASHCORE_TEST_SMEM_PER_BLOCK).
+constexpr const char *kA100SmemPerBlock = "166912";  // 163 KB
+
 TEST(BackwardConfigs, A100SharedMemoryConfigurationMatchesReference) {
     FC_REQUIRE_GPU();
-    constexpr const char *kA100SmemPerBlock = "166912";  // 163 KB
     const ScopedEnv env({{"FLASHCORE_TEST_SMEM_PER_BLOCK", kA100SmemPerBlock}});
     expect_gradients_match_reference(FwdCase{fp16, 256, false, 2, 4, 2, 200, 333, Layout::kBSHD});
     expect_gradients_match_reference(FwdCase{bf16, 256, true, 1, 4, 1, 300, 257, Layout::kBHSD});
@@ -334,7 +335,7 @@ TEST(BackwardConfigs, A100SharedMemoryConfigurationMatchesReference) {
 
 TEST(BackwardApi, BadSmemChoiceIsRejectedAtCreate) {
     FC_REQUIRE_GPU();
-    expect_env_values_rejected("FLASHCORE_TEST_SMEM_PER_BLOCK", {"0", "-1", "12x", "99999999999"}, "166912");
+    expect_env_values_rejected("FLASHCORE_TEST_SMEM_PER_BLOCK", {"0", "-1", "12x", "99999999999"}, kA100SmemPerBlock);
 }
 
 // ---------------------------------------------------------------------------

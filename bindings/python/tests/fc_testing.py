@@ -27,6 +27,23 @@ def skip_or_fail(reason):
     pytest.skip(reason)
 
 
+def raises_from_library(lib, cls, call):
+    """The error `call` raises, of class `cls`, checked to carry the
+    library's status and its own message, still current on this thread."""
+    with pytest.raises(cls) as info:
+        call()
+    assert info.value.status == cls.status_code
+    assert info.value.message and info.value.message == lib.cdll.flashcore_last_error_message().decode()
+    return info.value
+
+
+def cuda_randn(torch, shape, dtype, seed):
+    """Seeded standard-normal values on the GPU, drawn in float32 and cast
+    to `dtype` (a torch dtype's name)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(getattr(torch, dtype))
+
+
 def fake_ptr(i, offset=0):
     return FAKE_BASE + i * FAKE_SPAN + offset
 

@@ -11,7 +11,8 @@ import pytest
 
 import flashcore
 from flashcore import _errors, _ffi, _planning
-from fc_testing import FakeCudaArray, FakeDLPackArray, FakeGpuHandle, fake_ptr, fake_qkv, need_head_dim
+from fc_testing import (FakeCudaArray, FakeDLPackArray, FakeGpuHandle, fake_ptr, fake_qkv, need_head_dim,
+                        raises_from_library)
 
 FILLS = (FakeGpuHandle.FILL_DQ, FakeGpuHandle.FILL_DK, FakeGpuHandle.FILL_DV)
 
@@ -133,27 +134,19 @@ def test_backward_binding_side_validation(lib, case, cls, match):
         flashcore.backward_params(*arrays)
 
 
-def _raises_from_library(lib, cls, call):
-    with pytest.raises(cls) as info:
-        call()
-    assert info.value.status == cls.status_code
-    assert info.value.message and info.value.message == lib.cdll.flashcore_last_error_message().decode()
-    return info.value
-
-
 def test_backward_library_refusals(lib):
     arrays = fake_backward_arrays()
     # dq over q: the library names the two tensors.
     arrays[6] = FakeCudaArray((2, 8, 100, 64), ptr=fake_ptr(0, 64 * 2), index=6)
-    err = _raises_from_library(lib, flashcore.InvalidArgumentError,
+    err = raises_from_library(lib, flashcore.InvalidArgumentError,
                                lambda: flashcore.check_backward_params(flashcore.backward_params(*arrays)))
     assert "dq" in err.message and "q" in err.message.replace("dq", "")
     arrays = fake_backward_arrays()
     arrays[7] = FakeCudaArray((2, 2, 120, 64), ptr=fake_ptr(7, 2), index=7)
-    _raises_from_library(lib, flashcore.MisalignedError,
+    raises_from_library(lib, flashcore.MisalignedError,
                          lambda: flashcore.check_backward_params(flashcore.backward_params(*arrays)))
     arrays = fake_backward_arrays(hq=12, hkv=5)
-    err = _raises_from_library(lib, flashcore.InvalidArgumentError,
+    err = raises_from_library(lib, flashcore.InvalidArgumentError,
                                lambda: flashcore.check_backward_params(flashcore.backward_params(*arrays)))
     assert "12" in err.message and "5" in err.message
 

@@ -23,7 +23,7 @@ import math
 import pytest
 
 import flashcore
-from fc_testing import DEFAULT_HEAD_DIMS, head_dim_id, need_head_dim
+from fc_testing import DEFAULT_HEAD_DIMS, cuda_randn, head_dim_id, need_head_dim
 
 pytestmark = pytest.mark.gpu
 
@@ -42,11 +42,6 @@ def head_dims():
 @pytest.fixture
 def torch(torch_cuda):
     return torch_cuda
-
-
-def randn(torch, shape, dtype, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    return torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(getattr(torch, dtype))
 
 
 def visible(torch, sq, sk, causal, window, device="cuda"):
@@ -214,8 +209,8 @@ def flashcore_gradients(torch, case, layout="bhsd", **kwargs):
 def make_case(torch, shape, dtype, seed, dv=None, **options):
     b, hq, hkv, sq, sk, d = shape
     dv = d if dv is None else dv
-    q, k = randn(torch, (b, hq, sq, d), dtype, seed), randn(torch, (b, hkv, sk, d), dtype, seed + 1)
-    v, dout = randn(torch, (b, hkv, sk, dv), dtype, seed + 2), randn(torch, (b, hq, sq, dv), dtype, seed + 3)
+    q, k = cuda_randn(torch, (b, hq, sq, d), dtype, seed), cuda_randn(torch, (b, hkv, sk, d), dtype, seed + 1)
+    v, dout = cuda_randn(torch, (b, hkv, sk, dv), dtype, seed + 2), cuda_randn(torch, (b, hq, sq, dv), dtype, seed + 3)
     return Case(torch, q, k, v, dout, **options)
 
 
@@ -297,7 +292,7 @@ def test_the_gradient_of_sum_is_read_whatever_its_strides(torch, dtype):
     # out.sum()'s gradient is one value expanded (stride 0): the binding
     # copies it for the library; the result is that of the same ones given dense.
     need_head_dim(64)
-    q, k, v = (randn(torch, (2, 4, 80, 64), dtype, 80 + i).requires_grad_(True) for i in range(3))
+    q, k, v = (cuda_randn(torch, (2, 4, 80, 64), dtype, 80 + i).requires_grad_(True) for i in range(3))
     out = flashcore.attention(q, k, v, causal=True, deterministic=True)
     expanded = torch.autograd.grad(out.sum(), (q, k, v), retain_graph=True)
     dense = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
@@ -364,8 +359,8 @@ def test_gradients_of_packed_sequences(torch, dtype, causal):
         cu_q.append(cu_q[-1] + a)
         cu_k.append(cu_k[-1] + b)
     total_q, total_k, hq, hkv, d = cu_q[-1] + 3, cu_k[-1] + 5, 8, 2, 64
-    q, dout = randn(torch, (total_q, hq, d), dtype, 100), randn(torch, (total_q, hq, d), dtype, 101)
-    k, v = randn(torch, (total_k, hkv, d), dtype, 102), randn(torch, (total_k, hkv, d), dtype, 103)
+    q, dout = cuda_randn(torch, (total_q, hq, d), dtype, 100), cuda_randn(torch, (total_q, hq, d), dtype, 101)
+    k, v = cuda_randn(torch, (total_k, hkv, d), dtype, 102), cuda_randn(torch, (total_k, hkv, d), dtype, 103)
     inputs = [x.clone().requires_grad_(True) for x in (q, k, v)]
     cu = [torch.tensor(c, dtype=torch.int32, device="cuda") for c in (cu_q, cu_k)]
     out = flashcore.attention_varlen(*inputs, *cu, max(lengths_q), max(lengths_k), causal=causal)
@@ -377,8 +372,8 @@ def test_gradients_of_packed_sequences(torch, dtype, causal):
 def test_gradients_with_seqused_k(torch, dtype):
     need_head_dim(128)
     b, hq, hkv, sq, sk, d, used = 3, 8, 2, 40, 300, 128, [300, 17, 0]
-    q, dout = randn(torch, (b, hq, sq, d), dtype, 110), randn(torch, (b, hq, sq, d), dtype, 111)
-    k, v = randn(torch, (b, hkv, sk, d), dtype, 112), randn(torch, (b, hkv, sk, d), dtype, 113)
+    q, dout = cuda_randn(torch, (b, hq, sq, d), dtype, 110), cuda_randn(torch, (b, hq, sq, d), dtype, 111)
+    k, v = cuda_randn(torch, (b, hkv, sk, d), dtype, 112), cuda_randn(torch, (b, hkv, sk, d), dtype, 113)
     inputs = [x.clone().requires_grad_(True) for x in (q, k, v)]
     lengths = torch.tensor(used, dtype=torch.int32, device="cuda")
     out = flashcore.attention(*inputs, causal=True, seqused_k=lengths)
@@ -400,8 +395,8 @@ def test_gradients_with_seqused_k(torch, dtype):
 def test_sdpa_gradients_match_pytorch(torch, dtype, sq, sk):
     # PyTorch's top-left is_causal (flashcore.sdpa's translation), as an explicit mask.
     need_head_dim(64)
-    q, k, v = (randn(torch, (2, 8, s, 64), dtype, 120 + i) for i, s in enumerate((sq, sk, sk)))
-    dout = randn(torch, (2, 8, sq, 64), dtype, 123)
+    q, k, v = (cuda_randn(torch, (2, 8, s, 64), dtype, 120 + i) for i, s in enumerate((sq, sk, sk)))
+    dout = cuda_randn(torch, (2, 8, sq, 64), dtype, 123)
     top_left = torch.ones((sq, sk), dtype=torch.bool, device="cuda").tril()
     case = Case(torch, q, k, v, dout, mask=top_left)
     inputs = [x.clone().requires_grad_(True) for x in (q, k, v)]
@@ -430,7 +425,7 @@ def test_deterministic_gradients_are_bitwise_identical_under_contention(torch, d
     need_head_dim(d)
     case = make_case(torch, (2, 8, 2, 1024, 1024, d), "bfloat16", seed=140)
     side = torch.cuda.Stream()
-    load = randn(torch, (4096, 4096), "bfloat16", 141)
+    load = cuda_randn(torch, (4096, 4096), "bfloat16", 141)
 
     def contend():
         # Work on another stream, queued to run beside the backward pass.
@@ -466,13 +461,13 @@ def test_deterministic_gradients_are_bitwise_identical_under_contention(torch, d
 
 def test_operators_pass_opcheck(torch):
     need_head_dim(64)
-    q, k, v = (randn(torch, s, "float16", 150 + i).requires_grad_(True)
+    q, k, v = (cuda_randn(torch, s, "float16", 150 + i).requires_grad_(True)
                for i, s in enumerate([(2, 8, 70, 64), (2, 2, 90, 64), (2, 2, 90, 64)]))
     # deterministic: opcheck compares runs of the backward.
     args = (q, k, v, None, None, None, None, None, None, "bhsd", True, None, None, [32, 0], 0.0, True, True)
     torch.library.opcheck(torch.ops.flashcore.forward.default, args)
     out, lse = torch.ops.flashcore.forward(*args)
-    dout = randn(torch, out.shape, "float16", 160)
+    dout = cuda_randn(torch, out.shape, "float16", 160)
     torch.library.opcheck(torch.ops.flashcore.backward.default,
                           (dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, None, None, None, None, None,
                            "bhsd", True, None, [32, 0], 0.0, True))
@@ -496,7 +491,7 @@ def test_compiled_training_step_without_graph_breaks(torch):
 
     torch.manual_seed(170)
     block = Block().cuda().to(torch.bfloat16)
-    x = randn(torch, (2, seqlen, dim), "bfloat16", 171)
+    x = cuda_randn(torch, (2, seqlen, dim), "bfloat16", 171)
 
     def step(model):
         block.zero_grad(set_to_none=True)

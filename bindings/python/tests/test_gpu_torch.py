@@ -14,7 +14,7 @@ import threading
 import pytest
 
 import flashcore
-from fc_testing import covering_pair, gpu_head_dims, head_dim_id, need_head_dim
+from fc_testing import covering_pair, cuda_randn, gpu_head_dims, head_dim_id, need_head_dim
 
 pytestmark = pytest.mark.gpu
 
@@ -37,15 +37,10 @@ def torch(torch_cuda):
     return torch_cuda
 
 
-def randn(torch, shape, dtype, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    return torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(getattr(torch, dtype))
-
-
 def qkv(torch, b, hq, hkv, sq, sk, d, dtype, seed=0, dv=None):
     """[B, H, S, D] q and k, and v with head_dim_v dv (default d)."""
-    return (randn(torch, (b, hq, sq, d), dtype, seed), randn(torch, (b, hkv, sk, d), dtype, seed + 1),
-            randn(torch, (b, hkv, sk, d if dv is None else dv), dtype, seed + 2))
+    return (cuda_randn(torch, (b, hq, sq, d), dtype, seed), cuda_randn(torch, (b, hkv, sk, d), dtype, seed + 1),
+            cuda_randn(torch, (b, hkv, sk, d if dv is None else dv), dtype, seed + 2))
 
 
 def visible(torch, sq, sk):
@@ -173,8 +168,8 @@ def test_matches_sdpa(torch, dtype, head_dims, causal, shape):
 def test_bshd_layout(torch, dtype, causal, head_dims):
     b, sq, sk, hq, hkv = 2, 97, 130, 8, 4
     d, dv = head_dims
-    q = randn(torch, (b, sq, hq, d), dtype, 10)
-    k, v = randn(torch, (b, sk, hkv, d), dtype, 11), randn(torch, (b, sk, hkv, dv), dtype, 12)
+    q = cuda_randn(torch, (b, sq, hq, d), dtype, 10)
+    k, v = cuda_randn(torch, (b, sk, hkv, d), dtype, 11), cuda_randn(torch, (b, sk, hkv, dv), dtype, 12)
     out, lse = flashcore.attention(q, k, v, causal=causal, return_lse=True, layout="bshd")
     assert out.shape == (b, sq, hq, dv) and out.is_contiguous() and lse.shape == (b, hq, sq)
     t = [x.transpose(1, 2) for x in (out, q, k, v)]
@@ -184,9 +179,9 @@ def test_bshd_layout(torch, dtype, causal, head_dims):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_bshd_storage_given_as_bhsd_views(torch, dtype):
     b, sq, sk, hq, hkv, d = 2, 64, 200, 4, 2, 64
-    q = randn(torch, (b, sq, hq, d), dtype, 20).transpose(1, 2)
-    k = randn(torch, (b, sk, hkv, d), dtype, 21).transpose(1, 2)
-    v = randn(torch, (b, sk, hkv, d), dtype, 22).transpose(1, 2)
+    q = cuda_randn(torch, (b, sq, hq, d), dtype, 20).transpose(1, 2)
+    k = cuda_randn(torch, (b, sk, hkv, d), dtype, 21).transpose(1, 2)
+    v = cuda_randn(torch, (b, sk, hkv, d), dtype, 22).transpose(1, 2)
     assert not q.is_contiguous()
     out = flashcore.attention(q, k, v, causal=True)
     assert out.shape == (b, hq, sq, d)
@@ -198,9 +193,9 @@ def test_bshd_storage_given_as_bhsd_views(torch, dtype):
 def test_strided_views_in_and_out(torch, dtype, head_dims):
     b, hq, hkv, sq, sk = 2, 4, 2, 90, 111
     d, dv = head_dims
-    q = randn(torch, (b, hq, sq, d + 16), dtype, 30)[..., 8:8 + d]  # padded rows, 16-byte offset
-    k = randn(torch, (b, 2 * hkv, sk, d), dtype, 31)[:, ::2]  # every other head
-    v = randn(torch, (b, hkv, sk + 5, dv), dtype, 32)[:, :, 5:]  # starts 5 rows in
+    q = cuda_randn(torch, (b, hq, sq, d + 16), dtype, 30)[..., 8:8 + d]  # padded rows, 16-byte offset
+    k = cuda_randn(torch, (b, 2 * hkv, sk, d), dtype, 31)[:, ::2]  # every other head
+    v = cuda_randn(torch, (b, hkv, sk + 5, dv), dtype, 32)[:, :, 5:]  # starts 5 rows in
     out_storage = torch.full((b, sq, hq, dv + 8), NAN, dtype=q.dtype, device="cuda")
     out = out_storage[..., :dv].transpose(1, 2)  # [B, H, S, Dv] view of padded [B, S, H, Dv]
     result, lse = flashcore.attention(q, k, v, out=out, causal=True, return_lse=True)
@@ -224,27 +219,27 @@ def test_given_out_and_lse(torch, dtype):
 
 def test_views_the_library_cannot_take(torch):
     b, h, s, d = 1, 2, 64, 64
-    k = v = randn(torch, (b, h, s, d), "float16", 50)
+    k = v = cuda_randn(torch, (b, h, s, d), "float16", 50)
     out = torch.full((b, h, s, d), NAN, dtype=torch.float16, device="cuda")
-    transposed = randn(torch, (b, h, d, s), "float16", 51).transpose(-1, -2)  # head_dim not contiguous
+    transposed = cuda_randn(torch, (b, h, d, s), "float16", 51).transpose(-1, -2)  # head_dim not contiguous
     with pytest.raises(flashcore.InvalidArgumentError, match="contiguous"):
         flashcore.attention(transposed, k, v, out=out)
-    shifted = randn(torch, (b * h * s * d + 1,), "float16", 52)[1:].view(b, h, s, d)  # 2-byte offset
+    shifted = cuda_randn(torch, (b * h * s * d + 1,), "float16", 52)[1:].view(b, h, s, d)  # 2-byte offset
     with pytest.raises(flashcore.MisalignedError) as info:
         flashcore.attention(shifted, k, v, out=out)
     assert "q" in info.value.message
-    odd_rows = randn(torch, (b, h, s, d + 1), "float16", 53)[..., :d]  # row stride d+1
+    odd_rows = cuda_randn(torch, (b, h, s, d + 1), "float16", 53)[..., :d]  # row stride d+1
     with pytest.raises(flashcore.MisalignedError, match="seq_stride"):
         flashcore.attention(odd_rows, k, v, out=out)
     with pytest.raises(flashcore.UnsupportedError):
         flashcore.attention(k.float(), k.float(), k.float())
     too_wide = max(pair[0] for pair in flashcore.supported_head_dims()) + 8  # no kernel covers it
-    q_wide = randn(torch, (b, h, s, too_wide), "float16", 54)
+    q_wide = cuda_randn(torch, (b, h, s, too_wide), "float16", 54)
     with pytest.raises(flashcore.UnsupportedError, match="head_dim"):
         flashcore.attention(q_wide, q_wide, q_wide)
     with pytest.raises(flashcore.InvalidArgumentError, match="out must have"):
         flashcore.attention(k, k, k[..., :32], out=out)  # out has head_dim 64, v head_dim_v 32
-    q6, k4 = randn(torch, (b, 6, s, d), "float16", 55), randn(torch, (b, 4, s, d), "float16", 56)
+    q6, k4 = cuda_randn(torch, (b, 6, s, d), "float16", 55), cuda_randn(torch, (b, 4, s, d), "float16", 56)
     with pytest.raises(flashcore.InvalidArgumentError, match="num_heads"):
         flashcore.attention(q6, k4, k4)
     torch.cuda.synchronize()
@@ -377,8 +372,8 @@ class CudaArrayInterfaceOnly:
                                         (CudaArrayInterfaceOnly, "float16")])
 def test_dlpack_and_cuda_array_interface_inputs(torch, wrap, dtype):
     b, hq, hkv, sq, sk, d = 2, 4, 2, 65, 130, 64
-    q = randn(torch, (b, sq, hq, d), dtype, 100).transpose(1, 2)
-    k, v = randn(torch, (b, hkv, sk, d), dtype, 101), randn(torch, (b, hkv, sk, d), dtype, 102)
+    q = cuda_randn(torch, (b, sq, hq, d), dtype, 100).transpose(1, 2)
+    k, v = cuda_randn(torch, (b, hkv, sk, d), dtype, 101), cuda_randn(torch, (b, hkv, sk, d), dtype, 102)
     out = torch.full_like(q, NAN)
     lse = torch.full((b, hq, sq), NAN, dtype=torch.float32, device="cuda")
     torch.cuda.synchronize()
@@ -827,8 +822,8 @@ def test_window_and_softcap_bshd_layout(torch, dtype, softcap, case):
     need_head_dim(128)
     window, causal = case
     b, sq, sk, hq, hkv, d = 2, 97, 230, 8, 4, 128
-    q = randn(torch, (b, sq, hq, d), dtype, 92) * 8
-    k, v = randn(torch, (b, sk, hkv, d), dtype, 93), randn(torch, (b, sk, hkv, d), dtype, 94)
+    q = cuda_randn(torch, (b, sq, hq, d), dtype, 92) * 8
+    k, v = cuda_randn(torch, (b, sk, hkv, d), dtype, 93), cuda_randn(torch, (b, sk, hkv, d), dtype, 94)
     out, lse = flashcore.attention(q, k, v, causal=causal, window=window, softcap=softcap, return_lse=True,
                                    layout="bshd")
     assert out.shape == (b, sq, hq, d) and out.is_contiguous() and lse.shape == (b, hq, sq)
@@ -923,9 +918,9 @@ def check_per_sequence(torch, out, lse, q, k, v, lengths, causal, **kwargs):
 def test_attention_with_kvcache_matches_reference(torch, dtype, causal, case):
     need_head_dim(128)
     b, hq, hkv, sq, rows, lengths = case
-    q = randn(torch, (b, sq, hq, 128), dtype, seed=sq)
-    k_cache = randn(torch, (b, rows, hkv, 128), dtype, seed=rows)
-    v_cache = randn(torch, (b, rows, hkv, 128), dtype, seed=rows + 1)
+    q = cuda_randn(torch, (b, sq, hq, 128), dtype, seed=sq)
+    k_cache = cuda_randn(torch, (b, rows, hkv, 128), dtype, seed=rows)
+    v_cache = cuda_randn(torch, (b, rows, hkv, 128), dtype, seed=rows + 1)
     fill_unused(k_cache, lengths)
     fill_unused(v_cache, lengths)
     cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
@@ -954,9 +949,9 @@ def test_seqused_k_with_window_softcap_and_splits(torch, dtype):
 def test_attention_with_kvcache_int_length(torch):
     # An int applies to every sequence: the same as the whole cache sliced.
     need_head_dim(64)
-    q = randn(torch, (3, 1, 4, 64), "bfloat16", seed=1)
-    k_cache = randn(torch, (3, 256, 2, 64), "bfloat16", seed=2)
-    v_cache = randn(torch, (3, 256, 2, 64), "bfloat16", seed=3)
+    q = cuda_randn(torch, (3, 1, 4, 64), "bfloat16", seed=1)
+    k_cache = cuda_randn(torch, (3, 256, 2, 64), "bfloat16", seed=2)
+    v_cache = cuda_randn(torch, (3, 256, 2, 64), "bfloat16", seed=3)
     fill_unused(k_cache, (100, 100, 100))
     fill_unused(v_cache, (100, 100, 100))
     # One split each: the heuristic would split the two calls differently.
@@ -1007,7 +1002,7 @@ def packed(torch, lengths, heads, d, dtype, seed):
     [total + PAD_ROWS, heads, d] (the trailing PAD_ROWS NaN), and their
     cu_seqlens."""
     total = sum(lengths)
-    x = randn(torch, (total + PAD_ROWS, heads, d), dtype, seed)
+    x = cuda_randn(torch, (total + PAD_ROWS, heads, d), dtype, seed)
     x[total:] = NAN
     return x, cu_seqlens(torch, lengths)
 
@@ -1104,7 +1099,7 @@ def test_attention_varlen_strided_qkv(torch, dtype):
     need_head_dim(128)
     lengths, h, d = (70, 1, 129, 0, 64), 4, 128
     total = sum(lengths)
-    qkv = randn(torch, (total, 3, h, d), dtype, seed=99)
+    qkv = cuda_randn(torch, (total, 3, h, d), dtype, seed=99)
     q, k, v = qkv.unbind(1)
     assert q.stride() == (3 * h * d, d, 1)
     cu = cu_seqlens(torch, lengths)
@@ -1116,8 +1111,9 @@ def test_attention_varlen_equal_lengths_match_attention(torch):
     # Sequences all of one length, packed: the same as the dense batch.
     need_head_dim(64)
     b, s, hq, hkv, d = 3, 96, 8, 2, 64
-    q = randn(torch, (b, s, hq, d), "float16", seed=100)
-    k, v = randn(torch, (b, s, hkv, d), "float16", seed=101), randn(torch, (b, s, hkv, d), "float16", seed=102)
+    q = cuda_randn(torch, (b, s, hq, d), "float16", seed=100)
+    k = cuda_randn(torch, (b, s, hkv, d), "float16", seed=101)
+    v = cuda_randn(torch, (b, s, hkv, d), "float16", seed=102)
     cu = cu_seqlens(torch, (s,) * b)
     out, lse = flashcore.attention_varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu, s, s,
                                           causal=True, return_lse=True)
@@ -1170,8 +1166,9 @@ def paged_inputs(torch, b, hq, hkv, sq, lengths, page_size, d, dtype, seed, spar
     reference reads, and their paged copies (paged_cache); the capacity is
     one page more than the longest sequence needs."""
     capacity = (-(-max(lengths) // page_size) + 1) * page_size
-    q = randn(torch, (b, sq, hq, d), dtype, seed)
-    k, v = randn(torch, (b, capacity, hkv, d), dtype, seed + 1), randn(torch, (b, capacity, hkv, d), dtype, seed + 2)
+    q = cuda_randn(torch, (b, sq, hq, d), dtype, seed)
+    k = cuda_randn(torch, (b, capacity, hkv, d), dtype, seed + 1)
+    v = cuda_randn(torch, (b, capacity, hkv, d), dtype, seed + 2)
     return (q, k, v) + paged_cache(torch, k, v, lengths, page_size, seed, spare_columns)
 
 
@@ -1201,8 +1198,9 @@ def test_paged_kvcache_full_capacity_and_padded_table(torch, dtype, page_size):
     need_head_dim(64)
     b, hq, hkv, sq, d = 3, 8, 2, 5, 64
     capacity = 1024
-    q = randn(torch, (b, sq, hq, d), dtype, seed=page_size)
-    k, v = randn(torch, (b, capacity, hkv, d), dtype, seed=1), randn(torch, (b, capacity, hkv, d), dtype, seed=2)
+    q = cuda_randn(torch, (b, sq, hq, d), dtype, seed=page_size)
+    k = cuda_randn(torch, (b, capacity, hkv, d), dtype, seed=1)
+    v = cuda_randn(torch, (b, capacity, hkv, d), dtype, seed=2)
     k_pool, v_pool, table = paged_cache(torch, k, v, (capacity,) * b, page_size, seed=3, spare_columns=5)
     assert table.stride(0) == capacity // page_size + 5
     for causal in (False, True):
@@ -1331,8 +1329,8 @@ def test_sdpa_matches_pytorch(torch, dtype, is_causal, shape):
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 def test_sdpa_shapes_like_pytorch(torch, q_shape, kv_shape, gqa, is_causal):
     need_head_dim(64)
-    q = randn(torch, q_shape, "float16", 200)
-    k, v = randn(torch, kv_shape, "float16", 201), randn(torch, kv_shape, "float16", 202)
+    q = cuda_randn(torch, q_shape, "float16", 200)
+    k, v = cuda_randn(torch, kv_shape, "float16", 201), cuda_randn(torch, kv_shape, "float16", 202)
     check_against_sdpa(torch, flashcore.sdpa(q, k, v, is_causal=is_causal, enable_gqa=gqa), q, k, v, is_causal,
                        enable_gqa=gqa)
 
@@ -1346,8 +1344,8 @@ def test_sdpa_shapes_like_pytorch(torch, q_shape, kv_shape, gqa, is_causal):
 def test_flash_attn_func_matches_reference(torch, dtype, case):
     need_head_dim(128)
     b, sq, sk, hq, hkv, d = 2, 90, 150, 8, 2, 128
-    q = randn(torch, (b, sq, hq, d), dtype, 300)
-    k, v = randn(torch, (b, sk, hkv, d), dtype, 301), randn(torch, (b, sk, hkv, d), dtype, 302)
+    q = cuda_randn(torch, (b, sq, hq, d), dtype, 300)
+    k, v = cuda_randn(torch, (b, sk, hkv, d), dtype, 301), cuda_randn(torch, (b, sk, hkv, d), dtype, 302)
     out = flashcore.flash_attn_func(q, k, v, **case)
     assert out.shape == (b, sq, hq, d) and out.is_contiguous()
     window = case.get("window_size")
@@ -1423,7 +1421,7 @@ def test_compiled_transformer_block_matches_eager_sdpa(torch, dtype, entry):
     torch_sdpa = torch.nn.functional.scaled_dot_product_attention
     block = TransformerBlock(torch).to(getattr(torch, dtype))
     reference = TransformerBlock(torch).to(torch.float64)  # the same weights (same seed)
-    x = randn(torch, (2, 96, 256), dtype, 500)
+    x = cuda_randn(torch, (2, 96, 256), dtype, 500)
     attend = ATTENDS[entry]
 
     def forward(x):
@@ -1439,7 +1437,7 @@ def test_compiled_transformer_block_matches_eager_sdpa(torch, dtype, entry):
         ours = compiled(x)
         eager_sdpa = block(x, lambda q, k, v: torch_sdpa(q, k, v, is_causal=True, enable_gqa=True))
         ref = reference(x.double(), lambda q, k, v: torch_sdpa(q, k, v, is_causal=True, enable_gqa=True))
-        again = compiled(randn(torch, (2, 96, 256), dtype, 501))  # the compiled graph, called again
+        again = compiled(cuda_randn(torch, (2, 96, 256), dtype, 501))  # the compiled graph, called again
     torch.cuda.synchronize()
     assert torch.isfinite(ours).all() and torch.isfinite(again).all()
     theirs, floor = rel_err(eager_sdpa, ref), rel_err(ref.to(x.dtype), ref)
@@ -1453,8 +1451,9 @@ def test_compiled_varlen_and_kvcache_match_eager(torch):
     q, cu_q = packed(torch, lengths_q, 8, 64, "float16", 600)
     k, cu_k = packed(torch, lengths_k, 2, 64, "float16", 601)
     v, _ = packed(torch, lengths_k, 2, 64, "float16", 602)
-    cache_q = randn(torch, (3, 2, 8, 64), "float16", 603)
-    k_cache, v_cache = randn(torch, (3, 50, 2, 64), "float16", 604), randn(torch, (3, 50, 2, 64), "float16", 605)
+    cache_q = cuda_randn(torch, (3, 2, 8, 64), "float16", 603)
+    k_cache = cuda_randn(torch, (3, 50, 2, 64), "float16", 604)
+    v_cache = cuda_randn(torch, (3, 50, 2, 64), "float16", 605)
     used = torch.tensor([50, 17, 1], dtype=torch.int32, device="cuda")
 
     def calls(q, k, v, cu_q, cu_k, cache_q, k_cache, v_cache, used):
@@ -1523,9 +1522,9 @@ def test_cached_calls_take_each_call_s_tensors(torch):
     # of one buffer, each computed from its own data.
     need_head_dim(64)
     b, h, s, d = 2, 4, 80, 64
-    buffer = randn(torch, (4, b, h, s, d), "float16", 800)
+    buffer = cuda_randn(torch, (4, b, h, s, d), "float16", 800)
     for i in range(3):
-        q, k, v = buffer[i], buffer[i + 1], randn(torch, (b, h, s, d), "float16", 801 + i)
+        q, k, v = buffer[i], buffer[i + 1], cuda_randn(torch, (b, h, s, d), "float16", 801 + i)
         out = flashcore.attention(q, k, v, causal=True)
         check(torch, out, None, q, k, v, True)
 
@@ -1630,11 +1629,11 @@ def test_quick_path_kvcache_decode_steps(torch):
     # A decode loop: the same cache tensors, counts that change in place.
     need_head_dim(128)
     b, hq, hkv, rows = 3, 8, 2, 1024
-    k_cache = randn(torch, (b, rows, hkv, 128), "float16", seed=990)
-    v_cache = randn(torch, (b, rows, hkv, 128), "float16", seed=991)
+    k_cache = cuda_randn(torch, (b, rows, hkv, 128), "float16", seed=990)
+    v_cache = cuda_randn(torch, (b, rows, hkv, 128), "float16", seed=991)
     cache_seqlens = torch.tensor([1, 500, 1000], dtype=torch.int32, device="cuda")
     for step in range(4):
-        q = randn(torch, (b, 1, hq, 128), "float16", seed=992 + step)
+        q = cuda_randn(torch, (b, 1, hq, 128), "float16", seed=992 + step)
         out, lse = flashcore.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, return_lse=True)
         lengths = cache_seqlens.tolist()
         check_per_sequence(torch, out.transpose(1, 2), lse, q.transpose(1, 2), k_cache.transpose(1, 2),

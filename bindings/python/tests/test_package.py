@@ -14,7 +14,7 @@ import pytest
 import flashcore
 from flashcore import Status, _arrays, _errors, _ffi, _launch, _library, _planning
 from fc_testing import (FakeCudaArray, FakeDLPackArray, RecordingHandle, covering_pair, fake_paged, fake_ptr, fake_qkv,
-                        fake_varlen, need_head_dim)
+                        fake_varlen, need_head_dim, raises_from_library)
 
 # --------------------------------------------------------------------------
 # Import and version (no library needed)
@@ -374,22 +374,13 @@ def test_size_one_dimension_strides_are_ignored(lib):
     flashcore.check_params(flashcore.forward_params(q, k, v, out))
 
 
-def _raises_from_library(lib, cls, call):
-    with pytest.raises(cls) as info:
-        call()
-    assert info.value.status == cls.status_code
-    # The message is the library's own, still current on this thread.
-    assert info.value.message and info.value.message == lib.cdll.flashcore_last_error_message().decode()
-    return info.value
-
-
 @pytest.mark.parametrize("api", ["attention", "check_params"])
 def test_head_counts_that_do_not_divide(lib, api):
     q, k, v, out = fake_qkv(hq=12, hkv=5)
     if api == "attention":
-        err = _raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.attention(q, k, v, out=out))
+        err = raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.attention(q, k, v, out=out))
     else:
-        err = _raises_from_library(lib, flashcore.InvalidArgumentError,
+        err = raises_from_library(lib, flashcore.InvalidArgumentError,
                                    lambda: flashcore.check_params(flashcore.forward_params(q, k, v, out)))
     assert "12" in err.message and "5" in err.message
 
@@ -454,7 +445,7 @@ def test_head_dim_no_kernel_covers(lib, which):
     d = max(p[0] for p in pairs) + 8 if which == "head_dim" else 64
     dv = max(p[1] for p in pairs) + 8 if which == "head_dim_v" else 64
     q, k, v, out = fake_qkv(d=d, dv=dv)
-    err = _raises_from_library(lib, flashcore.UnsupportedError, lambda: flashcore.attention(q, k, v, out=out))
+    err = raises_from_library(lib, flashcore.UnsupportedError, lambda: flashcore.attention(q, k, v, out=out))
     assert which in err.message
 
 
@@ -470,20 +461,20 @@ def _padded(shape, index):
 def test_head_dim_not_a_multiple_of_8(lib, d, dv):
     q, k = _padded((2, 8, 100, d), 0), _padded((2, 2, 120, d), 1)
     v, out = _padded((2, 2, 120, dv), 2), _padded((2, 8, 100, dv), 3)
-    err = _raises_from_library(lib, flashcore.UnsupportedError, lambda: flashcore.attention(q, k, v, out=out))
+    err = raises_from_library(lib, flashcore.UnsupportedError, lambda: flashcore.attention(q, k, v, out=out))
     assert "multiple of 8" in err.message
 
 
 def test_misaligned_pointer(lib):
     q, k, v, out = fake_qkv()
     q = FakeCudaArray((2, 8, 100, 64), ptr=fake_ptr(0, 2))
-    _raises_from_library(lib, flashcore.MisalignedError, lambda: flashcore.attention(q, k, v, out=out))
+    raises_from_library(lib, flashcore.MisalignedError, lambda: flashcore.attention(q, k, v, out=out))
 
 
 def test_misaligned_dlpack_byte_offset(lib):
     q, k, v, out = fake_qkv(cls=FakeDLPackArray)
     q = FakeDLPackArray((2, 8, 100, 64), byte_offset=6)
-    _raises_from_library(lib, flashcore.MisalignedError, lambda: flashcore.attention(q, k, v, out=out))
+    raises_from_library(lib, flashcore.MisalignedError, lambda: flashcore.attention(q, k, v, out=out))
     assert q.streams == [1]
 
 
@@ -491,7 +482,7 @@ def test_stride_not_a_multiple_of_the_alignment(lib):
     # head_dim 64 padded to 65 elements: the seq stride breaks 16-byte alignment.
     q, k, v, out = fake_qkv()
     q = FakeCudaArray((2, 8, 100, 64), strides=(8 * 100 * 65 * 2, 100 * 65 * 2, 65 * 2, 2))
-    _raises_from_library(lib, flashcore.MisalignedError, lambda: flashcore.attention(q, k, v, out=out))
+    raises_from_library(lib, flashcore.MisalignedError, lambda: flashcore.attention(q, k, v, out=out))
 
 
 def test_padded_views_are_accepted(lib):
@@ -503,13 +494,13 @@ def test_padded_views_are_accepted(lib):
 def test_overlapping_out(lib):
     q, k, v, _ = fake_qkv()
     out = FakeCudaArray((2, 8, 100, 64), strides=(100 * 64 * 2, 0, 64 * 2, 2), index=3)
-    _raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.attention(q, k, v, out=out))
+    raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.attention(q, k, v, out=out))
 
 
 def test_bad_softmax_scale(lib):
     q, k, v, out = fake_qkv()
     for bad in (-1.0, float("nan"), float("inf")):
-        _raises_from_library(lib, flashcore.InvalidArgumentError,
+        raises_from_library(lib, flashcore.InvalidArgumentError,
                              lambda: flashcore.attention(q, k, v, out=out, softmax_scale=bad))
     with pytest.raises(flashcore.InvalidArgumentError, match="None"):
         flashcore.attention(q, k, v, out=out, softmax_scale=0.0)
@@ -636,9 +627,9 @@ def test_num_splits_reaches_the_params(lib, n):
 @pytest.mark.parametrize("n", [-1, flashcore.MAX_NUM_SPLITS + 1])
 def test_num_splits_out_of_range_is_refused_by_the_library(lib, n):
     q, k, v, out = fake_qkv()
-    _raises_from_library(lib, flashcore.InvalidArgumentError,
+    raises_from_library(lib, flashcore.InvalidArgumentError,
                          lambda: flashcore.check_params(flashcore.forward_params(q, k, v, out, num_splits=n)))
-    err = _raises_from_library(lib, flashcore.InvalidArgumentError,
+    err = raises_from_library(lib, flashcore.InvalidArgumentError,
                                lambda: flashcore.attention(q, k, v, out=out, num_splits=n))
     assert "num_splits" in err.message
 
@@ -659,7 +650,7 @@ def test_forward_refuses_float32(lib):
     # FP32 is a merge dtype only: the library's check says so, as forward would.
     p = flashcore.forward_params(*fake_qkv())
     p.dtype = flashcore.Dtype.FP32
-    _raises_from_library(lib, flashcore.UnsupportedError, lambda: flashcore.check_params(p))
+    raises_from_library(lib, flashcore.UnsupportedError, lambda: flashcore.check_params(p))
 
 
 def test_merge_params_init_by_library(lib):
@@ -914,7 +905,7 @@ def test_window_and_softcap_binding_side(lib, api, kwargs, cls, match):
 def test_causal_window_reaching_right_is_refused_by_the_library(lib, api):
     # causal is window_right 0: a window reaching past the diagonal contradicts it.
     q, k, v, out = fake_qkv()
-    err = _raises_from_library(lib, flashcore.InvalidArgumentError,
+    err = raises_from_library(lib, flashcore.InvalidArgumentError,
                                lambda: _call(api, q, k, v, out, causal=True, window=(8, 1)))
     assert "window_right (1)" in err.message and "causal" in err.message
 
@@ -926,7 +917,7 @@ def test_causal_window_reaching_right_is_refused_by_the_library(lib, api):
 @pytest.mark.parametrize("api", WINDOW_APIS)
 def test_softcap_limits_are_the_library_s(lib, api, softcap, words):
     q, k, v, out = fake_qkv()
-    err = _raises_from_library(lib, flashcore.InvalidArgumentError, lambda: _call(api, q, k, v, out, softcap=softcap))
+    err = raises_from_library(lib, flashcore.InvalidArgumentError, lambda: _call(api, q, k, v, out, softcap=softcap))
     assert "softcap" in err.message and words in err.message
 
 
@@ -938,15 +929,15 @@ def test_window_fields_set_by_hand_reach_the_library(lib):
     p.window_left, p.window_right = -5, -9
     flashcore.check_params(p)
     p.use_window = 1
-    err = _raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.check_params(p))
+    err = raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.check_params(p))
     assert "window_left (-5)" in err.message
     p.window_left = 3
-    err = _raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.check_params(p))
+    err = raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.check_params(p))
     assert "window_right (-9)" in err.message
     p.window_right = -1
     flashcore.check_params(p)
     p.softcap = -1.0
-    err = _raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.check_params(p))
+    err = raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.check_params(p))
     assert "softcap (-1)" in err.message
 
 
@@ -1091,14 +1082,14 @@ def test_empty_merge_gives_an_empty_result(lib):
 def test_keys_missing_where_rows_need_them_are_refused(lib):
     q, _, _, out = fake_qkv()
     k, v = FakeCudaArray((2, 2, 0, 64), index=1), FakeCudaArray((2, 2, 0, 64), index=2)
-    err = _raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.attention(q, k, v, out=out))
+    err = raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.attention(q, k, v, out=out))
     assert "seqlen_k (0)" in err.message
 
 
 def test_aliased_output_is_refused_by_the_library(lib):
     q, k, v, _ = fake_qkv()
     out = FakeCudaArray((2, 8, 100, 64), index=1)  # k's memory
-    err = _raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.attention(q, k, v, out=out))
+    err = raises_from_library(lib, flashcore.InvalidArgumentError, lambda: flashcore.attention(q, k, v, out=out))
     assert err.message.startswith("out (bytes 0x") and "overlaps k" in err.message
     # q, k and v may share memory.
     shared = FakeCudaArray((2, 8, 100, 64), index=0)
@@ -1323,16 +1314,16 @@ def test_attention_varlen_checks_of_the_library(lib):
     q, k, v, out, cu_q, cu_k = fake_varlen()
     # out's memory is cu_seqlens_q's: written over what the kernels read.
     overlapping = FakeCudaArray((4,), typestr="<i4", ptr=fake_ptr(3, 64))
-    err = _raises_from_library(lib, flashcore.InvalidArgumentError,
+    err = raises_from_library(lib, flashcore.InvalidArgumentError,
                                lambda: flashcore.attention_varlen(q, k, v, overlapping, cu_k, 50, 70, out=out))
     assert "cu_seqlens_q" in err.message and "out" in err.message
     misaligned = FakeCudaArray((4,), typestr="<i4", ptr=fake_ptr(6, 2))
-    err = _raises_from_library(lib, flashcore.MisalignedError,
+    err = raises_from_library(lib, flashcore.MisalignedError,
                                lambda: flashcore.attention_varlen(q, k, v, cu_q, misaligned, 50, 70, out=out))
     assert "cu_seqlens_k" in err.message
     # No key rows at all while queries need some.
     k0, v0 = FakeCudaArray((0, 2, 64), index=1), FakeCudaArray((0, 2, 64), index=2)
-    err = _raises_from_library(lib, flashcore.InvalidArgumentError,
+    err = raises_from_library(lib, flashcore.InvalidArgumentError,
                                lambda: flashcore.attention_varlen(q, k0, v0, cu_q, cu_k, 50, 0, out=out))
     assert "seqlen_k (0)" in err.message
 
@@ -1489,7 +1480,7 @@ def test_paged_kvcache_binding_side_validation(lib, case, cls, match):
 def test_paged_kvcache_page_size_is_the_library_s_check(lib, page_size):
     need_head_dim(128)
     q, k, v, out, table = fake_paged(page_size=page_size)
-    err = _raises_from_library(lib, flashcore.UnsupportedError,
+    err = raises_from_library(lib, flashcore.UnsupportedError,
                                lambda: flashcore.attention_with_kvcache(q, k, v, block_table=table, out=out))
     assert "page_size (%d)" % page_size in err.message and "multiple of 16" in err.message
 
@@ -1498,11 +1489,11 @@ def test_paged_kvcache_checks_of_the_library(lib):
     need_head_dim(128)
     q, k, v, out, _ = fake_paged()
     misaligned = FakeCudaArray((3, 10), typestr="<i4", ptr=fake_ptr(7, 2))
-    err = _raises_from_library(lib, flashcore.MisalignedError,
+    err = raises_from_library(lib, flashcore.MisalignedError,
                                lambda: flashcore.attention_with_kvcache(q, k, v, block_table=misaligned, out=out))
     assert "block_table" in err.message
     in_out = FakeCudaArray((3, 10), typestr="<i4", ptr=fake_ptr(3, 256))  # inside out's bytes
-    err = _raises_from_library(lib, flashcore.InvalidArgumentError,
+    err = raises_from_library(lib, flashcore.InvalidArgumentError,
                                lambda: flashcore.attention_with_kvcache(q, k, v, block_table=in_out, out=out))
     assert "block_table" in err.message and "out" in err.message
 
@@ -1607,8 +1598,8 @@ def test_cached_call_still_checks_the_addresses(lib, gpu_present):
     q, k, v, out = fake_qkv(b=1, hq=2, hkv=2, sq=24, sk=24)
     with pytest.raises(flashcore.NoDeviceError):
         flashcore.attention(q, k, v, out=out)  # valid: cached, then no device
-    _raises_from_library(lib, flashcore.MisalignedError, lambda: flashcore.attention(_moved(q, 2), k, v, out=out))
-    err = _raises_from_library(lib, flashcore.InvalidArgumentError,
+    raises_from_library(lib, flashcore.MisalignedError, lambda: flashcore.attention(_moved(q, 2), k, v, out=out))
+    err = raises_from_library(lib, flashcore.InvalidArgumentError,
                                lambda: flashcore.attention(q, k, v, out=_moved(out, fake_ptr(1) - fake_ptr(3))))
     assert "overlaps k" in err.message
 
