@@ -51,6 +51,10 @@ bwd_shapes+=':Gradients/*/fp16_d256_full_b2_hq4_hkv2_sq200_sk333_padded:Gradient
 bwd_shapes+=':Gradients/*_d192x128_full_b1_hq4_hkv1_sq100_sk300_bhsd_softcap50:Gradients/*_window100_0_softcap30*'
 bwd_shapes+=':Gradients/*_used_100_600_50:Gradients/*_qlens_0_1_17_200_513_*:Gradients/*_qlens_0_0_*:Gradients/*_sq0_*'
 
+# The sm_90a kernel's three-warpgroup configuration (head dim 64 without a
+# mask; the d64 full shape above chooses it under 3 CTAs too).
+sm90_shapes="${shapes}:ForwardSm90.WideConfiguration*"
+
 # name | tool | binary | gtest filter | environment
 runs=(
   "default|memcheck|test_forward|${shapes}|"
@@ -58,15 +62,15 @@ runs=(
   "keysplit|memcheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=keysplit"
   "keysplit4|memcheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=keysplit4"
   "decode|memcheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=decode"
-  "sm90|memcheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=sm90 FLASHCORE_PERSISTENT_CTAS=3"
+  "sm90|memcheck|test_forward|${sm90_shapes}|FLASHCORE_FWD_VARIANT=sm90 FLASHCORE_PERSISTENT_CTAS=3"
   "split|memcheck|test_split|Splits/*d64*sq1_*splits128:Splits/*d128*sq3*:States/*:MergeStates.*|"
   "large|racecheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=large"
   "keysplit|racecheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=keysplit"
   "keysplit4|racecheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=keysplit4"
   "decode|racecheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=decode"
-  "sm90|racecheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=sm90 FLASHCORE_PERSISTENT_CTAS=3"
+  "sm90|racecheck|test_forward|${sm90_shapes}|FLASHCORE_FWD_VARIANT=sm90 FLASHCORE_PERSISTENT_CTAS=3"
   "split|racecheck|test_split|Splits/*d64*sq1_*splits128:States/*|"
-  "sm90|synccheck|test_forward|${shapes}|FLASHCORE_FWD_VARIANT=sm90 FLASHCORE_PERSISTENT_CTAS=3"
+  "sm90|synccheck|test_forward|${sm90_shapes}|FLASHCORE_FWD_VARIANT=sm90 FLASHCORE_PERSISTENT_CTAS=3"
   "split.sm90|synccheck|test_split|Splits/*d128*sq3*:Splits/*d64*sq1_*splits128|FLASHCORE_FWD_VARIANT=sm90"
   "backward|memcheck|test_backward|${bwd_shapes}:BackwardApi.*:BackwardGraph.*|"
   "backward|racecheck|test_backward|${bwd_shapes}|"

@@ -548,6 +548,25 @@ TEST(ForwardSm90, KvCountCrossing2Pow32) {
     expect_matches_reference(FwdCase{FLASHCORE_DTYPE_BF16, 128, false, 1, 2, 1, 300, 1100, Layout::kBSHD});
 }
 
+// Head dim 64 without a mask runs three consumer warpgroups (192-row
+// blocks) where the grid holds at least two waves of them
+// (kernels/fwd/sm90/config.cuh, wide_fits): with 3 CTAs these shapes choose
+// it, each CTA walking many blocks. Query counts whose 192- and 128-row
+// blocks pad alike (1152, 384, 1100: a partial last block), GQA, both
+// layouts, key counts that are not multiples of the key tile.
+TEST(ForwardSm90, WideConfigurationMatchesReference) {
+    FC_REQUIRE_GPU();
+    const ScopedEnv env({{"FLASHCORE_FWD_VARIANT", "sm90"}, {"FLASHCORE_PERSISTENT_CTAS", "3"}});
+    flashcore_handle probe = nullptr;
+    if (flashcore_create(&probe) == FLASHCORE_STATUS_UNSUPPORTED) {
+        GTEST_SKIP() << "no sm_90a kernel here: " << flashcore_last_error_message();
+    }
+    if (probe != nullptr) flashcore_destroy(probe);
+    expect_matches_reference(FwdCase{FLASHCORE_DTYPE_BF16, 64, false, 2, 4, 2, 1152, 1000, Layout::kBSHD});
+    expect_matches_reference(FwdCase{FLASHCORE_DTYPE_FP16, 64, false, 1, 3, 3, 384, 1536, Layout::kBHSD});
+    expect_matches_reference(FwdCase{FLASHCORE_DTYPE_BF16, 64, false, 1, 2, 2, 1100, 1100, Layout::kBHSD});
+}
+
 TEST(ForwardApi, BadKvPositionIsRejectedAtCreate) {
     FC_REQUIRE_GPU();
     expect_env_values_rejected("FLASHCORE_TEST_KV_POSITION", {"-1", "12x", "99999999999999999999"}, "4294967290");

@@ -34,12 +34,17 @@
 
 namespace flashcore::sm90 {
 
-template <int kBlockM, int kBlockN>
-struct PersistentSchedule {
+// The schedule's numbers (PersistentSchedule without its block shape): what
+// the host passes to kernels that read them from their parameters
+// (fwd/sm90/consumer.cuh, schedule_of).
+struct ScheduleNumbers {
     int num_m_blocks;
     int items_per_head;
     bool paired;
+};
 
+template <int kBlockM, int kBlockN>
+struct PersistentSchedule : ScheduleNumbers {
     __host__ __device__ static PersistentSchedule of(const FwdKernelParams &p) {
         PersistentSchedule s;
         s.num_m_blocks = ceil_div(p.seqlen_q, kBlockM);

@@ -56,7 +56,7 @@ struct Consumer {
                params_.fwd.softmax_scale_log2, Cap::of(params_.fwd.softcap_prescale)} {}
 
     __device__ __forceinline__ void run() {
-        PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(params.fwd).template for_each_block<kRagged>(
+        schedule_of<Traits>(params).template for_each_block<kRagged>(
             params.fwd, [&](const FwdTile &tile, const KeyRange &keys, int split) { compute_block(tile, keys, split); });
         if (pending) {
             issue_pending_output();

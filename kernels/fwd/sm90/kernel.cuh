@@ -1,11 +1,13 @@
 // The Hopper (sm_90a) fused attention forward kernel.
 //
 // The kernel is persistent (tile_scheduler.cuh): each CTA computes a
-// sequence of 128-row query blocks. It has three warpgroups:
+// sequence of query blocks of 64 rows per consumer warpgroup. It has one
+// producer and two or three consumer warpgroups (config.cuh says how many
+// per head dim and call):
 //   warpgroup 0, the producer (producer.cuh): gives up most of its registers
 //     (setmaxnreg) and has one thread issue the TMA copies of Q and of the
 //     K/V tiles into a kStages-deep ring guarded by mbarriers (pipeline.cuh);
-//   warpgroups 1 and 2, the consumers (consumer.cuh): each owns 64 query
+//   warpgroups 1.., the consumers (consumer.cuh): each owns 64 query
 //     rows, takes the registers the producer gave up, and runs the mainloop
 //     (mainloop.cuh: S = Q*K^T, online softmax, O += P*V on wgmma, the
 //     softmax overlapped with the tensor cores) over each block's key tiles;

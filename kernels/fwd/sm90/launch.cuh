@@ -1,6 +1,7 @@
-// Host-side launch of the sm90 kernel: the TMA descriptors of Q, K, V and O
-// for the call (tensor_map.cuh), then the launch. Included only by the
-// generated sm_90a translation units (kernels/CMakeLists.txt).
+// Host-side launch of the sm90 kernel: the configuration for the call
+// (config.cuh), the TMA descriptors of Q, K, V and O (tensor_map.cuh), then
+// the launch. Included only by the generated sm_90a translation units
+// (kernels/CMakeLists.txt).
 #pragma once
 
 #include <cuda.h>
@@ -67,13 +68,16 @@ FwdKernelInfo fwd_info_sm90() {
     return {Traits::kSmemBytes, Traits::kBlockM, Traits::kBlockN, 1, true};
 }
 
-template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
-cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
-    static_assert(kInput == kOutput, "the forward kernels write their input type (fwd/family.cmake)");
-    static_assert(kVariant == FwdVariant::kPersistent, "the sm90 kernel has one variant");
-    using Traits = typename sm90::Sm90Config<kInput, kOutput, kHeadDim, kHeadDimV>::Traits;
+namespace sm90 {
+
+// The call on the kernel of Traits with Cap (Softcap or NoSoftcap): the TMA
+// descriptors of Q, K, V and O for the call (tensor_map.cuh), the schedule,
+// then the launch. kServesRagged: whether the kernel for ragged batches is
+// built (not for configurations that dense calls alone choose).
+template <DType kInput, DType kOutput, typename Traits, typename Cap, bool kServesRagged = true>
+cudaError_t run_with_traits(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
     constexpr int kCols = Traits::kPanelCols;
-    sm90::Sm90KernelParams p{};
+    Sm90KernelParams p{};
     p.fwd = params;
     p.first_kv_position = options.first_kv_position;
     // The maps' (seq, batch) extents: packed tensors are one batch of all
@@ -93,43 +97,59 @@ cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &
     const int64_t k_batch_stride = packed_kv ? params.k_seq_stride : params.k_batch_stride;
     const int64_t v_batch_stride = packed_kv ? params.v_seq_stride : params.v_batch_stride;
     p.kv_box_rows = paged ? std::gcd(params.page_size, Traits::kBlockN) : Traits::kBlockN;
-    using sm90::TensorRole;
-    using sm90::tensor_geometry;
     const bool encoded =
-        sm90::tensor_map(&p.tma_q,
-                         tensor_geometry(TensorRole::kQ, kInput, params.head_dim, q_rows, params.num_heads_q, q_batches,
-                                         params.q_seq_stride, params.q_head_stride, q_batch_stride, kCols,
-                                         Traits::kBlockM),
-                         params.q) &&
-        sm90::tensor_map(&p.tma_k,
-                         tensor_geometry(TensorRole::kK, kInput, params.head_dim, kv_rows, params.num_heads_kv,
-                                         kv_batches, params.k_seq_stride, params.k_head_stride, k_batch_stride, kCols,
-                                         p.kv_box_rows),
-                         params.k) &&
-        sm90::tensor_map(&p.tma_v,
-                         tensor_geometry(TensorRole::kV, kInput, params.head_dim_v, kv_rows, params.num_heads_kv,
-                                         kv_batches, params.v_seq_stride, params.v_head_stride, v_batch_stride, kCols,
-                                         p.kv_box_rows),
-                         params.v) &&
-        sm90::tensor_map(&p.tma_o,
-                         tensor_geometry(TensorRole::kO, kOutput, params.head_dim_v, q_rows, params.num_heads_q,
-                                         q_batches, params.out_seq_stride, params.out_head_stride, out_batch_stride,
-                                         kCols, Traits::kRowsPerConsumer),
-                         params.out);
+        tensor_map(&p.tma_q,
+                   tensor_geometry(TensorRole::kQ, kInput, params.head_dim, q_rows, params.num_heads_q, q_batches,
+                                   params.q_seq_stride, params.q_head_stride, q_batch_stride, kCols,
+                                   Traits::kBlockM),
+                   params.q) &&
+        tensor_map(&p.tma_k,
+                   tensor_geometry(TensorRole::kK, kInput, params.head_dim, kv_rows, params.num_heads_kv,
+                                   kv_batches, params.k_seq_stride, params.k_head_stride, k_batch_stride, kCols,
+                                   p.kv_box_rows),
+                   params.k) &&
+        tensor_map(&p.tma_v,
+                   tensor_geometry(TensorRole::kV, kInput, params.head_dim_v, kv_rows, params.num_heads_kv,
+                                   kv_batches, params.v_seq_stride, params.v_head_stride, v_batch_stride, kCols,
+                                   p.kv_box_rows),
+                   params.v) &&
+        tensor_map(&p.tma_o,
+                   tensor_geometry(TensorRole::kO, kOutput, params.head_dim_v, q_rows, params.num_heads_q,
+                                   q_batches, params.out_seq_stride, params.out_head_stride, out_batch_stride,
+                                   kCols, Traits::kRowsPerConsumer),
+                   params.out);
     // The dispatcher falls back to the portable kernel.
     if (!encoded) return cudaErrorNotSupported;
 
     // Persistent: one CTA per SM at most, each walking its share of the
     // schedule.
-    const int64_t num_items = sm90::PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(params).num_items(params);
+    const auto schedule = PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(params);
+    p.schedule = schedule;
+    const int64_t num_items = schedule.num_items(params);
     const int64_t num_ctas = num_items < options.max_persistent_ctas ? num_items : options.max_persistent_ctas;
-    const bool capped = params.softcap_prescale != 0.f;
-    if (params.ragged) {
-        return capped ? sm90::launch<Traits, Softcap, true>(p, num_ctas, options, stream)
-                      : sm90::launch<Traits, NoSoftcap, true>(p, num_ctas, options, stream);
+    if constexpr (kServesRagged) {
+        if (params.ragged) return launch<Traits, Cap, true>(p, num_ctas, options, stream);
     }
-    return capped ? sm90::launch<Traits, Softcap, false>(p, num_ctas, options, stream)
-                  : sm90::launch<Traits, NoSoftcap, false>(p, num_ctas, options, stream);
+    return launch<Traits, Cap, false>(p, num_ctas, options, stream);
+}
+
+}  // namespace sm90
+
+template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
+cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
+    static_assert(kInput == kOutput, "the forward kernels write their input type (fwd/family.cmake)");
+    static_assert(kVariant == FwdVariant::kPersistent, "the sm90 kernel has one variant");
+    using Config = sm90::Sm90Config<kInput, kOutput, kHeadDim, kHeadDimV>;
+    using Traits = typename Config::Traits;
+    if constexpr (Config::kHasWide) {
+        if (sm90::wide_fits<Traits, typename Config::WideTraits>(params, options.max_persistent_ctas)) {
+            return sm90::run_with_traits<kInput, kOutput, typename Config::WideTraits, NoSoftcap,
+                                         /*kServesRagged=*/false>(params, options, stream);
+        }
+    }
+    return params.softcap_prescale != 0.f
+               ? sm90::run_with_traits<kInput, kOutput, Traits, Softcap>(params, options, stream)
+               : sm90::run_with_traits<kInput, kOutput, Traits, NoSoftcap>(params, options, stream);
 }
 
 }  // namespace flashcore

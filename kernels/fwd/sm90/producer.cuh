@@ -65,7 +65,7 @@ __device__ __forceinline__ void run_producer(const Sm90KernelParams &params, con
     // consumers' count does.
     KvPosition kv_count = Pipeline<Traits>::first_position(params.first_kv_position);
     uint32_t q_count = 0;   // query blocks loaded so far
-    PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(p).template for_each_block<kRagged>(
+    schedule_of<Traits>(params).template for_each_block<kRagged>(
         p, [&](const FwdTile &tile, const BlockKeyRange<Traits::kBlockM, Traits::kBlockN> &keys, int /*split*/) {
             if (keys.num_blocks() <= 0) return;  // the consumers store it without K/V
             const int q_buffer = Pipeline<Traits>::q_buffer_of(q_count);

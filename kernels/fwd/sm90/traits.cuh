@@ -9,6 +9,7 @@
 
 #include "fwd/params.h"
 #include "sm90/ptx.cuh"
+#include "sm90/tile_scheduler.cuh"
 
 namespace flashcore::sm90 {
 
@@ -29,7 +30,28 @@ struct Sm90KernelParams {
     // Paged K/V: rows per TMA box of tma_k and tma_v (one page's share of a
     // tile; producer.cuh).
     int kv_box_rows;
+    // The persistent schedule (tile_scheduler.cuh) as the host computed it,
+    // for the kernels that read it from here (schedule_of).
+    ScheduleNumbers schedule;
 };
+
+// The CTA's persistent schedule: computed by each CTA from the call's
+// parameters, or, with three consumer warpgroups (160 registers a thread),
+// the numbers the host put in the kernel's parameters, which ptxas reads
+// from the constant bank where they are used instead of keeping them in
+// registers (computed, two of them spilled).
+template <typename Traits>
+__device__ __forceinline__ PersistentSchedule<Traits::kBlockM, Traits::kBlockN> schedule_of(
+    const Sm90KernelParams &params) {
+    using Schedule = PersistentSchedule<Traits::kBlockM, Traits::kBlockN>;
+    if constexpr (Traits::kConsumerWarpgroups == 3) {
+        Schedule s;
+        static_cast<ScheduleNumbers &>(s) = params.schedule;
+        return s;
+    } else {
+        return Schedule::of(params.fwd);
+    }
+}
 
 // Whether the rows of a batch's last K/V tile past its keys (up to
 // tile_end, the tile's end as a key of the batch) may hold anything, so
@@ -55,10 +77,21 @@ __device__ __forceinline__ bool v_tail_may_hold_garbage(const FwdKernelParams &p
 // Shared memory an sm_90 block may opt into (H100, H200): 227 KB.
 constexpr size_t kMaxSmemPerBlock = 227 * 1024;
 
+// Consumer warpgroups a CTA may have (Sm90Traits::kConsumerWarpgroups).
+constexpr int kMaxConsumerWarpgroups = 3;
+
 // Named barriers (0 is __syncthreads): one per consumer warpgroup (the
-// epilogue's), then one for both consumers (v_tail.cuh).
+// epilogue's), then one for all the consumers (v_tail.cuh).
 constexpr int kFirstConsumerBarrier = 1;
-constexpr int kBothConsumersBarrier = 3;
+constexpr int kAllConsumersBarrier = kFirstConsumerBarrier + kMaxConsumerWarpgroups;
+
+// Registers per thread after setmaxnreg, by consumer warpgroups (2 or 3):
+// the producer keeps only what its one issuing thread needs, the consumers
+// share the rest of the SM's 64K (S, P and O live in their registers). The
+// counts are multiples of 8, and (1 + consumers) x 128 threads fit 64K:
+//   2: 128 x 24 + 256 x 240;  3: 128 x 32 + 384 x 160 (FA3's split).
+constexpr int producer_registers(int consumer_warpgroups) { return consumer_warpgroups == 2 ? 24 : 32; }
+constexpr int consumer_registers(int consumer_warpgroups) { return consumer_warpgroups == 2 ? 240 : 160; }
 
 // How finished rows of O leave the CTA.
 enum class OutputPath {
@@ -67,7 +100,8 @@ enum class OutputPath {
 };
 
 template <typename Element_, typename ElementOut_, int kHeadDim_, int kHeadDimV_, int kBlockN_, int kStages_,
-          int kQStages_, OutputPath kOutputPath_, int kRowMaxChains_ = 1, int kPSets_ = 2>
+          int kQStages_, OutputPath kOutputPath_, int kRowMaxChains_ = 1, int kPSets_ = 2,
+          int kConsumerWarpgroups_ = 2>
 struct Sm90Traits {
     using Element = Element_;        // of Q, K and V
     using ElementOut = ElementOut_;  // of O
@@ -88,16 +122,15 @@ struct Sm90Traits {
 
     // One producer warpgroup issues the TMA copies; each consumer warpgroup
     // owns 64 query rows (one wgmma M) of the CTA's block.
-    static constexpr int kConsumerWarpgroups = 2;
+    static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
     static constexpr int kRowsPerConsumer = 64;
     static constexpr int kBlockM = kConsumerWarpgroups * kRowsPerConsumer;
     static constexpr int kNumThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
     static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpgroupThreads / 32;
 
-    // Registers per thread after the split: the producer needs only a few,
-    // the consumers hold S, O and P. 128 x 24 + 256 x 240 <= 64K.
-    static constexpr int kProducerRegisters = 24;
-    static constexpr int kConsumerRegisters = 240;
+    // Registers per thread after the split (producer_registers).
+    static constexpr int kProducerRegisters = producer_registers(kConsumerWarpgroups);
+    static constexpr int kConsumerRegisters = consumer_registers(kConsumerWarpgroups);
 
     // Panels: 128-byte rows where both head dims' rows are multiples of 128
     // bytes (of two-byte elements: 64 columns), else 64-byte rows (32, 96).
@@ -135,6 +168,9 @@ struct Sm90Traits {
                   "head dims must be whole numbers of panels");
     static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
     static_assert(kPSets == 1 || kPSets == 2, "one or two sets of P fragments");
+    static_assert(kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3, "two or three consumer warpgroups");
+    static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters) <= 64 * 1024,
+                  "the register split must fit the SM's register file");
     static_assert(sizeof(ElementOut) == sizeof(Element), "O is staged in the input's panel layout");
     static_assert(kQPanelBytes % Swizzle::kAtomBytes == 0 && kKVPanelBytes % Swizzle::kAtomBytes == 0 &&
                       kOPanelBytes % Swizzle::kAtomBytes == 0,

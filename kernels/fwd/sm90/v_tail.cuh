@@ -9,8 +9,8 @@
 // nothing: the softmax selects, never multiplies, masked scores.
 //
 // Tiles are visited right to left, so only a block's first tile can hold
-// such rows. Both consumer warpgroups read every row of it, so the two
-// share the zeroing and meet at a named barrier.
+// such rows. Every consumer warpgroup reads every row of it, so they share
+// the zeroing and meet at a named barrier.
 #pragma once
 
 #include <cstdint>
@@ -33,20 +33,20 @@ __device__ __forceinline__ void zero_v_rows(unsigned char *v_tile, int first_row
     // Every chunk of the tile in turn, so that all the index arithmetic is
     // by constants: this runs inside the mainloop's register budget.
     constexpr int kChunks = Traits::kVPanels * Traits::kBlockN * kChunksPerRow;
-    static_assert(kChunks % kThreads == 0, "whole passes over the tile");
+    constexpr int kPasses = (kChunks + kThreads - 1) / kThreads;
     // A loop, not unrolled: the fewest registers (a rare path).
 #pragma unroll 1
-    for (int pass = 0; pass < kChunks / kThreads; ++pass) {
+    for (int pass = 0; pass < kPasses; ++pass) {
         const int i = pass * kThreads + tid;
-        if ((i / kChunksPerRow) % Traits::kBlockN >= first_row) {
+        if (i < kChunks && (i / kChunksPerRow) % Traits::kBlockN >= first_row) {
             // Rows of a panel are consecutive, panels follow one another.
             *reinterpret_cast<uint4 *>(v_tile + i * kChunkBytes) = make_uint4(0, 0, 0, 0);
         }
     }
-    // The zeros must be visible to wgmma (the async proxy) in both
-    // consumers before either issues the product.
+    // The zeros must be visible to wgmma (the async proxy) in every
+    // consumer before any issues the product.
     fence_shared_to_async_proxy();
-    named_barrier_sync_id(kBothConsumersBarrier, kThreads);
+    named_barrier_sync_id(kAllConsumersBarrier, kThreads);
 }
 
 }  // namespace flashcore::sm90
