@@ -168,17 +168,6 @@ __device__ __forceinline__ void bulk_wait_group_read_all() {
 // Waits until this thread's bulk stores are complete, global writes included.
 __device__ __forceinline__ void bulk_wait_group_all() { cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{}); }
 
-// Stores four 8 x 8 matrices of 16-bit elements to shared memory, a warp
-// together: lane l gives the address of row l % 8 of matrix l / 8, and
-// register j of every lane its part of matrix j, as an m16n8 accumulator
-// fragment holds an 8 x 8 block (lane / 4: the row, 2 * (lane % 4): the
-// two columns). One instruction where 16 4-byte stores would do.
-__device__ __forceinline__ void stmatrix_x4(uint32_t smem_row, uint32_t m0, uint32_t m1, uint32_t m2, uint32_t m3) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_row), "r"(m0),
-                 "r"(m1), "r"(m2), "r"(m3)
-                 : "memory");
-}
-
 // Makes this thread's ordinary shared-memory writes visible to the TMA unit.
 __device__ __forceinline__ void fence_shared_to_async_proxy() {
     cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);

@@ -70,11 +70,7 @@ struct Sm90Config {
     // Head dim 64 also has FA3's three consumer warpgroups, 192-row blocks
     // (wide_fits says for which calls).
     static constexpr bool kHasWide = kHeadDim == 64 && kHeadDimV == 64;
-    // FA3's tile there: 192 x 192, P staged in shared memory (S and O fill
-    // the registers), one Q buffer and two K/V stages (216 KB).
-    using WideTraits = Sm90Traits<ElementType<kInput>, ElementType<kOutput>, kHeadDim, kHeadDimV, /*kBlockN=*/192,
-                                  /*kStages=*/2, /*kQStages=*/1, OutputPath::kTmaStore, /*kRowMaxChains=*/1,
-                                  /*kPSets=*/1, /*kConsumerWarpgroups=*/3, /*kPInSmem=*/true>;
+    using WideTraits = typename Sm90TraitsOf<kInput, kOutput, kHeadDim, kHeadDimV, 3>::type;
 };
 
 // Whether a call runs the wide configuration (Sm90Config::WideTraits)

@@ -119,7 +119,7 @@ struct Consumer {
     }
 
     // The pending block's last O += P*V.
-    __device__ __forceinline__ void issue_pending_output() { loop.issue_last_output(pending_last_kv); }
+    __device__ __forceinline__ void issue_pending_output() { loop.issue_output(loop.last_p(), pending_last_kv); }
 
     // After its last P*V product completed: normalise and store the pending
     // block.

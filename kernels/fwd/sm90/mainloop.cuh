@@ -32,7 +32,6 @@
 #include "sm90/ptx.cuh"
 #include "fwd/sm90/traits.cuh"
 #include "fwd/sm90/v_tail.cuh"
-#include "fwd/sm90/wgmma_fwd.cuh"
 #include "sm90/wgmma.cuh"
 
 namespace flashcore::sm90 {
@@ -109,30 +108,6 @@ __device__ __forceinline__ void issue_pv(float (&out)[Traits::kHeadDimV / 8][4],
     wgmma_commit();
 }
 
-// out += P * V_tile with P staged in shared memory (Traits::kPInSmem): the
-// warpgroup's 64 rows of P, K-major in panels like Q's, at p_rows.
-template <typename Traits>
-__device__ __forceinline__ void issue_pv_staged(float (&out)[Traits::kHeadDimV / 8][4], uint32_t p_rows,
-                                                uint32_t v_tile) {
-    constexpr int kKStepCols = int(kKStepRowBytes) / Traits::kElementBytes;
-    constexpr int kKStepsPerPanel = Traits::kPanelCols / kKStepCols;
-    using Swizzle = typename Traits::Swizzle;
-    using Element = typename Traits::Element;
-    const auto desc_p = Swizzle::k_major(p_rows);
-    const auto desc_v = Swizzle::mn_major(v_tile, Traits::kKVPanelBytes);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Traits::kBlockN / kKStepCols; ++kk) {
-        const uint32_t p_offset =
-            (kk / kKStepsPerPanel) * Traits::kPPanelBytes + (kk % kKStepsPerPanel) * kKStepRowBytes;
-        // 16 keys are 16 rows of V: two swizzle atoms further down.
-        const uint32_t v_offset = kk * 16 * Traits::kPanelRowBytes;
-        WgmmaSs<Element, Element, Traits::kHeadDimV, WgmmaMajor::kK, WgmmaMajor::kMN>::mma(
-            out, desc_p.at(p_offset), desc_v.at(v_offset), 1);
-    }
-    wgmma_commit();
-}
-
 // The register state of a consumer warp while it walks a block's key tiles,
 // and the steps of that walk.
 template <typename Traits, typename Cap>
@@ -194,59 +169,6 @@ struct Mainloop {
         const int stage = Pipeline<Traits>::stage_of(kv);
         mbarrier_wait(pipe.v_full(stage), Pipeline<Traits>::phase_of(kv));
         issue_pv<Traits>(acc_o[0], p, smem_address(pipe.v_tile(stage)));
-    }
-
-    // O += P * V of K/V tile `kv` with the warpgroup's staged P
-    // (Traits::kPInSmem).
-    __device__ __forceinline__ void issue_staged_output(KvPosition kv) {
-        const int stage = Pipeline<Traits>::stage_of(kv);
-        mbarrier_wait(pipe.v_full(stage), Pipeline<Traits>::phase_of(kv));
-        // Opaque, so that the 2 x 12 descriptors of the loop-invariant P are
-        // not computed once and kept live over the loop (ptxas spilled them).
-        issue_pv_staged<Traits>(acc_o[0], opaque(smem_address(pipe.p_tile(warp_first_row / Traits::kRowsPerConsumer))),
-                                smem_address(pipe.v_tile(stage)));
-    }
-
-    // The block's last O += P * V (the caller issues it with the next
-    // block's first S).
-    __device__ __forceinline__ void issue_last_output(KvPosition kv) {
-        if constexpr (Traits::kPInSmem) {
-            issue_staged_output(kv);
-        } else {
-            issue_output(last_p(), kv);
-        }
-    }
-
-    // The probabilities in the score registers, as 16-bit P, into the
-    // warpgroup's staged P, K-major in panels like Q's, made visible to the
-    // next P * V product of each of its warps. The previous product must be
-    // done reading it. Two n8 atoms of the warp's 16 rows (four 8 x 8
-    // matrices) per stmatrix: 4-byte stores, four times as many, kept the
-    // shared-memory pipe 1.5x as busy as FA3's (mio_throttle).
-    __device__ __forceinline__ void stage_scores() {
-        using Swizzle = typename Traits::Swizzle;
-        constexpr int kAtomsPerPanel = Traits::kPanelCols / kMmaN;  // an n8 atom is one 16-byte chunk of a row
-        // Opaque: the loop-invariant addresses of a thread's stores (and what
-        // they derive from) are recomputed each tile rather than kept live
-        // over the loop, where they spilled.
-        const int consumer = int(opaque(uint32_t(warp_first_row))) / Traits::kRowsPerConsumer;
-        const uint32_t p_tile = opaque(smem_address(pipe.p_tile(consumer)));
-        // This lane's row of matrix lane / 8: (atom pair's first atom + m / 2,
-        // rows half m % 2).
-        const int matrix = lane / 8;
-        const int row = warp_first_row % Traits::kRowsPerConsumer + (matrix % 2) * kFragRowHalf + lane % 8;
-#pragma unroll
-        for (int n = 0; n < kNAtomsS; n += 2) {
-            const int atom = n + matrix / 2;
-            const uint32_t offset =
-                (atom / kAtomsPerPanel) * Traits::kPPanelBytes + Swizzle::offset(row, atom % kAtomsPerPanel);
-            stmatrix_x4(p_tile + offset, pack2<Element>(scores[0][n][0], scores[0][n][1]),
-                        pack2<Element>(scores[0][n][2], scores[0][n][3]),
-                        pack2<Element>(scores[0][n + 1][0], scores[0][n + 1][1]),
-                        pack2<Element>(scores[0][n + 1][2], scores[0][n + 1][3]));
-        }
-        fence_shared_to_async_proxy();
-        named_barrier_sync_id(kFirstConsumerBarrier + consumer, kWarpgroupThreads);
     }
 
     // Tile j's online-softmax update (masked on the tiles that need it): its
@@ -320,12 +242,7 @@ struct Mainloop {
         fence_accumulators(scores[0]);
         release_k(kv_base);
         if (keys.num_blocks() == 1) release_q(q_buffer);
-        if constexpr (Traits::kPInSmem) {
-            probabilities_in_place(mask, keys, m_block, 0);
-            stage_scores();
-        } else {
-            probabilities(mask, keys, m_block, 0, p_frag[0]);
-        }
+        probabilities(mask, keys, m_block, 0, p_frag[0]);
     }
 
     // The rows of the block's first V tile past the batch's keys, zeroed
@@ -352,18 +269,14 @@ struct Mainloop {
                                          KvPosition kv_base, int q_buffer, int j, const Fragments &p_prev,
                                          Fragments &p_next) {
         issue_scores(q_rows, kv_base + j);
-        if constexpr (Traits::kPInSmem) {
-            issue_staged_output(kv_base + j - 1);
-        } else {
-            issue_output(p_prev, kv_base + j - 1);
-        }
+        issue_output(p_prev, kv_base + j - 1);
 
         wgmma_wait<1>();  // S_j is done; P_{j-1} * V_{j-1} may still run
         fence_accumulators(scores[0]);
         release_k(kv_base + j);
         if (j == keys.num_blocks() - 1) release_q(q_buffer);
         bool rescale;
-        if constexpr (Traits::kPSets == 1 || Traits::kPInSmem) {
+        if constexpr (Traits::kPSets == 1) {
             rescale = probabilities_in_place(mask, keys, m_block, j);
         } else {
             rescale = probabilities(mask, keys, m_block, j, p_next);
@@ -373,11 +286,7 @@ struct Mainloop {
         fence_accumulators(acc_o[0]);
         release_v(kv_base + j - 1);
         if (rescale) softmax.rescale(acc_o, correction);
-        if constexpr (Traits::kPInSmem) {
-            stage_scores();
-        } else if constexpr (Traits::kPSets == 1) {
-            pack_scores(p_next);
-        }
+        if constexpr (Traits::kPSets == 1) pack_scores(p_next);
     }
 
     // Tiles 1 .. num_blocks - 1 of a block. With two sets of P its last
@@ -387,7 +296,7 @@ struct Mainloop {
     __device__ __forceinline__ void remaining_tiles(const KeyMask &mask, const KeyRange &keys, int m_block,
                                                     uint32_t q_rows, KvPosition kv_base, int q_buffer) {
         const int num_blocks = keys.num_blocks();
-        if constexpr (Traits::kPSets == 1 || Traits::kPInSmem) {
+        if constexpr (Traits::kPSets == 1) {
             for (int j = 1; j < num_blocks; ++j) {
                 step(mask, keys, m_block, q_rows, kv_base, q_buffer, j, p_frag[0], p_frag[0]);
             }

@@ -68,10 +68,6 @@ struct Pipeline {
     __device__ __forceinline__ unsigned char *o_staging(int consumer) const {
         return smem + Traits::kSmemO + consumer * Traits::kOStagingBytes;
     }
-    // A consumer's staged P (Traits::kPInSmem).
-    __device__ __forceinline__ unsigned char *p_tile(int consumer) const {
-        return smem + Traits::kSmemP + consumer * Traits::kPBytes;
-    }
 
     // By one thread, before any use; the caller synchronises the CTA after.
     __device__ __forceinline__ void init() const {

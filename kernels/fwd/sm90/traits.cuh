@@ -101,7 +101,7 @@ enum class OutputPath {
 
 template <typename Element_, typename ElementOut_, int kHeadDim_, int kHeadDimV_, int kBlockN_, int kStages_,
           int kQStages_, OutputPath kOutputPath_, int kRowMaxChains_ = 1, int kPSets_ = 2,
-          int kConsumerWarpgroups_ = 2, bool kPInSmem_ = false>
+          int kConsumerWarpgroups_ = 2>
 struct Sm90Traits {
     using Element = Element_;        // of Q, K and V
     using ElementOut = ElementOut_;  // of O
@@ -119,10 +119,6 @@ struct Sm90Traits {
     // P_{j-1} * V_{j-1} still reads the other; one leaves room for wider key
     // tiles where O fills the registers.
     static constexpr int kPSets = kPSets_;
-    // P staged in shared memory instead (FA3's configuration at head dim 64
-    // without a mask): O += P * V reads it from there, so the registers
-    // hold S and O alone and the key tile can be wider (Mainloop).
-    static constexpr bool kPInSmem = kPInSmem_;
 
     // One producer warpgroup issues the TMA copies; each consumer warpgroup
     // owns 64 query rows (one wgmma M) of the CTA's block.
@@ -157,20 +153,12 @@ struct Sm90Traits {
     static constexpr uint32_t kOStagingBytes =
         kOutputPath == OutputPath::kTmaStore ? kVPanels * kOPanelBytes : 0;
 
-    // Each consumer's P (kPInSmem): its 64 rows of the key tile, K-major in
-    // panels like Q's, the A operand of O += P * V.
-    static constexpr int kPPanels = kPInSmem ? kBlockN / kPanelCols : 0;
-    static constexpr uint32_t kPPanelBytes = kRowsPerConsumer * kPanelRowBytes;
-    static constexpr uint32_t kPBytes = kPPanels * kPPanelBytes;
-
     // Shared memory, from an aligned base: the Q buffers, the K ring, the V
-    // ring, the O staging of each consumer, each consumer's P, then the
-    // mbarriers.
+    // ring, the O staging of each consumer, then the mbarriers.
     static constexpr uint32_t kSmemK = kQStages * kQBytes;
     static constexpr uint32_t kSmemV = kSmemK + kStages * kKTileBytes;
     static constexpr uint32_t kSmemO = kSmemV + kStages * kVTileBytes;
-    static constexpr uint32_t kSmemP = kSmemO + kConsumerWarpgroups * kOStagingBytes;
-    static constexpr uint32_t kSmemBarriers = kSmemP + kConsumerWarpgroups * kPBytes;
+    static constexpr uint32_t kSmemBarriers = kSmemO + kConsumerWarpgroups * kOStagingBytes;
     // q_full, q_empty per Q buffer; k_full, v_full, k_empty, v_empty per stage
     static constexpr int kNumBarriers = 2 * kQStages + 4 * kStages;
     static constexpr size_t kSmemBytes = kSmemBarriers + kNumBarriers * sizeof(uint64_t) + kSmemBaseAlignment;
@@ -181,8 +169,6 @@ struct Sm90Traits {
     static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
     static_assert(kPSets == 1 || kPSets == 2, "one or two sets of P fragments");
     static_assert(kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3, "two or three consumer warpgroups");
-    static_assert(!kPInSmem || (kBlockN % kPanelCols == 0 && kPanelRowBytes == 128),
-                  "staged P: whole 128-byte panels of keys");
     static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters) <= 64 * 1024,
                   "the register split must fit the SM's register file");
     static_assert(sizeof(ElementOut) == sizeof(Element), "O is staged in the input's panel layout");
