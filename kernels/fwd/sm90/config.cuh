@@ -75,7 +75,7 @@ struct Sm90Config {
 
 // Whether a call runs the wide configuration (Sm90Config::WideTraits)
 // rather than the two-warpgroup one. Measured on an H100 (docs/hopper-notes.md,
-// "Three consumer warpgroups at head dim 64"): 192-row blocks win 2-5% without
+// "FA3's configuration per head dim, first round"): 192-row blocks win 2-5% without
 // a mask at S 3000, 8k and 16k, but lose 2-5% with a causal mask (a 192-row
 // diagonal spans two or three 128-key tiles, all masked, and more of each
 // block lies past it) and lose where they pad the queries more than 128-row
