@@ -20,6 +20,11 @@
 #      there before (e.g. a pip-installed Python package), nothing more.
 # The packages are removed again however the script ends.
 set -euo pipefail
+# No "producer | grep -q" below: grep -q exits at its first match, and a
+# producer still writing (dpkg-deb -f writes a field a line at a time: 17
+# writes for the Description) then dies of SIGPIPE, which pipefail turns into
+# a failed check (a CI run failed so, at random, on the CUDA 12 package's
+# description). grep reads a here-string of the producer's whole output.
 
 if [ $# -ne 1 ]; then
     echo "usage: $0 BUILD_DIR" >&2
@@ -58,8 +63,8 @@ if [ -z "${runtime_package}" ] || [ -z "${cuda_major}" ] || [ -z "${min_driver}"
 fi
 echo "--- flavour: CUDA ${cuda_major} build, runtime package ${runtime_package}, driver ${min_driver}+"
 before=$(flashcore_under_usr)
-if dpkg-query -W -f='${Status}\n' "${soname_package}" "${soname_package}-cuda12" "${dev_package}" 2>/dev/null |
-    grep -q 'install ok installed' ||
+if grep -q 'install ok installed' <<<"$(dpkg-query -W -f='${Status}\n' "${soname_package}" \
+    "${soname_package}-cuda12" "${dev_package}" 2>/dev/null)" ||
     ls /usr/lib/libflashcore* /usr/lib/*/libflashcore* /usr/include/flashcore.h >/dev/null 2>&1; then
     echo "libflashcore is already installed under /usr; this check installs and removes its packages" >&2
     exit 1
@@ -85,7 +90,7 @@ if [ "$(dpkg-deb -f "${dev_deb}" Depends)" != \
 fi
 [ "$(dpkg-deb -f "${runtime_deb}" Suggests)" = "libcuda1 (>= ${min_driver})" ] ||
     { echo "${runtime_package} must suggest libcuda1 (>= ${min_driver}), the driver it needs" >&2; exit 1; }
-dpkg-deb -f "${runtime_deb}" Description | grep -q "CUDA ${cuda_major}.0 or newer (driver ${min_driver} or newer)" ||
+grep -q "CUDA ${cuda_major}.0 or newer (driver ${min_driver} or newer)" <<<"$(dpkg-deb -f "${runtime_deb}" Description)" ||
     { echo "${runtime_package}'s description does not say which driver it needs" >&2; exit 1; }
 if [ "${runtime_package}" != "${soname_package}" ]; then
     for field in Conflicts Replaces; do
@@ -95,7 +100,7 @@ if [ "${runtime_package}" != "${soname_package}" ]; then
     [ "$(dpkg-deb -f "${runtime_deb}" Provides)" = "${soname_package} (= ${runtime_version})" ] ||
         { echo "${runtime_package} must provide ${soname_package} (= ${runtime_version})" >&2; exit 1; }
 fi
-dpkg-deb -f "${runtime_deb}" Depends | grep -q 'libc6 (>= ' ||
+grep -q 'libc6 (>= ' <<<"$(dpkg-deb -f "${runtime_deb}" Depends)" ||
     { echo "${runtime_package} has no libc6 dependency: was dpkg-shlibdeps run?" >&2; exit 1; }
 
 echo "--- lintian"
@@ -126,7 +131,7 @@ run_consumer() {
     output=$(env -u LD_LIBRARY_PATH "${program}") || { echo "${output}"; echo "${program} failed" >&2; exit 1; }
     echo "${output}" | grep -E 'flashcore_create|check\(s\) failed' | sed 's/^/  /'
     if ! ldconfig -p | grep 'libcuda\.so\.1 ' >/dev/null; then
-        echo "${output}" | grep -q 'flashcore_create: no CUDA device or driver (no NVIDIA driver found' ||
+        grep -q 'flashcore_create: no CUDA device or driver (no NVIDIA driver found' <<<"${output}" ||
             { echo "${program}: no 'no NVIDIA driver found' message without a driver" >&2; exit 1; }
     fi
 }
@@ -162,7 +167,7 @@ if [ -n "${left}" ]; then
     echo "${left}" >&2
     exit 1
 fi
-if dpkg-query -W -f='${Status}\n' "${runtime_package}" "${dev_package}" 2>/dev/null | grep -q 'install ok installed'; then
+if grep -q 'install ok installed' <<<"$(dpkg-query -W -f='${Status}\n' "${runtime_package}" "${dev_package}" 2>/dev/null)"; then
     echo "dpkg still lists a flashcore package as installed" >&2
     exit 1
 fi
