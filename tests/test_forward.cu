@@ -528,6 +528,19 @@ TEST(ForwardApi, ForcedSm90PathIsRefusedWhereItCannotRun) {
 }
 
 
+// Whether a handle can be created with FLASHCORE_FWD_VARIANT=sm90 set (the
+// caller's ScopedEnv): where the sm_90a kernels cannot run, creation fails
+// with FLASHCORE_STATUS_UNSUPPORTED, and *why gets the library's message.
+bool forced_sm90_path_runs(std::string *why) {
+    flashcore_handle probe = nullptr;
+    if (flashcore_create(&probe) == FLASHCORE_STATUS_UNSUPPORTED) {
+        *why = flashcore_last_error_message();
+        return false;
+    }
+    if (probe != nullptr) flashcore_destroy(probe);
+    return true;
+}
+
 // The sm_90a kernel counts a CTA's K/V tiles across all its query blocks.
 // One CTA (FLASHCORE_PERSISTENT_CTAS=1) with its count started just below
 // 2^32 crosses the point where a 32-bit count wraps, with 3 ring stages
@@ -537,11 +550,8 @@ TEST(ForwardSm90, KvCountCrossing2Pow32) {
     const ScopedEnv env({{"FLASHCORE_FWD_VARIANT", "sm90"},
                          {"FLASHCORE_PERSISTENT_CTAS", "1"},
                          {"FLASHCORE_TEST_KV_POSITION", "4294967290"}});
-    flashcore_handle probe = nullptr;
-    if (flashcore_create(&probe) == FLASHCORE_STATUS_UNSUPPORTED) {
-        GTEST_SKIP() << "no sm_90a kernel here: " << flashcore_last_error_message();
-    }
-    if (probe != nullptr) flashcore_destroy(probe);
+    std::string why;
+    if (!forced_sm90_path_runs(&why)) GTEST_SKIP() << "no sm_90a kernel here: " << why;
     for (const bool causal : {false, true}) {
         expect_matches_reference(FwdCase{FLASHCORE_DTYPE_FP16, 64, causal, 1, 2, 2, 512, 1536, Layout::kBHSD});
     }
@@ -557,11 +567,8 @@ TEST(ForwardSm90, KvCountCrossing2Pow32) {
 TEST(ForwardSm90, WideConfigurationMatchesReference) {
     FC_REQUIRE_GPU();
     const ScopedEnv env({{"FLASHCORE_FWD_VARIANT", "sm90"}, {"FLASHCORE_PERSISTENT_CTAS", "3"}});
-    flashcore_handle probe = nullptr;
-    if (flashcore_create(&probe) == FLASHCORE_STATUS_UNSUPPORTED) {
-        GTEST_SKIP() << "no sm_90a kernel here: " << flashcore_last_error_message();
-    }
-    if (probe != nullptr) flashcore_destroy(probe);
+    std::string why;
+    if (!forced_sm90_path_runs(&why)) GTEST_SKIP() << "no sm_90a kernel here: " << why;
     expect_matches_reference(FwdCase{FLASHCORE_DTYPE_BF16, 64, false, 2, 4, 2, 1152, 1000, Layout::kBSHD});
     expect_matches_reference(FwdCase{FLASHCORE_DTYPE_FP16, 64, false, 1, 3, 3, 384, 1536, Layout::kBHSD});
     expect_matches_reference(FwdCase{FLASHCORE_DTYPE_BF16, 64, false, 1, 2, 2, 1100, 1100, Layout::kBHSD});
