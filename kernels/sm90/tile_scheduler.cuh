@@ -36,7 +36,7 @@ namespace flashcore::sm90 {
 
 // The schedule's numbers (PersistentSchedule without its block shape): what
 // the host passes to kernels that read them from their parameters
-// (fwd/sm90/consumer.cuh, schedule_of).
+// (fwd/sm90/traits.cuh, schedule_of).
 struct ScheduleNumbers {
     int num_m_blocks;
     int items_per_head;
