@@ -558,56 +558,6 @@ TEST(ForwardSm90, KvCountCrossing2Pow32) {
     expect_matches_reference(FwdCase{FLASHCORE_DTYPE_BF16, 128, false, 1, 2, 1, 300, 1100, Layout::kBSHD});
 }
 
-// Causal calls on the sm_90a kernel take their blocks from a tile counter
-// in the workspace, longest first (kernels/sm90/tile_scheduler.cuh); given
-// no workspace, they walk the fixed order. Both must match the reference
-// (expect_matches_reference runs with the workspace the call asks for) and
-// give the same bits. 3 CTAs, so that each takes many blocks; GQA, both
-// layouts, head dims 64, 128 and 256, more queries than keys (blocks that
-// see no key), and a ragged batch (lengths 0 and 1 among them).
-TEST(ForwardSm90, LongestFirstScheduleMatchesFixedOrder) {
-    FC_REQUIRE_GPU();
-    const ScopedEnv env({{"FLASHCORE_FWD_VARIANT", "sm90"}, {"FLASHCORE_PERSISTENT_CTAS", "3"}});
-    std::string why;
-    if (!forced_sm90_path_runs(&why)) GTEST_SKIP() << "no sm_90a kernel here: " << why;
-    constexpr auto fp16 = FLASHCORE_DTYPE_FP16;
-    constexpr auto bf16 = FLASHCORE_DTYPE_BF16;
-    const std::vector<FwdCase> cases = {
-        FwdCase{bf16, 64, true, 2, 4, 2, 1000, 1000, Layout::kBSHD},
-        FwdCase{fp16, 128, true, 1, 3, 3, 700, 1900, Layout::kBHSD},
-        FwdCase{bf16, 64, true, 1, 2, 1, 1500, 600, Layout::kBSHD},
-        FwdCase{fp16, 256, true, 2, 2, 2, 520, 520, Layout::kBHSD},
-        FwdCase{bf16, 64, true, 1, 4, 2, 1, 1, Layout::kBSHD}
-            .with_varlen_q({0, 1, 700, 200, 1300})
-            .with_varlen_k({0, 1, 700, 900, 1300}),
-    };
-    for (const FwdCase &c : cases) {
-        SCOPED_TRACE(testing::Message() << "head_dim " << c.head_dim << ", seqlen_q " << c.seqlen_q
-                                        << ", seqlen_k " << c.seqlen_k << ", batch " << c.batch);
-        expect_matches_reference(c);
-        UniqueHandle handle = make_handle();
-        ASSERT_TRUE(handle);
-        std::mt19937_64 rng(fresh_seed());
-        Workload w(c, rng);
-        size_t ws_bytes = 0;
-        ASSERT_EQ(flashcore_forward_workspace_size(handle.get(), &w.params, &ws_bytes), FLASHCORE_STATUS_SUCCESS);
-        EXPECT_GT(ws_bytes, 0u) << "a causal call on the sm_90a kernel asks for its tile counter";
-        w.poison_outputs();
-        ASSERT_EQ(run_forward(handle.get(), w.params), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
-        const std::vector<uint16_t> counted = w.out_bits();
-        w.poison_outputs();
-        ASSERT_EQ(flashcore_forward(handle.get(), &w.params, nullptr, 0, nullptr), FLASHCORE_STATUS_SUCCESS)
-            << flashcore_last_error_message();
-        FC_CHECK_CUDA(cudaDeviceSynchronize());
-        EXPECT_TRUE(w.out_bits() == counted) << "the fixed order and the longest-first one differ";
-        // num_splits = 1 promises no workspace, and takes the fixed order.
-        flashcore_forward_params unsplit = w.params;
-        unsplit.num_splits = 1;
-        ASSERT_EQ(flashcore_forward_workspace_size(handle.get(), &unsplit, &ws_bytes), FLASHCORE_STATUS_SUCCESS);
-        EXPECT_EQ(ws_bytes, 0u);
-    }
-}
-
 // Head dim 64 without a mask runs three consumer warpgroups (192-row
 // blocks) where the grid holds at least two waves of them
 // (kernels/fwd/sm90/config.cuh, wide_fits): with 3 CTAs these shapes choose

@@ -107,12 +107,6 @@ struct FwdKernelParams {
     int num_splits;
     float *partial_out;
     float *partial_lse;
-
-    // A persistent kernel's count of the work items its CTAs took, in the
-    // workspace and zeroed before the launch: each CTA takes its next item
-    // from it when it is done with one (the sm90 kernel's longest-first
-    // schedule, tile_scheduler.cuh). Null: each CTA walks a fixed share.
-    int *tile_counter;
 };
 
 // Rows of query tiles per (batch, head group): seqlen_q, times the heads

@@ -47,10 +47,6 @@ constexpr int kSm90MinSeqlenQ = 128;
 // split-KV merge is queued as the forward kernel's dependent there.
 constexpr int kMinProgrammaticLaunchCcMajor = 9;
 
-// The sm90 kernel's longest-first schedule (sm90/tile_scheduler.cuh) takes
-// this much workspace: its tile counter.
-constexpr size_t kTileCounterBytes = sizeof(int);
-
 FwdKernelParams shape_params(const flashcore_forward_params &p, int packed_heads) {
     FwdKernelParams k = kernel_params(p);
     k.packed_heads = packed_heads;
@@ -197,11 +193,6 @@ bool plan_sm90(const flashcore_handle_s &handle, const flashcore_forward_params 
     const bool fills_sms = splits > 1 || double(blocks) >= kSplitMinGridFill * handle.num_sms;
     if (!fills_sms && !handle.env.sm90_forced) return false;
     *plan = ForwardPlan{sm90, splits, 1};
-    // Causal blocks differ in length, and a fixed share of them per CTA
-    // cannot follow how fast each SM runs: those calls take their blocks
-    // from a counter, longest first, unless the caller asked for no split
-    // (num_splits = 1 keeps its promise of no workspace).
-    plan->tile_counter = splits == 1 && p.num_splits == 0 && p.causal;
     return true;
 }
 
@@ -260,8 +251,6 @@ flashcore_status plan_forward(const flashcore_handle_s &handle, const flashcore_
         }
         plan->partial_lse_offset = out_bytes;
         plan->workspace_bytes = out_bytes + lse_bytes;
-    } else if (plan->tile_counter) {
-        plan->workspace_bytes = kTileCounterBytes;
     }
     return FLASHCORE_STATUS_SUCCESS;
 }
@@ -321,12 +310,6 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     char splits[64];
     std::snprintf(splits, sizeof splits, "the call splits its keys %d ways", plan.num_splits);
-    // A tile counter is optional: without room for it the call runs on the
-    // kernel's fixed schedule (callers written when calls that do not split
-    // took no workspace pass none).
-    const bool counter_given = plan.tile_counter && workspace != nullptr && workspace_bytes >= plan.workspace_bytes;
-    if (plan.tile_counter && !counter_given) plan.workspace_bytes = 0;
-    if (plan.tile_counter) std::snprintf(splits, sizeof splits, "its tile counter");
     ByteRange ranges[kMaxForwardRanges + 1];
     status = check_workspace(workspace, workspace_bytes, plan.workspace_bytes, "flashcore_forward_workspace_size",
                              splits, ranges, plan.workspace_bytes > 0 ? forward_ranges(p, ranges) : 0);
@@ -350,15 +333,10 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
         kparams.partial_lse =
             reinterpret_cast<float *>(static_cast<unsigned char *>(workspace) + plan.partial_lse_offset);
     }
-    const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
-    if (counter_given) {
-        kparams.tile_counter = static_cast<int *>(workspace);
-        const cudaError_t err = cleared(cudaMemsetAsync(workspace, 0, kTileCounterBytes, cuda_stream));
-        if (err != cudaSuccess) return fail_cuda(err, "zeroing the tile counter in the workspace (cudaMemsetAsync)");
-    }
     const char *failed_call = "the launch";
     const FwdLaunchOptions options{handle.env.persistent_ctas, &failed_call, handle.env.first_kv_position,
                                    handle.device};
+    const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
     cudaError_t err = plan.kernel->run(kparams, options, cuda_stream);
     if (err == cudaErrorNotSupported && plan.kernel->path == KernelPath::kSm90) {
         // Tensors the TMA unit cannot describe, nothing launched: the

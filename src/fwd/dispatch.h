@@ -15,15 +15,11 @@ struct KernelEntry;
 // How a call runs: the kernel, into how many parts its keys are split (1:
 // none), how many query heads share a tile's rows (1: none), and the
 // workspace that takes: the parts' fp32 rows from its start, their LSE
-// values from partial_lse_offset. Or, for a call that does not split but
-// whose kernel hands out its work longest first (tile_counter), the
-// workspace is the tile counter alone; given none, the call runs on the
-// kernel's fixed schedule.
+// values from partial_lse_offset.
 struct ForwardPlan {
     const KernelEntry<FwdFamily> *kernel = nullptr;
     int num_splits = 1;
     int packed_heads = 1;
-    bool tile_counter = false;
     size_t workspace_bytes = 0;
     size_t partial_lse_offset = 0;
 };

@@ -54,8 +54,6 @@ RUNTIME_FUNCTIONS = {
     "cudaGetLastError": 1000,
     "cudaLaunchKernel": 7000,
     "cudaLaunchKernelExC": 11080,
-    # Zeroes the sm90 kernel's tile counter in the workspace.
-    "cudaMemsetAsync": 3000,
     "cudaSetDevice": 1000,
     # The 4-argument form (flags, query result) is CUDA 12.0's.
     "cudaGetDriverEntryPoint": 12000,

@@ -13,7 +13,6 @@
 // block t then cannot finish before block t + 1's first K lands.)
 #pragma once
 
-#include <climits>
 #include <cstdint>
 #include <type_traits>
 
@@ -57,31 +56,8 @@ struct Consumer {
                params_.fwd.softmax_scale_log2, Cap::of(params_.fwd.softcap_prescale)} {}
 
     __device__ __forceinline__ void run() {
-        // Longest first: each item from the dealer's tickets (pipeline.cuh),
-        // one block each.
-        const bool longest_first = params.fwd.tile_counter != nullptr;
-        uint32_t taken = 0;
-        const auto take_item = [&] {
-            const int slot = Pipeline<Traits>::ticket_slot(taken);
-            mbarrier_wait(loop.pipe.ticket_full(slot), Pipeline<Traits>::ticket_phase(taken));
-            // Warp-uniform to the compiler, like the fixed order's items:
-            // read as a per-thread value, ptxas takes the blocks' control
-            // flow for divergent and serialises the wgmmas.
-            int item = __shfl_sync(0xffffffffu, loop.pipe.ticket(slot).item(), 0);
-            if (item == BlockTicket::kNoMoreBlocks) item = INT_MAX;  // past the last item
-            __syncwarp();
-            if (wg_tid % 32 == 0) mbarrier_arrive(loop.pipe.ticket_empty(slot));
-            ++taken;
-            return item;
-        };
         schedule_of<Traits>(params).template for_each_block<kRagged>(
-            params.fwd, [&] { return longest_first ? take_item() : int(blockIdx.x); },
-            [&](int item, uint32_t) { return longest_first ? take_item() : item + int(gridDim.x); },
-            [&](const FwdTile &tile, const KeyRange &keys, int split, int, int which) {
-                // A causal pair's second block has its own ticket.
-                if (longest_first && which > 0) take_item();
-                compute_block(tile, keys, split);
-            });
+            params.fwd, [&](const FwdTile &tile, const KeyRange &keys, int split) { compute_block(tile, keys, split); });
         if (pending) {
             issue_pending_output();
             wgmma_wait<0>();

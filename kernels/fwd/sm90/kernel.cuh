@@ -45,14 +45,13 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         (reinterpret_cast<uintptr_t>(smem_raw) + kSmemBaseAlignment - 1) & ~uintptr_t(kSmemBaseAlignment - 1));
     const Pipeline<Traits> pipe{smem};
 
-    if (threadIdx.x == 0) pipe.init(/*consumers_take_tickets=*/params.fwd.tile_counter != nullptr);
+    if (threadIdx.x == 0) pipe.init();
     __syncthreads();
 
     const int warpgroup = threadIdx.x / kWarpgroupThreads;
     if (warpgroup == 0) {
         setmaxnreg_decrease<Traits::kProducerRegisters>();
         if (threadIdx.x == 0) run_producer<Traits, kRagged>(params, pipe);
-        if (threadIdx.x / 32 == kDealerWarp) deal_blocks<Traits, kRagged>(params, pipe, threadIdx.x % 32);
         return;
     }
     setmaxnreg_increase<Traits::kConsumerRegisters>();

@@ -7,7 +7,6 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <numeric>
 
@@ -43,19 +42,6 @@ inline TensorMapGeometry tensor_geometry(TensorRole role, DType dtype, int head_
     g.byte_strides[1] = uint64_t(head_stride * kElementBytes);
     g.byte_strides[2] = uint64_t(batch_stride * kElementBytes);
     return g;
-}
-
-// The K/V bytes the CTAs working at once should share in L2 under the
-// longest-first schedule (FA3's figure; an H100 has 50 MB, an H200 60 MB).
-constexpr int64_t kScheduleL2Bytes = int64_t(32) << 20;
-
-// (batch, head)s per section of the longest-first order: as many as have
-// their K/V (shared by a GQA group's query heads) in kScheduleL2Bytes.
-inline int heads_per_l2_section(const FwdKernelParams &p, DType dtype) {
-    const int64_t group = p.num_heads_q / p.num_heads_kv;
-    const int64_t kv_bytes_per_head =
-        int64_t(p.seqlen_k) * (p.head_dim + p.head_dim_v) * int64_t(dtype_bytes(dtype)) / group;
-    return int(std::min<int64_t>(kScheduleL2Bytes / std::max<int64_t>(kv_bytes_per_head, 1), INT32_MAX));
 }
 
 template <typename Traits, typename Cap, bool kRagged>
@@ -137,8 +123,7 @@ cudaError_t run_with_traits(const FwdKernelParams &params, const FwdLaunchOption
 
     // Persistent: one CTA per SM at most, each walking its share of the
     // schedule.
-    auto schedule = PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(params);
-    if (params.tile_counter != nullptr) schedule.order_longest_first(params, heads_per_l2_section(params, kInput));
+    const auto schedule = PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(params);
     p.schedule = schedule;
     const int64_t num_items = schedule.num_items(params);
     const int64_t num_ctas = num_items < options.max_persistent_ctas ? num_items : options.max_persistent_ctas;

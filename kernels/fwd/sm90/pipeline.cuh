@@ -17,15 +17,6 @@
 // The producer's first wait on an empty barrier passes at once (parity 1 of
 // a fresh barrier counts as complete).
 //
-// The blocks themselves come through a ring of kTicketSlots tickets
-// (BlockTicket), filled by the dealer thread (producer.cuh), which walks the
-// schedule: ticket t (counted like the K/V tiles) lives in slot t %
-// kTicketSlots, and
-//   ticket_full[s]: the dealer wrote it (1 arrival);
-//   ticket_empty[s]: its readers are done with it: the producer, and under
-//   the longest-first schedule every consumer warp (which learn their next
-//   item from it; in the fixed order they compute it).
-//
 // K/V positions are 64-bit: with 3 stages, a 32-bit count would wrap after
 // 2^32 tiles at a point that is not a multiple of the stages (2^32 % 3 = 1),
 // and the stage and phase computed after the wrap would disagree with the
@@ -34,7 +25,6 @@
 // 32-bit: their buffers number 1 or 2, which divide 2^32.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 
 #include "sm90/ptx.cuh"
@@ -43,43 +33,6 @@ namespace flashcore::sm90 {
 
 // A K/V tile's place in a CTA's sequence of tiles.
 using KvPosition = uint64_t;
-
-// A ticket in shared memory (BlockTicket), each field read where it is used
-// rather than kept in a register: with 24 registers a thread, the producer
-// has none to spare for a block's coordinates.
-struct TicketRef {
-    uint32_t address;  // shared memory, 16-byte aligned
-
-    __device__ __forceinline__ int q_row() const { return field(offsetof(BlockTicket, q_row)); }
-    __device__ __forceinline__ int head_q() const { return field(offsetof(BlockTicket, head_q)); }
-    __device__ __forceinline__ int q_batch() const { return field(offsetof(BlockTicket, q_batch)); }
-    __device__ __forceinline__ int head_kv() const { return field(offsetof(BlockTicket, head_kv)); }
-    __device__ __forceinline__ int k_row0() const { return field(offsetof(BlockTicket, k_row0)); }
-    __device__ __forceinline__ int kv_batch() const { return field(offsetof(BlockTicket, kv_batch)); }
-    __device__ __forceinline__ int batch() const { return field(offsetof(BlockTicket, batch)); }
-    __device__ __forceinline__ int seqlen_k() const { return field(offsetof(BlockTicket, seqlen_k)); }
-    __device__ __forceinline__ int n_block_max() const { return field(offsetof(BlockTicket, n_block_max)); }
-    __device__ __forceinline__ int num_blocks() const { return field(offsetof(BlockTicket, num_blocks)); }
-    __device__ __forceinline__ int item() const { return field(offsetof(BlockTicket, item)); }
-
-    __device__ __forceinline__ void write(const BlockTicket &t) const {
-        static_assert(sizeof(BlockTicket) == 3 * 16, "three 16-byte stores");
-        const int *v = reinterpret_cast<const int *>(&t);
-#pragma unroll
-        for (int i = 0; i < 3; ++i) {
-            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(address + 16 * i), "r"(v[4 * i]),
-                         "r"(v[4 * i + 1]), "r"(v[4 * i + 2]), "r"(v[4 * i + 3])
-                         : "memory");
-        }
-    }
-
-  private:
-    __device__ __forceinline__ int field(size_t offset) const {
-        int value;
-        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(value) : "r"(address + uint32_t(offset)) : "memory");
-        return value;
-    }
-};
 
 template <typename Traits>
 struct Pipeline {
@@ -105,21 +58,6 @@ struct Pipeline {
         return barriers() + 2 * Traits::kQStages + 3 * Traits::kStages + stage;
     }
 
-    __device__ __forceinline__ uint64_t *ticket_full(int slot) const {
-        return barriers() + 2 * Traits::kQStages + 4 * Traits::kStages + slot;
-    }
-    __device__ __forceinline__ uint64_t *ticket_empty(int slot) const {
-        return barriers() + 2 * Traits::kQStages + 4 * Traits::kStages + Traits::kTicketSlots + slot;
-    }
-    // The ticket in `slot`, read and written a field at a time (TicketRef).
-    __device__ __forceinline__ TicketRef ticket(int slot) const {
-        return {smem_address(smem + Traits::kSmemTickets) + uint32_t(slot * sizeof(BlockTicket))};
-    }
-    __device__ __forceinline__ static int ticket_slot(uint32_t t) { return int(t % Traits::kTicketSlots); }
-    __device__ __forceinline__ static uint32_t ticket_phase(uint32_t t) {
-        return (t / Traits::kTicketSlots) & 1u;
-    }
-
     __device__ __forceinline__ unsigned char *q_tile(int buffer) const { return smem + buffer * Traits::kQBytes; }
     __device__ __forceinline__ unsigned char *k_tile(int stage) const {
         return smem + Traits::kSmemK + stage * Traits::kKTileBytes;
@@ -132,9 +70,7 @@ struct Pipeline {
     }
 
     // By one thread, before any use; the caller synchronises the CTA after.
-    // consumers_take_tickets: whether the consumers read the tickets too
-    // (the longest-first schedule).
-    __device__ __forceinline__ void init(bool consumers_take_tickets) const {
+    __device__ __forceinline__ void init() const {
 #pragma unroll
         for (int b = 0; b < Traits::kQStages; ++b) {
             mbarrier_init(q_full(b), 1);
@@ -146,11 +82,6 @@ struct Pipeline {
             mbarrier_init(v_full(s), 1);
             mbarrier_init(k_empty(s), Traits::kConsumerWarps);
             mbarrier_init(v_empty(s), Traits::kConsumerWarps);
-        }
-#pragma unroll
-        for (int s = 0; s < Traits::kTicketSlots; ++s) {
-            mbarrier_init(ticket_full(s), 1);
-            mbarrier_init(ticket_empty(s), 1 + (consumers_take_tickets ? Traits::kConsumerWarps : 0));
         }
         fence_barrier_init();
     }

@@ -35,36 +35,22 @@ struct Sm90KernelParams {
     ScheduleNumbers schedule;
 };
 
-// A query block as the dealer passes it on (pipeline.cuh): to the producer,
-// where its copies read from, resolved for the TMA maps (producer.cuh); to
-// the consumers, under the longest-first schedule, which item comes next.
-struct BlockTicket {
-    int q_row;        // Q: the block's first row, query head and batch in tma_q
-    int head_q;
-    int q_batch;
-    int head_kv;      // K/V: its K/V head, and its batch's key 0 in tma_k and tma_v
-    int k_row0;
-    int kv_batch;
-    int batch;        // a paged cache's block table row ...
-    int seqlen_k;     // ... and key count
-    int n_block_max;  // its key blocks (BlockKeyRange): one past the last ...
-    int num_blocks;   // ... and how many (<= 0: none, nothing to load)
-    int item;         // its item, or kNoMoreBlocks
-    int unused;       // (16-byte stores)
-
-    static constexpr int kNoMoreBlocks = -1;
-};
-
-// The CTA's persistent schedule: the numbers the host put in the kernel's
-// parameters, which ptxas reads from the constant bank where they are used
-// instead of keeping them in registers (computed per CTA, two of them spilled
-// with three consumer warpgroups).
+// The CTA's persistent schedule: computed by each CTA from the call's
+// parameters, or, with three consumer warpgroups (160 registers a thread),
+// the numbers the host put in the kernel's parameters, which ptxas reads
+// from the constant bank where they are used instead of keeping them in
+// registers (computed, two of them spilled).
 template <typename Traits>
 __device__ __forceinline__ PersistentSchedule<Traits::kBlockM, Traits::kBlockN> schedule_of(
     const Sm90KernelParams &params) {
-    PersistentSchedule<Traits::kBlockM, Traits::kBlockN> s;
-    static_cast<ScheduleNumbers &>(s) = params.schedule;
-    return s;
+    using Schedule = PersistentSchedule<Traits::kBlockM, Traits::kBlockN>;
+    if constexpr (Traits::kConsumerWarpgroups == 3) {
+        Schedule s;
+        static_cast<ScheduleNumbers &>(s) = params.schedule;
+        return s;
+    } else {
+        return Schedule::of(params.fwd);
+    }
 }
 
 // Whether the rows of a batch's last K/V tile past its keys (up to
@@ -90,11 +76,6 @@ __device__ __forceinline__ bool v_tail_may_hold_garbage(const FwdKernelParams &p
 
 // Shared memory an sm_90 block may opt into (H100, H200): 227 KB.
 constexpr size_t kMaxSmemPerBlock = 227 * 1024;
-
-// The producer warpgroup's warp that walks the schedule and deals its
-// blocks to the producer and the consumers (producer.cuh, deal_blocks): its
-// second, beside the producer (thread 0).
-constexpr int kDealerWarp = 1;
 
 // Consumer warpgroups a CTA may have (Sm90Traits::kConsumerWarpgroups).
 constexpr int kMaxConsumerWarpgroups = 3;
@@ -178,17 +159,10 @@ struct Sm90Traits {
     static constexpr uint32_t kSmemV = kSmemK + kStages * kKTileBytes;
     static constexpr uint32_t kSmemO = kSmemV + kStages * kVTileBytes;
     static constexpr uint32_t kSmemBarriers = kSmemO + kConsumerWarpgroups * kOStagingBytes;
-    // Blocks the dealer may pass on ahead of the slowest reader
-    // (pipeline.cuh): two, so that the producer is not held at a short block.
-    static constexpr int kTicketSlots = 2;
-    // q_full, q_empty per Q buffer; k_full, v_full, k_empty, v_empty per
-    // stage; ticket_full, ticket_empty per ticket slot; then the tickets.
-    static constexpr int kNumBarriers = 2 * kQStages + 4 * kStages + 2 * kTicketSlots;
-    static constexpr uint32_t kSmemTickets = kSmemBarriers + kNumBarriers * sizeof(uint64_t);
-    static constexpr size_t kSmemBytes =
-        kSmemTickets + kTicketSlots * sizeof(BlockTicket) + kSmemBaseAlignment;
+    // q_full, q_empty per Q buffer; k_full, v_full, k_empty, v_empty per stage
+    static constexpr int kNumBarriers = 2 * kQStages + 4 * kStages;
+    static constexpr size_t kSmemBytes = kSmemBarriers + kNumBarriers * sizeof(uint64_t) + kSmemBaseAlignment;
 
-    static_assert(kSmemTickets % 16 == 0, "tickets are written 16 bytes at a time");
     static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory beyond what an sm_90 block may opt into");
     static_assert(kHeadDim % kPanelCols == 0 && kHeadDimV % kPanelCols == 0,
                   "head dims must be whole numbers of panels");
