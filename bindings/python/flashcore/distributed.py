@@ -1,0 +1,393 @@
+"""Attention across GPUs: context parallelism on torch.distributed (NCCL).
+
+Each rank holds a slice of the sequence (q, k and v of the same tokens); the
+K/V slices travel around the ranks and each rank's partial results, one per
+slice of keys, are combined with flashcore.merge_states (the (out, lse)
+merge of flashcore_merge_states). Two algorithms:
+
+  ring_attention        K/V pass from rank to rank (rank r sends to r + 1
+                        and receives from r - 1) while the attention of the
+                        slice in hand runs: communication overlaps compute,
+                        and no rank ever holds more than two K/V slices. For
+                        long prefill and training-length sequences.
+  all_gather_attention  every rank gathers all K/V at once, then attends:
+                        one collective, more memory; for decode and short
+                        contexts, where a ring's steps would each be too
+                        short to hide a transfer.
+
+Sharding. Without a causal mask any split of the sequence into equal
+slices, one per rank in rank order, works. With one, a contiguous split
+would leave the first rank (whose queries see few keys) idle while the last
+works: causal calls take the load-balanced "zig-zag" split instead. The
+sequence is cut into 2 x world_size chunks and rank r holds chunks r and
+2 x world_size - 1 - r, concatenated; every rank then does the same work.
+shard() and unshard() convert between a full sequence and these slices.
+
+Forward only: there is no backward pass across ranks yet (a q, k or v that
+requires grad while grad mode is on raises UnsupportedError). Keep NVLink
+multicast off on shared hosts (NCCL_NVLS_ENABLE=0).
+
+The planning functions (zigzag_chunks, ring_schedule, shard, unshard) and
+emulate_ring_attention, which runs the whole algorithm for N virtual ranks
+in one process, need neither NCCL nor a GPU to be imported; the attention
+itself runs on CUDA tensors.
+"""
+
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+from ._errors import InvalidArgumentError, UnsupportedError
+
+__all__ = [
+    "RingStep",
+    "all_gather_attention",
+    "emulate_ring_attention",
+    "ring_attention",
+    "ring_schedule",
+    "shard",
+    "unshard",
+    "zigzag_chunks",
+]
+
+
+# ---------------------------------------------------------------------------
+# Planning (no GPU, no NCCL)
+# ---------------------------------------------------------------------------
+
+def zigzag_chunks(rank: int, world_size: int) -> Tuple[int, int]:
+    """The two chunks (of 2 x world_size) of the sequence that `rank` holds
+    under the causal (zig-zag) split: (rank, 2 x world_size - 1 - rank)."""
+    _check_rank(rank, world_size)
+    return rank, 2 * world_size - 1 - rank
+
+
+class RingStep(NamedTuple):
+    """What a rank computes at one step of the ring.
+
+    source: the rank whose K/V slice is in hand.
+    query_rows: "all" the rank's queries, "second" its second chunk only
+        (zig-zag: the first chunk sees none of the slice), or "none".
+    key_rows: "all" the slice's keys, or "first" its first chunk only.
+    causal: whether the step needs the causal mask (only the rank's own
+        slice does: every other slice is wholly before or wholly after each
+        query chunk that uses it)."""
+    source: int
+    query_rows: str
+    key_rows: str
+    causal: bool
+
+
+def ring_schedule(rank: int, world_size: int, causal: bool) -> List[RingStep]:
+    """The ring's steps for `rank`: at step i it holds the K/V slice of rank
+    (rank - i) mod world_size. Causal calls assume the zig-zag split.
+
+    With rank r holding chunks (r, 2N-1-r) and the slice of rank s holding
+    chunks (s, 2N-1-s), N = world_size:
+      s == r: both chunks against both, causally (the concatenated local
+          sequence's plain causal mask is the global one);
+      s < r: chunk s precedes both query chunks, chunk 2N-1-s follows both:
+          all queries against the slice's first chunk, no mask;
+      s > r: both of the slice's chunks follow chunk r and precede chunk
+          2N-1-r: the second query chunk against the whole slice, no mask.
+    """
+    _check_rank(rank, world_size)
+    steps = []
+    for i in range(world_size):
+        source = (rank - i) % world_size
+        if not causal:
+            steps.append(RingStep(source, "all", "all", False))
+        elif source == rank:
+            steps.append(RingStep(source, "all", "all", True))
+        elif source < rank:
+            steps.append(RingStep(source, "all", "first", False))
+        else:
+            steps.append(RingStep(source, "second", "all", False))
+    return steps
+
+
+def _seq_dim(layout: str) -> int:
+    if layout == "bhsd":
+        return 2
+    if layout == "bshd":
+        return 1
+    raise InvalidArgumentError("layout must be 'bhsd' or 'bshd', not %r" % (layout,))
+
+
+def shard(x: Any, rank: int, world_size: int, *, causal: bool, layout: str = "bhsd") -> Any:
+    """Rank `rank`'s slice of the full-sequence tensor x ([B, H, S, D], or
+    [B, S, H, D] with layout="bshd"): the zig-zag pair of chunks for causal
+    calls (S a multiple of 2 x world_size), else the rank-th of world_size
+    equal slices (S a multiple of world_size). Returns a new contiguous
+    tensor."""
+    import torch
+    dim = _seq_dim(layout)
+    _check_rank(rank, world_size)
+    pieces = 2 * world_size if causal else world_size
+    if x.shape[dim] % pieces != 0:
+        raise InvalidArgumentError("the sequence (%d) must split into %d equal chunks (%s, world_size %d)" % (
+            x.shape[dim], pieces, "zig-zag: 2 x world_size" if causal else "world_size", world_size))
+    chunks = x.chunk(pieces, dim=dim)
+    if not causal:
+        return chunks[rank].contiguous()
+    first, second = zigzag_chunks(rank, world_size)
+    return torch.cat([chunks[first], chunks[second]], dim=dim).contiguous()
+
+
+def unshard(slices: Sequence[Any], *, causal: bool, layout: str = "bhsd") -> Any:
+    """The full-sequence tensor from every rank's slice, in rank order (the
+    inverse of shard)."""
+    import torch
+    dim = _seq_dim(layout)
+    world_size = len(slices)
+    if not causal:
+        return torch.cat(list(slices), dim=dim)
+    chunks = [None] * (2 * world_size)
+    for rank, piece in enumerate(slices):
+        first, second = zigzag_chunks(rank, world_size)
+        chunks[first], chunks[second] = piece.chunk(2, dim=dim)
+    return torch.cat(chunks, dim=dim)
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if not (isinstance(world_size, int) and world_size >= 1):
+        raise InvalidArgumentError("world_size must be an int >= 1, not %r" % (world_size,))
+    if not (isinstance(rank, int) and 0 <= rank < world_size):
+        raise InvalidArgumentError("rank must be an int in [0, %d), not %r" % (world_size, rank))
+
+
+# ---------------------------------------------------------------------------
+# One step, and the merge (one GPU)
+# ---------------------------------------------------------------------------
+
+class _Partials:
+    """Each step's (out, lse) for the rank's queries, stacked for one
+    merge_states at the end. Rows a step does not compute keep out = 0 and
+    lse = -inf, which the merge gives no weight."""
+
+    def __init__(self, q, v, steps: int, layout: str):
+        import torch
+        dim = _seq_dim(layout)
+        b, s = q.shape[0], q.shape[dim]
+        h = q.shape[1] if layout == "bhsd" else q.shape[2]
+        out_shape = list(q.shape)
+        out_shape[-1] = v.shape[-1]
+        self.out = torch.zeros([steps] + out_shape, dtype=q.dtype, device=q.device)
+        self.lse = torch.full((steps, b, h, s), float("-inf"), dtype=torch.float32, device=q.device)
+        self.dim = dim
+
+    def merge(self, return_lse: bool):
+        from ._merge import merge_states
+        layout = "bhsd" if self.dim == 2 else "bshd"
+        return merge_states(self.out, self.lse, layout=layout, return_lse=return_lse)
+
+
+def _half(x, which: str, dim: int):
+    if which == "all":
+        return x
+    first, second = x.chunk(2, dim=dim)
+    return first if which == "first" else second
+
+
+def _run_step(step: RingStep, q, k, v, partials: _Partials, index: int, softmax_scale, layout: str) -> None:
+    """Attention of this rank's queries against the K/V slice in hand, as
+    `step` says, into partials[index]."""
+    from ._attention import attention
+    if step.query_rows == "none":
+        return
+    dim = partials.dim
+    q_rows = _half(q, step.query_rows, dim)
+    out_rows = _half(partials.out[index], step.query_rows, dim)
+    k_rows = _half(k, step.key_rows, dim)
+    v_rows = _half(v, step.key_rows, dim)
+    _, lse = attention(q_rows, k_rows, v_rows, causal=step.causal, softmax_scale=softmax_scale, layout=layout,
+                       out=out_rows, return_lse=True)
+    _half(partials.lse[index], step.query_rows, 2).copy_(lse)
+
+
+def _check_tensors(q, k, v, layout: str, causal: bool) -> None:
+    import torch
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise InvalidArgumentError("%s must be a torch.Tensor (flashcore.distributed runs on torch.distributed)"
+                                       % name)
+        if t.requires_grad and torch.is_grad_enabled():
+            raise UnsupportedError("%s requires grad: flashcore.distributed has no backward pass across ranks yet; "
+                                   "run it under torch.no_grad() (or pass detached tensors)" % name)
+    dim = _seq_dim(layout)
+    if k.shape[dim] != q.shape[dim] or v.shape[dim] != q.shape[dim]:
+        raise InvalidArgumentError("q, k and v must hold the same tokens on each rank (sequence lengths %d, %d, %d)"
+                                   % (q.shape[dim], k.shape[dim], v.shape[dim]))
+    if causal and q.shape[dim] % 2 != 0:
+        raise InvalidArgumentError("a causal call takes the zig-zag split (two equal chunks a rank; see shard()): "
+                                   "the local sequence (%d) must be even" % q.shape[dim])
+
+
+# ---------------------------------------------------------------------------
+# Across ranks
+# ---------------------------------------------------------------------------
+
+def _group_info(group):
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        raise InvalidArgumentError("torch.distributed is not initialised: call "
+                                   "torch.distributed.init_process_group('nccl') first")
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def ring_attention(q: Any, k: Any, v: Any, group: Any = None, *, causal: bool = False,
+                   softmax_scale: Optional[float] = None, layout: str = "bhsd",
+                   return_lse: bool = False) -> Union[Any, Tuple[Any, Any]]:
+    """Attention of this rank's queries against every rank's keys, with K/V
+    passed around a ring over `group` (default: the world) while each
+    step's attention runs.
+
+    q, k, v: this rank's slice ([B, H, S_local, D], or [B, S_local, H, D]
+        with layout="bshd"), as flashcore.attention takes them (GQA,
+        D != Dv); CUDA tensors on the rank's device. Causal calls take the
+        zig-zag split (shard()); the others any equal split in rank order.
+        Every rank must pass the same shapes.
+    causal: the causal mask over the whole (unsharded) sequence.
+    Returns this rank's out (q's shape with v's head dim, q's dtype), and
+    its float32 lse [B, H, S_local] with return_lse.
+
+    Each of the world_size steps is one flashcore.attention call on the
+    slice in hand (ring_schedule says which rows and keys) while NCCL sends
+    that slice on and receives the next; the steps' results are merged once
+    at the end with flashcore.merge_states.
+    """
+    return _ring(q, k, v, group, causal, softmax_scale, layout, return_lse, None)
+
+
+def _ring(q, k, v, group, causal, softmax_scale, layout, return_lse, timeline):
+    """ring_attention; timeline (a list, or None) gets per step the CUDA
+    events (step start, attention done, next slice received) on the current
+    stream, for bench/context_parallel.py's per-step timeline."""
+    import torch
+    import torch.distributed as dist
+    _check_tensors(q, k, v, layout, causal)
+    rank, world_size = _group_info(group)
+    steps = ring_schedule(rank, world_size, causal)
+    partials = _Partials(q, v, world_size, layout)
+    # K and V travel as one buffer (one message a step), double-buffered:
+    # the next slice arrives in one while the other is in use.
+    kv = torch.cat([k.reshape(-1), v.reshape(-1)]).contiguous()
+    spare = torch.empty_like(kv)
+    k_numel = k.numel()
+    send_to = dist.get_global_rank(group, (rank + 1) % world_size) if group is not None else (rank + 1) % world_size
+    recv_from = (dist.get_global_rank(group, (rank - 1) % world_size) if group is not None
+                 else (rank - 1) % world_size)
+    with torch.no_grad():
+        for index, step in enumerate(steps):
+            marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if timeline is not None else None
+            if marks:
+                marks[0].record()
+            k_in = kv[:k_numel].view(k.shape)
+            v_in = kv[k_numel:].view(v.shape)
+            _run_step(step, q, k_in, v_in, partials, index, softmax_scale, layout)
+            if marks:
+                marks[1].record()
+            # The transfer is queued after the step's attention: NCCL's
+            # kernels need SMs, and the attention kernel holds every SM
+            # while it runs (one persistent CTA each). Queued first, a
+            # transfer whose peer is not ready yet kept SMs spinning under
+            # the attention, which then ran up to twice as long (4 H200s,
+            # 128k causal: step 0 took 25 ms against 13 for the others).
+            pending = None
+            if index + 1 < world_size:
+                pending = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, send_to, group),
+                                                  dist.P2POp(dist.irecv, spare, recv_from, group)])
+            if pending is not None:
+                for work in pending:
+                    work.wait()
+                kv, spare = spare, kv
+            if marks:
+                marks[2].record()
+                timeline.append(marks)
+        return partials.merge(return_lse)
+
+
+def all_gather_attention(q: Any, k: Any, v: Any, group: Any = None, *, causal: bool = False,
+                         softmax_scale: Optional[float] = None, layout: str = "bhsd",
+                         return_lse: bool = False) -> Union[Any, Tuple[Any, Any]]:
+    """As ring_attention, but every rank first gathers all K/V (one
+    all_gather over `group`), then attends: causal calls (zig-zag split) as
+    two flashcore.attention calls, one per query chunk, against the keys
+    up to its end; the others as one call. No merge. For decode and short
+    contexts, where the ring's steps are too short to hide transfers."""
+    import torch
+    import torch.distributed as dist
+    _check_tensors(q, k, v, layout, causal)
+    rank, world_size = _group_info(group)
+    dim = _seq_dim(layout)
+    with torch.no_grad():
+        kv = torch.cat([k.reshape(-1), v.reshape(-1)]).contiguous()
+        gathered = torch.empty((world_size, kv.numel()), dtype=kv.dtype, device=kv.device)
+        dist.all_gather_into_tensor(gathered, kv, group=group)
+        k_slices = [gathered[r, :k.numel()].view(k.shape) for r in range(world_size)]
+        v_slices = [gathered[r, k.numel():].view(v.shape) for r in range(world_size)]
+        k_full = unshard(k_slices, causal=causal, layout=layout)
+        v_full = unshard(v_slices, causal=causal, layout=layout)
+        return _attend_gathered(q, k_full, v_full, rank, world_size, causal, softmax_scale, layout, return_lse)
+
+
+def _attend_gathered(q, k_full, v_full, rank, world_size, causal, softmax_scale, layout, return_lse):
+    import torch
+    from ._attention import attention
+    dim = _seq_dim(layout)
+    if not causal:
+        return attention(q, k_full, v_full, softmax_scale=softmax_scale, layout=layout, return_lse=return_lse)
+    # Zig-zag: query chunk c (of 2 x world_size) sees keys [0, (c + 1) x
+    # chunk), causally; attention's bottom-right alignment puts its last
+    # query on its last key.
+    chunk = q.shape[dim] // 2
+    out_shape = list(q.shape)
+    out_shape[-1] = v_full.shape[-1]
+    out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
+    lse = None
+    if return_lse:
+        h = q.shape[1] if layout == "bhsd" else q.shape[2]
+        lse = torch.empty((q.shape[0], h, q.shape[dim]), dtype=torch.float32, device=q.device)
+    for half, c in enumerate(zigzag_chunks(rank, world_size)):
+        keys = (c + 1) * chunk
+        q_rows = q.narrow(dim, half * chunk, chunk)
+        result = attention(q_rows, k_full.narrow(dim, 0, keys), v_full.narrow(dim, 0, keys), causal=True,
+                           softmax_scale=softmax_scale, layout=layout, out=out.narrow(dim, half * chunk, chunk),
+                           return_lse=return_lse)
+        if return_lse:
+            lse.narrow(2, half * chunk, chunk).copy_(result[1])
+    return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------------------
+# The algorithm for N virtual ranks in one process (tests, and a check of a
+# setup before it goes to several GPUs)
+# ---------------------------------------------------------------------------
+
+def emulate_ring_attention(q: Any, k: Any, v: Any, world_size: int, *, causal: bool = False,
+                           softmax_scale: Optional[float] = None, layout: str = "bhsd",
+                           return_lse: bool = False) -> Union[Any, Tuple[Any, Any]]:
+    """ring_attention's arithmetic for world_size virtual ranks on one GPU:
+    the full-sequence q, k, v are sharded (shard()), each virtual rank runs
+    its ring_schedule against the others' slices and merges its partial
+    results with merge_states, and the ranks' outputs are put back in
+    sequence order (unshard()). The same steps and merge as across GPUs,
+    without the transfers: the result is what world_size GPUs compute."""
+    import torch
+    _check_tensors(q, k, v, layout, False)
+    with torch.no_grad():
+        qs = [shard(q, r, world_size, causal=causal, layout=layout) for r in range(world_size)]
+        ks = [shard(k, r, world_size, causal=causal, layout=layout) for r in range(world_size)]
+        vs = [shard(v, r, world_size, causal=causal, layout=layout) for r in range(world_size)]
+        _check_tensors(qs[0], ks[0], vs[0], layout, causal)
+        outs, lses = [], []
+        for rank in range(world_size):
+            steps = ring_schedule(rank, world_size, causal)
+            partials = _Partials(qs[rank], vs[rank], world_size, layout)
+            for index, step in enumerate(steps):
+                _run_step(step, qs[rank], ks[step.source], vs[step.source], partials, index, softmax_scale, layout)
+            result = partials.merge(return_lse=True)
+            outs.append(result[0])
+            lses.append(result[1])
+        out = unshard(outs, causal=causal, layout=layout)
+        if not return_lse:
+            return out
+        return out, unshard(lses, causal=causal, layout="bhsd")

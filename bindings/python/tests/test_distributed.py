@@ -1,0 +1,139 @@
+"""flashcore.distributed without NCCL or a GPU: the zig-zag split, the ring's
+steps against a brute-force causal mask, and the whole ring (emulated ranks)
+on the CPU with a float64 attention and merge standing in for the
+library's."""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flashcore
+import flashcore._attention
+import flashcore._merge
+from flashcore import distributed as fd
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_shard_and_unshard_are_inverse(world_size, causal, layout):
+    seq = 2 * world_size * 3
+    shape = (2, 3, seq, 4) if layout == "bhsd" else (2, seq, 3, 4)
+    x = torch.randn(shape)
+    slices = [fd.shard(x, r, world_size, causal=causal, layout=layout) for r in range(world_size)]
+    assert all(s.shape == slices[0].shape for s in slices)
+    assert torch.equal(fd.unshard(slices, causal=causal, layout=layout), x)
+
+
+def test_zigzag_pairs_early_and_late_chunks():
+    assert [fd.zigzag_chunks(r, 4) for r in range(4)] == [(0, 7), (1, 6), (2, 5), (3, 4)]
+    with pytest.raises(flashcore.InvalidArgumentError, match="rank"):
+        fd.zigzag_chunks(4, 4)
+    with pytest.raises(flashcore.InvalidArgumentError, match="equal chunks"):
+        fd.shard(torch.zeros(1, 1, 10, 8), 0, 3, causal=True)
+
+
+def _rows(which, n):
+    half = n // 2
+    return {"all": range(n), "first": range(half), "second": range(half, n), "none": range(0)}[which]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("causal", [False, True])
+def test_ring_steps_cover_the_mask_once(world_size, causal):
+    """Every (query, key) pair the global mask allows is computed by exactly
+    one step of its query's rank, every step's local mask is the global one
+    on the pairs it computes, and nothing else is computed."""
+    chunk = 3
+    seq = 2 * world_size * chunk
+    positions = torch.arange(seq)
+    slices = [fd.shard(positions.view(1, 1, seq, 1), r, world_size, causal=causal).flatten().tolist()
+              for r in range(world_size)]
+    for rank in range(world_size):
+        steps = fd.ring_schedule(rank, world_size, causal)
+        assert sorted(s.source for s in steps) == list(range(world_size))
+        assert steps[0].source == rank
+        seen = {}
+        queries = slices[rank]
+        for step in steps:
+            keys = slices[step.source]
+            q_rows = list(_rows(step.query_rows, len(queries)))
+            k_rows = list(_rows(step.key_rows, len(keys)))
+            for qi in q_rows:
+                for kj in k_rows:
+                    allowed = (not causal) or keys[kj] <= queries[qi]
+                    if step.causal:
+                        # the local causal mask (bottom-right, Sq == Sk)
+                        local = kj <= qi
+                        assert local == allowed, (rank, step, qi, kj)
+                        if not local:
+                            continue
+                    else:
+                        assert allowed, ("an unmasked step computes a masked pair", rank, step, qi, kj)
+                    pair = (queries[qi], keys[kj])
+                    assert pair not in seen, ("computed twice", rank, step, pair)
+                    seen[pair] = step
+        expected = {(q, kk) for q in queries for kk in range(seq) if (not causal) or kk <= q}
+        assert set(seen) == expected
+
+
+def _cpu_attention(q, k, v, *, causal=False, softmax_scale=None, layout="bhsd", out=None, return_lse=False):
+    """float64 attention with flashcore's conventions (bottom-right causal,
+    GQA, lse of the scaled scores), writing into out."""
+    if layout == "bshd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    group = q.shape[1] // k.shape[1]
+    k64, v64 = k64.repeat_interleave(group, 1), v64.repeat_interleave(group, 1)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scores = q64 @ k64.transpose(-1, -2) * scale
+    if causal:
+        sq, sk = q.shape[2], k.shape[2]
+        keep = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(scores, -1)
+    o = torch.nan_to_num(torch.exp(scores - lse[..., None])) @ v64
+    if layout == "bshd":
+        o = o.transpose(1, 2)
+    out.copy_(o)
+    return (out, lse.float()) if return_lse else out
+
+
+def _cpu_merge(partial_out, partial_lse, *, layout="bhsd", return_lse=True, **_):
+    lse = torch.logsumexp(partial_lse.double(), 0)
+    weights = torch.nan_to_num(torch.exp(partial_lse.double() - lse))  # [K, B, H, S]
+    if layout == "bshd":
+        weights = weights.transpose(2, 3)
+    out = (weights[..., None] * partial_out.double()).sum(0).to(partial_out.dtype)
+    return (out, lse.float()) if return_lse else out
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_emulated_ring_is_the_single_call(monkeypatch, world_size, causal, layout):
+    monkeypatch.setattr(flashcore._attention, "attention", _cpu_attention)
+    monkeypatch.setattr(flashcore._merge, "merge_states", _cpu_merge)
+    torch.manual_seed(world_size)
+    seq = 2 * world_size * 5
+    hq, hkv, d, dv = 4, 2, 8, 16
+    mk = (lambda h, dd: torch.randn(2, h, seq, dd)) if layout == "bhsd" else (lambda h, dd: torch.randn(2, seq, h, dd))
+    q, k, v = mk(hq, d).double(), mk(hkv, d).double(), mk(hkv, dv).double()
+    out, lse = fd.emulate_ring_attention(q, k, v, world_size, causal=causal, layout=layout, return_lse=True)
+    ref_out = torch.empty_like(out)
+    _, ref_lse = _cpu_attention(q, k, v, causal=causal, layout=layout, out=ref_out, return_lse=True)
+    assert torch.allclose(out, ref_out, atol=1e-5), (out - ref_out).abs().max()
+    assert torch.allclose(lse, ref_lse, atol=1e-5)
+
+
+def test_gradients_are_refused():
+    q = torch.randn(1, 2, 8, 8, requires_grad=True)
+    with pytest.raises(flashcore.UnsupportedError, match="no backward pass across ranks"):
+        fd.emulate_ring_attention(q, q.detach(), q.detach(), 2, causal=True)
+
+
+def test_ring_attention_needs_an_initialised_group():
+    x = torch.randn(1, 2, 8, 8)
+    with pytest.raises(flashcore.InvalidArgumentError, match="init_process_group"):
+        fd.ring_attention(x, x, x, causal=True)
