@@ -56,6 +56,27 @@ def check(rank, world):
                     print("%-10s causal=%-5s b%d hq%d hkv%d s%d d%d: max|diff| %.3g, rel-L2 %.3g, lse %.3g  %s" % (
                         name, causal, b, hq, hkv, s, d, stats[0], stats[1], stats[2],
                         "FAIL" if stats[3] else "ok"))
+    # Gradients: ring_attention's backward against one call's, on the
+    # rank's rows (dq) and on its slice of keys (dk, dv).
+    for causal in (False, True):
+        b, hq, hkv, chunk, d = 1, 8, 2, 384, 128
+        s = 2 * world * chunk
+        q, k, v = full_inputs(b, hq, hkv, s, d, torch.bfloat16, seed=99 + s)
+        dout = full_inputs(b, hq, hq, s, d, torch.bfloat16, seed=7 + s)[0]
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        flashcore.attention(qg, kg, vg, causal=causal).backward(dout)
+        mine = lambda t: fd.shard(t.detach(), rank, world, causal=causal)
+        ql, kl, vl = (mine(t).requires_grad_() for t in (q, k, v))
+        fd.ring_attention(ql, kl, vl, causal=causal).backward(mine(dout))
+        rels = [((a.grad.double() - mine(ref.grad).double()).norm() / mine(ref.grad).double().norm()).item()
+                for a, ref in ((ql, qg), (kl, kg), (vl, vg))]
+        ok = max(rels) < 2e-2
+        failures += not ok
+        stats = torch.tensor(rels + [float(not ok)], device="cuda")
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+        if rank == 0:
+            print("ring backward causal=%-5s b%d hq%d hkv%d s%d d%d: rel-L2 dq %.3g, dk %.3g, dv %.3g  %s" % (
+                causal, b, hq, hkv, s, d, stats[0], stats[1], stats[2], "FAIL" if stats[3] else "ok"))
     total = torch.tensor([float(failures)], device="cuda")
     dist.all_reduce(total)
     return int(total.item())

@@ -23,9 +23,11 @@ sequence is cut into 2 x world_size chunks and rank r holds chunks r and
 2 x world_size - 1 - r, concatenated; every rank then does the same work.
 shard() and unshard() convert between a full sequence and these slices.
 
-Forward only: there is no backward pass across ranks yet (a q, k or v that
-requires grad while grad mode is on raises UnsupportedError). Keep NVLink
-multicast off on shared hosts (NCCL_NVLS_ENABLE=0).
+ring_attention is differentiable: with q, k or v requiring grad, the
+backward pass runs the ring again with flashcore's backward (each step's dq
+stays on its rank; the dK and dV of each slice travel with it and end on
+the rank that holds it). Keep NVLink multicast off on shared hosts
+(NCCL_NVLS_ENABLE=0).
 
 The planning functions (zigzag_chunks, ring_schedule, shard, unshard) and
 emulate_ring_attention, which runs the whole algorithm for N virtual ranks
@@ -41,6 +43,7 @@ __all__ = [
     "RingStep",
     "all_gather_attention",
     "emulate_ring_attention",
+    "emulate_ring_gradients",
     "ring_attention",
     "ring_schedule",
     "shard",
@@ -203,15 +206,16 @@ def _run_step(step: RingStep, q, k, v, partials: _Partials, index: int, softmax_
     _half(partials.lse[index], step.query_rows, 2).copy_(lse)
 
 
-def _check_tensors(q, k, v, layout: str, causal: bool) -> None:
+def _check_tensors(q, k, v, layout: str, causal: bool, differentiable: bool = False) -> None:
     import torch
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise InvalidArgumentError("%s must be a torch.Tensor (flashcore.distributed runs on torch.distributed)"
                                        % name)
-        if t.requires_grad and torch.is_grad_enabled():
-            raise UnsupportedError("%s requires grad: flashcore.distributed has no backward pass across ranks yet; "
-                                   "run it under torch.no_grad() (or pass detached tensors)" % name)
+        if not differentiable and t.requires_grad and torch.is_grad_enabled():
+            raise UnsupportedError("%s requires grad: this function has no backward pass (ring_attention has one; "
+                                   "emulate_ring_gradients computes the ring's gradients); run it under "
+                                   "torch.no_grad() or pass detached tensors" % name)
     dim = _seq_dim(layout)
     if k.shape[dim] != q.shape[dim] or v.shape[dim] != q.shape[dim]:
         raise InvalidArgumentError("q, k and v must hold the same tokens on each rank (sequence lengths %d, %d, %d)"
@@ -254,7 +258,41 @@ def ring_attention(q: Any, k: Any, v: Any, group: Any = None, *, causal: bool = 
     that slice on and receives the next; the steps' results are merged once
     at the end with flashcore.merge_states.
     """
+    import torch
+    _check_tensors(q, k, v, layout, causal, differentiable=True)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        out, lse = _ring_function().apply(q, k, v, group, causal, softmax_scale, layout)
+        return (out, lse) if return_lse else out
     return _ring(q, k, v, group, causal, softmax_scale, layout, return_lse, None)
+
+
+_RING_FUNCTION = None
+
+
+def _ring_function():
+    """ring_attention's torch.autograd.Function (made on first use: the
+    module imports without torch)."""
+    global _RING_FUNCTION
+    if _RING_FUNCTION is None:
+        import torch
+
+        class RingAttention(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v, group, causal, softmax_scale, layout):
+                out, lse = _ring(q, k, v, group, causal, softmax_scale, layout, True, None)
+                ctx.save_for_backward(q, k, v, out, lse)
+                ctx.options = (group, causal, softmax_scale, layout)
+                ctx.mark_non_differentiable(lse)
+                return out, lse
+
+            @staticmethod
+            def backward(ctx, dout, _dlse):
+                q, k, v, out, lse = ctx.saved_tensors
+                dq, dk, dv = _ring_backward(q, k, v, out, lse, dout.contiguous(), *ctx.options)
+                return dq, dk, dv, None, None, None, None
+
+        _RING_FUNCTION = RingAttention
+    return _RING_FUNCTION
 
 
 def _ring(q, k, v, group, causal, softmax_scale, layout, return_lse, timeline):
@@ -303,6 +341,62 @@ def _ring(q, k, v, group, causal, softmax_scale, layout, return_lse, timeline):
                 marks[2].record()
                 timeline.append(marks)
         return partials.merge(return_lse)
+
+
+def _step_grads(step: RingStep, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, layout: str) -> None:
+    """Adds one step's gradients (flashcore's backward over the rows and
+    keys `step` names, with the whole call's out and lse: P and dO.O are
+    those of the merged result) into the float32 accumulators dq (the
+    rank's queries) and dk, dv (the slice in hand)."""
+    from ._backward import gradients
+    if step.query_rows == "none":
+        return
+    dim = _seq_dim(layout)
+    rows = lambda t: _half(t, step.query_rows, dim)
+    keys = lambda t: _half(t, step.key_rows, dim)
+    lse_rows = _half(lse, step.query_rows, 2).contiguous()
+    dq_step, dk_step, dv_step = gradients(rows(dout), rows(q), keys(k), keys(v), rows(out), lse_rows, None, None,
+                                          None, None, None, layout, step.causal, softmax_scale, None, 0.0, False)
+    rows(dq).add_(dq_step)
+    keys(dk).add_(dk_step)
+    keys(dv).add_(dv_step)
+
+
+def _ring_backward(q, k, v, out, lse, dout, group, causal, softmax_scale, layout):
+    """ring_attention's backward: the ring again, each step adding its dq
+    into the rank's and its dK, dV into the float32 accumulators that travel
+    with the slice; after the last step one more hop brings each slice's
+    accumulators to the rank that holds the slice."""
+    import torch
+    import torch.distributed as dist
+    rank, world_size = _group_info(group)
+    steps = ring_schedule(rank, world_size, causal)
+    send_to = dist.get_global_rank(group, (rank + 1) % world_size) if group is not None else (rank + 1) % world_size
+    recv_from = (dist.get_global_rank(group, (rank - 1) % world_size) if group is not None
+                 else (rank - 1) % world_size)
+    k_numel = k.numel()
+    with torch.no_grad():
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        kv = torch.cat([k.reshape(-1), v.reshape(-1)]).contiguous()
+        spare = torch.empty_like(kv)
+        dkv = torch.zeros(kv.numel(), dtype=torch.float32, device=kv.device)
+        dspare = torch.empty_like(dkv)
+        for index, step in enumerate(steps):
+            _step_grads(step, q, kv[:k_numel].view(k.shape), kv[k_numel:].view(v.shape), out, lse, dout, dq,
+                        dkv[:k_numel].view(k.shape), dkv[k_numel:].view(v.shape), softmax_scale, layout)
+            last = index + 1 == world_size
+            if world_size > 1:
+                ops = [dist.P2POp(dist.isend, dkv, send_to, group), dist.P2POp(dist.irecv, dspare, recv_from, group)]
+                if not last:
+                    ops += [dist.P2POp(dist.isend, kv, send_to, group),
+                            dist.P2POp(dist.irecv, spare, recv_from, group)]
+                for work in dist.batch_isend_irecv(ops):
+                    work.wait()
+                dkv, dspare = dspare, dkv
+                if not last:
+                    kv, spare = spare, kv
+        return (dq.to(q.dtype), dkv[:k_numel].view(k.shape).to(k.dtype),
+                dkv[k_numel:].view(v.shape).to(v.dtype))
 
 
 def all_gather_attention(q: Any, k: Any, v: Any, group: Any = None, *, causal: bool = False,
@@ -391,3 +485,31 @@ def emulate_ring_attention(q: Any, k: Any, v: Any, world_size: int, *, causal: b
         if not return_lse:
             return out
         return out, unshard(lses, causal=causal, layout="bhsd")
+
+
+def emulate_ring_gradients(q: Any, k: Any, v: Any, dout: Any, world_size: int, *, causal: bool = False,
+                           softmax_scale: Optional[float] = None, layout: str = "bhsd") -> Tuple[Any, Any, Any]:
+    """The gradients (dq, dk, dv) of ring_attention for the output gradient
+    dout, for world_size virtual ranks on one GPU: the forward of
+    emulate_ring_attention, then each virtual rank's backward steps (the
+    same as ring_attention's backward, without the transfers), back in
+    sequence order."""
+    import torch
+    _check_tensors(q, k, v, layout, False)
+    with torch.no_grad():
+        out, lse = emulate_ring_attention(q, k, v, world_size, causal=causal, softmax_scale=softmax_scale,
+                                          layout=layout, return_lse=True)
+        mine = lambda t, r, lay=layout: shard(t, r, world_size, causal=causal, layout=lay)
+        qs, ks, vs = ([mine(t, r) for r in range(world_size)] for t in (q, k, v))
+        outs, douts = ([mine(t, r) for r in range(world_size)] for t in (out, dout))
+        lses = [shard(lse, r, world_size, causal=causal, layout="bhsd") for r in range(world_size)]
+        dqs = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in qs]
+        dks = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in ks]
+        dvs = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in vs]
+        for rank in range(world_size):
+            for step in ring_schedule(rank, world_size, causal):
+                s = step.source
+                _step_grads(step, qs[rank], ks[s], vs[s], outs[rank], lses[rank], douts[rank], dqs[rank], dks[s],
+                            dvs[s], softmax_scale, layout)
+        return tuple(unshard([g.to(t.dtype) for g in gs], causal=causal, layout=layout)
+                     for gs, t in ((dqs, q), (dks, k), (dvs, v)))

@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 
 import flashcore
 import flashcore._attention
+import flashcore._backward
 import flashcore._merge
 from flashcore import distributed as fd
 
@@ -109,12 +110,22 @@ def _cpu_merge(partial_out, partial_lse, *, layout="bhsd", return_lse=True, **_)
     return (out, lse.float()) if return_lse else out
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
-def test_emulated_ring_is_the_single_call(monkeypatch, world_size, causal, layout):
+@pytest.fixture
+def cpu_kernels(monkeypatch):
+    """The library's attention, merge and backward replaced by float64 CPU
+    stand-ins with the same conventions: the ring's arithmetic, checked
+    without a GPU."""
     monkeypatch.setattr(flashcore._attention, "attention", _cpu_attention)
     monkeypatch.setattr(flashcore._merge, "merge_states", _cpu_merge)
+    monkeypatch.setattr(flashcore._backward, "gradients", _cpu_gradients)
+
+
+ring_cases = pytest.mark.parametrize("world_size,causal,layout", [
+    (w, c, lay) for w in (1, 2, 3, 4) for c in (False, True) for lay in ("bhsd", "bshd")])
+
+
+@ring_cases
+def test_emulated_ring_is_the_single_call(cpu_kernels, world_size, causal, layout):
     torch.manual_seed(world_size)
     seq = 2 * world_size * 5
     hq, hkv, d, dv = 4, 2, 8, 16
@@ -127,10 +138,59 @@ def test_emulated_ring_is_the_single_call(monkeypatch, world_size, causal, layou
     assert torch.allclose(lse, ref_lse, atol=1e-5)
 
 
-def test_gradients_are_refused():
+def test_emulated_forward_refuses_gradients():
     q = torch.randn(1, 2, 8, 8, requires_grad=True)
-    with pytest.raises(flashcore.UnsupportedError, match="no backward pass across ranks"):
+    with pytest.raises(flashcore.UnsupportedError, match="emulate_ring_gradients"):
         fd.emulate_ring_attention(q, q.detach(), q.detach(), 2, causal=True)
+
+
+def _cpu_gradients(dout, q, k, v, out, lse, seqused_k, cu_q, cu_k, max_q, max_k, layout, causal, softmax_scale,
+                   window, softcap, deterministic):
+    """flashcore's backward in float64 from the given out and lse (as the
+    library: P = exp(scale * q.k - lse), delta = rowsum(dO * O))."""
+    bshd = layout == "bshd"
+    if bshd:
+        dout, q, k, v, out = (t.transpose(1, 2) for t in (dout, q, k, v, out))
+    group = q.shape[1] // k.shape[1]
+    q64, k64, v64, o64, do64 = (t.double() for t in (q, k, v, out, dout))
+    ke, ve = k64.repeat_interleave(group, 1), v64.repeat_interleave(group, 1)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scores = q64 @ ke.transpose(-1, -2) * scale
+    if causal:
+        sq, sk = q.shape[2], k.shape[2]
+        scores = scores.masked_fill(~torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq), float("-inf"))
+    p = torch.exp(scores - lse.double()[..., None])
+    dv = p.transpose(-1, -2) @ do64
+    dp = do64 @ ve.transpose(-1, -2)
+    delta = (do64 * o64).sum(-1, keepdim=True)
+    ds = p * (dp - delta) * scale
+    dq = ds @ ke
+    dk = ds.transpose(-1, -2) @ q64
+    fold = lambda g: g.view(g.shape[0], k.shape[1], group, *g.shape[2:]).sum(2)
+    dk, dv = fold(dk), fold(dv)
+    grads = [dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)]
+    return tuple(g.transpose(1, 2) for g in grads) if bshd else tuple(grads)
+
+
+@ring_cases
+def test_emulated_ring_gradients_are_the_single_calls(cpu_kernels, world_size, causal, layout):
+    torch.manual_seed(10 + world_size)
+    seq = 2 * world_size * 4
+    hq, hkv, d = 4, 2, 8
+    mk = (lambda h: torch.randn(1, h, seq, d)) if layout == "bhsd" else (lambda h: torch.randn(1, seq, h, d))
+    q, k, v, dout = mk(hq).double(), mk(hkv).double(), mk(hkv).double(), mk(hq).double()
+    grads = fd.emulate_ring_gradients(q, k, v, dout, world_size, causal=causal, layout=layout)
+    # Reference: autograd through a float64 attention of the whole sequence.
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+    tr = (lambda t: t.transpose(1, 2)) if layout == "bshd" else (lambda t: t)
+    group = hq // hkv
+    scores = tr(qr) @ tr(kr).repeat_interleave(group, 1).transpose(-1, -2) / math.sqrt(d)
+    if causal:
+        scores = scores.masked_fill(~torch.ones(seq, seq, dtype=torch.bool).tril(), float("-inf"))
+    out = tr(torch.softmax(scores, -1) @ tr(vr).repeat_interleave(group, 1))
+    out.backward(dout)
+    for name, got, want in zip("qkv", grads, (qr.grad, kr.grad, vr.grad)):
+        assert torch.allclose(got, want, atol=1e-5), (name, (got - want).abs().max())
 
 
 def test_ring_attention_needs_an_initialised_group():
