@@ -6,10 +6,12 @@ slice of keys, are combined with flashcore.merge_states (the (out, lse)
 merge of flashcore_merge_states). Two algorithms:
 
   ring_attention        K/V pass from rank to rank (rank r sends to r + 1
-                        and receives from r - 1) while the attention of the
-                        slice in hand runs: communication overlaps compute,
-                        and no rank ever holds more than two K/V slices. For
-                        long prefill and training-length sequences.
+                        and receives from r - 1), one slice a step, after
+                        the attention on the slice in hand (NCCL's kernels
+                        need SMs that the attention kernel holds while it
+                        runs: docs/context-parallelism.md); no rank ever
+                        holds more than two K/V slices. For long prefill
+                        and training-length sequences.
   all_gather_attention  every rank gathers all K/V at once, then attends:
                         one collective, more memory; for decode and short
                         contexts, where a ring's steps would each be too
@@ -241,8 +243,8 @@ def ring_attention(q: Any, k: Any, v: Any, group: Any = None, *, causal: bool = 
                    softmax_scale: Optional[float] = None, layout: str = "bhsd",
                    return_lse: bool = False) -> Union[Any, Tuple[Any, Any]]:
     """Attention of this rank's queries against every rank's keys, with K/V
-    passed around a ring over `group` (default: the world) while each
-    step's attention runs.
+    passed around a ring over `group` (default: the world), one slice a
+    step.
 
     q, k, v: this rank's slice ([B, H, S_local, D], or [B, S_local, H, D]
         with layout="bshd"), as flashcore.attention takes them (GQA,
@@ -254,9 +256,12 @@ def ring_attention(q: Any, k: Any, v: Any, group: Any = None, *, causal: bool = 
     its float32 lse [B, H, S_local] with return_lse.
 
     Each of the world_size steps is one flashcore.attention call on the
-    slice in hand (ring_schedule says which rows and keys) while NCCL sends
-    that slice on and receives the next; the steps' results are merged once
-    at the end with flashcore.merge_states.
+    slice in hand (ring_schedule says which rows and keys), after which NCCL
+    sends that slice on and receives the next; the steps' results are merged
+    once at the end with flashcore.merge_states. Differentiable: where q, k
+    or v requires grad (and grad mode is on), out's backward pass runs the
+    ring again with flashcore's backward and returns this rank's dq, dk and
+    dv; the lse has no gradient.
     """
     import torch
     _check_tensors(q, k, v, layout, causal, differentiable=True)
@@ -411,7 +416,6 @@ def all_gather_attention(q: Any, k: Any, v: Any, group: Any = None, *, causal: b
     import torch.distributed as dist
     _check_tensors(q, k, v, layout, causal)
     rank, world_size = _group_info(group)
-    dim = _seq_dim(layout)
     with torch.no_grad():
         kv = torch.cat([k.reshape(-1), v.reshape(-1)]).contiguous()
         gathered = torch.empty((world_size, kv.numel()), dtype=kv.dtype, device=kv.device)
