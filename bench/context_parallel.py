@@ -82,11 +82,14 @@ def check(rank, world):
     return int(total.item())
 
 
-def timed(fn, repeats):
+def timed(fn, repeats, together=True):
+    """Each of `repeats` calls' ms; together: every rank starts each call at
+    once (a barrier first)."""
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        dist.barrier()
+        if together:
+            dist.barrier()
         torch.cuda.synchronize()
         start.record()
         fn()
@@ -104,7 +107,8 @@ def bench(rank, world, args):
     if rank == 0:
         for _ in range(2):
             flashcore.attention(q, k, v, causal=True)
-        single_ms = _time_local(q, k, v, args.repeats)
+        single_ms = statistics.median(timed(lambda: flashcore.attention(q, k, v, causal=True), args.repeats,
+                                            together=False))
     mine = lambda t: fd.shard(t, rank, world, causal=True)
     ql, kl, vl = mine(q), mine(k), mine(v)
     del q, k, v
@@ -129,18 +133,6 @@ def bench(rank, world, args):
         print("rank 0's ring steps: attention ms / then waited for the next K/V ms")
         for i, (a, b, c) in enumerate(timeline):
             print("  step %d: %.3f / %.3f" % (i, a.elapsed_time(b), b.elapsed_time(c)))
-
-
-def _time_local(q, k, v, repeats):
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        flashcore.attention(q, k, v, causal=True)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main():

@@ -69,8 +69,8 @@ class RingStep(NamedTuple):
     """What a rank computes at one step of the ring.
 
     source: the rank whose K/V slice is in hand.
-    query_rows: "all" the rank's queries, "second" its second chunk only
-        (zig-zag: the first chunk sees none of the slice), or "none".
+    query_rows: "all" the rank's queries, or "second" its second chunk only
+        (zig-zag: the first chunk sees none of the slice).
     key_rows: "all" the slice's keys, or "first" its first chunk only.
     causal: whether the step needs the causal mask (only the rank's own
         slice does: every other slice is wholly before or wholly after each
@@ -137,6 +137,11 @@ def shard(x: Any, rank: int, world_size: int, *, causal: bool, layout: str = "bh
     return torch.cat([chunks[first], chunks[second]], dim=dim).contiguous()
 
 
+def _shards(x: Any, world_size: int, causal: bool, layout: str) -> List[Any]:
+    """Every rank's shard of x, in rank order."""
+    return [shard(x, r, world_size, causal=causal, layout=layout) for r in range(world_size)]
+
+
 def unshard(slices: Sequence[Any], *, causal: bool, layout: str = "bhsd") -> Any:
     """The full-sequence tensor from every rank's slice, in rank order (the
     inverse of shard)."""
@@ -150,6 +155,22 @@ def unshard(slices: Sequence[Any], *, causal: bool, layout: str = "bhsd") -> Any
         first, second = zigzag_chunks(rank, world_size)
         chunks[first], chunks[second] = piece.chunk(2, dim=dim)
     return torch.cat(chunks, dim=dim)
+
+
+def _heads(t, layout: str) -> int:
+    return t.shape[1] if layout == "bhsd" else t.shape[2]
+
+
+def _pack(k, v):
+    """K and V as one contiguous buffer: a slice's one message a step."""
+    import torch
+    return torch.cat([k.reshape(-1), v.reshape(-1)]).contiguous()
+
+
+def _unpack(buffer, k, v):
+    """Views of buffer (as _pack made it, or its gradients) shaped like k
+    and v."""
+    return buffer[:k.numel()].view(k.shape), buffer[k.numel():].view(v.shape)
 
 
 def _check_rank(rank: int, world_size: int) -> None:
@@ -171,8 +192,7 @@ class _Partials:
     def __init__(self, q, v, steps: int, layout: str):
         import torch
         dim = _seq_dim(layout)
-        b, s = q.shape[0], q.shape[dim]
-        h = q.shape[1] if layout == "bhsd" else q.shape[2]
+        b, s, h = q.shape[0], q.shape[dim], _heads(q, layout)
         out_shape = list(q.shape)
         out_shape[-1] = v.shape[-1]
         self.out = torch.zeros([steps] + out_shape, dtype=q.dtype, device=q.device)
@@ -196,8 +216,6 @@ def _run_step(step: RingStep, q, k, v, partials: _Partials, index: int, softmax_
     """Attention of this rank's queries against the K/V slice in hand, as
     `step` says, into partials[index]."""
     from ._attention import attention
-    if step.query_rows == "none":
-        return
     dim = partials.dim
     q_rows = _half(q, step.query_rows, dim)
     out_rows = _half(partials.out[index], step.query_rows, dim)
@@ -239,6 +257,14 @@ def _group_info(group):
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+def _neighbours(group, rank: int, world_size: int) -> Tuple[int, int]:
+    """The global ranks a ring over `group` sends to (rank + 1) and receives
+    from (rank - 1)."""
+    import torch.distributed as dist
+    to_global = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+    return to_global((rank + 1) % world_size), to_global((rank - 1) % world_size)
+
+
 def ring_attention(q: Any, k: Any, v: Any, group: Any = None, *, causal: bool = False,
                    softmax_scale: Optional[float] = None, layout: str = "bhsd",
                    return_lse: bool = False) -> Union[Any, Tuple[Any, Any]]:
@@ -264,8 +290,9 @@ def ring_attention(q: Any, k: Any, v: Any, group: Any = None, *, causal: bool = 
     dv; the lse has no gradient.
     """
     import torch
-    _check_tensors(q, k, v, layout, causal, differentiable=True)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    # _ring checks the tensors (inside the autograd Function's forward too,
+    # where grad mode is off).
+    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v)):
         out, lse = _ring_function().apply(q, k, v, group, causal, softmax_scale, layout)
         return (out, lse) if return_lse else out
     return _ring(q, k, v, group, causal, softmax_scale, layout, return_lse, None)
@@ -312,20 +339,15 @@ def _ring(q, k, v, group, causal, softmax_scale, layout, return_lse, timeline):
     partials = _Partials(q, v, world_size, layout)
     # K and V travel as one buffer (one message a step), double-buffered:
     # the next slice arrives in one while the other is in use.
-    kv = torch.cat([k.reshape(-1), v.reshape(-1)]).contiguous()
+    kv = _pack(k, v)
     spare = torch.empty_like(kv)
-    k_numel = k.numel()
-    send_to = dist.get_global_rank(group, (rank + 1) % world_size) if group is not None else (rank + 1) % world_size
-    recv_from = (dist.get_global_rank(group, (rank - 1) % world_size) if group is not None
-                 else (rank - 1) % world_size)
+    send_to, recv_from = _neighbours(group, rank, world_size)
     with torch.no_grad():
         for index, step in enumerate(steps):
             marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if timeline is not None else None
             if marks:
                 marks[0].record()
-            k_in = kv[:k_numel].view(k.shape)
-            v_in = kv[k_numel:].view(v.shape)
-            _run_step(step, q, k_in, v_in, partials, index, softmax_scale, layout)
+            _run_step(step, q, *_unpack(kv, k, v), partials, index, softmax_scale, layout)
             if marks:
                 marks[1].record()
             # The transfer is queued after the step's attention: NCCL's
@@ -334,12 +356,9 @@ def _ring(q, k, v, group, causal, softmax_scale, layout, return_lse, timeline):
             # transfer whose peer is not ready yet kept SMs spinning under
             # the attention, which then ran up to twice as long (4 H200s,
             # 128k causal: step 0 took 25 ms against 13 for the others).
-            pending = None
             if index + 1 < world_size:
-                pending = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, send_to, group),
-                                                  dist.P2POp(dist.irecv, spare, recv_from, group)])
-            if pending is not None:
-                for work in pending:
+                for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, send_to, group),
+                                                    dist.P2POp(dist.irecv, spare, recv_from, group)]):
                     work.wait()
                 kv, spare = spare, kv
             if marks:
@@ -354,8 +373,6 @@ def _step_grads(step: RingStep, q, k, v, out, lse, dout, dq, dk, dv, softmax_sca
     those of the merged result) into the float32 accumulators dq (the
     rank's queries) and dk, dv (the slice in hand)."""
     from ._backward import gradients
-    if step.query_rows == "none":
-        return
     dim = _seq_dim(layout)
     rows = lambda t: _half(t, step.query_rows, dim)
     keys = lambda t: _half(t, step.key_rows, dim)
@@ -376,19 +393,16 @@ def _ring_backward(q, k, v, out, lse, dout, group, causal, softmax_scale, layout
     import torch.distributed as dist
     rank, world_size = _group_info(group)
     steps = ring_schedule(rank, world_size, causal)
-    send_to = dist.get_global_rank(group, (rank + 1) % world_size) if group is not None else (rank + 1) % world_size
-    recv_from = (dist.get_global_rank(group, (rank - 1) % world_size) if group is not None
-                 else (rank - 1) % world_size)
-    k_numel = k.numel()
+    send_to, recv_from = _neighbours(group, rank, world_size)
     with torch.no_grad():
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        kv = torch.cat([k.reshape(-1), v.reshape(-1)]).contiguous()
+        kv = _pack(k, v)
         spare = torch.empty_like(kv)
         dkv = torch.zeros(kv.numel(), dtype=torch.float32, device=kv.device)
         dspare = torch.empty_like(dkv)
         for index, step in enumerate(steps):
-            _step_grads(step, q, kv[:k_numel].view(k.shape), kv[k_numel:].view(v.shape), out, lse, dout, dq,
-                        dkv[:k_numel].view(k.shape), dkv[k_numel:].view(v.shape), softmax_scale, layout)
+            _step_grads(step, q, *_unpack(kv, k, v), out, lse, dout, dq, *_unpack(dkv, k, v), softmax_scale,
+                        layout)
             last = index + 1 == world_size
             if world_size > 1:
                 ops = [dist.P2POp(dist.isend, dkv, send_to, group), dist.P2POp(dist.irecv, dspare, recv_from, group)]
@@ -400,8 +414,8 @@ def _ring_backward(q, k, v, out, lse, dout, group, causal, softmax_scale, layout
                 dkv, dspare = dspare, dkv
                 if not last:
                     kv, spare = spare, kv
-        return (dq.to(q.dtype), dkv[:k_numel].view(k.shape).to(k.dtype),
-                dkv[k_numel:].view(v.shape).to(v.dtype))
+        dk, dv = _unpack(dkv, k, v)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 def all_gather_attention(q: Any, k: Any, v: Any, group: Any = None, *, causal: bool = False,
@@ -411,17 +425,16 @@ def all_gather_attention(q: Any, k: Any, v: Any, group: Any = None, *, causal: b
     all_gather over `group`), then attends: causal calls (zig-zag split) as
     two flashcore.attention calls, one per query chunk, against the keys
     up to its end; the others as one call. No merge. For decode and short
-    contexts, where the ring's steps are too short to hide transfers."""
+    contexts, where a ring's step is too short to be worth its transfer."""
     import torch
     import torch.distributed as dist
     _check_tensors(q, k, v, layout, causal)
     rank, world_size = _group_info(group)
     with torch.no_grad():
-        kv = torch.cat([k.reshape(-1), v.reshape(-1)]).contiguous()
+        kv = _pack(k, v)
         gathered = torch.empty((world_size, kv.numel()), dtype=kv.dtype, device=kv.device)
         dist.all_gather_into_tensor(gathered, kv, group=group)
-        k_slices = [gathered[r, :k.numel()].view(k.shape) for r in range(world_size)]
-        v_slices = [gathered[r, k.numel():].view(v.shape) for r in range(world_size)]
+        k_slices, v_slices = zip(*(_unpack(gathered[r], k, v) for r in range(world_size)))
         k_full = unshard(k_slices, causal=causal, layout=layout)
         v_full = unshard(v_slices, causal=causal, layout=layout)
         return _attend_gathered(q, k_full, v_full, rank, world_size, causal, softmax_scale, layout, return_lse)
@@ -442,8 +455,7 @@ def _attend_gathered(q, k_full, v_full, rank, world_size, causal, softmax_scale,
     out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
     lse = None
     if return_lse:
-        h = q.shape[1] if layout == "bhsd" else q.shape[2]
-        lse = torch.empty((q.shape[0], h, q.shape[dim]), dtype=torch.float32, device=q.device)
+        lse = torch.empty((q.shape[0], _heads(q, layout), q.shape[dim]), dtype=torch.float32, device=q.device)
     for half, c in enumerate(zigzag_chunks(rank, world_size)):
         keys = (c + 1) * chunk
         q_rows = q.narrow(dim, half * chunk, chunk)
@@ -472,9 +484,7 @@ def emulate_ring_attention(q: Any, k: Any, v: Any, world_size: int, *, causal: b
     import torch
     _check_tensors(q, k, v, layout, False)
     with torch.no_grad():
-        qs = [shard(q, r, world_size, causal=causal, layout=layout) for r in range(world_size)]
-        ks = [shard(k, r, world_size, causal=causal, layout=layout) for r in range(world_size)]
-        vs = [shard(v, r, world_size, causal=causal, layout=layout) for r in range(world_size)]
+        qs, ks, vs = (_shards(t, world_size, causal, layout) for t in (q, k, v))
         _check_tensors(qs[0], ks[0], vs[0], layout, causal)
         outs, lses = [], []
         for rank in range(world_size):
@@ -503,13 +513,10 @@ def emulate_ring_gradients(q: Any, k: Any, v: Any, dout: Any, world_size: int, *
     with torch.no_grad():
         out, lse = emulate_ring_attention(q, k, v, world_size, causal=causal, softmax_scale=softmax_scale,
                                           layout=layout, return_lse=True)
-        mine = lambda t, r, lay=layout: shard(t, r, world_size, causal=causal, layout=lay)
-        qs, ks, vs = ([mine(t, r) for r in range(world_size)] for t in (q, k, v))
-        outs, douts = ([mine(t, r) for r in range(world_size)] for t in (out, dout))
-        lses = [shard(lse, r, world_size, causal=causal, layout="bhsd") for r in range(world_size)]
-        dqs = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in qs]
-        dks = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in ks]
-        dvs = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in vs]
+        qs, ks, vs, outs, douts = (_shards(t, world_size, causal, layout) for t in (q, k, v, out, dout))
+        lses = _shards(lse, world_size, causal, "bhsd")
+        dqs, dks, dvs = ([torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in ts]
+                         for ts in (qs, ks, vs))
         for rank in range(world_size):
             for step in ring_schedule(rank, world_size, causal):
                 s = step.source
