@@ -49,7 +49,7 @@
  *   passed as void*; NULL means the legacy default stream.
  * - Aliasing: what a call writes (`out`, `lse`, the workspace) must not
  *   overlap what it reads (`q`, `k`, `v`, `seqused_k`, `cu_seqlens_q`, `cu_seqlens_k`,
- *   `block_table`; for flashcore_merge_states the
+ *   `block_table`, the descale factors; for flashcore_merge_states the
  *   partials) nor one another; inputs may share memory (q, k and v may be
  *   the same buffer). Each tensor is taken as the address range from its
  *   first to its last byte, so an output interleaved with another tensor in
@@ -115,7 +115,7 @@ extern "C" {
  * ------------------------------------------------------------------------- */
 
 #define FLASHCORE_VERSION_MAJOR 0
-#define FLASHCORE_VERSION_MINOR 7
+#define FLASHCORE_VERSION_MINOR 8
 #define FLASHCORE_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 400 for 0.4.0. */
 #define FLASHCORE_VERSION_NUMBER \
@@ -215,7 +215,11 @@ FLASHCORE_API flashcore_status flashcore_handle_device(flashcore_handle handle, 
 typedef enum flashcore_dtype {
     FLASHCORE_DTYPE_FP16 = 1, /* IEEE half (CUDA __half) */
     FLASHCORE_DTYPE_BF16 = 2, /* bfloat16 (CUDA __nv_bfloat16) */
-    FLASHCORE_DTYPE_FP32 = 3  /* float; only flashcore_merge_states takes it */
+    FLASHCORE_DTYPE_FP32 = 3, /* float; only flashcore_merge_states takes it */
+    /* 8-bit float, 4 exponent bits, 3 mantissa bits, no infinities, largest
+     * 448 (CUDA __nv_fp8_e4m3, PyTorch torch.float8_e4m3fn). Only as
+     * flashcore_forward_params::kv_dtype so far: a quantized KV cache. */
+    FLASHCORE_DTYPE_FP8_E4M3 = 4
 } flashcore_dtype;
 
 /* Storage orders understood by flashcore_set_contiguous_strides. Any other
@@ -246,7 +250,7 @@ typedef enum flashcore_layout {
  * Each tensor's last dimension (head_dim) is contiguous; the other three are
  * addressed through element strides (not bytes), so [B,S,H,D], [B,H,S,D] and
  * views with padding all work. Strides must be >= 0 and multiples of
- * FLASHCORE_ALIGNMENT / sizeof(element) (8 for fp16/bf16); `out` must not
+ * FLASHCORE_ALIGNMENT / sizeof(element) (8 for fp16/bf16, 16 for fp8); `out` must not
  * overlap itself (its strides must give each element its own address;
  * interleaved layouts are fine), nor any other tensor (see "Aliasing" at
  * the top).
@@ -418,6 +422,46 @@ typedef struct flashcore_forward_params {
     int64_t block_table_batch_stride;
     int32_t page_size;
     int32_t num_pages;
+
+    /* ---- Fields added in 0.8. ---- */
+
+    /* Quantized K/V (an fp8 KV cache, as vLLM's kv_cache_dtype="fp8" and
+     * FlashInfer's fp8 decode): the flashcore_dtype of k and v, or 0 (the
+     * default) or dtype itself for dtype's. FLASHCORE_DTYPE_FP8_E4M3 under
+     * dtype FP16 or BF16 is supported on every GPU and with every other
+     * field (split-KV, GQA, seqused_k, varlen, paged caches, window,
+     * softcap); the kernels widen each K/V tile to dtype in shared memory
+     * (exactly: every e4m3 value is a dtype value), so the results are
+     * those of the dequantized cache (k_descale * k, v_descale * v) in
+     * dtype. k and v strides are then in one-byte elements, multiples of
+     * 16, and head_dim and head_dim_v multiples of 16. out has dtype. */
+    int32_t kv_dtype;
+    /* The flashcore_dtype of out: 0 (the default) or dtype. (Reserved for
+     * fp8 queries, whose output will be 16-bit; any other value returns
+     * FLASHCORE_STATUS_UNSUPPORTED.) */
+    int32_t out_dtype;
+
+    /* Descale factors of quantized inputs, as FlashAttention 3's and vLLM's:
+     * the values a quantized tensor stands for are its elements times the
+     * factor. Each is NULL (the default: 1) or a device array of float32,
+     * 4-byte aligned, indexed by (batch, K/V head): the factor of batch b
+     * and K/V head h (query heads h * num_heads_q / num_heads_kv ... of
+     * GQA) is descale[b * descale_batch_stride + h * descale_head_stride].
+     * Strides are in elements and >= 0, and 0 where the array is NULL;
+     * both 0 is one factor for the whole tensor (vLLM's per-tensor k_scale
+     * and v_scale), and [batch_size, num_heads_kv] contiguous is
+     * (num_heads_kv, 1). These rules are checked in empty calls too.
+     * k_descale and v_descale need kv_dtype FP8_E4M3; q_descale is for fp8
+     * queries (not yet supported) and must be NULL. The scores are
+     * softmax_scale * q_descale * k_descale * (q . k), and the output is
+     * multiplied by v_descale; factors should be finite and > 0 (they are
+     * read on the device, not checked: others give wrong results). */
+    const float *q_descale;
+    const float *k_descale;
+    const float *v_descale;
+    int64_t q_descale_batch_stride, q_descale_head_stride;
+    int64_t k_descale_batch_stride, k_descale_head_stride;
+    int64_t v_descale_batch_stride, v_descale_head_stride;
 } flashcore_forward_params;
 
 /* Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,
@@ -462,7 +506,7 @@ FLASHCORE_API flashcore_status flashcore_forward_check(const flashcore_forward_p
  * A call that splits its keys (num_splits, above) keeps each part's partial
  * output and log-sum-exp in a caller-provided device workspace:
  *   - flashcore_forward_workspace_size gives its size in bytes. The size
- *     depends only on the params' dtype, batch_size, num_heads_q,
+ *     depends only on the params' dtype, kv_dtype, batch_size, num_heads_q,
  *     num_heads_kv, seqlen_q, seqlen_k, head_dim, head_dim_v, causal,
  *     num_splits, use_window, window_left and window_right, and on the
  *     handle's device (its multiprocessor count feeds the num_splits

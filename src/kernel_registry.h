@@ -43,6 +43,7 @@ template <typename Family>
 struct KernelEntry {
     KernelPath path;
     DType input;
+    DType kv;  // of K and V: input, or a quantized type (e4m3)
     DType output;
     HeadDims dims;
     typename Family::Tile tile;
@@ -57,11 +58,11 @@ struct KernelTable {
     using Entry = KernelEntry<Family>;
     Span<Entry> kernels;
 
-    // The kernel of that path, input type, kernel head dims and tile, or
-    // nullptr where this build has none.
-    const Entry *find(KernelPath path, DType input, HeadDims dims, typename Family::Tile tile) const {
+    // The kernel of that path, input and K/V types, kernel head dims and
+    // tile, or nullptr where this build has none.
+    const Entry *find(KernelPath path, DType input, DType kv, HeadDims dims, typename Family::Tile tile) const {
         for (const Entry &e : kernels) {
-            if (e.path == path && e.input == input && e.dims == dims && e.tile == tile) return &e;
+            if (e.path == path && e.input == input && e.kv == kv && e.dims == dims && e.tile == tile) return &e;
         }
         return nullptr;
     }

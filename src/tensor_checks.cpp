@@ -179,6 +179,11 @@ ByteRange int32_range(const char *name, const int32_t *array, __int128 count) {
     return {name, begin, begin + (unsigned __int128)count * sizeof(int32_t), false};
 }
 
+ByteRange float_range(const char *name, const float *array, __int128 count) {
+    const unsigned __int128 begin = reinterpret_cast<uintptr_t>(array);
+    return {name, begin, begin + (unsigned __int128)count * sizeof(float), false};
+}
+
 
 flashcore_status check_no_aliasing(const ByteRange *ranges, size_t count) {
     for (size_t i = 0; i < count; ++i) {

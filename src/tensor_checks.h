@@ -56,6 +56,9 @@ ByteRange lse_range(const float *lse, __int128 rows);
 // An int32 array the kernels read (seqused_k, cu_seqlens_q/_k, block_table).
 ByteRange int32_range(const char *name, const int32_t *array, __int128 count);
 
+// A float32 array the kernels read (the descale factors).
+ByteRange float_range(const char *name, const float *array, __int128 count);
+
 // A call's workspace: at least `needed` bytes (WORKSPACE_TOO_SMALL naming
 // `size_function` and `what` the workspace holds), not NULL where bytes are
 // given, FLASHCORE_ALIGNMENT aligned; and where `needed` > 0, the bytes the

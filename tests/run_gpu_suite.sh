@@ -2,7 +2,7 @@
 # Runs every GPU test configuration that tests/CMakeLists.txt registers with
 # ctest (the dispatcher's choice, each path, each pinned tile variant, the
 # persistent kernel on 3 CTAs, the split suite on each path, the backward
-# pass, and last, alone, the race test), but as a few sharded processes per configuration instead of
+# pass, the fp8 widening, and last, alone, the race test), but as a few sharded processes per configuration instead of
 # one process per test: the same tests in minutes rather than the ctest run's
 # quarter hour, which matters on a leased GPU. ctest stays the reference; keep the two lists in
 # step.
@@ -35,6 +35,7 @@ configs=(
   "split.portable|test_split|Splits/*|FLASHCORE_FWD_VARIANT=portable"
   "split.sm90|test_split|Splits/*|FLASHCORE_FWD_VARIANT=sm90"
   "backward|test_backward|*|"
+  "fp8|test_fp8|*||1"
   "race|test_race|*||1"
 )
 

@@ -40,9 +40,11 @@ constexpr size_t kParamsSizeV0_3 = offsetof(flashcore_forward_params, use_window
 constexpr size_t kParamsSizeV0_4 = offsetof(flashcore_forward_params, seqused_k);
 // As a 0.5 caller compiled it: it ended after seqused_k.
 constexpr size_t kParamsSizeV0_5 = offsetof(flashcore_forward_params, cu_seqlens_q);
-// Where the last field of this header (num_pages, 0.6) ends: bytes of a
-// larger struct past it belong to a newer header's fields.
-constexpr size_t kParamsKnownEnd = offsetof(flashcore_forward_params, num_pages) + sizeof(int32_t);
+// As a 0.6 or 0.7 caller compiled it: it ended after num_pages.
+constexpr size_t kParamsSizeV0_6 = offsetof(flashcore_forward_params, num_pages) + sizeof(int32_t);
+// Where the last field of this header (v_descale_head_stride, 0.8) ends:
+// bytes of a larger struct past it belong to a newer header's fields.
+constexpr size_t kParamsKnownEnd = offsetof(flashcore_forward_params, v_descale_head_stride) + sizeof(int64_t);
 
 // Plausible, suitably aligned device addresses: flashcore_forward_check never
 // dereferences them.
@@ -126,13 +128,14 @@ bool covered(const std::vector<HeadDimPair> &pairs, int32_t head_dim, int32_t he
 #if defined(__has_include)
 #if __has_include("fwd_kernels.inc") && __has_include("bwd_kernels.inc")
 #define FLASHCORE_TEST_HAS_KERNEL_LIST 1
-// One line of a generated list: FLASHCORE_KERNEL(path, input, output,
+// One line of a generated list: FLASHCORE_KERNEL(path, input, kv, output,
 // head_dim, head_dim_v, tile).
 struct KernelLine {
     const char *path;
     int32_t head_dim, head_dim_v;
 };
-#define FLASHCORE_KERNEL(path, input, output, head_dim, head_dim_v, tile) KernelLine{#path, head_dim, head_dim_v},
+#define FLASHCORE_KERNEL(path, input, kv, output, head_dim, head_dim_v, tile) \
+    KernelLine{#path, head_dim, head_dim_v},
 
 std::vector<HeadDimPair> sm80_head_dims(std::initializer_list<KernelLine> lines) {
     std::set<HeadDimPair> pairs;
@@ -159,8 +162,8 @@ std::vector<HeadDimPair> generated_bwd_head_dims() {
 
 TEST(Version, RuntimeMatchesHeader) {
     EXPECT_EQ(flashcore_version_number(), unsigned(FLASHCORE_VERSION_NUMBER));
-    EXPECT_EQ(FLASHCORE_VERSION_NUMBER, 700);
-    EXPECT_STREQ(flashcore_version_string(), "0.7.0");
+    EXPECT_EQ(FLASHCORE_VERSION_NUMBER, 800);
+    EXPECT_STREQ(flashcore_version_string(), "0.8.0");
 }
 
 TEST(Version, CudaRuntimeIsTheToolkits) {
@@ -782,7 +785,8 @@ TEST(Validation, StructSizeBetweenReleasedSizesIsRefused) {
         offsetof(flashcore_forward_params, num_splits) + sizeof(int32_t),   // 0.3
         offsetof(flashcore_forward_params, softcap) + sizeof(float),        // 0.4
         offsetof(flashcore_forward_params, seqused_k) + sizeof(void *),     // 0.5
-        kParamsKnownEnd,                                                    // 0.6
+        kParamsSizeV0_6,                                                    // 0.6, 0.7
+        kParamsKnownEnd,                                                    // 0.8
     };
     std::set<size_t> accepted;
     for (size_t end : kFieldEnds) {
@@ -1063,8 +1067,10 @@ TEST(Validation, StructFromVersion0_3) {
     EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
     p->causal = 1;
     EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
-    // The same bytes inside a 0.4 struct are read, and refused.
+    // The same bytes inside a 0.4 struct are read, and refused (the 0.8
+    // fields, which would be refused first, zeroed).
     p->struct_size = sizeof(flashcore_forward_params);
+    std::memset(memory + offsetof(flashcore_forward_params, kv_dtype), 0, kParamsKnownEnd - kParamsSizeV0_6);
     EXPECT_TRUE(refused_naming(*p, "window_left (" + std::to_string(int32_t(0xABABABAB)) + ")"));
 }
 
@@ -1076,7 +1082,7 @@ TEST(Validation, StructFromNewerHeaderReadsTheWindowAndSoftcap) {
         flashcore_forward_params base;
         int64_t future_field;
     } newer;
-    static_assert(offsetof(Newer, future_field) >= kParamsKnownEnd, "the future field starts after num_pages");
+    static_assert(offsetof(Newer, future_field) >= kParamsKnownEnd, "the future field starts after the last field this header knows");
     newer.base = valid_params();
     newer.base.struct_size = sizeof(Newer);
     newer.future_field = 0;
@@ -2379,3 +2385,143 @@ TEST(Backward, WorkspaceIsTheDqAccumulator) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------
+// Fields added in 0.8: quantized K/V (kv_dtype, out_dtype) and descale factors.
+// ---------------------------------------------------------------------------
+
+namespace {
+
+// valid_params with an e4m3 K/V cache: one-byte elements, the same element
+// strides (multiples of 16), per-(batch, K/V head) descale factors.
+flashcore_forward_params valid_fp8_kv_params() {
+    flashcore_forward_params p = valid_params();
+    p.kv_dtype = FLASHCORE_DTYPE_FP8_E4M3;
+    p.k_descale = static_cast<const float *>(fake_tensor(5));
+    p.v_descale = static_cast<const float *>(fake_tensor(6));
+    p.k_descale_batch_stride = p.v_descale_batch_stride = p.num_heads_kv;
+    p.k_descale_head_stride = p.v_descale_head_stride = 1;
+    return p;
+}
+
+// Whether flashcore_forward_check returns `status` with a message containing
+// `part`.
+testing::AssertionResult refused_with(const flashcore_forward_params &p, flashcore_status status,
+                                      const std::string &part) {
+    const flashcore_status got = flashcore_forward_check(&p);
+    const std::string message = flashcore_last_error_message();
+    if (got == status && message.find(part) != std::string::npos) return testing::AssertionSuccess();
+    return testing::AssertionFailure() << "status " << int(got) << ", message \"" << message << "\"; expected status "
+                                       << int(status) << " and a message containing \"" << part << "\"";
+}
+
+}  // namespace
+
+TEST(QuantizedKv, InitLeavesKvAndOutOfQsTypeAndNoDescales) {
+    flashcore_forward_params p;
+    std::memset(&p, 0xAB, sizeof p);
+    ASSERT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_EQ(p.kv_dtype, 0);
+    EXPECT_EQ(p.out_dtype, 0);
+    EXPECT_EQ(p.q_descale, nullptr);
+    EXPECT_EQ(p.k_descale, nullptr);
+    EXPECT_EQ(p.v_descale, nullptr);
+    EXPECT_EQ(p.k_descale_batch_stride, 0);
+    EXPECT_EQ(p.v_descale_head_stride, 0);
+}
+
+TEST(QuantizedKv, E4m3CacheUnderBothQueryTypesIsAccepted) {
+    for (int32_t dtype : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
+        flashcore_forward_params p = valid_fp8_kv_params();
+        p.dtype = dtype;
+        EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+        // Per-tensor factors, and none (1).
+        p.k_descale_batch_stride = p.k_descale_head_stride = 0;
+        EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+        p.k_descale = p.v_descale = nullptr;
+        p.k_descale_head_stride = p.v_descale_head_stride = p.v_descale_batch_stride = 0;
+        EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+        // out_dtype and kv_dtype may name q's type.
+        p.out_dtype = dtype;
+        EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+        p = valid_params();
+        p.dtype = dtype;
+        p.kv_dtype = dtype;
+        EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    }
+}
+
+TEST(QuantizedKv, UnsupportedDtypeCombinationsAreNamed) {
+    flashcore_forward_params p = valid_fp8_kv_params();
+    p.dtype = FLASHCORE_DTYPE_FP8_E4M3;
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED, "fp8 queries are not supported yet"));
+    p = valid_params();
+    p.kv_dtype = FLASHCORE_DTYPE_BF16;  // under fp16 queries
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED, "kv_dtype 2 is not supported with dtype 1"));
+    for (int32_t kv : {-1, 3, 5, 99}) {
+        p.kv_dtype = kv;
+        EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED, "kv_dtype " + std::to_string(kv)));
+    }
+    p = valid_fp8_kv_params();
+    p.out_dtype = FLASHCORE_DTYPE_BF16;
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED, "out_dtype 2 is not supported with dtype 1"));
+    p.out_dtype = FLASHCORE_DTYPE_FP32;
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED, "out is written in q's type"));
+}
+
+TEST(QuantizedKv, HeadDimsAndStridesAreWholeVectorsOfOneByteElements) {
+    flashcore_forward_params p = valid_fp8_kv_params();
+    // 8 fp16 elements are a vector of q, but half a vector of k.
+    p.head_dim = 56;
+    ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED, "head_dim 56 is not a multiple of 16"));
+    p = valid_fp8_kv_params();
+    p.k_seq_stride += 8;  // 8 bytes: not 16-byte aligned
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_MISALIGNED, "k"));
+    p = valid_fp8_kv_params();
+    p.v = static_cast<const unsigned char *>(p.v) + 8;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_MISALIGNED) << flashcore_last_error_message();
+    // A k stride of 16 one-byte elements is aligned (it would not be of 16-bit ones: 32 bytes, also aligned; 24
+    // elements is 24 bytes for e4m3).
+    p = valid_fp8_kv_params();
+    p.k_head_stride = 64 + 16;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+}
+
+TEST(QuantizedKv, DescaleFactorsAreChecked) {
+    flashcore_forward_params p = valid_fp8_kv_params();
+    p.q_descale = static_cast<const float *>(fake_tensor(7));
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED, "q_descale is for fp8 queries"));
+    p = valid_fp8_kv_params();
+    p.k_descale_head_stride = -1;
+    EXPECT_TRUE(refused_naming(p, "k_descale_batch_stride (2) and k_descale_head_stride (-1) must be >= 0"));
+    p = valid_fp8_kv_params();
+    p.v_descale = nullptr;
+    EXPECT_TRUE(refused_naming(p, "v_descale_batch_stride (2) and v_descale_head_stride (1) are set but v_descale"));
+    p = valid_fp8_kv_params();
+    p.q_descale_batch_stride = 1;
+    EXPECT_TRUE(refused_naming(p, "q_descale_batch_stride (1)"));
+    // Descales of 16-bit K/V.
+    p = valid_fp8_kv_params();
+    p.kv_dtype = 0;
+    EXPECT_TRUE(refused_naming(p, "k_descale is set but k and v are not quantized"));
+    p.k_descale = nullptr;
+    p.k_descale_batch_stride = p.k_descale_head_stride = 0;
+    EXPECT_TRUE(refused_naming(p, "v_descale is set but k and v are not quantized"));
+    // Alignment of a float array.
+    p = valid_fp8_kv_params();
+    p.k_descale = reinterpret_cast<const float *>(reinterpret_cast<uintptr_t>(p.k_descale) + 2);
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_MISALIGNED, "k_descale"));
+}
+
+TEST(QuantizedKv, OutputsMayNotOverlapTheDescaleFactors) {
+    flashcore_forward_params p = valid_fp8_kv_params();
+    // The last factor read: batch 1, K/V head 1 of a [2][2] array.
+    p.v_descale = static_cast<const float *>(p.out);
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_INVALID_ARGUMENT, "v_descale"));
+    p = valid_fp8_kv_params();
+    p.k_descale = p.lse - 3;
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_INVALID_ARGUMENT, "k_descale"));
+    p.k_descale = p.lse - 4;  // ends where lse begins
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+}

@@ -2,7 +2,8 @@
 // fp16/bf16 x every kernel head dim (32, 64, 96, 128, 192/128, 256) and head
 // dims that run on the next larger kernel (80, 112, 160/128, 40/24) x causal
 // on/off over many shapes and layouts, LSE, GQA/MQA, a tensor over 2^31
-// elements, determinism, concurrency.
+// elements, determinism, concurrency; and an fp8 (e4m3) K/V cache with its
+// descale factors over the same head dims, masks, varlen and paged layouts.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -218,6 +219,102 @@ std::vector<FwdCase> all_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, ForwardTest, testing::ValuesIn(all_cases()),
+                         [](const testing::TestParamInfo<FwdCase> &info) { return case_name(info.param); });
+
+// ---------------------------------------------------------------------------
+// An fp8 K/V cache (kv_dtype FLASHCORE_DTYPE_FP8_E4M3): K and V as e4m3
+// bytes with descale factors, q and out fp16 or bf16, against the float64
+// attention of the dequantized K and V, within the 16-bit dtype's bounds.
+// ---------------------------------------------------------------------------
+
+class ForwardFp8KvTest : public testing::TestWithParam<FwdCase> {};
+
+TEST_P(ForwardFp8KvTest, MatchesFloat64ReferenceOfTheDequantizedCache) {
+    FC_REQUIRE_GPU();
+    expect_matches_reference(GetParam());
+}
+
+// Every kernel head dim of the default build x fp16/bf16 q x causal on/off
+// over prefill (square; GQA with lengths that are not tile multiples;
+// padded strides, 16-byte gaps in K and V), decode with MQA, and rows that
+// see no key (seqlen_q > seqlen_k, causal: lse -inf); the descale layout
+// turns with each case (NULL, per tensor, per (batch, head) either way).
+// Then windows, softcap, varlen, seqused_k over a cache whose tail holds
+// NaN bytes, and paged caches.
+std::vector<FwdCase> fp8_kv_cases() {
+    constexpr auto fp16 = FLASHCORE_DTYPE_FP16;
+    constexpr auto bf16 = FLASHCORE_DTYPE_BF16;
+    struct Shape {
+        int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+        Layout layout;
+    };
+    const Shape shapes[] = {
+        {1, 4, 4, 256, 256, Layout::kBHSD},
+        {2, 8, 2, 113, 203, Layout::kBSHD},
+        {2, 6, 3, 190, 333, Layout::kPadded},
+        {3, 4, 1, 1, 517, Layout::kBSHD},
+        {1, 2, 2, 300, 100, Layout::kBHSD},
+    };
+    struct HeadDims {
+        int qk, v;
+    };
+    const HeadDims head_dims[] = {{32, 32}, {64, 64}, {96, 96}, {128, 128}, {192, 128}, {256, 256}};
+    const Descale descales[] = {Descale::kPerBatchHead, Descale::kPerTensor, Descale::kPerHeadBatch, Descale::kNone};
+    std::vector<FwdCase> cases;
+    size_t turn = 0;
+    for (flashcore_dtype dtype : {fp16, bf16})
+        for (const HeadDims &d : head_dims)
+            for (bool causal : {false, true})
+                for (const Shape &s : shapes) {
+                    const FwdCase c{dtype, d.qk, causal, s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_k,
+                                    s.layout, d.v == d.qk ? 0 : d.v};
+                    cases.push_back(c.with_fp8_kv(descales[turn++ % std::size(descales)]));
+                }
+
+    const FwdCase chunk{fp16, 64, true, 1, 4, 2, 300, 1000, Layout::kBSHD};
+    const FwdCase square_full{bf16, 128, false, 1, 2, 2, 512, 512, Layout::kBSHD};
+    const FwdCase gqa{fp16, 64, true, 2, 8, 2, 300, 421, Layout::kPadded};
+    const FwdCase decode{bf16, 128, false, 4, 8, 2, 1, 2048, Layout::kBSHD};
+    const FwdCase d64{fp16, 64, true, 1, 4, 2, 1, 1, Layout::kBSHD};
+    const FwdCase d128{bf16, 128, true, 1, 8, 2, 1, 1, Layout::kBSHD};
+    const FwdCase d192{fp16, 192, false, 1, 4, 2, 1, 1, Layout::kBSHD, 128};
+    const FwdCase prefill{bf16, 64, true, 2, 4, 2, 300, 1000, Layout::kBSHD};
+    const FwdCase padded_chunk{fp16, 128, true, 2, 4, 2, 200, 520, Layout::kPadded};
+    const FwdCase wide{fp16, 256, false, 2, 2, 1, 16, 700, Layout::kBSHD};
+    const FwdCase d96{bf16, 96, true, 1, 2, 2, 1, 1, Layout::kPadded};
+    const std::vector<FwdCase> masked_and_serving = {
+        chunk.with_window(128, 0).with_fp8_kv(Descale::kPerBatchHead),
+        square_full.with_window(100, 50).with_fp8_kv(Descale::kPerTensor),
+        square_full.with_softcap(30.f, 1.f).with_fp8_kv(Descale::kPerHeadBatch),
+        gqa.with_softcap(30.f, 1.f).with_window(100, 0).with_fp8_kv(Descale::kPerBatchHead),
+        decode.with_softcap(30.f, 0.5f).with_window(500, -1).with_fp8_kv(Descale::kPerTensor),
+        decode.with_seqused_k({0, 1, 777, 2048}).with_fp8_kv(Descale::kPerBatchHead),
+        prefill.with_seqused_k({999, 257}).with_fp8_kv(Descale::kPerHeadBatch),
+        d64.with_varlen_q({0, 1, 17, 200, 513}).with_varlen_k({0, 1, 17, 200, 513}).with_fp8_kv(Descale::kPerBatchHead),
+        d128.with_varlen_q({128, 1, 300}).with_varlen_k({1000, 64, 300}).with_fp8_kv(Descale::kPerTensor),
+        d192.with_varlen_q({150, 7, 64}).with_varlen_k({150, 300, 64}).with_fp8_kv(Descale::kPerHeadBatch),
+        d96.with_varlen_q({129, 1, 260}).with_varlen_k({129, 1, 260}).with_fp8_kv(Descale::kNone),
+        d128.with_varlen_q({200, 129}).with_varlen_k({700, 900}).with_seqused_k({650, 0})
+            .with_fp8_kv(Descale::kPerBatchHead),
+        d64.with_varlen_q({700, 33, 1500}).with_varlen_k({700, 33, 1500}).with_window(256, 0).with_softcap(30.f, 1.f)
+            .with_fp8_kv(Descale::kPerTensor),
+        decode.with_seqused_k({0, 1, 777, 2048}).with_pages(16).with_fp8_kv(Descale::kPerBatchHead),
+        prefill.with_seqused_k({1000, 257}).with_pages(64).with_fp8_kv(Descale::kPerTensor),
+        padded_chunk.with_seqused_k({500, 1}).with_pages(48).with_fp8_kv(Descale::kPerHeadBatch),
+        wide.with_seqused_k({300, 650}).with_pages(256).with_fp8_kv(Descale::kPerBatchHead),
+        FwdCase{fp16, 128, true, 3, 8, 2, 1, 1200, Layout::kBSHD}
+            .with_varlen_q({64, 200, 1})
+            .with_seqused_k({500, 1200, 33})
+            .with_pages(64)
+            .with_fp8_kv(Descale::kPerBatchHead),
+    };
+    cases.insert(cases.end(), masked_and_serving.begin(), masked_and_serving.end());
+    return cases;
+}
+
+// Instantiated as "Shapes" too, so that the runs with each tile variant
+// pinned (tests/CMakeLists.txt, TEST_FILTER "Shapes/*") cover the fp8 cache.
+INSTANTIATE_TEST_SUITE_P(Shapes, ForwardFp8KvTest, testing::ValuesIn(fp8_kv_cases()),
                          [](const testing::TestParamInfo<FwdCase> &info) { return case_name(info.param); });
 
 // ---------------------------------------------------------------------------
@@ -623,6 +720,78 @@ TEST(ForwardApi, RejectedCallsWriteNothing) {
     ws_bytes = 1;
     EXPECT_EQ(flashcore_forward_workspace_size(handle.get(), &empty, &ws_bytes), FLASHCORE_STATUS_SUCCESS);
     EXPECT_EQ(ws_bytes, 0u);
+}
+
+// Calls on an fp8 cache that break its rules (flashcore.h, kv_dtype and the
+// descale fields) are refused with the status the header gives, or, where
+// it names none, refused; none writes out or lse. The valid call runs.
+TEST(ForwardApi, RefusedFp8KvCallsWriteNothing) {
+    FC_REQUIRE_GPU();
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    const FwdCase c =
+        FwdCase{FLASHCORE_DTYPE_BF16, 64, false, 2, 4, 2, 100, 300, Layout::kBSHD}.with_fp8_kv(Descale::kPerBatchHead);
+    std::mt19937_64 rng(fresh_seed());
+    Workload w(c, rng);
+    w.poison_outputs();
+    const std::vector<uint16_t> poisoned = w.out_bits();
+    const float *k_descale = w.params.k_descale;
+
+    struct Refusal {
+        const char *what;
+        void (*mutate)(flashcore_forward_params &p, const float *k_descale);
+        flashcore_status expected;  // SUCCESS: any refusal (flashcore.h names no status)
+    };
+    const Refusal refusals[] = {
+        // Strides of one-byte elements: multiples of 16 (8 is 16 bytes of fp16, not of fp8).
+        {"k_seq_stride + 8", [](auto &p, auto) { p.k_seq_stride += 8; }, FLASHCORE_STATUS_MISALIGNED},
+        {"v_head_stride + 8", [](auto &p, auto) { p.v_head_stride += 8; }, FLASHCORE_STATUS_MISALIGNED},
+        {"k 8 bytes in", [](auto &p, auto) { p.k = static_cast<const char *>(p.k) + 8; }, FLASHCORE_STATUS_MISALIGNED},
+        {"k_descale 2 bytes in",
+         [](auto &p, const float *d) {
+             p.k_descale = reinterpret_cast<const float *>(reinterpret_cast<const char *>(d) + 2);
+         },
+         FLASHCORE_STATUS_MISALIGNED},
+        {"negative k_descale_head_stride", [](auto &p, auto) { p.k_descale_head_stride = -1; },
+         FLASHCORE_STATUS_INVALID_ARGUMENT},
+        {"negative v_descale_batch_stride", [](auto &p, auto) { p.v_descale_batch_stride = -2; },
+         FLASHCORE_STATUS_INVALID_ARGUMENT},
+        // fp8 queries are not supported yet: q_descale must be NULL.
+        {"q_descale", [](auto &p, const float *d) { p.q_descale = d; }, FLASHCORE_STATUS_UNSUPPORTED},
+        // Head dims of an fp8 cache: multiples of 16.
+        {"head_dim 40", [](auto &p, auto) { p.head_dim = 40; }, FLASHCORE_STATUS_UNSUPPORTED},
+        {"kv_dtype fp32", [](auto &p, auto) { p.kv_dtype = FLASHCORE_DTYPE_FP32; }, FLASHCORE_STATUS_UNSUPPORTED},
+        {"kv_dtype 99", [](auto &p, auto) { p.kv_dtype = 99; }, FLASHCORE_STATUS_SUCCESS},
+        {"out_dtype fp16 with bf16 q", [](auto &p, auto) { p.out_dtype = FLASHCORE_DTYPE_FP16; },
+         FLASHCORE_STATUS_SUCCESS},
+        {"out_dtype fp8", [](auto &p, auto) { p.out_dtype = FLASHCORE_DTYPE_FP8_E4M3; }, FLASHCORE_STATUS_SUCCESS},
+        // Descale factors without an fp8 cache (k and v then read as bf16).
+        {"k_descale with 16-bit K/V", [](auto &p, auto) { p.kv_dtype = 0; }, FLASHCORE_STATUS_SUCCESS},
+    };
+    for (const Refusal &r : refusals) {
+        flashcore_forward_params bad = w.params;
+        r.mutate(bad, k_descale);
+        const flashcore_status got = flashcore_forward(handle.get(), &bad, nullptr, 0, nullptr);
+        if (r.expected == FLASHCORE_STATUS_SUCCESS) {
+            EXPECT_NE(got, FLASHCORE_STATUS_SUCCESS) << r.what;
+        } else {
+            EXPECT_EQ(got, r.expected) << r.what << ": " << flashcore_last_error_message();
+        }
+        EXPECT_EQ(flashcore_forward_check(&bad), got) << r.what << ": the check agrees with the call";
+    }
+    FC_CHECK_CUDA(cudaDeviceSynchronize());
+    EXPECT_TRUE(w.out_bits() == poisoned) << "a refused call wrote to the output";
+    EXPECT_EQ(w.check_untouched(), "");
+
+    // Explicit defaults: out_dtype = dtype, per-tensor factors given as
+    // strides 0.
+    flashcore_forward_params explicit_defaults = w.params;
+    explicit_defaults.out_dtype = FLASHCORE_DTYPE_BF16;
+    explicit_defaults.k_descale_batch_stride = explicit_defaults.k_descale_head_stride = 0;
+    explicit_defaults.num_splits = 1;
+    EXPECT_EQ(flashcore_forward(handle.get(), &explicit_defaults, nullptr, 0, nullptr), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    FC_CHECK_CUDA(cudaDeviceSynchronize());
 }
 
 }  // namespace

@@ -2,11 +2,16 @@
 // (tests/support/reference.cpp), no GPU needed: its backward pass against
 // central finite differences of its forward pass, over the masks, softcap,
 // GQA, seqused_k and variable-length batches, so a wrong reference cannot
-// pass a wrong kernel (or fail a right one) unnoticed.
+// pass a wrong kernel (or fail a right one) unnoticed; and the e4m3 codec
+// the fp8 K/V tests quantize their caches with, against the OCP format.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -173,6 +178,149 @@ TEST(ReferenceBackward, UnseenRowsAndKeysGetZeroGradients) {
     for (double g : dk) EXPECT_EQ(g, 0.0);
     for (int j = 0; j < 4; ++j)
         for (int c = 0; c < 8; ++c) EXPECT_EQ(dv[j * 8 + c], double(dout[(j + 2) * 8 + c])) << "key " << j;
+}
+
+// ---------------------------------------------------------------------------
+// The e4m3 codec (e4m3_encode, e4m3_decode).
+// ---------------------------------------------------------------------------
+
+// "0x3a": a code as the failures name it.
+std::string hex(unsigned code) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "0x%02x", code);
+    return buf;
+}
+
+// The positive finite e4m3 values in increasing order, as the OCP 8-bit
+// floating point specification (v1.0, E4M3) lists them: the subnormals
+// 0, 1/8, ..., 7/8 of 2^-6, then each binade 2^-6 .. 2^8 in eighths, the
+// last binade stopping at 1.75 * 2^8 = 448 (its 1.875 is NaN's code). The
+// codes 0x00 .. 0x7e stand for them in this order.
+std::vector<double> ocp_positive_values() {
+    std::vector<double> values;
+    for (int eighths = 0; eighths < 8; ++eighths) values.push_back(eighths / 8.0 * std::pow(2.0, -6));
+    for (int binade = -6; binade <= 8; ++binade)
+        for (int eighths = 0; eighths < 8; ++eighths) {
+            if (binade == 8 && eighths == 7) break;
+            values.push_back((1.0 + eighths / 8.0) * std::pow(2.0, binade));
+        }
+    return values;
+}
+
+TEST(E4m3, EveryCodeDecodesToItsOcpValue) {
+    const std::vector<double> positive = ocp_positive_values();
+    ASSERT_EQ(positive.size(), 127u);  // 0x00 .. 0x7e
+    for (unsigned code = 0; code < 256; ++code) {
+        const double value = e4m3_decode(uint8_t(code));
+        const unsigned magnitude_code = code & 0x7F;
+        if (magnitude_code == 0x7F) {
+            EXPECT_TRUE(std::isnan(value)) << hex(code) << " is NaN";
+            continue;
+        }
+        const double expected = (code & 0x80) != 0 ? -positive[magnitude_code] : positive[magnitude_code];
+        EXPECT_EQ(value, expected) << hex(code);
+        EXPECT_EQ(std::signbit(value), (code & 0x80) != 0) << hex(code) << ": the sign bit";
+    }
+    // Landmarks the format is known by.
+    EXPECT_EQ(e4m3_decode(0x01), std::ldexp(1.0, -9)) << "the smallest subnormal";
+    EXPECT_EQ(e4m3_decode(0x07), 7 * std::ldexp(1.0, -9)) << "the largest subnormal";
+    EXPECT_EQ(e4m3_decode(0x08), std::ldexp(1.0, -6)) << "the smallest normal";
+    EXPECT_EQ(e4m3_decode(0x38), 1.0);
+    EXPECT_EQ(e4m3_decode(0x39), 1.125);
+    EXPECT_EQ(e4m3_decode(0xC0), -2.0);
+    EXPECT_EQ(e4m3_decode(0x77), 240.0);
+    EXPECT_EQ(e4m3_decode(0x78), 256.0);
+    EXPECT_EQ(e4m3_decode(0x7E), kE4m3Max);
+    EXPECT_EQ(e4m3_decode(0xFE), -kE4m3Max);
+    EXPECT_EQ(e4m3_decode(0x80), 0.0);
+    EXPECT_TRUE(std::signbit(e4m3_decode(0x80))) << "0x80 is -0";
+    // Every value is exact in float (and so in fp16 and bf16: at most 4
+    // significant bits, exponents from -9 to 8).
+    for (unsigned code = 0; code < 256; ++code) {
+        const double value = e4m3_decode(uint8_t(code));
+        if (std::isnan(value)) continue;
+        EXPECT_EQ(double(float(value)), value) << hex(code);
+    }
+}
+
+TEST(E4m3, EveryFiniteCodeRoundTrips) {
+    for (unsigned code = 0; code < 256; ++code) {
+        if ((code & 0x7F) == 0x7F) continue;
+        EXPECT_EQ(e4m3_encode(float(e4m3_decode(uint8_t(code)))), code) << hex(code);
+    }
+}
+
+// Halfway between two neighbouring values the even code (mantissa bit 0)
+// wins; a float either side of halfway goes to the nearer one. Every pair
+// of neighbours, subnormal, across binades and up to 448, both signs; 0
+// and the smallest subnormal's midpoint rounds to 0.
+TEST(E4m3, RoundsToNearestWithTiesToEven) {
+    for (unsigned code = 0; code < 0x7E; ++code) {
+        const double low = e4m3_decode(uint8_t(code)), high = e4m3_decode(uint8_t(code + 1));
+        const float midpoint = float((low + high) / 2);
+        ASSERT_EQ(double(midpoint), (low + high) / 2) << "midpoints are floats";
+        const unsigned even = code % 2 == 0 ? code : code + 1;
+        for (unsigned sign : {0x00u, 0x80u}) {
+            const float s = sign != 0 ? -1.f : 1.f;
+            SCOPED_TRACE("between " + hex(code | sign) + " and " + hex((code + 1) | sign));
+            EXPECT_EQ(e4m3_encode(s * midpoint), even | sign) << "halfway: the even code";
+            EXPECT_EQ(e4m3_encode(s * std::nextafter(midpoint, 0.f)), code | sign) << "just below halfway";
+            EXPECT_EQ(e4m3_encode(s * std::nextafter(midpoint, FLT_MAX)), (code + 1) | sign) << "just above";
+            EXPECT_EQ(e4m3_encode(s * float(low + (high - low) / 4)), code | sign);
+            EXPECT_EQ(e4m3_encode(s * float(high - (high - low) / 4)), (code + 1) | sign);
+        }
+    }
+    EXPECT_EQ(e4m3_encode(1.0625f), 0x38u) << "1 + 1/16: between 1 (0x38) and 1.125 (0x39)";
+    EXPECT_EQ(e4m3_encode(1.1875f), 0x3Au) << "1.125 + 1/16: between 0x39 and 1.25 (0x3a)";
+    EXPECT_EQ(e4m3_encode(std::ldexp(1.f, -10)), 0x00u) << "half the smallest subnormal: to 0";
+    EXPECT_EQ(e4m3_encode(-std::ldexp(1.f, -10)), 0x80u);
+    EXPECT_EQ(e4m3_encode(std::ldexp(1.f, -30)), 0x00u);
+    EXPECT_EQ(e4m3_encode(FLT_TRUE_MIN), 0x00u);
+    EXPECT_EQ(e4m3_encode(0.f), 0x00u);
+    EXPECT_EQ(e4m3_encode(-0.f), 0x80u);
+}
+
+// The codec against brute force: for random floats over the whole range
+// (magnitudes 2^-12 .. 2^10, log-uniform, both signs), the code is the
+// nearest finite value's, the even one on a tie, 448 past the top.
+TEST(E4m3, EncodesRandomFloatsToTheNearestValue) {
+    const std::vector<double> positive = ocp_positive_values();
+    std::mt19937_64 rng(20240611);
+    std::uniform_real_distribution<double> log2_magnitude(-12.0, 10.0);
+    for (int i = 0; i < 200000; ++i) {
+        const float x = float((i % 2 == 0 ? 1 : -1) * std::exp2(log2_magnitude(rng)));
+        const double magnitude = std::fabs(double(x));
+        unsigned nearest = 0;
+        for (unsigned c = 1; c < positive.size(); ++c) {
+            const double distance = std::fabs(positive[c] - magnitude), best = std::fabs(positive[nearest] - magnitude);
+            if (distance < best || (distance == best && c % 2 == 0)) nearest = c;
+        }
+        const unsigned expected = nearest | (x < 0 ? 0x80u : 0x00u);
+        ASSERT_EQ(e4m3_encode(x), expected) << "x = " << x;
+    }
+}
+
+TEST(E4m3, SaturatesPast448) {
+    const float large[] = {448.f, 448.5f, 463.9f, 464.f, 465.f, 480.f, 1000.f, 65504.f, 1e30f, FLT_MAX, INFINITY};
+    for (float x : large) {
+        EXPECT_EQ(e4m3_encode(x), 0x7Eu) << x;
+        EXPECT_EQ(e4m3_encode(-x), 0xFEu) << -x;
+    }
+    EXPECT_EQ(e4m3_encode(447.f), 0x7Eu) << "nearer 448 than 416";
+    EXPECT_EQ(e4m3_encode(431.f), 0x7Du) << "nearer 416 than 448";
+}
+
+TEST(E4m3, NanHasTheNanCodes) {
+    EXPECT_TRUE(std::isnan(e4m3_decode(0x7F)));
+    EXPECT_TRUE(std::isnan(e4m3_decode(0xFF)));
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_EQ(e4m3_encode(nan), 0x7Fu);
+    EXPECT_EQ(e4m3_encode(-nan), 0xFFu);
+    EXPECT_EQ(e4m3_encode(std::numeric_limits<float>::signaling_NaN()) & 0x7F, 0x7Fu);
+    // Only those two: every other code is a number.
+    int nan_codes = 0;
+    for (unsigned code = 0; code < 256; ++code) nan_codes += std::isnan(e4m3_decode(uint8_t(code)));
+    EXPECT_EQ(nan_codes, 2);
 }
 
 }  // namespace

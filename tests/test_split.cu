@@ -8,7 +8,12 @@
 //     misaligned, graph capture);
 //   - flashcore_merge_states against a float64 merge, with -inf partials,
 //     strided partials and every dtype, and end to end: attention over two
-//     halves of the keys merged equals attention over all of them.
+//     halves of the keys merged equals attention over all of them;
+//   - decode on an fp8 (e4m3) K/V cache with split counts 1, 3 and the
+//     heuristic's: dense and paged caches (pages of 16 and 256 keys,
+//     shuffled tables whose last entry is the pool's last page), seqused_k
+//     with NaN bytes past it, descale factors per tensor and per (batch,
+//     head).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
@@ -93,6 +98,78 @@ std::vector<FwdCase> split_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Splits, SplitKvTest, testing::ValuesIn(split_cases()),
+                         [](const testing::TestParamInfo<FwdCase> &info) { return case_name(info.param); });
+
+// ---------------------------------------------------------------------------
+// Split-KV decode on an fp8 K/V cache (kv_dtype FLASHCORE_DTYPE_FP8_E4M3),
+// against the float64 attention of the dequantized cache, within the 16-bit
+// dtype's bounds (support/forward_workload.h, Tolerance).
+// ---------------------------------------------------------------------------
+
+class SplitKvFp8Test : public testing::TestWithParam<FwdCase> {};
+
+TEST_P(SplitKvFp8Test, MatchesFloat64ReferenceOfTheDequantizedCache) {
+    FC_REQUIRE_GPU();
+    expect_matches_reference(GetParam());
+}
+
+// Splits 1 (none), 3 (forced, parts of uneven lengths) and 0 (the
+// heuristic's) over decode shapes (GQA 1, 4, 8; packed query heads; a few
+// queries per sequence, causal), fp16 and bf16 q, every kernel head dim
+// (64 and 128 with every split count), each descale layout in turn; then a
+// serving cache: per-sequence lengths (seqused_k: 0, 1, a page's worth plus
+// one, the whole cache) whose rows past them hold NaN bytes (0x7f, 0xff),
+// dense or in pages of 16 or 256 keys, shuffled, the table of the longest
+// sequence ending on the pool's last page, with factors per tensor or per
+// (batch, head).
+std::vector<FwdCase> fp8_split_cases() {
+    struct Shape {
+        int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+        Layout layout;
+    };
+    const Shape shapes[] = {
+        {2, 8, 8, 1, 1000, Layout::kBSHD},
+        {1, 16, 4, 1, 4099, Layout::kBHSD},
+        {2, 16, 2, 16, 1531, Layout::kPadded},
+        {1, 16, 1, 3, 300, Layout::kBSHD},
+    };
+    struct HeadDims {
+        int qk, v;
+        bool every_split;  // else 3 splits only, bf16 only
+    };
+    const HeadDims head_dims[] = {{64, 64, true},  {128, 128, true},  {32, 32, false},
+                                  {96, 96, false}, {192, 128, false}, {256, 256, false}};
+    const Descale descales[] = {Descale::kPerBatchHead, Descale::kPerTensor, Descale::kPerHeadBatch, Descale::kNone};
+    std::vector<FwdCase> cases;
+    size_t turn = 0;
+    for (flashcore_dtype dtype : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16})
+        for (const HeadDims &d : head_dims)
+            for (bool causal : {false, true})
+                for (const Shape &s : shapes) {
+                    if (!d.every_split && dtype != FLASHCORE_DTYPE_BF16) continue;
+                    const FwdCase c{dtype, d.qk, causal, s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_k,
+                                    s.layout, d.v == d.qk ? 0 : d.v};
+                    for (int splits : {1, 3, 0}) {
+                        if (!d.every_split && splits != 3) continue;
+                        cases.push_back(c.with_splits(splits).with_fp8_kv(descales[turn++ % std::size(descales)]));
+                    }
+                }
+
+    const FwdCase serving{FLASHCORE_DTYPE_BF16, 128, false, 4, 8, 2, 1, 2048, Layout::kBSHD};
+    const FwdCase serving_fp16{FLASHCORE_DTYPE_FP16, 64, true, 3, 16, 2, 2, 1000, Layout::kPadded};
+    for (int splits : {1, 3, 0})
+        for (int page : {0, 16, 256})
+            for (Descale descale : {Descale::kPerTensor, Descale::kPerBatchHead}) {
+                for (const FwdCase &c : {serving.with_seqused_k({0, 1, 257, 2048}),
+                                         serving_fp16.with_seqused_k({999, 17, 1000})})
+                    cases.push_back(c.with_pages(page).with_splits(splits).with_fp8_kv(descale));
+            }
+    return cases;
+}
+
+// Instantiated as "Splits" too, so that the runs on each path
+// (tests/CMakeLists.txt, TEST_FILTER "Splits/*") cover the fp8 cache.
+INSTANTIATE_TEST_SUITE_P(Splits, SplitKvFp8Test, testing::ValuesIn(fp8_split_cases()),
                          [](const testing::TestParamInfo<FwdCase> &info) { return case_name(info.param); });
 
 // ---------------------------------------------------------------------------
@@ -302,6 +379,7 @@ const char *dtype_name(flashcore_dtype dtype) {
         case FLASHCORE_DTYPE_FP16: return "fp16";
         case FLASHCORE_DTYPE_BF16: return "bf16";
         case FLASHCORE_DTYPE_FP32: return "fp32";
+        case FLASHCORE_DTYPE_FP8_E4M3: return "fp8_e4m3";
     }
     return "?";
 }
@@ -345,6 +423,7 @@ double merge_tolerance(flashcore_dtype dtype) {
         case FLASHCORE_DTYPE_FP16: return 1e-3;  // half an ulp at 1 is 4.9e-4
         case FLASHCORE_DTYPE_BF16: return 8e-3;  // 3.9e-3
         case FLASHCORE_DTYPE_FP32: return 1e-5;
+        case FLASHCORE_DTYPE_FP8_E4M3: break;  // not a merge dtype
     }
     return 0;
 }

@@ -14,7 +14,7 @@ if(CMAKE_CUDA_ARCHITECTURES MATCHES "(^|;)80(-real)?(;|$)")
 endif()
 
 # The backward family's rules over its selected kernels, records
-# "path|in|out|head_dim|head_dim_v|tile":
+# "path|in|kv|out|head_dim|head_dim_v|tile":
 # - its kernels take and write 16-bit types, the gradients in the input's
 #   type (the dQ accumulator is fp32 in the workspace, not an output type);
 # - only the portable path exists so far: an sm90 line has no kernel yet.
@@ -23,8 +23,9 @@ function(flashcore_bwd_check_kernels kernels)
     string(REPLACE "|" ";" f "${kernel}")
     list(GET f 0 path)
     list(GET f 1 in)
-    list(GET f 2 out)
-    if(NOT in STREQUAL out OR NOT in MATCHES "^(fp16|bf16)$")
+    list(GET f 2 kv)
+    list(GET f 3 out)
+    if(NOT in STREQUAL out OR NOT in STREQUAL kv OR NOT in MATCHES "^(fp16|bf16)$")
       message(FATAL_ERROR "kernels.list: bwd ${path} ${in} -> ${out}: the backward kernels write their 16-bit input type")
     endif()
   endforeach()

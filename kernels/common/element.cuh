@@ -4,6 +4,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "common/types.h"
 
@@ -20,11 +21,17 @@ struct ElementOf<DType::kBf16> {
     using type = __nv_bfloat16;
 };
 
+template <>
+struct ElementOf<DType::kE4m3> {
+    using type = __nv_fp8_e4m3;
+};
+
 template <DType kDType>
 using ElementType = typename ElementOf<kDType>::type;
 
 static_assert(sizeof(ElementOf<DType::kFp16>::type) == dtype_bytes(DType::kFp16) &&
-                  sizeof(ElementOf<DType::kBf16>::type) == dtype_bytes(DType::kBf16),
+                  sizeof(ElementOf<DType::kBf16>::type) == dtype_bytes(DType::kBf16) &&
+                  sizeof(ElementOf<DType::kE4m3>::type) == dtype_bytes(DType::kE4m3),
               "dtype_bytes (common/types.h) is the size of the element type");
 
 // Elements of one 16-byte vector (kVectorBytes, common/types.h: the unit of

@@ -180,11 +180,12 @@ struct OnlineSoftmax {
     }
 
     // Completes the rows: reduces the sums across the quad, normalises `out`
-    // and returns each row's natural-log log-sum-exp in lse[r]. Rows that saw
-    // no key get out = 0 and lse = -inf.
+    // (and scales it by out_scale: a quantized V's descale) and returns each
+    // row's natural-log log-sum-exp in lse[r]. Rows that saw no key get out =
+    // 0 and lse = -inf.
     template <int kNAtomsO>
     __device__ __forceinline__ void finalize(float (&out)[kMAtoms][kNAtomsO][4], float softmax_scale,
-                                             float (&lse)[kRows]) {
+                                             float (&lse)[kRows], float out_scale = 1.f) {
 #pragma unroll
         for (int m = 0; m < kMAtoms; ++m) {
 #pragma unroll
@@ -192,7 +193,7 @@ struct OnlineSoftmax {
                 const int r = m * 2 + half;
                 const float sum = quad_sum(row_sum[r]);
                 const bool empty = sum == 0.f;
-                const float inv_sum = empty ? 0.f : 1.f / sum;
+                const float inv_sum = empty ? 0.f : out_scale / sum;
                 lse[r] = empty ? -INFINITY : row_max[r] * softmax_scale + logf(sum);
 #pragma unroll
                 for (int n = 0; n < kNAtomsO; ++n) {

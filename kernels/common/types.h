@@ -15,10 +15,10 @@
 namespace flashcore {
 
 // Element types of kernel inputs and outputs; the values are those of
-// flashcore_dtype where the C API has the type. A kernel's input and output
-// types are separate (kernels/kernels.list names both), so a one-byte input
-// type can produce a two-byte output.
-enum class DType : int { kFp16 = 1, kBf16 = 2 };
+// flashcore_dtype. A kernel's input, K/V and output types are separate
+// (kernels/kernels.list names all three), so a one-byte K/V type can serve a
+// two-byte query and output.
+enum class DType : int { kFp16 = 1, kBf16 = 2, kE4m3 = 4 };
 
 // Bytes of one element of `dtype`: what every stride, vector width and
 // alignment rule is computed from, never a literal.
@@ -27,6 +27,8 @@ constexpr size_t dtype_bytes(DType dtype) {
         case DType::kFp16:
         case DType::kBf16:
             return 2;
+        case DType::kE4m3:
+            return 1;
     }
     return 0;
 }

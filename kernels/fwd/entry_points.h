@@ -53,22 +53,23 @@ inline int64_t fwd_num_blocks(const FwdKernelParams &p, int block_m) {
     return blocks > __int128(INT64_MAX) ? INT64_MAX : int64_t(blocks);
 }
 
-// Queues the forward kernel for `params` on `stream`. Returns the launch
+// Queues the forward kernel for `params` on `stream`. kInput: the element
+// type of Q (and of K and V where kKV is the same); kKV: of K and V. Returns the launch
 // error (cudaSuccess when queued). `params` must already be validated, with
 // head dims at most the kernel's.
-template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 cudaError_t run_fwd_sm80(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream);
 
-template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 FwdKernelInfo fwd_info_sm80();
 
 // The sm_90a kernel. Returns cudaErrorNotSupported, having launched nothing,
 // when the driver cannot describe a tensor to the TMA unit; the caller then
 // uses the portable kernel.
-template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream);
 
-template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 FwdKernelInfo fwd_info_sm90();
 
 }  // namespace flashcore

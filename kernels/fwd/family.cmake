@@ -4,10 +4,22 @@
 # Its tile names (the list's tile column) from the one source C++ reads too.
 flashcore_read_tiles(fwd ${CMAKE_CURRENT_LIST_DIR}/tiles.def FLASHCORE_FWD_TILE)
 
+# Its kernels on quantized K/V (kv e4m3): sm_80 and sm_90 machine code (and
+# the build's PTX), not sm_86 and sm_89's, which run sm_80's; the library
+# has room for no more (docs/kernels.md, "Size"). They are decode tiles
+# only: decode and paged serving read the cache, which is what quantizing
+# it speeds up; a chunked prefill on such a cache runs on them too.
+set(FLASHCORE_fwd_kv_SM80_ARCHITECTURES ${CMAKE_CUDA_ARCHITECTURES})
+if(CMAKE_CUDA_ARCHITECTURES MATCHES "(^|;)80(-real)?(;|$)")
+  list(REMOVE_ITEM FLASHCORE_fwd_kv_SM80_ARCHITECTURES 86 86-real 89 89-real)
+endif()
+
 # The forward family's rules over its selected kernels, records
-# "path|in|out|head_dim|head_dim_v|tile":
-# - its kernels write their input type (the fp8 kernels, when they come,
-#   will be lines whose output is a 16-bit type);
+# "path|in|kv|out|head_dim|head_dim_v|tile":
+# - its kernels write their input type (fp8 queries, when they come, will be
+#   lines whose output is a 16-bit type);
+# - K/V of another type than the input are e4m3 (a quantized cache) under a
+#   16-bit input, on the portable path's decode tiles;
 # - a 16-bit sm90 kernel needs an sm80 kernel of the same dtype and head
 #   dims: the portable kernel serves what the sm_90a one cannot (small
 #   grids, other GPUs), and flashcore_supported_head_dims lists the sm80
@@ -18,13 +30,20 @@ function(flashcore_fwd_check_kernels kernels)
     string(REPLACE "|" ";" f "${kernel}")
     list(GET f 0 path)
     list(GET f 1 in)
-    list(GET f 2 out)
-    list(GET f 3 head_dim)
-    list(GET f 4 head_dim_v)
+    list(GET f 2 kv)
+    list(GET f 3 out)
+    list(GET f 4 head_dim)
+    list(GET f 5 head_dim_v)
+    list(GET f 6 tile)
     if(NOT in STREQUAL out)
       message(FATAL_ERROR "kernels.list: fwd ${path} ${in} -> ${out}: the forward kernels write their input type")
     endif()
-    if(path STREQUAL "sm80")
+    if(NOT kv STREQUAL in AND NOT (kv STREQUAL "e4m3" AND in MATCHES "^(fp16|bf16)$" AND path STREQUAL "sm80"
+                                   AND tile STREQUAL "decode"))
+      message(FATAL_ERROR "kernels.list: fwd ${path} ${in} kv ${kv} ${tile}: quantized K/V are e4m3 under a 16-bit "
+                          "input, on sm80 decode tiles")
+    endif()
+    if(path STREQUAL "sm80" AND kv STREQUAL in)
       list(APPEND sm80_kernels "${in}/${head_dim}/${head_dim_v}")
     endif()
   endforeach()
@@ -32,8 +51,8 @@ function(flashcore_fwd_check_kernels kernels)
     string(REPLACE "|" ";" f "${kernel}")
     list(GET f 0 path)
     list(GET f 1 in)
-    list(GET f 3 head_dim)
-    list(GET f 4 head_dim_v)
+    list(GET f 4 head_dim)
+    list(GET f 5 head_dim_v)
     if(path STREQUAL "sm90" AND in MATCHES "^(fp16|bf16)$" AND NOT "${in}/${head_dim}/${head_dim_v}" IN_LIST sm80_kernels)
       message(FATAL_ERROR "kernels.list: fwd sm90 ${in} ${head_dim} ${head_dim_v} has no sm80 line with the same "
                           "dtype and head dims")

@@ -107,6 +107,16 @@ struct FwdKernelParams {
     int num_splits;
     float *partial_out;
     float *partial_lse;
+
+    // Descale factors of a quantized K/V cache (flashcore_forward_params::
+    // k_descale, v_descale), or nullptr for 1: the factor of (batch, K/V
+    // head) is at batch * batch_stride + head * head_stride. The kernels
+    // fold k_descale into the score scale and v_descale into the output
+    // (fwd_descale); the kernels of 16-bit K/V never read them.
+    const float *k_descale;
+    const float *v_descale;
+    int64_t k_descale_batch_stride, k_descale_head_stride;
+    int64_t v_descale_batch_stride, v_descale_head_stride;
 };
 
 // Rows of query tiles per (batch, head group): seqlen_q, times the heads
@@ -149,6 +159,13 @@ __device__ __forceinline__ BatchSeqs fwd_batch_seqs(const FwdKernelParams &p, in
     if (kRagged && p.cu_seqlens_k != nullptr) packed_rows(p.cu_seqlens_k, batch, p.total_seqlen_k, p.seqlen_k, s.k_row0, s.seqlen_k);
     if (p.seqused_k != nullptr) s.seqlen_k = min(max(__ldg(p.seqused_k + batch), 0), s.seqlen_k);
     return s;
+}
+
+// The factor of (batch, head_kv) in a descale array of these strides (1
+// where there is none).
+__device__ __forceinline__ float fwd_descale(const float *descale, int64_t batch_stride, int64_t head_stride,
+                                             int batch, int head_kv) {
+    return descale == nullptr ? 1.f : __ldg(descale + batch * batch_stride + head_kv * head_stride);
 }
 
 // The page holding key `key` of batch `batch` of a paged cache, clamped

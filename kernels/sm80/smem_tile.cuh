@@ -11,6 +11,10 @@
 // v ^ ((row / 2) % 4). Either way the 8 rows an ldmatrix reads land in 8
 // different 16-byte bank groups, for rows of 64, 128, 192, 256 or 512 bytes,
 // and the permutation stays inside the row. It repeats every 8 rows.
+//
+// Rows of a one-byte type (a quantized K/V tile) of 2 or 6 vectors (head
+// dims 32 and 96) are not swizzled: only the widening pass reads them, one
+// whole vector per lane in row order, which no layout makes conflict.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +36,10 @@ template <typename Element, int kRowElems>
 __device__ __forceinline__ int swizzled_offset(int row, int vec) {
     constexpr int kVectors = kRowElems / kElemsPerVector<Element>;
     constexpr int kFullGroupVectors = kVectors / kSwizzleGroupVectors * kSwizzleGroupVectors;
-    static_assert(kVectors % kHalfGroupVectors == 0, "rows are whole groups of 8 vectors, plus at most 4");
+    if constexpr (kVectors % kHalfGroupVectors != 0) {
+        static_assert(sizeof(Element) == 1, "rows are whole groups of 8 vectors, plus at most 4");
+        return row * kRowElems + vec * kElemsPerVector<Element>;
+    }
     const int swizzled = kFullGroupVectors == kVectors || vec < kFullGroupVectors
                              ? vec ^ (row % kSwizzleRows)
                              : vec ^ ((row / 2) % kHalfGroupVectors);

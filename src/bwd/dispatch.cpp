@@ -39,7 +39,8 @@ flashcore_status plan_backward(const flashcore_backward_params &p, BackwardPlan 
                     "no backward kernel covers head dims (%d, %d), which validation accepted", int(call.head_dim),
                     int(call.head_dim_v));
     }
-    const BwdKernel *kernel = bwd_kernels().find(KernelPath::kSm80, DType(p.dtype), dims, BwdVariant::kKvBlock);
+    const BwdKernel *kernel =
+        bwd_kernels().find(KernelPath::kSm80, DType(p.dtype), DType(p.dtype), dims, BwdVariant::kKvBlock);
     if (kernel == nullptr) {
         return fail(FLASHCORE_STATUS_INTERNAL, "no portable backward kernel for head dims (%d, %d) in the registry",
                     int(dims.head_dim), int(dims.head_dim_v));

@@ -9,11 +9,12 @@ namespace {
 // refuses other lines), so only its token is defined: a line of another
 // path fails to compile here rather than reach a missing entry point.
 #define FLASHCORE_KERNEL_PATH_sm80 KernelPath::kSm80
-// One line of bwd_kernels.inc: (path token, input DType enumerator, output
-// DType enumerator, head_dim, head_dim_v, BwdVariant enumerator).
-#define FLASHCORE_KERNEL(path, input, output, head_dim, head_dim_v, tile)                                     \
+// One line of bwd_kernels.inc: (path token, input, K/V and output DType
+// enumerators, head_dim, head_dim_v, BwdVariant enumerator).
+#define FLASHCORE_KERNEL(path, input, kv, output, head_dim, head_dim_v, tile)                                 \
     BwdKernel{FLASHCORE_KERNEL_PATH_##path,                                                                   \
               DType::input,                                                                                   \
+              DType::kv,                                                                                      \
               DType::output,                                                                                  \
               HeadDims{head_dim, head_dim_v},                                                                 \
               BwdVariant::tile,                                                                               \
@@ -37,7 +38,7 @@ constexpr bool every_kernel_is_well_formed() {
         for (const int32_t dim : {e.dims.head_dim, e.dims.head_dim_v}) {
             if (dim < head_dim_multiple(e.input) || dim % head_dim_multiple(e.input) != 0) return false;
         }
-        if (e.input != e.output) return false;
+        if (e.input != e.output || e.kv != e.input) return false;
     }
     return true;
 }

@@ -131,20 +131,22 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
                              HeadDims dims, int packed_heads, const FwdKernel **chosen) {
     // Ragged calls (packed or paged tensors) run on the variants compiled
     // for them (FwdKernelInfo::serves_ragged): decode tiles where the rows
-    // fit them, else the two-way key split, else the decode tiles.
+    // fit them, else the two-way key split, else the decode tiles. A
+    // quantized cache has decode tiles only (kernels/fwd/family.cmake).
     const bool ragged = is_ragged(p);
+    const DType kv = DType(effective_kv_dtype(p));
     const auto usable = [&](const FwdKernel *kernel) {
         return kernel != nullptr && (!ragged || kernel->info().serves_ragged) ? kernel : nullptr;
     };
     if (handle.env.forced_variant) {
-        *chosen = usable(fwd_kernels().find(KernelPath::kSm80, dtype, dims, *handle.env.forced_variant));
+        *chosen = usable(fwd_kernels().find(KernelPath::kSm80, dtype, kv, dims, *handle.env.forced_variant));
         if (*chosen != nullptr) return FLASHCORE_STATUS_SUCCESS;
     }
     const auto fitting = [&](FwdVariant variant) -> const FwdKernel * {
-        const FwdKernel *kernel = usable(fwd_kernels().find(KernelPath::kSm80, dtype, dims, variant));
+        const FwdKernel *kernel = usable(fwd_kernels().find(KernelPath::kSm80, dtype, kv, dims, variant));
         return kernel != nullptr && kernel->info().smem_bytes <= handle.max_smem_per_block ? kernel : nullptr;
     };
-    const FwdKernel *large = usable(fwd_kernels().find(KernelPath::kSm80, dtype, dims, FwdVariant::kLargeTiles));
+    const FwdKernel *large = usable(fwd_kernels().find(KernelPath::kSm80, dtype, kv, dims, FwdVariant::kLargeTiles));
     const FwdKernel *key_split = fitting(FwdVariant::kKeySplit);
     const FwdKernel *key_split4 = fitting(FwdVariant::kKeySplit4);
     const FwdKernel *decode = fitting(FwdVariant::kDecode);
@@ -183,8 +185,10 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
 bool plan_sm90(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype, HeadDims dims,
                ForwardPlan *plan) {
     if (!handle.env.use_sm90) return false;
+    // The sm_90a kernel reads K/V of q's type only.
+    if (has_quantized_kv(p)) return false;
     if (p.seqlen_q < kSm90MinSeqlenQ && !handle.env.sm90_forced) return false;
-    const FwdKernel *sm90 = fwd_kernels().find(KernelPath::kSm90, dtype, dims, FwdVariant::kPersistent);
+    const FwdKernel *sm90 = fwd_kernels().find(KernelPath::kSm90, dtype, dtype, dims, FwdVariant::kPersistent);
     if (sm90 == nullptr) return false;
     const int64_t blocks = num_blocks(p, *sm90, 1);
     if (blocks > INT_MAX / std::max<int64_t>(p.num_splits, 1)) return false;
@@ -232,7 +236,7 @@ bool partial_bytes(const flashcore_forward_params &p, int num_splits, size_t *ou
 flashcore_status plan_forward(const flashcore_handle_s &handle, const flashcore_forward_params &p,
                               ForwardPlan *plan) {
     HeadDims dims{};
-    if (!fwd_covering_head_dims({p.head_dim, effective_head_dim_v(p)}, &dims)) {
+    if (!covering_head_dims(fwd_head_dims_for(p), {p.head_dim, effective_head_dim_v(p)}, &dims)) {
         return fail(FLASHCORE_STATUS_INTERNAL, "no kernel covers head dims (%d, %d), which validation accepted",
                     int(p.head_dim), int(effective_head_dim_v(p)));
     }

@@ -83,6 +83,10 @@ int32_t effective_head_dim_v(const flashcore_forward_params &p) {
     return p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
 }
 
+int32_t effective_kv_dtype(const flashcore_forward_params &p) { return p.kv_dtype == 0 ? p.dtype : p.kv_dtype; }
+
+bool has_quantized_kv(const flashcore_forward_params &p) { return effective_kv_dtype(p) != p.dtype; }
+
 flashcore_status set_contiguous_strides(flashcore_forward_params *strides, const flashcore_forward_params &p,
                                         int32_t layout) {
     struct Packed {
@@ -204,6 +208,12 @@ FwdKernelParams kernel_params(const flashcore_forward_params &p) {
     }
     k.packed_heads = 1;
     k.num_splits = 1;
+    k.k_descale = p.k_descale;
+    k.v_descale = p.v_descale;
+    k.k_descale_batch_stride = p.k_descale_batch_stride;
+    k.k_descale_head_stride = p.k_descale_head_stride;
+    k.v_descale_batch_stride = p.v_descale_batch_stride;
+    k.v_descale_head_stride = p.v_descale_head_stride;
     return k;
 }
 

@@ -17,12 +17,13 @@ namespace flashcore {
 // before head_dim_v): the smallest a caller may pass. read_params gives such
 // a caller the defaults of the fields added since (head_dim_v in 0.2,
 // num_splits in 0.3, the window and softcap in 0.4, seqused_k in 0.5, the
-// varlen and paged fields in 0.6).
+// varlen and paged fields in 0.6, the dtypes and descales of quantized
+// inputs in 0.8).
 constexpr size_t kParamsSizeV0_1 = offsetof(flashcore_forward_params, head_dim_v);
 // Where each released header's flashcore_forward_params ended: after the
 // last field that version added (0.1 before head_dim_v, 0.2 after it, 0.3
-// after num_splits, 0.4 after softcap, 0.5 after seqused_k, 0.6 after
-// num_pages). A caller's struct_size must be one of these, or that rounded
+// after num_splits, 0.4 after softcap, 0.5 after seqused_k, 0.6 and 0.7
+// after num_pages, 0.8 after v_descale_head_stride). A caller's struct_size must be one of these, or that rounded
 // up to the struct's alignment (its sizeof then), or at least our own
 // sizeof (a newer header's): any other size ends inside a field, which
 // would be read in part.
@@ -33,7 +34,8 @@ constexpr size_t kReleasedParamsEnds[] = {
     field_end(offsetof(flashcore_forward_params, num_splits), sizeof(int32_t)),     // 0.3
     field_end(offsetof(flashcore_forward_params, softcap), sizeof(float)),          // 0.4
     field_end(offsetof(flashcore_forward_params, seqused_k), sizeof(const void *)), // 0.5
-    field_end(offsetof(flashcore_forward_params, num_pages), sizeof(int32_t)),      // 0.6
+    field_end(offsetof(flashcore_forward_params, num_pages), sizeof(int32_t)),      // 0.6, 0.7
+    field_end(offsetof(flashcore_forward_params, v_descale_head_stride), sizeof(int64_t)),  // 0.8
 };
 constexpr size_t padded_params_size(size_t end) {
     return (end + alignof(flashcore_forward_params) - 1) / alignof(flashcore_forward_params) *
@@ -41,8 +43,8 @@ constexpr size_t padded_params_size(size_t end) {
 }
 // Where the last field this library knows ends: bytes of a caller's struct
 // past it belong to fields of a newer header (sizeof adds only padding).
-constexpr size_t kParamsKnownEnd =
-    offsetof(flashcore_forward_params, num_pages) + sizeof(flashcore_forward_params::num_pages);
+constexpr size_t kParamsKnownEnd = offsetof(flashcore_forward_params, v_descale_head_stride) +
+                                   sizeof(flashcore_forward_params::v_descale_head_stride);
 
 // Checks a caller's struct_size against the sizes this library accepts.
 flashcore_status check_struct_size(size_t struct_size, const char *what);
@@ -84,6 +86,12 @@ bool is_ragged(const flashcore_forward_params &params);
 
 // The head dim of v and out: head_dim_v, or head_dim where it is 0.
 int32_t effective_head_dim_v(const flashcore_forward_params &params);
+
+// The flashcore_dtype of k and v: kv_dtype, or dtype where it is 0.
+int32_t effective_kv_dtype(const flashcore_forward_params &params);
+
+// Whether k and v are of another (narrower) type than q: a quantized cache.
+bool has_quantized_kv(const flashcore_forward_params &params);
 
 // Writes the twelve strides of densely packed q, k, v and out in `layout`
 // (FLASHCORE_LAYOUT_BHSD or _BSHD) into *strides (only those fields), from

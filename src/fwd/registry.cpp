@@ -9,17 +9,17 @@ namespace {
 
 #define FLASHCORE_KERNEL_PATH_sm80 KernelPath::kSm80
 #define FLASHCORE_KERNEL_PATH_sm90 KernelPath::kSm90
-// One line of fwd_kernels.inc: (path token sm80|sm90, input DType
-// enumerator, output DType enumerator, head_dim, head_dim_v, FwdVariant
-// enumerator).
-#define FLASHCORE_KERNEL(path, input, output, head_dim, head_dim_v, tile)                                     \
+// One line of fwd_kernels.inc: (path token sm80|sm90, input, K/V and output
+// DType enumerators, head_dim, head_dim_v, FwdVariant enumerator).
+#define FLASHCORE_KERNEL(path, input, kv, output, head_dim, head_dim_v, tile)                                 \
     FwdKernel{FLASHCORE_KERNEL_PATH_##path,                                                                   \
               DType::input,                                                                                   \
+              DType::kv,                                                                                      \
               DType::output,                                                                                  \
               HeadDims{head_dim, head_dim_v},                                                                 \
               FwdVariant::tile,                                                                               \
-              &run_fwd_##path<DType::input, DType::output, head_dim, head_dim_v, FwdVariant::tile>,           \
-              &fwd_info_##path<DType::input, DType::output, head_dim, head_dim_v, FwdVariant::tile>},
+              &run_fwd_##path<DType::input, DType::kv, DType::output, head_dim, head_dim_v, FwdVariant::tile>, \
+              &fwd_info_##path<DType::input, DType::kv, DType::output, head_dim, head_dim_v, FwdVariant::tile>},
 
 constexpr FwdKernel kKernels[] = {
 #include "fwd_kernels.inc"
@@ -32,9 +32,23 @@ constexpr FwdKernel kKernels[] = {
 constexpr KernelTable<FwdFamily> kTable{{kKernels, std::size(kKernels)}};
 constexpr auto kSupportedHeadDims = head_dims_of_path(kKernels, KernelPath::kSm80);
 
+// The head dims of the kernels on quantized (e4m3) K/V.
+template <size_t kSize>
+constexpr HeadDimSet<kSize> head_dims_of_quantized_kv(const FwdKernel (&kernels)[kSize]) {
+    HeadDimSet<kSize> set{};
+    for (const FwdKernel &e : kernels) {
+        if (e.kv != e.input) set.insert(e.dims);
+    }
+    return set;
+}
+
+constexpr auto kSupportedQuantizedKvHeadDims = head_dims_of_quantized_kv(kKernels);
+
 constexpr bool has_sm80_twin(const FwdKernel &e) {
     for (const FwdKernel &other : kKernels) {
-        if (other.path == KernelPath::kSm80 && other.input == e.input && other.dims == e.dims) return true;
+        if (other.path == KernelPath::kSm80 && other.input == e.input && other.kv == e.input && other.dims == e.dims) {
+            return true;
+        }
     }
     return false;
 }
@@ -45,7 +59,15 @@ constexpr bool every_kernel_is_well_formed() {
             if (dim < head_dim_multiple(e.input) || dim % head_dim_multiple(e.input) != 0) return false;
         }
         if (e.input != e.output) return false;
-        if (dtype_bytes(e.input) == 2 && !has_sm80_twin(e)) return false;
+        if (dtype_bytes(e.input) == 2 && e.kv == e.input && !has_sm80_twin(e)) return false;
+        // A quantized cache: e4m3 K/V, whole 16-byte vectors of them, under
+        // a 16-bit input on the portable path.
+        if (e.kv != e.input) {
+            if (e.kv != DType::kE4m3 || dtype_bytes(e.input) != 2 || e.path != KernelPath::kSm80) return false;
+            for (const int32_t dim : {e.dims.head_dim, e.dims.head_dim_v}) {
+                if (dim % head_dim_multiple(e.kv) != 0) return false;
+            }
+        }
     }
     return true;
 }
@@ -89,9 +111,7 @@ const KernelTable<FwdFamily> &fwd_kernels() { return kTable; }
 
 Span<HeadDims> fwd_supported_head_dims() { return kSupportedHeadDims.span(); }
 
-bool fwd_covering_head_dims(HeadDims call, HeadDims *kernel) {
-    return covering_head_dims(fwd_supported_head_dims(), call, kernel);
-}
+Span<HeadDims> fwd_quantized_kv_head_dims() { return kSupportedQuantizedKvHeadDims.span(); }
 
 const char *fwd_tile_name(FwdVariant tile) {
     for (const TileName &t : kTileNames) {

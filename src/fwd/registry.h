@@ -24,10 +24,9 @@ const KernelTable<FwdFamily> &fwd_kernels();
 // sorted by head_dim then head_dim_v, each once. Never empty.
 Span<HeadDims> fwd_supported_head_dims();
 
-// The kernel head dims that serve a forward call with head dims `call`
-// (multiples of head_dim_multiple(dtype)): the first supported pair with
-// both components at least the call's. Returns false where none covers it.
-bool fwd_covering_head_dims(HeadDims call, HeadDims *kernel);
+// The head dims of the kernels on quantized (e4m3) K/V (kv_dtype), sorted
+// as above; empty where the build has none.
+Span<HeadDims> fwd_quantized_kv_head_dims();
 
 // A tile's name: its name in kernels/kernels.list and fwd/tiles.def.
 const char *fwd_tile_name(FwdVariant tile);

@@ -42,7 +42,8 @@ flashcore_status unsupported_head_dims(const char *problem, int multiple, Span<H
 // covers. The dtype is valid.
 flashcore_status check_head_dims(const flashcore_forward_params &p, Span<HeadDims> supported) {
     const HeadDims call{p.head_dim, effective_head_dim_v(p)};
-    const int multiple = head_dim_multiple(DType(p.dtype));
+    // Whole 16-byte vectors of q's type and of k's and v's.
+    const int multiple = std::max(head_dim_multiple(DType(p.dtype)), head_dim_multiple(DType(effective_kv_dtype(p))));
     // Named as the caller set it: head_dim_v 0 stands for head_dim.
     const char *v_name = p.head_dim_v == 0 ? "head_dim_v (0, so head_dim)" : "head_dim_v";
     char problem[160];
@@ -74,6 +75,84 @@ flashcore_status check_head_dims(const flashcore_forward_params &p, Span<HeadDim
         }
     }
     return unsupported_head_dims(problem, multiple, supported);
+}
+
+// The element types of q, k/v and out: fp16 or bf16 queries, k and v of
+// theirs or e4m3 (a quantized cache), out of theirs.
+flashcore_status check_dtypes(const flashcore_forward_params &p) {
+    if (p.dtype == FLASHCORE_DTYPE_FP8_E4M3) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "dtype FLASHCORE_DTYPE_FP8_E4M3 (%d): fp8 queries are not supported yet; e4m3 is supported as "
+                    "kv_dtype (a quantized K/V cache) under FLASHCORE_DTYPE_FP16 (%d) or FLASHCORE_DTYPE_BF16 (%d) "
+                    "queries",
+                    int(p.dtype), int(FLASHCORE_DTYPE_FP16), int(FLASHCORE_DTYPE_BF16));
+    }
+    if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "dtype %d is not supported; supported: FLASHCORE_DTYPE_FP16 (%d), FLASHCORE_DTYPE_BF16 (%d)",
+                    int(p.dtype), int(FLASHCORE_DTYPE_FP16), int(FLASHCORE_DTYPE_BF16));
+    }
+    if (p.kv_dtype != 0 && p.kv_dtype != p.dtype && p.kv_dtype != FLASHCORE_DTYPE_FP8_E4M3) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "kv_dtype %d is not supported with dtype %d; supported: 0 or dtype (k and v of q's type), "
+                    "FLASHCORE_DTYPE_FP8_E4M3 (%d, a quantized K/V cache)",
+                    int(p.kv_dtype), int(p.dtype), int(FLASHCORE_DTYPE_FP8_E4M3));
+    }
+    if (p.out_dtype != 0 && p.out_dtype != p.dtype) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "out_dtype %d is not supported with dtype %d; out is written in q's type: pass 0 or dtype",
+                    int(p.out_dtype), int(p.dtype));
+    }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+// A descale array and its strides.
+struct Descale {
+    const char *name;
+    const float *data;
+    int64_t batch_stride, head_stride;
+};
+constexpr int kDescales = 3;  // q, k, v
+void descales(const flashcore_forward_params &p, Descale (&out)[kDescales]) {
+    out[0] = {"q_descale", p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride};
+    out[1] = {"k_descale", p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride};
+    out[2] = {"v_descale", p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride};
+}
+
+// The descale factors: strides >= 0 and only with their array; k and v's
+// for a quantized cache only; q's for fp8 queries, which are not supported.
+flashcore_status check_descales(const flashcore_forward_params &p) {
+    Descale all[kDescales];
+    descales(p, all);
+    for (const Descale &d : all) {
+        if (d.data == nullptr && (d.batch_stride != 0 || d.head_stride != 0)) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                        "%s_batch_stride (%" PRId64 ") and %s_head_stride (%" PRId64 ") are set but %s is NULL; "
+                        "they must be 0 without it",
+                        d.name, d.batch_stride, d.name, d.head_stride, d.name);
+        }
+        if (d.batch_stride < 0 || d.head_stride < 0) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                        "%s_batch_stride (%" PRId64 ") and %s_head_stride (%" PRId64 ") must be >= 0 (both 0: one "
+                        "factor for the whole tensor)",
+                        d.name, d.batch_stride, d.name, d.head_stride);
+        }
+    }
+    if (p.q_descale != nullptr) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "q_descale is for fp8 queries, which are not supported yet; pass NULL");
+    }
+    if (!has_quantized_kv(p)) {
+        for (const Descale &d : {all[1], all[2]}) {
+            if (d.data != nullptr) {
+                return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                            "%s is set but k and v are not quantized (kv_dtype %d, dtype %d); descale factors are "
+                            "for kv_dtype FLASHCORE_DTYPE_FP8_E4M3 (%d)",
+                            d.name, int(p.kv_dtype), int(p.dtype), int(FLASHCORE_DTYPE_FP8_E4M3));
+            }
+        }
+    }
+    return FLASHCORE_STATUS_SUCCESS;
 }
 
 }  // namespace
@@ -119,16 +198,19 @@ flashcore_status validate_sizes(const flashcore_forward_params &p) {
 }
 
 flashcore_status validate_shapes(const flashcore_forward_params &p) {
-    return validate_shapes(p, fwd_supported_head_dims());
+    return validate_shapes(p, fwd_head_dims_for(p));
+}
+
+Span<HeadDims> fwd_head_dims_for(const flashcore_forward_params &p) {
+    return has_quantized_kv(p) ? fwd_quantized_kv_head_dims() : fwd_supported_head_dims();
 }
 
 flashcore_status validate_shapes(const flashcore_forward_params &p, Span<HeadDims> supported) {
-    if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16) {
-        return fail(FLASHCORE_STATUS_UNSUPPORTED,
-                    "dtype %d is not supported; supported: FLASHCORE_DTYPE_FP16 (%d), FLASHCORE_DTYPE_BF16 (%d)",
-                    int(p.dtype), int(FLASHCORE_DTYPE_FP16), int(FLASHCORE_DTYPE_BF16));
-    }
-    flashcore_status status = validate_sizes(p);
+    flashcore_status status = check_dtypes(p);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    status = check_descales(p);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    status = validate_sizes(p);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     if (p.num_heads_kv != 0 && p.num_heads_q % p.num_heads_kv != 0) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "num_heads_q (%d) must be a multiple of num_heads_kv (%d)",
@@ -304,16 +386,17 @@ TensorDims forward_tensor(const flashcore_forward_params &p, int index) {
     if (p.block_table != nullptr) kv_batches = p.num_pages, kv_rows = p.page_size;
     const bool packed_kv = p.cu_seqlens_k != nullptr;
     const size_t bytes = dtype_bytes(DType(p.dtype));
+    const size_t kv_bytes = dtype_bytes(DType(effective_kv_dtype(p)));
     switch (index) {
         case 0:
             return {"q", p.q, q_batches, q_rows, p.num_heads_q, d, packed_q ? 0 : p.q_batch_stride, p.q_seq_stride,
                     p.q_head_stride, bytes};
         case 1:
             return {"k", p.k, kv_batches, kv_rows, p.num_heads_kv, d, packed_kv ? 0 : p.k_batch_stride,
-                    p.k_seq_stride, p.k_head_stride, bytes};
+                    p.k_seq_stride, p.k_head_stride, kv_bytes};
         case 2:
             return {"v", p.v, kv_batches, kv_rows, p.num_heads_kv, dv, packed_kv ? 0 : p.v_batch_stride,
-                    p.v_seq_stride, p.v_head_stride, bytes};
+                    p.v_seq_stride, p.v_head_stride, kv_bytes};
         default:
             return {"out", p.out, q_batches, q_rows, p.num_heads_q, dv, packed_q ? 0 : p.out_batch_stride,
                     p.out_seq_stride, p.out_head_stride, bytes};
@@ -371,6 +454,15 @@ size_t forward_ranges(const flashcore_forward_params &p, ByteRange *ranges) {
     size_t n = 0;
     for (int i = 0; i < kForwardTensors; ++i) ranges[n++] = tensor_range(forward_tensor(p, i), i == kForwardOut);
     if (p.lse != nullptr) ranges[n++] = lse_range(p.lse, lse_entries(p));
+    Descale all[kDescales];
+    descales(p, all);
+    for (const Descale &d : all) {
+        if (d.data == nullptr) continue;
+        // The last factor the kernels may read, of the last batch and K/V head.
+        const __int128 count = __int128(p.batch_size - 1) * d.batch_stride +
+                               __int128(p.num_heads_kv - 1) * d.head_stride + 1;
+        ranges[n++] = float_range(d.name, d.data, count);
+    }
     return n + int32_array_ranges(p, ranges + n);
 }
 
@@ -388,6 +480,13 @@ flashcore_status validate_tensors(const flashcore_forward_params &p) {
     }
     status = check_int32_arrays(p);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    Descale all[kDescales];
+    descales(p, all);
+    for (const Descale &d : all) {
+        if (d.data == nullptr) continue;
+        status = check_pointer(d.data, d.name, alignof(float));
+        if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    }
     ByteRange ranges[kMaxForwardRanges];
     return check_no_aliasing(ranges, forward_ranges(p, ranges));
 }

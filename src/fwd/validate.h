@@ -30,6 +30,10 @@ bool forward_is_empty(const flashcore_forward_params &params);
 // needs.
 flashcore_status validate_shapes(const flashcore_forward_params &params);
 
+// The head dims the forward kernels of the call's K/V type have
+// (fwd/registry.h): the 16-bit kernels', or the quantized cache's.
+Span<HeadDims> fwd_head_dims_for(const flashcore_forward_params &params);
+
 // The same checks with the head dims against `supported` (sorted, as a
 // family's registry lists them): what a family whose call carries the
 // forward's options (the backward pass) checks of them, against its own
@@ -67,8 +71,8 @@ size_t int32_array_ranges(const flashcore_forward_params &params, ByteRange *ran
 
 // The ranges of q, k, v, out and (when given) lse of validated, non-empty
 // parameters, and of the int32 arrays; returns how many it wrote (at most
-// kMaxForwardRanges).
-constexpr size_t kMaxForwardRanges = 9;
+// kMaxForwardRanges): q, k, v, out, lse, 3 descale arrays, 4 int32 arrays.
+constexpr size_t kMaxForwardRanges = 12;
 size_t forward_ranges(const flashcore_forward_params &params, ByteRange *ranges);
 
 }  // namespace flashcore

@@ -20,8 +20,14 @@
 // older one (a smaller struct_size: where that header's struct ends, or
 // its sizeof; the bytes after it are garbage, not its fields), of none (a
 // size that ends inside a field), and of a newer one (a larger
-// struct_size, whose fields past num_pages this library does not know:
-// zero, or now and then set).
+// struct_size, whose fields past v_descale_head_stride this library does
+// not know: zero, or now and then set).
+//
+// The fields of 0.8 (an fp8 K/V cache: kv_dtype, out_dtype and the descale
+// factors) are modelled as flashcore.h states them; where it leaves a
+// status or a rule open (which status refuses an out_dtype, whether an
+// empty call looks at the descale pointers, whether they join the aliasing
+// rule), the model allows either answer (Expected::maybe).
 #include <algorithm>
 #include <cfloat>
 #include <cinttypes>
@@ -46,10 +52,10 @@ namespace {
 using i128 = __int128;
 
 // Where flashcore_forward_params of each released header ends: after the
-// last field that version added (0.1's before head_dim_v). A struct_size
-// below ours must be one of these or that version's sizeof (the end padded
-// to the struct's alignment; flashcore.h's ABI policy). A field is the
-// caller's where the struct_size covers it, else its default.
+// last field that version added (0.1's before head_dim_v; 0.7 added none).
+// A struct_size below ours must be one of these or that version's sizeof
+// (the end padded to the struct's alignment; flashcore.h's ABI policy). A
+// field is the caller's where the struct_size covers it, else its default.
 #define FIELD_END(field) (offsetof(flashcore_forward_params, field) + sizeof(flashcore_forward_params::field))
 constexpr size_t kEndV0_1 = offsetof(flashcore_forward_params, head_dim_v);
 constexpr size_t kEndV0_2 = FIELD_END(head_dim_v);
@@ -57,15 +63,16 @@ constexpr size_t kEndV0_3 = FIELD_END(num_splits);
 constexpr size_t kEndV0_4 = FIELD_END(softcap);
 constexpr size_t kEndV0_5 = FIELD_END(seqused_k);
 constexpr size_t kEndV0_6 = FIELD_END(num_pages);
+constexpr size_t kEndV0_8 = FIELD_END(v_descale_head_stride);
 #undef FIELD_END
 constexpr size_t kReleasedEnds[] = {kEndV0_1, kEndV0_2, kEndV0_3, kEndV0_4, kEndV0_5, kEndV0_6};
 constexpr size_t padded(size_t end) {
     return (end + alignof(flashcore_forward_params) - 1) / alignof(flashcore_forward_params) *
            alignof(flashcore_forward_params);
 }
-// Where the last field of this header (num_pages) ends: a newer header's
-// fields lie past it.
-constexpr size_t kKnownEnd = kEndV0_6;
+// Where the last field of this header (v_descale_head_stride) ends: a newer
+// header's fields lie past it.
+constexpr size_t kKnownEnd = kEndV0_8;
 constexpr size_t kMaxStructSize = 64 * 1024;
 // The largest seqlen_q, seqlen_k, total_seqlen_q/_k and page_size.
 constexpr int32_t kMaxSeqlen = 1 << 30;
@@ -163,7 +170,11 @@ const int32_t *random_array(Rng &r, int index, const std::vector<uintptr_t> &oth
 struct Expected {
     std::set<int> statuses;  // rules broken
     bool unsure = false;     // the model cannot tell whether out overlaps itself
+    // Refusals flashcore.h leaves open: allowed besides `statuses` (or
+    // besides SUCCESS where no rule is broken).
+    std::set<int> maybe;
     void add(flashcore_status s) { statuses.insert(int(s)); }
+    void add_maybe(flashcore_status s) { maybe.insert(int(s)); }
 };
 
 struct Tensor {
@@ -171,11 +182,15 @@ struct Tensor {
     const void *ptr;
     i128 batch, seqlen, heads, dim;
     int64_t bs, ss, hs;
+    i128 element_bytes = 2;  // 1: an fp8 cache's k or v
 };
 
 i128 last_offset(const Tensor &t) {
     return (t.dim - 1) + (t.batch - 1) * t.bs + (t.seqlen - 1) * t.ss + (t.heads - 1) * t.hs;
 }
+
+// Whether a forward call's k and v are an fp8 cache (0.8).
+bool fp8_kv(const flashcore_forward_params &p) { return p.kv_dtype == FLASHCORE_DTYPE_FP8_E4M3; }
 
 // Brute force: do two (b, s, h) rows of out share an element?
 int self_overlap(const Tensor &t) {  // 1 yes, 0 no, -1 too large to tell
@@ -222,13 +237,28 @@ i128 model_shapes(const flashcore_forward_params &p, bool empty, Expected *e) {
     const bool packed_q = p.cu_seqlens_q != nullptr, packed_k = p.cu_seqlens_k != nullptr;
     const bool paged = p.block_table != nullptr;
     if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16) e->add(FLASHCORE_STATUS_UNSUPPORTED);
+    // The K/V dtype (0.8): 0 or dtype itself (k and v of q's type), or
+    // FLASHCORE_DTYPE_FP8_E4M3 (with fp16 or bf16 q, the only dtypes);
+    // others have no kernel, as dtype's (UNSUPPORTED). (flashcore.h names 0
+    // for q's type; dtype is its flashcore_dtype as well.)
+    if (p.kv_dtype != 0 && p.kv_dtype != p.dtype && !fp8_kv(p)) e->add(FLASHCORE_STATUS_UNSUPPORTED);
+    // out's dtype (0.8): 0 or dtype; any other is refused, with a status
+    // flashcore.h does not name.
+    if (p.out_dtype != 0 && p.out_dtype != p.dtype) {
+        e->add(FLASHCORE_STATUS_UNSUPPORTED);
+        e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    }
     bool sizes_ok = true;
     for (int32_t v : {p.batch_size, p.seqlen_q, p.seqlen_k, p.num_heads_q, p.num_heads_kv}) sizes_ok &= v >= 0;
     sizes_ok &= p.head_dim >= 1 && p.head_dim_v >= 0;
     sizes_ok &= !(p.num_heads_kv == 0 && p.num_heads_q != 0) && !(p.seqlen_k == 0 && !empty);
     if (!sizes_ok) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     if (p.num_heads_kv > 0 && p.num_heads_q % p.num_heads_kv != 0) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-    if (p.head_dim >= 1 && p.head_dim_v >= 0 && (p.head_dim % 8 != 0 || dv % 8 != 0 || !covered(p.head_dim, dv)))
+    // Head dims: multiples of 8, of 16 with an fp8 cache (16 one-byte
+    // elements a vector).
+    const int32_t multiple = fp8_kv(p) ? 16 : 8;
+    if (p.head_dim >= 1 && p.head_dim_v >= 0 &&
+        (p.head_dim % multiple != 0 || dv % multiple != 0 || !covered(p.head_dim, dv)))
         e->add(FLASHCORE_STATUS_UNSUPPORTED);
     if (p.seqlen_q > kMaxSeqlen || p.seqlen_k > kMaxSeqlen) e->add(FLASHCORE_STATUS_UNSUPPORTED);
     if (p.num_splits < 0 || p.num_splits > FLASHCORE_MAX_NUM_SPLITS) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
@@ -294,54 +324,60 @@ i128 model_shapes(const flashcore_forward_params &p, bool empty, Expected *e) {
     return pages_per_row;
 }
 
-// The model: what flashcore.h says flashcore_forward_check returns.
-Expected model_check(const CallerParams &caller) {
-    const flashcore_forward_params &in = caller.p;
+// Whether a forward call has no output row: batch_size, seqlen_q or
+// num_heads_q 0, or packed queries with total_seqlen_q 0 (not stated in
+// flashcore.h).
+bool forward_empty(const flashcore_forward_params &p) {
+    return p.batch_size == 0 || p.seqlen_q == 0 || p.num_heads_q == 0 ||
+           (p.cu_seqlens_q != nullptr && p.total_seqlen_q == 0);
+}
+
+// The descale arrays of a forward call (0.8): factor (b, h) of each at
+// element b * batch_stride + h * head_stride, h a K/V head.
+struct DescaleArray {
+    const float *ptr;
+    int64_t batch_stride, head_stride;
+};
+constexpr int kDescaleArrays = 3;  // q, k, v
+void descale_arrays(const flashcore_forward_params &p, DescaleArray *d) {
+    d[0] = {p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride};
+    d[1] = {p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride};
+    d[2] = {p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride};
+}
+
+// The element after a descale array's last factor (strides >= 0).
+i128 descale_extent(const flashcore_forward_params &p, const DescaleArray &d) {
+    return (i128(p.batch_size) - 1) * d.batch_stride + (i128(p.num_heads_kv) - 1) * d.head_stride + 1;
+}
+
+// The rules of a forward call's sizes, options, tensors and arrays, for its
+// fields as the library reads them (an older caller's missing ones at their
+// defaults); the descale factors' own rules are model_descales'.
+Expected model_call(const flashcore_forward_params &p) {
     Expected e;
-    if (!struct_size_ok(in.struct_size)) {
-        e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-        return e;  // nothing else is read
-    }
-    if (sets_newer_fields(caller)) {
-        e.add(FLASHCORE_STATUS_UNSUPPORTED);
-        return e;  // nor is anything read
-    }
-    // An older caller's struct lacks the fields added since: their defaults.
-    flashcore_forward_params p = in;
-    if (p.struct_size < kEndV0_2) p.head_dim_v = 0;
-    if (p.struct_size < kEndV0_3) p.num_splits = 0;
-    if (p.struct_size < kEndV0_4) {
-        p.use_window = p.window_left = p.window_right = 0;
-        p.softcap = 0.f;
-    }
-    if (p.struct_size < kEndV0_5) p.seqused_k = nullptr;
-    if (p.struct_size < kEndV0_6) {
-        p.cu_seqlens_q = p.cu_seqlens_k = p.block_table = nullptr;
-        p.total_seqlen_q = p.total_seqlen_k = p.page_size = p.num_pages = 0;
-        p.block_table_batch_stride = 0;
-    }
     const bool packed_q = p.cu_seqlens_q != nullptr, packed_k = p.cu_seqlens_k != nullptr;
     const bool paged = p.block_table != nullptr;
-    // Empty: no output row. Packed queries with total_seqlen_q 0 have none
-    // either (not stated in flashcore.h).
-    const bool empty =
-        p.batch_size == 0 || p.seqlen_q == 0 || p.num_heads_q == 0 || (packed_q && p.total_seqlen_q == 0);
+    const bool empty = forward_empty(p);
     const int32_t dv = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
     const i128 pages_per_row = model_shapes(p, empty, &e);
     if (empty || !e.statuses.empty()) return e;  // pointers and strides of an empty call are not looked at
 
     // Packed tensors are one batch of all their rows, their batch strides
     // ignored; a paged k and v are num_pages batches of page_size rows.
+    // An fp8 cache's k and v have one-byte elements: their strides are
+    // multiples of 16 (FLASHCORE_ALIGNMENT bytes), their extents in bytes
+    // half a 16-bit tensor's.
     const i128 q_batches = packed_q ? 1 : p.batch_size, q_rows = packed_q ? p.total_seqlen_q : p.seqlen_q;
     i128 kv_batches = packed_k ? 1 : p.batch_size, kv_rows = packed_k ? p.total_seqlen_k : p.seqlen_k;
     if (paged) kv_batches = p.num_pages, kv_rows = p.page_size;
+    const i128 kv_bytes = fp8_kv(p) ? 1 : 2;
     const Tensor tensors[] = {
         {"q", p.q, q_batches, q_rows, p.num_heads_q, p.head_dim, packed_q ? 0 : p.q_batch_stride, p.q_seq_stride,
          p.q_head_stride},
         {"k", p.k, kv_batches, kv_rows, p.num_heads_kv, p.head_dim, packed_k ? 0 : p.k_batch_stride, p.k_seq_stride,
-         p.k_head_stride},
+         p.k_head_stride, kv_bytes},
         {"v", p.v, kv_batches, kv_rows, p.num_heads_kv, dv, packed_k ? 0 : p.v_batch_stride, p.v_seq_stride,
-         p.v_head_stride},
+         p.v_head_stride, kv_bytes},
         {"out", p.out, q_batches, q_rows, p.num_heads_q, dv, packed_q ? 0 : p.out_batch_stride, p.out_seq_stride,
          p.out_head_stride},
     };
@@ -351,10 +387,10 @@ Expected model_check(const CallerParams &caller) {
         if (reinterpret_cast<uintptr_t>(t.ptr) % 16 != 0) e.add(FLASHCORE_STATUS_MISALIGNED);
         for (int64_t st : {t.bs, t.ss, t.hs}) {
             if (st < 0) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-            if (st % 8 != 0) e.add(FLASHCORE_STATUS_MISALIGNED);
+            if (st % (16 / t.element_bytes) != 0) e.add(FLASHCORE_STATUS_MISALIGNED);
         }
         tensors_ok &= t.ptr != nullptr && t.bs >= 0 && t.ss >= 0 && t.hs >= 0;
-        if (tensors_ok && last_offset(t) * 2 > i128(INT64_MAX)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        if (tensors_ok && last_offset(t) * t.element_bytes > i128(INT64_MAX)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     }
     // lse (rows: [num_heads_q][total_seqlen_q] for packed queries) and the
     // int32 arrays the kernels read, each 4-byte aligned: seqused_k (0.5,
@@ -382,14 +418,114 @@ Expected model_check(const CallerParams &caller) {
     std::vector<Range> ranges;
     for (int i = 0; i < 4; ++i) {
         const i128 begin = i128(reinterpret_cast<uintptr_t>(tensors[i].ptr));
-        ranges.push_back({begin, begin + (last_offset(tensors[i]) + 1) * 2, i == 3});
+        ranges.push_back({begin, begin + (last_offset(tensors[i]) + 1) * tensors[i].element_bytes, i == 3});
     }
     for (const auto &a : arrays) {
         if (a.ptr == nullptr) continue;
         const i128 begin = i128(reinterpret_cast<uintptr_t>(a.ptr));
         ranges.push_back({begin, begin + a.bytes, a.written});
     }
-    if (written_overlap(ranges)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    if (written_overlap(ranges)) {
+        e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        return e;
+    }
+    // The descale arrays are read too, but flashcore.h's aliasing rule does
+    // not list them: out or lse on top of one may be refused.
+    DescaleArray descales[kDescaleArrays];
+    descale_arrays(p, descales);
+    for (const DescaleArray &d : descales) {
+        if (d.ptr == nullptr || d.batch_stride < 0 || d.head_stride < 0) continue;
+        const i128 begin = i128(reinterpret_cast<uintptr_t>(d.ptr));
+        ranges.push_back({begin, begin + descale_extent(p, d) * 4, false});
+    }
+    if (written_overlap(ranges)) e.add_maybe(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    return e;
+}
+
+// The descale factors' rules (0.8), beside model_call's: q_descale must be
+// NULL (fp8 queries are not supported: UNSUPPORTED); k_descale and
+// v_descale need an fp8 cache (refused otherwise, the status not named);
+// each array given is 4-byte aligned (MISALIGNED) with strides >= 0
+// (INVALID_ARGUMENT); the strides of an array not given stay 0
+// (INVALID_ARGUMENT; not stated in flashcore.h, as page_size without a
+// block table). flashcore.h leaves open whether an array reaching past
+// 2^63 bytes is refused; and, an empty call's pointers and strides not
+// being looked at, whether an empty call is held to any of these.
+void model_descales(const flashcore_forward_params &p, bool empty, Expected *e) {
+    Expected d;
+    if (p.q_descale != nullptr) {
+        d.add(FLASHCORE_STATUS_UNSUPPORTED);
+        d.add_maybe(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    }
+    if ((p.k_descale != nullptr || p.v_descale != nullptr) && !fp8_kv(p)) {
+        d.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        d.add(FLASHCORE_STATUS_UNSUPPORTED);
+    }
+    DescaleArray arrays[kDescaleArrays];
+    descale_arrays(p, arrays);
+    for (const DescaleArray &a : arrays) {
+        if (a.ptr == nullptr) {
+            if (a.batch_stride != 0 || a.head_stride != 0) d.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+            continue;
+        }
+        if (reinterpret_cast<uintptr_t>(a.ptr) % 4 != 0) d.add(FLASHCORE_STATUS_MISALIGNED);
+        if (a.batch_stride < 0 || a.head_stride < 0) {
+            d.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        } else if (descale_extent(p, a) * 4 > i128(INT64_MAX)) {
+            d.add_maybe(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        }
+    }
+    if (empty) {
+        d.maybe.insert(d.statuses.begin(), d.statuses.end());
+        d.statuses.clear();
+    }
+    e->statuses.insert(d.statuses.begin(), d.statuses.end());
+    e->maybe.insert(d.maybe.begin(), d.maybe.end());
+}
+
+// The fields of a caller's struct as the library reads them: those an
+// older header's struct lacks at their defaults.
+flashcore_forward_params as_read(const flashcore_forward_params &in) {
+    flashcore_forward_params p = in;
+    if (p.struct_size < kEndV0_2) p.head_dim_v = 0;
+    if (p.struct_size < kEndV0_3) p.num_splits = 0;
+    if (p.struct_size < kEndV0_4) {
+        p.use_window = p.window_left = p.window_right = 0;
+        p.softcap = 0.f;
+    }
+    if (p.struct_size < kEndV0_5) p.seqused_k = nullptr;
+    if (p.struct_size < kEndV0_6) {
+        p.cu_seqlens_q = p.cu_seqlens_k = p.block_table = nullptr;
+        p.total_seqlen_q = p.total_seqlen_k = p.page_size = p.num_pages = 0;
+        p.block_table_batch_stride = 0;
+    }
+    if (p.struct_size < kEndV0_8) {
+        p.kv_dtype = p.out_dtype = 0;
+        p.q_descale = p.k_descale = p.v_descale = nullptr;
+        p.q_descale_batch_stride = p.q_descale_head_stride = 0;
+        p.k_descale_batch_stride = p.k_descale_head_stride = 0;
+        p.v_descale_batch_stride = p.v_descale_head_stride = 0;
+    }
+    return p;
+}
+
+// The model: what flashcore.h says flashcore_forward_check returns. The
+// descale rules stand beside the others: the library may check them at any
+// point, so each call's broken rules are those of both.
+Expected model_check(const CallerParams &caller) {
+    const flashcore_forward_params &in = caller.p;
+    Expected e;
+    if (!struct_size_ok(in.struct_size)) {
+        e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        return e;  // nothing else is read
+    }
+    if (sets_newer_fields(caller)) {
+        e.add(FLASHCORE_STATUS_UNSUPPORTED);
+        return e;  // nor is anything read
+    }
+    const flashcore_forward_params p = as_read(in);
+    e = model_call(p);
+    model_descales(p, forward_empty(p), &e);
     return e;
 }
 
@@ -480,6 +616,19 @@ CallerParams random_params(Rng &r) {
         if (which == 1) p.num_pages = 1;
         if (which == 2) p.block_table_batch_stride = r.chance(50) ? 1 : -1;
     }
+    // An fp8 K/V cache (0.8): mostly not; else mostly kv_dtype FP8_E4M3,
+    // now and then dtype itself or a K/V dtype without kernels (the other
+    // 16-bit one, fp32, unknown values). out_dtype: mostly 0, now and then
+    // dtype, else one that is refused.
+    const int32_t bad_kv_dtypes[] = {FLASHCORE_DTYPE_FP32, p.dtype == FLASHCORE_DTYPE_FP16 ? 2 : 1, 5, -1,
+                                     INT32_MIN, INT32_MAX};
+    const int kv_kind = int(r.below(100));
+    if (kv_kind >= 70) {
+        p.kv_dtype = kv_kind < 92 ? int32_t(FLASHCORE_DTYPE_FP8_E4M3) : kv_kind < 95 ? p.dtype : r.pick(bad_kv_dtypes);
+    }
+    const int32_t bad_out_dtypes[] = {p.dtype == FLASHCORE_DTYPE_FP16 ? 2 : 1, FLASHCORE_DTYPE_FP32,
+                                      FLASHCORE_DTYPE_FP8_E4M3, -1, 99};
+    p.out_dtype = r.chance(92) ? 0 : r.chance(50) ? p.dtype : r.pick(bad_out_dtypes);
     // Strides: packed in a random layout, then some perturbed. Packed q and
     // out are one batch of total_seqlen_q rows; packed k and v likewise, a
     // paged cache's num_pages batches of page_size rows.
@@ -534,6 +683,45 @@ CallerParams random_params(Rng &r) {
                              (p.page_size >= 1 ? (i128(p.seqlen_k) + p.page_size - 1) / p.page_size : 0);
         p.block_table = random_array(r, 8, placed, p.out, entries);
     }
+    // Descale factors: with an fp8 cache, each of k_descale and v_descale
+    // mostly given, per tensor or per (batch, K/V head) either way round,
+    // now and then with strides from the edges (negative, huge); without
+    // one, now and then given anyway (refused). q_descale now and then (fp8
+    // queries: refused), and strides of arrays not given, now and then set.
+    const auto random_descale_pointer = [&](int index) {
+        const float *ptr = static_cast<const float *>(random_pointer(r, index, placed));
+        if (ptr != nullptr && r.chance(10)) {
+            const size_t offsets[] = {4, 12, 1, 2, 6};  // 4-byte aligned (fine), or not
+            ptr = reinterpret_cast<const float *>(reinterpret_cast<uintptr_t>(ptr) + r.pick(offsets));
+        }
+        return ptr;
+    };
+    const auto random_descale_strides = [&](int64_t *batch_stride, int64_t *head_stride) {
+        const int64_t edges[] = {-1, -4, INT64_MIN, INT64_MAX, int64_t(1) << 40, int64_t(1) << 61, 3, 0};
+        switch (r.below(5)) {
+        case 0: *batch_stride = 0, *head_stride = 0; break;  // per tensor
+        case 1: *batch_stride = std::max(p.num_heads_kv, 0), *head_stride = 1; break;  // [batch][head]
+        case 2: *batch_stride = 1, *head_stride = std::max(p.batch_size, 0); break;  // [head][batch]
+        case 3: *batch_stride = 0, *head_stride = 1; break;  // per head
+        default: *batch_stride = r.pick(edges), *head_stride = r.pick(edges); break;
+        }
+    };
+    const bool fp8 = p.kv_dtype == FLASHCORE_DTYPE_FP8_E4M3;
+    if (r.chance(fp8 ? 70 : 3)) {
+        p.k_descale = random_descale_pointer(9);
+        random_descale_strides(&p.k_descale_batch_stride, &p.k_descale_head_stride);
+    }
+    if (r.chance(fp8 ? 70 : 3)) {
+        p.v_descale = random_descale_pointer(10);
+        random_descale_strides(&p.v_descale_batch_stride, &p.v_descale_head_stride);
+    }
+    if (r.chance(3)) {
+        p.q_descale = random_descale_pointer(11);
+        random_descale_strides(&p.q_descale_batch_stride, &p.q_descale_head_stride);
+    }
+    for (int64_t *st : {&p.q_descale_batch_stride, &p.q_descale_head_stride, &p.k_descale_batch_stride,
+                        &p.k_descale_head_stride, &p.v_descale_batch_stride, &p.v_descale_head_stride})
+        if (r.chance(1)) *st = r.chance(50) ? 1 : -1;
     // Past the caller's struct_size: garbage, not its fields. A newer
     // caller's own fields past ours: zero, or one byte of them set.
     constexpr size_t kOurs = sizeof(flashcore_forward_params);
@@ -541,14 +729,18 @@ CallerParams random_params(Rng &r) {
     // header's, and sizes of no header's: short of 0.1's, past 64 KiB, or
     // ending inside a field or between two fields of one version.
     const size_t older[] = {kEndV0_1,         kEndV0_2,         kEndV0_3,         kEndV0_4,        kEndV0_5,
-                            padded(kEndV0_2), padded(kEndV0_3), padded(kEndV0_4), padded(kEndV0_5)};
+                            padded(kEndV0_2), padded(kEndV0_3), padded(kEndV0_4), padded(kEndV0_5), kEndV0_6,
+                            padded(kEndV0_6)};
     const size_t newer[] = {kOurs + 4, kOurs + 8, kOurs + kNewerBytes};
     const size_t bad_sizes[] = {0, 12, kEndV0_1 - 1, kEndV0_1 + 1, kEndV0_2 + 1,
                                 offsetof(flashcore_forward_params, softcap),
                                 offsetof(flashcore_forward_params, seqused_k) + 4,
                                 offsetof(flashcore_forward_params, cu_seqlens_k),
-                                offsetof(flashcore_forward_params, num_pages), kOurs - 1, kMaxStructSize + 1,
-                                size_t(1) << 40};
+                                offsetof(flashcore_forward_params, num_pages), kEndV0_6 + 2,
+                                offsetof(flashcore_forward_params, out_dtype),
+                                offsetof(flashcore_forward_params, k_descale),
+                                offsetof(flashcore_forward_params, v_descale_batch_stride) + 4, kOurs - 8, kOurs - 1,
+                                kMaxStructSize + 1, size_t(1) << 40};
     const int kind = r.chance(88) ? 0 : int(1 + r.below(3));
     p.struct_size = kind == 0 ? kOurs : kind == 1 ? r.pick(older) : kind == 2 ? r.pick(newer) : r.pick(bad_sizes);
     unsigned char *bytes = reinterpret_cast<unsigned char *>(&c);
@@ -584,6 +776,13 @@ void print_params(const CallerParams &c) {
                  static_cast<const void *>(p.cu_seqlens_q), static_cast<const void *>(p.cu_seqlens_k),
                  p.total_seqlen_q, p.total_seqlen_k, static_cast<const void *>(p.block_table),
                  p.block_table_batch_stride, p.page_size, p.num_pages);
+    std::fprintf(stderr,
+                 "  kv_dtype %d out_dtype %d q_descale %p (%" PRId64 " %" PRId64 ") k_descale %p (%" PRId64 " %" PRId64
+                 ") v_descale %p (%" PRId64 " %" PRId64 ") (pointer, batch and head strides)\n",
+                 p.kv_dtype, p.out_dtype, static_cast<const void *>(p.q_descale), p.q_descale_batch_stride,
+                 p.q_descale_head_stride, static_cast<const void *>(p.k_descale), p.k_descale_batch_stride,
+                 p.k_descale_head_stride, static_cast<const void *>(p.v_descale), p.v_descale_batch_stride,
+                 p.v_descale_head_stride);
     std::fprintf(stderr, "  bytes after ours:");
     for (unsigned char b : c.newer) std::fprintf(stderr, " %02x", b);
     std::fprintf(stderr, "\n");
@@ -602,19 +801,23 @@ void print_params(const CallerParams &c) {
 bool agrees(const Expected &e, flashcore_status got, const std::string &message, bool input_unchanged,
             const char *function, uint64_t call) {
     bool ok = input_unchanged;
+    const bool open_refusal = e.maybe.count(int(got)) == 1 || (e.unsure && got == FLASHCORE_STATUS_INVALID_ARGUMENT);
     if (e.statuses.empty()) {
-        ok &= got == FLASHCORE_STATUS_SUCCESS || (e.unsure && got == FLASHCORE_STATUS_INVALID_ARGUMENT);
+        ok &= got == FLASHCORE_STATUS_SUCCESS || open_refusal;
     } else {
-        ok &= e.statuses.count(int(got)) == 1 || (e.unsure && got == FLASHCORE_STATUS_INVALID_ARGUMENT);
+        ok &= e.statuses.count(int(got)) == 1 || open_refusal;
     }
     ok &= (got == FLASHCORE_STATUS_SUCCESS) == message.empty();
     if (!ok) {
-        std::string allowed;
+        std::string allowed, maybe;
         for (int st : e.statuses) allowed += std::string(allowed.empty() ? "" : ", ") + std::to_string(st);
-        std::fprintf(stderr, "call %" PRIu64 ": %s returned %d (\"%s\"); the model allows {%s}%s%s\n", call, function,
-                     int(got), message.c_str(), allowed.empty() ? "0" : allowed.c_str(),
-                     e.unsure ? " (or 1: self-overlap not modelled at this size)" : "",
-                     input_unchanged ? "" : "; it wrote its const input");
+        for (int st : e.maybe) maybe += std::string(maybe.empty() ? "" : ", ") + std::to_string(st);
+        std::fprintf(stderr, "call %" PRIu64 ": %s returned %d (\"%s\"); the model allows {%s}%s%s%s%s\n", call,
+                     function, int(got), message.c_str(), allowed.empty() ? "0" : allowed.c_str(),
+                     maybe.empty() ? "" : " (or, flashcore.h leaving it open, {", maybe.c_str(),
+                     maybe.empty() ? "" : "})",
+                     e.unsure ? " (or 1: self-overlap not modelled at this size)" : "");
+        if (!input_unchanged) std::fprintf(stderr, "  it wrote its const input\n");
     }
     return ok;
 }
@@ -819,14 +1022,15 @@ bool check_merge(const flashcore_merge_params &p, uint64_t call, flashcore_statu
 struct WrittenStrides {
     i128 s, h, dim;
     int64_t batch, seq, head;
+    i128 element_bytes = 2;  // 1: an fp8 cache's k or v
 };
 
-// Whether a packed tensor of each shape fits 2^63 bytes (of 2-byte
-// elements), as the stride helpers require.
+// Whether a packed tensor of each shape fits 2^63 bytes, as the stride
+// helpers require.
 template <size_t N>
 bool packed_fit(const WrittenStrides (&tensors)[N], int32_t batch_size) {
     for (const WrittenStrides &w : tensors)
-        if (w.h * w.s * w.dim * std::max<i128>(batch_size, 1) * 2 > i128(INT64_MAX)) return false;
+        if (w.h * w.s * w.dim * std::max<i128>(batch_size, 1) * w.element_bytes > i128(INT64_MAX)) return false;
     return true;
 }
 
@@ -866,14 +1070,26 @@ bool check_strides(const CallerParams &caller, int layout, uint64_t call) {
         {in.seqlen_k, in.num_heads_kv, d, p.k_batch_stride, p.k_seq_stride, p.k_head_stride},
         {in.seqlen_k, in.num_heads_kv, dv, p.v_batch_stride, p.v_seq_stride, p.v_head_stride},
         {in.seqlen_q, in.num_heads_q, dv, p.out_batch_stride, p.out_seq_stride, p.out_head_stride}};
-    expect_ok &= packed_fit(want, in.batch_size);
+    const bool fits = packed_fit(want, in.batch_size);
+    // An fp8 cache's k and v take a byte an element: where that decides
+    // whether they fit, either answer (flashcore.h says the helper reads the
+    // sizes, and does not say whether kv_dtype counts).
+    bool fits_as_fp8 = fits;
+    if (in.struct_size >= kEndV0_8 && in.kv_dtype == FLASHCORE_DTYPE_FP8_E4M3) {
+        WrittenStrides narrow[std::size(want)];
+        std::copy(std::begin(want), std::end(want), narrow);
+        narrow[1].element_bytes = narrow[2].element_bytes = 1;
+        fits_as_fp8 = packed_fit(narrow, in.batch_size);
+    }
+    const bool either = expect_ok && fits != fits_as_fp8;
+    expect_ok &= fits;
     bool ok = true;
-    if (expect_ok && got == FLASHCORE_STATUS_SUCCESS) {
+    if ((expect_ok || either) && got == FLASHCORE_STATUS_SUCCESS) {
         ok &= packed_written(want, layout);
     } else {
         const flashcore_status refused =
             refused_as_newer ? FLASHCORE_STATUS_UNSUPPORTED : FLASHCORE_STATUS_INVALID_ARGUMENT;
-        ok &= !expect_ok && got == refused && std::memcmp(&written, &caller, sizeof caller) == 0;
+        ok &= (!expect_ok || either) && got == refused && std::memcmp(&written, &caller, sizeof caller) == 0;
     }
     if (!ok) {
         std::fprintf(stderr, "call %" PRIu64 ": flashcore_set_contiguous_strides(layout %d) returned %d (\"%s\"), "
@@ -1273,6 +1489,8 @@ struct Counts {
     // and from a newer header's (larger) struct.
     uint64_t windowed_successes = 0, capped_successes = 0, seqused_successes = 0, newer_successes = 0;
     uint64_t varlen_successes = 0, paged_successes = 0;
+    // ... on an fp8 cache (0.8), and among them with descale factors.
+    uint64_t fp8_successes = 0, descaled_successes = 0;
     // Accepted backward parameter sets: all, without query rows (not
     // empty), variable-length, and from a newer header's struct.
     uint64_t backward_successes = 0, backward_rowless_successes = 0, backward_varlen_successes = 0;
@@ -1296,6 +1514,9 @@ bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
             counts->varlen_successes += has_0_6_fields && (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr);
             counts->paged_successes += has_0_6_fields && p.block_table != nullptr;
             counts->newer_successes += p.struct_size > sizeof p;
+            const bool fp8 = p.struct_size >= kEndV0_8 && p.kv_dtype == FLASHCORE_DTYPE_FP8_E4M3;
+            counts->fp8_successes += fp8;
+            counts->descaled_successes += fp8 && (p.k_descale != nullptr || p.v_descale != nullptr);
         }
         const flashcore_merge_params m = random_merge_params(r);
         if (!check_merge(m, i, &got)) return false;
@@ -1359,12 +1580,13 @@ int main(int argc, char **argv) {
     }
     std::printf("fuzz_api: %" PRIu64 " API calls, %" PRIu64 " valid forward (%" PRIu64 " with a window, %" PRIu64
                 " with a softcap, %" PRIu64 " with seqused_k, %" PRIu64 " variable-length, %" PRIu64
-                " on a paged cache, %" PRIu64 " from a newer header), %" PRIu64
+                " on a paged cache, %" PRIu64 " on an fp8 cache (%" PRIu64 " with descale factors), %" PRIu64
+                " from a newer header), %" PRIu64
                 " valid merge and %" PRIu64 " valid backward (%" PRIu64 " without query rows, %" PRIu64
                 " variable-length, %" PRIu64 " from a newer header) parameter sets accepted, all as the model says\n",
                 counts.calls, counts.successes, counts.windowed_successes, counts.capped_successes,
-                counts.seqused_successes, counts.varlen_successes, counts.paged_successes, counts.newer_successes,
-                counts.merge_successes, counts.backward_successes, counts.backward_rowless_successes,
-                counts.backward_varlen_successes, counts.backward_newer_successes);
+                counts.seqused_successes, counts.varlen_successes, counts.paged_successes, counts.fp8_successes,
+                counts.descaled_successes, counts.newer_successes, counts.merge_successes, counts.backward_successes,
+                counts.backward_rowless_successes, counts.backward_varlen_successes, counts.backward_newer_successes);
     return 0;
 }

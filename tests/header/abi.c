@@ -224,6 +224,7 @@ int flashcore_abi_enums(flashcore_status s, flashcore_dtype d, flashcore_layout 
     case FLASHCORE_DTYPE_FP16:
     case FLASHCORE_DTYPE_BF16:
     case FLASHCORE_DTYPE_FP32:
+    case FLASHCORE_DTYPE_FP8_E4M3:
         n += 2;
         break;
     }

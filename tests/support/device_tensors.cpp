@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "reference.h"
+
 namespace flashcore_test {
 
 bool cuda_device_available(std::string *reason) {
@@ -26,6 +28,8 @@ bool cuda_device_available(std::string *reason) {
     }
     return true;
 }
+
+size_t element_bytes(flashcore_dtype dtype) { return dtype == FLASHCORE_DTYPE_FP8_E4M3 ? 1 : 2; }
 
 uint16_t to_bits(flashcore_dtype dtype, float x) {
     uint16_t bits;
@@ -87,7 +91,7 @@ std::string GuardedBuffer::check(const char *what) const {
 }
 
 void DeviceTensor::allocate(int batch_, int heads_, int seqlen_, int head_dim_, int64_t batch_stride_,
-                            int64_t seq_stride_, int64_t head_stride_) {
+                            int64_t seq_stride_, int64_t head_stride_, size_t element_bytes_) {
     batch = batch_;
     heads = heads_;
     seqlen = seqlen_;
@@ -95,49 +99,84 @@ void DeviceTensor::allocate(int batch_, int heads_, int seqlen_, int head_dim_, 
     batch_stride = batch_stride_;
     seq_stride = seq_stride_;
     head_stride = head_stride_;
+    element_bytes = element_bytes_;
     // An empty view (seqlen 0, as a call without queries has) holds nothing.
     const bool empty = batch == 0 || heads == 0 || seqlen == 0;
     capacity = empty ? 0 : offset(batch - 1, heads - 1, seqlen - 1) + size_t(head_dim);
-    memory.allocate(capacity * sizeof(uint16_t));
+    memory.allocate(capacity * element_bytes);
     data = memory.data;
     poison();
 }
 
+namespace {
+
+// A tensor's element type must match the dtype its values are converted by:
+// a mismatch would write or read the wrong bytes.
+void check_element_type(const DeviceTensor &t, flashcore_dtype dtype) {
+    if (element_bytes(dtype) != t.element_bytes) {
+        throw std::logic_error("a tensor of " + std::to_string(t.element_bytes) + "-byte elements used as dtype " +
+                               std::to_string(int(dtype)));
+    }
+}
+
+}  // namespace
+
 void DeviceTensor::upload(flashcore_dtype dtype, const std::vector<float> &dense) {
+    check_element_type(*this, dtype);
     if (capacity == 0) return;  // an empty view (seqlen 0): nothing to copy
-    std::vector<uint16_t> host(capacity, 0xFFFFu);
+    // Outside the view: the poison's 0xFF bytes, which check_untouched expects.
+    std::vector<unsigned char> host(capacity * element_bytes, 0xFF);
     size_t i = 0;
-    for_each_view_offset([&](size_t at) { host[at] = to_bits(dtype, dense[i++]); });
-    FC_CHECK_CUDA(cudaMemcpy(data, host.data(), capacity * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    for_each_view_offset([&](size_t at) {
+        if (dtype == FLASHCORE_DTYPE_FP8_E4M3) {
+            host[at] = e4m3_encode(dense[i++]);
+        } else {
+            const uint16_t bits = to_bits(dtype, dense[i++]);
+            std::memcpy(&host[at * 2], &bits, sizeof bits);
+        }
+    });
+    FC_CHECK_CUDA(cudaMemcpy(data, host.data(), host.size(), cudaMemcpyHostToDevice));
     finish_device_writes();
 }
 
 std::vector<float> DeviceTensor::download(flashcore_dtype dtype) const {
+    check_element_type(*this, dtype);
     if (capacity == 0) return {};
-    std::vector<uint16_t> host(capacity);
-    FC_CHECK_CUDA(cudaMemcpy(host.data(), data, capacity * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    std::vector<unsigned char> host(capacity * element_bytes);
+    FC_CHECK_CUDA(cudaMemcpy(host.data(), data, host.size(), cudaMemcpyDeviceToHost));
     std::vector<float> dense;
     dense.reserve(size_t(batch) * heads * seqlen * head_dim);
-    for_each_view_offset([&](size_t at) { dense.push_back(from_bits(dtype, host[at])); });
+    for_each_view_offset([&](size_t at) {
+        if (dtype == FLASHCORE_DTYPE_FP8_E4M3) {
+            dense.push_back(float(e4m3_decode(host[at])));
+        } else {
+            uint16_t bits;
+            std::memcpy(&bits, &host[at * 2], sizeof bits);
+            dense.push_back(from_bits(dtype, bits));
+        }
+    });
     return dense;
 }
 
 void DeviceTensor::poison() {
-    FC_CHECK_CUDA(cudaMemset(data, 0xFF, capacity * sizeof(uint16_t)));
+    FC_CHECK_CUDA(cudaMemset(data, 0xFF, capacity * element_bytes));
     finish_device_writes();
 }
 
 std::string DeviceTensor::check_untouched(const char *what) const {
     const std::string guards = memory.check(what);
     if (!guards.empty() || capacity == 0) return guards;
-    std::vector<uint16_t> host(capacity);
-    FC_CHECK_CUDA(cudaMemcpy(host.data(), data, capacity * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    std::vector<unsigned char> host(capacity * element_bytes);
+    FC_CHECK_CUDA(cudaMemcpy(host.data(), data, host.size(), cudaMemcpyDeviceToHost));
     std::vector<bool> in_view(capacity, false);
     for_each_view_offset([&](size_t at) { in_view[at] = true; });
     for (size_t i = 0; i < capacity; ++i) {
-        if (!in_view[i] && host[i] != 0xFFFFu) {
-            return std::string(what) + ": element " + std::to_string(i) +
-                   " lies outside the tensor's view (padding) and was overwritten";
+        if (in_view[i]) continue;
+        for (size_t byte = 0; byte < element_bytes; ++byte) {
+            if (host[i * element_bytes + byte] != 0xFF) {
+                return std::string(what) + ": element " + std::to_string(i) +
+                       " lies outside the tensor's view (padding) and was overwritten";
+            }
         }
     }
     return "";

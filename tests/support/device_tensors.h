@@ -1,5 +1,6 @@
 // Host <-> device helpers for the GPU tests and the demo: CUDA error checks,
-// fp16/bf16 conversion, strided attention tensors with their logical view.
+// fp16/bf16 conversion, strided attention tensors with their logical view
+// (of 16-bit elements, or of the one-byte e4m3 elements of an fp8 K/V cache).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,6 +29,10 @@ namespace flashcore_test {
 
 // Whether a CUDA device is usable here; *reason says why not.
 bool cuda_device_available(std::string *reason);
+
+// Bytes of one element of a tensor of `dtype`: 1 for FLASHCORE_DTYPE_FP8_E4M3,
+// 2 for fp16 and bf16 (the tensors here hold no other).
+size_t element_bytes(flashcore_dtype dtype);
 
 // Rounds through the element type and returns the rounded value.
 float round_to(flashcore_dtype dtype, float x);
@@ -68,11 +73,12 @@ struct GuardedBuffer {
 
 // One attention tensor on the device: [batch, heads, seqlen, head_dim]
 // logically, stored with arbitrary element strides inside a buffer of
-// `capacity` elements, between guard bands.
+// `capacity` elements of `element_bytes` each, between guard bands.
 struct DeviceTensor {
     int batch = 0, heads = 0, seqlen = 0, head_dim = 0;
     int64_t batch_stride = 0, seq_stride = 0, head_stride = 0;
     size_t capacity = 0;
+    size_t element_bytes = 2;  // 1: e4m3 (an fp8 K/V cache)
     void *data = nullptr;
     GuardedBuffer memory;
 
@@ -81,8 +87,9 @@ struct DeviceTensor {
     DeviceTensor &operator=(const DeviceTensor &) = delete;
     ~DeviceTensor() = default;
 
+    // Elements of element_bytes_ bytes (element_bytes(dtype) of what it will hold).
     void allocate(int batch_, int heads_, int seqlen_, int head_dim_, int64_t batch_stride_, int64_t seq_stride_,
-                  int64_t head_stride_);
+                  int64_t head_stride_, size_t element_bytes_ = 2);
     size_t offset(int b, int h, int s) const { return size_t(b * batch_stride + h * head_stride + s * seq_stride); }
     // Calls f(element offset) for every element of the logical view, in
     // dense BHSD order.
@@ -93,11 +100,13 @@ struct DeviceTensor {
                 for (int s = 0; s < seqlen; ++s)
                     for (int c = 0; c < head_dim; ++c) f(offset(b, h, s) + size_t(c));
     }
-    // Writes dense BHSD float values (rounded to dtype) into the strided layout.
+    // Writes dense BHSD float values (rounded to dtype: e4m3_encode for
+    // FLASHCORE_DTYPE_FP8_E4M3, whose tensors pass values it holds exactly)
+    // into the strided layout. dtype's elements must be element_bytes wide.
     void upload(flashcore_dtype dtype, const std::vector<float> &dense_bhsd);
     // Reads the strided layout back as dense BHSD floats.
     std::vector<float> download(flashcore_dtype dtype) const;
-    // Fills the whole buffer with 0xFF bytes: NaN in fp16 and bf16.
+    // Fills the whole buffer with 0xFF bytes: NaN in fp16, bf16 and e4m3.
     void poison();
     // "" if the guard bands are intact and every element outside the
     // logical view (the padding of strided layouts) still holds the poison

@@ -1,6 +1,7 @@
 // What the GPU tests of the forward call share: the error bars against the
 // float64 reference, tensor layouts, one problem's device buffers and
-// parameters (Workload), and running a call with the workspace it asks for.
+// parameters (Workload; K and V 16-bit or an fp8 cache with its descale
+// factors), and running a call with the workspace it asks for.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -27,7 +28,11 @@ namespace flashcore_test {
 // tests/tools/sdpa_error_baseline.py (fp16: rel_l2 2.83e-4, max_abs 1.03e-3;
 // bf16: rel_l2 2.26e-3, max_abs 9.35e-3). The LSE is computed in fp32 from
 // exact fp32 scores; its bound leaves ~10x headroom over what we measure
-// (4e-6).
+// (4e-6). With an fp8 K/V cache the same bars apply: the reference is the
+// attention of the dequantized K and V (each e4m3 value times its descale
+// factor, exact in fp32), and the kernels widen the e4m3 values to q's
+// dtype exactly (each is exact in fp16 and bf16) and apply the factors in
+// fp32, so the quantization itself is no part of the error.
 struct Tolerance {
     double rel_l2;
     double max_abs;
@@ -51,8 +56,10 @@ inline const char *layout_name(Layout l) {
 
 // Element strides of a [B, H, S, D] tensor in the given layout. "Padded" is
 // [B, S, H, D] with gaps after each head, row and batch, as views into larger
-// buffers have.
-inline void strides_for(Layout layout, int heads, int seqlen, int head_dim, int64_t *batch, int64_t *seq, int64_t *head) {
+// buffers have: 1, 2 and 3 times pad_unit elements, which is 16 bytes' worth
+// (8 for 16-bit elements, 16 for e4m3) so the strides stay aligned.
+inline void strides_for(Layout layout, int heads, int seqlen, int head_dim, int64_t *batch, int64_t *seq, int64_t *head,
+                        int pad_unit = 8) {
     switch (layout) {
         case Layout::kBHSD:
             *seq = head_dim;
@@ -65,11 +72,30 @@ inline void strides_for(Layout layout, int heads, int seqlen, int head_dim, int6
             *batch = int64_t(seqlen) * heads * head_dim;
             return;
         case Layout::kPadded:
-            *head = head_dim + 8;
-            *seq = int64_t(heads) * (head_dim + 8) + 16;
-            *batch = int64_t(seqlen) * *seq + 24;
+            *head = head_dim + pad_unit;
+            *seq = int64_t(heads) * (head_dim + pad_unit) + 2 * pad_unit;
+            *batch = int64_t(seqlen) * *seq + 3 * pad_unit;
             return;
     }
+}
+
+// How an fp8 K/V case passes its descale factors (flashcore_forward_params::
+// k_descale, v_descale and their strides); K and V get factors of their own.
+enum class Descale {
+    kNone,          // NULL pointers: a factor of 1
+    kPerTensor,     // one factor each (strides 0, 0)
+    kPerBatchHead,  // one per (batch, K/V head), [batch][head] contiguous (strides heads_kv, 1)
+    kPerHeadBatch,  // the same as [head][batch] (strides 1, batch): the batch stride is the smaller
+};
+
+inline const char *descale_name(Descale d) {
+    switch (d) {
+        case Descale::kNone: return "none";
+        case Descale::kPerTensor: return "tensor";
+        case Descale::kPerBatchHead: return "bh";
+        case Descale::kPerHeadBatch: return "hb";
+    }
+    return "?";
 }
 
 struct FwdCase {
@@ -96,6 +122,12 @@ struct FwdCase {
     // > 0: K and V in a paged pool of pages of this many keys, in shuffled
     // order, with a block table (lengths from seqused_k).
     int page_size = 0;
+    // K and V as an fp8 cache (kv_dtype FLASHCORE_DTYPE_FP8_E4M3): e4m3
+    // bytes, with descale factors passed as `descale` says.
+    bool kv_fp8 = false;
+    Descale descale = Descale::kNone;
+
+    flashcore_dtype kv_dtype() const { return kv_fp8 ? FLASHCORE_DTYPE_FP8_E4M3 : dtype; }
 
     int value_dim() const { return head_dim_v != 0 ? head_dim_v : head_dim; }
     int batch_seqlen_q(int b) const { return seqlens_q.empty() ? seqlen_q : seqlens_q[b]; }
@@ -146,6 +178,17 @@ struct FwdCase {
         c.page_size = size;
         return c;
     }
+    FwdCase with_splits(int splits) const {
+        FwdCase c = *this;
+        c.num_splits = splits;
+        return c;
+    }
+    FwdCase with_fp8_kv(Descale d) const {
+        FwdCase c = *this;
+        c.kv_fp8 = true;
+        c.descale = d;
+        return c;
+    }
 };
 
 inline std::string case_name(const FwdCase &c) {
@@ -179,6 +222,7 @@ inline std::string case_name(const FwdCase &c) {
         for (int n : c.seqlens_k) name += "_" + std::to_string(n);
     }
     if (c.page_size > 0) name += "_page" + std::to_string(c.page_size);
+    if (c.kv_fp8) name += std::string("_kvfp8_descale_") + descale_name(c.descale);
     return name;
 }
 
@@ -210,14 +254,77 @@ inline std::vector<int32_t> prefix_sums(const std::vector<int> &lengths) {
     return cu;
 }
 
+// The descale factors of one fp8 tensor (K or V) as the device array holds
+// them: factor(b, h) = values[b * batch_stride + h * head_stride].
+struct DescaleFactors {
+    std::vector<float> values;  // empty: none passed (a factor of 1)
+    int64_t batch_stride = 0, head_stride = 0;
+
+    float factor(int b, int h) const {
+        return values.empty() ? 1.f : values[size_t(b * batch_stride + h * head_stride)];
+    }
+};
+
+// Random factors laid out as `d` says, each 2^e * (1 + j/16) with e in
+// [-7, -2] and j in [0, 15]: spread over a factor of 64, so some heads' e4m3
+// values reach the top of the range (448 times 2^-7 is 3.5: the tails of a
+// normal distribution saturate) and others' reach the subnormals; and with
+// five significant bits, so a factor times an e4m3 value (four) is exact in
+// float.
+inline DescaleFactors random_descale(Descale d, int batch, int heads_kv, std::mt19937_64 &rng) {
+    DescaleFactors f;
+    size_t count = 0;
+    switch (d) {
+        case Descale::kNone: return f;
+        case Descale::kPerTensor: count = 1; break;
+        case Descale::kPerBatchHead:
+            count = size_t(batch) * heads_kv;
+            f.batch_stride = heads_kv;
+            f.head_stride = 1;
+            break;
+        case Descale::kPerHeadBatch:
+            count = size_t(batch) * heads_kv;
+            f.batch_stride = 1;
+            f.head_stride = batch;
+            break;
+    }
+    std::uniform_int_distribution<int> exponent(-7, -2), sixteenths(0, 15);
+    for (size_t i = 0; i < count; ++i) f.values.push_back(std::ldexp(1.f + sixteenths(rng) / 16.f, exponent(rng)));
+    return f;
+}
+
+// Dense [batch, heads_kv, seqlen_k, dim] values of an fp8 cache as the
+// kernels are to see them: fresh normal values (unit variance, as the 16-bit
+// tests' inputs) quantized as a serving stack would, e4m3_encode(x /
+// factor), and dequantized, e4m3_decode(code) * factor (exact in float).
+inline std::vector<float> quantized_values(const DescaleFactors &f, int batch, int heads_kv, int seqlen, int dim,
+                                           std::mt19937_64 &rng) {
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<float> values(size_t(batch) * heads_kv * seqlen * dim);
+    size_t i = 0;
+    for (int b = 0; b < batch; ++b)
+        for (int h = 0; h < heads_kv; ++h) {
+            const float factor = f.factor(b, h);
+            for (size_t n = 0; n < size_t(seqlen) * dim; ++n, ++i)
+                values[i] = float(e4m3_decode(e4m3_encode(normal(rng) / factor))) * factor;
+        }
+    return values;
+}
+
 // Device buffers and parameters of one problem, with inputs uploaded. The
 // host values q, k, v are dense [batch, heads, seqlen, dim] (seqlen the
 // longest where lengths vary); the device tensors hold them as the case
-// lays them out: strided, packed (cu_seqlens) or paged.
+// lays them out: strided, packed (cu_seqlens) or paged. With an fp8 cache,
+// k and v are the dequantized values (what the reference computes with) and
+// k_stored, v_stored the e4m3 values the device holds (k / factor, exact);
+// otherwise the two are the same.
 struct Workload {
     FwdCase c;
     Problem problem;
     std::vector<float> q, k, v;
+    std::vector<float> k_stored, v_stored;
+    DescaleFactors k_descale, v_descale;
+    GuardedBuffer k_descale_memory, v_descale_memory;
     DeviceTensor dq, dk, dv, dout;
     GuardedBuffer lse_memory;
     float *dlse = nullptr;
@@ -244,13 +351,22 @@ struct Workload {
         problem.softcap = c.softcap;
         problem.seqlens_q = c.seqlens_q;
         q = random_values(c.dtype, size_t(c.batch) * c.heads_q * c.seqlen_q * c.head_dim, rng);
-        k = random_values(c.dtype, size_t(c.batch) * c.heads_kv * c.seqlen_k * c.head_dim, rng);
-        v = random_values(c.dtype, size_t(c.batch) * c.heads_kv * c.seqlen_k * c.value_dim(), rng);
+        if (c.kv_fp8) {
+            k_descale = random_descale(c.descale, c.batch, c.heads_kv, rng);
+            v_descale = random_descale(c.descale, c.batch, c.heads_kv, rng);
+            k = quantized_values(k_descale, c.batch, c.heads_kv, c.seqlen_k, c.head_dim, rng);
+            v = quantized_values(v_descale, c.batch, c.heads_kv, c.seqlen_k, c.value_dim(), rng);
+        } else {
+            k = random_values(c.dtype, size_t(c.batch) * c.heads_kv * c.seqlen_k * c.head_dim, rng);
+            v = random_values(c.dtype, size_t(c.batch) * c.heads_kv * c.seqlen_k * c.value_dim(), rng);
+        }
         if (c.key_tails_unused()) {
             for (int b = 0; b < c.batch; ++b) problem.seqused_k.push_back(c.key_count(b));
             fill_unused_keys(k, c.head_dim);
             fill_unused_keys(v, c.value_dim());
         }
+        k_stored = stored_values(k, k_descale, c.head_dim);
+        v_stored = stored_values(v, v_descale, c.value_dim());
 
         flashcore_forward_params_init(&params, sizeof params);
         if (c.varlen_q()) {
@@ -276,14 +392,14 @@ struct Workload {
             // Rows after the last sequence hold NaN, as a larger buffer's
             // unused rows may: no sequence may see them.
             const int total = cu_k.back() + kPackedTrailingRows;
-            allocate_packed(dk, c.heads_kv, total, c.head_dim);
-            allocate_packed(dv, c.heads_kv, total, c.value_dim());
+            allocate_packed(dk, c.heads_kv, total, c.head_dim, c.kv_dtype());
+            allocate_packed(dv, c.heads_kv, total, c.value_dim(), c.kv_dtype());
             std::vector<float> pk(size_t(c.heads_kv) * total * c.head_dim, NAN);
             std::vector<float> pv(size_t(c.heads_kv) * total * c.value_dim(), NAN);
-            pack_rows(k, c.heads_kv, c.seqlen_k, c.head_dim, c.seqlens_k, cu_k, total, pk);
-            pack_rows(v, c.heads_kv, c.seqlen_k, c.value_dim(), c.seqlens_k, cu_k, total, pv);
-            dk.upload(c.dtype, pk);
-            dv.upload(c.dtype, pv);
+            pack_rows(k_stored, c.heads_kv, c.seqlen_k, c.head_dim, c.seqlens_k, cu_k, total, pk);
+            pack_rows(v_stored, c.heads_kv, c.seqlen_k, c.value_dim(), c.seqlens_k, cu_k, total, pv);
+            dk.upload(c.kv_dtype(), pk);
+            dv.upload(c.kv_dtype(), pv);
             upload_int32(cu_k_memory, cu_k);
             params.cu_seqlens_k = static_cast<const int32_t *>(cu_k_memory.data);
             params.total_seqlen_k = total;
@@ -295,10 +411,10 @@ struct Workload {
             params.page_size = c.page_size;
             params.num_pages = num_pages;
         } else {
-            allocate(dk, c.heads_kv, c.seqlen_k, c.head_dim);
-            allocate(dv, c.heads_kv, c.seqlen_k, c.value_dim());
-            dk.upload(c.dtype, k);
-            dv.upload(c.dtype, v);
+            allocate(dk, c.heads_kv, c.seqlen_k, c.head_dim, c.kv_dtype());
+            allocate(dv, c.heads_kv, c.seqlen_k, c.value_dim(), c.kv_dtype());
+            dk.upload(c.kv_dtype(), k_stored);
+            dv.upload(c.kv_dtype(), v_stored);
         }
         lse_memory.allocate(lse_count * sizeof(float));
         dlse = static_cast<float *>(lse_memory.data);
@@ -322,6 +438,15 @@ struct Workload {
             upload_int32(seqused_memory, std::vector<int32_t>(c.seqused_k.begin(), c.seqused_k.end()));
             params.seqused_k = static_cast<const int32_t *>(seqused_memory.data);
         }
+        if (c.kv_fp8) {
+            params.kv_dtype = FLASHCORE_DTYPE_FP8_E4M3;
+            params.k_descale = upload_descale(k_descale_memory, k_descale);
+            params.v_descale = upload_descale(v_descale_memory, v_descale);
+            params.k_descale_batch_stride = k_descale.batch_stride;
+            params.k_descale_head_stride = k_descale.head_stride;
+            params.v_descale_batch_stride = v_descale.batch_stride;
+            params.v_descale_head_stride = v_descale.head_stride;
+        }
         params.q = dq.data;
         params.k = dk.data;
         params.v = dv.data;
@@ -339,30 +464,74 @@ struct Workload {
             cudaMemcpy(memory.data, values.data(), values.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
         finish_device_writes();
     }
+    // The device array of an fp8 tensor's factors; NULL where it has none.
+    static const float *upload_descale(GuardedBuffer &memory, const DescaleFactors &f) {
+        if (f.values.empty()) return nullptr;
+        memory.allocate(f.values.size() * sizeof(float));
+        FC_CHECK_CUDA(cudaMemcpy(memory.data, f.values.data(), f.values.size() * sizeof(float),
+                                 cudaMemcpyHostToDevice));
+        finish_device_writes();
+        return static_cast<const float *>(memory.data);
+    }
+
+    // The e4m3 values an fp8 cache holds for dequantized dense K or V: each
+    // value divided by its (batch, head) factor, exactly (the values are
+    // e4m3 values times the factor; NaN stays NaN). 16-bit: the values.
+    std::vector<float> stored_values(const std::vector<float> &dequantized, const DescaleFactors &f, int dim) const {
+        if (!c.kv_fp8) return dequantized;
+        std::vector<float> stored(dequantized.size());
+        const size_t per_head = size_t(c.seqlen_k) * dim;
+        for (size_t i = 0; i < stored.size(); ++i) {
+            const size_t bh = i / per_head;
+            stored[i] = dequantized[i] / f.factor(int(bh / c.heads_kv), int(bh % c.heads_kv));
+        }
+        return stored;
+    }
+
+    // What the unused parts of a K/V buffer hold (keys past a batch's count;
+    // negated, the rows of a paged pool that no sequence uses), which must
+    // not reach the output: NaN and infinity alternately in 16-bit caches;
+    // e4m3 has no infinity (it would saturate to 448), so NaN of both signs
+    // there, the codes 0x7f and 0xff.
+    float unused_key_value(size_t i) const {
+        if (i % 2 == 0) return NAN;
+        return c.kv_fp8 ? -NAN : INFINITY;
+    }
 
     // Keys a batch does not attend to (past seqused_k, its packed length or
-    // its pages' keys) hold NaN and infinity, as a KV cache's unused tail
-    // may, which must not reach the output. Dense BHSD host values.
+    // its pages' keys) hold unused_key_value's NaN and infinity, as a KV
+    // cache's unused tail may. Dense BHSD host values.
     void fill_unused_keys(std::vector<float> &values, int dim) const {
         for (int b = 0; b < c.batch; ++b)
             for (int h = 0; h < c.heads_kv; ++h)
                 for (int s = c.key_count(b); s < c.seqlen_k; ++s)
                     for (int col = 0; col < dim; ++col)
                         values[((size_t(b) * c.heads_kv + h) * c.seqlen_k + s) * dim + col] =
-                            (s + col) % 2 == 0 ? NAN : INFINITY;
+                            unused_key_value(size_t(s + col));
     }
 
-    void allocate(DeviceTensor &t, int heads, int seqlen, int head_dim) {
+    // Elements of `storage` (16-bit or e4m3), padded for Layout::kPadded by
+    // 16 bytes' worth of them.
+    void allocate(DeviceTensor &t, int heads, int seqlen, int head_dim, flashcore_dtype storage) {
+        const size_t bytes = element_bytes(storage);
         int64_t b, s, h;
-        strides_for(c.layout, heads, seqlen, head_dim, &b, &s, &h);
-        t.allocate(c.batch, heads, seqlen, head_dim, b, s, h);
+        strides_for(c.layout, heads, seqlen, head_dim, &b, &s, &h, int(FLASHCORE_ALIGNMENT / bytes));
+        t.allocate(c.batch, heads, seqlen, head_dim, b, s, h, bytes);
+    }
+    void allocate(DeviceTensor &t, int heads, int seqlen, int head_dim) {
+        allocate(t, heads, seqlen, head_dim, c.dtype);
     }
     // A packed [rows, heads, dim] tensor (one batch), padded per head and row
     // for Layout::kPadded.
-    void allocate_packed(DeviceTensor &t, int heads, int rows, int head_dim) {
+    void allocate_packed(DeviceTensor &t, int heads, int rows, int head_dim, flashcore_dtype storage) {
+        const size_t bytes = element_bytes(storage);
         int64_t b, s, h;
-        strides_for(c.layout == Layout::kPadded ? Layout::kPadded : Layout::kBSHD, heads, rows, head_dim, &b, &s, &h);
-        t.allocate(1, heads, rows, head_dim, b, s, h);
+        strides_for(c.layout == Layout::kPadded ? Layout::kPadded : Layout::kBSHD, heads, rows, head_dim, &b, &s, &h,
+                    int(FLASHCORE_ALIGNMENT / bytes));
+        t.allocate(1, heads, rows, head_dim, b, s, h, bytes);
+    }
+    void allocate_packed(DeviceTensor &t, int heads, int rows, int head_dim) {
+        allocate_packed(t, heads, rows, head_dim, c.dtype);
     }
     // Dense [batch, heads, seqlen, dim] rows of each batch's first
     // lengths[b] positions into packed [1, heads, total, dim] at cu[b].
@@ -399,14 +568,15 @@ struct Workload {
                 block_table[size_t(b) * pages_per_seq + j] =
                     j * page < c.key_count(b) ? order[next++] : num_pages + 1000 + j;
         int64_t bs, ss, hs;
+        const size_t bytes = element_bytes(c.kv_dtype());
         for (DeviceTensor *t : {&dk, &dv}) {
             const int dim = t == &dk ? c.head_dim : c.value_dim();
             strides_for(c.layout == Layout::kPadded ? Layout::kPadded : Layout::kBSHD, c.heads_kv, page, dim, &bs,
-                        &ss, &hs);
-            t->allocate(num_pages, c.heads_kv, page, dim, bs, ss, hs);
-            const std::vector<float> &dense = t == &dk ? k : v;
+                        &ss, &hs, int(FLASHCORE_ALIGNMENT / bytes));
+            t->allocate(num_pages, c.heads_kv, page, dim, bs, ss, hs, bytes);
+            const std::vector<float> &dense = t == &dk ? k_stored : v_stored;
             std::vector<float> pool(size_t(num_pages) * c.heads_kv * page * dim);
-            for (size_t i = 0; i < pool.size(); ++i) pool[i] = i % 2 == 0 ? NAN : -INFINITY;
+            for (size_t i = 0; i < pool.size(); ++i) pool[i] = -unused_key_value(i);
             for (int b = 0; b < c.batch; ++b)
                 for (int h = 0; h < c.heads_kv; ++h)
                     for (int j = 0; j < c.key_count(b); ++j) {
@@ -414,7 +584,7 @@ struct Workload {
                         std::copy_n(&dense[((size_t(b) * c.heads_kv + h) * c.seqlen_k + j) * dim], dim,
                                     &pool[((size_t(p) * c.heads_kv + h) * page + j % page) * dim]);
                     }
-            t->upload(c.dtype, pool);
+            t->upload(c.kv_dtype(), pool);
         }
     }
 

@@ -193,6 +193,38 @@ void reference_attention_backward(const Problem &p, const std::vector<float> &q,
     });
 }
 
+uint8_t e4m3_encode(float x) {
+    const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+    if (std::isnan(x)) return sign | 0x7F;
+    const double magnitude = std::fabs(double(x));
+    // 448 is the largest value; anything larger (up to 464) rounds down to
+    // it, and beyond would round up to 480, which is NaN's code: saturated.
+    if (magnitude >= kE4m3Max) return sign | 0x7E;
+    // The spacing of e4m3 values around `magnitude`: 2^(e - 3) in the binade
+    // [2^e, 2^(e + 1)), and the subnormals' 2^-9 below the smallest normal
+    // value 2^-6. Counting in that unit, rounding to the nearest integer
+    // with ties to even (the default rounding mode) rounds to the nearest
+    // code with ties to the even code: the count's parity is the mantissa's.
+    const int exponent = magnitude == 0 ? -6 : std::max(std::ilogb(magnitude), -6);
+    const double unit = std::ldexp(1.0, exponent - 3);
+    const double rounded = std::nearbyint(magnitude / unit) * unit;  // exact: a power-of-two unit
+    if (rounded < std::ldexp(1.0, -6)) return sign | uint8_t(rounded / std::ldexp(1.0, -9));
+    // A normal value (the count may have carried into the next binade).
+    const int e = std::ilogb(rounded);
+    const int mantissa = int(rounded / std::ldexp(1.0, e - 3)) - 8;
+    return sign | uint8_t((e + 7) << 3 | mantissa);
+}
+
+double e4m3_decode(uint8_t code) {
+    const int exponent_field = (code >> 3) & 0xF;
+    const int mantissa = code & 0x7;
+    if (exponent_field == 0xF && mantissa == 0x7) return std::numeric_limits<double>::quiet_NaN();
+    // Subnormal: m * 2^-9; normal: (1 + m / 8) * 2^(E - 7) = (8 + m) * 2^(E - 10).
+    const double magnitude =
+        exponent_field == 0 ? std::ldexp(double(mantissa), -9) : std::ldexp(double(8 + mantissa), exponent_field - 10);
+    return (code & 0x80) != 0 ? -magnitude : magnitude;
+}
+
 ErrorStats compare(const std::vector<float> &got, const std::vector<double> &ref) {
     ErrorStats e;
     double diff_sq = 0, ref_sq = 0;

@@ -1,5 +1,6 @@
-// Float64 reference attention on the CPU, and the error statistics the tests
-// and the demo report against it.
+// Float64 reference attention on the CPU, the error statistics the tests
+// and the demo report against it, and the host codec of the fp8 (e4m3)
+// elements of a quantized K/V cache.
 #pragma once
 
 #include <cstddef>
@@ -72,5 +73,19 @@ struct ErrorStats {
 };
 
 ErrorStats compare(const std::vector<float> &got, const std::vector<double> &ref);
+
+// OCP 8-bit floating point E4M3 ("e4m3fn": CUDA's __nv_fp8_e4m3, PyTorch's
+// float8_e4m3fn), the element of a quantized K/V cache (kv_dtype
+// FLASHCORE_DTYPE_FP8_E4M3): a sign bit, 4 exponent bits (bias 7) and 3
+// mantissa bits; exponent field 0 holds the subnormals (m * 2^-9); no
+// infinities; S.1111.111 (0x7f, 0xff) is NaN, so the largest finite value
+// is S.1111.110 = 448. Every e4m3 value is exact in fp16, bf16 and float.
+constexpr double kE4m3Max = 448.0;
+// The e4m3 code nearest to x, ties to even; magnitudes past 448 (infinity
+// included) saturate to +-448 (CUDA's __NV_SATFINITE conversion), and NaN
+// gives the NaN code of x's sign (0x7f or 0xff).
+uint8_t e4m3_encode(float x);
+// The value of an e4m3 code: NaN for 0x7f and 0xff, -0 for 0x80.
+double e4m3_decode(uint8_t code);
 
 }  // namespace flashcore_test

@@ -40,30 +40,30 @@
 
 namespace flashcore {
 
-template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 struct FwdConfig;
 
-// FwdTraits<Element, ElementOut, head_dim, head_dim_v, BlockM, BlockN, WarpsPerSplit, KeySplits, Stages,
+// FwdTraits<Element, ElementKV, ElementOut, head_dim, head_dim_v, BlockM, BlockN, WarpsPerSplit, KeySplits, Stages,
 //           MaxRegisters, QInRegisters>
-template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV>
-struct FwdConfig<kInput, kOutput, kHeadDim, kHeadDimV, FwdVariant::kLargeTiles> {
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV>
+struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kLargeTiles> {
     static constexpr int kBlockM = kHeadDim <= 128 ? 128 : 64;
     static constexpr int kBlockN = kHeadDim <= 64 ? 64 : 32;
-    using Traits = FwdTraits<ElementType<kInput>, ElementType<kOutput>, kHeadDim, kHeadDimV, kBlockM, kBlockN, 4, 1, 2,
+    using Traits = FwdTraits<ElementType<kInput>, ElementType<kKV>, ElementType<kOutput>, kHeadDim, kHeadDimV, kBlockM, kBlockN, 4, 1, 2,
                              255, kHeadDim <= 64>;
 };
 
-template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV>
-struct FwdConfig<kInput, kOutput, kHeadDim, kHeadDimV, FwdVariant::kKeySplit> {
-    using Traits = FwdTraits<ElementType<kInput>, ElementType<kOutput>, kHeadDim, kHeadDimV, 64, 64, 4, 2, 2, 255,
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV>
+struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kKeySplit> {
+    using Traits = FwdTraits<ElementType<kInput>, ElementType<kKV>, ElementType<kOutput>, kHeadDim, kHeadDimV, 64, 64, 4, 2, 2, 255,
                              kHeadDim <= 96>;
 };
 
 // Past head_dim 64, 32-key tiles keep four splits' rings (2 slots each)
 // within the 227 KB an sm_90 CTA may have (d128 64-key slots: 256 KB).
-template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV>
-struct FwdConfig<kInput, kOutput, kHeadDim, kHeadDimV, FwdVariant::kKeySplit4> {
-    using Traits = FwdTraits<ElementType<kInput>, ElementType<kOutput>, kHeadDim, kHeadDimV, 32,
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV>
+struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kKeySplit4> {
+    using Traits = FwdTraits<ElementType<kInput>, ElementType<kKV>, ElementType<kOutput>, kHeadDim, kHeadDimV, 32,
                              kHeadDim <= 64 ? 64 : 32, 2, 4, 2, 255, kHeadDim <= 96>;
 };
 
@@ -89,11 +89,20 @@ constexpr int decode_block_n(int head_dim, int head_dim_v, int element_bytes) {
     return keys < kMmaK ? kMmaK : (keys > 64 ? 64 : keys);
 }
 
-template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV>
-struct FwdConfig<kInput, kOutput, kHeadDim, kHeadDimV, FwdVariant::kDecode> {
-    using Traits = FwdTraits<ElementType<kInput>, ElementType<kOutput>, kHeadDim, kHeadDimV, kDecodeBlockM,
-                             decode_block_n(kHeadDim, kHeadDimV, int(dtype_bytes(kInput))), 1, kDecodeKeySplits,
-                             kDecodeStages, 255, kHeadDim <= 128>;
+// On a quantized (e4m3) cache the decode tiles keep the 16-bit tiles' keys
+// per tile (their widened slot is kDecodeSlotBytes) and stored slots of half
+// the bytes, one more of them: the widened slot and the stored ring then
+// take the shared memory the 16-bit ring does, with 3 tiles in flight per
+// split instead of 2 (at half the bytes each).
+constexpr int kDecodeQuantizedStages = kDecodeStages + 1;
+
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV>
+struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kDecode> {
+    static constexpr bool kQuantizedKV = kKV != kInput;
+    using Traits = FwdTraits<ElementType<kInput>, ElementType<kKV>, ElementType<kOutput>, kHeadDim, kHeadDimV,
+                             kDecodeBlockM, decode_block_n(kHeadDim, kHeadDimV, int(dtype_bytes(kInput))), 1,
+                             kDecodeKeySplits, kQuantizedKV ? kDecodeQuantizedStages : kDecodeStages, 255,
+                             kHeadDim <= 128>;
 };
 
 }  // namespace flashcore

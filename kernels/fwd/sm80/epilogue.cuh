@@ -98,7 +98,14 @@ struct Epilogue {
         const int warp_first_row = ((tid % Traits::kThreadsPerSplit) / kWarpSize) * Traits::kRowsPerWarp;
         loop.merge_splits(acc_o, softmax, smem, split, tid % Traits::kThreadsPerSplit, p);
 
-        softmax.finalize(acc_o, p.softmax_scale, row_lse);
+        if constexpr (Traits::kQuantizedKV) {
+            const FwdTile kv_tile = Scheduler::tile_again(p);
+            const float v_descale = fwd_descale(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride,
+                                                kv_tile.batch, kv_tile.head_kv);
+            softmax.finalize(acc_o, loop.lse_scale(p), row_lse, v_descale);
+        } else {
+            softmax.finalize(acc_o, p.softmax_scale, row_lse);
+        }
         const FwdTile tile = Scheduler::tile_again(p);
         // After a merge only split 0 holds the result.
         const bool holds_result = split == 0;

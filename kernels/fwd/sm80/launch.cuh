@@ -18,11 +18,15 @@ namespace flashcore {
 template <FwdVariant kVariant>
 constexpr bool kServesRagged = kVariant == FwdVariant::kDecode || kVariant == FwdVariant::kKeySplit;
 
-template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
+// Kernels on quantized K/V are built for ragged batches only, which serves
+// dense calls too (their decode time is the cache's read, not the ragged
+// kernel's extra registers): one copy, not two.
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 FwdKernelInfo fwd_info_sm80() {
-    using Traits = typename FwdConfig<kInput, kOutput, kHeadDim, kHeadDimV, kVariant>::Traits;
+    using Traits = typename FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, kVariant>::Traits;
     return {Traits::kSmemBytes, Traits::kBlockM, Traits::kBlockN * Traits::kKeySplits,
-            register_bound_ctas_per_sm(Traits::kNumThreads, Traits::kMaxRegisters), kServesRagged<kVariant>};
+            register_bound_ctas_per_sm(Traits::kNumThreads, Traits::kMaxRegisters),
+            kServesRagged<kVariant> || Traits::kQuantizedKV};
 }
 
 template <typename Traits, bool kRagged>
@@ -36,15 +40,19 @@ cudaError_t launch_fwd_sm80(const FwdKernelParams &params, const FwdLaunchOption
     return launch_opted_in(opt_in, flash_fwd_kernel<Traits, kRagged>, config, options, params);
 }
 
-template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 cudaError_t run_fwd_sm80(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
     static_assert(kInput == kOutput, "the forward kernels write their input type (fwd/family.cmake)");
-    using Traits = typename FwdConfig<kInput, kOutput, kHeadDim, kHeadDimV, kVariant>::Traits;
-    if (!params.ragged) return launch_fwd_sm80<Traits, false>(params, options, stream);
-    if constexpr (kServesRagged<kVariant>) {
+    using Traits = typename FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, kVariant>::Traits;
+    if constexpr (Traits::kQuantizedKV) {
         return launch_fwd_sm80<Traits, true>(params, options, stream);
     } else {
-        return launch_step(cudaErrorNotSupported, options, "a ragged call on a variant without a ragged kernel");
+        if (!params.ragged) return launch_fwd_sm80<Traits, false>(params, options, stream);
+        if constexpr (kServesRagged<kVariant>) {
+            return launch_fwd_sm80<Traits, true>(params, options, stream);
+        } else {
+            return launch_step(cudaErrorNotSupported, options, "a ragged call on a variant without a ragged kernel");
+        }
     }
 }
 

@@ -15,7 +15,9 @@
 //   KvRing         a split's ring of K/V tiles in shared memory, requested
 //                  kStages - 1 tiles ahead with one barrier per tile (a
 //                  paged cache's pages looked up a request ahead:
-//                  paged_kv.cuh);
+//                  paged_kv.cuh); a quantized cache's tiles widened to the
+//                  input type, each into the split's one widened slot, with
+//                  a second barrier;
 //   Mainloop       the registers that outlive the loop (O, the softmax
 //                  state) and the loop itself; merge_splits() folds the key
 //                  splits' partial results into split 0's (key_split.cuh).
@@ -24,6 +26,7 @@
 #include <cstdint>
 
 #include "common/element.cuh"
+#include "common/fp8.cuh"
 #include "common/key_range.cuh"
 #include "common/online_softmax.cuh"
 #include "common/ptx.cuh"
@@ -75,12 +78,13 @@ __device__ __forceinline__ void load_q_async(typename Traits::Element *smem_q, c
 template <typename Traits, bool kRagged>
 struct KvRing {
     using Element = typename Traits::Element;
+    using ElementKV = typename Traits::ElementKV;
     using KeyRange = BlockKeyRange<Traits::kBlockM, Traits::kBlockN>;
 
     const FwdKernelParams &p;
     const KeyRange &keys;
-    Element *slots;        // the ring: kStages slots of (K tile, V tile)
-    const Element *k, *v;  // the tile's K/V head (in page 0 of a paged cache)
+    ElementKV *slots;        // the ring: kStages slots of (K tile, V tile), then the widened slot
+    const ElementKV *k, *v;  // the tile's K/V head (in page 0 of a paged cache)
     int batch;
     int seqlen_k;
     int split;
@@ -92,8 +96,8 @@ struct KvRing {
     bool paged;
     TilePages<Traits::kBlockN> &pages;  // looked up before they are read
 
-    __device__ __forceinline__ KvRing(const FwdKernelParams &p_, const KeyRange &keys_, Element *slots_,
-                                      const Element *k_, const Element *v_, int batch_, int seqlen_k_, int split_,
+    __device__ __forceinline__ KvRing(const FwdKernelParams &p_, const KeyRange &keys_, ElementKV *slots_,
+                                      const ElementKV *k_, const ElementKV *v_, int batch_, int seqlen_k_, int split_,
                                       int split_tid_, int num_tiles_, int qk_vectors_, int v_vectors_, bool paged_,
                                       TilePages<Traits::kBlockN> &pages_)
         : p(p_),
@@ -126,7 +130,7 @@ struct KvRing {
     __device__ __forceinline__ void request(int j) {
         if (j < num_tiles) {
             const int key = first_key(j);
-            Element *slot_k = slots + (j % Traits::kStages) * Traits::kSmemSlotElems;
+            ElementKV *slot_k = slots + (j % Traits::kStages) * Traits::kSmemSlotElems;
             if constexpr (kRagged) {
                 if (paged) {
                     load_paged_kv_tile<Traits>(p, batch, pages, seqlen_k - key, slot_k, k, v, qk_vectors, v_vectors,
@@ -136,17 +140,57 @@ struct KvRing {
                     return;
                 }
             }
-            load_tile_async<Element, Traits::kHeadDim, Traits::kBlockN, Traits::kThreadsPerSplit>(
+            load_tile_async<ElementKV, Traits::kHeadDim, Traits::kBlockN, Traits::kThreadsPerSplit>(
                 slot_k, k + int64_t(key) * p.k_seq_stride, p.k_seq_stride, seqlen_k - key, qk_vectors, split_tid);
-            load_tile_async<Element, Traits::kHeadDimV, Traits::kBlockN, Traits::kThreadsPerSplit>(
+            load_tile_async<ElementKV, Traits::kHeadDimV, Traits::kBlockN, Traits::kThreadsPerSplit>(
                 slot_k + Traits::kSmemKElems, v + int64_t(key) * p.v_seq_stride, p.v_seq_stride, seqlen_k - key,
                 v_vectors, split_tid);
         }
         cp_async_commit();
     }
 
-    // Shared addresses of tile j's K and V (ring_addr: the ring's).
+    // A quantized cache: widens tile j's K and V into the widened slot,
+    // which the split's MMAs then read. Every warp of the split must be
+    // done with the previous tile's widened slot, and tile j must have
+    // landed (the loop's first barrier); the caller synchronises the split
+    // again before the slot is read.
+    __device__ __forceinline__ void widen(int j) const {
+        if constexpr (Traits::kQuantizedKV) {
+            const ElementKV *stored = slots + (j % Traits::kStages) * Traits::kSmemSlotElems;
+            Element *wide = reinterpret_cast<Element *>(slots + Traits::kStages * Traits::kSmemSlotElems);
+            widen_tile<Traits::kHeadDim>(stored, wide);
+            widen_tile<Traits::kHeadDimV>(stored + Traits::kSmemKElems, wide + Traits::kSmemKElems);
+        }
+    }
+
+    // One tile of kBlockN rows of kRowElems: each thread widens whole
+    // 16-byte vectors of e4m3 into two vectors of Element, in the two
+    // tiles' own layouts (smem_tile.cuh).
+    template <int kRowElems>
+    __device__ __forceinline__ void widen_tile(const ElementKV *stored, Element *wide) const {
+        constexpr int kStoredVectors = kRowElems / kElemsPerVector<ElementKV>;
+        constexpr int kVectors = Traits::kBlockN * kStoredVectors;
+        // Not unrolled: each pass widens 16 values, which hides the loop's
+        // overhead, and unrolled the passes doubled the kernel's code (the
+        // library's size is budgeted: docs/kernels.md).
+#pragma unroll 1
+        for (int i = 0; i < (kVectors + Traits::kThreadsPerSplit - 1) / Traits::kThreadsPerSplit; ++i) {
+            const int idx = split_tid + i * Traits::kThreadsPerSplit;
+            if (kVectors % Traits::kThreadsPerSplit != 0 && idx >= kVectors) break;
+            const int row = idx / kStoredVectors;
+            const int vec = idx % kStoredVectors;
+            const uint4 in = *reinterpret_cast<const uint4 *>(stored + swizzled_offset<ElementKV, kRowElems>(row, vec));
+            uint4 first, second;
+            widen_e4m3x16<Element>(in, first, second);
+            *reinterpret_cast<uint4 *>(wide + swizzled_offset<Element, kRowElems>(row, 2 * vec)) = first;
+            *reinterpret_cast<uint4 *>(wide + swizzled_offset<Element, kRowElems>(row, 2 * vec + 1)) = second;
+        }
+    }
+
+    // Shared addresses of tile j's K and V, as the MMAs read them (ring_addr:
+    // the ring's): its slot, or with a quantized cache the widened slot.
     __device__ __forceinline__ static uint32_t k_address(uint32_t ring_addr, int j) {
+        if constexpr (Traits::kQuantizedKV) return ring_addr + uint32_t(Traits::kStages * Traits::kSmemStoredSlotBytes);
         return ring_addr + uint32_t((j % Traits::kStages) * Traits::kSmemSlotElems * sizeof(Element));
     }
     __device__ __forceinline__ static uint32_t v_address(uint32_t k_addr) {
@@ -161,6 +205,7 @@ struct KvRing {
 template <typename Traits, bool kRagged>
 struct Mainloop {
     using Element = typename Traits::Element;
+    using ElementKV = typename Traits::ElementKV;
     static constexpr int kBlockM = Traits::kBlockM;
     static constexpr int kBlockN = Traits::kBlockN;
     static constexpr int kSplits = Traits::kKeySplits;
@@ -177,16 +222,19 @@ struct Mainloop {
     int split;
     int split_tid;  // within the split
     int warp_first_row;
-    Element *smem_kv;  // kStages slots of (K tile, V tile)
+    ElementKV *smem_kv;  // kStages slots of (K tile, V tile), and a quantized cache's widened slot
 
     // The work's operands (bind): the (batch, head group)'s Q (a packed
     // tile's rows gather from its heads) and its K/V head's K and V; its key
     // tiles, all splits', and this thread's split's share (run).
     const Element *q_heads;
-    const Element *k;
-    const Element *v;
+    const ElementKV *k;
+    const ElementKV *v;
     int num_n_blocks;
     int num_split_tiles;
+    // A quantized cache's k_descale of the work's (batch, K/V head), which
+    // the scores are scaled by (score_scale_log2, lse_scale, softcap_prescale).
+    float k_descale;
 
     // smem: Q's tile, then each split's ring (FwdTraits::kSmemBytes).
     __device__ __forceinline__ explicit Mainloop(unsigned char *smem)
@@ -196,15 +244,37 @@ struct Mainloop {
           split(tid / Traits::kThreadsPerSplit),
           split_tid(tid % Traits::kThreadsPerSplit),
           warp_first_row((split_tid / kWarpSize) * Traits::kRowsPerWarp),
-          smem_kv(reinterpret_cast<Element *>(smem + Traits::kSmemQBytes + split * Traits::kSmemRingBytes)) {}
+          smem_kv(reinterpret_cast<ElementKV *>(smem + Traits::kSmemQBytes + split * Traits::kSmemRingBytes)) {}
+
+    // The scales of the raw scores q.k: times score_scale_log2 before exp2,
+    // times lse_scale for the natural-log LSE, times softcap_prescale before
+    // a softcap's tanh (FwdKernelParams). A quantized cache's k_descale goes
+    // into the first two, or with a softcap into the third, whose output
+    // the other two then scale.
+    __device__ __forceinline__ float score_scale_log2(const FwdKernelParams &p) const {
+        if constexpr (Traits::kQuantizedKV) return p.softcap_prescale != 0.f ? p.softmax_scale_log2 : p.softmax_scale_log2 * k_descale;
+        return p.softmax_scale_log2;
+    }
+    __device__ __forceinline__ float lse_scale(const FwdKernelParams &p) const {
+        if constexpr (Traits::kQuantizedKV) return p.softcap_prescale != 0.f ? p.softmax_scale : p.softmax_scale * k_descale;
+        return p.softmax_scale;
+    }
+    __device__ __forceinline__ float softcap_prescale(const FwdKernelParams &p) const {
+        if constexpr (Traits::kQuantizedKV) return p.softcap_prescale * k_descale;
+        return p.softcap_prescale;
+    }
 
     // Returns whether the work has key tiles to visit (false: no row of the
     // block sees a key of its part).
     template <typename Work>
     __device__ __forceinline__ bool bind(const FwdKernelParams &p, const Work &work) {
         q_heads = static_cast<const Element *>(p.q) + fwd_q_offset(p, work.tile);
-        k = static_cast<const Element *>(p.k) + fwd_k_offset<kRagged>(p, work.tile);
-        v = static_cast<const Element *>(p.v) + fwd_v_offset<kRagged>(p, work.tile);
+        k = static_cast<const ElementKV *>(p.k) + fwd_k_offset<kRagged>(p, work.tile);
+        v = static_cast<const ElementKV *>(p.v) + fwd_v_offset<kRagged>(p, work.tile);
+        if constexpr (Traits::kQuantizedKV) {
+            k_descale = fwd_descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, work.tile.batch,
+                                    work.tile.head_kv);
+        }
         num_n_blocks = work.keys.num_blocks();
         return num_n_blocks > 0;
     }
@@ -228,8 +298,9 @@ struct Mainloop {
         // Vectors of each row that exist (the call's head dims may be
         // smaller than the kernel's): the rest load as zeros and are never
         // stored.
-        const int qk_vectors = p.head_dim / kElemsPerVector<Element>;
-        const int v_vectors = p.head_dim_v / kElemsPerVector<Element>;
+        const int q_vectors = p.head_dim / kElemsPerVector<Element>;
+        const int qk_vectors = p.head_dim / kElemsPerVector<ElementKV>;
+        const int v_vectors = p.head_dim_v / kElemsPerVector<ElementKV>;
         // A paged cache's pages are looked up one request ahead (paged_kv.cuh).
         const bool paged = kRagged && p.block_table != nullptr;
         TilePages<kBlockN> pages;
@@ -237,7 +308,7 @@ struct Mainloop {
                                      num_split_tiles, qk_vectors, v_vectors, paged, pages);
         ring.start();
 
-        load_q_async<Traits>(smem_q, p, q_heads, first_query, work.valid_rows, qk_vectors, tid);
+        load_q_async<Traits>(smem_q, p, q_heads, first_query, work.valid_rows, q_vectors, tid);
         cp_async_commit();
 #pragma unroll
         for (int j = 0; j < Traits::kStages - 1; ++j) ring.request(j);
@@ -265,7 +336,8 @@ struct Mainloop {
         }
         OnlineSoftmax<Traits::kMAtoms> softmax;
         softmax.init();
-        const Softcap softcap{p.softcap_prescale};
+        const Softcap softcap{softcap_prescale(p)};
+        const float scale_log2 = score_scale_log2(p);
 
         for (int j = 0; j < num_split_tiles; ++j) {
             const int n_block = keys.n_block(j * kSplits + split);
@@ -275,6 +347,10 @@ struct Mainloop {
             cp_async_wait<Traits::kStages - 2>();
             sync_key_split<Traits>(split);
             ring.request(j + Traits::kStages - 1);
+            if constexpr (Traits::kQuantizedKV) {
+                ring.widen(j);
+                sync_key_split<Traits>(split);
+            }
 
             const uint32_t slot_k_addr = KvRing<Traits, kRagged>::k_address(ring_addr, j);
             const uint32_t slot_v_addr = KvRing<Traits, kRagged>::v_address(slot_k_addr);
@@ -287,7 +363,7 @@ struct Mainloop {
                 FragmentKeyMask<Traits::kMAtoms>::of(mask, first_query + warp_first_row, n_block * kBlockN, lane)
                     .apply(scores);
             }
-            softmax.update(scores, acc_o, p.softmax_scale_log2);
+            softmax.update(scores, acc_o, scale_log2);
             gemm_pv<Traits>(acc_o, scores, slot_v_addr, v_rows);
         }
         // Drain the (empty) trailing requests: the rings are reused after.
@@ -306,7 +382,8 @@ struct Mainloop {
         if constexpr (kSplits > 1) {
             const int split0_tiles = (num_n_blocks + kSplits - 1) / kSplits;
             merge_key_splits<Traits>(softmax, acc_o, smem + Traits::kSmemQBytes, split, split_tid,
-                                     split0_tiles - num_split_tiles, p.softmax_scale_log2);
+                                     Traits::kBarriersPerTile * (split0_tiles - num_split_tiles),
+                                     score_scale_log2(p));
         }
     }
 };

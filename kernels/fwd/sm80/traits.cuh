@@ -3,17 +3,22 @@
 #pragma once
 
 #include <cstddef>
+#include <type_traits>
 
 #include "common/element.cuh"
 #include "common/fragment_layout.cuh"
 
 namespace flashcore {
 
-template <typename Element_, typename ElementOut_, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_,
-          int kWarpsPerSplit_, int kKeySplits_, int kStages_, int kMaxRegisters_, bool kQInRegisters_>
+template <typename Element_, typename ElementKV_, typename ElementOut_, int kHeadDim_, int kHeadDimV_, int kBlockM_,
+          int kBlockN_, int kWarpsPerSplit_, int kKeySplits_, int kStages_, int kMaxRegisters_, bool kQInRegisters_>
 struct FwdTraits {
-    using Element = Element_;        // of Q, K and V
+    using Element = Element_;        // of Q, and of the K/V tiles the MMAs read
+    using ElementKV = ElementKV_;    // of K and V in global memory
     using ElementOut = ElementOut_;  // of O
+    // K/V stored in a narrower type (e4m3: a quantized cache), widened to
+    // Element tile by tile in shared memory (KvRing::widen).
+    static constexpr bool kQuantizedKV = !std::is_same_v<ElementKV, Element>;
     static constexpr int kHeadDim = kHeadDim_;    // of Q and K
     static constexpr int kHeadDimV = kHeadDimV_;  // of V and O
     static constexpr int kBlockM = kBlockM_;      // query rows per CTA
@@ -52,9 +57,16 @@ struct FwdTraits {
     static constexpr int kSmemKElems = kBlockN * kHeadDim;   // one K tile
     static constexpr int kSmemVElems = kBlockN * kHeadDimV;  // one V tile
     static constexpr int kSmemSlotElems = kSmemKElems + kSmemVElems;
-    // Q, then per key split kStages slots of one K and one V tile each. The
-    // output tile reuses Q's space; the key-split merge reuses the K/V rings.
-    static constexpr size_t kSmemRingBytes = size_t(kStages) * kSmemSlotElems * sizeof(Element);
+    // Q, then per key split kStages slots of one K and one V tile each, as
+    // stored (ElementKV), and with quantized K/V one slot of them widened to
+    // Element, which the MMAs read. The output tile reuses Q's space; the
+    // key-split merge reuses the K/V rings.
+    static constexpr size_t kSmemStoredSlotBytes = size_t(kSmemSlotElems) * sizeof(ElementKV);
+    static constexpr size_t kSmemWideSlotBytes = kQuantizedKV ? size_t(kSmemSlotElems) * sizeof(Element) : 0;
+    static constexpr size_t kSmemRingBytes = size_t(kStages) * kSmemStoredSlotBytes + kSmemWideSlotBytes;
+    // Barriers of a key split per tile: one before it is read, and with
+    // quantized K/V one after it is widened.
+    static constexpr int kBarriersPerTile = kQuantizedKV ? 2 : 1;
     static constexpr size_t kSmemBytes = kSmemQBytes + size_t(kKeySplits) * kSmemRingBytes;
 
     static_assert(kKeySplits == 1 || kKeySplits == 2 || kKeySplits == 4, "key_split.cuh merges 1, 2 or 4 splits");
@@ -64,6 +76,10 @@ struct FwdTraits {
     static_assert(kHeadDim % (4 * kElemsPerVector<Element>) == 0 && kHeadDimV % (4 * kElemsPerVector<Element>) == 0,
                   "rows are swizzled in groups of 8 or 4 16-byte vectors (smem_tile.cuh)");
     static_assert(kHeadDimV <= kHeadDim, "the output tile reuses Q's shared memory");
+    static_assert(!kQuantizedKV || (sizeof(ElementKV) == 1 && sizeof(Element) == 2),
+                  "quantized K/V are one-byte (e4m3) under a 16-bit input");
+    static_assert(kHeadDim % kElemsPerVector<ElementKV> == 0 && kHeadDimV % kElemsPerVector<ElementKV> == 0,
+                  "K/V rows are whole 16-byte vectors");
     static_assert(sizeof(ElementOut) == sizeof(Element), "the output tile is staged in Q's rows, with Q's swizzle");
 };
 

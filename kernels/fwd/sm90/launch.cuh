@@ -59,9 +59,10 @@ cudaError_t launch(const Sm90KernelParams &p, int64_t num_ctas, const FwdLaunchO
 
 namespace flashcore {
 
-template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 FwdKernelInfo fwd_info_sm90() {
     static_assert(kVariant == FwdVariant::kPersistent, "the sm90 kernel has one variant");
+    static_assert(kKV == kInput, "the sm90 kernel reads K/V of its input type (fwd/family.cmake)");
     using Traits = typename sm90::Sm90Config<kInput, kOutput, kHeadDim, kHeadDimV>::Traits;
     // One CTA per SM: __launch_bounds__(threads, 1), and the consumers take
     // the registers the producer gives up.
@@ -135,9 +136,10 @@ cudaError_t run_with_traits(const FwdKernelParams &params, const FwdLaunchOption
 
 }  // namespace sm90
 
-template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
     static_assert(kInput == kOutput, "the forward kernels write their input type (fwd/family.cmake)");
+    static_assert(kKV == kInput, "the sm90 kernel reads K/V of its input type (fwd/family.cmake)");
     static_assert(kVariant == FwdVariant::kPersistent, "the sm90 kernel has one variant");
     using Config = sm90::Sm90Config<kInput, kOutput, kHeadDim, kHeadDimV>;
     using Traits = typename Config::Traits;
