@@ -262,8 +262,9 @@ kDLCUDAManaged = 13
 # is mistaken for most often.
 _DL_PLACES = {kDLCPU: "the CPU", 3: "pinned host memory (kDLCUDAHost)", 8: "a Metal device", 10: "a ROCm device",
               11: "pinned ROCm host memory", 14: "a oneAPI device"}
+# (DLDataTypeCode, bits) -> dtype name; code 10 is kDLFloat8_e4m3fn (DLPack 1.1).
 _DL_DTYPES = {(2, 16): "float16", (4, 16): "bfloat16", (2, 32): "float32", (2, 64): "float64", (0, 32): "int32",
-              (0, 64): "int64", (1, 32): "uint32"}
+              (0, 64): "int64", (1, 32): "uint32", (10, 8): "float8_e4m3fn"}
 
 
 class DLDevice(ctypes.Structure):

@@ -16,7 +16,7 @@ from ._arguments import LAYOUT_AXES, _layout, _options, _softmax_scale
 from ._arrays import Array, describe, describe_first, full, is_cupy, is_torch, shape_of
 from ._checked import fits, struct_ref
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError
-from ._geometry import _batch_from_cu_seqlens, _build, _sequences
+from ._geometry import _batch_from_cu_seqlens, _build, _descales, _sequences
 from ._launch import launch, launch_plain
 from ._library import library
 from ._modes import tracing, wants_grad
@@ -47,23 +47,25 @@ def forward_params(q: Array, k: Array, v: Array, out: Optional[Array] = None, *,
                    num_splits: Optional[int] = None, window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
                    seqused_k: Optional[Array] = None, cu_seqlens_q: Optional[Array] = None,
                    cu_seqlens_k: Optional[Array] = None, max_seqlen_q: Optional[int] = None,
-                   max_seqlen_k: Optional[int] = None,
-                   block_table: Optional[Array] = None) -> "_ffi.flashcore_forward_params":
+                   max_seqlen_k: Optional[int] = None, block_table: Optional[Array] = None,
+                   q_descale: Optional[Array] = None, k_descale: Optional[Array] = None,
+                   v_descale: Optional[Array] = None) -> "_ffi.flashcore_forward_params":
     """A flashcore.ForwardParams for these arrays (pointers, sizes, strides),
     for the low-level calls: Handle.workspace_size, Handle.forward,
     check_params. The arrays must outlive every use of the result.
-    num_splits, window, softcap and seqused_k as for attention();
-    cu_seqlens_q/max_seqlen_q and cu_seqlens_k/max_seqlen_k as for
-    attention_varlen() (each side packed on its own: q and out, or k and v,
-    are then [total, H, D] whatever the layout); block_table as for
-    attention_with_kvcache(), k and v then page pools [num_pages,
-    page_size, Hkv, D] (layout="bshd") or [num_pages, Hkv, page_size, D]."""
+    num_splits, window, softcap, seqused_k, float8_e4m3fn k and v and the
+    descales as for attention(); cu_seqlens_q/max_seqlen_q and
+    cu_seqlens_k/max_seqlen_k as for attention_varlen() (each side packed
+    on its own: q and out, or k and v, are then [total, H, D] whatever the
+    layout); block_table as for attention_with_kvcache(), k and v then page
+    pools [num_pages, page_size, Hkv, D] (layout="bshd") or [num_pages,
+    Hkv, page_size, D]."""
     layout = _layout(layout)
     options = _options(causal, softmax_scale, num_splits, window, softcap)
     infos = [None if a is None else describe(a, name) for a, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"))]
     seqs = _sequences(0, seqused_k=seqused_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                       cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k, block_table=block_table)
-    return _build(library(), *infos, layout, options, seqs)
+    return _build(library(), *infos, layout, options, seqs, _descales(0, q_descale, k_descale, v_descale))
 
 
 def supported_head_dims() -> List[Tuple[int, int]]:
@@ -88,7 +90,8 @@ def check_params(params: "_ffi.flashcore_forward_params") -> None:
 
 def _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k=None,
              cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None,
-             seqused_k_name="seqused_k", fast_asked=False, deterministic=False):
+             seqused_k_name="seqused_k", fast_asked=False, deterministic=False, q_descale=None, k_descale=None,
+             v_descale=None):
     """What attention, attention_varlen and attention_with_kvcache share:
     under torch.compile (or torch.export) the torch operator
     flashcore::forward; else the compiled path where it serves the call
@@ -99,41 +102,45 @@ def _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, 
     again where the result must be differentiable (wants_grad); else
     prepare() and launch(), with prepare()'s arguments. fast_asked: the
     caller already asked the compiled path, which handed the call back.
+    The descales are attention()'s, carried by every path.
     (Positional: keywords cost host time on every call.)"""
+    descales = (q_descale, k_descale, v_descale)
     if tracing():
         return _operator_forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach,
                                  seqused_k, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table,
-                                 deterministic)
+                                 deterministic, descales)
     if (stream is None and workspace is None and lse is None and cu_seqlens_q is None and cu_seqlens_k is None
             and block_table is None):
         fast = _fast if _fast is not None else _load_fast()
         if fast and not fast_asked:
-            result = fast.call(q, k, v, out, seqused_k, layout, options, return_lse)
+            result = fast.call(q, k, v, out, seqused_k, q_descale, k_descale, v_descale, layout, options, return_lse)
             if result is not None:
                 return result
-    planned = plan_of((q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table), layout, options,
-                      return_lse, max_seqlen_q, max_seqlen_k, workspace)
+    planned = plan_of((q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table) + descales, layout,
+                      options, return_lse, max_seqlen_q, max_seqlen_k, workspace)
     plan = planned[1]
     if plan is not None and plan.plain_torch and stream is None:
         result = launch_plain(plan, planned[2], q, out, return_lse)
         if _fast:
-            _fastpath.remember(_fast, plan, q, k, v, out, seqused_k, layout, options, return_lse)
+            _fastpath.remember(_fast, plan, q, k, v, out, seqused_k, descales, layout, options, return_lse)
         return result
     if (plan is None or plan.requires_grad) and wants_grad(q, k, v, detach):
         return _operator_forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach,
                                  seqused_k, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table,
-                                 deterministic)
+                                 deterministic, descales)
     return launch(prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, seqused_k, cu_seqlens_q,
-                          max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table, seqused_k_name, planned))
+                          max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table, seqused_k_name, q_descale, k_descale,
+                          v_descale, planned))
 
 
 def _operator_forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k,
-                      cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table, deterministic):
+                      cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table, deterministic, descales):
     """_torch_ops.operator_forward with _forward's arguments."""
     return operator_forward(q, k, v, layout=layout, options=options, out=out, lse=lse, return_lse=return_lse,
                             stream=stream, workspace=workspace, detach=detach, seqused_k=seqused_k,
                             cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
-                            max_seqlen_k=max_seqlen_k, block_table=block_table, deterministic=deterministic)
+                            max_seqlen_k=max_seqlen_k, block_table=block_table, deterministic=deterministic,
+                            descales=descales)
 
 
 def _pytorch_names(q, k, layout, causal, softmax_scale, is_causal, scale):
@@ -175,7 +182,8 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
               lse: Optional[Array] = None, workspace: Optional[Array] = None, num_splits: Optional[int] = None,
               window: Optional[Tuple[int, int]] = None, softcap: float = 0.0, seqused_k: Optional[Array] = None,
               detach: bool = False, is_causal: Optional[bool] = None, scale: Optional[float] = None,
-              deterministic: bool = False) -> Union[Array, Tuple[Array, Array]]:
+              deterministic: bool = False, q_descale: Optional[Array] = None, k_descale: Optional[Array] = None,
+              v_descale: Optional[Array] = None) -> Union[Array, Tuple[Array, Array]]:
     """Fused scaled-dot-product attention, like
     torch.nn.functional.scaled_dot_product_attention(q, k, v):
 
@@ -184,8 +192,9 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
     (cap is the identity unless softcap is set).
 
     q: [B, Hq, Sq, D]; k: [B, Hkv, Sk, D]; v: [B, Hkv, Sk, Dv] with Hq a
-    multiple of Hkv (grouped-query attention); float16 or bfloat16, on one
-    CUDA device. out is [B, Hq, Sq, Dv]. D (head_dim) and Dv (head_dim_v)
+    multiple of Hkv (grouped-query attention); float16 or bfloat16 (k and v
+    also float8_e4m3fn: quantized K/V, below), on one CUDA device. out is
+    [B, Hq, Sq, Dv], of q's dtype. D (head_dim) and Dv (head_dim_v)
     may differ, e.g. 192 and 128; see supported_head_dims() for the pairs
     this build has kernels for and which others run. Any storage order works
     as long as the last dimension is contiguous: strides are read from the
@@ -243,6 +252,30 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
         merge_states). Results are deterministic for a given num_splits;
         different num_splits round differently.
 
+    Quantized K/V (an fp8 KV cache, as vLLM's kv_cache_dtype="fp8"): k and
+        v may both be float8_e4m3fn (torch.float8_e4m3fn) with float16 or
+        bfloat16 q; out has q's dtype. They stand for k_descale * k and
+        v_descale * v: the kernels widen each K/V tile to q's dtype on the
+        GPU, so the result is that of attention on the dequantized K/V in
+        q's dtype. Their head dims must be multiples of 16, and their
+        strides (in elements, one byte each) multiples of 16 but for the
+        last. Inference only: where q requires grad (grad mode on) the call
+        raises UnsupportedError, unless detach=True or torch.no_grad().
+        Mixed 16-bit dtypes (float16 q, bfloat16 k) are refused.
+    k_descale, v_descale: the descale factors of float8_e4m3fn k and v
+        (FlashAttention 3's arguments): None (1), or a float32 CUDA tensor
+        of one element (shape [] or [1]: one factor for the whole tensor,
+        vLLM's k_scale and v_scale) or of shape [B, Hkv] (one per sequence
+        and K/V head; any strides, so an expand()ed one-element tensor
+        works). Read on the GPU and not checked: each must be finite and
+        > 0. A Python float is refused (the factors are read on the GPU,
+        and a tensor made of it would be a hidden allocation and copy per
+        call): make the tensor once, torch.tensor([s], device=q.device),
+        and pass it to every call. The library refuses them with 16-bit k
+        and v.
+    q_descale: for float8_e4m3fn queries, which are not supported yet:
+        None (the library refuses a tensor, UnsupportedError).
+
     Gradients: where q, k or v is a torch tensor that requires grad and
         grad mode is on, the result is differentiable: autograd computes
         the gradients of q, k and v with flashcore_backward (the call is
@@ -250,8 +283,9 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
         that is, and keeps q, k, v, out and the lse for the backward pass).
         The returned lse, if asked for, has no gradient. stream= and
         workspace= are not taken then; out= and lse= are copied into.
-        Paged caches (attention_with_kvcache's block_table) have no
-        backward pass: such a call raises UnsupportedError.
+        Paged caches (attention_with_kvcache's block_table) and
+        float8_e4m3fn K/V have no backward pass: such a call raises
+        UnsupportedError.
     deterministic: the backward pass makes dq bitwise identical from run
         to run (it accumulates in a fixed order, at some cost in speed); dk
         and dv are either way, as is the forward. Also on where
@@ -288,12 +322,12 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
     # reached: _is_compiling() comes first, and there _forward traces.
     fast_asked = False
     if _fast and stream is None and lse is None and workspace is None and not _is_compiling():
-        result = _fast.call(q, k, v, out, seqused_k, layout, options, return_lse)
+        result = _fast.call(q, k, v, out, seqused_k, q_descale, k_descale, v_descale, layout, options, return_lse)
         if result is not None:
             return result
         fast_asked = True
     return _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k, None,
-                    None, None, None, None, "seqused_k", fast_asked, deterministic)
+                    None, None, None, None, "seqused_k", fast_asked, deterministic, q_descale, k_descale, v_descale)
 
 
 def attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k: Array, max_seqlen_q: int,
@@ -301,8 +335,9 @@ def attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqle
                      out: Optional[Array] = None, return_lse: bool = False, stream: Any = None,
                      lse: Optional[Array] = None, workspace: Optional[Array] = None, num_splits: Optional[int] = None,
                      window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
-                     seqused_k: Optional[Array] = None, detach: bool = False,
-                     deterministic: bool = False) -> Union[Array, Tuple[Array, Array]]:
+                     seqused_k: Optional[Array] = None, detach: bool = False, deterministic: bool = False,
+                     q_descale: Optional[Array] = None, k_descale: Optional[Array] = None,
+                     v_descale: Optional[Array] = None) -> Union[Array, Tuple[Array, Array]]:
     """Attention over a batch of sequences of different lengths packed
     without padding, as FlashAttention's flash_attn_varlen_func:
 
@@ -324,14 +359,18 @@ def attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqle
         the first min(seqused_k[b], its length) of its keys.
     lse: float32 [Hq, total_q] (FlashAttention's varlen layout), returned
         with return_lse as (out, lse).
+    k and v may be float8_e4m3fn (a quantized KV cache) with k_descale
+        and v_descale of one element or of shape [B, Hkv], as for
+        attention().
 
     The other arguments are attention()'s, detach and deterministic
     included; the result is differentiable as attention()'s is (the
-    gradients of rows outside every sequence are 0).
+    gradients of rows outside every sequence are 0), float8_e4m3fn K/V's
+    is not.
     """
     return _forward(q, k, v, "bshd", (causal, softmax_scale, num_splits, window, softcap), out, lse, return_lse,
                     stream, workspace, detach, seqused_k, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k,
-                    None, "seqused_k", False, deterministic)
+                    None, "seqused_k", False, deterministic, q_descale, k_descale, v_descale)
 
 
 def _cache_seqlens_array(count, q, cu_seqlens_q, stream):
@@ -360,7 +399,9 @@ def attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, cache_seqle
                            return_lse: bool = False, stream: Any = None, lse: Optional[Array] = None,
                            workspace: Optional[Array] = None, num_splits: Optional[int] = None,
                            window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
-                           detach: bool = False, deterministic: bool = False) -> Union[Array, Tuple[Array, Array]]:
+                           detach: bool = False, deterministic: bool = False, q_descale: Optional[Array] = None,
+                           k_descale: Optional[Array] = None,
+                           v_descale: Optional[Array] = None) -> Union[Array, Tuple[Array, Array]]:
     """Attention of new queries against a KV cache, as FlashAttention's
     flash_attn_with_kvcache (without appending to the cache or rotary
     embedding), in its [B, S, H, D] storage:
@@ -390,10 +431,15 @@ def attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, cache_seqle
         [total_q, Hq, D], out [total_q, Hq, Dv], lse [Hq, total_q], and B
         is len(cu_seqlens_q) - 1; query i of sequence b, of Sq_b queries,
         sees key j <= i + cache_seqlens[b] - Sq_b with causal.
+    k_cache, v_cache: float8_e4m3fn for a quantized (fp8) cache, contiguous
+        or paged, with q float16 or bfloat16 (out has q's dtype);
+        k_descale and v_descale are its descale factors, of one element
+        (the whole cache) or of shape [B, Hkv], as for attention().
     The other arguments are attention()'s (layout is "bshd"), detach and
-    deterministic included: a contiguous cache's result is differentiable
-    as attention()'s is; a paged one's is not (UnsupportedError where an
-    input requires grad, unless detach=True).
+    deterministic included: a contiguous 16-bit cache's result is
+    differentiable as attention()'s is; a paged or float8_e4m3fn one's is
+    not (UnsupportedError where an input requires grad, unless
+    detach=True).
     """
     seqused_k = cache_seqlens
     if cache_seqlens is not None and not (is_torch(cache_seqlens) or hasattr(cache_seqlens, "__cuda_array_interface__")
@@ -401,4 +447,5 @@ def attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, cache_seqle
         seqused_k = _cache_seqlens_array(cache_seqlens, q, cu_seqlens_q, stream)
     return _forward(q, k_cache, v_cache, "bshd", (causal, softmax_scale, num_splits, window, softcap), out, lse,
                     return_lse, stream, workspace, detach, seqused_k, cu_seqlens_q, max_seqlen_q,
-                    block_table=block_table, seqused_k_name="cache_seqlens", deterministic=deterministic)
+                    block_table=block_table, seqused_k_name="cache_seqlens", deterministic=deterministic,
+                    q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)

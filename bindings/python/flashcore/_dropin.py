@@ -1,7 +1,8 @@
 """Drop-ins under other libraries' names and conventions:
 flashcore.sdpa has the signature and semantics of PyTorch's
 torch.nn.functional.scaled_dot_product_attention, flashcore.flash_attn_func
-those of FlashAttention 2's flash_attn_func. Both run flashcore.attention
+those of FlashAttention 2's flash_attn_func (with FlashAttention 3's fp8
+descale keywords). Both run flashcore.attention
 and refuse, with NotImplementedError naming the argument, what it does not
 compute."""
 
@@ -142,7 +143,8 @@ def sdpa(query: Array, key: Array, value: Array, attn_mask: Optional[Array] = No
 def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                     causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: Optional[Any] = None, deterministic: bool = False,
-                    return_attn_probs: bool = False) -> Array:
+                    return_attn_probs: bool = False, *, q_descale: Optional[Array] = None,
+                    k_descale: Optional[Array] = None, v_descale: Optional[Array] = None) -> Array:
     """FlashAttention 2's flash_attn_func, same signature and semantics,
     computed by flashcore: q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk,
     Hkv, Dv] (Hkv dividing Hq), out [B, Sq, Hq, Dv]; causal and
@@ -152,6 +154,12 @@ def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0, softma
     deterministic makes the backward pass's dq bitwise identical from run
     to run, as FlashAttention's does (flashcore's forward, dk and dv are
     deterministic either way).
+
+    FlashAttention 3's fp8 keywords: k and v may be float8_e4m3fn with a
+    float16/bfloat16 q (out has q's dtype), k_descale and v_descale their
+    descale factors (float32 tensors of one element or of shape [B, Hkv]),
+    as for flashcore.attention; q_descale must be None (fp8 queries are not
+    supported yet). Such a call has no backward pass.
 
     dropout_p != 0, alibi_slopes and return_attn_probs raise
     NotImplementedError naming the argument; for the log-sum-exp that
@@ -176,4 +184,5 @@ def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0, softma
     unbounded = (-1, 0) if causal else (-1, -1)  # what causal alone, or nothing, already masks
     window = None if (left, right) == unbounded else (left, right)
     return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window, softcap=softcap,
-                     layout="bshd", deterministic=deterministic)
+                     layout="bshd", deterministic=deterministic, q_descale=q_descale, k_descale=k_descale,
+                     v_descale=v_descale)

@@ -39,8 +39,22 @@
 #define FASTCALL_MAX_PLANS 16
 /* Tensors of more dimensions are never served here. */
 #define FASTCALL_MAX_DIMS 8
-/* The arrays a plan describes, in the order call() takes them. */
-enum { ARRAY_Q, ARRAY_K, ARRAY_V, ARRAY_OUT, ARRAY_SEQUSED_K, NUM_ARRAYS };
+/* The arrays a plan describes, in the order call() takes them: the descale
+ * factors of quantized (fp8) inputs last, in the order of their fields. */
+enum {
+    ARRAY_Q,
+    ARRAY_K,
+    ARRAY_V,
+    ARRAY_OUT,
+    ARRAY_SEQUSED_K,
+    ARRAY_Q_DESCALE,
+    ARRAY_K_DESCALE,
+    ARRAY_V_DESCALE,
+    NUM_ARRAYS
+};
+#define NUM_DESCALES 3
+/* The arguments of call() (those of remember() that begin it). */
+#define CALL_ARGS (NUM_ARRAYS + 3)
 
 typedef flashcore_status (*forward_fn)(flashcore_handle, const flashcore_forward_params *, void *, size_t, void *);
 
@@ -228,12 +242,14 @@ typedef struct {
     CallOptions call_options;
 } Probe;
 
-/* Unpacks (q, k, v, out, seqused_k, layout, options, return_lse) and reads
- * them. Returns 1 when this path may serve the call, 0 or -1 as above. */
+/* Unpacks (q, k, v, out, seqused_k, q_descale, k_descale, v_descale, layout,
+ * options, return_lse) and reads them. Returns 1 when this path may serve
+ * the call, 0 or -1 as above. */
 static int probe_call(PyObject *args, Probe *p) {
-    if (!PyArg_UnpackTuple(args, "call", 8, 8, &p->arrays[ARRAY_Q], &p->arrays[ARRAY_K], &p->arrays[ARRAY_V],
-                           &p->arrays[ARRAY_OUT], &p->arrays[ARRAY_SEQUSED_K], &p->layout, &p->options,
-                           &p->return_lse))
+    if (!PyArg_UnpackTuple(args, "call", CALL_ARGS, CALL_ARGS, &p->arrays[ARRAY_Q], &p->arrays[ARRAY_K],
+                           &p->arrays[ARRAY_V], &p->arrays[ARRAY_OUT], &p->arrays[ARRAY_SEQUSED_K],
+                           &p->arrays[ARRAY_Q_DESCALE], &p->arrays[ARRAY_K_DESCALE], &p->arrays[ARRAY_V_DESCALE],
+                           &p->layout, &p->options, &p->return_lse))
         return -1;
     if (!torch_api.configured) return 0;
     for (int i = 0; i < NUM_ARRAYS; ++i) {
@@ -341,10 +357,10 @@ static PyObject *fastcall_stub_forward_address(PyObject *self, PyObject *unused)
 }
 
 PyDoc_STRVAR(call_doc,
-             "call(q, k, v, out, seqused_k, layout, options, return_lse)\n\n"
+             "call(q, k, v, out, seqused_k, q_descale, k_descale, v_descale, layout, options, return_lse)\n\n"
              "Queues a call a remembered plan serves and returns its result (out, or (out, lse)); None where no "
              "plan serves it (the caller then takes the Python path). options: (causal, softmax_scale, num_splits, "
-             "window, softcap), as flashcore.attention passes them.");
+             "window, softcap), as flashcore.attention passes them; out, seqused_k and the descales may be None.");
 
 static PyObject *fastcall_call(PyObject *self, PyObject *args) {
     (void)self;
@@ -393,6 +409,13 @@ static PyObject *fastcall_call(PyObject *self, PyObject *args) {
     if (p.arrays[ARRAY_SEQUSED_K] != Py_None) {
         if (address_of(p.arrays[ARRAY_SEQUSED_K], &address) < 0) goto fail;
         params.seqused_k = (const int32_t *)address;
+    }
+    const float **descales[NUM_DESCALES] = {&params.q_descale, &params.k_descale, &params.v_descale};
+    for (int i = 0; i < NUM_DESCALES; ++i) {
+        PyObject *descale = p.arrays[ARRAY_Q_DESCALE + i];
+        if (descale == Py_None) continue;
+        if (address_of(descale, &address) < 0) goto fail;
+        *descales[i] = (const float *)address;
     }
 
     flashcore_status status;
@@ -447,8 +470,9 @@ static int empty_arguments(PyObject *shape, PyObject *dtype, PyObject *torch_dev
 }
 
 PyDoc_STRVAR(remember_doc,
-             "remember(q, k, v, out, seqused_k, layout, options, return_lse, template, out_like_q, out_shape, "
-             "dtype, torch_device, lse_shape, lse_dtype, workspace_bytes, handle, raw_handle, device)\n\n"
+             "remember(q, k, v, out, seqused_k, q_descale, k_descale, v_descale, layout, options, return_lse, "
+             "template, out_like_q, out_shape, dtype, torch_device, lse_shape, lse_dtype, workspace_bytes, handle, "
+             "raw_handle, device)\n\n"
              "Keeps the plan of a call the Python path served from its cache (the same arguments as call(), "
              "then what the plan holds: template, the params struct's bytes but for the addresses; out_shape "
              "(None where out is given) and dtype, or out_like_q; lse_shape (None where no lse is returned) and "
@@ -459,11 +483,11 @@ PyDoc_STRVAR(remember_doc,
 static PyObject *fastcall_remember(PyObject *self, PyObject *args) {
     (void)self;
     Py_ssize_t n = PyTuple_Size(args);
-    if (n != 19) {
-        PyErr_Format(PyExc_TypeError, "remember() takes 19 arguments (%zd given)", n);
+    if (n != CALL_ARGS + 11) {
+        PyErr_Format(PyExc_TypeError, "remember() takes %d arguments (%zd given)", CALL_ARGS + 11, n);
         return NULL;
     }
-    PyObject *call_args = PyTuple_GetSlice(args, 0, 8);
+    PyObject *call_args = PyTuple_GetSlice(args, 0, CALL_ARGS);
     if (call_args == NULL) return NULL;
     Probe p;
     int served = probe_call(call_args, &p);
@@ -472,12 +496,14 @@ static PyObject *fastcall_remember(PyObject *self, PyObject *args) {
         if (served < 0) return NULL;
         Py_RETURN_FALSE;
     }
-    PyObject *template_bytes = PyTuple_GetItem(args, 8), *out_like_q = PyTuple_GetItem(args, 9),
-             *out_shape = PyTuple_GetItem(args, 10), *dtype = PyTuple_GetItem(args, 11),
-             *torch_device = PyTuple_GetItem(args, 12), *lse_shape = PyTuple_GetItem(args, 13),
-             *lse_dtype = PyTuple_GetItem(args, 14), *workspace_bytes = PyTuple_GetItem(args, 15),
-             *handle = PyTuple_GetItem(args, 16), *raw_handle = PyTuple_GetItem(args, 17),
-             *device = PyTuple_GetItem(args, 18);
+    /* What the plan holds, after the call's arguments. */
+    Py_ssize_t at = CALL_ARGS;
+    PyObject *template_bytes = PyTuple_GetItem(args, at), *out_like_q = PyTuple_GetItem(args, at + 1),
+             *out_shape = PyTuple_GetItem(args, at + 2), *dtype = PyTuple_GetItem(args, at + 3),
+             *torch_device = PyTuple_GetItem(args, at + 4), *lse_shape = PyTuple_GetItem(args, at + 5),
+             *lse_dtype = PyTuple_GetItem(args, at + 6), *workspace_bytes = PyTuple_GetItem(args, at + 7),
+             *handle = PyTuple_GetItem(args, at + 8), *raw_handle = PyTuple_GetItem(args, at + 9),
+             *device = PyTuple_GetItem(args, at + 10);
     if (!PyBytes_Check(template_bytes) || PyBytes_Size(template_bytes) != (Py_ssize_t)sizeof(flashcore_forward_params)) {
         PyErr_Format(PyExc_ValueError, "template must be the %zu bytes of a flashcore_forward_params",
                      sizeof(flashcore_forward_params));
@@ -604,14 +630,17 @@ PyDoc_STRVAR(params_layout_doc,
 static PyObject *fastcall_params_layout(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
-    return Py_BuildValue("(n{snsnsnsnsnsnsn})", (Py_ssize_t)sizeof(flashcore_forward_params), "struct_size",
+    return Py_BuildValue("(n{snsnsnsnsnsnsnsnsnsn})", (Py_ssize_t)sizeof(flashcore_forward_params), "struct_size",
                          (Py_ssize_t)offsetof(flashcore_forward_params, struct_size), "q",
                          (Py_ssize_t)offsetof(flashcore_forward_params, q), "k",
                          (Py_ssize_t)offsetof(flashcore_forward_params, k), "v",
                          (Py_ssize_t)offsetof(flashcore_forward_params, v), "out",
                          (Py_ssize_t)offsetof(flashcore_forward_params, out), "lse",
                          (Py_ssize_t)offsetof(flashcore_forward_params, lse), "seqused_k",
-                         (Py_ssize_t)offsetof(flashcore_forward_params, seqused_k));
+                         (Py_ssize_t)offsetof(flashcore_forward_params, seqused_k), "q_descale",
+                         (Py_ssize_t)offsetof(flashcore_forward_params, q_descale), "k_descale",
+                         (Py_ssize_t)offsetof(flashcore_forward_params, k_descale), "v_descale",
+                         (Py_ssize_t)offsetof(flashcore_forward_params, v_descale));
 }
 
 static PyMethodDef fastcall_methods[] = {

@@ -81,14 +81,15 @@ def load(torch_api, kept_workspaces, forward_address=None):
     return module
 
 
-def remember(module, plan, q, k, v, out, seqused_k, layout, options, return_lse):
+def remember(module, plan, q, k, v, out, seqused_k, descales, layout, options, return_lse):
     """Gives the module a plan that _launch.launch_plain served, with the
-    arguments of that call (out: as the caller gave it, None to allocate):
-    the module keys the plan on its own reading of them."""
+    arguments of that call (out: as the caller gave it, None to allocate;
+    descales: (q_descale, k_descale, v_descale)): the module keys the plan
+    on its own reading of them."""
     device = plan.device
     handle = _handles.get(device)
     if handle is None:
         handle = _handles[device] = Handle(device)
-    module.remember(q, k, v, out, seqused_k, layout, options, return_lse, plan.template, plan.out_like_q,
+    module.remember(q, k, v, out, seqused_k, *descales, layout, options, return_lse, plan.template, plan.out_like_q,
                     plan.out_shape, plan.dtype, plan.torch_device, plan.lse_shape, plan.lse_dtype,
                     plan.workspace_bytes[device], handle, handle.value, device)

@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "5816bcd288acf1089c1d4151e158a05fd4bd21b215e7e675df10bda9015861a9"
+HEADER_SHA256 = "7bc23de6bf1022002a2938c409a2c1979a167c5490f45e96f230643679bbab05"
 
 
 # Assigning to a field of the structs below checks the value against the
@@ -21,12 +21,12 @@ except (ImportError, KeyError):  # loaded on its own (exec() with no __name__ ra
 
 FLASHCORE_VERSION_MAJOR = 0
 
-FLASHCORE_VERSION_MINOR = 7
+FLASHCORE_VERSION_MINOR = 8
 
 FLASHCORE_VERSION_PATCH = 0
 
 # MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 400 for 0.4.0.
-FLASHCORE_VERSION_NUMBER = 700
+FLASHCORE_VERSION_NUMBER = 800
 
 
 flashcore_status = ctypes.c_int  # C type of enum flashcore_status
@@ -88,11 +88,16 @@ class Dtype(enum.IntEnum):
     BF16 = 2
     # float; only flashcore_merge_states takes it
     FP32 = 3
+    # 8-bit float, 4 exponent bits, 3 mantissa bits, no infinities, largest
+    # 448 (CUDA __nv_fp8_e4m3, PyTorch torch.float8_e4m3fn). Only as
+    # flashcore_forward_params::kv_dtype so far: a quantized KV cache.
+    FP8_E4M3 = 4
 
 
 FLASHCORE_DTYPE_FP16 = Dtype.FP16
 FLASHCORE_DTYPE_BF16 = Dtype.BF16
 FLASHCORE_DTYPE_FP32 = Dtype.FP32
+FLASHCORE_DTYPE_FP8_E4M3 = Dtype.FP8_E4M3
 
 
 # Storage orders understood by flashcore_set_contiguous_strides. Any other
@@ -134,7 +139,7 @@ FLASHCORE_MAX_NUM_SPLITS = 128
 # Each tensor's last dimension (head_dim) is contiguous; the other three are
 # addressed through element strides (not bytes), so [B,S,H,D], [B,H,S,D] and
 # views with padding all work. Strides must be >= 0 and multiples of
-# FLASHCORE_ALIGNMENT / sizeof(element) (8 for fp16/bf16); `out` must not
+# FLASHCORE_ALIGNMENT / sizeof(element) (8 for fp16/bf16, 16 for fp8); `out` must not
 # overlap itself (its strides must give each element its own address;
 # interleaved layouts are fine), nor any other tensor (see "Aliasing" at
 # the top).
@@ -294,6 +299,45 @@ class flashcore_forward_params(ctypes.Structure):
         ("block_table_batch_stride", ctypes.c_int64),
         ("page_size", ctypes.c_int32),
         ("num_pages", ctypes.c_int32),
+        # Quantized K/V (an fp8 KV cache, as vLLM's kv_cache_dtype="fp8" and
+        # FlashInfer's fp8 decode): the flashcore_dtype of k and v, or 0 (the
+        # default) or dtype itself for dtype's. FLASHCORE_DTYPE_FP8_E4M3 under
+        # dtype FP16 or BF16 is supported on every GPU and with every other
+        # field (split-KV, GQA, seqused_k, varlen, paged caches, window,
+        # softcap); the kernels widen each K/V tile to dtype in shared memory
+        # (exactly: every e4m3 value is a dtype value), so the results are
+        # those of the dequantized cache (k_descale * k, v_descale * v) in
+        # dtype. k and v strides are then in one-byte elements, multiples of
+        # 16, and head_dim and head_dim_v multiples of 16. out has dtype.
+        ("kv_dtype", ctypes.c_int32),
+        # The flashcore_dtype of out: 0 (the default) or dtype. (Reserved for
+        # fp8 queries, whose output will be 16-bit; any other value returns
+        # FLASHCORE_STATUS_UNSUPPORTED.)
+        ("out_dtype", ctypes.c_int32),
+        # Descale factors of quantized inputs, as FlashAttention 3's and vLLM's:
+        # the values a quantized tensor stands for are its elements times the
+        # factor. Each is NULL (the default: 1) or a device array of float32,
+        # 4-byte aligned, indexed by (batch, K/V head): the factor of batch b
+        # and K/V head h (query heads h * num_heads_q / num_heads_kv ... of
+        # GQA) is descale[b * descale_batch_stride + h * descale_head_stride].
+        # Strides are in elements and >= 0, and 0 where the array is NULL;
+        # both 0 is one factor for the whole tensor (vLLM's per-tensor k_scale
+        # and v_scale), and [batch_size, num_heads_kv] contiguous is
+        # (num_heads_kv, 1). These rules are checked in empty calls too.
+        # k_descale and v_descale need kv_dtype FP8_E4M3; q_descale is for fp8
+        # queries (not yet supported) and must be NULL. The scores are
+        # softmax_scale * q_descale * k_descale * (q . k), and the output is
+        # multiplied by v_descale; factors should be finite and > 0 (they are
+        # read on the device, not checked: others give wrong results).
+        ("q_descale", ctypes.c_void_p),
+        ("k_descale", ctypes.c_void_p),
+        ("v_descale", ctypes.c_void_p),
+        ("q_descale_batch_stride", ctypes.c_int64),
+        ("q_descale_head_stride", ctypes.c_int64),
+        ("k_descale_batch_stride", ctypes.c_int64),
+        ("k_descale_head_stride", ctypes.c_int64),
+        ("v_descale_batch_stride", ctypes.c_int64),
+        ("v_descale_head_stride", ctypes.c_int64),
     ]
     # Each field's C type as the header spells it (a line per run of fields of one
     # type), against which flashcore/_fields.py checks assignments.
@@ -316,7 +360,11 @@ class flashcore_forward_params(ctypes.Structure):
         "total_seqlen_q": "int32_t", "total_seqlen_k": "int32_t",
         "block_table": "const int32_t *",
         "block_table_batch_stride": "int64_t",
-        "page_size": "int32_t", "num_pages": "int32_t",
+        "page_size": "int32_t", "num_pages": "int32_t", "kv_dtype": "int32_t", "out_dtype": "int32_t",
+        "q_descale": "const float *", "k_descale": "const float *", "v_descale": "const float *",
+        "q_descale_batch_stride": "int64_t", "q_descale_head_stride": "int64_t",
+        "k_descale_batch_stride": "int64_t", "k_descale_head_stride": "int64_t",
+        "v_descale_batch_stride": "int64_t", "v_descale_head_stride": "int64_t",
     }
     __setattr__ = _checked_setattr
 

@@ -1,17 +1,26 @@
 """The arrays of a forward call as the C API takes them: each seen through
 the layout (_View), the checks the C API cannot make (it takes one dtype
 and one set of sizes for all of them), the sequences of packed and paged
-calls, and the params struct built from all that (_build)."""
+calls, the descale factors of quantized (fp8) K/V, and the params struct
+built from all that (_build)."""
 
 import ctypes
+import numbers
 
 from . import _ffi
 from ._arguments import LAYOUT_AXES, Layout
 from ._arrays import contiguous_strides, describe
-from ._checked import fits, set_fields
-from ._errors import InvalidArgumentError, UnsupportedError
+from ._checked import fits, set_fields, shown
+from ._errors import InvalidArgumentError, InvalidArgumentTypeError, UnsupportedError
 
 DTYPES = {"float16": _ffi.Dtype.FP16, "bfloat16": _ffi.Dtype.BF16}
+# Quantized K/V a forward call takes beside float16/bfloat16 queries (its
+# kv_dtype): an fp8 KV cache, each element times its descale factor.
+KV_DTYPES = {"float8_e4m3fn": _ffi.Dtype.FP8_E4M3}
+# Why quantized K/V have no gradients, for the errors that say so.
+QUANTIZED_BACKWARD = ("gradients through quantized K/V (float8_e4m3fn: an fp8 KV cache, for inference only) are not "
+                      "computed: flashcore_backward takes float16/bfloat16 K/V. Run the call under torch.no_grad(), "
+                      "or pass detach=True to compute from the values alone")
 INT32_MAX = 2**31 - 1
 
 
@@ -207,26 +216,123 @@ def _sequences(stream, seqused_k=None, cu_seqlens_q=None, max_seqlen_q=None, cu_
                       info(cu_seqlens_k, "cu_seqlens_k"), info(block_table, "block_table"), max_q, max_k)
 
 
+# The descale arguments, in the order of their fields in flashcore_forward_params.
+DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
+
+
+class _Descales:
+    """The descale factors of a call's quantized inputs (FlashAttention 3's
+    q_descale, k_descale and v_descale): described arrays, None where not
+    given."""
+
+    __slots__ = DESCALE_NAMES
+
+    def __init__(self, q_descale=None, k_descale=None, v_descale=None):
+        self.q_descale, self.k_descale, self.v_descale = q_descale, k_descale, v_descale
+
+    def arrays(self):
+        return (self.q_descale, self.k_descale, self.v_descale)
+
+
+NO_DESCALES = _Descales()
+
+
+def _descale_forms(name, batch=None, heads_kv=None):
+    """The forms a descale argument takes, for messages."""
+    per_head = "[B, Hkv]" if batch is None else "[B, Hkv] = [%d, %d]" % (batch, heads_kv)
+    return ("%s must be None or a float32 CUDA tensor: of one element (shape [] or [1]: one factor for the whole "
+            "tensor) or of shape %s (one per sequence and K/V head; any strides, an expand()ed view included)"
+            % (name, per_head))
+
+
+def refuse_descale_number(value, name):
+    """Raises the error of a descale factor given as a Python number: the
+    factors are read on the GPU, and a tensor made of the number would be
+    an allocation and a copy on every call, hidden in the call."""
+    raise InvalidArgumentTypeError("%s: got %s %s; pass a tensor instead (e.g. torch.tensor([%s], "
+                                   "dtype=torch.float32, device=q.device), made once and reused)"
+                                   % (_descale_forms(name), type(value).__name__, shown(value), shown(value)))
+
+
+def _describe_descale(x, name, stream):
+    """The ArrayInfo of a descale argument; what is no CUDA array is refused
+    with the forms it takes."""
+    if isinstance(x, numbers.Number):
+        refuse_descale_number(x, name)
+    try:
+        return describe(x, name, stream)
+    except InvalidArgumentError as e:  # host memory, say
+        raise type(e)("%s; %s" % (e.message, _descale_forms(name))) from None
+    except TypeError:  # no array at all
+        raise InvalidArgumentTypeError("%s; got %s" % (_descale_forms(name), type(x).__name__)) from None
+
+
+def _descales(stream, q_descale=None, k_descale=None, v_descale=None):
+    """_Descales from the Python arguments, arrays described on `stream`."""
+    return _Descales(*(None if x is None else _describe_descale(x, name, stream)
+                       for x, name in zip((q_descale, k_descale, v_descale), DESCALE_NAMES)))
+
+
+def _descale_strides(info, batch, heads_kv):
+    """(batch stride, head stride) of a described descale array: (0, 0) for
+    one element (a factor for the whole tensor), its own strides for
+    [B, Hkv] (0 along a dimension of size 1, never stepped along; a
+    framework may give it any stride)."""
+    if info.dtype == "float32":
+        if all(size == 1 for size in info.shape):
+            return 0, 0
+        if tuple(info.shape) == (batch, heads_kv):
+            return tuple(0 if size == 1 else stride for size, stride in zip(info.shape, info.strides))
+    raise InvalidArgumentError("%s; got %s %s" % (_descale_forms(info.name, batch, heads_kv), info.dtype,
+                                                  list(info.shape)))
+
+
 class _Geometry:
     """The sizes of one call as the C API takes them, with the views of q,
-    k, v and out (out's None when not given)."""
+    k, v and out (out's None when not given), K/V's flashcore_dtype when
+    quantized (0: q's) and the fields of the descale arrays."""
 
     __slots__ = ("views", "batch", "seqlen_q", "seqlen_k", "total_q", "total_k", "page_size", "num_pages",
-                 "table_stride", "lse_shape", "lse_words")
+                 "table_stride", "lse_shape", "lse_words", "kv_dtype", "descale_fields")
 
     def __init__(self, views, batch, seqlen_q, seqlen_k):
         self.views = views
         self.batch, self.seqlen_q, self.seqlen_k = batch, seqlen_q, seqlen_k
-        self.total_q = self.total_k = self.page_size = self.num_pages = self.table_stride = 0
+        self.total_q = self.total_k = self.page_size = self.num_pages = self.table_stride = self.kv_dtype = 0
         self.lse_shape, self.lse_words = (batch, views[0].shape[1], seqlen_q), "[B, H, Sq]"
+        self.descale_fields = {}
 
 
-def _validate(q, k, v, out, lse, layout, seqs=DENSE, written=True):
+def _kv_dtype(q, k, v, out, quantized_kv):
+    """K/V's flashcore_dtype where they are quantized (k and v both of a
+    KV_DTYPES dtype; taken where quantized_kv), else 0, every dtype then
+    checked to be q's. Whether the library has kernels for the pair is its
+    own check."""
+    if q.dtype not in DTYPES:
+        raise UnsupportedError("q has dtype %s; flashcore computes on %s" % (q.dtype, " or ".join(DTYPES)))
+    quantized = [a for a in (k, v) if a.dtype in KV_DTYPES]
+    if quantized and not quantized_kv:
+        raise UnsupportedError("%s has dtype %s: %s" % (quantized[0].name, quantized[0].dtype, QUANTIZED_BACKWARD))
+    if quantized and k.dtype != v.dtype:
+        raise InvalidArgumentError("k has dtype %s but v has %s: quantized K/V (a KV cache of %s) must both be"
+                                   % (k.dtype, v.dtype, " or ".join(KV_DTYPES)))
+    for a in (out,) if quantized else (k, v, out):
+        if a is not None and a.dtype != q.dtype:
+            also = "" if a is out or not quantized_kv else " (or k and v both %s: a quantized KV cache)" % (
+                " or ".join(KV_DTYPES))
+            raise InvalidArgumentError("%s has dtype %s but q has %s: all must match%s"
+                                       % (a.name, a.dtype, q.dtype, also))
+    return KV_DTYPES[k.dtype] if quantized else 0
+
+
+def _validate(q, k, v, out, lse, layout, seqs=DENSE, written=True, descales=None):
     """Checks what the C API cannot see (it takes one dtype and one set of
     sizes for all tensors) and returns the call's _Geometry; strides,
     alignment, head counts and supported sizes are left to the library's
     own validation. written: whether the call writes out and lse (the
-    forward does; the backward reads them)."""
+    forward does; the backward reads them). descales: the forward's
+    _Descales; quantized K/V are taken with it only (the backward has
+    none)."""
     packed_q, packed_kv = seqs.cu_seqlens_q is not None, seqs.cu_seqlens_k is not None
     paged = seqs.block_table is not None
     kv_words = _paged_words(layout) if paged else None
@@ -234,11 +340,7 @@ def _validate(q, k, v, out, lse, layout, seqs=DENSE, written=True):
     kv, vv = (_View(a, layout, packed=packed_kv, words=kv_words) for a in (k, v))
     ov = None if out is None else _View(out, layout, packed=packed_q)
     views = [a for a in (qv, kv, vv, ov) if a is not None]
-    if q.dtype not in DTYPES:
-        raise UnsupportedError("q has dtype %s; flashcore computes on %s" % (q.dtype, " or ".join(DTYPES)))
-    for a in (k, v, out):
-        if a is not None and a.dtype != q.dtype:
-            raise InvalidArgumentError("%s has dtype %s but q has %s: all must match" % (a.name, a.dtype, q.dtype))
+    kv_dtype = _kv_dtype(q, k, v, out, descales is not None)
     if kv.shape[:3] != vv.shape[:3]:
         raise InvalidArgumentError("k and v must have the same shape but for the last dimension (v's is head_dim_v), "
                                    "got %s and %s" % (list(k.shape), list(v.shape)))
@@ -284,7 +386,15 @@ def _validate(q, k, v, out, lse, layout, seqs=DENSE, written=True):
         _check_int32_vector(seqs.seqused_k, batch, "[B] = [%d] (one key count per sequence)" % batch)
     if lse is not None:
         _check_lse(lse, geometry.lse_shape, geometry.lse_words, written)
+    geometry.kv_dtype = kv_dtype
     arrays = (q, k, v, out, lse) + seqs.arrays()
+    if descales is not None:
+        for info, name in zip(descales.arrays(), DESCALE_NAMES):
+            if info is not None:
+                strides = _descale_strides(info, batch, kv.shape[1])
+                geometry.descale_fields.update({name: info.ptr, name + "_batch_stride": strides[0],
+                                                name + "_head_stride": strides[1]})
+        arrays += descales.arrays()
     _check_one_device(arrays, _names(arrays))
     return geometry
 
@@ -321,13 +431,14 @@ def _set_tensor_fields(p, prefixes, views):
         set_fields(p, **fields)
 
 
-def _build(lib, q, k, v, out, lse, layout, options, seqs=DENSE):
+def _build(lib, q, k, v, out, lse, layout, options, seqs=DENSE, descales=NO_DESCALES):
     """A flashcore_forward_params for described arrays and _Options."""
-    geometry = _validate(q, k, v, out, lse, layout, seqs)
+    geometry = _validate(q, k, v, out, lse, layout, seqs, descales=descales)
     p = lib.new_params()
     _set_call_fields(p, q, geometry, options, seqs, num_splits=options.num_splits, lse=_address(lse),
                      block_table=_address(seqs.block_table), block_table_batch_stride=geometry.table_stride,
-                     page_size=geometry.page_size, num_pages=geometry.num_pages)
+                     page_size=geometry.page_size, num_pages=geometry.num_pages, kv_dtype=geometry.kv_dtype,
+                     **geometry.descale_fields)
     _set_tensor_fields(p, ("q", "k", "v", "out"), geometry.views)
     return p
 

@@ -195,6 +195,13 @@ def launch_plain(plan, addresses, q, out, return_lse):
         params.lse = lse.data_ptr()
     if addresses[5] is not None:
         params.seqused_k = addresses[5]
+    # The descale factors of quantized K/V (POINTER_FIELDS 9 to 11).
+    if addresses[9] is not None:
+        params.q_descale = addresses[9]
+    if addresses[10] is not None:
+        params.k_descale = addresses[10]
+    if addresses[11] is not None:
+        params.v_descale = addresses[11]
     handle = get_handle(device)
     workspace_bytes = _workspace_bytes(handle, params, plan, device)
     stream = api.current_stream(device)

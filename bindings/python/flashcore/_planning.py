@@ -20,14 +20,15 @@ from ._arguments import _layout, _options
 from ._arrays import (allocate, cai_signature, check_known_to_driver, contiguous_strides, cuda_driver, describe,
                       describe_first, pointer_device, stream_pointer)
 from ._errors import InvalidArgumentError
-from ._geometry import (_backward_is_empty, _build, _build_backward, _hint_bshd, _is_empty, _names, _one_device,
-                        _out_shape, _sequences, _validate)
+from ._geometry import (_backward_is_empty, _build, _build_backward, _descales, _hint_bshd, _is_empty, _names,
+                        _one_device, _out_shape, _sequences, _validate)
 from ._launch import _BackwardParams, _Call, _new, _Params, torch_current_stream
 from ._library import library
 
 # Fields of flashcore_forward_params holding the arrays' addresses, in the
 # order plan_of takes the arrays.
-POINTER_FIELDS = ("q", "k", "v", "out", "lse", "seqused_k", "cu_seqlens_q", "cu_seqlens_k", "block_table")
+POINTER_FIELDS = ("q", "k", "v", "out", "lse", "seqused_k", "cu_seqlens_q", "cu_seqlens_k", "block_table",
+                  "q_descale", "k_descale", "v_descale")
 # Plans kept; past that many the cache starts again empty, so that a model
 # with ever new shapes does not grow it without end.
 MAX_PLANS = 1024
@@ -50,9 +51,10 @@ class _Plan:
     workspace size per device once asked; plain_torch: whether a call on
     torch's current stream may take _launch.launch_plain (torch tensors
     only, none requiring grad, no lse, cu_seqlens or block_table given, a
-    result that is not empty); out_like_q: whether out is allocated with
-    q's shape and contiguous strides, which torch.empty_like(q) gives for
-    a contiguous q (in less host time)."""
+    result that is not empty; seqused_k and descales may be given);
+    out_like_q: whether out is allocated with q's shape and contiguous
+    strides, which torch.empty_like(q) gives for a contiguous q (in less
+    host time)."""
 
     __slots__ = ("template", "empty", "out_shape", "lse_shape", "dtype", "lse_dtype", "target", "torch_device",
                  "device", "names", "given", "cai_arrays", "requires_grad", "workspace_bytes", "plain_torch", "out_like_q")
@@ -204,9 +206,10 @@ def _prepare_cached(plan, addresses, q_stream, out, lse, return_lse, stream):
     return _Call(result, params, device, s, plan.target, None, plan, on_current_stream)
 
 
-def _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, workspace, sequences, key):
+def _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, workspace, sequences, descales, key):
     """The full path: describes and checks everything, and keeps the plan
-    under `key` where it is not None."""
+    under `key` where it is not None. descales: (q_descale, k_descale,
+    v_descale) as the caller gave them."""
     layout = _layout(layout)
     options = _options(*options)
     qi, s = describe_first(q, "q", stream)
@@ -214,9 +217,10 @@ def _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, wor
     oi = None if out is None else describe(out, "out", s)
     li = None if lse is None else describe(lse, "lse", s)
     seqs = _sequences(s, **sequences)
+    scales = _descales(s, *descales)
     lib = library()
     try:
-        geometry = _validate(qi, ki, vi, oi, li, layout, seqs)
+        geometry = _validate(qi, ki, vi, oi, li, layout, seqs, descales=scales)
         out_shape = _out_shape(qi, geometry.views[2].shape[3]) if oi is None else None
         lse_shape = geometry.lse_shape if li is None and return_lse else None
         if out_shape is not None:
@@ -225,11 +229,11 @@ def _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, wor
         if lse_shape is not None:
             lse = allocate(qi, lse_shape, "float32", s, "lse")
             li = describe(lse, "lse", s)
-        params = _build(lib, qi, ki, vi, oi, li, layout, options, seqs)
+        params = _build(lib, qi, ki, vi, oi, li, layout, options, seqs, scales)
         lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
     except InvalidArgumentError as e:
         raise _hint_bshd(e, qi, ki, vi, layout, seqs) from None
-    infos = (qi, ki, vi, oi, li) + seqs.arrays()
+    infos = (qi, ki, vi, oi, li) + seqs.arrays() + scales.arrays()
     device = next((a.device for a in (qi, ki, vi, oi) if a.device is not None), None)
     if key is not None:
         _keep_plan(key, params, infos, out_shape, lse_shape, device)
@@ -250,25 +254,26 @@ def _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, wor
 
 def prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, seqused_k=None, cu_seqlens_q=None,
             max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None, seqused_k_name="seqused_k",
-            planned=None):
+            q_descale=None, k_descale=None, v_descale=None, planned=None):
     """Everything a forward call does before it asks for a handle: a _Call
     for launch(), from the call's plan, or from the full path, which keeps
     the plan it makes under the call's key. The result has no gradient
     path: calls that need one are flashcore::forward's (_torch_ops), which
     comes here below autograd. options: (causal, softmax_scale,
     num_splits, window, softcap) as the caller gave them; the keywords up
-    to seqused_k_name are _sequences'. planned: plan_of's answer for this
-    call, where the caller has it already."""
+    to seqused_k_name are _sequences', the descales _descales'. planned:
+    plan_of's answer for this call, where the caller has it already."""
     if planned is None:
-        planned = plan_of((q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table), layout, options,
-                          return_lse, max_seqlen_q, max_seqlen_k, workspace)
+        planned = plan_of((q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, q_descale,
+                           k_descale, v_descale), layout, options, return_lse, max_seqlen_q, max_seqlen_k, workspace)
     key, plan, addresses, q_stream = planned
     if plan is not None:
         return _prepare_cached(plan, addresses, q_stream, out, lse, return_lse, stream)
     sequences = dict(seqused_k=seqused_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                      cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k, block_table=block_table,
                      seqused_k_name=seqused_k_name)
-    return _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, workspace, sequences, key)
+    return _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, workspace, sequences,
+                            (q_descale, k_descale, v_descale), key)
 
 
 # --------------------------------------------------------------------------

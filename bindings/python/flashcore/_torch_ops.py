@@ -14,13 +14,14 @@ forward operator's implementation is that same call. Eager calls that do
 need one (an input that requires grad, grad mode on) are flashcore::forward
 too, so that eager and compiled training share one autograd formula."""
 
+import numbers
 import sys
 
 from ._arguments import _layout, _options
 from ._arrays import imported, is_torch
 from ._backward import gradients
 from ._errors import UnsupportedError
-from ._geometry import PAGED_BACKWARD
+from ._geometry import DESCALE_NAMES, KV_DTYPES, PAGED_BACKWARD, QUANTIZED_BACKWARD, refuse_descale_number
 from ._launch import launch
 from ._modes import requires_grad, wants_grad
 from ._planning import prepare
@@ -41,15 +42,18 @@ def register_torch_ops():
 
     flashcore::forward(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k,
     block_table, max_seqlen_q, max_seqlen_k, layout, causal, softmax_scale,
-    num_splits, window, softcap, return_lse, deterministic=False) ->
-    (out, lse) is flashcore.attention's forward with every option spelled
-    out (window a list [left, right] or None), on torch's current stream;
-    lse is an empty tensor unless return_lse. Its autograd formula gives
-    the gradients of q, k and v (None for the other arguments) through
-    flashcore::backward, from the lse: a call to be differentiated needs
-    return_lse=True (flashcore.attention asks for it), and no block_table.
-    lse itself is not differentiable. deterministic is for the backward
-    pass (the forward's results are deterministic either way).
+    num_splits, window, softcap, return_lse, deterministic=False,
+    q_descale=None, k_descale=None, v_descale=None) -> (out, lse) is
+    flashcore.attention's forward with every option spelled out (window a
+    list [left, right] or None), on torch's current stream; lse is an empty
+    tensor unless return_lse. k and v may be float8_e4m3fn (a quantized KV
+    cache, descaled by k_descale and v_descale); out has q's dtype. Its
+    autograd formula gives the gradients of q, k and v (None for the other
+    arguments) through flashcore::backward, from the lse: a call to be
+    differentiated needs return_lse=True (flashcore.attention asks for it),
+    no block_table and 16-bit K/V. lse itself is not differentiable.
+    deterministic is for the backward pass (the forward's results are
+    deterministic either way).
 
     flashcore::backward(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q,
     cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout, causal,
@@ -79,21 +83,25 @@ def register_torch_ops():
                 cu_seqlens_k: Optional[Tensor], block_table: Optional[Tensor], max_seqlen_q: Optional[int],
                 max_seqlen_k: Optional[int], layout: str, causal: bool, softmax_scale: Optional[float],
                 num_splits: Optional[int], window: Optional[List[int]], softcap: float, return_lse: bool,
-                deterministic: bool = False) -> Tuple[Tensor, Tensor]:
+                deterministic: bool = False, q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+                v_descale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         options = (causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap)
         call = prepare(q, k, v, layout, options, None, None, return_lse, None, None, seqused_k=seqused_k,
                        cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
-                       max_seqlen_k=max_seqlen_k, block_table=block_table)
+                       max_seqlen_k=max_seqlen_k, block_table=block_table, q_descale=q_descale,
+                       k_descale=k_descale, v_descale=v_descale)
         result = launch(call)
         return result if return_lse else (result, result.new_empty((0,), dtype=torch.float32))
 
     @forward.register_fake
     def _(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, layout, causal,
-          softmax_scale, num_splits, window, softcap, return_lse, deterministic=False):
+          softmax_scale, num_splits, window, softcap, return_lse, deterministic=False, q_descale=None,
+          k_descale=None, v_descale=None):
         # The options are checked while tracing (they are constants), the arrays when the call runs.
         _layout(layout)
         _options(causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap)
-        out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
+        # q's dtype, whatever K/V's (float8_e4m3fn K/V give a 16-bit out).
+        out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=q.dtype)
         return out, q.new_empty(lse_shape(q, cu_seqlens_q, layout, return_lse), dtype=torch.float32)
 
     @torch.library.custom_op(BACKWARD_OPERATOR, mutates_args=())
@@ -113,10 +121,12 @@ def register_torch_ops():
 
     def setup_context(ctx, inputs, output):
         (q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, layout, causal,
-         softmax_scale, num_splits, window, softcap, return_lse, deterministic) = inputs
+         softmax_scale, num_splits, window, softcap, return_lse, deterministic) = inputs[:17]
         out, lse = output
         if block_table is not None:
             _refuse_paged()
+        if _quantized(torch, k) or _quantized(torch, v):
+            _refuse_quantized()
         if not return_lse:
             raise ValueError("flashcore::forward computes gradients from its lse: call it with return_lse=True "
                              "where q, k or v requires grad (flashcore.attention does)")
@@ -208,6 +218,35 @@ def _refuse_paged():
 # the exception in traced code).
 _refuse_paged._dynamo_marked_constant = True
 
+
+def _quantized(torch, x):
+    """Whether the tensor x holds quantized K/V (a KV_DTYPES dtype)."""
+    for name in KV_DTYPES:
+        if x.dtype == getattr(torch, name):
+            return True
+    return False
+
+
+def _refuse_quantized():
+    """Raises the error of a differentiable call with float8_e4m3fn K/V."""
+    raise UnsupportedError(QUANTIZED_BACKWARD)
+
+
+# Both run as they are under torch.compile, outside the trace, as
+# _refuse_paged does.
+_refuse_quantized._dynamo_marked_constant = True
+
+
+def _refuse_descale(value, name, where):
+    """Raises the error of a descale factor that is no torch tensor (a
+    Python float, say) given to a call that is the torch operator."""
+    if isinstance(value, numbers.Number):
+        refuse_descale_number(value, name)
+    raise TypeError("%s must be None or a torch tensor %s, got %s" % (name, where, type(value).__name__))
+
+
+_refuse_descale._dynamo_marked_constant = True
+
 # Why stream= and workspace= are not taken by an operator call, in its two
 # cases: traced, and eager with gradients.
 _UNDER_COMPILE = "under torch.compile"
@@ -216,15 +255,17 @@ _WITH_GRAD = "where q, k or v requires grad (the call is then the torch operator
 
 def operator_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k=None,
                      cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None,
-                     deterministic=False):
+                     deterministic=False, descales=(None, None, None)):
     """_attention._forward's call as flashcore::forward: while torch.compile
     or torch.export traces, and for calls to be differentiated
     (_modes.wants_grad). A differentiable call asks the operator for the
     lse, which its autograd formula needs, whether or not the caller
     does; detach=True (or FLASHCORE_DETACH=1) computes from the values of
-    inputs that require grad, the result without a gradient path. out= and
-    lse= are copied into (an operator that writes its arguments would need
-    them functionalized anyway; out then has the gradient path)."""
+    inputs that require grad, the result without a gradient path; a
+    differentiable call with a paged cache or float8_e4m3fn K/V is refused.
+    out= and lse= are copied into (an operator that writes its arguments
+    would need them functionalized anyway; out then has the gradient path).
+    descales: (q_descale, k_descale, v_descale), torch tensors or None."""
     where = _UNDER_COMPILE if imported("torch").compiler.is_compiling() else _WITH_GRAD
     if stream is not None:
         if where is _UNDER_COMPILE:
@@ -237,6 +278,9 @@ def operator_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, 
                         "allocator" % where)
     if _unconvertible(layout, options):
         _refuse_options(layout, options)
+    for x, name in zip(descales, DESCALE_NAMES):
+        if x is not None and not is_torch(x):
+            _refuse_descale(x, name, where)
     _ensure_registered()
     torch = imported("torch")
     differentiable = wants_grad(q, k, v, detach)
@@ -248,14 +292,18 @@ def operator_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, 
             if x is not None and not is_torch(x):
                 raise TypeError("gradients are computed for torch tensors: %s is a %s (pass detach=True, or run under "
                                 "torch.no_grad(), to compute from the values alone)" % (name, type(x).__name__))
+        if _quantized(torch, k) or _quantized(torch, v):
+            _refuse_quantized()
     elif requires_grad(q, k, v):
         q, k, v = q.detach(), k.detach(), v.detach()
     causal, softmax_scale, num_splits, window, softcap = options
+    # The descales where given (a call without them is traced as before they existed).
+    descale_arguments = () if descales[0] is None and descales[1] is None and descales[2] is None else descales
     result, result_lse = torch.ops.flashcore.forward(
         q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, _layout_name(layout),
         bool(causal), None if softmax_scale is None else float(softmax_scale), num_splits,
         None if window is None else [int(window[0]), int(window[1])], float(softcap),
-        bool(return_lse) or lse is not None or differentiable, bool(deterministic))
+        bool(return_lse) or lse is not None or differentiable, bool(deterministic), *descale_arguments)
     if out is not None:
         out.copy_(result)
         result = out

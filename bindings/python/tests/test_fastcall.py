@@ -27,7 +27,7 @@ class Dtype:
         self.name = name
 
 
-FLOAT16, BFLOAT16, FLOAT32 = Dtype("float16"), Dtype("bfloat16"), Dtype("float32")
+FLOAT16, BFLOAT16, FLOAT32, FP8 = Dtype("float16"), Dtype("bfloat16"), Dtype("float32"), Dtype("float8_e4m3fn")
 
 
 class Tensor:
@@ -135,16 +135,22 @@ def qkv(**kwargs):
 
 
 def remember(module, q, k, v, out=None, seqused_k=None, layout="bhsd", options=OPTIONS, return_lse=False,
-             out_like_q=True, out_shape=None, lse_shape=None, workspace_bytes=0, device=0, params=None):
-    return module.remember(q, k, v, out, seqused_k, layout, options, return_lse,
+             out_like_q=True, out_shape=None, lse_shape=None, workspace_bytes=0, device=0, params=None,
+             descales=(None, None, None)):
+    return module.remember(q, k, v, out, seqused_k, *descales, layout, options, return_lse,
                            params if params is not None else template(), out_like_q, out_shape, FLOAT16, "cuda:0",
                            lse_shape, FLOAT32, workspace_bytes, object(), HANDLE, device)
+
+
+def plain_call(module, q, k, v, options=OPTIONS, return_lse=False):
+    """module.call of q, k and v alone (no out, seqused_k or descales), layout "bhsd"."""
+    return module.call(q, k, v, None, None, None, None, None, "bhsd", options, return_lse)
 
 
 def test_module_fits_the_ctypes_struct(module):
     size, offsets = module.params_layout()
     assert size == ctypes.sizeof(_ffi.flashcore_forward_params)
-    assert set(offsets) >= {"q", "k", "v", "out", "lse", "seqused_k"}
+    assert set(offsets) >= {"q", "k", "v", "out", "lse", "seqused_k", "q_descale", "k_descale", "v_descale"}
     assert _fastpath.fits_struct(module)
 
 
@@ -152,7 +158,7 @@ def test_a_remembered_call_is_queued_with_new_addresses(module, backend):
     q, k, v = qkv()
     assert remember(module, q, k, v) is True
     q2, k2, v2 = qkv()
-    out = module.call(q2, k2, v2, None, None, "bhsd", OPTIONS, False)
+    out = plain_call(module, q2, k2, v2)
     assert [how for how, _ in backend.allocated] == ["empty_like"] and out is backend.allocated[0][1]
     (params, workspace, workspace_bytes, stream, handle), = backend.queued
     assert (params.q, params.k, params.v, params.out) == (q2.address, k2.address, v2.address, out.address)
@@ -165,7 +171,7 @@ def test_out_given_lse_and_seqused_k(module, backend):
     q, k, v = qkv()
     out, used = Tensor(q.shape), Tensor((1,), dtype=Dtype("int32"))
     assert remember(module, q, k, v, out=out, seqused_k=used, return_lse=True, lse_shape=(1, 8, 16))
-    result = module.call(q, k, v, out, used, "bhsd", OPTIONS, True)
+    result = module.call(q, k, v, out, used, None, None, None, "bhsd", OPTIONS, True)
     assert type(result) is tuple and result[0] is out
     lse = result[1]
     assert [(how, t.shape, t.dtype) for how, t in backend.allocated] == [("empty", (1, 8, 16), FLOAT32)]
@@ -173,18 +179,39 @@ def test_out_given_lse_and_seqused_k(module, backend):
     assert (params.out, params.lse, params.seqused_k) == (out.address, lse.address, used.address)
 
 
+def test_descales_of_quantized_kv_are_queued_with_their_addresses(module, backend):
+    # fp8 K/V (kv_dtype in the plan's template) with per-tensor k_descale
+    # and per-(batch, head) v_descale: each call's own descale tensors.
+    q = Tensor((2, 8, 16, 64))
+    k, v = Tensor((2, 2, 32, 64), dtype=FP8), Tensor((2, 2, 32, 64), dtype=FP8)
+    k_scale, v_scale = Tensor((), dtype=FLOAT32), Tensor((2, 2), dtype=FLOAT32, strides=(0, 1))
+    fp8 = template(kv_dtype=int(_ffi.Dtype.FP8_E4M3), k_descale=0x40, v_descale=0x80, v_descale_head_stride=1)
+    assert remember(module, q, k, v, params=fp8, descales=(None, k_scale, v_scale))
+    for _ in range(2):
+        k_scale, v_scale = Tensor((), dtype=FLOAT32), Tensor((2, 2), dtype=FLOAT32, strides=(0, 1))
+        assert module.call(q, k, v, None, None, None, k_scale, v_scale, "bhsd", OPTIONS, False) is not None
+        params = backend.queued[-1][0]
+        assert (params.k_descale, params.v_descale, params.q_descale) == (k_scale.address, v_scale.address, None)
+        assert (params.kv_dtype, params.v_descale_batch_stride, params.v_descale_head_stride) == (4, 0, 1)
+    # Descales of other strides, or none, are another plan's.
+    contiguous = Tensor((2, 2), dtype=FLOAT32)
+    assert module.call(q, k, v, None, None, None, k_scale, contiguous, "bhsd", OPTIONS, False) is None
+    assert module.call(q, k, v, None, None, None, k_scale, None, "bhsd", OPTIONS, False) is None
+    assert len(backend.queued) == 2
+
+
 def test_return_lse_without_an_lse_plan_gives_none(module, backend):
     # As the Python path's (out, lse): a plan that returns no lse array.
     q, k, v = qkv()
     assert remember(module, q, k, v, return_lse=True)
-    result = module.call(q, k, v, None, None, "bhsd", OPTIONS, True)
+    result = plain_call(module, q, k, v, return_lse=True)
     assert type(result) is tuple and result[1] is None and result[0] is backend.allocated[0][1]
 
 
 def test_out_of_another_shape_is_allocated_with_empty(module, backend):
     q, k, v = qkv()
     assert remember(module, q, k, v, out_like_q=False, out_shape=(1, 8, 16, 32))
-    out = module.call(q, k, v, None, None, "bhsd", OPTIONS, False)
+    out = plain_call(module, q, k, v)
     assert [(how, t.shape, t.dtype) for how, t in backend.allocated] == [("empty", (1, 8, 16, 32), FLOAT16)]
     assert backend.queued[0][0].out == out.address
 
@@ -192,25 +219,26 @@ def test_out_of_another_shape_is_allocated_with_empty(module, backend):
 def test_workspace_is_the_kept_one_or_the_python_paths(module, backend):
     q, k, v = qkv()
     assert remember(module, q, k, v, workspace_bytes=4096)
-    assert module.call(q, k, v, None, None, "bhsd", OPTIONS, False) is None, "no kept workspace yet"
+    assert plain_call(module, q, k, v) is None, "no kept workspace yet"
     backend.kept[(0, backend.stream)] = (object(), 2048, 0x9000)
-    assert module.call(q, k, v, None, None, "bhsd", OPTIONS, False) is None, "the kept one is too small"
+    assert plain_call(module, q, k, v) is None, "the kept one is too small"
     backend.kept[(0, backend.stream)] = (object(), 8192, 0x9000)
     backend.capturing = True
-    assert module.call(q, k, v, None, None, "bhsd", OPTIONS, False) is None, "captured calls allocate their own"
+    assert plain_call(module, q, k, v) is None, "captured calls allocate their own"
     backend.capturing = False
-    assert module.call(q, k, v, None, None, "bhsd", OPTIONS, False) is not None
+    assert plain_call(module, q, k, v) is not None
     assert [(w, n) for _, w, n, _, _ in backend.queued] == [(0x9000, 4096)]
     assert len(backend.allocated) == 1, "out was allocated before a miss"
 
 
 @pytest.mark.parametrize("change", ["shape", "stride", "dtype", "device", "subclass", "layout", "causal", "scale",
                                     "scale_type", "num_splits", "window", "window_type", "softcap", "softcap_type",
-                                    "return_lse", "out_given", "seqused_k", "five_options"])
+                                    "return_lse", "out_given", "seqused_k", "five_options", "fp8_kv", "k_descale",
+                                    "q_descale"])
 def test_anything_else_is_handed_back(module, backend, change):
     q, k, v = qkv()
     assert remember(module, q, k, v)
-    args = [q, k, v, None, None, "bhsd", OPTIONS, False]
+    args = [q, k, v, None, None, None, None, None, "bhsd", OPTIONS, False]
     options = list(OPTIONS)
     if change == "shape":
         args[1] = Tensor((1, 2, 33, 64))
@@ -223,7 +251,7 @@ def test_anything_else_is_handed_back(module, backend, change):
     elif change == "subclass":
         args[0] = SubTensor(q.shape)
     elif change == "layout":
-        args[5] = "bshd"
+        args[8] = "bshd"
     elif change == "causal":
         options[0] = True
     elif change == "scale":
@@ -243,14 +271,20 @@ def test_anything_else_is_handed_back(module, backend, change):
     elif change == "softcap_type":
         options[4] = 0
     elif change == "return_lse":
-        args[7] = True
+        args[10] = True
     elif change == "out_given":
         args[3] = Tensor(q.shape)
     elif change == "seqused_k":
         args[4] = Tensor((1,))
     elif change == "five_options":
         options.append(None)
-    args[6] = tuple(options)
+    elif change == "fp8_kv":
+        args[1], args[2] = Tensor(k.shape, dtype=FP8), Tensor(v.shape, dtype=FP8)
+    elif change == "k_descale":
+        args[6] = Tensor((), dtype=FLOAT32)
+    elif change == "q_descale":
+        args[5] = Tensor((), dtype=FLOAT32)
+    args[9] = tuple(options)
     assert module.call(*args) is None
     assert not backend.queued and not backend.allocated
 
@@ -264,16 +298,16 @@ def test_scales_the_python_path_refuses_are_never_served(module, backend, scale)
     q, k, v = qkv()
     options = (False, scale, None, None, 0.0)
     assert remember(module, q, k, v, options=options) is False
-    assert module.call(q, k, v, None, None, "bhsd", options, False) is None
+    assert plain_call(module, q, k, v, options) is None
     if scale == 0:
         assert remember(module, q, k, v, options=(False, 0.0 if str(scale)[0] == "-" else -0.0, None, None, 0.0)) \
             is False
-        assert module.call(q, k, v, None, None, "bhsd", options, False) is None
+        assert plain_call(module, q, k, v, options) is None
     assert not backend.queued and not backend.allocated
     for good in (2.0**-149, 0.125, 2e38):
         options = (False, good, None, None, 0.0)
         assert remember(module, q, k, v, options=options) is True
-        assert module.call(q, k, v, None, None, "bhsd", options, False) is not None
+        assert plain_call(module, q, k, v, options) is not None
     assert len(backend.queued) == 3
 
 
@@ -281,11 +315,11 @@ def test_grad_is_left_to_the_python_path(module, backend):
     q, k, v = qkv()
     assert remember(module, q, k, v)
     k.requires_grad = True
-    assert module.call(q, k, v, None, None, "bhsd", OPTIONS, False) is not None, "grad mode is off"
+    assert plain_call(module, q, k, v) is not None, "grad mode is off"
     backend.grad = True
-    assert module.call(q, k, v, None, None, "bhsd", OPTIONS, False) is None, "the Python path refuses or detaches"
+    assert plain_call(module, q, k, v) is None, "the Python path refuses or detaches"
     k.requires_grad = False
-    assert module.call(q, k, v, None, None, "bhsd", OPTIONS, False) is not None
+    assert plain_call(module, q, k, v) is not None
     assert len(backend.queued) == 2
 
 
@@ -294,14 +328,14 @@ def test_a_failed_status_raises_the_binding_error(module, backend):
     assert remember(module, q, k, v)
     backend.status = 3
     with pytest.raises(flashcore.InvalidArgumentError, match="status 3"):
-        module.call(q, k, v, None, None, "bhsd", OPTIONS, False)
+        plain_call(module, q, k, v)
 
 
 def test_remembering_again_replaces_the_plan(module, backend):
     q, k, v = qkv()
     assert remember(module, q, k, v, params=template(seqlen_q=7))
     assert remember(module, q, k, v, params=template(seqlen_q=9))
-    module.call(q, k, v, None, None, "bhsd", OPTIONS, False)
+    plain_call(module, q, k, v)
     assert backend.queued[0][0].seqlen_q == 9
 
 
@@ -309,7 +343,7 @@ def test_plans_are_kept_up_to_a_limit(module, backend):
     shapes = [(1, 2, n, 64) for n in range(1, 40)]
     for s in shapes:
         assert remember(module, Tensor(s), Tensor(s), Tensor(s))
-    served = [module.call(Tensor(s), Tensor(s), Tensor(s), None, None, "bhsd", OPTIONS, False) is not None
+    served = [plain_call(module, Tensor(s), Tensor(s), Tensor(s)) is not None
               for s in shapes]
     assert served[-1] and not served[0], "the oldest plans make way for new ones"
 

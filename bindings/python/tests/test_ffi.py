@@ -167,13 +167,34 @@ VARLEN_PAGED_FIELDS = [
 
 def test_varlen_and_paged_declarations():
     """What 0.6 added: the variable-length and paged-cache fields, appended
-    after seqused_k; the struct ends with them."""
+    after seqused_k."""
     fields = _ffi.flashcore_forward_params._fields_
-    assert fields[-len(VARLEN_PAGED_FIELDS) - 1:] == [("seqused_k", ctypes.c_void_p)] + VARLEN_PAGED_FIELDS
+    start = fields.index(("seqused_k", ctypes.c_void_p))
+    assert fields[start:start + len(VARLEN_PAGED_FIELDS) + 1] == [("seqused_k", ctypes.c_void_p)] + VARLEN_PAGED_FIELDS
     params = _ffi.flashcore_forward_params
     assert params.cu_seqlens_q.offset >= params.seqused_k.offset + ctypes.sizeof(ctypes.c_void_p)
     assert params.block_table_batch_stride.offset % 8 == 0
     assert params.num_pages.offset + 4 <= ctypes.sizeof(params)
+
+
+# What 0.8 added after num_pages, in header order, with their C types: quantized K/V.
+QUANTIZED_FIELDS = (
+    [("kv_dtype", ctypes.c_int32), ("out_dtype", ctypes.c_int32)]
+    + [("%s_descale" % t, ctypes.c_void_p) for t in "qkv"]
+    + [("%s_descale_%s_stride" % (t, w), ctypes.c_int64) for t in "qkv" for w in ("batch", "head")])
+
+
+def test_quantized_declarations():
+    """What 0.8 added: kv_dtype, out_dtype and the descale arrays with their
+    strides, appended after num_pages; the struct ends with them. FP8_E4M3
+    is a Dtype."""
+    fields = _ffi.flashcore_forward_params._fields_
+    assert fields[-len(QUANTIZED_FIELDS) - 1:] == [("num_pages", ctypes.c_int32)] + QUANTIZED_FIELDS
+    params = _ffi.flashcore_forward_params
+    assert params._c_types_["k_descale"] == "const float *" and params._c_types_["kv_dtype"] == "int32_t"
+    assert params.q_descale.offset % ctypes.sizeof(ctypes.c_void_p) == 0
+    assert params.v_descale_head_stride.offset + 8 == ctypes.sizeof(params)
+    assert _ffi.Dtype.FP8_E4M3 == 4 and _ffi.FLASHCORE_DTYPE_FP8_E4M3 is _ffi.Dtype.FP8_E4M3
 
 
 # What 0.7 added: the backward pass's struct, in header order.

@@ -6,7 +6,9 @@ reference must be within twice what torch's own float16/bfloat16 SDPA gets
 against the same reference (or twice the error of merely rounding the
 reference to that dtype, whichever is larger). SDPA has no softcap: with
 one, torch's error is that of the same math done by torch at the kernels'
-precision (see torch_low_precision)."""
+precision (see torch_low_precision). With fp8 K/V the reference is computed
+from the dequantized K/V (k_descale * k, exact in float64), and torch's
+SDPA runs on them rounded to q's dtype."""
 
 import math
 import threading
@@ -128,12 +130,15 @@ def rel_err(x, ref):
 
 def check(torch, out, lse, q, k, v, causal, scale=None, window=None, softcap=0.0):
     """out (and lse, unless None) against the float64 reference; q, k, v, out
-    as [B, H, S, D] views."""
+    as [B, H, S, D] views. k and v may be of a wider dtype than q's (the
+    dequantized values of fp8 K/V, in float64): the reference is computed
+    from them, torch's low-precision result from them rounded to q's dtype."""
     torch.cuda.synchronize()
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     ref, ref_lse, empty = reference(torch, q, k, v, causal, scale, window, softcap)
     valid = ~empty
-    theirs = rel_err(torch_low_precision(torch, q, k, v, causal, scale, window, softcap)[valid], ref[valid])
+    theirs = rel_err(torch_low_precision(torch, q, k.to(q.dtype), v.to(q.dtype), causal, scale, window,
+                                         softcap)[valid], ref[valid])
     floor = rel_err(ref.to(q.dtype)[valid], ref[valid])
     assert torch.isfinite(out).all(), "non-finite values in out"
     ours = rel_err(out, ref)
@@ -1704,8 +1709,8 @@ def test_compiled_path_gives_the_python_paths_results(torch, case):
         options = (kwargs.get("causal", False), kwargs.get("softmax_scale"), None, kwargs.get("window"),
                    kwargs.get("softcap", 0.0))
         out = kwargs["out"] = torch.full_like(q, NAN) if given else None
-        compiled = _attention._fast.call(q, k, v, out, kwargs.get("seqused_k"), kwargs.get("layout", "bhsd"),
-                                         options, kwargs.get("return_lse", False))
+        compiled = _attention._fast.call(q, k, v, out, kwargs.get("seqused_k"), None, None, None,
+                                         kwargs.get("layout", "bhsd"), options, kwargs.get("return_lse", False))
         assert compiled is not None, "the compiled path did not serve the call"
         again = run()
         torch.cuda.synchronize()
@@ -1717,3 +1722,262 @@ def test_compiled_path_gives_the_python_paths_results(torch, case):
             assert torch.equal(mine, theirs)
     if given:
         assert compiled is out
+
+
+# --------------------------------------------------------------------------
+# Quantized (fp8) KV caches (0.8, issue 36): float8_e4m3fn k and v beside
+# float16/bfloat16 q, each with its descale factors (one for the tensor,
+# or one per sequence and K/V head). check() against the float64
+# reference of the dequantized K/V (k_descale * k, exact in float64), the
+# error bar that of torch's SDPA in q's dtype on the dequantized K/V.
+# --------------------------------------------------------------------------
+
+# The quantized values use up to this magnitude (float8_e4m3fn's largest is
+# 448; torch turns values past it into NaN).
+FP8_RANGE = 400.0
+FP8_SHAPES = [  # batch, heads_q, heads_kv, seqlen_q, seqlen_k
+    (2, 4, 4, 128, 128),
+    (1, 8, 2, 77, 133),  # grouped-query, odd lengths
+    (3, 8, 2, 1, 500),  # decode, split-KV
+]
+FP8_HEAD_DIMS = [(64, 64), (128, 128), (256, 256), (192, 128)]
+DESCALES = ["per-tensor", "per-head"]
+
+
+def spread(torch, x, heads_axis):
+    """x with each (batch, head) scaled by its own factor (0.5 to 4), so that
+    a descale read for the wrong sequence or head shows in the result."""
+    b, h = x.shape[0], x.shape[heads_axis]
+    g = torch.Generator(device="cuda").manual_seed(b * 1000 + h)
+    factors = 0.5 + 3.5 * torch.rand((b, h), generator=g, device="cuda")
+    shape = [b] + [1] * (x.dim() - 1)
+    shape[heads_axis] = h
+    return x * factors.view(shape).to(x.dtype)
+
+
+def quantize(torch, x, per_head, heads_axis=1):
+    """(x as float8_e4m3fn, its float32 CUDA descale, the dequantized values
+    in float64) for a 16-bit x of [B, H, S, D] (heads_axis 1) or [B, S, H,
+    D] (heads_axis 2): a 0-d descale per tensor, else [B, H], each the
+    largest magnitude it covers over FP8_RANGE. x8 keeps x's strides."""
+    x32 = x.float()
+    seq_axis = 3 - heads_axis
+    if per_head:
+        descale = x32.abs().amax(dim=(seq_axis, 3)) / FP8_RANGE  # [B, H]
+        shape = [x.shape[0], 1, 1, 1]
+        shape[heads_axis] = x.shape[heads_axis]
+        wide = descale.view(shape)
+    else:
+        descale = x32.abs().amax() / FP8_RANGE
+        wide = descale
+    x8 = (x32 / wide).to(torch.float8_e4m3fn)
+    return x8, descale, x8.double() * wide.double()
+
+
+def fp8_inputs(torch, b, hq, hkv, sq, sk, d, dv, dtype, seed, per_head):
+    """[B, H, S, D] q of `dtype`, fp8 k and v from fresh random values (each
+    head at its own scale), their descales and dequantized float64 values:
+    (q, k8, v8, k_descale, v_descale, k64, v64)."""
+    q, k, v = qkv(torch, b, hq, hkv, sq, sk, d, dtype, seed, dv)
+    k8, k_descale, k64 = quantize(torch, spread(torch, k, 1), per_head)
+    v8, v_descale, v64 = quantize(torch, spread(torch, v, 1), per_head)
+    return q, k8, v8, k_descale, v_descale, k64, v64
+
+
+@pytest.mark.parametrize("descales", DESCALES)
+@pytest.mark.parametrize("shape", FP8_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dims", FP8_HEAD_DIMS, ids=head_dim_id)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_kv_matches_reference(torch, dtype, head_dims, causal, shape, descales):
+    d, dv = head_dims
+    need_head_dims(d, dv)
+    b, hq, hkv, sq, sk = shape
+    q, k8, v8, k_descale, v_descale, k64, v64 = fp8_inputs(torch, b, hq, hkv, sq, sk, d, dv, dtype, seed=sq + d,
+                                                           per_head=descales == "per-head")
+    out, lse = flashcore.attention(q, k8, v8, causal=causal, k_descale=k_descale, v_descale=v_descale,
+                                   return_lse=True)
+    assert out.dtype == q.dtype and out.shape == (b, hq, sq, dv)
+    check(torch, out, lse, q, k64, v64, causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_kv_window_softcap_and_splits(torch, dtype):
+    need_head_dim(128)
+    q, k8, v8, k_descale, v_descale, k64, v64 = fp8_inputs(torch, 2, 8, 2, 40, 1500, 128, 128, dtype, seed=1100,
+                                                           per_head=True)
+    q = q * 8
+    for num_splits in (None, 1, 3):
+        for window, causal, softcap in (((300, 0), True, SOFTCAP), ((64, 16), False, 0.0), (None, True, SOFTCAP)):
+            out, lse = flashcore.attention(q, k8, v8, causal=causal, window=window, softcap=softcap,
+                                           num_splits=num_splits, k_descale=k_descale, v_descale=v_descale,
+                                           return_lse=True)
+            check(torch, out, lse, q, k64, v64, causal, window=window, softcap=softcap)
+
+
+def test_fp8_descale_forms_read_alike(torch):
+    # One factor given as 0-d, [1] and [B, Hkv] expanded; factors per
+    # sequence and head contiguous and as a transposed view: each pair
+    # bitwise equal (the kernels read the same floats).
+    need_head_dim(64)
+    b, hkv = 3, 2
+    q, k8, v8, k_descale, v_descale, k64, v64 = fp8_inputs(torch, b, 8, hkv, 5, 300, 64, 64, "float16", seed=1200,
+                                                           per_head=False)
+    outs = [flashcore.attention(q, k8, v8, k_descale=form(k_descale), v_descale=form(v_descale))
+            for form in (lambda s: s, lambda s: s.reshape(1), lambda s: s.expand(b, hkv))]
+    check(torch, outs[0], None, q, k64, v64, False)
+    per_head = torch.rand((b, hkv), device="cuda") + 0.5
+    transposed = per_head.t().contiguous().t()
+    assert transposed.stride() == (1, b)
+    outs += [flashcore.attention(q, k8, v8, k_descale=per_head, v_descale=per_head),
+             flashcore.attention(q, k8, v8, k_descale=transposed, v_descale=transposed)]
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    assert torch.equal(outs[3], outs[4])
+    wide = per_head.double()[:, :, None, None]
+    check(torch, outs[3], None, q, k8.double() * wide, v8.double() * wide, False)
+
+
+@pytest.mark.parametrize("descales", DESCALES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_attention_varlen(torch, dtype, descales):
+    need_head_dim(128)
+    hq, hkv = 8, 2
+    q_lengths, k_lengths = (16, 1, 0, 77, 200), (300, 40, 9, 77, 0)
+    case = (hq, hkv, q_lengths, k_lengths)
+    q, k, v, cu_q, cu_k = varlen_inputs(torch, case, 128, 128, dtype, seed=1300)
+    total = sum(k_lengths)
+    per_head = descales == "per-head"
+    # Each sequence's K/V at its own scale, quantized per sequence and
+    # head ([B, Hkv]) or for the whole tensor; the pad rows stay NaN.
+    batch_rows = [torch.full((n, hkv, 1), 1.0 + i, device="cuda") for i, n in enumerate(k_lengths)]
+    scale_rows = torch.cat(batch_rows).to(k.dtype)
+    k8, v8 = (torch.full(x.shape, NAN, device="cuda").to(torch.float8_e4m3fn) for x in (k, v))
+    descale_of = {}
+    for name, x, x8 in (("k", k, k8), ("v", v, v8)):
+        x = x[:total] * scale_rows
+        if per_head:
+            amax = torch.stack([rows.float().abs().amax(dim=(0, 2)) if len(rows) else torch.ones(hkv, device="cuda")
+                                for rows in x.split(list(k_lengths))])  # [B, Hkv]
+            descale = amax / FP8_RANGE
+            wide = torch.cat([descale[i].expand(n, hkv) for i, n in enumerate(k_lengths)])[:, :, None]
+        else:
+            descale = x.float().abs().amax() / FP8_RANGE
+            wide = descale
+        x8[:total] = (x.float() / wide).to(torch.float8_e4m3fn)
+        descale_of[name] = (descale, x8[:total].double() * wide.double())
+    (k_descale, k64), (v_descale, v64) = descale_of["k"], descale_of["v"]
+    for num_splits in (None, 1, 3):
+        out, lse = flashcore.attention_varlen(q, k8, v8, cu_q, cu_k, max(q_lengths), max(k_lengths), causal=True,
+                                              num_splits=num_splits, k_descale=k_descale, v_descale=v_descale,
+                                              return_lse=True)
+        assert out.dtype == q.dtype
+        check_packed_queries(torch, out, lse, q, q_lengths, list(zip(unpacked(k64, k_lengths),
+                                                                     unpacked(v64, k_lengths))), True)
+
+
+@pytest.mark.parametrize("descales", DESCALES)
+@pytest.mark.parametrize("num_splits", [None, 1, 4], ids=lambda n: "auto" if n is None else "n%d" % n)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_kvcache_matches_reference(torch, dtype, num_splits, descales):
+    # A contiguous [B, S_cache, Hkv, D] fp8 cache whose rows past each
+    # sequence's count are NaN.
+    need_head_dim(128)
+    b, hq, hkv, rows, lengths = 4, 8, 2, 1000, (0, 1, 513, 1000)
+    q = cuda_randn(torch, (b, 1, hq, 128), dtype, seed=1400)
+    k = spread(torch, cuda_randn(torch, (b, rows, hkv, 128), dtype, seed=1401), 2)
+    v = spread(torch, cuda_randn(torch, (b, rows, hkv, 128), dtype, seed=1402), 2)
+    k8, k_descale, k64 = quantize(torch, k, descales == "per-head", heads_axis=2)
+    v8, v_descale, v64 = quantize(torch, v, descales == "per-head", heads_axis=2)
+    for cache in (k8, v8):
+        for i, n in enumerate(lengths):
+            cache[i, n:] = NAN
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    for causal in (False, True):
+        out, lse = flashcore.attention_with_kvcache(q, k8, v8, cache_seqlens, causal=causal, num_splits=num_splits,
+                                                    k_descale=k_descale, v_descale=v_descale, return_lse=True)
+        check_per_sequence(torch, out.transpose(1, 2), lse, q.transpose(1, 2), k64.transpose(1, 2),
+                           v64.transpose(1, 2), lengths, causal)
+
+
+@pytest.mark.parametrize("descales", DESCALES)
+@pytest.mark.parametrize("case", PAGED_CASES, ids=lambda c: "x".join(map(str, c[:4])) + "_" + "-".join(map(str, c[4])))
+@pytest.mark.parametrize("page_size", [16, 256])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_paged_kvcache_matches_reference(torch, dtype, page_size, case, descales):
+    # Pages in shuffled order (paged_cache): every row outside a sequence's
+    # keys NaN, table entries past its pages outside the pool.
+    need_head_dim(128)
+    b, hq, hkv, sq, lengths = case
+    capacity = (-(-max(lengths) // page_size) + 1) * page_size
+    q = cuda_randn(torch, (b, sq, hq, 128), dtype, seed=1500 + sq)
+    k = spread(torch, cuda_randn(torch, (b, capacity, hkv, 128), dtype, seed=1501), 2)
+    v = spread(torch, cuda_randn(torch, (b, capacity, hkv, 128), dtype, seed=1502), 2)
+    k8, k_descale, k64 = quantize(torch, k, descales == "per-head", heads_axis=2)
+    v8, v_descale, v64 = quantize(torch, v, descales == "per-head", heads_axis=2)
+    k_pool, v_pool, table = paged_cache(torch, k8, v8, lengths, page_size, seed=1503)
+    assert k_pool.dtype == torch.float8_e4m3fn
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    for causal, num_splits in ((False, None), (True, 3)):
+        out, lse = flashcore.attention_with_kvcache(q, k_pool, v_pool, cache_seqlens, block_table=table,
+                                                    causal=causal, num_splits=num_splits, k_descale=k_descale,
+                                                    v_descale=v_descale, return_lse=True)
+        assert out.dtype == q.dtype and out.shape == (b, sq, hq, 128)
+        check_per_sequence(torch, out.transpose(1, 2), lse, q.transpose(1, 2), k64.transpose(1, 2),
+                           v64.transpose(1, 2), lengths, causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_kv_compiled_and_quick_paths_match_eager(torch, dtype):
+    # torch.compile(fullgraph=True) with fp8 K/V and descales: no graph
+    # break, the eager call's results bit for bit; then the cached quick
+    # paths (the Python one and the compiled one, where built) on fresh
+    # descale tensors each call.
+    need_head_dim(64)
+    q, k8, v8, k_descale, v_descale, k64, v64 = fp8_inputs(torch, 3, 8, 2, 4, 700, 64, 64, dtype, seed=1600,
+                                                           per_head=True)
+    pages = k8.transpose(1, 2).contiguous()  # [B, S, Hkv, D], the kvcache call's
+
+    def calls(q, k8, v8, pages, k_descale, v_descale, lengths):
+        return (flashcore.attention(q, k8, v8, causal=True, k_descale=k_descale, v_descale=v_descale),
+                flashcore.attention_with_kvcache(q.transpose(1, 2), pages, pages, lengths, k_descale=k_descale))
+
+    lengths = torch.tensor([700, 3, 350], dtype=torch.int32, device="cuda")
+    args = (q, k8, v8, pages, k_descale, v_descale, lengths)
+    with torch.no_grad():
+        eager = calls(*args)
+        torch._dynamo.reset()
+        explanation = torch._dynamo.explain(calls)(*args)
+        assert explanation.graph_break_count == 0, explanation.break_reasons
+        torch._dynamo.reset()
+        compiled = torch.compile(calls, fullgraph=True)(*args)
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
+    check(torch, eager[0], None, q, k64, v64, True)
+    for _ in range(3):
+        out = flashcore.attention(q, k8, v8, causal=True, k_descale=k_descale.clone(), v_descale=v_descale.clone())
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager[0])
+
+
+def test_fp8_kv_refusals_write_nothing(torch, monkeypatch):
+    monkeypatch.delenv("FLASHCORE_DETACH", raising=False)
+    need_head_dim(64)
+    q, k8, v8, k_descale, v_descale, k64, v64 = fp8_inputs(torch, 1, 4, 2, 16, 64, 64, 64, "bfloat16", seed=1700,
+                                                           per_head=True)
+    out = torch.full_like(q, NAN)
+    with pytest.raises(flashcore.UnsupportedError, match="q_descale is for fp8 queries"):
+        flashcore.attention(q, k8, v8, out=out, q_descale=k_descale[0, 0])
+    with pytest.raises(flashcore.InvalidArgumentError, match="k_descale is set but k and v are not quantized"):
+        flashcore.attention(q, k64.to(q.dtype), v64.to(q.dtype), out=out, k_descale=k_descale)
+    with pytest.raises(flashcore.InvalidArgumentError, match="pass a tensor instead"):
+        flashcore.attention(q, k8, v8, out=out, k_descale=0.01)
+    with pytest.raises(flashcore.UnsupportedError, match="for inference only"):
+        flashcore.attention(q.clone().requires_grad_(True), k8, v8, k_descale=k_descale)
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all(), "a refused call wrote to out"
+    # detach=True: computed from the values alone.
+    detached = flashcore.attention(q.clone().requires_grad_(True), k8, v8, k_descale=k_descale, v_descale=v_descale,
+                                   detach=True)
+    assert not detached.requires_grad
+    check(torch, detached, None, q, k64, v64, False)

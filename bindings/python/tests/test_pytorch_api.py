@@ -158,7 +158,15 @@ def test_flash_attn_func_passes_flashattention_s_meaning(passed_on, causal, wind
     flashcore.flash_attn_func(q, k, v, 0.0, 0.125, causal, window_size, 30.0, None, True)
     ((_, _, _, kwargs),) = passed_on
     assert kwargs == dict(causal=causal, softmax_scale=0.125, window=window, softcap=30.0, layout="bshd",
-                          deterministic=True)
+                          deterministic=True, q_descale=None, k_descale=None, v_descale=None)
+
+
+def test_flash_attn_func_passes_flashattention_3_s_descales(passed_on):
+    q, k, v, _ = fake_qkv()
+    scales = [FakeCudaArray((2, 2), typestr="<f4", index=8 + i) for i in range(3)]
+    flashcore.flash_attn_func(q, k, v, causal=True, q_descale=scales[0], k_descale=scales[1], v_descale=scales[2])
+    ((_, _, _, kwargs),) = passed_on
+    assert (kwargs["q_descale"], kwargs["k_descale"], kwargs["v_descale"]) == tuple(scales)
 
 
 def test_flash_attn_func_queues_bshd_params(queued):
@@ -460,3 +468,24 @@ def test_one_plan_serves_every_path(torch, queued_as_on_a_gpu):
     for (_, params), out in zip(queued_as_on_a_gpu, outs):
         assert (params.q, params.k, params.v, params.out) == (q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                                               out.data_ptr())
+
+
+def test_one_plan_serves_every_path_with_fp8_kv_and_descales(torch, queued_as_on_a_gpu):
+    # Quantized K/V and their descales (issue 36) take the same paths, each
+    # call with its own descale tensors.
+    from flashcore import _attention, _planning
+    if not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("this torch has no float8_e4m3fn")
+    q = torch.randn(2, 8, 16, 64, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, 32, 64).to(torch.float8_e4m3fn) for _ in range(2))
+    scales = [(torch.rand(2, 2), torch.tensor(0.5)) for _ in range(4)]
+    outs = [flashcore.attention(q, k, v, k_descale=k_descale, v_descale=v_descale) for k_descale, v_descale in scales]
+    assert len(_planning._plans) == 1 and all(out.dtype == torch.bfloat16 for out in outs)
+    compiled = "compiled" if _attention._fast else "launch_plain"
+    assert [path for path, _ in queued_as_on_a_gpu] == ["launch", "launch_plain", compiled, compiled]
+    templates = set()
+    for (_, params), (k_descale, v_descale) in zip(queued_as_on_a_gpu, scales):
+        assert (params.kv_dtype, params.k_descale, params.v_descale) == (4, k_descale.data_ptr(), v_descale.data_ptr())
+        params.k_descale = params.v_descale = None
+        templates.add(_without_addresses(params))
+    assert len(templates) == 1
