@@ -3,9 +3,9 @@
 // Generated from include/flashcore.h by bindings/rust/scripts/regenerate-bindings.sh; do not edit.
 
 pub const FLASHCORE_VERSION_MAJOR: u32 = 0;
-pub const FLASHCORE_VERSION_MINOR: u32 = 7;
+pub const FLASHCORE_VERSION_MINOR: u32 = 8;
 pub const FLASHCORE_VERSION_PATCH: u32 = 0;
-pub const FLASHCORE_VERSION_NUMBER: u32 = 700;
+pub const FLASHCORE_VERSION_NUMBER: u32 = 800;
 pub const FLASHCORE_SOFTMAX_SCALE_DEFAULT: f64 = 0.0;
 pub const FLASHCORE_ALIGNMENT: u32 = 16;
 pub const FLASHCORE_MAX_NUM_SPLITS: u32 = 128;
@@ -115,6 +115,10 @@ pub const FLASHCORE_DTYPE_FP16: flashcore_dtype = 1;
 pub const FLASHCORE_DTYPE_BF16: flashcore_dtype = 2;
 #[doc = " float; only flashcore_merge_states takes it"]
 pub const FLASHCORE_DTYPE_FP32: flashcore_dtype = 3;
+#[doc = " 8-bit float, 4 exponent bits, 3 mantissa bits, no infinities, largest"]
+#[doc = " 448 (CUDA __nv_fp8_e4m3, PyTorch torch.float8_e4m3fn). Only as"]
+#[doc = " flashcore_forward_params::kv_dtype so far: a quantized KV cache."]
+pub const FLASHCORE_DTYPE_FP8_E4M3: flashcore_dtype = 4;
 #[doc = " ---------------------------------------------------------------------------"]
 #[doc = " Forward attention"]
 #[doc = " -------------------------------------------------------------------------"]
@@ -136,7 +140,7 @@ pub type flashcore_layout = ::std::os::raw::c_uint;
 #[doc = " Each tensor's last dimension (head_dim) is contiguous; the other three are"]
 #[doc = " addressed through element strides (not bytes), so [B,S,H,D], [B,H,S,D] and"]
 #[doc = " views with padding all work. Strides must be >= 0 and multiples of"]
-#[doc = " FLASHCORE_ALIGNMENT / sizeof(element) (8 for fp16/bf16); `out` must not"]
+#[doc = " FLASHCORE_ALIGNMENT / sizeof(element) (8 for fp16/bf16, 16 for fp8); `out` must not"]
 #[doc = " overlap itself (its strides must give each element its own address;"]
 #[doc = " interleaved layouts are fine), nor any other tensor (see \"Aliasing\" at"]
 #[doc = " the top)."]
@@ -297,6 +301,45 @@ pub struct flashcore_forward_params {
     pub block_table_batch_stride: i64,
     pub page_size: i32,
     pub num_pages: i32,
+    #[doc = " Quantized K/V (an fp8 KV cache, as vLLM's kv_cache_dtype=\"fp8\" and"]
+    #[doc = " FlashInfer's fp8 decode): the flashcore_dtype of k and v, or 0 (the"]
+    #[doc = " default) or dtype itself for dtype's. FLASHCORE_DTYPE_FP8_E4M3 under"]
+    #[doc = " dtype FP16 or BF16 is supported on every GPU and with every other"]
+    #[doc = " field (split-KV, GQA, seqused_k, varlen, paged caches, window,"]
+    #[doc = " softcap); the kernels widen each K/V tile to dtype in shared memory"]
+    #[doc = " (exactly: every e4m3 value is a dtype value), so the results are"]
+    #[doc = " those of the dequantized cache (k_descale * k, v_descale * v) in"]
+    #[doc = " dtype. k and v strides are then in one-byte elements, multiples of"]
+    #[doc = " 16, and head_dim and head_dim_v multiples of 16. out has dtype."]
+    pub kv_dtype: i32,
+    #[doc = " The flashcore_dtype of out: 0 (the default) or dtype. (Reserved for"]
+    #[doc = " fp8 queries, whose output will be 16-bit; any other value returns"]
+    #[doc = " FLASHCORE_STATUS_UNSUPPORTED.)"]
+    pub out_dtype: i32,
+    #[doc = " Descale factors of quantized inputs, as FlashAttention 3's and vLLM's:"]
+    #[doc = " the values a quantized tensor stands for are its elements times the"]
+    #[doc = " factor. Each is NULL (the default: 1) or a device array of float32,"]
+    #[doc = " 4-byte aligned, indexed by (batch, K/V head): the factor of batch b"]
+    #[doc = " and K/V head h (query heads h * num_heads_q / num_heads_kv ... of"]
+    #[doc = " GQA) is descale[b * descale_batch_stride + h * descale_head_stride]."]
+    #[doc = " Strides are in elements and >= 0, and 0 where the array is NULL;"]
+    #[doc = " both 0 is one factor for the whole tensor (vLLM's per-tensor k_scale"]
+    #[doc = " and v_scale), and [batch_size, num_heads_kv] contiguous is"]
+    #[doc = " (num_heads_kv, 1). These rules are checked in empty calls too."]
+    #[doc = " k_descale and v_descale need kv_dtype FP8_E4M3; q_descale is for fp8"]
+    #[doc = " queries (not yet supported) and must be NULL. The scores are"]
+    #[doc = " softmax_scale * q_descale * k_descale * (q . k), and the output is"]
+    #[doc = " multiplied by v_descale; factors should be finite and > 0 (they are"]
+    #[doc = " read on the device, not checked: others give wrong results)."]
+    pub q_descale: *const f32,
+    pub k_descale: *const f32,
+    pub v_descale: *const f32,
+    pub q_descale_batch_stride: i64,
+    pub q_descale_head_stride: i64,
+    pub k_descale_batch_stride: i64,
+    pub k_descale_head_stride: i64,
+    pub v_descale_batch_stride: i64,
+    pub v_descale_head_stride: i64,
 }
 extern "C" {
     #[doc = " Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,"]

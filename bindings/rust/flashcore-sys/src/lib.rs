@@ -80,7 +80,21 @@ mod tests {
         assert!(params.q.is_null() && params.out.is_null() && params.lse.is_null());
         assert_eq!((params.batch_size, params.head_dim, params.out_head_stride, params.head_dim_v), (0, 0, 0, 0));
         assert_eq!((params.num_splits, params.use_window, params.window_left, params.window_right), (0, 0, 0, 0));
-        assert_eq!(params.softcap, 0.0); // the last field: the library wrote all of Rust's struct
+        assert_eq!(params.softcap, 0.0);
+        // The 0.8 fields: no quantized inputs.
+        assert_eq!((params.kv_dtype, params.out_dtype), (0, 0));
+        assert!(params.q_descale.is_null() && params.k_descale.is_null() && params.v_descale.is_null());
+        let descale_strides = |p: &flashcore_forward_params| {
+            [
+                p.q_descale_batch_stride,
+                p.q_descale_head_stride,
+                p.k_descale_batch_stride,
+                p.k_descale_head_stride,
+                p.v_descale_batch_stride,
+                p.v_descale_head_stride, // the last field: the library wrote all of Rust's struct
+            ]
+        };
+        assert_eq!(descale_strides(&params), [0; 6]);
 
         // [B=2, S, H, D] with distinct sizes, so every stride has its own value.
         (params.batch_size, params.seqlen_q, params.seqlen_k) = (2, 24, 40);
@@ -213,6 +227,60 @@ mod tests {
             (std::ptr::null(), 0, 0, 0);
         assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
 
+        // The 0.8 fields (the last: v_descale_head_stride) are read where
+        // Rust wrote them. kv_dtype: a v row stride of 104 elements is 208
+        // bytes in fp16 but 104 in fp8, not a multiple of 16.
+        params.kv_dtype = FLASHCORE_DTYPE_FP8_E4M3 as i32;
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
+        params.v_seq_stride = 104;
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_MISALIGNED);
+        params.kv_dtype = 0;
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
+        (params.v_seq_stride, params.kv_dtype) = (96, FLASHCORE_DTYPE_FP8_E4M3 as i32);
+        // The descale pointers: 4-byte alignment, and fp8 queries (q_descale)
+        // are not supported yet.
+        (params.k_descale, params.v_descale) = (0x7400_0000 as *const f32, 0x7500_0000 as *const f32);
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
+        params.k_descale = 0x7400_0002 as *const f32;
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_MISALIGNED);
+        params.k_descale = 0x7400_0000 as *const f32;
+        params.v_descale = 0x7500_0001 as *const f32;
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_MISALIGNED);
+        params.v_descale = 0x7500_0000 as *const f32;
+        params.q_descale = 0x7600_0000 as *const f32;
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_UNSUPPORTED);
+        params.q_descale = std::ptr::null();
+        // Per-(batch, head) strides, then a negative one of each tensor,
+        // named by the library.
+        (params.k_descale_batch_stride, params.k_descale_head_stride) = (3, 1);
+        (params.v_descale_batch_stride, params.v_descale_head_stride) = (1, 2);
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
+        params.k_descale_batch_stride = -3;
+        refused(&params, FLASHCORE_STATUS_INVALID_ARGUMENT, "k_descale_batch_stride");
+        params.k_descale_batch_stride = 3;
+        params.v_descale_head_stride = -2;
+        refused(&params, FLASHCORE_STATUS_INVALID_ARGUMENT, "v_descale_head_stride");
+        params.v_descale_head_stride = 2;
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
+        // Descales need a quantized K/V.
+        params.kv_dtype = 0;
+        let status = unsafe { flashcore_forward_check(&params) };
+        assert_ne!(status, FLASHCORE_STATUS_SUCCESS, "k_descale with fp16 k accepted");
+        let message = text(unsafe { flashcore_last_error_message() });
+        assert!(message.contains("descale"), "{message:?} does not name the descales");
+        params.kv_dtype = FLASHCORE_DTYPE_FP8_E4M3 as i32;
+        assert_eq!(descale_strides(&params), [0, 0, 3, 1, 1, 2]);
+        (params.k_descale, params.v_descale, params.kv_dtype) = (std::ptr::null(), std::ptr::null(), 0);
+        (params.k_descale_batch_stride, params.k_descale_head_stride) = (0, 0);
+        (params.v_descale_batch_stride, params.v_descale_head_stride) = (0, 0);
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
+        // out_dtype: 0 or dtype.
+        params.out_dtype = FLASHCORE_DTYPE_FP16 as i32;
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
+        params.out_dtype = FLASHCORE_DTYPE_FP32 as i32;
+        assert_ne!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS, "out_dtype fp32 accepted");
+        params.out_dtype = 0;
+
         // FP32 is a merge dtype only: forward refuses it as unsupported.
         params.dtype = FLASHCORE_DTYPE_FP32 as i32;
         assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_UNSUPPORTED);
@@ -242,6 +310,34 @@ mod tests {
         };
         assert_eq!(offsets, [216, 224, 232, 236, 240, 248, 256, 260]);
         assert!(size_of::<flashcore_forward_params>() >= 264);
+    }
+
+    /// The 0.8 fields at the offsets of the C header on LP64 targets; the
+    /// test above checks them against the library itself on any target.
+    #[cfg(target_pointer_width = "64")]
+    #[test]
+    fn params_0_8_offsets_on_lp64() {
+        let params = core::mem::MaybeUninit::<flashcore_forward_params>::uninit();
+        let base = params.as_ptr();
+        let offset = |field: *const u8| field as usize - base as usize;
+        // SAFETY: addr_of! computes field addresses without reading them.
+        let offsets = unsafe {
+            [
+                offset(core::ptr::addr_of!((*base).kv_dtype).cast()),
+                offset(core::ptr::addr_of!((*base).out_dtype).cast()),
+                offset(core::ptr::addr_of!((*base).q_descale).cast()),
+                offset(core::ptr::addr_of!((*base).k_descale).cast()),
+                offset(core::ptr::addr_of!((*base).v_descale).cast()),
+                offset(core::ptr::addr_of!((*base).q_descale_batch_stride).cast()),
+                offset(core::ptr::addr_of!((*base).q_descale_head_stride).cast()),
+                offset(core::ptr::addr_of!((*base).k_descale_batch_stride).cast()),
+                offset(core::ptr::addr_of!((*base).k_descale_head_stride).cast()),
+                offset(core::ptr::addr_of!((*base).v_descale_batch_stride).cast()),
+                offset(core::ptr::addr_of!((*base).v_descale_head_stride).cast()),
+            ]
+        };
+        assert_eq!(offsets, [264, 268, 272, 280, 288, 296, 304, 312, 320, 328, 336]);
+        assert_eq!(size_of::<flashcore_forward_params>(), 344);
     }
 
     /// flashcore_merge_params_init writes the defaults at Rust's offsets and

@@ -349,7 +349,8 @@ impl<'a> BackwardParamsBuilder<'a> {
         /// Element type of q, k, v, out, dout, dq, dk and dv (default
         /// [`DType::F16`]; F16 or BF16, and [`build`](Self::build) fails with
         /// [`Status::Unsupported`](crate::Status::Unsupported) for
-        /// [`DType::F32`]).
+        /// [`DType::F32`] and [`DType::F8E4M3`]: gradients through an fp8
+        /// KV cache are not computed).
         dtype: DType;
         /// The forward call's causal mask (default off). Rows of queries that
         /// see no key get dq = 0, and keys no query sees dk = dv = 0.
@@ -909,7 +910,7 @@ mod tests {
     #[test]
     fn library_verdicts_pass_through() {
         type Edit = fn(BackwardParamsBuilder<'_>) -> BackwardParamsBuilder<'_>;
-        let cases: [(&str, Edit, Status); 15] = [
+        let cases: [(&str, Edit, Status); 16] = [
             ("head_dim 100, not a multiple of 8", |b| b.head_dim(100), Status::Unsupported),
             ("head_dim 264, wider than every kernel", |b| b.head_dim(264), Status::Unsupported),
             ("12 q heads on 5 kv heads", |b| b.num_heads_q(12).num_heads_kv(5), Status::InvalidArgument),
@@ -918,6 +919,7 @@ mod tests {
             ("negative softmax_scale", |b| b.softmax_scale(-1.0), Status::InvalidArgument),
             ("NaN softmax_scale", |b| b.softmax_scale(f32::NAN), Status::InvalidArgument),
             ("f32, a merge-only dtype", |b| b.dtype(DType::F32), Status::Unsupported),
+            ("fp8 e4m3, a KV-cache-only dtype", |b| b.dtype(DType::F8E4M3), Status::Unsupported),
             ("window left bound below -1", |b| b.window(-2, 0), Status::InvalidArgument),
             ("window past the diagonal with causal", |b| b.causal(true).window(16, 1), Status::InvalidArgument),
             ("negative softcap", |b| b.softcap(-1.0), Status::InvalidArgument),

@@ -99,7 +99,7 @@ impl Handle {
     /// `params` on this handle's device: 0 unless the call splits its keys
     /// ([`ForwardParamsBuilder::num_splits`](crate::ForwardParamsBuilder::num_splits);
     /// with the default, the library decides, so ask). Depends only on
-    /// shapes, dtype, causal, the window and num_splits (not on pointers,
+    /// shapes, dtype, kv_dtype, causal, the window and num_splits (not on pointers,
     /// strides, the softmax scale or the softcap), so one allocation serves
     /// every call of that shape on this device, CUDA graph replays included.
     pub fn workspace_size(&self, params: &ForwardParams<'_>) -> Result<usize> {
@@ -134,7 +134,8 @@ impl Handle {
     ///   [`device_ptr`](DeviceBuffer::device_ptr);
     /// - those buffers stay allocated until the queued work has completed
     ///   (synchronize `stream`, or order later work after it), the inputs (q,
-    ///   k, v and any seqused_k, cu_seqlens or block_table) are not written,
+    ///   k, v and any seqused_k, cu_seqlens, block_table, k_descale or
+    ///   v_descale) are not written,
     ///   and out, lse and the workspace not otherwise used, until then;
     /// - `stream` is null or a live stream of the handle's device.
     ///

@@ -14,8 +14,11 @@
 //! ([`ForwardParamsBuilder::softcap`], the `cap` above; none by default);
 //! split-KV for calls too small to fill the GPU
 //! ([`ForwardParamsBuilder::num_splits`]); KV caches: per-sequence key counts
-//! ([`ForwardParamsBuilder::seqused_k`]) and paged pools
-//! ([`ForwardParamsBuilder::paged_kv`]); variable-length batches packed as
+//! ([`ForwardParamsBuilder::seqused_k`]), paged pools
+//! ([`ForwardParamsBuilder::paged_kv`]) and fp8 (e4m3) keys and values with
+//! per-tensor or per-(batch, head) descale factors
+//! ([`ForwardParamsBuilder::kv_dtype`], [`ForwardParamsBuilder::k_descale`],
+//! [`ForwardParamsBuilder::v_descale`]); variable-length batches packed as
 //! FlashAttention's varlen calls ([`ForwardParamsBuilder::varlen_q`],
 //! [`ForwardParamsBuilder::varlen_k`]); merging of results computed over
 //! parts of the keys ([`Handle::merge_states`]); and the backward pass for
@@ -37,7 +40,8 @@
 //!   [`Handle::forward`], [`Handle::merge_states`],
 //!   [`Handle::backward_workspace_size`] and [`Handle::backward`].
 //! - [`ForwardParams`]: shapes, options and buffers of one call, made and
-//!   validated by [`ForwardParamsBuilder`].
+//!   validated by [`ForwardParamsBuilder`]; [`DType`] for the element types
+//!   and [`DescaleStrides`] for where an fp8 cache's descale factors are.
 //! - [`BackwardParams`]: the same for the gradients of a forward call (its
 //!   inputs, out, lse and dout in; dq, dk and dv out), made and validated by
 //!   [`BackwardParamsBuilder`].
@@ -105,7 +109,7 @@ pub use buffer::{DeviceBuffer, RawBuffer};
 pub use error::{Error, Result, Status};
 pub use handle::Handle;
 pub use merge::{MergeParams, MergeParamsBuilder, StateStrides};
-pub use params::{DType, ForwardParams, ForwardParamsBuilder, Layout, Strides, Tensor};
+pub use params::{DType, DescaleStrides, ForwardParams, ForwardParamsBuilder, Layout, Strides, Tensor};
 
 /// The raw C API (`flashcore-sys`), for what this crate does not wrap.
 pub use flashcore_sys as sys;

@@ -7,8 +7,10 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 
 /// Element type of q, k, v and out of a forward call ([`DType::F16`] or
-/// [`DType::BF16`]), and of the partial and merged outputs of
-/// [`Handle::merge_states`](crate::Handle::merge_states) (any of the three).
+/// [`DType::BF16`]; k and v may instead be [`DType::F8E4M3`], a quantized
+/// KV cache: see [`ForwardParamsBuilder::kv_dtype`]), and of the partial
+/// and merged outputs of [`Handle::merge_states`](crate::Handle::merge_states)
+/// (F16, BF16 or F32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum DType {
@@ -20,6 +22,13 @@ pub enum DType {
     /// IEEE 754 single precision (`f32`): merging only. A forward call with
     /// it fails with [`Status::Unsupported`].
     F32,
+    /// 8-bit float with 4 exponent and 3 mantissa bits, no infinities,
+    /// largest 448 (CUDA `__nv_fp8_e4m3`, PyTorch `torch.float8_e4m3fn`):
+    /// only as the [`kv_dtype`](ForwardParamsBuilder::kv_dtype) of a
+    /// forward call with 16-bit q and out, a quantized KV cache. As a
+    /// call's [`dtype`](ForwardParamsBuilder::dtype), or a merge's or a
+    /// backward call's, the library refuses it.
+    F8E4M3,
 }
 
 impl DType {
@@ -28,9 +37,11 @@ impl DType {
     /// ```
     /// assert_eq!(flashcore::DType::BF16.size_of(), 2);
     /// assert_eq!(flashcore::DType::F32.size_of(), 4);
+    /// assert_eq!(flashcore::DType::F8E4M3.size_of(), 1);
     /// ```
     pub const fn size_of(self) -> usize {
         match self {
+            DType::F8E4M3 => 1,
             DType::F16 | DType::BF16 => 2,
             DType::F32 => 4,
         }
@@ -41,8 +52,14 @@ impl DType {
             DType::F16 => sys::FLASHCORE_DTYPE_FP16,
             DType::BF16 => sys::FLASHCORE_DTYPE_BF16,
             DType::F32 => sys::FLASHCORE_DTYPE_FP32,
+            DType::F8E4M3 => sys::FLASHCORE_DTYPE_FP8_E4M3,
         };
         raw as i32
+    }
+
+    /// The dtype of a `flashcore_dtype` value; `None` for any other.
+    pub(crate) fn from_raw(raw: i32) -> Option<DType> {
+        [DType::F16, DType::BF16, DType::F32, DType::F8E4M3].into_iter().find(|dtype| dtype.to_raw() == raw)
     }
 }
 
@@ -70,6 +87,8 @@ impl Layout {
 
 /// One of the four strided tensors of a forward call.
 ///
+/// q and out hold [`dtype`](ForwardParamsBuilder::dtype) elements, k and v
+/// [`kv_dtype`](ForwardParamsBuilder::kv_dtype) ones (dtype's by default).
 /// The shapes below are the dense ones; q and out are `[total_seqlen_q,
 /// num_heads_q, dim]` with [`ForwardParamsBuilder::varlen_q`], k and v
 /// `[total_seqlen_k, num_heads_kv, dim]` with
@@ -104,7 +123,8 @@ impl Tensor {
 /// or head_dim_v for v and out) is always contiguous.
 ///
 /// The library requires them to be >= 0 and multiples of
-/// [`ALIGNMENT`](crate::ALIGNMENT) / element size (8 for fp16 and bf16).
+/// [`ALIGNMENT`](crate::ALIGNMENT) / element size (8 for fp16 and bf16, 16
+/// for k and v of [`DType::F8E4M3`]).
 ///
 /// ```
 /// use flashcore::Strides;
@@ -120,6 +140,39 @@ pub struct Strides {
     pub seq: i64,
     /// Elements from one head to the next.
     pub head: i64,
+}
+
+/// Where the descale factor of each (batch, K/V head) is in a descale
+/// array (see [`ForwardParamsBuilder::k_descale`]): the factor of batch
+/// entry (sequence) b and K/V head h is element
+/// `b * batch + h * head` of the f32 array. Both strides are in elements and
+/// must be >= 0.
+///
+/// ```
+/// use flashcore::DescaleStrides;
+/// // One factor for the whole tensor (vLLM's per-tensor k_scale / v_scale); also the default.
+/// assert_eq!(DescaleStrides::PER_TENSOR, DescaleStrides { batch: 0, head: 0 });
+/// assert_eq!(DescaleStrides::default(), DescaleStrides::PER_TENSOR);
+/// // A contiguous [batch_size, num_heads_kv] array, here of 8 K/V heads.
+/// assert_eq!(DescaleStrides::per_head(8), DescaleStrides { batch: 8, head: 1 });
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct DescaleStrides {
+    /// Elements from one batch entry's factors to the next's.
+    pub batch: i64,
+    /// Elements from one K/V head's factor to the next's.
+    pub head: i64,
+}
+
+impl DescaleStrides {
+    /// One factor for every batch entry and head: a one-element array.
+    pub const PER_TENSOR: DescaleStrides = DescaleStrides { batch: 0, head: 0 };
+
+    /// A factor per (batch, K/V head) in a contiguous `[batch_size,
+    /// num_heads_kv]` array.
+    pub const fn per_head(num_heads_kv: i32) -> DescaleStrides {
+        DescaleStrides { batch: num_heads_kv as i64, head: 1 }
+    }
 }
 
 /// The three stride fields of `tensor` in the C struct, in [`Strides`] order.
@@ -242,6 +295,13 @@ impl<'a> ForwardParams<'a> {
         self.raw.softcap
     }
 
+    /// Element type of k and v: the one given to
+    /// [`ForwardParamsBuilder::kv_dtype`], else the call's dtype.
+    pub fn kv_dtype(&self) -> DType {
+        let raw = if self.raw.kv_dtype == 0 { self.raw.dtype } else { self.raw.kv_dtype };
+        DType::from_raw(raw).expect("a dtype the library accepted")
+    }
+
     /// Bytes from the start of `tensor`'s buffer to the end of its last element.
     fn extent(&self, tensor: Tensor, element_size: usize) -> i128 {
         let raw = &self.raw;
@@ -350,8 +410,12 @@ macro_rules! input_setters {
 /// Required: the six sizes and q, k, v, out. Optional: [`head_dim_v`],
 /// [`dtype`], [`causal`], [`window`], [`softcap`], [`softmax_scale`],
 /// [`layout`] or [`strides`], [`lse`], [`num_splits`], [`seqused_k`],
-/// [`varlen_q`], [`varlen_k`], [`paged_kv`].
+/// [`varlen_q`], [`varlen_k`], [`paged_kv`], and for an fp8 KV cache
+/// [`kv_dtype`], [`k_descale`], [`v_descale`].
 ///
+/// [`kv_dtype`]: ForwardParamsBuilder::kv_dtype
+/// [`k_descale`]: ForwardParamsBuilder::k_descale
+/// [`v_descale`]: ForwardParamsBuilder::v_descale
 /// [`seqused_k`]: ForwardParamsBuilder::seqused_k
 /// [`varlen_q`]: ForwardParamsBuilder::varlen_q
 /// [`varlen_k`]: ForwardParamsBuilder::varlen_k
@@ -416,6 +480,11 @@ pub struct ForwardParamsBuilder<'a> {
     varlen_k: Option<(RawBuffer, i32)>,
     /// block_table, its batch stride, page_size and num_pages; `None`: no pages.
     paged_kv: Option<(RawBuffer, i64, i32, i32)>,
+    /// `None`: dtype's.
+    kv_dtype: Option<DType>,
+    /// The f32 factors and their strides; `None`: 1.
+    k_descale: Option<(RawBuffer, DescaleStrides)>,
+    v_descale: Option<(RawBuffer, DescaleStrides)>,
     buffers: PhantomData<&'a mut ()>,
 }
 
@@ -433,7 +502,8 @@ impl<'a> ForwardParamsBuilder<'a> {
         /// grouped-query attention: query head h reads key/value head
         /// h / (num_heads_q / num_heads_kv).
         num_heads_kv: i32 => Some;
-        /// Head dimension of q and k (required): a multiple of 8 that one of
+        /// Head dimension of q and k (required): a multiple of 8 (of 16 with
+        /// an fp8 [`kv_dtype`](Self::kv_dtype)) that one of
         /// the pairs of [`supported_head_dims`](crate::supported_head_dims)
         /// covers (kernels exist for each listed pair; any other head dim runs
         /// on the first listed pair at least as wide, or is
@@ -444,9 +514,11 @@ impl<'a> ForwardParamsBuilder<'a> {
         /// 192, as in DeepSeek-style prefill. The same rules as `head_dim`
         /// apply to the pair.
         head_dim_v: i32 => Some;
-        /// Element type of q, k, v and out (default [`DType::F16`]; a forward
-        /// call takes F16 or BF16, and [`build`](Self::build) fails with
-        /// [`Status::Unsupported`] for [`DType::F32`]).
+        /// Element type of q and out, and of k and v unless
+        /// [`kv_dtype`](Self::kv_dtype) says otherwise (default
+        /// [`DType::F16`]; a forward call takes F16 or BF16, and
+        /// [`build`](Self::build) fails with [`Status::Unsupported`] for
+        /// [`DType::F32`] and [`DType::F8E4M3`]).
         dtype: DType;
         /// Causal mask aligned to the bottom-right corner (default off): query i
         /// sees key j iff j <= i + seqlen_k - seqlen_q. Rows that see no key give
@@ -619,6 +691,93 @@ impl<'a> ForwardParamsBuilder<'a> {
         self
     }
 
+    /// Element type of k and v when it is not [`dtype`](Self::dtype)'s
+    /// (default: dtype's): [`DType::F8E4M3`] with dtype F16 or BF16 reads a
+    /// quantized KV cache, as vLLM's `kv_cache_dtype="fp8"` and FlashInfer's
+    /// fp8 decode. k and v then hold one-byte e4m3 elements, and their
+    /// strides ([`strides`](Self::strides), or those derived from the
+    /// layout, the packing or the pages) count those bytes: they must be
+    /// multiples of 16, and head_dim and head_dim_v multiples of 16 too.
+    /// q and out keep dtype. The values of k and v are their elements
+    /// times the factors of [`k_descale`](Self::k_descale) and
+    /// [`v_descale`](Self::v_descale) (1 without them); the kernels widen
+    /// each K/V tile to dtype on the GPU, so the result is that of the
+    /// dequantized cache in dtype. Works with every other option (split-KV,
+    /// grouped-query heads, seqused_k, varlen, paged caches, window,
+    /// softcap); any other pairing is refused by [`build`](Self::build).
+    ///
+    /// ```
+    /// use flashcore::{DType, DescaleStrides, ForwardParams, RawBuffer};
+    ///
+    /// // Decode over an fp8 cache: [2, 4096, 8, 64] e4m3 k and v, bf16 q and out,
+    /// // one k and one v factor per (sequence, K/V head).
+    /// let (q, mut out) = (RawBuffer::new(0x100_0000, 2 * 32 * 64 * 2), RawBuffer::new(0x200_0000, 2 * 32 * 64 * 2));
+    /// let (k, v) = (RawBuffer::new(0x1000_0000, 2 * 4096 * 8 * 64), RawBuffer::new(0x2000_0000, 2 * 4096 * 8 * 64));
+    /// let (k_descale, v_descale) = (RawBuffer::new(0x300_0000, 2 * 8 * 4), RawBuffer::new(0x300_1000, 2 * 8 * 4));
+    /// let params = ForwardParams::builder()
+    ///     .dtype(DType::BF16)
+    ///     .kv_dtype(DType::F8E4M3)
+    ///     .batch_size(2)
+    ///     .num_heads_q(32)
+    ///     .num_heads_kv(8)
+    ///     .seqlen_q(1)
+    ///     .seqlen_k(4096)
+    ///     .head_dim(64)
+    ///     .layout(flashcore::Layout::Bshd)
+    ///     .q(&q)
+    ///     .k(&k)
+    ///     .v(&v)
+    ///     .out(&mut out)
+    ///     .k_descale(&k_descale, DescaleStrides::per_head(8))
+    ///     .v_descale(&v_descale, DescaleStrides::per_head(8))
+    ///     .build()?;
+    /// assert_eq!(params.kv_dtype(), DType::F8E4M3);
+    /// assert_eq!(params.strides(flashcore::Tensor::K).seq, 8 * 64); // elements of one byte
+    /// # Ok::<(), flashcore::Error>(())
+    /// ```
+    pub fn kv_dtype(mut self, kv_dtype: DType) -> Self {
+        self.kv_dtype = Some(kv_dtype);
+        self
+    }
+
+    /// Descale factors of the keys of an fp8 cache
+    /// ([`kv_dtype`](Self::kv_dtype) [`DType::F8E4M3`]), as FlashAttention
+    /// 3's and vLLM's `k_scale`: the key values are k's elements times the
+    /// factor, and the scores are computed as
+    /// `softmax_scale · k_descale · (q · k)`. `k_descale` is device memory
+    /// of f32 factors, 4-byte aligned, one per (batch entry, K/V head) where
+    /// `strides` put them ([`DescaleStrides::per_head`] for a contiguous
+    /// `[batch_size, num_heads_kv]` array; the query heads of a group share
+    /// their K/V head's factor), or a single factor for the whole tensor
+    /// with [`DescaleStrides::PER_TENSOR`]. [`build`](Self::build) checks
+    /// that the buffer holds every factor the strides reach. Optional
+    /// (default: 1); refused without an fp8 kv_dtype. The factors are read
+    /// on the GPU, unchecked: they must be finite and > 0, otherwise the
+    /// results are wrong.
+    ///
+    /// ```
+    /// # use flashcore::{DescaleStrides, ForwardParams, RawBuffer};
+    /// # let (k_scale, v_scale) = (RawBuffer::new(0x1000, 4), RawBuffer::new(0x2000, 4));
+    /// // vLLM-style per-tensor scales, one f32 each.
+    /// let builder = ForwardParams::builder()
+    ///     .kv_dtype(flashcore::DType::F8E4M3)
+    ///     .k_descale(&k_scale, DescaleStrides::PER_TENSOR)
+    ///     .v_descale(&v_scale, DescaleStrides::PER_TENSOR);
+    /// ```
+    pub fn k_descale<B: DeviceBuffer + ?Sized>(mut self, k_descale: &'a B, strides: DescaleStrides) -> Self {
+        self.k_descale = Some((RawBuffer::new(k_descale.device_ptr(), k_descale.byte_len()), strides));
+        self
+    }
+
+    /// Descale factors of the values of an fp8 cache, as
+    /// [`k_descale`](Self::k_descale) for the keys (vLLM's `v_scale`): the
+    /// values are v's elements times the factor, i.e. each output row is
+    /// multiplied by its K/V head's factor.
+    pub fn v_descale<B: DeviceBuffer + ?Sized>(mut self, v_descale: &'a B, strides: DescaleStrides) -> Self {
+        self.v_descale = Some((RawBuffer::new(v_descale.device_ptr(), v_descale.byte_len()), strides));
+        self
+    }
+
     fn tensor<B: DeviceBuffer + ?Sized>(mut self, tensor: Tensor, buffer: &B) -> Self {
         self.tensors[tensor as usize] = Some(RawBuffer::new(buffer.device_ptr(), buffer.byte_len()));
         self
@@ -672,6 +831,7 @@ impl<'a> ForwardParamsBuilder<'a> {
             (raw.use_window, raw.window_left, raw.window_right) = (1, left, right);
         }
         raw.softcap = self.softcap;
+        raw.kv_dtype = self.kv_dtype.map_or(0, DType::to_raw);
         // SAFETY: `raw` is a valid params struct with its own struct_size.
         check(unsafe { sys::flashcore_set_contiguous_strides(&mut raw, self.layout.to_raw()) })?;
         self.pack_strides(&mut raw);
@@ -697,13 +857,32 @@ impl<'a> ForwardParamsBuilder<'a> {
             raw.block_table = int32s(table);
             (raw.block_table_batch_stride, raw.page_size, raw.num_pages) = (stride, page_size, num_pages);
         }
+        if let Some((factors, strides)) = self.k_descale {
+            raw.k_descale = device_address(Some(factors)).cast();
+            (raw.k_descale_batch_stride, raw.k_descale_head_stride) = (strides.batch, strides.head);
+        }
+        if let Some((factors, strides)) = self.v_descale {
+            raw.v_descale = device_address(Some(factors)).cast();
+            (raw.v_descale_batch_stride, raw.v_descale_head_stride) = (strides.batch, strides.head);
+        }
         // SAFETY: reads the struct only.
         check(unsafe { sys::flashcore_forward_check(&raw) })?;
 
         let params = ForwardParams { raw, buffers: PhantomData };
         for (&tensor, buffer) in TENSORS.iter().zip(&self.tensors) {
             let buffer = buffer.as_ref().expect("checked above");
-            ensure_fits(tensor.name(), params.extent(tensor, self.dtype.size_of()), buffer)?;
+            let dtype = match tensor {
+                Tensor::K | Tensor::V => self.kv_dtype.unwrap_or(self.dtype),
+                Tensor::Q | Tensor::Out => self.dtype,
+            };
+            ensure_fits(tensor.name(), params.extent(tensor, dtype.size_of()), buffer)?;
+        }
+        for (name, descale) in [("k_descale", &self.k_descale), ("v_descale", &self.v_descale)] {
+            if let Some((factors, strides)) = descale {
+                // One f32 at [b * batch + h * head] for each (batch entry, K/V head).
+                let dims = [(raw.batch_size, strides.batch), (raw.num_heads_kv, strides.head)];
+                ensure_fits(name, tensor_extent(&dims, 1, std::mem::size_of::<f32>()), factors)?;
+            }
         }
         if let Some(lse) = &self.lse {
             // [num_heads_q, total_seqlen_q] for packed queries.
@@ -818,6 +997,213 @@ mod tests {
         assert_eq!((raw.use_window, raw.window_left, raw.window_right, raw.softcap), (0, 0, 0, 0.0));
         assert_eq!((params.window(), params.softcap()), (None, 0.0));
         assert!(raw.seqused_k.is_null());
+        assert_eq!((raw.kv_dtype, raw.out_dtype, params.kv_dtype()), (0, 0, DType::F16));
+        assert!(raw.q_descale.is_null() && raw.k_descale.is_null() && raw.v_descale.is_null());
+        let descale_strides = [
+            raw.q_descale_batch_stride,
+            raw.q_descale_head_stride,
+            raw.k_descale_batch_stride,
+            raw.k_descale_head_stride,
+            raw.v_descale_batch_stride,
+            raw.v_descale_head_stride,
+        ];
+        assert_eq!(descale_strides, [0; 6]);
+    }
+
+    #[test]
+    fn dtypes_map_to_the_c_enum() {
+        let all = [
+            (DType::F16, sys::FLASHCORE_DTYPE_FP16, 2),
+            (DType::BF16, sys::FLASHCORE_DTYPE_BF16, 2),
+            (DType::F32, sys::FLASHCORE_DTYPE_FP32, 4),
+            (DType::F8E4M3, sys::FLASHCORE_DTYPE_FP8_E4M3, 1),
+        ];
+        for (dtype, raw, bytes) in all {
+            assert_eq!((dtype.to_raw(), dtype.size_of()), (raw as i32, bytes), "{dtype:?}");
+            assert_eq!(DType::from_raw(raw as i32), Some(dtype));
+        }
+        assert_eq!((DType::from_raw(0), DType::from_raw(5)), (None, None));
+    }
+
+    /// The standard shape with fp8 k and v (one byte per element) on
+    /// `buffers`, bf16 q and out.
+    fn fp8(buffers: &mut Buffers) -> ForwardParamsBuilder<'_> {
+        standard(buffers).dtype(DType::BF16).kv_dtype(DType::F8E4M3)
+    }
+
+    /// Dense buffers of the standard shape with one-byte k and v.
+    fn fp8_buffers() -> Buffers {
+        let kv_bytes = (B * HKV * SK * D) as usize;
+        Buffers {
+            k: RawBuffer::new(0x2000_0000, kv_bytes),
+            v: RawBuffer::new(0x3000_0000, kv_bytes),
+            ..Buffers::dense()
+        }
+    }
+
+    #[test]
+    fn fp8_kv_dtype_reaches_the_c_struct_and_sizes_k_and_v_in_bytes() {
+        let mut buffers = fp8_buffers();
+        let params = fp8(&mut buffers).build().expect("valid params");
+        let raw = params.as_raw();
+        assert_eq!((raw.dtype, raw.kv_dtype), (sys::FLASHCORE_DTYPE_BF16 as i32, sys::FLASHCORE_DTYPE_FP8_E4M3 as i32));
+        assert_eq!((params.kv_dtype(), raw.out_dtype), (DType::F8E4M3, 0));
+        // Strides are in elements whatever their size.
+        assert_eq!(params.strides(Tensor::K), Strides { batch: HKV * SK * D, seq: D, head: SK * D });
+        // k and v one element (byte) short, and q, out still 2 bytes an element.
+        for (name, edit) in [
+            ("k", (|b: &mut Buffers| b.k = RawBuffer::new(b.k.device_ptr(), b.k.byte_len() - 1)) as fn(&mut Buffers)),
+            ("v", |b| b.v = RawBuffer::new(b.v.device_ptr(), b.v.byte_len() - 1)),
+            ("q", |b| b.q = RawBuffer::new(b.q.device_ptr(), b.q.byte_len() / 2)),
+            ("out", |b| b.out = RawBuffer::new(b.out.device_ptr(), b.out.byte_len() - 1)),
+        ] {
+            let mut buffers = fp8_buffers();
+            edit(&mut buffers);
+            let err = rejected(fp8(&mut buffers));
+            assert!(err.message().starts_with(&format!("{name}: the tensor spans")), "{name}: {err}");
+        }
+        // kv_dtype given as dtype's is dtype's.
+        let mut buffers = Buffers::dense();
+        let params = standard(&mut buffers).kv_dtype(DType::F16).build().expect("valid params");
+        assert_eq!((params.kv_dtype(), params.as_raw().kv_dtype), (DType::F16, sys::FLASHCORE_DTYPE_FP16 as i32));
+        // Not given: dtype's, whatever dtype is.
+        let mut buffers = Buffers::dense();
+        let params = standard(&mut buffers).dtype(DType::BF16).build().expect("valid params");
+        assert_eq!((params.kv_dtype(), params.as_raw().kv_dtype), (DType::BF16, 0));
+    }
+
+    #[test]
+    fn fp8_paged_and_packed_pools_are_sized_in_bytes() {
+        let (page_size, num_pages, per_row) = (16, 20, 6); // ceil(96 / 16) pages per sequence
+        let pool = RawBuffer::new(0x2000_0000, (num_pages * page_size * HKV * D) as usize);
+        let table = RawBuffer::new(0x6000_0000, (B * per_row * 4) as usize);
+        let mut buffers = Buffers { k: pool, v: RawBuffer::new(0x3000_0000, pool.byte_len()), ..Buffers::dense() };
+        let params = fp8(&mut buffers)
+            .paged_kv(&table, per_row, page_size as i32, num_pages as i32)
+            .build()
+            .expect("valid params");
+        assert_eq!(params.strides(Tensor::V), Strides { batch: page_size * HKV * D, seq: HKV * D, head: D });
+        let short = RawBuffer::new(0x3000_0000, pool.byte_len() - 1);
+        let mut buffers = Buffers { k: pool, v: short, ..Buffers::dense() };
+        let err = rejected(fp8(&mut buffers).paged_kv(&table, per_row, page_size as i32, num_pages as i32));
+        assert!(err.message().starts_with("v: the tensor spans"), "{err}");
+
+        let total_k = 150;
+        let cu_k = RawBuffer::new(0x6100_0000, (B as usize + 1) * 4);
+        let packed = RawBuffer::new(0x2000_0000, (total_k * HKV * D) as usize);
+        let mut buffers = Buffers { k: packed, v: RawBuffer::new(0x3000_0000, packed.byte_len()), ..Buffers::dense() };
+        let params = fp8(&mut buffers).varlen_k(&cu_k, total_k as i32).build().expect("valid params");
+        assert_eq!(params.strides(Tensor::K), Strides { batch: 0, seq: HKV * D, head: D });
+    }
+
+    #[test]
+    fn descales_reach_the_c_struct_and_must_hold_every_factor() {
+        let factors = |address: u64, count: i64| RawBuffer::new(address, count as usize * 4);
+        // [B, HKV] for k; [HKV, B] for v (transposed), each exactly big enough.
+        let (k_scales, v_scales) = (factors(0x7000_0000, B * HKV), factors(0x7100_0000, B * HKV));
+        let mut buffers = fp8_buffers();
+        let params = fp8(&mut buffers)
+            .k_descale(&k_scales, DescaleStrides::per_head(HKV as i32))
+            .v_descale(&v_scales, DescaleStrides { batch: 1, head: B })
+            .build()
+            .expect("valid params");
+        let raw = params.as_raw();
+        assert_eq!((raw.k_descale as usize, raw.v_descale as usize), (0x7000_0000, 0x7100_0000));
+        assert_eq!((raw.k_descale_batch_stride, raw.k_descale_head_stride), (HKV, 1));
+        assert_eq!((raw.v_descale_batch_stride, raw.v_descale_head_stride), (1, B));
+        assert!(raw.q_descale.is_null());
+        assert_eq!((raw.q_descale_batch_stride, raw.q_descale_head_stride), (0, 0));
+
+        // Per tensor: one f32 each.
+        let (k_scale, v_scale) = (factors(0x7000_0000, 1), factors(0x7100_0000, 1));
+        let mut buffers = fp8_buffers();
+        let params = fp8(&mut buffers)
+            .k_descale(&k_scale, DescaleStrides::PER_TENSOR)
+            .v_descale(&v_scale, DescaleStrides::default())
+            .build()
+            .expect("valid params");
+        let raw = params.as_raw();
+        assert_eq!([raw.k_descale_batch_stride, raw.k_descale_head_stride], [0, 0]);
+        assert_eq!([raw.v_descale_batch_stride, raw.v_descale_head_stride], [0, 0]);
+        assert!(!raw.k_descale.is_null() && !raw.v_descale.is_null());
+
+        // Only k's: v's stays NULL (1).
+        let mut buffers = fp8_buffers();
+        let params = fp8(&mut buffers).k_descale(&k_scale, DescaleStrides::PER_TENSOR).build().expect("valid params");
+        assert!(params.as_raw().v_descale.is_null());
+
+        // Padded rows: the last factor is at (B - 1) * (HKV + 3) + HKV - 1.
+        let padded = DescaleStrides { batch: HKV + 3, head: 1 };
+        let needed = (B - 1) * (HKV + 3) + HKV;
+        let mut buffers = fp8_buffers();
+        let exact = factors(0x7000_0000, needed);
+        assert!(fp8(&mut buffers).k_descale(&exact, padded).build().is_ok());
+        for (name, short_k, short_v) in [("k_descale", needed - 1, needed), ("v_descale", needed, needed - 1)] {
+            let (k_scales, v_scales) = (factors(0x7000_0000, short_k), factors(0x7100_0000, short_v));
+            let mut buffers = fp8_buffers();
+            let err = rejected(fp8(&mut buffers).k_descale(&k_scales, padded).v_descale(&v_scales, padded));
+            assert_eq!(err.status(), Status::InvalidArgument);
+            assert_eq!(
+                err.message(),
+                format!("{name}: the tensor spans {} bytes but its buffer holds {}", needed * 4, (needed - 1) * 4)
+            );
+        }
+        // A single factor does not serve per-head strides.
+        let mut buffers = fp8_buffers();
+        let err = rejected(fp8(&mut buffers).v_descale(&v_scale, DescaleStrides::per_head(HKV as i32)));
+        assert!(err.message().starts_with("v_descale: the tensor spans"), "{err}");
+    }
+
+    #[test]
+    fn fp8_refusals_come_from_the_library() {
+        let scales = RawBuffer::new(0x7000_0000, (B * HKV * 4) as usize);
+        let per_head = DescaleStrides::per_head(HKV as i32);
+        // k strides of 72 one-byte elements: aligned for fp16, not for fp8.
+        let odd = Strides { batch: 0, seq: 72, head: 72 * SK };
+        let mut buffers = Buffers { k: RawBuffer::new(0x2000_0000, (72 * SK * HKV * 2) as usize), ..Buffers::dense() };
+        assert!(standard(&mut buffers).strides(Tensor::K, odd).build().is_ok());
+        let mut buffers = Buffers { k: RawBuffer::new(0x2000_0000, (72 * SK * HKV) as usize), ..fp8_buffers() };
+        assert_eq!(rejected(fp8(&mut buffers).strides(Tensor::K, odd)).status(), Status::Misaligned);
+        // A head dim that is a multiple of 8 but not of 16: fine in 16 bits.
+        let mut buffers = Buffers::dense();
+        assert!(standard(&mut buffers).head_dim(56).build().is_ok());
+        let mut buffers = fp8_buffers();
+        let err = rejected(fp8(&mut buffers).head_dim(56));
+        assert!(matches!(err.status(), Status::Unsupported | Status::InvalidArgument), "{err}");
+        let mut buffers = fp8_buffers();
+        let err = rejected(fp8(&mut buffers).head_dim_v(56));
+        assert!(matches!(err.status(), Status::Unsupported | Status::InvalidArgument), "{err}");
+        // Descales need an fp8 kv_dtype.
+        for kv_dtype in [None, Some(DType::F16)] {
+            let mut buffers = Buffers::dense();
+            let builder = standard(&mut buffers).k_descale(&scales, per_head);
+            let builder = match kv_dtype {
+                Some(kv_dtype) => builder.kv_dtype(kv_dtype),
+                None => builder,
+            };
+            let err = rejected(builder);
+            assert!(err.message().contains("descale"), "kv_dtype {kv_dtype:?}: {err}");
+        }
+        // fp8 only for k and v; no f32 k and v.
+        let mut buffers = fp8_buffers();
+        let err = rejected(fp8(&mut buffers).dtype(DType::F8E4M3));
+        assert_eq!(err.status(), Status::Unsupported, "{err}");
+        let mut buffers = Buffers::dense();
+        let err = rejected(standard(&mut buffers).kv_dtype(DType::F32));
+        assert!(err.message().contains("kv_dtype"), "{err}");
+        // Descale arrays: 4-byte aligned, strides >= 0, each named.
+        let misaligned = RawBuffer::new(0x7000_0002, scales.byte_len());
+        let mut buffers = fp8_buffers();
+        assert_eq!(rejected(fp8(&mut buffers).k_descale(&misaligned, per_head)).status(), Status::Misaligned);
+        for (name, strides) in [
+            ("v_descale_batch_stride", DescaleStrides { batch: -1, head: 1 }),
+            ("v_descale_head_stride", DescaleStrides { batch: HKV, head: -1 }),
+        ] {
+            let mut buffers = fp8_buffers();
+            let err = rejected(fp8(&mut buffers).v_descale(&scales, strides));
+            assert_eq!(err.status(), Status::InvalidArgument, "{name}: {err}");
+            assert!(err.message().contains(name), "{name}: {err}");
+        }
     }
 
     /// Packed [total, heads, dim] buffers of `total_q` query and `total_k`
@@ -1193,7 +1579,7 @@ mod tests {
     #[test]
     fn library_verdicts_pass_through() {
         type Edit = fn(ForwardParamsBuilder<'_>) -> ForwardParamsBuilder<'_>;
-        let cases: [(&str, Edit, Status); 21] = [
+        let cases: [(&str, Edit, Status); 22] = [
             ("head_dim 100, not a multiple of 8", |b| b.head_dim(100), Status::Unsupported),
             ("head_dim 264, wider than every kernel", |b| b.head_dim(264), Status::Unsupported),
             ("head_dim_v 264, wider than every kernel", |b| b.head_dim_v(264), Status::Unsupported),
@@ -1205,6 +1591,7 @@ mod tests {
             ("num_splits past the limit", |b| b.num_splits(crate::MAX_NUM_SPLITS + 1), Status::InvalidArgument),
             ("negative num_splits", |b| b.num_splits(-1), Status::InvalidArgument),
             ("f32, a merge-only dtype", |b| b.dtype(DType::F32), Status::Unsupported),
+            ("fp8 e4m3, a KV-cache-only dtype", |b| b.dtype(DType::F8E4M3), Status::Unsupported),
             ("window left bound below -1", |b| b.window(-2, 0), Status::InvalidArgument),
             ("window right bound below -1", |b| b.window(0, -3), Status::InvalidArgument),
             ("window past the diagonal with causal", |b| b.causal(true).window(16, 1), Status::InvalidArgument),

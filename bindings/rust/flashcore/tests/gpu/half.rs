@@ -1,6 +1,7 @@
-//! fp16 and bf16 encoding for the test data, without a half-precision crate.
-//! The test only encodes values that both formats hold exactly, so encoding
-//! needs no rounding and refuses anything else.
+//! fp16 and bf16 encoding for the test data, without a half-precision crate,
+//! and the values of fp8 e4m3 elements (an fp8 KV cache's). The test only
+//! encodes values that both 16-bit formats hold exactly, so encoding needs no
+//! rounding and refuses anything else; its fp8 data is made as bits.
 
 use flashcore::DType;
 
@@ -22,6 +23,20 @@ pub fn decode(dtype: DType, bits: u16) -> f32 {
     match dtype {
         DType::BF16 => f32::from_bits(u32::from(bits) << 16),
         _ => f16_value(bits),
+    }
+}
+
+/// The value of fp8 e4m3 `bits` (CUDA `__nv_fp8_e4m3`, PyTorch
+/// `float8_e4m3fn`): sign, 4 exponent bits of bias 7, 3 mantissa bits;
+/// subnormals below 2^-6, no infinities, NaN for S.1111.111 only, largest 448.
+pub fn e4m3_value(bits: u8) -> f32 {
+    let sign = if bits & 0x80 != 0 { -1.0 } else { 1.0 };
+    let exponent = i32::from((bits >> 3) & 0xF);
+    let mantissa = f32::from(bits & 0x7);
+    match exponent {
+        0 => sign * mantissa * 2f32.powi(-9),
+        15 if mantissa == 7.0 => f32::NAN,
+        _ => sign * (8.0 + mantissa) * 2f32.powi(exponent - 10),
     }
 }
 

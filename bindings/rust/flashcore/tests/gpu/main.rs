@@ -14,6 +14,7 @@
 
 mod backward;
 mod cuda;
+mod fp8;
 mod half;
 #[macro_use]
 mod harness;
@@ -27,6 +28,7 @@ use flashcore::{
     DType, DeviceBuffer, ForwardParams, ForwardParamsBuilder, Handle, Layout, MergeParams, RawBuffer, StateStrides,
     Status, Strides, Tensor,
 };
+use fp8::{e4m3_values_follow_the_format, fp8_kv_cache_matches_cpu_reference};
 use harness::{Outcome, Skip};
 
 fn main() -> std::process::ExitCode {
@@ -41,6 +43,8 @@ fn main() -> std::process::ExitCode {
         window_and_softcap_match_cpu_reference,
         page_table_pools_every_key_once,
         varlen_and_paged_match_cpu_reference,
+        e4m3_values_follow_the_format,
+        fp8_kv_cache_matches_cpu_reference,
         merge_states_matches_cpu_reference,
         merge_states_refusals_come_from_the_library,
         two_halves_merged_match_attention_over_all_keys,
@@ -325,13 +329,18 @@ impl HostTensor {
 struct Random(u64);
 
 impl Random {
-    /// Uniform in [-2, 2) on a grid both fp16 and bf16 hold exactly
-    /// (multiples of 1/64 for bf16's 8-bit significand, 1/256 for fp16).
-    fn value(&mut self, dtype: DType) -> f32 {
+    /// The next 64 random bits.
+    fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
-        let r = (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as i64;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [-2, 2) on a grid both fp16 and bf16 hold exactly
+    /// (multiples of 1/64 for bf16's 8-bit significand, 1/256 for fp16).
+    fn value(&mut self, dtype: DType) -> f32 {
+        let r = (self.next() >> 40) as i64;
         let steps = if dtype == DType::BF16 { 64 } else { 256 };
         (r % (4 * steps) - 2 * steps) as f32 / steps as f32
     }
