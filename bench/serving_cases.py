@@ -13,7 +13,9 @@ compare.py's dense [B, H, S, D] presets) and times every backend with compare.py
           contiguous cache [B, 16384, Hkv, D] with cache_seqlens (and pages of 16 in order, to show
           what the scattered pages' locality costs). flashcore on both; FA3's
           flash_attn_with_kvcache (its wheel has no paged kernels) and PyTorch's flash kernel (seqused_k)
-          on the contiguous cache. TB/s = K/V bytes of the used keys / time.
+          on the contiguous cache. TB/s = K/V bytes of the used keys / time. flashcore also on the
+          same caches quantized to e4m3 (one descale factor per tensor; issue 36), paged and
+          contiguous: fp8/bf16 is its time over the bf16 cache's.
   window  Causal prefill of 32768 tokens with a sliding window of 4096 keys, against a plain causal
           prefill of 4096 tokens (B 1, Hq 32 / Hkv 8, head dim 128). Masked key blocks must be
           skipped: the windowed call's time per 128-row query block is set beside the causal 4k call's,
@@ -32,6 +34,7 @@ PAGE_SIZES = (16, 256)
 WINDOW_SEQLEN, WINDOW_LEFT, WINDOW_BASE_SEQLEN = 32768, 4096, 4096
 QUERY_BLOCK = 128  # rows per query block of the sm_90a kernel (per-block times)
 CHECK_TOLERANCE = 4e-2  # bf16, as compare.py's
+E4M3_MAX = 448.0  # e4m3's largest value: a per-tensor descale factor is amax / this
 
 
 def log_uniform_lengths(rng, count, lo, hi):
@@ -182,7 +185,12 @@ def report_errors(res):
 
 def paged_cache(torch, k_cache, v_cache, lengths, page_size, shuffled=True):
     """The contiguous caches' used keys copied into a pool of pages (in shuffled order, as a server's
-    allocator hands them out after a while, or in order), and its block table."""
+    allocator hands them out after a while, or in order), and its block table. e4m3 caches are copied
+    as bytes (PyTorch's indexing has no float8 kernels)."""
+    if k_cache.dtype == torch.float8_e4m3fn:
+        k_pool, v_pool, table = paged_cache(torch, k_cache.view(torch.uint8), v_cache.view(torch.uint8), lengths,
+                                            page_size, shuffled)
+        return k_pool.view(k_cache.dtype), v_pool.view(v_cache.dtype), table
     pages_per_seq = [-(-n // page_size) for n in lengths]
     num_pages = sum(pages_per_seq)
     order = (torch.randperm(num_pages, generator=torch.Generator().manual_seed(7)) if shuffled
@@ -227,6 +235,15 @@ def serving_paged(fc, fa3, measure, args):
     def contiguous():
         return fc.attention_with_kvcache(q, k_cache, v_cache, seqlens)
 
+    # The same caches in e4m3, one descale factor per tensor (as vLLM's k_scale and v_scale).
+    k_descale = (k_cache.abs().amax().float() / E4M3_MAX).reshape(1)
+    v_descale = (v_cache.abs().amax().float() / E4M3_MAX).reshape(1)
+    k_fp8 = (k_cache.float() / k_descale).to(torch.float8_e4m3fn)
+    v_fp8 = (v_cache.float() / v_descale).to(torch.float8_e4m3fn)
+
+    def contiguous_fp8():
+        return fc.attention_with_kvcache(q, k_fp8, v_fp8, seqlens, k_descale=k_descale, v_descale=v_descale)
+
     def flash():
         return flash_varlen(torch, q_rows, k_rows, v_rows, cu_q, cu_k, 1, PAGED_MAX, False,
                             seqused_k=seqlens).view(PAGED_BATCH, 1, HEADS_Q, HEAD_DIM)
@@ -234,7 +251,8 @@ def serving_paged(fc, fa3, measure, args):
     rows = []
     # Shuffled pages, and pages of 16 in order: how much of a gap is the scattered pages' locality.
     layouts = [(size, True) for size in PAGE_SIZES] + [(PAGE_SIZES[0], False)]
-    names = ["flashcore paged"] + ["flashcore", "fa3", "flash", "paged/contig", "fc/fa3"]
+    names = ["flashcore paged"] + ["flashcore", "fa3", "flash", "paged/contig", "fc/fa3", "fp8 paged", "fp8",
+                                   "fp8 paged/contig", "fp8/bf16"]
     table = Table(f"Paged decode, bf16, B {PAGED_BATCH}, Hq {HEADS_Q} / Hkv {HEADS_KV}, D {HEAD_DIM}, cache lengths "
                   f"{min(lengths)}..{max(lengths)} (sum {sum(lengths)}); contiguous cache [B, {PAGED_MAX}, Hkv, D] "
                   "for flashcore, fa3 and flash", names, "TB/s")
@@ -248,20 +266,31 @@ def serving_paged(fc, fa3, measure, args):
             ("flash", flash),
         ]
         res = run_backends(backends, measure, args, kv_bytes, flash)
+        k_pool8, v_pool8, block_table8 = paged_cache(torch, k_fp8, v_fp8, lengths, size, shuffled)
+        fp8_backends = [
+            ("fp8 paged", lambda: fc.attention_with_kvcache(q, k_pool8, v_pool8, seqlens, block_table=block_table8,
+                                                            k_descale=k_descale, v_descale=v_descale)),
+            ("fp8", contiguous_fp8),
+        ]
+        res.update(run_backends(fp8_backends, measure, args, kv_bytes / 2, flash))  # one-byte K/V
         row = dict(res)
         paged_over_contig = ratio_of(res, "flashcore", "flashcore paged")  # paged time / contiguous time
         fc_fa3 = ratio_of(res, "flashcore", "fa3")
         row["paged/contig"] = paged_over_contig
         row["fc/fa3"] = fc_fa3
+        row["fp8 paged/contig"] = ratio_of(res, "fp8", "fp8 paged")
+        row["fp8/bf16"] = ratio_of(res, "flashcore", "fp8")
         label = f"decode B{PAGED_BATCH} page {size}" + ("" if shuffled else " in order")
         table.row(label, row)
         report_errors(res)
-        del k_pool, v_pool
+        del k_pool, v_pool, k_pool8, v_pool8
         rows.append({"kind": "paged", "label": label, "page_size": size, "shuffled": shuffled, "lengths": lengths,
                      "kv_bytes": kv_bytes,
-                     "backends": res, "paged_time_over_contiguous": paged_over_contig, "fc_over_fa3": fc_fa3})
-    print("  paged/contig: time of the paged call / time of the same call on the contiguous cache (target <= 1.05); "
-          "fc/fa3: FA3 time / flashcore time on the contiguous cache (target >= 1.05)")
+                     "backends": res, "paged_time_over_contiguous": paged_over_contig, "fc_over_fa3": fc_fa3,
+                     "fp8_paged_time_over_contiguous": row["fp8 paged/contig"], "fp8_time_over_bf16": row["fp8/bf16"]})
+    print("  paged/contig: time of the paged call / time of the same call on the contiguous cache (target <= 1.03); "
+          "fc/fa3: FA3 time / flashcore time on the contiguous cache (target >= 1.05); fp8: the same caches in "
+          "e4m3 (TB/s of their bytes); fp8/bf16: the e4m3 contiguous call's time / the bf16 one's (target <= 0.55)")
     return rows
 
 
