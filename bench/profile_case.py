@@ -6,7 +6,7 @@ pick one from. This makes the inputs of the first case that compare.py's case
 flags select (--preset, --dtype, --mask, --layout, --batch, --heads, ...),
 calls one backend --calls times (default 3) and synchronises, and prints
 nothing on standard output, so that a profiler's CSV is all there is. The
-backends are compare.py's: flashcore (--library as there), fa3, flash,
+backends are compare.py's: flashcore (--library as there), flashcore-fp8kv, fa3, flash,
 efficient, cudnn.
 
 Nsight Compute, the third call of the attention kernel, the sections that
@@ -33,7 +33,7 @@ import compare
 
 def main(argv=None):
     own = argparse.ArgumentParser(add_help=False)
-    own.add_argument("--backend", choices=("flashcore", "fa3", "flash", "efficient", "cudnn"))
+    own.add_argument("--backend", choices=("flashcore", compare.FP8_KV_BACKEND, "fa3", "flash", "efficient", "cudnn"))
     own.add_argument("--calls", type=compare.positive_int, default=3)
     own.add_argument("-h", "--help", action="store_true")
     args, rest = own.parse_known_args(argv)
@@ -55,6 +55,8 @@ def main(argv=None):
     try:
         if args.backend == "flashcore":
             run = compare.flashcore_backend(compare.import_flashcore(case_args.library), case)
+        elif args.backend == compare.FP8_KV_BACKEND:
+            run = compare.flashcore_fp8_kv_backend(compare.import_flashcore(case_args.library), case)
         elif args.backend == "fa3":
             run = compare.fa3_backend(compare.import_fa3(), case)
         else:

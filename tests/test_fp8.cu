@@ -2,7 +2,8 @@
 // on the GPU, for every pair of codes: both ways (the integer one sm_80 and
 // sm_86 run, and sm_89+'s conversion instruction where the GPU has it) give
 // exactly the value of each code (tests/support/reference.h's codec), NaN
-// for NaN, in fp16 and in bf16.
+// for NaN, in fp16 and in bf16 (subnormals included: e4m3's smallest are
+// bf16 subnormals on the integer way).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
@@ -21,14 +22,17 @@ namespace {
 
 constexpr int kPairs = 1 << 16;  // every (first code, second code)
 
-// The widened fp16x2 by integer operations, by widen_e4m3x2<__half> (the
-// GPU's instruction where it has one) and the bf16x2 of each pair.
-__global__ void widen_every_pair(uint32_t *by_bits, uint32_t *as_fp16, uint32_t *as_bf16) {
+// Each pair widened four ways: to fp16x2 and to bf16x2 by integer
+// operations (sm_80's way), and by widen_e4m3x2<__half> and
+// widen_e4m3x2<__nv_bfloat16> (the GPU's instruction where it has one).
+constexpr int kWays = 4;
+__global__ void widen_every_pair(uint32_t *out) {
     const int pair = blockIdx.x * blockDim.x + threadIdx.x;
     if (pair >= kPairs) return;
-    by_bits[pair] = flashcore::widen_e4m3x2_by_bits(uint16_t(pair));
-    as_fp16[pair] = flashcore::widen_e4m3x2<__half>(uint16_t(pair));
-    as_bf16[pair] = flashcore::widen_e4m3x2<__nv_bfloat16>(uint16_t(pair));
+    out[pair] = flashcore::widen_e4m3x2_by_bits(uint16_t(pair));
+    out[kPairs + pair] = flashcore::widen_e4m3x2<__half>(uint16_t(pair));
+    out[2 * kPairs + pair] = flashcore::widen_e4m3x2_to_bf16x2_by_bits(uint16_t(pair));
+    out[3 * kPairs + pair] = flashcore::widen_e4m3x2<__nv_bfloat16>(uint16_t(pair));
 }
 
 // Whether a 16-bit value (converted to double by `to_double`) is the code's.
@@ -55,11 +59,11 @@ double bf16_value(uint16_t bits) {
 TEST(Fp8Widening, EveryPairOfCodesIsExactInFp16AndBf16) {
     FC_REQUIRE_GPU();
     uint32_t *device = nullptr;
-    FC_CHECK_CUDA(cudaMalloc(&device, 3 * kPairs * sizeof(uint32_t)));
+    FC_CHECK_CUDA(cudaMalloc(&device, kWays * kPairs * sizeof(uint32_t)));
     constexpr int kThreads = 256;
-    widen_every_pair<<<kPairs / kThreads, kThreads>>>(device, device + kPairs, device + 2 * kPairs);
+    widen_every_pair<<<kPairs / kThreads, kThreads>>>(device);
     FC_CHECK_CUDA(cudaGetLastError());
-    std::vector<uint32_t> host(3 * kPairs);
+    std::vector<uint32_t> host(kWays * kPairs);
     FC_CHECK_CUDA(cudaMemcpy(host.data(), device, host.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
     FC_CHECK_CUDA(cudaFree(device));
     int wrong = 0;
@@ -69,12 +73,14 @@ TEST(Fp8Widening, EveryPairOfCodesIsExactInFp16AndBf16) {
             const auto part = [&](int which) { return uint16_t(host[which * kPairs + pair] >> (16 * half)); };
             const bool ok = is_value_of(part(0), codes[half], fp16_value) &&
                             is_value_of(part(1), codes[half], fp16_value) &&
-                            is_value_of(part(2), codes[half], bf16_value);
+                            is_value_of(part(2), codes[half], bf16_value) &&
+                            is_value_of(part(3), codes[half], bf16_value);
             if (!ok) {
                 ++wrong;
                 ADD_FAILURE() << "code 0x" << std::hex << int(codes[half]) << " (pair 0x" << pair << ", half "
-                              << half << "): by bits 0x" << part(0) << ", fp16 0x" << part(1) << ", bf16 0x"
-                              << part(2) << std::dec << "; expected " << flashcore_test::e4m3_decode(codes[half]);
+                              << half << "): fp16 by bits 0x" << part(0) << ", fp16 0x" << part(1)
+                              << ", bf16 by bits 0x" << part(2) << ", bf16 0x" << part(3) << std::dec
+                              << "; expected " << flashcore_test::e4m3_decode(codes[half]);
             }
         }
     }

@@ -20,6 +20,10 @@ constexpr unsigned short kFp16TwoPow8 = 0x5C00;
 // (sign bit cleared), and what makes such a value an fp16 NaN.
 constexpr uint32_t kE4m3NanInFp16x2 = 0x3F803F80u;
 constexpr uint32_t kFp16x2NanBits = 0x7E007E00u;
+// The same in bf16's positions, and bf16's 2^120.
+constexpr uint32_t kE4m3NanInBf16x2 = 0x07F007F0u;
+constexpr uint32_t kBf16x2NanBits = 0x7FC07FC0u;
+constexpr unsigned short kBf16TwoPow120 = 0x7B80;
 
 // The two e4m3 values in the low (first) and high bytes of `pair` as an
 // fp16x2 (first value in the low half), with integer operations only: the
@@ -60,12 +64,33 @@ __device__ __forceinline__ uint32_t widen_e4m3x2<__half>(uint16_t pair) {
     return widen_e4m3x2_to_fp16x2(pair);
 }
 
+// As widen_e4m3x2_by_bits, into bf16x2: the code's bits move into bf16's
+// exponent and mantissa (the value times 2^-120: bf16's bias is 127), and a
+// bf16 multiply by 2^120 makes it exact, e4m3's subnormals (bf16 subnormals
+// on the way) included.
+__device__ __forceinline__ uint32_t widen_e4m3x2_to_bf16x2_by_bits(uint16_t pair) {
+    const uint32_t high = __byte_perm(uint32_t(pair), 0u, 0x1404);
+    uint32_t bits = (high & 0x80008000u) | ((high >> 4) & 0x07F007F0u);
+    const uint32_t nan_halves = __vcmpeq2(bits & 0x7FFF7FFFu, kE4m3NanInBf16x2);
+    bits |= nan_halves & kBf16x2NanBits;
+    const __nv_bfloat16 two_pow120 = __ushort_as_bfloat16(kBf16TwoPow120);
+    const __nv_bfloat162 scaled =
+        __hmul2(*reinterpret_cast<const __nv_bfloat162 *>(&bits), __halves2bfloat162(two_pow120, two_pow120));
+    return *reinterpret_cast<const uint32_t *>(&scaled);
+}
+
+// bf16: by integer operations and one multiply where the GPU has no fp8
+// conversion; through fp16 and float (both exact) where it has.
 template <>
 __device__ __forceinline__ uint32_t widen_e4m3x2<__nv_bfloat16>(uint16_t pair) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     const uint32_t fp16x2 = widen_e4m3x2_to_fp16x2(pair);
     const float2 values = __half22float2(*reinterpret_cast<const __half2 *>(&fp16x2));
     const __nv_bfloat162 wide = __float22bfloat162_rn(values);
     return *reinterpret_cast<const uint32_t *>(&wide);
+#else
+    return widen_e4m3x2_to_bf16x2_by_bits(pair);
+#endif
 }
 
 // Sixteen e4m3 values (one 16-byte vector) as two 16-byte vectors of

@@ -13,8 +13,8 @@
 // and the permutation stays inside the row. It repeats every 8 rows.
 //
 // Rows of a one-byte type (a quantized K/V tile) of 2 or 6 vectors (head
-// dims 32 and 96) are not swizzled: only the widening pass reads them, one
-// whole vector per lane in row order, which no layout makes conflict.
+// dims 32 and 96) are not swizzled: the ldmatrix of 8 such rows meets 2-way
+// bank conflicts, which those head dims' decode tiles accept.
 #pragma once
 
 #include <cstdint>

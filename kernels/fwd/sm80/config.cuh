@@ -82,6 +82,8 @@ constexpr int kDecodeStages = FLASHCORE_DECODE_STAGES;
 constexpr int kDecodeKeySplits = FLASHCORE_DECODE_KEY_SPLITS;
 constexpr int kDecodeBlockM = 16;
 
+constexpr int min_int(int a, int b) { return a < b ? a : b; }
+
 // Keys per decode tile: kDecodeSlotBytes of K and V rows of element_bytes
 // elements, a multiple of 16 (the P*V k-step), from 16 to 64.
 constexpr int decode_block_n(int head_dim, int head_dim_v, int element_bytes) {
@@ -90,17 +92,28 @@ constexpr int decode_block_n(int head_dim, int head_dim_v, int element_bytes) {
 }
 
 // On a quantized (e4m3) cache the decode tiles keep the 16-bit tiles' keys
-// per tile (their widened slot is kDecodeSlotBytes) and stored slots of half
-// the bytes, one more of them: the widened slot and the stored ring then
-// take the shared memory the 16-bit ring does, with 3 tiles in flight per
-// split instead of 2 (at half the bytes each).
-constexpr int kDecodeQuantizedStages = kDecodeStages + 1;
+// per tile, in slots of half the bytes, and 2 of them: the decode tiles are
+// the only ones on such a cache, so they must fit the 99 KB of shared memory
+// sm_86 and sm_89 give a block (at d128, 3 slots take 100 KB), and at about
+// 70 KB two CTAs share an H100's or A100's SM, which keeps as many bytes in
+// flight per SM as one CTA of 3 slots would.
+#ifndef FLASHCORE_DECODE_QUANTIZED_STAGES  // scratch sweeps override it
+#define FLASHCORE_DECODE_QUANTIZED_STAGES 2
+#endif
+constexpr int kDecodeQuantizedStages = FLASHCORE_DECODE_QUANTIZED_STAGES;
+// And at most 32 keys per tile: the e4m3 products widen a tile's K in
+// registers, which with 64 keys (head dims up to 64) spilled.
+constexpr int kDecodeQuantizedMaxKeys = 32;
 
 template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV>
 struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kDecode> {
     static constexpr bool kQuantizedKV = kKV != kInput;
     using Traits = FwdTraits<ElementType<kInput>, ElementType<kKV>, ElementType<kOutput>, kHeadDim, kHeadDimV,
-                             kDecodeBlockM, decode_block_n(kHeadDim, kHeadDimV, int(dtype_bytes(kInput))), 1,
+                             kDecodeBlockM,
+                             kQuantizedKV ? min_int(decode_block_n(kHeadDim, kHeadDimV, int(dtype_bytes(kInput))),
+                                                    kDecodeQuantizedMaxKeys)
+                                          : decode_block_n(kHeadDim, kHeadDimV, int(dtype_bytes(kInput))),
+                             1,
                              kDecodeKeySplits, kQuantizedKV ? kDecodeQuantizedStages : kDecodeStages, 255,
                              kHeadDim <= 128>;
 };

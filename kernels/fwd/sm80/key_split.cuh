@@ -61,8 +61,9 @@ __device__ __forceinline__ void merge_key_splits(OnlineSoftmax<Traits::kMAtoms> 
     using Softmax = OnlineSoftmax<Traits::kMAtoms>;
     constexpr int kAccValues = Traits::kMAtoms * Traits::kNAtomsO * 4;
     constexpr int kValues = kAccValues + 2 * Softmax::kRows;
-    static_assert(kValues * Traits::kThreadsPerSplit * sizeof(float) <= Traits::kSmemRingBytes,
-                  "the exchange must fit in one split's K/V ring");
+    static_assert(kValues * Traits::kThreadsPerSplit * sizeof(float) == Traits::kSmemMergeBytes &&
+                      Traits::kSmemMergeBytes <= Traits::kSmemRingBytes,
+                  "the exchange must fit in one split's K/V ring (FwdTraits::kSmemMergeBytes)");
     const auto slot_of = [&](int from_split, int value) -> float & {
         float *ring = reinterpret_cast<float *>(smem_rings + from_split * Traits::kSmemRingBytes);
         return ring[value * Traits::kThreadsPerSplit + split_tid];

@@ -15,15 +15,15 @@
 //   KvRing         a split's ring of K/V tiles in shared memory, requested
 //                  kStages - 1 tiles ahead with one barrier per tile (a
 //                  paged cache's pages looked up a request ahead:
-//                  paged_kv.cuh); a quantized cache's tiles widened to the
-//                  input type, each into the split's one widened slot, with
-//                  a second barrier;
+//                  paged_kv.cuh); a quantized cache's e4m3 tiles, which the
+//                  products widen in registers (sm80/warp_gemm_e4m3.cuh);
 //   Mainloop       the registers that outlive the loop (O, the softmax
 //                  state) and the loop itself; merge_splits() folds the key
 //                  splits' partial results into split 0's (key_split.cuh).
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/element.cuh"
 #include "common/fp8.cuh"
@@ -38,6 +38,7 @@
 #include "fwd/tile_coords.cuh"
 #include "sm80/smem_tile.cuh"
 #include "sm80/warp_gemm.cuh"
+#include "sm80/warp_gemm_e4m3.cuh"
 
 namespace flashcore::sm80 {
 
@@ -83,7 +84,7 @@ struct KvRing {
 
     const FwdKernelParams &p;
     const KeyRange &keys;
-    ElementKV *slots;        // the ring: kStages slots of (K tile, V tile), then the widened slot
+    ElementKV *slots;        // the ring: kStages slots of (K tile, V tile)
     const ElementKV *k, *v;  // the tile's K/V head (in page 0 of a paged cache)
     int batch;
     int seqlen_k;
@@ -149,52 +150,12 @@ struct KvRing {
         cp_async_commit();
     }
 
-    // A quantized cache: widens tile j's K and V into the widened slot,
-    // which the split's MMAs then read. Every warp of the split must be
-    // done with the previous tile's widened slot, and tile j must have
-    // landed (the loop's first barrier); the caller synchronises the split
-    // again before the slot is read.
-    __device__ __forceinline__ void widen(int j) const {
-        if constexpr (Traits::kQuantizedKV) {
-            const ElementKV *stored = slots + (j % Traits::kStages) * Traits::kSmemSlotElems;
-            Element *wide = reinterpret_cast<Element *>(slots + Traits::kStages * Traits::kSmemSlotElems);
-            widen_tile<Traits::kHeadDim>(stored, wide);
-            widen_tile<Traits::kHeadDimV>(stored + Traits::kSmemKElems, wide + Traits::kSmemKElems);
-        }
-    }
-
-    // One tile of kBlockN rows of kRowElems: each thread widens whole
-    // 16-byte vectors of e4m3 into two vectors of Element, in the two
-    // tiles' own layouts (smem_tile.cuh).
-    template <int kRowElems>
-    __device__ __forceinline__ void widen_tile(const ElementKV *stored, Element *wide) const {
-        constexpr int kStoredVectors = kRowElems / kElemsPerVector<ElementKV>;
-        constexpr int kVectors = Traits::kBlockN * kStoredVectors;
-        // Not unrolled: each pass widens 16 values, which hides the loop's
-        // overhead, and unrolled the passes doubled the kernel's code (the
-        // library's size is budgeted: docs/kernels.md).
-#pragma unroll 1
-        for (int i = 0; i < (kVectors + Traits::kThreadsPerSplit - 1) / Traits::kThreadsPerSplit; ++i) {
-            const int idx = split_tid + i * Traits::kThreadsPerSplit;
-            if (kVectors % Traits::kThreadsPerSplit != 0 && idx >= kVectors) break;
-            const int row = idx / kStoredVectors;
-            const int vec = idx % kStoredVectors;
-            const uint4 in = *reinterpret_cast<const uint4 *>(stored + swizzled_offset<ElementKV, kRowElems>(row, vec));
-            uint4 first, second;
-            widen_e4m3x16<Element>(in, first, second);
-            *reinterpret_cast<uint4 *>(wide + swizzled_offset<Element, kRowElems>(row, 2 * vec)) = first;
-            *reinterpret_cast<uint4 *>(wide + swizzled_offset<Element, kRowElems>(row, 2 * vec + 1)) = second;
-        }
-    }
-
-    // Shared addresses of tile j's K and V, as the MMAs read them (ring_addr:
-    // the ring's): its slot, or with a quantized cache the widened slot.
+    // Shared addresses of tile j's K and V (ring_addr: the ring's).
     __device__ __forceinline__ static uint32_t k_address(uint32_t ring_addr, int j) {
-        if constexpr (Traits::kQuantizedKV) return ring_addr + uint32_t(Traits::kStages * Traits::kSmemStoredSlotBytes);
-        return ring_addr + uint32_t((j % Traits::kStages) * Traits::kSmemSlotElems * sizeof(Element));
+        return ring_addr + uint32_t((j % Traits::kStages) * Traits::kSmemSlotBytes);
     }
     __device__ __forceinline__ static uint32_t v_address(uint32_t k_addr) {
-        return k_addr + uint32_t(Traits::kSmemKElems * sizeof(Element));
+        return k_addr + uint32_t(Traits::kSmemKElems * sizeof(ElementKV));
     }
 };
 
@@ -222,7 +183,7 @@ struct Mainloop {
     int split;
     int split_tid;  // within the split
     int warp_first_row;
-    ElementKV *smem_kv;  // kStages slots of (K tile, V tile), and a quantized cache's widened slot
+    ElementKV *smem_kv;  // kStages slots of (K tile, V tile)
 
     // The work's operands (bind): the (batch, head group)'s Q (a packed
     // tile's rows gather from its heads) and its K/V head's K and V; its key
@@ -315,7 +276,8 @@ struct Mainloop {
         cp_async_wait<Traits::kStages - 1>();  // Q has landed; the K/V tiles may still be in flight
         __syncthreads();
 
-        QFragments<Traits> q_frag;
+        // A quantized cache's products take Q in their own order (warp_gemm_e4m3.cuh).
+        std::conditional_t<Traits::kQuantizedKV, QFragmentsE4m3<Traits>, QFragments<Traits>> q_frag;
         q_frag.init(smem_q, warp_first_row, lane);
 
         const uint32_t ring_addr = smem_address(smem_kv);
@@ -347,16 +309,16 @@ struct Mainloop {
             cp_async_wait<Traits::kStages - 2>();
             sync_key_split<Traits>(split);
             ring.request(j + Traits::kStages - 1);
-            if constexpr (Traits::kQuantizedKV) {
-                ring.widen(j);
-                sync_key_split<Traits>(split);
-            }
 
             const uint32_t slot_k_addr = KvRing<Traits, kRagged>::k_address(ring_addr, j);
             const uint32_t slot_v_addr = KvRing<Traits, kRagged>::v_address(slot_k_addr);
 
             float scores[Traits::kMAtoms][Traits::kNAtomsS][4];
-            gemm_qk<Traits>(scores, q_frag, slot_k_addr, k_rows);
+            if constexpr (Traits::kQuantizedKV) {
+                gemm_qk_e4m3<Traits>(scores, q_frag, slot_k_addr, lane);
+            } else {
+                gemm_qk<Traits>(scores, q_frag, slot_k_addr, k_rows);
+            }
             // Capped before the mask, whose -inf the cap would turn into -1.
             if (softcap.enabled()) softcap.apply(scores);
             if (keys.needs_mask(n_block)) {
@@ -364,8 +326,13 @@ struct Mainloop {
                     .apply(scores);
             }
             softmax.update(scores, acc_o, scale_log2);
-            gemm_pv<Traits>(acc_o, scores, slot_v_addr, v_rows);
+            if constexpr (Traits::kQuantizedKV) {
+                gemm_pv_e4m3<Traits>(acc_o, scores, slot_v_addr, lane);
+            } else {
+                gemm_pv<Traits>(acc_o, scores, slot_v_addr, v_rows);
+            }
         }
+        if constexpr (Traits::kQuantizedKV) unpermute_output<Traits>(acc_o, lane);
         // Drain the (empty) trailing requests: the rings are reused after.
         cp_async_wait<0>();
 
@@ -382,8 +349,7 @@ struct Mainloop {
         if constexpr (kSplits > 1) {
             const int split0_tiles = (num_n_blocks + kSplits - 1) / kSplits;
             merge_key_splits<Traits>(softmax, acc_o, smem + Traits::kSmemQBytes, split, split_tid,
-                                     Traits::kBarriersPerTile * (split0_tiles - num_split_tiles),
-                                     score_scale_log2(p));
+                                     split0_tiles - num_split_tiles, score_scale_log2(p));
         }
     }
 };

@@ -2,6 +2,8 @@
 // layout and the shared-memory budget that follows from them.
 #pragma once
 
+#include <cuda_fp16.h>
+
 #include <cstddef>
 #include <type_traits>
 
@@ -13,11 +15,12 @@ namespace flashcore {
 template <typename Element_, typename ElementKV_, typename ElementOut_, int kHeadDim_, int kHeadDimV_, int kBlockM_,
           int kBlockN_, int kWarpsPerSplit_, int kKeySplits_, int kStages_, int kMaxRegisters_, bool kQInRegisters_>
 struct FwdTraits {
-    using Element = Element_;        // of Q, and of the K/V tiles the MMAs read
-    using ElementKV = ElementKV_;    // of K and V in global memory
+    using Element = Element_;        // of Q
+    using ElementKV = ElementKV_;    // of K and V
     using ElementOut = ElementOut_;  // of O
-    // K/V stored in a narrower type (e4m3: a quantized cache), widened to
-    // Element tile by tile in shared memory (KvRing::widen).
+    // K/V in a narrower type (e4m3: a quantized cache), widened in registers
+    // on their way to the MMAs (sm80/warp_gemm_e4m3.cuh); P and V then
+    // multiply in fp16.
     static constexpr bool kQuantizedKV = !std::is_same_v<ElementKV, Element>;
     static constexpr int kHeadDim = kHeadDim_;    // of Q and K
     static constexpr int kHeadDimV = kHeadDimV_;  // of V and O
@@ -57,16 +60,16 @@ struct FwdTraits {
     static constexpr int kSmemKElems = kBlockN * kHeadDim;   // one K tile
     static constexpr int kSmemVElems = kBlockN * kHeadDimV;  // one V tile
     static constexpr int kSmemSlotElems = kSmemKElems + kSmemVElems;
-    // Q, then per key split kStages slots of one K and one V tile each, as
-    // stored (ElementKV), and with quantized K/V one slot of them widened to
-    // Element, which the MMAs read. The output tile reuses Q's space; the
-    // key-split merge reuses the K/V rings.
-    static constexpr size_t kSmemStoredSlotBytes = size_t(kSmemSlotElems) * sizeof(ElementKV);
-    static constexpr size_t kSmemWideSlotBytes = kQuantizedKV ? size_t(kSmemSlotElems) * sizeof(Element) : 0;
-    static constexpr size_t kSmemRingBytes = size_t(kStages) * kSmemStoredSlotBytes + kSmemWideSlotBytes;
-    // Barriers of a key split per tile: one before it is read, and with
-    // quantized K/V one after it is widened.
-    static constexpr int kBarriersPerTile = kQuantizedKV ? 2 : 1;
+    // Q, then per key split kStages slots of one K and one V tile each. The
+    // output tile reuses Q's space; the key-split merge (key_split.cuh)
+    // reuses the K/V rings, whose exchange of a split's O and softmax state
+    // may take more than a small ring: the ring is at least that.
+    static constexpr size_t kSmemSlotBytes = size_t(kSmemSlotElems) * sizeof(ElementKV);
+    static constexpr size_t kSmemMergeBytes =
+        size_t(kMAtoms * kNAtomsO * 4 + 2 * 2 * kMAtoms) * kThreadsPerSplit * sizeof(float);
+    static constexpr size_t kSmemRingBytes = kKeySplits == 1 || size_t(kStages) * kSmemSlotBytes >= kSmemMergeBytes
+                                                 ? size_t(kStages) * kSmemSlotBytes
+                                                 : kSmemMergeBytes;
     static constexpr size_t kSmemBytes = kSmemQBytes + size_t(kKeySplits) * kSmemRingBytes;
 
     static_assert(kKeySplits == 1 || kKeySplits == 2 || kKeySplits == 4, "key_split.cuh merges 1, 2 or 4 splits");
