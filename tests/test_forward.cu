@@ -307,6 +307,11 @@ std::vector<FwdCase> fp8_kv_cases() {
             .with_seqused_k({500, 1200, 33})
             .with_pages(64)
             .with_fp8_kv(Descale::kPerBatchHead),
+        // bf16 queries past fp16's range: the products stay in bf16
+        // (sm80/warp_gemm_e4m3.cuh), Q in registers (d128) or not (d256).
+        decode.with_large_q(17).with_fp8_kv(Descale::kPerBatchHead),
+        FwdCase{bf16, 256, false, 2, 2, 1, 16, 700, Layout::kBSHD}.with_large_q(17).with_fp8_kv(Descale::kPerTensor),
+        FwdCase{bf16, 64, true, 2, 4, 2, 300, 1000, Layout::kBSHD}.with_large_q(20).with_fp8_kv(Descale::kNone),
     };
     cases.insert(cases.end(), masked_and_serving.begin(), masked_and_serving.end());
     return cases;

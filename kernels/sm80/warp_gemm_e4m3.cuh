@@ -24,12 +24,15 @@
 //
 // P and V multiply in fp16 whatever q's type: P lies in [0, 1], where fp16
 // is the more precise 16-bit type, and e4m3 widens to fp16 in one
-// instruction (to bf16 in four). Q K^T runs in q's type.
+// instruction (to bf16 in four). Q K^T runs in fp16 too, bf16 queries
+// converted where they fit its range (QFragmentsE4m3), else in bf16.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/fp8.cuh"
 #include "common/fragment_layout.cuh"
@@ -48,34 +51,77 @@ constexpr int kE4m3LaneDims = 4;
 // (g, t) holds rows g and g + 8 at dims 16s + 4t .. 16s + 4t + 3 ({a0, a1},
 // {a4, a5} of row g; {a2, a3}, {a6, a7} of row g + 8). Held for the whole
 // kernel (Traits::kQInRegisters), or one k-step loaded where it is used.
+//
+// bf16 queries are held in fp16 where every element of the block fits its
+// range (in_fp16), so that K widens to fp16 in one instruction rather than
+// to bf16 in four: fp16 keeps bf16's 8 significant bits exactly from 2^-14
+// up, and below that its step (2^-24) is finer than bf16's own spacing
+// there. A block with an element past 65504 keeps bf16.
 template <typename Traits>
 struct QFragmentsE4m3 {
     using Element = typename Traits::Element;
+    static constexpr bool kMayNarrow = std::is_same_v<Element, __nv_bfloat16>;
     static constexpr int kSteps = Traits::kQInRegisters ? Traits::kKStepsQK : 1;
     uint32_t frag[Traits::kMAtoms][kSteps][4];
     const Element *smem_q;
     int first_row;  // the lane's row g of m-tile 0
     int lane_quad;  // t
+    bool in_fp16;   // the fragments hold fp16 (fp16 queries: always)
 
     __device__ __forceinline__ void init(const Element *smem_q_, int warp_first_row, int lane) {
         smem_q = smem_q_;
         first_row = warp_first_row + frag_row(lane);
         lane_quad = lane % 4;
+        in_fp16 = true;
+        if constexpr (kMayNarrow) {
+            // The warp's fragments are the whole block's rows (every warp of
+            // the CTA reads the same), so the warp's answer is the block's.
+            bool too_large = false;
+#pragma unroll 1
+            for (int ks = 0; ks < Traits::kKStepsQK; ++ks) {
+#pragma unroll
+                for (int m = 0; m < Traits::kMAtoms; ++m) {
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        const uint2 dims = load(ks, m, half);
+                        too_large |= exceeds_fp16(dims.x) || exceeds_fp16(dims.y);
+                    }
+                }
+            }
+            in_fp16 = !__any_sync(0xFFFFFFFFu, too_large);
+        }
         if constexpr (Traits::kQInRegisters) {
 #pragma unroll
             for (int ks = 0; ks < Traits::kKStepsQK; ++ks) load_step(ks, ks);
         }
     }
-    __device__ __forceinline__ void load_step(int ks, int slot) {
+    // Whether a bf16 pair has an element of magnitude over fp16's largest,
+    // 65504 (the next bf16 is 65536: bits 0x4780), infinity and NaN included.
+    __device__ __forceinline__ static bool exceeds_fp16(uint32_t pair) {
+        constexpr uint32_t kBf16AboveFp16Max = 0x4780u;
+        return (pair & 0x7FFFu) >= kBf16AboveFp16Max || ((pair >> 16) & 0x7FFFu) >= kBf16AboveFp16Max;
+    }
+    // Row g (+ 8 for half 1) of m-tile m at the lane's dims of step ks.
+    __device__ __forceinline__ uint2 load(int ks, int m, int half) const {
         const int dim = ks * kE4m3StepDims + lane_quad * kE4m3LaneDims;
         constexpr int kElems = kElemsPerVector<Element>;
+        const int row = first_row + m * kMmaM + half * kFragRowHalf;
+        return *reinterpret_cast<const uint2 *>(smem_q + swizzled_offset<Element, Traits::kHeadDim>(row, dim / kElems) +
+                                                dim % kElems);
+    }
+    __device__ __forceinline__ static uint32_t to_fp16(uint32_t bf16_pair) {
+        const __half2 narrow = __float22half2_rn(__bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&bf16_pair)));
+        return *reinterpret_cast<const uint32_t *>(&narrow);
+    }
+    __device__ __forceinline__ void load_step(int ks, int slot) {
 #pragma unroll
         for (int m = 0; m < Traits::kMAtoms; ++m) {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
-                const int row = first_row + m * kMmaM + half * kFragRowHalf;
-                const uint2 dims = *reinterpret_cast<const uint2 *>(
-                    smem_q + swizzled_offset<Element, Traits::kHeadDim>(row, dim / kElems) + dim % kElems);
+                uint2 dims = load(ks, m, half);
+                if constexpr (kMayNarrow) {
+                    if (in_fp16) dims = make_uint2(to_fp16(dims.x), to_fp16(dims.y));
+                }
                 frag[m][slot][half] = dims.x;      // k 2t, 2t+1 of the step: dims 4t, 4t+1
                 frag[m][slot][2 + half] = dims.y;  // k 2t+8, 2t+9: dims 4t+2, 4t+3
             }
@@ -104,14 +150,13 @@ __device__ __forceinline__ uint32_t e4m3_ldmatrix_address(uint32_t tile, int row
     return tile + swizzled_byte_offset<ElementKV, kRowElems>(row, vec);
 }
 
-// S = Q K^T over an e4m3 K tile (kBlockN keys x kHeadDim), each ldmatrix.x4
-// the fragments of two n8 tiles (keys) over two k-steps (vectors).
-template <typename Traits>
-__device__ __forceinline__ void gemm_qk_e4m3(float (&scores)[Traits::kMAtoms][Traits::kNAtomsS][4],
-                                             QFragmentsE4m3<Traits> &q, uint32_t smem_k, int lane) {
-    using Element = typename Traits::Element;
+// S = Q K^T over an e4m3 K tile (kBlockN keys x kHeadDim) in MmaElement
+// (the type Q's fragments hold), each ldmatrix.x4 the fragments of two n8
+// tiles (keys) over two k-steps (vectors).
+template <typename Traits, typename MmaElement>
+__device__ __forceinline__ void gemm_qk_e4m3_as(float (&scores)[Traits::kMAtoms][Traits::kNAtomsS][4],
+                                                QFragmentsE4m3<Traits> &q, uint32_t smem_k, int lane) {
     static_assert(Traits::kKStepsQK % 2 == 0 && Traits::kNAtomsS % 2 == 0, "K is read two steps, two tiles at once");
-    zero_fragments(scores);
 #pragma unroll
     for (int ks = 0; ks < Traits::kKStepsQK; ks += 2) {
 #pragma unroll
@@ -128,16 +173,29 @@ __device__ __forceinline__ void gemm_qk_e4m3(float (&scores)[Traits::kMAtoms][Tr
 #pragma unroll
                 for (int tile = 0; tile < 2; ++tile) {
                     const uint32_t k_pair = k8[2 * tile + step];
-                    const uint32_t b0 = widen_e4m3x2<Element>(uint16_t(k_pair & 0xFFFFu));
-                    const uint32_t b1 = widen_e4m3x2<Element>(uint16_t(k_pair >> 16));
+                    const uint32_t b0 = widen_e4m3x2<MmaElement>(uint16_t(k_pair & 0xFFFFu));
+                    const uint32_t b1 = widen_e4m3x2<MmaElement>(uint16_t(k_pair >> 16));
 #pragma unroll
                     for (int m = 0; m < Traits::kMAtoms; ++m) {
-                        mma_m16n8k16<Element>(scores[m][n + tile], q.frag[m][slot], b0, b1);
+                        mma_m16n8k16<MmaElement>(scores[m][n + tile], q.frag[m][slot], b0, b1);
                     }
                 }
             }
         }
     }
+}
+
+template <typename Traits>
+__device__ __forceinline__ void gemm_qk_e4m3(float (&scores)[Traits::kMAtoms][Traits::kNAtomsS][4],
+                                             QFragmentsE4m3<Traits> &q, uint32_t smem_k, int lane) {
+    zero_fragments(scores);
+    if constexpr (QFragmentsE4m3<Traits>::kMayNarrow) {
+        if (!q.in_fp16) {
+            gemm_qk_e4m3_as<Traits, typename Traits::Element>(scores, q, smem_k, lane);
+            return;
+        }
+    }
+    gemm_qk_e4m3_as<Traits, __half>(scores, q, smem_k, lane);
 }
 
 // O += P V over an e4m3 V tile (kBlockN keys x kHeadDimV), in fp16, into

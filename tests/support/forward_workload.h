@@ -126,6 +126,10 @@ struct FwdCase {
     // bytes, with descale factors passed as `descale` says.
     bool kv_fp8 = false;
     Descale descale = Descale::kNone;
+    // > 0: q's values times 2^this (and the softmax scale divided by it), so
+    // that bf16 queries exceed fp16's range (the e4m3 products keep bf16
+    // there: sm80/warp_gemm_e4m3.cuh).
+    int q_scale_log2 = 0;
 
     flashcore_dtype kv_dtype() const { return kv_fp8 ? FLASHCORE_DTYPE_FP8_E4M3 : dtype; }
 
@@ -183,6 +187,12 @@ struct FwdCase {
         c.num_splits = splits;
         return c;
     }
+    FwdCase with_large_q(int scale_log2) const {
+        FwdCase c = *this;
+        c.q_scale_log2 = scale_log2;
+        c.softmax_scale = std::ldexp(1.f / std::sqrt(float(head_dim)), -scale_log2);
+        return c;
+    }
     FwdCase with_fp8_kv(Descale d) const {
         FwdCase c = *this;
         c.kv_fp8 = true;
@@ -208,7 +218,11 @@ inline std::string case_name(const FwdCase &c) {
     const auto bound = [](int b) { return b < 0 ? std::string("m1") : std::to_string(b); };
     if (c.use_window) name += "_window" + bound(c.window_left) + "_" + bound(c.window_right);
     if (c.softcap != 0.f) name += "_softcap" + std::to_string(int(c.softcap));
-    if (c.softmax_scale != 0.f) name += "_scale" + std::to_string(int(c.softmax_scale * 1000)) + "m";
+    if (c.q_scale_log2 != 0) {
+        name += "_qx2e" + std::to_string(c.q_scale_log2);
+    } else if (c.softmax_scale != 0.f) {
+        name += "_scale" + std::to_string(int(c.softmax_scale * 1000)) + "m";
+    }
     if (!c.seqused_k.empty()) {
         name += "_used";
         for (int used : c.seqused_k) name += "_" + bound(used);
@@ -351,6 +365,7 @@ struct Workload {
         problem.softcap = c.softcap;
         problem.seqlens_q = c.seqlens_q;
         q = random_values(c.dtype, size_t(c.batch) * c.heads_q * c.seqlen_q * c.head_dim, rng);
+        for (float &x : q) x = std::ldexp(x, c.q_scale_log2);  // exact: a power of two
         if (c.kv_fp8) {
             k_descale = random_descale(c.descale, c.batch, c.heads_kv, rng);
             v_descale = random_descale(c.descale, c.batch, c.heads_kv, rng);
