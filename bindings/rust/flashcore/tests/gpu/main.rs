@@ -572,25 +572,38 @@ fn run_case(handle: &Handle, gpu: &Gpu, case: &Case, random: &mut Random) {
 
         let out_bits: Vec<u16> = gpu.download(&out_dev);
         assert!(out_bits == gpu.download::<u16>(&again_dev), "{name}: two identical calls gave different bits");
-        let out = HostTensor {
-            values: out_bits.iter().map(|&b| half::decode(case.dtype, b)).collect(),
-            strides: out_strides,
-        };
         let lse: Vec<f32> = gpu.download(&lse_dev);
-        let got_out = (0..case.batch).flat_map(|b| {
-            let out = &out;
-            (0..case.heads_q).flat_map(move |h| {
-                (0..case.seqlen_q).flat_map(move |i| (0..case.head_dim_v).map(move |d| out.at(b, h, i, d)))
-            })
-        });
-        let (atol, rtol) = if case.dtype == DType::BF16 { (3e-2, 1e-2) } else { (4e-3, 4e-3) };
-        let (out_ratio, out_at, got, want) = worst(got_out, &want_out, atol, rtol);
-        println!("{name}: worst out error {out_ratio:.3} of tolerance (got {got}, want {want} at {out_at})");
-        assert!(out_ratio <= 1.0, "{name}: out[{out_at}] = {got}, reference {want}");
-        let (lse_ratio, lse_at, got, want) = worst(lse.iter().map(|&x| f64::from(x)), &want_lse, 2e-3, 1e-4);
-        println!("{name}: worst lse error {lse_ratio:.3} of tolerance");
-        assert!(lse_ratio <= 1.0, "{name}: lse[{lse_at}] = {got}, reference {want}");
+        check_output(&name, case, &out_bits, out_strides, &lse, &want_out, &want_lse);
     }
+}
+
+/// Asserts that a forward call's out (16-bit bits laid out by `out_strides`)
+/// and lse match the float64 reference within the dtype's bounds, printing
+/// the worst errors.
+fn check_output(
+    name: &str,
+    case: &Case,
+    out_bits: &[u16],
+    out_strides: Strides,
+    lse: &[f32],
+    want_out: &[f64],
+    want_lse: &[f64],
+) {
+    let out =
+        HostTensor { values: out_bits.iter().map(|&b| half::decode(case.dtype, b)).collect(), strides: out_strides };
+    let got_out = (0..case.batch).flat_map(|b| {
+        let out = &out;
+        (0..case.heads_q).flat_map(move |h| {
+            (0..case.seqlen_q).flat_map(move |i| (0..case.head_dim_v).map(move |d| out.at(b, h, i, d)))
+        })
+    });
+    let (atol, rtol) = if case.dtype == DType::BF16 { (3e-2, 1e-2) } else { (4e-3, 4e-3) };
+    let (out_ratio, out_at, got, want) = worst(got_out, want_out, atol, rtol);
+    println!("{name}: worst out error {out_ratio:.3} of tolerance (got {got}, want {want} at {out_at})");
+    assert!(out_ratio <= 1.0, "{name}: out[{out_at}] = {got}, reference {want}");
+    let (lse_ratio, lse_at, got, want) = worst(lse.iter().map(|&x| f64::from(x)), want_lse, 2e-3, 1e-4);
+    println!("{name}: worst lse error {lse_ratio:.3} of tolerance");
+    assert!(lse_ratio <= 1.0, "{name}: lse[{lse_at}] = {got}, reference {want}");
 }
 
 fn forward_matches_cpu_reference() -> Outcome {
