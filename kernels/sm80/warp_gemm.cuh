@@ -108,6 +108,21 @@ __device__ __forceinline__ void gemm_qk(float (&scores)[Traits::kMAtoms][Traits:
     }
 }
 
+// The A fragments of P for k-step ks of P*V (keys 16 ks .. 16 ks + 15: S
+// tiles 2 ks and 2 ks + 1, whose accumulator layout is the A operand's),
+// rounded to the MMA's Element.
+template <typename Element, int kMAtoms, int kNAtomsS>
+__device__ __forceinline__ void pack_p_fragments(uint32_t (&p_frag)[kMAtoms][4],
+                                                 const float (&probs)[kMAtoms][kNAtomsS][4], int ks) {
+#pragma unroll
+    for (int m = 0; m < kMAtoms; ++m) {
+        p_frag[m][0] = pack2<Element>(probs[m][2 * ks][0], probs[m][2 * ks][1]);
+        p_frag[m][1] = pack2<Element>(probs[m][2 * ks][2], probs[m][2 * ks][3]);
+        p_frag[m][2] = pack2<Element>(probs[m][2 * ks + 1][0], probs[m][2 * ks + 1][1]);
+        p_frag[m][3] = pack2<Element>(probs[m][2 * ks + 1][2], probs[m][2 * ks + 1][3]);
+    }
+}
+
 template <typename Traits>
 __device__ __forceinline__ void gemm_pv(float (&out)[Traits::kMAtoms][Traits::kNAtomsO][4],
                                         const float (&probs)[Traits::kMAtoms][Traits::kNAtomsS][4], uint32_t smem_v,
@@ -116,13 +131,7 @@ __device__ __forceinline__ void gemm_pv(float (&out)[Traits::kMAtoms][Traits::kN
 #pragma unroll
     for (int ks = 0; ks < Traits::kKStepsPV; ++ks) {
         uint32_t p_frag[Traits::kMAtoms][4];
-#pragma unroll
-        for (int m = 0; m < Traits::kMAtoms; ++m) {
-            p_frag[m][0] = pack2<Element>(probs[m][2 * ks][0], probs[m][2 * ks][1]);
-            p_frag[m][1] = pack2<Element>(probs[m][2 * ks][2], probs[m][2 * ks][3]);
-            p_frag[m][2] = pack2<Element>(probs[m][2 * ks + 1][0], probs[m][2 * ks + 1][1]);
-            p_frag[m][3] = pack2<Element>(probs[m][2 * ks + 1][2], probs[m][2 * ks + 1][3]);
-        }
+        pack_p_fragments<Element>(p_frag, probs, ks);
         const uint32_t step_addr = smem_v + VRowSteps<Traits>::block_bytes(ks * kMmaK);
 #pragma unroll
         for (int n = 0; n < Traits::kNAtomsO; n += 2) {

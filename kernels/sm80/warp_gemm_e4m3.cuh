@@ -212,13 +212,7 @@ __device__ __forceinline__ void gemm_pv_e4m3(float (&out)[Traits::kMAtoms][Trait
 #pragma unroll
     for (int ks = 0; ks < Traits::kKStepsPV; ++ks) {
         uint32_t p_frag[Traits::kMAtoms][4];
-#pragma unroll
-        for (int m = 0; m < Traits::kMAtoms; ++m) {
-            p_frag[m][0] = pack2<__half>(probs[m][2 * ks][0], probs[m][2 * ks][1]);
-            p_frag[m][1] = pack2<__half>(probs[m][2 * ks][2], probs[m][2 * ks][3]);
-            p_frag[m][2] = pack2<__half>(probs[m][2 * ks + 1][0], probs[m][2 * ks + 1][1]);
-            p_frag[m][3] = pack2<__half>(probs[m][2 * ks + 1][2], probs[m][2 * ks + 1][3]);
-        }
+        pack_p_fragments<__half>(p_frag, probs, ks);
 #pragma unroll
         for (int c = 0; c < Traits::kNAtomsO / 4; ++c) {
             // Matrices: keys 0-7 and 8-15 of the step at dims 32c..+15, then at 32c+16..+31.
