@@ -167,21 +167,27 @@ flashcore_status check_no_self_overlap(const TensorDims &t) {
 }
 
 
-// A contiguous float32 LSE of `rows` values.
-ByteRange lse_range(const float *lse, __int128 rows) {
-    const unsigned __int128 begin = reinterpret_cast<uintptr_t>(lse);
-    return {"lse", begin, begin + (unsigned __int128)rows * sizeof(float), true};
+namespace {
+
+// `count` contiguous elements of T from `array`.
+template <typename T>
+ByteRange array_range(const char *name, const T *array, __int128 count, bool written) {
+    const unsigned __int128 begin = reinterpret_cast<uintptr_t>(array);
+    return {name, begin, begin + (unsigned __int128)count * sizeof(T), written};
 }
+
+}  // namespace
+
+// A contiguous float32 LSE of `rows` values.
+ByteRange lse_range(const float *lse, __int128 rows) { return array_range("lse", lse, rows, true); }
 
 // An int32 array the kernels read (seqused_k, cu_seqlens_q/_k, block_table).
 ByteRange int32_range(const char *name, const int32_t *array, __int128 count) {
-    const unsigned __int128 begin = reinterpret_cast<uintptr_t>(array);
-    return {name, begin, begin + (unsigned __int128)count * sizeof(int32_t), false};
+    return array_range(name, array, count, false);
 }
 
 ByteRange float_range(const char *name, const float *array, __int128 count) {
-    const unsigned __int128 begin = reinterpret_cast<uintptr_t>(array);
-    return {name, begin, begin + (unsigned __int128)count * sizeof(float), false};
+    return array_range(name, array, count, false);
 }
 
 

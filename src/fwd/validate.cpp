@@ -1,6 +1,7 @@
 #include "validate.h"
 
 #include <algorithm>
+#include <array>
 #include <cfloat>
 #include <cinttypes>
 #include <cmath>
@@ -112,18 +113,17 @@ struct Descale {
     const float *data;
     int64_t batch_stride, head_stride;
 };
-constexpr int kDescales = 3;  // q, k, v
-void descales(const flashcore_forward_params &p, Descale (&out)[kDescales]) {
-    out[0] = {"q_descale", p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride};
-    out[1] = {"k_descale", p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride};
-    out[2] = {"v_descale", p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride};
+// q's, k's and v's.
+std::array<Descale, 3> descales(const flashcore_forward_params &p) {
+    return {{{"q_descale", p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride},
+             {"k_descale", p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride},
+             {"v_descale", p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride}}};
 }
 
 // The descale factors: strides >= 0 and only with their array; k and v's
 // for a quantized cache only; q's for fp8 queries, which are not supported.
 flashcore_status check_descales(const flashcore_forward_params &p) {
-    Descale all[kDescales];
-    descales(p, all);
+    const std::array<Descale, 3> all = descales(p);
     for (const Descale &d : all) {
         if (d.data == nullptr && (d.batch_stride != 0 || d.head_stride != 0)) {
             return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
@@ -454,8 +454,7 @@ size_t forward_ranges(const flashcore_forward_params &p, ByteRange *ranges) {
     size_t n = 0;
     for (int i = 0; i < kForwardTensors; ++i) ranges[n++] = tensor_range(forward_tensor(p, i), i == kForwardOut);
     if (p.lse != nullptr) ranges[n++] = lse_range(p.lse, lse_entries(p));
-    Descale all[kDescales];
-    descales(p, all);
+    const std::array<Descale, 3> all = descales(p);
     for (const Descale &d : all) {
         if (d.data == nullptr) continue;
         // The last factor the kernels may read, of the last batch and K/V head.
@@ -480,8 +479,7 @@ flashcore_status validate_tensors(const flashcore_forward_params &p) {
     }
     status = check_int32_arrays(p);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    Descale all[kDescales];
-    descales(p, all);
+    const std::array<Descale, 3> all = descales(p);
     for (const Descale &d : all) {
         if (d.data == nullptr) continue;
         status = check_pointer(d.data, d.name, alignof(float));
