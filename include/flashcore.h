@@ -217,8 +217,9 @@ typedef enum flashcore_dtype {
     FLASHCORE_DTYPE_BF16 = 2, /* bfloat16 (CUDA __nv_bfloat16) */
     FLASHCORE_DTYPE_FP32 = 3, /* float; only flashcore_merge_states takes it */
     /* 8-bit float, 4 exponent bits, 3 mantissa bits, no infinities, largest
-     * 448 (CUDA __nv_fp8_e4m3, PyTorch torch.float8_e4m3fn). Only as
-     * flashcore_forward_params::kv_dtype so far: a quantized KV cache. */
+     * 448 (CUDA __nv_fp8_e4m3, PyTorch torch.float8_e4m3fn): as
+     * flashcore_forward_params::kv_dtype, a quantized KV cache; as its
+     * dtype, fp8 queries (fp8 prefill on sm_90 GPUs). */
     FLASHCORE_DTYPE_FP8_E4M3 = 4
 } flashcore_dtype;
 
@@ -269,7 +270,8 @@ typedef struct flashcore_forward_params {
     /* sizeof(flashcore_forward_params) as the caller compiled it. */
     size_t struct_size;
 
-    int32_t dtype; /* flashcore_dtype of q, k, v and out */
+    int32_t dtype; /* flashcore_dtype of q, k, v and out (but see kv_dtype,
+                    * out_dtype: FP8_E4M3 queries write a BF16 out) */
     int32_t batch_size;
     int32_t seqlen_q;
     int32_t seqlen_k;
@@ -436,9 +438,21 @@ typedef struct flashcore_forward_params {
      * dtype. k and v strides are then in one-byte elements, multiples of
      * 16, and head_dim and head_dim_v multiples of 16. out has dtype. */
     int32_t kv_dtype;
-    /* The flashcore_dtype of out: 0 (the default) or dtype. (Reserved for
-     * fp8 queries, whose output will be 16-bit; any other value returns
-     * FLASHCORE_STATUS_UNSUPPORTED.) */
+    /* The flashcore_dtype of out: 0 (the default) for dtype's, or dtype
+     * itself; BF16 for FP8_E4M3 queries (0 means BF16 there too, as in
+     * FlashAttention 3). Any other value returns FLASHCORE_STATUS_UNSUPPORTED.
+     *
+     * fp8 prefill: dtype FLASHCORE_DTYPE_FP8_E4M3 makes q, k and v e4m3
+     * (kv_dtype 0 or FP8_E4M3) and out bf16; the products run on fp8 tensor
+     * cores, the probabilities rounded to e4m3 (scaled so that each row's
+     * largest is 256) before P * V, as FlashAttention 3 does. It runs on
+     * sm_90 GPUs (H100, H200) with the library's sm_90a kernels only
+     * (FLASHCORE_STATUS_UNSUPPORTED elsewhere, or in a build without them),
+     * at head dims (64, 64), (128, 128) and (256, 256), with causal, window,
+     * GQA, lse, split-KV, varlen, seqused_k and paged K/V; softcap is not
+     * supported. q, k and v strides are then in one-byte elements,
+     * multiples of 16; lse is in the usual units, of the dequantized
+     * scores. */
     int32_t out_dtype;
 
     /* Descale factors of quantized inputs, as FlashAttention 3's and vLLM's:
@@ -451,8 +465,8 @@ typedef struct flashcore_forward_params {
      * both 0 is one factor for the whole tensor (vLLM's per-tensor k_scale
      * and v_scale), and [batch_size, num_heads_kv] contiguous is
      * (num_heads_kv, 1). These rules are checked in empty calls too.
-     * k_descale and v_descale need kv_dtype FP8_E4M3; q_descale is for fp8
-     * queries (not yet supported) and must be NULL. The scores are
+     * k_descale and v_descale need e4m3 k and v (kv_dtype or dtype
+     * FP8_E4M3); q_descale needs dtype FP8_E4M3 (fp8 queries). The scores are
      * softmax_scale * q_descale * k_descale * (q . k), and the output is
      * multiplied by v_descale; factors should be finite and > 0 (they are
      * read on the device, not checked: others give wrong results). */

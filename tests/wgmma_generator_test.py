@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The wgmma generator (kernels/sm90/gen_wgmma.py), without a GPU:
 
-1. run without options, it writes wgmma.cuh as checked in, byte for byte;
+1. run without options, it writes wgmma.cuh as checked in, byte for byte,
+   and with --list, each header checked in beside a list (wgmma_e4m3.cuh);
 2. it refuses variants PTX does not have (fp8 transposed, N not a multiple
    of 8 or over 256, mixed 16-bit types, a B-only MAJOR for ss ...);
 3. the variant headers it writes for two families' lists (one variant in
@@ -143,6 +144,29 @@ def check_default(gen, header, failures):
         print("ok: gen_wgmma.py without options writes wgmma.cuh byte for byte (%d bytes)" % len(checked_in))
 
 
+def check_checked_in_lists(gen, sm90_dir, failures):
+    """Every wrapper header checked in beside a list of its variants
+    (kernels/sm90/<name>.list -> <name>.cuh) is that list's, byte for byte."""
+    for name in sorted(os.listdir(sm90_dir)):
+        if not name.endswith(".list"):
+            continue
+        header = os.path.join(sm90_dir, name[:-len(".list")] + ".cuh")
+        r = run([sys.executable, gen, "--list", os.path.join(sm90_dir, name)])
+        if r.returncode != 0:
+            failures.add("gen_wgmma.py --list %s failed: %s" % (name, r.stderr))
+            continue
+        try:
+            with open(header) as f:
+                checked_in = f.read()
+        except OSError:
+            failures.add("%s has no header %s beside it" % (name, os.path.basename(header)))
+            continue
+        if r.stdout != checked_in:
+            failures.add("gen_wgmma.py --list %s does not reproduce %s byte for byte" % (name, header))
+        else:
+            print("ok: gen_wgmma.py --list %s writes %s byte for byte" % (name, os.path.basename(header)))
+
+
 def check_refused(gen, failures):
     refused = 0
     for spec, reason in REFUSED.items():
@@ -235,6 +259,7 @@ def main():
     failures = Failures()
 
     check_default(gen, header, failures)
+    check_checked_in_lists(gen, os.path.dirname(gen), failures)
     check_refused(gen, failures)
     headers = write_headers(gen, work, failures)
     variants = expand(FAMILY_A + FAMILY_B)

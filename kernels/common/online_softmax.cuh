@@ -39,11 +39,35 @@ __device__ __forceinline__ float exp2_offset(float row_max, float scale_log2) {
 // combined at the end. One chain (each FMNMX waiting for the previous one's
 // result) is latency-bound where few warps share a scheduler; more chains
 // cost registers and instruction order (per-config choice: sm90/fwd_config.cuh).
-template <int kMAtoms, int kMaxChains = 1>
+// kProbExponent: the probabilities (and row sums) come out scaled by
+// 2^kProbExponent, a row's largest at 2^kProbExponent instead of 1 (for
+// fp8 P, whose range 1 would leave mostly to subnormals); normalisation
+// cancels the factor, and finalize takes it out of the LSE.
+template <int kMAtoms, int kMaxChains = 1, int kProbExponent = 0>
 struct OnlineSoftmax {
     static constexpr int kRows = kMAtoms * 2;  // rows g and g + 8 of each m16 tile
     float row_max[kRows];
     float row_sum[kRows];
+
+    // What to subtract from score * scale_log2 before exp2 (exp2_offset,
+    // less the exponent).
+    __device__ __forceinline__ static float offset_of(float row_max, float scale_log2) {
+        if constexpr (kProbExponent == 0) {
+            return exp2_offset(row_max, scale_log2);
+        } else {
+            return row_max == -INFINITY ? 0.f : row_max * scale_log2 - float(kProbExponent);
+        }
+    }
+    // exp2's argument for the factor from a state at old_max to one at
+    // offset (offset_of's): exp2(old_max * scale_log2 - that) = 2^(old - new),
+    // 0 for a row that had seen no key.
+    __device__ __forceinline__ static float rescale_exponent(float old_max, float scale_log2, float offset) {
+        if constexpr (kProbExponent == 0) {
+            return old_max * scale_log2 - offset;
+        } else {
+            return old_max * scale_log2 - float(kProbExponent) - offset;
+        }
+    }
 
     __device__ __forceinline__ void init() {
 #pragma unroll
@@ -114,7 +138,7 @@ struct OnlineSoftmax {
 #pragma unroll
                 for (int c = 1; c < kChains; ++c) tile_max = fmaxf(tile_max, partial_max[c]);
                 const float new_max = fmaxf(row_max[r], cap.of_max(quad_max(tile_max)));
-                correction[r] = fast_exp2(row_max[r] * scale_log2 - exp2_offset(new_max, scale_log2));
+                correction[r] = fast_exp2(rescale_exponent(row_max[r], scale_log2, offset_of(new_max, scale_log2)));
                 max_changed |= new_max != row_max[r];
                 row_max[r] = new_max;
                 row_sum[r] *= correction[r];
@@ -130,7 +154,7 @@ struct OnlineSoftmax {
                                                  Visible &&visible, Sink &&sink, const Cap &cap = Cap{}) {
         float offset[kRows];
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) offset[r] = exp2_offset(row_max[r], scale_log2);
+        for (int r = 0; r < kRows; ++r) offset[r] = offset_of(row_max[r], scale_log2);
 #pragma unroll
         for (int m = 0; m < kMAtoms; ++m) {
 #pragma unroll
@@ -171,9 +195,9 @@ struct OnlineSoftmax {
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
             const float new_max = fmaxf(row_max[r], other_max[r]);
-            const float offset = exp2_offset(new_max, scale_log2);
-            own_factor[r] = fast_exp2(row_max[r] * scale_log2 - offset);
-            other_factor[r] = fast_exp2(other_max[r] * scale_log2 - offset);
+            const float offset = offset_of(new_max, scale_log2);
+            own_factor[r] = fast_exp2(rescale_exponent(row_max[r], scale_log2, offset));
+            other_factor[r] = fast_exp2(rescale_exponent(other_max[r], scale_log2, offset));
             row_max[r] = new_max;
             row_sum[r] = row_sum[r] * own_factor[r] + other_sum[r] * other_factor[r];
         }
@@ -194,7 +218,9 @@ struct OnlineSoftmax {
                 const float sum = quad_sum(row_sum[r]);
                 const bool empty = sum == 0.f;
                 const float inv_sum = empty ? 0.f : out_scale / sum;
-                lse[r] = empty ? -INFINITY : row_max[r] * softmax_scale + logf(sum);
+                // The sum is 2^kProbExponent times the true one.
+                constexpr float kLnProbScale = float(kProbExponent) * 0.69314718055994531f;
+                lse[r] = empty ? -INFINITY : row_max[r] * softmax_scale + (logf(sum) - kLnProbScale);
 #pragma unroll
                 for (int n = 0; n < kNAtomsO; ++n) {
                     out[m][n][half * 2] *= inv_sum;

@@ -16,8 +16,9 @@ endif()
 
 # The forward family's rules over its selected kernels, records
 # "path|in|kv|out|head_dim|head_dim_v|tile":
-# - its kernels write their input type (fp8 queries, when they come, will be
-#   lines whose output is a 16-bit type);
+# - its kernels write their input type, except the sm90 kernels on e4m3
+#   inputs (fp8 prefill), which write bf16 (FA3's choice: an fp8 output
+#   would need a scale the caller cannot know before the call);
 # - K/V of another type than the input are e4m3 (a quantized cache) under a
 #   16-bit input, on the portable path's decode tiles;
 # - a 16-bit sm90 kernel needs an sm80 kernel of the same dtype and head
@@ -35,7 +36,12 @@ function(flashcore_fwd_check_kernels kernels)
     list(GET f 4 head_dim)
     list(GET f 5 head_dim_v)
     list(GET f 6 tile)
-    if(NOT in STREQUAL out)
+    if(in STREQUAL "e4m3")
+      if(NOT (path STREQUAL "sm90" AND kv STREQUAL "e4m3" AND out STREQUAL "bf16"))
+        message(FATAL_ERROR "kernels.list: fwd ${path} e4m3 kv ${kv} -> ${out}: e4m3 inputs are sm90 lines with "
+                            "e4m3 K/V (same) and a bf16 output")
+      endif()
+    elseif(NOT in STREQUAL out)
       message(FATAL_ERROR "kernels.list: fwd ${path} ${in} -> ${out}: the forward kernels write their input type")
     endif()
     if(NOT kv STREQUAL in AND NOT (kv STREQUAL "e4m3" AND in MATCHES "^(fp16|bf16)$" AND path STREQUAL "sm80"

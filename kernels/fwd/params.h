@@ -108,15 +108,18 @@ struct FwdKernelParams {
     float *partial_out;
     float *partial_lse;
 
-    // Descale factors of a quantized K/V cache (flashcore_forward_params::
-    // k_descale, v_descale), or nullptr for 1: the factor of (batch, K/V
-    // head) is at batch * batch_stride + head * head_stride. The kernels
-    // fold k_descale into the score scale and v_descale into the output
-    // (fwd_descale); the kernels of 16-bit K/V never read them.
+    // Descale factors of quantized (e4m3) tensors (flashcore_forward_params::
+    // q_descale, k_descale, v_descale), or nullptr for 1: the factor of
+    // (batch, K/V head) is at batch * batch_stride + head * head_stride. The
+    // kernels fold q's and k's into the score scale and v's into the output
+    // (fwd_descale); the kernels of 16-bit tensors never read them, and
+    // q_descale is set only for e4m3 queries.
     const float *k_descale;
     const float *v_descale;
     int64_t k_descale_batch_stride, k_descale_head_stride;
     int64_t v_descale_batch_stride, v_descale_head_stride;
+    const float *q_descale;
+    int64_t q_descale_batch_stride, q_descale_head_stride;
 };
 
 // Rows of query tiles per (batch, head group): seqlen_q, times the heads

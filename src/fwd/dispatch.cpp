@@ -200,6 +200,29 @@ bool plan_sm90(const flashcore_handle_s &handle, const flashcore_forward_params 
     return true;
 }
 
+// fp8 queries: the sm_90a kernels on e4m3 inputs, the only ones there are
+// (whatever FLASHCORE_FWD_VARIANT pins, and for every grid size).
+flashcore_status plan_fp8(const flashcore_handle_s &handle, const flashcore_forward_params &p, HeadDims dims,
+                          ForwardPlan *plan) {
+    if (handle.cc_major != 9 || handle.cc_minor != 0) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "fp8 queries (dtype FLASHCORE_DTYPE_FP8_E4M3) run on sm_90 GPUs (H100, H200) only; device %d has "
+                    "compute capability %d.%d (e4m3 K/V under fp16 or bf16 queries run everywhere)",
+                    handle.device, handle.cc_major, handle.cc_minor);
+    }
+    const FwdKernel *kernel =
+        fwd_kernels().find(KernelPath::kSm90, DType::kE4m3, DType::kE4m3, dims, FwdVariant::kPersistent);
+    if (kernel == nullptr) {
+        return fail(FLASHCORE_STATUS_INTERNAL, "no fp8 kernel for head dims (%d, %d) in the kernel registry",
+                    int(dims.head_dim), int(dims.head_dim_v));
+    }
+    const int64_t blocks = num_blocks(p, *kernel, 1);
+    const int splits =
+        p.num_splits > 0 ? p.num_splits : heuristic_splits(blocks, handle.num_sms, key_steps(p, *kernel));
+    *plan = ForwardPlan{kernel, splits, 1};
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
 flashcore_status plan_sm80(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype,
                            HeadDims dims, ForwardPlan *plan) {
     const int group = p.num_heads_q / p.num_heads_kv;
@@ -242,7 +265,11 @@ flashcore_status plan_forward(const flashcore_handle_s &handle, const flashcore_
     }
     const DType dtype = DType(p.dtype);
     flashcore_status status = FLASHCORE_STATUS_SUCCESS;
-    if (!plan_sm90(handle, p, dtype, dims, plan)) status = plan_sm80(handle, p, dtype, dims, plan);
+    if (has_fp8_queries(p)) {
+        status = plan_fp8(handle, p, dims, plan);
+    } else if (!plan_sm90(handle, p, dtype, dims, plan)) {
+        status = plan_sm80(handle, p, dtype, dims, plan);
+    }
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     plan->workspace_bytes = 0;
     if (plan->num_splits > 1) {
@@ -278,7 +305,7 @@ MergeKernelParams split_merge_params(const flashcore_forward_params &p, const Fw
     const int64_t rows_per_head = p.seqlen_q;
     flashcore_merge_params parts{};
     parts.partial_dtype = FLASHCORE_DTYPE_FP32;
-    parts.out_dtype = p.dtype;
+    parts.out_dtype = effective_out_dtype(p);
     parts.partial_out = k.partial_out;
     parts.partial_lse = k.partial_lse;
     parts.out = p.out;
@@ -342,6 +369,11 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
                                    handle.device};
     const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
     cudaError_t err = plan.kernel->run(kparams, options, cuda_stream);
+    if (err == cudaErrorNotSupported && has_fp8_queries(p)) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "the TMA unit cannot describe q, k, v or out as given (fp8 queries run on the sm_90a kernels "
+                    "only): every stride a multiple of 16 bytes, every extent below 2^32");
+    }
     if (err == cudaErrorNotSupported && plan.kernel->path == KernelPath::kSm90) {
         // Tensors the TMA unit cannot describe, nothing launched: the
         // portable kernel serves them, with the same splits (so the same
@@ -364,7 +396,7 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
     if (plan.num_splits > 1) {
         // Programmatic dependent launch exists from sm_90 on.
         const bool after_forward = handle.cc_major >= kMinProgrammaticLaunchCcMajor;
-        err = cleared(run_merge_states(MergeType::kFp32, MergeType(p.dtype), split_merge_params(p, kparams),
+        err = cleared(run_merge_states(MergeType::kFp32, MergeType(effective_out_dtype(p)), split_merge_params(p, kparams),
                                        cuda_stream, after_forward));
         if (err != cudaSuccess) {
             return fail_cuda(err,

@@ -87,6 +87,13 @@ int32_t effective_kv_dtype(const flashcore_forward_params &p) { return p.kv_dtyp
 
 bool has_quantized_kv(const flashcore_forward_params &p) { return effective_kv_dtype(p) != p.dtype; }
 
+bool has_fp8_queries(const flashcore_forward_params &p) { return p.dtype == FLASHCORE_DTYPE_FP8_E4M3; }
+
+int32_t effective_out_dtype(const flashcore_forward_params &p) {
+    if (p.out_dtype != 0) return p.out_dtype;
+    return has_fp8_queries(p) ? FLASHCORE_DTYPE_BF16 : p.dtype;
+}
+
 flashcore_status set_contiguous_strides(flashcore_forward_params *strides, const flashcore_forward_params &p,
                                         int32_t layout) {
     struct Packed {
@@ -110,7 +117,8 @@ flashcore_status set_contiguous_strides(flashcore_forward_params *strides, const
     // Every product first, in 128 bits (each size < 2^31): nothing is
     // written unless all four tensors fit.
     // The dtype is not validated yet: an unknown one counts as the widest.
-    const size_t dtype_size = dtype_bytes(DType(p.dtype));
+    // e4m3 queries write a two-byte out: the widest counts.
+    const size_t dtype_size = dtype_bytes(DType(p.dtype)) == 1 ? kWidestDTypeBytes : dtype_bytes(DType(p.dtype));
     const __int128 element_bytes = dtype_size != 0 ? dtype_size : kWidestDTypeBytes;
     for (Packed &t : tensors) {
         const __int128 seq = layout == FLASHCORE_LAYOUT_BHSD ? __int128(t.dim) : __int128(t.heads) * t.dim;
@@ -214,6 +222,9 @@ FwdKernelParams kernel_params(const flashcore_forward_params &p) {
     k.k_descale_head_stride = p.k_descale_head_stride;
     k.v_descale_batch_stride = p.v_descale_batch_stride;
     k.v_descale_head_stride = p.v_descale_head_stride;
+    k.q_descale = p.q_descale;
+    k.q_descale_batch_stride = p.q_descale_batch_stride;
+    k.q_descale_head_stride = p.q_descale_head_stride;
     return k;
 }
 

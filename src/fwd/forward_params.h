@@ -93,6 +93,14 @@ int32_t effective_kv_dtype(const flashcore_forward_params &params);
 // Whether k and v are of another (narrower) type than q: a quantized cache.
 bool has_quantized_kv(const flashcore_forward_params &params);
 
+// Whether q (and then k and v) are e4m3: an fp8 prefill, on the sm_90a
+// kernels only.
+bool has_fp8_queries(const flashcore_forward_params &params);
+
+// The flashcore_dtype of out: out_dtype, or where it is 0 q's type (bf16
+// for e4m3 queries).
+int32_t effective_out_dtype(const flashcore_forward_params &params);
+
 // Writes the twelve strides of densely packed q, k, v and out in `layout`
 // (FLASHCORE_LAYOUT_BHSD or _BSHD) into *strides (only those fields), from
 // the shapes in `shapes` (already validated: sizes >= 0, head_dim >= 1).

@@ -44,6 +44,18 @@ constexpr HeadDimSet<kSize> head_dims_of_quantized_kv(const FwdKernel (&kernels)
 
 constexpr auto kSupportedQuantizedKvHeadDims = head_dims_of_quantized_kv(kKernels);
 
+// The head dims of the kernels on e4m3 queries.
+template <size_t kSize>
+constexpr HeadDimSet<kSize> head_dims_of_fp8_queries(const FwdKernel (&kernels)[kSize]) {
+    HeadDimSet<kSize> set{};
+    for (const FwdKernel &e : kernels) {
+        if (e.input == DType::kE4m3) set.insert(e.dims);
+    }
+    return set;
+}
+
+constexpr auto kSupportedFp8HeadDims = head_dims_of_fp8_queries(kKernels);
+
 constexpr bool has_sm80_twin(const FwdKernel &e) {
     for (const FwdKernel &other : kKernels) {
         if (other.path == KernelPath::kSm80 && other.input == e.input && other.kv == e.input && other.dims == e.dims) {
@@ -58,7 +70,12 @@ constexpr bool every_kernel_is_well_formed() {
         for (const int32_t dim : {e.dims.head_dim, e.dims.head_dim_v}) {
             if (dim < head_dim_multiple(e.input) || dim % head_dim_multiple(e.input) != 0) return false;
         }
-        if (e.input != e.output) return false;
+        // The output is the input's type, or bf16 for e4m3 inputs (sm90 only).
+        if (e.input == DType::kE4m3) {
+            if (e.path != KernelPath::kSm90 || e.kv != e.input || e.output != DType::kBf16) return false;
+        } else if (e.input != e.output) {
+            return false;
+        }
         if (dtype_bytes(e.input) == 2 && e.kv == e.input && !has_sm80_twin(e)) return false;
         // A quantized cache: e4m3 K/V, whole 16-byte vectors of them, under
         // a 16-bit input on the portable path.
@@ -112,6 +129,8 @@ const KernelTable<FwdFamily> &fwd_kernels() { return kTable; }
 Span<HeadDims> fwd_supported_head_dims() { return kSupportedHeadDims.span(); }
 
 Span<HeadDims> fwd_quantized_kv_head_dims() { return kSupportedQuantizedKvHeadDims.span(); }
+
+Span<HeadDims> fwd_fp8_head_dims() { return kSupportedFp8HeadDims.span(); }
 
 const char *fwd_tile_name(FwdVariant tile) {
     for (const TileName &t : kTileNames) {

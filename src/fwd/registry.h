@@ -27,6 +27,8 @@ Span<HeadDims> fwd_supported_head_dims();
 // The head dims of the kernels on quantized (e4m3) K/V (kv_dtype), sorted
 // as above; empty where the build has none.
 Span<HeadDims> fwd_quantized_kv_head_dims();
+// The head dims of the kernels on e4m3 queries (fp8 prefill, sm90 only).
+Span<HeadDims> fwd_fp8_head_dims();
 
 // A tile's name: its name in kernels/kernels.list and fwd/tiles.def.
 const char *fwd_tile_name(FwdVariant tile);

@@ -79,19 +79,41 @@ flashcore_status check_head_dims(const flashcore_forward_params &p, Span<HeadDim
 }
 
 // The element types of q, k/v and out: fp16 or bf16 queries, k and v of
-// theirs or e4m3 (a quantized cache), out of theirs.
+// theirs or e4m3 (a quantized cache), out of theirs; or e4m3 q, k and v
+// (fp8 prefill) with a bf16 out.
 flashcore_status check_dtypes(const flashcore_forward_params &p) {
     if (p.dtype == FLASHCORE_DTYPE_FP8_E4M3) {
-        return fail(FLASHCORE_STATUS_UNSUPPORTED,
-                    "dtype FLASHCORE_DTYPE_FP8_E4M3 (%d): fp8 queries are not supported yet; e4m3 is supported as "
-                    "kv_dtype (a quantized K/V cache) under FLASHCORE_DTYPE_FP16 (%d) or FLASHCORE_DTYPE_BF16 (%d) "
-                    "queries",
-                    int(p.dtype), int(FLASHCORE_DTYPE_FP16), int(FLASHCORE_DTYPE_BF16));
+        if (p.kv_dtype != 0 && p.kv_dtype != FLASHCORE_DTYPE_FP8_E4M3) {
+            return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                        "kv_dtype %d is not supported with fp8 queries (dtype FLASHCORE_DTYPE_FP8_E4M3): k and v are "
+                        "e4m3 too; pass 0 or FLASHCORE_DTYPE_FP8_E4M3 (%d)",
+                        int(p.kv_dtype), int(FLASHCORE_DTYPE_FP8_E4M3));
+        }
+        if (p.out_dtype != 0 && p.out_dtype != FLASHCORE_DTYPE_BF16) {
+            return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                        "out_dtype %d is not supported with fp8 queries (dtype FLASHCORE_DTYPE_FP8_E4M3): out is "
+                        "bf16; pass 0 or FLASHCORE_DTYPE_BF16 (%d)",
+                        int(p.out_dtype), int(FLASHCORE_DTYPE_BF16));
+        }
+        if (p.softcap != 0.f) {
+            return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                        "softcap (%g) is not supported with fp8 queries (dtype FLASHCORE_DTYPE_FP8_E4M3); pass 0, or "
+                        "fp16/bf16 queries",
+                        double(p.softcap));
+        }
+        if (fwd_fp8_head_dims().size == 0) {
+            return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                        "fp8 queries (dtype FLASHCORE_DTYPE_FP8_E4M3) run on the sm_90a kernels, and this library was "
+                        "built without them (configure with an sm_90 target or -DFLASHCORE_ENABLE_SM90=ON)");
+        }
+        return FLASHCORE_STATUS_SUCCESS;
     }
     if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16) {
         return fail(FLASHCORE_STATUS_UNSUPPORTED,
-                    "dtype %d is not supported; supported: FLASHCORE_DTYPE_FP16 (%d), FLASHCORE_DTYPE_BF16 (%d)",
-                    int(p.dtype), int(FLASHCORE_DTYPE_FP16), int(FLASHCORE_DTYPE_BF16));
+                    "dtype %d is not supported; supported: FLASHCORE_DTYPE_FP16 (%d), FLASHCORE_DTYPE_BF16 (%d), "
+                    "FLASHCORE_DTYPE_FP8_E4M3 (%d, sm_90 GPUs)",
+                    int(p.dtype), int(FLASHCORE_DTYPE_FP16), int(FLASHCORE_DTYPE_BF16),
+                    int(FLASHCORE_DTYPE_FP8_E4M3));
     }
     if (p.kv_dtype != 0 && p.kv_dtype != p.dtype && p.kv_dtype != FLASHCORE_DTYPE_FP8_E4M3) {
         return fail(FLASHCORE_STATUS_UNSUPPORTED,
@@ -121,7 +143,7 @@ std::array<Descale, 3> descales(const flashcore_forward_params &p) {
 }
 
 // The descale factors: strides >= 0 and only with their array; k and v's
-// for a quantized cache only; q's for fp8 queries, which are not supported.
+// for e4m3 k and v only; q's for e4m3 queries only.
 flashcore_status check_descales(const flashcore_forward_params &p) {
     const std::array<Descale, 3> all = descales(p);
     for (const Descale &d : all) {
@@ -138,11 +160,13 @@ flashcore_status check_descales(const flashcore_forward_params &p) {
                         d.name, d.batch_stride, d.name, d.head_stride);
         }
     }
-    if (p.q_descale != nullptr) {
-        return fail(FLASHCORE_STATUS_UNSUPPORTED,
-                    "q_descale is for fp8 queries, which are not supported yet; pass NULL");
+    if (p.q_descale != nullptr && !has_fp8_queries(p)) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "q_descale is set but q is not quantized (dtype %d); it is for dtype FLASHCORE_DTYPE_FP8_E4M3 "
+                    "(%d)",
+                    int(p.dtype), int(FLASHCORE_DTYPE_FP8_E4M3));
     }
-    if (!has_quantized_kv(p)) {
+    if (!has_quantized_kv(p) && !has_fp8_queries(p)) {
         for (const Descale &d : {all[1], all[2]}) {
             if (d.data != nullptr) {
                 return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
@@ -202,6 +226,7 @@ flashcore_status validate_shapes(const flashcore_forward_params &p) {
 }
 
 Span<HeadDims> fwd_head_dims_for(const flashcore_forward_params &p) {
+    if (has_fp8_queries(p)) return fwd_fp8_head_dims();
     return has_quantized_kv(p) ? fwd_quantized_kv_head_dims() : fwd_supported_head_dims();
 }
 
@@ -387,6 +412,7 @@ TensorDims forward_tensor(const flashcore_forward_params &p, int index) {
     const bool packed_kv = p.cu_seqlens_k != nullptr;
     const size_t bytes = dtype_bytes(DType(p.dtype));
     const size_t kv_bytes = dtype_bytes(DType(effective_kv_dtype(p)));
+    const size_t out_bytes = dtype_bytes(DType(effective_out_dtype(p)));
     switch (index) {
         case 0:
             return {"q", p.q, q_batches, q_rows, p.num_heads_q, d, packed_q ? 0 : p.q_batch_stride, p.q_seq_stride,
@@ -399,7 +425,7 @@ TensorDims forward_tensor(const flashcore_forward_params &p, int index) {
                     p.v_seq_stride, p.v_head_stride, kv_bytes};
         default:
             return {"out", p.out, q_batches, q_rows, p.num_heads_q, dv, packed_q ? 0 : p.out_batch_stride,
-                    p.out_seq_stride, p.out_head_stride, bytes};
+                    p.out_seq_stride, p.out_head_stride, out_bytes};
     }
 }
 constexpr int kForwardTensors = 4;  // q, k, v, out

@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "7bc23de6bf1022002a2938c409a2c1979a167c5490f45e96f230643679bbab05"
+HEADER_SHA256 = "e88c6c27ee9051c498fc963e1174222ddebbe69f3ce61909ef410892f5f33b0a"
 
 
 # Assigning to a field of the structs below checks the value against the
@@ -89,8 +89,9 @@ class Dtype(enum.IntEnum):
     # float; only flashcore_merge_states takes it
     FP32 = 3
     # 8-bit float, 4 exponent bits, 3 mantissa bits, no infinities, largest
-    # 448 (CUDA __nv_fp8_e4m3, PyTorch torch.float8_e4m3fn). Only as
-    # flashcore_forward_params::kv_dtype so far: a quantized KV cache.
+    # 448 (CUDA __nv_fp8_e4m3, PyTorch torch.float8_e4m3fn): as
+    # flashcore_forward_params::kv_dtype, a quantized KV cache; as its
+    # dtype, fp8 queries (fp8 prefill on sm_90 GPUs).
     FP8_E4M3 = 4
 
 
@@ -159,7 +160,8 @@ class flashcore_forward_params(ctypes.Structure):
     _fields_ = [
         # sizeof(flashcore_forward_params) as the caller compiled it.
         ("struct_size", ctypes.c_size_t),
-        # flashcore_dtype of q, k, v and out
+        # flashcore_dtype of q, k, v and out (but see kv_dtype,
+        # out_dtype: FP8_E4M3 queries write a BF16 out)
         ("dtype", ctypes.c_int32),
         ("batch_size", ctypes.c_int32),
         ("seqlen_q", ctypes.c_int32),
@@ -310,9 +312,21 @@ class flashcore_forward_params(ctypes.Structure):
         # dtype. k and v strides are then in one-byte elements, multiples of
         # 16, and head_dim and head_dim_v multiples of 16. out has dtype.
         ("kv_dtype", ctypes.c_int32),
-        # The flashcore_dtype of out: 0 (the default) or dtype. (Reserved for
-        # fp8 queries, whose output will be 16-bit; any other value returns
-        # FLASHCORE_STATUS_UNSUPPORTED.)
+        # The flashcore_dtype of out: 0 (the default) for dtype's, or dtype
+        # itself; BF16 for FP8_E4M3 queries (0 means BF16 there too, as in
+        # FlashAttention 3). Any other value returns FLASHCORE_STATUS_UNSUPPORTED.
+        #
+        # fp8 prefill: dtype FLASHCORE_DTYPE_FP8_E4M3 makes q, k and v e4m3
+        # (kv_dtype 0 or FP8_E4M3) and out bf16; the products run on fp8 tensor
+        # cores, the probabilities rounded to e4m3 (scaled so that each row's
+        # largest is 256) before P * V, as FlashAttention 3 does. It runs on
+        # sm_90 GPUs (H100, H200) with the library's sm_90a kernels only
+        # (FLASHCORE_STATUS_UNSUPPORTED elsewhere, or in a build without them),
+        # at head dims (64, 64), (128, 128) and (256, 256), with causal, window,
+        # GQA, lse, split-KV, varlen, seqused_k and paged K/V; softcap is not
+        # supported. q, k and v strides are then in one-byte elements,
+        # multiples of 16; lse is in the usual units, of the dequantized
+        # scores.
         ("out_dtype", ctypes.c_int32),
         # Descale factors of quantized inputs, as FlashAttention 3's and vLLM's:
         # the values a quantized tensor stands for are its elements times the
@@ -324,8 +338,8 @@ class flashcore_forward_params(ctypes.Structure):
         # both 0 is one factor for the whole tensor (vLLM's per-tensor k_scale
         # and v_scale), and [batch_size, num_heads_kv] contiguous is
         # (num_heads_kv, 1). These rules are checked in empty calls too.
-        # k_descale and v_descale need kv_dtype FP8_E4M3; q_descale is for fp8
-        # queries (not yet supported) and must be NULL. The scores are
+        # k_descale and v_descale need e4m3 k and v (kv_dtype or dtype
+        # FP8_E4M3); q_descale needs dtype FP8_E4M3 (fp8 queries). The scores are
         # softmax_scale * q_descale * k_descale * (q . k), and the output is
         # multiplied by v_descale; factors should be finite and > 0 (they are
         # read on the device, not checked: others give wrong results).

@@ -20,6 +20,12 @@
 //                                                                   and 80 keys, FA3's tile: +7-10% over 48 keys,
 //                                                                   3 stages, two sets; 64 keys: +3-8%; H100)
 //
+// e4m3 inputs (fp8 prefill): 128-key tiles (64 at head dim 256, where O's
+// 128 registers a thread and 128-key S spilled the consumers' 224), one-byte
+// tiles, so more stages fit beside the V^T ring (v_transpose.cuh): 4 at 64
+// (~130 KB), 3 at 128 (~210 KB), 3 at 256 (~178 KB, one Q buffer; O stored
+// from registers as for the 16-bit kernel), O staged in its bf16 panels.
+//
 // One P set cost 3-9% at head dims 64 and 128 with two consumer warpgroups
 // (docs/hopper-notes.md), where the key tile is not what limits; three
 // consumer warpgroups' 160 registers leave room for one set only (S 64 + O
@@ -51,12 +57,15 @@ namespace flashcore::sm90 {
 // each) for the head dims.
 template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, int kConsumerWarpgroups>
 struct Sm90TraitsOf {
+    static constexpr bool kFp8 = kInput == DType::kE4m3;
     static constexpr bool kLarge = kHeadDim > 128;    // 192, 256: two K/V stages, O stored from registers
     static constexpr bool kHuge = kHeadDimV > 128;    // 256: 80-key tiles, one Q buffer, one P set
     static constexpr bool kOnePSet = kHuge || kConsumerWarpgroups == 3;
+    static constexpr int kStages16 = kHeadDim == 128 || kLarge ? 2 : kHeadDim == 32 ? 4 : 3;
+    static constexpr int kStagesFp8 = kHeadDim <= 64 ? 4 : 3;
     using type = Sm90Traits<ElementType<kInput>, ElementType<kOutput>, kHeadDim, kHeadDimV,
-                            /*kBlockN=*/kHuge ? 80 : kLarge ? 96 : 128,
-                            /*kStages=*/kHeadDim == 128 || kLarge ? 2 : kHeadDim == 32 ? 4 : 3,
+                            /*kBlockN=*/kFp8 ? (kHuge ? 64 : 128) : kHuge ? 80 : kLarge ? 96 : 128,
+                            /*kStages=*/kFp8 ? kStagesFp8 : kStages16,
                             /*kQStages=*/kHuge ? 1 : 2,
                             kLarge ? OutputPath::kRegisters : OutputPath::kTmaStore,
                             /*kRowMaxChains=*/kHeadDimV <= 64 && kConsumerWarpgroups < 3 ? 4 : 1,
@@ -70,7 +79,7 @@ struct Sm90Config {
     using Traits = typename Sm90TraitsOf<kInput, kOutput, kHeadDim, kHeadDimV, 2>::type;
     // Head dim 64 also has FA3's three consumer warpgroups, 192-row blocks
     // (wide_fits says for which calls).
-    static constexpr bool kHasWide = kHeadDim == 64 && kHeadDimV == 64;
+    static constexpr bool kHasWide = kHeadDim == 64 && kHeadDimV == 64 && kInput != DType::kE4m3;
     using WideTraits = typename Sm90TraitsOf<kInput, kOutput, kHeadDim, kHeadDimV, 3>::type;
 };
 

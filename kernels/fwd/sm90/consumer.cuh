@@ -43,6 +43,10 @@ struct Consumer {
     FwdTile pending_tile{};
     int pending_split = 0;
     KvPosition pending_last_kv = 0;  // its last K/V tile
+    // fp8: its LSE's score scale (softmax_scale times q's and k's descales)
+    // and v's descale, the output's.
+    float pending_lse_scale = 0.f;
+    float pending_v_descale = 1.f;
 
     KvPosition kv_count = Pipeline<Traits>::first_position(params.first_kv_position);  // as the producer's
     uint32_t q_count = 0;
@@ -100,6 +104,20 @@ struct Consumer {
         wgmma_wait<1>();
         if (pending) finish_pending();
         const KeyMask mask = KeyMask::of(params.fwd, tile.seqs);
+        if constexpr (Traits::kFp8) {
+            // The descales of the block's (batch, K/V head): q's and k's
+            // scale the scores, v's the output (finish_pending).
+            const FwdKernelParams &p = params.fwd;
+            const float qk_descale =
+                fwd_descale(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride, tile.batch,
+                            tile.head_kv) *
+                fwd_descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, tile.batch,
+                            tile.head_kv);
+            loop.scale_log2 = p.softmax_scale_log2 * qk_descale;
+            pending_lse_scale = p.softmax_scale * qk_descale;
+            pending_v_descale = fwd_descale(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride,
+                                            tile.batch, tile.head_kv);
+        }
         loop.clear_v_tail(mask, keys, kv_base,
                           v_tail_may_hold_garbage<kRagged>(params.fwd, tile.seqs,
                                                            (keys.n_block(0) + 1) * Traits::kBlockN),
@@ -127,7 +145,11 @@ struct Consumer {
         fence_accumulators(loop.acc_o[0]);
         loop.release_v(pending_last_kv);
         float row_lse[2];
-        loop.softmax.finalize(loop.acc_o, params.fwd.softmax_scale, row_lse);
+        if constexpr (Traits::kFp8) {
+            loop.softmax.finalize(loop.acc_o, pending_lse_scale, row_lse, pending_v_descale);
+        } else {
+            loop.softmax.finalize(loop.acc_o, params.fwd.softmax_scale, row_lse);
+        }
         // The plain block deferred (PlainBlock): its addresses are computed
         // after O is staged.
         with_output_destination<ElementOut, false, /*kDeferPlain=*/true>(

@@ -37,7 +37,7 @@ __device__ __forceinline__ void copy_staged_rows(const FwdKernelParams &p,
                                                  const unsigned char *staging, int consumer, int wg_tid) {
     constexpr int kElems = kElemsPerVector<typename Traits::ElementOut>;
     constexpr int kChunksPerRow = Traits::kHeadDimV / kElems;
-    constexpr int kAtomsPerPanel = Traits::kPanelCols / kElems;
+    constexpr int kAtomsPerPanel = Traits::kOutPanelCols / kElems;
     const BlockRows<typename Traits::ElementOut> dst = block.rows();
     const int first_row = consumer * Traits::kRowsPerConsumer;
     const int valid_rows = dst.valid_rows - first_row;
@@ -47,7 +47,7 @@ __device__ __forceinline__ void copy_staged_rows(const FwdKernelParams &p,
         const int chunk = i % kChunksPerRow;
         if (row >= valid_rows || chunk >= valid_chunks) continue;
         const uint4 value = *reinterpret_cast<const uint4 *>(staging + (chunk / kAtomsPerPanel) * Traits::kOPanelBytes +
-                                                             Traits::Swizzle::offset(row, chunk % kAtomsPerPanel));
+                                                             Traits::OutSwizzle::offset(row, chunk % kAtomsPerPanel));
         *reinterpret_cast<uint4 *>(dst.out + dst.out_offset(first_row + row) + chunk * kElems) = value;
     }
 }
@@ -57,10 +57,10 @@ __device__ __forceinline__ void stage_and_store_rows(const Sm90KernelParams &par
                                                      const PlainBlock<typename Traits::ElementOut> &block,
                                                      unsigned char *staging, int consumer,
                                                      const float (&out)[Traits::kHeadDimV / 8][4], int wg_tid) {
-    using Swizzle = typename Traits::Swizzle;
+    using Swizzle = typename Traits::OutSwizzle;
     using ElementOut = typename Traits::ElementOut;
     constexpr int kChunkBytes = int(kVectorBytes);
-    constexpr int kAtomsPerPanel = Traits::kPanelCols / kMmaN;  // an n8 atom is one 16-byte chunk of a row
+    constexpr int kAtomsPerPanel = Traits::kOutPanelCols / kMmaN;  // an n8 atom is one 16-byte chunk of a row
     const int lane = wg_tid % 32;
     const int warp_first_row = (wg_tid / 32) * kMmaM;  // within the warpgroup's rows
     const int barrier = kFirstConsumerBarrier + consumer;
@@ -89,8 +89,8 @@ __device__ __forceinline__ void stage_and_store_rows(const Sm90KernelParams &par
     if (wg_tid == 0) {
         const int first_row = consumer * Traits::kRowsPerConsumer;  // within the CTA's block
 #pragma unroll
-        for (int panel = 0; panel < Traits::kVPanels; ++panel) {
-            tma_store_4d(&params.tma_o, staging + panel * Traits::kOPanelBytes, panel * Traits::kPanelCols,
+        for (int panel = 0; panel < Traits::kOutPanels; ++panel) {
+            tma_store_4d(&params.tma_o, staging + panel * Traits::kOPanelBytes, panel * Traits::kOutPanelCols,
                          tile.m_block * Traits::kBlockM + first_row, tile.head_q, tile.batch);
         }
         bulk_commit_group();

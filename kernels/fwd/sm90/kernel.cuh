@@ -7,6 +7,8 @@
 //   warpgroup 0, the producer (producer.cuh): gives up most of its registers
 //     (setmaxnreg) and has one thread issue the TMA copies of Q and of the
 //     K/V tiles into a kStages-deep ring guarded by mbarriers (pipeline.cuh);
+//     on e4m3 inputs its other warps transpose V for the fp8 P*V product
+//     (v_transpose.cuh);
 //   warpgroups 1.., the consumers (consumer.cuh): each owns 64 query
 //     rows, takes the registers the producer gave up, and runs the mainloop
 //     (mainloop.cuh: S = Q*K^T, online softmax, O += P*V on wgmma, the
@@ -23,6 +25,7 @@
 #include "fwd/sm90/pipeline.cuh"
 #include "fwd/sm90/producer.cuh"
 #include "fwd/sm90/traits.cuh"
+#include "fwd/sm90/v_transpose.cuh"
 
 namespace flashcore::sm90 {
 
@@ -51,7 +54,12 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const int warpgroup = threadIdx.x / kWarpgroupThreads;
     if (warpgroup == 0) {
         setmaxnreg_decrease<Traits::kProducerRegisters>();
-        if (threadIdx.x == 0) run_producer<Traits, kRagged>(params, pipe);
+        const int warp = threadIdx.x / 32;
+        if (threadIdx.x == 0) {
+            run_producer<Traits, kRagged>(params, pipe);
+        } else if constexpr (Traits::kFp8) {
+            if (warp > 0) run_v_transpose<Traits>(params, pipe, warp - 1, threadIdx.x % 32);
+        }
         return;
     }
     setmaxnreg_increase<Traits::kConsumerRegisters>();

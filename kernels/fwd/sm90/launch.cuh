@@ -18,9 +18,17 @@
 
 namespace flashcore::sm90 {
 
-// The TMA element type of a DType.
+// The TMA element type of a DType (e4m3: bytes, which TMA only copies).
 constexpr CUtensorMapDataType tensor_map_type(DType dtype) {
-    return dtype == DType::kBf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    return dtype == DType::kBf16    ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+           : dtype == DType::kE4m3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+
+// The output types of the sm90 kernels: the input's, or bf16 for e4m3
+// inputs (FA3's; fwd/family.cmake).
+constexpr bool sm90_writes(DType input, DType output) {
+    return input == output || (input == DType::kE4m3 && output == DType::kBf16);
 }
 
 // The geometry of a map of `role` over a 4-d (head_dim, seq, head, batch)
@@ -63,6 +71,7 @@ template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, F
 FwdKernelInfo fwd_info_sm90() {
     static_assert(kVariant == FwdVariant::kPersistent, "the sm90 kernel has one variant");
     static_assert(kKV == kInput, "the sm90 kernel reads K/V of its input type (fwd/family.cmake)");
+    static_assert(sm90::sm90_writes(kInput, kOutput), "the sm90 kernels write their input type, or bf16 for e4m3");
     using Traits = typename sm90::Sm90Config<kInput, kOutput, kHeadDim, kHeadDimV>::Traits;
     // One CTA per SM: __launch_bounds__(threads, 1), and the consumers take
     // the registers the producer gives up.
@@ -114,11 +123,13 @@ cudaError_t run_with_traits(const FwdKernelParams &params, const FwdLaunchOption
                                    kv_batches, params.v_seq_stride, params.v_head_stride, v_batch_stride, kCols,
                                    p.kv_box_rows),
                    params.v) &&
-        tensor_map(&p.tma_o,
-                   tensor_geometry(TensorRole::kO, kOutput, params.head_dim_v, q_rows, params.num_heads_q,
-                                   q_batches, params.out_seq_stride, params.out_head_stride, out_batch_stride,
-                                   kCols, Traits::kRowsPerConsumer),
-                   params.out);
+        // O leaves through TMA only from staging (OutputPath::kTmaStore).
+        (Traits::kOutputPath != OutputPath::kTmaStore ||
+         tensor_map(&p.tma_o,
+                    tensor_geometry(TensorRole::kO, kOutput, params.head_dim_v, q_rows, params.num_heads_q,
+                                    q_batches, params.out_seq_stride, params.out_head_stride, out_batch_stride,
+                                    Traits::kOutPanelCols, Traits::kRowsPerConsumer),
+                    params.out));
     // The dispatcher falls back to the portable kernel.
     if (!encoded) return cudaErrorNotSupported;
 
@@ -138,20 +149,27 @@ cudaError_t run_with_traits(const FwdKernelParams &params, const FwdLaunchOption
 
 template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
-    static_assert(kInput == kOutput, "the forward kernels write their input type (fwd/family.cmake)");
+    static_assert(sm90::sm90_writes(kInput, kOutput), "the sm90 kernels write their input type, or bf16 for e4m3");
     static_assert(kKV == kInput, "the sm90 kernel reads K/V of its input type (fwd/family.cmake)");
     static_assert(kVariant == FwdVariant::kPersistent, "the sm90 kernel has one variant");
     using Config = sm90::Sm90Config<kInput, kOutput, kHeadDim, kHeadDimV>;
     using Traits = typename Config::Traits;
-    if constexpr (Config::kHasWide) {
-        if (sm90::wide_fits<Traits, typename Config::WideTraits>(params, options.max_persistent_ctas)) {
-            return sm90::run_with_traits<kInput, kOutput, typename Config::WideTraits, NoSoftcap,
-                                         /*kServesRagged=*/false>(params, options, stream);
+    // e4m3 inputs: no softcap (validation refuses it; one kernel fewer of
+    // each, for the library's size).
+    if constexpr (Traits::kFp8) {
+        if (params.softcap_prescale != 0.f) return cudaErrorNotSupported;
+        return sm90::run_with_traits<kInput, kOutput, Traits, NoSoftcap>(params, options, stream);
+    } else {
+        if constexpr (Config::kHasWide) {
+            if (sm90::wide_fits<Traits, typename Config::WideTraits>(params, options.max_persistent_ctas)) {
+                return sm90::run_with_traits<kInput, kOutput, typename Config::WideTraits, NoSoftcap,
+                                             /*kServesRagged=*/false>(params, options, stream);
+            }
         }
+        return params.softcap_prescale != 0.f
+                   ? sm90::run_with_traits<kInput, kOutput, Traits, Softcap>(params, options, stream)
+                   : sm90::run_with_traits<kInput, kOutput, Traits, NoSoftcap>(params, options, stream);
     }
-    return params.softcap_prescale != 0.f
-               ? sm90::run_with_traits<kInput, kOutput, Traits, Softcap>(params, options, stream)
-               : sm90::run_with_traits<kInput, kOutput, Traits, NoSoftcap>(params, options, stream);
 }
 
 }  // namespace flashcore

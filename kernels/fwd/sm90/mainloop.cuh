@@ -6,6 +6,10 @@
 //                        the tiles BlockKeyRange::needs_mask names);
 //   O += P_j * V_j       wgmma, P from registers, V from shared memory
 //                        (MN-major).
+// On e4m3 inputs (Traits::kFp8) the products are fp8 wgmmas: P is packed to
+// e4m3 (scaled by 2^kProbExponent) and V is read as the producer warps'
+// transpose V^T (K-major, keys in the order P's fragments hold them:
+// v_transpose.cuh).
 // The GEMMs of neighbouring tiles overlap the softmax: while the tensor cores
 // compute S_j and then O += P_{j-1} V_{j-1}, the warpgroup waits only for S_j
 // and exponentiates it; it waits for the P*V product only to rescale O and to
@@ -33,6 +37,7 @@
 #include "fwd/sm90/traits.cuh"
 #include "fwd/sm90/v_tail.cuh"
 #include "sm90/wgmma.cuh"
+#include "sm90/wgmma_e4m3.cuh"
 
 namespace flashcore::sm90 {
 
@@ -65,6 +70,25 @@ constexpr bool kAdvanceDescriptors = Traits::kHeadDim >= 128;
 template <typename Traits>
 constexpr bool kMaskScoresInPlace = Traits::kHeadDim >= 64;
 
+// D (+)= A * B of the traits' input type, A and B K-major in shared memory
+// (ss), or A in registers (rs: B MN-major for 16-bit types, K-major for fp8).
+template <typename Traits, int N>
+__device__ __forceinline__ void mma_ss(float (&d)[N / 8][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    if constexpr (Traits::kFp8) {
+        WgmmaSs<__nv_fp8_e4m3, __nv_fp8_e4m3, N, WgmmaMajor::kK, WgmmaMajor::kK>::mma(d, desc_a, desc_b, scale_d);
+    } else {
+        Wgmma<typename Traits::Element, N>::ss(d, desc_a, desc_b, scale_d);
+    }
+}
+template <typename Traits, int N>
+__device__ __forceinline__ void mma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+    if constexpr (Traits::kFp8) {
+        WgmmaRs<__nv_fp8_e4m3, __nv_fp8_e4m3, N, WgmmaMajor::kK>::mma(d, a, desc_b, scale_d);
+    } else {
+        Wgmma<typename Traits::Element, N>::rs(d, a, desc_b, scale_d);
+    }
+}
+
 // scores = (this warpgroup's 64 rows of Q) * K_tile^T. q_rows: shared address
 // of the warpgroup's first Q row in panel 0.
 template <typename Traits>
@@ -84,15 +108,30 @@ __device__ __forceinline__ void issue_qk(float (&scores)[Traits::kBlockN / 8][4]
             kAdvanceDescriptors<Traits> ? desc_q.at(q_offset) : Swizzle::k_major(q_rows + q_offset).at(0);
         const uint64_t desc_b =
             kAdvanceDescriptors<Traits> ? desc_k.at(k_offset) : Swizzle::k_major(k_tile + k_offset).at(0);
-        Wgmma<typename Traits::Element, Traits::kBlockN>::ss(scores, desc_a, desc_b, kk > 0 ? 1 : 0);
+        mma_ss<Traits, Traits::kBlockN>(scores, desc_a, desc_b, kk > 0 ? 1 : 0);
     }
     wgmma_commit();
 }
 
-// out += P * V_tile. v_tile: shared address of the tile's panel 0.
+// out += P * V_tile. v_tile: shared address of the tile's panel 0 (fp8: of
+// its transpose V^T).
 template <typename Traits>
 __device__ __forceinline__ void issue_pv(float (&out)[Traits::kHeadDimV / 8][4],
-                                        const uint32_t (&p)[Traits::kBlockN / 16][4], uint32_t v_tile) {
+                                        const uint32_t (&p)[Traits::kBlockN / Traits::kMmaKeys][4], uint32_t v_tile) {
+    if constexpr (Traits::kFp8) {
+        // V^T is K-major: a k-step is 32 keys, 32 bytes along its rows.
+        using VtSwizzle = typename Traits::VtSwizzle;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < Traits::kBlockN / Traits::kMmaKeys; ++kk) {
+            const int key = kk * Traits::kMmaKeys;
+            const uint32_t offset =
+                (key / Traits::kVtPanelKeys) * Traits::kVtPanelBytes + key % Traits::kVtPanelKeys;
+            mma_rs<Traits, Traits::kHeadDimV>(out, p[kk], VtSwizzle::k_major(v_tile + offset).at(0), 1);
+        }
+        wgmma_commit();
+        return;
+    }
     using Swizzle = typename Traits::Swizzle;
     const auto desc_v = Swizzle::mn_major(v_tile, Traits::kKVPanelBytes);
     wgmma_fence();
@@ -103,7 +142,7 @@ __device__ __forceinline__ void issue_pv(float (&out)[Traits::kHeadDimV / 8][4],
         const uint64_t desc_b = kAdvanceDescriptors<Traits>
                                     ? desc_v.at(offset)
                                     : Swizzle::mn_major(v_tile + offset, Traits::kKVPanelBytes).at(0);
-        Wgmma<typename Traits::Element, Traits::kHeadDimV>::rs(out, p[kk], desc_b, 1);
+        mma_rs<Traits, Traits::kHeadDimV>(out, p[kk], desc_b, 1);
     }
     wgmma_commit();
 }
@@ -115,17 +154,19 @@ struct Mainloop {
     using Element = typename Traits::Element;
     static constexpr int kNAtomsS = Traits::kBlockN / kMmaN;
     static constexpr int kNAtomsO = Traits::kHeadDimV / kMmaN;
-    using Fragments = uint32_t[Traits::kBlockN / kMmaK][4];
+    // P's A fragments, one per k-step: 8 16-bit or 16 fp8 values a thread.
+    static constexpr int kPSteps = Traits::kBlockN / Traits::kMmaKeys;
+    using Fragments = uint32_t[kPSteps][4];
     using KeyRange = BlockKeyRange<Traits::kBlockM, Traits::kBlockN>;
 
     const Pipeline<Traits> &pipe;
     int lane;
     int warp_first_row;  // within the CTA's query block
-    float scale_log2;    // softmax_scale * log2(e)
+    float scale_log2;    // softmax_scale * log2(e) (fp8: times the block's q and k descales)
     Cap cap;  // the softcap, or NoSoftcap
 
     float acc_o[1][kNAtomsO][4];
-    OnlineSoftmax<1, Traits::kRowMaxChains> softmax;
+    OnlineSoftmax<1, Traits::kRowMaxChains, Traits::kProbExponent> softmax;
     float scores[1][kNAtomsS][4];
     // Two sets: tile j's probabilities are in p_frag[j % 2], the block's last
     // in p_frag[1] (see remaining_tiles). One set: all in p_frag[0].
@@ -138,7 +179,8 @@ struct Mainloop {
         if (lane == 0) mbarrier_arrive(pipe.k_empty(Pipeline<Traits>::stage_of(kv)));
     }
     __device__ __forceinline__ void release_v(KvPosition kv) const {
-        if (lane == 0) mbarrier_arrive(pipe.v_empty(Pipeline<Traits>::stage_of(kv)));
+        const int stage = Pipeline<Traits>::stage_of(kv);
+        if (lane == 0) mbarrier_arrive(Traits::kFp8 ? pipe.vt_empty(stage) : pipe.v_empty(stage));
     }
     // This warp's last S = Q*K^T of a block completed: a later block's Q may
     // overwrite that buffer.
@@ -164,11 +206,16 @@ struct Mainloop {
         issue_qk<Traits>(scores[0], q_rows, smem_address(pipe.k_tile(stage)));
     }
 
-    // O += P * V of K/V tile `kv`, once its V has landed.
+    // O += P * V of K/V tile `kv`, once its V (fp8: V^T) has landed.
     __device__ __forceinline__ void issue_output(const Fragments &p, KvPosition kv) {
         const int stage = Pipeline<Traits>::stage_of(kv);
-        mbarrier_wait(pipe.v_full(stage), Pipeline<Traits>::phase_of(kv));
-        issue_pv<Traits>(acc_o[0], p, smem_address(pipe.v_tile(stage)));
+        if constexpr (Traits::kFp8) {
+            mbarrier_wait(pipe.vt_full(stage), Pipeline<Traits>::phase_of(kv));
+            issue_pv<Traits>(acc_o[0], p, smem_address(pipe.vt_tile(stage)));
+        } else {
+            mbarrier_wait(pipe.v_full(stage), Pipeline<Traits>::phase_of(kv));
+            issue_pv<Traits>(acc_o[0], p, smem_address(pipe.v_tile(stage)));
+        }
     }
 
     // Tile j's online-softmax update (masked on the tiles that need it): its
@@ -200,9 +247,25 @@ struct Mainloop {
         return softmax.update_scores_into(scores, scale_log2, correction, all_visible, sink, cap);
     }
 
-    // Tile j's probabilities, straight from its scores into 16-bit P
-    // fragments, packed while the previous tile's P*V product still reads
-    // the other set.
+    // Two probabilities of accumulator atom n (its elements e - 1, e) into
+    // their place in P's A fragments. 16-bit: atoms 2i, 2i+1 are k-step i's
+    // 16 keys, the m16n8k16 A layout. fp8: atoms 4i .. 4i+3 are k-step i's
+    // 32 keys; register 0 (1: rows g + 8) packs atoms 4i, 4i+1 as columns
+    // 4t .. 4t+3, register 2 (3) atoms 4i+2, 4i+3 (the key order V^T takes:
+    // v_transpose.cuh).
+    __device__ __forceinline__ static void pack_pair(Fragments &frag, int n, int e, float first, float second) {
+        if constexpr (Traits::kFp8) {
+            const uint32_t pair = uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(first, second), __NV_SATFINITE, __NV_E4M3));
+            uint32_t &reg = frag[n / 4][((n % 4) / 2) * 2 + e / 2];
+            reg = n % 2 == 0 ? pair : reg | (pair << 16);
+        } else {
+            frag[n / 2][(n % 2) * 2 + e / 2] = pack2<Element>(first, second);
+        }
+    }
+
+    // Tile j's probabilities, straight from its scores into P's fragments,
+    // packed while the previous tile's P*V product still reads the other
+    // set.
     __device__ __forceinline__ bool probabilities(const KeyMask &mask, const KeyRange &keys, int m_block, int j,
                                                   Fragments &frag) {
         float pending = 0.f;
@@ -210,7 +273,7 @@ struct Mainloop {
             if (e % 2 == 0) {
                 pending = prob;
             } else {
-                frag[n / 2][(n % 2) * 2 + e / 2] = pack2<Element>(pending, prob);
+                pack_pair(frag, n, e, pending, prob);
             }
         });
     }
@@ -223,13 +286,13 @@ struct Mainloop {
         return update_tile(mask, keys, m_block, j, [&](int, int n, int e, float prob) { scores[0][n][e] = prob; });
     }
 
-    // The probabilities in the score registers, packed to 16-bit A fragments.
+    // The probabilities in the score registers, packed to A fragments.
     __device__ __forceinline__ void pack_scores(Fragments &frag) {
 #pragma unroll
         for (int n = 0; n < kNAtomsS; ++n) {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
-                frag[n / 2][(n % 2) * 2 + half] = pack2<Element>(scores[0][n][half * 2], scores[0][n][half * 2 + 1]);
+                pack_pair(frag, n, half * 2 + 1, scores[0][n][half * 2], scores[0][n][half * 2 + 1]);
             }
         }
     }
@@ -252,6 +315,8 @@ struct Mainloop {
     // made the d128 kernels spill.
     __device__ __forceinline__ void clear_v_tail(const KeyMask &mask, const KeyRange &keys, KvPosition kv_base,
                                                  bool tail_may_hold_garbage, int consumer_tid) {
+        // fp8: the transposing warps zero them in V^T (v_transpose.cuh).
+        if constexpr (Traits::kFp8) return;
         const int valid_rows = mask.seqlen_k - keys.n_block(0) * Traits::kBlockN;
         if (tail_may_hold_garbage && valid_rows < Traits::kBlockN) {
             const int stage = Pipeline<Traits>::stage_of(kv_base);
@@ -309,7 +374,7 @@ struct Mainloop {
             if (j < num_blocks) step(mask, keys, m_block, q_rows, kv_base, q_buffer, j, p_frag[0], p_frag[1]);
             if ((num_blocks - 1) % 2 == 0) {
 #pragma unroll
-                for (int kk = 0; kk < Traits::kBlockN / kMmaK; ++kk) {
+                for (int kk = 0; kk < kPSteps; ++kk) {
 #pragma unroll
                     for (int r = 0; r < 4; ++r) p_frag[1][kk][r] = p_frag[0][kk][r];
                 }

@@ -14,6 +14,11 @@
 //   (kConsumerWarps arrivals). K and V are released separately: a tile's K
 //   is free as soon as S = Q*K^T is done, a GEMM before its V, so the next
 //   K copy starts that much earlier.
+// One-byte (fp8) inputs add a V^T ring (v_transpose.cuh): the transposing
+// producer warps wait on v_full and signal v_empty (Traits::
+// kVTransposeWarps arrivals: they are V's readers), and
+//   vt_full[s]: V^T written (kVTransposeWarps arrivals);
+//   vt_empty[s]: every consumer warp is done reading V^T (kConsumerWarps).
 // The producer's first wait on an empty barrier passes at once (parity 1 of
 // a fresh barrier counts as complete).
 //
@@ -33,6 +38,10 @@ namespace flashcore::sm90 {
 
 // A K/V tile's place in a CTA's sequence of tiles.
 using KvPosition = uint64_t;
+
+// Pipeline::v_tile_keys after the CTA's last tile: the transposing warps
+// stop.
+constexpr int kNoMoreVTiles = -1;
 
 template <typename Traits>
 struct Pipeline {
@@ -58,12 +67,28 @@ struct Pipeline {
         return barriers() + 2 * Traits::kQStages + 3 * Traits::kStages + stage;
     }
 
+    __device__ __forceinline__ uint64_t *vt_full(int stage) const {
+        return barriers() + 2 * Traits::kQStages + 4 * Traits::kStages + stage;
+    }
+    __device__ __forceinline__ uint64_t *vt_empty(int stage) const {
+        return barriers() + 2 * Traits::kQStages + 5 * Traits::kStages + stage;
+    }
+
     __device__ __forceinline__ unsigned char *q_tile(int buffer) const { return smem + buffer * Traits::kQBytes; }
     __device__ __forceinline__ unsigned char *k_tile(int stage) const {
         return smem + Traits::kSmemK + stage * Traits::kKTileBytes;
     }
     __device__ __forceinline__ unsigned char *v_tile(int stage) const {
         return smem + Traits::kSmemV + stage * Traits::kVTileBytes;
+    }
+    // fp8: the keys of V tile `stage` that the transposing warps keep (the
+    // rest become zeros), or kNoMoreVTiles; written by the producer before
+    // it arms v_full, so the transposers read it after their wait.
+    __device__ __forceinline__ int *v_tile_keys(int stage) const {
+        return reinterpret_cast<int *>(smem + Traits::kSmemVTileKeys) + stage;
+    }
+    __device__ __forceinline__ unsigned char *vt_tile(int stage) const {
+        return smem + Traits::kSmemVt + stage * Traits::kVtTileBytes;
     }
     __device__ __forceinline__ unsigned char *o_staging(int consumer) const {
         return smem + Traits::kSmemO + consumer * Traits::kOStagingBytes;
@@ -81,7 +106,13 @@ struct Pipeline {
             mbarrier_init(k_full(s), 1);
             mbarrier_init(v_full(s), 1);
             mbarrier_init(k_empty(s), Traits::kConsumerWarps);
-            mbarrier_init(v_empty(s), Traits::kConsumerWarps);
+            if constexpr (Traits::kFp8) {
+                mbarrier_init(v_empty(s), Traits::kVTransposeWarps);
+                mbarrier_init(vt_full(s), Traits::kVTransposeWarps);
+                mbarrier_init(vt_empty(s), Traits::kConsumerWarps);
+            } else {
+                mbarrier_init(v_empty(s), Traits::kConsumerWarps);
+            }
         }
         fence_barrier_init();
     }

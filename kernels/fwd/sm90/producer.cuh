@@ -2,7 +2,10 @@
 // of a CTA. For each query block of its schedule: Q, into a buffer the
 // consumers are done with; then the K and V tiles of its BlockKeyRange, last
 // key tile first (the order the consumers visit them), each into the next
-// free stage of the ring.
+// free stage of the ring. On e4m3 inputs it also tells the transposing
+// warps (v_transpose.cuh) each V tile's valid keys, and when there are no
+// more tiles: they need not walk the schedule themselves (which took more
+// than the producer warpgroup's 24 registers a thread).
 #pragma once
 
 #include "fwd/tile_coords.cuh"
@@ -87,12 +90,28 @@ __device__ __forceinline__ void run_producer(const Sm90KernelParams &params, con
                 load_kv_panels<Traits, Traits::kQKPanels, kRagged>(pipe.k_tile(stage), &params.tma_k, params, tile, first_key,
                                                           pipe.k_full(stage));
                 mbarrier_wait(pipe.v_empty(stage), free_phase);
+                if constexpr (Traits::kFp8) {
+                    // Only a block's first tile (its last keys) can reach
+                    // past them.
+                    *pipe.v_tile_keys(stage) =
+                        j == 0 && v_tail_may_hold_garbage<kRagged>(p, tile.seqs, first_key + Traits::kBlockN)
+                            ? tile.seqs.seqlen_k - first_key
+                            : Traits::kBlockN;
+                }
                 mbarrier_arrive_expect_tx(pipe.v_full(stage), Traits::kVTileBytes);
                 load_kv_panels<Traits, Traits::kVPanels, kRagged>(pipe.v_tile(stage), &params.tma_v, params, tile, first_key,
                                                          pipe.v_full(stage));
             }
             ++q_count;
         });
+    if constexpr (Traits::kFp8) {
+        // The transposing warps' end: the next stage, once free, holds no
+        // tile (a plain arrival completes v_full's phase).
+        const int stage = Pipeline<Traits>::stage_of(kv_count);
+        mbarrier_wait(pipe.v_empty(stage), Pipeline<Traits>::phase_of(kv_count) ^ 1u);
+        *pipe.v_tile_keys(stage) = kNoMoreVTiles;
+        mbarrier_arrive(pipe.v_full(stage));
+    }
 }
 
 }  // namespace flashcore::sm90

@@ -92,6 +92,10 @@ constexpr int kAllConsumersBarrier = kFirstConsumerBarrier + kMaxConsumerWarpgro
 //   2: 128 x 24 + 256 x 240;  3: 128 x 32 + 384 x 160 (FA3's split).
 constexpr int producer_registers(int consumer_warpgroups) { return consumer_warpgroups == 2 ? 24 : 32; }
 constexpr int consumer_registers(int consumer_warpgroups) { return consumer_warpgroups == 2 ? 240 : 160; }
+// With two consumer warpgroups on e4m3 inputs, whose producer warps also
+// transpose V: 128 x 48 + 256 x 224.
+constexpr int kFp8ProducerRegisters = 48;
+constexpr int kFp8ConsumerRegisters = 224;
 
 // How finished rows of O leave the CTA.
 enum class OutputPath {
@@ -99,12 +103,27 @@ enum class OutputPath {
     kRegisters,  // stored from the accumulators (where shared memory has no room for staging)
 };
 
+// Producer warps that transpose V for the P*V product of one-byte (e4m3)
+// inputs (v_transpose.cuh): the producer warpgroup's warps after the first,
+// whose one thread issues the TMA copies.
+constexpr int kVTransposeWarps = kWarpgroupThreads / 32 - 1;
+
 template <typename Element_, typename ElementOut_, int kHeadDim_, int kHeadDimV_, int kBlockN_, int kStages_,
           int kQStages_, OutputPath kOutputPath_, int kRowMaxChains_ = 1, int kPSets_ = 2,
           int kConsumerWarpgroups_ = 2>
 struct Sm90Traits {
     using Element = Element_;        // of Q, K and V
     using ElementOut = ElementOut_;  // of O
+    // One-byte (e4m3) inputs: wgmma reads fp8 operands K-major only, so the
+    // P*V product needs V transposed (keys contiguous, v_transpose.cuh);
+    // P is fp8 too, scaled by 2^kProbExponent so that the largest
+    // probability of a row (1 before scaling) uses e4m3's range (max 448)
+    // instead of its subnormals (FA3's offset of 8).
+    static constexpr bool kFp8 = sizeof(Element) == 1;
+    static constexpr int kProbExponent = kFp8 ? 8 : 0;
+    // Keys per wgmma k-step: 16 of a two-byte type, 32 of fp8.
+    static constexpr int kMmaKeys = kFp8 ? 32 : 16;
+    static constexpr int kVTransposeWarps = kFp8 ? sm90::kVTransposeWarps : 0;
     static constexpr int kHeadDim = kHeadDim_;    // of Q and K
     static constexpr int kHeadDimV = kHeadDimV_;  // of V and O
     static constexpr int kBlockN = kBlockN_;      // keys per K/V tile
@@ -129,8 +148,11 @@ struct Sm90Traits {
     static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpgroupThreads / 32;
 
     // Registers per thread after the split (producer_registers).
-    static constexpr int kProducerRegisters = producer_registers(kConsumerWarpgroups);
-    static constexpr int kConsumerRegisters = consumer_registers(kConsumerWarpgroups);
+    // fp8: the producer warpgroup takes 48 (at 24 the transposing warps'
+    // loop and the producer's spilled; at 40 the ragged producer did), the
+    // consumers 224.
+    static constexpr int kProducerRegisters = kFp8 ? kFp8ProducerRegisters : producer_registers(kConsumerWarpgroups);
+    static constexpr int kConsumerRegisters = kFp8 ? kFp8ConsumerRegisters : consumer_registers(kConsumerWarpgroups);
 
     // Panels: 128-byte rows where both head dims' rows are multiples of 128
     // bytes (of two-byte elements: 64 columns), else 64-byte rows (32, 96).
@@ -148,20 +170,42 @@ struct Sm90Traits {
     static constexpr uint32_t kKTileBytes = kQKPanels * kKVPanelBytes;
     static constexpr uint32_t kVTileBytes = kVPanels * kKVPanelBytes;
 
-    // Each consumer stages its finished rows of O for the TMA store.
-    static constexpr uint32_t kOPanelBytes = kRowsPerConsumer * kPanelRowBytes;
+    // fp8: V^T tiles, one per stage: head_dim_v rows of the tile's keys
+    // (panels of up to 128 keys), the B operand of P*V, K-major.
+    static constexpr int kVtRowBytes = !kFp8 || kBlockN > 128 ? 128 : kBlockN;
+    using VtSwizzle = PanelSwizzle<kVtRowBytes>;
+    static constexpr int kVtPanelKeys = kVtRowBytes;  // one-byte elements
+    static constexpr uint32_t kVtPanelBytes = kHeadDimV * kVtRowBytes;
+    static constexpr uint32_t kVtTileBytes = kFp8 ? (kBlockN / kVtPanelKeys) * kVtPanelBytes : 0;
+
+    // Each consumer stages its finished rows of O for the TMA store, in
+    // panels of the input's layout, or for a one-byte input those of its
+    // two-byte output.
+    static constexpr int kOutPanelRowBytes =
+        !kFp8 ? kPanelRowBytes : kHeadDimV * int(sizeof(ElementOut)) % 128 == 0 ? 128 : 64;
+    using OutSwizzle = PanelSwizzle<kOutPanelRowBytes>;
+    static constexpr int kOutPanelCols = kOutPanelRowBytes / int(sizeof(ElementOut));
+    static constexpr int kOutPanels = kHeadDimV / kOutPanelCols;
+    static constexpr uint32_t kOPanelBytes = kRowsPerConsumer * kOutPanelRowBytes;
     static constexpr uint32_t kOStagingBytes =
-        kOutputPath == OutputPath::kTmaStore ? kVPanels * kOPanelBytes : 0;
+        kOutputPath == OutputPath::kTmaStore ? kOutPanels * kOPanelBytes : 0;
 
     // Shared memory, from an aligned base: the Q buffers, the K ring, the V
-    // ring, the O staging of each consumer, then the mbarriers.
+    // ring, (fp8) the V^T ring, the O staging of each consumer, then the
+    // mbarriers.
     static constexpr uint32_t kSmemK = kQStages * kQBytes;
     static constexpr uint32_t kSmemV = kSmemK + kStages * kKTileBytes;
-    static constexpr uint32_t kSmemO = kSmemV + kStages * kVTileBytes;
+    static constexpr uint32_t kSmemVt = kSmemV + kStages * kVTileBytes;
+    static constexpr uint32_t kSmemO = kSmemVt + kStages * kVtTileBytes;
     static constexpr uint32_t kSmemBarriers = kSmemO + kConsumerWarpgroups * kOStagingBytes;
-    // q_full, q_empty per Q buffer; k_full, v_full, k_empty, v_empty per stage
-    static constexpr int kNumBarriers = 2 * kQStages + 4 * kStages;
-    static constexpr size_t kSmemBytes = kSmemBarriers + kNumBarriers * sizeof(uint64_t) + kSmemBaseAlignment;
+    // q_full, q_empty per Q buffer; k_full, v_full, k_empty, v_empty per
+    // stage; fp8: vt_full, vt_empty per stage
+    static constexpr int kNumBarriers = 2 * kQStages + (kFp8 ? 6 : 4) * kStages;
+    // fp8: after the barriers, per stage the V tile's valid keys, which the
+    // producer passes to the transposing warps (v_transpose.cuh).
+    static constexpr uint32_t kSmemVTileKeys = kSmemBarriers + kNumBarriers * sizeof(uint64_t);
+    static constexpr size_t kSmemBytes =
+        kSmemVTileKeys + (kFp8 ? kStages * sizeof(int) : 0) + kSmemBaseAlignment;
 
     static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory beyond what an sm_90 block may opt into");
     static_assert(kHeadDim % kPanelCols == 0 && kHeadDimV % kPanelCols == 0,
@@ -171,7 +215,11 @@ struct Sm90Traits {
     static_assert(kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3, "two or three consumer warpgroups");
     static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters) <= 64 * 1024,
                   "the register split must fit the SM's register file");
-    static_assert(sizeof(ElementOut) == sizeof(Element), "O is staged in the input's panel layout");
+    static_assert(kHeadDimV % kOutPanelCols == 0 && (kFp8 || sizeof(ElementOut) == sizeof(Element)),
+                  "O is staged in whole panels, the input's unless the input is fp8");
+    static_assert(!kFp8 || (kBlockN % kMmaKeys == 0 && kBlockN % kVtPanelKeys == 0 && kVtPanelBytes % VtSwizzle::kAtomBytes == 0 &&
+                            kHeadDimV % 32 == 0),
+                  "fp8: V^T panels of whole swizzle atoms, head_dim_v whole 32-column steps of the transpose");
     static_assert(kQPanelBytes % Swizzle::kAtomBytes == 0 && kKVPanelBytes % Swizzle::kAtomBytes == 0 &&
                       kOPanelBytes % Swizzle::kAtomBytes == 0,
                   "panels must keep the swizzle atom's alignment");

@@ -116,8 +116,9 @@ pub const FLASHCORE_DTYPE_BF16: flashcore_dtype = 2;
 #[doc = " float; only flashcore_merge_states takes it"]
 pub const FLASHCORE_DTYPE_FP32: flashcore_dtype = 3;
 #[doc = " 8-bit float, 4 exponent bits, 3 mantissa bits, no infinities, largest"]
-#[doc = " 448 (CUDA __nv_fp8_e4m3, PyTorch torch.float8_e4m3fn). Only as"]
-#[doc = " flashcore_forward_params::kv_dtype so far: a quantized KV cache."]
+#[doc = " 448 (CUDA __nv_fp8_e4m3, PyTorch torch.float8_e4m3fn): as"]
+#[doc = " flashcore_forward_params::kv_dtype, a quantized KV cache; as its"]
+#[doc = " dtype, fp8 queries (fp8 prefill on sm_90 GPUs)."]
 pub const FLASHCORE_DTYPE_FP8_E4M3: flashcore_dtype = 4;
 #[doc = " ---------------------------------------------------------------------------"]
 #[doc = " Forward attention"]
@@ -159,7 +160,8 @@ pub type flashcore_layout = ::std::os::raw::c_uint;
 pub struct flashcore_forward_params {
     #[doc = " sizeof(flashcore_forward_params) as the caller compiled it."]
     pub struct_size: usize,
-    #[doc = " flashcore_dtype of q, k, v and out"]
+    #[doc = " flashcore_dtype of q, k, v and out (but see kv_dtype,"]
+    #[doc = " out_dtype: FP8_E4M3 queries write a BF16 out)"]
     pub dtype: i32,
     pub batch_size: i32,
     pub seqlen_q: i32,
@@ -312,9 +314,21 @@ pub struct flashcore_forward_params {
     #[doc = " dtype. k and v strides are then in one-byte elements, multiples of"]
     #[doc = " 16, and head_dim and head_dim_v multiples of 16. out has dtype."]
     pub kv_dtype: i32,
-    #[doc = " The flashcore_dtype of out: 0 (the default) or dtype. (Reserved for"]
-    #[doc = " fp8 queries, whose output will be 16-bit; any other value returns"]
-    #[doc = " FLASHCORE_STATUS_UNSUPPORTED.)"]
+    #[doc = " The flashcore_dtype of out: 0 (the default) for dtype's, or dtype"]
+    #[doc = " itself; BF16 for FP8_E4M3 queries (0 means BF16 there too, as in"]
+    #[doc = " FlashAttention 3). Any other value returns FLASHCORE_STATUS_UNSUPPORTED."]
+    #[doc = ""]
+    #[doc = " fp8 prefill: dtype FLASHCORE_DTYPE_FP8_E4M3 makes q, k and v e4m3"]
+    #[doc = " (kv_dtype 0 or FP8_E4M3) and out bf16; the products run on fp8 tensor"]
+    #[doc = " cores, the probabilities rounded to e4m3 (scaled so that each row's"]
+    #[doc = " largest is 256) before P * V, as FlashAttention 3 does. It runs on"]
+    #[doc = " sm_90 GPUs (H100, H200) with the library's sm_90a kernels only"]
+    #[doc = " (FLASHCORE_STATUS_UNSUPPORTED elsewhere, or in a build without them),"]
+    #[doc = " at head dims (64, 64), (128, 128) and (256, 256), with causal, window,"]
+    #[doc = " GQA, lse, split-KV, varlen, seqused_k and paged K/V; softcap is not"]
+    #[doc = " supported. q, k and v strides are then in one-byte elements,"]
+    #[doc = " multiples of 16; lse is in the usual units, of the dequantized"]
+    #[doc = " scores."]
     pub out_dtype: i32,
     #[doc = " Descale factors of quantized inputs, as FlashAttention 3's and vLLM's:"]
     #[doc = " the values a quantized tensor stands for are its elements times the"]
@@ -326,8 +340,8 @@ pub struct flashcore_forward_params {
     #[doc = " both 0 is one factor for the whole tensor (vLLM's per-tensor k_scale"]
     #[doc = " and v_scale), and [batch_size, num_heads_kv] contiguous is"]
     #[doc = " (num_heads_kv, 1). These rules are checked in empty calls too."]
-    #[doc = " k_descale and v_descale need kv_dtype FP8_E4M3; q_descale is for fp8"]
-    #[doc = " queries (not yet supported) and must be NULL. The scores are"]
+    #[doc = " k_descale and v_descale need e4m3 k and v (kv_dtype or dtype"]
+    #[doc = " FP8_E4M3); q_descale needs dtype FP8_E4M3 (fp8 queries). The scores are"]
     #[doc = " softmax_scale * q_descale * k_descale * (q . k), and the output is"]
     #[doc = " multiplied by v_descale; factors should be finite and > 0 (they are"]
     #[doc = " read on the device, not checked: others give wrong results)."]

@@ -237,8 +237,8 @@ mod tests {
         params.kv_dtype = 0;
         assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
         (params.v_seq_stride, params.kv_dtype) = (96, FLASHCORE_DTYPE_FP8_E4M3 as i32);
-        // The descale pointers: 4-byte alignment, and fp8 queries (q_descale)
-        // are not supported yet.
+        // The descale pointers: 4-byte alignment, and q_descale only with fp8
+        // queries.
         (params.k_descale, params.v_descale) = (0x7400_0000 as *const f32, 0x7500_0000 as *const f32);
         assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
         params.k_descale = 0x7400_0002 as *const f32;
@@ -248,7 +248,7 @@ mod tests {
         assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_MISALIGNED);
         params.v_descale = 0x7500_0000 as *const f32;
         params.q_descale = 0x7600_0000 as *const f32;
-        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_UNSUPPORTED);
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_INVALID_ARGUMENT);
         params.q_descale = std::ptr::null();
         // Per-(batch, head) strides, then a negative one of each tensor,
         // named by the library.
