@@ -349,8 +349,8 @@ impl<'a> BackwardParamsBuilder<'a> {
         /// Element type of q, k, v, out, dout, dq, dk and dv (default
         /// [`DType::F16`]; F16 or BF16, and [`build`](Self::build) fails with
         /// [`Status::Unsupported`](crate::Status::Unsupported) for
-        /// [`DType::F32`] and [`DType::F8E4M3`]: gradients through an fp8
-        /// KV cache are not computed).
+        /// [`DType::F32`] and [`DType::F8E4M3`]: gradients through fp8
+        /// queries or an fp8 KV cache are not computed).
         dtype: DType;
         /// The forward call's causal mask (default off). Rows of queries that
         /// see no key get dq = 0, and keys no query sees dk = dv = 0.
@@ -919,7 +919,7 @@ mod tests {
             ("negative softmax_scale", |b| b.softmax_scale(-1.0), Status::InvalidArgument),
             ("NaN softmax_scale", |b| b.softmax_scale(f32::NAN), Status::InvalidArgument),
             ("f32, a merge-only dtype", |b| b.dtype(DType::F32), Status::Unsupported),
-            ("fp8 e4m3, a KV-cache-only dtype", |b| b.dtype(DType::F8E4M3), Status::Unsupported),
+            ("fp8 e4m3, which has no backward pass", |b| b.dtype(DType::F8E4M3), Status::Unsupported),
             ("window left bound below -1", |b| b.window(-2, 0), Status::InvalidArgument),
             ("window past the diagonal with causal", |b| b.causal(true).window(16, 1), Status::InvalidArgument),
             ("negative softcap", |b| b.softcap(-1.0), Status::InvalidArgument),

@@ -134,8 +134,8 @@ impl Handle {
     ///   [`device_ptr`](DeviceBuffer::device_ptr);
     /// - those buffers stay allocated until the queued work has completed
     ///   (synchronize `stream`, or order later work after it), the inputs (q,
-    ///   k, v and any seqused_k, cu_seqlens, block_table, k_descale or
-    ///   v_descale) are not written,
+    ///   k, v and any seqused_k, cu_seqlens, block_table, q_descale,
+    ///   k_descale or v_descale) are not written,
     ///   and out, lse and the workspace not otherwise used, until then;
     /// - `stream` is null or a live stream of the handle's device.
     ///

@@ -18,7 +18,10 @@
 //! ([`ForwardParamsBuilder::paged_kv`]) and fp8 (e4m3) keys and values with
 //! per-tensor or per-(batch, head) descale factors
 //! ([`ForwardParamsBuilder::kv_dtype`], [`ForwardParamsBuilder::k_descale`],
-//! [`ForwardParamsBuilder::v_descale`]); variable-length batches packed as
+//! [`ForwardParamsBuilder::v_descale`]); fp8 prefill on compute capability
+//! 9.0 GPUs: e4m3 queries, keys and values with a bf16 output
+//! ([`ForwardParamsBuilder::dtype`], [`ForwardParamsBuilder::q_descale`],
+//! [`ForwardParamsBuilder::out_dtype`]); variable-length batches packed as
 //! FlashAttention's varlen calls ([`ForwardParamsBuilder::varlen_q`],
 //! [`ForwardParamsBuilder::varlen_k`]); merging of results computed over
 //! parts of the keys ([`Handle::merge_states`]); and the backward pass for
@@ -41,7 +44,7 @@
 //!   [`Handle::backward_workspace_size`] and [`Handle::backward`].
 //! - [`ForwardParams`]: shapes, options and buffers of one call, made and
 //!   validated by [`ForwardParamsBuilder`]; [`DType`] for the element types
-//!   and [`DescaleStrides`] for where an fp8 cache's descale factors are.
+//!   and [`DescaleStrides`] for where the descale factors of fp8 tensors are.
 //! - [`BackwardParams`]: the same for the gradients of a forward call (its
 //!   inputs, out, lse and dout in; dq, dk and dv out), made and validated by
 //!   [`BackwardParamsBuilder`].

@@ -8,9 +8,10 @@ use std::marker::PhantomData;
 
 /// Element type of q, k, v and out of a forward call ([`DType::F16`] or
 /// [`DType::BF16`]; k and v may instead be [`DType::F8E4M3`], a quantized
-/// KV cache: see [`ForwardParamsBuilder::kv_dtype`]), and of the partial
-/// and merged outputs of [`Handle::merge_states`](crate::Handle::merge_states)
-/// (F16, BF16 or F32).
+/// KV cache: see [`ForwardParamsBuilder::kv_dtype`]; or q, k and v all
+/// F8E4M3 with a BF16 out, fp8 prefill: see [`ForwardParamsBuilder::dtype`]),
+/// and of the partial and merged outputs of
+/// [`Handle::merge_states`](crate::Handle::merge_states) (F16, BF16 or F32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum DType {
@@ -24,10 +25,12 @@ pub enum DType {
     F32,
     /// 8-bit float with 4 exponent and 3 mantissa bits, no infinities,
     /// largest 448 (CUDA `__nv_fp8_e4m3`, PyTorch `torch.float8_e4m3fn`):
-    /// only as the [`kv_dtype`](ForwardParamsBuilder::kv_dtype) of a
-    /// forward call with 16-bit q and out, a quantized KV cache. As a
-    /// call's [`dtype`](ForwardParamsBuilder::dtype), or a merge's or a
-    /// backward call's, the library refuses it.
+    /// the [`kv_dtype`](ForwardParamsBuilder::kv_dtype) of a forward call
+    /// with 16-bit q and out (a quantized KV cache), or a forward call's
+    /// [`dtype`](ForwardParamsBuilder::dtype): fp8 queries, keys and values
+    /// with a 16-bit output ([`out_dtype`](ForwardParamsBuilder::out_dtype),
+    /// BF16), on compute capability 9.0 GPUs. As a merge's or a backward
+    /// call's dtype, the library refuses it.
     F8E4M3,
 }
 
@@ -87,8 +90,10 @@ impl Layout {
 
 /// One of the four strided tensors of a forward call.
 ///
-/// q and out hold [`dtype`](ForwardParamsBuilder::dtype) elements, k and v
-/// [`kv_dtype`](ForwardParamsBuilder::kv_dtype) ones (dtype's by default).
+/// q holds [`dtype`](ForwardParamsBuilder::dtype) elements, k and v
+/// [`kv_dtype`](ForwardParamsBuilder::kv_dtype) ones (dtype's by default)
+/// and out [`out_dtype`](ForwardParamsBuilder::out_dtype) ones (dtype's by
+/// default, BF16 for fp8 queries).
 /// The shapes below are the dense ones; q and out are `[total_seqlen_q,
 /// num_heads_q, dim]` with [`ForwardParamsBuilder::varlen_q`], k and v
 /// `[total_seqlen_k, num_heads_kv, dim]` with
@@ -123,8 +128,9 @@ impl Tensor {
 /// or head_dim_v for v and out) is always contiguous.
 ///
 /// The library requires them to be >= 0 and multiples of
-/// [`ALIGNMENT`](crate::ALIGNMENT) / element size (8 for fp16 and bf16, 16
-/// for k and v of [`DType::F8E4M3`]).
+/// [`ALIGNMENT`](crate::ALIGNMENT) / element size (8 for fp16 and bf16
+/// tensors, 16 for [`DType::F8E4M3`] ones: k and v of an fp8 cache, q, k
+/// and v of fp8 queries).
 ///
 /// ```
 /// use flashcore::Strides;
@@ -143,8 +149,9 @@ pub struct Strides {
 }
 
 /// Where the descale factor of each (batch, K/V head) is in a descale
-/// array (see [`ForwardParamsBuilder::k_descale`]): the factor of batch
-/// entry (sequence) b and K/V head h is element
+/// array (see [`ForwardParamsBuilder::k_descale`] and
+/// [`ForwardParamsBuilder::q_descale`]): the factor of batch entry
+/// (sequence) b and K/V head h is element
 /// `b * batch + h * head` of the f32 array. Both strides are in elements and
 /// must be >= 0.
 ///
@@ -302,8 +309,32 @@ impl<'a> ForwardParams<'a> {
         DType::from_raw(raw).expect("a dtype the library accepted")
     }
 
-    /// Bytes from the start of `tensor`'s buffer to the end of its last element.
-    fn extent(&self, tensor: Tensor, element_size: usize) -> i128 {
+    /// Element type of out: the one given to
+    /// [`ForwardParamsBuilder::out_dtype`], else the library's default for
+    /// the call's dtype ([`DType::BF16`] for [`DType::F8E4M3`] queries,
+    /// dtype itself otherwise).
+    pub fn out_dtype(&self) -> DType {
+        let raw = match (self.raw.out_dtype, self.raw.dtype) {
+            (0, dtype) if dtype == DType::F8E4M3.to_raw() => DType::BF16.to_raw(),
+            (0, dtype) => dtype,
+            (out_dtype, _) => out_dtype,
+        };
+        DType::from_raw(raw).expect("a dtype the library accepted")
+    }
+
+    /// Element type of `tensor`'s buffer: dtype for q, [`kv_dtype`](Self::kv_dtype)
+    /// for k and v, [`out_dtype`](Self::out_dtype) for out.
+    fn element_dtype(&self, tensor: Tensor) -> DType {
+        match tensor {
+            Tensor::Q => DType::from_raw(self.raw.dtype).expect("a dtype the library accepted"),
+            Tensor::K | Tensor::V => self.kv_dtype(),
+            Tensor::Out => self.out_dtype(),
+        }
+    }
+
+    /// Bytes from the start of `tensor`'s buffer to the end of its last
+    /// element, of its [`element_dtype`](Self::element_dtype).
+    fn extent(&self, tensor: Tensor) -> i128 {
         let raw = &self.raw;
         // Packed tensors are one batch of their total rows; a paged pool is
         // num_pages batches of page_size rows.
@@ -319,6 +350,7 @@ impl<'a> ForwardParams<'a> {
             Tensor::V | Tensor::Out => self.head_dim_v(),
         };
         let strides = self.strides(tensor);
+        let element_size = self.element_dtype(tensor).size_of();
         tensor_extent(&[(batches, strides.batch), (seqlen, strides.seq), (heads, strides.head)], width, element_size)
     }
 }
@@ -410,10 +442,14 @@ macro_rules! input_setters {
 /// Required: the six sizes and q, k, v, out. Optional: [`head_dim_v`],
 /// [`dtype`], [`causal`], [`window`], [`softcap`], [`softmax_scale`],
 /// [`layout`] or [`strides`], [`lse`], [`num_splits`], [`seqused_k`],
-/// [`varlen_q`], [`varlen_k`], [`paged_kv`], and for an fp8 KV cache
-/// [`kv_dtype`], [`k_descale`], [`v_descale`].
+/// [`varlen_q`], [`varlen_k`], [`paged_kv`], for an fp8 KV cache
+/// [`kv_dtype`], [`k_descale`], [`v_descale`], and for fp8 queries
+/// (dtype [`DType::F8E4M3`]) [`q_descale`], [`k_descale`], [`v_descale`]
+/// and [`out_dtype`].
 ///
 /// [`kv_dtype`]: ForwardParamsBuilder::kv_dtype
+/// [`out_dtype`]: ForwardParamsBuilder::out_dtype
+/// [`q_descale`]: ForwardParamsBuilder::q_descale
 /// [`k_descale`]: ForwardParamsBuilder::k_descale
 /// [`v_descale`]: ForwardParamsBuilder::v_descale
 /// [`seqused_k`]: ForwardParamsBuilder::seqused_k
@@ -482,7 +518,10 @@ pub struct ForwardParamsBuilder<'a> {
     paged_kv: Option<(RawBuffer, i64, i32, i32)>,
     /// `None`: dtype's.
     kv_dtype: Option<DType>,
+    /// `None`: the library's default (0): dtype's, BF16 for fp8 queries.
+    out_dtype: Option<DType>,
     /// The f32 factors and their strides; `None`: 1.
+    q_descale: Option<(RawBuffer, DescaleStrides)>,
     k_descale: Option<(RawBuffer, DescaleStrides)>,
     v_descale: Option<(RawBuffer, DescaleStrides)>,
     buffers: PhantomData<&'a mut ()>,
@@ -503,22 +542,74 @@ impl<'a> ForwardParamsBuilder<'a> {
         /// h / (num_heads_q / num_heads_kv).
         num_heads_kv: i32 => Some;
         /// Head dimension of q and k (required): a multiple of 8 (of 16 with
-        /// an fp8 [`kv_dtype`](Self::kv_dtype)) that one of
+        /// an fp8 [`kv_dtype`](Self::kv_dtype) or fp8 queries) that one of
         /// the pairs of [`supported_head_dims`](crate::supported_head_dims)
         /// covers (kernels exist for each listed pair; any other head dim runs
         /// on the first listed pair at least as wide, or is
-        /// [`Status::Unsupported`]).
+        /// [`Status::Unsupported`]). fp8 queries have kernels of their own,
+        /// for (64, 64), (128, 128) and (256, 256) only.
         head_dim: i32 => Some;
         /// Head dimension of v and out, when it differs from `head_dim`
         /// (optional; default `head_dim`, as is 0): e.g. 128 with head_dim
         /// 192, as in DeepSeek-style prefill. The same rules as `head_dim`
         /// apply to the pair.
         head_dim_v: i32 => Some;
-        /// Element type of q and out, and of k and v unless
-        /// [`kv_dtype`](Self::kv_dtype) says otherwise (default
-        /// [`DType::F16`]; a forward call takes F16 or BF16, and
-        /// [`build`](Self::build) fails with [`Status::Unsupported`] for
-        /// [`DType::F32`] and [`DType::F8E4M3`]).
+        /// Element type of q, of k and v unless [`kv_dtype`](Self::kv_dtype)
+        /// says otherwise, and of out unless [`out_dtype`](Self::out_dtype)
+        /// does (default [`DType::F16`]). F16 and BF16 run on every GPU flashcore supports;
+        /// [`DType::F32`] is refused ([`Status::Unsupported`] from
+        /// [`build`](Self::build)).
+        ///
+        /// [`DType::F8E4M3`] is fp8 prefill, as FlashAttention 3's e4m3
+        /// forward: q, k and v all hold one-byte e4m3 elements (kv_dtype
+        /// unset or F8E4M3; 16-bit k and v under fp8 queries are
+        /// refused), their values are the elements times the factors of
+        /// [`q_descale`](Self::q_descale), [`k_descale`](Self::k_descale)
+        /// and [`v_descale`](Self::v_descale) (1 without them), and out is
+        /// written in BF16 (see [`out_dtype`](Self::out_dtype)), two bytes
+        /// an element, which is what [`build`](Self::build) sizes out's
+        /// buffer by. q, k and v strides count one-byte elements and must be
+        /// multiples of 16, as must head_dim and head_dim_v; lse keeps its
+        /// units (the natural log of the sum of the exponentiated scaled
+        /// scores of the dequantized inputs). It runs on compute capability
+        /// 9.0 GPUs (H100, H200) with a library built with the sm_90a
+        /// kernels, with causal, window, grouped-query heads, lse,
+        /// num_splits, varlen, seqused_k and paged K/V; not with a softcap,
+        /// and there is no backward pass. The library refuses what it does
+        /// not support ([`Status::Unsupported`], from [`build`](Self::build)
+        /// or, for the GPU, from the handle's calls).
+        ///
+        /// ```
+        /// use flashcore::{DType, DescaleStrides, ForwardParams, Layout, RawBuffer};
+        ///
+        /// // [1, 2048, 16, 128] e4m3 q, k and v (FlashAttention's layout), one descale
+        /// // factor per tensor, out [1, 2048, 16, 128] bf16.
+        /// let elements = 2048 * 16 * 128;
+        /// let (q, k, v) = (RawBuffer::new(0x1000_0000, elements), RawBuffer::new(0x2000_0000, elements), RawBuffer::new(0x3000_0000, elements));
+        /// let mut out = RawBuffer::new(0x4000_0000, elements * 2);
+        /// let scales = [0x5000_0000, 0x5000_0100, 0x5000_0200].map(|address| RawBuffer::new(address, 4));
+        /// let builder = ForwardParams::builder()
+        ///     .dtype(DType::F8E4M3)
+        ///     .batch_size(1)
+        ///     .num_heads_q(16)
+        ///     .num_heads_kv(16)
+        ///     .seqlen_q(2048)
+        ///     .seqlen_k(2048)
+        ///     .head_dim(128)
+        ///     .causal(true)
+        ///     .layout(Layout::Bshd)
+        ///     .q(&q)
+        ///     .k(&k)
+        ///     .v(&v)
+        ///     .out(&mut out)
+        ///     .q_descale(&scales[0], DescaleStrides::PER_TENSOR)
+        ///     .k_descale(&scales[1], DescaleStrides::PER_TENSOR)
+        ///     .v_descale(&scales[2], DescaleStrides::PER_TENSOR);
+        /// // A library without fp8 queries (or without kernels for them) refuses.
+        /// if let Ok(params) = builder.build() {
+        ///     assert_eq!(params.out_dtype(), DType::BF16);
+        /// }
+        /// ```
         dtype: DType;
         /// Causal mask aligned to the bottom-right corner (default off): query i
         /// sees key j iff j <= i + seqlen_k - seqlen_q. Rows that see no key give
@@ -705,6 +796,8 @@ impl<'a> ForwardParamsBuilder<'a> {
     /// dequantized cache in dtype. Works with every other option (split-KV,
     /// grouped-query heads, seqused_k, varlen, paged caches, window,
     /// softcap); any other pairing is refused by [`build`](Self::build).
+    /// Under fp8 queries ([`dtype`](Self::dtype) F8E4M3) k and v are e4m3
+    /// too: leave kv_dtype unset or give F8E4M3.
     ///
     /// ```
     /// use flashcore::{DType, DescaleStrides, ForwardParams, RawBuffer};
@@ -740,9 +833,10 @@ impl<'a> ForwardParamsBuilder<'a> {
         self
     }
 
-    /// Descale factors of the keys of an fp8 cache
-    /// ([`kv_dtype`](Self::kv_dtype) [`DType::F8E4M3`]), as FlashAttention
-    /// 3's and vLLM's `k_scale`: the key values are k's elements times the
+    /// Descale factors of fp8 keys (an fp8 cache, [`kv_dtype`](Self::kv_dtype)
+    /// [`DType::F8E4M3`], or fp8 queries, [`dtype`](Self::dtype) F8E4M3),
+    /// as FlashAttention 3's `k_descale` and vLLM's `k_scale`: the key
+    /// values are k's elements times the
     /// factor, and the scores are computed as
     /// `softmax_scale · k_descale · (q · k)`. `k_descale` is device memory
     /// of f32 factors, 4-byte aligned, one per (batch entry, K/V head) where
@@ -751,7 +845,7 @@ impl<'a> ForwardParamsBuilder<'a> {
     /// their K/V head's factor), or a single factor for the whole tensor
     /// with [`DescaleStrides::PER_TENSOR`]. [`build`](Self::build) checks
     /// that the buffer holds every factor the strides reach. Optional
-    /// (default: 1); refused without an fp8 kv_dtype. The factors are read
+    /// (default: 1); refused unless k and v are fp8. The factors are read
     /// on the GPU, unchecked: they must be finite and > 0, otherwise the
     /// results are wrong.
     ///
@@ -769,12 +863,57 @@ impl<'a> ForwardParamsBuilder<'a> {
         self
     }
 
-    /// Descale factors of the values of an fp8 cache, as
-    /// [`k_descale`](Self::k_descale) for the keys (vLLM's `v_scale`): the
-    /// values are v's elements times the factor, i.e. each output row is
-    /// multiplied by its K/V head's factor.
+    /// Descale factors of fp8 values, as [`k_descale`](Self::k_descale)
+    /// for the keys (vLLM's `v_scale`): the values are v's elements times
+    /// the factor, i.e. each output row is multiplied by its K/V head's
+    /// factor.
     pub fn v_descale<B: DeviceBuffer + ?Sized>(mut self, v_descale: &'a B, strides: DescaleStrides) -> Self {
         self.v_descale = Some((RawBuffer::new(v_descale.device_ptr(), v_descale.byte_len()), strides));
+        self
+    }
+
+    /// Descale factors of fp8 queries ([`dtype`](Self::dtype)
+    /// [`DType::F8E4M3`]), as FlashAttention 3's `q_descale`: the query
+    /// values are q's elements times the factor, so the scores are
+    /// `softmax_scale · q_descale · k_descale · (q · k)`. The factors are
+    /// indexed as [`k_descale`](Self::k_descale)'s, by (batch entry, K/V
+    /// head), not by query head: the query heads of a group share one
+    /// factor (FlashAttention 3's `[batch_size, num_heads_kv]`;
+    /// [`DescaleStrides::per_head`] with num_heads_kv, or
+    /// [`DescaleStrides::PER_TENSOR`] for one factor for the whole tensor).
+    /// Device memory of f32 factors, 4-byte aligned; [`build`](Self::build)
+    /// checks that the buffer holds every factor the strides reach.
+    /// Optional (default: 1); refused for 16-bit queries. The factors are
+    /// read on the GPU, unchecked: they must be finite and > 0.
+    ///
+    /// ```
+    /// # use flashcore::{DescaleStrides, ForwardParams, RawBuffer};
+    /// # let (q_scales, k_scales, v_scales) = (RawBuffer::new(0x1000, 64), RawBuffer::new(0x2000, 64), RawBuffer::new(0x3000, 64));
+    /// // fp8 prefill with FlashAttention 3's descales: f32 [batch_size 2, num_heads_kv 8] each.
+    /// let builder = ForwardParams::builder()
+    ///     .dtype(flashcore::DType::F8E4M3)
+    ///     .batch_size(2)
+    ///     .num_heads_q(32)
+    ///     .num_heads_kv(8)
+    ///     .q_descale(&q_scales, DescaleStrides::per_head(8))
+    ///     .k_descale(&k_scales, DescaleStrides::per_head(8))
+    ///     .v_descale(&v_scales, DescaleStrides::per_head(8));
+    /// ```
+    pub fn q_descale<B: DeviceBuffer + ?Sized>(mut self, q_descale: &'a B, strides: DescaleStrides) -> Self {
+        self.q_descale = Some((RawBuffer::new(q_descale.device_ptr(), q_descale.byte_len()), strides));
+        self
+    }
+
+    /// Element type of out (default: the library's choice for the call's
+    /// [`dtype`](Self::dtype): [`DType::BF16`] for fp8 queries, as
+    /// FlashAttention 3, dtype itself otherwise). The library accepts
+    /// dtype itself for 16-bit queries and BF16 for fp8 ones; anything
+    /// else fails [`build`](Self::build) with [`Status::Unsupported`].
+    /// [`build`](Self::build) sizes out's buffer at this type's element
+    /// size (two bytes for BF16 under one-byte fp8 queries), as does
+    /// [`ForwardParams::out_dtype`], which reads the type back.
+    pub fn out_dtype(mut self, out_dtype: DType) -> Self {
+        self.out_dtype = Some(out_dtype);
         self
     }
 
@@ -807,6 +946,17 @@ impl<'a> ForwardParamsBuilder<'a> {
     /// Validates everything and returns the params; see the type's
     /// documentation for the order of checks. Touches no GPU.
     pub fn build(self) -> Result<ForwardParams<'a>> {
+        let params = self.assemble()?;
+        // SAFETY: reads the struct only.
+        check(unsafe { sys::flashcore_forward_check(&params.raw) })?;
+        self.check_buffers(&params)?;
+        Ok(params)
+    }
+
+    /// The C struct of these settings, not yet validated by the library:
+    /// fails only for required settings never given (and for what
+    /// `flashcore_set_contiguous_strides` refuses).
+    fn assemble(&self) -> Result<ForwardParams<'a>> {
         let mut missing = Missing::default();
         let mut raw = init_raw()?;
         raw.batch_size = missing.size("batch_size", self.batch_size);
@@ -832,6 +982,7 @@ impl<'a> ForwardParamsBuilder<'a> {
         }
         raw.softcap = self.softcap;
         raw.kv_dtype = self.kv_dtype.map_or(0, DType::to_raw);
+        raw.out_dtype = self.out_dtype.map_or(0, DType::to_raw);
         // SAFETY: `raw` is a valid params struct with its own struct_size.
         check(unsafe { sys::flashcore_set_contiguous_strides(&mut raw, self.layout.to_raw()) })?;
         self.pack_strides(&mut raw);
@@ -857,6 +1008,10 @@ impl<'a> ForwardParamsBuilder<'a> {
             raw.block_table = int32s(table);
             (raw.block_table_batch_stride, raw.page_size, raw.num_pages) = (stride, page_size, num_pages);
         }
+        if let Some((factors, strides)) = self.q_descale {
+            raw.q_descale = device_address(Some(factors)).cast();
+            (raw.q_descale_batch_stride, raw.q_descale_head_stride) = (strides.batch, strides.head);
+        }
         if let Some((factors, strides)) = self.k_descale {
             raw.k_descale = device_address(Some(factors)).cast();
             (raw.k_descale_batch_stride, raw.k_descale_head_stride) = (strides.batch, strides.head);
@@ -865,19 +1020,20 @@ impl<'a> ForwardParamsBuilder<'a> {
             raw.v_descale = device_address(Some(factors)).cast();
             (raw.v_descale_batch_stride, raw.v_descale_head_stride) = (strides.batch, strides.head);
         }
-        // SAFETY: reads the struct only.
-        check(unsafe { sys::flashcore_forward_check(&raw) })?;
+        Ok(ForwardParams { raw, buffers: PhantomData })
+    }
 
-        let params = ForwardParams { raw, buffers: PhantomData };
+    /// Fails unless each buffer holds everything of it that `params` (these
+    /// settings, assembled) reach, each tensor at the element size of its
+    /// own dtype ([`ForwardParams::element_dtype`]).
+    fn check_buffers(&self, params: &ForwardParams<'a>) -> Result<()> {
+        let raw = &params.raw;
         for (&tensor, buffer) in TENSORS.iter().zip(&self.tensors) {
-            let buffer = buffer.as_ref().expect("checked above");
-            let dtype = match tensor {
-                Tensor::K | Tensor::V => self.kv_dtype.unwrap_or(self.dtype),
-                Tensor::Q | Tensor::Out => self.dtype,
-            };
-            ensure_fits(tensor.name(), params.extent(tensor, dtype.size_of()), buffer)?;
+            let buffer = buffer.as_ref().expect("checked by assemble");
+            ensure_fits(tensor.name(), params.extent(tensor), buffer)?;
         }
-        for (name, descale) in [("k_descale", &self.k_descale), ("v_descale", &self.v_descale)] {
+        let descales = [("q_descale", &self.q_descale), ("k_descale", &self.k_descale), ("v_descale", &self.v_descale)];
+        for (name, descale) in descales {
             if let Some((factors, strides)) = descale {
                 // One f32 at [b * batch + h * head] for each (batch entry, K/V head).
                 let dims = [(raw.batch_size, strides.batch), (raw.num_heads_kv, strides.head)];
@@ -909,7 +1065,7 @@ impl<'a> ForwardParamsBuilder<'a> {
                 table,
             )?;
         }
-        Ok(params)
+        Ok(())
     }
 }
 
@@ -997,7 +1153,10 @@ mod tests {
         assert_eq!((raw.use_window, raw.window_left, raw.window_right, raw.softcap), (0, 0, 0, 0.0));
         assert_eq!((params.window(), params.softcap()), (None, 0.0));
         assert!(raw.seqused_k.is_null());
-        assert_eq!((raw.kv_dtype, raw.out_dtype, params.kv_dtype()), (0, 0, DType::F16));
+        assert_eq!(
+            (raw.kv_dtype, raw.out_dtype, params.kv_dtype(), params.out_dtype()),
+            (0, 0, DType::F16, DType::F16)
+        );
         assert!(raw.q_descale.is_null() && raw.k_descale.is_null() && raw.v_descale.is_null());
         let descale_strides = [
             raw.q_descale_batch_stride,
@@ -1184,9 +1343,9 @@ mod tests {
             let err = rejected(builder);
             assert!(err.message().contains("descale"), "kv_dtype {kv_dtype:?}: {err}");
         }
-        // fp8 only for k and v; no f32 k and v.
-        let mut buffers = fp8_buffers();
-        let err = rejected(fp8(&mut buffers).dtype(DType::F8E4M3));
+        // fp8 queries take fp8 k and v only; no f32 k and v.
+        let mut buffers = Buffers::dense();
+        let err = rejected(standard(&mut buffers).dtype(DType::F8E4M3).kv_dtype(DType::BF16));
         assert_eq!(err.status(), Status::Unsupported, "{err}");
         let mut buffers = Buffers::dense();
         let err = rejected(standard(&mut buffers).kv_dtype(DType::F32));
@@ -1204,6 +1363,192 @@ mod tests {
             assert_eq!(err.status(), Status::InvalidArgument, "{name}: {err}");
             assert!(err.message().contains(name), "{name}: {err}");
         }
+    }
+
+    /// Dense buffers of the standard shape for fp8 queries: one-byte q, k
+    /// and v, a two-byte (bf16) out.
+    fn fp8_prefill_buffers() -> Buffers {
+        let (q_bytes, kv_bytes) = ((B * HQ * SQ * D) as usize, (B * HKV * SK * D) as usize);
+        Buffers {
+            q: RawBuffer::new(0x1000_0000, q_bytes),
+            k: RawBuffer::new(0x2000_0000, kv_bytes),
+            v: RawBuffer::new(0x3000_0000, kv_bytes),
+            out: RawBuffer::new(0x4000_0000, q_bytes * 2),
+        }
+    }
+
+    /// The standard shape with fp8 queries (and so k and v) on `buffers`.
+    fn fp8_prefill(buffers: &mut Buffers) -> ForwardParamsBuilder<'_> {
+        standard(buffers).dtype(DType::F8E4M3)
+    }
+
+    /// What `build` does but the library's check: the settings assembled
+    /// and the buffers checked against them. Shows the crate's own sizes
+    /// whatever the loaded library supports.
+    fn assembled(builder: ForwardParamsBuilder<'_>) -> Result<ForwardParams<'_>> {
+        let params = builder.assemble()?;
+        builder.check_buffers(&params)?;
+        Ok(params)
+    }
+
+    /// Shortens the buffer of `buffers` named `name` by `bytes`.
+    fn shorten(name: &str, buffers: &mut Buffers, bytes: usize) {
+        let buffer = match name {
+            "q" => &mut buffers.q,
+            "k" => &mut buffers.k,
+            "v" => &mut buffers.v,
+            _ => &mut buffers.out,
+        };
+        *buffer = RawBuffer::new(buffer.device_ptr(), buffer.byte_len() - bytes);
+    }
+
+    #[test]
+    fn fp8_queries_size_q_k_v_in_bytes_and_out_by_its_own_dtype() {
+        // Without the library's verdict: these sizes are the crate's alone.
+        let mut buffers = fp8_prefill_buffers();
+        let params = assembled(fp8_prefill(&mut buffers)).expect("buffers that fit");
+        let raw = params.as_raw();
+        assert_eq!((raw.dtype, raw.kv_dtype, raw.out_dtype), (sys::FLASHCORE_DTYPE_FP8_E4M3 as i32, 0, 0));
+        // out_dtype 0 is bf16 for fp8 queries; k and v are q's e4m3.
+        assert_eq!((params.kv_dtype(), params.out_dtype()), (DType::F8E4M3, DType::BF16));
+        let element_dtypes = TENSORS.map(|tensor| params.element_dtype(tensor));
+        assert_eq!(element_dtypes, [DType::F8E4M3, DType::F8E4M3, DType::F8E4M3, DType::BF16]);
+        // Strides count elements, whatever their size.
+        assert_eq!(params.strides(Tensor::Q), Strides { batch: HQ * SQ * D, seq: D, head: SQ * D });
+        assert_eq!(params.strides(Tensor::Out), Strides { batch: HQ * SQ * D, seq: D, head: SQ * D });
+        assert_eq!(params.extent(Tensor::Q), (B * HQ * SQ * D) as i128);
+        assert_eq!(params.extent(Tensor::Out), (B * HQ * SQ * D * 2) as i128);
+        // One byte short of q, k, v or out is refused, naming the tensor.
+        for name in ["q", "k", "v", "out"] {
+            let mut buffers = fp8_prefill_buffers();
+            shorten(name, &mut buffers, 1);
+            let err = assembled(fp8_prefill(&mut buffers)).expect_err("a short buffer accepted");
+            assert_eq!(err.status(), Status::InvalidArgument);
+            assert!(err.message().starts_with(&format!("{name}: the tensor spans")), "{name}: {err}");
+        }
+        // An out buffer sized at q's one byte an element holds half of out.
+        let mut buffers =
+            Buffers { out: RawBuffer::new(0x4000_0000, (B * HQ * SQ * D) as usize), ..fp8_prefill_buffers() };
+        let err = assembled(fp8_prefill(&mut buffers)).expect_err("out sized by q's dtype accepted");
+        assert_eq!(
+            err.message(),
+            format!("out: the tensor spans {} bytes but its buffer holds {}", B * HQ * SQ * D * 2, B * HQ * SQ * D)
+        );
+        // The same with every dtype given: kv_dtype and out_dtype reach the struct.
+        let mut buffers = fp8_prefill_buffers();
+        let params = assembled(fp8_prefill(&mut buffers).kv_dtype(DType::F8E4M3).out_dtype(DType::BF16))
+            .expect("buffers that fit");
+        let raw = params.as_raw();
+        let e4m3 = sys::FLASHCORE_DTYPE_FP8_E4M3 as i32;
+        assert_eq!((raw.dtype, raw.kv_dtype, raw.out_dtype), (e4m3, e4m3, sys::FLASHCORE_DTYPE_BF16 as i32));
+        assert_eq!((params.kv_dtype(), params.out_dtype()), (DType::F8E4M3, DType::BF16));
+
+        // Packed queries: q [total, HQ, D] bytes, out [total, HQ, D] bf16, either layout.
+        let total_q = 200;
+        let cu_q = RawBuffer::new(0x6000_0000, (B as usize + 1) * 4);
+        let packed = |q_short: usize, out_short: usize| Buffers {
+            q: RawBuffer::new(0x1000_0000, (total_q * HQ * D) as usize - q_short),
+            out: RawBuffer::new(0x4000_0000, (total_q * HQ * D * 2) as usize - out_short),
+            ..fp8_prefill_buffers()
+        };
+        let mut buffers = packed(0, 0);
+        let params = assembled(fp8_prefill(&mut buffers).layout(Layout::Bshd).varlen_q(&cu_q, total_q as i32))
+            .expect("buffers that fit");
+        assert_eq!(params.strides(Tensor::Out), Strides { batch: 0, seq: HQ * D, head: D });
+        for (name, mut buffers) in [("q", packed(1, 0)), ("out", packed(0, 1))] {
+            let err = assembled(fp8_prefill(&mut buffers).varlen_q(&cu_q, total_q as i32)).expect_err("short");
+            assert!(err.message().starts_with(&format!("{name}: the tensor spans")), "{name}: {err}");
+        }
+
+        // A 16-bit call's out stays dtype's, given or not.
+        let mut buffers = Buffers::dense();
+        let params = assembled(standard(&mut buffers).dtype(DType::BF16)).expect("buffers that fit");
+        assert_eq!((params.out_dtype(), params.as_raw().out_dtype), (DType::BF16, 0));
+        let mut buffers = Buffers::dense();
+        let params = assembled(standard(&mut buffers).out_dtype(DType::F16)).expect("buffers that fit");
+        assert_eq!((params.out_dtype(), params.as_raw().out_dtype), (DType::F16, sys::FLASHCORE_DTYPE_FP16 as i32));
+    }
+
+    #[test]
+    fn q_descale_reaches_the_c_struct_and_must_hold_every_factor() {
+        let factors = |address: u64, count: i64| RawBuffer::new(address, count as usize * 4);
+        let q_scales = factors(0x7200_0000, B * HKV);
+        let mut buffers = fp8_prefill_buffers();
+        let params = assembled(fp8_prefill(&mut buffers).q_descale(&q_scales, DescaleStrides::per_head(HKV as i32)))
+            .expect("factors that fit");
+        let raw = params.as_raw();
+        assert_eq!(raw.q_descale as usize, 0x7200_0000);
+        assert_eq!((raw.q_descale_batch_stride, raw.q_descale_head_stride), (HKV, 1));
+        assert!(raw.k_descale.is_null() && raw.v_descale.is_null());
+
+        // Indexed by (batch, K/V head), as k's and v's: [B, HKV] factors, not [B, HQ].
+        let short = factors(0x7200_0000, B * HKV - 1);
+        let mut buffers = fp8_prefill_buffers();
+        let err = assembled(fp8_prefill(&mut buffers).q_descale(&short, DescaleStrides::per_head(HKV as i32)))
+            .expect_err("a short q_descale accepted");
+        assert_eq!(
+            err.message(),
+            format!("q_descale: the tensor spans {} bytes but its buffer holds {}", B * HKV * 4, (B * HKV - 1) * 4)
+        );
+        // Per tensor: one f32.
+        let one = factors(0x7200_0000, 1);
+        let mut buffers = fp8_prefill_buffers();
+        let params = assembled(fp8_prefill(&mut buffers).q_descale(&one, DescaleStrides::PER_TENSOR))
+            .expect("one factor for the tensor");
+        assert_eq!((params.as_raw().q_descale_batch_stride, params.as_raw().q_descale_head_stride), (0, 0));
+        assert!(!params.as_raw().q_descale.is_null());
+        // All three, each checked under its own name.
+        let (k_scales, v_scales) = (factors(0x7000_0000, B * HKV), factors(0x7100_0000, B * HKV));
+        let mut buffers = fp8_prefill_buffers();
+        let err = assembled(
+            fp8_prefill(&mut buffers)
+                .q_descale(&one, DescaleStrides::per_head(HKV as i32))
+                .k_descale(&k_scales, DescaleStrides::per_head(HKV as i32))
+                .v_descale(&v_scales, DescaleStrides::per_head(HKV as i32)),
+        )
+        .expect_err("one factor for per-head strides accepted");
+        assert!(err.message().starts_with("q_descale: the tensor spans"), "{err}");
+
+        // 16-bit queries take no q_descale: the library says so.
+        let mut buffers = Buffers::dense();
+        let err = rejected(standard(&mut buffers).q_descale(&q_scales, DescaleStrides::per_head(HKV as i32)));
+        assert!(matches!(err.status(), Status::Unsupported | Status::InvalidArgument), "{err}");
+        assert!(err.message().contains("q_descale"), "{err}");
+    }
+
+    #[test]
+    fn fp8_queries_through_the_library() {
+        let q_scales = RawBuffer::new(0x7200_0000, (B * HKV * 4) as usize);
+        let mut buffers = fp8_prefill_buffers();
+        let built = fp8_prefill(&mut buffers).q_descale(&q_scales, DescaleStrides::per_head(HKV as i32)).build();
+        let params = match built {
+            Ok(params) => params,
+            // A library from before fp8 queries, or one whose build has no
+            // kernels for them (they run on sm_90a kernels only).
+            Err(err) if err.status() == Status::Unsupported => {
+                eprintln!("skipped: this library refuses fp8 queries: {err}");
+                return;
+            }
+            Err(err) => panic!("fp8 queries refused: {err}"),
+        };
+        assert_eq!((params.kv_dtype(), params.out_dtype()), (DType::F8E4M3, DType::BF16));
+        assert_eq!(params.as_raw().out_dtype, 0);
+        // After the library's check, the crate's: out must hold bf16 elements.
+        for (name, bytes) in [("q", 1), ("k", 1), ("v", 1), ("out", 1), ("out", (B * HQ * SQ * D) as usize)] {
+            let mut buffers = fp8_prefill_buffers();
+            shorten(name, &mut buffers, bytes);
+            let err = rejected(fp8_prefill(&mut buffers));
+            assert!(err.message().starts_with(&format!("{name}: the tensor spans")), "{name} short by {bytes}: {err}");
+        }
+        // The library's own rules for fp8 queries.
+        let mut buffers = fp8_prefill_buffers();
+        assert!(fp8_prefill(&mut buffers).out_dtype(DType::BF16).build().is_ok());
+        let mut buffers = fp8_prefill_buffers();
+        assert_eq!(rejected(fp8_prefill(&mut buffers).softcap(30.0)).status(), Status::Unsupported);
+        // Strides of 72 one-byte elements: not whole 16-byte vectors.
+        let odd = Strides { batch: 0, seq: 72, head: 72 * SQ };
+        let mut buffers = Buffers { q: RawBuffer::new(0x1000_0000, (72 * SQ * HQ) as usize), ..fp8_prefill_buffers() };
+        assert_eq!(rejected(fp8_prefill(&mut buffers).strides(Tensor::Q, odd)).status(), Status::Misaligned);
     }
 
     /// Packed [total, heads, dim] buffers of `total_q` query and `total_k`
@@ -1579,7 +1924,7 @@ mod tests {
     #[test]
     fn library_verdicts_pass_through() {
         type Edit = fn(ForwardParamsBuilder<'_>) -> ForwardParamsBuilder<'_>;
-        let cases: [(&str, Edit, Status); 22] = [
+        let cases: [(&str, Edit, Status); 24] = [
             ("head_dim 100, not a multiple of 8", |b| b.head_dim(100), Status::Unsupported),
             ("head_dim 264, wider than every kernel", |b| b.head_dim(264), Status::Unsupported),
             ("head_dim_v 264, wider than every kernel", |b| b.head_dim_v(264), Status::Unsupported),
@@ -1591,7 +1936,9 @@ mod tests {
             ("num_splits past the limit", |b| b.num_splits(crate::MAX_NUM_SPLITS + 1), Status::InvalidArgument),
             ("negative num_splits", |b| b.num_splits(-1), Status::InvalidArgument),
             ("f32, a merge-only dtype", |b| b.dtype(DType::F32), Status::Unsupported),
-            ("fp8 e4m3, a KV-cache-only dtype", |b| b.dtype(DType::F8E4M3), Status::Unsupported),
+            ("fp8 q over fp16 k and v", |b| b.dtype(DType::F8E4M3).kv_dtype(DType::F16), Status::Unsupported),
+            ("fp8 q with an fp16 out", |b| b.dtype(DType::F8E4M3).out_dtype(DType::F16), Status::Unsupported),
+            ("fp16 q with a bf16 out", |b| b.out_dtype(DType::BF16), Status::Unsupported),
             ("window left bound below -1", |b| b.window(-2, 0), Status::InvalidArgument),
             ("window right bound below -1", |b| b.window(0, -3), Status::InvalidArgument),
             ("window past the diagonal with causal", |b| b.causal(true).window(16, 1), Status::InvalidArgument),

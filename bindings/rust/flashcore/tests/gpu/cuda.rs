@@ -14,6 +14,9 @@ type CuContext = *mut c_void;
 pub type CuStream = *mut c_void;
 
 const RTLD_NOW: c_int = 2;
+/// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR` and `_MINOR`.
+const COMPUTE_CAPABILITY_MAJOR: c_int = 75;
+const COMPUTE_CAPABILITY_MINOR: c_int = 76;
 
 extern "C" {
     fn dlopen(filename: *const c_char, flags: c_int) -> *mut c_void;
@@ -43,6 +46,7 @@ driver_api! {
     cuInit(c_uint);
     cuDeviceGetCount(*mut c_int);
     cuDeviceGet(*mut CuDevice, c_int);
+    cuDeviceGetAttribute(*mut c_int, c_int, CuDevice);
     cuDevicePrimaryCtxRetain(*mut CuContext, CuDevice);
     cuCtxSetCurrent(CuContext);
     cuCtxSynchronize();
@@ -74,6 +78,8 @@ pub struct Gpu {
     context: CuContext,
     /// How many devices the driver sees.
     pub devices: i32,
+    /// Device 0's compute capability, (major, minor): (9, 0) for H100 and H200.
+    pub compute_capability: (i32, i32),
 }
 
 // SAFETY: a CUDA context may be used from any thread once made current there.
@@ -99,7 +105,8 @@ impl Gpu {
             let why = if why.is_null() { "unknown error".into() } else { CStr::from_ptr(why).to_string_lossy() };
             return Err(format!("no CUDA driver: {why}"));
         }
-        let mut gpu = Gpu { api: Api::load(library)?, context: std::ptr::null_mut(), devices: 0 };
+        let mut gpu =
+            Gpu { api: Api::load(library)?, context: std::ptr::null_mut(), devices: 0, compute_capability: (0, 0) };
         gpu.result("cuInit", (gpu.api.cuInit)(0))?;
         let mut devices = 0;
         gpu.result("cuDeviceGetCount", (gpu.api.cuDeviceGetCount)(&mut devices))?;
@@ -109,6 +116,16 @@ impl Gpu {
         }
         let (mut device, mut context) = (0, std::ptr::null_mut());
         gpu.result("cuDeviceGet", (gpu.api.cuDeviceGet)(&mut device, 0))?;
+        let (mut major, mut minor) = (0, 0);
+        gpu.result(
+            "cuDeviceGetAttribute",
+            (gpu.api.cuDeviceGetAttribute)(&mut major, COMPUTE_CAPABILITY_MAJOR, device),
+        )?;
+        gpu.result(
+            "cuDeviceGetAttribute",
+            (gpu.api.cuDeviceGetAttribute)(&mut minor, COMPUTE_CAPABILITY_MINOR, device),
+        )?;
+        gpu.compute_capability = (major, minor);
         gpu.result("cuDevicePrimaryCtxRetain", (gpu.api.cuDevicePrimaryCtxRetain)(&mut context, device))?;
         gpu.context = context;
         Ok(gpu)

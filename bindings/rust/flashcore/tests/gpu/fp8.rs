@@ -98,7 +98,7 @@ const FP8_CASES: [Fp8Case; 5] = [
 ];
 
 /// The run's seed: `FLASHCORE_TEST_SEED`, else one from the clock.
-fn fresh_seed() -> u64 {
+pub fn fresh_seed() -> u64 {
     if let Ok(seed) = std::env::var("FLASHCORE_TEST_SEED") {
         return seed.parse().unwrap_or_else(|_| panic!("FLASHCORE_TEST_SEED={seed} is not a u64"));
     }

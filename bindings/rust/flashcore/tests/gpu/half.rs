@@ -40,6 +40,43 @@ pub fn e4m3_value(bits: u8) -> f32 {
     }
 }
 
+/// The e4m3 bits nearest to `x` (ties to the even code, i.e. mantissa's
+/// last bit 0, as CUDA's `__nv_cvt_float_to_fp8(x, __NV_SATFINITE,
+/// __NV_E4M3)`); beyond ±448 saturates to ±448, as that conversion does.
+/// `x` must not be NaN.
+pub fn e4m3_bits(x: f32) -> u8 {
+    assert!(!x.is_nan(), "NaN has no e4m3 code here");
+    let sign = if x.is_sign_negative() { 0x80 } else { 0 };
+    let magnitude = x.abs();
+    // Codes 0 to 0x7E are the non-negative finite values, in increasing
+    // order: find the first at least `magnitude` (0x7F: none).
+    let (mut above, mut end) = (0u8, 0x7Fu8);
+    while above < end {
+        let middle = (above + end) / 2;
+        if e4m3_value(middle) < magnitude {
+            above = middle + 1;
+        } else {
+            end = middle;
+        }
+    }
+    let code = match above {
+        0 => 0,
+        0x7F => 0x7E,
+        _ => {
+            let (low, high) = (above - 1, above);
+            // In f64 the differences are exact, so ties are seen as ties.
+            let distance = |code: u8| (f64::from(magnitude) - f64::from(e4m3_value(code))).abs();
+            let (to_low, to_high) = (distance(low), distance(high));
+            if to_low < to_high || (to_low == to_high && low % 2 == 0) {
+                low
+            } else {
+                high
+            }
+        }
+    };
+    sign | code
+}
+
 fn bf16_bits(x: f32) -> u16 {
     (x.to_bits() >> 16) as u16
 }

@@ -15,6 +15,7 @@
 mod backward;
 mod cuda;
 mod fp8;
+mod fp8_prefill;
 mod half;
 #[macro_use]
 mod harness;
@@ -29,6 +30,7 @@ use flashcore::{
     Status, Strides, Tensor,
 };
 use fp8::{e4m3_values_follow_the_format, fp8_kv_cache_matches_cpu_reference};
+use fp8_prefill::{e4m3_quantization_rounds_to_nearest_even, fp8_prefill_matches_cpu_reference};
 use harness::{Outcome, Skip};
 
 fn main() -> std::process::ExitCode {
@@ -45,6 +47,8 @@ fn main() -> std::process::ExitCode {
         varlen_and_paged_match_cpu_reference,
         e4m3_values_follow_the_format,
         fp8_kv_cache_matches_cpu_reference,
+        e4m3_quantization_rounds_to_nearest_even,
+        fp8_prefill_matches_cpu_reference,
         merge_states_matches_cpu_reference,
         merge_states_refusals_come_from_the_library,
         two_halves_merged_match_attention_over_all_keys,
