@@ -53,8 +53,9 @@ def forward_params(q: Array, k: Array, v: Array, out: Optional[Array] = None, *,
     """A flashcore.ForwardParams for these arrays (pointers, sizes, strides),
     for the low-level calls: Handle.workspace_size, Handle.forward,
     check_params. The arrays must outlive every use of the result.
-    num_splits, window, softcap, seqused_k, float8_e4m3fn k and v and the
-    descales as for attention(); cu_seqlens_q/max_seqlen_q and
+    num_splits, window, softcap, seqused_k, float8_e4m3fn k and v (or q, k
+    and v: dtype FP8_E4M3, kv_dtype 0, out_dtype BF16, out bfloat16) and
+    the descales as for attention(); cu_seqlens_q/max_seqlen_q and
     cu_seqlens_k/max_seqlen_k as for attention_varlen() (each side packed
     on its own: q and out, or k and v, are then [total, H, D] whatever the
     layout); block_table as for attention_with_kvcache(), k and v then page
@@ -193,8 +194,9 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
 
     q: [B, Hq, Sq, D]; k: [B, Hkv, Sk, D]; v: [B, Hkv, Sk, Dv] with Hq a
     multiple of Hkv (grouped-query attention); float16 or bfloat16 (k and v
-    also float8_e4m3fn: quantized K/V, below), on one CUDA device. out is
-    [B, Hq, Sq, Dv], of q's dtype. D (head_dim) and Dv (head_dim_v)
+    also float8_e4m3fn: quantized K/V; or q, k and v all float8_e4m3fn:
+    fp8 queries; both below), on one CUDA device. out is [B, Hq, Sq, Dv],
+    of q's dtype (bfloat16 for fp8 queries). D (head_dim) and Dv (head_dim_v)
     may differ, e.g. 192 and 128; see supported_head_dims() for the pairs
     this build has kernels for and which others run. Any storage order works
     as long as the last dimension is contiguous: strides are read from the
@@ -262,19 +264,42 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
         last. Inference only: where q requires grad (grad mode on) the call
         raises UnsupportedError, unless detach=True or torch.no_grad().
         Mixed 16-bit dtypes (float16 q, bfloat16 k) are refused.
-    k_descale, v_descale: the descale factors of float8_e4m3fn k and v
-        (FlashAttention 3's arguments): None (1), or a float32 CUDA tensor
-        of one element (shape [] or [1]: one factor for the whole tensor,
-        vLLM's k_scale and v_scale) or of shape [B, Hkv] (one per sequence
-        and K/V head; any strides, so an expand()ed one-element tensor
+    Quantized queries (fp8 prefill, FlashAttention 3's fp8 forward): q, k
+        and v all float8_e4m3fn, each with its descale factor; out is
+        bfloat16 (an out= of another dtype raises UnsupportedError), lse
+        float32 as always. They stand for q_descale * q, k_descale * k and
+        v_descale * v, and the result is attention on those dequantized
+        values: softmax_scale (None: 1 / sqrt(D)) multiplies the dot
+        products of the dequantized q and k, and lse is in the usual units,
+        the natural log of sum_j exp(softmax_scale * (q_descale * q) .
+        (k_descale * k_j)). The kernels compute Q K^T and P V on e4m3
+        values (P rounded to e4m3 for P V, as FlashAttention 3's), so
+        expect a relative (L2) error of 1e-2 to 3e-2 against exact
+        attention on the dequantized inputs, as FlashAttention 3's:
+        several times a 16-bit call's. Runs on sm_90 GPUs (H100, H200)
+        only, with head dims (64, 64), (128, 128) and (256, 256);
+        elsewhere, and for other head dims, the library raises
+        UnsupportedError saying so. causal, window, grouped-query heads,
+        lse, num_splits, seqused_k, attention_varlen's packed sequences and
+        attention_with_kvcache's caches (contiguous or paged) all work;
+        softcap does not (UnsupportedError). Strides (in one-byte
+        elements) and head dims must be multiples of 16, as for fp8 K/V.
+        16-bit k and v under fp8 q raise UnsupportedError (quantize them
+        too, or pass 16-bit q). Inference only, as fp8 K/V: a call to be
+        differentiated raises UnsupportedError.
+    q_descale, k_descale, v_descale: the descale factors of float8_e4m3fn
+        q, k and v (FlashAttention 3's arguments): None (1), or a float32
+        CUDA tensor on q's device, of one element (shape [] or [1]: one
+        factor for the whole tensor, vLLM's k_scale and v_scale) or of
+        shape [B, Hkv] (one per sequence and K/V head, q_descale's too, as
+        FlashAttention 3's: the query heads of a group share their K/V
+        head's factor; any strides, so an expand()ed one-element tensor
         works). Read on the GPU and not checked: each must be finite and
         > 0. A Python float is refused (the factors are read on the GPU,
         and a tensor made of it would be a hidden allocation and copy per
         call): make the tensor once, torch.tensor([s], device=q.device),
-        and pass it to every call. The library refuses them with 16-bit k
-        and v.
-    q_descale: for float8_e4m3fn queries, which are not supported yet:
-        None (the library refuses a tensor, UnsupportedError).
+        and pass it to every call. The library refuses k_descale and
+        v_descale with 16-bit k and v, and q_descale with 16-bit q.
 
     Gradients: where q, k or v is a torch tensor that requires grad and
         grad mode is on, the result is differentiable: autograd computes
@@ -283,9 +308,9 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
         that is, and keeps q, k, v, out and the lse for the backward pass).
         The returned lse, if asked for, has no gradient. stream= and
         workspace= are not taken then; out= and lse= are copied into.
-        Paged caches (attention_with_kvcache's block_table) and
-        float8_e4m3fn K/V have no backward pass: such a call raises
-        UnsupportedError.
+        Paged caches (attention_with_kvcache's block_table),
+        float8_e4m3fn K/V and float8_e4m3fn queries have no backward pass:
+        such a call raises UnsupportedError.
     deterministic: the backward pass makes dq bitwise identical from run
         to run (it accumulates in a fixed order, at some cost in speed); dk
         and dv are either way, as is the forward. Also on where
@@ -361,12 +386,14 @@ def attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqle
         with return_lse as (out, lse).
     k and v may be float8_e4m3fn (a quantized KV cache) with k_descale
         and v_descale of one element or of shape [B, Hkv], as for
-        attention().
+        attention(); or q, k and v all float8_e4m3fn (fp8 prefill, sm_90
+        only: out bfloat16, q_descale too; no softcap), as for attention().
+        B is len(cu_seqlens_q) - 1 for [B, Hkv] descales.
 
     The other arguments are attention()'s, detach and deterministic
     included; the result is differentiable as attention()'s is (the
-    gradients of rows outside every sequence are 0), float8_e4m3fn K/V's
-    is not.
+    gradients of rows outside every sequence are 0), a float8_e4m3fn
+    call's is not.
     """
     return _forward(q, k, v, "bshd", (causal, softmax_scale, num_splits, window, softcap), out, lse, return_lse,
                     stream, workspace, detach, seqused_k, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k,
@@ -434,7 +461,10 @@ def attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, cache_seqle
     k_cache, v_cache: float8_e4m3fn for a quantized (fp8) cache, contiguous
         or paged, with q float16 or bfloat16 (out has q's dtype);
         k_descale and v_descale are its descale factors, of one element
-        (the whole cache) or of shape [B, Hkv], as for attention().
+        (the whole cache) or of shape [B, Hkv], as for attention(). With q
+        float8_e4m3fn too (fp8 prefill against an fp8 cache, chunked or
+        not; sm_90 only, head dims 64, 128 and 256, no softcap), out is
+        bfloat16 and q_descale q's factors, as for attention().
     The other arguments are attention()'s (layout is "bshd"), detach and
     deterministic included: a contiguous 16-bit cache's result is
     differentiable as attention()'s is; a paged or float8_e4m3fn one's is

@@ -2,7 +2,7 @@
 flashcore.sdpa has the signature and semantics of PyTorch's
 torch.nn.functional.scaled_dot_product_attention, flashcore.flash_attn_func
 those of FlashAttention 2's flash_attn_func (with FlashAttention 3's fp8
-descale keywords). Both run flashcore.attention
+inputs and descale keywords). Both run flashcore.attention
 and refuse, with NotImplementedError naming the argument, what it does not
 compute."""
 
@@ -155,11 +155,13 @@ def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0, softma
     to run, as FlashAttention's does (flashcore's forward, dk and dv are
     deterministic either way).
 
-    FlashAttention 3's fp8 keywords: k and v may be float8_e4m3fn with a
-    float16/bfloat16 q (out has q's dtype), k_descale and v_descale their
-    descale factors (float32 tensors of one element or of shape [B, Hkv]),
-    as for flashcore.attention; q_descale must be None (fp8 queries are not
-    supported yet). Such a call has no backward pass.
+    FlashAttention 3's fp8 inputs and keywords: k and v may be
+    float8_e4m3fn with a float16/bfloat16 q (out has q's dtype), or q, k
+    and v all float8_e4m3fn, as FlashAttention 3's fp8 forward (out is
+    bfloat16; sm_90 GPUs only, head dims 64, 128 and 256, no softcap);
+    q_descale, k_descale and v_descale are their descale factors (float32
+    tensors of one element or of shape [B, Hkv]), as for
+    flashcore.attention. Such a call has no backward pass.
 
     dropout_p != 0, alibi_slopes and return_attn_probs raise
     NotImplementedError naming the argument; for the log-sum-exp that

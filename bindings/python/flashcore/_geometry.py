@@ -1,8 +1,8 @@
 """The arrays of a forward call as the C API takes them: each seen through
 the layout (_View), the checks the C API cannot make (it takes one dtype
 and one set of sizes for all of them), the sequences of packed and paged
-calls, the descale factors of quantized (fp8) K/V, and the params struct
-built from all that (_build)."""
+calls, the descale factors of quantized (fp8) inputs (K/V, or queries, K
+and V), and the params struct built from all that (_build)."""
 
 import ctypes
 import numbers
@@ -17,10 +17,25 @@ DTYPES = {"float16": _ffi.Dtype.FP16, "bfloat16": _ffi.Dtype.BF16}
 # Quantized K/V a forward call takes beside float16/bfloat16 queries (its
 # kv_dtype): an fp8 KV cache, each element times its descale factor.
 KV_DTYPES = {"float8_e4m3fn": _ffi.Dtype.FP8_E4M3}
+# Quantized queries (fp8 prefill, as FlashAttention 3's): q, k and v all of
+# this dtype (the params' dtype), each element times its descale factor;
+# out is of QUANTIZED_OUT_DTYPE, as FlashAttention 3's.
+QUERY_DTYPES = {"float8_e4m3fn": _ffi.Dtype.FP8_E4M3}
+QUANTIZED_OUT_DTYPE = "bfloat16"
+# Every dtype a forward call's q may have (the params' dtype).
+FORWARD_DTYPES = {**DTYPES, **QUERY_DTYPES}
 # Why quantized K/V have no gradients, for the errors that say so.
 QUANTIZED_BACKWARD = ("gradients through quantized K/V (float8_e4m3fn: an fp8 KV cache, for inference only) are not "
                       "computed: flashcore_backward takes float16/bfloat16 K/V. Run the call under torch.no_grad(), "
                       "or pass detach=True to compute from the values alone")
+# Why quantized queries have no gradients, for the errors that say so.
+QUANTIZED_QUERY_BACKWARD = ("gradients through fp8 queries (float8_e4m3fn q, k and v: fp8 prefill, for inference "
+                            "only) are not computed: flashcore_backward takes float16/bfloat16 q, k and v. Run the "
+                            "call under torch.no_grad(), or pass detach=True to compute from the values alone")
+# Why fp8 queries take no softcap, for the errors that say so (the library
+# refuses it too, UNSUPPORTED).
+QUANTIZED_QUERY_SOFTCAP = ("softcap is not supported with fp8 (float8_e4m3fn) queries: the fp8 prefill kernels "
+                           "have no logit softcapping (pass softcap=0.0, or float16/bfloat16 q with fp8 K/V)")
 INT32_MAX = 2**31 - 1
 
 
@@ -290,26 +305,64 @@ def _descale_strides(info, batch, heads_kv):
 class _Geometry:
     """The sizes of one call as the C API takes them, with the views of q,
     k, v and out (out's None when not given), K/V's flashcore_dtype when
-    quantized (0: q's) and the fields of the descale arrays."""
+    quantized under 16-bit queries (0: q's), out's flashcore_dtype and its
+    name where it is not q's (fp8 queries: 0 and None otherwise) and the
+    fields of the descale arrays."""
 
     __slots__ = ("views", "batch", "seqlen_q", "seqlen_k", "total_q", "total_k", "page_size", "num_pages",
-                 "table_stride", "lse_shape", "lse_words", "kv_dtype", "descale_fields")
+                 "table_stride", "lse_shape", "lse_words", "kv_dtype", "out_dtype", "out_dtype_name",
+                 "descale_fields")
 
     def __init__(self, views, batch, seqlen_q, seqlen_k):
         self.views = views
         self.batch, self.seqlen_q, self.seqlen_k = batch, seqlen_q, seqlen_k
         self.total_q = self.total_k = self.page_size = self.num_pages = self.table_stride = self.kv_dtype = 0
+        self.out_dtype, self.out_dtype_name = 0, None
         self.lse_shape, self.lse_words = (batch, views[0].shape[1], seqlen_q), "[B, H, Sq]"
         self.descale_fields = {}
 
 
+def out_dtype_name(q_dtype):
+    """The dtype (name) of out for queries of q_dtype (a name): q's own,
+    but QUANTIZED_OUT_DTYPE for fp8 queries."""
+    return QUANTIZED_OUT_DTYPE if q_dtype in QUERY_DTYPES else q_dtype
+
+
+def _query_dtypes(q, k, v, out, quantized):
+    """(kv_dtype, out_dtype) of fp8 queries (q of a QUERY_DTYPES dtype):
+    k and v must be of q's dtype too (kv_dtype is then 0, "q's"; 16-bit K/V
+    under fp8 queries are UNSUPPORTED), out bfloat16 (out_dtype BF16, as
+    FlashAttention 3's fp8 forward gives). quantized: whether the call
+    takes quantized inputs at all (the forward; the backward has no fp8
+    kernels)."""
+    if not quantized:
+        raise UnsupportedError("q has dtype %s: %s" % (q.dtype, QUANTIZED_QUERY_BACKWARD))
+    if k.dtype != v.dtype and (k.dtype in KV_DTYPES or v.dtype in KV_DTYPES):
+        raise InvalidArgumentError("k has dtype %s but v has %s: with %s queries both must be %s"
+                                   % (k.dtype, v.dtype, q.dtype, q.dtype))
+    for a in (k, v):
+        if a.dtype != q.dtype:
+            raise UnsupportedError("%s has dtype %s but q has %s: fp8 queries take %s k and v only (fp8 prefill: q, "
+                                   "k and v all %s, each with its descale); for 16-bit K/V, pass float16 or bfloat16 "
+                                   "q" % (a.name, a.dtype, q.dtype, q.dtype, q.dtype))
+    if out is not None and out.dtype != QUANTIZED_OUT_DTYPE:
+        raise UnsupportedError("out has dtype %s: %s queries give a %s result (as FlashAttention 3's fp8 forward); "
+                               "pass a %s out" % (out.dtype, q.dtype, QUANTIZED_OUT_DTYPE, QUANTIZED_OUT_DTYPE))
+    return 0, DTYPES[QUANTIZED_OUT_DTYPE]
+
+
 def _kv_dtype(q, k, v, out, quantized_kv):
-    """K/V's flashcore_dtype where they are quantized (k and v both of a
-    KV_DTYPES dtype; taken where quantized_kv), else 0, every dtype then
-    checked to be q's. Whether the library has kernels for the pair is its
-    own check."""
+    """(kv_dtype, out_dtype) of a call, as flashcore_forward_params takes
+    them. 16-bit queries: K/V's flashcore_dtype where they are quantized (k
+    and v both of a KV_DTYPES dtype; taken where quantized_kv), else 0,
+    every dtype then checked to be q's; out_dtype 0 (q's). fp8 queries:
+    _query_dtypes(). Whether the library has kernels for the combination
+    (fp8 queries: sm_90 only) is its own check."""
+    if q.dtype in QUERY_DTYPES:
+        return _query_dtypes(q, k, v, out, quantized_kv)
     if q.dtype not in DTYPES:
-        raise UnsupportedError("q has dtype %s; flashcore computes on %s" % (q.dtype, " or ".join(DTYPES)))
+        raise UnsupportedError("q has dtype %s; flashcore computes on %s (or, forward only, %s q, k and v: fp8 "
+                               "prefill)" % (q.dtype, " or ".join(DTYPES), " or ".join(QUERY_DTYPES)))
     quantized = [a for a in (k, v) if a.dtype in KV_DTYPES]
     if quantized and not quantized_kv:
         raise UnsupportedError("%s has dtype %s: %s" % (quantized[0].name, quantized[0].dtype, QUANTIZED_BACKWARD))
@@ -322,17 +375,26 @@ def _kv_dtype(q, k, v, out, quantized_kv):
                 " or ".join(KV_DTYPES))
             raise InvalidArgumentError("%s has dtype %s but q has %s: all must match%s"
                                        % (a.name, a.dtype, q.dtype, also))
-    return KV_DTYPES[k.dtype] if quantized else 0
+    return (KV_DTYPES[k.dtype] if quantized else 0), 0
 
 
-def _validate(q, k, v, out, lse, layout, seqs=DENSE, written=True, descales=None):
+def check_quantized_options(q, options):
+    """Refuses the options fp8 queries (q: an ArrayInfo) do not take:
+    softcap, which the library refuses too (UNSUPPORTED), before anything
+    is allocated or queued."""
+    if options is not None and q.dtype in QUERY_DTYPES and options.softcap:
+        raise UnsupportedError(QUANTIZED_QUERY_SOFTCAP)
+
+
+def _validate(q, k, v, out, lse, layout, seqs=DENSE, written=True, descales=None, options=None):
     """Checks what the C API cannot see (it takes one dtype and one set of
     sizes for all tensors) and returns the call's _Geometry; strides,
     alignment, head counts and supported sizes are left to the library's
     own validation. written: whether the call writes out and lse (the
     forward does; the backward reads them). descales: the forward's
-    _Descales; quantized K/V are taken with it only (the backward has
-    none)."""
+    _Descales; quantized K/V and queries are taken with it only (the
+    backward has none). options: the forward's _Options, where given
+    checked against fp8 queries (check_quantized_options)."""
     packed_q, packed_kv = seqs.cu_seqlens_q is not None, seqs.cu_seqlens_k is not None
     paged = seqs.block_table is not None
     kv_words = _paged_words(layout) if paged else None
@@ -340,7 +402,8 @@ def _validate(q, k, v, out, lse, layout, seqs=DENSE, written=True, descales=None
     kv, vv = (_View(a, layout, packed=packed_kv, words=kv_words) for a in (k, v))
     ov = None if out is None else _View(out, layout, packed=packed_q)
     views = [a for a in (qv, kv, vv, ov) if a is not None]
-    kv_dtype = _kv_dtype(q, k, v, out, descales is not None)
+    kv_dtype, out_dtype = _kv_dtype(q, k, v, out, descales is not None)
+    check_quantized_options(q, options)
     if kv.shape[:3] != vv.shape[:3]:
         raise InvalidArgumentError("k and v must have the same shape but for the last dimension (v's is head_dim_v), "
                                    "got %s and %s" % (list(k.shape), list(v.shape)))
@@ -386,7 +449,9 @@ def _validate(q, k, v, out, lse, layout, seqs=DENSE, written=True, descales=None
         _check_int32_vector(seqs.seqused_k, batch, "[B] = [%d] (one key count per sequence)" % batch)
     if lse is not None:
         _check_lse(lse, geometry.lse_shape, geometry.lse_words, written)
-    geometry.kv_dtype = kv_dtype
+    geometry.kv_dtype, geometry.out_dtype = kv_dtype, out_dtype
+    if out_dtype:
+        geometry.out_dtype_name = out_dtype_name(q.dtype)
     arrays = (q, k, v, out, lse) + seqs.arrays()
     if descales is not None:
         for info, name in zip(descales.arrays(), DESCALE_NAMES):
@@ -408,7 +473,7 @@ def _set_call_fields(p, q, geometry, options, seqs, **fields):
     share (the dtype, the options, the shapes, the sequence arrays), then
     `fields`."""
     qv, kv, vv = geometry.views[:3]
-    p.dtype = DTYPES[q.dtype]
+    p.dtype = FORWARD_DTYPES[q.dtype]
     p.causal = options.causal
     p.softmax_scale = options.scale
     p.softcap = options.softcap
@@ -433,12 +498,12 @@ def _set_tensor_fields(p, prefixes, views):
 
 def _build(lib, q, k, v, out, lse, layout, options, seqs=DENSE, descales=NO_DESCALES):
     """A flashcore_forward_params for described arrays and _Options."""
-    geometry = _validate(q, k, v, out, lse, layout, seqs, descales=descales)
+    geometry = _validate(q, k, v, out, lse, layout, seqs, descales=descales, options=options)
     p = lib.new_params()
     _set_call_fields(p, q, geometry, options, seqs, num_splits=options.num_splits, lse=_address(lse),
                      block_table=_address(seqs.block_table), block_table_batch_stride=geometry.table_stride,
                      page_size=geometry.page_size, num_pages=geometry.num_pages, kv_dtype=geometry.kv_dtype,
-                     **geometry.descale_fields)
+                     out_dtype=geometry.out_dtype, **geometry.descale_fields)
     _set_tensor_fields(p, ("q", "k", "v", "out"), geometry.views)
     return p
 

@@ -195,7 +195,7 @@ def launch_plain(plan, addresses, q, out, return_lse):
         params.lse = lse.data_ptr()
     if addresses[5] is not None:
         params.seqused_k = addresses[5]
-    # The descale factors of quantized K/V (POINTER_FIELDS 9 to 11).
+    # The descale factors of quantized inputs (POINTER_FIELDS 9 to 11).
     if addresses[9] is not None:
         params.q_descale = addresses[9]
     if addresses[10] is not None:

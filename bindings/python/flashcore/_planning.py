@@ -42,19 +42,20 @@ _PLAIN_REAL = (float, int)
 class _Plan:
     """What the full path made of one key (plan_of): the params struct but
     for its addresses (template), whether the result is empty, the shapes
-    of out and lse to allocate (None where given or not asked for), q's
-    dtype and where to allocate (target, torch_device), the device of the
-    framework arrays, the arrays' names for messages, the indices of the
-    arrays given or allocated, the arrays read through
-    __cuda_array_interface__ as (index, name) (their device is the
-    driver's, asked each call), whether q, k or v requires grad, and the
-    workspace size per device once asked; plain_torch: whether a call on
+    of out and lse to allocate (None where given or not asked for), their
+    dtypes (dtype: out's, q's but bfloat16 for fp8 queries, None unless q
+    is a torch tensor; lse_dtype), where to allocate (target,
+    torch_device), the device of the framework arrays, the arrays' names
+    for messages, the indices of the arrays given or allocated, the arrays
+    read through __cuda_array_interface__ as (index, name) (their device
+    is the driver's, asked each call), whether q, k or v requires grad, and
+    the workspace size per device once asked; plain_torch: whether a call on
     torch's current stream may take _launch.launch_plain (torch tensors
     only, none requiring grad, no lse, cu_seqlens or block_table given, a
     result that is not empty; seqused_k and descales may be given);
-    out_like_q: whether out is allocated with q's shape and contiguous
-    strides, which torch.empty_like(q) gives for a contiguous q (in less
-    host time)."""
+    out_like_q: whether out is allocated with q's shape, dtype and
+    contiguous strides, which torch.empty_like(q) gives for a contiguous q
+    (in less host time; never for fp8 queries, whose out is bfloat16)."""
 
     __slots__ = ("template", "empty", "out_shape", "lse_shape", "dtype", "lse_dtype", "target", "torch_device",
                  "device", "names", "given", "cai_arrays", "requires_grad", "workspace_bytes", "plain_torch", "out_like_q")
@@ -145,16 +146,22 @@ def _array_key(key, arrays):
     return tuple(key), addresses, q_stream
 
 
-def _keep_plan(key, params, infos, out_shape, lse_shape, device):
+def _keep_plan(key, params, infos, out_shape, lse_shape, device, out_dtype_name=None):
     """Keeps the plan of a call that took the full path (infos: the
     ArrayInfos of the arrays, in POINTER_FIELDS order, None where not
-    given)."""
+    given; out_dtype_name: out's dtype where it is not q's, as
+    _Geometry.out_dtype_name: bfloat16 for fp8 queries)."""
     q = infos[0]
     plan = _Plan()
     plan.template = bytes(params)
     plan.empty = _is_empty(params)
     plan.out_shape, plan.lse_shape = out_shape, lse_shape
-    plan.dtype = q.obj.dtype if q.framework == "torch" else None
+    if q.framework != "torch":
+        plan.dtype = None
+    elif out_dtype_name is None:
+        plan.dtype = q.obj.dtype
+    else:
+        plan.dtype = getattr(sys.modules["torch"], out_dtype_name)
     plan.lse_dtype = sys.modules["torch"].float32 if q.framework == "torch" else "float32"
     plan.target = _Target(q.framework, q.device)
     plan.torch_device = q.obj.device if q.framework == "torch" else None
@@ -168,7 +175,7 @@ def _keep_plan(key, params, infos, out_shape, lse_shape, device):
                         and device is not None and (infos[4] is None or lse_shape is not None)
                         and infos[6] is None and infos[7] is None and infos[8] is None)
     plan.out_like_q = (plan.plain_torch and out_shape is not None and out_shape == tuple(q.obj.shape)
-                       and q.obj.is_contiguous())
+                       and out_dtype_name is None and q.obj.is_contiguous())
     if len(_plans) >= MAX_PLANS:
         _plans.clear()
     _plans[key] = plan
@@ -220,11 +227,12 @@ def _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, wor
     scales = _descales(s, *descales)
     lib = library()
     try:
-        geometry = _validate(qi, ki, vi, oi, li, layout, seqs, descales=scales)
+        geometry = _validate(qi, ki, vi, oi, li, layout, seqs, descales=scales, options=options)
         out_shape = _out_shape(qi, geometry.views[2].shape[3]) if oi is None else None
         lse_shape = geometry.lse_shape if li is None and return_lse else None
         if out_shape is not None:
-            out = allocate(qi, out_shape, None, s, "out")
+            # q's dtype, but bfloat16 for fp8 queries (out_dtype_name).
+            out = allocate(qi, out_shape, geometry.out_dtype_name, s, "out")
             oi = describe(out, "out", s)
         if lse_shape is not None:
             lse = allocate(qi, lse_shape, "float32", s, "lse")
@@ -236,7 +244,7 @@ def _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, wor
     infos = (qi, ki, vi, oi, li) + seqs.arrays() + scales.arrays()
     device = next((a.device for a in (qi, ki, vi, oi) if a.device is not None), None)
     if key is not None:
-        _keep_plan(key, params, infos, out_shape, lse_shape, device)
+        _keep_plan(key, params, infos, out_shape, lse_shape, device, geometry.out_dtype_name)
     result = (out, lse) if return_lse else out
     if _is_empty(params):
         # As PyTorch: an empty result, nothing launched (no GPU needed).

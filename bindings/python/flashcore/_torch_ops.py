@@ -20,8 +20,9 @@ import sys
 from ._arguments import _layout, _options
 from ._arrays import imported, is_torch
 from ._backward import gradients
-from ._errors import UnsupportedError
-from ._geometry import DESCALE_NAMES, KV_DTYPES, PAGED_BACKWARD, QUANTIZED_BACKWARD, refuse_descale_number
+from ._errors import InvalidArgumentError, UnsupportedError
+from ._geometry import (DESCALE_NAMES, KV_DTYPES, PAGED_BACKWARD, QUANTIZED_BACKWARD, QUANTIZED_OUT_DTYPE,
+                        QUANTIZED_QUERY_BACKWARD, QUANTIZED_QUERY_SOFTCAP, QUERY_DTYPES, refuse_descale_number)
 from ._launch import launch
 from ._modes import requires_grad, wants_grad
 from ._planning import prepare
@@ -47,11 +48,14 @@ def register_torch_ops():
     flashcore.attention's forward with every option spelled out (window a
     list [left, right] or None), on torch's current stream; lse is an empty
     tensor unless return_lse. k and v may be float8_e4m3fn (a quantized KV
-    cache, descaled by k_descale and v_descale); out has q's dtype. Its
-    autograd formula gives the gradients of q, k and v (None for the other
-    arguments) through flashcore::backward, from the lse: a call to be
-    differentiated needs return_lse=True (flashcore.attention asks for it),
-    no block_table and 16-bit K/V. lse itself is not differentiable.
+    cache, descaled by k_descale and v_descale) under 16-bit q, out then of
+    q's dtype; or q, k and v may all be float8_e4m3fn (fp8 prefill,
+    descaled by q_descale, k_descale and v_descale), out then bfloat16.
+    Its autograd formula gives the gradients of q, k and v (None for the
+    other arguments) through flashcore::backward, from the lse: a call to
+    be differentiated needs return_lse=True (flashcore.attention asks for
+    it), no block_table and 16-bit q, k and v. lse itself is not
+    differentiable.
     deterministic is for the backward pass (the forward's results are
     deterministic either way).
 
@@ -100,8 +104,9 @@ def register_torch_ops():
         # The options are checked while tracing (they are constants), the arrays when the call runs.
         _layout(layout)
         _options(causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap)
-        # q's dtype, whatever K/V's (float8_e4m3fn K/V give a 16-bit out).
-        out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=q.dtype)
+        # q's dtype, whatever K/V's (float8_e4m3fn K/V give a 16-bit out),
+        # but bfloat16 for float8_e4m3fn queries (as FlashAttention 3's).
+        out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=_out_dtype(torch, q))
         return out, q.new_empty(lse_shape(q, cu_seqlens_q, layout, return_lse), dtype=torch.float32)
 
     @torch.library.custom_op(BACKWARD_OPERATOR, mutates_args=())
@@ -125,6 +130,8 @@ def register_torch_ops():
         out, lse = output
         if block_table is not None:
             _refuse_paged()
+        if _quantized_query(torch, q):
+            _refuse_quantized_query()
         if _quantized(torch, k) or _quantized(torch, v):
             _refuse_quantized()
         if not return_lse:
@@ -227,14 +234,61 @@ def _quantized(torch, x):
     return False
 
 
+def _quantized_query(torch, q):
+    """Whether the tensor q holds quantized queries (a QUERY_DTYPES dtype:
+    fp8 prefill)."""
+    for name in QUERY_DTYPES:
+        if q.dtype == getattr(torch, name):
+            return True
+    return False
+
+
+def _out_dtype(torch, q):
+    """The torch dtype of out for queries q: q's, but bfloat16 for fp8
+    queries."""
+    return getattr(torch, QUANTIZED_OUT_DTYPE) if _quantized_query(torch, q) else q.dtype
+
+
 def _refuse_quantized():
     """Raises the error of a differentiable call with float8_e4m3fn K/V."""
     raise UnsupportedError(QUANTIZED_BACKWARD)
 
 
-# Both run as they are under torch.compile, outside the trace, as
+def _refuse_quantized_query():
+    """Raises the error of a differentiable call with float8_e4m3fn q."""
+    raise UnsupportedError(QUANTIZED_QUERY_BACKWARD)
+
+
+def _refuse_quantized_query_softcap():
+    """Raises the error of fp8 queries with a softcap."""
+    raise UnsupportedError(QUANTIZED_QUERY_SOFTCAP)
+
+
+def _refuse_quantized_query_dtypes(q_dtype, k_dtype, v_dtype, out_dtype):
+    """Raises the error of fp8 queries beside k, v or out of a dtype they
+    do not take (dtypes as torch spells them), as the eager call's
+    (_geometry._query_dtypes)."""
+    def name(dtype):
+        return str(dtype).replace("torch.", "")
+
+    q, k, v = name(q_dtype), name(k_dtype), name(v_dtype)
+    if k != v and q in (k, v):
+        raise InvalidArgumentError("k has dtype %s but v has %s: with %s queries both must be %s" % (k, v, q, q))
+    for which, dtype in (("k", k), ("v", v)):
+        if dtype != q:
+            raise UnsupportedError("%s has dtype %s but q has %s: fp8 queries take %s k and v only (fp8 prefill: q, "
+                                   "k and v all %s, each with its descale); for 16-bit K/V, pass float16 or bfloat16 "
+                                   "q" % (which, dtype, q, q, q))
+    raise UnsupportedError("out has dtype %s: %s queries give a %s result (as FlashAttention 3's fp8 forward); pass "
+                           "a %s out" % (name(out_dtype), q, QUANTIZED_OUT_DTYPE, QUANTIZED_OUT_DTYPE))
+
+
+# These run as they are under torch.compile, outside the trace, as
 # _refuse_paged does.
 _refuse_quantized._dynamo_marked_constant = True
+_refuse_quantized_query._dynamo_marked_constant = True
+_refuse_quantized_query_softcap._dynamo_marked_constant = True
+_refuse_quantized_query_dtypes._dynamo_marked_constant = True
 
 
 def _refuse_descale(value, name, where):
@@ -262,7 +316,9 @@ def operator_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, 
     lse, which its autograd formula needs, whether or not the caller
     does; detach=True (or FLASHCORE_DETACH=1) computes from the values of
     inputs that require grad, the result without a gradient path; a
-    differentiable call with a paged cache or float8_e4m3fn K/V is refused.
+    differentiable call with a paged cache, float8_e4m3fn K/V or
+    float8_e4m3fn queries is refused, as are what fp8 queries do not take
+    (16-bit K/V, softcap, an out= that is not bfloat16).
     out= and lse= are copied into (an operator that writes its arguments
     would need them functionalized anyway; out then has the gradient path).
     descales: (q_descale, k_descale, v_descale), torch tensors or None."""
@@ -292,11 +348,21 @@ def operator_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, 
             if x is not None and not is_torch(x):
                 raise TypeError("gradients are computed for torch tensors: %s is a %s (pass detach=True, or run under "
                                 "torch.no_grad(), to compute from the values alone)" % (name, type(x).__name__))
+        if _quantized_query(torch, q):
+            _refuse_quantized_query()
         if _quantized(torch, k) or _quantized(torch, v):
             _refuse_quantized()
     elif requires_grad(q, k, v):
         q, k, v = q.detach(), k.detach(), v.detach()
     causal, softmax_scale, num_splits, window, softcap = options
+    if _quantized_query(torch, q):
+        # What the eager call refuses of fp8 queries (_geometry._query_dtypes,
+        # check_quantized_options), refused here too: traced, out= would
+        # otherwise be copied into whatever its dtype.
+        if k.dtype != q.dtype or v.dtype != q.dtype or out is not None and out.dtype != _out_dtype(torch, q):
+            _refuse_quantized_query_dtypes(q.dtype, k.dtype, v.dtype, None if out is None else out.dtype)
+        if softcap:
+            _refuse_quantized_query_softcap()
     # The descales where given (a call without them is traced as before they existed).
     descale_arguments = () if descales[0] is None and descales[1] is None and descales[2] is None else descales
     result, result_lse = torch.ops.flashcore.forward(

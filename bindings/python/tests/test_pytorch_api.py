@@ -489,3 +489,30 @@ def test_one_plan_serves_every_path_with_fp8_kv_and_descales(torch, queued_as_on
         params.k_descale = params.v_descale = None
         templates.add(_without_addresses(params))
     assert len(templates) == 1
+
+
+def test_one_plan_serves_every_path_with_fp8_queries(torch, queued_as_on_a_gpu, fp8_queries_checked):
+    # fp8 queries (fp8 prefill): out is bfloat16, not q's dtype, on every
+    # path (the plan allocates it with torch.empty, never empty_like(q)).
+    from flashcore import _attention, _planning
+    if not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("this torch has no float8_e4m3fn")
+    q = torch.randn(2, 8, 16, 64).to(torch.float8_e4m3fn)
+    k, v = (torch.randn(2, 2, 32, 64).to(torch.float8_e4m3fn) for _ in range(2))
+    scales = [torch.rand(2, 2) for _ in range(4)]
+    outs = [flashcore.attention(q, k, v, causal=True, q_descale=q_descale) for q_descale in scales]
+    (plan,) = _planning._plans.values()
+    assert plan.dtype == torch.bfloat16 and not plan.out_like_q
+    assert all(out.dtype == torch.bfloat16 and out.shape == q.shape for out in outs)
+    compiled = "compiled" if _attention._fast else "launch_plain"
+    assert [path for path, _ in queued_as_on_a_gpu] == ["launch", "launch_plain", compiled, compiled]
+    templates = set()
+    for (_, params), q_descale, out in zip(queued_as_on_a_gpu, scales, outs):
+        assert (params.dtype, params.out_dtype, params.q_descale) == (4, 2, q_descale.data_ptr())
+        assert params.out == out.data_ptr()
+        params.q_descale = None
+        templates.add(_without_addresses(params))
+    assert len(templates) == 1
+    # A given bfloat16 out, on the same paths.
+    given = torch.empty(q.shape, dtype=torch.bfloat16)
+    assert all(flashcore.attention(q, k, v, causal=True, out=given) is given for _ in range(3))
