@@ -49,9 +49,25 @@ small enough. Backends that refuse a case (e.g. flash with Dv != D) are reported
 n/a with the reason. fc/peer is flashcore's speedup over the best of FA3, cuDNN
 and PyTorch's flash backend for that case.
 
+fp8 (e4m3) prefill, issue 36, opt-in: --backends flashcore-fp8,fa3-fp8 (the
+default with --preset fp8-prefill, whose cases are B16 H16 S2k, B4 H16 S8k and
+B2 H16 S16k at d64 and d128, and B8 H16 S4k at d256; bf16 by default). Both get
+the case's q, k and v cast to float8_e4m3fn with one float32 descale factor per
+tensor (amax / 448), cast once per buffer set before anything is timed and
+shared by the two: flashcore-fp8 calls flashcore.attention(q8, k8, v8,
+q_descale=, k_descale=, v_descale=) with one-element factors, fa3-fp8 FA3's
+flash_attn_func(q8, k8, v8, q_descale=, k_descale=, v_descale=) with them as
+[B, Hkv] float32 arrays; both give bf16 out. Same FLOPs as the 16-bit cases.
+They are never anyone's peer: the table adds fp8 fc/fa3 (flashcore-fp8's
+TFLOP/s over fa3-fp8's), whether that meets the target (>= 1.05: met or
+missed) and flashcore-fp8's max abs diff from the reference backend run on the
+dequantized e4m3 inputs (a sanity check; bench/fp8_error.py measures the error
+against float64).
+
 Run ``python3 bench/compare.py --help`` for the options. Exit status: 0 ok, 1 a
-flashcore output check failed or flashcore failed a case others ran, 2 no GPU,
-PyTorch or flashcore package, or a bad command line.
+flashcore output check failed or flashcore failed a case others ran
+(flashcore-fp8 included: a case fa3-fp8 ran, at issue 36's head dims 64, 128
+and 256), 2 no GPU, PyTorch or flashcore package, or a bad command line.
 """
 
 import argparse
@@ -130,6 +146,7 @@ PRESETS = [
     Preset("tput-2k-d256", 16, 16, 2048, 256, 256),
     Preset("tput-8k-d256", 4, 16, 8192, 256, 256),
     Preset("tput-4k-d256", 4, 16, 4096, 256, 256),  # issue 34's d256 backward target
+    Preset("tput-4k-b8-d256", 8, 16, 4096, 256, 256),  # issue 36's d256 fp8 prefill target
     Preset("tput-2k-d32", 16, 16, 2048, 32, 32),
     Preset("tput-8k-d32", 4, 16, 8192, 32, 32),
     # Issue 13's serving shapes, head_dim 128. Decode: one query row per sequence against a K/V cache of
@@ -154,7 +171,12 @@ PRESET_GROUPS = {  # --preset accepts these names too
     "serving": [p.name for p in PRESETS if p.kind != "prefill"],
     # Issue 34's backward targets (flashcore_bench has the same group); --backward's default.
     "backward-targets": ["tput-2k-d64", "tput-8k-d64", "tput-2k-d128", "tput-8k-d128", "tput-4k-d256"],
+    # Issue 36's fp8 (e4m3) prefill targets. Named in --preset, it also makes the fp8 backends (FP8_BACKENDS)
+    # the default --backends and bf16 the default --dtype.
+    "fp8-prefill": ["tput-2k-d64", "tput-8k-d64", "tput-16k-d64", "tput-2k-d128", "tput-8k-d128", "tput-16k-d128",
+                    "tput-4k-b8-d256"],
 }
+FP8_PRESET_GROUP = "fp8-prefill"
 # Cases with at most this many query rows count as decode (K/V bandwidth, FA3's KV-cache entry point).
 DECODE_MAX_SEQLEN_Q = 16
 
@@ -164,12 +186,32 @@ ALL_BACKENDS = ("flashcore", "fa3") + SDPA_BACKENDS
 # quantized KV cache), q and out in the case's dtype, one descale factor per tensor. Judged on its time
 # beside flashcore's on the 16-bit cache (fp8kv/16-bit in the notes) and its K/V bytes read per second.
 FP8_KV_BACKEND = "flashcore-fp8kv"
-FORWARD_BACKENDS = ALL_BACKENDS + (FP8_KV_BACKEND,)
+# Named only when asked for (--backends, or the fp8-prefill preset group's default): fp8 (e4m3) prefill, issue
+# 36. q, k and v are each cast to e4m3 with one descale factor per tensor (amax / 448), once per buffer set and
+# outside the timed calls, the cast shared by both backends; out is bf16. flashcore-fp8 is flashcore.attention
+# with q_descale/k_descale/v_descale (one element each), fa3-fp8 FlashAttention 3's e4m3 forward,
+# flash_attn_func with the same factors as [B, Hkv] float32 arrays (the shape FA3 checks). Same flops as the
+# 16-bit cases; judged by fp8 fc/fa3 = flashcore-fp8's TFLOP/s over fa3-fp8's (target FP8_TARGET).
+FP8_FC_BACKEND, FP8_FA3_BACKEND = FP8_BACKENDS = ("flashcore-fp8", "fa3-fp8")
+FORWARD_BACKENDS = ALL_BACKENDS + (FP8_KV_BACKEND,) + FP8_BACKENDS
+# Issue 36: flashcore's fp8 prefill at least this much faster than FlashAttention 3's.
+FP8_TARGET = 1.05
+# The head dims (D, Dv) issue 36 gives e4m3 queries kernels for. flashcore-fp8 failing a case with other head
+# dims is n/a in the table as any failure, but not "flashcore failed a case others ran" (exit status 1): the
+# library says UNSUPPORTED there by design.
+FP8_HEAD_DIMS = ((64, 64), (128, 128), (256, 256))
+# Backends that read e4m3 K/V: decode cases' TB/s count one byte per K/V element.
+ONE_BYTE_KV_BACKENDS = (FP8_KV_BACKEND,) + FP8_BACKENDS
 # e4m3's largest value: the per-tensor descale factor is amax / this.
 E4M3_MAX = 448.0
 # The fp8-KV output against the 16-bit inputs' reference: the quantization error (e4m3 keeps 3 mantissa
 # bits) comes on top of the kernel's own; loose, a sanity check.
 FP8_KV_TOLERANCE = 1e-1
+# The fp8 prefill backends' output against the reference backend's on the dequantized e4m3 inputs (q*q_descale,
+# ...; in the case's dtype), so the cast's own error is left out but P's in e4m3 (FA3 casts P for the P*V
+# product) is in: up to ~1/16 of a large v value in rows that see a few keys. Loose, a sanity check against gross
+# errors (a descale ignored, the wrong head); bench/fp8_error.py measures the error against float64.
+FP8_TOLERANCE = 2e-1
 # --backward: flashcore's backward in its default and its deterministic mode, beside the others'.
 BACKWARD_BACKENDS = ("flashcore", "flashcore-det", "fa3") + SDPA_BACKENDS
 # The backward pass's flops, by the convention of FlashAttention's benchmarks (and issue 34's anchors):
@@ -242,6 +284,12 @@ class Case:
         rows_kv = self.batch * self.num_heads_kv * self.seqlen_k
         return 2 * (rows_q + rows_kv) * (self.head_dim + self.head_dim_v)
 
+    def fp8_set_bytes(self):
+        """The e4m3 copies of q, k and v of one buffer set and a bf16 out, in bytes (what an fp8 call touches)."""
+        rows_q = self.batch * self.num_heads_q * self.seqlen_q
+        rows_kv = self.batch * self.num_heads_kv * self.seqlen_k
+        return rows_q * (self.head_dim + 2 * self.head_dim_v) + rows_kv * (self.head_dim + self.head_dim_v)
+
 
 def visible_pairs(sq, sk, causal):
     """Query/key pairs the mask lets through for one head (bottom-right causal)."""
@@ -273,8 +321,11 @@ def parse_args(argv):
     )
     sel = p.add_argument_group("cases (default: every preset, fp16 and bf16, causal and not)")
     sel.add_argument("--preset", action="append", metavar="NAME[,NAME]",
-                     help="presets to run (repeatable); also the groups " + ", ".join(PRESET_GROUPS))
-    sel.add_argument("--dtype", default="fp16,bf16", help="fp16, bf16 or both, comma separated")
+                     help="presets to run (repeatable); also the groups " + ", ".join(PRESET_GROUPS)
+                     + f" ({FP8_PRESET_GROUP}: issue 36's fp8 prefill targets; naming it makes "
+                     + ",".join(FP8_BACKENDS) + " the default --backends and bf16 the default --dtype)")
+    sel.add_argument("--dtype", help="fp16, bf16 or both, comma separated (default: both; bf16 with --preset "
+                     f"{FP8_PRESET_GROUP}); the fp8 backends cast these inputs to e4m3")
     sel.add_argument("--mask", default="both", choices=("none", "causal", "both"))
     sel.add_argument("--layout", default="bhsd", choices=("bhsd", "bshd"),
                      help="storage of the inputs; SDPA gets [B,H,S,D] views of the same memory")
@@ -293,8 +344,11 @@ def parse_args(argv):
     run = p.add_argument_group("timing")
     run.add_argument("--backends",
                      help="comma list from " + ", ".join(FORWARD_BACKENDS) + " (with --backward: from "
-                     + ", ".join(BACKWARD_BACKENDS) + ") (default: all; fa3 is left out, with the reason, when its "
-                     "wheel cannot be imported)")
+                     + ", ".join(BACKWARD_BACKENDS) + ") (default: " + ", ".join(ALL_BACKENDS) + "; with --preset "
+                     f"{FP8_PRESET_GROUP}: " + ", ".join(FP8_BACKENDS) + "; fa3 and fa3-fp8 are left out, with the "
+                     "reason, when its wheel cannot be imported). Opt-in: " + FP8_KV_BACKEND + " (K/V cast to e4m3), "
+                     + " and ".join(FP8_BACKENDS) + " (q, k and v cast to e4m3, per tensor, once per buffer set; "
+                     f"bf16 out; fp8 fc/fa3 = {FP8_FC_BACKEND} TFLOP/s / {FP8_FA3_BACKEND}'s, target >= {FP8_TARGET})")
     run.add_argument("--backward", action="store_true",
                      help="time the backward pass (dq, dk, dv from out, lse and dout) instead of the forward: each "
                      "backend's backward alone (flashcore: the operator flashcore::backward, default and "
@@ -302,8 +356,9 @@ def parse_args(argv):
                      f"{BACKWARD_FLOPS_PER_FORWARD_FLOP} x the forward's flops / time; default presets: "
                      "backward-targets")
     run.add_argument("--num-splits", type=num_splits_arg, metavar="N",
-                     help=f"flashcore only: split-KV parts (1 never split, 2..{MAX_NUM_SPLITS} forced, 0 the "
-                     "library's heuristic, which is also the default); passed as flashcore.attention(num_splits=N)")
+                     help="flashcore and flashcore-fp8 only: split-KV parts (1 never split, "
+                     f"2..{MAX_NUM_SPLITS} forced, 0 the library's heuristic, which is also the default); passed as "
+                     "flashcore.attention(num_splits=N)")
     run.add_argument("--budget-ms", type=float, default=200.0,
                      help="GPU time of the timed replays, per backend and case (default 200)")
     run.add_argument("--graph-calls", type=positive_int, default=20, help="calls per graph, at most (before rounding)")
@@ -328,9 +383,12 @@ def parse_args(argv):
                      "(repeatable)")
     args = p.parse_args(argv)
 
-    args.dtypes = split_choices(p, "--dtype", args.dtype, ("fp16", "bf16"))
+    fp8_group = FP8_PRESET_GROUP in [n for item in (args.preset or []) for n in item.split(",")]
+    fp8_defaults = fp8_group and not args.backward
+    args.dtypes = split_choices(p, "--dtype", args.dtype or ("bf16" if fp8_defaults else "fp16,bf16"),
+                                ("fp16", "bf16"))
     known = BACKWARD_BACKENDS if args.backward else FORWARD_BACKENDS
-    default = BACKWARD_BACKENDS if args.backward else ALL_BACKENDS
+    default = BACKWARD_BACKENDS if args.backward else FP8_BACKENDS if fp8_defaults else ALL_BACKENDS
     args.backend_list = split_choices(p, "--backends", args.backends or ",".join(default), known)
     if args.backward:
         for flag, given in (("--serving", args.serving), ("--extra", args.extra),
@@ -549,6 +607,69 @@ def flashcore_fp8_kv_backend(fc, c):
     return run
 
 
+def fp8_set(cache, c, q, k, v):
+    """The buffer set q, k, v cast to e4m3 for the fp8 prefill backends, each tensor with one descale factor
+    (quantize_e4m3), cast on first use and kept in cache (one dict per case, shared by those backends, so both
+    read the same e4m3 tensors and each set is cast once, before anything is timed). A namespace: q, k, v
+    (torch.float8_e4m3fn, the case's shapes and layout), q_descale, k_descale, v_descale (float32, one element
+    each) and descales_bh, the three factors as contiguous float32 [B, Hkv] arrays (the form FA3 checks)."""
+    key = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+    entry = cache.get(key)
+    if entry is None:
+        (q8, qd), (k8, kd), (v8, vd) = (quantize_e4m3(t) for t in (q, k, v))
+        per_head = tuple(d.expand(c.batch, c.num_heads_kv).contiguous() for d in (qd, kd, vd))
+        entry = cache[key] = argparse.Namespace(q=q8, k=k8, v=v8, q_descale=qd, k_descale=kd, v_descale=vd,
+                                                descales_bh=per_head)
+    return entry
+
+
+def dequantized(entry, dtype):
+    """(q, k, v) of an fp8_set entry as the values the kernels compute on, e4m3 * descale, in dtype."""
+    return tuple((t.float() * d).to(dtype) for t, d in ((entry.q, entry.q_descale), (entry.k, entry.k_descale),
+                                                         (entry.v, entry.v_descale)))
+
+
+def flashcore_fp8_backend(fc, c, cache=None, num_splits=None):
+    """fn(q, k, v): flashcore.attention on q, k and v cast to e4m3 (fp8_set: per tensor, once per buffer set,
+    outside the timed calls) with q_descale, k_descale and v_descale; bf16 out (issue 36's fp8 prefill)."""
+    cache = {} if cache is None else cache
+    kwargs = {} if num_splits is None else {"num_splits": num_splits}
+
+    def run(q, k, v):
+        e = fp8_set(cache, c, q, k, v)
+        return to_bhsd(fc.attention(e.q, e.k, e.v, causal=c.causal, layout=c.layout, q_descale=e.q_descale,
+                                    k_descale=e.k_descale, v_descale=e.v_descale, **kwargs), c.layout)
+    run.how = (f"flashcore.attention(layout={c.layout!r}, q_descale=, k_descale=, v_descale="
+               + (f", num_splits={num_splits}" if kwargs else "") + ") on q, k and v cast to torch.float8_e4m3fn "
+               "with one float32 descale factor per tensor (amax / 448, one-element tensors), cast once per buffer "
+               "set; bf16 out allocated by the binding" + ("; GQA: native" if c.num_heads_q != c.num_heads_kv else ""))
+    return run
+
+
+def fa3_fp8_backend(fa3, c, cache=None):
+    """fn(q, k, v) for FlashAttention 3's e4m3 forward: flash_attn_func on [B, S, H, D] views of q, k and v cast
+    to e4m3 (fp8_set, the same tensors flashcore-fp8 gets) with q_descale, k_descale, v_descale as float32
+    [B, Hkv] arrays; bf16 out, returned as [B, H, Sq, Dv]. flash_attn_func for decode-like cases too."""
+    if fa3 is None:
+        raise Unsupported(f"{FP8_FA3_BACKEND}: the fa3-fwd wheel is not importable")
+    cache = {} if cache is None else cache
+
+    def bshd(t):
+        return t if c.layout == "bshd" else t.transpose(1, 2)
+
+    def run(q, k, v):
+        e = fp8_set(cache, c, q, k, v)
+        q_descale, k_descale, v_descale = e.descales_bh
+        out = fa3.flash_attn_func(bshd(e.q), bshd(e.k), bshd(e.v), causal=c.causal, q_descale=q_descale,
+                                  k_descale=k_descale, v_descale=v_descale)
+        return first_output(out).transpose(1, 2)
+    run.how = (f"flash_attn_func(causal={c.causal}, q_descale=, k_descale=, v_descale=) on [B,S,H,D] views of the "
+               "e4m3 q, k and v flashcore-fp8 gets, the descale factors as contiguous float32 [B, Hkv] arrays "
+               "(each the tensor's one factor); FA3's default, no split"
+               + ("; GQA: native (K/V with their Hkv heads)" if c.num_heads_q != c.num_heads_kv else ""))
+    return run
+
+
 def import_fa3():
     """FlashAttention 3's entry points from the fa3-fwd wheel: a namespace, or raises (ImportError mostly)."""
     import fa3_fwd_config, sys; sys.modules["flash_attn_config"] = fa3_fwd_config  # noqa: E401,E702
@@ -665,16 +786,17 @@ def measure(call, nsets, budget_ms, max_graph_calls):
     return statistics.median(per_call_us), calls, replays
 
 
-def buffer_sets(c, args, set_factor=1):
-    """Buffer sets to rotate over: enough to exceed twice the L2, as many as
-    half the free memory holds (a set: c.set_bytes() times set_factor)."""
+def buffer_sets(c, args, set_factor=1, read_bytes=None):
+    """Buffer sets to rotate over: enough to exceed twice the L2 (each call
+    touching read_bytes of its set, by default all of it), as many as half
+    the free memory holds (a set: c.set_bytes() times set_factor)."""
     if args.buffers:
         return args.buffers
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     l2 = getattr(props, "L2_cache_size", 0) or 60 * 10**6
     free, _ = torch.cuda.mem_get_info()
     set_bytes = set_factor * c.set_bytes()
-    want = math.ceil(2 * l2 / set_bytes)
+    want = math.ceil(2 * l2 / (read_bytes or set_bytes))
     fit = int(0.5 * free // set_bytes)
     return max(1, min(want, fit, 64))
 
@@ -717,7 +839,10 @@ def dispatch_reason(caught):
 
 def run_case(c, backends, fc, args, fa3=None):
     """Time every backend on one case; a dict ready for JSON."""
-    nsets = buffer_sets(c, args)
+    fp8 = [n for n in backends if n in FP8_BACKENDS]
+    # With fp8 backends, each set also has e4m3 copies of q, k and v (at most half its bytes), and an fp8 call
+    # touches fewer bytes than a 16-bit one: enough sets that the fp8 calls also exceed twice the L2.
+    nsets = buffer_sets(c, args, 1.5, c.fp8_set_bytes()) if fp8 else buffer_sets(c, args)
     inputs = make_inputs(c, nsets, args.seed)
     result = dataclasses.asdict(c)
     result.update(flops=attention_flops(c), decode=c.decode, kv_bytes=c.kv_bytes(), buffer_sets=nsets, backends={},
@@ -736,6 +861,25 @@ def run_case(c, backends, fc, args, fa3=None):
             reference = reference_fp32(c, *inputs[0])
             result["reference"] = "fp32"
 
+    # The fp8 backends' e4m3 inputs: every set cast once, here, outside the timed calls; their outputs are checked
+    # against the reference backend's on the dequantized e4m3 values of set 0 (the cast's own error left out).
+    fp8_cache, fp8_reference = {}, None
+    if fp8:
+        result["fp8_reference"] = None
+        for q, k, v in inputs:
+            fp8_set(fp8_cache, c, q, k, v)
+        if result["reference"] is not None:
+            dq_inputs = [dequantized(fp8_set(fp8_cache, c, *inputs[0]), c.torch_dtype)]
+            try:
+                if result["reference"] == "fp32":
+                    fp8_reference = reference_fp32(c, *dq_inputs[0])
+                else:
+                    fp8_reference = probe(sdpa_backend(result["reference"], c), dq_inputs).float()
+                result["fp8_reference"] = f"{result['reference']} on the dequantized e4m3 inputs"
+            except Unsupported:
+                pass
+            del dq_inputs
+
     for name in backends:
         entry = {"us": None, "tflops": None, "tbps": None, "max_abs_diff": None, "check_ok": None, "error": None,
                  "not_applicable": False, "how": None}
@@ -752,6 +896,12 @@ def run_case(c, backends, fc, args, fa3=None):
                 probe(fn, inputs[:1])  # quantizes set 0 outside the timed calls
                 for i in range(1, nsets):
                     fn(*inputs[i])
+            elif name == FP8_FC_BACKEND:
+                if fc is None:
+                    raise Unsupported("flashcore package not loaded")
+                fn = flashcore_fp8_backend(fc, c, fp8_cache, getattr(args, "fc_num_splits", None))
+            elif name == FP8_FA3_BACKEND:
+                fn = fa3_fp8_backend(fa3, c, fp8_cache)
             elif name == "fa3":
                 fn = fa3_backend(fa3, c)
             elif name in SDPA_BACKENDS:
@@ -760,9 +910,13 @@ def run_case(c, backends, fc, args, fa3=None):
                 fn = extra_backend(dict(args.extras)[name], c)
             entry["how"] = getattr(fn, "how", None)
             out = probe(fn, inputs)
-            if reference is not None:
-                entry["max_abs_diff"] = (out.float() - reference).abs().max().item()
-                tolerance = FP8_KV_TOLERANCE if name == FP8_KV_BACKEND else TOLERANCE[c.dtype]
+            if name in FP8_BACKENDS and out.dtype != torch.bfloat16:
+                raise Unsupported(f"{name}: output of dtype {out.dtype}; e4m3 queries give bf16 out (issue 36)")
+            expected = fp8_reference if name in FP8_BACKENDS else reference
+            if expected is not None:
+                entry["max_abs_diff"] = (out.float() - expected).abs().max().item()
+                tolerance = (FP8_TOLERANCE if name in FP8_BACKENDS else FP8_KV_TOLERANCE if name == FP8_KV_BACKEND
+                             else TOLERANCE[c.dtype])
                 entry["check_ok"] = bool(entry["max_abs_diff"] <= tolerance)  # False for NaN too
             del out
             with warnings.catch_warnings():
@@ -771,13 +925,13 @@ def run_case(c, backends, fc, args, fa3=None):
                                              args.graph_calls)
             entry.update(us=us, tflops=result["flops"] / (us * 1e6), calls_per_graph=calls, replays=replays)
             if c.decode:
-                kv_bytes = result["kv_bytes"] // 2 if name == FP8_KV_BACKEND else result["kv_bytes"]  # 1-byte K/V
+                kv_bytes = result["kv_bytes"] // 2 if name in ONE_BYTE_KV_BACKENDS else result["kv_bytes"]  # e4m3
                 entry["tbps"] = kv_bytes / (us * 1e6)  # bytes / (us * 1e-6 s) / 1e12
         except Exception as e:  # one backend failing must not stop the others
             entry["error"] = str(e) if isinstance(e, Unsupported) else short_error(e)
             entry["not_applicable"] = isinstance(e, NotApplicable)
             torch.cuda.synchronize()
-    del inputs, reference
+    del inputs, reference, fp8_cache, fp8_reference
     torch.cuda.empty_cache()
     summarize(result)
     return result
@@ -951,6 +1105,11 @@ def summarize(result):
     fp8_tflops = others.pop(FP8_KV_BACKEND, None)  # nor flashcore on a quantized cache
     # Time on the e4m3 cache over time on the 16-bit one (issue 36: at most 0.55 for decode).
     result["fp8kv_time_ratio"] = fc_tflops / fp8_tflops if fc_tflops and fp8_tflops else None
+    # The fp8 prefill backends are judged against each other only (issue 36), never as the 16-bit ones' peers.
+    fc8, fa8 = (others.pop(n, None) for n in FP8_BACKENDS)
+    if any(n in result["backends"] for n in FP8_BACKENDS):
+        result["fp8_ratio"] = fc8 / fa8 if fc8 and fa8 else None
+        result["fp8_target_met"] = None if result["fp8_ratio"] is None else bool(result["fp8_ratio"] >= FP8_TARGET)
     result["ratio_to_flash"] = fc_tflops / others["flash"] if fc_tflops and others.get("flash") else None
     peers = {n: t for n, t in others.items() if n in PEERS}
     result["best_other"] = max(others, key=others.get) if others else None
@@ -974,7 +1133,9 @@ def fmt_cell(entry, width, decode):
     return f"{entry['us']:9.1f} {rate}".rjust(width)
 
 
-def print_header(backends, label_width, cell, decode=False, backward=False):
+def print_header(backends, label_width, cell, decode=False, backward=False, fp8=False):
+    """The table's two header lines; fp8 adds the fp8 prefill columns (fp8 fc/fa3, target, fc8 diff) after
+    fc/peer."""
     names = " | ".join(n.center(cell) for n in backends)
     unit = "us      TB/s" if decode else "us   TFLOP/s"
     units = " | ".join(unit.rjust(cell) for _ in backends)
@@ -983,11 +1144,25 @@ def print_header(backends, label_width, cell, decode=False, backward=False):
               f"{'reldiff':>9} | ref")
         print(f"{'':<{label_width}} | {units} | {'':>8} | {'(best peer)':>12} | {'':>8} | {'vs ref':>9} |")
         return
-    print(f"{'case':<{label_width}} | {names} | {'fc/best':>8} | {'fc/peer':>12} | {'maxdiff':>9} | ref")
-    print(f"{'':<{label_width}} | {units} | {'':>8} | {'(best peer)':>12} | {'vs ref':>9} |")
+    fp8_names = f"{'fp8 fc/fa3':>10} | {'target':>6} | {'fc8 diff':>9} | " if fp8 else ""
+    fp8_units = f"{'':>10} | {f'>={FP8_TARGET:g}':>6} | {'vs ref':>9} | " if fp8 else ""
+    print(f"{'case':<{label_width}} | {names} | {'fc/best':>8} | {'fc/peer':>12} | {fp8_names}{'maxdiff':>9} | ref")
+    print(f"{'':<{label_width}} | {units} | {'':>8} | {'(best peer)':>12} | {fp8_units}{'vs ref':>9} |")
 
 
-def print_row(r, backends, label_width, cell, backward=False):
+def fp8_cells(r):
+    """The fp8 prefill columns of a row: flashcore-fp8's TFLOP/s over fa3-fp8's, whether that meets FP8_TARGET,
+    flashcore-fp8's max abs diff from the reference on the dequantized inputs ('!' beyond FP8_TOLERANCE)."""
+    ratio = r.get("fp8_ratio")
+    met = r.get("fp8_target_met")
+    entry = r["backends"].get(FP8_FC_BACKEND, {})
+    diff = entry.get("max_abs_diff")
+    check = "n/a" if diff is None else f"{diff:.2e}" + ("" if entry.get("check_ok") else " !")
+    return (f"{f'{ratio:.3f}x' if ratio else 'n/a':>10} | {'n/a' if met is None else 'met' if met else 'missed':>6} | "
+            f"{check:>9} | ")
+
+
+def print_row(r, backends, label_width, cell, backward=False, fp8=False):
     cells = " | ".join(fmt_cell(r["backends"][n], cell, r["decode"]) for n in backends)
     first = r["ratio_to_flash"] if backward else r["ratio_to_best"]
     ratio = f"{first:.2f}x" if first else "n/a"
@@ -998,7 +1173,8 @@ def print_row(r, backends, label_width, cell, backward=False):
     if backward:
         cost = r.get("deterministic_cost")
         det = (f"{100 * cost:+7.1f}%" if cost is not None else "n/a".rjust(8)) + " | "
-    print(f"{r['label']:<{label_width}} | {cells} | {ratio:>8} | {peer:>12} | {det}{check:>9} | "
+    fp8_part = fp8_cells(r) if fp8 else ""
+    print(f"{r['label']:<{label_width}} | {cells} | {ratio:>8} | {peer:>12} | {det}{fp8_part}{check:>9} | "
           f"{r['reference'] or '-'}", flush=True)
 
 
@@ -1019,6 +1195,15 @@ def print_notes(results, backends, backward=False):
             e = r["backends"][FP8_KV_BACKEND]
             rate = f", {e['tbps']:.2f} TB/s of e4m3 K/V" if e.get("tbps") else ""
             print(f"  fp8kv/16-bit time {r['fp8kv_time_ratio']:.3f}{rate}: {r['label']}")
+    fp8_rows = [r for r in results if "fp8_ratio" in r]
+    if fp8_rows:
+        judged = [r for r in fp8_rows if r["fp8_ratio"] is not None]
+        met = [r for r in judged if r["fp8_target_met"]]
+        worst = min(judged, key=lambda r: r["fp8_ratio"]) if judged else None
+        print(f"  fp8 prefill target ({FP8_FC_BACKEND} TFLOP/s / {FP8_FA3_BACKEND}'s >= {FP8_TARGET}): met in "
+              f"{len(met)} of {len(judged)} case(s) with both"
+              + (f"; lowest {worst['fp8_ratio']:.3f}x: {worst['label']}" if worst else "")
+              + (f"; {len(fp8_rows) - len(judged)} case(s) without both" if len(judged) < len(fp8_rows) else ""))
     for r in results:
         for n in backends:
             e = r["backends"][n]
@@ -1027,6 +1212,9 @@ def print_notes(results, backends, backward=False):
             if backward:
                 print(f"  !    {n}: gradients differ from the {r['reference']} reference's by {e['max_rel_diff']:.2e} "
                       f"of their largest value (tolerance {BACKWARD_TOLERANCE[r['dtype']]:.0e}): {r['label']}")
+            elif n in FP8_BACKENDS:
+                print(f"  !    {n}: output differs from the {r['reference']} reference on the dequantized e4m3 "
+                      f"inputs by {e['max_abs_diff']:.2e} (tolerance {FP8_TOLERANCE:.0e}): {r['label']}")
             else:
                 tolerance = FP8_KV_TOLERANCE if n == FP8_KV_BACKEND else TOLERANCE[r["dtype"]]
                 print(f"  !    {n}: output differs from the {r['reference']} reference by {e['max_abs_diff']:.2e} "
@@ -1110,15 +1298,25 @@ def fa3_entry_point(c):
     return "flash_attn_with_kvcache" if c.decode else "flash_attn_func"
 
 
-def list_cases(cases, backward=False):
-    """--list: the selected cases, without a GPU (with --backward, the backward pass's GFLOP)."""
+def fp8_entry_points(c):
+    """Which fp8 prefill backends are expected to run a case (for --list)."""
+    if (c.head_dim, c.head_dim_v) in FP8_HEAD_DIMS:
+        return ", ".join(FP8_BACKENDS)
+    return f"{FP8_FA3_BACKEND} ({FP8_FC_BACKEND}: head dims " + ", ".join(str(d) for d, _ in FP8_HEAD_DIMS) + " only)"
+
+
+def list_cases(cases, backward=False, fp8=False):
+    """--list: the selected cases, without a GPU (with --backward, the backward pass's GFLOP; with fp8, what the
+    fp8 prefill backends run)."""
     width = max(len(c.label) for c in cases)
-    print(f"{'case':<{width}} | {'kind':<7} | decode | {'K/V MiB':>9} | {'GFLOP':>10} | fa3")
+    print(f"{'case':<{width}} | {'kind':<7} | decode | {'K/V MiB':>9} | {'GFLOP':>10} | fa3"
+          + (" | fp8" if fp8 else ""))
     for c in cases:
         flops = backward_flops(c) if backward else attention_flops(c)
         fa3 = "n/a (fa3-fwd: forward only)" if backward else fa3_entry_point(c)
         print(f"{c.label:<{width}} | {c.kind:<7} | {'yes' if c.decode and not backward else 'no':<6} | "
-              f"{c.kv_bytes() / 2**20:9.1f} | {flops / 1e9:10.2f} | {fa3}")
+              f"{c.kv_bytes() / 2**20:9.1f} | {flops / 1e9:10.2f} | {fa3}"
+              + (f" | {fp8_entry_points(c)}" if fp8 else ""))
     print(f"{len(cases)} case(s)" + (", backward pass" if backward else ""))
 
 
@@ -1139,7 +1337,10 @@ def main(argv=None):
     cases = build_cases(args)
     if args.list:
         if cases:
-            list_cases(cases, args.backward)
+            fp8 = not args.backward and any(n in args.backend_list for n in FP8_BACKENDS)
+            list_cases(cases, args.backward, fp8)
+            if fp8:
+                print("backends: " + ", ".join(args.backend_list) + f"; fp8 fc/fa3 target >= {FP8_TARGET}")
         for kind in args.serving_kinds:
             print(f"serving comparison: {kind} (bench/serving_cases.py)")
         return 0
@@ -1147,7 +1348,7 @@ def main(argv=None):
         return 2
 
     fc = None
-    if "flashcore" in args.backend_list or "flashcore-det" in args.backend_list:
+    if any(n.startswith("flashcore") for n in args.backend_list):  # flashcore, -det, -fp8kv, -fp8
         try:
             fc = import_flashcore(args.library)
         except Exception as e:
@@ -1171,14 +1372,16 @@ def main(argv=None):
 
     fa3 = None
     backend_list = list(args.backend_list)
-    if "fa3" in backend_list:
+    fa3_names = [n for n in backend_list if n in ("fa3", FP8_FA3_BACKEND)]
+    if fa3_names:
         try:
             fa3 = import_fa3()
         except Exception as e:  # optional: shown once, then left out of the table
-            print(f"compare.py: fa3 skipped: cannot import FlashAttention 3 from the {FA3_DISTRIBUTION} wheel "
-                  f"({short_error(e)}); install it with python3 -m pip install --no-deps .deps/wheels/*.whl",
-                  file=sys.stderr)
-            backend_list.remove("fa3")
+            print(f"compare.py: {' and '.join(fa3_names)} skipped: cannot import FlashAttention 3 from the "
+                  f"{FA3_DISTRIBUTION} wheel ({short_error(e)}); install it with python3 -m pip install --no-deps "
+                  ".deps/wheels/*.whl", file=sys.stderr)
+            for n in fa3_names:
+                backend_list.remove(n)
     backends = backend_list + [name for name, _ in args.extras]
     if not backends:
         print("compare.py: no backend left to run", file=sys.stderr)
@@ -1205,9 +1408,16 @@ def main(argv=None):
               "show TB/s = K/V bytes read (B*Hkv*Sk*(D+Dv)*2) per second instead; fc/best = flashcore TFLOP/s / "
               "best other backend's, fc/peer = the same over the best of " + ", ".join(PEERS) + " (>1: flashcore "
               "faster); maxdiff: flashcore's output against the ref(erence) backend's")
-
+        if any(n in args.backend_list for n in FP8_BACKENDS):
+            print(f"fp8 prefill: {' and '.join(FP8_BACKENDS)} get the case's q, k and v cast to e4m3 (one descale "
+                  "factor per tensor, amax / 448; cast once per buffer set, not timed), bf16 out, same flops; fp8 "
+                  f"fc/fa3 = {FP8_FC_BACKEND} TFLOP/s / {FP8_FA3_BACKEND}'s, target >= {FP8_TARGET} (met or missed); "
+                  f"fc8 diff: {FP8_FC_BACKEND}'s output against the ref(erence) backend's on the dequantized e4m3 "
+                  f"inputs ('!' beyond {FP8_TOLERANCE:g}, a sanity check; bench/fp8_error.py measures the error)")
     label_width = max([len(c.label) for c in cases] or [0])
     cell = 16
+    # The fp8 prefill columns: whenever an fp8 prefill backend was asked for (n/a where one could not run).
+    fp8 = not args.backward and any(n in args.backend_list for n in FP8_BACKENDS)
     results = []
     for i, c in enumerate(cases):
         if args.backward:
@@ -1218,11 +1428,11 @@ def main(argv=None):
             if i == 0 or c.decode != cases[i - 1].decode:
                 if i:
                     print()
-                print_header(backends, label_width, cell, c.decode)
+                print_header(backends, label_width, cell, c.decode, fp8=fp8)
             r = run_case(c, backends, fc, args, fa3)
         r["label"] = c.label
         results.append(r)
-        print_row(r, backends, label_width, cell, args.backward)
+        print_row(r, backends, label_width, cell, args.backward, fp8)
     print_notes(results, backends, args.backward)
     serving = []
     if args.serving_kinds:
@@ -1239,7 +1449,17 @@ def main(argv=None):
                             "num_splits_passed": args.fc_num_splits, "peers": list(PEERS),
                             "flops": "2*B*Hq*(D+Dv)*visible_pairs (4*B*Hq*D*visible_pairs when Dv == D); causal: "
                                      "bottom-right mask, S(S+1)/2 pairs if Sq == Sk",
-                            "tbps": "decode cases: B*Hkv*Sk*(D+Dv)*2 bytes of K/V / time, in 1e12 bytes/s"},
+                            "tbps": "decode cases: B*Hkv*Sk*(D+Dv)*2 bytes of K/V / time, in 1e12 bytes/s (half "
+                                    "that for the e4m3 K/V of " + ", ".join(ONE_BYTE_KV_BACKENDS) + ")",
+                            "fp8": {"backends": list(FP8_BACKENDS), "target": FP8_TARGET,
+                                    "ratio": f"fp8_ratio = {FP8_FC_BACKEND} TFLOP/s / {FP8_FA3_BACKEND}'s; "
+                                             "fp8_target_met = fp8_ratio >= target",
+                                    "quantization": "q, k and v each cast to float8_e4m3fn with one float32 descale "
+                                                    "factor per tensor (amax / 448), once per buffer set, untimed; "
+                                                    "bf16 out",
+                                    "tolerance": FP8_TOLERANCE,
+                                    "check": "max abs diff against the reference backend on the dequantized e4m3 "
+                                             "inputs of buffer set 0"}},
                "results": results, "serving": serving}
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"JSON written to {args.json}")
@@ -1247,10 +1467,18 @@ def main(argv=None):
         what = "backward pass" if args.backward else "forward"
         write_plot(results, backends, args.plot, f"{env['device']}: flashcore vs FA3 and PyTorch SDPA backends, {what}")
 
-    ours = [n for n in ("flashcore", "flashcore-det") if n in backends]
+    ours = [n for n in ("flashcore", "flashcore-det", FP8_FC_BACKEND) if n in backends]
     bad_check = [f"{r['label']} ({n})" for r in results for n in ours if r["backends"][n]["check_ok"] is False]
+
+    def others_ran(r, n):
+        """Whether n failing case r is flashcore failing a case others ran: for flashcore-fp8, fa3-fp8 ran
+        and the head dims are issue 36's (others are UNSUPPORTED by design)."""
+        if n != FP8_FC_BACKEND:
+            return bool(r["best_other"])
+        return (bool(r["backends"].get(FP8_FA3_BACKEND, {}).get("tflops"))
+                and (r["head_dim"], r["head_dim_v"]) in FP8_HEAD_DIMS)
     fc_failed = [f"{r['label']} ({n})" for r in results for n in ours
-                 if r["backends"][n]["error"] and r["best_other"]]
+                 if r["backends"][n]["error"] and others_ran(r, n)]
     for label in bad_check:
         print(f"compare.py: flashcore output differs from the reference beyond tolerance: {label}", file=sys.stderr)
     for label in fc_failed:

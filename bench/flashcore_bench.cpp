@@ -295,6 +295,7 @@ const Preset kPresets[] = {
     {"tput-2k-d256", 16, 16, 2048, 256, 256, "throughput (Gemma-style head dim)"},
     {"tput-8k-d256", 4, 16, 8192, 256, 256, "throughput (Gemma-style head dim)"},
     {"tput-4k-d256", 4, 16, 4096, 256, 256, "throughput (Gemma-style head dim; issue 34's d256 backward target)"},
+    {"tput-4k-b8-d256", 8, 16, 4096, 256, 256, "throughput (Gemma-style head dim; issue 36's d256 fp8 prefill target)"},
     {"tput-2k-d32", 16, 16, 2048, 32, 32, "throughput (small head dim)"},
     {"tput-8k-d32", 4, 16, 8192, 32, 32, "throughput (small head dim)"},
 };
