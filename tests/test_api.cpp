@@ -132,10 +132,11 @@ bool covered(const std::vector<HeadDimPair> &pairs, int32_t head_dim, int32_t he
 // head_dim, head_dim_v, tile).
 struct KernelLine {
     const char *path;
+    const char *input;  // the DType enumerator: kFp16, kBf16, kE4m3
     int32_t head_dim, head_dim_v;
 };
 #define FLASHCORE_KERNEL(path, input, kv, output, head_dim, head_dim_v, tile) \
-    KernelLine{#path, head_dim, head_dim_v},
+    KernelLine{#path, #input, head_dim, head_dim_v},
 
 std::vector<HeadDimPair> sm80_head_dims(std::initializer_list<KernelLine> lines) {
     std::set<HeadDimPair> pairs;
@@ -155,6 +156,19 @@ std::vector<HeadDimPair> generated_bwd_head_dims() {
     return sm80_head_dims({
 #include "bwd_kernels.inc"
     });
+}
+
+// The head dims of the forward kernels on e4m3 queries (fp8 prefill: sm90
+// lines only), sorted; empty in a build without the sm_90a kernels.
+std::vector<HeadDimPair> generated_fp8_head_dims() {
+    const std::initializer_list<KernelLine> lines = {
+#include "fwd_kernels.inc"
+    };
+    std::set<HeadDimPair> pairs;
+    for (const KernelLine &line : lines) {
+        if (std::string(line.input) == "kE4m3") pairs.emplace(line.head_dim, line.head_dim_v);
+    }
+    return {pairs.begin(), pairs.end()};
 }
 #undef FLASHCORE_KERNEL
 #endif
@@ -2452,10 +2466,7 @@ TEST(QuantizedKv, E4m3CacheUnderBothQueryTypesIsAccepted) {
 }
 
 TEST(QuantizedKv, UnsupportedDtypeCombinationsAreNamed) {
-    flashcore_forward_params p = valid_fp8_kv_params();
-    p.dtype = FLASHCORE_DTYPE_FP8_E4M3;
-    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED, "fp8 queries are not supported yet"));
-    p = valid_params();
+    flashcore_forward_params p = valid_params();
     p.kv_dtype = FLASHCORE_DTYPE_BF16;  // under fp16 queries
     EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED, "kv_dtype 2 is not supported with dtype 1"));
     for (int32_t kv : {-1, 3, 5, 99}) {
@@ -2491,7 +2502,7 @@ TEST(QuantizedKv, HeadDimsAndStridesAreWholeVectorsOfOneByteElements) {
 TEST(QuantizedKv, DescaleFactorsAreChecked) {
     flashcore_forward_params p = valid_fp8_kv_params();
     p.q_descale = static_cast<const float *>(fake_tensor(7));
-    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED, "q_descale is for fp8 queries"));
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_INVALID_ARGUMENT, "q_descale is set but q is not quantized (dtype 1)"));
     p = valid_fp8_kv_params();
     p.k_descale_head_stride = -1;
     EXPECT_TRUE(refused_naming(p, "k_descale_batch_stride (2) and k_descale_head_stride (-1) must be >= 0"));
@@ -2524,4 +2535,245 @@ TEST(QuantizedKv, OutputsMayNotOverlapTheDescaleFactors) {
     EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_INVALID_ARGUMENT, "k_descale"));
     p.k_descale = p.lse - 4;  // ends where lse begins
     EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+}
+
+// ---------------------------------------------------------------------------
+// fp8 queries (fp8 prefill): dtype FLASHCORE_DTYPE_FP8_E4M3, q, k and v e4m3
+// with descale factors, out bf16; run by the sm_90a kernels only.
+// ---------------------------------------------------------------------------
+
+namespace {
+
+// valid_params with fp8 queries: q, k and v of one-byte elements (the same
+// element strides, multiples of 16), kv_dtype and out_dtype left 0 (e4m3
+// and bf16), descale factors per (batch, K/V head) for all three.
+flashcore_forward_params valid_fp8_q_params() {
+    flashcore_forward_params p = valid_fp8_kv_params();
+    p.dtype = FLASHCORE_DTYPE_FP8_E4M3;
+    p.kv_dtype = 0;
+    p.q_descale = static_cast<const float *>(fake_tensor(7));
+    p.q_descale_batch_stride = p.num_heads_kv;
+    p.q_descale_head_stride = 1;
+    return p;
+}
+
+// The fp8 kernels' head dims in this build (generated_fp8_head_dims), or
+// false where the test cannot read the generated kernel list.
+bool fp8_head_dims_of_build(std::vector<HeadDimPair> *pairs) {
+#ifdef FLASHCORE_TEST_HAS_KERNEL_LIST
+    *pairs = generated_fp8_head_dims();
+    return true;
+#else
+    (void)pairs;
+    return false;
+#endif
+}
+
+// Skips the calling test unless this build has the fp8 prefill kernels
+// (elsewhere every fp8 query is refused first for their absence:
+// Fp8Queries.RefusedWithoutTheSm90aKernels); *pairs gets their head dims.
+#define SKIP_UNLESS_FP8_KERNELS_BUILT(pairs)                                                                   \
+    if (!fp8_head_dims_of_build(&(pairs))) GTEST_SKIP() << "the generated kernel list is not on the include path"; \
+    if ((pairs).empty())                                                                                       \
+    GTEST_SKIP() << "this build has no sm_90a kernels (CMAKE_CUDA_ARCHITECTURES without 90); every fp8 query is " \
+                    "refused for that first (Fp8Queries.RefusedWithoutTheSm90aKernels)"
+
+}  // namespace
+
+// The pairs the sm_90a fp8 kernels are built for (kernels/kernels.list):
+// (64, 64), (128, 128), (256, 256), those of them that FLASHCORE_HEAD_DIMS
+// selects.
+TEST(Fp8Queries, KernelsAreThoseOfTheList) {
+    std::vector<HeadDimPair> pairs;
+    SKIP_UNLESS_FP8_KERNELS_BUILT(pairs);
+    for (const HeadDimPair &pair : pairs) {
+        EXPECT_TRUE(pair == HeadDimPair(64, 64) || pair == HeadDimPair(128, 128) || pair == HeadDimPair(256, 256))
+            << "(" << pair.first << ", " << pair.second << ")";
+    }
+}
+
+// A build without the sm_90a kernels (CPU-only or sm_80 builds) refuses
+// every fp8 query as UNSUPPORTED, naming the kernels and how to get them;
+// kv_dtype and out_dtype named as the defaults change nothing.
+TEST(Fp8Queries, RefusedWithoutTheSm90aKernels) {
+    std::vector<HeadDimPair> pairs;
+    if (fp8_head_dims_of_build(&pairs) && !pairs.empty()) {
+        GTEST_SKIP() << "this build has the sm_90a fp8 kernels (" << pairs_text(pairs)
+                     << "): Fp8Queries.AcceptedWithTheSm90aKernels covers it";
+    }
+    flashcore_forward_params p = valid_fp8_q_params();
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED, "run on the sm_90a kernels"));
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED, "built without them"));
+    p.kv_dtype = FLASHCORE_DTYPE_FP8_E4M3;
+    p.out_dtype = FLASHCORE_DTYPE_BF16;
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED, "sm_90a"));
+    p.q_descale = p.k_descale = p.v_descale = nullptr;
+    p.q_descale_batch_stride = p.q_descale_head_stride = 0;
+    p.k_descale_batch_stride = p.k_descale_head_stride = 0;
+    p.v_descale_batch_stride = p.v_descale_head_stride = 0;
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED, "sm_90a"));
+}
+
+// With the sm_90a kernels: descale factors per (batch, K/V head) either way
+// round, per tensor, or none; kv_dtype and out_dtype 0 or named as e4m3 and
+// bf16; causal, a window, split-KV, GQA.
+TEST(Fp8Queries, AcceptedWithTheSm90aKernels) {
+    std::vector<HeadDimPair> pairs;
+    SKIP_UNLESS_FP8_KERNELS_BUILT(pairs);
+    SKIP_UNLESS_BUILT_FOR(64, 64);
+    flashcore_forward_params p = valid_fp8_q_params();
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    p.q_descale_batch_stride = 1;
+    p.q_descale_head_stride = p.batch_size;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    p.q_descale_batch_stride = p.q_descale_head_stride = 0;
+    p.k_descale = nullptr;
+    p.k_descale_batch_stride = p.k_descale_head_stride = 0;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    p.kv_dtype = FLASHCORE_DTYPE_FP8_E4M3;
+    p.out_dtype = FLASHCORE_DTYPE_BF16;
+    p.causal = 1;
+    p.use_window = 1;
+    p.window_left = 64;
+    p.window_right = 0;
+    p.num_splits = 3;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+}
+
+// What fp8 queries cannot have, refused (before the build's kernels are
+// looked at, so in every build) as UNSUPPORTED naming the field: 16-bit K/V,
+// an out other than bf16, a softcap.
+TEST(Fp8Queries, UnsupportedCombinationsAreNamed) {
+    for (int32_t kv : {int32_t(FLASHCORE_DTYPE_FP16), int32_t(FLASHCORE_DTYPE_BF16), int32_t(FLASHCORE_DTYPE_FP32), 99}) {
+        flashcore_forward_params p = valid_fp8_q_params();
+        p.kv_dtype = kv;
+        EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED,
+                                 "kv_dtype " + std::to_string(kv) + " is not supported with fp8 queries"));
+    }
+    for (int32_t out : {int32_t(FLASHCORE_DTYPE_FP16), int32_t(FLASHCORE_DTYPE_FP8_E4M3), int32_t(FLASHCORE_DTYPE_FP32),
+                        -1}) {
+        flashcore_forward_params p = valid_fp8_q_params();
+        p.out_dtype = out;
+        EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED,
+                                 "out_dtype " + std::to_string(out) + " is not supported with fp8 queries"));
+        EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED, "out is bf16"));
+    }
+    flashcore_forward_params p = valid_fp8_q_params();
+    p.softcap = 30.f;
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED, "softcap (30) is not supported with fp8 queries"));
+}
+
+// q_descale is for fp8 queries: with 16-bit ones (an fp8 cache or not) it
+// is an INVALID_ARGUMENT naming q's dtype.
+TEST(Fp8Queries, QDescaleNeedsFp8Queries) {
+    for (int32_t dtype : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
+        flashcore_forward_params p = valid_params();
+        p.dtype = dtype;
+        p.q_descale = static_cast<const float *>(fake_tensor(7));
+        const std::string expected = "q_descale is set but q is not quantized (dtype " + std::to_string(dtype) + ")";
+        EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_INVALID_ARGUMENT, expected));
+        p = valid_fp8_kv_params();
+        p.dtype = dtype;
+        p.q_descale = static_cast<const float *>(fake_tensor(7));
+        EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_INVALID_ARGUMENT, expected));
+    }
+}
+
+// q_descale's strides follow the rules of k_descale's and v_descale's.
+TEST(Fp8Queries, QDescaleStridesAreChecked) {
+    std::vector<HeadDimPair> pairs;
+    SKIP_UNLESS_FP8_KERNELS_BUILT(pairs);
+    SKIP_UNLESS_BUILT_FOR(64, 64);
+    flashcore_forward_params p = valid_fp8_q_params();
+    p.q_descale_batch_stride = -2;
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_INVALID_ARGUMENT, "q_descale_batch_stride (-2)"));
+    p = valid_fp8_q_params();
+    p.q_descale = nullptr;
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_INVALID_ARGUMENT, "are set but q_descale is NULL"));
+    p = valid_fp8_q_params();
+    p.q_descale = reinterpret_cast<const float *>(reinterpret_cast<uintptr_t>(p.q_descale) + 2);
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_MISALIGNED, "q_descale"));
+    // out on top of q's factors (the last one read: batch 1, K/V head 1).
+    p = valid_fp8_q_params();
+    p.q_descale = static_cast<const float *>(p.out);
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_INVALID_ARGUMENT, "q_descale"));
+}
+
+// The head dims of fp8 queries: multiples of 16 (one-byte elements) that an
+// fp8 kernel covers (flashcore.h's rule, over the fp8 kernels' pairs);
+// others UNSUPPORTED with the fp8 list. 96 runs on the (128, 128) kernel.
+TEST(Fp8Queries, HeadDimsAreThoseTheFp8KernelsCover) {
+    std::vector<HeadDimPair> pairs;
+    SKIP_UNLESS_FP8_KERNELS_BUILT(pairs);
+    const std::string listed = pairs_text(pairs);
+    int32_t largest = 0;
+    for (const HeadDimPair &pair : pairs) largest = std::max(largest, pair.first);
+    for (int32_t head_dim = 8; head_dim <= largest + 32; head_dim += 8) {
+        flashcore_forward_params p = valid_fp8_q_params();
+        p.head_dim = head_dim;
+        ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+        const bool covered_by_fp8 =
+            head_dim % 16 == 0 && std::any_of(pairs.begin(), pairs.end(), [&](const HeadDimPair &pair) {
+                return pair.first >= head_dim && pair.second >= head_dim;
+            });
+        if (covered_by_fp8) {
+            EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS)
+                << "head_dim " << head_dim << ": " << flashcore_last_error_message();
+        } else {
+            EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED, "supported (head_dim, head_dim_v): " + listed))
+                << "head_dim " << head_dim;
+        }
+    }
+    flashcore_forward_params p = valid_fp8_q_params();
+    p.head_dim = 40;
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED, "head_dim 40 is not a multiple of 16"));
+    p.head_dim = largest + 16;
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_UNSUPPORTED,
+                             "head_dim " + std::to_string(largest + 16) + " exceeds " + std::to_string(largest)));
+}
+
+// Strides and pointers: q's, k's and v's whole 16-byte vectors of one-byte
+// elements (a multiple of 8 elements is not enough), out's of bf16 ones
+// (8 elements are); out's extent in bf16 elements.
+TEST(Fp8Queries, StridesAreWholeVectorsOfTheirElements) {
+    std::vector<HeadDimPair> pairs;
+    SKIP_UNLESS_FP8_KERNELS_BUILT(pairs);
+    SKIP_UNLESS_BUILT_FOR(64, 64);
+    const struct {
+        const char *tensor;
+        void (*mutate)(flashcore_forward_params &p);
+    } misaligned[] = {
+        {"q", [](flashcore_forward_params &p) { p.q_seq_stride += 8; }},
+        {"q", [](flashcore_forward_params &p) { p.q = static_cast<const char *>(p.q) + 8; }},
+        {"k", [](flashcore_forward_params &p) { p.k_head_stride += 8; }},
+        {"v", [](flashcore_forward_params &p) { p.v_batch_stride += 24; }},
+        {"out", [](flashcore_forward_params &p) { p.out_seq_stride += 4; }},
+    };
+    for (const auto &m : misaligned) {
+        flashcore_forward_params p = valid_fp8_q_params();
+        m.mutate(p);
+        EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_MISALIGNED, m.tensor));
+    }
+    flashcore_forward_params p = valid_fp8_q_params();
+    p.q_batch_stride += 16;
+    p.k_batch_stride += 16;
+    p.out_batch_stride += 8;  // 16 bytes of bf16
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    // out is bf16: two bytes an element, so an lse placed one element of
+    // one-byte out past out's end would overlap it.
+    p = valid_fp8_q_params();
+    const int64_t out_elements = int64_t(p.batch_size) * p.seqlen_q * p.num_heads_q * p.head_dim;
+    p.lse = reinterpret_cast<float *>(static_cast<char *>(p.out) + out_elements);
+    EXPECT_TRUE(refused_with(p, FLASHCORE_STATUS_INVALID_ARGUMENT, "lse"));
+    p.lse = reinterpret_cast<float *>(static_cast<char *>(p.out) + 2 * out_elements);
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+}
+
+// There is no backward pass of fp8 queries: flashcore_backward_check refuses
+// dtype FLASHCORE_DTYPE_FP8_E4M3 as UNSUPPORTED, in every build.
+TEST(Fp8Queries, BackwardIsRefused) {
+    flashcore_backward_params p = valid_backward_params();
+    p.dtype = FLASHCORE_DTYPE_FP8_E4M3;
+    const flashcore_status status = flashcore_backward_check(&p);
+    EXPECT_EQ(status, FLASHCORE_STATUS_UNSUPPORTED) << flashcore_last_error_message();
 }

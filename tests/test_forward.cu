@@ -2,8 +2,10 @@
 // fp16/bf16 x every kernel head dim (32, 64, 96, 128, 192/128, 256) and head
 // dims that run on the next larger kernel (80, 112, 160/128, 40/24) x causal
 // on/off over many shapes and layouts, LSE, GQA/MQA, a tensor over 2^31
-// elements, determinism, concurrency; and an fp8 (e4m3) K/V cache with its
-// descale factors over the same head dims, masks, varlen and paged layouts.
+// elements, determinism, concurrency; an fp8 (e4m3) K/V cache with its
+// descale factors over the same head dims, masks, varlen and paged layouts;
+// and fp8 prefill (q, k and v e4m3, out bf16; compute capability 9.0 only)
+// over its head dims, masks, varlen and paged layouts.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -320,6 +322,117 @@ std::vector<FwdCase> fp8_kv_cases() {
 // Instantiated as "Shapes" too, so that the runs with each tile variant
 // pinned (tests/CMakeLists.txt, TEST_FILTER "Shapes/*") cover the fp8 cache.
 INSTANTIATE_TEST_SUITE_P(Shapes, ForwardFp8KvTest, testing::ValuesIn(fp8_kv_cases()),
+                         [](const testing::TestParamInfo<FwdCase> &info) { return case_name(info.param); });
+
+// ---------------------------------------------------------------------------
+// fp8 prefill (dtype FLASHCORE_DTYPE_FP8_E4M3): q, k and v e4m3 with descale
+// factors, out bf16, on the sm_90a kernels (compute capability 9.0; other
+// GPUs must refuse the calls, and the tests then skip with the library's
+// reason), against the float64 attention of the dequantized inputs within
+// the error bounds of e4m3 probabilities (support/reference.h,
+// kFp8PrefillModel and kFp8PrefillRelL2).
+// ---------------------------------------------------------------------------
+
+class ForwardFp8Test : public testing::TestWithParam<FwdCase> {};
+
+TEST_P(ForwardFp8Test, MatchesFloat64ReferenceOfTheDequantizedInputs) {
+    FC_REQUIRE_GPU();
+    expect_matches_reference(GetParam());
+}
+
+// The fp8 kernels' head dims (64, 128, 256) x causal on/off over whole
+// tiles; GQA (8 query heads over 2) with lengths that are no multiple of a
+// tile; padded strides (16-byte gaps in q, k and v, 8 elements in out);
+// single query rows with MQA; seqlen_q > seqlen_k (causal: rows that see no
+// key, lse -inf); and 1000 x 1000 with GQA. The descale layout turns with
+// each case (NULL, per tensor, per (batch, K/V head) either way round), and
+// kv_dtype/out_dtype are named or left 0 in turn. Then windows, a softmax
+// scale, seqused_k over keys whose tails hold NaN bytes, variable-length
+// batches, paged caches (pages of 16 and 256 keys in shuffled order, the
+// pool's last page in use), and head dims that run on the next larger fp8
+// kernel.
+std::vector<FwdCase> fp8_prefill_cases() {
+    constexpr auto e4m3 = FLASHCORE_DTYPE_FP8_E4M3;
+    struct Shape {
+        int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+        Layout layout;
+    };
+    const Shape shapes[] = {
+        {1, 4, 4, 256, 256, Layout::kBHSD},
+        {2, 8, 2, 300, 421, Layout::kBSHD},
+        {2, 6, 3, 190, 333, Layout::kPadded},
+        {3, 4, 1, 1, 517, Layout::kBSHD},
+        {1, 2, 2, 300, 100, Layout::kBHSD},
+        {1, 8, 2, 1000, 1000, Layout::kBSHD},
+    };
+    const Descale descales[] = {Descale::kPerBatchHead, Descale::kPerTensor, Descale::kPerHeadBatch, Descale::kNone};
+    std::vector<FwdCase> cases;
+    size_t turn = 0;
+    for (int head_dim : {64, 128, 256})
+        for (bool causal : {false, true})
+            for (const Shape &s : shapes) {
+                const FwdCase c{e4m3, head_dim, causal, s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_k,
+                                s.layout};
+                cases.push_back(c.with_fp8_q(descales[turn % std::size(descales)], turn % 3 == 1));
+                ++turn;
+            }
+
+    const FwdCase chunk{e4m3, 64, true, 1, 4, 2, 300, 1000, Layout::kBSHD};
+    const FwdCase square_full{e4m3, 128, false, 1, 2, 2, 512, 512, Layout::kBSHD};
+    const FwdCase tall{e4m3, 256, false, 1, 2, 2, 600, 300, Layout::kBHSD};
+    const FwdCase gqa{e4m3, 128, true, 2, 8, 2, 300, 421, Layout::kPadded};
+    const FwdCase prefill{e4m3, 128, false, 2, 2, 2, 300, 1000, Layout::kBSHD};
+    const FwdCase chunks{e4m3, 64, true, 3, 4, 2, 100, 1024, Layout::kBHSD};
+    const FwdCase d64{e4m3, 64, true, 1, 4, 2, 1, 1, Layout::kBSHD};
+    const FwdCase d128{e4m3, 128, true, 1, 8, 2, 1, 1, Layout::kBSHD};
+    const FwdCase d256{e4m3, 256, false, 1, 2, 1, 1, 1, Layout::kPadded};
+    const FwdCase paged_prefill{e4m3, 128, true, 2, 8, 2, 300, 1000, Layout::kBSHD};
+    const FwdCase paged_wide{e4m3, 256, false, 2, 2, 1, 200, 700, Layout::kPadded};
+    const FwdCase paged_varlen{e4m3, 64, true, 3, 8, 2, 1, 1200, Layout::kBSHD};
+    FwdCase scaled = prefill;
+    scaled.softmax_scale = 0.05f;
+    const std::vector<FwdCase> masked_and_serving = {
+        chunk.with_window(128, 0).with_fp8_q(Descale::kPerBatchHead),
+        square_full.with_window(100, 50).with_fp8_q(Descale::kPerTensor, true),
+        square_full.with_window(0, 0).with_fp8_q(Descale::kPerHeadBatch),
+        tall.with_window(50, 10).with_fp8_q(Descale::kPerBatchHead, true),
+        gqa.with_window(64, 0).with_fp8_q(Descale::kPerHeadBatch),
+        scaled.with_fp8_q(Descale::kPerTensor),
+        // Keys past seqused_k hold NaN bytes; a count below seqlen_q under
+        // causal leaves rows without keys.
+        prefill.with_seqused_k({999, 257}).with_fp8_q(Descale::kPerBatchHead),
+        chunks.with_seqused_k({100, 600, 50}).with_fp8_q(Descale::kPerHeadBatch, true),
+        // Variable-length batches: sequences of 0 and 1 rows, lengths that
+        // are no multiple of a tile, fewer queries than keys.
+        d64.with_varlen_q({0, 1, 17, 200, 513}).with_varlen_k({0, 1, 17, 200, 513}).with_fp8_q(Descale::kPerBatchHead),
+        d128.with_varlen_q({128, 1, 300}).with_varlen_k({1000, 64, 300}).with_fp8_q(Descale::kPerTensor, true),
+        d256.with_varlen_q({150, 300}).with_varlen_k({150, 300}).with_fp8_q(Descale::kPerHeadBatch),
+        d128.with_varlen_q({200, 129}).with_varlen_k({700, 900}).with_seqused_k({650, 0})
+            .with_fp8_q(Descale::kPerBatchHead),
+        // Paged K/V, pages in shuffled order, the pool's last page in use
+        // (Workload::build_pages).
+        paged_prefill.with_seqused_k({1000, 257}).with_pages(16).with_fp8_q(Descale::kPerBatchHead),
+        paged_prefill.with_seqused_k({513, 1000}).with_pages(256).with_fp8_q(Descale::kPerTensor, true),
+        paged_wide.with_seqused_k({300, 650}).with_pages(256).with_fp8_q(Descale::kPerHeadBatch),
+        paged_varlen.with_varlen_q({64, 200, 1}).with_seqused_k({500, 1200, 33}).with_pages(16)
+            .with_fp8_q(Descale::kPerBatchHead),
+        // Head dims of no fp8 kernel that one covers (flashcore.h's rule:
+        // multiples of 16 for e4m3, run on the first kernel with both at
+        // least their own): 32 and 96 on the 64 and 128 kernels, (192, 128)
+        // on the 256 one.
+        FwdCase{e4m3, 32, true, 2, 4, 2, 200, 333, Layout::kBSHD}.with_fp8_q(Descale::kPerBatchHead),
+        FwdCase{e4m3, 96, false, 1, 4, 4, 300, 421, Layout::kPadded}.with_fp8_q(Descale::kPerTensor),
+        FwdCase{e4m3, 192, true, 1, 4, 2, 256, 300, Layout::kBSHD, 128}.with_fp8_q(Descale::kPerHeadBatch),
+    };
+    cases.insert(cases.end(), masked_and_serving.begin(), masked_and_serving.end());
+    return cases;
+}
+
+// Instantiated as "Shapes", so that the persistent kernel's run on 3 CTAs
+// (tests/CMakeLists.txt, gpu.sm90_3ctas.) covers it; the runs that pin a
+// portable tile variant leave it out (fp8 queries run on the sm_90a kernel
+// whatever the pin).
+INSTANTIATE_TEST_SUITE_P(Shapes, ForwardFp8Test, testing::ValuesIn(fp8_prefill_cases()),
                          [](const testing::TestParamInfo<FwdCase> &info) { return case_name(info.param); });
 
 // ---------------------------------------------------------------------------
@@ -761,8 +874,8 @@ TEST(ForwardApi, RefusedFp8KvCallsWriteNothing) {
          FLASHCORE_STATUS_INVALID_ARGUMENT},
         {"negative v_descale_batch_stride", [](auto &p, auto) { p.v_descale_batch_stride = -2; },
          FLASHCORE_STATUS_INVALID_ARGUMENT},
-        // fp8 queries are not supported yet: q_descale must be NULL.
-        {"q_descale", [](auto &p, const float *d) { p.q_descale = d; }, FLASHCORE_STATUS_UNSUPPORTED},
+        // q_descale is for fp8 queries only.
+        {"q_descale", [](auto &p, const float *d) { p.q_descale = d; }, FLASHCORE_STATUS_INVALID_ARGUMENT},
         // Head dims of an fp8 cache: multiples of 16.
         {"head_dim 40", [](auto &p, auto) { p.head_dim = 40; }, FLASHCORE_STATUS_UNSUPPORTED},
         {"kv_dtype fp32", [](auto &p, auto) { p.kv_dtype = FLASHCORE_DTYPE_FP32; }, FLASHCORE_STATUS_UNSUPPORTED},
@@ -795,6 +908,77 @@ TEST(ForwardApi, RefusedFp8KvCallsWriteNothing) {
     explicit_defaults.k_descale_batch_stride = explicit_defaults.k_descale_head_stride = 0;
     explicit_defaults.num_splits = 1;
     EXPECT_EQ(flashcore_forward(handle.get(), &explicit_defaults, nullptr, 0, nullptr), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    FC_CHECK_CUDA(cudaDeviceSynchronize());
+}
+
+// fp8 queries (dtype FLASHCORE_DTYPE_FP8_E4M3): off compute capability 9.0
+// (or without the sm_90a kernels) a valid call is refused as UNSUPPORTED,
+// saying why, and writes nothing; on 9.0, calls that break the rules of
+// fp8 queries are refused with the status the rule gives (checked by
+// flashcore_forward_check too) and write nothing, and the valid call runs.
+TEST(ForwardApi, RefusedFp8PrefillCallsWriteNothing) {
+    FC_REQUIRE_GPU();
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    const FwdCase c = FwdCase{FLASHCORE_DTYPE_FP8_E4M3, 64, true, 2, 4, 2, 200, 300, Layout::kBSHD}.with_fp8_q(
+        Descale::kPerBatchHead);
+    std::mt19937_64 rng(fresh_seed());
+    Workload w(c, rng);
+    w.poison_outputs();
+    const std::vector<uint16_t> poisoned = w.out_bits();
+    std::string why;
+    if (!fp8_prefill_runs_here(handle.get(), w.params, &why)) {
+        EXPECT_EQ(flashcore_forward(handle.get(), &w.params, nullptr, 0, nullptr), FLASHCORE_STATUS_UNSUPPORTED);
+        FC_CHECK_CUDA(cudaDeviceSynchronize());
+        EXPECT_TRUE(w.out_bits() == poisoned) << "a refused call wrote to the output";
+        GTEST_SKIP() << "GPU test skipped: " << why;
+    }
+
+    struct Refusal {
+        const char *what;
+        void (*mutate)(flashcore_forward_params &p);
+        flashcore_status expected;
+    };
+    const Refusal refusals[] = {
+        {"softcap", [](auto &p) { p.softcap = 30.f; }, FLASHCORE_STATUS_UNSUPPORTED},
+        {"kv_dtype fp16", [](auto &p) { p.kv_dtype = FLASHCORE_DTYPE_FP16; }, FLASHCORE_STATUS_UNSUPPORTED},
+        {"kv_dtype bf16", [](auto &p) { p.kv_dtype = FLASHCORE_DTYPE_BF16; }, FLASHCORE_STATUS_UNSUPPORTED},
+        {"out_dtype fp16", [](auto &p) { p.out_dtype = FLASHCORE_DTYPE_FP16; }, FLASHCORE_STATUS_UNSUPPORTED},
+        {"out_dtype e4m3", [](auto &p) { p.out_dtype = FLASHCORE_DTYPE_FP8_E4M3; }, FLASHCORE_STATUS_UNSUPPORTED},
+        // e4m3 strides and pointers: whole 16-byte vectors (16 elements).
+        {"q_seq_stride + 8", [](auto &p) { p.q_seq_stride += 8; }, FLASHCORE_STATUS_MISALIGNED},
+        {"k_head_stride + 8", [](auto &p) { p.k_head_stride += 8; }, FLASHCORE_STATUS_MISALIGNED},
+        {"q 8 bytes in", [](auto &p) { p.q = static_cast<const char *>(p.q) + 8; }, FLASHCORE_STATUS_MISALIGNED},
+        // Head dims: multiples of 16 that an fp8 kernel covers.
+        {"head_dim 40", [](auto &p) { p.head_dim = 40; }, FLASHCORE_STATUS_UNSUPPORTED},
+        {"head_dim 512", [](auto &p) { p.head_dim = 512; }, FLASHCORE_STATUS_UNSUPPORTED},
+        {"negative q_descale_head_stride", [](auto &p) { p.q_descale_head_stride = -1; },
+         FLASHCORE_STATUS_INVALID_ARGUMENT},
+        {"q_descale strides without q_descale",
+         [](auto &p) {
+             p.q_descale = nullptr;
+             p.q_descale_batch_stride = 2;
+         },
+         FLASHCORE_STATUS_INVALID_ARGUMENT},
+    };
+    for (const Refusal &r : refusals) {
+        flashcore_forward_params bad = w.params;
+        r.mutate(bad);
+        EXPECT_EQ(flashcore_forward(handle.get(), &bad, nullptr, 0, nullptr), r.expected)
+            << r.what << ": " << flashcore_last_error_message();
+        EXPECT_EQ(flashcore_forward_check(&bad), r.expected) << r.what << ": the check agrees with the call";
+    }
+    FC_CHECK_CUDA(cudaDeviceSynchronize());
+    EXPECT_TRUE(w.out_bits() == poisoned) << "a refused call wrote to the output";
+    EXPECT_EQ(w.check_untouched(), "");
+
+    // kv_dtype and out_dtype named, no split: runs.
+    flashcore_forward_params named = w.params;
+    named.kv_dtype = FLASHCORE_DTYPE_FP8_E4M3;
+    named.out_dtype = FLASHCORE_DTYPE_BF16;
+    named.num_splits = 1;
+    EXPECT_EQ(flashcore_forward(handle.get(), &named, nullptr, 0, nullptr), FLASHCORE_STATUS_SUCCESS)
         << flashcore_last_error_message();
     FC_CHECK_CUDA(cudaDeviceSynchronize());
 }

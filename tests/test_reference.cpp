@@ -2,8 +2,10 @@
 // (tests/support/reference.cpp), no GPU needed: its backward pass against
 // central finite differences of its forward pass, over the masks, softcap,
 // GQA, seqused_k and variable-length batches, so a wrong reference cannot
-// pass a wrong kernel (or fail a right one) unnoticed; and the e4m3 codec
-// the fp8 K/V tests quantize their caches with, against the OCP format.
+// pass a wrong kernel (or fail a right one) unnoticed; the e4m3 codec the
+// fp8 tests quantize their inputs with, against the OCP format; and the fp8
+// prefill tests' error bounds against an emulation of the kernel's
+// arithmetic (they hold, are not vacuous, and catch a kernel's mistakes).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -321,6 +323,267 @@ TEST(E4m3, NanHasTheNanCodes) {
     int nan_codes = 0;
     for (unsigned code = 0; code < 256; ++code) nan_codes += std::isnan(e4m3_decode(uint8_t(code)));
     EXPECT_EQ(nan_codes, 2);
+}
+
+// ---------------------------------------------------------------------------
+// The fp8 prefill error model (kFp8PrefillModel, fp8_error_bounds,
+// kFp8PrefillRelL2) against an emulation of the kernel's arithmetic: the
+// GPU tests' bounds must hold for a kernel that computes as described, be
+// near what such a kernel reaches (else they would pass a wrong one), and
+// fail the mistakes an fp8 kernel can make: a descale factor missed, K and
+// V keys out of step.
+// ---------------------------------------------------------------------------
+
+// x with its mantissa truncated to `bits` bits after the leading one
+// (toward 0), as the fp8 tensor cores keep their accumulators.
+double truncate_mantissa(double x, int bits) {
+    if (x == 0 || !std::isfinite(x)) return x;
+    const double unit = std::ldexp(1.0, std::ilogb(x) - bits);
+    return std::trunc(x / unit) * unit;
+}
+
+// x rounded to bf16 (8 significant bits, to nearest even).
+double round_to_bf16(double x) {
+    if (x == 0 || !std::isfinite(x)) return x;
+    const int e = std::ilogb(x);
+    return std::ldexp(std::nearbyint(std::ldexp(x, 7 - e)), e - 7);
+}
+
+constexpr int kEmulatedAccumulatorBits = 13;
+constexpr int kEmulatedTermsPerStep = 32;
+constexpr int kEmulatedTileKeys = 128;
+constexpr int kEmulatedProbExponent = 8;
+// The largest |out - ref| / bound the emulation must reach on the test
+// shapes: a bound far above what the kernel's arithmetic can reach would
+// pass mistakes of that size.
+constexpr double kBoundReachedAtLeast = 0.25;
+
+// The sum of a[i] * b[i] as the fp8 tensor cores form it: exact products,
+// 32 a step added to the accumulator, which keeps 13 mantissa bits.
+double fp8_dot(const float *a, const float *b, int n) {
+    double acc = 0;
+    for (int start = 0; start < n; start += kEmulatedTermsPerStep) {
+        double step = 0;
+        for (int i = start; i < std::min(n, start + kEmulatedTermsPerStep); ++i) step += double(a[i]) * double(b[i]);
+        acc = truncate_mantissa(acc + step, kEmulatedAccumulatorBits);
+    }
+    return acc;
+}
+
+// out and lse of an fp8 prefill of dense q, k, v (dequantized values) as
+// the kernel computes them: scores by fp8_dot; per 128-key tile the
+// online softmax against the running row maximum, probabilities scaled so
+// that the maximum is 2^8 and rounded to e4m3 for P V, whose steps of 32
+// keys truncate the accumulator as fp8_dot does; the row sum of the
+// unrounded probabilities; out rounded to bf16.
+void emulate_fp8_prefill(const Problem &p, const std::vector<float> &q, const std::vector<float> &k,
+                         const std::vector<float> &v, std::vector<double> &out, std::vector<double> &lse) {
+    const int d = p.head_dim, dv = value_head_dim(p), group = p.heads_q / p.heads_kv;
+    const double scale = p.softmax_scale != 0 ? p.softmax_scale : 1.0 / std::sqrt(double(d));
+    const double prob_scale = std::ldexp(1.0, kEmulatedProbExponent);
+    out.assign(size_t(p.batch) * p.heads_q * p.seqlen_q * dv, 0.0);
+    lse.assign(size_t(p.batch) * p.heads_q * p.seqlen_q, 0.0);
+    for (size_t row = 0; row < lse.size(); ++row) {
+        const int i = int(row % p.seqlen_q);
+        const int b = int(row / p.seqlen_q / p.heads_q), h = int(row / p.seqlen_q % p.heads_q);
+        const size_t kv_head = size_t(b) * p.heads_kv + h / group;
+        int first = 0, end = 0;
+        visible_keys(p, b, i, &first, &end);
+        if (end <= first) {
+            lse[row] = -std::numeric_limits<double>::infinity();
+            continue;
+        }
+        double row_max = -std::numeric_limits<double>::infinity(), row_sum = 0;
+        std::vector<double> acc(size_t(dv), 0.0);
+        for (int tile = first / kEmulatedTileKeys * kEmulatedTileKeys; tile < end; tile += kEmulatedTileKeys) {
+            const int tile_end = std::min(end, tile + kEmulatedTileKeys), tile_first = std::max(first, tile);
+            std::vector<double> scores(size_t(tile_end - tile_first));
+            double tile_max = row_max;
+            for (int j = tile_first; j < tile_end; ++j) {
+                scores[j - tile_first] = scale * fp8_dot(&q[row * d], &k[(kv_head * p.seqlen_k + j) * d], d);
+                tile_max = std::max(tile_max, scores[j - tile_first]);
+            }
+            const double correction = std::exp(row_max - tile_max);
+            row_sum *= correction;
+            for (double &o : acc) o *= correction;
+            row_max = tile_max;
+            std::vector<double> rounded(scores.size());
+            for (size_t j = 0; j < scores.size(); ++j) {
+                const double prob = prob_scale * std::exp(scores[j] - row_max);
+                row_sum += prob;
+                rounded[j] = e4m3_decode(e4m3_encode(float(prob)));
+            }
+            for (int c = 0; c < dv; ++c)
+                for (size_t start = 0; start < rounded.size(); start += kEmulatedTermsPerStep) {
+                    double step = 0;
+                    for (size_t j = start; j < std::min(rounded.size(), start + kEmulatedTermsPerStep); ++j)
+                        step += rounded[j] * double(v[(kv_head * p.seqlen_k + tile_first + j) * dv + c]);
+                    acc[size_t(c)] = truncate_mantissa(acc[size_t(c)] + step, kEmulatedAccumulatorBits);
+                }
+        }
+        for (int c = 0; c < dv; ++c) out[row * dv + c] = round_to_bf16(acc[size_t(c)] / row_sum);
+        lse[row] = row_max + std::log(row_sum / prob_scale);
+    }
+}
+
+// Dense [batch, heads, seqlen, dim] inputs as the fp8 tests make them: unit
+// normal values through e4m3 with a descale factor per (batch, K/V head)
+// (2^-7 .. 2^-2: some heads saturate, others reach the subnormals),
+// dequantized. Query heads share their K/V head's factor.
+std::vector<float> dequantized_normal_values(int batch, int heads, int heads_per_factor, int seqlen, int dim,
+                                             std::mt19937_64 &rng) {
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::uniform_int_distribution<int> exponent(-7, -2), sixteenths(0, 15);
+    std::vector<float> factors(size_t(batch) * (heads / heads_per_factor));
+    for (float &f : factors) f = std::ldexp(1.f + sixteenths(rng) / 16.f, exponent(rng));
+    std::vector<float> values(size_t(batch) * heads * seqlen * dim);
+    for (size_t i = 0; i < values.size(); ++i) {
+        const size_t bh = i / (size_t(seqlen) * dim);
+        const float f = factors[bh / heads_per_factor];
+        values[i] = float(e4m3_decode(e4m3_encode(normal(rng) / f))) * f;
+    }
+    return values;
+}
+
+struct Fp8Inputs {
+    Problem p;
+    std::vector<float> q, k, v;
+};
+
+Fp8Inputs fp8_inputs(const Problem &p, std::mt19937_64 &rng) {
+    const int group = p.heads_q / p.heads_kv;
+    return {p, dequantized_normal_values(p.batch, p.heads_q, group, p.seqlen_q, p.head_dim, rng),
+            dequantized_normal_values(p.batch, p.heads_kv, 1, p.seqlen_k, p.head_dim, rng),
+            dequantized_normal_values(p.batch, p.heads_kv, 1, p.seqlen_k, value_head_dim(p), rng)};
+}
+
+// How `out` and `lse` stand against the bounds of inputs x.
+struct BoundCheck {
+    double worst_out_ratio = 0;  // max |out - ref| / bound
+    double worst_lse_ratio = 0;
+    double rel_l2 = 0;
+    size_t lse_inf_mismatches = 0;
+};
+
+BoundCheck check_bounds(const Fp8Inputs &x, const std::vector<double> &out, const std::vector<double> &lse) {
+    std::vector<double> ref_out, ref_lse, out_bound, lse_bound;
+    reference_attention(x.p, x.q, x.k, x.v, ref_out, ref_lse);
+    fp8_error_bounds(x.p, x.q, x.k, x.v, kFp8PrefillModel, out_bound, lse_bound);
+    BoundCheck c;
+    double diff_sq = 0, ref_sq = 0;
+    for (size_t i = 0; i < ref_out.size(); ++i) {
+        const double diff = std::fabs(out[i] - ref_out[i]);
+        c.worst_out_ratio = std::max(c.worst_out_ratio, diff == 0 ? 0 : diff / out_bound[i]);
+        diff_sq += diff * diff;
+        ref_sq += ref_out[i] * ref_out[i];
+    }
+    c.rel_l2 = std::sqrt(diff_sq / ref_sq);
+    for (size_t r = 0; r < ref_lse.size(); ++r) {
+        if (std::isinf(ref_lse[r]) || std::isinf(lse[r])) {
+            c.lse_inf_mismatches += lse[r] != ref_lse[r];
+            continue;
+        }
+        const double diff = std::fabs(lse[r] - ref_lse[r]);
+        c.worst_lse_ratio = std::max(c.worst_lse_ratio, diff == 0 ? 0 : diff / lse_bound[r]);
+    }
+    return c;
+}
+
+Problem fp8_problem(int batch, int heads_q, int heads_kv, int seqlen_q, int seqlen_k, int head_dim, bool causal) {
+    Problem p;
+    p.batch = batch;
+    p.heads_q = heads_q;
+    p.heads_kv = heads_kv;
+    p.seqlen_q = seqlen_q;
+    p.seqlen_k = seqlen_k;
+    p.head_dim = head_dim;
+    p.causal = causal;
+    return p;
+}
+
+// Shapes of the GPU tests' kinds: head dims 64, 128, 256; causal and not;
+// GQA; seqlen_q > seqlen_k (rows that see no key); a window; a key count
+// past one tile and not a multiple of it.
+std::vector<Problem> fp8_emulation_problems() {
+    std::vector<Problem> problems = {
+        fp8_problem(1, 2, 2, 200, 200, 64, true),  fp8_problem(1, 2, 2, 200, 200, 64, false),
+        fp8_problem(2, 4, 2, 90, 300, 128, true),  fp8_problem(1, 4, 1, 130, 333, 128, false),
+        fp8_problem(1, 2, 1, 150, 150, 256, true), fp8_problem(1, 2, 2, 300, 100, 64, true),
+    };
+    Problem windowed = fp8_problem(1, 2, 2, 256, 256, 128, true);
+    windowed.window_left = 40;
+    problems.push_back(windowed);
+    return problems;
+}
+
+TEST(Fp8PrefillModel, EmulatedKernelIsWithinTheBoundsAndNearThem) {
+    std::mt19937_64 rng(36);
+    double worst_ratio = 0, worst_rel_l2 = 0;
+    for (const Problem &p : fp8_emulation_problems()) {
+        const Fp8Inputs x = fp8_inputs(p, rng);
+        std::vector<double> out, lse;
+        emulate_fp8_prefill(p, x.q, x.k, x.v, out, lse);
+        const BoundCheck c = check_bounds(x, out, lse);
+        std::printf("[ fp8 model ] d%d Sq%d Sk%d %s: out %.3f of its bound (rel L2 %.4f), lse %.3f of its bound\n",
+                    p.head_dim, p.seqlen_q, p.seqlen_k, p.causal ? "causal" : "full", c.worst_out_ratio, c.rel_l2,
+                    c.worst_lse_ratio);
+        EXPECT_LE(c.worst_out_ratio, 1.0) << "d" << p.head_dim << " Sq " << p.seqlen_q << " Sk " << p.seqlen_k;
+        EXPECT_LE(c.worst_lse_ratio, 1.0) << "d" << p.head_dim << " Sq " << p.seqlen_q << " Sk " << p.seqlen_k;
+        EXPECT_LE(c.rel_l2, kFp8PrefillRelL2);
+        EXPECT_EQ(c.lse_inf_mismatches, 0u);
+        worst_ratio = std::max(worst_ratio, c.worst_out_ratio);
+        worst_rel_l2 = std::max(worst_rel_l2, c.rel_l2);
+    }
+    // Not vacuous: some element comes within a small factor of its bound,
+    // and the relative L2 error is what e4m3 probabilities give (~2%), not
+    // far below the bar.
+    EXPECT_GE(worst_ratio, kBoundReachedAtLeast);
+    EXPECT_GE(worst_rel_l2, kFp8PrefillRelL2 / 4);
+}
+
+// The mistakes an fp8 kernel can make break the bounds: one (batch, K/V
+// head)'s v, or q, descale factor applied twice (or once where it should
+// be squared: the same change), and V's keys paired with the wrong scores
+// (two neighbours swapped, as a wrong fragment order would).
+TEST(Fp8PrefillModel, KernelMistakesBreakTheBounds) {
+    std::mt19937_64 rng(37);
+    const Problem p = fp8_problem(2, 4, 2, 160, 200, 128, true);
+    const Fp8Inputs x = fp8_inputs(p, rng);
+    struct Mistake {
+        const char *what;
+        void (*apply)(Fp8Inputs &wrong);
+    };
+    const Mistake mistakes[] = {
+        {"v of batch 1, K/V head 0 scaled by 2",
+         [](Fp8Inputs &w) {
+             const size_t per_head = size_t(w.p.seqlen_k) * value_head_dim(w.p);
+             for (size_t i = 0; i < per_head; ++i) w.v[(1 * w.p.heads_kv + 0) * per_head + i] *= 2;
+         }},
+        {"q of batch 0, query head 3 scaled by 2",
+         [](Fp8Inputs &w) {
+             const size_t per_head = size_t(w.p.seqlen_q) * w.p.head_dim;
+             for (size_t i = 0; i < per_head; ++i) w.q[(0 * w.p.heads_q + 3) * per_head + i] *= 2;
+         }},
+        {"V's keys 2j and 2j + 1 swapped",
+         [](Fp8Inputs &w) {
+             const int dv = value_head_dim(w.p);
+             for (int bh = 0; bh < w.p.batch * w.p.heads_kv; ++bh)
+                 for (int j = 0; j + 1 < w.p.seqlen_k; j += 2)
+                     for (int c = 0; c < dv; ++c)
+                         std::swap(w.v[(size_t(bh) * w.p.seqlen_k + j) * dv + c],
+                                   w.v[(size_t(bh) * w.p.seqlen_k + j + 1) * dv + c]);
+         }},
+    };
+    for (const Mistake &m : mistakes) {
+        Fp8Inputs wrong = x;
+        m.apply(wrong);
+        std::vector<double> out, lse;
+        emulate_fp8_prefill(p, wrong.q, wrong.k, wrong.v, out, lse);
+        const BoundCheck c = check_bounds(x, out, lse);
+        std::printf("[ fp8 model ] %s: out %.1f times its bound (rel L2 %.3f), lse %.1f times\n", m.what,
+                    c.worst_out_ratio, c.rel_l2, c.worst_lse_ratio);
+        EXPECT_GT(c.worst_out_ratio, 1.0) << m.what;
+    }
 }
 
 }  // namespace

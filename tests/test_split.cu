@@ -13,7 +13,9 @@
 //     heuristic's: dense and paged caches (pages of 16 and 256 keys,
 //     shuffled tables whose last entry is the pool's last page), seqused_k
 //     with NaN bytes past it, descale factors per tensor and per (batch,
-//     head).
+//     head);
+//   - fp8 prefill (q, k and v e4m3, out bf16, compute capability 9.0) with
+//     split counts 1, 3 and the heuristic's: the merge writes bf16.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
@@ -170,6 +172,68 @@ std::vector<FwdCase> fp8_split_cases() {
 // Instantiated as "Splits" too, so that the runs on each path
 // (tests/CMakeLists.txt, TEST_FILTER "Splits/*") cover the fp8 cache.
 INSTANTIATE_TEST_SUITE_P(Splits, SplitKvFp8Test, testing::ValuesIn(fp8_split_cases()),
+                         [](const testing::TestParamInfo<FwdCase> &info) { return case_name(info.param); });
+
+// ---------------------------------------------------------------------------
+// Split-KV fp8 prefill (dtype FLASHCORE_DTYPE_FP8_E4M3: q, k and v e4m3, out
+// bf16), on compute capability 9.0 (elsewhere refused: the tests skip),
+// against the float64 attention of the dequantized inputs within the fp8
+// bounds (support/reference.h, kFp8PrefillModel and kFp8PrefillRelL2). The
+// parts' fp32 partial results are merged into the bf16 out.
+// ---------------------------------------------------------------------------
+
+class SplitFp8PrefillTest : public testing::TestWithParam<FwdCase> {};
+
+TEST_P(SplitFp8PrefillTest, MatchesFloat64ReferenceOfTheDequantizedInputs) {
+    FC_REQUIRE_GPU();
+    expect_matches_reference(GetParam());
+}
+
+// Splits 1 (none), 3 (forced, parts of uneven lengths) and 0 (the
+// heuristic's, which splits grids this small) over the fp8 kernels' head
+// dims (64, 128, 256; 256 with 3 splits only), causal and not: a query
+// block of a few heads over many keys, a single query row per sequence
+// with GQA, a square call with lengths that are no multiple of a tile and
+// padded strides; each descale layout in turn. Then a serving shape:
+// seqused_k (NaN bytes past it), dense or in pages of 16 or 256 keys.
+std::vector<FwdCase> fp8_prefill_split_cases() {
+    constexpr auto e4m3 = FLASHCORE_DTYPE_FP8_E4M3;
+    struct Shape {
+        int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+        Layout layout;
+    };
+    const Shape shapes[] = {
+        {1, 4, 2, 300, 1100, Layout::kBSHD},
+        {2, 8, 2, 1, 1531, Layout::kBHSD},
+        {1, 2, 2, 200, 333, Layout::kPadded},
+    };
+    const Descale descales[] = {Descale::kPerBatchHead, Descale::kPerTensor, Descale::kPerHeadBatch, Descale::kNone};
+    std::vector<FwdCase> cases;
+    size_t turn = 0;
+    for (int head_dim : {64, 128, 256})
+        for (bool causal : {false, true})
+            for (const Shape &s : shapes) {
+                const FwdCase c{e4m3, head_dim, causal, s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_k,
+                                s.layout};
+                for (int splits : {1, 3, 0}) {
+                    if (head_dim == 256 && splits != 3) continue;
+                    cases.push_back(c.with_splits(splits).with_fp8_q(descales[turn % std::size(descales)]));
+                    ++turn;
+                }
+            }
+    const FwdCase serving{e4m3, 128, true, 3, 8, 2, 130, 2048, Layout::kBSHD};
+    for (int splits : {1, 3, 0})
+        for (int page : {0, 16, 256}) {
+            const Descale descale = page == 16 ? Descale::kPerTensor : Descale::kPerBatchHead;
+            cases.push_back(serving.with_seqused_k({2048, 129, 1000}).with_pages(page).with_splits(splits).with_fp8_q(
+                descale, splits == 3));
+        }
+    return cases;
+}
+
+// Instantiated as "Splits" too, so that the sm_90a path's run
+// (tests/CMakeLists.txt, TEST_FILTER "Splits/*") covers it.
+INSTANTIATE_TEST_SUITE_P(Splits, SplitFp8PrefillTest, testing::ValuesIn(fp8_prefill_split_cases()),
                          [](const testing::TestParamInfo<FwdCase> &info) { return case_name(info.param); });
 
 // ---------------------------------------------------------------------------

@@ -27,7 +27,13 @@
 // factors) are modelled as flashcore.h states them; where it leaves a
 // status or a rule open (which status refuses an out_dtype, whether an
 // empty call looks at the descale pointers, whether they join the aliasing
-// rule), the model allows either answer (Expected::maybe).
+// rule), the model allows either answer (Expected::maybe). fp8 queries
+// (dtype FLASHCORE_DTYPE_FP8_E4M3: q, k and v e4m3, out bf16, on the sm_90a
+// kernels only) are modelled as the fp8 prefill rules state them: kv_dtype
+// 0 or e4m3, out_dtype 0 or bf16, no softcap (each UNSUPPORTED otherwise),
+// head dims those the fp8 kernels of the build cover (every fp8 query
+// UNSUPPORTED in a build without them), q_descale for fp8 queries only
+// (INVALID_ARGUMENT otherwise), and no backward pass (UNSUPPORTED).
 #include <algorithm>
 #include <cfloat>
 #include <cinttypes>
@@ -112,6 +118,26 @@ bool sets_newer_fields(const CallerParams &c) {
 
 std::vector<std::pair<int32_t, int32_t>> g_head_dims;  // flashcore_supported_head_dims
 
+// The head dims of the build's fp8 prefill kernels (the generated kernel
+// list's lines on e4m3 inputs, kernels/kernels.list); empty in a build
+// without the sm_90a kernels, which refuses every fp8 query.
+struct KernelLine {
+    const char *input;
+    int32_t head_dim, head_dim_v;
+};
+std::vector<std::pair<int32_t, int32_t>> fp8_prefill_head_dims() {
+#define FLASHCORE_KERNEL(path, input, kv, output, head_dim, head_dim_v, tile) KernelLine{#input, head_dim, head_dim_v},
+    const KernelLine lines[] = {
+#include "fwd_kernels.inc"
+    };
+#undef FLASHCORE_KERNEL
+    std::set<std::pair<int32_t, int32_t>> pairs;
+    for (const KernelLine &line : lines)
+        if (std::string(line.input) == "kE4m3") pairs.emplace(line.head_dim, line.head_dim_v);
+    return {pairs.begin(), pairs.end()};
+}
+const std::vector<std::pair<int32_t, int32_t>> g_fp8_head_dims = fp8_prefill_head_dims();
+
 struct Rng {
     std::mt19937_64 engine;
     uint64_t next() { return engine(); }
@@ -191,6 +217,10 @@ i128 last_offset(const Tensor &t) {
 
 // Whether a forward call's k and v are an fp8 cache (0.8).
 bool fp8_kv(const flashcore_forward_params &p) { return p.kv_dtype == FLASHCORE_DTYPE_FP8_E4M3; }
+// Whether its queries are fp8 (fp8 prefill: k and v e4m3 too, out bf16).
+bool fp8_q(const flashcore_forward_params &p) { return p.dtype == FLASHCORE_DTYPE_FP8_E4M3; }
+// Whether k and v hold one-byte e4m3 elements: an fp8 cache or fp8 queries.
+bool kv_e4m3(const flashcore_forward_params &p) { return fp8_kv(p) || fp8_q(p); }
 
 // Brute force: do two (b, s, h) rows of out share an element?
 int self_overlap(const Tensor &t) {  // 1 yes, 0 no, -1 too large to tell
@@ -205,8 +235,8 @@ int self_overlap(const Tensor &t) {  // 1 yes, 0 no, -1 too large to tell
     return 0;
 }
 
-bool covered(int32_t d, int32_t dv) {
-    for (const auto &p : g_head_dims)
+bool covered(const std::vector<std::pair<int32_t, int32_t>> &pairs, int32_t d, int32_t dv) {
+    for (const auto &p : pairs)
         if (p.first >= d && p.second >= dv) return true;
     return false;
 }
@@ -236,29 +266,37 @@ i128 model_shapes(const flashcore_forward_params &p, bool empty, Expected *e) {
     const int32_t dv = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
     const bool packed_q = p.cu_seqlens_q != nullptr, packed_k = p.cu_seqlens_k != nullptr;
     const bool paged = p.block_table != nullptr;
-    if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16) e->add(FLASHCORE_STATUS_UNSUPPORTED);
-    // The K/V dtype (0.8): 0 or dtype itself (k and v of q's type), or
-    // FLASHCORE_DTYPE_FP8_E4M3 (with fp16 or bf16 q, the only dtypes);
-    // others have no kernel, as dtype's (UNSUPPORTED). (flashcore.h names 0
-    // for q's type; dtype is its flashcore_dtype as well.)
-    if (p.kv_dtype != 0 && p.kv_dtype != p.dtype && !fp8_kv(p)) e->add(FLASHCORE_STATUS_UNSUPPORTED);
-    // out's dtype (0.8): 0 or dtype; any other is refused, with a status
-    // flashcore.h does not name.
-    if (p.out_dtype != 0 && p.out_dtype != p.dtype) {
+    if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16 && !fp8_q(p))
         e->add(FLASHCORE_STATUS_UNSUPPORTED);
-        e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    // The K/V dtype (0.8): 0 or dtype itself (k and v of q's type), or
+    // FLASHCORE_DTYPE_FP8_E4M3 (with fp16 or bf16 q); others have no kernel,
+    // as dtype's (UNSUPPORTED). (flashcore.h names 0 for q's type; dtype is
+    // its flashcore_dtype as well.) fp8 queries take e4m3 K/V only.
+    if (p.kv_dtype != 0 && p.kv_dtype != p.dtype && !fp8_kv(p)) e->add(FLASHCORE_STATUS_UNSUPPORTED);
+    // out's dtype (0.8): 0 or the type out is written in, q's (bf16 for fp8
+    // queries); any other is refused, with a status flashcore.h does not
+    // name for 16-bit queries (UNSUPPORTED for fp8 ones).
+    const int32_t out_type = fp8_q(p) ? int32_t(FLASHCORE_DTYPE_BF16) : p.dtype;
+    if (p.out_dtype != 0 && p.out_dtype != out_type) {
+        e->add(FLASHCORE_STATUS_UNSUPPORTED);
+        if (!fp8_q(p)) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     }
+    // fp8 queries: no softcap, and the sm_90a kernels, which a build may
+    // lack (UNSUPPORTED).
+    if (fp8_q(p) && (p.softcap != 0.f || g_fp8_head_dims.empty())) e->add(FLASHCORE_STATUS_UNSUPPORTED);
     bool sizes_ok = true;
     for (int32_t v : {p.batch_size, p.seqlen_q, p.seqlen_k, p.num_heads_q, p.num_heads_kv}) sizes_ok &= v >= 0;
     sizes_ok &= p.head_dim >= 1 && p.head_dim_v >= 0;
     sizes_ok &= !(p.num_heads_kv == 0 && p.num_heads_q != 0) && !(p.seqlen_k == 0 && !empty);
     if (!sizes_ok) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     if (p.num_heads_kv > 0 && p.num_heads_q % p.num_heads_kv != 0) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
-    // Head dims: multiples of 8, of 16 with an fp8 cache (16 one-byte
-    // elements a vector).
-    const int32_t multiple = fp8_kv(p) ? 16 : 8;
+    // Head dims: multiples of 8, of 16 with an fp8 cache or fp8 queries (16
+    // one-byte elements a vector), that a kernel covers (for fp8 queries,
+    // an fp8 kernel).
+    const int32_t multiple = kv_e4m3(p) ? 16 : 8;
     if (p.head_dim >= 1 && p.head_dim_v >= 0 &&
-        (p.head_dim % multiple != 0 || dv % multiple != 0 || !covered(p.head_dim, dv)))
+        (p.head_dim % multiple != 0 || dv % multiple != 0 ||
+         !covered(fp8_q(p) ? g_fp8_head_dims : g_head_dims, p.head_dim, dv)))
         e->add(FLASHCORE_STATUS_UNSUPPORTED);
     if (p.seqlen_q > kMaxSeqlen || p.seqlen_k > kMaxSeqlen) e->add(FLASHCORE_STATUS_UNSUPPORTED);
     if (p.num_splits < 0 || p.num_splits > FLASHCORE_MAX_NUM_SPLITS) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
@@ -364,16 +402,17 @@ Expected model_call(const flashcore_forward_params &p) {
 
     // Packed tensors are one batch of all their rows, their batch strides
     // ignored; a paged k and v are num_pages batches of page_size rows.
-    // An fp8 cache's k and v have one-byte elements: their strides are
-    // multiples of 16 (FLASHCORE_ALIGNMENT bytes), their extents in bytes
-    // half a 16-bit tensor's.
+    // An fp8 cache's k and v (and with fp8 queries q, k and v) have
+    // one-byte elements: their strides are multiples of 16
+    // (FLASHCORE_ALIGNMENT bytes), their extents in bytes half a 16-bit
+    // tensor's; out is 16-bit (bf16 for fp8 queries).
     const i128 q_batches = packed_q ? 1 : p.batch_size, q_rows = packed_q ? p.total_seqlen_q : p.seqlen_q;
     i128 kv_batches = packed_k ? 1 : p.batch_size, kv_rows = packed_k ? p.total_seqlen_k : p.seqlen_k;
     if (paged) kv_batches = p.num_pages, kv_rows = p.page_size;
-    const i128 kv_bytes = fp8_kv(p) ? 1 : 2;
+    const i128 kv_bytes = kv_e4m3(p) ? 1 : 2, q_bytes = fp8_q(p) ? 1 : 2;
     const Tensor tensors[] = {
         {"q", p.q, q_batches, q_rows, p.num_heads_q, p.head_dim, packed_q ? 0 : p.q_batch_stride, p.q_seq_stride,
-         p.q_head_stride},
+         p.q_head_stride, q_bytes},
         {"k", p.k, kv_batches, kv_rows, p.num_heads_kv, p.head_dim, packed_k ? 0 : p.k_batch_stride, p.k_seq_stride,
          p.k_head_stride, kv_bytes},
         {"v", p.v, kv_batches, kv_rows, p.num_heads_kv, dv, packed_k ? 0 : p.v_batch_stride, p.v_seq_stride,
@@ -442,9 +481,10 @@ Expected model_call(const flashcore_forward_params &p) {
     return e;
 }
 
-// The descale factors' rules (0.8), beside model_call's: q_descale must be
-// NULL (fp8 queries are not supported: UNSUPPORTED); k_descale and
-// v_descale need an fp8 cache (refused otherwise, the status not named);
+// The descale factors' rules (0.8), beside model_call's: q_descale is for
+// fp8 queries only (INVALID_ARGUMENT otherwise); k_descale and v_descale
+// need e4m3 k and v, an fp8 cache or fp8 queries (refused otherwise, the
+// status not named);
 // each array given is 4-byte aligned (MISALIGNED) with strides >= 0
 // (INVALID_ARGUMENT); the strides of an array not given stay 0
 // (INVALID_ARGUMENT; not stated in flashcore.h, as page_size without a
@@ -453,11 +493,8 @@ Expected model_call(const flashcore_forward_params &p) {
 // being looked at, whether an empty call is held to any of these.
 void model_descales(const flashcore_forward_params &p, bool empty, Expected *e) {
     Expected d;
-    if (p.q_descale != nullptr) {
-        d.add(FLASHCORE_STATUS_UNSUPPORTED);
-        d.add_maybe(FLASHCORE_STATUS_INVALID_ARGUMENT);
-    }
-    if ((p.k_descale != nullptr || p.v_descale != nullptr) && !fp8_kv(p)) {
+    if (p.q_descale != nullptr && !fp8_q(p)) d.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    if ((p.k_descale != nullptr || p.v_descale != nullptr) && !kv_e4m3(p)) {
         d.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
         d.add(FLASHCORE_STATUS_UNSUPPORTED);
     }
@@ -554,15 +591,24 @@ CallerParams random_params(Rng &r) {
     flashcore_forward_params_init(&p, sizeof p);
     // Each field: mostly a valid value, sometimes one from the edges of its
     // rule, so that both the success path and every refusal are frequent.
+    // dtype: mostly fp16 or bf16, now and then fp8 queries (e4m3), else one
+    // without kernels.
     const int32_t bad_dtypes[] = {0, 3, 7, -1, INT32_MIN};
-    p.dtype = r.chance(92) ? int32_t(1 + r.below(2)) : r.pick(bad_dtypes);
+    const int dtype_kind = int(r.below(100));
+    p.dtype = dtype_kind < 80   ? int32_t(1 + r.below(2))
+              : dtype_kind < 92 ? int32_t(FLASHCORE_DTYPE_FP8_E4M3)
+                                : r.pick(bad_dtypes);
+    const bool fp8_queries = p.dtype == FLASHCORE_DTYPE_FP8_E4M3;
     p.batch_size = random_size(r);
     p.seqlen_q = random_size(r);
     p.seqlen_k = random_size(r);
     p.num_heads_q = random_size(r);
     p.num_heads_kv = r.chance(70) ? std::max(1, p.num_heads_q / int32_t(1 + r.below(3))) : random_size(r);
     const int32_t dims[] = {8, 16, 32, 64, 96, 128, 192, 256, 0, -8, 4, 60, 72, 100, 264, INT32_MAX};
-    const auto &listed = g_head_dims[r.below(g_head_dims.size())];
+    // fp8 queries mostly take the fp8 kernels' head dims (where the build
+    // has them).
+    const auto &listed_dims = fp8_queries && !g_fp8_head_dims.empty() ? g_fp8_head_dims : g_head_dims;
+    const auto &listed = listed_dims[r.below(listed_dims.size())];
     p.head_dim = r.chance(80) ? listed.first : r.pick(dims);
     const int32_t dims_v[] = {8, 64, 128, -8, 264, 60};
     p.head_dim_v = r.chance(70) ? 0 : r.chance(50) ? listed.second : r.pick(dims_v);
@@ -618,17 +664,19 @@ CallerParams random_params(Rng &r) {
     }
     // An fp8 K/V cache (0.8): mostly not; else mostly kv_dtype FP8_E4M3,
     // now and then dtype itself or a K/V dtype without kernels (the other
-    // 16-bit one, fp32, unknown values). out_dtype: mostly 0, now and then
-    // dtype, else one that is refused.
+    // 16-bit one, fp32, unknown values; under fp8 queries a 16-bit one).
+    // out_dtype: mostly 0, now and then out's type (q's, bf16 for fp8
+    // queries), else one that is refused.
     const int32_t bad_kv_dtypes[] = {FLASHCORE_DTYPE_FP32, p.dtype == FLASHCORE_DTYPE_FP16 ? 2 : 1, 5, -1,
                                      INT32_MIN, INT32_MAX};
     const int kv_kind = int(r.below(100));
     if (kv_kind >= 70) {
         p.kv_dtype = kv_kind < 92 ? int32_t(FLASHCORE_DTYPE_FP8_E4M3) : kv_kind < 95 ? p.dtype : r.pick(bad_kv_dtypes);
     }
-    const int32_t bad_out_dtypes[] = {p.dtype == FLASHCORE_DTYPE_FP16 ? 2 : 1, FLASHCORE_DTYPE_FP32,
+    const int32_t out_type = fp8_queries ? int32_t(FLASHCORE_DTYPE_BF16) : p.dtype;
+    const int32_t bad_out_dtypes[] = {out_type == FLASHCORE_DTYPE_FP16 ? 2 : 1, FLASHCORE_DTYPE_FP32,
                                       FLASHCORE_DTYPE_FP8_E4M3, -1, 99};
-    p.out_dtype = r.chance(92) ? 0 : r.chance(50) ? p.dtype : r.pick(bad_out_dtypes);
+    p.out_dtype = r.chance(92) ? 0 : r.chance(50) ? out_type : r.pick(bad_out_dtypes);
     // Strides: packed in a random layout, then some perturbed. Packed q and
     // out are one batch of total_seqlen_q rows; packed k and v likewise, a
     // paged cache's num_pages batches of page_size rows.
@@ -683,11 +731,12 @@ CallerParams random_params(Rng &r) {
                              (p.page_size >= 1 ? (i128(p.seqlen_k) + p.page_size - 1) / p.page_size : 0);
         p.block_table = random_array(r, 8, placed, p.out, entries);
     }
-    // Descale factors: with an fp8 cache, each of k_descale and v_descale
-    // mostly given, per tensor or per (batch, K/V head) either way round,
-    // now and then with strides from the edges (negative, huge); without
-    // one, now and then given anyway (refused). q_descale now and then (fp8
-    // queries: refused), and strides of arrays not given, now and then set.
+    // Descale factors: with an fp8 cache or fp8 queries, each of k_descale
+    // and v_descale mostly given, per tensor or per (batch, K/V head) either
+    // way round, now and then with strides from the edges (negative, huge);
+    // without, now and then given anyway (refused). q_descale likewise with
+    // fp8 queries, now and then without (refused); strides of arrays not
+    // given, now and then set.
     const auto random_descale_pointer = [&](int index) {
         const float *ptr = static_cast<const float *>(random_pointer(r, index, placed));
         if (ptr != nullptr && r.chance(10)) {
@@ -706,7 +755,7 @@ CallerParams random_params(Rng &r) {
         default: *batch_stride = r.pick(edges), *head_stride = r.pick(edges); break;
         }
     };
-    const bool fp8 = p.kv_dtype == FLASHCORE_DTYPE_FP8_E4M3;
+    const bool fp8 = p.kv_dtype == FLASHCORE_DTYPE_FP8_E4M3 || fp8_queries;
     if (r.chance(fp8 ? 70 : 3)) {
         p.k_descale = random_descale_pointer(9);
         random_descale_strides(&p.k_descale_batch_stride, &p.k_descale_head_stride);
@@ -715,7 +764,7 @@ CallerParams random_params(Rng &r) {
         p.v_descale = random_descale_pointer(10);
         random_descale_strides(&p.v_descale_batch_stride, &p.v_descale_head_stride);
     }
-    if (r.chance(3)) {
+    if (r.chance(fp8_queries ? 70 : 3)) {
         p.q_descale = random_descale_pointer(11);
         random_descale_strides(&p.q_descale_batch_stride, &p.q_descale_head_stride);
     }
@@ -1194,9 +1243,10 @@ Expected model_backward_check(const BackwardCaller &caller) {
     }
     // The forward's rules, with the backward's emptiness: a call without
     // query rows still needs its keys. (Its head dims: the backward kernels
-    // have every forward pair, issue 34.)
+    // have every forward pair, issue 34.) fp8 queries have no backward pass.
     const bool empty = backward_empty(p);
     model_shapes(forward_of(p), empty, &e);
+    if (p.dtype == FLASHCORE_DTYPE_FP8_E4M3) e.add(FLASHCORE_STATUS_UNSUPPORTED);
     if (empty || !e.statuses.empty()) return e;
 
     // Tensors of no rows (the query side of a call without queries) are
@@ -1489,8 +1539,9 @@ struct Counts {
     // and from a newer header's (larger) struct.
     uint64_t windowed_successes = 0, capped_successes = 0, seqused_successes = 0, newer_successes = 0;
     uint64_t varlen_successes = 0, paged_successes = 0;
-    // ... on an fp8 cache (0.8), and among them with descale factors.
-    uint64_t fp8_successes = 0, descaled_successes = 0;
+    // ... on an fp8 cache (0.8), and among them with descale factors; with
+    // fp8 queries.
+    uint64_t fp8_successes = 0, descaled_successes = 0, fp8_q_successes = 0;
     // Accepted backward parameter sets: all, without query rows (not
     // empty), variable-length, and from a newer header's struct.
     uint64_t backward_successes = 0, backward_rowless_successes = 0, backward_varlen_successes = 0;
@@ -1514,9 +1565,10 @@ bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
             counts->varlen_successes += has_0_6_fields && (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr);
             counts->paged_successes += has_0_6_fields && p.block_table != nullptr;
             counts->newer_successes += p.struct_size > sizeof p;
-            const bool fp8 = p.struct_size >= kEndV0_8 && p.kv_dtype == FLASHCORE_DTYPE_FP8_E4M3;
+            const bool fp8 = p.struct_size >= kEndV0_8 && fp8_kv(p) && !fp8_q(p);
             counts->fp8_successes += fp8;
             counts->descaled_successes += fp8 && (p.k_descale != nullptr || p.v_descale != nullptr);
+            counts->fp8_q_successes += fp8_q(p);
         }
         const flashcore_merge_params m = random_merge_params(r);
         if (!check_merge(m, i, &got)) return false;
@@ -1581,12 +1633,12 @@ int main(int argc, char **argv) {
     std::printf("fuzz_api: %" PRIu64 " API calls, %" PRIu64 " valid forward (%" PRIu64 " with a window, %" PRIu64
                 " with a softcap, %" PRIu64 " with seqused_k, %" PRIu64 " variable-length, %" PRIu64
                 " on a paged cache, %" PRIu64 " on an fp8 cache (%" PRIu64 " with descale factors), %" PRIu64
-                " from a newer header), %" PRIu64
+                " with fp8 queries, %" PRIu64 " from a newer header), %" PRIu64
                 " valid merge and %" PRIu64 " valid backward (%" PRIu64 " without query rows, %" PRIu64
                 " variable-length, %" PRIu64 " from a newer header) parameter sets accepted, all as the model says\n",
                 counts.calls, counts.successes, counts.windowed_successes, counts.capped_successes,
                 counts.seqused_successes, counts.varlen_successes, counts.paged_successes, counts.fp8_successes,
-                counts.descaled_successes, counts.newer_successes, counts.merge_successes, counts.backward_successes,
+                counts.descaled_successes, counts.fp8_q_successes, counts.newer_successes, counts.merge_successes, counts.backward_successes,
                 counts.backward_rowless_successes, counts.backward_varlen_successes, counts.backward_newer_successes);
     return 0;
 }

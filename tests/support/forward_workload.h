@@ -1,7 +1,8 @@
 // What the GPU tests of the forward call share: the error bars against the
 // float64 reference, tensor layouts, one problem's device buffers and
 // parameters (Workload; K and V 16-bit or an fp8 cache with its descale
-// factors), and running a call with the workspace it asks for.
+// factors; or q, k and v all e4m3, fp8 prefill, with a bf16 out), and
+// running a call with the workspace it asks for.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -38,6 +39,8 @@ struct Tolerance {
     double max_abs;
     double lse_max_abs;
 };
+// 16-bit queries (fp8 queries are judged by fp8_error_bounds instead:
+// expect_fp8_prefill_matches_reference).
 inline Tolerance tolerance_for(flashcore_dtype dtype) {
     if (dtype == FLASHCORE_DTYPE_BF16) return {4.6e-3, 1.9e-2, 5.0e-5};
     return {5.7e-4, 2.1e-3, 5.0e-5};
@@ -79,8 +82,9 @@ inline void strides_for(Layout layout, int heads, int seqlen, int head_dim, int6
     }
 }
 
-// How an fp8 K/V case passes its descale factors (flashcore_forward_params::
-// k_descale, v_descale and their strides); K and V get factors of their own.
+// How an fp8 case passes its descale factors (flashcore_forward_params::
+// k_descale, v_descale and their strides; with fp8 queries q_descale too);
+// q, K and V get factors of their own.
 enum class Descale {
     kNone,          // NULL pointers: a factor of 1
     kPerTensor,     // one factor each (strides 0, 0)
@@ -123,15 +127,26 @@ struct FwdCase {
     // order, with a block table (lengths from seqused_k).
     int page_size = 0;
     // K and V as an fp8 cache (kv_dtype FLASHCORE_DTYPE_FP8_E4M3): e4m3
-    // bytes, with descale factors passed as `descale` says.
+    // bytes, with descale factors passed as `descale` says. With dtype
+    // FLASHCORE_DTYPE_FP8_E4M3 (fp8 prefill: with_fp8_q) q, k and v are all
+    // e4m3 with factors passed so, and out is bf16.
     bool kv_fp8 = false;
     Descale descale = Descale::kNone;
+    // fp8 queries: kv_dtype FLASHCORE_DTYPE_FP8_E4M3 and out_dtype
+    // FLASHCORE_DTYPE_BF16 named, rather than 0 (their default for fp8
+    // queries).
+    bool fp8_dtypes_named = false;
     // > 0: q's values times 2^this (and the softmax scale divided by it), so
     // that bf16 queries exceed fp16's range (the e4m3 products keep bf16
     // there: sm80/warp_gemm_e4m3.cuh).
     int q_scale_log2 = 0;
 
-    flashcore_dtype kv_dtype() const { return kv_fp8 ? FLASHCORE_DTYPE_FP8_E4M3 : dtype; }
+    bool fp8_q() const { return dtype == FLASHCORE_DTYPE_FP8_E4M3; }
+    // K and V are e4m3 bytes with descale factors: an fp8 cache or fp8 prefill.
+    bool kv_e4m3() const { return kv_fp8 || fp8_q(); }
+    flashcore_dtype kv_dtype() const { return kv_e4m3() ? FLASHCORE_DTYPE_FP8_E4M3 : dtype; }
+    // out's type: q's, bf16 for fp8 queries.
+    flashcore_dtype out_dtype() const { return fp8_q() ? FLASHCORE_DTYPE_BF16 : dtype; }
 
     int value_dim() const { return head_dim_v != 0 ? head_dim_v : head_dim; }
     int batch_seqlen_q(int b) const { return seqlens_q.empty() ? seqlen_q : seqlens_q[b]; }
@@ -199,7 +214,27 @@ struct FwdCase {
         c.descale = d;
         return c;
     }
+    // fp8 prefill: q, k and v e4m3 with descale factors as `d` says (q's per
+    // (batch, K/V head) like k's and v's), out bf16; kv_dtype and out_dtype
+    // named or left 0.
+    FwdCase with_fp8_q(Descale d, bool name_dtypes = false) const {
+        FwdCase c = *this;
+        c.dtype = FLASHCORE_DTYPE_FP8_E4M3;
+        c.descale = d;
+        c.fp8_dtypes_named = name_dtypes;
+        return c;
+    }
 };
+
+inline const char *dtype_label(flashcore_dtype dtype) {
+    switch (dtype) {
+        case FLASHCORE_DTYPE_FP16: return "fp16";
+        case FLASHCORE_DTYPE_BF16: return "bf16";
+        case FLASHCORE_DTYPE_FP8_E4M3: return "e4m3";
+        case FLASHCORE_DTYPE_FP32: return "fp32";
+    }
+    return "?";
+}
 
 inline std::string case_name(const FwdCase &c) {
     char dims[32];
@@ -209,9 +244,9 @@ inline std::string case_name(const FwdCase &c) {
         std::snprintf(dims, sizeof dims, "d%dx%d", c.head_dim, c.value_dim());
     }
     char buf[160];
-    std::snprintf(buf, sizeof buf, "%s_%s_%s_b%d_hq%d_hkv%d_sq%d_sk%d_%s",
-                  c.dtype == FLASHCORE_DTYPE_FP16 ? "fp16" : "bf16", dims, c.causal ? "causal" : "full", c.batch,
-                  c.heads_q, c.heads_kv, c.seqlen_q, c.seqlen_k, layout_name(c.layout));
+    std::snprintf(buf, sizeof buf, "%s_%s_%s_b%d_hq%d_hkv%d_sq%d_sk%d_%s", dtype_label(c.dtype), dims,
+                  c.causal ? "causal" : "full", c.batch, c.heads_q, c.heads_kv, c.seqlen_q, c.seqlen_k,
+                  layout_name(c.layout));
     std::string name = buf;
     if (c.num_splits != 0) name += "_splits" + std::to_string(c.num_splits);
     // gtest names allow [A-Za-z0-9_] only: m1 for -1.
@@ -237,6 +272,7 @@ inline std::string case_name(const FwdCase &c) {
     }
     if (c.page_size > 0) name += "_page" + std::to_string(c.page_size);
     if (c.kv_fp8) name += std::string("_kvfp8_descale_") + descale_name(c.descale);
+    if (c.fp8_q()) name += std::string("_descale_") + descale_name(c.descale) + (c.fp8_dtypes_named ? "_named" : "");
     return name;
 }
 
@@ -307,18 +343,20 @@ inline DescaleFactors random_descale(Descale d, int batch, int heads_kv, std::mt
     return f;
 }
 
-// Dense [batch, heads_kv, seqlen_k, dim] values of an fp8 cache as the
+// Dense [batch, heads, seqlen, dim] values of an e4m3 tensor as the
 // kernels are to see them: fresh normal values (unit variance, as the 16-bit
 // tests' inputs) quantized as a serving stack would, e4m3_encode(x /
 // factor), and dequantized, e4m3_decode(code) * factor (exact in float).
-inline std::vector<float> quantized_values(const DescaleFactors &f, int batch, int heads_kv, int seqlen, int dim,
-                                           std::mt19937_64 &rng) {
+// Head h has factor (b, h / heads_per_factor): the query heads of a K/V
+// head share its factor.
+inline std::vector<float> quantized_values(const DescaleFactors &f, int batch, int heads, int seqlen, int dim,
+                                           std::mt19937_64 &rng, int heads_per_factor = 1) {
     std::normal_distribution<float> normal(0.f, 1.f);
-    std::vector<float> values(size_t(batch) * heads_kv * seqlen * dim);
+    std::vector<float> values(size_t(batch) * heads * seqlen * dim);
     size_t i = 0;
     for (int b = 0; b < batch; ++b)
-        for (int h = 0; h < heads_kv; ++h) {
-            const float factor = f.factor(b, h);
+        for (int h = 0; h < heads; ++h) {
+            const float factor = f.factor(b, h / heads_per_factor);
             for (size_t n = 0; n < size_t(seqlen) * dim; ++n, ++i)
                 values[i] = float(e4m3_decode(e4m3_encode(normal(rng) / factor))) * factor;
         }
@@ -331,14 +369,14 @@ inline std::vector<float> quantized_values(const DescaleFactors &f, int batch, i
 // lays them out: strided, packed (cu_seqlens) or paged. With an fp8 cache,
 // k and v are the dequantized values (what the reference computes with) and
 // k_stored, v_stored the e4m3 values the device holds (k / factor, exact);
-// otherwise the two are the same.
+// otherwise the two are the same. Likewise q and q_stored with fp8 queries.
 struct Workload {
     FwdCase c;
     Problem problem;
     std::vector<float> q, k, v;
-    std::vector<float> k_stored, v_stored;
-    DescaleFactors k_descale, v_descale;
-    GuardedBuffer k_descale_memory, v_descale_memory;
+    std::vector<float> q_stored, k_stored, v_stored;
+    DescaleFactors q_descale, k_descale, v_descale;
+    GuardedBuffer q_descale_memory, k_descale_memory, v_descale_memory;
     DeviceTensor dq, dk, dv, dout;
     GuardedBuffer lse_memory;
     float *dlse = nullptr;
@@ -364,9 +402,15 @@ struct Workload {
         problem.window_right = c.use_window ? c.window_right : -1;
         problem.softcap = c.softcap;
         problem.seqlens_q = c.seqlens_q;
-        q = random_values(c.dtype, size_t(c.batch) * c.heads_q * c.seqlen_q * c.head_dim, rng);
+        const int group = c.heads_q / c.heads_kv;
+        if (c.fp8_q()) {
+            q_descale = random_descale(c.descale, c.batch, c.heads_kv, rng);
+            q = quantized_values(q_descale, c.batch, c.heads_q, c.seqlen_q, c.head_dim, rng, group);
+        } else {
+            q = random_values(c.dtype, size_t(c.batch) * c.heads_q * c.seqlen_q * c.head_dim, rng);
+        }
         for (float &x : q) x = std::ldexp(x, c.q_scale_log2);  // exact: a power of two
-        if (c.kv_fp8) {
+        if (c.kv_e4m3()) {
             k_descale = random_descale(c.descale, c.batch, c.heads_kv, rng);
             v_descale = random_descale(c.descale, c.batch, c.heads_kv, rng);
             k = quantized_values(k_descale, c.batch, c.heads_kv, c.seqlen_k, c.head_dim, rng);
@@ -380,26 +424,30 @@ struct Workload {
             fill_unused_keys(k, c.head_dim);
             fill_unused_keys(v, c.value_dim());
         }
-        k_stored = stored_values(k, k_descale, c.head_dim);
-        v_stored = stored_values(v, v_descale, c.value_dim());
+        q_stored = c.fp8_q() ? divided_by_factors(q, q_descale, c.heads_q, c.seqlen_q, c.head_dim, group) : q;
+        k_stored = c.kv_e4m3() ? divided_by_factors(k, k_descale, c.heads_kv, c.seqlen_k, c.head_dim, 1) : k;
+        v_stored = c.kv_e4m3() ? divided_by_factors(v, v_descale, c.heads_kv, c.seqlen_k, c.value_dim(), 1) : v;
 
         flashcore_forward_params_init(&params, sizeof params);
         if (c.varlen_q()) {
             cu_q = prefix_sums(c.seqlens_q);
             const int total = cu_q.back() + kPackedTrailingRows;
-            allocate_packed(dq, c.heads_q, total, c.head_dim);
-            allocate_packed(dout, c.heads_q, total, c.value_dim());
-            std::vector<float> packed = random_values(c.dtype, size_t(c.heads_q) * total * c.head_dim, rng);
-            pack_rows(q, c.heads_q, c.seqlen_q, c.head_dim, c.seqlens_q, cu_q, total, packed);
+            allocate_packed(dq, c.heads_q, total, c.head_dim, c.dtype);
+            allocate_packed(dout, c.heads_q, total, c.value_dim(), c.out_dtype());
+            // The rows past the last sequence: values the call must not read
+            // into anything (e4m3 ones for fp8 queries).
+            std::vector<float> packed = c.fp8_q() ? quantized_values({}, 1, c.heads_q, total, c.head_dim, rng)
+                                                  : random_values(c.dtype, size_t(c.heads_q) * total * c.head_dim, rng);
+            pack_rows(q_stored, c.heads_q, c.seqlen_q, c.head_dim, c.seqlens_q, cu_q, total, packed);
             dq.upload(c.dtype, packed);
             upload_int32(cu_q_memory, cu_q);
             params.cu_seqlens_q = static_cast<const int32_t *>(cu_q_memory.data);
             params.total_seqlen_q = total;
             lse_count = size_t(c.heads_q) * total;
         } else {
-            allocate(dq, c.heads_q, c.seqlen_q, c.head_dim);
-            allocate(dout, c.heads_q, c.seqlen_q, c.value_dim());
-            dq.upload(c.dtype, q);
+            allocate(dq, c.heads_q, c.seqlen_q, c.head_dim, c.dtype);
+            allocate(dout, c.heads_q, c.seqlen_q, c.value_dim(), c.out_dtype());
+            dq.upload(c.dtype, q_stored);
             lse_count = size_t(c.batch) * c.heads_q * c.seqlen_q;
         }
         if (c.varlen_k()) {
@@ -453,8 +501,18 @@ struct Workload {
             upload_int32(seqused_memory, std::vector<int32_t>(c.seqused_k.begin(), c.seqused_k.end()));
             params.seqused_k = static_cast<const int32_t *>(seqused_memory.data);
         }
-        if (c.kv_fp8) {
-            params.kv_dtype = FLASHCORE_DTYPE_FP8_E4M3;
+        if (c.fp8_q()) {
+            // kv_dtype and out_dtype: 0 stands for e4m3 K/V and a bf16 out.
+            if (c.fp8_dtypes_named) {
+                params.kv_dtype = FLASHCORE_DTYPE_FP8_E4M3;
+                params.out_dtype = FLASHCORE_DTYPE_BF16;
+            }
+            params.q_descale = upload_descale(q_descale_memory, q_descale);
+            params.q_descale_batch_stride = q_descale.batch_stride;
+            params.q_descale_head_stride = q_descale.head_stride;
+        }
+        if (c.kv_e4m3()) {
+            if (c.kv_fp8) params.kv_dtype = FLASHCORE_DTYPE_FP8_E4M3;
             params.k_descale = upload_descale(k_descale_memory, k_descale);
             params.v_descale = upload_descale(v_descale_memory, v_descale);
             params.k_descale_batch_stride = k_descale.batch_stride;
@@ -489,16 +547,17 @@ struct Workload {
         return static_cast<const float *>(memory.data);
     }
 
-    // The e4m3 values an fp8 cache holds for dequantized dense K or V: each
-    // value divided by its (batch, head) factor, exactly (the values are
-    // e4m3 values times the factor; NaN stays NaN). 16-bit: the values.
-    std::vector<float> stored_values(const std::vector<float> &dequantized, const DescaleFactors &f, int dim) const {
-        if (!c.kv_fp8) return dequantized;
+    // The e4m3 values an e4m3 tensor holds for dequantized dense [batch,
+    // heads, seqlen, dim] values: each divided by its factor (batch, head /
+    // heads_per_factor), exactly (the values are e4m3 values times the
+    // factor; NaN stays NaN).
+    static std::vector<float> divided_by_factors(const std::vector<float> &dequantized, const DescaleFactors &f,
+                                                 int heads, int seqlen, int dim, int heads_per_factor) {
         std::vector<float> stored(dequantized.size());
-        const size_t per_head = size_t(c.seqlen_k) * dim;
+        const size_t per_head = size_t(seqlen) * dim;
         for (size_t i = 0; i < stored.size(); ++i) {
             const size_t bh = i / per_head;
-            stored[i] = dequantized[i] / f.factor(int(bh / c.heads_kv), int(bh % c.heads_kv));
+            stored[i] = dequantized[i] / f.factor(int(bh / heads), int(bh % heads) / heads_per_factor);
         }
         return stored;
     }
@@ -510,7 +569,7 @@ struct Workload {
     // there, the codes 0x7f and 0xff.
     float unused_key_value(size_t i) const {
         if (i % 2 == 0) return NAN;
-        return c.kv_fp8 ? -NAN : INFINITY;
+        return c.kv_e4m3() ? -NAN : INFINITY;
     }
 
     // Keys a batch does not attend to (past seqused_k, its packed length or
@@ -533,9 +592,6 @@ struct Workload {
         strides_for(c.layout, heads, seqlen, head_dim, &b, &s, &h, int(FLASHCORE_ALIGNMENT / bytes));
         t.allocate(c.batch, heads, seqlen, head_dim, b, s, h, bytes);
     }
-    void allocate(DeviceTensor &t, int heads, int seqlen, int head_dim) {
-        allocate(t, heads, seqlen, head_dim, c.dtype);
-    }
     // A packed [rows, heads, dim] tensor (one batch), padded per head and row
     // for Layout::kPadded.
     void allocate_packed(DeviceTensor &t, int heads, int rows, int head_dim, flashcore_dtype storage) {
@@ -544,9 +600,6 @@ struct Workload {
         strides_for(c.layout == Layout::kPadded ? Layout::kPadded : Layout::kBSHD, heads, rows, head_dim, &b, &s, &h,
                     int(FLASHCORE_ALIGNMENT / bytes));
         t.allocate(1, heads, rows, head_dim, b, s, h, bytes);
-    }
-    void allocate_packed(DeviceTensor &t, int heads, int rows, int head_dim) {
-        allocate_packed(t, heads, rows, head_dim, c.dtype);
     }
     // Dense [batch, heads, seqlen, dim] rows of each batch's first
     // lengths[b] positions into packed [1, heads, total, dim] at cu[b].
@@ -623,7 +676,8 @@ struct Workload {
     // the reference's: packed rows unpacked, and rows past a batch's queries
     // (which the call does not compute) given the reference's values.
     std::vector<float> dense_out(const std::vector<double> &ref) const {
-        return c.varlen_q() ? unpack_rows(dout.download(c.dtype), ref, c.value_dim()) : dout.download(c.dtype);
+        const std::vector<float> out = dout.download(c.out_dtype());
+        return c.varlen_q() ? unpack_rows(out, ref, c.value_dim()) : out;
     }
     std::vector<float> dense_lse(const std::vector<double> &ref) const {
         // [heads][total] packed: rows of width 1.
@@ -700,10 +754,130 @@ inline uint64_t fresh_seed() {
 }
 
 
+// fp8 queries run on the sm_90a kernels, on compute capability 9.0 GPUs
+// only; elsewhere, and in a library built without those kernels, the
+// library refuses them (UNSUPPORTED, saying why). Whether a call of params
+// (dtype FLASHCORE_DTYPE_FP8_E4M3) runs here; where not, *why gets the
+// library's reason. A call accepted on another GPU, or refused on a 9.0 one
+// for another reason than the build, is a test failure.
+inline bool fp8_prefill_runs_here(flashcore_handle h, const flashcore_forward_params &params, std::string *why) {
+    int device = 0, major = 0, minor = 0;
+    FC_CHECK_CUDA(cudaGetDevice(&device));
+    FC_CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    FC_CHECK_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    size_t bytes = 0;
+    const flashcore_status status = flashcore_forward_workspace_size(h, &params, &bytes);
+    const std::string message = status == FLASHCORE_STATUS_SUCCESS ? "" : flashcore_last_error_message();
+    if (major != 9 || minor != 0) {
+        EXPECT_EQ(status, FLASHCORE_STATUS_UNSUPPORTED)
+            << "fp8 queries on compute capability " << major << "." << minor << ": " << message;
+        EXPECT_NE(message.find("sm_90"), std::string::npos) << message;
+        *why = message.empty() ? "fp8 queries need a compute capability 9.0 GPU" : message;
+        return false;
+    }
+    if (status == FLASHCORE_STATUS_UNSUPPORTED && message.find("built without") != std::string::npos) {
+        *why = message;
+        return false;
+    }
+    EXPECT_EQ(status, FLASHCORE_STATUS_SUCCESS) << "fp8 queries on compute capability 9.0: " << message;
+    *why = message;
+    return status == FLASHCORE_STATUS_SUCCESS;
+}
+
+// Where out and lse of an fp8 prefill stand against fp8_error_bounds (the
+// largest |got - ref| / bound, and where) and kFp8PrefillRelL2.
+struct Fp8Errors {
+    ErrorStats out, lse;
+    double worst_out_ratio = 0, worst_lse_ratio = 0;
+    size_t worst_out_at = 0, worst_lse_at = 0;
+    size_t out_beyond = 0, lse_beyond = 0;  // elements (rows) past their bound
+};
+
+inline Fp8Errors fp8_errors(const Workload &w, const std::vector<double> &ref_out, const std::vector<double> &ref_lse) {
+    std::vector<double> out_bound, lse_bound;
+    fp8_error_bounds(w.problem, w.q, w.k, w.v, kFp8PrefillModel, out_bound, lse_bound);
+    const std::vector<float> out = w.dense_out(ref_out), lse = w.dense_lse(ref_lse);
+    Fp8Errors e;
+    e.out = compare(out, ref_out);
+    e.lse = compare(lse, ref_lse);
+    const auto judge = [](const std::vector<float> &got, const std::vector<double> &ref,
+                          const std::vector<double> &bound, double *worst, size_t *at, size_t *beyond) {
+        for (size_t i = 0; i < ref.size(); ++i) {
+            if (std::isinf(ref[i]) || !std::isfinite(got[i])) continue;  // compare() counts these
+            const double diff = std::fabs(double(got[i]) - ref[i]);
+            if (diff == 0) continue;
+            const double ratio = diff / bound[i];  // bound 0 (rows without keys): infinity
+            *beyond += ratio > 1;
+            if (ratio > *worst) *worst = ratio, *at = i;
+        }
+    };
+    judge(out, ref_out, out_bound, &e.worst_out_ratio, &e.worst_out_at, &e.out_beyond);
+    judge(lse, ref_lse, lse_bound, &e.worst_lse_ratio, &e.worst_lse_at, &e.lse_beyond);
+    return e;
+}
+
+// Case c with fp8 queries: runs it (skipping where fp8 queries do not run:
+// fp8_prefill_runs_here) on fresh random inputs with poisoned outputs,
+// compares out and lse with the float64 reference of the dequantized
+// inputs within fp8_error_bounds and kFp8PrefillRelL2, and checks that a
+// second run gives bitwise-identical output.
+inline void expect_fp8_prefill_matches_reference(const FwdCase &c) {
+    const uint64_t seed = fresh_seed();
+    std::mt19937_64 rng(seed);
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    Workload w(c, rng);
+    std::string why;
+    if (!fp8_prefill_runs_here(handle.get(), w.params, &why)) GTEST_SKIP() << "GPU test skipped: " << why;
+
+    w.poison_outputs();
+    ASSERT_EQ(run_forward(handle.get(), w.params), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    const std::vector<uint16_t> first_bits = w.out_bits();
+    std::vector<double> ref_out, ref_lse;
+    reference_attention(w.problem, w.q, w.k, w.v, ref_out, ref_lse);
+    const Fp8Errors e = fp8_errors(w, ref_out, ref_lse);
+    std::printf("[ errors ] %s seed=%llu out: max_abs=%.3e rel_l2=%.3e worst=%.2f of its bound | lse: max_abs=%.3e "
+                "worst=%.2f of its bound\n",
+                case_name(c).c_str(), static_cast<unsigned long long>(seed), e.out.max_abs, e.out.rel_l2,
+                e.worst_out_ratio, e.lse.max_abs, e.worst_lse_ratio);
+    testing::Test::RecordProperty("out_max_abs", std::to_string(e.out.max_abs));
+    testing::Test::RecordProperty("out_rel_l2", std::to_string(e.out.rel_l2));
+    testing::Test::RecordProperty("out_worst_of_bound", std::to_string(e.worst_out_ratio));
+    testing::Test::RecordProperty("lse_max_abs", std::to_string(e.lse.max_abs));
+    // Dense [batch, heads_q, seqlen_q(, dim)] indices, for the messages.
+    const auto where = [&](size_t i, int dim) {
+        const size_t row = i / size_t(dim);
+        return " at batch " + std::to_string(row / c.seqlen_q / c.heads_q) + ", head " +
+               std::to_string(row / c.seqlen_q % c.heads_q) + ", query " + std::to_string(row % c.seqlen_q) +
+               (dim > 1 ? ", column " + std::to_string(i % dim) : std::string());
+    };
+    EXPECT_EQ(e.out.non_finite, 0u) << "output elements not written or not finite";
+    EXPECT_EQ(e.out.mismatched_inf, 0u);
+    EXPECT_LE(e.out.rel_l2, kFp8PrefillRelL2);
+    EXPECT_EQ(e.out_beyond, 0u) << "out elements past their error bound; the worst " << e.worst_out_ratio
+                                << " times it" << where(e.worst_out_at, c.value_dim());
+    EXPECT_EQ(e.lse.non_finite, 0u) << "lse elements not written or not finite";
+    EXPECT_EQ(e.lse.mismatched_inf, 0u) << "rows with no visible key must have lse = -inf";
+    EXPECT_EQ(e.lse_beyond, 0u) << "lse rows past their error bound; the worst " << e.worst_lse_ratio
+                                << " times it" << where(e.worst_lse_at, 1);
+    EXPECT_EQ(w.check_untouched(), "");
+
+    // The same inputs give bitwise-identical outputs.
+    w.poison_outputs();
+    ASSERT_EQ(run_forward(handle.get(), w.params), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    EXPECT_TRUE(w.out_bits() == first_bits) << "second run differs from the first";
+    EXPECT_EQ(w.check_untouched(), "");
+}
+
 // Runs case c on fresh random inputs with poisoned outputs, compares out and
 // lse with the float64 reference, and checks that a second run gives
-// bitwise-identical output. The caller has checked for a GPU.
+// bitwise-identical output. The caller has checked for a GPU. Cases with
+// fp8 queries: expect_fp8_prefill_matches_reference.
 inline void expect_matches_reference(const FwdCase &c) {
+    if (c.fp8_q()) {
+        expect_fp8_prefill_matches_reference(c);
+        return;
+    }
     const uint64_t seed = fresh_seed();
     std::mt19937_64 rng(seed);
     UniqueHandle handle = make_handle();

@@ -193,6 +193,59 @@ void reference_attention_backward(const Problem &p, const std::vector<float> &q,
     });
 }
 
+void fp8_error_bounds(const Problem &p, const std::vector<float> &q, const std::vector<float> &k,
+                      const std::vector<float> &v, const Fp8ErrorModel &model, std::vector<double> &out_bound,
+                      std::vector<double> &lse_bound) {
+    const int d = p.head_dim;
+    const int dv = value_head_dim(p);
+    const double scale = softmax_scale_of(p);
+    const int group = p.heads_q / p.heads_kv;
+    const int64_t num_rows = int64_t(p.batch) * p.heads_q * p.seqlen_q;
+    out_bound.assign(size_t(num_rows) * dv, 0.0);
+    lse_bound.assign(size_t(num_rows), 0.0);
+    const auto steps = [&](int64_t terms) { return double((terms + model.terms_per_step - 1) / model.terms_per_step); };
+    parallel_for(num_rows, [&](int64_t row) {
+        const int i = int(row % p.seqlen_q);
+        const int64_t bh = row / p.seqlen_q;
+        const int b = int(bh / p.heads_q);
+        const size_t kv_head = size_t(b) * p.heads_kv + (bh % p.heads_q) / group;
+        if (i >= batch_seqlen_q(p, b)) return;
+        int first = 0, end = 0;
+        visible_keys(p, b, i, &first, &end);
+        if (end <= first) return;
+        const float *q_row = &q[size_t(row) * d];
+        std::vector<double> scores(size_t(end - first));
+        double max_score = -std::numeric_limits<double>::infinity(), max_magnitude = 0;
+        for (int j = first; j < end; ++j) {
+            const float *k_row = &k[(kv_head * p.seqlen_k + j) * d];
+            double magnitude = 0;
+            for (int c = 0; c < d; ++c) magnitude += std::fabs(double(q_row[c]) * double(k_row[c]));
+            scores[j - first] = score_of(p, scale, q_row, k_row).value;
+            max_score = std::max(max_score, scores[j - first]);
+            max_magnitude = std::max(max_magnitude, magnitude * scale);
+        }
+        double sum = 0;
+        for (double &s : scores) sum += (s = std::exp(s - max_score));  // now the unnormalised weights
+        const double score_error = steps(d) * model.step_rounding * max_magnitude;
+        const double spread = std::expm1(2 * score_error) + (steps(end - first) + model.partial_tile_steps) * model.step_rounding;
+        const double w_max = 1 / sum;  // the largest key's weight (its unnormalised weight is 1)
+        double *bound = &out_bound[size_t(row) * dv];
+        std::vector<double> magnitude_sum(size_t(dv), 0.0), out_sum(size_t(dv), 0.0);
+        for (int j = first; j < end; ++j) {
+            const double w = scores[j - first] / sum;
+            const double rounding = std::max(model.prob_rounding * w, model.prob_subnormal_rounding * w_max);
+            const float *v_row = &v[(kv_head * p.seqlen_k + j) * dv];
+            for (int c = 0; c < dv; ++c) {
+                bound[c] += rounding * std::fabs(double(v_row[c]));
+                magnitude_sum[c] += w * std::fabs(double(v_row[c]));
+                out_sum[c] += w * double(v_row[c]);
+            }
+        }
+        for (int c = 0; c < dv; ++c) bound[c] += spread * magnitude_sum[c] + model.out_rounding * std::fabs(out_sum[c]);
+        lse_bound[size_t(row)] = 2 * score_error + model.lse_floor;
+    });
+}
+
 uint8_t e4m3_encode(float x) {
     const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
     if (std::isnan(x)) return sign | 0x7F;
