@@ -73,6 +73,14 @@ flashcore_status validate_backward_sizes(const flashcore_backward_params &p) {
 }
 
 flashcore_status validate_backward_shapes(const flashcore_backward_params &p) {
+    // The forward's dtype rules admit e4m3 queries (fp8 prefill), which
+    // have no backward pass.
+    if (p.dtype == FLASHCORE_DTYPE_FP8_E4M3) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "dtype FLASHCORE_DTYPE_FP8_E4M3 (%d): the backward pass takes FLASHCORE_DTYPE_FP16 (%d) or "
+                    "FLASHCORE_DTYPE_BF16 (%d); fp8 attention is forward only",
+                    int(p.dtype), int(FLASHCORE_DTYPE_FP16), int(FLASHCORE_DTYPE_BF16));
+    }
     flashcore_status status = validate_shapes(forward_view(p), bwd_supported_head_dims());
     if (status == FLASHCORE_STATUS_SUCCESS) status = check_seqlen_k(p);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;

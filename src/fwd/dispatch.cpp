@@ -217,6 +217,9 @@ flashcore_status plan_fp8(const flashcore_handle_s &handle, const flashcore_forw
                     int(dims.head_dim), int(dims.head_dim_v));
     }
     const int64_t blocks = num_blocks(p, *kernel, 1);
+    if (blocks > INT_MAX / std::max<int64_t>(p.num_splits, 1)) {
+        return fail_grid_limit("num_heads_q", "seqlen_q", kernel->info().block_m, static_cast<long long>(blocks));
+    }
     const int splits =
         p.num_splits > 0 ? p.num_splits : heuristic_splits(blocks, handle.num_sms, key_steps(p, *kernel));
     *plan = ForwardPlan{kernel, splits, 1};
