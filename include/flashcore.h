@@ -448,7 +448,8 @@ typedef struct flashcore_forward_params {
      * largest is 256) before P * V, as FlashAttention 3 does. It runs on
      * sm_90 GPUs (H100, H200) with the library's sm_90a kernels only
      * (FLASHCORE_STATUS_UNSUPPORTED elsewhere, or in a build without them),
-     * at head dims (64, 64), (128, 128) and (256, 256), with causal, window,
+     * with kernels at head dims (64, 64), (128, 128) and (256, 256) (other
+     * head dims run on the smallest that covers them), with causal, window,
      * GQA, lse, split-KV, varlen, seqused_k and paged K/V; softcap is not
      * supported. q, k and v strides are then in one-byte elements,
      * multiples of 16; lse is in the usual units, of the dequantized

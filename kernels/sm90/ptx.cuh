@@ -179,4 +179,9 @@ __device__ __forceinline__ void named_barrier_sync_id(int id, int num_threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(num_threads) : "memory");
 }
 
+// Counts this thread's arrival at barrier `id` without waiting.
+__device__ __forceinline__ void named_barrier_arrive_id(int id, int num_threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(num_threads) : "memory");
+}
+
 }  // namespace flashcore::sm90

@@ -463,7 +463,8 @@ def attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, cache_seqle
         k_descale and v_descale are its descale factors, of one element
         (the whole cache) or of shape [B, Hkv], as for attention(). With q
         float8_e4m3fn too (fp8 prefill against an fp8 cache, chunked or
-        not; sm_90 only, head dims 64, 128 and 256, no softcap), out is
+        not; sm_90 only, kernels at head dims 64, 128 and 256 (others run
+        on the smallest that covers them), no softcap), out is
         bfloat16 and q_descale q's factors, as for attention().
     The other arguments are attention()'s (layout is "bshd"), detach and
     deterministic included: a contiguous 16-bit cache's result is

@@ -158,7 +158,8 @@ def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0, softma
     FlashAttention 3's fp8 inputs and keywords: k and v may be
     float8_e4m3fn with a float16/bfloat16 q (out has q's dtype), or q, k
     and v all float8_e4m3fn, as FlashAttention 3's fp8 forward (out is
-    bfloat16; sm_90 GPUs only, head dims 64, 128 and 256, no softcap);
+    bfloat16; sm_90 GPUs only, kernels at head dims 64, 128 and 256, no
+    softcap);
     q_descale, k_descale and v_descale are their descale factors (float32
     tensors of one element or of shape [B, Hkv]), as for
     flashcore.attention. Such a call has no backward pass.

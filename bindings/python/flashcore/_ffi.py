@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "e88c6c27ee9051c498fc963e1174222ddebbe69f3ce61909ef410892f5f33b0a"
+HEADER_SHA256 = "51f8b2a649c0f3067624d152706c09d87333acac29fa0599c1f28418d46559cf"
 
 
 # Assigning to a field of the structs below checks the value against the
@@ -322,7 +322,8 @@ class flashcore_forward_params(ctypes.Structure):
         # largest is 256) before P * V, as FlashAttention 3 does. It runs on
         # sm_90 GPUs (H100, H200) with the library's sm_90a kernels only
         # (FLASHCORE_STATUS_UNSUPPORTED elsewhere, or in a build without them),
-        # at head dims (64, 64), (128, 128) and (256, 256), with causal, window,
+        # with kernels at head dims (64, 64), (128, 128) and (256, 256) (other
+        # head dims run on the smallest that covers them), with causal, window,
         # GQA, lse, split-KV, varlen, seqused_k and paged K/V; softcap is not
         # supported. q, k and v strides are then in one-byte elements,
         # multiples of 16; lse is in the usual units, of the dequantized

@@ -517,15 +517,8 @@ def test_fp8_prefill_refusals_write_nothing(torch, monkeypatch):
         flashcore.attention(q8, k8, v8, layout="bshd", out=out, q_descale=torch.ones((1, 4), device="cuda"))
     with pytest.raises(flashcore.UnsupportedError, match="fp8 prefill, for inference only"):
         flashcore.attention(q8.clone().requires_grad_(True), k8, v8, layout="bshd", out=out, **descales)
-    # A head dim the fp8 kernels do not have: the library's refusal.
-    others = [dim for dim, dim_v in flashcore.supported_head_dims() if dim == dim_v and dim % 16 == 0
-              and dim not in FP8_HEAD_DIMS]
-    if others:
-        d = others[0]
-        x = torch.zeros((1, 16, 4, d), dtype=torch.float8_e4m3fn, device="cuda")
-        with pytest.raises(flashcore.UnsupportedError):
-            flashcore.attention(x, x[:, :, :2], x[:, :, :2], layout="bshd",
-                                out=poisoned(torch, (1, 16, 4, d), torch.bfloat16))
+    # (Other head dims up to 256, multiples of 16, run on the smallest fp8
+    # kernel that covers them, as the 16-bit ones do: nothing to refuse.)
     torch.cuda.synchronize()
     assert torch.isnan(out.float()).all(), "a refused call wrote to out"
     # detach=True: computed from the values alone.

@@ -56,14 +56,21 @@ struct Consumer {
         : params(params_),
           consumer(consumer_),
           wg_tid(wg_tid_),
-          loop{pipe, wg_tid_ % 32, consumer_ * Traits::kRowsPerConsumer + (wg_tid_ / 32) * kMmaM,
-               params_.fwd.softmax_scale_log2, Cap::of(params_.fwd.softcap_prescale)} {}
+          loop{pipe,
+               wg_tid_ % 32,
+               consumer_ * Traits::kRowsPerConsumer + (wg_tid_ / 32) * kMmaM,
+               params_.fwd.softmax_scale_log2,
+               Cap::of(params_.fwd.softcap_prescale),
+               IssueTurns<Traits>{consumer_}} {}
 
     __device__ __forceinline__ void run() {
+        loop.turns.start();
         schedule_of<Traits>(params).template for_each_block<kRagged>(
             params.fwd, [&](const FwdTile &tile, const KeyRange &keys, int split) { compute_block(tile, keys, split); });
         if (pending) {
+            loop.turns.wait();
             issue_pending_output();
+            loop.turns.pass();
             wgmma_wait<0>();
             finish_pending();
         }
@@ -94,6 +101,7 @@ struct Consumer {
         // pending block an empty group takes the product's place, so both
         // paths wait for the same groups (ptxas tracks the wgmmas in flight
         // per group, not per path).
+        loop.turns.wait();
         if (pending) {
             issue_pending_output();
         } else {
@@ -101,6 +109,7 @@ struct Consumer {
         }
         mbarrier_wait(loop.pipe.q_full(q_buffer), Pipeline<Traits>::q_phase_of(q_count));
         loop.issue_scores(q_rows, kv_base);
+        loop.turns.pass();
         wgmma_wait<1>();
         if (pending) finish_pending();
         const KeyMask mask = KeyMask::of(params.fwd, tile.seqs);

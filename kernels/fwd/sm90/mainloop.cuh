@@ -147,6 +147,30 @@ __device__ __forceinline__ void issue_pv(float (&out)[Traits::kHeadDimV / 8][4],
     wgmma_commit();
 }
 
+// Turns of the consumer warpgroups at issuing GEMMs, where the traits ask
+// for them (kIssueInTurns, two consumers): warpgroup w waits for its turn
+// (its barrier: its own 128 threads and the other's 128 arrivals), issues,
+// and hands the turn over. Both walk the same blocks and tiles, so their
+// turns pair up; consumer 1 hands consumer 0 the first.
+template <typename Traits>
+struct IssueTurns {
+    static constexpr bool kEnabled = Traits::kIssueInTurns && Traits::kConsumerWarpgroups == 2;
+    static constexpr int kThreads = 2 * kWarpgroupThreads;
+    int consumer;
+
+    __device__ __forceinline__ void start() const {
+        if constexpr (kEnabled) {
+            if (consumer == 1) named_barrier_arrive_id(kFirstIssueTurnBarrier, kThreads);
+        }
+    }
+    __device__ __forceinline__ void wait() const {
+        if constexpr (kEnabled) named_barrier_sync_id(kFirstIssueTurnBarrier + consumer, kThreads);
+    }
+    __device__ __forceinline__ void pass() const {
+        if constexpr (kEnabled) named_barrier_arrive_id(kFirstIssueTurnBarrier + (consumer ^ 1), kThreads);
+    }
+};
+
 // The register state of a consumer warp while it walks a block's key tiles,
 // and the steps of that walk.
 template <typename Traits, typename Cap>
@@ -164,6 +188,7 @@ struct Mainloop {
     int warp_first_row;  // within the CTA's query block
     float scale_log2;    // softmax_scale * log2(e) (fp8: times the block's q and k descales)
     Cap cap;  // the softcap, or NoSoftcap
+    IssueTurns<Traits> turns;
 
     float acc_o[1][kNAtomsO][4];
     OnlineSoftmax<1, Traits::kRowMaxChains, Traits::kProbExponent> softmax;
@@ -333,8 +358,10 @@ struct Mainloop {
     __device__ __forceinline__ void step(const KeyMask &mask, const KeyRange &keys, int m_block, uint32_t q_rows,
                                          KvPosition kv_base, int q_buffer, int j, const Fragments &p_prev,
                                          Fragments &p_next) {
+        turns.wait();
         issue_scores(q_rows, kv_base + j);
         issue_output(p_prev, kv_base + j - 1);
+        turns.pass();
 
         wgmma_wait<1>();  // S_j is done; P_{j-1} * V_{j-1} may still run
         fence_accumulators(scores[0]);

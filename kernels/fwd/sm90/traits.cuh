@@ -84,6 +84,9 @@ constexpr int kMaxConsumerWarpgroups = 3;
 // epilogue's), then one for all the consumers (v_tail.cuh).
 constexpr int kFirstConsumerBarrier = 1;
 constexpr int kAllConsumersBarrier = kFirstConsumerBarrier + kMaxConsumerWarpgroups;
+// Then one per consumer warpgroup for its turn to issue GEMMs (IssueTurns,
+// mainloop.cuh).
+constexpr int kFirstIssueTurnBarrier = kAllConsumersBarrier + 1;
 
 // Registers per thread after setmaxnreg, by consumer warpgroups (2 or 3):
 // the producer keeps only what its one issuing thread needs, the consumers
@@ -124,6 +127,13 @@ struct Sm90Traits {
     // Keys per wgmma k-step: 16 of a two-byte type, 32 of fp8.
     static constexpr int kMmaKeys = kFp8 ? 32 : 16;
     static constexpr int kVTransposeWarps = kFp8 ? sm90::kVTransposeWarps : 0;
+    // The two consumer warpgroups take turns issuing their GEMMs (FA3's
+    // ping-pong, IssueTurns): on fp8 the tensor cores finish a tile about as
+    // fast as the exponentials (MUFU) do, so each warpgroup's softmax should
+    // run while the other's GEMMs do. Measured on one H100 against the same
+    // kernel without turns (issue 36's fp8 cases): head dim 64 +0-11%, 256
+    // +1-17%; 128 -4% to +5%, and 16k causal -9%: not there.
+    static constexpr bool kIssueInTurns = kFp8 && kHeadDimV != 128;
     static constexpr int kHeadDim = kHeadDim_;    // of Q and K
     static constexpr int kHeadDimV = kHeadDimV_;  // of V and O
     static constexpr int kBlockN = kBlockN_;      // keys per K/V tile
