@@ -55,6 +55,15 @@ bwd_shapes+=':Gradients/*_used_100_600_50:Gradients/*_qlens_0_1_17_200_513_*:Gra
 # mask; the d64 full shape above chooses it under 3 CTAs too).
 sm90_shapes="${shapes}:ForwardSm90.WideConfiguration*"
 
+# fp8 prefill (the sm_90a kernels on e4m3 inputs: V transposed by the
+# producer warps, the consumers' turns): head dims 64, 128 and 256, full
+# and causal, GQA, padded layouts, packed batches with empty sequences,
+# seqused_k over NaN tails, and paged caches of 16 and 256 keys whose tables
+# point at the pool's last page.
+fp8_shapes='Shapes/ForwardFp8Test.*page*:Shapes/ForwardFp8Test.*_d128_causal_b2_hq8_hkv2_sq300_sk421_bshd*'
+fp8_shapes+=':Shapes/ForwardFp8Test.*_hq6_hkv3_*padded*:Shapes/ForwardFp8Test.*qlens_0_1_17*'
+fp8_shapes+=':Shapes/ForwardFp8Test.*used_100_600_50*'
+
 # name | tool | binary | gtest filter | environment
 runs=(
   "default|memcheck|test_forward|${shapes}|"
@@ -72,6 +81,10 @@ runs=(
   "split|racecheck|test_split|Splits/*d64*sq1_*splits128:States/*|"
   "sm90|synccheck|test_forward|${sm90_shapes}|FLASHCORE_FWD_VARIANT=sm90 FLASHCORE_PERSISTENT_CTAS=3"
   "split.sm90|synccheck|test_split|Splits/*d128*sq3*:Splits/*d64*sq1_*splits128|FLASHCORE_FWD_VARIANT=sm90"
+  "fp8|memcheck|test_forward|${fp8_shapes}|"
+  "fp8|racecheck|test_forward|${fp8_shapes}|"
+  "fp8|synccheck|test_forward|${fp8_shapes}|"
+  "split.fp8|memcheck|test_split|Splits/SplitFp8PrefillTest.*page*|"
   "backward|memcheck|test_backward|${bwd_shapes}:BackwardApi.*:BackwardGraph.*|"
   "backward|racecheck|test_backward|${bwd_shapes}|"
   "backward|synccheck|test_backward|${bwd_shapes}|"
