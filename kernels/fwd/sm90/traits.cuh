@@ -133,7 +133,7 @@ struct Sm90Traits {
     // run while the other's GEMMs do. Measured on one H100 against the same
     // kernel without turns (issue 36's fp8 cases): head dim 64 +0-11%, 256
     // +1-17%; 128 -4% to +5%, and 16k causal -9%: not there.
-    static constexpr bool kIssueInTurns = kFp8 && kHeadDimV != 128;
+    static constexpr bool kIssueInTurns = kFp8 && kHeadDimV_ != 128;
     static constexpr int kHeadDim = kHeadDim_;    // of Q and K
     static constexpr int kHeadDimV = kHeadDimV_;  // of V and O
     static constexpr int kBlockN = kBlockN_;      // keys per K/V tile
