@@ -106,7 +106,8 @@ __device__ __forceinline__ void transpose_v_tile(uint32_t v_tile, uint32_t vt_ti
     constexpr int kVRowBytes = Traits::kPanelRowBytes;
     constexpr int kVChunks = kVRowBytes / 16;
     constexpr int kStepsPerVPanel = kVRowBytes / kStepColumns;  // one-byte elements
-    static_assert(kSteps % kItemSteps == 0 && kVRowBytes % kStepColumns == 0, "whole steps per item and panel");
+    static_assert(kSteps % kItemSteps == 0 && kVRowBytes % kStepColumns == 0 && kItemSteps % kStepsPerVPanel == 0,
+                  "whole steps per item, whole items of V panels");
     const int matrix = lane / 8;  // the matrix whose row this lane addresses
     const int row = lane % 8;
     // ldmatrix: matrix i is keys 8 (i % 2) + row of the group, chunk i / 2
@@ -119,26 +120,30 @@ __device__ __forceinline__ void transpose_v_tile(uint32_t v_tile, uint32_t vt_ti
     const uint32_t first_select = even_first ? kEvenBytes : kOddBytes;
     const uint32_t second_select = even_first ? kOddBytes : kEvenBytes;
 #pragma unroll 1
-    for (int item = warp; item < kItems; item += kVTransposeWarps) {
-        const int group = item % kGroups;
-        const int first_step = (item / kGroups) * kItemSteps;
-        const int first_key = group * kVtKeyGroup;
-        const uint32_t group_rows = v_tile + first_key * kVRowBytes;
+    for (unsigned item = unsigned(warp); item < unsigned(kItems); item += kVTransposeWarps) {
+        const unsigned group = item % kGroups;
+        // The item's first step: a whole number of V panels in (so its
+        // steps' panels and chunk bits are the first item's, offset by
+        // whole panels), and 0 where one item covers the head dim.
+        const unsigned first_step = kSteps == kItemSteps ? 0u : (item / kGroups) * kItemSteps;
+        const unsigned first_key = group * kVtKeyGroup;
+        const uint32_t item_rows =
+            v_tile + first_key * kVRowBytes + (first_step / kStepsPerVPanel) * Traits::kKVPanelBytes;
         const uint32_t store_base = vt_tile + (first_key / Traits::kVtPanelKeys) * Traits::kVtPanelBytes +
-                                    VtSwizzle::offset(store_row, (first_key % Traits::kVtPanelKeys) / 16);
+                                    VtSwizzle::offset(store_row, int(first_key % Traits::kVtPanelKeys) / 16) +
+                                    first_step * kStepColumns * Traits::kVtRowBytes;
         // Bytes of keys at or past valid_keys: 16-bit pairs of one key each.
         uint32_t keep_a = ~0u, keep_b = ~0u;
         if constexpr (kZeroTail) {
             const int t = lane % 4;
-            const auto keep = [&](int key) { return first_key + key < valid_keys; };
+            const auto keep = [&](int key) { return int(first_key) + key < valid_keys; };
             keep_a = (keep(2 * t) ? 0x0000FFFFu : 0u) | (keep(2 * t + 1) ? 0xFFFF0000u : 0u);
             keep_b = (keep(8 + 2 * t) ? 0x0000FFFFu : 0u) | (keep(9 + 2 * t) ? 0xFFFF0000u : 0u);
         }
 #pragma unroll
         for (int j = 0; j < kItemSteps; ++j) {
-            const int step = first_step + j;
-            const uint32_t panel = group_rows + (step / kStepsPerVPanel) * Traits::kKVPanelBytes;
-            const uint32_t chunk_bits = uint32_t(((step * kStepColumns / 16) % kVChunks) * 16);
+            const uint32_t panel = item_rows + (j / kStepsPerVPanel) * Traits::kKVPanelBytes;
+            const uint32_t chunk_bits = uint32_t(((j * kStepColumns / 16) % kVChunks) * 16);
             uint32_t v[4];  // A and B of the step's first chunk, then of its second
             ldmatrix_x4_trans(panel + (load_offset ^ chunk_bits), v);
             if constexpr (kZeroTail) {
@@ -146,7 +151,7 @@ __device__ __forceinline__ void transpose_v_tile(uint32_t v_tile, uint32_t vt_ti
             }
             const uint32_t rows[4] = {__byte_perm(v[0], v[1], first_select), __byte_perm(v[0], v[1], second_select),
                                       __byte_perm(v[2], v[3], first_select), __byte_perm(v[2], v[3], second_select)};
-            stmatrix_x4(store_base + uint32_t(step * kStepColumns * Traits::kVtRowBytes), rows);
+            stmatrix_x4(store_base + uint32_t(j * kStepColumns * Traits::kVtRowBytes), rows);
         }
     }
 }
@@ -165,7 +170,13 @@ __device__ __forceinline__ void run_v_transpose(const Sm90KernelParams &params, 
     const uint32_t smem = smem_address(pipe.smem);
     for (;;) {
         mbarrier_wait(pipe.v_full(stage), phase);
-        const int valid_keys = int(load_shared_u32(smem + Traits::kSmemVTileKeys + stage * sizeof(int)));
+        // Read by the lane that will release V (v_empty) and passed on, so
+        // the read is ordered before the release in that lane's program
+        // order (compute-sanitizer's racecheck does not see __syncwarp carry
+        // other lanes' reads before one lane's arrival).
+        int valid_keys = 0;
+        if (lane == 0) valid_keys = int(load_shared_u32(smem + Traits::kSmemVTileKeys + stage * sizeof(int)));
+        valid_keys = __shfl_sync(0xffffffffu, valid_keys, 0);
         if (valid_keys == kNoMoreVTiles) return;
         mbarrier_wait(pipe.vt_empty(stage), phase ^ 1u);
         const uint32_t v_tile = smem + Traits::kSmemV + stage * Traits::kVTileBytes;
