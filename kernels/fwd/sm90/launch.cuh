@@ -154,18 +154,18 @@ cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &
     static_assert(kVariant == FwdVariant::kPersistent, "the sm90 kernel has one variant");
     using Config = sm90::Sm90Config<kInput, kOutput, kHeadDim, kHeadDimV>;
     using Traits = typename Config::Traits;
+    if constexpr (Config::kHasWide) {
+        if (sm90::wide_fits<Traits, typename Config::WideTraits>(params, options.max_persistent_ctas)) {
+            return sm90::run_with_traits<kInput, kOutput, typename Config::WideTraits, NoSoftcap,
+                                         /*kServesRagged=*/false>(params, options, stream);
+        }
+    }
     // e4m3 inputs: no softcap (validation refuses it; one kernel fewer of
     // each, for the library's size).
     if constexpr (Traits::kFp8) {
         if (params.softcap_prescale != 0.f) return cudaErrorNotSupported;
         return sm90::run_with_traits<kInput, kOutput, Traits, NoSoftcap>(params, options, stream);
     } else {
-        if constexpr (Config::kHasWide) {
-            if (sm90::wide_fits<Traits, typename Config::WideTraits>(params, options.max_persistent_ctas)) {
-                return sm90::run_with_traits<kInput, kOutput, typename Config::WideTraits, NoSoftcap,
-                                             /*kServesRagged=*/false>(params, options, stream);
-            }
-        }
         return params.softcap_prescale != 0.f
                    ? sm90::run_with_traits<kInput, kOutput, Traits, Softcap>(params, options, stream)
                    : sm90::run_with_traits<kInput, kOutput, Traits, NoSoftcap>(params, options, stream);

@@ -99,6 +99,8 @@ constexpr int consumer_registers(int consumer_warpgroups) { return consumer_warp
 // transpose V: 128 x 48 + 256 x 224.
 constexpr int kFp8ProducerRegisters = 48;
 constexpr int kFp8ConsumerRegisters = 224;
+// With three: 128 x 48 + 384 x 152.
+constexpr int kFp8WideConsumerRegisters = 152;
 
 // How finished rows of O leave the CTA.
 enum class OutputPath {
@@ -162,7 +164,9 @@ struct Sm90Traits {
     // loop and the producer's spilled; at 40 the ragged producer did), the
     // consumers 224.
     static constexpr int kProducerRegisters = kFp8 ? kFp8ProducerRegisters : producer_registers(kConsumerWarpgroups);
-    static constexpr int kConsumerRegisters = kFp8 ? kFp8ConsumerRegisters : consumer_registers(kConsumerWarpgroups);
+    static constexpr int kConsumerRegisters =
+        kFp8 ? (kConsumerWarpgroups == 2 ? kFp8ConsumerRegisters : kFp8WideConsumerRegisters)
+             : consumer_registers(kConsumerWarpgroups);
 
     // Panels: 128-byte rows where both head dims' rows are multiples of 128
     // bytes (of two-byte elements: 64 columns), else 64-byte rows (32, 96).
