@@ -119,15 +119,17 @@ template <typename Traits>
 __device__ __forceinline__ void issue_pv(float (&out)[Traits::kHeadDimV / 8][4],
                                         const uint32_t (&p)[Traits::kBlockN / Traits::kMmaKeys][4], uint32_t v_tile) {
     if constexpr (Traits::kFp8) {
-        // V^T is K-major: a k-step is 32 keys, 32 bytes along its rows.
+        // V^T is K-major: a k-step is 32 keys, 32 bytes along its rows; the
+        // steps' descriptors advance from the tile's first.
         using VtSwizzle = typename Traits::VtSwizzle;
+        const auto desc_vt = VtSwizzle::k_major(v_tile);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < Traits::kBlockN / Traits::kMmaKeys; ++kk) {
             const int key = kk * Traits::kMmaKeys;
             const uint32_t offset =
                 (key / Traits::kVtPanelKeys) * Traits::kVtPanelBytes + key % Traits::kVtPanelKeys;
-            mma_rs<Traits, Traits::kHeadDimV>(out, p[kk], VtSwizzle::k_major(v_tile + offset).at(0), 1);
+            mma_rs<Traits, Traits::kHeadDimV>(out, p[kk], desc_vt.at(offset), 1);
         }
         wgmma_commit();
         return;
