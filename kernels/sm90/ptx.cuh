@@ -179,6 +179,16 @@ __device__ __forceinline__ void named_barrier_sync_id(int id, int num_threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(num_threads) : "memory");
 }
 
+// Stores four 8x8 b16 matrices (sm_90's stmatrix, the counterpart of
+// common/ptx.cuh's ldmatrix_x4): lane i supplies the row address for matrix
+// i / 8, and each lane's frag[m] holds row lane / 4, columns 2 (lane % 4)
+// and 2 (lane % 4) + 1 of matrix m.
+__device__ __forceinline__ void stmatrix_x4(uint32_t smem_row, const uint32_t (&frag)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_row), "r"(frag[0]),
+                 "r"(frag[1]), "r"(frag[2]), "r"(frag[3])
+                 : "memory");
+}
+
 // Counts this thread's arrival at barrier `id` without waiting.
 __device__ __forceinline__ void named_barrier_arrive_id(int id, int num_threads) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(num_threads) : "memory");

@@ -17,18 +17,13 @@
 // .m64nNk32, A in registers: k = 4t .. 4t+3, and 16 + those) reads as
 // columns 4t .. 4t+3. The sum over keys is the same in any order, so V^T's
 // columns take the keys in that order: column 4t + i of each 16-key group
-// holds key kKeyOfColumn[i] + 2t.
+// holds key vt_key_of_column(i) + 2t.
 //
-// Work per lane and step: the four keys of one column quad (t) times four
-// head-dim columns: four 4-byte loads (one per key), a byte transpose (8
-// byte permutes), four 4-byte stores (one per V^T row). A warp's step covers
-// 16 keys and 32 head-dim columns, and its 32 loads and its 32 stores each
-// hit 32 distinct banks where the panels are 128-byte swizzled (the loads'
-// keys differ in row % 8 across t, their columns across lanes; the stores'
-// rows are rotated so that row % 8 takes all 8 values). V's rows past a
-// batch's keys that may hold anything (v_tail_may_hold_garbage: a cache's
-// unused tail, a page the batch does not own) become zeros here: their
-// probabilities are 0, but 0 times NaN is NaN.
+// A warp's step moves 16 keys times 32 head-dim columns with one
+// ldmatrix.trans and one stmatrix (transpose_v_tile says how). V's rows
+// past a batch's keys that may hold anything (v_tail_may_hold_garbage: a
+// cache's unused tail, a page the batch does not own) become zeros here:
+// their probabilities are 0, but 0 times NaN is NaN.
 #pragma once
 
 #include <cstdint>
@@ -52,23 +47,6 @@ __device__ __forceinline__ uint32_t load_shared_u32(uint32_t address) {
     return value;
 }
 
-// Four 8 x 8 matrices of 16-bit elements, each of 8 rows of 16 bytes whose
-// addresses lanes 8i .. 8i+7 give (matrix i): ldmatrix reads them
-// transposed (lane l gets, of matrix i, rows 2(l % 4) and 2(l % 4) + 1 of
-// column l / 4), stmatrix writes them as they are (lane l gives row l / 4,
-// columns 2(l % 4) and 2(l % 4) + 1).
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t address, uint32_t (&r)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(address)
-                 : "memory");
-}
-__device__ __forceinline__ void stmatrix_x4(uint32_t address, const uint32_t (&r)[4]) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(r[0]),
-                 "r"(r[1]), "r"(r[2]), "r"(r[3])
-                 : "memory");
-}
-
 // Byte selections of two words a, b (a's bytes 0-3, b's 4-7).
 constexpr uint32_t kEvenBytes = 0x6420;  // a.b0, a.b2, b.b0, b.b2
 constexpr uint32_t kOddBytes = 0x7531;   // a.b1, a.b3, b.b1, b.b3
@@ -79,9 +57,12 @@ constexpr uint32_t kOddBytes = 0x7531;   // a.b1, a.b3, b.b1, b.b3
 // warp: which transposing warp (0 .. kVTransposeWarps-1).
 //
 // A step moves 16 keys (a group) times 32 head-dim columns (two 16-byte
-// chunks) with one ldmatrix and one stmatrix a warp. ldmatrix.trans reads,
-// per chunk, the group's keys 0-7 (matrix A) and 8-15 (B) as 16-bit pairs
-// of columns, so lane l (t = l % 4, p = l / 4) holds keys 2t, 2t+1 (of A)
+// chunks) with one ldmatrix and one stmatrix a warp (8 x 8 matrices of
+// 16-bit elements, lanes 8i .. 8i+7 addressing matrix i's rows: ldmatrix
+// .trans gives lane l rows 2(l % 4) and 2(l % 4) + 1 of column l / 4,
+// stmatrix takes from lane l row l / 4, columns 2(l % 4) and 2(l % 4) + 1).
+// ldmatrix.trans reads, per chunk, the group's keys 0-7 (matrix A) and 8-15
+// (B) as 16-bit pairs of columns, so lane l (t = l % 4, p = l / 4) holds keys 2t, 2t+1 (of A)
 // and 8+2t, 9+2t (of B) of columns 2p and 2p+1: exactly the four keys of
 // V^T's columns 4t .. 4t+3 (the key order above), for two V^T rows. One
 // byte selection per row makes them; stmatrix writes rows 2p or 2p+1 as
@@ -145,7 +126,7 @@ __device__ __forceinline__ void transpose_v_tile(uint32_t v_tile, uint32_t vt_ti
             const uint32_t panel = item_rows + (j / kStepsPerVPanel) * Traits::kKVPanelBytes;
             const uint32_t chunk_bits = uint32_t(((j * kStepColumns / 16) % kVChunks) * 16);
             uint32_t v[4];  // A and B of the step's first chunk, then of its second
-            ldmatrix_x4_trans(panel + (load_offset ^ chunk_bits), v);
+            ldmatrix_x4_trans(v, panel + (load_offset ^ chunk_bits));
             if constexpr (kZeroTail) {
                 v[0] &= keep_a, v[1] &= keep_b, v[2] &= keep_a, v[3] &= keep_b;
             }
