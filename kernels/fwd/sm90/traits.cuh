@@ -88,19 +88,23 @@ constexpr int kAllConsumersBarrier = kFirstConsumerBarrier + kMaxConsumerWarpgro
 // mainloop.cuh).
 constexpr int kFirstIssueTurnBarrier = kAllConsumersBarrier + 1;
 
-// Registers per thread after setmaxnreg, by consumer warpgroups (2 or 3):
-// the producer keeps only what its one issuing thread needs, the consumers
-// share the rest of the SM's 64K (S, P and O live in their registers). The
-// counts are multiples of 8, and (1 + consumers) x 128 threads fit 64K:
-//   2: 128 x 24 + 256 x 240;  3: 128 x 32 + 384 x 160 (FA3's split).
-constexpr int producer_registers(int consumer_warpgroups) { return consumer_warpgroups == 2 ? 24 : 32; }
-constexpr int consumer_registers(int consumer_warpgroups) { return consumer_warpgroups == 2 ? 240 : 160; }
-// With two consumer warpgroups on e4m3 inputs, whose producer warps also
-// transpose V: 128 x 48 + 256 x 224.
-constexpr int kFp8ProducerRegisters = 48;
-constexpr int kFp8ConsumerRegisters = 224;
-// With three: 128 x 48 + 384 x 152.
-constexpr int kFp8WideConsumerRegisters = 152;
+// Registers per thread after setmaxnreg, by consumer warpgroups (2 or 3)
+// and whether the producer warpgroup's other warps transpose V (e4m3
+// inputs, v_transpose.cuh): the producer keeps only what its one issuing
+// thread (and the transposing warps) need, the consumers share the rest of
+// the SM's 64K (S, P and O live in their registers). The counts are
+// multiples of 8, and (1 + consumers) x 128 threads fit 64K:
+//   2: 128 x 24 + 256 x 240;  3: 128 x 32 + 384 x 160 (FA3's split);
+//   transposing V: 2: 128 x 48 + 256 x 224;  3: 128 x 48 + 384 x 152 (at 24
+//   the transposing warps' loop and the producer's spilled; at 40 the
+//   ragged producer did).
+constexpr int producer_registers(int consumer_warpgroups, bool transposes_v) {
+    return transposes_v ? 48 : consumer_warpgroups == 2 ? 24 : 32;
+}
+constexpr int consumer_registers(int consumer_warpgroups, bool transposes_v) {
+    if (transposes_v) return consumer_warpgroups == 2 ? 224 : 152;
+    return consumer_warpgroups == 2 ? 240 : 160;
+}
 
 // How finished rows of O leave the CTA.
 enum class OutputPath {
@@ -160,13 +164,8 @@ struct Sm90Traits {
     static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpgroupThreads / 32;
 
     // Registers per thread after the split (producer_registers).
-    // fp8: the producer warpgroup takes 48 (at 24 the transposing warps'
-    // loop and the producer's spilled; at 40 the ragged producer did), the
-    // consumers 224.
-    static constexpr int kProducerRegisters = kFp8 ? kFp8ProducerRegisters : producer_registers(kConsumerWarpgroups);
-    static constexpr int kConsumerRegisters =
-        kFp8 ? (kConsumerWarpgroups == 2 ? kFp8ConsumerRegisters : kFp8WideConsumerRegisters)
-             : consumer_registers(kConsumerWarpgroups);
+    static constexpr int kProducerRegisters = producer_registers(kConsumerWarpgroups, kFp8);
+    static constexpr int kConsumerRegisters = consumer_registers(kConsumerWarpgroups, kFp8);
 
     // Panels: 128-byte rows where both head dims' rows are multiples of 128
     // bytes (of two-byte elements: 64 columns), else 64-byte rows (32, 96).
