@@ -78,6 +78,21 @@ struct Pipeline {
     __device__ __forceinline__ unsigned char *k_tile(int stage) const {
         return smem + Traits::kSmemK + stage * Traits::kKTileBytes;
     }
+    // Byte offsets from the base of V, V^T and the valid-keys words, for the
+    // 32-bit shared addresses of the transposing warps (v_transpose.cuh).
+    // The pointers below spell the same sums out term by term: taken as one
+    // offset, they changed the kernels' register allocation (the machine
+    // code the tests ran).
+    __device__ __forceinline__ static uint32_t v_tile_offset(int stage) {
+        return Traits::kSmemV + stage * Traits::kVTileBytes;
+    }
+    __device__ __forceinline__ static uint32_t vt_tile_offset(int stage) {
+        return Traits::kSmemVt + stage * Traits::kVtTileBytes;
+    }
+    __device__ __forceinline__ static uint32_t v_tile_keys_offset(int stage) {
+        return Traits::kSmemVTileKeys + stage * uint32_t(sizeof(int));
+    }
+
     __device__ __forceinline__ unsigned char *v_tile(int stage) const {
         return smem + Traits::kSmemV + stage * Traits::kVTileBytes;
     }

@@ -156,12 +156,12 @@ __device__ __forceinline__ void run_v_transpose(const Sm90KernelParams &params, 
         // order (compute-sanitizer's racecheck does not see __syncwarp carry
         // other lanes' reads before one lane's arrival).
         int valid_keys = 0;
-        if (lane == 0) valid_keys = int(load_shared_u32(smem + Traits::kSmemVTileKeys + stage * sizeof(int)));
+        if (lane == 0) valid_keys = int(load_shared_u32(smem + Pipeline<Traits>::v_tile_keys_offset(stage)));
         valid_keys = __shfl_sync(0xffffffffu, valid_keys, 0);
         if (valid_keys == kNoMoreVTiles) return;
         mbarrier_wait(pipe.vt_empty(stage), phase ^ 1u);
-        const uint32_t v_tile = smem + Traits::kSmemV + stage * Traits::kVTileBytes;
-        const uint32_t vt_tile = smem + Traits::kSmemVt + stage * Traits::kVtTileBytes;
+        const uint32_t v_tile = smem + Pipeline<Traits>::v_tile_offset(stage);
+        const uint32_t vt_tile = smem + Pipeline<Traits>::vt_tile_offset(stage);
         if (valid_keys < Traits::kBlockN) {
             transpose_v_tile<Traits, true>(v_tile, vt_tile, valid_keys, warp, lane);
         } else {
