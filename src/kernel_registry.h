@@ -94,13 +94,19 @@ struct HeadDimSet {
     Span<HeadDims> span() const { return {pairs, count}; }
 };
 
-template <typename Entry, size_t kSize>
-constexpr HeadDimSet<kSize> head_dims_of_path(const Entry (&kernels)[kSize], KernelPath path) {
+// The head dims of the kernels `selected(entry)` holds for.
+template <typename Entry, size_t kSize, typename Selected>
+constexpr HeadDimSet<kSize> head_dims_where(const Entry (&kernels)[kSize], Selected selected) {
     HeadDimSet<kSize> set{};
     for (const Entry &e : kernels) {
-        if (e.path == path) set.insert(e.dims);
+        if (selected(e)) set.insert(e.dims);
     }
     return set;
+}
+
+template <typename Entry, size_t kSize>
+constexpr HeadDimSet<kSize> head_dims_of_path(const Entry (&kernels)[kSize], KernelPath path) {
+    return head_dims_where(kernels, [path](const Entry &e) { return e.path == path; });
 }
 
 // The first pair of `supported` (sorted) with both components at least the

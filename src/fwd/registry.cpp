@@ -32,29 +32,11 @@ constexpr FwdKernel kKernels[] = {
 constexpr KernelTable<FwdFamily> kTable{{kKernels, std::size(kKernels)}};
 constexpr auto kSupportedHeadDims = head_dims_of_path(kKernels, KernelPath::kSm80);
 
-// The head dims of the kernels on quantized (e4m3) K/V.
-template <size_t kSize>
-constexpr HeadDimSet<kSize> head_dims_of_quantized_kv(const FwdKernel (&kernels)[kSize]) {
-    HeadDimSet<kSize> set{};
-    for (const FwdKernel &e : kernels) {
-        if (e.kv != e.input) set.insert(e.dims);
-    }
-    return set;
-}
-
-constexpr auto kSupportedQuantizedKvHeadDims = head_dims_of_quantized_kv(kKernels);
-
-// The head dims of the kernels on e4m3 queries.
-template <size_t kSize>
-constexpr HeadDimSet<kSize> head_dims_of_fp8_queries(const FwdKernel (&kernels)[kSize]) {
-    HeadDimSet<kSize> set{};
-    for (const FwdKernel &e : kernels) {
-        if (e.input == DType::kE4m3) set.insert(e.dims);
-    }
-    return set;
-}
-
-constexpr auto kSupportedFp8HeadDims = head_dims_of_fp8_queries(kKernels);
+// The head dims of the kernels on quantized (e4m3) K/V, and on e4m3 queries.
+constexpr auto kSupportedQuantizedKvHeadDims =
+    head_dims_where(kKernels, [](const FwdKernel &e) { return e.kv != e.input; });
+constexpr auto kSupportedFp8HeadDims =
+    head_dims_where(kKernels, [](const FwdKernel &e) { return e.input == DType::kE4m3; });
 
 constexpr bool has_sm80_twin(const FwdKernel &e) {
     for (const FwdKernel &other : kKernels) {
