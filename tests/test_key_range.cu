@@ -207,6 +207,50 @@ std::string check_query_splits(const KeyMask &m, Extent e) {
     return "";
 }
 
+// BlockKeyRange::split: the parts, in split order, cover the range without
+// gaps or overlap and keep the masking bounds. With min_blocks_per_split m
+// > 1, a range of nb blocks has max(1, min(splits, ceil(nb / m))) parts of
+// equal size (the last may be shorter) and the rest are empty; with m <= 1,
+// as many parts as splits, ceil(nb / splits) blocks each.
+template <int kBlockM, int kBlockN>
+std::string check_key_splits(const KeyMask &m, Extent e) {
+    for (int mb = 0; mb <= flashcore::ceil_div(e.max_rows, kBlockM); ++mb) {
+        const auto whole = BlockKeyRange<kBlockM, kBlockN>::of(m, mb);
+        const int nb = std::max(whole.num_blocks(), 0);
+        for (int splits = 1; splits <= 5; ++splits) {
+            for (int min_blocks : {0, 1, 2, 3, 7}) {
+                int parts = splits;
+                if (min_blocks > 1) parts = std::max(1, std::min(splits, flashcore::ceil_div(nb, min_blocks)));
+                const int per_part = flashcore::ceil_div(nb, parts);
+                int next = whole.n_block_min;
+                for (int s = 0; s < splits; ++s) {
+                    const auto part = whole.split(s, splits, min_blocks);
+                    const std::string where = "BlockKeyRange split " + std::to_string(s) + " of " +
+                                              std::to_string(splits) + " (min " + std::to_string(min_blocks) +
+                                              " blocks) of m_block " + std::to_string(mb) + ", " + describe(m);
+                    if (part.n_block_min_unmasked != whole.n_block_min_unmasked ||
+                        part.n_block_max_unmasked != whole.n_block_max_unmasked) {
+                        return "masking bounds changed: " + where;
+                    }
+                    if (part.num_blocks() <= 0) {
+                        if (s < parts && s * per_part < nb) return "empty part inside the range: " + where;
+                        continue;
+                    }
+                    if (s >= parts || part.n_block_min != next || part.num_blocks() > per_part ||
+                        part.n_block_max > whole.n_block_max) {
+                        return "part [" + std::to_string(part.n_block_min) + ", " + std::to_string(part.n_block_max) +
+                               ") expected one of " + std::to_string(parts) + " parts of " + std::to_string(per_part) +
+                               " from " + std::to_string(next) + ": " + where;
+                    }
+                    next = part.n_block_max;
+                }
+                if (nb > 0 && next != whole.n_block_max) return "the parts miss blocks, " + describe(m);
+            }
+        }
+    }
+    return "";
+}
+
 template <int M, int N>
 using Shape = std::pair<std::integral_constant<int, M>, std::integral_constant<int, N>>;
 
@@ -233,7 +277,8 @@ void check_mask(const KeyMask &m, Extent e, std::vector<std::string> &failures) 
         constexpr int kM = decltype(shape.first)::value;
         constexpr int kN = decltype(shape.second)::value;
         for (const std::string &f :
-             {check_key_side<kM, kN>(m, v, e), check_query_side<kM, kN>(m, v, e), check_query_splits<kM, kN>(m, e)}) {
+             {check_key_side<kM, kN>(m, v, e), check_query_side<kM, kN>(m, v, e), check_query_splits<kM, kN>(m, e),
+              check_key_splits<kM, kN>(m, e)}) {
             if (!f.empty()) failures.push_back(f);
         }
     });

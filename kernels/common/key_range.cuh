@@ -116,9 +116,18 @@ struct BlockKeyRange {
 
     // Split `split` of `num_splits` equal parts of the range (the last may be
     // shorter or empty), for kernels that spread one query block's keys over
-    // several CTAs. The masking bounds stay those of the whole block.
-    __host__ __device__ BlockKeyRange split(int split_index, int num_splits) const {
-        const int per_split = ceil_div(num_blocks() > 0 ? num_blocks() : 0, num_splits);
+    // several CTAs. The masking bounds stay those of the whole block. With
+    // min_blocks_per_split > 1 a range is cut into no more parts than hold
+    // that many blocks each (at least one part): the splits past those are
+    // empty, so short ranges of a ragged batch stay whole while its long
+    // ones are cut num_splits ways.
+    __host__ __device__ BlockKeyRange split(int split_index, int num_splits, int min_blocks_per_split = 1) const {
+        const int blocks = num_blocks() > 0 ? num_blocks() : 0;
+        if (min_blocks_per_split > 1) {
+            const int parts = ceil_div(blocks, min_blocks_per_split);
+            if (parts < num_splits) num_splits = parts > 1 ? parts : 1;
+        }
+        const int per_split = ceil_div(blocks, num_splits);
         BlockKeyRange r = *this;
         r.n_block_min = n_block_min + split_index * per_split;
         r.n_block_max = r.n_block_min + per_split < n_block_max ? r.n_block_min + per_split : n_block_max;
