@@ -3,7 +3,10 @@
 //     than the key blocks, the heuristic's) on decode shapes (seqlen_q 1..16,
 //     GQA ratios 1/4/8/16, packed query heads) and small prefill grids,
 //     causal with seqlen_q < seqlen_k, lengths that are not tile multiples,
-//     against the float64 reference with LSE;
+//     against the float64 reference with LSE; and a full grid of decode
+//     over sequences of their own lengths, which the library splits long
+//     sequences of and leaves short ones whole (dense and paged caches, 16-
+//     bit and e4m3);
 //   - the workspace contract of flashcore.h (size, stability, too small, NULL,
 //     misaligned, graph capture);
 //   - flashcore_merge_states against a float64 merge, with -inf partials,
@@ -52,6 +55,19 @@ TEST_P(SplitKvTest, MatchesFloat64Reference) {
 // More than any test shape's key blocks: most splits are empty.
 constexpr int kManySplits = FLASHCORE_MAX_NUM_SPLITS;
 
+// Decode over a batch of sequences of their own lengths (seqused_k) that
+// fills an H100's grid (14 x 8 packed blocks) under a bound long enough for
+// the library to split anyway (src/fwd/dispatch.cpp, kRaggedDecodePartKeys):
+// the long sequences are cut into parts, the short ones stay whole and
+// their other splits are empty. Dense, and paged (16 and 256 keys).
+std::vector<FwdCase> ragged_decode_cases(flashcore_dtype dtype, int head_dim) {
+    const FwdCase ragged{dtype, head_dim, false, 14, 16, 8, 1, 8500, Layout::kBSHD};
+    const std::vector<int> used = {8500, 100, 3000, 4097, 2047, 6000, 0, 1, 2049, 8000, 5000, 700, 4100, 8191};
+    std::vector<FwdCase> cases;
+    for (int page : {0, 16, 256}) cases.push_back(ragged.with_seqused_k(used).with_pages(page).with_splits(0));
+    return cases;
+}
+
 std::vector<FwdCase> split_cases() {
     struct Shape {
         int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
@@ -96,6 +112,7 @@ std::vector<FwdCase> split_cases() {
                         for (int splits : few_splits) add(splits);
                     }
                 }
+    for (const FwdCase &c : ragged_decode_cases(FLASHCORE_DTYPE_FP16, 64)) cases.push_back(c);
     return cases;
 }
 
@@ -166,6 +183,8 @@ std::vector<FwdCase> fp8_split_cases() {
                                          serving_fp16.with_seqused_k({999, 17, 1000})})
                     cases.push_back(c.with_pages(page).with_splits(splits).with_fp8_kv(descale));
             }
+    for (const FwdCase &c : ragged_decode_cases(FLASHCORE_DTYPE_BF16, 128))
+        cases.push_back(c.with_fp8_kv(Descale::kPerTensor));
     return cases;
 }
 
@@ -284,22 +303,43 @@ TEST(SplitWorkspace, SizeFollowsTheSplitAndIsStable) {
     EXPECT_EQ(workspace_size(handle.get(), unsplit), 0u);
 }
 
+// One query per sequence, GQA 32/8, head dim 128: a decode call's
+// parameters for workspace queries (no tensors).
+flashcore_forward_params decode_params(int batch, int seqlen_k) {
+    flashcore_forward_params p;
+    EXPECT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
+    p.batch_size = batch;
+    p.num_heads_q = 32;
+    p.num_heads_kv = 8;
+    p.seqlen_q = 1;
+    p.seqlen_k = seqlen_k;
+    p.head_dim = 128;
+    return p;
+}
+
 TEST(SplitWorkspace, HeuristicSplitsDecodeButNotAFullGrid) {
     FC_REQUIRE_GPU();
     UniqueHandle handle = make_handle();
     ASSERT_TRUE(handle);
-    flashcore_forward_params p;
-    ASSERT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
-    p.batch_size = 1;
-    p.num_heads_q = 32;
-    p.num_heads_kv = 8;
-    p.seqlen_q = 1;
-    p.seqlen_k = 32768;
-    p.head_dim = 128;
+    flashcore_forward_params p = decode_params(1, 32768);
     EXPECT_GT(workspace_size(handle.get(), p), 0u) << "one query over 32k keys should split";
     p.batch_size = 16;
     p.seqlen_q = p.seqlen_k = 4096;
     EXPECT_EQ(workspace_size(handle.get(), p), 0u) << "a grid of many waves should not split";
+}
+
+TEST(SplitWorkspace, HeuristicSplitsRaggedDecodeOverLongBounds) {
+    FC_REQUIRE_GPU();
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    flashcore_forward_params p = decode_params(32, 16384);
+    EXPECT_EQ(workspace_size(handle.get(), p), 0u) << "a full grid of equal sequences should not split";
+    DeviceBuffer seqused(size_t(p.batch_size) * sizeof(int32_t));
+    p.seqused_k = static_cast<const int32_t *>(seqused.data);
+    EXPECT_GT(workspace_size(handle.get(), p), 0u)
+        << "sequences of their own lengths up to 16k keys should split (the longest sets an unsplit grid's time)";
+    p.seqlen_k = 2048;
+    EXPECT_EQ(workspace_size(handle.get(), p), 0u) << "sequences of at most 2k keys should not split a full grid";
 }
 
 // Poisons a workload's outputs and, at the end of a test of refused calls,

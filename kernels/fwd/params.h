@@ -105,6 +105,11 @@ struct FwdKernelParams {
     //   partial_lse [num_splits][batch_size][num_heads_q][seqlen_q]
     // and the merge kernel (common/merge_states.cuh) combines them.
     int num_splits;
+    // Under a split, the keys a part holds at least (0: every block's keys
+    // cut into num_splits equal parts): a block whose keys would fill fewer
+    // parts of this many takes fewer, and its other splits are empty (the
+    // portable kernel; BlockKeyRange::split).
+    int split_min_keys;
     float *partial_out;
     float *partial_lse;
 

@@ -35,6 +35,20 @@ constexpr int kMaxHeuristicSplits = 64;
 // parts of one step; 1024 keys in two parts of 4 steps: 13.1 vs 18.0 us;
 // decode over 32k keys: 16 parts of 16 steps 55 us, 32 parts of 8: 68 us).
 constexpr int64_t kMinKeyStepsPerSplit = 8;
+// Decode over sequences of their own key counts (seqused_k, cu_seqlens_k):
+// the host knows only their bound, seqlen_k, and an unsplit grid's time is
+// then its longest sequence's tiles on one CTA, whose chain of dependent
+// work, not the DRAM, sets the pace (B 32 serving decode, lengths 525-14586:
+// the bf16 call 196 us unsplit against 189 in four parts, an e4m3 cache's
+// 170 against 114; docs/perf-notes.md). Such calls split so that a sequence
+// of seqlen_k keys has parts of at most kRaggedDecodePartKeys, while each
+// block's keys are cut into no more parts than hold
+// kRaggedDecodeMinPartKeys (shorter sequences stay whole, their other
+// splits empty), and into no more CTAs than kRaggedDecodeMaxWaves waves of
+// the device's slots (an empty split still costs a CTA).
+constexpr int64_t kRaggedDecodePartKeys = 4096;
+constexpr int kRaggedDecodeMinPartKeys = 2048;
+constexpr int64_t kRaggedDecodeMaxWaves = 8;
 // Query heads per K/V head are packed into one tile's rows when seqlen_q is
 // below this (the key-split tile's rows): the unpacked tiles would be mostly
 // empty, and every query head would read the same K/V again.
@@ -226,6 +240,16 @@ flashcore_status plan_fp8(const flashcore_handle_s &handle, const flashcore_forw
     return FLASHCORE_STATUS_SUCCESS;
 }
 
+// The splits of a decode call over sequences of their own key counts
+// (kRaggedDecodePartKeys above), or 1 for other calls.
+int ragged_decode_splits(const flashcore_forward_params &p, const FwdKernel &kernel, int64_t blocks, int64_t slots) {
+    if (kernel.tile != FwdVariant::kDecode || (p.seqused_k == nullptr && p.cu_seqlens_k == nullptr)) return 1;
+    const int64_t keys = key_steps(p, kernel) * kernel.info().keys_per_step;
+    int64_t splits = (keys + kRaggedDecodePartKeys - 1) / kRaggedDecodePartKeys;
+    splits = std::min<int64_t>(splits, std::max<int64_t>(1, kRaggedDecodeMaxWaves * slots / std::max<int64_t>(blocks, 1)));
+    return int(std::clamp<int64_t>(splits, 1, kMaxHeuristicSplits));
+}
+
 flashcore_status plan_sm80(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype,
                            HeadDims dims, ForwardPlan *plan) {
     const int group = p.num_heads_q / p.num_heads_kv;
@@ -234,11 +258,19 @@ flashcore_status plan_sm80(const flashcore_handle_s &handle, const flashcore_for
     const flashcore_status status = choose_sm80(handle, p, dtype, dims, packed_heads, &kernel);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     const int64_t blocks = num_blocks(p, *kernel, packed_heads);
-    const int splits =
-        p.num_splits > 0
-            ? p.num_splits
-            : heuristic_splits(blocks, cta_slots(handle, *kernel), key_steps(p, *kernel));
+    const int64_t slots = cta_slots(handle, *kernel);
+    int splits = p.num_splits;
+    int split_min_keys = 0;
+    if (splits == 0) {
+        splits = heuristic_splits(blocks, slots, key_steps(p, *kernel));
+        const int ragged = ragged_decode_splits(p, *kernel, blocks, slots);
+        if (ragged > splits) {
+            splits = ragged;
+            split_min_keys = kRaggedDecodeMinPartKeys;
+        }
+    }
     *plan = ForwardPlan{kernel, splits, packed_heads};
+    plan->split_min_keys = split_min_keys;
     return FLASHCORE_STATUS_SUCCESS;
 }
 
@@ -361,6 +393,7 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
     if (guard.status() != FLASHCORE_STATUS_SUCCESS) return guard.status();
     FwdKernelParams kparams = kernel_params(p);
     kparams.num_splits = plan.num_splits;
+    kparams.split_min_keys = plan.split_min_keys;
     kparams.packed_heads = plan.packed_heads;
     if (plan.num_splits > 1) {
         kparams.partial_out = static_cast<float *>(workspace);

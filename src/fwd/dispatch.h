@@ -22,6 +22,7 @@ struct ForwardPlan {
     int packed_heads = 1;
     size_t workspace_bytes = 0;
     size_t partial_lse_offset = 0;
+    int split_min_keys = 0;  // FwdKernelParams::split_min_keys
 };
 
 // The plan for validated parameters on the handle's device. The same

@@ -41,7 +41,7 @@ struct BlockScheduler {
         w.valid_rows = fwd_valid_rows(p, w.tile, kBlockM);
         w.mask = KeyMask::of(p, w.tile.seqs);
         w.split = blockIdx.y;
-        w.keys = KeyRange::of(w.mask, w.tile.m_block).split(w.split, p.num_splits);
+        w.keys = KeyRange::of(w.mask, w.tile.m_block).split(w.split, p.num_splits, ceil_div(p.split_min_keys, kBlockN));
         return w;
     }
 
