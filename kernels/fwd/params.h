@@ -185,9 +185,16 @@ __device__ __forceinline__ int fwd_page_index(const FwdKernelParams &p, int key)
 __device__ __forceinline__ int fwd_page_row(const FwdKernelParams &p, int key) {
     return p.page_shift >= 0 ? key & (p.page_size - 1) : key % p.page_size;
 }
+// The block table's entry for key `key` of batch `batch`, as stored (a
+// caller's table may hold anything: fwd_clamp_page before use).
+__device__ __forceinline__ int fwd_page_entry(const FwdKernelParams &p, int batch, int key) {
+    return __ldg(p.block_table + batch * p.block_table_batch_stride + fwd_page_index(p, key));
+}
+__device__ __forceinline__ int fwd_clamp_page(const FwdKernelParams &p, int entry) {
+    return min(max(entry, 0), p.num_pages - 1);
+}
 __device__ __forceinline__ int fwd_page_of(const FwdKernelParams &p, int batch, int key) {
-    const int page = __ldg(p.block_table + batch * p.block_table_batch_stride + fwd_page_index(p, key));
-    return min(max(page, 0), p.num_pages - 1);
+    return fwd_clamp_page(p, fwd_page_entry(p, batch, key));
 }
 #endif
 
