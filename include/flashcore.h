@@ -329,6 +329,11 @@ typedef struct flashcore_forward_params {
      *   0 (the default): chosen per call from the grid, the device's
      *     multiprocessor count and seqlen_k (docs/perf-notes.md gives the
      *     measured crossovers); usually 1 where the grid fills the GPU.
+     *     Decode over sequences of their own lengths (seqused_k or
+     *     cu_seqlens_k set) splits even a full grid where seqlen_k is long,
+     *     since its longest sequence would set the call's time: each
+     *     sequence's keys go into no more parts than hold a few thousand
+     *     keys, so short sequences stay whole.
      *   1: never split; the call needs no workspace.
      *   N (2 .. FLASHCORE_MAX_NUM_SPLITS): exactly N parts, some of which may
      *     be empty when a query block sees fewer than N key tiles.
@@ -523,9 +528,11 @@ FLASHCORE_API flashcore_status flashcore_forward_check(const flashcore_forward_p
  *   - flashcore_forward_workspace_size gives its size in bytes. The size
  *     depends only on the params' dtype, kv_dtype, batch_size, num_heads_q,
  *     num_heads_kv, seqlen_q, seqlen_k, head_dim, head_dim_v, causal,
- *     num_splits, use_window, window_left and window_right, and on the
- *     handle's device (its multiprocessor count feeds the num_splits
- *     heuristic); not on pointers, strides, the softmax scale or softcap. The same params on the same handle always give the
+ *     num_splits, use_window, window_left and window_right, on whether
+ *     seqused_k, cu_seqlens_q, cu_seqlens_k and block_table are set (not on
+ *     what they hold), and on the handle's device (its multiprocessor count
+ *     feeds the num_splits heuristic); not on other pointers, strides, the
+ *     softmax scale or softcap. The same params on the same handle always give the
  *     same size, so a buffer sized once can be reused, and captured into
  *     CUDA graphs, for every call with those params.
  *   - It is 0 when the call does not split (num_splits = 1 always gives 0);
@@ -541,8 +548,9 @@ FLASHCORE_API flashcore_status flashcore_forward_check(const flashcore_forward_p
 
 /* Bytes of device workspace flashcore_forward needs for these parameters on
  * this handle's device (0 when the call does not split its keys). Only the
- * fields listed under "Workspace" are read; the data pointers may still be
- * NULL. */
+ * fields listed under "Workspace" are read (of seqused_k, cu_seqlens_q,
+ * cu_seqlens_k and block_table only whether they are NULL); the data
+ * pointers may still be NULL. */
 FLASHCORE_API flashcore_status flashcore_forward_workspace_size(flashcore_handle handle,
                                                                 const flashcore_forward_params *params,
                                                                 size_t *workspace_bytes);

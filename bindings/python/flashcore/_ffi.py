@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "51f8b2a649c0f3067624d152706c09d87333acac29fa0599c1f28418d46559cf"
+HEADER_SHA256 = "f24b61e46956972e6a6424bec21c46fb124a989fe0bc3808bbe5711148a8c42d"
 
 
 # Assigning to a field of the structs below checks the value against the
@@ -217,6 +217,11 @@ class flashcore_forward_params(ctypes.Structure):
         #   0 (the default): chosen per call from the grid, the device's
         #     multiprocessor count and seqlen_k (docs/perf-notes.md gives the
         #     measured crossovers); usually 1 where the grid fills the GPU.
+        #     Decode over sequences of their own lengths (seqused_k or
+        #     cu_seqlens_k set) splits even a full grid where seqlen_k is long,
+        #     since its longest sequence would set the call's time: each
+        #     sequence's keys go into no more parts than hold a few thousand
+        #     keys, so short sequences stay whole.
         #   1: never split; the call needs no workspace.
         #   N (2 .. FLASHCORE_MAX_NUM_SPLITS): exactly N parts, some of which may
         #     be empty when a query block sees fewer than N key tiles.
@@ -696,8 +701,9 @@ FUNCTIONS = (
     )),
     # Bytes of device workspace flashcore_forward needs for these parameters on
     # this handle's device (0 when the call does not split its keys). Only the
-    # fields listed under "Workspace" are read; the data pointers may still be
-    # NULL.
+    # fields listed under "Workspace" are read (of seqused_k, cu_seqlens_q,
+    # cu_seqlens_k and block_table only whether they are NULL); the data
+    # pointers may still be NULL.
     ("flashcore_forward_workspace_size", flashcore_status, (
         ("handle", flashcore_handle),
         ("params", ctypes.POINTER(flashcore_forward_params)),

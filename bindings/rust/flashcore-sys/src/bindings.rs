@@ -219,6 +219,11 @@ pub struct flashcore_forward_params {
     #[doc = "   0 (the default): chosen per call from the grid, the device's"]
     #[doc = "     multiprocessor count and seqlen_k (docs/perf-notes.md gives the"]
     #[doc = "     measured crossovers); usually 1 where the grid fills the GPU."]
+    #[doc = "     Decode over sequences of their own lengths (seqused_k or"]
+    #[doc = "     cu_seqlens_k set) splits even a full grid where seqlen_k is long,"]
+    #[doc = "     since its longest sequence would set the call's time: each"]
+    #[doc = "     sequence's keys go into no more parts than hold a few thousand"]
+    #[doc = "     keys, so short sequences stay whole."]
     #[doc = "   1: never split; the call needs no workspace."]
     #[doc = "   N (2 .. FLASHCORE_MAX_NUM_SPLITS): exactly N parts, some of which may"]
     #[doc = "     be empty when a query block sees fewer than N key tiles."]
@@ -406,8 +411,9 @@ extern "C" {
 extern "C" {
     #[doc = " Bytes of device workspace flashcore_forward needs for these parameters on"]
     #[doc = " this handle's device (0 when the call does not split its keys). Only the"]
-    #[doc = " fields listed under \"Workspace\" are read; the data pointers may still be"]
-    #[doc = " NULL."]
+    #[doc = " fields listed under \"Workspace\" are read (of seqused_k, cu_seqlens_q,"]
+    #[doc = " cu_seqlens_k and block_table only whether they are NULL); the data"]
+    #[doc = " pointers may still be NULL."]
     pub fn flashcore_forward_workspace_size(
         handle: flashcore_handle,
         params: *const flashcore_forward_params,
