@@ -37,6 +37,16 @@ def raises_from_library(lib, cls, call):
     return info.value
 
 
+def assert_one_graph(torch, fn, *args):
+    """Asserts that torch.compile would trace fn(*args) as one graph with no
+    breaks (torch._dynamo.explain), leaving dynamo's caches reset for the
+    compile that follows."""
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(fn)(*args)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
+    torch._dynamo.reset()
+
+
 def cuda_randn(torch, shape, dtype, seed):
     """Seeded standard-normal values on the GPU, drawn in float32 and cast
     to `dtype` (a torch dtype's name)."""

@@ -11,8 +11,8 @@ import pytest
 
 import flashcore
 from flashcore import _errors, _ffi, _planning
-from fc_testing import (FakeCudaArray, FakeDLPackArray, FakeGpuHandle, fake_ptr, fake_qkv, need_head_dim,
-                        raises_from_library)
+from fc_testing import (FakeCudaArray, FakeDLPackArray, FakeGpuHandle, assert_one_graph, fake_ptr, fake_qkv,
+                        need_head_dim, raises_from_library)
 
 FILLS = (FakeGpuHandle.FILL_DQ, FakeGpuHandle.FILL_DK, FakeGpuHandle.FILL_DV)
 
@@ -402,10 +402,7 @@ def test_compile_traces_forward_and_backward_without_graph_breaks(torch, fake_gp
 
     x = torch.randn(1, 8, 256).to(torch.float16)
     w, k, v = tensors(torch, [(256, 256), (1, 4, 8, 64), (1, 4, 8, 64)])
-    torch._dynamo.reset()
-    explanation = torch._dynamo.explain(block)(x, w, k, v)
-    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
-    torch._dynamo.reset()
+    assert_one_graph(torch, block, x, w, k, v)
     torch.compile(block, fullgraph=True, backend=backend)(x, w, k, v).backward()
     assert graphs == [{"flashcore.forward.default"}, {"flashcore.backward.default"}]
     assert sorted(p.deterministic for p in fake_gpu.backward_params()) == [0, 1]

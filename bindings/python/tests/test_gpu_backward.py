@@ -23,7 +23,7 @@ import math
 import pytest
 
 import flashcore
-from fc_testing import DEFAULT_HEAD_DIMS, cuda_randn, head_dim_id, need_head_dim
+from fc_testing import DEFAULT_HEAD_DIMS, assert_one_graph, cuda_randn, head_dim_id, need_head_dim
 
 pytestmark = pytest.mark.gpu
 
@@ -500,11 +500,8 @@ def test_compiled_training_step_without_graph_breaks(torch):
         return loss.detach(), [p.grad.clone() for p in block.parameters()]
 
     eager_loss, eager_grads = step(block)
-    torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    explanation = torch._dynamo.explain(block)(x)
-    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
-    torch._dynamo.reset()
+    assert_one_graph(torch, block, x)
     compiled_loss, compiled_grads = step(torch.compile(block, fullgraph=True))
     assert not torch._dynamo.utils.counters["graph_break"]
     assert abs(compiled_loss.item() - eager_loss.item()) <= 1e-2 * abs(eager_loss.item())

@@ -43,7 +43,7 @@ import sys
 import pytest
 
 import flashcore
-from fc_testing import cuda_randn, skip_or_fail
+from fc_testing import assert_one_graph, cuda_randn, skip_or_fail
 from test_gpu_torch import (NAN, PAD_ROWS, cu_seqlens, paged_cache, reference, rel_err, unpacked,
                             window_visible)
 
@@ -479,10 +479,7 @@ def test_fp8_prefill_compiled_and_quick_paths_match_eager(torch):
     args = (q8, k8, v8) + tuple(scales) + (lengths,)
     with torch.no_grad():
         eager = calls(*args)
-        torch._dynamo.reset()
-        explanation = torch._dynamo.explain(calls)(*args)
-        assert explanation.graph_break_count == 0, explanation.break_reasons
-        torch._dynamo.reset()
+        assert_one_graph(torch, calls, *args)
         compiled = torch.compile(calls, fullgraph=True)(*args)
     torch.cuda.synchronize()
     (out, lse), cached = eager

@@ -16,7 +16,7 @@ import threading
 import pytest
 
 import flashcore
-from fc_testing import covering_pair, cuda_randn, gpu_head_dims, head_dim_id, need_head_dim
+from fc_testing import assert_one_graph, covering_pair, cuda_randn, gpu_head_dims, head_dim_id, need_head_dim
 
 pytestmark = pytest.mark.gpu
 
@@ -1433,11 +1433,7 @@ def test_compiled_transformer_block_matches_eager_sdpa(torch, dtype, entry):
         return block(x, attend)
 
     with torch.no_grad():
-        torch._dynamo.reset()
-        explanation = torch._dynamo.explain(forward)(x)
-        assert explanation.graph_break_count == 0, explanation.break_reasons
-        assert explanation.graph_count == 1
-        torch._dynamo.reset()
+        assert_one_graph(torch, forward, x)
         compiled = torch.compile(forward, fullgraph=True)
         ours = compiled(x)
         eager_sdpa = block(x, lambda q, k, v: torch_sdpa(q, k, v, is_causal=True, enable_gqa=True))
@@ -1946,10 +1942,7 @@ def test_fp8_kv_compiled_and_quick_paths_match_eager(torch, dtype):
     args = (q, k8, v8, pages, k_descale, v_descale, lengths)
     with torch.no_grad():
         eager = calls(*args)
-        torch._dynamo.reset()
-        explanation = torch._dynamo.explain(calls)(*args)
-        assert explanation.graph_break_count == 0, explanation.break_reasons
-        torch._dynamo.reset()
+        assert_one_graph(torch, calls, *args)
         compiled = torch.compile(calls, fullgraph=True)(*args)
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(eager, compiled))

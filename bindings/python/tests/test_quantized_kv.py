@@ -13,7 +13,7 @@ import pytest
 
 import flashcore
 from flashcore import _arrays, _ffi
-from fc_testing import FakeCudaArray, FakeDLPackArray, need_head_dim, raises_from_library
+from fc_testing import FakeCudaArray, FakeDLPackArray, assert_one_graph, need_head_dim, raises_from_library
 
 FP8 = _ffi.Dtype.FP8_E4M3
 # DLPack's kDLFloat8_e4m3fn.
@@ -404,11 +404,8 @@ def test_compiled_calls_queue_fp8_kv_and_descales(torch, fake_gpu, monkeypatch):
     q, k, v = fp8_qkv(torch, "bfloat16")
     k_descale, v_descale = torch.rand(B, HKV), torch.tensor(0.5).expand(B, HKV)
     lengths = torch.tensor([SK, 7], dtype=torch.int32)
-    torch._dynamo.reset()
-    explanation = torch._dynamo.explain(calls)(q, k, v, k_descale, v_descale, lengths)
-    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    assert_one_graph(torch, calls, q, k, v, k_descale, v_descale, lengths)
     fake_gpu.queued.clear()
-    torch._dynamo.reset()
     (out, lse), cached = torch.compile(calls, fullgraph=True, backend="eager")(q, k, v, k_descale, v_descale,
                                                                               lengths)
     assert out.dtype == cached.dtype == torch.bfloat16 and lse.dtype == torch.float32
@@ -731,11 +728,8 @@ def test_compiled_calls_queue_fp8_queries(torch, fake_gpu, fp8_queries_checked, 
     q, k, v = fp8_queries(torch)
     q_descale, k_descale = torch.rand(B, HKV), torch.tensor(0.5).expand(B, HKV)
     lengths = torch.tensor([SK, 7], dtype=torch.int32)
-    torch._dynamo.reset()
-    explanation = torch._dynamo.explain(calls)(q, k, v, q_descale, k_descale, lengths)
-    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    assert_one_graph(torch, calls, q, k, v, q_descale, k_descale, lengths)
     fake_gpu.queued.clear()
-    torch._dynamo.reset()
     (out, lse), cached = torch.compile(calls, fullgraph=True, backend="eager")(q, k, v, q_descale, k_descale, lengths)
     assert out.dtype == cached.dtype == torch.bfloat16 and lse.dtype == torch.float32
     dense, kvcache = (params for _, params in fake_gpu.queued)
