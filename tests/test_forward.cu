@@ -261,7 +261,6 @@ std::vector<FwdCase> fp8_kv_cases() {
         int qk, v;
     };
     const HeadDims head_dims[] = {{32, 32}, {64, 64}, {96, 96}, {128, 128}, {192, 128}, {256, 256}};
-    const Descale descales[] = {Descale::kPerBatchHead, Descale::kPerTensor, Descale::kPerHeadBatch, Descale::kNone};
     std::vector<FwdCase> cases;
     size_t turn = 0;
     for (flashcore_dtype dtype : {fp16, bf16})
@@ -270,7 +269,7 @@ std::vector<FwdCase> fp8_kv_cases() {
                 for (const Shape &s : shapes) {
                     const FwdCase c{dtype, d.qk, causal, s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_k,
                                     s.layout, d.v == d.qk ? 0 : d.v};
-                    cases.push_back(c.with_fp8_kv(descales[turn++ % std::size(descales)]));
+                    cases.push_back(c.with_fp8_kv(descale_turn(turn++)));
                 }
 
     const FwdCase chunk{fp16, 64, true, 1, 4, 2, 300, 1000, Layout::kBSHD};
@@ -365,7 +364,6 @@ std::vector<FwdCase> fp8_prefill_cases() {
         {1, 2, 2, 300, 100, Layout::kBHSD},
         {1, 8, 2, 1000, 1000, Layout::kBSHD},
     };
-    const Descale descales[] = {Descale::kPerBatchHead, Descale::kPerTensor, Descale::kPerHeadBatch, Descale::kNone};
     std::vector<FwdCase> cases;
     size_t turn = 0;
     for (int head_dim : {64, 128, 256})
@@ -373,7 +371,7 @@ std::vector<FwdCase> fp8_prefill_cases() {
             for (const Shape &s : shapes) {
                 const FwdCase c{e4m3, head_dim, causal, s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_k,
                                 s.layout};
-                cases.push_back(c.with_fp8_q(descales[turn % std::size(descales)], turn % 3 == 1));
+                cases.push_back(c.with_fp8_q(descale_turn(turn), turn % 3 == 1));
                 ++turn;
             }
 

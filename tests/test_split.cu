@@ -158,7 +158,6 @@ std::vector<FwdCase> fp8_split_cases() {
     };
     const HeadDims head_dims[] = {{64, 64, true},  {128, 128, true},  {32, 32, false},
                                   {96, 96, false}, {192, 128, false}, {256, 256, false}};
-    const Descale descales[] = {Descale::kPerBatchHead, Descale::kPerTensor, Descale::kPerHeadBatch, Descale::kNone};
     std::vector<FwdCase> cases;
     size_t turn = 0;
     for (flashcore_dtype dtype : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16})
@@ -170,7 +169,7 @@ std::vector<FwdCase> fp8_split_cases() {
                                     s.layout, d.v == d.qk ? 0 : d.v};
                     for (int splits : {1, 3, 0}) {
                         if (!d.every_split && splits != 3) continue;
-                        cases.push_back(c.with_splits(splits).with_fp8_kv(descales[turn++ % std::size(descales)]));
+                        cases.push_back(c.with_splits(splits).with_fp8_kv(descale_turn(turn++)));
                     }
                 }
 
@@ -226,7 +225,6 @@ std::vector<FwdCase> fp8_prefill_split_cases() {
         {2, 8, 2, 1, 1531, Layout::kBHSD},
         {1, 2, 2, 200, 333, Layout::kPadded},
     };
-    const Descale descales[] = {Descale::kPerBatchHead, Descale::kPerTensor, Descale::kPerHeadBatch, Descale::kNone};
     std::vector<FwdCase> cases;
     size_t turn = 0;
     for (int head_dim : {64, 128, 256})
@@ -236,7 +234,7 @@ std::vector<FwdCase> fp8_prefill_split_cases() {
                                 s.layout};
                 for (int splits : {1, 3, 0}) {
                     if (head_dim == 256 && splits != 3) continue;
-                    cases.push_back(c.with_splits(splits).with_fp8_q(descales[turn % std::size(descales)]));
+                    cases.push_back(c.with_splits(splits).with_fp8_q(descale_turn(turn)));
                     ++turn;
                 }
             }

@@ -92,6 +92,14 @@ enum class Descale {
     kPerHeadBatch,  // the same as [head][batch] (strides 1, batch): the batch stride is the smaller
 };
 
+// The descale layouts in the order case tables take them in turn (turn:
+// the table's running count): per (batch, head), per tensor, per (head,
+// batch), none.
+inline Descale descale_turn(size_t turn) {
+    constexpr Descale kOrder[] = {Descale::kPerBatchHead, Descale::kPerTensor, Descale::kPerHeadBatch, Descale::kNone};
+    return kOrder[turn % (sizeof kOrder / sizeof kOrder[0])];
+}
+
 inline const char *descale_name(Descale d) {
     switch (d) {
         case Descale::kNone: return "none";
