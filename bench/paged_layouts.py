@@ -69,11 +69,8 @@ def main(argv=None):
     k = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
     v = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
     seqlens = torch.tensor(lengths, device="cuda", dtype=torch.int32)
-    k_descale = (k.abs().amax().float() / serving.E4M3_MAX).reshape(1)
-    v_descale = (v.abs().amax().float() / serving.E4M3_MAX).reshape(1)
-    caches = {"bf16": (k, v, {}),
-              "e4m3": ((k.float() / k_descale).to(torch.float8_e4m3fn), (v.float() / v_descale).to(torch.float8_e4m3fn),
-                       {"k_descale": k_descale, "v_descale": v_descale})}
+    (k_fp8, k_descale), (v_fp8, v_descale) = compare.quantize_e4m3(k), compare.quantize_e4m3(v)
+    caches = {"bf16": (k, v, {}), "e4m3": (k_fp8, v_fp8, {"k_descale": k_descale, "v_descale": v_descale})}
     print(f"paged decode layouts: B {serving.PAGED_BATCH}, lengths {min(lengths)}..{max(lengths)} (sum {sum(lengths)}),"
           f" Hq {serving.HEADS_Q} / Hkv {serving.HEADS_KV}, D {serving.HEAD_DIM}, bf16 queries, num_splits "
           f"{args.num_splits or 'the library chooses'}; {torch.cuda.get_device_name()}")
