@@ -83,6 +83,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from e4m3 import E4M3_MAX, quantize_e4m3
+
 try:
     import torch
     import torch.nn.functional as F
@@ -202,8 +204,6 @@ FP8_TARGET = 1.05
 FP8_HEAD_DIMS = ((64, 64), (128, 128), (256, 256))
 # Backends that read e4m3 K/V: decode cases' TB/s count one byte per K/V element.
 ONE_BYTE_KV_BACKENDS = (FP8_KV_BACKEND,) + FP8_BACKENDS
-# e4m3's largest value: the per-tensor descale factor is amax / this.
-E4M3_MAX = 448.0
 # The fp8-KV output against the 16-bit inputs' reference: the quantization error (e4m3 keeps 3 mantissa
 # bits) comes on top of the kernel's own; loose, a sanity check.
 FP8_KV_TOLERANCE = 1e-1
@@ -581,13 +581,6 @@ def flashcore_backend(fc, c, num_splits=None):
                + "), workspace allocated by the binding" + ("; GQA: native" if c.num_heads_q != c.num_heads_kv
                                                              else ""))
     return run
-
-
-def quantize_e4m3(t):
-    """(e4m3 tensor, its float32 descale factor as a 1-element tensor): one factor for the whole tensor,
-    amax / 448, as vLLM's per-tensor k_scale and v_scale."""
-    descale = (t.abs().amax().float() / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny).reshape(1)
-    return (t.float() / descale).to(torch.float8_e4m3fn), descale
 
 
 def flashcore_fp8_kv_backend(fc, c):

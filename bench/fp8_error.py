@@ -48,6 +48,7 @@ import sys
 from pathlib import Path
 
 import compare
+from e4m3 import E4M3_MAX, quantize_e4m3
 
 torch = compare.torch
 
@@ -147,14 +148,14 @@ def parse_args(argv):
 def quantize(t, heads_kv, per_head):
     """(e4m3 tensor, descale [B, Hkv] float32, descale as the kernel under test gets it) for t [B, S, H, D]:
     per_head, one factor per (batch, K/V head) over that head's elements (for q, the query heads of its group);
-    else one factor for the tensor, amax / 448 as compare.quantize_e4m3 (returned as a one-element tensor for
+    else one factor for the tensor, amax / 448 as e4m3.quantize_e4m3 (returned as a one-element tensor for
     flashcore, expanded to [B, Hkv] for FA3)."""
     b, s, h, d = t.shape
     if not per_head:
-        t8, descale = compare.quantize_e4m3(t)
+        t8, descale = quantize_e4m3(t)
         return t8, descale.expand(b, heads_kv).contiguous(), descale
     grouped = t.float().view(b, s, heads_kv, h // heads_kv, d)
-    descale = (grouped.abs().amax(dim=(1, 3, 4)) / compare.E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    descale = (grouped.abs().amax(dim=(1, 3, 4)) / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
     t8 = (grouped / descale[:, None, :, None, None]).view(b, s, h, d).to(torch.float8_e4m3fn)
     return t8, descale.contiguous(), descale.contiguous()
 

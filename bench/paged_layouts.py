@@ -23,6 +23,7 @@ import random
 import sys
 
 import compare
+from e4m3 import quantize_e4m3
 import serving_cases as serving
 
 
@@ -69,7 +70,7 @@ def main(argv=None):
     k = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
     v = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
     seqlens = torch.tensor(lengths, device="cuda", dtype=torch.int32)
-    (k_fp8, k_descale), (v_fp8, v_descale) = compare.quantize_e4m3(k), compare.quantize_e4m3(v)
+    (k_fp8, k_descale), (v_fp8, v_descale) = quantize_e4m3(k), quantize_e4m3(v)
     caches = {"bf16": (k, v, {}), "e4m3": (k_fp8, v_fp8, {"k_descale": k_descale, "v_descale": v_descale})}
     print(f"paged decode layouts: B {serving.PAGED_BATCH}, lengths {min(lengths)}..{max(lengths)} (sum {sum(lengths)}),"
           f" Hq {serving.HEADS_Q} / Hkv {serving.HEADS_KV}, D {serving.HEAD_DIM}, bf16 queries, num_splits "

@@ -26,6 +26,8 @@ import itertools
 import math
 import random
 
+from e4m3 import quantize_e4m3
+
 SERVING_KINDS = ("varlen", "paged", "window")
 HEADS_Q, HEADS_KV, HEAD_DIM = 32, 8, 128
 VARLEN_TOTAL, VARLEN_MIN, VARLEN_MAX = 32768, 100, 8000
@@ -34,7 +36,6 @@ PAGE_SIZES = (16, 256)
 WINDOW_SEQLEN, WINDOW_LEFT, WINDOW_BASE_SEQLEN = 32768, 4096, 4096
 QUERY_BLOCK = 128  # rows per query block of the sm_90a kernel (per-block times)
 CHECK_TOLERANCE = 4e-2  # bf16, as compare.py's
-E4M3_MAX = 448.0  # e4m3's largest value: a per-tensor descale factor is amax / this
 
 
 def log_uniform_lengths(rng, count, lo, hi):
@@ -236,10 +237,7 @@ def serving_paged(fc, fa3, measure, args):
         return fc.attention_with_kvcache(q, k_cache, v_cache, seqlens)
 
     # The same caches in e4m3, one descale factor per tensor (as vLLM's k_scale and v_scale).
-    k_descale = (k_cache.abs().amax().float() / E4M3_MAX).reshape(1)
-    v_descale = (v_cache.abs().amax().float() / E4M3_MAX).reshape(1)
-    k_fp8 = (k_cache.float() / k_descale).to(torch.float8_e4m3fn)
-    v_fp8 = (v_cache.float() / v_descale).to(torch.float8_e4m3fn)
+    (k_fp8, k_descale), (v_fp8, v_descale) = quantize_e4m3(k_cache), quantize_e4m3(v_cache)
 
     def contiguous_fp8():
         return fc.attention_with_kvcache(q, k_fp8, v_fp8, seqlens, k_descale=k_descale, v_descale=v_descale)
