@@ -14,6 +14,12 @@ Times are compare.py's measure() (CUDA-graph replays, median); every layout's ou
 against the contiguous call's. --num-splits pins the split count (default: the library's choice).
 
   FLASHCORE_LIBRARY=build/src/libflashcore.so python3 bench/paged_layouts.py [--num-splits N] [--json F]
+
+For a kernel profiler, --profile LAYOUT --cache bf16|e4m3 makes a few plain calls of that layout only
+(nothing timed), e.g. the L2 and DRAM traffic of shuffled pages beside pages in order:
+
+  ncu --section MemoryWorkloadAnalysis --section SpeedOfLight -k regex:fwd python3 bench/paged_layouts.py \
+      --profile "page 16" --cache bf16
 """
 
 import argparse
@@ -25,6 +31,9 @@ import sys
 import compare
 from e4m3 import quantize_e4m3
 import serving_cases as serving
+
+# Plain calls of --profile: the first warms caches and the library's plan; ncu's -c picks among the rest.
+PROFILE_CALLS = 3
 
 
 def layouts(torch, fc, q, k, v, lengths, seqlens, kv_kwargs, num_splits):
@@ -58,6 +67,9 @@ def main(argv=None):
     parser.add_argument("--budget-ms", type=float, default=300.0, help="replay time per measurement")
     parser.add_argument("--seed", type=int, default=1234, help="as compare.py's (the case's lengths)")
     parser.add_argument("--json", help="write the times here")
+    parser.add_argument("--profile", metavar="LAYOUT", help="only make PROFILE_CALLS plain calls of this layout "
+                        "(a name of the table, e.g. 'page 16'), for a profiler; nothing is timed")
+    parser.add_argument("--cache", choices=("bf16", "e4m3"), default="bf16", help="the cache --profile reads")
     args = parser.parse_args(argv)
     import torch
     fc = compare.import_flashcore(args.library)
@@ -75,6 +87,15 @@ def main(argv=None):
     print(f"paged decode layouts: B {serving.PAGED_BATCH}, lengths {min(lengths)}..{max(lengths)} (sum {sum(lengths)}),"
           f" Hq {serving.HEADS_Q} / Hkv {serving.HEADS_KV}, D {serving.HEAD_DIM}, bf16 queries, num_splits "
           f"{args.num_splits or 'the library chooses'}; {torch.cuda.get_device_name()}")
+    if args.profile:
+        kc, vc, kv_kwargs = caches[args.cache]
+        calls = dict(layouts(torch, fc, q, kc, vc, lengths, seqlens, kv_kwargs, args.num_splits or None))
+        if args.profile not in calls:
+            parser.error(f"--profile: no layout {args.profile!r}; the layouts are {', '.join(map(repr, calls))}")
+        for _ in range(PROFILE_CALLS):
+            calls[args.profile]()
+        torch.cuda.synchronize()
+        return 0
     results = {}
     for cache, (kc, vc, kv_kwargs) in caches.items():
         calls = layouts(torch, fc, q, kc, vc, lengths, seqlens, kv_kwargs, args.num_splits or None)
