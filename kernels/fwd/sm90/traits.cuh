@@ -226,8 +226,18 @@ struct Sm90Traits {
     static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
     static_assert(kPSets == 1 || kPSets == 2, "one or two sets of P fragments");
     static_assert(kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3, "two or three consumer warpgroups");
-    static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters) <= 64 * 1024,
-                  "the register split must fit the SM's register file");
+    // The register split must come out of what the CTA launched with:
+    // setmaxnreg.inc waits until the CTA's pool holds the registers it asks
+    // for, and the pool holds only what setmaxnreg.dec released (PTX ISA,
+    // setmaxnreg). Launched at kLaunchRegisters a thread (ptxas's allocation
+    // under __launch_bounds__(kNumThreads, 1)), the consumers may gain no
+    // more than the producer warpgroup gives up, or they wait forever.
+    // (A trial of 32 / 240 at two consumer warpgroups fits the 64K register
+    // file, but asks 256 x 72 of a pool of 128 x 136: it hung.)
+    static constexpr int kLaunchRegisters = (64 * 1024 / kNumThreads) / 8 * 8;
+    static_assert(kConsumerWarpgroups * (kConsumerRegisters - kLaunchRegisters) <=
+                      kLaunchRegisters - kProducerRegisters,
+                  "the consumers' setmaxnreg.inc must be covered by the producer's setmaxnreg.dec");
     static_assert(kHeadDimV % kOutPanelCols == 0 && (kFp8 || sizeof(ElementOut) == sizeof(Element)),
                   "O is staged in whole panels, the input's unless the input is fp8");
     static_assert(!kFp8 || (kBlockN % kMmaKeys == 0 && kBlockN % kVtPanelKeys == 0 && kVtPanelBytes % VtSwizzle::kAtomBytes == 0 &&
