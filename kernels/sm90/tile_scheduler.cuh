@@ -43,6 +43,28 @@ struct ScheduleNumbers {
     bool paired;
 };
 
+// gridDim.x, read where it is used: a read the compiler may not hoist, so
+// that it is not held (or spilled) across a loop body.
+__device__ __forceinline__ int grid_ctas() {
+    int ctas;
+    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(ctas));
+    return ctas;
+}
+
+// Where the producer warp's walk keeps its step counter (for_each_block's
+// second form): a word of shared memory, the walking warp's alone; one lane
+// (writer) stores it, between the warp's reads.
+struct SharedStep {
+    volatile int *word;
+    bool writer;
+    __device__ __forceinline__ int load() const { return *word; }
+    __device__ __forceinline__ void store(int v) const {
+        __syncwarp();  // every lane has read the last value
+        if (writer) *word = v;
+        __syncwarp();  // and sees the new one
+    }
+};
+
 template <int kBlockM, int kBlockN>
 struct PersistentSchedule : ScheduleNumbers {
     __host__ __device__ static PersistentSchedule of(const FwdKernelParams &p) {
@@ -90,6 +112,32 @@ struct PersistentSchedule : ScheduleNumbers {
             }
         }
     }
+
+    // The same walk for a warp with no register to spare across visit (the
+    // producer warp at 24 registers a thread, beside consumers of 240): one
+    // counter walks the (item, block of its pair) steps, kMaxBlocksPerItem
+    // an item (a single block's second step skipped), kept in shared memory
+    // (SharedStep), and everything else is derived from it at each step.
+    // (The item's bound, split and pair held in registers across visit
+    // spilled; so did the counter.)
+    template <bool kRagged, typename Visit>
+    __device__ __forceinline__ void for_each_block(const FwdKernelParams &p, Visit &&visit, SharedStep step) const {
+        for (step.store(0);; step.store(step.load() + 1)) {
+            const int at = step.load();
+            const int split_item = int(blockIdx.x) + at / kMaxBlocksPerItem * grid_ctas();
+            if (split_item >= int(num_items(p))) break;
+            const int item = split_item / p.num_splits;
+            if (at % kMaxBlocksPerItem >= blocks_in(item)) continue;
+            const int split = split_item % p.num_splits;
+            const FwdTile t = tile<kRagged>(p, item, at % kMaxBlocksPerItem);
+            visit(t,
+                  BlockKeyRange<kBlockM, kBlockN>::of(KeyMask::of(p, t.seqs), t.m_block).split(split, p.num_splits),
+                  split);
+        }
+    }
+
+    // Query blocks an item may hold (a causal pair).
+    static constexpr int kMaxBlocksPerItem = 2;
 };
 
 }  // namespace flashcore::sm90

@@ -20,11 +20,13 @@
 //                                                                   and 80 keys, FA3's tile: +7-10% over 48 keys,
 //                                                                   3 stages, two sets; 64 keys: +3-8%; H100)
 //
-// e4m3 inputs (fp8 prefill): 128-key tiles (64 at head dim 256, where O's
-// 128 registers a thread and 128-key S spilled the consumers' 224), one-byte
-// tiles, so more stages fit beside the V^T ring (v_transpose.cuh): 4 at 64
-// (~130 KB), 3 at 128 (~210 KB), 3 at 256 (~178 KB, one Q buffer; O stored
-// from registers as for the 16-bit kernel), O staged in its bf16 panels. At
+// e4m3 inputs (fp8 prefill): 128-key tiles, one-byte tiles, so more stages
+// fit beside the V^T ring (v_transpose.cuh): 4 at 64 (~130 KB), 3 at 128
+// (~210 KB), 2 at 256 (~225 KB, one Q buffer; O stored from registers as for
+// the 16-bit kernel), O staged in its bf16 panels. At 256, O's 128 registers
+// a thread and 128-key S need consumers of 240 (traits.cuh,
+// kWideConsumers): FA3's 128 x 128 tile, 9-11% faster than 128 x 64 with
+// three stages (H100, B8 H16 S4k, full and causal). At
 // head dim 64 the wide configuration (three consumer warpgroups, 192-row
 // blocks, 152 registers a consumer thread beside the producer warpgroup's
 // 48) serves most large calls (wide_fits): 0.74-0.78x FA3 became 0.95-1.04x
@@ -63,12 +65,12 @@ template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, int kConsume
 struct Sm90TraitsOf {
     static constexpr bool kFp8 = kInput == DType::kE4m3;
     static constexpr bool kLarge = kHeadDim > 128;    // 192, 256: two K/V stages, O stored from registers
-    static constexpr bool kHuge = kHeadDimV > 128;    // 256: 80-key tiles, one Q buffer, one P set
+    static constexpr bool kHuge = kHeadDimV > 128;    // 256: 80-key tiles (16-bit), one Q buffer, one P set
     static constexpr bool kOnePSet = kHuge || kConsumerWarpgroups == 3;
     static constexpr int kStages16 = kHeadDim == 128 || kLarge ? 2 : kHeadDim == 32 ? 4 : 3;
-    static constexpr int kStagesFp8 = kHeadDim <= 64 ? 4 : 3;
+    static constexpr int kStagesFp8 = kHeadDim <= 64 ? 4 : kHuge ? 2 : 3;
     using type = Sm90Traits<ElementType<kInput>, ElementType<kOutput>, kHeadDim, kHeadDimV,
-                            /*kBlockN=*/kFp8 ? (kHuge ? 64 : 128) : kHuge ? 80 : kLarge ? 96 : 128,
+                            /*kBlockN=*/kFp8 ? 128 : kHuge ? 80 : kLarge ? 96 : 128,
                             /*kStages=*/kFp8 ? kStagesFp8 : kStages16,
                             /*kQStages=*/kHuge ? 1 : 2,
                             kLarge ? OutputPath::kRegisters : OutputPath::kTmaStore,

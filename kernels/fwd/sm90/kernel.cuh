@@ -55,8 +55,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     if (warpgroup == 0) {
         setmaxnreg_decrease<Traits::kProducerRegisters>();
         const int warp = threadIdx.x / 32;
-        if (threadIdx.x == 0) {
-            run_producer<Traits, kRagged>(params, pipe);
+        if (warp == 0) {
+            run_producer<Traits, kRagged>(params, pipe, threadIdx.x == 0);
         } else if constexpr (Traits::kFp8) {
             if (warp > 0) run_v_transpose<Traits>(params, pipe, warp - 1, threadIdx.x % 32);
         }

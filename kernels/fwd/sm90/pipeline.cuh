@@ -141,6 +141,30 @@ struct Pipeline {
         constexpr KvPosition kCycle = 2 * Traits::kStages;
         return requested - requested % kCycle;
     }
+    // The producer's places in its two rings, the K/V stages and the Q
+    // buffers: each its count modulo one barrier cycle (2 * kStages tiles,
+    // 2 * kQStages blocks), all that a stage or buffer and its phase are
+    // made of, packed in one 32-bit register (the producer thread has 24
+    // beside consumers of 240: a 64-bit tile count and a block count
+    // spilled). Starts at 0, where first_position puts the consumers' count.
+    class ProducerRings {
+        static constexpr uint32_t kQShift = 16;
+        static constexpr uint32_t kKvMask = (1u << kQShift) - 1;
+        uint32_t bits_ = 0;
+
+      public:
+        __device__ __forceinline__ int kv_stage() const { return int((bits_ & kKvMask) % Traits::kStages); }
+        __device__ __forceinline__ uint32_t kv_phase() const { return ((bits_ & kKvMask) / Traits::kStages) & 1u; }
+        __device__ __forceinline__ int q_buffer() const { return int((bits_ >> kQShift) % Traits::kQStages); }
+        __device__ __forceinline__ uint32_t q_phase() const { return ((bits_ >> kQShift) / Traits::kQStages) & 1u; }
+        __device__ __forceinline__ void next_kv() {
+            bits_ = (bits_ & kKvMask) + 1 == 2 * Traits::kStages ? bits_ & ~kKvMask : bits_ + 1;
+        }
+        __device__ __forceinline__ void next_q() {
+            bits_ = (bits_ >> kQShift) + 1 == 2 * Traits::kQStages ? bits_ & kKvMask : bits_ + (1u << kQShift);
+        }
+    };
+
     __device__ __forceinline__ static int stage_of(KvPosition j) { return int(j % Traits::kStages); }
     __device__ __forceinline__ static uint32_t phase_of(KvPosition j) { return uint32_t(j / Traits::kStages) & 1u; }
     __device__ __forceinline__ static int q_buffer_of(uint32_t block) { return int(block % Traits::kQStages); }

@@ -1,5 +1,5 @@
-// The producer: one thread of the producer warpgroup issues every TMA copy
-// of a CTA. For each query block of its schedule: Q, into a buffer the
+// The producer: one lane of the producer warpgroup's first warp issues
+// every TMA copy of a CTA (run_producer). For each query block of its schedule: Q, into a buffer the
 // consumers are done with; then the K and V tiles of its BlockKeyRange, last
 // key tile first (the order the consumers visit them), each into the next
 // free stage of the ring. On e4m3 inputs it also tells the transposing
@@ -61,56 +61,79 @@ __device__ __forceinline__ void load_kv_panels(unsigned char *dst, const CUtenso
     }
 }
 
+// The producer warp: every lane walks the schedule and waits on the
+// barriers (the values it keeps are warp-uniform), and the leader lane
+// issues the copies and the arrivals. With consumers of 240 registers
+// (Traits::kWideConsumers) the producer warpgroup has 24 a thread, which
+// the ragged kernel's walk fits only so: its ring positions in one
+// register (ProducerRings), the first tile's tail as a flag, and the
+// schedule's step counter in shared memory (SharedStep).
 template <typename Traits, bool kRagged>
-__device__ __forceinline__ void run_producer(const Sm90KernelParams &params, const Pipeline<Traits> &pipe) {
+__device__ __forceinline__ void run_producer(const Sm90KernelParams &params, const Pipeline<Traits> &pipe,
+                                             bool leader) {
     const FwdKernelParams &p = params.fwd;
-    // K/V tiles loaded so far: their stage and phase. Starts where the
-    // consumers' count does.
-    KvPosition kv_count = Pipeline<Traits>::first_position(params.first_kv_position);
-    uint32_t q_count = 0;   // query blocks loaded so far
-    schedule_of<Traits>(params).template for_each_block<kRagged>(
-        p, [&](const FwdTile &tile, const BlockKeyRange<Traits::kBlockM, Traits::kBlockN> &keys, int /*split*/) {
-            if (keys.num_blocks() <= 0) return;  // the consumers store it without K/V
-            const int q_buffer = Pipeline<Traits>::q_buffer_of(q_count);
-            mbarrier_wait(pipe.q_empty(q_buffer), Pipeline<Traits>::q_phase_of(q_count) ^ 1u);
+    // The next K/V stage and Q buffer, and their phases.
+    typename Pipeline<Traits>::ProducerRings rings;
+    const auto visit = [&](const FwdTile &tile, const BlockKeyRange<Traits::kBlockM, Traits::kBlockN> &keys,
+                           int /*split*/) {
+        if (keys.num_blocks() <= 0) return;  // the consumers store it without K/V
+        const int q_buffer = rings.q_buffer();
+        mbarrier_wait(pipe.q_empty(q_buffer), rings.q_phase() ^ 1u);
+        if (leader) {
             mbarrier_arrive_expect_tx(pipe.q_full(q_buffer), Traits::kQBytes);
-            // Packed queries (cu_seqlens_q): the map is one batch of all rows;
-            // a block's rows past its sequence read the next one's, which
-            // nothing stores.
+            // Packed queries (cu_seqlens_q): the map is one batch of all
+            // rows; a block's rows past its sequence read the next one's,
+            // which nothing stores.
             const int q_batch = kRagged && p.cu_seqlens_q != nullptr ? 0 : tile.batch;
             load_panels<Traits, Traits::kQKPanels>(pipe.q_tile(q_buffer), Traits::kQPanelBytes, &params.tma_q,
                                                    tile.seqs.q_row0 + tile.m_block * Traits::kBlockM, tile.head_q,
                                                    q_batch, pipe.q_full(q_buffer));
-            for (int j = 0; j < keys.num_blocks(); ++j, ++kv_count) {
-                const int stage = Pipeline<Traits>::stage_of(kv_count);
-                const uint32_t free_phase = Pipeline<Traits>::phase_of(kv_count) ^ 1u;
-                const int first_key = keys.n_block(j) * Traits::kBlockN;
-                mbarrier_wait(pipe.k_empty(stage), free_phase);
+        }
+        // fp8: whether the transposing warps must zero V rows past the
+        // keys. Only a block's first tile (its last keys) can reach past
+        // them. A flag worked out before the tile loop: the tile's end held
+        // across it spilled the 24 registers.
+        const bool first_tile_may_hold_garbage =
+            Traits::kFp8 && v_tail_may_hold_garbage<kRagged>(p, tile.seqs, (keys.n_block(0) + 1) * Traits::kBlockN);
+        for (int j = 0; j < keys.num_blocks(); ++j, rings.next_kv()) {
+            const int stage = rings.kv_stage();
+            const uint32_t free_phase = rings.kv_phase() ^ 1u;
+            const int first_key = keys.n_block(j) * Traits::kBlockN;
+            mbarrier_wait(pipe.k_empty(stage), free_phase);
+            if (leader) {
                 mbarrier_arrive_expect_tx(pipe.k_full(stage), Traits::kKTileBytes);
-                load_kv_panels<Traits, Traits::kQKPanels, kRagged>(pipe.k_tile(stage), &params.tma_k, params, tile, first_key,
-                                                          pipe.k_full(stage));
-                mbarrier_wait(pipe.v_empty(stage), free_phase);
+                load_kv_panels<Traits, Traits::kQKPanels, kRagged>(pipe.k_tile(stage), &params.tma_k, params, tile,
+                                                                   first_key, pipe.k_full(stage));
+            }
+            mbarrier_wait(pipe.v_empty(stage), free_phase);
+            if (leader) {
                 if constexpr (Traits::kFp8) {
-                    // Only a block's first tile (its last keys) can reach
-                    // past them.
                     *pipe.v_tile_keys(stage) =
-                        j == 0 && v_tail_may_hold_garbage<kRagged>(p, tile.seqs, first_key + Traits::kBlockN)
-                            ? tile.seqs.seqlen_k - first_key
-                            : Traits::kBlockN;
+                        j == 0 && first_tile_may_hold_garbage ? tile.seqs.seqlen_k - first_key : Traits::kBlockN;
                 }
                 mbarrier_arrive_expect_tx(pipe.v_full(stage), Traits::kVTileBytes);
-                load_kv_panels<Traits, Traits::kVPanels, kRagged>(pipe.v_tile(stage), &params.tma_v, params, tile, first_key,
-                                                         pipe.v_full(stage));
+                load_kv_panels<Traits, Traits::kVPanels, kRagged>(pipe.v_tile(stage), &params.tma_v, params, tile,
+                                                                  first_key, pipe.v_full(stage));
             }
-            ++q_count;
-        });
+        }
+        rings.next_q();
+    };
+    if constexpr (Traits::kWideConsumers) {
+        // At a fixed shared address: no register holds it.
+        __shared__ int step;
+        schedule_of<Traits>(params).template for_each_block<kRagged>(p, visit, SharedStep{&step, leader});
+    } else {
+        schedule_of<Traits>(params).template for_each_block<kRagged>(p, visit);
+    }
     if constexpr (Traits::kFp8) {
         // The transposing warps' end: the next stage, once free, holds no
         // tile (a plain arrival completes v_full's phase).
-        const int stage = Pipeline<Traits>::stage_of(kv_count);
-        mbarrier_wait(pipe.v_empty(stage), Pipeline<Traits>::phase_of(kv_count) ^ 1u);
-        *pipe.v_tile_keys(stage) = kNoMoreVTiles;
-        mbarrier_arrive(pipe.v_full(stage));
+        const int stage = rings.kv_stage();
+        mbarrier_wait(pipe.v_empty(stage), rings.kv_phase() ^ 1u);
+        if (leader) {
+            *pipe.v_tile_keys(stage) = kNoMoreVTiles;
+            mbarrier_arrive(pipe.v_full(stage));
+        }
     }
 }
 

@@ -44,7 +44,7 @@ template <typename Traits>
 __device__ __forceinline__ PersistentSchedule<Traits::kBlockM, Traits::kBlockN> schedule_of(
     const Sm90KernelParams &params) {
     using Schedule = PersistentSchedule<Traits::kBlockM, Traits::kBlockN>;
-    if constexpr (Traits::kConsumerWarpgroups == 3) {
+    if constexpr (Traits::kConsumerWarpgroups == 3 || Traits::kWideConsumers) {
         Schedule s;
         static_cast<ScheduleNumbers &>(s) = params.schedule;
         return s;
@@ -97,11 +97,17 @@ constexpr int kFirstIssueTurnBarrier = kAllConsumersBarrier + 1;
 //   2: 128 x 24 + 256 x 240;  3: 128 x 32 + 384 x 160 (FA3's split);
 //   transposing V: 2: 128 x 48 + 256 x 224;  3: 128 x 48 + 384 x 152 (at 24
 //   the transposing warps' loop and the producer's spilled; at 40 the
-//   ragged producer did).
-constexpr int producer_registers(int consumer_warpgroups, bool transposes_v) {
+//   ragged producer did);
+//   transposing V with consumers of 240 (wide_consumers: fp8 at head dim
+//   256, whose 128-key tiles need them: S 64 + O 128 + P 16 registers a
+//   thread): 128 x 24 + 256 x 240, FA3's split, which the producer fits by
+//   run_producer's economies (producer.cuh).
+constexpr int producer_registers(int consumer_warpgroups, bool transposes_v, bool wide_consumers) {
+    if (wide_consumers) return 24;
     return transposes_v ? 48 : consumer_warpgroups == 2 ? 24 : 32;
 }
-constexpr int consumer_registers(int consumer_warpgroups, bool transposes_v) {
+constexpr int consumer_registers(int consumer_warpgroups, bool transposes_v, bool wide_consumers) {
+    if (wide_consumers) return 240;
     if (transposes_v) return consumer_warpgroups == 2 ? 224 : 152;
     return consumer_warpgroups == 2 ? 240 : 160;
 }
@@ -164,8 +170,10 @@ struct Sm90Traits {
     static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpgroupThreads / 32;
 
     // Registers per thread after the split (producer_registers).
-    static constexpr int kProducerRegisters = producer_registers(kConsumerWarpgroups, kFp8);
-    static constexpr int kConsumerRegisters = consumer_registers(kConsumerWarpgroups, kFp8);
+    // fp8 at head dim 256: 128-key tiles (config.cuh) in consumers of 240.
+    static constexpr bool kWideConsumers = kFp8 && kHeadDimV_ > 128;
+    static constexpr int kProducerRegisters = producer_registers(kConsumerWarpgroups, kFp8, kWideConsumers);
+    static constexpr int kConsumerRegisters = consumer_registers(kConsumerWarpgroups, kFp8, kWideConsumers);
 
     // Panels: 128-byte rows where both head dims' rows are multiples of 128
     // bytes (of two-byte elements: 64 columns), else 64-byte rows (32, 96).
@@ -219,8 +227,12 @@ struct Sm90Traits {
     static constexpr uint32_t kSmemVTileKeys = kSmemBarriers + kNumBarriers * sizeof(uint64_t);
     static constexpr size_t kSmemBytes =
         kSmemVTileKeys + (kFp8 ? kStages * sizeof(int) : 0) + kSmemBaseAlignment;
+    // Static shared memory beside it: the producer warp's schedule step
+    // where it keeps it there (kWideConsumers; producer.cuh).
+    static constexpr size_t kStaticSmemBytes = 16;  // one int, in a section ptxas aligns to 16 bytes
 
-    static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory beyond what an sm_90 block may opt into");
+    static_assert(kSmemBytes + kStaticSmemBytes <= kMaxSmemPerBlock,
+                  "shared memory beyond what an sm_90 block may opt into");
     static_assert(kHeadDim % kPanelCols == 0 && kHeadDimV % kPanelCols == 0,
                   "head dims must be whole numbers of panels");
     static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
