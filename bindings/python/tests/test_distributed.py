@@ -2,6 +2,7 @@
 steps against a brute-force causal mask, and the whole ring (emulated ranks)
 on the CPU with a float64 attention and merge standing in for the
 library's."""
+import io
 import math
 
 import pytest
@@ -215,7 +216,12 @@ def _gloo_rank(rank, world_size, port, causal, results):
         ql, kl, vl = (mine(t).requires_grad_() for t in (q, k, v))
         out = fd.ring_attention(ql, kl, vl, causal=causal)
         out.backward(mine(dout))
-        results.put((rank, out.detach(), ql.grad, kl.grad, vl.grad))
+        # As bytes: a tensor put on the queue travels as a file descriptor
+        # that this process shares, and the parent's read failed when the
+        # rank had exited first (FileNotFoundError from the resource sharer).
+        buffer = io.BytesIO()
+        torch.save((out.detach(), ql.grad, kl.grad, vl.grad), buffer)
+        results.put((rank, buffer.getvalue()))
     finally:
         dist.destroy_process_group()
 
@@ -236,7 +242,7 @@ def test_ring_over_gloo_is_the_emulated_ring(causal):
     procs = [ctx.Process(target=_gloo_rank, args=(r, world_size, port, causal, results)) for r in range(world_size)]
     for proc in procs:
         proc.start()
-    got = dict((r, rest) for r, *rest in (results.get(timeout=120) for _ in procs))
+    got = {r: torch.load(io.BytesIO(data)) for r, data in (results.get(timeout=120) for _ in procs)}
     for proc in procs:
         proc.join(timeout=60)
         assert proc.exitcode == 0
