@@ -26,11 +26,10 @@
 // the 16-bit kernel), O staged in its bf16 panels. At 256, O's 128 registers
 // a thread and 128-key S need consumers of 240 (traits.cuh,
 // kWideConsumers): FA3's 128 x 128 tile, 9-11% faster than 128 x 64 with
-// three stages (H100, B8 H16 S4k, full and causal). At
-// head dim 64 the wide configuration (three consumer warpgroups, 192-row
-// blocks, 152 registers a consumer thread beside the producer warpgroup's
-// 48) serves most large calls (wide_fits): 0.74-0.78x FA3 became 0.95-1.04x
-// unmasked.
+// three stages (H100, B8 H16 S4k, full and causal). At head dim 64 the wide
+// configuration (three consumer warpgroups, 192-row blocks, 152 registers a
+// consumer thread beside the producer warpgroup's 48) serves most large
+// calls (wide_fits): 0.74-0.78x FA3 became 0.95-1.04x unmasked.
 //
 // One P set cost 3-9% at head dims 64 and 128 with two consumer warpgroups
 // (docs/hopper-notes.md), where the key tile is not what limits; three

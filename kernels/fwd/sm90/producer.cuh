@@ -1,8 +1,8 @@
 // The producer: one lane of the producer warpgroup's first warp issues
-// every TMA copy of a CTA (run_producer). For each query block of its schedule: Q, into a buffer the
-// consumers are done with; then the K and V tiles of its BlockKeyRange, last
-// key tile first (the order the consumers visit them), each into the next
-// free stage of the ring. On e4m3 inputs it also tells the transposing
+// every TMA copy of a CTA (run_producer). For each query block of its
+// schedule: Q, into a buffer the consumers are done with; then the K and V
+// tiles of its BlockKeyRange, last key tile first (the order the consumers
+// visit them), each into the next free stage of the ring. On e4m3 inputs it also tells the transposing
 // warps (v_transpose.cuh) each V tile's valid keys, and when there are no
 // more tiles: they need not walk the schedule themselves (which took more
 // than the producer warpgroup's 24 registers a thread).
