@@ -83,7 +83,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from e4m3 import E4M3_MAX, quantize_e4m3
+from e4m3 import quantize_e4m3
 
 try:
     import torch

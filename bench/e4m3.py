@@ -7,10 +7,17 @@ bytes. torch is imported where it is used, as the benches import it only when th
 E4M3_MAX = 448.0
 
 
-def quantize_e4m3(t):
-    """(e4m3 tensor, its float32 descale factor as a 1-element tensor): one factor for the whole tensor,
-    amax / 448, as vLLM's per-tensor k_scale and v_scale (an all-zero tensor gets float32's smallest
-    normal rather than 0, so dividing by it stays finite)."""
+def descale_for(amax):
+    """The float32 descale factor of values whose largest magnitude is amax (a tensor, any shape):
+    amax / 448, an all-zero group getting float32's smallest normal rather than 0, so dividing by it
+    stays finite."""
     import torch
-    descale = (t.abs().amax().float() / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny).reshape(1)
+    return (amax.float() / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def quantize_e4m3(t):
+    """(e4m3 tensor, its float32 descale factor as a 1-element tensor): one factor for the whole tensor
+    (descale_for), as vLLM's per-tensor k_scale and v_scale."""
+    import torch
+    descale = descale_for(t.abs().amax()).reshape(1)
     return (t.float() / descale).to(torch.float8_e4m3fn), descale

@@ -48,7 +48,7 @@ import sys
 from pathlib import Path
 
 import compare
-from e4m3 import E4M3_MAX, quantize_e4m3
+from e4m3 import descale_for, quantize_e4m3
 
 torch = compare.torch
 
@@ -155,7 +155,7 @@ def quantize(t, heads_kv, per_head):
         t8, descale = quantize_e4m3(t)
         return t8, descale.expand(b, heads_kv).contiguous(), descale
     grouped = t.float().view(b, s, heads_kv, h // heads_kv, d)
-    descale = (grouped.abs().amax(dim=(1, 3, 4)) / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    descale = descale_for(grouped.abs().amax(dim=(1, 3, 4)))
     t8 = (grouped / descale[:, None, :, None, None]).view(b, s, h, d).to(torch.float8_e4m3fn)
     return t8, descale.contiguous(), descale.contiguous()
 
