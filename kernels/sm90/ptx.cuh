@@ -32,6 +32,16 @@ __device__ __forceinline__ void fence_operand(float &reg) {
     asm volatile("" : "+f"(reg)::"memory");
 }
 
+// fence_operand over a warp's accumulator fragments (kNAtoms n8 atoms).
+template <int kNAtoms>
+__device__ __forceinline__ void fence_accumulators(float (&acc)[kNAtoms][4]) {
+#pragma unroll
+    for (int n = 0; n < kNAtoms; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) fence_operand(acc[n][e]);
+    }
+}
+
 // The value of x, opaque to the compiler: what is computed from it cannot be
 // hoisted above this point (out of a loop where x is invariant, to hold the
 // results in registers for the whole loop).
@@ -157,6 +167,15 @@ __device__ __forceinline__ void tma_store_4d(const void *tensor_map, const void 
     cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, tensor_map, coords, smem_src);
 }
 
+// global[0 .. bytes) += shared[0 .. bytes) (fp32 elements) through the TMA
+// unit, as part of this thread's current bulk group: both addresses 16-byte
+// aligned, bytes a multiple of 16.
+__device__ __forceinline__ void bulk_reduce_add_f32(float *global_dst, uint32_t smem_src, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(global_dst),
+                 "r"(smem_src), "r"(bytes)
+                 : "memory");
+}
+
 __device__ __forceinline__ void bulk_commit_group() { cuda::ptx::cp_async_bulk_commit_group(); }
 
 // Waits until this thread's bulk stores have finished reading shared memory
@@ -186,6 +205,16 @@ __device__ __forceinline__ void named_barrier_sync_id(int id, int num_threads) {
 __device__ __forceinline__ void stmatrix_x4(uint32_t smem_row, const uint32_t (&frag)[4]) {
     asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_row), "r"(frag[0]),
                  "r"(frag[1]), "r"(frag[2]), "r"(frag[3])
+                 : "memory");
+}
+
+// stmatrix_x4, each matrix stored transposed: the row lane i addresses
+// (matrix i / 8, row r = i % 8) receives column r of the matrix the lanes
+// hold as above (lanes 4k + r / 2, k = 0 .. 7, the low half of frag[m] for
+// even r, the high half for odd). What turns fragments of S^T into rows of S.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t smem_row, const uint32_t (&frag)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_row),
+                 "r"(frag[0]), "r"(frag[1]), "r"(frag[2]), "r"(frag[3])
                  : "memory");
 }
 

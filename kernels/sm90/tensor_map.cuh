@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include "common/driver_function.h"
+#include "common/types.h"
 
 #include <cstdint>
 #include <cstring>
@@ -36,7 +37,7 @@ inline PFN_cuTensorMapReplaceAddress_v12000 tensor_map_address_replacer() {
 
 // Which of a call's tensors a map describes: maps of different roles are
 // kept apart even where their geometry agrees (K and V of one call).
-enum class TensorRole : uint32_t { kQ, kK, kV, kO };
+enum class TensorRole : uint32_t { kQ, kK, kV, kO, kDout };
 
 // Everything a map is encoded from but the base address: a 4-d tensor
 // (head_dim, seq, head, batch) of `type` elements, read in boxes of
@@ -138,6 +139,34 @@ inline bool tensor_map(CUtensorMap *map, const TensorMapGeometry &g, const void 
     victim.map = *map;
     victim.valid = true;
     return true;
+}
+
+// The TMA element type of a DType (e4m3: bytes, which TMA only copies).
+constexpr CUtensorMapDataType tensor_map_type(DType dtype) {
+    return dtype == DType::kBf16    ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+           : dtype == DType::kE4m3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+
+// The geometry of a map of `role` over a 4-d (head_dim, seq, head, batch)
+// tensor of `dtype` elements, with strides in elements.
+inline TensorMapGeometry tensor_geometry(TensorRole role, DType dtype, int head_dim, int seqlen, int heads, int batch,
+                                         int64_t seq_stride, int64_t head_stride, int64_t batch_stride, int box_cols,
+                                         int box_rows) {
+    const int64_t kElementBytes = int64_t(dtype_bytes(dtype));
+    TensorMapGeometry g{};
+    g.role = role;
+    g.type = tensor_map_type(dtype);
+    g.box_cols = uint32_t(box_cols);
+    g.box_rows = uint32_t(box_rows);
+    g.dims[0] = uint64_t(head_dim);
+    g.dims[1] = uint64_t(seqlen);
+    g.dims[2] = uint64_t(heads);
+    g.dims[3] = uint64_t(batch);
+    g.byte_strides[0] = uint64_t(seq_stride * kElementBytes);
+    g.byte_strides[1] = uint64_t(head_stride * kElementBytes);
+    g.byte_strides[2] = uint64_t(batch_stride * kElementBytes);
+    return g;
 }
 
 }  // namespace flashcore::sm90

@@ -15,6 +15,7 @@
 #include "bwd/sm80/row_stats.cuh"
 #include "common/element.cuh"
 #include "common/fragment_layout.cuh"
+#include "common/launch_options.h"
 
 namespace flashcore {
 
@@ -89,6 +90,18 @@ __global__ void __launch_bounds__(kRowKernelThreads) bwd_preprocess_kernel(const
         stats[0] = sum;
         *bwd_block_counter(stats) = 0;
     }
+}
+
+// One row kernel over every query row (none: nothing launched).
+inline cudaError_t launch_row_kernel(void (*kernel)(BwdKernelParams), const BwdKernelParams &params,
+                              const LaunchOptions &options, cudaStream_t stream, const char *name) {
+    const int64_t rows = bwd_row_kernel_rows(params);
+    if (rows == 0) return cudaSuccess;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned((rows + kRowKernelWarps - 1) / kRowKernelWarps));
+    config.blockDim = dim3(kRowKernelThreads);
+    config.stream = stream;
+    return launch_step(cudaLaunchKernelEx(&config, kernel, params), options, name);
 }
 
 #endif

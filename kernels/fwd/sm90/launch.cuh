@@ -18,38 +18,10 @@
 
 namespace flashcore::sm90 {
 
-// The TMA element type of a DType (e4m3: bytes, which TMA only copies).
-constexpr CUtensorMapDataType tensor_map_type(DType dtype) {
-    return dtype == DType::kBf16    ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-           : dtype == DType::kE4m3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
-                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-}
-
 // The output types of the sm90 kernels: the input's, or bf16 for e4m3
 // inputs (FA3's; fwd/family.cmake).
 constexpr bool sm90_writes(DType input, DType output) {
     return input == output || (input == DType::kE4m3 && output == DType::kBf16);
-}
-
-// The geometry of a map of `role` over a 4-d (head_dim, seq, head, batch)
-// tensor of `dtype` elements, with strides in elements.
-inline TensorMapGeometry tensor_geometry(TensorRole role, DType dtype, int head_dim, int seqlen, int heads, int batch,
-                                         int64_t seq_stride, int64_t head_stride, int64_t batch_stride, int box_cols,
-                                         int box_rows) {
-    const int64_t kElementBytes = int64_t(dtype_bytes(dtype));
-    TensorMapGeometry g{};
-    g.role = role;
-    g.type = tensor_map_type(dtype);
-    g.box_cols = uint32_t(box_cols);
-    g.box_rows = uint32_t(box_rows);
-    g.dims[0] = uint64_t(head_dim);
-    g.dims[1] = uint64_t(seqlen);
-    g.dims[2] = uint64_t(heads);
-    g.dims[3] = uint64_t(batch);
-    g.byte_strides[0] = uint64_t(seq_stride * kElementBytes);
-    g.byte_strides[1] = uint64_t(head_stride * kElementBytes);
-    g.byte_strides[2] = uint64_t(batch_stride * kElementBytes);
-    return g;
 }
 
 template <typename Traits, typename Cap, bool kRagged>

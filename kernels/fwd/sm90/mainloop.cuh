@@ -45,15 +45,6 @@ namespace flashcore::sm90 {
 // columns, or 32 one-byte ones).
 constexpr uint32_t kKStepRowBytes = 32;
 
-template <int kNAtoms>
-__device__ __forceinline__ void fence_accumulators(float (&acc)[kNAtoms][4]) {
-#pragma unroll
-    for (int n = 0; n < kNAtoms; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) fence_operand(acc[n][e]);
-    }
-}
-
 // Two code-shape choices measured per head dim (H100, bf16, compare.py, two
 // rounds against the code before them; docs/hopper-notes.md):
 //  - kAdvanceDescriptors: a tile's wgmma descriptors as one 32-bit add from

@@ -1,0 +1,50 @@
+// The three launches of a backward pass, in stream order, for either path's
+// main kernel: the preprocess (row_kernels.cuh), the main kernel (a CTA per
+// key block of each (batch, K/V head): sm80/scheduler.cuh), and the convert
+// kernel (convert.cuh), which reads the dQ accumulator in the fragment order
+// of Traits (both paths' main kernels add it in DqAccumLayout<Traits>).
+// Host code of the generated translation units only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "bwd/params.h"
+#include "bwd/sm80/convert.cuh"
+#include "bwd/sm80/row_kernels.cuh"
+#include "bwd/sm80/scheduler.cuh"
+#include "common/dynamic_smem.cuh"
+#include "common/launch_options.h"
+
+namespace flashcore {
+
+// `kernel` is the main kernel of Traits, launched with `kernel_params` (its
+// own parameter block, which embeds `params`). Returns the first launch
+// error; options.failed_call names the launch that failed.
+template <typename Traits, typename KernelParams>
+cudaError_t run_bwd_passes(const BwdKernelParams &params, const LaunchOptions &options, cudaStream_t stream,
+                           void (*kernel)(KernelParams), const KernelParams &kernel_params) {
+    cudaError_t err = launch_row_kernel(bwd_preprocess_kernel<typename Traits::Element>, params, options, stream,
+                                        "cudaLaunchKernelEx (the backward preprocess)");
+    if (err != cudaSuccess) return err;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = sm80::KeyBlockScheduler<Traits::kBlockM, Traits::kBlockN>::grid(params);
+    config.blockDim = dim3(Traits::kNumThreads);
+    config.dynamicSmemBytes = Traits::kSmemBytes;
+    config.stream = stream;
+    static DynamicSmemOptIn opt_in;
+    err = launch_opted_in(opt_in, kernel, config, options, kernel_params);
+    if (err != cudaSuccess) return err;
+    // The convert kernel: a CTA per query block of each (batch, query head)
+    // (dispatch.cpp keeps the count within the grid's limit).
+    const int64_t query_blocks =
+        bwd_query_blocks(params, Traits::kBlockM) * params.fwd.batch_size * params.fwd.num_heads_q;
+    if (query_blocks == 0) return cudaSuccess;
+    cudaLaunchConfig_t convert = {};
+    convert.gridDim = dim3(unsigned(query_blocks));
+    convert.blockDim = dim3(Traits::kNumThreads);
+    convert.stream = stream;
+    return launch_step(cudaLaunchKernelEx(&convert, bwd_convert_kernel<Traits>, params), options,
+                       "cudaLaunchKernelEx (the backward postprocess)");
+}
+
+}  // namespace flashcore
