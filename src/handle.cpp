@@ -12,6 +12,7 @@
 
 #include "common/driver_function.h"
 #include "error.h"
+#include "bwd/registry.h"
 #include "fwd/registry.h"
 
 namespace flashcore {
@@ -53,6 +54,38 @@ flashcore_status read_fwd_variant(const flashcore_handle_s &h, EnvOverrides *env
     return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
                 "FLASHCORE_FWD_VARIANT is '%.64s'; it must be unset, empty, 'sm90', 'portable', %s", value,
                 fwd_pinnable_tile_names());
+}
+
+// FLASHCORE_BWD_VARIANT chooses the backward kernel for every call of the
+// handle: unset or empty, the sm_90a kernel where it runs and has the call's
+// head dims (else the portable one); hopper, the same, but an error where
+// the device or the build has no sm_90a backward kernels; kvblock, the
+// portable kernel.
+flashcore_status read_bwd_variant(const flashcore_handle_s &h, EnvOverrides *env) {
+    const bool has_sm90_kernels = bwd_kernels().has_path(KernelPath::kSm90);
+    env->bwd_use_sm90 = has_sm90_kernels && h.cc_major == 9 && h.cc_minor == 0;
+    const char *value = std::getenv("FLASHCORE_BWD_VARIANT");
+    if (value == nullptr || *value == '\0') return FLASHCORE_STATUS_SUCCESS;
+    if (std::strcmp(value, "hopper") == 0) {
+        if (!has_sm90_kernels) {
+            return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                        "FLASHCORE_BWD_VARIANT=hopper, but this library was built without the sm_90a kernels "
+                        "(configure with an sm_90 target or -DFLASHCORE_ENABLE_SM90=ON)");
+        }
+        if (!env->bwd_use_sm90) {
+            return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                        "FLASHCORE_BWD_VARIANT=hopper, but device %d has compute capability %d.%d; the sm_90a "
+                        "kernels run on 9.0 (H100, H200) only",
+                        h.device, h.cc_major, h.cc_minor);
+        }
+        return FLASHCORE_STATUS_SUCCESS;
+    }
+    if (std::strcmp(value, "kvblock") == 0) {
+        env->bwd_use_sm90 = false;
+        return FLASHCORE_STATUS_SUCCESS;
+    }
+    return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                "FLASHCORE_BWD_VARIANT is '%.64s'; it must be unset, empty, 'hopper' or 'kvblock'", value);
 }
 
 // The environment variable `name` as a whole number from min to max:
@@ -140,6 +173,8 @@ namespace {
 flashcore_status read_env_overrides(const flashcore_handle_s &h, EnvOverrides *env) {
     *env = EnvOverrides{};
     flashcore_status status = read_fwd_variant(h, env);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    status = read_bwd_variant(h, env);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     status = read_persistent_ctas(h, env);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;

@@ -25,6 +25,10 @@ struct EnvOverrides {
     // FLASHCORE_FWD_VARIANT=sm90: every call the sm_90a kernel can serve uses
     // it, however small.
     bool sm90_forced = false;
+    // Whether backward calls may use the sm_90a backward kernels: the
+    // library has them, the device is compute capability 9.0, and
+    // FLASHCORE_BWD_VARIANT does not ask for the portable kernel (kvblock).
+    bool bwd_use_sm90 = false;
     // CTAs a persistent kernel may launch: the device's SM count, or fewer
     // where FLASHCORE_PERSISTENT_CTAS asks (tests: with a few CTAs, each walks
     // many query blocks).

@@ -45,11 +45,14 @@ shapes+=':Shapes/*_qlens_0_1_17_200_513_*:Shapes/*_qlens_128_1_300_*:Shapes/*_pa
 # 192/128 and 256, full and causal, rows that see no key (seqlen_q >
 # seqlen_k), GQA, a window with softcap, seqused_k, variable-length batches
 # with empty sequences, calls without queries; for memcheck also the
-# workspace and refused-call tests and graph capture.
+# workspace and refused-call tests and graph capture. On an sm_90 GPU the
+# head-dim 64 and 128 shapes run the sm_90a kernel by default; the kvblock
+# runs check the portable kernel there.
 bwd_shapes='Gradients/*/fp16_d64_*_b2_hq4_hkv2_sq200_sk333_bshd:Gradients/*/bf16_d128_causal_b1_hq2_hkv1_sq257_sk129_bhsd'
 bwd_shapes+=':Gradients/*/fp16_d256_full_b2_hq4_hkv2_sq200_sk333_padded:Gradients/*/bf16_d40x24_causal_b2_hq4_hkv2_sq200_sk333_bhsd'
 bwd_shapes+=':Gradients/*_d192x128_full_b1_hq4_hkv1_sq100_sk300_bhsd_softcap50:Gradients/*_window100_0_softcap30*'
 bwd_shapes+=':Gradients/*_used_100_600_50:Gradients/*_qlens_0_1_17_200_513_*:Gradients/*_qlens_0_0_*:Gradients/*_sq0_*'
+bwd_shapes+=':Gradients/*_window37_0:Gradients/*/bf16_d128_full_b2_hq8_hkv2_sq300_sk421_bshd'
 
 # The sm_90a kernel's three-warpgroup configuration (head dim 64 without a
 # mask; the d64 full shape above chooses it under 3 CTAs too).
@@ -88,6 +91,8 @@ runs=(
   "backward|memcheck|test_backward|${bwd_shapes}:BackwardApi.*:BackwardGraph.*|"
   "backward|racecheck|test_backward|${bwd_shapes}|"
   "backward|synccheck|test_backward|${bwd_shapes}|"
+  "backward.kvblock|memcheck|test_backward|${bwd_shapes}|FLASHCORE_BWD_VARIANT=kvblock"
+  "backward.kvblock|racecheck|test_backward|${bwd_shapes}|FLASHCORE_BWD_VARIANT=kvblock"
 )
 
 status=0

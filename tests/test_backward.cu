@@ -338,6 +338,27 @@ TEST(BackwardApi, BadSmemChoiceIsRejectedAtCreate) {
     expect_env_values_rejected("FLASHCORE_TEST_SMEM_PER_BLOCK", {"0", "-1", "12x", "99999999999"}, kA100SmemPerBlock);
 }
 
+// FLASHCORE_BWD_VARIANT: kvblock (the portable kernel) is accepted on every
+// GPU; hopper where the device and the build have the sm_90a kernels, and
+// refused with UNSUPPORTED elsewhere; anything else is refused.
+TEST(BackwardApi, BadVariantIsRejectedAtCreate) {
+    FC_REQUIRE_GPU();
+    expect_env_values_rejected("FLASHCORE_BWD_VARIANT", {"sm90", "portable", "Hopper", "kvblock "}, "kvblock");
+    flashcore_handle h = nullptr;
+    std::string message;
+    const flashcore_status status = create_with_env("FLASHCORE_BWD_VARIANT", "hopper", &h, &message);
+    int device = 0, major = 0;
+    ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+    ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+    if (status == FLASHCORE_STATUS_SUCCESS) {
+        EXPECT_EQ(major, 9) << "hopper accepted on a GPU without sm_90a kernels";
+        flashcore_destroy(h);
+    } else {
+        EXPECT_EQ(status, FLASHCORE_STATUS_UNSUPPORTED) << message;
+        EXPECT_NE(message.find("FLASHCORE_BWD_VARIANT=hopper"), std::string::npos) << message;
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Determinism under contention, graphs.
 // ---------------------------------------------------------------------------

@@ -33,4 +33,13 @@ cudaError_t run_bwd_sm80(const BwdKernelParams &params, const LaunchOptions &opt
 template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, BwdVariant kVariant>
 BwdKernelInfo bwd_info_sm80();
 
+// The same on the sm_90a kernel (bwd/sm90/); returns cudaErrorNotSupported,
+// launching nothing, where the driver cannot describe a tensor for TMA (the
+// dispatcher then runs the portable kernel).
+template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, BwdVariant kVariant>
+cudaError_t run_bwd_sm90(const BwdKernelParams &params, const LaunchOptions &options, cudaStream_t stream);
+
+template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, BwdVariant kVariant>
+BwdKernelInfo bwd_info_sm90();
+
 }  // namespace flashcore

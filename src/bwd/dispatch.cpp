@@ -72,11 +72,18 @@ flashcore_status launch_backward(const flashcore_handle_s &handle, const flashco
     status = check_workspace(workspace, workspace_bytes, plan.workspace_bytes, "flashcore_backward_workspace_size",
                              "the fp32 dQ accumulator", ranges, backward_ranges(p, ranges));
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    const BwdKernelInfo info = plan.kernel->info();
+    // The sm_90a kernel where the handle may use it and it has the plan's
+    // head dims (no softcap: its dS has no (1 - tanh^2) factor).
+    const BwdKernel *kernel = plan.kernel;
+    if (handle.env.bwd_use_sm90 && p.softcap == 0.f) {
+        const BwdKernel *sm90 = bwd_kernels().find(KernelPath::kSm90, kernel->input, kernel->kv,
+                                                    kernel->dims, BwdVariant::kHopper);
+        if (sm90 != nullptr && sm90->info().smem_bytes <= handle.max_smem_per_block) kernel = sm90;
+    }
+    const BwdKernelInfo info = kernel->info();
     char kernel_name[64];
-    std::snprintf(kernel_name, sizeof kernel_name, "backward %s", bwd_tile_name(plan.kernel->tile));
-    status = check_kernel_smem(handle, kernel_name, plan.kernel->dims.head_dim, plan.kernel->dims.head_dim_v,
-                               info.smem_bytes);
+    std::snprintf(kernel_name, sizeof kernel_name, "backward %s", bwd_tile_name(kernel->tile));
+    status = check_kernel_smem(handle, kernel_name, kernel->dims.head_dim, kernel->dims.head_dim_v, info.smem_bytes);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     // The 1-D grids: the main kernel's, a CTA per block of keys of each
     // (batch, K/V head); the convert kernel's, a CTA per block of queries
@@ -100,7 +107,14 @@ flashcore_status launch_backward(const flashcore_handle_s &handle, const flashco
     const size_t smem_choice =
         handle.env.smem_per_block_choice != 0 ? handle.env.smem_per_block_choice : handle.max_smem_per_block;
     const LaunchOptions options{handle.env.persistent_ctas, &failed_call, 0, handle.device, smem_choice};
-    const cudaError_t err = plan.kernel->run(kparams, options, static_cast<cudaStream_t>(stream));
+    cudaError_t err = kernel->run(kparams, options, static_cast<cudaStream_t>(stream));
+    // A tensor the driver cannot describe for TMA: nothing was launched;
+    // the portable kernel (whose grids the checks above cover: its blocks
+    // are no smaller) serves the call.
+    if (err == cudaErrorNotSupported && kernel != plan.kernel) {
+        failed_call = "the launch";
+        err = plan.kernel->run(kparams, options, static_cast<cudaStream_t>(stream));
+    }
     if (err != cudaSuccess) {
         char operation[160];
         std::snprintf(operation, sizeof operation, "launching the backward kernels (%s)", failed_call);

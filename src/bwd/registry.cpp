@@ -5,10 +5,8 @@
 namespace flashcore {
 namespace {
 
-// Only the portable path has backward kernels (kernels/bwd/family.cmake
-// refuses other lines), so only its token is defined: a line of another
-// path fails to compile here rather than reach a missing entry point.
 #define FLASHCORE_KERNEL_PATH_sm80 KernelPath::kSm80
+#define FLASHCORE_KERNEL_PATH_sm90 KernelPath::kSm90
 // One line of bwd_kernels.inc: (path token, input, K/V and output DType
 // enumerators, head_dim, head_dim_v, BwdVariant enumerator).
 #define FLASHCORE_KERNEL(path, input, kv, output, head_dim, head_dim_v, tile)                                 \
@@ -27,6 +25,7 @@ constexpr BwdKernel kKernels[] = {
 
 #undef FLASHCORE_KERNEL
 #undef FLASHCORE_KERNEL_PATH_sm80
+#undef FLASHCORE_KERNEL_PATH_sm90
 
 constexpr KernelTable<BwdFamily> kTable{{kKernels, std::size(kKernels)}};
 constexpr auto kSupportedHeadDims = head_dims_of_path(kKernels, KernelPath::kSm80);

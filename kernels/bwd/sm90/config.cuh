@@ -1,0 +1,136 @@
+// Compile-time shape of the Hopper (sm_90a) backward kernel (BwdSm90Traits)
+// and its configuration per head dim (BwdSm90Config): what the `hopper`
+// lines of kernels/kernels.list instantiate.
+//
+// One CTA owns a block of kBlockN = 128 keys of a (batch, K/V head): K and V
+// stay in shared memory, dK and dV in the registers of two consumer
+// warpgroups (64 keys each), while the CTA walks the query blocks of kBlockM
+// rows that see the keys (and, with GQA, every query head of the group). A
+// producer warp loads each block's Q and dO (TMA) with its rows' lse and D
+// into a two-stage ring. Per query block, consumer warpgroup c (keys
+// 64c .. 64c + 63), FlashAttention 3's products:
+//   S^T  = K_c Q^T,  dP^T = V_c dO^T   wgmma m64 x kBlockM, both operands
+//                                      K-major in shared memory
+//   P^T  = exp2(S^T * scale_log2 - lse_log2), dS^T = P^T * (dP^T - D)
+//   dV  += P^T dO,   dK  += dS^T Q     A from registers (the accumulators of
+//                                      S^T and dP^T are the A fragments),
+//                                      B MN-major in shared memory
+//   dS -> shared memory (stmatrix, transposed), both warpgroups' keys
+//   dQ   = dS K                        A = dS (K-major), B = K (MN-major):
+//                                      each warpgroup a share of the block's
+//                                      dQ (kDqSplitRows: rows, else head-dim
+//                                      columns), through shared memory
+//                                      into the fp32 workspace (one bulk
+//                                      reduction a step, issued by a
+//                                      producer warp), in the portable
+//                                      kernel's fragment order
+//                                      (dq_accumulator.cuh)
+// Swapping S and dP to S^T and dP^T puts the keys on wgmma's M, so their
+// accumulators feed dV and dK from registers and only dS goes through shared
+// memory.
+#pragma once
+
+#include <cstddef>
+
+#include "bwd/params.h"
+#include "common/element.cuh"
+#include "common/fragment_layout.cuh"
+#include "sm90/ptx.cuh"
+
+namespace flashcore::sm90 {
+
+template <typename Element_, int kHeadDim_, int kBlockM_>
+struct BwdSm90Traits {
+    using Element = Element_;
+    static constexpr int kHeadDim = kHeadDim_;   // of Q, K, V, dO (one head dim)
+    static constexpr int kHeadDimV = kHeadDim_;
+    static constexpr int kBlockM = kBlockM_;     // query rows per step
+    static constexpr int kBlockN = 128;          // keys per CTA
+    static constexpr int kConsumerWarpgroups = 2;
+    static constexpr int kKeysPerConsumer = kBlockN / kConsumerWarpgroups;
+    static constexpr int kNumThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
+    static constexpr int kConsumerThreads = kConsumerWarpgroups * kWarpgroupThreads;
+    static constexpr int kStages = 2;  // Q/dO buffers (and dS buffers)
+
+    // Registers: the producer warpgroup gives up all but 24 a thread, the
+    // consumers take 240 (dK, dV, S^T, dP^T and dQ live together). A CTA
+    // launches at kLaunchRegisters a thread; setmaxnreg.inc takes only what
+    // .dec released (fwd/sm90/traits.cuh says why this check is needed).
+    static constexpr int kProducerRegisters = 24;
+    static constexpr int kConsumerRegisters = 240;
+    static constexpr int kLaunchRegisters = (64 * 1024 / kNumThreads) / 8 * 8;
+    static_assert(kConsumerWarpgroups * (kConsumerRegisters - kLaunchRegisters) <=
+                      kLaunchRegisters - kProducerRegisters,
+                  "the consumers ask for more registers than the producer releases");
+
+    // Shared-memory tiles in 128-byte swizzled panels of 64 columns
+    // (sm90/ptx.cuh, PanelSwizzle), as TMA writes them.
+    using Swizzle = PanelSwizzle<128>;
+    static constexpr int kPanelCols = 64;
+    static constexpr int kPanelRowBytes = 128;
+    static constexpr int kPanels = kHeadDim / kPanelCols;  // of Q, K, V, dO
+    static constexpr uint32_t kKVPanelBytes = kBlockN * kPanelRowBytes;
+    static constexpr uint32_t kQPanelBytes = kBlockM * kPanelRowBytes;
+    static constexpr uint32_t kKBytes = kPanels * kKVPanelBytes;
+    static constexpr uint32_t kQBytes = kPanels * kQPanelBytes;
+    // dS: kBlockM rows of kBlockN keys, a panel per 64 keys (per consumer).
+    static constexpr uint32_t kDsPanelBytes = kBlockM * kPanelRowBytes;
+    static constexpr uint32_t kDsBytes = (kBlockN / kPanelCols) * kDsPanelBytes;
+    // A stage's rows' lse (log2 units) and D.
+    static constexpr uint32_t kRowStatBytes = kBlockM * sizeof(float);
+
+    static constexpr uint32_t kKOffset = 0;
+    static constexpr uint32_t kVOffset = kKOffset + kKBytes;
+    static constexpr uint32_t kQOffset = kVOffset + kKBytes;
+    static constexpr uint32_t kDoOffset = kQOffset + kStages * kQBytes;
+    static constexpr uint32_t kDsOffset = kDoOffset + kStages * kQBytes;
+    static constexpr uint32_t kLseOffset = kDsOffset + kStages * kDsBytes;
+    static constexpr uint32_t kDOffset = kLseOffset + kStages * kRowStatBytes;
+    // A step's dQ (fp32, kBlockM x kHeadDim) on its way to the workspace:
+    // the consumers store it, a producer warp adds it there with one bulk
+    // reduction (kernel.cuh).
+    static constexpr uint32_t kDqBytes = kBlockM * kHeadDim * sizeof(float);
+    static constexpr uint32_t kDqOffset = kDOffset + kStages * kRowStatBytes;
+    // What the writer is to do with the buffer (kernel.cuh, DqTicket).
+    static constexpr uint32_t kDqTicketOffset = kDqOffset + kDqBytes;
+    static constexpr uint32_t kDqTicketBytes = 32;
+    static constexpr uint32_t kBarrierOffset = kDqTicketOffset + kDqTicketBytes;
+    // kv_full, and q_full, q_empty, do_full, do_empty per stage.
+    static constexpr int kBarriers = 1 + 4 * kStages;
+    static constexpr size_t kSmemBytes = kBarrierOffset + kBarriers * sizeof(uint64_t) + kSmemBaseAlignment;
+
+    // dQ = dS K (kBlockM x kHeadDim) over the two consumers: by rows where
+    // each gets 64 (kBlockM 128), else by head-dim columns.
+    static constexpr bool kDqSplitRows = kBlockM == 2 * 64;
+    static constexpr int kDqRows = kDqSplitRows ? kBlockM / kConsumerWarpgroups : kBlockM;
+    static constexpr int kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / kConsumerWarpgroups;
+
+    // The dQ accumulator's fragment order (bwd/sm80/dq_accumulator.cuh,
+    // shared with the convert kernel) in its terms: 8 warps, each an m16
+    // strip of the block's rows and kDqCols columns, one pass.
+    static constexpr int kNumWarps = kConsumerThreads / kWarpSize;
+    static constexpr int kWarpsDdQ = kHeadDim / kDqCols;
+    static constexpr int kWarpsMdQ = kNumWarps / kWarpsDdQ;
+    static constexpr int kdQMTiles = 1;
+    static constexpr int kdQNTiles = kDqCols / kMmaN;
+    static constexpr int kdQPasses = 1;
+
+    static_assert(kDqRows == 64 && kBlockM / kWarpsMdQ == kMmaM, "a consumer's dQ rows are one wgmma M");
+    static_assert(kBlockM % 64 == 0 && kBlockM <= 128, "kBlockM: S^T's N, and the dQ split");
+    static_assert(kHeadDim % kPanelCols == 0, "whole 128-byte panels");
+    static_assert(kSmemBytes <= 227 * 1024, "an H100's shared memory per block");
+};
+
+template <DType kInput, int kHeadDim>
+struct BwdSm90Config;
+
+// kBlockM: 128 query rows at head dim 64 (S^T and dP^T are 64 x 128 per
+// consumer, dK and dV small), 64 at 128 (dK and dV take 128 registers).
+// FlashAttention 3's tiles for these head dims (its causal 128 one).
+template <DType kInput, int kHeadDim>
+struct BwdSm90Config {
+    static_assert(kHeadDim == 64 || kHeadDim == 128, "the sm90 backward has head dims 64 and 128");
+    using Traits = BwdSm90Traits<ElementType<kInput>, kHeadDim, kHeadDim == 64 ? 128 : 64>;
+};
+
+}  // namespace flashcore::sm90
