@@ -445,29 +445,36 @@ struct BwdConsumer {
     }
 
     // Scores of S^T a query does not see set to -inf (P = 0). Query q sees
-    // keys [q + shift - window_left, q + shift + window_right] below
-    // seqlen_k (KeyMask: the diagonal is q + shift, shift = seqlen_k -
-    // seqlen_q), so an element needs only its key - query against two
-    // bounds and its key against seqlen_k: a few instructions each, where
-    // KeyMask::row per element made the loop too long for the instruction
-    // cache (ncu: no_instruction stalls).
+    // key k iff k < seqlen_k and lowest <= k - q <= highest (KeyMask: the
+    // window around q's diagonal q + seqlen_k - seqlen_q), i.e. iff q is in
+    // [k - highest, k - lowest]: per key row one offset and one span, per
+    // element one add and one unsigned compare. KeyMask::row per element
+    // made the loop too long for the instruction cache (ncu: no_instruction
+    // stalls), and a predicate per element spilled at head dim 64. The
+    // bounds are clamped to what k - q can be (keys below seqlen_k, queries
+    // from 0 to seqlen_q + kBlockM), which keeps every difference within
+    // 32 bits.
     template <typename Work>
     __device__ __forceinline__ void apply_mask(const Work &w, int m_block, float (&acc_s)[kSAtoms][4]) const {
         const KeyMask &mask = w.mask;
-        const int lowest = mask.diagonal_shift() - mask.window_left;   // of key - query
-        const int highest = mask.diagonal_shift() + mask.window_right;
+        const int lowest = max(mask.diagonal_shift() - mask.window_left, -(mask.seqlen_q + kBlockM));
+        const int highest = min(mask.diagonal_shift() + mask.window_right, mask.seqlen_k);
+        const uint32_t span = uint32_t(highest - lowest);
         const int first_key = w.n_block * kBlockN + key_row0() + frag_row(lane);
         const int first_query = m_block * kBlockM + frag_col(lane);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int key = first_key + half * kFragRowHalf;
-            const bool key_exists = key < mask.seqlen_k;
+            // first_query - (key - highest): 0 for the first query the key
+            // is visible to. A key past the sequence: an offset that no
+            // element brings within the span (which is < 2^31).
+            const uint32_t offset =
+                key < mask.seqlen_k ? uint32_t(first_query - key + highest) : uint32_t(INT32_MIN);
 #pragma unroll
             for (int n = 0; n < kSAtoms; ++n) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const int offset = key - (first_query + n * kMmaN + e);
-                    if (!key_exists || offset < lowest || offset > highest) acc_s[n][2 * half + e] = -INFINITY;
+                    if (offset + uint32_t(n * kMmaN + e) > span) acc_s[n][2 * half + e] = -INFINITY;
                 }
             }
         }
@@ -695,9 +702,13 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ BwdSm90Params params) {
     extern __shared__ unsigned char smem_raw[];
     // The swizzles repeat every 1024-byte atom; TMA and wgmma assume tiles
-    // aligned to it (kSmemBytes includes the slack).
-    unsigned char *smem = reinterpret_cast<unsigned char *>(
-        (reinterpret_cast<uintptr_t>(smem_raw) + kSmemBaseAlignment - 1) & ~uintptr_t(kSmemBaseAlignment - 1));
+    // aligned to it (kSmemBytes includes the slack). Aligned by an offset
+    // from smem_raw, not through an integer, so that the compiler still
+    // knows the pointers derived from it are shared: the row stats and dQ
+    // are then read and written with LDS/STS, where generic loads and stores
+    // waited on the long scoreboard (ncu: a third of the consumers' stalls).
+    const uint32_t misalignment = smem_address(smem_raw) % kSmemBaseAlignment;
+    unsigned char *smem = smem_raw + (misalignment == 0 ? 0 : kSmemBaseAlignment - misalignment);
     const BwdSmem<Traits> sm{smem};
     // The CTA's work, worked out once into shared memory: the producer
     // warps read its fields where they use them (in their 24 registers
