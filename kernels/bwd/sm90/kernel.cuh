@@ -49,9 +49,10 @@ struct BwdSm90Params {
 };
 
 // Named barriers (0 is __syncthreads): both consumers' dS of a step is in
-// shared memory; one consumer's own threads (its K/V rows cleared); the dQ
-// buffer holds a step's dQ (the consumers arrive, the dQ writer waits) and
-// is free again (the writer arrives, the consumers wait).
+// shared memory; one consumer's own threads (its K/V rows cleared); per dQ
+// buffer b, it holds a step's dQ (kDqFullBarrier + 2b: the consumers arrive,
+// the dQ writer waits) and is free again (kDqEmptyBarrier + 2b: the writer
+// arrives, the consumers wait).
 constexpr int kDsReadyBarrier = 1;
 constexpr int kFirstConsumerBarrier = 2;  // and 3
 constexpr int kDqFullBarrier = 4;
@@ -89,9 +90,11 @@ struct BwdSmem {
     __device__ __forceinline__ float *row_dot(int s) const {
         return reinterpret_cast<float *>(base + Traits::kDOffset + s * Traits::kRowStatBytes);
     }
-    __device__ __forceinline__ float *dq() const { return reinterpret_cast<float *>(base + Traits::kDqOffset); }
-    __device__ __forceinline__ struct DqTicket *dq_ticket() const {
-        return reinterpret_cast<struct DqTicket *>(base + Traits::kDqTicketOffset);
+    __device__ __forceinline__ float *dq(int b) const {
+        return reinterpret_cast<float *>(base + Traits::kDqOffset + b * Traits::kDqBytes);
+    }
+    __device__ __forceinline__ struct DqTicket *dq_ticket(int b) const {
+        return reinterpret_cast<struct DqTicket *>(base + Traits::kDqTicketOffset + b * Traits::kDqTicketBytes);
     }
     __device__ __forceinline__ uint64_t *barrier(int i) const {
         return reinterpret_cast<uint64_t *>(base + Traits::kBarrierOffset) + i;
@@ -287,26 +290,33 @@ __device__ __forceinline__ void bwd_load_row_stats(const BwdKernelParams &p, con
 template <typename Traits>
 __device__ __forceinline__ void bwd_write_dq(const BwdSmem<Traits> &sm, int num_steps, int lane) {
     constexpr int kParticipants = Traits::kConsumerThreads + kWarpSize;
-    named_barrier_arrive_id(kDqEmptyBarrier, kParticipants);
+    for (int b = 0; b < Traits::kDqBuffers && b < num_steps; ++b) {
+        named_barrier_arrive_id(kDqEmptyBarrier + 2 * b, kParticipants);
+    }
     for (int j = 0; j < num_steps; ++j) {
-        named_barrier_sync_id(kDqFullBarrier, kParticipants);
+        const int b = j % Traits::kDqBuffers;
+        named_barrier_sync_id(kDqFullBarrier + 2 * b, kParticipants);
+        DqTicket ticket;
         if (lane == 0) {
-            const DqTicket ticket = *sm.dq_ticket();
+            ticket = *sm.dq_ticket(b);
             if (ticket.counter != nullptr) {
                 while (load_acquire(ticket.counter) < ticket.turn) {
                 }
             }
-            bulk_reduce_add_f32(ticket.accumulator, smem_address(sm.dq()), ticket.bytes);
+            bulk_reduce_add_f32(ticket.accumulator, smem_address(sm.dq(b)), ticket.bytes);
             bulk_commit_group();
-            if (ticket.counter != nullptr) {
-                bulk_wait_group_all();
-                add_release(ticket.counter, 1);
-            } else {
-                bulk_wait_group_read_all();
-            }
+            bulk_wait_group_read_all();
         }
         __syncwarp();
-        if (j + 1 < num_steps) named_barrier_arrive_id(kDqEmptyBarrier, kParticipants);
+        // The buffer is free once read; the step's adds may still be on
+        // their way to the workspace.
+        if (j + Traits::kDqBuffers < num_steps) named_barrier_arrive_id(kDqEmptyBarrier + 2 * b, kParticipants);
+        // The deterministic mode: the next key block's turn comes once they
+        // have landed.
+        if (lane == 0 && ticket.counter != nullptr) {
+            bulk_wait_group_all();
+            add_release(ticket.counter, 1);
+        }
     }
     // The last reductions' global writes, before the CTA ends.
     if (lane == 0) bulk_wait_group_all();
@@ -535,8 +545,8 @@ struct BwdConsumer {
     // layout for the step's block (DqBlock): by fragment tile (a lane's
     // four values of a tile together, 16-byte stores), or row by row for the
     // rows and head-dim columns that exist.
-    __device__ __forceinline__ void store_dq(const DqBlock &block, const float (&acc_dq)[kDqAtoms][4]) const {
-        float *dq = sm.dq();
+    __device__ __forceinline__ void store_dq(const DqBlock &block, const float (&acc_dq)[kDqAtoms][4], int b) const {
+        float *dq = sm.dq(b);
         if (block.by_fragment) {
             float *warp_base = dq + Layout::group(0, dq_warp(), 0, 0) + lane * Layout::kLaneStride;
 #pragma unroll
@@ -563,13 +573,14 @@ struct BwdConsumer {
 
     // The step's ticket for the writer (DqTicket).
     template <typename Work>
-    __device__ __forceinline__ void write_ticket(const Work &w, const BwdStep &step, const DqBlock &block) const {
+    __device__ __forceinline__ void write_ticket(const Work &w, const BwdStep &step, const DqBlock &block,
+                                                 int b) const {
         DqTicket ticket{block.accumulator, nullptr, block.bytes<Traits>(params.bwd.fwd.head_dim), 0};
         if (params.bwd.deterministic) {
             ticket.counter = bwd_dq_counter<Traits>(params.bwd, w, step.head, step.m_block);
             ticket.turn = BlockKeyRange<kBlockM, kBlockN>::of(w.mask, step.m_block).n_block_max - 1 - w.n_block;
         }
-        *sm.dq_ticket() = ticket;
+        *sm.dq_ticket(b) = ticket;
     }
 
     template <typename Work>
@@ -631,12 +642,13 @@ struct BwdConsumer {
             fence_accumulators(acc_dq);
             // Into the dQ buffer once the writer has read the last step's;
             // the writer adds it to the workspace.
-            named_barrier_sync_id(kDqEmptyBarrier, Traits::kConsumerThreads + kWarpSize);
+            const int b = j % Traits::kDqBuffers;
+            named_barrier_sync_id(kDqEmptyBarrier + 2 * b, Traits::kConsumerThreads + kWarpSize);
             const DqBlock block = DqBlock::of<Traits>(p, w, step.head, step.m_block);
-            store_dq(block, acc_dq);
-            if (consumer == 0 && tid == 0) write_ticket(w, step, block);
+            store_dq(block, acc_dq, b);
+            if (consumer == 0 && tid == 0) write_ticket(w, step, block, b);
             fence_shared_to_async_proxy();
-            named_barrier_arrive_id(kDqFullBarrier, Traits::kConsumerThreads + kWarpSize);
+            named_barrier_arrive_id(kDqFullBarrier + 2 * b, Traits::kConsumerThreads + kWarpSize);
             wgmma_wait<0>();  // dK is done: Q's buffer may be refilled
             fence_accumulators(acc_dk);
             fence_fragments(ds_frag);
@@ -715,6 +727,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     // they could not hold it all), the consumers copy it.
     using Scheduler = sm80::KeyBlockScheduler<Traits::kBlockM, Traits::kBlockN>;
     __shared__ typename Scheduler::Work shared_work;
+    static_assert(sizeof(shared_work) <= Traits::kStaticSmemBytes, "config.cuh's budget for static shared memory");
     if (threadIdx.x == 0) {
         sm.init();
         shared_work = Scheduler::work(params.bwd);
