@@ -64,6 +64,16 @@ missed) and flashcore-fp8's max abs diff from the reference backend run on the
 dequantized e4m3 inputs (a sanity check; bench/fp8_error.py measures the error
 against float64).
 
+Gradients, opt-in: --backward times each backend's backward pass alone (dq, dk, dv from dout; the forward that
+gives it out and lse runs once per buffer set, untimed), --train a training step: the forward (keeping lse) and
+then the backward on the same inputs, both in the timed call (issue 37's measure: flashcore's step at least 1.05x
+cuDNN's; default presets the hopper-backward group). flashcore is flashcore.attention(return_lse=True) and the
+operator torch.ops.flashcore.backward, in its default and its deterministic mode (flashcore-det); the SDPA
+backends are the forward pinned as above, on inputs that require grad, and its attention's autograd node called
+on dout (no autograd engine); fa3 is n/a (the fa3-fwd wheel is forward only). TFLOP/s count
+BACKWARD_FLOPS_PER_FORWARD_FLOP (2.5) times the forward's flops for the backward, one more for a training step.
+Every backend's gradients (set 0) are checked against the reference backend's.
+
 Run ``python3 bench/compare.py --help`` for the options. Exit status: 0 ok, 1 a
 flashcore output check failed or flashcore failed a case others ran
 (flashcore-fp8 included: a case fa3-fp8 ran, at issue 36's head dims 64, 128
@@ -126,9 +136,9 @@ class Preset:
         return f"{self.batch}x{heads}x{seq}x{dims}"
 
 
-# The prefill presets (Sq == Sk, Hq == Hkv) are kPresets in flashcore_bench.cpp: keep them in step. The
-# decode and chunked-prefill presets (issue 13's serving shapes) are compare.py's own; flashcore_bench
-# reaches them with --batch/--heads/--heads-kv/--seqlen-q/--seqlen-k.
+# The presets from mission to tput-8k-d32 are kPresets in flashcore_bench.cpp: keep them in step. Issue 37's
+# GQA and odd-length shapes and the decode and chunked-prefill presets (issue 13's serving shapes) are
+# compare.py's own; flashcore_bench reaches them with --batch/--heads/--heads-kv/--seqlen-q/--seqlen-k.
 PRESETS = [
     Preset("mission", 1, 8, 512, 64, 64),
     Preset("short", 1, 8, 256, 64, 64),
@@ -151,6 +161,10 @@ PRESETS = [
     Preset("tput-4k-b8-d256", 8, 16, 4096, 256, 256),  # issue 36's d256 fp8 prefill target
     Preset("tput-2k-d32", 16, 16, 2048, 32, 32),
     Preset("tput-8k-d32", 4, 16, 8192, 32, 32),
+    # Issue 37's Hopper backward targets besides the tput presets: GQA (32 query heads over 8 K/V heads, dK and
+    # dV summed over each group) and a length that no tile divides (partial last query and key blocks).
+    Preset("gqa-4k-d128", 4, 32, 4096, 128, 128, heads_kv=8),
+    Preset("odd-3k-d128", 8, 16, 3000, 128, 128),
     # Issue 13's serving shapes, head_dim 128. Decode: one query row per sequence against a K/V cache of
     # seqlen_k rows (--seqlen-q 2..16 for speculative decoding), GQA ratios 4 (32/8), 1 (32/32) and 8 (64/8).
     Preset("decode-b8-8k", 8, 32, 1, 128, 128, heads_kv=8, seqlen_k=8192, kind="decode"),
@@ -173,6 +187,10 @@ PRESET_GROUPS = {  # --preset accepts these names too
     "serving": [p.name for p in PRESETS if p.kind != "prefill"],
     # Issue 34's backward targets (flashcore_bench has the same group); --backward's default.
     "backward-targets": ["tput-2k-d64", "tput-8k-d64", "tput-2k-d128", "tput-8k-d128", "tput-4k-d256"],
+    # Issue 37's targets, the Hopper backward against cuDNN's (a training step, --train, at least 1.05x
+    # cuDNN's); --train's default. compare.py's only.
+    "hopper-backward": ["tput-2k-d64", "tput-8k-d64", "tput-16k-d64", "tput-2k-d128", "tput-8k-d128",
+                        "tput-16k-d128", "tput-4k-b8-d256", "gqa-4k-d128", "odd-3k-d128"],
     # Issue 36's fp8 (e4m3) prefill targets. Named in --preset, it also makes the fp8 backends (FP8_BACKENDS)
     # the default --backends and bf16 the default --dtype.
     "fp8-prefill": ["tput-2k-d64", "tput-8k-d64", "tput-16k-d64", "tput-2k-d128", "tput-8k-d128", "tput-16k-d128",
@@ -212,11 +230,14 @@ FP8_KV_TOLERANCE = 1e-1
 # product) is in: up to ~1/16 of a large v value in rows that see a few keys. Loose, a sanity check against gross
 # errors (a descale ignored, the wrong head); bench/fp8_error.py measures the error against float64.
 FP8_TOLERANCE = 2e-1
-# --backward: flashcore's backward in its default and its deterministic mode, beside the others'.
+# --backward and --train: flashcore's backward in its default and its deterministic mode, beside the others'.
 BACKWARD_BACKENDS = ("flashcore", "flashcore-det", "fa3") + SDPA_BACKENDS
 # The backward pass's flops, by the convention of FlashAttention's benchmarks (and issue 34's anchors):
 # 2.5 times the forward's (five matrix products of the forward's size to its two).
 BACKWARD_FLOPS_PER_FORWARD_FLOP = 2.5
+# The flops of one timed call per mode, in forward flops: --train's training step is the forward and the backward.
+FLOPS_PER_FORWARD_FLOP = {"forward": 1.0, "backward": BACKWARD_FLOPS_PER_FORWARD_FLOP,
+                          "train": 1.0 + BACKWARD_FLOPS_PER_FORWARD_FLOP}
 # Loose, as TOLERANCE: the largest gradient difference from the reference's, over its largest value.
 BACKWARD_TOLERANCE = {"fp16": 2e-2, "bf16": 4e-2}
 # fc/peer: flashcore against the best of these (FlashAttention 3, cuDNN, PyTorch's flash backend).
@@ -323,7 +344,8 @@ def parse_args(argv):
     sel.add_argument("--preset", action="append", metavar="NAME[,NAME]",
                      help="presets to run (repeatable); also the groups " + ", ".join(PRESET_GROUPS)
                      + f" ({FP8_PRESET_GROUP}: issue 36's fp8 prefill targets; naming it makes "
-                     + ",".join(FP8_BACKENDS) + " the default --backends and bf16 the default --dtype)")
+                     + ",".join(FP8_BACKENDS) + " the default --backends and bf16 the default --dtype; "
+                     "backward-targets and hopper-backward: issues 34's and 37's backward targets)")
     sel.add_argument("--dtype", help="fp16, bf16 or both, comma separated (default: both; bf16 with --preset "
                      f"{FP8_PRESET_GROUP}); the fp8 backends cast these inputs to e4m3")
     sel.add_argument("--mask", default="both", choices=("none", "causal", "both"))
@@ -343,18 +365,27 @@ def parse_args(argv):
                          help=what + "; overrides that field of every selected preset")
     run = p.add_argument_group("timing")
     run.add_argument("--backends",
-                     help="comma list from " + ", ".join(FORWARD_BACKENDS) + " (with --backward: from "
+                     help="comma list from " + ", ".join(FORWARD_BACKENDS) + " (with --backward or --train: from "
                      + ", ".join(BACKWARD_BACKENDS) + ") (default: " + ", ".join(ALL_BACKENDS) + "; with --preset "
                      f"{FP8_PRESET_GROUP}: " + ", ".join(FP8_BACKENDS) + "; fa3 and fa3-fp8 are left out, with the "
                      "reason, when its wheel cannot be imported). Opt-in: " + FP8_KV_BACKEND + " (K/V cast to e4m3), "
                      + " and ".join(FP8_BACKENDS) + " (q, k and v cast to e4m3, per tensor, once per buffer set; "
                      f"bf16 out; fp8 fc/fa3 = {FP8_FC_BACKEND} TFLOP/s / {FP8_FA3_BACKEND}'s, target >= {FP8_TARGET})")
-    run.add_argument("--backward", action="store_true",
-                     help="time the backward pass (dq, dk, dv from out, lse and dout) instead of the forward: each "
-                     "backend's backward alone (flashcore: the operator flashcore::backward, default and "
-                     "deterministic modes; SDPA: its attention node's backward), TFLOP/s = "
-                     f"{BACKWARD_FLOPS_PER_FORWARD_FLOP} x the forward's flops / time; default presets: "
-                     "backward-targets")
+    modes = run.add_mutually_exclusive_group()
+    modes.add_argument("--backward", dest="mode", action="store_const", const="backward",
+                       help="time the backward pass (dq, dk, dv from out, lse and dout) instead of the forward: each "
+                       "backend's backward alone (flashcore: the operator flashcore::backward, default and "
+                       "deterministic modes; SDPA: its attention node's backward), TFLOP/s = "
+                       f"{FLOPS_PER_FORWARD_FLOP['backward']:g} x the forward's flops / time; default presets: "
+                       "backward-targets")
+    modes.add_argument("--train", dest="mode", action="store_const", const="train",
+                       help="time a training step instead of the forward: the forward (keeping lse) and then the "
+                       "backward as --backward's, on the same inputs, in one timed call (flashcore: "
+                       "flashcore.attention(return_lse=True) then flashcore::backward; SDPA: the forward on inputs "
+                       "that require grad, then its attention node's backward), TFLOP/s = "
+                       f"{FLOPS_PER_FORWARD_FLOP['train']:g} x the forward's flops / time (issue 37: flashcore at "
+                       "least 1.05x cuDNN); default presets: hopper-backward")
+    p.set_defaults(mode="forward")
     run.add_argument("--num-splits", type=num_splits_arg, metavar="N",
                      help="flashcore and flashcore-fp8 only: split-KV parts (1 never split, "
                      f"2..{MAX_NUM_SPLITS} forced, 0 the library's heuristic, which is also the default); passed as "
@@ -383,19 +414,22 @@ def parse_args(argv):
                      "(repeatable)")
     args = p.parse_args(argv)
 
+    # --backward and --train share the gradient machinery: buffer sets with dout, the gradient check, the table.
+    args.gradients = args.mode != "forward"
     fp8_group = FP8_PRESET_GROUP in [n for item in (args.preset or []) for n in item.split(",")]
-    fp8_defaults = fp8_group and not args.backward
+    fp8_defaults = fp8_group and not args.gradients
     args.dtypes = split_choices(p, "--dtype", args.dtype or ("bf16" if fp8_defaults else "fp16,bf16"),
                                 ("fp16", "bf16"))
-    known = BACKWARD_BACKENDS if args.backward else FORWARD_BACKENDS
-    default = BACKWARD_BACKENDS if args.backward else FP8_BACKENDS if fp8_defaults else ALL_BACKENDS
+    known = BACKWARD_BACKENDS if args.gradients else FORWARD_BACKENDS
+    default = BACKWARD_BACKENDS if args.gradients else FP8_BACKENDS if fp8_defaults else ALL_BACKENDS
     args.backend_list = split_choices(p, "--backends", args.backends or ",".join(default), known)
-    if args.backward:
+    if args.gradients:
         for flag, given in (("--serving", args.serving), ("--extra", args.extra),
                             ("--num-splits", args.num_splits is not None)):
             if given:
-                p.error(f"{flag} is a forward option, not taken with --backward")
-    default_presets = PRESET_GROUPS["backward-targets"] if args.backward else PRESET_NAMES
+                p.error(f"{flag} is a forward option, not taken with --{args.mode}")
+    default_presets = {"forward": PRESET_NAMES, "backward": PRESET_GROUPS["backward-targets"],
+                       "train": PRESET_GROUPS["hopper-backward"]}[args.mode]
     names = [n for item in (args.preset or [",".join(default_presets)]) for n in item.split(",") if n]
     names = [m for n in names for m in PRESET_GROUPS.get(n, [n])]
     for n in names:
@@ -931,21 +965,24 @@ def run_case(c, backends, fc, args, fa3=None):
 
 
 # ---------------------------------------------------------------------------
-# --backward: each backend's backward pass alone
+# --backward: each backend's backward pass alone; --train: the forward and the backward in one call
 # ---------------------------------------------------------------------------
 
 # A buffer set for the backward holds dout and the forward's out and lse beside q, k and v, and each call
-# writes dq, dk and dv (flashcore also its fp32 dQ workspace): about twice a forward set.
+# writes dq, dk and dv (flashcore also its fp32 dQ workspace): about twice a forward set. A training step
+# writes out and lse instead of reading them: the same.
 BACKWARD_SET_FACTOR = 2
 # Autograd nodes of views between an attention output and the attention's own node: their backward is run
-# once outside the timed calls, to give the attention node the gradient of its own output.
+# once per forward, to give the attention node the gradient of its own output (outside the timed calls with
+# --backward; inside them with --train, where the transposes found here launch no kernel).
 VIEW_NODE = re.compile(r"^(Transpose|View|UnsafeView|Permute|Alias|Expand|Reshape|Select)Backward")
 # Names of the nodes that are an attention's backward (PyTorch's SDPA kernels' and FlashAttention's).
 ATTENTION_NODE = re.compile(r"Attention|Attn")
 
 
-def backward_flops(c):
-    return BACKWARD_FLOPS_PER_FORWARD_FLOP * attention_flops(c)
+def mode_flops(c, mode):
+    """The flops of one timed call: the forward's, the backward pass's or a training step's."""
+    return FLOPS_PER_FORWARD_FLOP[mode] * attention_flops(c)
 
 
 def make_douts(c, nsets, seed):
@@ -980,43 +1017,61 @@ def as_bhsd_gradient(g, like_bhsd):
     return g.transpose(1, 2)
 
 
-def backward_runner(name, c, fc, fa3, inputs, douts):
-    """call(i): the backend's backward pass alone on buffer set i, returning
-    (dq, dk, dv) as [B, H, S, D] views; the forward that gives it out (and
-    the lse) runs here, once per set, untimed. call.how says how."""
+def backward_runner(name, c, fc, fa3, inputs, douts, train=False):
+    """call(i): the backend's backward pass on buffer set i, returning
+    (dq, dk, dv) as [B, H, S, D] views. The forward that gives it out (and
+    the lse) runs here, once per set, untimed; with train, in call(i),
+    before the backward (a training step). call.how says how."""
     if name.startswith("flashcore"):
         if fc is None:
             raise Unsupported("flashcore package not loaded")
         deterministic = name == "flashcore-det"
         fc.register_torch_ops()
-        saved = [fc.attention(q, k, v, causal=c.causal, layout=c.layout, return_lse=True) for q, k, v in inputs]
 
-        def call(i):
-            (q, k, v), (out, lse) = inputs[i], saved[i]
+        def forward(i):
+            q, k, v = inputs[i]
+            return fc.attention(q, k, v, causal=c.causal, layout=c.layout, return_lse=True)
+
+        def backward(i, out, lse):
+            q, k, v = inputs[i]
             grads = torch.ops.flashcore.backward(douts[i], q, k, v, out, lse, None, None, None, None, None, c.layout,
                                                  c.causal, None, None, 0.0, deterministic)
             return tuple(to_bhsd(g, c.layout) for g in grads)
-        call.how = (f"torch.ops.flashcore.backward(layout={c.layout!r}, deterministic={deterministic}) on the out "
-                    "and lse of flashcore.attention(return_lse=True); dq, dk, dv and the dQ workspace from torch's "
-                    "allocator")
-        return call
-    forward = fa3_backend(fa3, c) if name == "fa3" else sdpa_backend(name, c)
-    nodes = []
-    for (q, k, v), dout in zip(inputs, douts):
-        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-        with torch.enable_grad():
-            out = forward(*leaves)
-        try:
-            node, grad = attention_node(out, to_bhsd(dout, c.layout))
+        how = (f"torch.ops.flashcore.backward(layout={c.layout!r}, deterministic={deterministic}) on the out and "
+               "lse of flashcore.attention(return_lse=True); dq, dk, dv and the dQ workspace from torch's allocator")
+        first = forward(0)
+    else:
+        forward_fn = fa3_backend(fa3, c) if name == "fa3" else sdpa_backend(name, c)
+        leaves = [[x.detach().requires_grad_() for x in qkv] for qkv in inputs]
+        likes = [[to_bhsd(x, c.layout) for x in qkv] for qkv in inputs]
+
+        def forward(i):
+            """(node, grad, out): the forward on set i recorded by autograd, its attention node and the gradient
+            of that node's output (attention_node); out goes along so that the forward's whole graph lives until
+            its node has run."""
+            with torch.enable_grad():
+                out = forward_fn(*leaves[i])
+            return attention_node(out, to_bhsd(douts[i], c.layout)) + (out,)
+
+        def backward(i, node, grad, _out):
+            grads = node(grad)
+            return tuple(as_bhsd_gradient(g, x) for g, x in zip(grads[:3], likes[i]))
+        try:  # set 0's forward also says whether there is a backward to time (fa3-fwd's output has none)
+            first = forward(0)
         except Unsupported as e:
             raise (NotApplicable if name == "fa3" else Unsupported)(f"{name}: {e}") from None
-        nodes.append((node, grad, out, [to_bhsd(x, c.layout) for x in (q, k, v)]))
+        how = f"{forward_fn.how}; its autograd node {first[0].name()} called on dout"
 
-    def call(i):
-        node, grad, _, like = nodes[i]
-        grads = node(grad)
-        return tuple(as_bhsd_gradient(g, x) for g, x in zip(grads[:3], like))
-    call.how = f"{forward.how}; its autograd node {nodes[0][0].name()} called on dout"
+    if train:
+        def call(i):
+            return backward(i, *forward(i))
+        call.how = "the forward, then " + how + ", both in the timed call"
+    else:
+        saved = [first] + [forward(i) for i in range(1, len(inputs))]
+
+        def call(i):
+            return backward(i, *saved[i])
+        call.how = how
     return call
 
 
@@ -1041,13 +1096,14 @@ def reference_gradients(c, fc, fa3, inputs, douts):
 
 
 def run_backward_case(c, backends, fc, args, fa3=None):
-    """--backward: time every backend's backward pass on one case; a dict ready for JSON."""
+    """--backward (args.mode "backward"): time every backend's backward pass on one case; --train ("train"): its
+    training step. A dict ready for JSON."""
     nsets = buffer_sets(c, args, BACKWARD_SET_FACTOR)
     inputs = make_inputs(c, nsets, args.seed)
     douts = make_douts(c, nsets, args.seed + 1)
     result = dataclasses.asdict(c)
-    result.update(flops=backward_flops(c), forward_flops=attention_flops(c), decode=False, kv_bytes=c.kv_bytes(),
-                  buffer_sets=nsets, backends={}, reference=None)
+    result.update(flops=mode_flops(c, args.mode), forward_flops=attention_flops(c), decode=False,
+                  kv_bytes=c.kv_bytes(), buffer_sets=nsets, backends={}, reference=None)
     reference = None
     if not args.no_check:
         result["reference"], reference = reference_gradients(c, fc, fa3, inputs, douts)
@@ -1057,7 +1113,7 @@ def run_backward_case(c, backends, fc, args, fa3=None):
                  "check_ok": None, "error": None, "not_applicable": False, "how": None}
         result["backends"][name] = entry
         try:
-            call = backward_runner(name, c, fc, fa3, inputs, douts)
+            call = backward_runner(name, c, fc, fa3, inputs, douts, train=args.mode == "train")
             entry["how"] = call.how
             with torch.no_grad():
                 grads = probe(call, [(0,)])
@@ -1127,8 +1183,8 @@ def fmt_cell(entry, width, decode):
 
 
 def print_header(backends, label_width, cell, decode=False, backward=False, fp8=False):
-    """The table's two header lines; fp8 adds the fp8 prefill columns (fp8 fc/fa3, target, fc8 diff) after
-    fc/peer."""
+    """The table's two header lines; backward gives the gradient modes' columns (--backward, --train), fp8 adds
+    the fp8 prefill columns (fp8 fc/fa3, target, fc8 diff) after fc/peer."""
     names = " | ".join(n.center(cell) for n in backends)
     unit = "us      TB/s" if decode else "us   TFLOP/s"
     units = " | ".join(unit.rjust(cell) for _ in backends)
@@ -1298,19 +1354,20 @@ def fp8_entry_points(c):
     return f"{FP8_FA3_BACKEND} ({FP8_FC_BACKEND}: head dims " + ", ".join(str(d) for d, _ in FP8_HEAD_DIMS) + " only)"
 
 
-def list_cases(cases, backward=False, fp8=False):
-    """--list: the selected cases, without a GPU (with --backward, the backward pass's GFLOP; with fp8, what the
-    fp8 prefill backends run)."""
+def list_cases(cases, mode="forward", fp8=False):
+    """--list: the selected cases, without a GPU (the GFLOP of one call in mode: the forward, the backward pass or
+    a training step; with fp8, what the fp8 prefill backends run)."""
+    gradients = mode != "forward"
     width = max(len(c.label) for c in cases)
     print(f"{'case':<{width}} | {'kind':<7} | decode | {'K/V MiB':>9} | {'GFLOP':>10} | fa3"
           + (" | fp8" if fp8 else ""))
     for c in cases:
-        flops = backward_flops(c) if backward else attention_flops(c)
-        fa3 = "n/a (fa3-fwd: forward only)" if backward else fa3_entry_point(c)
-        print(f"{c.label:<{width}} | {c.kind:<7} | {'yes' if c.decode and not backward else 'no':<6} | "
-              f"{c.kv_bytes() / 2**20:9.1f} | {flops / 1e9:10.2f} | {fa3}"
+        fa3 = "n/a (fa3-fwd: forward only)" if gradients else fa3_entry_point(c)
+        print(f"{c.label:<{width}} | {c.kind:<7} | {'yes' if c.decode and not gradients else 'no':<6} | "
+              f"{c.kv_bytes() / 2**20:9.1f} | {mode_flops(c, mode) / 1e9:10.2f} | {fa3}"
               + (f" | {fp8_entry_points(c)}" if fp8 else ""))
-    print(f"{len(cases)} case(s)" + (", backward pass" if backward else ""))
+    print(f"{len(cases)} case(s)" + {"forward": "", "backward": ", backward pass",
+                                      "train": ", training step (forward and backward)"}[mode])
 
 
 def cuda_torch_missing(prog):
@@ -1330,8 +1387,8 @@ def main(argv=None):
     cases = build_cases(args)
     if args.list:
         if cases:
-            fp8 = not args.backward and any(n in args.backend_list for n in FP8_BACKENDS)
-            list_cases(cases, args.backward, fp8)
+            fp8 = not args.gradients and any(n in args.backend_list for n in FP8_BACKENDS)
+            list_cases(cases, args.mode, fp8)
             if fp8:
                 print("backends: " + ", ".join(args.backend_list) + f"; fp8 fc/fa3 target >= {FP8_TARGET}")
         for kind in args.serving_kinds:
@@ -1389,13 +1446,14 @@ def main(argv=None):
               + ", ".join(f"{d}" if d == dv else f"{d}/{dv}" for d, dv in env["flashcore_head_dims"]))
     if args.fc_num_splits is not None:
         print(f"flashcore num_splits={args.fc_num_splits}")
-    if args.backward:
-        print(f"backward pass alone (dq, dk, dv from dout, q, k, v, out and lse): us per call: median over CUDA-graph "
-              f"replays; TFLOP/s = {BACKWARD_FLOPS_PER_FORWARD_FLOP} x 2*B*Hq*(D+Dv)*visible pairs (the forward's "
-              "flops); fc/flash = flashcore TFLOP/s / PyTorch's flash backend's, fc/peer = the same over the best "
-              "of " + ", ".join(PEERS) + " (>1: flashcore faster); det cost = flashcore-det's time over "
-              "flashcore's, - 1; reldiff: flashcore's largest gradient difference from the ref(erence) backend's, "
-              "over the reference's largest value")
+    if args.gradients:
+        what = {"backward": "backward pass alone (dq, dk, dv from dout, q, k, v, out and lse)",
+                "train": "training step (the forward with its lse, then dq, dk, dv from dout, in one call)"}[args.mode]
+        print(f"{what}: us per call: median over CUDA-graph replays; TFLOP/s = {FLOPS_PER_FORWARD_FLOP[args.mode]:g} "
+              "x 2*B*Hq*(D+Dv)*visible pairs (the forward's flops); fc/flash = flashcore TFLOP/s / PyTorch's flash "
+              "backend's, fc/peer = the same over the best of " + ", ".join(PEERS) + " (>1: flashcore faster); "
+              "det cost = flashcore-det's time over flashcore's, - 1; reldiff: flashcore's largest gradient "
+              "difference from the ref(erence) backend's, over the reference's largest value")
     else:
         print("us per call: median over CUDA-graph replays; TFLOP/s = 2*B*Hq*(D+Dv)*visible pairs; decode cases "
               "show TB/s = K/V bytes read (B*Hkv*Sk*(D+Dv)*2) per second instead; fc/best = flashcore TFLOP/s / "
@@ -1410,10 +1468,10 @@ def main(argv=None):
     label_width = max([len(c.label) for c in cases] or [0])
     cell = 16
     # The fp8 prefill columns: whenever an fp8 prefill backend was asked for (n/a where one could not run).
-    fp8 = not args.backward and any(n in args.backend_list for n in FP8_BACKENDS)
+    fp8 = not args.gradients and any(n in args.backend_list for n in FP8_BACKENDS)
     results = []
     for i, c in enumerate(cases):
-        if args.backward:
+        if args.gradients:
             if i == 0:
                 print_header(backends, label_width, cell, backward=True)
             r = run_backward_case(c, backends, fc, args, fa3)
@@ -1425,8 +1483,8 @@ def main(argv=None):
             r = run_case(c, backends, fc, args, fa3)
         r["label"] = c.label
         results.append(r)
-        print_row(r, backends, label_width, cell, args.backward, fp8)
-    print_notes(results, backends, args.backward)
+        print_row(r, backends, label_width, cell, args.gradients, fp8)
+    print_notes(results, backends, args.gradients)
     serving = []
     if args.serving_kinds:
         from serving_cases import run_serving
@@ -1434,10 +1492,11 @@ def main(argv=None):
 
     if args.json:
         doc = {"tool": "bench/compare.py", "environment": env,
-               "settings": {"mode": "backward" if args.backward else "forward",
+               "settings": {"mode": args.mode,
                             "backward_flops": f"{BACKWARD_FLOPS_PER_FORWARD_FLOP} x the forward's flops",
+                            "train_flops": f"{FLOPS_PER_FORWARD_FLOP['train']} x the forward's flops",
                             "budget_ms": args.budget_ms, "max_graph_calls": args.graph_calls, "seed": args.seed,
-                            "tolerance": BACKWARD_TOLERANCE if args.backward else TOLERANCE,
+                            "tolerance": BACKWARD_TOLERANCE if args.gradients else TOLERANCE,
                             "num_splits": args.num_splits,
                             "num_splits_passed": args.fc_num_splits, "peers": list(PEERS),
                             "flops": "2*B*Hq*(D+Dv)*visible_pairs (4*B*Hq*D*visible_pairs when Dv == D); causal: "
@@ -1457,7 +1516,7 @@ def main(argv=None):
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"JSON written to {args.json}")
     if args.plot:
-        what = "backward pass" if args.backward else "forward"
+        what = {"forward": "forward", "backward": "backward pass", "train": "training step"}[args.mode]
         write_plot(results, backends, args.plot, f"{env['device']}: flashcore vs FA3 and PyTorch SDPA backends, {what}")
 
     ours = [n for n in ("flashcore", "flashcore-det", FP8_FC_BACKEND) if n in backends]
