@@ -56,7 +56,21 @@ struct BwdSm90Params {
 constexpr int kDsReadyBarrier = 1;
 constexpr int kFirstConsumerBarrier = 2;  // and 3
 constexpr int kDqFullBarrier = 4;
-constexpr int kDqEmptyBarrier = 5;
+constexpr int kDqEmptyBarrier = 5;  // 4 .. 7 with two dQ buffers
+// Per stage s, its row stats are written (kStatsFullBarrier + s: the two
+// row-stats loaders arrive, the consumers wait) and read (kStatsEmptyBarrier
+// + s: the consumers arrive, the loaders wait before the stage's next
+// steps' stats).
+// The lse and D loaders wait on barriers of their own (kStatsEmptyBarrier +
+// 2 * kDout + s), each one warp at one place in the code, as
+// compute-sanitizer's synccheck expects of the threads that wait on a
+// named barrier.
+constexpr int kStatsFullBarrier = 8;    // 8, 9
+constexpr int kStatsEmptyBarrier = 10;  // 10 .. 13
+template <typename Traits>
+constexpr int kStatsFullParticipants = Traits::kConsumerThreads + 2 * kWarpSize;
+template <typename Traits>
+constexpr int kStatsEmptyParticipants = Traits::kConsumerThreads + kWarpSize;
 
 // A step's dQ for the writer, beside the buffer: where it goes and how many
 // bytes, and in the deterministic mode the query block's counter and the
@@ -109,10 +123,9 @@ struct BwdSmem {
         mbarrier_init(kv_full(), 1);
         for (int s = 0; s < Traits::kStages; ++s) {
             // Full: the tile loader's leader (its arrival carries the
-            // copies' bytes) and a row-stats loader's 32 lanes. Empty: the
-            // consumers' warps.
-            mbarrier_init(q_full(s), 1 + kWarpSize);
-            mbarrier_init(do_full(s), 1 + kWarpSize);
+            // copy's bytes). Empty: the consumers' warps.
+            mbarrier_init(q_full(s), 1);
+            mbarrier_init(do_full(s), 1);
             mbarrier_init(q_empty(s), Traits::kNumWarps);
             mbarrier_init(do_empty(s), Traits::kNumWarps);
         }
@@ -238,25 +251,28 @@ __device__ __forceinline__ void bwd_load_tiles(const BwdSm90Params &params, cons
 
 // The row-stats loaders (the producer warpgroup's third and fourth warps):
 // each step's rows' lse, in log2 units (+inf for rows past the sequence and
-// rows that saw no key: their P is 0), beside Q (kDout false), or D beside
-// dO (kDout true); every lane writes its rows and arrives on the stage's
-// barrier. Two warps, so that each holds one walk within the producer
-// warpgroup's 24 registers.
+// rows that saw no key: their P is 0; kDout false), or D (kDout true),
+// into the stage's buffers, handed to the consumers with named barriers
+// (kStatsFullBarrier, kStatsEmptyBarrier), which compute-sanitizer's
+// racecheck follows (it flagged the same hand-over through the stage's
+// mbarriers, which order these generic stores just as well). Two warps, so
+// that each holds one walk within the producer warpgroup's 24 registers.
 template <typename Traits, bool kDout, typename Work>
 __device__ __forceinline__ void bwd_load_row_stats(const BwdKernelParams &p, const BwdSmem<Traits> &sm, const Work &w,
                                                    int lane) {
-    static_assert(Traits::kStages == 2, "the ring position is stage + 2 * phase");
+    static_assert(Traits::kStages == 2, "the stage is the step's parity");
     constexpr int kRowsPerLane = Traits::kBlockM / kWarpSize;
     const int group = p.fwd.num_heads_q / p.fwd.num_heads_kv;
-    // The next stage and its phase, as one number modulo 4.
-    int ring = 0;
+    int j = 0;
     for (int head = w.tile.head_q; head < w.tile.head_q + group; ++head) {
-        for (int m_block = w.queries.m_block_min; m_block < w.queries.m_block_max; ++m_block, ring = (ring + 1) & 3) {
-            const int s = ring & 1;
+        for (int m_block = w.queries.m_block_min; m_block < w.queries.m_block_max; ++m_block, ++j) {
+            const int s = j & 1;
             const int first_row = m_block * Traits::kBlockM;
             const int valid_rows = w.tile.seqs.seqlen_q - first_row - lane;  // of this lane's first row on
             const int64_t row0 = int64_t(w.tile.seqs.q_row0) + first_row + lane;
-            mbarrier_wait(kDout ? sm.do_empty(s) : sm.q_empty(s), (ring >> 1) ^ 1u);
+            if (j >= Traits::kStages) {
+                named_barrier_sync_id(kStatsEmptyBarrier + 2 * kDout + s, kStatsEmptyParticipants<Traits>);
+            }
             if constexpr (kDout) {
                 const char *dot = reinterpret_cast<const char *>(bwd_row_stats(p, w.tile.batch, head, row0));
 #pragma unroll
@@ -265,7 +281,6 @@ __device__ __forceinline__ void bwd_load_row_stats(const BwdKernelParams &p, con
                     const float *row_dot = reinterpret_cast<const float *>(dot + i * kWarpSize * p.dq_seq_stride * 2);
                     sm.row_dot(s)[lane + i * kWarpSize] = i * kWarpSize < valid_rows ? *row_dot : 0.f;
                 }
-                mbarrier_arrive(sm.do_full(s));
             } else {
                 const float *lse =
                     p.fwd.lse + w.tile.batch * p.fwd.lse_batch_stride + head * p.fwd.lse_head_stride + row0;
@@ -274,8 +289,8 @@ __device__ __forceinline__ void bwd_load_row_stats(const BwdKernelParams &p, con
                     const float value = i * kWarpSize < valid_rows ? lse[i * kWarpSize] : -INFINITY;
                     sm.lse_log2(s)[lane + i * kWarpSize] = value == -INFINITY ? INFINITY : value * kLog2e;
                 }
-                mbarrier_arrive(sm.q_full(s));
             }
+            named_barrier_arrive_id(kStatsFullBarrier + s, kStatsFullParticipants<Traits>);
         }
     }
 }
@@ -296,9 +311,8 @@ __device__ __forceinline__ void bwd_write_dq(const BwdSmem<Traits> &sm, int num_
     for (int j = 0; j < num_steps; ++j) {
         const int b = j % Traits::kDqBuffers;
         named_barrier_sync_id(kDqFullBarrier + 2 * b, kParticipants);
-        DqTicket ticket;
+        const DqTicket ticket = *sm.dq_ticket(b);
         if (lane == 0) {
-            ticket = *sm.dq_ticket(b);
             if (ticket.counter != nullptr) {
                 while (load_acquire(ticket.counter) < ticket.turn) {
                 }
@@ -619,11 +633,18 @@ struct BwdConsumer {
             wgmma_wait<1>();  // S^T is done
             fence_accumulators(acc_s);
             if (partial_key_block || w.queries.needs_mask(step.m_block)) apply_mask(w, step.m_block, acc_s);
+            named_barrier_sync_id(kStatsFullBarrier + s, kStatsFullParticipants<Traits>);
             probabilities(s, acc_s);
             wgmma_wait<0>();  // dP^T is done
             fence_accumulators(acc_dp);
             Fragments p_frag, ds_frag;
             pack_gradients(s, acc_s, acc_dp, p_frag, ds_frag);
+            // The stage's row stats are read; the loaders refill it for
+            // step j + 2, if there is one.
+            if (j + Traits::kStages < num_steps) {
+                named_barrier_arrive_id(kStatsEmptyBarrier + s, kStatsEmptyParticipants<Traits>);
+                named_barrier_arrive_id(kStatsEmptyBarrier + 2 + s, kStatsEmptyParticipants<Traits>);
+            }
 
             issue_key_gradient(acc_dv, p_frag, smem_address(sm.dout(s)));
             store_ds(ds_frag, s);
@@ -646,7 +667,9 @@ struct BwdConsumer {
             named_barrier_sync_id(kDqEmptyBarrier + 2 * b, Traits::kConsumerThreads + kWarpSize);
             const DqBlock block = DqBlock::of<Traits>(p, w, step.head, step.m_block);
             store_dq(block, acc_dq, b);
-            if (consumer == 0 && tid == 0) write_ticket(w, step, block, b);
+            // The ticket, by a whole warp (each lane the same bytes: racecheck
+            // flagged the hand-over of one thread's stores to one lane).
+            if (consumer == 0 && warp == 0) write_ticket(w, step, block, b);
             fence_shared_to_async_proxy();
             named_barrier_arrive_id(kDqFullBarrier + 2 * b, Traits::kConsumerThreads + kWarpSize);
             wgmma_wait<0>();  // dK is done: Q's buffer may be refilled

@@ -44,18 +44,20 @@ cudaError_t run_bwd_sm90(const BwdKernelParams &params, const LaunchOptions &opt
     using sm90::TensorRole;
     using sm90::tensor_geometry;
     using sm90::tensor_map;
+    // Without query rows (dk and dv are zeros) the kernel reads no Q or dO,
+    // and a map of no rows cannot be encoded.
     const bool encoded =
-        tensor_map(&p.tma_q,
+        (q_rows == 0 || tensor_map(&p.tma_q,
                    tensor_geometry(TensorRole::kQ, kInput, f.head_dim, q_rows, f.num_heads_q, q_batches,
                                    f.q_seq_stride, f.q_head_stride, packed_q ? f.q_seq_stride : f.q_batch_stride,
                                    Traits::kPanelCols, Traits::kBlockM),
-                   f.q) &&
-        tensor_map(&p.tma_dout,
+                   f.q)) &&
+        (q_rows == 0 || tensor_map(&p.tma_dout,
                    tensor_geometry(TensorRole::kDout, kInput, f.head_dim_v, q_rows, f.num_heads_q, q_batches,
                                    params.dout_seq_stride, params.dout_head_stride,
                                    packed_q ? params.dout_seq_stride : params.dout_batch_stride, Traits::kPanelCols,
                                    Traits::kBlockM),
-                   params.dout) &&
+                   params.dout)) &&
         tensor_map(&p.tma_k,
                    tensor_geometry(TensorRole::kK, kInput, f.head_dim, kv_rows, f.num_heads_kv, kv_batches,
                                    f.k_seq_stride, f.k_head_stride, packed_kv ? f.k_seq_stride : f.k_batch_stride,
