@@ -18,6 +18,25 @@
 namespace flashcore {
 namespace {
 
+// SUCCESS where a setting that asks for the sm_90a kernels (`setting`,
+// quoted in the message) can have them: the build has them (has_kernels)
+// and the device is compute capability 9.0; UNSUPPORTED, saying which is
+// missing, elsewhere.
+flashcore_status sm90_setting_usable(const flashcore_handle_s &h, const char *setting, bool has_kernels) {
+    if (!has_kernels) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "%s, but this library was built without the sm_90a kernels (configure with an sm_90 target or "
+                    "-DFLASHCORE_ENABLE_SM90=ON)",
+                    setting);
+    }
+    if (h.cc_major != 9 || h.cc_minor != 0) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "%s, but device %d has compute capability %d.%d; the sm_90a kernels run on 9.0 (H100, H200) only",
+                    setting, h.device, h.cc_major, h.cc_minor);
+    }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
 // FLASHCORE_FWD_VARIANT chooses the forward kernel for every call of the
 // handle (unset or empty: per call, the sm_90a kernel where it runs):
 //   portable        the portable kernel, tile variant chosen per call;
@@ -30,19 +49,8 @@ flashcore_status read_fwd_variant(const flashcore_handle_s &h, EnvOverrides *env
     const char *value = std::getenv("FLASHCORE_FWD_VARIANT");
     if (value == nullptr || *value == '\0') return FLASHCORE_STATUS_SUCCESS;
     if (std::strcmp(value, "sm90") == 0) {
-        if (!has_sm90_kernels) {
-            return fail(FLASHCORE_STATUS_UNSUPPORTED,
-                        "FLASHCORE_FWD_VARIANT=sm90, but this library was built without the sm_90a kernels "
-                        "(configure with an sm_90 target or -DFLASHCORE_ENABLE_SM90=ON)");
-        }
-        if (!env->use_sm90) {
-            return fail(FLASHCORE_STATUS_UNSUPPORTED,
-                        "FLASHCORE_FWD_VARIANT=sm90, but device %d has compute capability %d.%d; the sm_90a "
-                        "kernels run on 9.0 (H100, H200) only",
-                        h.device, h.cc_major, h.cc_minor);
-        }
         env->sm90_forced = true;
-        return FLASHCORE_STATUS_SUCCESS;
+        return sm90_setting_usable(h, "FLASHCORE_FWD_VARIANT=sm90", has_sm90_kernels);
     }
     env->use_sm90 = false;
     if (std::strcmp(value, "portable") == 0) return FLASHCORE_STATUS_SUCCESS;
@@ -67,18 +75,7 @@ flashcore_status read_bwd_variant(const flashcore_handle_s &h, EnvOverrides *env
     const char *value = std::getenv("FLASHCORE_BWD_VARIANT");
     if (value == nullptr || *value == '\0') return FLASHCORE_STATUS_SUCCESS;
     if (std::strcmp(value, "hopper") == 0) {
-        if (!has_sm90_kernels) {
-            return fail(FLASHCORE_STATUS_UNSUPPORTED,
-                        "FLASHCORE_BWD_VARIANT=hopper, but this library was built without the sm_90a kernels "
-                        "(configure with an sm_90 target or -DFLASHCORE_ENABLE_SM90=ON)");
-        }
-        if (!env->bwd_use_sm90) {
-            return fail(FLASHCORE_STATUS_UNSUPPORTED,
-                        "FLASHCORE_BWD_VARIANT=hopper, but device %d has compute capability %d.%d; the sm_90a "
-                        "kernels run on 9.0 (H100, H200) only",
-                        h.device, h.cc_major, h.cc_minor);
-        }
-        return FLASHCORE_STATUS_SUCCESS;
+        return sm90_setting_usable(h, "FLASHCORE_BWD_VARIANT=hopper", has_sm90_kernels);
     }
     if (std::strcmp(value, "kvblock") == 0) {
         env->bwd_use_sm90 = false;

@@ -7,10 +7,9 @@
 //     first warp loads K and V once, then for each step (a query block of
 //     one query head of the group) Q and dO with TMA into a two-stage ring
 //     (bwd_load_tiles); its third and fourth put the rows' lse and
-//     D = rowsum(dO * O) beside them (bwd_load_row_stats); its second writes
-//     dQ, each step's
-//     from shared memory into the fp32 workspace with a bulk reduction
-//     (bwd_write_dq).
+//     D = rowsum(dO * O) beside them (bwd_load_row_stats); its second adds
+//     each step's dQ from shared memory to the fp32 workspace with a bulk
+//     reduction (bwd_write_dq).
 //   warpgroups 1 and 2, the consumers: 64 keys each; the products of
 //     config.cuh per step, dK and dV in registers across the steps, dQ
 //     into shared memory for the writer, and at the end dK (times
@@ -58,13 +57,12 @@ constexpr int kFirstConsumerBarrier = 2;  // and 3
 constexpr int kDqFullBarrier = 4;
 constexpr int kDqEmptyBarrier = 5;  // 4 .. 7 with two dQ buffers
 // Per stage s, its row stats are written (kStatsFullBarrier + s: the two
-// row-stats loaders arrive, the consumers wait) and read (kStatsEmptyBarrier
-// + s: the consumers arrive, the loaders wait before the stage's next
-// steps' stats).
-// The lse and D loaders wait on barriers of their own (kStatsEmptyBarrier +
-// 2 * kDout + s), each one warp at one place in the code, as
-// compute-sanitizer's synccheck expects of the threads that wait on a
-// named barrier.
+// row-stats loaders arrive, the consumers wait) and read (the consumers
+// arrive, a loader waits before it writes the stage's next step's). The lse
+// and D loaders wait on barriers of their own (kStatsEmptyBarrier +
+// 2 * kDout + s), each one warp at one place in the code: compute-sanitizer's
+// synccheck reported two warps waiting on one barrier at two places as
+// divergent threads.
 constexpr int kStatsFullBarrier = 8;    // 8, 9
 constexpr int kStatsEmptyBarrier = 10;  // 10 .. 13
 template <typename Traits>
@@ -74,9 +72,9 @@ constexpr int kStatsEmptyParticipants = Traits::kConsumerThreads + kWarpSize;
 
 // A step's dQ for the writer, beside the buffer: where it goes and how many
 // bytes, and in the deterministic mode the query block's counter and the
-// count at which this key block's turn comes. A consumer thread writes it
-// with the buffer, so that the writer warp, within the producer
-// warpgroup's 24 registers, need not work any of it out.
+// count at which this key block's turn comes. The first consumer's first
+// warp writes it with the buffer, so that the writer warp, within the
+// producer warpgroup's 24 registers, need not work any of it out.
 struct DqTicket {
     float *accumulator;
     int *counter;  // null: not deterministic
@@ -253,10 +251,11 @@ __device__ __forceinline__ void bwd_load_tiles(const BwdSm90Params &params, cons
 // each step's rows' lse, in log2 units (+inf for rows past the sequence and
 // rows that saw no key: their P is 0; kDout false), or D (kDout true),
 // into the stage's buffers, handed to the consumers with named barriers
-// (kStatsFullBarrier, kStatsEmptyBarrier), which compute-sanitizer's
-// racecheck follows (it flagged the same hand-over through the stage's
-// mbarriers, which order these generic stores just as well). Two warps, so
-// that each holds one walk within the producer warpgroup's 24 registers.
+// (kStatsFullBarrier, kStatsEmptyBarrier). Through the stages' mbarriers,
+// which order these stores as well, compute-sanitizer's racecheck reported
+// both hand-overs; through named barriers it clears lse's and still reports
+// D's (docs/hopper-notes.md). Two warps, so that each holds one walk within
+// the producer warpgroup's 24 registers.
 template <typename Traits, bool kDout, typename Work>
 __device__ __forceinline__ void bwd_load_row_stats(const BwdKernelParams &p, const BwdSmem<Traits> &sm, const Work &w,
                                                    int lane) {
@@ -435,14 +434,16 @@ struct BwdConsumer {
     // acc = dS (this consumer's rows, K-major, keys along them) * K (its
     // head-dim columns, MN-major) over the block's keys.
     __device__ __forceinline__ void issue_dq(float (&acc)[kDqAtoms][4], int s) const {
-        const uint32_t ds_rows = smem_address(sm.ds(s)) + (Traits::kDqSplitRows ? consumer * 64 * Traits::kPanelRowBytes : 0);
+        const uint32_t ds_rows =
+            smem_address(sm.ds(s)) + (Traits::kDqSplitRows ? consumer * Traits::kDqRows * Traits::kPanelRowBytes : 0);
         const uint32_t k_cols = smem_address(sm.k()) + (Traits::kDqSplitRows ? 0 : consumer * Traits::kKVPanelBytes);
         const auto desc_a = Swizzle::k_major(ds_rows);
         const auto desc_b = Swizzle::mn_major(k_cols, Traits::kKVPanelBytes);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kKeySteps; ++kk) {
-            const uint32_t a_offset = (kk / kStepsPerPanel) * Traits::kDsPanelBytes + (kk % kStepsPerPanel) * kKStepBytes;
+            const uint32_t a_offset =
+                (kk / kStepsPerPanel) * Traits::kDsPanelBytes + (kk % kStepsPerPanel) * kKStepBytes;
             WgmmaSs<Element, Element, Traits::kDqCols, WgmmaMajor::kK, WgmmaMajor::kMN>::mma(
                 acc, desc_a.at(a_offset), desc_b.at(kk * 16 * Traits::kPanelRowBytes), kk > 0 ? 1 : 0);
         }
