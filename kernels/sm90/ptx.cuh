@@ -120,6 +120,10 @@ struct PanelSwizzle {
     }
 };
 
+// Bytes a wgmma k-step moves along a swizzled row: 32 (16 two-byte
+// columns, or 32 one-byte ones).
+constexpr uint32_t kKStepRowBytes = 32;
+
 // The base of dynamic shared memory is aligned up to this (the 128-byte
 // swizzle's atom; the 64-byte one's divides it).
 constexpr uint32_t kSmemBaseAlignment = 1024;

@@ -21,6 +21,7 @@
 #include "bwd/sm80/config.cuh"
 #include "bwd/sm80/dq_accumulator.cuh"
 #include "bwd/sm80/row_stats.cuh"
+#include "bwd/sm80/scheduler.cuh"
 #include "common/element.cuh"
 #include "common/key_range.cuh"
 #include "common/ptx.cuh"
@@ -92,18 +93,7 @@ struct BwdMainloop {
         return w.valid_keys > 0 && num_m_blocks > 0;
     }
 
-    // A step: a query block of one query head of the group. Steps run over
-    // the blocks of the group's first head, then its second, ...; advanced
-    // by one, without dividing.
-    struct Step {
-        int head;
-        int m_block;
-    };
-    template <typename Work>
-    __device__ __forceinline__ Step next(const Work &w, Step s) const {
-        return s.m_block + 1 < w.queries.m_block_max ? Step{s.head, s.m_block + 1}
-                                                     : Step{s.head + 1, w.queries.m_block_min};
-    }
+    using Step = BwdStep;
 
     // Starts loading step j's (its buffer's) Q and dO rows, and commits
     // them as one group.
@@ -147,7 +137,7 @@ struct BwdMainloop {
         load_tile_async<Element, Traits::kHeadDimV, kBlockN, Traits::kNumThreads>(smem_v, v_block, p.fwd.v_seq_stride,
                                                                                  w.valid_keys, v_vectors, tid);
         const int num_steps = num_m_blocks * (p.fwd.num_heads_q / p.fwd.num_heads_kv);
-        Step step{w.tile.head_q, w.queries.m_block_min};
+        Step step = Step::first(w);
         request(p, w, 0, step);
 
         DkAccumulators acc_dk;
@@ -174,7 +164,7 @@ struct BwdMainloop {
             // and dS this step overwrites).
             cp_async_wait<0>();
             __syncthreads();
-            const Step following = next(w, step);
+            const Step following = step.next(w);
             if (Traits::kStages == 2 && j + 1 < num_steps) request(p, w, j + 1, following);
 
             const int head = step.head;

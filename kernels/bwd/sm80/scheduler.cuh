@@ -72,4 +72,35 @@ struct KeyBlockScheduler {
     }
 };
 
+// A CTA's walk over its work, for both paths' main kernels. A step is a
+// query block of one query head of the group; steps run over the blocks of
+// the group's first head, then its second, ...; advanced by one, without
+// dividing.
+struct BwdStep {
+    int head;
+    int m_block;
+
+    template <typename Work>
+    __device__ __forceinline__ static BwdStep first(const Work &w) {
+        return {w.tile.head_q, w.queries.m_block_min};
+    }
+    template <typename Work>
+    __device__ __forceinline__ BwdStep next(const Work &w) const {
+        return m_block + 1 < w.queries.m_block_max ? BwdStep{head, m_block + 1}
+                                                   : BwdStep{head + 1, w.queries.m_block_min};
+    }
+};
+
+template <typename Work>
+__device__ __forceinline__ int bwd_num_steps(const BwdKernelParams &p, const Work &w) {
+    return w.queries.num_blocks() * (p.fwd.num_heads_q / p.fwd.num_heads_kv);
+}
+
+// Whether the work's key block has keys a query sees (false: the CTA
+// writes zeros for its keys, or nothing past the sequence's end).
+template <typename Work>
+__device__ __forceinline__ bool bwd_has_work(const Work &w) {
+    return w.valid_keys > 0 && w.queries.num_blocks() > 0;
+}
+
 }  // namespace flashcore::sm80

@@ -131,31 +131,9 @@ struct BwdSmem {
     }
 };
 
-// A step: a query block of one query head of the group; steps run over the
-// blocks of the group's first head, then its second, ... (as the portable
-// kernel's).
-struct BwdStep {
-    int head;
-    int m_block;
-
-    template <typename Work>
-    __device__ __forceinline__ BwdStep next(const Work &w) const {
-        return m_block + 1 < w.queries.m_block_max ? BwdStep{head, m_block + 1}
-                                                   : BwdStep{head + 1, w.queries.m_block_min};
-    }
-};
-
-template <typename Work>
-__device__ __forceinline__ int bwd_num_steps(const BwdKernelParams &p, const Work &w) {
-    return w.queries.num_blocks() * (p.fwd.num_heads_q / p.fwd.num_heads_kv);
-}
-
-// Whether the CTA's key block has keys a query sees (false: its dK and dV
-// rows are zeros, and nothing is loaded).
-template <typename Work>
-__device__ __forceinline__ bool bwd_has_work(const Work &w) {
-    return w.valid_keys > 0 && w.queries.num_blocks() > 0;
-}
+using sm80::bwd_has_work;
+using sm80::bwd_num_steps;
+using sm80::BwdStep;
 
 // Where step (head, m_block)'s dQ goes: its query block's rows of the fp32
 // accumulator, and whether they are stored by fragment (a whole block at
@@ -221,7 +199,7 @@ __device__ __forceinline__ void bwd_load_tiles(const BwdSm90Params &params, cons
     }
     const int q_batch = p.fwd.cu_seqlens_q != nullptr ? 0 : w.tile.batch;
     const int num_steps = bwd_num_steps(p, w);
-    BwdStep step{w.tile.head_q, w.queries.m_block_min};
+    BwdStep step = BwdStep::first(w);
     for (int j = 0; j < num_steps; ++j, step = step.next(w)) {
         const int s = j % Traits::kStages;
         const uint32_t free_phase = ((j / Traits::kStages) & 1) ^ 1u;
@@ -361,7 +339,6 @@ struct BwdConsumer {
     static constexpr int kKAtoms = Traits::kHeadDim / kMmaN;
     static constexpr int kVAtoms = Traits::kHeadDimV / kMmaN;
     static constexpr int kDqAtoms = Traits::kDqCols / kMmaN;
-    static constexpr uint32_t kKStepBytes = 32;  // 16 two-byte columns along a swizzled row
     static constexpr int kStepsPerPanel = Traits::kPanelCols / 16;
     using Fragments = uint32_t[kQuerySteps][4];
     using Layout = DqAccumLayout<Traits>;
@@ -408,7 +385,7 @@ struct BwdConsumer {
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kHeadSteps; ++kk) {
-            const uint32_t step = (kk % kStepsPerPanel) * kKStepBytes;
+            const uint32_t step = (kk % kStepsPerPanel) * kKStepRowBytes;
             const uint32_t panel = kk / kStepsPerPanel;
             Wgmma<Element, kBlockM>::ss(acc, desc_a.at(panel * Traits::kKVPanelBytes + step),
                                         desc_b.at(panel * Traits::kQPanelBytes + step), kk > 0 ? 1 : 0);
@@ -443,7 +420,7 @@ struct BwdConsumer {
 #pragma unroll
         for (int kk = 0; kk < kKeySteps; ++kk) {
             const uint32_t a_offset =
-                (kk / kStepsPerPanel) * Traits::kDsPanelBytes + (kk % kStepsPerPanel) * kKStepBytes;
+                (kk / kStepsPerPanel) * Traits::kDsPanelBytes + (kk % kStepsPerPanel) * kKStepRowBytes;
             WgmmaSs<Element, Element, Traits::kDqCols, WgmmaMajor::kK, WgmmaMajor::kMN>::mma(
                 acc, desc_a.at(a_offset), desc_b.at(kk * 16 * Traits::kPanelRowBytes), kk > 0 ? 1 : 0);
         }
@@ -621,7 +598,7 @@ struct BwdConsumer {
         const uint32_t v_rows = smem_address(sm.v()) + consumer * Traits::kKeysPerConsumer * Traits::kPanelRowBytes;
 
         const int num_steps = bwd_num_steps(p, w);
-        BwdStep step{w.tile.head_q, w.queries.m_block_min};
+        BwdStep step = BwdStep::first(w);
         for (int j = 0; j < num_steps; ++j, step = step.next(w)) {
             const int s = j % Traits::kStages;
             const uint32_t phase = (j / Traits::kStages) & 1;

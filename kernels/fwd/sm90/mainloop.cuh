@@ -41,10 +41,6 @@
 
 namespace flashcore::sm90 {
 
-// Bytes a wgmma k-step moves along a swizzled row: 32 (16 two-byte
-// columns, or 32 one-byte ones).
-constexpr uint32_t kKStepRowBytes = 32;
-
 // Two code-shape choices measured per head dim (H100, bf16, compare.py, two
 // rounds against the code before them; docs/hopper-notes.md):
 //  - kAdvanceDescriptors: a tile's wgmma descriptors as one 32-bit add from
