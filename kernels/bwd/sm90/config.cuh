@@ -88,25 +88,22 @@ struct BwdSm90Traits {
     static constexpr uint32_t kDOffset = kLseOffset + kStages * kRowStatBytes;
     // A step's dQ (fp32, kBlockM x kHeadDim) on its way to the workspace:
     // the consumers store it, a producer warp adds it there with one bulk
-    // reduction (kernel.cuh), with a ticket saying what to do with it
-    // (DqTicket). Two buffers where they fit (head dim 128): the consumers
-    // then store a step's dQ while the last one's is still being added,
-    // which in the deterministic mode includes the wait for its turn.
+    // reduction (kernel.cuh). Two buffers where they fit (head dim 128): the
+    // consumers then store a step's dQ while the last one's is still being
+    // added, which in the deterministic mode includes the wait for its turn.
     static constexpr uint32_t kDqBytes = kBlockM * kHeadDim * sizeof(float);
-    static constexpr uint32_t kDqTicketBytes = 32;
     static constexpr uint32_t kDqOffset = kDOffset + kStages * kRowStatBytes;
-    // kv_full, and q_full, q_empty, do_full, do_empty per stage.
-    static constexpr int kBarriers = 1 + 4 * kStages;
+    // kv_full, and q_full, q_empty, do_full, do_empty, stats_empty per stage.
+    static constexpr int kBarriers = 1 + 5 * kStages;
     // Static shared memory beside the dynamic (the CTA's work: kernel.cuh).
     static constexpr size_t kStaticSmemBytes = 256;
     static constexpr size_t kMaxSmemPerBlock = 227 * 1024;  // an H100's opt-in limit
     static constexpr size_t smem_bytes(int dq_buffers) {
-        return kDqOffset + dq_buffers * (kDqBytes + kDqTicketBytes) + kBarriers * sizeof(uint64_t) +
+        return kDqOffset + dq_buffers * kDqBytes + kBarriers * sizeof(uint64_t) +
                kSmemBaseAlignment;
     }
     static constexpr int kDqBuffers = smem_bytes(2) + kStaticSmemBytes <= kMaxSmemPerBlock ? 2 : 1;
-    static constexpr uint32_t kDqTicketOffset = kDqOffset + kDqBuffers * kDqBytes;
-    static constexpr uint32_t kBarrierOffset = kDqTicketOffset + kDqBuffers * kDqTicketBytes;
+    static constexpr uint32_t kBarrierOffset = kDqOffset + kDqBuffers * kDqBytes;
     static constexpr size_t kSmemBytes = smem_bytes(kDqBuffers);
 
     // dQ = dS K (kBlockM x kHeadDim) over the two consumers: by rows where

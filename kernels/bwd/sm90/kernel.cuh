@@ -56,31 +56,12 @@ constexpr int kDsReadyBarrier = 1;
 constexpr int kFirstConsumerBarrier = 2;  // and 3
 constexpr int kDqFullBarrier = 4;
 constexpr int kDqEmptyBarrier = 5;  // 4 .. 7 with two dQ buffers
-// Per stage s, its row stats are written (kStatsFullBarrier + s: the two
-// row-stats loaders arrive, the consumers wait) and read (the consumers
-// arrive, a loader waits before it writes the stage's next step's). The lse
-// and D loaders wait on barriers of their own (kStatsEmptyBarrier +
-// 2 * kDout + s), each one warp at one place in the code: compute-sanitizer's
-// synccheck reported two warps waiting on one barrier at two places as
-// divergent threads.
-constexpr int kStatsFullBarrier = 8;    // 8, 9
-constexpr int kStatsEmptyBarrier = 10;  // 10 .. 13
+// Per stage s, its row stats are written: the two row-stats loaders arrive
+// on kStatsFullBarrier + s, the consumers wait. (Their release goes through
+// an mbarrier: BwdSmem::stats_empty.)
+constexpr int kStatsFullBarrier = 8;  // 8, 9
 template <typename Traits>
 constexpr int kStatsFullParticipants = Traits::kConsumerThreads + 2 * kWarpSize;
-template <typename Traits>
-constexpr int kStatsEmptyParticipants = Traits::kConsumerThreads + kWarpSize;
-
-// A step's dQ for the writer, beside the buffer: where it goes and how many
-// bytes, and in the deterministic mode the query block's counter and the
-// count at which this key block's turn comes. The first consumer's first
-// warp writes it with the buffer, so that the writer warp, within the
-// producer warpgroup's 24 registers, need not work any of it out.
-struct DqTicket {
-    float *accumulator;
-    int *counter;  // null: not deterministic
-    uint32_t bytes;
-    int turn;
-};
 
 // The CTA's shared memory (config.cuh's offsets).
 template <typename Traits>
@@ -105,9 +86,6 @@ struct BwdSmem {
     __device__ __forceinline__ float *dq(int b) const {
         return reinterpret_cast<float *>(base + Traits::kDqOffset + b * Traits::kDqBytes);
     }
-    __device__ __forceinline__ struct DqTicket *dq_ticket(int b) const {
-        return reinterpret_cast<struct DqTicket *>(base + Traits::kDqTicketOffset + b * Traits::kDqTicketBytes);
-    }
     __device__ __forceinline__ uint64_t *barrier(int i) const {
         return reinterpret_cast<uint64_t *>(base + Traits::kBarrierOffset) + i;
     }
@@ -116,6 +94,15 @@ struct BwdSmem {
     __device__ __forceinline__ uint64_t *q_empty(int s) const { return barrier(1 + Traits::kStages + s); }
     __device__ __forceinline__ uint64_t *do_full(int s) const { return barrier(1 + 2 * Traits::kStages + s); }
     __device__ __forceinline__ uint64_t *do_empty(int s) const { return barrier(1 + 3 * Traits::kStages + s); }
+    // The stage's row stats have been read: every consumer thread arrives,
+    // both row-stats loaders wait. compute-sanitizer's racecheck takes the
+    // consumers' reads as ordered before the loaders' next stores only
+    // this way: through a named barrier completed by the consumers'
+    // bar.arrive, or an mbarrier that one lane per warp arrives on after
+    // __syncwarp, it reports them (docs/hopper-notes.md, "racecheck and
+    // the row stats' release"), and a bar.sync on both sides, at two
+    // places in the code, fails synccheck.
+    __device__ __forceinline__ uint64_t *stats_empty(int s) const { return barrier(1 + 4 * Traits::kStages + s); }
 
     __device__ __forceinline__ void init() const {
         mbarrier_init(kv_full(), 1);
@@ -126,6 +113,7 @@ struct BwdSmem {
             mbarrier_init(do_full(s), 1);
             mbarrier_init(q_empty(s), Traits::kNumWarps);
             mbarrier_init(do_empty(s), Traits::kNumWarps);
+            mbarrier_init(stats_empty(s), Traits::kConsumerThreads);
         }
         fence_barrier_init();
     }
@@ -228,12 +216,9 @@ __device__ __forceinline__ void bwd_load_tiles(const BwdSm90Params &params, cons
 // The row-stats loaders (the producer warpgroup's third and fourth warps):
 // each step's rows' lse, in log2 units (+inf for rows past the sequence and
 // rows that saw no key: their P is 0; kDout false), or D (kDout true),
-// into the stage's buffers, handed to the consumers with named barriers
-// (kStatsFullBarrier, kStatsEmptyBarrier). Through the stages' mbarriers,
-// which order these stores as well, compute-sanitizer's racecheck reported
-// both hand-overs; through named barriers it clears lse's and still reports
-// D's (docs/hopper-notes.md). Two warps, so that each holds one walk within
-// the producer warpgroup's 24 registers.
+// into the stage's buffers, handed to the consumers through
+// kStatsFullBarrier and back through BwdSmem::stats_empty. Two warps, so
+// that each holds one walk within the producer warpgroup's 24 registers.
 template <typename Traits, bool kDout, typename Work>
 __device__ __forceinline__ void bwd_load_row_stats(const BwdKernelParams &p, const BwdSmem<Traits> &sm, const Work &w,
                                                    int lane) {
@@ -247,9 +232,7 @@ __device__ __forceinline__ void bwd_load_row_stats(const BwdKernelParams &p, con
             const int first_row = m_block * Traits::kBlockM;
             const int valid_rows = w.tile.seqs.seqlen_q - first_row - lane;  // of this lane's first row on
             const int64_t row0 = int64_t(w.tile.seqs.q_row0) + first_row + lane;
-            if (j >= Traits::kStages) {
-                named_barrier_sync_id(kStatsEmptyBarrier + 2 * kDout + s, kStatsEmptyParticipants<Traits>);
-            }
+            mbarrier_wait(sm.stats_empty(s), ((j / Traits::kStages) & 1) ^ 1u);
             if constexpr (kDout) {
                 const char *dot = reinterpret_cast<const char *>(bwd_row_stats(p, w.tile.batch, head, row0));
 #pragma unroll
@@ -273,28 +256,39 @@ __device__ __forceinline__ void bwd_load_row_stats(const BwdKernelParams &p, con
 }
 
 // The dQ writer (the producer warpgroup's second warp): per step, once both
-// consumers have stored their dQ in shared memory with its ticket, its
-// leader adds the block to the workspace with one bulk reduction (the TMA
-// unit does the adds; no consumer waits for them), and the buffer is
-// released when the reduction has read it. In the deterministic mode it
-// first waits for the key block's turn, and counts the block once the
-// reduction is complete.
-template <typename Traits>
-__device__ __forceinline__ void bwd_write_dq(const BwdSmem<Traits> &sm, int num_steps, int lane) {
+// consumers have stored their dQ in shared memory, its leader adds the
+// block to the workspace with one bulk reduction (the TMA unit does the
+// adds; no consumer waits for them), and the buffer is released when the
+// reduction has read it. In the deterministic mode it first waits for the
+// key block's turn, and counts the block once the reduction is complete.
+template <typename Traits, typename Work>
+__device__ __forceinline__ void bwd_write_dq(const BwdKernelParams &p, const BwdSmem<Traits> &sm, const Work &w,
+                                             int lane) {
     constexpr int kParticipants = Traits::kConsumerThreads + kWarpSize;
+    const int num_steps = bwd_num_steps(p, w);
     for (int b = 0; b < Traits::kDqBuffers && b < num_steps; ++b) {
         named_barrier_arrive_id(kDqEmptyBarrier + 2 * b, kParticipants);
     }
-    for (int j = 0; j < num_steps; ++j) {
+    BwdStep step = BwdStep::first(w);
+    for (int j = 0; j < num_steps; ++j, step = step.next(w)) {
         const int b = j % Traits::kDqBuffers;
         named_barrier_sync_id(kDqFullBarrier + 2 * b, kParticipants);
-        const DqTicket ticket = *sm.dq_ticket(b);
         if (lane == 0) {
-            if (ticket.counter != nullptr) {
-                while (load_acquire(ticket.counter) < ticket.turn) {
+            // What it does with the step's dQ it works out itself (handed
+            // over in shared memory by a consumer, racecheck reported its
+            // reads against the next step's stores). The wait for the turn
+            // first: its mask arithmetic and the block's pointer would not
+            // fit the warp's 24 registers together.
+            if (p.deterministic) {
+                const int turn =
+                    BlockKeyRange<Traits::kBlockM, Traits::kBlockN>::of(w.mask, step.m_block).n_block_max - 1 -
+                    w.n_block;
+                const int *counter = bwd_dq_counter<Traits>(p, w, step.head, step.m_block);
+                while (load_acquire(counter) < turn) {
                 }
             }
-            bulk_reduce_add_f32(ticket.accumulator, smem_address(sm.dq(b)), ticket.bytes);
+            const DqBlock block = DqBlock::of<Traits>(p, w, step.head, step.m_block);
+            bulk_reduce_add_f32(block.accumulator, smem_address(sm.dq(b)), block.bytes<Traits>(p.fwd.head_dim));
             bulk_commit_group();
             bulk_wait_group_read_all();
         }
@@ -304,9 +298,9 @@ __device__ __forceinline__ void bwd_write_dq(const BwdSmem<Traits> &sm, int num_
         if (j + Traits::kDqBuffers < num_steps) named_barrier_arrive_id(kDqEmptyBarrier + 2 * b, kParticipants);
         // The deterministic mode: the next key block's turn comes once they
         // have landed.
-        if (lane == 0 && ticket.counter != nullptr) {
+        if (lane == 0 && p.deterministic) {
             bulk_wait_group_all();
-            add_release(ticket.counter, 1);
+            add_release(bwd_dq_counter<Traits>(p, w, step.head, step.m_block), 1);
         }
     }
     // The last reductions' global writes, before the CTA ends.
@@ -563,18 +557,6 @@ struct BwdConsumer {
         }
     }
 
-    // The step's ticket for the writer (DqTicket).
-    template <typename Work>
-    __device__ __forceinline__ void write_ticket(const Work &w, const BwdStep &step, const DqBlock &block,
-                                                 int b) const {
-        DqTicket ticket{block.accumulator, nullptr, block.bytes<Traits>(params.bwd.fwd.head_dim), 0};
-        if (params.bwd.deterministic) {
-            ticket.counter = bwd_dq_counter<Traits>(params.bwd, w, step.head, step.m_block);
-            ticket.turn = BlockKeyRange<kBlockM, kBlockN>::of(w.mask, step.m_block).n_block_max - 1 - w.n_block;
-        }
-        *sm.dq_ticket(b) = ticket;
-    }
-
     template <typename Work>
     __device__ __forceinline__ void run(const Work &w) {
         const BwdKernelParams &p = params.bwd;
@@ -617,14 +599,11 @@ struct BwdConsumer {
             fence_accumulators(acc_dp);
             Fragments p_frag, ds_frag;
             pack_gradients(s, acc_s, acc_dp, p_frag, ds_frag);
-            // The stage's row stats are read; the loaders refill it for
-            // step j + 2, if there is one.
-            if (j + Traits::kStages < num_steps) {
-                named_barrier_arrive_id(kStatsEmptyBarrier + s, kStatsEmptyParticipants<Traits>);
-                named_barrier_arrive_id(kStatsEmptyBarrier + 2 + s, kStatsEmptyParticipants<Traits>);
-            }
-
             issue_key_gradient(acc_dv, p_frag, smem_address(sm.dout(s)));
+            // The stage's row stats are read; the loaders refill it for
+            // step j + 2. Every thread arrives (BwdSmem::stats_empty says
+            // why).
+            mbarrier_arrive(sm.stats_empty(s));
             store_ds(ds_frag, s);
             fence_shared_to_async_proxy();
             named_barrier_sync_id(kDsReadyBarrier, Traits::kConsumerThreads);
@@ -645,9 +624,6 @@ struct BwdConsumer {
             named_barrier_sync_id(kDqEmptyBarrier + 2 * b, Traits::kConsumerThreads + kWarpSize);
             const DqBlock block = DqBlock::of<Traits>(p, w, step.head, step.m_block);
             store_dq(block, acc_dq, b);
-            // The ticket, by a whole warp (each lane the same bytes: racecheck
-            // flagged the hand-over of one thread's stores to one lane).
-            if (consumer == 0 && warp == 0) write_ticket(w, step, block, b);
             fence_shared_to_async_proxy();
             named_barrier_arrive_id(kDqFullBarrier + 2 * b, Traits::kConsumerThreads + kWarpSize);
             wgmma_wait<0>();  // dK is done: Q's buffer may be refilled
@@ -745,7 +721,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         if (warp == 0) {
             bwd_load_tiles<Traits>(params, sm, work, lane);
         } else if (warp == 1) {
-            bwd_write_dq<Traits>(sm, bwd_num_steps(params.bwd, work), lane);
+            bwd_write_dq<Traits>(params.bwd, sm, work, lane);
         } else if (warp == 2) {
             bwd_load_row_stats<Traits, false>(params.bwd, sm, work, lane);
         } else {
