@@ -272,23 +272,29 @@ __device__ __forceinline__ void bwd_write_dq(const BwdKernelParams &p, const Bwd
     BwdStep step = BwdStep::first(w);
     for (int j = 0; j < num_steps; ++j, step = step.next(w)) {
         const int b = j % Traits::kDqBuffers;
+        // What it does with the step's dQ it works out itself (handed over
+        // in shared memory by a consumer, racecheck reported its reads
+        // against the next step's stores), before the consumers are done
+        // with it: in the deterministic mode whatever comes between the
+        // turn and the release is on the path every key block of the query
+        // block waits along. The turn first: its mask arithmetic beside
+        // the other values would not fit the warp's 24 registers.
+        int turn = 0;
+        int *counter = nullptr;
+        if (p.deterministic) {
+            turn = BlockKeyRange<Traits::kBlockM, Traits::kBlockN>::of(w.mask, step.m_block).n_block_max - 1 -
+                   w.n_block;
+            counter = bwd_dq_counter<Traits>(p, w, step.head, step.m_block);
+        }
+        const DqBlock block = DqBlock::of<Traits>(p, w, step.head, step.m_block);
+        const uint32_t bytes = block.bytes<Traits>(p.fwd.head_dim);
         named_barrier_sync_id(kDqFullBarrier + 2 * b, kParticipants);
         if (lane == 0) {
-            // What it does with the step's dQ it works out itself (handed
-            // over in shared memory by a consumer, racecheck reported its
-            // reads against the next step's stores). The wait for the turn
-            // first: its mask arithmetic and the block's pointer would not
-            // fit the warp's 24 registers together.
-            if (p.deterministic) {
-                const int turn =
-                    BlockKeyRange<Traits::kBlockM, Traits::kBlockN>::of(w.mask, step.m_block).n_block_max - 1 -
-                    w.n_block;
-                const int *counter = bwd_dq_counter<Traits>(p, w, step.head, step.m_block);
+            if (counter != nullptr) {
                 while (load_acquire(counter) < turn) {
                 }
             }
-            const DqBlock block = DqBlock::of<Traits>(p, w, step.head, step.m_block);
-            bulk_reduce_add_f32(block.accumulator, smem_address(sm.dq(b)), block.bytes<Traits>(p.fwd.head_dim));
+            bulk_reduce_add_f32(block.accumulator, smem_address(sm.dq(b)), bytes);
             bulk_commit_group();
             bulk_wait_group_read_all();
         }
@@ -298,9 +304,9 @@ __device__ __forceinline__ void bwd_write_dq(const BwdKernelParams &p, const Bwd
         if (j + Traits::kDqBuffers < num_steps) named_barrier_arrive_id(kDqEmptyBarrier + 2 * b, kParticipants);
         // The deterministic mode: the next key block's turn comes once they
         // have landed.
-        if (lane == 0 && p.deterministic) {
+        if (lane == 0 && counter != nullptr) {
             bulk_wait_group_all();
-            add_release(bwd_dq_counter<Traits>(p, w, step.head, step.m_block), 1);
+            add_release(counter, 1);
         }
     }
     // The last reductions' global writes, before the CTA ends.
