@@ -99,9 +99,9 @@ struct BwdSmem {
     // consumers' reads as ordered before the loaders' next stores only
     // this way: through a named barrier completed by the consumers'
     // bar.arrive, or an mbarrier that one lane per warp arrives on after
-    // __syncwarp, it reports them (docs/hopper-notes.md, "racecheck and
-    // the row stats' release"), and a bar.sync on both sides, at two
-    // places in the code, fails synccheck.
+    // __syncwarp, it reports them, and a bar.sync on both sides, at two
+    // places in the code, fails synccheck (docs/hopper-notes.md,
+    // "racecheck and the hand-overs").
     __device__ __forceinline__ uint64_t *stats_empty(int s) const { return barrier(1 + 4 * Traits::kStages + s); }
 
     __device__ __forceinline__ void init() const {
