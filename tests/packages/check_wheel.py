@@ -71,6 +71,15 @@ def check_loaded(package_dir, major):
     assert _fastpath.fits_struct(compiled), "flashcore._fastcall was built against another flashcore.h"
     print("compiled call path: %s" % compiled.__file__)
 
+    # flashcore.jax's XLA FFI handlers (pyproject.toml builds them with
+    # FLASHCORE_JAX=ON): in the package, with their entry points.
+    handlers = os.path.join(package_dir, "libflashcore_jax.so")
+    assert os.path.exists(handlers), "the wheel has no %s" % handlers
+    loaded = ctypes.CDLL(handlers)
+    for symbol in ("flashcore_jax_bind", "flashcore_jax_forward", "flashcore_jax_backward"):
+        assert hasattr(loaded, symbol), symbol
+    print("jax handlers: %s" % handlers)
+
     # A call needs a handle; without a GPU the library says why.
     # As the library looks for the driver: whether libcuda.so.1 loads
     # (find_library("cuda") also finds the toolkit's stub libcuda.so).

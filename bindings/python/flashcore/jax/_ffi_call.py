@@ -1,0 +1,207 @@
+"""flashcore's forward and backward as XLA FFI custom calls
+(docs/jax-notes.md).
+
+Each call is planned at trace time by the binding's own planning pieces
+(_geometry._validate and _build: the same checks and messages as the torch
+path) on the abstract arrays JAX traces: their shapes and dtypes, row-major
+strides (XLA's default layout) and stand-in addresses, which the library's
+flashcore_forward_check sees as distinct and aligned. The planned struct
+travels to the handler (_handlers.cc) as a uint8 attribute with its address
+fields cleared, beside the indices of the fields each operand and result
+goes to; the handler puts XLA's buffers' addresses in. out, lse and the
+workspace are results: XLA allocates them, the workspace sized here, at
+trace time, for the first local GPU."""
+
+import ctypes
+import os
+
+import numpy as np
+
+import jax
+
+from .._arrays import ArrayInfo, contiguous_strides
+from .._errors import InvalidArgumentError, UnsupportedError
+from .._geometry import (DENSE, NO_DESCALES, _build, _build_backward, _hint_bshd, _out_shape, _Sequences, _validate)
+from .._arguments import _layout, _options
+from .._library import get_handle, library
+from .._planning import BACKWARD_POINTER_FIELDS, POINTER_FIELDS
+
+FORWARD_TARGET = "flashcore_forward"
+BACKWARD_TARGET = "flashcore_backward"
+# The handlers' library, built beside libflashcore (cmake/FlashcoreJax.cmake)
+# and installed into this package by the wheel.
+HANDLERS_LIBRARY = "libflashcore_jax.so"
+# Stand-in addresses for planning: array i at (i + 1) * this, far enough
+# apart that no planned array can overlap the next, and aligned.
+_STAND_IN_SPACING = 1 << 40
+
+_registered = False
+
+
+def _handlers_path():
+    """Where the handlers' library is: this package, else beside the
+    libflashcore the binding loaded (a build tree)."""
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), HANDLERS_LIBRARY)
+    if os.path.exists(here):
+        return here
+    beside = os.path.join(os.path.dirname(library().path), HANDLERS_LIBRARY)
+    if os.path.exists(beside):
+        return beside
+    raise UnsupportedError("flashcore.jax's handlers (%s) are not installed: build flashcore with JAX's headers "
+                           "present (cmake -DFLASHCORE_JAX=ON; pip install jax first), or install the wheel, which "
+                           "carries them; looked in %s and beside %s" % (HANDLERS_LIBRARY, os.path.dirname(here),
+                                                                         library().path))
+
+
+def _register():
+    """Loads the handlers, gives them the entry points of the library the
+    binding loaded, and registers both targets for CUDA (once)."""
+    global _registered
+    if _registered:
+        return
+    handlers = ctypes.CDLL(_handlers_path())
+    lib = library().cdll
+    entry = lambda name: ctypes.cast(getattr(lib, name), ctypes.c_void_p)
+    handlers.flashcore_jax_bind.restype = ctypes.c_int
+    handlers.flashcore_jax_bind.argtypes = [ctypes.c_void_p] * 5
+    if handlers.flashcore_jax_bind(entry("flashcore_create_for_device"), entry("flashcore_forward"),
+                                   entry("flashcore_backward"), entry("flashcore_last_error_message"),
+                                   entry("flashcore_status_string")) != 0:
+        raise UnsupportedError("flashcore.jax: the loaded libflashcore lacks an entry point the handlers need")
+    jax.ffi.register_ffi_target(FORWARD_TARGET, jax.ffi.pycapsule(handlers.flashcore_jax_forward), platform="CUDA")
+    jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(handlers.flashcore_jax_backward),
+                                platform="CUDA")
+    _registered = True
+
+
+def _dtype_name(x):
+    return np.dtype(x.dtype).name
+
+
+def _info(x, name, index):
+    """An ArrayInfo of an abstract array (anything with shape and dtype):
+    row-major, at a stand-in address."""
+    shape = tuple(int(n) for n in x.shape)
+    dtype = np.dtype(x.dtype)
+    return ArrayInfo(None, name, (index + 1) * _STAND_IN_SPACING, shape, contiguous_strides(shape), dtype.name,
+                     dtype.itemsize, None, "jax")
+
+
+def _result_info(shape, dtype_name, name, index):
+    return _info(jax.ShapeDtypeStruct(shape, _jax_dtype(dtype_name)), name, index)
+
+
+def _gpu_ordinal():
+    """The CUDA ordinal of the first local GPU, which sizes the workspace;
+    an UnsupportedError where JAX has none."""
+    try:
+        gpus = jax.local_devices(backend="gpu")
+    except RuntimeError:
+        gpus = []
+    if not gpus:
+        raise UnsupportedError("flashcore.jax runs on NVIDIA GPUs; JAX has none here (its backend is %s): install "
+                               "jax[cuda13] on a machine with one" % jax.default_backend())
+    return gpus[0].local_hardware_id
+
+
+def _template(params, fields):
+    """The planned struct as the handler's attribute: its address fields
+    cleared (the handler fills the ones it is given)."""
+    for field in fields:
+        setattr(params, field, None)
+    return np.frombuffer(bytes(params), dtype=np.uint8)
+
+
+class ForwardPlan:
+    """A planned forward call: the attribute blob, the field indices of
+    the operands and results, the results' shapes and dtypes, and the
+    workspace size."""
+
+    __slots__ = ("plan", "fields", "out", "lse", "workspace_bytes")
+
+
+def plan_forward(q, k, v, layout, causal, softmax_scale, window, softcap, num_splits, seqused_k=None):
+    """The ForwardPlan of attention(q, k, v, ...) on abstract arrays, with
+    the binding's checks and messages; an UnsupportedError without a GPU
+    (after the checks that need none)."""
+    layout = _layout(layout)
+    options = _options(causal, softmax_scale, num_splits, window, softcap)
+    qi, ki, vi = _info(q, "q", 0), _info(k, "k", 1), _info(v, "v", 2)
+    seqs = DENSE if seqused_k is None else _Sequences(seqused_k=_info(seqused_k, "seqused_k", 5))
+    lib = library()
+    try:
+        geometry = _validate(qi, ki, vi, None, None, layout, seqs, descales=NO_DESCALES, options=options)
+        out_dtype = geometry.out_dtype_name or qi.dtype
+        out_shape = _out_shape(qi, geometry.views[2].shape[3])
+        oi = _result_info(out_shape, out_dtype, "out", 3)
+        li = _result_info(geometry.lse_shape, "float32", "lse", 4)
+        params = _build(lib, qi, ki, vi, oi, li, layout, options, seqs, NO_DESCALES)
+        lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
+    except InvalidArgumentError as e:
+        raise _hint_bshd(e, qi, ki, vi, layout, seqs) from None
+    workspace_bytes = get_handle(_gpu_ordinal()).workspace_size(params)
+    operands = ["q", "k", "v"] + ([] if seqused_k is None else ["seqused_k"])
+    fields = [POINTER_FIELDS.index(name) for name in operands + ["out", "lse"]]
+    plan = ForwardPlan()
+    plan.plan = _template(params, POINTER_FIELDS)
+    plan.fields = np.array(fields, dtype=np.uint8)
+    plan.out = jax.ShapeDtypeStruct(out_shape, _jax_dtype(out_dtype))
+    plan.lse = jax.ShapeDtypeStruct(tuple(geometry.lse_shape), np.float32)
+    plan.workspace_bytes = workspace_bytes
+    return plan
+
+
+def _jax_dtype(name):
+    return jax.numpy.dtype(name)
+
+
+def forward(plan, q, k, v, seqused_k=None):
+    """(out, lse) of a planned call."""
+    _register()
+    operands = (q, k, v) + (() if seqused_k is None else (seqused_k,))
+    call = jax.ffi.ffi_call(FORWARD_TARGET,
+                            (plan.out, plan.lse, jax.ShapeDtypeStruct((plan.workspace_bytes,), np.uint8)),
+                            vmap_method="sequential")
+    out, lse, _ = call(*operands, plan=plan.plan, fields=plan.fields)
+    return out, lse
+
+
+class BackwardPlan:
+    """A planned backward call, as ForwardPlan."""
+
+    __slots__ = ("plan", "fields", "workspace_bytes")
+
+
+def plan_backward(q, k, v, out, lse, layout, causal, softmax_scale, window, softcap, deterministic, seqused_k=None):
+    """The BackwardPlan of the gradients of attention(q, k, v, ...) (dout
+    has out's shape and dtype; dq, dk, dv those of q, k, v)."""
+    layout = _layout(layout)
+    options = _options(causal, softmax_scale, None, window, softcap)
+    arrays = (q, k, v, out, out, lse, q, k, v)
+    infos = [_info(a, name, i) for i, (a, name) in enumerate(zip(arrays, BACKWARD_POINTER_FIELDS))]
+    seqs = DENSE if seqused_k is None else _Sequences(seqused_k=_info(seqused_k, "seqused_k", 9))
+    lib = library()
+    try:
+        params = _build_backward(lib, *infos, layout, options, bool(deterministic), seqs)
+        lib.check(lib.cdll.flashcore_backward_check(ctypes.byref(params)))
+    except InvalidArgumentError as e:
+        raise _hint_bshd(e, infos[0], infos[1], infos[2], layout, seqs) from None
+    workspace_bytes = get_handle(_gpu_ordinal()).backward_workspace_size(params)
+    operands = ["q", "k", "v", "out", "dout", "lse"] + ([] if seqused_k is None else ["seqused_k"])
+    fields = [BACKWARD_POINTER_FIELDS.index(name) for name in operands + ["dq", "dk", "dv"]]
+    plan = BackwardPlan()
+    plan.plan = _template(params, BACKWARD_POINTER_FIELDS)
+    plan.fields = np.array(fields, dtype=np.uint8)
+    plan.workspace_bytes = workspace_bytes
+    return plan
+
+
+def backward(plan, q, k, v, out, dout, lse, seqused_k=None):
+    """(dq, dk, dv) of a planned call."""
+    _register()
+    operands = (q, k, v, out, dout, lse) + (() if seqused_k is None else (seqused_k,))
+    results = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
+    call = jax.ffi.ffi_call(BACKWARD_TARGET, results + (jax.ShapeDtypeStruct((plan.workspace_bytes,), np.uint8),),
+                            vmap_method="sequential")
+    dq, dk, dv, _ = call(*operands, plan=plan.plan, fields=plan.fields)
+    return dq, dk, dv

@@ -1,0 +1,290 @@
+"""flashcore.jax: the trace-time checks, the planned struct and the custom
+calls as lowered for CUDA (CPU only: jax's CPU wheel), and on a GPU the
+results and gradients against a float64 reference and JAX's own attention.
+Skipped, with the reason, where jax is not installed."""
+
+import math
+
+import pytest
+
+import flashcore
+from fc_testing import skip_or_fail
+
+jax = pytest.importorskip("jax", reason="jax is not installed (pip install jax)")
+jnp = jax.numpy
+np = pytest.importorskip("numpy")  # jax's own dependency
+
+import flashcore.jax as fj  # noqa: E402  (after the skip)
+from flashcore.jax import _ffi_call  # noqa: E402
+
+S = jax.ShapeDtypeStruct
+FORWARD_WORKSPACE, BACKWARD_WORKSPACE = 1024, 4096
+
+
+def _eval(fn, *arrays, **kwargs):
+    return jax.eval_shape(lambda *a: fn(*a, **kwargs), *arrays)
+
+
+@pytest.fixture
+def planned_without_gpu(lib, monkeypatch):
+    """Plans as for GPU 0 without one: workspace sizes from a stand-in."""
+
+    class Sizes:
+        def workspace_size(self, params):
+            return FORWARD_WORKSPACE
+
+        def backward_workspace_size(self, params):
+            return BACKWARD_WORKSPACE
+
+    monkeypatch.setattr(_ffi_call, "_gpu_ordinal", lambda: 0)
+    monkeypatch.setattr(_ffi_call, "get_handle", lambda device: Sizes())
+
+
+@pytest.fixture
+def handlers(lib):
+    try:
+        return _ffi_call._handlers_path()
+    except flashcore.UnsupportedError as e:
+        skip_or_fail(str(e))
+
+
+def test_shapes_are_checked_at_trace_time(lib):
+    q = S((2, 8, 128, 64), jnp.bfloat16)
+    k = S((2, 3, 128, 64), jnp.bfloat16)
+    with pytest.raises(flashcore.InvalidArgumentError, match=r"num_heads_q \(8\) must be a multiple of num_heads_kv"):
+        _eval(fj.attention, q, k, k)
+
+
+def test_dtypes_are_checked_at_trace_time(lib):
+    q = S((2, 8, 128, 64), jnp.float32)
+    with pytest.raises(flashcore.UnsupportedError, match="q has dtype float32; flashcore computes on float16 or"):
+        _eval(fj.attention, q, q, q)
+
+
+def test_options_are_checked_at_trace_time(lib):
+    q = S((1, 2, 16, 64), jnp.float16)
+    with pytest.raises(flashcore.InvalidArgumentError, match="softcap"):
+        _eval(fj.attention, q, q, q, softcap=-1.0)
+    with pytest.raises(TypeError, match="not both"):
+        _eval(fj.attention, q, q, q, softmax_scale=0.5, scale=0.5)
+
+
+def test_without_a_gpu_the_error_says_so(lib):
+    if jax.default_backend() == "gpu":
+        pytest.skip("JAX has a GPU here")
+    q = S((1, 2, 16, 64), jnp.float16)
+    with pytest.raises(flashcore.UnsupportedError, match="flashcore.jax runs on NVIDIA GPUs"):
+        _eval(fj.attention, q, q, q)
+
+
+def test_plan_is_the_bindings_struct(planned_without_gpu):
+    q = S((2, 8, 100, 64), jnp.bfloat16)
+    k = S((2, 2, 300, 64), jnp.bfloat16)
+    plan = _ffi_call.plan_forward(q, k, k, "bhsd", True, 0.2, None, 0.0, None)
+    params = flashcore.ForwardParams.from_buffer_copy(plan.plan.tobytes())
+    assert (params.batch_size, params.num_heads_q, params.num_heads_kv) == (2, 8, 2)
+    assert (params.seqlen_q, params.seqlen_k, params.head_dim, params.head_dim_v) == (100, 300, 64, 64)
+    assert params.causal == 1 and math.isclose(params.softmax_scale, 0.2, rel_tol=1e-6)
+    assert params.dtype == flashcore._ffi.Dtype.BF16
+    # Row-major strides, in elements, and no address left in the blob.
+    assert (params.q_batch_stride, params.q_head_stride, params.q_seq_stride) == (8 * 100 * 64, 100 * 64, 64)
+    for field in _ffi_call.POINTER_FIELDS:
+        assert getattr(params, field) is None, field
+    assert list(plan.fields) == [0, 1, 2, 3, 4]
+    assert plan.out.shape == (2, 8, 100, 64) and plan.out.dtype == jnp.bfloat16
+    assert plan.lse.shape == (2, 8, 100) and plan.lse.dtype == jnp.float32
+    assert plan.workspace_bytes == FORWARD_WORKSPACE
+
+
+def test_bshd_and_different_value_head_dim(planned_without_gpu):
+    q = S((2, 50, 4, 192), jnp.float16)
+    k = S((2, 70, 4, 192), jnp.float16)
+    v = S((2, 70, 4, 128), jnp.float16)
+    out, lse = _eval(fj.attention, q, k, v, layout="bshd", return_lse=True)
+    assert out.shape == (2, 50, 4, 128) and out.dtype == jnp.float16
+    assert lse.shape == (2, 4, 50) and lse.dtype == jnp.float32
+
+
+def _custom_calls(fn, *arrays):
+    text = jax.jit(fn).trace(*arrays).lower(lowering_platforms=("cuda",)).as_text()
+    return [line for line in text.splitlines() if "stablehlo.custom_call" in line]
+
+
+def test_lowered_for_cuda(planned_without_gpu, handlers):
+    q = S((2, 8, 128, 64), jnp.bfloat16)
+    k = S((2, 2, 128, 64), jnp.bfloat16)
+    calls = _custom_calls(lambda q, k, v: fj.attention(q, k, v, causal=True), q, k, k)
+    assert len(calls) == 1 and "@flashcore_forward" in calls[0]
+    assert "tensor<%dxui8>" % FORWARD_WORKSPACE in calls[0]
+
+
+def test_gradients_lowered_for_cuda(planned_without_gpu, handlers):
+    q = S((2, 8, 128, 64), jnp.bfloat16)
+    k = S((2, 2, 128, 64), jnp.bfloat16)
+
+    def loss(q, k, v):
+        return fj.attention(q, k, v, causal=True, deterministic=True).astype(jnp.float32).sum()
+
+    calls = _custom_calls(jax.grad(loss, argnums=(0, 1, 2)), q, k, k)
+    assert [("@flashcore_forward" in c, "@flashcore_backward" in c) for c in calls] == [(True, False), (False, True)]
+    assert "tensor<%dxui8>" % BACKWARD_WORKSPACE in calls[1]
+    # The backward's plan asks for the deterministic mode.
+    blob = calls[1].split("plan = dense<\"0x")[1].split("\"")[0]
+    params = flashcore.BackwardParams.from_buffer_copy(bytes.fromhex(blob))
+    assert params.deterministic == 1 and params.num_heads_kv == 2
+
+
+def test_vmap_loops_over_the_call(planned_without_gpu, handlers):
+    q = S((3, 2, 8, 128, 64), jnp.bfloat16)
+    k = S((3, 2, 2, 128, 64), jnp.bfloat16)
+    attend = jax.vmap(lambda q, k, v: fj.attention(q, k, v))
+    assert _eval(attend, q, k, k).shape == (3, 2, 8, 128, 64)
+    text = jax.jit(attend).trace(q, k, k).lower(lowering_platforms=("cuda",)).as_text()
+    assert "stablehlo.while" in text and text.count("@flashcore_forward") == 1
+    grads = jax.vmap(jax.grad(lambda q, k, v: fj.attention(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2)))
+    assert [g.shape for g in _eval(grads, q, k, k)] == [q.shape, k.shape, k.shape]
+
+
+# ---- on a GPU ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def jax_gpu(lib):
+    if jax.default_backend() != "gpu":
+        skip_or_fail("JAX has no GPU here (pip install jax[cuda13] on a machine with one)")
+    return jax.local_devices(backend="gpu")[0]
+
+
+def _reference(q, k, v, causal, softmax_scale, window=None, softcap=0.0):
+    """float64 attention of [B, H, S, D] numpy arrays (k, v repeated for
+    GQA), bottom-right aligned masks as flashcore's."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    s = np.einsum("bhqd,bhkd->bhqk", q, k) * softmax_scale
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    sq, sk = q.shape[2], k.shape[2]
+    i = np.arange(sq)[:, None] + sk - sq
+    j = np.arange(sk)[None, :]
+    visible = np.ones((sq, sk), dtype=bool)
+    if causal:
+        visible &= j <= i
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            visible &= j >= i - left
+        if right >= 0:
+            visible &= j <= i + right
+    s = np.where(visible, s, -np.inf)
+    m = np.max(s, axis=-1, keepdims=True)
+    p = np.where(visible, np.exp(s - np.where(np.isfinite(m), m, 0)), 0)
+    denominator = p.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bhkd->bhqd", p / np.where(denominator == 0, 1, denominator), v)
+
+
+def _random(key, shape, dtype):
+    return jax.random.normal(key, shape, dtype=jnp.float32).astype(dtype)
+
+
+CASES = [
+    # (B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, softcap)
+    (2, 4, 4, 128, 128, 64, jnp.bfloat16, False, None, 0.0),
+    (2, 8, 2, 100, 300, 128, jnp.float16, True, None, 0.0),
+    (1, 4, 1, 257, 129, 64, jnp.bfloat16, True, None, 0.0),
+    (2, 4, 2, 200, 200, 128, jnp.float16, False, (50, 10), 0.0),
+    (1, 2, 2, 64, 200, 64, jnp.bfloat16, False, None, 30.0),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "b%d_hq%d_hkv%d_sq%d_sk%d_d%d_%s%s%s%s" % (
+    c[0], c[1], c[2], c[3], c[4], c[5], np.dtype(c[6]).name, "_causal" if c[7] else "",
+    "_window%d_%d" % c[8] if c[8] else "", "_softcap" if c[9] else ""))
+def test_jitted_attention_matches_the_reference(jax_gpu, case):
+    b, hq, hkv, sq, sk, d, dtype, causal, window, softcap = case
+    keys = jax.random.split(jax.random.PRNGKey(sum(case[:6])), 3)
+    q, k, v = (_random(key, shape, dtype) for key, shape in zip(keys, ((b, hq, sq, d), (b, hkv, sk, d),
+                                                                          (b, hkv, sk, d))))
+    scale = 1 / math.sqrt(d)
+    out = jax.jit(lambda q, k, v: fj.attention(q, k, v, causal=causal, window=window, softcap=softcap))(q, k, v)
+    assert out.shape == q.shape and out.dtype == dtype
+    ref = _reference(q, k, v, causal, scale, window, softcap)
+    error = np.max(np.abs(np.asarray(out, dtype=np.float64) - ref))
+    # The same computation in the same dtype by XLA, against the same reference.
+    group = hq // hkv
+    kx, vx = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)
+    s = jnp.einsum("bhqd,bhkd->bhqk", q, kx).astype(jnp.float32) * scale
+    if softcap:
+        s = softcap * jnp.tanh(s / softcap)
+    i = jnp.arange(sq)[:, None] + sk - sq
+    j = jnp.arange(sk)[None, :]
+    visible = jnp.ones((sq, sk), bool)
+    if causal:
+        visible &= j <= i
+    if window is not None:
+        visible &= (j >= i - window[0]) & (j <= i + window[1])
+    p = jax.nn.softmax(jnp.where(visible, s, -jnp.inf), axis=-1).astype(dtype)
+    peer = jnp.einsum("bhqk,bhkd->bhqd", p, vx)
+    peer_error = np.max(np.abs(np.asarray(peer, dtype=np.float64) - ref))
+    assert error <= 2 * peer_error + 1e-6, (error, peer_error)
+
+
+@pytest.mark.gpu
+def test_matches_jax_dot_product_attention(jax_gpu):
+    keys = jax.random.split(jax.random.PRNGKey(7), 3)
+    shape = (2, 256, 8, 64)  # jax.nn.dot_product_attention's [B, S, H, D]
+    q, k, v = (_random(key, shape, jnp.bfloat16) for key in keys)
+    ours = jax.jit(lambda q, k, v: fj.attention(q, k, v, causal=True, layout="bshd"))(q, k, v)
+    theirs = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True))(q, k, v)
+    ref = np.swapaxes(_reference(*(np.swapaxes(np.asarray(x, np.float64), 1, 2) for x in (q, k, v)), True,
+                                 1 / 8), 1, 2)
+    ours_error = np.max(np.abs(np.asarray(ours, np.float64) - ref))
+    theirs_error = np.max(np.abs(np.asarray(theirs, np.float64) - ref))
+    assert ours_error <= 2 * theirs_error + 1e-6, (ours_error, theirs_error)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_gradients_match_jax_attention(jax_gpu, deterministic):
+    keys = jax.random.split(jax.random.PRNGKey(11), 4)
+    b, s, hq, hkv, d = 2, 200, 8, 2, 64
+    q = _random(keys[0], (b, s, hq, d), jnp.bfloat16)
+    k = _random(keys[1], (b, s, hkv, d), jnp.bfloat16)
+    v = _random(keys[2], (b, s, hkv, d), jnp.bfloat16)
+    dout = _random(keys[3], (b, s, hq, d), jnp.float32)
+
+    def ours(q, k, v):
+        out = fj.attention(q, k, v, causal=True, layout="bshd", deterministic=deterministic)
+        return jnp.sum(out.astype(jnp.float32) * dout)
+
+    def reference(q, k, v):  # float32 XLA attention, GQA as jax.nn's
+        out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+        return jnp.sum(out.astype(jnp.float32) * dout)
+
+    grads = jax.jit(jax.grad(ours, argnums=(0, 1, 2)))(q, k, v)
+    f32 = tuple(x.astype(jnp.float32) for x in (q, k, v))
+    expected = jax.jit(jax.grad(reference, argnums=(0, 1, 2)))(*f32)
+    peer = jax.jit(jax.grad(reference, argnums=(0, 1, 2)))(q, k, v)
+    for name, got, want, other in zip("qkv", grads, expected, peer):
+        assert got.dtype == jnp.bfloat16
+        error = float(jnp.max(jnp.abs(got.astype(jnp.float32) - want)))
+        peer_error = float(jnp.max(jnp.abs(other.astype(jnp.float32) - want)))
+        assert error <= 2 * peer_error + 1e-3, (name, error, peer_error)
+    if deterministic:
+        again = jax.jit(jax.grad(ours, argnums=(0, 1, 2)))(q, k, v)
+        for got, repeat in zip(grads, again):
+            assert bool(jnp.all(got == repeat))
+
+
+@pytest.mark.gpu
+def test_seqused_k(jax_gpu):
+    keys = jax.random.split(jax.random.PRNGKey(3), 3)
+    q = _random(keys[0], (2, 4, 1, 64), jnp.float16)
+    k = _random(keys[1], (2, 4, 512, 64), jnp.float16)
+    v = _random(keys[2], (2, 4, 512, 64), jnp.float16)
+    used = jnp.array([100, 512], dtype=jnp.int32)
+    out = jax.jit(lambda q, k, v, used: fj.attention(q, k, v, seqused_k=used))(q, k, v, used)
+    for i, n in enumerate((100, 512)):
+        ref = _reference(q[i:i + 1], k[i:i + 1, :, :n], v[i:i + 1, :, :n], False, 1 / 8)
+        assert np.max(np.abs(np.asarray(out[i:i + 1], np.float64) - ref)) < 2e-3
