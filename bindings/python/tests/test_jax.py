@@ -145,6 +145,22 @@ def test_vmap_loops_over_the_call(planned_without_gpu, handlers):
     assert [g.shape for g in _eval(grads, q, k, k)] == [q.shape, k.shape, k.shape]
 
 
+def test_the_example_block_traces(planned_without_gpu, handlers):
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "python", "jax_transformer_block.py")
+    spec = importlib.util.spec_from_file_location("jax_transformer_block", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    params = example.init(jax.random.PRNGKey(0), 64, 64, 4, 2, 32)
+    step = example.make_step(example.flashcore_attention, 4, 2, 32, learning_rate=0.1)
+    tokens = S((2, 129), jnp.int32)
+    new_params, loss = jax.eval_shape(step, params, tokens)
+    assert loss.shape == () and new_params["wq"].shape == params["wq"].shape
+    text = step.trace(params, tokens).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("@flashcore_forward") == 1 and text.count("@flashcore_backward") == 1
+
+
 # ---- on a GPU ----------------------------------------------------------------
 
 
