@@ -216,16 +216,19 @@ def _max_seqlen(value, cu_seqlens, side):
 
 
 def _sequences(stream, seqused_k=None, cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None,
-               block_table=None, seqused_k_name="seqused_k"):
+               block_table=None, seqused_k_name="seqused_k", describe_array=None):
     """_Sequences from the Python arguments, arrays described on `stream`
-    (seqused_k under the name the caller knows it by)."""
+    (seqused_k under the name the caller knows it by), or by
+    describe_array(x, name) where given (flashcore.jax: abstract arrays)."""
     if cu_seqlens_k is not None and block_table is not None:
         raise InvalidArgumentError("cu_seqlens_k and block_table cannot be combined: a paged cache's key counts come "
                                    "from seqused_k (cu_seqlens_q with a block_table is supported)")
     max_q, max_k = _max_seqlen(max_seqlen_q, cu_seqlens_q, "q"), _max_seqlen(max_seqlen_k, cu_seqlens_k, "k")
 
     def info(x, name):
-        return None if x is None else describe(x, name, stream)
+        if x is None:
+            return None
+        return describe(x, name, stream) if describe_array is None else describe_array(x, name)
 
     return _Sequences(info(seqused_k, seqused_k_name), info(cu_seqlens_q, "cu_seqlens_q"),
                       info(cu_seqlens_k, "cu_seqlens_k"), info(block_table, "block_table"), max_q, max_k)
@@ -269,22 +272,23 @@ def refuse_descale_number(value, name):
                                    % (_descale_forms(name), type(value).__name__, shown(value), shown(value)))
 
 
-def _describe_descale(x, name, stream):
+def _describe_descale(x, name, stream, describe_array=None):
     """The ArrayInfo of a descale argument; what is no CUDA array is refused
     with the forms it takes."""
     if isinstance(x, numbers.Number):
         refuse_descale_number(x, name)
     try:
-        return describe(x, name, stream)
+        return describe(x, name, stream) if describe_array is None else describe_array(x, name)
     except InvalidArgumentError as e:  # host memory, say
         raise type(e)("%s; %s" % (e.message, _descale_forms(name))) from None
     except TypeError:  # no array at all
         raise InvalidArgumentTypeError("%s; got %s" % (_descale_forms(name), type(x).__name__)) from None
 
 
-def _descales(stream, q_descale=None, k_descale=None, v_descale=None):
-    """_Descales from the Python arguments, arrays described on `stream`."""
-    return _Descales(*(None if x is None else _describe_descale(x, name, stream)
+def _descales(stream, q_descale=None, k_descale=None, v_descale=None, describe_array=None):
+    """_Descales from the Python arguments, arrays described on `stream`
+    (or by describe_array, as for _sequences)."""
+    return _Descales(*(None if x is None else _describe_descale(x, name, stream, describe_array)
                        for x, name in zip((q_descale, k_descale, v_descale), DESCALE_NAMES)))
 
 

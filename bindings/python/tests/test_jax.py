@@ -145,6 +145,62 @@ def test_vmap_loops_over_the_call(planned_without_gpu, handlers):
     assert [g.shape for g in _eval(grads, q, k, k)] == [q.shape, k.shape, k.shape]
 
 
+def test_varlen(planned_without_gpu, handlers):
+    q, k = S((300, 8, 64), jnp.bfloat16), S((500, 2, 64), jnp.bfloat16)
+    cu_q, cu_k = S((4,), jnp.int32), S((4,), jnp.int32)
+
+    def attend(q, k, v, cu_q, cu_k):
+        return fj.attention_varlen(q, k, v, cu_q, cu_k, 200, 300, causal=True, return_lse=True)
+
+    out, lse = _eval(attend, q, k, k, cu_q, cu_k)
+    assert out.shape == (300, 8, 64) and lse.shape == (8, 300)
+    calls = _custom_calls(lambda q, k, v, a, b: attend(q, k, v, a, b)[0], q, k, k, cu_q, cu_k)
+    assert "fields = dense<[0, 1, 2, 6, 7, 3, 4]>" in calls[0]
+
+    def loss(q, k, v, cu_q, cu_k):
+        return attend(q, k, v, cu_q, cu_k)[0].astype(jnp.float32).sum()
+
+    grads = _eval(jax.grad(loss, argnums=(0, 1, 2)), q, k, k, cu_q, cu_k)
+    assert [g.shape for g in grads] == [q.shape, k.shape, k.shape]
+    calls = _custom_calls(jax.grad(loss, argnums=(0, 1, 2)), q, k, k, cu_q, cu_k)
+    assert "@flashcore_backward" in calls[1] and "fields = dense<[0, 1, 2, 3, 4, 5, 10, 11, 6, 7, 8]>" in calls[1]
+    with pytest.raises(TypeError, match="cu_seqlens_q needs max_seqlen_q"):
+        _eval(lambda q, k, v, a, b: fj.attention_varlen(q, k, v, a, b, None, 300), q, k, k, cu_q, cu_k)
+
+
+def test_seqused_k_gets_no_gradient(planned_without_gpu, handlers):
+    q, k = S((2, 4, 64, 64), jnp.float16), S((2, 4, 256, 64), jnp.float16)
+    used = S((2,), jnp.int32)
+
+    def loss(q, k, v, used):
+        return fj.attention(q, k, v, seqused_k=used).astype(jnp.float32).sum()
+
+    grads = _eval(jax.grad(loss, argnums=(0, 1, 2)), q, k, k, used)
+    assert [g.shape for g in grads] == [q.shape, k.shape, k.shape]
+
+
+def test_kvcache(planned_without_gpu, handlers):
+    q = S((4, 1, 8, 128), jnp.bfloat16)
+    pool = S((64, 16, 2, 128), jnp.bfloat16)  # 64 pages of 16 keys
+    table, used = S((4, 16), jnp.int32), S((4,), jnp.int32)
+
+    def paged(q, k, v, table, used):
+        return fj.attention_with_kvcache(q, k, v, used, block_table=table, causal=True)
+
+    assert _eval(paged, q, pool, pool, table, used).shape == (4, 1, 8, 128)
+    calls = _custom_calls(paged, q, pool, pool, table, used)
+    assert "fields = dense<[0, 1, 2, 5, 8, 3, 4]>" in calls[0]
+    with pytest.raises(flashcore.UnsupportedError, match="paged"):
+        _eval(jax.grad(lambda q, k, v, t, u: paged(q, k, v, t, u).astype(jnp.float32).sum()), q, pool, pool, table,
+              used)
+    cache = S((4, 1000, 2, 128), jnp.bfloat16)
+    contiguous = lambda q, k, v: fj.attention_with_kvcache(q, k, v, 700)
+    assert _eval(contiguous, q, cache, cache).shape == (4, 1, 8, 128)
+    grads = _eval(jax.grad(lambda q, k, v: contiguous(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2)), q,
+                  cache, cache)
+    assert [g.shape for g in grads] == [q.shape, cache.shape, cache.shape]
+
+
 def test_the_example_block_traces(planned_without_gpu, handlers):
     import importlib.util
     import os
@@ -304,3 +360,44 @@ def test_seqused_k(jax_gpu):
     for i, n in enumerate((100, 512)):
         ref = _reference(q[i:i + 1], k[i:i + 1, :, :n], v[i:i + 1, :, :n], False, 1 / 8)
         assert np.max(np.abs(np.asarray(out[i:i + 1], np.float64) - ref)) < 2e-3
+
+
+@pytest.mark.gpu
+def test_varlen_matches_each_sequence(jax_gpu):
+    lengths_q, lengths_k = (37, 1, 200), (50, 129, 200)
+    keys = jax.random.split(jax.random.PRNGKey(5), 3)
+    q = _random(keys[0], (sum(lengths_q), 4, 64), jnp.bfloat16)
+    k = _random(keys[1], (sum(lengths_k), 2, 64), jnp.bfloat16)
+    v = _random(keys[2], (sum(lengths_k), 2, 64), jnp.bfloat16)
+    cu_q = jnp.array(np.concatenate([[0], np.cumsum(lengths_q)]), dtype=jnp.int32)
+    cu_k = jnp.array(np.concatenate([[0], np.cumsum(lengths_k)]), dtype=jnp.int32)
+    out = jax.jit(lambda *a: fj.attention_varlen(*a, max(lengths_q), max(lengths_k), causal=True))(q, k, v, cu_q,
+                                                                                                    cu_k)
+    for b in range(len(lengths_q)):
+        rows, keys_b = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        per = lambda x, r: np.swapaxes(np.asarray(x[r], np.float64), 0, 1)[None]
+        ref = _reference(per(q, rows), per(k, keys_b), per(v, keys_b), True, 1 / 8)[0]
+        got = np.swapaxes(np.asarray(out[rows], np.float64), 0, 1)
+        assert np.max(np.abs(got - ref)) < 2e-2, b
+
+
+@pytest.mark.gpu
+def test_paged_decode_matches_the_contiguous_cache(jax_gpu):
+    batch, pages, page_size, max_pages, heads, heads_kv, d = 3, 40, 16, 8, 8, 2, 128
+    keys = jax.random.split(jax.random.PRNGKey(9), 3)
+    q = _random(keys[0], (batch, 1, heads, d), jnp.bfloat16)
+    k_pool = _random(keys[1], (pages, page_size, heads_kv, d), jnp.bfloat16)
+    v_pool = _random(keys[2], (pages, page_size, heads_kv, d), jnp.bfloat16)
+    table = jnp.array(np.random.default_rng(0).permutation(pages)[:batch * max_pages].reshape(batch, max_pages),
+                      dtype=jnp.int32)
+    used = jnp.array([5, 128, 77], dtype=jnp.int32)
+    paged = jax.jit(lambda *a: fj.attention_with_kvcache(*a[:3], a[4], block_table=a[3]))(q, k_pool, v_pool, table,
+                                                                                          used)
+    k_cache = k_pool[table].reshape(batch, max_pages * page_size, heads_kv, d)
+    v_cache = v_pool[table].reshape(batch, max_pages * page_size, heads_kv, d)
+    for b in range(batch):
+        n = int(used[b])
+        per = lambda x: np.swapaxes(np.asarray(x, np.float64), 1, 2)
+        ref = _reference(per(q[b:b + 1]), per(k_cache[b:b + 1, :n]), per(v_cache[b:b + 1, :n]), False,
+                         1 / math.sqrt(d))
+        assert np.max(np.abs(per(paged[b:b + 1]) - ref)) < 2e-2, b

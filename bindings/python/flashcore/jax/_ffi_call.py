@@ -21,7 +21,7 @@ import jax
 
 from .._arrays import ArrayInfo, contiguous_strides
 from .._errors import InvalidArgumentError, UnsupportedError
-from .._geometry import (DENSE, NO_DESCALES, _build, _build_backward, _hint_bshd, _out_shape, _Sequences, _validate)
+from .._geometry import _build, _build_backward, _descales, _hint_bshd, _out_shape, _sequences, _validate
 from .._arguments import _layout, _options
 from .._library import get_handle, library
 from .._planning import BACKWARD_POINTER_FIELDS, POINTER_FIELDS
@@ -112,39 +112,68 @@ def _template(params, fields):
     return np.frombuffer(bytes(params), dtype=np.uint8)
 
 
+# The optional arrays of a forward call, by their params field, in
+# POINTER_FIELDS order (after q, k, v, out, lse).
+OPTIONAL_FIELDS = POINTER_FIELDS[5:]
+# Those the backward pass takes, in BACKWARD_POINTER_FIELDS order.
+BACKWARD_OPTIONAL_FIELDS = BACKWARD_POINTER_FIELDS[9:]
+
+
+def _stand_ins(first_index):
+    """describe_array for _sequences and _descales: ArrayInfos at stand-in
+    addresses from first_index on."""
+    count = [first_index]
+
+    def describe_array(x, name):
+        count[0] += 1
+        return _info(x, name, count[0])
+
+    return describe_array
+
+
 class ForwardPlan:
     """A planned forward call: the attribute blob, the field indices of
-    the operands and results, the results' shapes and dtypes, and the
-    workspace size."""
+    the operands and results, which optional arrays it takes, the results'
+    shapes and dtypes, and the workspace size."""
 
-    __slots__ = ("plan", "fields", "out", "lse", "workspace_bytes")
+    __slots__ = ("plan", "fields", "optional", "out", "lse", "workspace_bytes")
 
 
-def plan_forward(q, k, v, layout, causal, softmax_scale, window, softcap, num_splits, seqused_k=None):
-    """The ForwardPlan of attention(q, k, v, ...) on abstract arrays, with
-    the binding's checks and messages; an UnsupportedError without a GPU
-    (after the checks that need none)."""
+def plan_forward(q, k, v, layout, causal, softmax_scale, window, softcap, num_splits, arrays=None,
+                 max_seqlen_q=None, max_seqlen_k=None, seqused_k_name="seqused_k"):
+    """The ForwardPlan of a call on abstract arrays, with the binding's
+    checks and messages; an UnsupportedError without a GPU (after the checks
+    that need none). arrays: the call's optional arrays by field name
+    (OPTIONAL_FIELDS), None or absent where not given."""
+    arrays = {name: x for name, x in (arrays or {}).items() if x is not None}
     layout = _layout(layout)
     options = _options(causal, softmax_scale, num_splits, window, softcap)
     qi, ki, vi = _info(q, "q", 0), _info(k, "k", 1), _info(v, "v", 2)
-    seqs = DENSE if seqused_k is None else _Sequences(seqused_k=_info(seqused_k, "seqused_k", 5))
+    describe_array = _stand_ins(len(POINTER_FIELDS))
+    seqs = _sequences(0, seqused_k=arrays.get("seqused_k"), cu_seqlens_q=arrays.get("cu_seqlens_q"),
+                      max_seqlen_q=max_seqlen_q, cu_seqlens_k=arrays.get("cu_seqlens_k"), max_seqlen_k=max_seqlen_k,
+                      block_table=arrays.get("block_table"), seqused_k_name=seqused_k_name,
+                      describe_array=describe_array)
+    scales = _descales(0, arrays.get("q_descale"), arrays.get("k_descale"), arrays.get("v_descale"),
+                       describe_array=describe_array)
     lib = library()
     try:
-        geometry = _validate(qi, ki, vi, None, None, layout, seqs, descales=NO_DESCALES, options=options)
+        geometry = _validate(qi, ki, vi, None, None, layout, seqs, descales=scales, options=options)
         out_dtype = geometry.out_dtype_name or qi.dtype
         out_shape = _out_shape(qi, geometry.views[2].shape[3])
         oi = _result_info(out_shape, out_dtype, "out", 3)
         li = _result_info(geometry.lse_shape, "float32", "lse", 4)
-        params = _build(lib, qi, ki, vi, oi, li, layout, options, seqs, NO_DESCALES)
+        params = _build(lib, qi, ki, vi, oi, li, layout, options, seqs, scales)
         lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
     except InvalidArgumentError as e:
         raise _hint_bshd(e, qi, ki, vi, layout, seqs) from None
     workspace_bytes = get_handle(_gpu_ordinal()).workspace_size(params)
-    operands = ["q", "k", "v"] + ([] if seqused_k is None else ["seqused_k"])
-    fields = [POINTER_FIELDS.index(name) for name in operands + ["out", "lse"]]
+    optional = tuple(name for name in OPTIONAL_FIELDS if name in arrays)
+    fields = [POINTER_FIELDS.index(name) for name in ("q", "k", "v") + optional + ("out", "lse")]
     plan = ForwardPlan()
     plan.plan = _template(params, POINTER_FIELDS)
     plan.fields = np.array(fields, dtype=np.uint8)
+    plan.optional = optional
     plan.out = jax.ShapeDtypeStruct(out_shape, _jax_dtype(out_dtype))
     plan.lse = jax.ShapeDtypeStruct(tuple(geometry.lse_shape), np.float32)
     plan.workspace_bytes = workspace_bytes
@@ -155,10 +184,12 @@ def _jax_dtype(name):
     return jax.numpy.dtype(name)
 
 
-def forward(plan, q, k, v, seqused_k=None):
-    """(out, lse) of a planned call."""
+def forward(plan, q, k, v, arrays=None):
+    """(out, lse) of a planned call (arrays: its optional arrays by field
+    name, as planned)."""
     _register()
-    operands = (q, k, v) + (() if seqused_k is None else (seqused_k,))
+    arrays = arrays or {}
+    operands = (q, k, v) + tuple(arrays[name] for name in plan.optional)
     call = jax.ffi.ffi_call(FORWARD_TARGET,
                             (plan.out, plan.lse, jax.ShapeDtypeStruct((plan.workspace_bytes,), np.uint8)),
                             vmap_method="sequential")
@@ -169,17 +200,29 @@ def forward(plan, q, k, v, seqused_k=None):
 class BackwardPlan:
     """A planned backward call, as ForwardPlan."""
 
-    __slots__ = ("plan", "fields", "workspace_bytes")
+    __slots__ = ("plan", "fields", "optional", "workspace_bytes")
 
 
-def plan_backward(q, k, v, out, lse, layout, causal, softmax_scale, window, softcap, deterministic, seqused_k=None):
-    """The BackwardPlan of the gradients of attention(q, k, v, ...) (dout
-    has out's shape and dtype; dq, dk, dv those of q, k, v)."""
+def plan_backward(q, k, v, out, lse, layout, causal, softmax_scale, window, softcap, deterministic, arrays=None,
+                  max_seqlen_q=None, max_seqlen_k=None, seqused_k_name="seqused_k"):
+    """The BackwardPlan of the gradients of a planned forward call (dout
+    has out's shape and dtype; dq, dk, dv those of q, k, v). arrays: the
+    forward's optional arrays by field name; those the backward pass does
+    not take (a block table, descales) are refused as the torch path
+    refuses them."""
+    arrays = {name: x for name, x in (arrays or {}).items() if x is not None}
     layout = _layout(layout)
     options = _options(causal, softmax_scale, None, window, softcap)
-    arrays = (q, k, v, out, out, lse, q, k, v)
-    infos = [_info(a, name, i) for i, (a, name) in enumerate(zip(arrays, BACKWARD_POINTER_FIELDS))]
-    seqs = DENSE if seqused_k is None else _Sequences(seqused_k=_info(seqused_k, "seqused_k", 9))
+    main = (q, k, v, out, out, lse, q, k, v)
+    infos = [_info(a, name, i) for i, (a, name) in enumerate(zip(main, BACKWARD_POINTER_FIELDS))]
+    describe_array = _stand_ins(len(BACKWARD_POINTER_FIELDS))
+    seqs = _sequences(0, seqused_k=arrays.get("seqused_k"), cu_seqlens_q=arrays.get("cu_seqlens_q"),
+                      max_seqlen_q=max_seqlen_q, cu_seqlens_k=arrays.get("cu_seqlens_k"), max_seqlen_k=max_seqlen_k,
+                      block_table=arrays.get("block_table"), seqused_k_name=seqused_k_name,
+                      describe_array=describe_array)
+    if any(name in arrays for name in ("q_descale", "k_descale", "v_descale")):
+        raise UnsupportedError("gradients of float8_e4m3fn calls are not supported (the backward pass takes float16 "
+                               "and bfloat16); differentiate a 16-bit call, or stop the gradient")
     lib = library()
     try:
         params = _build_backward(lib, *infos, layout, options, bool(deterministic), seqs)
@@ -187,19 +230,22 @@ def plan_backward(q, k, v, out, lse, layout, causal, softmax_scale, window, soft
     except InvalidArgumentError as e:
         raise _hint_bshd(e, infos[0], infos[1], infos[2], layout, seqs) from None
     workspace_bytes = get_handle(_gpu_ordinal()).backward_workspace_size(params)
-    operands = ["q", "k", "v", "out", "dout", "lse"] + ([] if seqused_k is None else ["seqused_k"])
-    fields = [BACKWARD_POINTER_FIELDS.index(name) for name in operands + ["dq", "dk", "dv"]]
+    optional = tuple(name for name in BACKWARD_OPTIONAL_FIELDS if name in arrays)
+    fields = [BACKWARD_POINTER_FIELDS.index(name)
+              for name in ("q", "k", "v", "out", "dout", "lse") + optional + ("dq", "dk", "dv")]
     plan = BackwardPlan()
     plan.plan = _template(params, BACKWARD_POINTER_FIELDS)
     plan.fields = np.array(fields, dtype=np.uint8)
+    plan.optional = optional
     plan.workspace_bytes = workspace_bytes
     return plan
 
 
-def backward(plan, q, k, v, out, dout, lse, seqused_k=None):
+def backward(plan, q, k, v, out, dout, lse, arrays=None):
     """(dq, dk, dv) of a planned call."""
     _register()
-    operands = (q, k, v, out, dout, lse) + (() if seqused_k is None else (seqused_k,))
+    arrays = arrays or {}
+    operands = (q, k, v, out, dout, lse) + tuple(arrays[name] for name in plan.optional)
     results = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
     call = jax.ffi.ffi_call(BACKWARD_TARGET, results + (jax.ShapeDtypeStruct((plan.workspace_bytes,), np.uint8),),
                             vmap_method="sequential")
