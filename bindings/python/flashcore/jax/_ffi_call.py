@@ -35,7 +35,8 @@ HANDLERS_LIBRARY = "libflashcore_jax.so"
 # apart that no planned array can overlap the next, and aligned.
 _STAND_IN_SPACING = 1 << 40
 
-_registered = False
+# The loaded handlers' library, once registered.
+_handlers = None
 
 
 def _handlers_path():
@@ -56,8 +57,8 @@ def _handlers_path():
 def _register():
     """Loads the handlers, gives them the entry points of the library the
     binding loaded, and registers both targets for CUDA (once)."""
-    global _registered
-    if _registered:
+    global _handlers
+    if _handlers is not None:
         return
     handlers = ctypes.CDLL(_handlers_path())
     lib = library().cdll
@@ -71,11 +72,7 @@ def _register():
     jax.ffi.register_ffi_target(FORWARD_TARGET, jax.ffi.pycapsule(handlers.flashcore_jax_forward), platform="CUDA")
     jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(handlers.flashcore_jax_backward),
                                 platform="CUDA")
-    _registered = True
-
-
-def _dtype_name(x):
-    return np.dtype(x.dtype).name
+    _handlers = handlers
 
 
 def _info(x, name, index):
