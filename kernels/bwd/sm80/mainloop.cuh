@@ -300,13 +300,6 @@ struct BwdMainloop {
         }
     }
 
-    // The deterministic mode's counter of query block m_block of `head`.
-    template <typename Work>
-    __device__ __forceinline__ int *dq_counter(const BwdKernelParams &p, const Work &w, int head, int m_block) const {
-        return bwd_block_counter(
-            bwd_row_stats(p, w.tile.batch, head, int64_t(w.tile.seqs.q_row0) + int64_t(m_block) * kBlockM));
-    }
-
     // Before the warp's dQ additions of a step, in the deterministic mode:
     // waits until the key blocks after this one that the query block sees
     // have added theirs. They are [n_block_min, n_block_max)
@@ -318,10 +311,10 @@ struct BwdMainloop {
     template <typename Work>
     __device__ __forceinline__ void begin_dq(const BwdKernelParams &p, const Work &w, int head, int m_block) const {
         if (!p.deterministic) return;
-        const int rank = BlockKeyRange<kBlockM, kBlockN>::of(w.mask, m_block).n_block_max - 1 - w.n_block;
+        const int rank = bwd_dq_rank<kBlockM, kBlockN>(w, m_block);
         if (tid % kWarpSize == 0) {
             // At least: this CTA's faster warps may have counted already.
-            const int *counter = dq_counter(p, w, head, m_block);
+            const int *counter = bwd_dq_counter<kBlockM>(p, w, head, m_block);
             while (load_acquire(counter) < rank * Traits::kNumWarps) {
             }
         }
@@ -337,7 +330,7 @@ struct BwdMainloop {
     __device__ __forceinline__ void end_dq(const BwdKernelParams &p, const Work &w, int head, int m_block) const {
         if (!p.deterministic) return;
         __syncwarp();
-        if (tid % kWarpSize == 0) add_release(dq_counter(p, w, head, m_block), 1);
+        if (tid % kWarpSize == 0) add_release(bwd_dq_counter<kBlockM>(p, w, head, m_block), 1);
     }
 
     // Adds the warp's dQ fragments (rows from dq_row0, columns from col0) of

@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include "bwd/params.h"
+#include "bwd/sm80/row_stats.cuh"
 #include "common/key_range.cuh"
 #include "fwd/tile_coords.cuh"
 
@@ -101,6 +102,21 @@ __device__ __forceinline__ int bwd_num_steps(const BwdKernelParams &p, const Wor
 template <typename Work>
 __device__ __forceinline__ bool bwd_has_work(const Work &w) {
     return w.valid_keys > 0 && w.queries.num_blocks() > 0;
+}
+
+// The deterministic mode, for both paths' main kernels: the key blocks a
+// query block sees, [n_block_min, n_block_max) (BlockKeyRange), add their
+// dQ to it in decreasing order (the schedule's, above), so the work's key
+// block comes at this rank among them; its counter (in dq's scratch words:
+// row_stats.cuh) counts the additions made so far.
+template <int kBlockM, int kBlockN, typename Work>
+__device__ __forceinline__ int bwd_dq_rank(const Work &w, int m_block) {
+    return BlockKeyRange<kBlockM, kBlockN>::of(w.mask, m_block).n_block_max - 1 - w.n_block;
+}
+template <int kBlockM, typename Work>
+__device__ __forceinline__ int *bwd_dq_counter(const BwdKernelParams &p, const Work &w, int head, int m_block) {
+    return bwd_block_counter(
+        bwd_row_stats(p, w.tile.batch, head, int64_t(w.tile.seqs.q_row0) + int64_t(m_block) * kBlockM));
 }
 
 }  // namespace flashcore::sm80

@@ -119,6 +119,8 @@ struct BwdSmem {
     }
 };
 
+using sm80::bwd_dq_counter;
+using sm80::bwd_dq_rank;
 using sm80::bwd_has_work;
 using sm80::bwd_num_steps;
 using sm80::BwdStep;
@@ -149,17 +151,6 @@ struct DqBlock {
         return by_fragment ? Traits::kDqBytes : uint32_t(min(valid_rows, Traits::kBlockM) * head_dim) * 4u;
     }
 };
-
-// The deterministic mode's counter of query block m_block of `head` (in
-// dq's scratch words: bwd/sm80/row_stats.cuh): how many key blocks have
-// added their dQ to it. They add in decreasing key-block order (the
-// schedule's, bwd/sm80/scheduler.cuh), so key block n_block's turn comes
-// when the count reaches its rank among the blocks the query block sees.
-template <typename Traits, typename Work>
-__device__ __forceinline__ int *bwd_dq_counter(const BwdKernelParams &p, const Work &w, int head, int m_block) {
-    return bwd_block_counter(
-        bwd_row_stats(p, w.tile.batch, head, int64_t(w.tile.seqs.q_row0) + int64_t(m_block) * Traits::kBlockM));
-}
 
 // ---- the producer warps ------------------------------------------------------
 
@@ -282,9 +273,8 @@ __device__ __forceinline__ void bwd_write_dq(const BwdKernelParams &p, const Bwd
         int turn = 0;
         int *counter = nullptr;
         if (p.deterministic) {
-            turn = BlockKeyRange<Traits::kBlockM, Traits::kBlockN>::of(w.mask, step.m_block).n_block_max - 1 -
-                   w.n_block;
-            counter = bwd_dq_counter<Traits>(p, w, step.head, step.m_block);
+            turn = bwd_dq_rank<Traits::kBlockM, Traits::kBlockN>(w, step.m_block);
+            counter = bwd_dq_counter<Traits::kBlockM>(p, w, step.head, step.m_block);
         }
         const DqBlock block = DqBlock::of<Traits>(p, w, step.head, step.m_block);
         const uint32_t bytes = block.bytes<Traits>(p.fwd.head_dim);
