@@ -96,7 +96,6 @@ def _call(q, k, v, arrays, layout, causal, softmax_scale, window, softcap, num_s
           max_seqlen_q=None, max_seqlen_k=None, seqused_k_name="seqused_k"):
     config = (layout, bool(causal), softmax_scale, None if window is None else tuple(window), softcap, num_splits,
               bool(deterministic), max_seqlen_q, max_seqlen_k, seqused_k_name)
-    arrays = {name: x for name, x in arrays.items() if x is not None}
     out, lse = _attention(config, q, k, v, arrays)
     lse = jax.lax.stop_gradient(lse)
     return (out, lse) if return_lse else out

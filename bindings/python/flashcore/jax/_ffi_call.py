@@ -13,6 +13,7 @@ workspace are results: XLA allocates them, the workspace sized here, at
 trace time, for the first local GPU."""
 
 import ctypes
+import itertools
 import os
 
 import numpy as np
@@ -119,13 +120,24 @@ BACKWARD_OPTIONAL_FIELDS = BACKWARD_POINTER_FIELDS[9:]
 def _stand_ins(first_index):
     """describe_array for _sequences and _descales: ArrayInfos at stand-in
     addresses from first_index on."""
-    count = [first_index]
+    indices = itertools.count(first_index)
+    return lambda x, name: _info(x, name, next(indices))
 
-    def describe_array(x, name):
-        count[0] += 1
-        return _info(x, name, count[0])
 
-    return describe_array
+def _abstract_sequences(arrays, max_seqlen_q, max_seqlen_k, seqused_k_name, describe_array):
+    """_geometry._Sequences of a call's abstract optional arrays (by field
+    name)."""
+    return _sequences(0, seqused_k=arrays.get("seqused_k"), cu_seqlens_q=arrays.get("cu_seqlens_q"),
+                      max_seqlen_q=max_seqlen_q, cu_seqlens_k=arrays.get("cu_seqlens_k"), max_seqlen_k=max_seqlen_k,
+                      block_table=arrays.get("block_table"), seqused_k_name=seqused_k_name,
+                      describe_array=describe_array)
+
+
+def _field_indices(table, names):
+    """The handler's attribute of where each operand and result goes: the
+    index of each name's field in table (POINTER_FIELDS or
+    BACKWARD_POINTER_FIELDS)."""
+    return np.array([table.index(name) for name in names], dtype=np.uint8)
 
 
 class ForwardPlan:
@@ -147,10 +159,7 @@ def plan_forward(q, k, v, layout, causal, softmax_scale, window, softcap, num_sp
     options = _options(causal, softmax_scale, num_splits, window, softcap)
     qi, ki, vi = _info(q, "q", 0), _info(k, "k", 1), _info(v, "v", 2)
     describe_array = _stand_ins(len(POINTER_FIELDS))
-    seqs = _sequences(0, seqused_k=arrays.get("seqused_k"), cu_seqlens_q=arrays.get("cu_seqlens_q"),
-                      max_seqlen_q=max_seqlen_q, cu_seqlens_k=arrays.get("cu_seqlens_k"), max_seqlen_k=max_seqlen_k,
-                      block_table=arrays.get("block_table"), seqused_k_name=seqused_k_name,
-                      describe_array=describe_array)
+    seqs = _abstract_sequences(arrays, max_seqlen_q, max_seqlen_k, seqused_k_name, describe_array)
     scales = _descales(0, arrays.get("q_descale"), arrays.get("k_descale"), arrays.get("v_descale"),
                        describe_array=describe_array)
     lib = library()
@@ -166,10 +175,9 @@ def plan_forward(q, k, v, layout, causal, softmax_scale, window, softcap, num_sp
         raise _hint_bshd(e, qi, ki, vi, layout, seqs) from None
     workspace_bytes = get_handle(_gpu_ordinal()).workspace_size(params)
     optional = tuple(name for name in OPTIONAL_FIELDS if name in arrays)
-    fields = [POINTER_FIELDS.index(name) for name in ("q", "k", "v") + optional + ("out", "lse")]
     plan = ForwardPlan()
     plan.plan = _template(params, POINTER_FIELDS)
-    plan.fields = np.array(fields, dtype=np.uint8)
+    plan.fields = _field_indices(POINTER_FIELDS, ("q", "k", "v") + optional + ("out", "lse"))
     plan.optional = optional
     plan.out = jax.ShapeDtypeStruct(out_shape, _jax_dtype(out_dtype))
     plan.lse = jax.ShapeDtypeStruct(tuple(geometry.lse_shape), np.float32)
@@ -212,11 +220,8 @@ def plan_backward(q, k, v, out, lse, layout, causal, softmax_scale, window, soft
     options = _options(causal, softmax_scale, None, window, softcap)
     main = (q, k, v, out, out, lse, q, k, v)
     infos = [_info(a, name, i) for i, (a, name) in enumerate(zip(main, BACKWARD_POINTER_FIELDS))]
-    describe_array = _stand_ins(len(BACKWARD_POINTER_FIELDS))
-    seqs = _sequences(0, seqused_k=arrays.get("seqused_k"), cu_seqlens_q=arrays.get("cu_seqlens_q"),
-                      max_seqlen_q=max_seqlen_q, cu_seqlens_k=arrays.get("cu_seqlens_k"), max_seqlen_k=max_seqlen_k,
-                      block_table=arrays.get("block_table"), seqused_k_name=seqused_k_name,
-                      describe_array=describe_array)
+    seqs = _abstract_sequences(arrays, max_seqlen_q, max_seqlen_k, seqused_k_name,
+                               _stand_ins(len(BACKWARD_POINTER_FIELDS)))
     if any(name in arrays for name in ("q_descale", "k_descale", "v_descale")):
         raise UnsupportedError("gradients of float8_e4m3fn calls are not supported (the backward pass takes float16 "
                                "and bfloat16); differentiate a 16-bit call, or stop the gradient")
@@ -228,11 +233,10 @@ def plan_backward(q, k, v, out, lse, layout, causal, softmax_scale, window, soft
         raise _hint_bshd(e, infos[0], infos[1], infos[2], layout, seqs) from None
     workspace_bytes = get_handle(_gpu_ordinal()).backward_workspace_size(params)
     optional = tuple(name for name in BACKWARD_OPTIONAL_FIELDS if name in arrays)
-    fields = [BACKWARD_POINTER_FIELDS.index(name)
-              for name in ("q", "k", "v", "out", "dout", "lse") + optional + ("dq", "dk", "dv")]
     plan = BackwardPlan()
     plan.plan = _template(params, BACKWARD_POINTER_FIELDS)
-    plan.fields = np.array(fields, dtype=np.uint8)
+    plan.fields = _field_indices(BACKWARD_POINTER_FIELDS,
+                                 ("q", "k", "v", "out", "dout", "lse") + optional + ("dq", "dk", "dv"))
     plan.optional = optional
     plan.workspace_bytes = workspace_bytes
     return plan
