@@ -46,15 +46,9 @@ if(NOT FLASHCORE_JAX STREQUAL "OFF")
     target_include_directories(flashcore_jax SYSTEM PRIVATE ${_flashcore_jax_include})
     target_compile_features(flashcore_jax PRIVATE cxx_std_17)
     target_compile_options(flashcore_jax PRIVATE -Wall -Wextra -Werror)
-    get_target_property(_flashcore_library_dir flashcore BINARY_DIR)
     # The handlers' symbols (XLA_FFI_DEFINE_HANDLER_SYMBOL's extern "C"
     # functions) keep the default visibility.
-    set_target_properties(flashcore_jax PROPERTIES
-      PREFIX "lib"
-      OUTPUT_NAME flashcore_jax
-      LIBRARY_OUTPUT_DIRECTORY ${_flashcore_library_dir})
-    if(SKBUILD)
-      install(TARGETS flashcore_jax LIBRARY DESTINATION flashcore COMPONENT Python)
-    endif()
+    set_target_properties(flashcore_jax PROPERTIES PREFIX "lib" OUTPUT_NAME flashcore_jax)
+    flashcore_python_module(flashcore_jax)
   endif()
 endif()

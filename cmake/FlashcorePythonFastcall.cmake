@@ -30,15 +30,11 @@ if(NOT FLASHCORE_PYTHON_FASTCALL STREQUAL "OFF")
     target_link_libraries(flashcore_fastcall PRIVATE Python3::Module)
     target_compile_definitions(flashcore_fastcall PRIVATE Py_LIMITED_API=${_flashcore_fastcall_limited_api})
     target_compile_options(flashcore_fastcall PRIVATE -Wall -Wextra -Werror)
-    get_target_property(_flashcore_library_dir flashcore BINARY_DIR)
     set_target_properties(flashcore_fastcall PROPERTIES
       PREFIX ""
       OUTPUT_NAME _fastcall
       SUFFIX .abi3.so
-      C_VISIBILITY_PRESET hidden
-      LIBRARY_OUTPUT_DIRECTORY ${_flashcore_library_dir})
-    if(SKBUILD)
-      install(TARGETS flashcore_fastcall LIBRARY DESTINATION flashcore COMPONENT Python)
-    endif()
+      C_VISIBILITY_PRESET hidden)
+    flashcore_python_module(flashcore_fastcall)
   endif()
 endif()
