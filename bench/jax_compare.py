@@ -10,10 +10,15 @@ JAX's cuDNN path on the throughput and decode presets).
 Every backend gets the same [B, S, H, D] arrays (layout "bshd", which
 jax.nn.dot_product_attention takes; GQA native in all three), rotated over
 enough buffer sets to exceed twice the L2 as compare.py does. The JAX
-backends are timed as one jitted executable of --calls calls (their
-outputs all returned, so that XLA keeps every call), median over
---repeats runs of it, per call; the torch binding by compare.py's measure()
-(graph replays, median). Decode presets are judged on TB/s of K/V read.
+backends run as jitted executables of --calls calls (each call's softmax
+scale a few ulps apart, so that XLA merges none; every output returned, so
+that it drops none); their GPU time per call is the span of the
+executable's kernels (CUPTI records, through torch.profiler), the torch
+binding's is compare.py's measure() (CUDA events over graph replays,
+median): the targets are judged on these. The wall columns time JAX's
+executables on the host (2x --calls calls minus --calls calls, per call),
+which also counts XLA's runtime per call on the host. Decode presets are
+judged on TB/s of K/V read.
 
 Needs torch and jax with CUDA in one process: JAX's preallocation is turned
 off (XLA_PYTHON_CLIENT_PREALLOCATE=false) before it is imported.
@@ -30,16 +35,23 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402  (bench/compare.py: presets, cases, torch timing)
 
-DEFAULT_PRESETS = ("tput-2k-d64", "tput-8k-d64", "tput-2k-d128", "tput-8k-d128", "tput-16k-d128",
-                   "decode-b8-8k", "decode-b1-32k", "decode-b64-1k", "decode-b4-16k-gqa8")
-# Calls in one timed JAX executable, and at most this many bytes of outputs
-# kept alive by them.
-MAX_OUTPUT_BYTES = 8 << 30
+# torch.profiler's device type of a kernel record (set in main, after torch's import).
+DEVICE_CUDA = None
+
+# The throughput presets and compare.py's decode group.
+DEFAULT_PRESETS = ("tput-2k-d64", "tput-8k-d64", "tput-16k-d64", "tput-2k-d128", "tput-8k-d128", "tput-16k-d128",
+                   "decode")
+# Calls in the shorter timed JAX executable (the longer has twice as many)
+# keep at most this many bytes of outputs alive.
+MAX_OUTPUT_BYTES = 4 << 30
+# Profiled runs of each JAX executable for its GPU span (each costs a
+# profiler session, so fewer than --repeats).
+GPU_SPAN_REPEATS = 5
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", default=",".join(DEFAULT_PRESETS), help="comma-separated compare.py presets")
+    p.add_argument("--preset", default=",".join(DEFAULT_PRESETS), help="comma-separated compare.py presets or preset groups")
     p.add_argument("--dtype", default="bf16", help="bf16, fp16 or both")
     p.add_argument("--mask", default="both", choices=("none", "causal", "both"))
     p.add_argument("--calls", type=int, default=32, help="calls per timed JAX executable (fewer for large outputs)")
@@ -52,7 +64,8 @@ def cases(args):
     dtypes = ("bf16", "fp16") if args.dtype == "both" else tuple(args.dtype.split(","))
     masks = {"none": (False,), "causal": (True,), "both": (False, True)}[args.mask]
     presets = {p.name: p for p in compare.PRESETS}
-    for name in args.preset.split(","):
+    names = [n for name in args.preset.split(",") for n in compare.PRESET_GROUPS.get(name, [name])]
+    for name in names:
         p = presets[name]
         for dtype in dtypes:
             for causal in masks:
@@ -63,19 +76,54 @@ def cases(args):
 
 
 def time_jax(jax, fn, sets, calls, repeats):
-    """Median µs per call of `calls` calls of fn over the buffer sets, in one
-    jitted executable."""
-    def many(sets):
-        return tuple(fn(*sets[i % len(sets)]) for i in range(calls))
+    """(GPU µs, wall µs) per call of fn over the buffer sets, median over
+    repeats. fn(i, q, k, v) must differ by i (a softmax scale a few ulps
+    apart): XLA merges calls it sees as the same, and every output is
+    returned so that none is dropped.
 
-    run = jax.jit(many)
-    jax.block_until_ready(run(sets))  # compile and warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(run(sets))
-        times.append((time.perf_counter() - start) * 1e6 / calls)
-    return statistics.median(times)
+    GPU: the span from the first kernel's start to the last one's end of an
+    executable of `calls` calls (CUPTI's kernel records, through
+    torch.profiler), divided by `calls`: what CUDA events around a graph
+    replay measure for the torch binding, gaps between kernels included.
+    Wall: executables of `calls` and of 2 * `calls` calls timed on the host,
+    the difference divided by `calls`; it also counts whatever XLA's runtime
+    spends on the host per call beyond the GPU's time (buffer allocation,
+    thunk dispatch), which the GPU column does not."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def executable(n):
+        run = jax.jit(lambda sets: tuple(fn(i, *sets[i % len(sets)]) for i in range(n)))
+        jax.block_until_ready(run(sets))  # compile and warm up
+        return run
+
+    def median_seconds(run):
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(run(sets))
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    def gpu_span_us(run):
+        spans = []
+        for _ in range(GPU_SPAN_REPEATS):
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                jax.block_until_ready(run(sets))
+            ranges = [e.time_range for e in prof.events() if e.device_type == DEVICE_CUDA]
+            if not ranges:
+                raise RuntimeError("the profiler saw no kernel of the JAX executable")
+            spans.append(max(r.end for r in ranges) - min(r.start for r in ranges))
+        return statistics.median(spans)
+
+    short, long = executable(calls), executable(2 * calls)
+    wall = (median_seconds(long) - median_seconds(short)) * 1e6 / calls
+    return gpu_span_us(short) / calls, wall
+
+
+def distinct_scale(head_dim, i):
+    """The default softmax scale, i float32 ulps-worth (2^-20 relative)
+    apart per call: no two timed calls are the same to XLA."""
+    return (1.0 + i * 2.0 ** -20) / head_dim ** 0.5
 
 
 def main(argv=None):
@@ -87,6 +135,8 @@ def main(argv=None):
 
         import flashcore
         import flashcore.jax as fj
+        global DEVICE_CUDA
+        DEVICE_CUDA = torch.autograd.DeviceType.CUDA
         gpu = jax.local_devices(backend="gpu")[0]
         if not torch.cuda.is_available():
             raise RuntimeError("torch sees no CUDA GPU")
@@ -96,8 +146,10 @@ def main(argv=None):
         return 2
     print("%s, jax %s, torch %s, flashcore %s" % (gpu.device_kind, jax.__version__, torch.__version__,
                                                  flashcore.__version__))
-    print("%-46s | %10s %10s %10s | %8s %8s" % ("case", "fc-jax us", "fc-torch", "cudnn-jax", "jax/torch",
-                                                "fc/cudnn"))
+    print("GPU µs per call (JAX: kernel span of a jitted executable; torch: CUDA events over graph replays); "
+          "wall: JAX's host-timed µs per call")
+    print("%-50s | %9s %9s %9s | %9s %8s | %9s %9s" % ("case", "fc-jax", "fc-torch", "cudnn-jax", "jax/torch",
+                                                      "fc/cudnn", "fc wall", "cudnn wall"))
     failed = False
     for c in cases(args):
         nsets = compare.buffer_sets(c, argparse.Namespace(buffers=0))
@@ -106,18 +158,19 @@ def main(argv=None):
         out_bytes = 2 * c.batch * c.num_heads_q * c.seqlen_q * c.head_dim_v
         calls = max(len(jax_sets), min(args.calls, MAX_OUTPUT_BYTES // max(out_bytes, 1)))
 
-        def ours(q, k, v):
-            return fj.attention(q, k, v, causal=c.causal, layout="bshd")
+        def ours(i, q, k, v):
+            return fj.attention(q, k, v, causal=c.causal, layout="bshd", softmax_scale=distinct_scale(c.head_dim, i))
 
-        def theirs(q, k, v):
-            return jax.nn.dot_product_attention(q, k, v, is_causal=c.causal, implementation="cudnn")
+        def theirs(i, q, k, v):
+            return jax.nn.dot_product_attention(q, k, v, is_causal=c.causal, scale=distinct_scale(c.head_dim, i),
+                                                implementation="cudnn")
 
-        us_jax = time_jax(jax, ours, jax_sets, calls, args.repeats)
+        us_jax, wall_jax = time_jax(jax, ours, jax_sets, calls, args.repeats)
         try:
-            us_cudnn = time_jax(jax, theirs, jax_sets, calls, args.repeats)
+            us_cudnn, wall_cudnn = time_jax(jax, theirs, jax_sets, calls, args.repeats)
         except Exception as e:  # noqa: BLE001 (cuDNN may refuse a shape: say so, go on)
             print("  cudnn-jax refused %s: %s" % (c.label, compare.short_error(e)))
-            us_cudnn = float("nan")
+            us_cudnn = wall_cudnn = float("nan")
         run = compare.flashcore_backend(flashcore, c)
         us_torch, _, _ = compare.measure(lambda i: run(*torch_sets[i % nsets]), nsets, args.budget_ms, 1000)
         ratio_torch, ratio_cudnn = us_jax / us_torch, us_cudnn / us_jax
@@ -125,8 +178,9 @@ def main(argv=None):
             rate = lambda us: "%7.2fTB/s" % (c.kv_bytes() / us / 1e6)
         else:
             rate = lambda us: "%7.1fTF/s" % (compare.attention_flops(c) / us / 1e6)
-        print("%-46s | %10.1f %10.1f %10.1f | %8.3f %8.2f   (%s, %s)" % (
-            c.label, us_jax, us_torch, us_cudnn, ratio_torch, ratio_cudnn, rate(us_jax), rate(us_cudnn)))
+        print("%-50s | %9.1f %9.1f %9.1f | %9.3f %8.2f | %9.1f %9.1f   (%s, %s)" % (
+            c.label, us_jax, us_torch, us_cudnn, ratio_torch, ratio_cudnn, wall_jax, wall_cudnn, rate(us_jax),
+            rate(us_cudnn)))
         failed |= ratio_torch > 1.03
         del jax_sets, torch_sets
         jnp.zeros(()).block_until_ready()

@@ -12,6 +12,11 @@ instruction.
   python3 bench/ncu_summary.py --grep REGEX FILE ...   every metric matching REGEX
 
 Column names are the file names without .csv unless --label gives one.
+
+A file of many launches (bench/profile_case.py --every-case: each profiled
+call after a marker kernel) gives a column per call with --split-at REGEX
+(the marker's kernel name): the call's longest kernel, or each of its
+kernels with --all-kernels, named FILE#CALL and the kernel's name.
 """
 
 import argparse
@@ -43,14 +48,44 @@ STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.
 STALLS_SHOWN = 8
 
 
-def read_report(path):
-    """(metric -> value string, metric -> unit) of the first kernel row in an ncu raw CSV file."""
+def read_rows(path):
+    """[(metric -> value string, metric -> unit)] of every kernel row in an ncu raw CSV file."""
     lines = [ln for ln in Path(path).read_text(errors="replace").splitlines() if ln.startswith('"')]
     rows = list(csv.reader(io.StringIO("\n".join(lines))))
     if len(rows) < 3:
         raise ValueError(f"{path}: no kernel row (did the -k filter match a launch?)")
-    header, units, values = rows[0], rows[1], rows[2]
-    return dict(zip(header, values)), dict(zip(header, units))
+    header, units = rows[0], rows[1]
+    return [(dict(zip(header, values)), dict(zip(header, units))) for values in rows[2:]]
+
+
+def read_report(path):
+    """(metric -> value string, metric -> unit) of the first kernel row in an ncu raw CSV file."""
+    return read_rows(path)[0]
+
+
+def duration(report):
+    metrics, _ = report
+    return number(metrics.get("gpu__time_duration.sum", "")) or 0.0
+
+
+def split_calls(path, marker, all_kernels):
+    """[(column suffix, report)] of a file of marked calls: per call (the
+    launches after each marker kernel) its longest kernel, or every kernel."""
+    calls = []
+    for report in read_rows(path):
+        if re.search(marker, report[0].get("Kernel Name", "")):
+            calls.append([])
+        elif calls:
+            calls[-1].append(report)
+    columns = []
+    for i, launches in enumerate(calls):
+        chosen = launches if all_kernels else sorted(launches, key=duration, reverse=True)[:1]
+        for report in chosen:
+            name = re.sub(r"^void |[<(].*", "", report[0].get("Kernel Name", "?"))[-40:]
+            columns.append((f"#{i} {name}", report))
+    if not columns:
+        raise ValueError(f"{path}: no launch after a kernel matching {marker!r}")
+    return columns
 
 
 def number(text):
@@ -105,17 +140,27 @@ def main(argv=None):
     p.add_argument("--label", action="append", default=[], metavar="NAME=FILE",
                    help="column name for FILE (default: the file name)")
     p.add_argument("--grep", metavar="REGEX", help="print every metric matching REGEX instead of the table")
+    p.add_argument("--split-at", metavar="REGEX", help="a column per call, each call after a kernel matching REGEX")
+    p.add_argument("--all-kernels", action="store_true", help="with --split-at: every kernel of each call")
     args = p.parse_args(argv)
     names = {}
     for item in args.label:
         name, _, file = item.partition("=")
         names[file] = name
+    reports, columns = [], []
     try:
-        reports = [read_report(f) for f in args.files]
+        for f in args.files:
+            column = names.get(f, Path(f).stem)
+            if args.split_at:
+                for suffix, report in split_calls(f, args.split_at, args.all_kernels):
+                    reports.append(report)
+                    columns.append(column + suffix)
+            else:
+                reports.append(read_report(f))
+                columns.append(column)
     except (OSError, ValueError) as e:
         print(f"ncu_summary.py: {e}", file=sys.stderr)
         return 1
-    columns = [names.get(f, Path(f).stem) for f in args.files]
     if args.grep:
         pattern = re.compile(args.grep)
         for column, (metrics, units) in zip(columns, reports):

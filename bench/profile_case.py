@@ -22,6 +22,21 @@ table):
       python3 bench/profile_case.py --backend fa3 --preset tput-2k-d128 \\
       --dtype bf16 --mask causal --layout bshd > fa3.csv
 
+--backward (or --train) calls the backend's backward pass (a training step)
+as compare.py times it: backends flashcore, flashcore-det, cudnn, flash,
+efficient, fa3 (forward only: refused). --every-case profiles every case the
+flags select in one process: each case's last call runs between
+cudaProfilerStart and cudaProfilerStop after a marker kernel (torch's
+spin_kernel), so that under `ncu --profile-from-start off` the launches of
+one call follow each marker; bench/ncu_summary.py --split-at spin_kernel
+turns that into a column per case (its longest kernel, or every kernel
+with --all-kernels):
+
+  ncu --clock-control none --profile-from-start off --csv --page raw \
+      --section SpeedOfLight --section WarpStateStats --section LaunchStats \
+      python3 bench/profile_case.py --backend cudnn --backward --every-case \
+      --preset hopper-backward --dtype bf16 > cudnn.csv
+
 Exit status: 0 ok, 1 the backend cannot run the case, 2 no GPU, PyTorch or
 flashcore package, or a bad command line.
 """
@@ -34,53 +49,86 @@ import compare
 
 def main(argv=None):
     own = argparse.ArgumentParser(add_help=False)
-    own.add_argument("--backend", choices=("flashcore", compare.FP8_KV_BACKEND, compare.FP8_FC_BACKEND, "fa3",
-                                            compare.FP8_FA3_BACKEND, "flash", "efficient", "cudnn"))
+    own.add_argument("--backend", choices=("flashcore", "flashcore-det", compare.FP8_KV_BACKEND,
+                                            compare.FP8_FC_BACKEND, "fa3", compare.FP8_FA3_BACKEND, "flash",
+                                            "efficient", "cudnn"))
     own.add_argument("--calls", type=compare.positive_int, default=3)
+    own.add_argument("--every-case", action="store_true",
+                     help="every selected case, the last call of each in a profiler range after a marker kernel")
     own.add_argument("-h", "--help", action="store_true")
     args, rest = own.parse_known_args(argv)
     if args.help:
         print(__doc__)
         return 0
     if args.backend is None:
-        print("profile_case.py: --backend is required (flashcore, flashcore-fp8kv, flashcore-fp8, fa3, fa3-fp8, "
-              "flash, efficient or cudnn)", file=sys.stderr)
+        print("profile_case.py: --backend is required (flashcore, flashcore-det, flashcore-fp8kv, flashcore-fp8, "
+              "fa3, fa3-fp8, flash, efficient or cudnn)", file=sys.stderr)
         return 2
     case_args = compare.parse_args(rest)
     cases = compare.build_cases(case_args)
     if not cases:
         print("profile_case.py: the case flags select no case (see compare.py --help)", file=sys.stderr)
         return 2
-    case = cases[0]
     if compare.cuda_torch_missing("profile_case.py"):
         return 2
+    mode = getattr(case_args, "mode", "forward")
+    status = 0
+    for case in cases if args.every_case else cases[:1]:
+        try:
+            run = runner(args.backend, case, case_args, mode)
+        except Exception as e:  # an import error or an Unsupported case: say which, go on to the next
+            print(f"profile_case.py: {args.backend} cannot run {case.label}: {compare.short_error(e)}",
+                  file=sys.stderr)
+            status = 1
+            continue
+        for call in range(args.calls):
+            last = call == args.calls - 1
+            if args.every_case and last:
+                compare.torch.cuda.synchronize()
+                compare.torch.cuda.cudart().cudaProfilerStart()
+                compare.torch.cuda._sleep(PROFILER_MARKER_CYCLES)
+            run()
+            if args.every_case and last:
+                compare.torch.cuda.synchronize()
+                compare.torch.cuda.cudart().cudaProfilerStop()
+        compare.torch.cuda.synchronize()
+        print(f"profile_case.py: {args.calls} calls of {args.backend} ({mode}) on {case.label}", file=sys.stderr)
+    return status
 
+
+# The marker kernel's spin (torch.cuda._sleep's cycles): short, but a launch
+# of its own before each profiled call.
+PROFILER_MARKER_CYCLES = 1000
+
+
+def runner(backend, case, case_args, mode):
+    """run(): one call of the backend on the case's inputs (its forward, or
+    with mode "backward"/"train" what compare.py times for it)."""
     q, k, v = compare.make_inputs(case, 1, case_args.seed)[0]
+    if mode in ("backward", "train"):
+        fc = compare.import_flashcore(case_args.library) if backend.startswith("flashcore") else None
+        fa3 = compare.import_fa3() if backend == "fa3" else None
+        douts = compare.make_douts(case, 1, case_args.seed + 1)
+        call = compare.backward_runner(backend, case, fc, fa3, [(q, k, v)], douts, train=mode == "train")
+        return lambda: call(0)
     fp8_cache = {}
-    if args.backend in compare.FP8_BACKENDS:
+    if backend in compare.FP8_BACKENDS:
         compare.fp8_set(fp8_cache, case, q, k, v)  # the e4m3 cast, before (and not among) the profiled calls
-    try:
-        if args.backend == "flashcore":
-            run = compare.flashcore_backend(compare.import_flashcore(case_args.library), case)
-        elif args.backend == compare.FP8_KV_BACKEND:
-            run = compare.flashcore_fp8_kv_backend(compare.import_flashcore(case_args.library), case)
-        elif args.backend == compare.FP8_FC_BACKEND:
-            run = compare.flashcore_fp8_backend(compare.import_flashcore(case_args.library), case, fp8_cache)
-        elif args.backend == "fa3":
-            run = compare.fa3_backend(compare.import_fa3(), case)
-        elif args.backend == compare.FP8_FA3_BACKEND:
-            run = compare.fa3_fp8_backend(compare.import_fa3(), case, fp8_cache)
-        else:
-            run = compare.sdpa_backend(args.backend, case)
-    except Exception as e:  # an import error or an Unsupported case: say which and stop
-        print(f"profile_case.py: {args.backend} cannot run {case.label}: {compare.short_error(e)}", file=sys.stderr)
-        return 1
-    for _ in range(args.calls):
-        run(q, k, v)
-    compare.torch.cuda.synchronize()
-    print(f"profile_case.py: {args.calls} calls of {args.backend} on {case.label}", file=sys.stderr)
-    return 0
-
+    if backend == "flashcore":
+        run = compare.flashcore_backend(compare.import_flashcore(case_args.library), case)
+    elif backend == compare.FP8_KV_BACKEND:
+        run = compare.flashcore_fp8_kv_backend(compare.import_flashcore(case_args.library), case)
+    elif backend == compare.FP8_FC_BACKEND:
+        run = compare.flashcore_fp8_backend(compare.import_flashcore(case_args.library), case, fp8_cache)
+    elif backend == "fa3":
+        run = compare.fa3_backend(compare.import_fa3(), case)
+    elif backend == compare.FP8_FA3_BACKEND:
+        run = compare.fa3_fp8_backend(compare.import_fa3(), case, fp8_cache)
+    elif backend == "flashcore-det":
+        raise compare.Unsupported("flashcore-det is a backward backend (--backward or --train)")
+    else:
+        run = compare.sdpa_backend(backend, case)
+    return lambda: run(q, k, v)
 
 if __name__ == "__main__":
     sys.exit(main())

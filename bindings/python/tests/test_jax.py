@@ -296,7 +296,10 @@ def test_jitted_attention_matches_the_reference(jax_gpu, case):
         visible &= j <= i
     if window is not None:
         visible &= (j >= i - window[0]) & (j <= i + window[1])
-    p = jax.nn.softmax(jnp.where(visible, s, -jnp.inf), axis=-1).astype(dtype)
+    p = jax.nn.softmax(jnp.where(visible, s, -jnp.inf), axis=-1)
+    # Rows that see no key (bottom-right causal, Sq > Sk): zeros, as
+    # flashcore and the reference give, not softmax's NaN.
+    p = jnp.where(visible.any(-1, keepdims=True), p, 0).astype(dtype)
     peer = jnp.einsum("bhqk,bhkd->bhqd", p, vx)
     peer_error = np.max(np.abs(np.asarray(peer, dtype=np.float64) - ref))
     assert error <= 2 * peer_error + 1e-6, (error, peer_error)
@@ -401,3 +404,73 @@ def test_paged_decode_matches_the_contiguous_cache(jax_gpu):
         ref = _reference(per(q[b:b + 1]), per(k_cache[b:b + 1, :n]), per(v_cache[b:b + 1, :n]), False,
                          1 / math.sqrt(d))
         assert np.max(np.abs(per(paged[b:b + 1]) - ref)) < 2e-2, b
+
+
+def _cache_reference(q, k_cache, v_cache, used, k_scale=None, v_scale=None):
+    """float64 decode of bshd q [B, Sq, Hq, D] against each sequence's first
+    used[b] cache rows (dequantized by [B, Hkv] scales where given),
+    bottom-right causal-free; [B, Sq, Hq, Dv]."""
+    per = lambda x: np.swapaxes(np.asarray(x, np.float64), 1, 2)
+    k, v = per(k_cache), per(v_cache)
+    if k_scale is not None:
+        k = k * np.asarray(k_scale, np.float64)[:, :, None, None]
+        v = v * np.asarray(v_scale, np.float64)[:, :, None, None]
+    rows = [np.swapaxes(_reference(per(q[b:b + 1]), k[b:b + 1, :, :n], v[b:b + 1, :, :n], False,
+                                   1 / math.sqrt(q.shape[-1])), 1, 2) for b, n in enumerate(used)]
+    return np.concatenate(rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [None, 1, 8])
+def test_split_kv_decode(jax_gpu, num_splits):
+    # The split-KV decode kernels and their merge, through XLA's workspace.
+    batch, cache, heads, heads_kv, d = 3, 2048, 8, 2, 128
+    keys = jax.random.split(jax.random.PRNGKey(13), 3)
+    q = _random(keys[0], (batch, 1, heads, d), jnp.bfloat16)
+    k = _random(keys[1], (batch, cache, heads_kv, d), jnp.bfloat16)
+    v = _random(keys[2], (batch, cache, heads_kv, d), jnp.bfloat16)
+    used = (2048, 1000, 17)
+    out = jax.jit(lambda q, k, v, n: fj.attention_with_kvcache(q, k, v, n, num_splits=num_splits))(
+        q, k, v, jnp.array(used, dtype=jnp.int32))
+    error = np.max(np.abs(np.asarray(out, np.float64) - _cache_reference(q, k, v, used)))
+    assert error < 1e-2, error
+
+
+@pytest.mark.gpu
+def test_fp8_kv_cache(jax_gpu):
+    # A float8_e4m3fn cache under bf16 queries, per-(batch, head) descales.
+    batch, cache, heads, heads_kv, d = 2, 512, 8, 2, 128
+    keys = jax.random.split(jax.random.PRNGKey(17), 5)
+    q = _random(keys[0], (batch, 1, heads, d), jnp.bfloat16)
+    k = _random(keys[1], (batch, cache, heads_kv, d), jnp.float8_e4m3fn)
+    v = _random(keys[2], (batch, cache, heads_kv, d), jnp.float8_e4m3fn)
+    k_scale = jax.random.uniform(keys[3], (batch, heads_kv), jnp.float32, 0.05, 0.2)
+    v_scale = jax.random.uniform(keys[4], (batch, heads_kv), jnp.float32, 0.5, 2.0)
+    used = (512, 300)
+    out = jax.jit(lambda *a: fj.attention_with_kvcache(*a[:4], k_descale=a[4], v_descale=a[5]))(
+        q, k, v, jnp.array(used, dtype=jnp.int32), k_scale, v_scale)
+    assert out.dtype == jnp.bfloat16
+    ref = _cache_reference(q, k, v, used, k_scale, v_scale)
+    # bf16 output of values up to a few units: a few bf16 ulps.
+    assert np.max(np.abs(np.asarray(out, np.float64) - ref)) < 3e-2
+
+
+@pytest.mark.gpu
+def test_vmap_runs_each_slice(jax_gpu):
+    keys = jax.random.split(jax.random.PRNGKey(19), 3)
+    q, k, v = (_random(key, (3, 2, 4, 96, 64), jnp.float16) for key in keys)
+    call = lambda q, k, v: fj.attention(q, k, v, causal=True)
+    mapped = jax.jit(jax.vmap(call))(q, k, v)
+    for i in range(3):
+        assert bool(jnp.all(mapped[i] == jax.jit(call)(q[i], k[i], v[i])))
+
+
+@pytest.mark.gpu
+def test_committed_to_the_device(jax_gpu):
+    # jax.Arrays placed on (sharded onto) one device: the call runs there.
+    keys = jax.random.split(jax.random.PRNGKey(23), 3)
+    q, k, v = (jax.device_put(_random(key, (1, 4, 128, 64), jnp.bfloat16), jax_gpu) for key in keys)
+    out = jax.jit(lambda q, k, v: fj.attention(q, k, v))(q, k, v)
+    assert out.devices() == {jax_gpu}
+    ref = _reference(q, k, v, False, 1 / 8)
+    assert np.max(np.abs(np.asarray(out, np.float64) - ref)) < 2e-2
