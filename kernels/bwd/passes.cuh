@@ -23,8 +23,11 @@ namespace flashcore {
 template <typename Traits, typename KernelParams>
 cudaError_t run_bwd_passes(const BwdKernelParams &params, const LaunchOptions &options, cudaStream_t stream,
                            void (*kernel)(KernelParams), const KernelParams &kernel_params) {
-    cudaError_t err = launch_row_kernel(bwd_preprocess_kernel<typename Traits::Element>, params, options, stream,
-                                        "cudaLaunchKernelEx (the backward preprocess)");
+    using Element = typename Traits::Element;
+    const int preprocess_rows_per_warp =
+        kWarpSize / bwd_preprocess_lanes_per_row(params.fwd.head_dim_v, kElemsPerVector<Element>);
+    cudaError_t err = launch_row_kernel(bwd_preprocess_kernel<Element>, params, preprocess_rows_per_warp, options,
+                                        stream, "cudaLaunchKernelEx (the backward preprocess)");
     if (err != cudaSuccess) return err;
     cudaLaunchConfig_t config = {};
     config.gridDim = sm80::KeyBlockScheduler<Traits::kBlockM, Traits::kBlockN>::grid(params);

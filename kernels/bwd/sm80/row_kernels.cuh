@@ -1,6 +1,6 @@
 // The backward pass's row-wise kernel before the main one, a memory-bound
-// pass over the query rows, one warp per row (the convert kernel after it
-// goes by query block: convert.cuh):
+// pass over the query rows, a group of lanes per row (the convert kernel
+// after it goes by query block: convert.cuh):
 //   preprocess  D = rowsum(dO * O) into dq's scratch words (row_stats.cuh),
 //               the deterministic counter zeroed, the row's fp32 dQ
 //               accumulator zeroed (the main kernel only adds to it).
@@ -32,16 +32,30 @@ FLASHCORE_HOST_DEVICE inline int64_t bwd_row_kernel_rows(const BwdKernelParams &
     return batches * p.fwd.num_heads_q * bwd_rows_per_head(p);
 }
 
+// Lanes that share one row: the fewest (a power of two, at most a warp) that
+// hold a row of O or dO one 16-byte vector each, so that a warp takes
+// kWarpSize / lanes rows at once. One row per warp left three quarters of
+// the lanes idle at head_dim_v 64 and made the pass latency-bound: it ran
+// about 180 us at B16 H16 S2k on an H200 at d64 as at d128, 3x its traffic.
+FLASHCORE_HOST_DEVICE inline int bwd_preprocess_lanes_per_row(int head_dim_v, int elems_per_vector) {
+    const int vectors = head_dim_v / elems_per_vector;
+    int lanes = 1;
+    while (lanes < vectors && lanes < kWarpSize) lanes *= 2;
+    return lanes;
+}
+
 #if defined(__CUDACC__)
-// The row this warp handles: (batch, head, row), or false where it is past
-// the last row or outside every packed sequence.
+// The row this group of lanes handles: (batch, head, row), or false where
+// it is past the last row or outside every packed sequence.
 struct BwdRow {
     int batch;
     int head;
     int64_t row;
 
-    __device__ __forceinline__ static bool of(const BwdKernelParams &p, BwdRow *r) {
-        const int64_t index = int64_t(blockIdx.x) * kRowKernelWarps + threadIdx.x / kWarpSize;
+    __device__ __forceinline__ static bool of(const BwdKernelParams &p, int rows_per_warp, BwdRow *r) {
+        const int lane = threadIdx.x % kWarpSize;
+        const int64_t warp = int64_t(blockIdx.x) * kRowKernelWarps + threadIdx.x / kWarpSize;
+        const int64_t index = warp * rows_per_warp + lane / (kWarpSize / rows_per_warp);
         if (index >= bwd_row_kernel_rows(p)) return false;
         const int64_t rows = bwd_rows_per_head(p);
         r->row = index % rows;
@@ -64,41 +78,48 @@ struct BwdRow {
 
 template <typename Element>
 __global__ void __launch_bounds__(kRowKernelThreads) bwd_preprocess_kernel(const __grid_constant__ BwdKernelParams p) {
-    BwdRow r;
-    if (!BwdRow::of(p, &r)) return;
-    const int lane = threadIdx.x % kWarpSize;
     constexpr int kElems = kElemsPerVector<Element>;
-    const Element *dout = static_cast<const Element *>(p.dout) + r.batch * p.dout_batch_stride +
-                          r.row * p.dout_seq_stride + r.head * p.dout_head_stride;
-    const Element *out = static_cast<const Element *>(p.fwd.out) + r.batch * p.fwd.out_batch_stride +
-                         r.row * p.fwd.out_seq_stride + r.head * p.fwd.out_head_stride;
+    const int lanes = bwd_preprocess_lanes_per_row(p.fwd.head_dim_v, kElems);
+    BwdRow r;
+    // Every lane stays for the group's reduction; those without a row add 0.
+    const bool has_row = BwdRow::of(p, kWarpSize / lanes, &r);
+    const int sublane = threadIdx.x % lanes;
     float sum = 0.f;
-    for (int vec = lane; vec < p.fwd.head_dim_v / kElems; vec += kWarpSize) {
-        const uint4 dout_vec = *reinterpret_cast<const uint4 *>(dout + vec * kElems);
-        const uint4 out_vec = *reinterpret_cast<const uint4 *>(out + vec * kElems);
-        const Element *d = reinterpret_cast<const Element *>(&dout_vec);
-        const Element *o = reinterpret_cast<const Element *>(&out_vec);
+    if (has_row) {
+        const Element *dout = static_cast<const Element *>(p.dout) + r.batch * p.dout_batch_stride +
+                              r.row * p.dout_seq_stride + r.head * p.dout_head_stride;
+        const Element *out = static_cast<const Element *>(p.fwd.out) + r.batch * p.fwd.out_batch_stride +
+                             r.row * p.fwd.out_seq_stride + r.head * p.fwd.out_head_stride;
+        for (int vec = sublane; vec < p.fwd.head_dim_v / kElems; vec += lanes) {
+            const uint4 dout_vec = *reinterpret_cast<const uint4 *>(dout + vec * kElems);
+            const uint4 out_vec = *reinterpret_cast<const uint4 *>(out + vec * kElems);
+            const Element *d = reinterpret_cast<const Element *>(&dout_vec);
+            const Element *o = reinterpret_cast<const Element *>(&out_vec);
 #pragma unroll
-        for (int e = 0; e < kElems; ++e) sum += float(d[e]) * float(o[e]);
+            for (int e = 0; e < kElems; ++e) sum += float(d[e]) * float(o[e]);
+        }
     }
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    for (int offset = lanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (!has_row) return;
     float4 *accumulator = reinterpret_cast<float4 *>(r.accumulator(p));
-    for (int i = lane; i < p.fwd.head_dim / 4; i += kWarpSize) accumulator[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (lane == 0) {
+    for (int i = sublane; i < p.fwd.head_dim / 4; i += lanes) accumulator[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (sublane == 0) {
         float *stats = bwd_row_stats(p, r.batch, r.head, r.row);
         stats[0] = sum;
         *bwd_block_counter(stats) = 0;
     }
 }
 
-// One row kernel over every query row (none: nothing launched).
+// One row kernel over every query row, rows_per_warp rows to a warp (none:
+// nothing launched).
 inline cudaError_t launch_row_kernel(void (*kernel)(BwdKernelParams), const BwdKernelParams &params,
-                              const LaunchOptions &options, cudaStream_t stream, const char *name) {
+                                     int rows_per_warp, const LaunchOptions &options, cudaStream_t stream,
+                                     const char *name) {
     const int64_t rows = bwd_row_kernel_rows(params);
     if (rows == 0) return cudaSuccess;
+    const int64_t rows_per_block = int64_t(kRowKernelWarps) * rows_per_warp;
     cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(unsigned((rows + kRowKernelWarps - 1) / kRowKernelWarps));
+    config.gridDim = dim3(unsigned((rows + rows_per_block - 1) / rows_per_block));
     config.blockDim = dim3(kRowKernelThreads);
     config.stream = stream;
     return launch_step(cudaLaunchKernelEx(&config, kernel, params), options, name);
