@@ -25,6 +25,7 @@ off (XLA_PYTHON_CLIENT_PREALLOCATE=false) before it is imported.
 """
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -44,19 +45,21 @@ DEFAULT_PRESETS = ("tput-2k-d64", "tput-8k-d64", "tput-16k-d64", "tput-2k-d128",
 # Calls in the shorter timed JAX executable (the longer has twice as many)
 # keep at most this many bytes of outputs alive.
 MAX_OUTPUT_BYTES = 4 << 30
-# Profiled runs of each JAX executable for its GPU span (each costs a
-# profiler session, so fewer than --repeats).
-GPU_SPAN_REPEATS = 5
+# Profiled executions of each JAX executable for its GPU span: enough for
+# --budget-ms, within these bounds.
+MIN_SPAN_EXECUTIONS, MAX_SPAN_EXECUTIONS = 5, 200
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", default=",".join(DEFAULT_PRESETS), help="comma-separated compare.py presets or preset groups")
+    p.add_argument("--preset", default=",".join(DEFAULT_PRESETS),
+                   help="comma-separated compare.py presets or preset groups")
     p.add_argument("--dtype", default="bf16", help="bf16, fp16 or both")
     p.add_argument("--mask", default="both", choices=("none", "causal", "both"))
     p.add_argument("--calls", type=int, default=32, help="calls per timed JAX executable (fewer for large outputs)")
     p.add_argument("--repeats", type=int, default=20, help="timed runs of each JAX executable")
-    p.add_argument("--budget-ms", type=float, default=200.0, help="compare.py's replay budget for the torch binding")
+    p.add_argument("--budget-ms", type=float, default=200.0,
+                   help="about how long each backend runs for its timing (compare.py's replay budget)")
     return p.parse_args(argv)
 
 
@@ -75,7 +78,7 @@ def cases(args):
                                    dtype, causal, "bshd", p.kind)
 
 
-def time_jax(jax, fn, sets, calls, repeats):
+def time_jax(jax, fn, sets, calls, repeats, budget_ms):
     """(GPU µs, wall µs) per call of fn over the buffer sets, median over
     repeats. fn(i, q, k, v) must differ by i (a softmax scale a few ulps
     apart): XLA merges calls it sees as the same, and every output is
@@ -84,7 +87,8 @@ def time_jax(jax, fn, sets, calls, repeats):
     GPU: the span from the first kernel's start to the last one's end of an
     executable of `calls` calls (CUPTI's kernel records, through
     torch.profiler), divided by `calls`: what CUDA events around a graph
-    replay measure for the torch binding, gaps between kernels included.
+    replay measure for the torch binding, gaps between kernels included;
+    median over executions run back to back for about budget_ms.
     Wall: executables of `calls` and of 2 * `calls` calls timed on the host,
     the difference divided by `calls`; it also counts whatever XLA's runtime
     spends on the host per call beyond the GPU's time (buffer allocation,
@@ -104,20 +108,30 @@ def time_jax(jax, fn, sets, calls, repeats):
             times.append(time.perf_counter() - start)
         return statistics.median(times)
 
-    def gpu_span_us(run):
-        spans = []
-        for _ in range(GPU_SPAN_REPEATS):
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    def gpu_span_us(run, wall_us):
+        # Executions back to back for about budget_ms (the torch binding's
+        # replays run that long: the same clocks under the same power), each
+        # waited for, after as long a warm-up; the median execution's span.
+        executions = min(max(math.ceil(budget_ms * 1e3 / (calls * max(wall_us, 1.0))), MIN_SPAN_EXECUTIONS),
+                         MAX_SPAN_EXECUTIONS)
+        for _ in range(executions):
+            jax.block_until_ready(run(sets))
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(executions):
                 jax.block_until_ready(run(sets))
-            ranges = [e.time_range for e in prof.events() if e.device_type == DEVICE_CUDA]
-            if not ranges:
-                raise RuntimeError("the profiler saw no kernel of the JAX executable")
-            spans.append(max(r.end for r in ranges) - min(r.start for r in ranges))
+        ranges = sorted((e.time_range for e in prof.events() if e.device_type == DEVICE_CUDA), key=lambda r: r.start)
+        per_execution = len(ranges) // executions
+        if per_execution == 0 or len(ranges) % executions:
+            raise RuntimeError("the profiler saw %d kernels over %d executions" % (len(ranges), executions))
+        spans = []
+        for i in range(executions):
+            one = ranges[i * per_execution:(i + 1) * per_execution]
+            spans.append(max(r.end for r in one) - one[0].start)
         return statistics.median(spans)
 
     short, long = executable(calls), executable(2 * calls)
     wall = (median_seconds(long) - median_seconds(short)) * 1e6 / calls
-    return gpu_span_us(short) / calls, wall
+    return gpu_span_us(short, wall) / calls, wall
 
 
 def distinct_scale(head_dim, i):
@@ -165,9 +179,9 @@ def main(argv=None):
             return jax.nn.dot_product_attention(q, k, v, is_causal=c.causal, scale=distinct_scale(c.head_dim, i),
                                                 implementation="cudnn")
 
-        us_jax, wall_jax = time_jax(jax, ours, jax_sets, calls, args.repeats)
+        us_jax, wall_jax = time_jax(jax, ours, jax_sets, calls, args.repeats, args.budget_ms)
         try:
-            us_cudnn, wall_cudnn = time_jax(jax, theirs, jax_sets, calls, args.repeats)
+            us_cudnn, wall_cudnn = time_jax(jax, theirs, jax_sets, calls, args.repeats, args.budget_ms)
         except Exception as e:  # noqa: BLE001 (cuDNN may refuse a shape: say so, go on)
             print("  cudnn-jax refused %s: %s" % (c.label, compare.short_error(e)))
             us_cudnn = wall_cudnn = float("nan")
