@@ -12,13 +12,15 @@ jax.nn.dot_product_attention takes; GQA native in all three), rotated over
 enough buffer sets to exceed twice the L2 as compare.py does. The JAX
 backends run as jitted executables of --calls calls (each call's softmax
 scale a few ulps apart, so that XLA merges none; every output returned, so
-that it drops none); their GPU time per call is the span of the
-executable's kernels (CUPTI records, through torch.profiler), the torch
-binding's is compare.py's measure() (CUDA events over graph replays,
-median): the targets are judged on these. The wall columns time JAX's
-executables on the host (2x --calls calls minus --calls calls, per call),
-which also counts XLA's runtime per call on the host. Decode presets are
-judged on TB/s of K/V read.
+that it drops none), the torch binding as a CUDA graph of the same calls.
+Each one's GPU time per call is the median span of its kernels over
+executions replayed back to back for about --budget-ms after as many for
+warm-up, from CUPTI's kernel records (torch.profiler): one instrument, the
+same clocks under load; the targets are judged on these. The wall columns
+time JAX's executables on the host (2x --calls calls minus --calls calls,
+per call), which also counts XLA's runtime per call on the host; "torch
+evt" is compare.py's measure() (CUDA events over graph replays). Decode
+presets are judged on TB/s of K/V read.
 
 Needs torch and jax with CUDA in one process: JAX's preallocation is turned
 off (XLA_PYTHON_CLIENT_PREALLOCATE=false) before it is imported.
@@ -78,23 +80,48 @@ def cases(args):
                                    dtype, causal, "bshd", p.kind)
 
 
-def time_jax(jax, fn, sets, calls, repeats, budget_ms):
-    """(GPU µs, wall µs) per call of fn over the buffer sets, median over
-    repeats. fn(i, q, k, v) must differ by i (a softmax scale a few ulps
-    apart): XLA merges calls it sees as the same, and every output is
-    returned so that none is dropped.
+def span_executions(budget_ms, calls, us_per_call):
+    """Executions of `calls` calls that take about budget_ms, within bounds."""
+    wanted = math.ceil(budget_ms * 1e3 / (calls * max(us_per_call, 1.0)))
+    return min(max(wanted, MIN_SPAN_EXECUTIONS), MAX_SPAN_EXECUTIONS)
 
-    GPU: the span from the first kernel's start to the last one's end of an
-    executable of `calls` calls (CUPTI's kernel records, through
-    torch.profiler), divided by `calls`: what CUDA events around a graph
-    replay measure for the torch binding, gaps between kernels included;
-    median over executions run back to back for about budget_ms.
-    Wall: executables of `calls` and of 2 * `calls` calls timed on the host,
-    the difference divided by `calls`; it also counts whatever XLA's runtime
-    spends on the host per call beyond the GPU's time (buffer allocation,
-    thunk dispatch), which the GPU column does not."""
+
+def gpu_span_us(execute, executions):
+    """Median GPU span of execute() (one execution, waited for): from its
+    first kernel's start to its last one's end, in CUPTI's kernel records
+    (through torch.profiler). The executions run back to back after as many
+    for warm-up, so that every backend is timed at the clocks it holds
+    under load, by one instrument."""
     from torch.profiler import ProfilerActivity, profile
 
+    for _ in range(executions):
+        execute()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(executions):
+            execute()
+    ranges = sorted((e.time_range for e in prof.events() if e.device_type == DEVICE_CUDA), key=lambda r: r.start)
+    per_execution = len(ranges) // executions
+    if per_execution == 0 or len(ranges) % executions:
+        raise RuntimeError("the profiler saw %d kernels over %d executions" % (len(ranges), executions))
+    spans = []
+    for i in range(executions):
+        one = ranges[i * per_execution:(i + 1) * per_execution]
+        spans.append(max(r.end for r in one) - one[0].start)
+    return statistics.median(spans)
+
+
+def time_jax(jax, fn, sets, calls, repeats, budget_ms):
+    """(GPU µs, wall µs, executions) per call of fn over the buffer sets.
+    fn(i, q, k, v) must differ by i (a softmax scale a few ulps apart): XLA
+    merges calls it sees as the same, and every output is returned so that
+    none is dropped.
+
+    GPU: gpu_span_us of an executable of `calls` calls, divided by `calls`.
+    Wall: executables of `calls` and of 2 * `calls` calls timed on the host
+    (median over repeats), the difference divided by `calls`; it also counts
+    whatever XLA's runtime spends on the host per call beyond the GPU's time
+    (buffer allocation, thunk dispatch), which the GPU column does not.
+    executions: how many gpu_span_us ran (about budget_ms)."""
     def executable(n):
         run = jax.jit(lambda sets: tuple(fn(i, *sets[i % len(sets)]) for i in range(n)))
         jax.block_until_ready(run(sets))  # compile and warm up
@@ -108,30 +135,26 @@ def time_jax(jax, fn, sets, calls, repeats, budget_ms):
             times.append(time.perf_counter() - start)
         return statistics.median(times)
 
-    def gpu_span_us(run, wall_us):
-        # Executions back to back for about budget_ms (the torch binding's
-        # replays run that long: the same clocks under the same power), each
-        # waited for, after as long a warm-up; the median execution's span.
-        executions = min(max(math.ceil(budget_ms * 1e3 / (calls * max(wall_us, 1.0))), MIN_SPAN_EXECUTIONS),
-                         MAX_SPAN_EXECUTIONS)
-        for _ in range(executions):
-            jax.block_until_ready(run(sets))
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(executions):
-                jax.block_until_ready(run(sets))
-        ranges = sorted((e.time_range for e in prof.events() if e.device_type == DEVICE_CUDA), key=lambda r: r.start)
-        per_execution = len(ranges) // executions
-        if per_execution == 0 or len(ranges) % executions:
-            raise RuntimeError("the profiler saw %d kernels over %d executions" % (len(ranges), executions))
-        spans = []
-        for i in range(executions):
-            one = ranges[i * per_execution:(i + 1) * per_execution]
-            spans.append(max(r.end for r in one) - one[0].start)
-        return statistics.median(spans)
-
     short, long = executable(calls), executable(2 * calls)
     wall = (median_seconds(long) - median_seconds(short)) * 1e6 / calls
-    return gpu_span_us(short, wall) / calls, wall
+    executions = span_executions(budget_ms, calls, wall)
+    return gpu_span_us(lambda: jax.block_until_ready(short(sets)), executions) / calls, wall, executions
+
+
+def time_torch_graph(torch, run, sets, calls, executions):
+    """GPU µs per call of the torch binding: a CUDA graph of `calls` calls
+    over the buffer sets, replayed as gpu_span_us times the JAX executable."""
+    for i in range(len(sets)):
+        run(*sets[i])  # warm up outside the capture
+    torch.cuda.synchronize()
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.graph(graph, stream=stream):
+        outs = [run(*sets[i % len(sets)]) for i in range(calls)]  # noqa: F841 (kept alive with the graph)
+
+    def execute():
+        graph.replay()
+        torch.cuda.synchronize()
+    return gpu_span_us(execute, executions) / calls
 
 
 def distinct_scale(head_dim, i):
@@ -160,10 +183,11 @@ def main(argv=None):
         return 2
     print("%s, jax %s, torch %s, flashcore %s" % (gpu.device_kind, jax.__version__, torch.__version__,
                                                  flashcore.__version__))
-    print("GPU µs per call (JAX: kernel span of a jitted executable; torch: CUDA events over graph replays); "
-          "wall: JAX's host-timed µs per call")
-    print("%-50s | %9s %9s %9s | %9s %8s | %9s %9s" % ("case", "fc-jax", "fc-torch", "cudnn-jax", "jax/torch",
-                                                      "fc/cudnn", "fc wall", "cudnn wall"))
+    print("GPU µs per call: the kernel span of a jitted executable (JAX) or of a CUDA graph's replay (torch) of the "
+          "same calls, CUPTI; wall: JAX's host-timed µs per call; events: compare.py's graph replays timed by CUDA "
+          "events")
+    print("%-50s | %9s %9s %9s | %9s %8s | %9s %9s %9s" % ("case", "fc-jax", "fc-torch", "cudnn-jax", "jax/torch",
+                                                           "fc/cudnn", "fc wall", "cudnn wall", "torch evt"))
     failed = False
     for c in cases(args):
         nsets = compare.buffer_sets(c, argparse.Namespace(buffers=0))
@@ -179,22 +203,23 @@ def main(argv=None):
             return jax.nn.dot_product_attention(q, k, v, is_causal=c.causal, scale=distinct_scale(c.head_dim, i),
                                                 implementation="cudnn")
 
-        us_jax, wall_jax = time_jax(jax, ours, jax_sets, calls, args.repeats, args.budget_ms)
+        us_jax, wall_jax, executions = time_jax(jax, ours, jax_sets, calls, args.repeats, args.budget_ms)
+        run = compare.flashcore_backend(flashcore, c)
+        us_torch = time_torch_graph(torch, run, torch_sets, calls, executions)
+        us_events, _, _ = compare.measure(lambda i: run(*torch_sets[i % nsets]), nsets, args.budget_ms, 1000)
         try:
-            us_cudnn, wall_cudnn = time_jax(jax, theirs, jax_sets, calls, args.repeats, args.budget_ms)
+            us_cudnn, wall_cudnn, _ = time_jax(jax, theirs, jax_sets, calls, args.repeats, args.budget_ms)
         except Exception as e:  # noqa: BLE001 (cuDNN may refuse a shape: say so, go on)
             print("  cudnn-jax refused %s: %s" % (c.label, compare.short_error(e)))
             us_cudnn = wall_cudnn = float("nan")
-        run = compare.flashcore_backend(flashcore, c)
-        us_torch, _, _ = compare.measure(lambda i: run(*torch_sets[i % nsets]), nsets, args.budget_ms, 1000)
         ratio_torch, ratio_cudnn = us_jax / us_torch, us_cudnn / us_jax
         if c.decode:
             rate = lambda us: "%7.2fTB/s" % (c.kv_bytes() / us / 1e6)
         else:
             rate = lambda us: "%7.1fTF/s" % (compare.attention_flops(c) / us / 1e6)
-        print("%-50s | %9.1f %9.1f %9.1f | %9.3f %8.2f | %9.1f %9.1f   (%s, %s)" % (
-            c.label, us_jax, us_torch, us_cudnn, ratio_torch, ratio_cudnn, wall_jax, wall_cudnn, rate(us_jax),
-            rate(us_cudnn)))
+        print("%-50s | %9.1f %9.1f %9.1f | %9.3f %8.2f | %9.1f %9.1f %9.1f   (%s, %s)" % (
+            c.label, us_jax, us_torch, us_cudnn, ratio_torch, ratio_cudnn, wall_jax, wall_cudnn, us_events,
+            rate(us_jax), rate(us_cudnn)))
         failed |= ratio_torch > 1.03
         del jax_sets, torch_sets
         jnp.zeros(()).block_until_ready()
