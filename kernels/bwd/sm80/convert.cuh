@@ -10,6 +10,7 @@
 #include "bwd/params.h"
 #include "bwd/sm80/dq_accumulator.cuh"
 #include "common/element.cuh"
+#include "common/fragment_layout.cuh"
 #include "fwd/params.h"
 
 namespace flashcore {
@@ -50,7 +51,33 @@ __global__ void __launch_bounds__(Traits::kNumThreads) bwd_convert_kernel(const 
         for (int i = 0; i < kElems; ++i) e[i] = Element(values[i] * p.grad_scale);
         *reinterpret_cast<uint4 *>(dq + row * p.dq_seq_stride + vec * kElems) = packed;
     };
-    if (Layout::by_fragment(seq_rows, p.fwd.head_dim)) {
+    if (Layout::kValueStride == 1 && Layout::by_fragment(seq_rows, p.fwd.head_dim)) {
+        // sm_90's order keeps a lane's four values together: columns 2j,
+        // 2j + 1 of a row and of the row kFragRowHalf below it. One float4
+        // per lane then gives both rows' pairs, so a thread stores a vector
+        // of each row and every 16-byte load is used whole (float2 loads,
+        // each sector read by two threads, ran at about 3/4 of the kernel's
+        // traffic bound at d128: 143 us against cuDNN's 105 on an H200).
+        constexpr int kVectors = Traits::kHeadDim / kElems;
+        constexpr int kRowPairs = Traits::kBlockM / 2;
+        for (int i = threadIdx.x; i < kRowPairs * kVectors; i += Traits::kNumThreads) {
+            const int pair = i / kVectors;
+            const int vec = i % kVectors;
+            const int row = (pair / kFragRowHalf) * kMmaM + pair % kFragRowHalf;
+            const float *base = accumulator + Layout::offset(row, vec * kElems);
+            float upper[kElems], lower[kElems];
+#pragma unroll
+            for (int j = 0; j < kElems / 2; ++j) {
+                const float4 lane = *reinterpret_cast<const float4 *>(base + j * Layout::kLaneStride);
+                upper[2 * j] = lane.x;
+                upper[2 * j + 1] = lane.y;
+                lower[2 * j] = lane.z;
+                lower[2 * j + 1] = lane.w;
+            }
+            store(row, vec, upper);
+            store(row + kFragRowHalf, vec, lower);
+        }
+    } else if (Layout::by_fragment(seq_rows, p.fwd.head_dim)) {
         constexpr int kVectors = Traits::kHeadDim / kElems;
         for (int i = threadIdx.x; i < Traits::kBlockM * kVectors; i += Traits::kNumThreads) {
             const int row = i / kVectors;
