@@ -51,52 +51,50 @@ __global__ void __launch_bounds__(Traits::kNumThreads) bwd_convert_kernel(const 
         for (int i = 0; i < kElems; ++i) e[i] = Element(values[i] * p.grad_scale);
         *reinterpret_cast<uint4 *>(dq + row * p.dq_seq_stride + vec * kElems) = packed;
     };
-    if (Layout::kValueStride == 1 && Layout::by_fragment(seq_rows, p.fwd.head_dim)) {
-        // sm_90's order keeps a lane's four values together: columns 2j,
-        // 2j + 1 of a row and of the row kFragRowHalf below it. One float4
-        // per lane then gives both rows' pairs, so a thread stores a vector
-        // of each row and every 16-byte load is used whole (float2 loads,
-        // each sector read by two threads, ran at about 3/4 of the kernel's
-        // traffic bound at d128: 143 us against cuDNN's 105 on an H200).
+    if (Layout::by_fragment(seq_rows, p.fwd.head_dim)) {
         constexpr int kVectors = Traits::kHeadDim / kElems;
-        constexpr int kRowPairs = Traits::kBlockM / 2;
-        for (int i = threadIdx.x; i < kRowPairs * kVectors; i += Traits::kNumThreads) {
-            const int pair = i / kVectors;
-            const int vec = i % kVectors;
-            const int row = (pair / kFragRowHalf) * kMmaM + pair % kFragRowHalf;
-            const float *base = accumulator + Layout::offset(row, vec * kElems);
-            float upper[kElems], lower[kElems];
+        if constexpr (Layout::kValueStride == 1) {
+            // sm_90's order keeps a lane's four values together: columns 2j,
+            // 2j + 1 of a row and of the row kFragRowHalf below it. One
+            // float4 per lane then gives both rows' pairs, so a thread stores
+            // a vector of each row and every 16-byte load is used whole
+            // (float2 loads, each sector read by two threads, ran at about
+            // 3/4 of the kernel's traffic bound at d128: 143 us against
+            // cuDNN's 105 on an H200).
+            constexpr int kRowPairs = Traits::kBlockM / 2;
+            for (int i = threadIdx.x; i < kRowPairs * kVectors; i += Traits::kNumThreads) {
+                const int pair = i / kVectors;
+                const int vec = i % kVectors;
+                const int row = (pair / kFragRowHalf) * kMmaM + pair % kFragRowHalf;
+                const float *base = accumulator + Layout::offset(row, vec * kElems);
+                float upper[kElems], lower[kElems];
 #pragma unroll
-            for (int j = 0; j < kElems / 2; ++j) {
-                const float4 lane = *reinterpret_cast<const float4 *>(base + j * Layout::kLaneStride);
-                upper[2 * j] = lane.x;
-                upper[2 * j + 1] = lane.y;
-                lower[2 * j] = lane.z;
-                lower[2 * j + 1] = lane.w;
+                for (int j = 0; j < kElems / 2; ++j) {
+                    const float4 lane = *reinterpret_cast<const float4 *>(base + j * Layout::kLaneStride);
+                    upper[2 * j] = lane.x;
+                    upper[2 * j + 1] = lane.y;
+                    lower[2 * j] = lane.z;
+                    lower[2 * j + 1] = lane.w;
+                }
+                store(row, vec, upper);
+                store(row + kFragRowHalf, vec, lower);
             }
-            store(row, vec, upper);
-            store(row + kFragRowHalf, vec, lower);
-        }
-    } else if (Layout::by_fragment(seq_rows, p.fwd.head_dim)) {
-        constexpr int kVectors = Traits::kHeadDim / kElems;
-        for (int i = threadIdx.x; i < Traits::kBlockM * kVectors; i += Traits::kNumThreads) {
-            const int row = i / kVectors;
-            const int vec = i % kVectors;
-            // Column pairs 2j, 2j + 1 of the vector: lane + j of the tile.
-            const float *base = accumulator + Layout::offset(row, vec * kElems);
-            float values[kElems];
+        } else {
+            // sm_80's order keeps each value's 32 lanes together: column
+            // pairs 2j, 2j + 1 of the vector are lane + j of the tile, the
+            // pair's second value kValueStride floats on.
+            for (int i = threadIdx.x; i < Traits::kBlockM * kVectors; i += Traits::kNumThreads) {
+                const int row = i / kVectors;
+                const int vec = i % kVectors;
+                const float *base = accumulator + Layout::offset(row, vec * kElems);
+                float values[kElems];
 #pragma unroll
-            for (int j = 0; j < kElems / 2; ++j) {
-                if constexpr (Layout::kValueStride == 1) {
-                    const float2 pair = *reinterpret_cast<const float2 *>(base + j * Layout::kLaneStride);
-                    values[2 * j] = pair.x;
-                    values[2 * j + 1] = pair.y;
-                } else {
+                for (int j = 0; j < kElems / 2; ++j) {
                     values[2 * j] = base[j * Layout::kLaneStride];
                     values[2 * j + 1] = base[j * Layout::kLaneStride + Layout::kValueStride];
                 }
+                store(row, vec, values);
             }
-            store(row, vec, values);
         }
     } else {
         const int vectors = p.fwd.head_dim / kElems;
