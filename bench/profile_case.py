@@ -71,7 +71,7 @@ def main(argv=None):
         return 2
     if compare.cuda_torch_missing("profile_case.py"):
         return 2
-    mode = getattr(case_args, "mode", "forward")
+    mode = case_args.mode
     status = 0
     for case in cases if args.every_case else cases[:1]:
         try:
@@ -82,13 +82,13 @@ def main(argv=None):
             status = 1
             continue
         for call in range(args.calls):
-            last = call == args.calls - 1
-            if args.every_case and last:
+            profiled = args.every_case and call == args.calls - 1
+            if profiled:
                 compare.torch.cuda.synchronize()
                 compare.torch.cuda.cudart().cudaProfilerStart()
                 compare.torch.cuda._sleep(PROFILER_MARKER_CYCLES)
             run()
-            if args.every_case and last:
+            if profiled:
                 compare.torch.cuda.synchronize()
                 compare.torch.cuda.cudart().cudaProfilerStop()
         compare.torch.cuda.synchronize()
@@ -129,6 +129,7 @@ def runner(backend, case, case_args, mode):
     else:
         run = compare.sdpa_backend(backend, case)
     return lambda: run(q, k, v)
+
 
 if __name__ == "__main__":
     sys.exit(main())
