@@ -2,10 +2,11 @@
 # Runs every GPU test configuration that tests/CMakeLists.txt registers with
 # ctest (the dispatcher's choice, each path, each pinned tile variant, the
 # persistent kernel on 3 CTAs, the split suite on each path, the backward
-# pass, the fp8 widening, and last, alone, the race test), but as a few sharded processes per configuration instead of
-# one process per test: the same tests in minutes rather than the ctest run's
-# quarter hour, which matters on a leased GPU. ctest stays the reference; keep the two lists in
-# step.
+# pass, pinned to the portable kernel and on 3 CTAs' worth of SMs too, the
+# fp8 widening, and last, alone, the race test), but as a few sharded
+# processes per configuration instead of one process per test: the same
+# tests in minutes rather than the ctest run's quarter hour, which matters on
+# a leased GPU. ctest stays the reference; keep the two lists in step.
 #
 #   tests/run_gpu_suite.sh BUILD_DIR [SHARDS] [LOG_DIR]
 #
@@ -35,6 +36,8 @@ configs=(
   "split.portable|test_split|Splits/*-Splits/SplitFp8PrefillTest.*|FLASHCORE_FWD_VARIANT=portable"
   "split.sm90|test_split|Splits/*|FLASHCORE_FWD_VARIANT=sm90"
   "backward|test_backward|*|"
+  "backward.kvblock|test_backward|Gradients/*:BackwardDeterminism.*:BackwardGraph.*|FLASHCORE_BWD_VARIANT=kvblock"
+  "backward.3ctas|test_backward|Gradients/*:BackwardDeterminism.*|FLASHCORE_PERSISTENT_CTAS=3"
   "fp8|test_fp8|*||1"
   "race|test_race|*||1"
 )

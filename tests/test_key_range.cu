@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bwd/sm80/scheduler.cuh"
 #include "common/key_range.cuh"
 
 namespace {
@@ -455,6 +456,65 @@ TEST(KeyRange, LongSequencesDoNotOverflow) {
         }
     }
     expect_no_failures(failures, masks);
+}
+
+// The backward's rotated walk (bwd/sm80/scheduler.cuh): for walks of T steps
+// and N key blocks (T * N < 2^31), key block n starts at bwd_walk_start and
+// goes round, so it reaches the query block at place P on step (P -
+// start(n)) mod T. bwd_rotated_rank must give, for every place, each key
+// block its place in the order the walks reach it (ties, where starts
+// coincide, in decreasing key block order): the order its dQ is added in,
+// which is a permutation of 0 .. N - 1 (one counter per query block counts
+// to N). The starts increase by at most kRotatedWalkStagger, and where
+// T >= N they are distinct, so no two walks reach a query block on the
+// same step.
+TEST(BackwardWalk, RotatedRanksFollowTheWalks) {
+    std::vector<std::pair<int, int>> walks;  // (T, N)
+    for (int t = 1; t <= 40; ++t) {
+        for (int n = 1; n <= 40; ++n) walks.emplace_back(t, n);
+    }
+    for (const auto &big : {std::pair<int, int>{32, 16}, {128, 64}, {256, 128}, {4096, 132}, {10737417, 200},
+                            {1000003, 131}, {7, 132}}) {
+        walks.push_back(big);
+    }
+    std::vector<std::string> failures;
+    for (const auto &walk : walks) {
+        const int steps = walk.first, blocks = walk.second;
+        ASSERT_LT(int64_t(steps) * blocks, int64_t(1) << 31);
+        std::vector<int64_t> start(blocks);
+        for (int n = 0; n < blocks; ++n) {
+            start[n] = flashcore::sm80::bwd_walk_start(steps, blocks, n);
+            const int64_t gap = n > 0 ? start[n] - start[n - 1] : 0;
+            if (start[n] < 0 || start[n] >= steps || gap < 0 || gap > flashcore::sm80::kRotatedWalkStagger ||
+                (steps >= blocks && n > 0 && gap == 0)) {
+                failures.push_back("T " + std::to_string(steps) + " N " + std::to_string(blocks) + ": start of " +
+                                   std::to_string(n) + " is " + std::to_string(start[n]));
+            }
+        }
+        // Every place of a small walk; the first, last and a spread of a big one's.
+        std::vector<int64_t> places;
+        const int64_t stride = steps <= 4096 ? 1 : steps / 997;
+        for (int64_t p = 0; p < steps; p += stride) places.push_back(p);
+        places.push_back(steps - 1);
+        for (const int64_t place : places) {
+            std::vector<int> order(blocks);
+            for (int n = 0; n < blocks; ++n) order[n] = n;
+            const auto reached = [&](int n) { return (place - start[n] + steps) % steps; };
+            std::sort(order.begin(), order.end(), [&](int a, int b) {
+                return reached(a) != reached(b) ? reached(a) < reached(b) : a > b;
+            });
+            for (int r = 0; r < blocks; ++r) {
+                const int rank = flashcore::sm80::bwd_rotated_rank(steps, blocks, order[r], int(place));
+                if (rank != r) {
+                    failures.push_back("T " + std::to_string(steps) + " N " + std::to_string(blocks) + " place " +
+                                       std::to_string(place) + ": key block " + std::to_string(order[r]) +
+                                       " reaches it " + std::to_string(r) + "th, rank " + std::to_string(rank));
+                    break;
+                }
+            }
+        }
+    }
+    EXPECT_TRUE(failures.empty()) << failures.size() << " failures, the first: " << failures.front();
 }
 
 }  // namespace

@@ -54,10 +54,18 @@ struct BwdKernelParams {
     float grad_scale;
 
     // Non-zero: dQ's additions from the key blocks of a (batch, head) are
-    // made in decreasing key-block order, each waiting for the one before
-    // (a counter per query block, kept in dq's scratch words: bwd/sm80/
-    // row_stats.cuh), so the sums round the same way every run.
+    // made in a fixed order, each waiting for the one before (a counter per
+    // query block, kept in dq's scratch words: bwd/sm80/row_stats.cuh), so
+    // the sums round the same way every run.
     bool deterministic;
+
+    // Set by the launcher (bwd_schedule_params) in the deterministic mode
+    // where every query sees every key and the key blocks of one (batch,
+    // K/V head) fit on the GPU at once, no more of them than SMs
+    // (LaunchOptions::max_persistent_ctas): each key block's CTA starts
+    // its walk over the query blocks at its own place (bwd/sm80/
+    // scheduler.cuh).
+    bool rotated_walk;
 };
 
 }  // namespace flashcore

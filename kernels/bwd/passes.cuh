@@ -17,6 +17,21 @@
 
 namespace flashcore {
 
+// params with the schedule's flag (BwdKernelParams::rotated_walk) for
+// Traits' blocks on the launch's GPU.
+template <typename Traits>
+BwdKernelParams bwd_schedule_params(const BwdKernelParams &params, const LaunchOptions &options) {
+    BwdKernelParams scheduled = params;
+    const FwdKernelParams &f = params.fwd;
+    const int64_t key_blocks = sm80::bwd_num_key_blocks<Traits::kBlockN>(params);
+    // Every query sees every key: the window's bounds reach past both ends.
+    const bool every_key = f.window_left >= f.seqlen_k && f.window_right >= f.seqlen_q - 1;
+    const int64_t walk_steps = int64_t(f.num_heads_q / f.num_heads_kv) * ceil_div(f.seqlen_q, Traits::kBlockM);
+    scheduled.rotated_walk = Traits::kRotatedWalk && params.deterministic && every_key &&
+                             key_blocks <= options.max_persistent_ctas && walk_steps * key_blocks < (int64_t(1) << 31);
+    return scheduled;
+}
+
 // `kernel` is the main kernel of Traits, launched with `kernel_params` (its
 // own parameter block, which embeds `params`). Returns the first launch
 // error; options.failed_call names the launch that failed.

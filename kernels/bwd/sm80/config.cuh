@@ -67,6 +67,10 @@ struct BwdTraits {
     // past 192), so that its accumulators (live beside dK and dV) stay small.
     static constexpr int kdQPasses = kHeadDim > 192 ? 4 : kHeadDim > 128 ? 2 : 1;
     static constexpr int kdQNTiles = kHeadDim / kWarpsDdQ / kMmaN / kdQPasses;  // per pass
+    // Whether the deterministic mode may rotate the walk (BwdKernelParams::
+    // rotated_walk): past head dim 192 its turn's arithmetic, beside dK and
+    // dV, spilled.
+    static constexpr bool kRotatedWalk = kdQPasses <= 2;
 
     // Shared memory, in this order: K, V, kStages x (Q, dO, lse, D), P, dS.
     static constexpr size_t kSmemKBytes = size_t(kBlockN) * kHeadDim * sizeof(Element);

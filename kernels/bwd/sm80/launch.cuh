@@ -21,7 +21,8 @@ BwdKernelInfo bwd_info_sm80() {
 // The three kernels of one configuration (BwdTraits).
 template <typename Traits>
 cudaError_t run_bwd_traits(const BwdKernelParams &params, const LaunchOptions &options, cudaStream_t stream) {
-    return run_bwd_passes<Traits>(params, options, stream, flash_bwd_kernel<Traits>, params);
+    const BwdKernelParams scheduled = bwd_schedule_params<Traits>(params, options);
+    return run_bwd_passes<Traits>(scheduled, options, stream, flash_bwd_kernel<Traits>, scheduled);
 }
 
 template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, BwdVariant kVariant>

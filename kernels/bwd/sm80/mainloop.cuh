@@ -311,7 +311,7 @@ struct BwdMainloop {
     template <typename Work>
     __device__ __forceinline__ void begin_dq(const BwdKernelParams &p, const Work &w, int head, int m_block) const {
         if (!p.deterministic) return;
-        const int rank = bwd_dq_rank<kBlockM, kBlockN>(w, m_block);
+        const int rank = bwd_dq_rank<Traits>(p, w, BwdStep{head, m_block});
         if (tid % kWarpSize == 0) {
             // At least: this CTA's faster warps may have counted already.
             const int *counter = bwd_dq_counter<kBlockM>(p, w, head, m_block);

@@ -51,6 +51,7 @@ struct BwdSm90Traits {
     static constexpr int kNumThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
     static constexpr int kConsumerThreads = kConsumerWarpgroups * kWarpgroupThreads;
     static constexpr int kStages = 2;  // Q/dO buffers (and dS buffers)
+    static constexpr bool kRotatedWalk = true;  // BwdKernelParams::rotated_walk
 
     // Registers: the producer warpgroup gives up all but 24 a thread, the
     // consumers take 240 (dK, dV, S^T, dP^T and dQ live together). A CTA

@@ -215,34 +215,34 @@ __device__ __forceinline__ void bwd_load_row_stats(const BwdKernelParams &p, con
                                                    int lane) {
     static_assert(Traits::kStages == 2, "the stage is the step's parity");
     constexpr int kRowsPerLane = Traits::kBlockM / kWarpSize;
-    const int group = p.fwd.num_heads_q / p.fwd.num_heads_kv;
-    int j = 0;
-    for (int head = w.tile.head_q; head < w.tile.head_q + group; ++head) {
-        for (int m_block = w.queries.m_block_min; m_block < w.queries.m_block_max; ++m_block, ++j) {
-            const int s = j & 1;
-            const int first_row = m_block * Traits::kBlockM;
-            const int valid_rows = w.tile.seqs.seqlen_q - first_row - lane;  // of this lane's first row on
-            const int64_t row0 = int64_t(w.tile.seqs.q_row0) + first_row + lane;
-            mbarrier_wait(sm.stats_empty(s), ((j / Traits::kStages) & 1) ^ 1u);
-            if constexpr (kDout) {
-                const char *dot = reinterpret_cast<const char *>(bwd_row_stats(p, w.tile.batch, head, row0));
+    const int num_steps = bwd_num_steps(p, w);
+    BwdStep step = BwdStep::first(w);
+    for (int j = 0; j < num_steps; ++j, step = step.next(w)) {
+        const int head = step.head;
+        const int m_block = step.m_block;
+        const int s = j & 1;
+        const int first_row = m_block * Traits::kBlockM;
+        const int valid_rows = w.tile.seqs.seqlen_q - first_row - lane;  // of this lane's first row on
+        const int64_t row0 = int64_t(w.tile.seqs.q_row0) + first_row + lane;
+        mbarrier_wait(sm.stats_empty(s), ((j / Traits::kStages) & 1) ^ 1u);
+        if constexpr (kDout) {
+            const char *dot = reinterpret_cast<const char *>(bwd_row_stats(p, w.tile.batch, head, row0));
 #pragma unroll
-                for (int i = 0; i < kRowsPerLane; ++i) {
-                    // This lane's rows are kWarpSize apart (two-byte elements).
-                    const float *row_dot = reinterpret_cast<const float *>(dot + i * kWarpSize * p.dq_seq_stride * 2);
-                    sm.row_dot(s)[lane + i * kWarpSize] = i * kWarpSize < valid_rows ? *row_dot : 0.f;
-                }
-            } else {
-                const float *lse =
-                    p.fwd.lse + w.tile.batch * p.fwd.lse_batch_stride + head * p.fwd.lse_head_stride + row0;
-#pragma unroll
-                for (int i = 0; i < kRowsPerLane; ++i) {
-                    const float value = i * kWarpSize < valid_rows ? lse[i * kWarpSize] : -INFINITY;
-                    sm.lse_log2(s)[lane + i * kWarpSize] = value == -INFINITY ? INFINITY : value * kLog2e;
-                }
+            for (int i = 0; i < kRowsPerLane; ++i) {
+                // This lane's rows are kWarpSize apart (two-byte elements).
+                const float *row_dot = reinterpret_cast<const float *>(dot + i * kWarpSize * p.dq_seq_stride * 2);
+                sm.row_dot(s)[lane + i * kWarpSize] = i * kWarpSize < valid_rows ? *row_dot : 0.f;
             }
-            named_barrier_arrive_id(kStatsFullBarrier + s, kStatsFullParticipants<Traits>);
+        } else {
+            const float *lse =
+                p.fwd.lse + w.tile.batch * p.fwd.lse_batch_stride + head * p.fwd.lse_head_stride + row0;
+#pragma unroll
+            for (int i = 0; i < kRowsPerLane; ++i) {
+                const float value = i * kWarpSize < valid_rows ? lse[i * kWarpSize] : -INFINITY;
+                sm.lse_log2(s)[lane + i * kWarpSize] = value == -INFINITY ? INFINITY : value * kLog2e;
+            }
         }
+        named_barrier_arrive_id(kStatsFullBarrier + s, kStatsFullParticipants<Traits>);
     }
 }
 
@@ -273,7 +273,7 @@ __device__ __forceinline__ void bwd_write_dq(const BwdKernelParams &p, const Bwd
         int turn = 0;
         int *counter = nullptr;
         if (p.deterministic) {
-            turn = bwd_dq_rank<Traits::kBlockM, Traits::kBlockN>(w, step.m_block);
+            turn = bwd_dq_rank<Traits>(p, w, step);
             counter = bwd_dq_counter<Traits::kBlockM>(p, w, step.head, step.m_block);
         }
         const DqBlock block = DqBlock::of<Traits>(p, w, step.head, step.m_block);

@@ -31,7 +31,7 @@ cudaError_t run_bwd_sm90(const BwdKernelParams &params, const LaunchOptions &opt
     using Traits = typename sm90::BwdSm90Config<kInput, kHeadDim>::Traits;
     const FwdKernelParams &f = params.fwd;
     sm90::BwdSm90Params p{};
-    p.bwd = params;
+    p.bwd = bwd_schedule_params<Traits>(params, options);
     // The maps' (seq, batch) extents: packed tensors are one batch of all
     // their rows (a packed map's batch stride is unused but must be one the
     // driver accepts).
@@ -71,7 +71,7 @@ cudaError_t run_bwd_sm90(const BwdKernelParams &params, const LaunchOptions &opt
     // The dispatcher falls back to the portable kernel.
     if (!encoded) return cudaErrorNotSupported;
 
-    return run_bwd_passes<Traits>(params, options, stream, sm90::flash_bwd_sm90_kernel<Traits>, p);
+    return run_bwd_passes<Traits>(p.bwd, options, stream, sm90::flash_bwd_sm90_kernel<Traits>, p);
 }
 
 }  // namespace flashcore
