@@ -11,6 +11,9 @@
 // [diagonal - window_left, diagonal + window_right] and below seqlen_k,
 // the diagonal bottom-right aligned), in 64-bit arithmetic, not from
 // KeyMask's own bounds.
+//
+// Also the backward's rotated walk (BackwardWalk): its ranks against the
+// order in which the walks reach each query block.
 #include <gtest/gtest.h>
 
 #include <algorithm>
