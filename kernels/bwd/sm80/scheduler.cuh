@@ -69,12 +69,12 @@ __host__ __device__ inline int bwd_rotated_rank(int num_steps, int num_key_block
     return n0 >= n_block ? n0 - n_block : n0 - n_block + num_key_blocks;
 }
 
-// A work's walk: its steps, and the batch's key blocks.
+// A work's walk: its steps (each a query block of one query head of the
+// group), and the batch's key blocks.
 template <typename Work>
 __device__ __forceinline__ int bwd_walk_steps(const Work &w) {
     return w.queries.num_blocks() * (w.end_head - w.tile.head_q);
 }
-// The batch's key blocks.
 template <int kBlockN, typename Work>
 __device__ __forceinline__ int bwd_batch_key_blocks(const Work &w) {
     return ceil_div(w.mask.seqlen_k, kBlockN);
@@ -164,11 +164,6 @@ struct BwdStep {
         return (head - w.tile.head_q) * w.queries.num_blocks() + (m_block - w.queries.m_block_min);
     }
 };
-
-template <typename Work>
-__device__ __forceinline__ int bwd_num_steps(const BwdKernelParams &, const Work &w) {
-    return bwd_walk_steps(w);
-}
 
 // Whether the work's key block has keys a query sees (false: the CTA
 // writes zeros for its keys, or nothing past the sequence's end).

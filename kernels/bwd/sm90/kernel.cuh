@@ -122,7 +122,7 @@ struct BwdSmem {
 using sm80::bwd_dq_counter;
 using sm80::bwd_dq_rank;
 using sm80::bwd_has_work;
-using sm80::bwd_num_steps;
+using sm80::bwd_walk_steps;
 using sm80::BwdStep;
 
 // Where step (head, m_block)'s dQ goes: its query block's rows of the fp32
@@ -177,7 +177,7 @@ __device__ __forceinline__ void bwd_load_tiles(const BwdSm90Params &params, cons
         }
     }
     const int q_batch = p.fwd.cu_seqlens_q != nullptr ? 0 : w.tile.batch;
-    const int num_steps = bwd_num_steps(p, w);
+    const int num_steps = bwd_walk_steps(w);
     BwdStep step = BwdStep::first(w);
     for (int j = 0; j < num_steps; ++j, step = step.next(w)) {
         const int s = j % Traits::kStages;
@@ -215,7 +215,7 @@ __device__ __forceinline__ void bwd_load_row_stats(const BwdKernelParams &p, con
                                                    int lane) {
     static_assert(Traits::kStages == 2, "the stage is the step's parity");
     constexpr int kRowsPerLane = Traits::kBlockM / kWarpSize;
-    const int num_steps = bwd_num_steps(p, w);
+    const int num_steps = bwd_walk_steps(w);
     BwdStep step = BwdStep::first(w);
     for (int j = 0; j < num_steps; ++j, step = step.next(w)) {
         const int head = step.head;
@@ -256,7 +256,7 @@ template <typename Traits, typename Work>
 __device__ __forceinline__ void bwd_write_dq(const BwdKernelParams &p, const BwdSmem<Traits> &sm, const Work &w,
                                              int lane) {
     constexpr int kParticipants = Traits::kConsumerThreads + kWarpSize;
-    const int num_steps = bwd_num_steps(p, w);
+    const int num_steps = bwd_walk_steps(w);
     for (int b = 0; b < Traits::kDqBuffers && b < num_steps; ++b) {
         named_barrier_arrive_id(kDqEmptyBarrier + 2 * b, kParticipants);
     }
@@ -575,7 +575,7 @@ struct BwdConsumer {
         const uint32_t k_rows = smem_address(sm.k()) + consumer * Traits::kKeysPerConsumer * Traits::kPanelRowBytes;
         const uint32_t v_rows = smem_address(sm.v()) + consumer * Traits::kKeysPerConsumer * Traits::kPanelRowBytes;
 
-        const int num_steps = bwd_num_steps(p, w);
+        const int num_steps = bwd_walk_steps(w);
         BwdStep step = BwdStep::first(w);
         for (int j = 0; j < num_steps; ++j, step = step.next(w)) {
             const int s = j % Traits::kStages;
