@@ -61,10 +61,10 @@ struct BwdKernelParams {
 
     // Set by the launcher (bwd_schedule_params) in the deterministic mode
     // where every query sees every key and the key blocks of one (batch,
-    // K/V head) fit on the GPU at once, no more of them than SMs
-    // (LaunchOptions::max_persistent_ctas): each key block's CTA starts
-    // its walk over the query blocks at its own place (bwd/sm80/
-    // scheduler.cuh).
+    // K/V head) fit on the GPU at once, with room for a second such call
+    // (at most half the SMs, LaunchOptions::max_persistent_ctas): each key
+    // block's CTA starts its walk over the query blocks at its own place
+    // (bwd/sm80/scheduler.cuh).
     bool rotated_walk;
 };
 

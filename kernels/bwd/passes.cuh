@@ -17,6 +17,16 @@
 
 namespace flashcore {
 
+// The rotated walk needs a head's key blocks on the GPU together: any of
+// them may wait for any other (bwd/sm80/scheduler.cuh). CTAs are
+// dispatched in grid order, so a call has at most one head part launched,
+// and its launched key blocks may wait for the rest. It is taken where a
+// head's key blocks number at most the SMs over this many calls, so that
+// as many deterministic calls running at once (on several streams, or MPS
+// clients) cannot hold every SM with such CTAs: each holds fewer than its
+// share.
+constexpr int kDeterministicCallsAtOnce = 2;
+
 // params with the schedule's flag (BwdKernelParams::rotated_walk) for
 // Traits' blocks on the launch's GPU.
 template <typename Traits>
@@ -28,7 +38,8 @@ BwdKernelParams bwd_schedule_params(const BwdKernelParams &params, const LaunchO
     const bool every_key = f.window_left >= f.seqlen_k && f.window_right >= f.seqlen_q - 1;
     const int64_t walk_steps = int64_t(f.num_heads_q / f.num_heads_kv) * ceil_div(f.seqlen_q, Traits::kBlockM);
     scheduled.rotated_walk = Traits::kRotatedWalk && params.deterministic && every_key &&
-                             key_blocks <= options.max_persistent_ctas && walk_steps * key_blocks < (int64_t(1) << 31);
+                             key_blocks * kDeterministicCallsAtOnce <= options.max_persistent_ctas &&
+                             walk_steps * key_blocks < (int64_t(1) << 31);
     return scheduled;
 }
 

@@ -16,9 +16,9 @@
 //
 // Where every query sees every key, every key block's walk would reach
 // query block 0 at once and queue there, each behind the one before. So
-// where a head's key blocks also fit on the GPU at once (no more of them
-// than SMs: BwdKernelParams::rotated_walk), each starts its walk at its
-// own place, kRotatedWalkStagger steps after the one below it
+// where a head's key blocks also fit on the GPU at once (at most half the
+// SMs: BwdKernelParams::rotated_walk, passes.cuh's
+// kDeterministicCallsAtOnce), each starts its walk at its own place, kRotatedWalkStagger steps after the one below it
 // (bwd_walk_start), goes round, and adds in the order the walks reach a
 // query block (bwd_rotated_rank): every few steps one, none waiting. Any
 // of them may then wait for any other, which needs them all on the GPU at
