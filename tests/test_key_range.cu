@@ -520,4 +520,42 @@ TEST(BackwardWalk, RotatedRanksFollowTheWalks) {
     EXPECT_TRUE(failures.empty()) << failures.size() << " failures, the first: " << failures.front();
 }
 
+// The sm90 dQ writer releases two steps' counts with one fence where
+// bwd_walks_staggered holds: each key block's wait must then be for one
+// that reached the query block at least kRotatedWalkStagger steps earlier.
+TEST(BackwardWalk, StaggeredWalksReachEachQueryBlockStepsApart) {
+    constexpr int kStagger = flashcore::sm80::kRotatedWalkStagger;
+    int staggered_walks = 0;
+    std::vector<std::string> failures;
+    for (int steps = 1; steps <= 80; ++steps) {
+        for (int blocks = 1; blocks <= 40; ++blocks) {
+            if (!flashcore::sm80::bwd_walks_staggered(steps, blocks)) {
+                if (steps >= kStagger * blocks) failures.push_back("T " + std::to_string(steps) + " N " +
+                                                                   std::to_string(blocks) + " not staggered");
+                continue;
+            }
+            ++staggered_walks;
+            for (int place = 0; place < steps; ++place) {
+                std::vector<int> reached_at(blocks);  // by rank
+                for (int n = 0; n < blocks; ++n) {
+                    const int start = flashcore::sm80::bwd_walk_start(steps, blocks, n);
+                    reached_at[flashcore::sm80::bwd_rotated_rank(steps, blocks, n, place)] =
+                        (place - start + steps) % steps;
+                }
+                for (int r = 1; r < blocks; ++r) {
+                    if (reached_at[r] - reached_at[r - 1] < kStagger) {
+                        failures.push_back("T " + std::to_string(steps) + " N " + std::to_string(blocks) +
+                                           " place " + std::to_string(place) + ": rank " + std::to_string(r) +
+                                           " reaches it at step " + std::to_string(reached_at[r]) + ", rank " +
+                                           std::to_string(r - 1) + " at " + std::to_string(reached_at[r - 1]));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    EXPECT_GT(staggered_walks, 0);
+    EXPECT_TRUE(failures.empty()) << failures.size() << " failures, the first: " << failures.front();
+}
+
 }  // namespace

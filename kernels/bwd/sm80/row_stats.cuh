@@ -45,4 +45,11 @@ __device__ __forceinline__ void add_release(int *address, int value) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(address), "r"(value) : "memory");
 }
 
+// One release for several counters: the fence orders what came before it
+// before each relaxed add after it (the PTX memory model's release pattern).
+__device__ __forceinline__ void fence_release_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+__device__ __forceinline__ void add_relaxed(int *address, int value) {
+    asm volatile("red.relaxed.gpu.global.add.s32 [%0], %1;\n" ::"l"(address), "r"(value) : "memory");
+}
+
 }  // namespace flashcore

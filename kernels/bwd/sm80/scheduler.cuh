@@ -54,6 +54,12 @@ __host__ __device__ inline int bwd_walk_span(int num_steps, int num_key_blocks) 
 __host__ __device__ inline int bwd_walk_start(int num_steps, int num_key_blocks, int n_block) {
     return int(unsigned(n_block) * unsigned(bwd_walk_span(num_steps, num_key_blocks)) / unsigned(num_key_blocks));
 }
+// Whether the walks start exactly kRotatedWalkStagger steps apart (the walk
+// has that many steps per key block): then every key block reaches a query
+// block at least that many steps after the one it waits for there.
+__host__ __device__ inline bool bwd_walks_staggered(int num_steps, int num_key_blocks) {
+    return num_steps / kRotatedWalkStagger >= num_key_blocks;
+}
 // The key blocks' order of addition into the query block at step `place` of
 // the walk: the order in which their walks reach it. The first is the last
 // key block that starts at or before it, n0 = max{n : start(n) <= place};

@@ -119,10 +119,12 @@ struct BwdSmem {
     }
 };
 
+using sm80::bwd_batch_key_blocks;
 using sm80::bwd_dq_counter;
 using sm80::bwd_dq_rank;
 using sm80::bwd_has_work;
 using sm80::bwd_walk_steps;
+using sm80::bwd_walks_staggered;
 using sm80::BwdStep;
 
 // Where step (head, m_block)'s dQ goes: its query block's rows of the fp32
@@ -252,6 +254,14 @@ __device__ __forceinline__ void bwd_load_row_stats(const BwdKernelParams &p, con
 // adds; no consumer waits for them), and the buffer is released when the
 // reduction has read it. In the deterministic mode it first waits for the
 // key block's turn, and counts the block once the reduction is complete.
+//
+// That count's release is a fence at GPU scope, which waits for the
+// reduction to land: the per-step fence was most of the mode's cost at d128
+// (hopper-notes). Where the walks are rotated and start kRotatedWalkStagger
+// steps apart, the key block that adds next to a query block reaches it at
+// least two steps later, so one fence releases two steps: the first step's
+// count waits for the second's reduction. (Each wait is then still for a
+// count released at an earlier step, so none waits in a circle.)
 template <typename Traits, typename Work>
 __device__ __forceinline__ void bwd_write_dq(const BwdKernelParams &p, const BwdSmem<Traits> &sm, const Work &w,
                                              int lane) {
@@ -260,6 +270,9 @@ __device__ __forceinline__ void bwd_write_dq(const BwdKernelParams &p, const Bwd
     for (int b = 0; b < Traits::kDqBuffers && b < num_steps; ++b) {
         named_barrier_arrive_id(kDqEmptyBarrier + 2 * b, kParticipants);
     }
+    const bool release_in_pairs = Traits::kRotatedWalk && p.deterministic && p.rotated_walk &&
+                                  bwd_walks_staggered(num_steps, bwd_batch_key_blocks<Traits::kBlockN>(w));
+    int *held_counter = nullptr;  // the previous step's, released with this one's
     BwdStep step = BwdStep::first(w);
     for (int j = 0; j < num_steps; ++j, step = step.next(w)) {
         const int b = j % Traits::kDqBuffers;
@@ -295,8 +308,19 @@ __device__ __forceinline__ void bwd_write_dq(const BwdKernelParams &p, const Bwd
         // The deterministic mode: the next key block's turn comes once they
         // have landed.
         if (lane == 0 && counter != nullptr) {
-            bulk_wait_group_all();
-            add_release(counter, 1);
+            if (release_in_pairs && held_counter == nullptr && j + 1 < num_steps) {
+                held_counter = counter;
+            } else {
+                bulk_wait_group_all();
+                if (held_counter != nullptr) {
+                    fence_release_gpu();
+                    add_relaxed(held_counter, 1);
+                    add_relaxed(counter, 1);
+                    held_counter = nullptr;
+                } else {
+                    add_release(counter, 1);
+                }
+            }
         }
     }
     // The last reductions' global writes, before the CTA ends.
