@@ -520,41 +520,77 @@ TEST(BackwardWalk, RotatedRanksFollowTheWalks) {
     EXPECT_TRUE(failures.empty()) << failures.size() << " failures, the first: " << failures.front();
 }
 
-// The sm90 dQ writer releases two steps' counts with one fence where
-// bwd_walks_staggered holds: each key block's wait must then be for one
-// that reached the query block at least kRotatedWalkStagger steps earlier.
-TEST(BackwardWalk, StaggeredWalksReachEachQueryBlockStepsApart) {
-    constexpr int kStagger = flashcore::sm80::kRotatedWalkStagger;
-    int staggered_walks = 0;
-    std::vector<std::string> failures;
-    for (int steps = 1; steps <= 80; ++steps) {
-        for (int blocks = 1; blocks <= 40; ++blocks) {
-            if (!flashcore::sm80::bwd_walks_staggered(steps, blocks)) {
-                if (steps >= kStagger * blocks) failures.push_back("T " + std::to_string(steps) + " N " +
-                                                                   std::to_string(blocks) + " not staggered");
-                continue;
-            }
-            ++staggered_walks;
-            for (int place = 0; place < steps; ++place) {
-                std::vector<int> reached_at(blocks);  // by rank
-                for (int n = 0; n < blocks; ++n) {
-                    const int start = flashcore::sm80::bwd_walk_start(steps, blocks, n);
-                    reached_at[flashcore::sm80::bwd_rotated_rank(steps, blocks, n, place)] =
-                        (place - start + steps) % steps;
-                }
-                for (int r = 1; r < blocks; ++r) {
-                    if (reached_at[r] - reached_at[r - 1] < kStagger) {
-                        failures.push_back("T " + std::to_string(steps) + " N " + std::to_string(blocks) +
-                                           " place " + std::to_string(place) + ": rank " + std::to_string(r) +
-                                           " reaches it at step " + std::to_string(reached_at[r]) + ", rank " +
-                                           std::to_string(r - 1) + " at " + std::to_string(reached_at[r - 1]));
-                        break;
-                    }
-                }
+// The sm90 dQ writer holds an even step's count until the next step's
+// reduction has landed (bwd_write_dq's release_in_pairs). On a rotated
+// walk, the wait-for graph of the writers' reductions (each after its
+// walk's previous step, and after the count of the key block ranked just
+// before it there, released with that one's pair) must have no circle
+// where bwd_rotated_walk_releases_in_pairs allows it; it has one wherever
+// it does not (from two steps and two key blocks on), and none without
+// pairs.
+bool wait_graph_has_circle(int steps, int blocks, bool pairs) {
+    using flashcore::sm80::bwd_rotated_rank;
+    using flashcore::sm80::bwd_walk_start;
+    std::vector<int> start(blocks);
+    for (int n = 0; n < blocks; ++n) start[n] = bwd_walk_start(steps, blocks, n);
+    std::vector<int> by_rank(size_t(steps) * blocks);  // [place][rank] -> key block
+    for (int place = 0; place < steps; ++place) {
+        for (int n = 0; n < blocks; ++n) by_rank[size_t(place) * blocks + bwd_rotated_rank(steps, blocks, n, place)] = n;
+    }
+    const auto released_at = [&](int step) { return !pairs || step % 2 == 1 || step == steps - 1 ? step : step + 1; };
+    const auto node = [&](int n, int step) { return size_t(n) * steps + step; };
+    std::vector<std::vector<size_t>> waits_for(size_t(steps) * blocks);
+    for (int n = 0; n < blocks; ++n) {
+        for (int step = 0; step < steps; ++step) {
+            auto &edges = waits_for[node(n, step)];
+            if (step > 0) edges.push_back(node(n, step - 1));
+            const int place = (start[n] + step) % steps;
+            const int rank = bwd_rotated_rank(steps, blocks, n, place);
+            if (rank > 0) {
+                const int before = by_rank[size_t(place) * blocks + rank - 1];
+                edges.push_back(node(before, released_at((place - start[before] + steps) % steps)));
             }
         }
     }
-    EXPECT_GT(staggered_walks, 0);
+    enum : char { kNew, kOnPath, kDone };
+    std::vector<char> state(waits_for.size(), kNew);
+    for (size_t root = 0; root < waits_for.size(); ++root) {
+        if (state[root] != kNew) continue;
+        std::vector<std::pair<size_t, size_t>> path{{root, 0}};  // (node, next edge)
+        state[root] = kOnPath;
+        while (!path.empty()) {
+            auto &[v, next] = path.back();
+            if (next == waits_for[v].size()) {
+                state[v] = kDone;
+                path.pop_back();
+                continue;
+            }
+            const size_t to = waits_for[v][next++];
+            if (state[to] == kOnPath) return true;
+            if (state[to] == kNew) {
+                state[to] = kOnPath;
+                path.emplace_back(to, 0);
+            }
+        }
+    }
+    return false;
+}
+
+TEST(BackwardWalk, PairedReleasesWaitInNoCircle) {
+    int paired_walks = 0;
+    std::vector<std::string> failures;
+    for (int steps = 1; steps <= 72; ++steps) {
+        for (int blocks = 1; blocks <= 40; ++blocks) {
+            const std::string walk = "T " + std::to_string(steps) + " N " + std::to_string(blocks);
+            if (wait_graph_has_circle(steps, blocks, false)) failures.push_back(walk + ": a circle without pairs");
+            const bool allowed = flashcore::sm80::bwd_rotated_walk_releases_in_pairs(steps, blocks);
+            paired_walks += allowed;
+            const bool circle = wait_graph_has_circle(steps, blocks, true);
+            if (allowed && circle) failures.push_back(walk + ": pairs allowed, and their waits go round");
+            if (!allowed && steps >= 2 && blocks >= 2 && !circle) failures.push_back(walk + ": pairs refused, no circle");
+        }
+    }
+    EXPECT_GT(paired_walks, 0);
     EXPECT_TRUE(failures.empty()) << failures.size() << " failures, the first: " << failures.front();
 }
 

@@ -54,11 +54,17 @@ __host__ __device__ inline int bwd_walk_span(int num_steps, int num_key_blocks) 
 __host__ __device__ inline int bwd_walk_start(int num_steps, int num_key_blocks, int n_block) {
     return int(unsigned(n_block) * unsigned(bwd_walk_span(num_steps, num_key_blocks)) / unsigned(num_key_blocks));
 }
-// Whether the walks start exactly kRotatedWalkStagger steps apart (the walk
-// has that many steps per key block): then every key block reaches a query
-// block at least that many steps after the one it waits for there.
-__host__ __device__ inline bool bwd_walks_staggered(int num_steps, int num_key_blocks) {
-    return num_steps / kRotatedWalkStagger >= num_key_blocks;
+// Whether the sm90 dQ writer may release a rotated walk's counts two steps
+// at once (the first step's count held until the second's reduction has
+// landed): where the walk has more steps than there are key blocks. A key
+// block waits for the one that reached the query block before it, whose
+// count comes at the latest with its next step's; so a wait at step t is
+// for a release at step t only where that walk started one place after
+// this one's, and a circle of such waits needs as many walks as places.
+// (In the launch order each waits only for key blocks launched before it,
+// held counts or not.)
+__host__ __device__ inline bool bwd_rotated_walk_releases_in_pairs(int num_steps, int num_key_blocks) {
+    return num_steps > num_key_blocks;
 }
 // The key blocks' order of addition into the query block at step `place` of
 // the walk: the order in which their walks reach it. The first is the last

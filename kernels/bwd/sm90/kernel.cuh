@@ -124,7 +124,7 @@ using sm80::bwd_dq_counter;
 using sm80::bwd_dq_rank;
 using sm80::bwd_has_work;
 using sm80::bwd_walk_steps;
-using sm80::bwd_walks_staggered;
+using sm80::bwd_rotated_walk_releases_in_pairs;
 using sm80::BwdStep;
 
 // Where step (head, m_block)'s dQ goes: its query block's rows of the fp32
@@ -257,11 +257,12 @@ __device__ __forceinline__ void bwd_load_row_stats(const BwdKernelParams &p, con
 //
 // That count's release is a fence at GPU scope, which waits for the
 // reduction to land: the per-step fence was most of the mode's cost at d128
-// (hopper-notes). Where the walks are rotated and start kRotatedWalkStagger
-// steps apart, the key block that adds next to a query block reaches it at
-// least two steps later, so one fence releases two steps: the first step's
-// count waits for the second's reduction. (Each wait is then still for a
-// count released at an earlier step, so none waits in a circle.)
+// (hopper-notes). So the writer releases two steps' counts with one fence:
+// the first step's count waits for the second's reduction too. The key
+// block that adds next to that query block mostly reaches it later anyway
+// (kRotatedWalkStagger steps on a rotated walk, kBlockN / kBlockM under a
+// causal mask); hopper-notes has the times. Not on rotated walks with no more steps than key blocks, where that could
+// make the waits go round in a circle (bwd_rotated_walk_releases_in_pairs).
 template <typename Traits, typename Work>
 __device__ __forceinline__ void bwd_write_dq(const BwdKernelParams &p, const BwdSmem<Traits> &sm, const Work &w,
                                              int lane) {
@@ -270,8 +271,9 @@ __device__ __forceinline__ void bwd_write_dq(const BwdKernelParams &p, const Bwd
     for (int b = 0; b < Traits::kDqBuffers && b < num_steps; ++b) {
         named_barrier_arrive_id(kDqEmptyBarrier + 2 * b, kParticipants);
     }
-    const bool release_in_pairs = Traits::kRotatedWalk && p.deterministic && p.rotated_walk &&
-                                  bwd_walks_staggered(num_steps, bwd_batch_key_blocks<Traits::kBlockN>(w));
+    const bool release_in_pairs =
+        p.deterministic && !(Traits::kRotatedWalk && p.rotated_walk &&
+                             !bwd_rotated_walk_releases_in_pairs(num_steps, bwd_batch_key_blocks<Traits::kBlockN>(w)));
     int *held_counter = nullptr;  // the previous step's, released with this one's
     BwdStep step = BwdStep::first(w);
     for (int j = 0; j < num_steps; ++j, step = step.next(w)) {
