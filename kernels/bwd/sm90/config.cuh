@@ -52,6 +52,13 @@ struct BwdSm90Traits {
     static constexpr int kConsumerThreads = kConsumerWarpgroups * kWarpgroupThreads;
     static constexpr int kStages = 2;  // Q/dO buffers (and dS buffers)
     static constexpr bool kRotatedWalk = true;  // BwdKernelParams::rotated_walk
+    // The deterministic mode's dQ counts released two steps at once
+    // (kernel.cuh, bwd_write_dq): where a step is at most half a key
+    // block's rows (head dim 128), so that under a causal mask the next key
+    // block reaches a query block two steps later. At head dim 64 (steps of
+    // kBlockN rows) the held count cost the key blocks waiting for it more
+    // than the fence it saves (hopper-notes: 2k d64 causal +2% to +40%).
+    static constexpr bool kPairedDqReleases = 2 * kBlockM <= kBlockN;
 
     // Registers: the producer warpgroup gives up all but 24 a thread, the
     // consumers take 240 (dK, dV, S^T, dP^T and dQ live together). A CTA

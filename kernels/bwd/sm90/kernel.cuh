@@ -257,11 +257,12 @@ __device__ __forceinline__ void bwd_load_row_stats(const BwdKernelParams &p, con
 //
 // That count's release is a fence at GPU scope, which waits for the
 // reduction to land: the per-step fence was most of the mode's cost at d128
-// (hopper-notes). So the writer releases two steps' counts with one fence:
-// the first step's count waits for the second's reduction too. The key
-// block that adds next to that query block mostly reaches it later anyway
-// (kRotatedWalkStagger steps on a rotated walk, kBlockN / kBlockM under a
-// causal mask); hopper-notes has the times. Not on rotated walks with no more steps than key blocks, where that could
+// (hopper-notes). So at head dim 128 (Traits::kPairedDqReleases) the
+// writer releases two steps' counts with one fence: the first step's count
+// waits for the second's reduction too. The key block that adds next to
+// that query block mostly reaches it later anyway (kRotatedWalkStagger
+// steps on a rotated walk, kBlockN / kBlockM under a causal mask);
+// hopper-notes has the times. Not on rotated walks with no more steps than key blocks, where that could
 // make the waits go round in a circle (bwd_rotated_walk_releases_in_pairs).
 template <typename Traits, typename Work>
 __device__ __forceinline__ void bwd_write_dq(const BwdKernelParams &p, const BwdSmem<Traits> &sm, const Work &w,
@@ -272,7 +273,7 @@ __device__ __forceinline__ void bwd_write_dq(const BwdKernelParams &p, const Bwd
         named_barrier_arrive_id(kDqEmptyBarrier + 2 * b, kParticipants);
     }
     const bool release_in_pairs =
-        p.deterministic && !(Traits::kRotatedWalk && p.rotated_walk &&
+        Traits::kPairedDqReleases && p.deterministic && !(Traits::kRotatedWalk && p.rotated_walk &&
                              !bwd_rotated_walk_releases_in_pairs(num_steps, bwd_batch_key_blocks<Traits::kBlockN>(w)));
     int *held_counter = nullptr;  // the previous step's, released with this one's
     BwdStep step = BwdStep::first(w);
