@@ -132,8 +132,8 @@ flashcore_status read_first_kv_position(EnvOverrides *env) {
 }
 
 // FLASHCORE_TEST_SMEM_PER_BLOCK=N (1 <= N <= the device's opt-in limit), for
-// tests: kernels with a configuration per shared-memory limit choose as if
-// the device allowed N bytes per block.
+// tests: the handle plans every call as if the device allowed N bytes per
+// block (create_handle).
 flashcore_status read_smem_per_block_choice(const flashcore_handle_s &h, EnvOverrides *env) {
     char range[96];
     std::snprintf(range, sizeof range, "from 1 to %zu (the shared memory per block device %d allows)",
@@ -276,6 +276,7 @@ flashcore_status create_handle(int device, flashcore_handle *handle) {
     }
     const flashcore_status status = read_env_overrides(h, &h.env);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    if (h.env.smem_per_block_choice != 0) h.max_smem_per_block = h.env.smem_per_block_choice;
     *handle = new (std::nothrow) flashcore_handle_s(h);
     if (*handle == nullptr) return fail(FLASHCORE_STATUS_OUT_OF_MEMORY, "could not allocate a handle");
     return FLASHCORE_STATUS_SUCCESS;

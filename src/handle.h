@@ -37,9 +37,10 @@ struct EnvOverrides {
     // count of K/V tiles per CTA starts, so that one call crosses 2^32.
     uint64_t first_kv_position = 0;
     // FLASHCORE_TEST_SMEM_PER_BLOCK=N (tests only): the shared memory per
-    // block that kernels with a configuration per limit choose by, at most
-    // the device's (the backward at head dim 256: an A100's 163 KB
-    // configuration, tested on an H100). 0: the device's.
+    // block the handle plans with, at most the device's; create_handle makes
+    // it the handle's max_smem_per_block, so that every choice and check is
+    // made as on a GPU with that limit (an A100's 163 KiB, sm_86/sm_89's 99
+    // KiB, tested on an H100). 0: the device's.
     size_t smem_per_block_choice = 0;
 };
 
@@ -54,7 +55,9 @@ struct flashcore_handle_s {
     int cc_major;
     int cc_minor;
     int num_sms;
-    size_t max_smem_per_block;  // opt-in limit, for kernels above 48 KB
+    // The opt-in limit, for kernels above 48 KB (or FLASHCORE_TEST_SMEM_PER_BLOCK's,
+    // where set): every kernel a plan chooses fits it.
+    size_t max_smem_per_block;
     size_t smem_per_sm;         // shared by the CTAs resident on one SM
     flashcore::EnvOverrides env;
 };

@@ -104,9 +104,8 @@ flashcore_status launch_backward(const flashcore_handle_s &handle, const flashco
     if (guard.status() != FLASHCORE_STATUS_SUCCESS) return guard.status();
     const BwdKernelParams kparams = bwd_kernel_params(p, workspace);
     const char *failed_call = "the launch";
-    const size_t smem_choice =
-        handle.env.smem_per_block_choice != 0 ? handle.env.smem_per_block_choice : handle.max_smem_per_block;
-    const LaunchOptions options{handle.env.persistent_ctas, &failed_call, 0, handle.device, smem_choice};
+    const LaunchOptions options{handle.env.persistent_ctas, &failed_call, 0, handle.device,
+                                handle.max_smem_per_block};
     cudaError_t err = kernel->run(kparams, options, static_cast<cudaStream_t>(stream));
     // A tensor the driver cannot describe for TMA: nothing was launched;
     // the portable kernel (whose grids the checks above cover: its blocks
