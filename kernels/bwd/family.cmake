@@ -3,16 +3,6 @@
 
 flashcore_read_tiles(bwd ${CMAKE_CURRENT_LIST_DIR}/tiles.def FLASHCORE_BWD_TILE)
 
-# Its portable kernels' targets: the build's, less sm_86 and sm_89 machine
-# code where sm_80's is built (it runs there; the forward's sm_86/sm_89 code
-# exists because it measured faster, which the backward's has not been), so
-# the backward adds half as much to the library. The sm_90 machine code and
-# PTX for newer GPUs stay.
-set(FLASHCORE_bwd_SM80_ARCHITECTURES ${CMAKE_CUDA_ARCHITECTURES})
-if(CMAKE_CUDA_ARCHITECTURES MATCHES "(^|;)80(-real)?(;|$)")
-  list(REMOVE_ITEM FLASHCORE_bwd_SM80_ARCHITECTURES 86 86-real 89 89-real)
-endif()
-
 # The backward family's rules over its selected kernels, records
 # "path|in|kv|out|head_dim|head_dim_v|tile":
 # - its kernels take and write 16-bit types, the gradients in the input's

@@ -4,23 +4,15 @@
 # Its tile names (the list's tile column) from the one source C++ reads too.
 flashcore_read_tiles(fwd ${CMAKE_CURRENT_LIST_DIR}/tiles.def FLASHCORE_FWD_TILE)
 
-# Its kernels on quantized K/V (kv e4m3): sm_80 and sm_90 machine code (and
-# the build's PTX), not sm_86 and sm_89's, which run sm_80's; the library
-# has room for no more (docs/kernels.md, "Size"). They are decode tiles
-# only: decode and paged serving read the cache, which is what quantizing
-# it speeds up; a chunked prefill on such a cache runs on them too.
-set(FLASHCORE_fwd_kv_SM80_ARCHITECTURES ${CMAKE_CUDA_ARCHITECTURES})
-if(CMAKE_CUDA_ARCHITECTURES MATCHES "(^|;)80(-real)?(;|$)")
-  list(REMOVE_ITEM FLASHCORE_fwd_kv_SM80_ARCHITECTURES 86 86-real 89 89-real)
-endif()
-
 # The forward family's rules over its selected kernels, records
 # "path|in|kv|out|head_dim|head_dim_v|tile":
 # - its kernels write their input type, except the sm90 kernels on e4m3
 #   inputs (fp8 prefill), which write bf16 (FA3's choice: an fp8 output
 #   would need a scale the caller cannot know before the call);
 # - K/V of another type than the input are e4m3 (a quantized cache) under a
-#   16-bit input, on the portable path's decode tiles;
+#   16-bit input, on the portable path's decode tiles only: decode and paged
+#   serving read the cache, which is what quantizing it speeds up; a chunked
+#   prefill on such a cache runs on them too;
 # - a 16-bit sm90 kernel needs an sm80 kernel of the same dtype and head
 #   dims: the portable kernel serves what the sm_90a one cannot (small
 #   grids, other GPUs), and flashcore_supported_head_dims lists the sm80
