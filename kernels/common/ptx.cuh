@@ -135,6 +135,20 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&frag)[4], uint32_t 
                  : "r"(smem_row));
 }
 
+// Two 8x8 b16 matrices; lane i < 16 supplies the row address for matrix
+// i / 8 (the other lanes' addresses are not read).
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&frag)[2], uint32_t smem_row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(frag[0]), "=r"(frag[1])
+                 : "r"(smem_row));
+}
+
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&frag)[2], uint32_t smem_row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(frag[0]), "=r"(frag[1])
+                 : "r"(smem_row));
+}
+
 // D = A * B + D for one m16n8k16 tile, fp32 accumulation.
 template <typename Element>
 __device__ __forceinline__ void mma_m16n8k16(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);

@@ -231,28 +231,60 @@ struct SmemOperand {
             ldmatrix_x4_trans(frag, at(ks * kMmaK, n0 / kMmaN));
         }
     }
+
+    // The B fragment of the one n8 tile [n0, n0 + 8), k-step ks: load_b's
+    // first two matrices, read by .x2 from lanes 0-15's addresses, which
+    // are theirs in the .x4 pattern (make: a B operand's lanes 0-15 are
+    // matrices 0 and 1). Of a K-major tile that is row n0 (a multiple of
+    // 8) at vector 2 ks, as load_b's. Of an MN-major one it is vector
+    // n0 / 8, which may be odd (where a warp has one n8 tile; after pairs,
+    // which start at even vectors, it is even): lanes 0-15 have vector bit
+    // 0, so their swizzled vector is (n0 / 8) ^ (row % 8) in full, where
+    // at() takes vector pairs.
+    __device__ __forceinline__ void load_b_single(uint32_t (&frag)[2], int n0, int ks) const {
+        if constexpr (kKMajor) {
+            ldmatrix_x2(frag, at(n0, ks * 2));
+        } else if constexpr (kWholeGroups) {
+            const uint32_t vec = uint32_t(n0 / kMmaN);
+            const uint32_t group_bytes = (vec & ~uint32_t(kSwizzleGroupVectors - 1)) * uint32_t(kVectorBytes);
+            const uint32_t vec_bytes = (vec & uint32_t(kSwizzleGroupVectors - 1)) * uint32_t(kVectorBytes);
+            const uint32_t row_bytes = uint32_t(ks * kMmaK) * kRowBytes;
+            ldmatrix_x2_trans(frag, lane_addr + row_bytes + group_bytes + (vec_bytes ^ lane_xor));
+        } else {
+            ldmatrix_x2_trans(frag, at(ks * kMmaK, n0 / kMmaN));  // swizzled per load: any vector
+        }
+    }
 };
 
 // acc[m][n] (m16 tiles from row m0, n8 tiles from column n0) += A * B over
-// kKSteps k16 steps, A and B SmemOperands. kNTiles is even: B is read two
-// n8 tiles at a time.
+// kKSteps k16 steps, A and B SmemOperands. B is read two n8 tiles at a
+// time; an odd count's last tile alone (a warp with one n8 tile of S: the
+// backward's 32 x 32 tiles).
 template <typename Element, int kMTiles, int kNTiles, int kKSteps, typename AOperand, typename BOperand>
 __device__ __forceinline__ void warp_mma(float (&acc)[kMTiles][kNTiles][4], const AOperand &a, int m0,
                                          const BOperand &b, int n0) {
-    static_assert(kNTiles % 2 == 0, "B fragments are loaded for two n8 tiles at a time");
+    constexpr int kPairedNTiles = kNTiles - kNTiles % 2;
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
         uint32_t a_frag[kMTiles][4];
 #pragma unroll
         for (int m = 0; m < kMTiles; ++m) a.load_a(a_frag[m], m0 + m * kMmaM, ks);
 #pragma unroll
-        for (int n = 0; n < kNTiles; n += 2) {
+        for (int n = 0; n < kPairedNTiles; n += 2) {
             uint32_t b_frag[4];
             b.load_b(b_frag, n0 + n * kMmaN, ks);
 #pragma unroll
             for (int m = 0; m < kMTiles; ++m) {
                 mma_m16n8k16<Element>(acc[m][n], a_frag[m], b_frag[0], b_frag[1]);
                 mma_m16n8k16<Element>(acc[m][n + 1], a_frag[m], b_frag[2], b_frag[3]);
+            }
+        }
+        if constexpr (kPairedNTiles != kNTiles) {
+            uint32_t b_frag[2];
+            b.load_b_single(b_frag, n0 + kPairedNTiles * kMmaN, ks);
+#pragma unroll
+            for (int m = 0; m < kMTiles; ++m) {
+                mma_m16n8k16<Element>(acc[m][kPairedNTiles], a_frag[m], b_frag[0], b_frag[1]);
             }
         }
     }

@@ -91,8 +91,8 @@ struct BwdTraits {
     static_assert(kBlockM % (kWarpsMSdP * kMmaM) == 0 && kBlockM % (kWarpsMdQ * kMmaM) == 0,
                   "query rows split into whole m16 tiles per warp");
     static_assert(kBlockN % (kWarpsNdKV * kMmaM) == 0, "keys split into whole m16 tiles per warp");
-    static_assert(kSdPNTiles % 2 == 0 && kdKNTiles % 2 == 0 && kdVNTiles % 2 == 0 && kdQNTiles % 2 == 0,
-                  "B fragments are read two n8 tiles at a time (warp_mma)");
+    static_assert(kSdPNTiles > 0 && kdKNTiles > 0 && kdVNTiles > 0 && kdQNTiles > 0,
+                  "every warp has whole n8 tiles of each product");
     static_assert(kStages == 1 || kStages == 2, "Q and dO are single- or double-buffered");
     static_assert(kHeadDim % (4 * kElemsPerVector<Element>) == 0 && kHeadDimV % (4 * kElemsPerVector<Element>) == 0 &&
                       kBlockN % (4 * kElemsPerVector<Element>) == 0,
