@@ -38,7 +38,9 @@ struct Span {
 
 // One kernel of a family: a line of kernels/kernels.list in one input type.
 // Family provides Tile (its tiles.def enum), Run (the launcher's function
-// type) and Info (what its dispatcher checks before a launch).
+// type) and InfoFn (the function type of what its dispatcher checks before
+// a launch: the backward's depends on the device's shared memory per block,
+// which picks its configuration).
 template <typename Family>
 struct KernelEntry {
     KernelPath path;
@@ -48,7 +50,7 @@ struct KernelEntry {
     HeadDims dims;
     typename Family::Tile tile;
     typename Family::Run run;
-    typename Family::Info (*info)();
+    typename Family::InfoFn info;
 };
 
 // A family's kernels, in list order. Lookups are linear: a family has tens

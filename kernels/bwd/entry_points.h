@@ -30,8 +30,12 @@ struct BwdKernelInfo {
 template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, BwdVariant kVariant>
 cudaError_t run_bwd_sm80(const BwdKernelParams &params, const LaunchOptions &options, cudaStream_t stream);
 
+// The info of the configuration a device that lets a block opt in to
+// max_smem_per_block bytes of shared memory runs (LaunchOptions::
+// max_smem_per_block picks the same one); where none fits, the smallest,
+// whose smem_bytes the dispatcher then refuses.
 template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, BwdVariant kVariant>
-BwdKernelInfo bwd_info_sm80();
+BwdKernelInfo bwd_info_sm80(size_t max_smem_per_block);
 
 // The same on the sm_90a kernel (bwd/sm90/); returns cudaErrorNotSupported,
 // launching nothing, where the driver cannot describe a tensor for TMA (the
@@ -39,7 +43,8 @@ BwdKernelInfo bwd_info_sm80();
 template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, BwdVariant kVariant>
 cudaError_t run_bwd_sm90(const BwdKernelParams &params, const LaunchOptions &options, cudaStream_t stream);
 
+// (It has one configuration, whatever the limit.)
 template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, BwdVariant kVariant>
-BwdKernelInfo bwd_info_sm90();
+BwdKernelInfo bwd_info_sm90(size_t max_smem_per_block);
 
 }  // namespace flashcore

@@ -24,8 +24,9 @@ struct LaunchOptions {
     // opted in on every launch.
     int device = -1;
     // The dynamic shared memory a block may opt in to on that device, which
-    // picks between configurations of one kernel (the backward's at head
-    // dim 256). 0: unknown, the configuration every supported GPU runs.
+    // picks between configurations of one kernel (the portable backward's:
+    // bwd/sm80/config.cuh). 0: unknown, the configuration every supported
+    // GPU runs.
     size_t max_smem_per_block = 0;
 };
 

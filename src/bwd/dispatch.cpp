@@ -78,9 +78,13 @@ flashcore_status launch_backward(const flashcore_handle_s &handle, const flashco
     if (handle.env.bwd_use_sm90 && p.softcap == 0.f) {
         const BwdKernel *sm90 = bwd_kernels().find(KernelPath::kSm90, kernel->input, kernel->kv,
                                                     kernel->dims, BwdVariant::kHopper);
-        if (sm90 != nullptr && sm90->info().smem_bytes <= handle.max_smem_per_block) kernel = sm90;
+        if (sm90 != nullptr && sm90->info(handle.max_smem_per_block).smem_bytes <= handle.max_smem_per_block) {
+            kernel = sm90;
+        }
     }
-    const BwdKernelInfo info = kernel->info();
+    // The configuration the launch runs on this device (its limit picks it:
+    // LaunchOptions::max_smem_per_block below).
+    const BwdKernelInfo info = kernel->info(handle.max_smem_per_block);
     char kernel_name[64];
     std::snprintf(kernel_name, sizeof kernel_name, "backward %s", bwd_tile_name(kernel->tile));
     status = check_kernel_smem(handle, kernel_name, kernel->dims.head_dim, kernel->dims.head_dim_v, info.smem_bytes);

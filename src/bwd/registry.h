@@ -13,6 +13,9 @@ struct BwdFamily {
     using Tile = BwdVariant;
     using Run = cudaError_t (*)(const BwdKernelParams &, const LaunchOptions &, cudaStream_t);
     using Info = BwdKernelInfo;
+    // Of the configuration a device with that much shared memory per block
+    // (its opt-in limit) runs.
+    using InfoFn = Info (*)(size_t max_smem_per_block);
 };
 using BwdKernel = KernelEntry<BwdFamily>;
 

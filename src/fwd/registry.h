@@ -13,6 +13,7 @@ struct FwdFamily {
     using Tile = FwdVariant;
     using Run = cudaError_t (*)(const FwdKernelParams &, const FwdLaunchOptions &, cudaStream_t);
     using Info = FwdKernelInfo;
+    using InfoFn = Info (*)();
 };
 using FwdKernel = KernelEntry<FwdFamily>;
 

@@ -22,12 +22,17 @@
 // 128 at d256 with 64), S and dP next to them. 255 registers at 256 threads
 // is one CTA per SM, as FlashAttention 2's kernels run.
 //
-// Shared memory: K, V, kStages x (Q, dO, the rows' lse and D) and P, dS. Q and dO of the next
-// query block load while the current one computes (kStages 2) where the
-// budget allows it; at d256 one stage keeps the CTA within an A100's 163 KB.
+// Shared memory: K, V, kStages x (Q, dO, the rows' lse and D) and P, dS. Q
+// and dO of the next query block load while the current one computes
+// (kStages 2) where the budget allows it. A kernel has a list of
+// configurations (BwdTiers), most shared memory first, and runs the first
+// that fits the device's limit per block (BwdTiers::index_for: run_bwd_sm80
+// launches it, bwd_info_sm80 reports it to the dispatcher): at d256 one
+// stage within an A100's 163 KB, two where a block may have 209 KB (sm_90).
 #pragma once
 
 #include <cstddef>
+#include <type_traits>
 
 #include "bwd/params.h"
 #include "common/element.cuh"
@@ -99,33 +104,107 @@ struct BwdTraits {
                   "rows are swizzled in groups of 8 or 4 16-byte vectors (smem_tile.cuh)");
 };
 
+// A configuration as a value: what BwdTiers::visit hands its function.
+template <typename Traits_>
+struct BwdTier {
+    using Traits = Traits_;
+};
+
+// A kernel's configurations (BwdTraits), most shared memory first, each
+// needing less than the one before.
+template <typename... Traits>
+struct BwdTiers {
+    static constexpr int kCount = int(sizeof...(Traits));
+    static constexpr size_t kSmemBytes[sizeof...(Traits)] = {Traits::kSmemBytes...};
+    static constexpr int kBlockM[sizeof...(Traits)] = {Traits::kBlockM...};
+    static constexpr int kBlockN[sizeof...(Traits)] = {Traits::kBlockN...};
+
+    // The configuration a device that lets a block opt in to
+    // max_smem_per_block bytes runs: the first that fits, which is the
+    // largest. Where none does, or the limit is unknown (0), the last, the
+    // smallest (the dispatcher refuses a call whose configuration exceeds
+    // the device's limit).
+    static constexpr int index_for(size_t max_smem_per_block) {
+        for (int i = 0; i < kCount; ++i) {
+            if (kSmemBytes[i] <= max_smem_per_block) return i;
+        }
+        return kCount - 1;
+    }
+
+    // Whether each configuration needs less than the one before (index_for
+    // then picks the largest that fits).
+    static constexpr bool decreasing() {
+        for (int i = 1; i < kCount; ++i) {
+            if (kSmemBytes[i] >= kSmemBytes[i - 1]) return false;
+        }
+        return true;
+    }
+
+    // fn(BwdTier<T>{}) for T the configuration at `index` (index_for's): a
+    // run-time choice among compile-time configurations.
+    template <typename Fn>
+    static decltype(auto) visit(int index, Fn &&fn) {
+        return visit_from<0, Traits...>(index, fn);
+    }
+
+private:
+    template <int kIndex, typename First, typename... Rest, typename Fn>
+    static decltype(auto) visit_from(int index, Fn &fn) {
+        if constexpr (sizeof...(Rest) == 0) {
+            return fn(BwdTier<First>{});
+        } else {
+            if (index == kIndex) return fn(BwdTier<First>{});
+            return visit_from<kIndex + 1, Rest...>(index, fn);
+        }
+    }
+};
+
+// The configurations of a list, in order, each once (a head dim whose
+// tiers are alike has one configuration).
+template <typename List, typename... Traits>
+struct DistinctBwdTiers {
+    using type = List;
+};
+template <typename... Kept, typename Next, typename... Rest>
+struct DistinctBwdTiers<BwdTiers<Kept...>, Next, Rest...>
+    : DistinctBwdTiers<std::conditional_t<(std::is_same_v<Kept, Next> || ...), BwdTiers<Kept...>,
+                                          BwdTiers<Kept..., Next>>,
+                       Rest...> {};
+template <typename First, typename... Rest>
+using BwdTiersOf = typename DistinctBwdTiers<BwdTiers<First>, Rest...>::type;
+
 template <DType kInput, int kHeadDim, int kHeadDimV, BwdVariant kVariant>
 struct BwdConfig;
 
 // BwdTraits<Element, head_dim, head_dim_v, BlockM, BlockN, Stages, WarpsMSdP, WarpsNdKV, WarpsMdQ>
-// Query rows per step: 128 up to head dim 64 (its registers and shared
-// memory allow it, and each step's fixed costs, its barriers and the lse and
-// D loads, are spread over twice the rows), else 64. Keys per CTA: 128 at head dims 32, 64 and 128; 64
-// at 96 (its 12-vector rows take more address registers: 128 keys spill)
-// and past 128, which keeps dK and dV within the registers (192: 80 floats;
-// 256: 128); at 256 one Q/dO stage keeps shared memory at 145 KB, within an
-// A100's 163 KB, and GPUs that allow 209 KB per block (sm_90: 227 KB) run
-// two (LargeSmemTraits: 6% faster on an H200), as the other head dims do.
+//
+// Where a block may have 163 KiB (an A100's; sm_90: 227 KiB): query rows per
+// step: 128 up to head dim 64 (its registers and shared memory allow it, and
+// each step's fixed costs, its barriers and the lse and D loads, are spread
+// over twice the rows), else 64. Keys per CTA: 128 at head dims 32, 64 and
+// 128; 64 at 96 (its 12-vector rows take more address registers: 128 keys
+// spill) and past 128, which keeps dK and dV within the registers (192: 80
+// floats; 256: 128); at 256 one Q/dO stage keeps shared memory at 145 KB,
+// within an A100's 163 KB, and GPUs that allow 209 KB per block (sm_90: 227
+// KB) run two (LargeSmemTraits: 6% faster on an H200), as the other head
+// dims do.
 template <DType kInput, int kHeadDim, int kHeadDimV>
 struct BwdConfig<kInput, kHeadDim, kHeadDimV, BwdVariant::kKvBlock> {
+    template <int kBlockM, int kBlockN, int kStages, int kWarpsNdKV, int kWarpsMdQ>
+    using TraitsOf = BwdTraits<ElementType<kInput>, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, 2, kWarpsNdKV,
+                               kWarpsMdQ>;
+
     static constexpr int kBlockM = kHeadDim <= 64 ? 128 : 64;
     static constexpr int kBlockN = kHeadDim == 96 || kHeadDim > 128 ? 64 : 128;
     static constexpr int kWarpsNdKV = kHeadDim > 128 ? 2 : 4;
     // dQ's warps: 2 x 4 over 64 x 128 at head dim 128 (32 x 32 per warp: 32
     // fragment loads per step, not the 40 of 16 x 64), else 4 along the rows.
     static constexpr int kWarpsMdQ = kHeadDim == 128 ? 2 : 4;
-    template <int kStages>
-    using TraitsWith = BwdTraits<ElementType<kInput>, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, 2, kWarpsNdKV,
-                                 kWarpsMdQ>;
-    // What every GPU the family builds for runs (bwd_info_sm80 reports its
-    // shared memory), and what GPUs with more shared memory per block run.
-    using Traits = TraitsWith<(kHeadDim > 192 ? 1 : 2)>;
-    using LargeSmemTraits = TraitsWith<2>;
+    using LargeSmemTraits = TraitsOf<kBlockM, kBlockN, 2, kWarpsNdKV, kWarpsMdQ>;
+    using A100Traits = TraitsOf<kBlockM, kBlockN, (kHeadDim > 192 ? 1 : 2), kWarpsNdKV, kWarpsMdQ>;
+
+    using Tiers = BwdTiersOf<LargeSmemTraits, A100Traits>;
+    static_assert(Tiers::decreasing(), "configurations are listed by decreasing shared memory");
 };
 
 }  // namespace flashcore

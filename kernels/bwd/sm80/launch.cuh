@@ -3,7 +3,7 @@
 // (kernels/CMakeLists.txt from bwd/sm80/instantiation.cu.in).
 #pragma once
 
-#include <type_traits>
+#include <cstddef>
 
 #include "bwd/entry_points.h"
 #include "bwd/passes.cuh"
@@ -12,10 +12,13 @@
 
 namespace flashcore {
 
+// The configuration a device with max_smem_per_block bytes per block runs
+// (BwdTiers::index_for: the one run_bwd_sm80 launches there).
 template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, BwdVariant kVariant>
-BwdKernelInfo bwd_info_sm80() {
-    using Traits = typename BwdConfig<kInput, kHeadDim, kHeadDimV, kVariant>::Traits;
-    return {Traits::kSmemBytes, Traits::kBlockM, Traits::kBlockN};
+BwdKernelInfo bwd_info_sm80(size_t max_smem_per_block) {
+    using Tiers = typename BwdConfig<kInput, kHeadDim, kHeadDimV, kVariant>::Tiers;
+    const int tier = Tiers::index_for(max_smem_per_block);
+    return {Tiers::kSmemBytes[tier], Tiers::kBlockM[tier], Tiers::kBlockN[tier]};
 }
 
 // The three kernels of one configuration (BwdTraits).
@@ -28,13 +31,12 @@ cudaError_t run_bwd_traits(const BwdKernelParams &params, const LaunchOptions &o
 template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, BwdVariant kVariant>
 cudaError_t run_bwd_sm80(const BwdKernelParams &params, const LaunchOptions &options, cudaStream_t stream) {
     static_assert(kInput == kOutput, "the backward kernels write their input type (bwd/family.cmake)");
-    using Config = BwdConfig<kInput, kHeadDim, kHeadDimV, kVariant>;
-    if constexpr (!std::is_same_v<typename Config::Traits, typename Config::LargeSmemTraits>) {
-        if (options.max_smem_per_block >= Config::LargeSmemTraits::kSmemBytes) {
-            return run_bwd_traits<typename Config::LargeSmemTraits>(params, options, stream);
-        }
-    }
-    return run_bwd_traits<typename Config::Traits>(params, options, stream);
+    // The configuration of the device's limit, the one bwd_info_sm80 gave
+    // the dispatcher.
+    using Tiers = typename BwdConfig<kInput, kHeadDim, kHeadDimV, kVariant>::Tiers;
+    return Tiers::visit(Tiers::index_for(options.max_smem_per_block), [&](auto tier) {
+        return run_bwd_traits<typename decltype(tier)::Traits>(params, options, stream);
+    });
 }
 
 }  // namespace flashcore

@@ -18,7 +18,7 @@
 namespace flashcore {
 
 template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, BwdVariant kVariant>
-BwdKernelInfo bwd_info_sm90() {
+BwdKernelInfo bwd_info_sm90(size_t /*max_smem_per_block: one configuration*/) {
     static_assert(kHeadDim == kHeadDimV, "the sm90 backward has one head dim");
     using Traits = typename sm90::BwdSm90Config<kInput, kHeadDim>::Traits;
     return {Traits::kSmemBytes, Traits::kBlockM, Traits::kBlockN};
