@@ -27,8 +27,12 @@
 // (kStages 2) where the budget allows it. A kernel has a list of
 // configurations (BwdTiers), most shared memory first, and runs the first
 // that fits the device's limit per block (BwdTiers::index_for: run_bwd_sm80
-// launches it, bwd_info_sm80 reports it to the dispatcher): at d256 one
-// stage within an A100's 163 KB, two where a block may have 209 KB (sm_90).
+// launches it, bwd_info_sm80 reports it to the dispatcher); BwdConfig says
+// what each head dim runs, and why:
+//   227 KiB (sm_90)          two stages at every head dim
+//   163 KiB (sm_80, sm_87)   the same but one stage at d256
+//   99 KiB (sm_86, sm_89:    FlashAttention 2's smaller tiles on those GPUs:
+//   kMinSmemPerBlock)        64 query rows, fewer keys, one stage from d128
 #pragma once
 
 #include <cstddef>
@@ -104,6 +108,13 @@ struct BwdTraits {
                   "rows are swizzled in groups of 8 or 4 16-byte vectors (smem_tile.cuh)");
 };
 
+// The shared memory per block that every GPU the portable kernels serve
+// lets a block opt in to: sm_86's and sm_89's (RTX 3090 and 4090, A10, L4;
+// sm_80 allows 163 KiB, sm_90 227 KiB). Every kernel's last configuration
+// fits it (BwdConfig), so a kernels.list line that could not run there
+// fails to build.
+constexpr size_t kMinSmemPerBlock = 99 * 1024;
+
 // A configuration as a value: what BwdTiers::visit hands its function.
 template <typename Traits_>
 struct BwdTier {
@@ -122,8 +133,8 @@ struct BwdTiers {
     // The configuration a device that lets a block opt in to
     // max_smem_per_block bytes runs: the first that fits, which is the
     // largest. Where none does, or the limit is unknown (0), the last, the
-    // smallest (the dispatcher refuses a call whose configuration exceeds
-    // the device's limit).
+    // one every supported GPU can run (the dispatcher refuses a call whose
+    // configuration exceeds the device's limit).
     static constexpr int index_for(size_t max_smem_per_block) {
         for (int i = 0; i < kCount; ++i) {
             if (kSmemBytes[i] <= max_smem_per_block) return i;
@@ -188,6 +199,15 @@ struct BwdConfig;
 // within an A100's 163 KB, and GPUs that allow 209 KB per block (sm_90: 227
 // KB) run two (LargeSmemTraits: 6% faster on an H200), as the other head
 // dims do.
+//
+// Where it may have 99 KiB (kMinSmemPerBlock: sm_86, sm_89), FlashAttention
+// 2's tiles for those GPUs (its run_mha_bwd_hdim* below 144 KB), as far as
+// this layout (Q and dO staged together) allows: 64 query rows, 128 keys,
+// two stages up to head dim 64 (97 KB at d64); at 96 the configuration
+// above (89 KB); 64 x 64 tiles with one stage at 128 (81 KB: two would take
+// 113 KB) and at 192 (97 KB); at 256 32 x 32 tiles with one stage (68 KB:
+// with 64 keys or 64 rows even one stage takes over 104 KB), which leaves a
+// warp of the S and dP products one n8 tile (warp_mma reads it alone).
 template <DType kInput, int kHeadDim, int kHeadDimV>
 struct BwdConfig<kInput, kHeadDim, kHeadDimV, BwdVariant::kKvBlock> {
     template <int kBlockM, int kBlockN, int kStages, int kWarpsNdKV, int kWarpsMdQ>
@@ -203,8 +223,27 @@ struct BwdConfig<kInput, kHeadDim, kHeadDimV, BwdVariant::kKvBlock> {
     using LargeSmemTraits = TraitsOf<kBlockM, kBlockN, 2, kWarpsNdKV, kWarpsMdQ>;
     using A100Traits = TraitsOf<kBlockM, kBlockN, (kHeadDim > 192 ? 1 : 2), kWarpsNdKV, kWarpsMdQ>;
 
-    using Tiers = BwdTiersOf<LargeSmemTraits, A100Traits>;
+    // Where the configuration above fits 99 KiB (d96), it is the small one
+    // too; otherwise 64 rows where it has 128 and 64 keys where it has 128
+    // past d64 (32 x 32 past 192), two stages up to d64.
+    static constexpr int kSmallBlockM = kHeadDim > 192 ? 32 : 64;
+    static constexpr int kSmallBlockN = kHeadDim <= 64 ? 128 : kHeadDim > 192 ? 32 : 64;
+    static constexpr int kSmallStages = kHeadDim <= 64 ? 2 : 1;
+    // 4 warps along 128 keys, 2 along fewer (a warp keeps 2 m16 tiles of
+    // dK and dV at 64 keys).
+    static constexpr int kSmallWarpsNdKV = kSmallBlockN == 128 ? 4 : 2;
+    // 2 along the rows at head dim 128 (as above) and at 32 rows (4 would
+    // have less than an m16 tile each).
+    static constexpr int kSmallWarpsMdQ = kHeadDim == 128 || kSmallBlockM < 64 ? 2 : 4;
+    using SmallSmemTraits =
+        std::conditional_t<A100Traits::kSmemBytes <= kMinSmemPerBlock, A100Traits,
+                           TraitsOf<kSmallBlockM, kSmallBlockN, kSmallStages, kSmallWarpsNdKV, kSmallWarpsMdQ>>;
+
+    using Tiers = BwdTiersOf<LargeSmemTraits, A100Traits, SmallSmemTraits>;
     static_assert(Tiers::decreasing(), "configurations are listed by decreasing shared memory");
+    static_assert(Tiers::kSmemBytes[Tiers::kCount - 1] <= kMinSmemPerBlock,
+                  "the backward kernel of every head dims has a configuration within sm_86's and sm_89's 99 KiB "
+                  "per block");
 };
 
 }  // namespace flashcore
