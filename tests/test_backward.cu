@@ -5,8 +5,10 @@
 // (40/24, 80, 112, 160/128, 136) x causal on/off, windows, softcap, GQA 1/4/8,
 // seqlen_q != seqlen_k both ways, odd lengths, seqused_k, variable-length
 // batches with empty sequences, calls without queries, strided layouts; each
-// in the default and the deterministic mode; determinism under contention,
-// graph capture, the workspace's size and the calls refused before any work.
+// in the default and the deterministic mode; the same on the configurations
+// of GPUs with less shared memory per block (A100: 163 KB; sm_86, sm_89: 99
+// KB); determinism under contention, graph capture, the workspace's size
+// and the calls refused before any work.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -320,11 +322,15 @@ std::vector<FwdCase> all_cases() {
 INSTANTIATE_TEST_SUITE_P(Gradients, BackwardTest, testing::ValuesIn(all_cases()),
                          [](const testing::TestParamInfo<FwdCase> &info) { return case_name(info.param); });
 
-// The head-dim-256 kernel has a configuration per shared-memory limit (two
-// Q/dO stages where a block may have 209 KB, as on sm_90; one within an
-// A100's 163 KB). The cases above run the one this GPU picks; these run the
-// A100's here, as if the GPU allowed 163 KB (FLASHCORE_TEST_SMEM_PER_BLOCK).
+// The portable kernel has a configuration per shared-memory limit
+// (bwd/sm80/config.cuh: at head dim 256 two Q/dO stages where a block may
+// have 209 KB, as on sm_90; one within an A100's 163 KB; smaller tiles at
+// every head dim within sm_86's and sm_89's 99 KB). The cases above run the
+// one this GPU picks; these run the others here, as if the GPU allowed that
+// much (FLASHCORE_TEST_SMEM_PER_BLOCK: every choice of the call is made as
+// on such a GPU, the forward's too).
 constexpr const char *kA100SmemPerBlock = "166912";  // 163 KB
+constexpr const char *kSm86SmemPerBlock = "101376";  // 99 KB: sm_86, sm_89 (RTX 3090, 4090, A10, L4)
 
 TEST(BackwardConfigs, A100SharedMemoryConfigurationMatchesReference) {
     FC_REQUIRE_GPU();
@@ -332,6 +338,62 @@ TEST(BackwardConfigs, A100SharedMemoryConfigurationMatchesReference) {
     expect_gradients_match_reference(FwdCase{fp16, 256, false, 2, 4, 2, 200, 333, Layout::kBSHD});
     expect_gradients_match_reference(FwdCase{bf16, 256, true, 1, 4, 1, 300, 257, Layout::kBHSD});
 }
+
+// The 99 KB configurations: every head-dim pair (the kernels' own, and
+// pairs that run on a larger kernel) x dtype x mask as above, and at the
+// head dims whose tiles shrink most (256: 32 x 32, a warp's S one n8 tile;
+// 128 and 192: one stage) GQA groups of 8, windows, softcap, seqused_k and
+// variable-length batches. Each in the default and the deterministic mode
+// (expect_gradients_match_reference).
+std::vector<FwdCase> sm86_smem_cases() {
+    std::vector<FwdCase> cases = head_dim_cases();
+    const FwdCase d256{bf16, 256, false, 1, 8, 1, 150, 260, Layout::kBSHD};
+    const FwdCase d128{fp16, 128, true, 1, 4, 2, 200, 600, Layout::kPadded};
+    const FwdCase d192{bf16, 192, true, 2, 4, 1, 300, 300, Layout::kBHSD, 128};
+    const FwdCase d32{fp16, 32, true, 2, 2, 2, 130, 130, Layout::kBSHD};
+    const FwdCase d64{bf16, 64, false, 1, 8, 2, 333, 200, Layout::kBHSD};
+    for (const FwdCase &c : {
+             d256,
+             d256.with_window(40, 20),
+             d256.with_softcap(30.f, 1.f).with_window(100, 0),
+             FwdCase{fp16, 256, true, 2, 2, 1, 16, 400, Layout::kBSHD}.with_seqused_k({300, 0}),
+             FwdCase{fp16, 256, true, 1, 2, 1, 1, 1, Layout::kBSHD}.with_varlen_q({150, 1, 300}).with_varlen_k(
+                 {150, 33, 300}),
+             d128.with_window(128, 0),
+             d128.with_softcap(30.f, 1.f),
+             FwdCase{bf16, 128, true, 1, 8, 2, 1, 1, Layout::kBSHD}.with_varlen_q({128, 1, 300}).with_varlen_k(
+                 {600, 64, 300}),
+             d192,
+             d192.with_softcap(50.f),
+             d32.with_softcap(30.f, 1.f).with_window(50, 0),
+             FwdCase{bf16, 32, true, 2, 2, 2, 200, 520, Layout::kBHSD}.with_seqused_k({130, 519}),
+             d64,
+             d64.with_window(63, -1),
+             FwdCase{fp16, 64, true, 1, 4, 2, 1, 1, Layout::kBSHD}.with_varlen_q({0, 1, 17, 200, 513}).with_varlen_k(
+                 {0, 1, 17, 200, 513}),
+             FwdCase{bf16, 96, true, 1, 2, 2, 1, 1, Layout::kPadded}.with_varlen_q({129, 1, 260}).with_varlen_k(
+                 {129, 1, 260}),
+         }) {
+        cases.push_back(c);
+    }
+    std::vector<FwdCase> distinct;
+    std::set<std::string> names;
+    for (const FwdCase &c : cases) {
+        if (names.insert(case_name(c)).second) distinct.push_back(c);
+    }
+    return distinct;
+}
+
+class BackwardSm86SmemTest : public testing::TestWithParam<FwdCase> {};
+
+TEST_P(BackwardSm86SmemTest, MatchesFloat64Reference) {
+    FC_REQUIRE_GPU();
+    const ScopedEnv env({{"FLASHCORE_TEST_SMEM_PER_BLOCK", kSm86SmemPerBlock}});
+    expect_gradients_match_reference(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Sm86SmemGradients, BackwardSm86SmemTest, testing::ValuesIn(sm86_smem_cases()),
+                         [](const testing::TestParamInfo<FwdCase> &info) { return case_name(info.param); });
 
 TEST(BackwardApi, BadSmemChoiceIsRejectedAtCreate) {
     FC_REQUIRE_GPU();
@@ -387,9 +449,9 @@ struct Stream {
 // are scheduled differently every time), reusing one workspace that is never
 // cleared: the deterministic mode gives bitwise-identical dq, dk and dv;
 // the default mode bitwise-identical dk and dv (dq may differ in its last
-// bits). The first run of each is checked against the reference.
-TEST(BackwardDeterminism, RepeatedRunsUnderContentionAreBitwiseIdentical) {
-    FC_REQUIRE_GPU();
+// bits). The first run of each is checked against the reference. The
+// caller has checked for a GPU (and set the environment the handle reads).
+void expect_repeated_runs_bitwise_identical(const std::vector<FwdCase> &cases) {
     constexpr int kRuns = 8;
     constexpr int kNoiseCallsPerRun = 3;
     UniqueHandle handle = make_handle();
@@ -403,7 +465,7 @@ TEST(BackwardDeterminism, RepeatedRunsUnderContentionAreBitwiseIdentical) {
     Workload noise(noise_case, rng);
     Stream work, background;
 
-    for (const FwdCase &c : determinism_cases()) {
+    for (const FwdCase &c : cases) {
         BwdWorkload w(c, rng);
         ASSERT_EQ(w.run_forward_pass(handle.get()), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
         const ReferenceGradients ref = reference_gradients(w);
@@ -451,6 +513,25 @@ TEST(BackwardDeterminism, RepeatedRunsUnderContentionAreBitwiseIdentical) {
             EXPECT_EQ(ws.check("workspace"), "");
         }
     }
+}
+
+TEST(BackwardDeterminism, RepeatedRunsUnderContentionAreBitwiseIdentical) {
+    FC_REQUIRE_GPU();
+    expect_repeated_runs_bitwise_identical(determinism_cases());
+}
+
+// The same on the 99 KB configurations (sm_86, sm_89): at head dim 256 32 x
+// 32 tiles (every 32 keys take a turn at each query block's dQ), at 128 one
+// stage and 64 keys, at 64 64 query rows.
+TEST(BackwardDeterminism, Sm86SharedMemoryRunsAreBitwiseIdentical) {
+    FC_REQUIRE_GPU();
+    const ScopedEnv env({{"FLASHCORE_TEST_SMEM_PER_BLOCK", kSm86SmemPerBlock}});
+    expect_repeated_runs_bitwise_identical({
+        FwdCase{fp16, 256, true, 2, 8, 2, 700, 900, Layout::kBSHD},
+        FwdCase{bf16, 128, false, 1, 4, 4, 1024, 1024, Layout::kBHSD},
+        FwdCase{bf16, 64, true, 1, 8, 1, 1, 1, Layout::kBSHD}.with_varlen_q({300, 0, 517}).with_varlen_k(
+            {400, 1, 517}),
+    });
 }
 
 // A backward call captured into a CUDA graph gives, replayed twice on a
