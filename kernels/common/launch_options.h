@@ -25,8 +25,10 @@ struct LaunchOptions {
     int device = -1;
     // The dynamic shared memory a block may opt in to on that device, which
     // picks between configurations of one kernel (the portable backward's:
-    // bwd/sm80/config.cuh). 0: unknown, the configuration every supported
-    // GPU runs.
+    // bwd/sm80/config.cuh; the forward's wide sm_90a configuration at head
+    // dim 64 runs only where it fits): the handle's limit, which
+    // FLASHCORE_TEST_SMEM_PER_BLOCK may lower. 0: unknown, the configuration
+    // every supported GPU runs.
     size_t max_smem_per_block = 0;
 };
 

@@ -131,36 +131,46 @@ int64_t key_steps(const flashcore_forward_params &p, const FwdKernel &kernel) {
 }
 
 // The portable kernel for the call: the pinned variant where the environment
-// asks for one and the build has it for these head dims (not every head dim
-// has every variant: kernels/kernels.list), else by grid size. Large
-// tiles do the most work per byte read from shared memory, but a CTA walks
-// its key tiles one after another: when the grid does not fill every SM's CTA
-// slots once, finishing sooner matters more than efficiency, and the
-// key-split variants (a half or a quarter of the serial chain per warp) win:
-// the four-way split while its grid fits one wave, the two-way split (half
-// the K/V re-reads per query row) beyond. Measured crossovers are in
-// docs/perf-notes.md. A variant that needs more shared memory than the
-// device offers is passed over; the large tiles serve every size.
+// asks for one, the build has it for these head dims (not every head dim
+// has every variant: kernels/kernels.list), it serves the call (ragged
+// calls: FwdKernelInfo::serves_ragged) and it fits the device's shared
+// memory; else by grid size. Large tiles do the most work per byte read from
+// shared memory, but a CTA walks its key tiles one after another: when the
+// grid does not fill every SM's CTA slots once, finishing sooner matters
+// more than efficiency, and the key-split variants (a half or a quarter of
+// the serial chain per warp) win: the four-way split while its grid fits one
+// wave, the two-way split (half the K/V re-reads per query row) beyond.
+// Measured crossovers are in docs/perf-notes.md. A variant that needs more
+// shared memory than the device offers (handle.max_smem_per_block) is
+// passed over; the large tiles fit every supported GPU (kMinSmemPerBlock,
+// fwd/sm80/config.cuh) and serve every size.
 flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype,
                              HeadDims dims, int packed_heads, const FwdKernel **chosen) {
     // Ragged calls (packed or paged tensors) run on the variants compiled
     // for them (FwdKernelInfo::serves_ragged): decode tiles where the rows
-    // fit them, else the two-way key split, else the decode tiles. A
-    // quantized cache has decode tiles only (kernels/fwd/family.cmake).
+    // fit them, else the two-way key split, else the decode tiles, as
+    // before the large tiles had a ragged kernel (those choices were
+    // measured: docs/perf-notes.md, issues 16 and 36); the large tiles where
+    // none of those fits the device (head dims from 96 on sm_86 and sm_89,
+    // 256 on an A100). Unlike dense calls, ragged calls whose grid fills the
+    // GPU keep the key split where it fits: the large tiles' ragged kernel
+    // has not been timed against it. A quantized cache has decode tiles only
+    // (kernels/fwd/family.cmake), which fit every GPU.
     const bool ragged = is_ragged(p);
     const DType kv = DType(effective_kv_dtype(p));
-    const auto usable = [&](const FwdKernel *kernel) {
+    const auto serving = [&](FwdVariant variant) -> const FwdKernel * {
+        const FwdKernel *kernel = fwd_kernels().find(KernelPath::kSm80, dtype, kv, dims, variant);
         return kernel != nullptr && (!ragged || kernel->info().serves_ragged) ? kernel : nullptr;
     };
-    if (handle.env.forced_variant) {
-        *chosen = usable(fwd_kernels().find(KernelPath::kSm80, dtype, kv, dims, *handle.env.forced_variant));
-        if (*chosen != nullptr) return FLASHCORE_STATUS_SUCCESS;
-    }
     const auto fitting = [&](FwdVariant variant) -> const FwdKernel * {
-        const FwdKernel *kernel = usable(fwd_kernels().find(KernelPath::kSm80, dtype, kv, dims, variant));
+        const FwdKernel *kernel = serving(variant);
         return kernel != nullptr && kernel->info().smem_bytes <= handle.max_smem_per_block ? kernel : nullptr;
     };
-    const FwdKernel *large = usable(fwd_kernels().find(KernelPath::kSm80, dtype, kv, dims, FwdVariant::kLargeTiles));
+    if (handle.env.forced_variant) {
+        *chosen = fitting(*handle.env.forced_variant);
+        if (*chosen != nullptr) return FLASHCORE_STATUS_SUCCESS;
+    }
+    const FwdKernel *large = fitting(FwdVariant::kLargeTiles);
     const FwdKernel *key_split = fitting(FwdVariant::kKeySplit);
     const FwdKernel *key_split4 = fitting(FwdVariant::kKeySplit4);
     const FwdKernel *decode = fitting(FwdVariant::kDecode);
@@ -181,12 +191,22 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
         *chosen = key_split4;
     } else if (fits_tile(key_split)) {
         *chosen = key_split;
-    } else if (large != nullptr && num_blocks(p, *large, packed_heads) >= cta_slots(handle, *large)) {
+    } else if (!ragged && large != nullptr && num_blocks(p, *large, packed_heads) >= cta_slots(handle, *large)) {
         *chosen = large;
+    } else if (ragged) {
+        *chosen = key_split != nullptr ? key_split : decode != nullptr ? decode : large;
     } else {
         *chosen = key_split != nullptr ? key_split : large != nullptr ? large : decode;
     }
     if (*chosen != nullptr) return FLASHCORE_STATUS_SUCCESS;
+    // Nothing fits: a limit below every supported GPU's (only
+    // FLASHCORE_TEST_SMEM_PER_BLOCK sets one). UNSUPPORTED, naming what the
+    // large tiles need.
+    if (const FwdKernel *any = serving(FwdVariant::kLargeTiles)) {
+        const flashcore_status status = check_kernel_smem(handle, fwd_tile_name(any->tile), int(dims.head_dim),
+                                                          int(dims.head_dim_v), any->info().smem_bytes);
+        if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    }
     return fail(FLASHCORE_STATUS_INTERNAL, "no portable kernel for head dims (%d, %d) in the kernel registry",
                 int(dims.head_dim), int(dims.head_dim_v));
 }
@@ -195,7 +215,10 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
 // should serve it: query sequences shorter than a tile (kSm90MinSeqlenQ),
 // and grids too small to fill the SMs that cannot split either (few keys),
 // where the portable key-split variant's lower per-block latency wins
-// (docs/hopper-notes.md). The sm_90a kernel never packs GQA heads.
+// (docs/hopper-notes.md), and kernels that need more shared memory than
+// the handle allows (only under FLASHCORE_TEST_SMEM_PER_BLOCK: the sm_90a
+// kernels fit every GPU they run on). The sm_90a kernel never packs GQA
+// heads.
 bool plan_sm90(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype, HeadDims dims,
                ForwardPlan *plan) {
     if (!handle.env.use_sm90) return false;
@@ -203,7 +226,7 @@ bool plan_sm90(const flashcore_handle_s &handle, const flashcore_forward_params 
     if (has_quantized_kv(p)) return false;
     if (p.seqlen_q < kSm90MinSeqlenQ && !handle.env.sm90_forced) return false;
     const FwdKernel *sm90 = fwd_kernels().find(KernelPath::kSm90, dtype, dtype, dims, FwdVariant::kPersistent);
-    if (sm90 == nullptr) return false;
+    if (sm90 == nullptr || sm90->info().smem_bytes > handle.max_smem_per_block) return false;
     const int64_t blocks = num_blocks(p, *sm90, 1);
     if (blocks > INT_MAX / std::max<int64_t>(p.num_splits, 1)) return false;
     const int splits =
@@ -229,6 +252,15 @@ flashcore_status plan_fp8(const flashcore_handle_s &handle, const flashcore_forw
     if (kernel == nullptr) {
         return fail(FLASHCORE_STATUS_INTERNAL, "no fp8 kernel for head dims (%d, %d) in the kernel registry",
                     int(dims.head_dim), int(dims.head_dim_v));
+    }
+    // Only FLASHCORE_TEST_SMEM_PER_BLOCK sets a limit below the kernel's
+    // (every sm_90 GPU gives a block 227 KiB); there is no other fp8 kernel.
+    if (kernel->info().smem_bytes > handle.max_smem_per_block) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "fp8 queries at head dims (%d, %d) run on the sm_90a kernel only, which needs %zu bytes of shared "
+                    "memory per block; the handle allows %zu (FLASHCORE_TEST_SMEM_PER_BLOCK lowers device %d's limit)",
+                    int(dims.head_dim), int(dims.head_dim_v), kernel->info().smem_bytes, handle.max_smem_per_block,
+                    handle.device);
     }
     const int64_t blocks = num_blocks(p, *kernel, 1);
     if (blocks > INT_MAX / std::max<int64_t>(p.num_splits, 1)) {
@@ -402,7 +434,7 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
     }
     const char *failed_call = "the launch";
     const FwdLaunchOptions options{handle.env.persistent_ctas, &failed_call, handle.env.first_kv_position,
-                                   handle.device};
+                                   handle.device, handle.max_smem_per_block};
     const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
     cudaError_t err = plan.kernel->run(kparams, options, cuda_stream);
     if (err == cudaErrorNotSupported && has_fp8_queries(p)) {

@@ -127,7 +127,12 @@ cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &
     using Config = sm90::Sm90Config<kInput, kOutput, kHeadDim, kHeadDimV>;
     using Traits = typename Config::Traits;
     if constexpr (Config::kHasWide) {
-        if (sm90::wide_fits<Traits, typename Config::WideTraits>(params, options.max_persistent_ctas)) {
+        // The dispatcher planned by the two-warpgroup configuration, which
+        // fits the handle's shared memory; the wide one may not, under
+        // FLASHCORE_TEST_SMEM_PER_BLOCK (options.max_smem_per_block).
+        const bool wide_smem_fits =
+            options.max_smem_per_block == 0 || Config::WideTraits::kSmemBytes <= options.max_smem_per_block;
+        if (wide_smem_fits && sm90::wide_fits<Traits, typename Config::WideTraits>(params, options.max_persistent_ctas)) {
             return sm90::run_with_traits<kInput, kOutput, typename Config::WideTraits, NoSoftcap,
                                          /*kServesRagged=*/false>(params, options, stream);
         }
