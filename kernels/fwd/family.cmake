@@ -16,9 +16,14 @@ flashcore_read_tiles(fwd ${CMAKE_CURRENT_LIST_DIR}/tiles.def FLASHCORE_FWD_TILE)
 # - a 16-bit sm90 kernel needs an sm80 kernel of the same dtype and head
 #   dims: the portable kernel serves what the sm_90a one cannot (small
 #   grids, other GPUs), and flashcore_supported_head_dims lists the sm80
-#   head dims. A one-byte input type has no portable kernel and needs none.
+#   head dims. A one-byte input type has no portable kernel and needs none;
+# - a 16-bit sm80 line's dtype and head dims have a large line: the large
+#   tiles are the one variant that fits the 99 KB of shared memory sm_86
+#   and sm_89 give a block at every head dim (sm80/config.cuh,
+#   kMinSmemPerBlock), so ragged calls there run on them.
 function(flashcore_fwd_check_kernels kernels)
   set(sm80_kernels)
+  set(sm80_large_kernels)
   foreach(kernel IN LISTS kernels)
     string(REPLACE "|" ";" f "${kernel}")
     list(GET f 0 path)
@@ -43,6 +48,9 @@ function(flashcore_fwd_check_kernels kernels)
     endif()
     if(path STREQUAL "sm80" AND kv STREQUAL in)
       list(APPEND sm80_kernels "${in}/${head_dim}/${head_dim_v}")
+      if(tile STREQUAL "large")
+        list(APPEND sm80_large_kernels "${in}/${head_dim}/${head_dim_v}")
+      endif()
     endif()
   endforeach()
   foreach(kernel IN LISTS kernels)
@@ -54,6 +62,11 @@ function(flashcore_fwd_check_kernels kernels)
     if(path STREQUAL "sm90" AND in MATCHES "^(fp16|bf16)$" AND NOT "${in}/${head_dim}/${head_dim_v}" IN_LIST sm80_kernels)
       message(FATAL_ERROR "kernels.list: fwd sm90 ${in} ${head_dim} ${head_dim_v} has no sm80 line with the same "
                           "dtype and head dims")
+    endif()
+    if(path STREQUAL "sm80" AND "${in}/${head_dim}/${head_dim_v}" IN_LIST sm80_kernels
+       AND NOT "${in}/${head_dim}/${head_dim_v}" IN_LIST sm80_large_kernels)
+      message(FATAL_ERROR "kernels.list: fwd sm80 ${in} ${head_dim} ${head_dim_v} has no large line: ragged calls "
+                          "on GPUs with 99 KB of shared memory per block run on the large tiles")
     endif()
   endforeach()
 endfunction()

@@ -10,13 +10,18 @@
 // MMAs. From head_dim 96 on, 32-key tiles keep the live S tile small enough
 // to fit 255 registers without spilling; past 128 the blocks have 64 rows (at
 // 192 x 128 the 128-row block spills on sm_90, and at 256 the O accumulators
-// alone are 128 registers per 16 rows).
+// alone are 128 registers per 16 rows). The only variant within
+// kMinSmemPerBlock at every head dim (at most 96 KB, at 256), so its ragged
+// kernel serves the packed and paged calls that no other variant fits
+// (launch.cuh, kServesRagged); that kernel keeps Q in shared memory at
+// head dim 64 (RaggedTraits).
 //
 // kKeySplit, for small problems: 64 query rows, two groups of 4 warps
 // splitting the key tiles between them, so each warp's serial chain of tiles
 // is half as long (the latency of a small problem is that chain). From
 // head_dim 96 on its two rings take more shared memory than sm_86 and sm_89
-// offer (99 KB): there the dispatcher uses the large tiles.
+// offer (99 KB), and at 192 x 128 more than an A100's (163 KB): there the
+// dispatcher uses the large tiles, for dense and ragged calls.
 //
 // kKeySplit4, for grids of at most one CTA per SM: 32 query rows, four
 // groups of 2 warps, so twice the CTAs of kKeySplit and half its chain per
@@ -40,6 +45,18 @@
 
 namespace flashcore {
 
+// The shared memory a block may opt in to on every GPU the portable kernel
+// supports: sm_86's and sm_89's limit, 99 KB (sm_80 and sm_87: 163 KB;
+// sm_90: 227 KB). Every call needs a kernel within it, ragged calls
+// (packed or paged tensors) included: the large tiles on 16-bit K/V and
+// the decode tiles on a quantized cache, the only variants built for ragged
+// batches that fit it at every head dim, are checked against it below.
+constexpr size_t kMinSmemPerBlock = 99 * 1024;
+
+// Each configuration's Traits; RaggedTraits, those of its kernel for ragged
+// batches (launch.cuh, kServesRagged), which differ only where that kernel
+// would spill with Traits and never in what the dispatcher plans by
+// (FwdKernelInfo: launch.cuh checks).
 template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 struct FwdConfig;
 
@@ -51,12 +68,22 @@ struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kLargeTi
     static constexpr int kBlockN = kHeadDim <= 64 ? 64 : 32;
     using Traits = FwdTraits<ElementType<kInput>, ElementType<kKV>, ElementType<kOutput>, kHeadDim, kHeadDimV, kBlockM, kBlockN, 4, 1, 2,
                              255, kHeadDim <= 64>;
+    // Q in shared memory from head dim 64 on: with Q's 32 registers a
+    // thread, the ragged kernel's page lookups and run-time rows spilled 4
+    // bytes at 64 on sm_80 (255 registers; sm_90 fit). Q from shared memory
+    // costs an ldmatrix per k-step (238 registers).
+    using RaggedTraits = FwdTraits<ElementType<kInput>, ElementType<kKV>, ElementType<kOutput>, kHeadDim, kHeadDimV,
+                                   kBlockM, kBlockN, 4, 1, 2, 255, kHeadDim <= 32>;
+    static_assert(Traits::kSmemBytes <= kMinSmemPerBlock,
+                  "the large tiles serve the ragged calls that no other variant fits: they must fit the 99 KB of "
+                  "shared memory sm_86 and sm_89 give a block (kMinSmemPerBlock) at every head dim");
 };
 
 template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV>
 struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kKeySplit> {
     using Traits = FwdTraits<ElementType<kInput>, ElementType<kKV>, ElementType<kOutput>, kHeadDim, kHeadDimV, 64, 64, 4, 2, 2, 255,
                              kHeadDim <= 96>;
+    using RaggedTraits = Traits;
 };
 
 // Past head_dim 64, 32-key tiles keep four splits' rings (2 slots each)
@@ -65,6 +92,7 @@ template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV>
 struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kKeySplit4> {
     using Traits = FwdTraits<ElementType<kInput>, ElementType<kKV>, ElementType<kOutput>, kHeadDim, kHeadDimV, 32,
                              kHeadDim <= 64 ? 64 : 32, 2, 4, 2, 255, kHeadDim <= 96>;
+    using RaggedTraits = Traits;  // no ragged kernel (launch.cuh)
 };
 
 #ifndef FLASHCORE_DECODE_SLOT_BYTES  // scratch sweeps override these three
@@ -116,6 +144,10 @@ struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kDecode>
                              1,
                              kDecodeKeySplits, kQuantizedKV ? kDecodeQuantizedStages : kDecodeStages, 255,
                              kHeadDim <= 128>;
+    using RaggedTraits = Traits;
+    static_assert(!kQuantizedKV || Traits::kSmemBytes <= kMinSmemPerBlock,
+                  "the decode tiles are the only kernels on a quantized cache: they must fit the 99 KB of shared "
+                  "memory sm_86 and sm_89 give a block (kMinSmemPerBlock)");
 };
 
 }  // namespace flashcore

@@ -12,11 +12,16 @@
 namespace flashcore {
 
 // The variants also compiled for ragged batches (packed or paged tensors,
-// FwdKernelParams::ragged): the decode tiles, for paged decode, and the
-// two-way key split, for everything else. Each ragged kernel is a second
-// copy of its variant; for all five the library would grow past 50 MB.
+// FwdKernelParams::ragged): the decode tiles, for paged decode; the two-way
+// key split, for everything else where it fits the device's shared memory;
+// and the large tiles, the one variant within kMinSmemPerBlock at every head
+// dim (config.cuh), where nothing else fits (from head dim 96 on sm_86 and
+// sm_89, 256 on an A100). Each ragged kernel is a second copy of its
+// variant (the large tiles' adds 108-133 KB per unit and architecture);
+// the four-way split has none, for the library's size.
 template <FwdVariant kVariant>
-constexpr bool kServesRagged = kVariant == FwdVariant::kDecode || kVariant == FwdVariant::kKeySplit;
+constexpr bool kServesRagged =
+    kVariant == FwdVariant::kDecode || kVariant == FwdVariant::kKeySplit || kVariant == FwdVariant::kLargeTiles;
 
 // Kernels on quantized K/V are built for ragged batches only, which serves
 // dense calls too (their decode time is the cache's read, not the ragged
@@ -24,6 +29,13 @@ constexpr bool kServesRagged = kVariant == FwdVariant::kDecode || kVariant == Fw
 template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 FwdKernelInfo fwd_info_sm80() {
     using Traits = typename FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, kVariant>::Traits;
+    using RaggedTraits = typename FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, kVariant>::RaggedTraits;
+    // The info below is the ragged kernel's too.
+    static_assert(RaggedTraits::kSmemBytes == Traits::kSmemBytes && RaggedTraits::kBlockM == Traits::kBlockM &&
+                      RaggedTraits::kBlockN == Traits::kBlockN && RaggedTraits::kKeySplits == Traits::kKeySplits &&
+                      RaggedTraits::kNumThreads == Traits::kNumThreads &&
+                      RaggedTraits::kMaxRegisters == Traits::kMaxRegisters,
+                  "a ragged kernel differs from its variant's dense kernel in nothing the dispatcher plans by");
     return {Traits::kSmemBytes, Traits::kBlockM, Traits::kBlockN * Traits::kKeySplits,
             register_bound_ctas_per_sm(Traits::kNumThreads, Traits::kMaxRegisters),
             kServesRagged<kVariant> || Traits::kQuantizedKV};
@@ -43,13 +55,14 @@ cudaError_t launch_fwd_sm80(const FwdKernelParams &params, const FwdLaunchOption
 template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 cudaError_t run_fwd_sm80(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
     static_assert(kInput == kOutput, "the forward kernels write their input type (fwd/family.cmake)");
-    using Traits = typename FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, kVariant>::Traits;
+    using Config = FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, kVariant>;
+    using Traits = typename Config::Traits;
     if constexpr (Traits::kQuantizedKV) {
         return launch_fwd_sm80<Traits, true>(params, options, stream);
     } else {
         if (!params.ragged) return launch_fwd_sm80<Traits, false>(params, options, stream);
         if constexpr (kServesRagged<kVariant>) {
-            return launch_fwd_sm80<Traits, true>(params, options, stream);
+            return launch_fwd_sm80<typename Config::RaggedTraits, true>(params, options, stream);
         } else {
             return launch_step(cudaErrorNotSupported, options, "a ragged call on a variant without a ragged kernel");
         }
