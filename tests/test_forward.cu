@@ -4,8 +4,11 @@
 // on/off over many shapes and layouts, LSE, GQA/MQA, a tensor over 2^31
 // elements, determinism, concurrency; an fp8 (e4m3) K/V cache with its
 // descale factors over the same head dims, masks, varlen and paged layouts;
-// and fp8 prefill (q, k and v e4m3, out bf16; compute capability 9.0 only)
-// over its head dims, masks, varlen and paged layouts.
+// fp8 prefill (q, k and v e4m3, out bf16; compute capability 9.0 only)
+// over its head dims, masks, varlen and paged layouts; and dense, varlen and
+// paged calls at every head dim as on GPUs with less shared memory per block
+// (FLASHCORE_TEST_SMEM_PER_BLOCK: sm_86/sm_89's 99 KiB, an A100's 163 KiB),
+// where fp8 prefill is refused and pinned variants that do not fit give way.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -979,6 +982,202 @@ TEST(ForwardApi, RefusedFp8PrefillCallsWriteNothing) {
     EXPECT_EQ(flashcore_forward(handle.get(), &named, nullptr, 0, nullptr), FLASHCORE_STATUS_SUCCESS)
         << flashcore_last_error_message();
     FC_CHECK_CUDA(cudaDeviceSynchronize());
+}
+
+
+// ---------------------------------------------------------------------------
+// The shared memory of smaller GPUs (FLASHCORE_TEST_SMEM_PER_BLOCK, which
+// the handle plans every call with): sm_86's and sm_89's 99 KiB, where only
+// the large tiles fit at head dims 96 and up, and an A100's 163 KiB, where
+// no key split fits at 192 x 128 and nothing but the large tiles at 256.
+// Every valid call runs on a kernel within the limit (a kernel above it
+// would be refused as UNSUPPORTED at the launch; no call may be INTERNAL),
+// ragged ones (packed and paged tensors) included; fp8 queries, whose only
+// kernels need more than 99 KiB, are refused as UNSUPPORTED, saying so.
+// ---------------------------------------------------------------------------
+
+struct SmemLimit {
+    const char *name;
+    const char *bytes;  // FLASHCORE_TEST_SMEM_PER_BLOCK
+};
+constexpr SmemLimit kSm86SmemLimit{"sm86", "101376"};  // 99 KiB: sm_86, sm_89
+constexpr SmemLimit kA100SmemLimit{"a100", "166912"};  // 163 KiB: sm_80
+
+// Whether the current device lets a block have `bytes` of shared memory
+// (FLASHCORE_TEST_SMEM_PER_BLOCK may only lower its limit); *why otherwise.
+bool device_allows_smem(const char *bytes, std::string *why) {
+    int device = 0, optin = 0;
+    FC_CHECK_CUDA(cudaGetDevice(&device));
+    FC_CHECK_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (std::strtoll(bytes, nullptr, 10) <= optin) return true;
+    *why = "device " + std::to_string(device) + " allows " + std::to_string(optin) + " bytes of shared memory per block, below " +
+           bytes;
+    return false;
+}
+
+struct SmemLimitCase {
+    SmemLimit limit;
+    FwdCase c;
+};
+
+class ForwardSmemLimitTest : public testing::TestWithParam<SmemLimitCase> {};
+
+TEST_P(ForwardSmemLimitTest, MatchesFloat64Reference) {
+    FC_REQUIRE_GPU();
+    std::string why;
+    if (!device_allows_smem(GetParam().limit.bytes, &why)) GTEST_SKIP() << "GPU test skipped: " << why;
+    const ScopedEnv env({{"FLASHCORE_TEST_SMEM_PER_BLOCK", GetParam().limit.bytes}});
+    expect_matches_reference(GetParam().c);
+}
+
+// Per head dim (every kernel's), dtype and mask: a packed (varlen) prefill
+// with GQA and seqused_k, and a chunked prefill over a paged cache (pages of
+// 16, 48, 64 and 256 keys in turn) with GQA; per head dim, with the dtype
+// and mask alternating: packed decode rows with GQA heads packed into the
+// tiles, a forced 3-way split and a softcap, a paged call with a window,
+// and a dense call.
+std::vector<SmemLimitCase> smem_limit_cases() {
+    struct HeadDims {
+        int qk, v;
+    };
+    const HeadDims head_dims[] = {{32, 32}, {64, 64}, {96, 96}, {128, 128}, {192, 128}, {256, 256}};
+    const int page_sizes[] = {16, 48, 64, 256};
+    std::vector<FwdCase> cases;
+    size_t turn = 0;
+    for (const HeadDims &d : head_dims) {
+        const int dv = d.v == d.qk ? 0 : d.v;
+        for (flashcore_dtype dtype : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16})
+            for (bool causal : {false, true}) {
+                cases.push_back(FwdCase{dtype, d.qk, causal, 1, 4, 2, 1, 1, Layout::kBSHD, dv}
+                                    .with_varlen_q({1, 130, 257})
+                                    .with_varlen_k({40, 200, 257})
+                                    .with_seqused_k({33, 200, 190}));
+                cases.push_back(FwdCase{dtype, d.qk, causal, 2, 4, 2, 100, 600, Layout::kBHSD, dv}
+                                    .with_seqused_k({600, 129})
+                                    .with_pages(page_sizes[turn++ % 4]));
+            }
+        const flashcore_dtype dtype = d.qk % 64 == 0 ? FLASHCORE_DTYPE_BF16 : FLASHCORE_DTYPE_FP16;
+        const bool causal = d.qk >= 128;
+        cases.push_back(FwdCase{dtype, d.qk, causal, 1, 8, 2, 1, 1, Layout::kPadded, dv}
+                            .with_varlen_q({1, 5, 40})
+                            .with_varlen_k({300, 64, 500})
+                            .with_splits(3)
+                            .with_softcap(30.f, 1.f));
+        cases.push_back(FwdCase{dtype, d.qk, !causal, 3, 4, 1, 64, 700, Layout::kBSHD, dv}
+                            .with_seqused_k({700, 1, 333})
+                            .with_pages(64)
+                            .with_window(200, 0));
+        cases.push_back(FwdCase{dtype, d.qk, !causal, 2, 4, 2, 200, 300, Layout::kBSHD, dv});
+    }
+    std::vector<SmemLimitCase> limited;
+    for (const SmemLimit &limit : {kSm86SmemLimit, kA100SmemLimit})
+        for (const FwdCase &c : cases) limited.push_back({limit, c});
+    return limited;
+}
+
+INSTANTIATE_TEST_SUITE_P(SmemLimits, ForwardSmemLimitTest, testing::ValuesIn(smem_limit_cases()),
+                         [](const testing::TestParamInfo<SmemLimitCase> &info) {
+                             return std::string(info.param.limit.name) + "_" + case_name(info.param.c);
+                         });
+
+// The status and message of a workspace query for params on a handle
+// created under the caller's environment.
+flashcore_status workspace_query(const flashcore_forward_params &params, std::string *message) {
+    UniqueHandle handle = make_handle();
+    if (!handle) return FLASHCORE_STATUS_INTERNAL;
+    size_t bytes = 0;
+    const flashcore_status status = flashcore_forward_workspace_size(handle.get(), &params, &bytes);
+    *message = status == FLASHCORE_STATUS_SUCCESS ? "" : flashcore_last_error_message();
+    return status;
+}
+
+// fp8 prefill runs on the sm_90a kernels only: under 99 KiB (below every
+// fp8 kernel's shared memory) a valid call is refused as UNSUPPORTED,
+// naming the limit, and writes nothing; under an A100's 163 KiB head dim 64
+// (about 129 KiB) runs and 128 (about 209 KiB) is refused.
+TEST(ForwardSmemLimits, Fp8PrefillAboveTheLimitIsUnsupported) {
+    FC_REQUIRE_GPU();
+    const FwdCase d64 = FwdCase{FLASHCORE_DTYPE_FP8_E4M3, 64, true, 2, 4, 2, 200, 300, Layout::kBSHD}.with_fp8_q(
+        Descale::kPerBatchHead);
+    FwdCase d128 = d64;
+    d128.head_dim = 128;
+    int major = 0, minor = 0;
+    if (!current_compute_capability(&major, &minor) || major != 9 || minor != 0) {
+        GTEST_SKIP() << "GPU test skipped: fp8 queries run on compute capability 9.0 GPUs only";
+    }
+    std::mt19937_64 rng(fresh_seed());
+    Workload w64(d64, rng), w128(d128, rng);
+    {
+        const ScopedEnv env({{"FLASHCORE_TEST_SMEM_PER_BLOCK", kSm86SmemLimit.bytes}});
+        for (Workload *w : {&w64, &w128}) {
+            SCOPED_TRACE(case_name(w->c));
+            std::string message;
+            const flashcore_status status = workspace_query(w->params, &message);
+            if (message.find("built without") != std::string::npos) GTEST_SKIP() << "GPU test skipped: " << message;
+            EXPECT_EQ(status, FLASHCORE_STATUS_UNSUPPORTED) << message;
+            EXPECT_NE(message.find("shared memory"), std::string::npos) << message;
+            EXPECT_NE(message.find(kSm86SmemLimit.bytes), std::string::npos) << message;
+            UniqueHandle handle = make_handle();
+            ASSERT_TRUE(handle);
+            w->poison_outputs();
+            const std::vector<uint16_t> poisoned = w->out_bits();
+            EXPECT_EQ(flashcore_forward(handle.get(), &w->params, nullptr, 0, nullptr), FLASHCORE_STATUS_UNSUPPORTED)
+                << flashcore_last_error_message();
+            FC_CHECK_CUDA(cudaDeviceSynchronize());
+            EXPECT_TRUE(w->out_bits() == poisoned) << "a refused call wrote to the output";
+        }
+    }
+    const ScopedEnv env({{"FLASHCORE_TEST_SMEM_PER_BLOCK", kA100SmemLimit.bytes}});
+    std::string message;
+    EXPECT_EQ(workspace_query(w128.params, &message), FLASHCORE_STATUS_UNSUPPORTED) << message;
+    EXPECT_NE(message.find(kA100SmemLimit.bytes), std::string::npos) << message;
+    expect_matches_reference(d64);
+}
+
+// FLASHCORE_FWD_VARIANT pins a variant only where it fits the handle's
+// shared memory and serves the call; elsewhere the call is planned as if
+// unpinned, and runs. sm90 likewise: calls whose sm_90a kernel does not fit
+// run on the portable kernel.
+TEST(ForwardSmemLimits, PinnedVariantsAboveTheLimitGiveWay) {
+    FC_REQUIRE_GPU();
+    std::string why;
+    if (!device_allows_smem(kSm86SmemLimit.bytes, &why)) GTEST_SKIP() << "GPU test skipped: " << why;
+    const FwdCase dense{FLASHCORE_DTYPE_BF16, 128, true, 2, 8, 2, 300, 500, Layout::kBSHD};
+    const FwdCase packed = FwdCase{FLASHCORE_DTYPE_FP16, 256, false, 1, 4, 2, 1, 1, Layout::kBSHD}
+                               .with_varlen_q({1, 100, 200})
+                               .with_varlen_k({64, 300, 200});
+    const FwdCase paged =
+        FwdCase{FLASHCORE_DTYPE_BF16, 96, true, 2, 8, 2, 8, 900, Layout::kBSHD}.with_seqused_k({900, 17}).with_pages(16);
+    for (const char *variant : {"large", "keysplit", "keysplit4", "decode", "sm90"}) {
+        SCOPED_TRACE(variant);
+        const ScopedEnv env({{"FLASHCORE_FWD_VARIANT", variant}, {"FLASHCORE_TEST_SMEM_PER_BLOCK", kSm86SmemLimit.bytes}});
+        if (std::string(variant) == "sm90" && !forced_sm90_path_runs(&why)) continue;
+        for (const FwdCase &c : {dense, packed, paged}) {
+            SCOPED_TRACE(case_name(c));
+            expect_matches_reference(c);
+        }
+    }
+}
+
+// A limit below every supported GPU's, under which even the large tiles do
+// not fit at head dim 256 (96 KiB): UNSUPPORTED, naming what they need, for
+// dense and ragged calls alike; head dim 32's large tiles (24 KiB) still run.
+TEST(ForwardSmemLimits, NoKernelWithinTheLimitIsUnsupportedNotInternal) {
+    FC_REQUIRE_GPU();
+    const ScopedEnv env({{"FLASHCORE_TEST_SMEM_PER_BLOCK", "49152"}});
+    std::mt19937_64 rng(fresh_seed());
+    const FwdCase dense{FLASHCORE_DTYPE_FP16, 256, false, 1, 2, 2, 100, 100, Layout::kBSHD};
+    for (const FwdCase &c : {dense, dense.with_varlen_q({50, 100}).with_varlen_k({50, 100})}) {
+        SCOPED_TRACE(case_name(c));
+        Workload w(c, rng);
+        std::string message;
+        EXPECT_EQ(workspace_query(w.params, &message), FLASHCORE_STATUS_UNSUPPORTED) << message;
+        EXPECT_NE(message.find("49152"), std::string::npos) << message;
+        EXPECT_NE(message.find("shared memory"), std::string::npos) << message;
+    }
+    FwdCase d32 = dense;
+    d32.head_dim = 32;
+    expect_matches_reference(d32.with_varlen_q({50, 100}).with_varlen_k({50, 100}));
 }
 
 }  // namespace
