@@ -21,7 +21,8 @@
 // is half as long (the latency of a small problem is that chain). From
 // head_dim 96 on its two rings take more shared memory than sm_86 and sm_89
 // offer (99 KB), and at 192 x 128 more than an A100's (163 KB): there the
-// dispatcher uses the large tiles, for dense and ragged calls.
+// dispatcher uses the large tiles (ragged calls: the decode tiles where
+// those fit, as at 192 x 128 on an A100; src/fwd/dispatch.cpp).
 //
 // kKeySplit4, for grids of at most one CTA per SM: 32 query rows, four
 // groups of 2 warps, so twice the CTAs of kKeySplit and half its chain per
