@@ -3,7 +3,9 @@
 # ctest (the dispatcher's choice, each path, each pinned tile variant, the
 # persistent kernel on 3 CTAs, the split suite on each path, the backward
 # pass, pinned to the portable kernel and on 3 CTAs' worth of SMs too, the
-# fp8 widening, and last, alone, the race test), but as a few sharded
+# forward, split and backward suites as on GPUs with 99 KiB (sm_86/sm_89)
+# and 163 KiB (A100) of shared memory per block, the fp8 widening, and
+# last, alone, the race test), but as a few sharded
 # processes per configuration instead of one process per test: the same
 # tests in minutes rather than the ctest run's quarter hour, which matters on
 # a leased GPU. ctest stays the reference; keep the two lists in step.
@@ -38,6 +40,13 @@ configs=(
   "backward|test_backward|*|"
   "backward.kvblock|test_backward|Gradients/*:BackwardDeterminism.*:BackwardGraph.*|FLASHCORE_BWD_VARIANT=kvblock"
   "backward.3ctas|test_backward|Gradients/*:BackwardDeterminism.*|FLASHCORE_PERSISTENT_CTAS=3"
+  "default.smem99k|test_forward|*|FLASHCORE_TEST_SMEM_PER_BLOCK=101376"
+  "portable.smem99k|test_forward|*-Shapes/ForwardFp8Test.*|FLASHCORE_FWD_VARIANT=portable FLASHCORE_TEST_SMEM_PER_BLOCK=101376"
+  "default.smem163k|test_forward|*|FLASHCORE_TEST_SMEM_PER_BLOCK=166912"
+  "split.smem99k|test_split|*|FLASHCORE_TEST_SMEM_PER_BLOCK=101376"
+  "split.smem163k|test_split|*|FLASHCORE_TEST_SMEM_PER_BLOCK=166912"
+  "backward.smem99k|test_backward|*|FLASHCORE_TEST_SMEM_PER_BLOCK=101376"
+  "backward.smem163k|test_backward|*|FLASHCORE_TEST_SMEM_PER_BLOCK=166912"
   "fp8|test_fp8|*||1"
   "race|test_race|*||1"
 )
