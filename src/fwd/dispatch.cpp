@@ -147,14 +147,14 @@ int64_t key_steps(const flashcore_forward_params &p, const FwdKernel &kernel) {
 flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype,
                              HeadDims dims, int packed_heads, const FwdKernel **chosen) {
     // Ragged calls (packed or paged tensors) run on the variants compiled
-    // for them (FwdKernelInfo::serves_ragged): decode tiles where the rows
-    // fit them, else the two-way key split, else the decode tiles, as
-    // before the large tiles had a ragged kernel (those choices were
-    // measured: docs/perf-notes.md, issues 16 and 36); the large tiles where
-    // none of those fits the device (head dims from 96 on sm_86 and sm_89,
-    // 256 on an A100). Unlike dense calls, ragged calls whose grid fills the
-    // GPU keep the key split where it fits: the large tiles' ragged kernel
-    // has not been timed against it. A quantized cache has decode tiles only
+    // for them (FwdKernelInfo::serves_ragged: the decode tiles, the two-way
+    // key split and the large tiles) and choose among them as dense calls
+    // do. The large tiles fit every supported GPU, so every ragged call has
+    // a kernel (head dims from 96 on sm_86 and sm_89, 256 on an A100 have
+    // nothing else); where a ragged grid fills the GPU they are faster than
+    // the key split, as for dense calls (a packed causal prefill of 32k
+    // tokens at head dim 128 on an H200: 3815 against 4429 us;
+    // docs/perf-notes.md, issue 57). A quantized cache has decode tiles only
     // (kernels/fwd/family.cmake), which fit every GPU.
     const bool ragged = is_ragged(p);
     const DType kv = DType(effective_kv_dtype(p));
@@ -191,10 +191,8 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
         *chosen = key_split4;
     } else if (fits_tile(key_split)) {
         *chosen = key_split;
-    } else if (!ragged && large != nullptr && num_blocks(p, *large, packed_heads) >= cta_slots(handle, *large)) {
+    } else if (large != nullptr && num_blocks(p, *large, packed_heads) >= cta_slots(handle, *large)) {
         *chosen = large;
-    } else if (ragged) {
-        *chosen = key_split != nullptr ? key_split : decode != nullptr ? decode : large;
     } else {
         *chosen = key_split != nullptr ? key_split : large != nullptr ? large : decode;
     }

@@ -11,18 +11,17 @@
 // to fit 255 registers without spilling; past 128 the blocks have 64 rows (at
 // 192 x 128 the 128-row block spills on sm_90, and at 256 the O accumulators
 // alone are 128 registers per 16 rows). The only variant within
-// kMinSmemPerBlock at every head dim (at most 96 KB, at 256), so its ragged
-// kernel serves the packed and paged calls that no other variant fits
-// (launch.cuh, kServesRagged); that kernel keeps Q in shared memory at
-// head dim 64 (RaggedTraits).
+// kMinSmemPerBlock at every head dim (at most 96 KB, at 256); its ragged
+// kernel (launch.cuh, kServesRagged) serves packed and paged calls as the
+// dense one serves dense calls, and those that no other variant fits. It
+// keeps Q in shared memory at head dim 64 (RaggedTraits).
 //
 // kKeySplit, for small problems: 64 query rows, two groups of 4 warps
 // splitting the key tiles between them, so each warp's serial chain of tiles
 // is half as long (the latency of a small problem is that chain). From
 // head_dim 96 on its two rings take more shared memory than sm_86 and sm_89
 // offer (99 KB), and at 192 x 128 more than an A100's (163 KB): there the
-// dispatcher uses the large tiles (ragged calls: the decode tiles where
-// those fit, as at 192 x 128 on an A100; src/fwd/dispatch.cpp).
+// dispatcher uses the large tiles (src/fwd/dispatch.cpp).
 //
 // kKeySplit4, for grids of at most one CTA per SM: 32 query rows, four
 // groups of 2 warps, so twice the CTAs of kKeySplit and half its chain per

@@ -13,12 +13,13 @@ namespace flashcore {
 
 // The variants also compiled for ragged batches (packed or paged tensors,
 // FwdKernelParams::ragged): the decode tiles, for paged decode; the two-way
-// key split, for everything else where it fits the device's shared memory;
-// and the large tiles, the one variant within kMinSmemPerBlock at every head
-// dim (config.cuh), where nothing else fits (from head dim 96 on sm_86 and
-// sm_89, 256 on an A100). Each ragged kernel is a second copy of its
-// variant (the large tiles' adds 108-133 KB per unit and architecture);
-// the four-way split has none, for the library's size.
+// key split, for small grids; and the large tiles, for grids that fill the
+// GPU and wherever nothing else fits: they are the one variant within
+// kMinSmemPerBlock at every head dim (config.cuh; from head dim 96 on sm_86
+// and sm_89, and 256 on an A100, the others do not fit). Each ragged kernel
+// is a second copy of its variant (the large tiles' adds 108-133 KB of
+// machine code per unit and architecture, before compression); the
+// four-way split has none, for the library's size.
 template <FwdVariant kVariant>
 constexpr bool kServesRagged =
     kVariant == FwdVariant::kDecode || kVariant == FwdVariant::kKeySplit || kVariant == FwdVariant::kLargeTiles;
