@@ -4,9 +4,19 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace flashcore {
+
+// The shared memory per block that every GPU the library supports lets a
+// block opt in to: sm_86's and sm_89's (RTX 30xx/40xx, A10, A40, L4, L40S;
+// sm_80 and sm_87 allow 163 KiB, sm_90 227 KiB). Each family asserts that
+// every call has a kernel configuration within it (fwd/sm80/config.cuh: the
+// large tiles and the quantized cache's decode tiles; bwd/sm80/config.cuh:
+// every head dim's last configuration), so a kernels.list line that could
+// not run there fails to build.
+constexpr size_t kMinSmemPerBlock = 99 * 1024;
 
 // Launch settings that are not kernel arguments.
 struct LaunchOptions {

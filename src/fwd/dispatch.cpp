@@ -143,7 +143,7 @@ int64_t key_steps(const flashcore_forward_params &p, const FwdKernel &kernel) {
 // Measured crossovers are in docs/perf-notes.md. A variant that needs more
 // shared memory than the device offers (handle.max_smem_per_block) is
 // passed over; the large tiles fit every supported GPU (kMinSmemPerBlock,
-// fwd/sm80/config.cuh) and serve every size.
+// asserted in fwd/sm80/config.cuh) and serve every size.
 flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype,
                              HeadDims dims, int packed_heads, const FwdKernel **chosen) {
     // Ragged calls (packed or paged tensors) run on the variants compiled

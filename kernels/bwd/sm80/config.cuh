@@ -41,6 +41,7 @@
 #include "bwd/params.h"
 #include "common/element.cuh"
 #include "common/fragment_layout.cuh"
+#include "common/launch_options.h"
 
 namespace flashcore {
 
@@ -107,13 +108,6 @@ struct BwdTraits {
                       kBlockN % (4 * kElemsPerVector<Element>) == 0,
                   "rows are swizzled in groups of 8 or 4 16-byte vectors (smem_tile.cuh)");
 };
-
-// The shared memory per block that every GPU the portable kernels serve
-// lets a block opt in to: sm_86's and sm_89's (RTX 3090 and 4090, A10, L4;
-// sm_80 allows 163 KiB, sm_90 227 KiB). Every kernel's last configuration
-// fits it (BwdConfig), so a kernels.list line that could not run there
-// fails to build.
-constexpr size_t kMinSmemPerBlock = 99 * 1024;
 
 // A configuration as a value: what BwdTiers::visit hands its function.
 template <typename Traits_>

@@ -40,18 +40,17 @@
 #pragma once
 
 #include "common/element.cuh"
+#include "common/launch_options.h"
 #include "fwd/params.h"
 #include "fwd/sm80/traits.cuh"
 
 namespace flashcore {
 
-// The shared memory a block may opt in to on every GPU the portable kernel
-// supports: sm_86's and sm_89's limit, 99 KB (sm_80 and sm_87: 163 KB;
-// sm_90: 227 KB). Every call needs a kernel within it, ragged calls
-// (packed or paged tensors) included: the large tiles on 16-bit K/V and
-// the decode tiles on a quantized cache, the only variants built for ragged
-// batches that fit it at every head dim, are checked against it below.
-constexpr size_t kMinSmemPerBlock = 99 * 1024;
+// Every call needs a kernel within kMinSmemPerBlock (common/
+// launch_options.h), ragged calls (packed or paged tensors) included: the
+// large tiles on 16-bit K/V and the decode tiles on a quantized cache, the
+// variants built for ragged batches that fit it at every head dim, are
+// checked against it below.
 
 // Each configuration's Traits; RaggedTraits, those of its kernel for ragged
 // batches (launch.cuh, kServesRagged), which differ only where that kernel
