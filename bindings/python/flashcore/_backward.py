@@ -2,14 +2,16 @@
 low-level calls, as forward_params and check_params are the forward's),
 and gradients(), the body of the torch operator flashcore::backward, which
 the autograd formula of flashcore::forward calls (_torch_ops): it takes
-the gradient of out and gives those of q, k and v, planned and queued as
-the forward's calls are (_planning.prepare_backward,
-_launch.launch_backward)."""
+the gradient of out and gives those of q, k and v. A repeated call is
+served by the compiled path (_fastcall.c's backward(), without running
+Python); the others are planned and queued as the forward's calls are
+(_planning.prepare_backward, _launch.launch_backward), and their plan is
+then given to the compiled path for the next such call."""
 
 import sys
 from typing import Optional, Tuple, Union
 
-from . import _ffi
+from . import _fastpath, _ffi
 from ._arrays import Array
 from ._checked import struct_ref
 from ._launch import launch_backward
@@ -73,14 +75,32 @@ def gradient_like(torch, x, packed):
     return torch.zeros_like(x) if packed else torch.empty_like(x)
 
 
+def _no_compiled_path():
+    return False
+
+
+# () -> the compiled path's module (_fastpath.load), or False where there is
+# none: flashcore._attention's, set when it is imported (the one module both
+# directions use).
+compiled_path = _no_compiled_path
+
+
 def gradients(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout,
               causal, softmax_scale, window, softcap, deterministic):
     """(dq, dk, dv) for the gradient dout of a forward call's out
     (flashcore::backward's implementation): torch tensors on one CUDA
     device, the forward's q, k, v, out and lse, queued on torch's current
     stream. deterministic: the call's, or'ed with
-    torch.are_deterministic_algorithms_enabled() as the backward runs."""
+    torch.are_deterministic_algorithms_enabled() as the backward runs.
+    (Positional: flashcore::backward's arguments, in its order.)"""
+    fast = compiled_path()
+    if fast:
+        grads = fast.backward(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic)
+        if grads is not None:
+            return grads
     torch = sys.modules["torch"]
+    given = dout
     dout = _readable(torch, dout)
     dq = gradient_like(torch, q, cu_seqlens_q is not None)
     dk = gradient_like(torch, k, cu_seqlens_k is not None)
@@ -90,4 +110,8 @@ def gradients(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, ma
                                     layout, (causal, softmax_scale, window, softcap), deterministic, max_seqlen_q,
                                     max_seqlen_k)
     launch_backward(params, plan)
+    if fast and dout is given and not plan.empty:
+        _fastpath.remember_backward(fast, (dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k,
+                                           max_seqlen_q, max_seqlen_k, layout, causal, softmax_scale, window,
+                                           softcap, deterministic), plan)
     return dq, dk, dv

@@ -22,7 +22,14 @@
  *
  * call() returns None for any call it does not serve (a miss): the caller
  * then takes the Python path, which registers the call's plan (remember())
- * once it has served it from its own cache. */
+ * once it has served it from its own cache.
+ *
+ * The backward pass (issue 58: a training step's host time) is served the
+ * same way: backward() takes flashcore::backward's arguments (the saved
+ * tensors of the forward, dout and the options), matches them against the
+ * plans remember_backward() was given by flashcore/_backward.py, and calls
+ * flashcore_backward with dq, dk, dv (torch.empty_like of q, k and v) and a
+ * workspace from torch.empty, both torch's caching allocator's. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -57,6 +64,7 @@ enum {
 #define CALL_ARGS (NUM_ARRAYS + 3)
 
 typedef flashcore_status (*forward_fn)(flashcore_handle, const flashcore_forward_params *, void *, size_t, void *);
+typedef flashcore_status (*backward_fn)(flashcore_handle, const flashcore_backward_params *, void *, size_t, void *);
 
 /* What a plan matches of one array: everything of it but its address. */
 typedef struct {
@@ -113,6 +121,12 @@ static struct {
     PyObject *stride;          /* torch.Tensor.stride, called unbound */
     PyObject *get_device;      /* torch.Tensor.get_device */
     PyObject *data_ptr;        /* torch.Tensor.data_ptr */
+    /* configure_backward()'s: flashcore_backward, and
+     * torch.are_deterministic_algorithms_enabled (or'ed into a call's own
+     * deterministic flag, as flashcore::backward's Python path does). */
+    backward_fn backward;
+    PyObject *deterministic_enabled;
+    PyObject *uint8; /* torch.uint8: the backward workspace's dtype */
 } torch_api;
 
 static Plan plans[FASTCALL_MAX_PLANS];
@@ -332,17 +346,27 @@ static int kept_workspace(const Plan *plan, void *stream, void **address) {
 
 /* ---- the module's functions -------------------------------------------- */
 
-/* A flashcore_forward that queues nothing: configure()'d in its place, the
- * binding's own host time per call can be measured (bench/python_overhead.py)
- * and call() tested on a machine without a GPU. */
-static flashcore_status stub_forward(flashcore_handle handle, const flashcore_forward_params *params,
-                                     void *workspace, size_t workspace_bytes, void *stream) {
-    (void)handle;
-    (void)params;
-    (void)workspace;
-    (void)workspace_bytes;
-    (void)stream;
-    return FLASHCORE_STATUS_SUCCESS;
+/* Stubs with flashcore_forward's and flashcore_backward's signatures that
+ * queue nothing and return success: configure()'d in their place, the
+ * binding's own host time per call can be measured
+ * (bench/python_overhead.py) and call() and backward() tested on a machine
+ * without a GPU. */
+#define FASTCALL_STUB(name, params_type)                                                                     \
+    static flashcore_status name(flashcore_handle handle, const params_type *params, void *workspace,        \
+                                 size_t workspace_bytes, void *stream) {                                     \
+        (void)handle, (void)params, (void)workspace, (void)workspace_bytes, (void)stream;                    \
+        return FLASHCORE_STATUS_SUCCESS;                                                                     \
+    }
+FASTCALL_STUB(stub_forward, flashcore_forward_params)
+FASTCALL_STUB(stub_backward, flashcore_backward_params)
+
+/* Sets the exception of a call that returned `status`: the binding's error
+ * (its check raises), else a RuntimeError naming `function`. */
+static void raise_status(flashcore_status status, const char *function) {
+    PyObject *checked = PyObject_CallFunction(torch_api.check, "i", (int)status);
+    if (checked == NULL) return;
+    Py_DECREF(checked);
+    PyErr_Format(PyExc_RuntimeError, "%s failed with status %d", function, (int)status);
 }
 
 PyDoc_STRVAR(stub_forward_address_doc,
@@ -423,10 +447,7 @@ static PyObject *fastcall_call(PyObject *self, PyObject *args) {
     status = torch_api.forward(plan->raw_handle, &params, workspace, plan->workspace_bytes, stream);
     Py_END_ALLOW_THREADS
     if (status != FLASHCORE_STATUS_SUCCESS) {
-        PyObject *checked = PyObject_CallFunction(torch_api.check, "i", (int)status);
-        if (checked == NULL) goto fail;
-        Py_DECREF(checked);
-        PyErr_Format(PyExc_RuntimeError, "flashcore_forward failed with status %d", (int)status);
+        raise_status(status, "flashcore_forward");
         goto fail;
     }
     if (!plan->options.return_lse) return out;
@@ -559,12 +580,382 @@ fail:
     return NULL;
 }
 
-PyDoc_STRVAR(clear_doc, "clear()\n\nForgets every plan (their handles and dtypes are released).");
+/* ---- the backward pass -------------------------------------------------- */
+
+/* The tensors a backward plan describes, in the order backward() takes them. */
+enum { BWD_DOUT, BWD_Q, BWD_K, BWD_V, BWD_OUT, BWD_LSE, BWD_SEQUSED_K, NUM_BWD_ARRAYS };
+/* backward()'s arguments: flashcore::backward's, in its order. */
+enum {
+    BWD_ARG_CU_SEQLENS_Q = NUM_BWD_ARRAYS,
+    BWD_ARG_CU_SEQLENS_K,
+    BWD_ARG_MAX_SEQLEN_Q,
+    BWD_ARG_MAX_SEQLEN_K,
+    BWD_ARG_LAYOUT,
+    BWD_ARG_CAUSAL,
+    BWD_ARG_SOFTMAX_SCALE,
+    BWD_ARG_WINDOW,
+    BWD_ARG_SOFTCAP,
+    BWD_ARG_DETERMINISTIC,
+    BWD_CALL_ARGS
+};
+/* Backward plans kept, replaced round robin: a model's few attention shapes. */
+#define FASTCALL_MAX_BACKWARD_PLANS 16
+
+/* The options a backward plan matches, as _planning.prepare_backward keys
+ * them (deterministic: the call's or'ed with torch's flag). */
+typedef struct {
+    PyObject *layout; /* str; a strong reference in a plan */
+    int causal;
+    int has_scale;
+    double softmax_scale;
+    int has_window;
+    long window_left, window_right;
+    double softcap;
+    int deterministic;
+} BackwardOptions;
+
+typedef struct {
+    int valid;
+    BackwardOptions options;
+    ArrayMeta arrays[NUM_BWD_ARRAYS];
+    flashcore_backward_params template_params;
+    size_t workspace_bytes;
+    PyObject *workspace_args, *workspace_kwargs; /* torch.empty's, for the workspace */
+    PyObject *handle;                            /* the Python Handle, kept alive while the plan is */
+    flashcore_handle raw_handle;
+    PyObject *device_args; /* (device,): the current-stream query's argument */
+} BackwardPlan;
+
+static BackwardPlan backward_plans[FASTCALL_MAX_BACKWARD_PLANS];
+static unsigned next_backward_victim;
+
+typedef struct {
+    PyObject *args[BWD_CALL_ARGS];
+    ArrayMeta meta[NUM_BWD_ARRAYS];
+    BackwardOptions options;
+} BackwardProbe;
+
+/* Reads a 2-int window (list or tuple of exact ints). 1, 0 or -1. */
+static int read_window(PyObject *window, long *left, long *right) {
+    if (!(PyList_CheckExact(window) || PyTuple_CheckExact(window)) || PySequence_Size(window) != 2) return 0;
+    PyObject *l = PySequence_GetItem(window, 0), *r = PySequence_GetItem(window, 1);
+    int served = l != NULL && r != NULL && PyLong_CheckExact(l) && PyLong_CheckExact(r);
+    if (served) {
+        *left = PyLong_AsLong(l);
+        *right = PyLong_AsLong(r);
+        if (PyErr_Occurred()) served = 0;
+    }
+    Py_XDECREF(l);
+    Py_XDECREF(r);
+    PyErr_Clear();
+    return served;
+}
+
+/* Unpacks flashcore::backward's 17 arguments and reads them: 1 when this
+ * path may serve the call (dense: no cu_seqlens or max_seqlen; plain values
+ * of the schema's types), 0 or -1 as probe_call(). */
+static int probe_backward(PyObject *args, BackwardProbe *p) {
+    if (PyTuple_Size(args) != BWD_CALL_ARGS) {
+        PyErr_Format(PyExc_TypeError, "backward() takes %d arguments (%zd given)", BWD_CALL_ARGS, PyTuple_Size(args));
+        return -1;
+    }
+    for (int i = 0; i < BWD_CALL_ARGS; ++i) p->args[i] = PyTuple_GetItem(args, i);
+    if (!torch_api.configured || torch_api.backward == NULL) return 0;
+    for (int i = BWD_ARG_CU_SEQLENS_Q; i <= BWD_ARG_MAX_SEQLEN_K; ++i)
+        if (p->args[i] != Py_None) return 0; /* packed sequences: their gradients are zeroed first (Python path) */
+    for (int i = 0; i < NUM_BWD_ARRAYS; ++i) {
+        PyObject *a = p->args[i];
+        if (a == Py_None && i == BWD_SEQUSED_K) {
+            p->meta[i].present = 0;
+            continue;
+        }
+        if ((PyObject *)Py_TYPE(a) != torch_api.tensor_type) return 0;
+        int read = read_meta(a, &p->meta[i]);
+        if (read <= 0) return read;
+    }
+    BackwardOptions *o = &p->options;
+    PyObject *layout = p->args[BWD_ARG_LAYOUT], *causal = p->args[BWD_ARG_CAUSAL],
+             *scale = p->args[BWD_ARG_SOFTMAX_SCALE], *window = p->args[BWD_ARG_WINDOW],
+             *softcap = p->args[BWD_ARG_SOFTCAP], *deterministic = p->args[BWD_ARG_DETERMINISTIC];
+    if (!PyUnicode_CheckExact(layout) || !PyBool_Check(causal) || !PyFloat_CheckExact(softcap) ||
+        !PyBool_Check(deterministic))
+        return 0;
+    o->layout = layout;
+    o->causal = causal == Py_True;
+    o->has_scale = scale != Py_None;
+    o->softmax_scale = 0.0;
+    if (o->has_scale) {
+        if (!PyFloat_CheckExact(scale)) return 0;
+        o->softmax_scale = PyFloat_AsDouble(scale);
+    }
+    o->has_window = window != Py_None;
+    o->window_left = o->window_right = 0;
+    if (o->has_window && !read_window(window, &o->window_left, &o->window_right)) return 0;
+    o->softcap = PyFloat_AsDouble(softcap);
+    o->deterministic = deterministic == Py_True;
+    if (!o->deterministic) {
+        PyObject *flag = PyObject_CallObject(torch_api.deterministic_enabled, NULL);
+        if (flag == NULL) return -1;
+        o->deterministic = PyObject_IsTrue(flag);
+        Py_DECREF(flag);
+        if (o->deterministic < 0) return -1;
+    }
+    return 1;
+}
+
+static int same_backward_options(const BackwardOptions *a, const BackwardOptions *b) {
+    if (a->causal != b->causal || a->has_scale != b->has_scale || a->has_window != b->has_window ||
+        a->softcap != b->softcap || a->deterministic != b->deterministic)
+        return 0;
+    if (a->has_scale && a->softmax_scale != b->softmax_scale) return 0;
+    if (a->has_window && (a->window_left != b->window_left || a->window_right != b->window_right)) return 0;
+    if (a->layout == b->layout) return 1;
+    return PyUnicode_Compare(a->layout, b->layout) == 0 && !PyErr_Occurred();
+}
+
+static BackwardPlan *find_backward_plan(const BackwardProbe *p) {
+    for (int i = 0; i < FASTCALL_MAX_BACKWARD_PLANS; ++i) {
+        BackwardPlan *plan = &backward_plans[i];
+        if (!plan->valid || !same_backward_options(&plan->options, &p->options)) continue;
+        int same = 1;
+        for (int a = 0; a < NUM_BWD_ARRAYS && same; ++a) same = same_meta(&plan->arrays[a], &p->meta[a]);
+        if (same) return plan;
+    }
+    return NULL;
+}
+
+static void clear_backward_plan(BackwardPlan *plan) {
+    if (!plan->valid) return;
+    plan->valid = 0;
+    Py_CLEAR(plan->options.layout);
+    for (int i = 0; i < NUM_BWD_ARRAYS; ++i) {
+        if (plan->arrays[i].present) Py_CLEAR(plan->arrays[i].dtype);
+    }
+    Py_CLEAR(plan->workspace_args);
+    Py_CLEAR(plan->workspace_kwargs);
+    Py_CLEAR(plan->handle);
+    Py_CLEAR(plan->device_args);
+}
+
+PyDoc_STRVAR(stub_backward_address_doc,
+             "stub_backward_address()\n\n"
+             "The address of a function with flashcore_backward's signature that returns success and queues "
+             "nothing, for configure_backward() in benchmarks and tests.");
+
+static PyObject *fastcall_stub_backward_address(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyLong_FromVoidPtr((void *)stub_backward);
+}
+
+PyDoc_STRVAR(backward_doc,
+             "backward(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, "
+             "max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic)\n\n"
+             "flashcore::backward's call where a remembered plan serves it: queues flashcore_backward on "
+             "torch's current stream and returns (dq, dk, dv), new tensors from torch.empty_like of q, k and "
+             "v; None where no plan serves it (packed sequences, a dout whose address is not aligned, or "
+             "shapes, strides, dtypes, devices or options no plan has), and the caller takes the Python path.");
+
+static PyObject *fastcall_backward(PyObject *self, PyObject *args) {
+    (void)self;
+    BackwardProbe p;
+    int served = probe_backward(args, &p);
+    if (served < 0) return NULL;
+    BackwardPlan *plan = served ? find_backward_plan(&p) : NULL;
+    if (plan == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    flashcore_backward_params params = plan->template_params;
+    const void *address;
+    /* Autograd hands over whatever gradient the next operation made: one at
+     * an address the library does not take is copied by the Python path. */
+    if (address_of(p.args[BWD_DOUT], &params.dout) < 0) return NULL;
+    if ((uintptr_t)params.dout % FLASHCORE_ALIGNMENT != 0) Py_RETURN_NONE;
+    if (address_of(p.args[BWD_Q], &params.q) < 0 || address_of(p.args[BWD_K], &params.k) < 0 ||
+        address_of(p.args[BWD_V], &params.v) < 0 || address_of(p.args[BWD_OUT], &params.out) < 0 ||
+        address_of(p.args[BWD_LSE], &address) < 0)
+        return NULL;
+    params.lse = (const float *)address;
+    if (p.args[BWD_SEQUSED_K] != Py_None) {
+        if (address_of(p.args[BWD_SEQUSED_K], &address) < 0) return NULL;
+        params.seqused_k = (const int32_t *)address;
+    }
+    PyObject *stream_obj = PyObject_CallObject(torch_api.current_stream, plan->device_args);
+    if (stream_obj == NULL) return NULL;
+    void *stream = PyLong_AsVoidPtr(stream_obj);
+    Py_DECREF(stream_obj);
+    if (PyErr_Occurred()) return NULL;
+
+    PyObject *grads[3] = {NULL, NULL, NULL}, *workspace = NULL, *result = NULL;
+    void **grad_fields[3] = {&params.dq, &params.dk, &params.dv};
+    for (int i = 0; i < 3; ++i) {
+        grads[i] = PyObject_CallFunctionObjArgs(torch_api.empty_like, p.args[BWD_Q + i], NULL);
+        if (grads[i] == NULL || address_of(grads[i], &address) < 0) goto done;
+        *grad_fields[i] = (void *)address;
+    }
+    void *workspace_address = NULL;
+    if (plan->workspace_bytes) {
+        /* A new tensor per call, dropped after the launch: the allocator
+         * orders its reuse after this call on the stream (and a CUDA graph
+         * being captured gets one from its own pool). */
+        workspace = PyObject_Call(torch_api.empty, plan->workspace_args, plan->workspace_kwargs);
+        if (workspace == NULL || address_of(workspace, &address) < 0) goto done;
+        workspace_address = (void *)address;
+    }
+    flashcore_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = torch_api.backward(plan->raw_handle, &params, workspace_address, plan->workspace_bytes, stream);
+    Py_END_ALLOW_THREADS
+    if (status != FLASHCORE_STATUS_SUCCESS) {
+        raise_status(status, "flashcore_backward");
+        goto done;
+    }
+    result = PyTuple_Pack(3, grads[0], grads[1], grads[2]);
+
+done:
+    for (int i = 0; i < 3; ++i) Py_XDECREF(grads[i]);
+    Py_XDECREF(workspace);
+    return result;
+}
+
+PyDoc_STRVAR(remember_backward_doc,
+             "remember_backward(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, "
+             "max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic, template, "
+             "workspace_bytes, torch_device, handle, raw_handle, device)\n\n"
+             "Keeps the plan of a backward call the Python path served (backward()'s arguments, then template: "
+             "the flashcore_backward_params bytes but for the addresses; the workspace's bytes; the torch "
+             "device to allocate it on; the Handle the calls go to, its flashcore_handle as an int, and the "
+             "device index). The Python path must have queued dout as given (not a copy of it). Returns "
+             "whether it was kept: a call backward() would not serve is not.");
+
+static PyObject *fastcall_remember_backward(PyObject *self, PyObject *args) {
+    (void)self;
+    const Py_ssize_t extra = 6;
+    Py_ssize_t n = PyTuple_Size(args);
+    if (n != BWD_CALL_ARGS + extra) {
+        PyErr_Format(PyExc_TypeError, "remember_backward() takes %d arguments (%zd given)",
+                     (int)(BWD_CALL_ARGS + extra), n);
+        return NULL;
+    }
+    PyObject *call_args = PyTuple_GetSlice(args, 0, BWD_CALL_ARGS);
+    if (call_args == NULL) return NULL;
+    BackwardProbe p;
+    int served = probe_backward(call_args, &p);
+    Py_DECREF(call_args);
+    if (served <= 0) {
+        if (served < 0) return NULL;
+        Py_RETURN_FALSE;
+    }
+    Py_ssize_t at = BWD_CALL_ARGS;
+    PyObject *template_bytes = PyTuple_GetItem(args, at), *workspace_bytes = PyTuple_GetItem(args, at + 1),
+             *torch_device = PyTuple_GetItem(args, at + 2), *handle = PyTuple_GetItem(args, at + 3),
+             *raw_handle = PyTuple_GetItem(args, at + 4), *device = PyTuple_GetItem(args, at + 5);
+    if (!PyBytes_Check(template_bytes) ||
+        PyBytes_Size(template_bytes) != (Py_ssize_t)sizeof(flashcore_backward_params)) {
+        PyErr_Format(PyExc_ValueError, "template must be the %zu bytes of a flashcore_backward_params",
+                     sizeof(flashcore_backward_params));
+        return NULL;
+    }
+    BackwardPlan *slot = find_backward_plan(&p);
+    if (PyErr_Occurred()) return NULL;
+
+    BackwardPlan fresh;
+    memset(&fresh, 0, sizeof fresh);
+    memcpy(&fresh.template_params, PyBytes_AsString(template_bytes), sizeof fresh.template_params);
+    fresh.options = p.options;
+    memcpy(fresh.arrays, p.meta, sizeof fresh.arrays);
+    fresh.workspace_bytes = PyLong_AsSize_t(workspace_bytes);
+    fresh.raw_handle = (flashcore_handle)PyLong_AsVoidPtr(raw_handle);
+    long device_index = PyLong_AsLong(device);
+    if (PyErr_Occurred()) return NULL;
+    if (fresh.raw_handle == NULL) {
+        PyErr_SetString(PyExc_ValueError, "raw_handle is NULL");
+        return NULL;
+    }
+    if (fresh.workspace_bytes) {
+        PyObject *shape = Py_BuildValue("(n)", (Py_ssize_t)fresh.workspace_bytes);
+        int failed = shape == NULL || empty_arguments(shape, torch_api.uint8, torch_device, &fresh.workspace_args,
+                                                      &fresh.workspace_kwargs) < 0;
+        Py_XDECREF(shape);
+        if (failed) return NULL;
+    }
+    fresh.device_args = Py_BuildValue("(l)", device_index);
+    if (fresh.device_args == NULL) {
+        Py_XDECREF(fresh.workspace_args);
+        Py_XDECREF(fresh.workspace_kwargs);
+        return NULL;
+    }
+    fresh.handle = handle;
+    Py_INCREF(handle);
+    Py_INCREF(fresh.options.layout);
+    for (int i = 0; i < NUM_BWD_ARRAYS; ++i) {
+        if (fresh.arrays[i].present) Py_INCREF(fresh.arrays[i].dtype);
+    }
+    fresh.valid = 1;
+
+    if (slot == NULL) slot = &backward_plans[next_backward_victim++ % FASTCALL_MAX_BACKWARD_PLANS];
+    clear_backward_plan(slot);
+    *slot = fresh;
+    Py_RETURN_TRUE;
+}
+
+PyDoc_STRVAR(configure_backward_doc,
+             "configure_backward(backward, deterministic_enabled, uint8)\n\n"
+             "Sets what backward() uses besides configure()'s: flashcore_backward's address (an int), "
+             "torch.are_deterministic_algorithms_enabled and torch.uint8 (the workspace's dtype). Forgets every "
+             "backward plan.");
+
+static PyObject *fastcall_configure_backward(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *backward, *deterministic_enabled, *uint8;
+    if (!PyArg_UnpackTuple(args, "configure_backward", 3, 3, &backward, &deterministic_enabled, &uint8)) return NULL;
+    void *backward_address = PyLong_AsVoidPtr(backward);
+    if (backward_address == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "backward is NULL");
+        return NULL;
+    }
+    for (int i = 0; i < FASTCALL_MAX_BACKWARD_PLANS; ++i) clear_backward_plan(&backward_plans[i]);
+    PyObject *old[] = {torch_api.deterministic_enabled, torch_api.uint8};
+    Py_INCREF(deterministic_enabled);
+    Py_INCREF(uint8);
+    torch_api.deterministic_enabled = deterministic_enabled;
+    torch_api.uint8 = uint8;
+    Py_XDECREF(old[0]);
+    Py_XDECREF(old[1]);
+    torch_api.backward = (backward_fn)backward_address;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(backward_params_layout_doc,
+             "backward_params_layout()\n\n"
+             "(sizeof, {field: offset}) of flashcore_backward_params as this module was compiled, for the "
+             "fields backward() writes.");
+
+static PyObject *fastcall_backward_params_layout(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return Py_BuildValue("(n{snsnsnsnsnsnsnsnsnsnsn})", (Py_ssize_t)sizeof(flashcore_backward_params),
+                         "struct_size", (Py_ssize_t)offsetof(flashcore_backward_params, struct_size), "q",
+                         (Py_ssize_t)offsetof(flashcore_backward_params, q), "k",
+                         (Py_ssize_t)offsetof(flashcore_backward_params, k), "v",
+                         (Py_ssize_t)offsetof(flashcore_backward_params, v), "out",
+                         (Py_ssize_t)offsetof(flashcore_backward_params, out), "dout",
+                         (Py_ssize_t)offsetof(flashcore_backward_params, dout), "lse",
+                         (Py_ssize_t)offsetof(flashcore_backward_params, lse), "dq",
+                         (Py_ssize_t)offsetof(flashcore_backward_params, dq), "dk",
+                         (Py_ssize_t)offsetof(flashcore_backward_params, dk), "dv",
+                         (Py_ssize_t)offsetof(flashcore_backward_params, dv), "seqused_k",
+                         (Py_ssize_t)offsetof(flashcore_backward_params, seqused_k));
+}
+
+PyDoc_STRVAR(clear_doc, "clear()\n\nForgets every plan, forward and backward (their handles and dtypes are released).");
 
 static PyObject *fastcall_clear(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
     for (int i = 0; i < FASTCALL_MAX_PLANS; ++i) clear_plan(&plans[i]);
+    for (int i = 0; i < FASTCALL_MAX_BACKWARD_PLANS; ++i) clear_backward_plan(&backward_plans[i]);
     Py_RETURN_NONE;
 }
 
@@ -650,6 +1041,11 @@ static PyMethodDef fastcall_methods[] = {
     {"configure", fastcall_configure, METH_VARARGS, configure_doc},
     {"params_layout", fastcall_params_layout, METH_NOARGS, params_layout_doc},
     {"stub_forward_address", fastcall_stub_forward_address, METH_NOARGS, stub_forward_address_doc},
+    {"backward", fastcall_backward, METH_VARARGS, backward_doc},
+    {"remember_backward", fastcall_remember_backward, METH_VARARGS, remember_backward_doc},
+    {"configure_backward", fastcall_configure_backward, METH_VARARGS, configure_backward_doc},
+    {"backward_params_layout", fastcall_backward_params_layout, METH_NOARGS, backward_params_layout_doc},
+    {"stub_backward_address", fastcall_stub_backward_address, METH_NOARGS, stub_backward_address_doc},
     {NULL, NULL, 0, NULL},
 };
 

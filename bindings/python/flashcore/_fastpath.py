@@ -1,6 +1,7 @@
 """The compiled host path of repeated flashcore.attention calls on torch
-tensors (flashcore/_fastcall.c): found, checked against this package's
-ctypes struct and configured once torch is imported. Optional: where the
+tensors (flashcore/_fastcall.c), and of their backward pass
+(flashcore::backward): found, checked against this package's ctypes
+structs and configured once torch is imported. Optional: where the
 module was not built, or FLASHCORE_FASTCALL=0 is set, load() gives False
 and every call takes the Python path, which computes the same."""
 
@@ -59,12 +60,26 @@ def fits_struct(module):
     return size == ctypes.sizeof(struct) and all(getattr(struct, f).offset == o for f, o in offsets.items())
 
 
-def load(torch_api, kept_workspaces, forward_address=None):
+def fits_backward_struct(module):
+    """Whether the module was compiled against this package's
+    flashcore_backward_params (its size and the fields backward() writes);
+    False for a module from before the backward was served."""
+    layout = getattr(module, "backward_params_layout", None)
+    if layout is None:
+        return False
+    size, offsets = layout()
+    struct = _ffi.flashcore_backward_params
+    return size == ctypes.sizeof(struct) and all(getattr(struct, f).offset == o for f, o in offsets.items())
+
+
+def load(torch_api, kept_workspaces, forward_address=None, backward_address=None):
     """The configured module; False where there is none or it does not fit;
     None while torch is not imported (ask again later). torch_api: the
     binding's _TorchApi (_launch); kept_workspaces: its dict of workspaces
-    per (device, stream). forward_address: flashcore_forward's unless given
-    (a stub's, to time the binding alone)."""
+    per (device, stream). forward_address and backward_address:
+    flashcore_forward's and flashcore_backward's unless given (stubs', to
+    time the binding alone). Where only the forward's struct fits, the
+    backward is left to the Python path (backward() then serves nothing)."""
     if torch_api is None:
         return None
     try:
@@ -78,7 +93,19 @@ def load(torch_api, kept_workspaces, forward_address=None):
         forward_address = ctypes.cast(lib.cdll.flashcore_forward, ctypes.c_void_p).value
     module.configure(forward_address, lib.check, torch_api.tensor, torch_api.is_grad_enabled, torch_api.empty,
                      torch_api.empty_like, torch_api.current_stream, torch_api.capturing, kept_workspaces)
+    if fits_backward_struct(module):
+        if backward_address is None:
+            backward_address = ctypes.cast(lib.cdll.flashcore_backward, ctypes.c_void_p).value
+        module.configure_backward(backward_address, torch_api.deterministic_enabled, torch_api.uint8)
     return module
+
+
+def _handle(device):
+    """The Handle the compiled path queues on for `device`."""
+    handle = _handles.get(device)
+    if handle is None:
+        handle = _handles[device] = Handle(device)
+    return handle
 
 
 def remember(module, plan, q, k, v, out, seqused_k, descales, layout, options, return_lse):
@@ -87,9 +114,20 @@ def remember(module, plan, q, k, v, out, seqused_k, descales, layout, options, r
     descales: (q_descale, k_descale, v_descale)): the module keys the plan
     on its own reading of them."""
     device = plan.device
-    handle = _handles.get(device)
-    if handle is None:
-        handle = _handles[device] = Handle(device)
+    handle = _handle(device)
     module.remember(q, k, v, out, seqused_k, *descales, layout, options, return_lse, plan.template, plan.out_like_q,
                     plan.out_shape, plan.dtype, plan.torch_device, plan.lse_shape, plan.lse_dtype,
                     plan.workspace_bytes[device], handle, handle.value, device)
+
+
+def remember_backward(module, arguments, plan):
+    """Gives the module a backward plan (_planning._BackwardPlan) that the
+    Python path served for flashcore::backward's arguments (a tuple, in its
+    order; dout queued as given, not a copy): the module keys the plan on
+    its own reading of them. Its backward() serves dense calls only (no
+    cu_seqlens): it returns None for the others, which are not kept."""
+    if not hasattr(module, "remember_backward"):
+        return
+    handle = _handle(plan.device)
+    module.remember_backward(*arguments, plan.template, plan.workspace_bytes or 0, plan.torch_device, handle,
+                             handle.value, plan.device)

@@ -53,11 +53,13 @@ class _TorchApi:
     compiled path, which _fastpath.load configures with them), looked up
     once (each lookup is host time on every call)."""
 
-    __slots__ = ("tensor", "is_grad_enabled", "empty", "empty_like", "uint8", "current_stream", "capturing")
+    __slots__ = ("tensor", "is_grad_enabled", "empty", "empty_like", "uint8", "current_stream", "capturing",
+                 "deterministic_enabled")
 
     def __init__(self, torch):
         self.tensor = torch.Tensor
         self.is_grad_enabled = torch.is_grad_enabled
+        self.deterministic_enabled = torch.are_deterministic_algorithms_enabled
         self.empty, self.empty_like, self.uint8 = torch.empty, torch.empty_like, torch.uint8
         self.current_stream = (getattr(torch._C, "_cuda_getCurrentRawStream", None)
                                or (lambda device: torch.cuda.current_stream(device).cuda_stream))

@@ -322,6 +322,16 @@ def backward_in_full(arrays, layout, options, deterministic, max_seqlen_q, max_s
         raise _hint_bshd(e, infos[0], infos[1], infos[2], layout, seqs) from None
 
 
+def backward_key(arrays, layout, options, deterministic, max_seqlen_q, max_seqlen_k):
+    """(key, addresses) of a backward call (prepare_backward's arguments),
+    the key its plan is kept under; (None, None) where _array_key reads
+    none."""
+    causal, softmax_scale, window, softcap = options
+    keyed = _array_key([layout, bool(causal), softmax_scale, None if window is None else tuple(window), softcap,
+                        bool(deterministic), max_seqlen_q, max_seqlen_k], arrays)
+    return (None, None) if keyed is None else keyed[:2]
+
+
 def prepare_backward(arrays, layout, options, deterministic, max_seqlen_q, max_seqlen_k):
     """(params, plan) of a backward call on torch tensors: arrays in
     BACKWARD_POINTER_FIELDS order (None where not given), options (causal,
@@ -330,10 +340,7 @@ def prepare_backward(arrays, layout, options, deterministic, max_seqlen_q, max_s
     addresses (flashcore_backward checks them, alignment and overlaps, on
     every call); else the full path builds and checks them
     (flashcore_backward_check) and keeps the plan."""
-    causal, softmax_scale, window, softcap = options
-    keyed = _array_key([layout, bool(causal), softmax_scale, None if window is None else tuple(window), softcap,
-                        bool(deterministic), max_seqlen_q, max_seqlen_k], arrays)
-    key, addresses = (None, None) if keyed is None else keyed[:2]
+    key, addresses = backward_key(arrays, layout, options, deterministic, max_seqlen_q, max_seqlen_k)
     try:
         plan = None if key is None else _backward_plans.get(key)
     except TypeError:  # an unhashable entry: the full path reads it

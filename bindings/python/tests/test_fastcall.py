@@ -28,6 +28,7 @@ class Dtype:
 
 
 FLOAT16, BFLOAT16, FLOAT32, FP8 = Dtype("float16"), Dtype("bfloat16"), Dtype("float32"), Dtype("float8_e4m3fn")
+UINT8, INT32 = Dtype("uint8"), Dtype("int32")
 
 
 class Tensor:
@@ -68,6 +69,8 @@ def _contiguous(shape):
 
 FORWARD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_ffi.flashcore_forward_params),
                            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+BACKWARD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_ffi.flashcore_backward_params),
+                            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
 
 
 class Backend:
@@ -82,10 +85,18 @@ class Backend:
         self.allocated = []
         self.kept = {}
         self.forward = FORWARD(self._forward)  # kept alive as long as the backend
+        self.backward = BACKWARD(self._backward)
+        self.queued_backward = []  # (params copy, workspace, workspace_bytes, stream, handle)
+        self.deterministic = False  # torch.are_deterministic_algorithms_enabled()
 
     def _forward(self, handle, params, workspace, workspace_bytes, stream):
         self.queued.append((_ffi.flashcore_forward_params.from_buffer_copy(params.contents), workspace or 0,
                             workspace_bytes, stream or 0, handle))
+        return self.status
+
+    def _backward(self, handle, params, workspace, workspace_bytes, stream):
+        self.queued_backward.append((_ffi.flashcore_backward_params.from_buffer_copy(params.contents),
+                                     workspace or 0, workspace_bytes, stream or 0, handle))
         return self.status
 
     def check(self, status):
@@ -105,6 +116,8 @@ class Backend:
     def configure(self, module):
         module.configure(ctypes.cast(self.forward, ctypes.c_void_p).value, self.check, Tensor, lambda: self.grad,
                          self.empty, self.empty_like, lambda device: self.stream, lambda: self.capturing, self.kept)
+        module.configure_backward(ctypes.cast(self.backward, ctypes.c_void_p).value, lambda: self.deterministic,
+                                  UINT8)
 
 
 @pytest.fixture
@@ -359,3 +372,161 @@ def test_calls_it_does_not_serve_are_not_remembered(module, backend):
 def test_disabled_by_the_environment(module, monkeypatch):
     monkeypatch.setenv(_fastpath.DISABLE_ENV, "0")
     assert _fastpath.find() is None
+
+
+# --------------------------------------------------------------------------
+# The backward pass (issue 58): backward() serves flashcore::backward's
+# dense calls that a remembered plan describes.
+# --------------------------------------------------------------------------
+
+BACKWARD_WORKSPACE = 4 * 8 * 16 * 64  # the fp32 dQ accumulator of qkv()'s q
+
+
+def backward_template(**fields):
+    params = _ffi.flashcore_backward_params()
+    params.struct_size = ctypes.sizeof(params)
+    params.seqlen_q = 7  # a field the plan sets and backward() must keep
+    for name, value in fields.items():
+        setattr(params, name, value)
+    return bytes(params)
+
+
+def backward_arrays(q=None, k=None, v=None, dout=None):
+    """(dout, q, k, v, out, lse) of qkv()'s shapes."""
+    if q is None:
+        q, k, v = qkv()
+    return (dout or Tensor(q.shape), q, k, v, Tensor(q.shape), Tensor((1, 8, 16), dtype=FLOAT32))
+
+
+BACKWARD_OPTIONS = ("bhsd", True, None, None, 0.0, False)  # layout, causal, scale, window, softcap, deterministic
+
+
+def backward_call(module, arrays, seqused_k=None, packed=(None, None, None, None), options=BACKWARD_OPTIONS):
+    return module.backward(*arrays, seqused_k, *packed, *options)
+
+
+def remember_backward(module, arrays, seqused_k=None, packed=(None, None, None, None), options=BACKWARD_OPTIONS,
+                      params=None, workspace_bytes=BACKWARD_WORKSPACE):
+    return module.remember_backward(*arrays, seqused_k, *packed, *options,
+                                    params if params is not None else backward_template(), workspace_bytes, "cuda:0",
+                                    object(), HANDLE, 0)
+
+
+def test_module_fits_the_backward_struct(module):
+    size, offsets = module.backward_params_layout()
+    assert size == ctypes.sizeof(_ffi.flashcore_backward_params)
+    assert set(offsets) >= {"q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv", "seqused_k"}
+    assert _fastpath.fits_backward_struct(module)
+
+
+def test_a_remembered_backward_is_queued_with_new_addresses(module, backend):
+    assert remember_backward(module, backward_arrays()) is True
+    arrays = backward_arrays()
+    dq, dk, dv = backward_call(module, arrays)
+    allocated = [(how, t.shape, t.dtype) for how, t in backend.allocated]
+    assert allocated == [("empty_like", (1, 8, 16, 64), FLOAT16), ("empty_like", (1, 2, 32, 64), FLOAT16),
+                         ("empty_like", (1, 2, 32, 64), FLOAT16), ("empty", (BACKWARD_WORKSPACE,), UINT8)]
+    assert [t for _, t in backend.allocated[:3]] == [dq, dk, dv]
+    workspace = backend.allocated[3][1]
+    (params, ws, ws_bytes, stream, handle), = backend.queued_backward
+    dout, q, k, v, out, lse = arrays
+    assert (params.dout, params.q, params.k, params.v, params.out, params.lse) == tuple(a.address for a in arrays)
+    assert (params.dq, params.dk, params.dv) == (dq.address, dk.address, dv.address)
+    assert params.seqlen_q == 7 and not params.seqused_k
+    assert (ws, ws_bytes, stream, handle) == (workspace.address, BACKWARD_WORKSPACE, backend.stream, HANDLE)
+    assert not backend.queued, "the forward's callback is not the backward's"
+
+
+def test_backward_with_seqused_k_and_no_workspace(module, backend):
+    used = Tensor((1,), dtype=INT32)
+    assert remember_backward(module, backward_arrays(), seqused_k=used, workspace_bytes=0)
+    assert backward_call(module, backward_arrays()) is None, "seqused_k is part of the plan"
+    other = Tensor((1,), dtype=INT32)
+    assert backward_call(module, backward_arrays(), seqused_k=other) is not None
+    (params, ws, ws_bytes, _, _), = backend.queued_backward
+    assert params.seqused_k == other.address and (ws, ws_bytes) == (0, 0)
+    assert [how for how, _ in backend.allocated] == ["empty_like"] * 3
+
+
+@pytest.mark.parametrize("change", ["shape", "stride", "dtype", "device", "subclass", "layout", "causal",
+                                    "causal_type", "scale", "scale_type", "window", "window_type", "softcap",
+                                    "softcap_type", "deterministic", "torch_deterministic", "cu_seqlens",
+                                    "max_seqlen", "misaligned_dout"])
+def test_anything_else_is_handed_back_by_backward(module, backend, change):
+    options = ("bhsd", True, 0.125, [8, 0], 5.0, False)
+    assert remember_backward(module, backward_arrays(), options=options)
+    arrays, packed = list(backward_arrays()), [None, None, None, None]
+    layout, causal, scale, window, softcap, deterministic = options
+    if change == "shape":
+        arrays[4] = Tensor((1, 8, 16, 32))
+    elif change == "stride":
+        arrays[0] = Tensor((1, 8, 16, 64), strides=(8192, 64, 512, 1))
+    elif change == "dtype":
+        arrays[1] = Tensor((1, 8, 16, 64), dtype=BFLOAT16)
+    elif change == "device":
+        arrays[2] = Tensor((1, 2, 32, 64), device=1)
+    elif change == "subclass":
+        arrays[3] = SubTensor((1, 2, 32, 64))
+    elif change == "layout":
+        layout = "bshd"
+    elif change == "causal":
+        causal = False
+    elif change == "causal_type":
+        causal = 1
+    elif change == "scale":
+        scale = 0.25
+    elif change == "scale_type":
+        scale = 1
+    elif change == "window":
+        window = [8, 1]
+    elif change == "window_type":
+        window = [8.0, 0]
+    elif change == "softcap":
+        softcap = 6.0
+    elif change == "softcap_type":
+        softcap = 5
+    elif change == "deterministic":
+        deterministic = True
+    elif change == "torch_deterministic":
+        backend.deterministic = True
+    elif change == "cu_seqlens":
+        packed[0] = Tensor((2,), dtype=INT32)
+    elif change == "max_seqlen":
+        packed[2] = 16
+    elif change == "misaligned_dout":
+        arrays[0].address += 8
+    assert backward_call(module, arrays, packed=packed,
+                         options=(layout, causal, scale, window, softcap, deterministic)) is None
+    assert not backend.queued_backward and not backend.allocated
+    backend.deterministic = False
+    # The same call as remembered is served (the window as a tuple too).
+    assert backward_call(module, backward_arrays(), options=("bhsd", True, 0.125, (8, 0), 5.0, False)) is not None
+
+
+def test_torch_deterministic_flag_serves_a_deterministic_plan(module, backend):
+    assert remember_backward(module, backward_arrays(), options=BACKWARD_OPTIONS[:5] + (True,))
+    assert backward_call(module, backward_arrays()) is None
+    backend.deterministic = True
+    assert backward_call(module, backward_arrays()) is not None
+
+
+def test_a_failed_backward_status_raises_and_allocates_nothing_lasting(module, backend):
+    assert remember_backward(module, backward_arrays())
+    backend.status = 3
+    with pytest.raises(flashcore.InvalidArgumentError, match="status 3"):
+        backward_call(module, backward_arrays())
+
+
+def test_backward_calls_it_does_not_serve_are_not_remembered(module, backend):
+    packed = (Tensor((2,), dtype=INT32), Tensor((2,), dtype=INT32), 16, 32)
+    assert remember_backward(module, backward_arrays(), packed=packed) is False
+    with pytest.raises(ValueError, match="flashcore_backward_params"):
+        remember_backward(module, backward_arrays(), params=b"short")
+    with pytest.raises(TypeError, match="backward\\(\\) takes 17 arguments"):
+        module.backward(*backward_arrays())
+
+
+def test_clear_forgets_backward_plans(module, backend):
+    assert remember_backward(module, backward_arrays())
+    module.clear()
+    assert backward_call(module, backward_arrays()) is None
