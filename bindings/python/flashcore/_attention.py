@@ -11,7 +11,7 @@ import numbers
 import sys
 from typing import Any, List, Optional, Tuple, Union
 
-from . import _fastpath, _ffi, _launch
+from . import _backward, _fastpath, _ffi, _launch, _torch_ops
 from ._arguments import LAYOUT_AXES, _layout, _options, _softmax_scale
 from ._arrays import Array, describe, describe_first, full, is_cupy, is_torch, shape_of
 from ._checked import fits, struct_ref
@@ -40,6 +40,15 @@ def _load_fast():
         _is_compiling = sys.modules["torch"].compiler.is_compiling
     _fast = fast
     return fast
+
+
+def _compiled_path():
+    """_fast, looked for on first use: the compiled path both directions
+    take (_backward.gradients asks it too)."""
+    return _fast if _fast is not None else _load_fast()
+
+
+_backward.compiled_path = _compiled_path
 
 
 def forward_params(q: Array, k: Array, v: Array, out: Optional[Array] = None, *, lse: Optional[Array] = None,
@@ -117,6 +126,13 @@ def _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, 
             result = fast.call(q, k, v, out, seqused_k, q_descale, k_descale, v_descale, layout, options, return_lse)
             if result is not None:
                 return result
+    # (Before planning: a differentiable call is planned below autograd, by _forward_below_autograd.)
+    if wants_grad(q, k, v, detach):
+        return operator_forward(q, k, v, layout=layout, options=options, out=out, lse=lse, return_lse=return_lse,
+                                stream=stream, workspace=workspace, detach=detach, seqused_k=seqused_k,
+                                cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
+                                max_seqlen_k=max_seqlen_k, block_table=block_table, deterministic=deterministic,
+                                descales=descales, differentiable=True)
     planned = plan_of((q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table) + descales, layout,
                       options, return_lse, max_seqlen_q, max_seqlen_k, workspace)
     plan = planned[1]
@@ -125,13 +141,34 @@ def _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, 
         if _fast:
             _fastpath.remember(_fast, plan, q, k, v, out, seqused_k, descales, layout, options, return_lse)
         return result
-    if (plan is None or plan.requires_grad) and wants_grad(q, k, v, detach):
-        return _operator_forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach,
-                                 seqused_k, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table,
-                                 deterministic, descales)
     return launch(prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, seqused_k, cu_seqlens_q,
                           max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table, seqused_k_name, q_descale, k_descale,
                           v_descale, planned))
+
+
+def _forward_below_autograd(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k,
+                            layout, options, descales, return_lse):
+    """flashcore::forward's implementation (_torch_ops.forward_below_autograd),
+    which EagerAttention's forward is too: the call as _forward makes it,
+    below autograd (grad mode off, the result without a gradient path).
+    The compiled path first (a repeated call); else q, k and v without
+    their requires_grad, so that the call's plan is the one a plain call
+    has, which the compiled path is then given."""
+    if cu_seqlens_q is None and cu_seqlens_k is None and block_table is None:
+        fast = _fast if _fast is not None else _load_fast()
+        if fast:
+            result = fast.call(q, k, v, None, seqused_k, descales[0], descales[1], descales[2], layout, options,
+                               return_lse)
+            if result is not None:
+                return result
+    if q.requires_grad or k.requires_grad or v.requires_grad:
+        q, k, v = q.detach(), k.detach(), v.detach()
+    return _forward(q, k, v, layout, options, None, None, return_lse, None, None, False, seqused_k, cu_seqlens_q,
+                    max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table, "seqused_k", True, False, descales[0],
+                    descales[1], descales[2])
+
+
+_torch_ops.forward_below_autograd = _forward_below_autograd
 
 
 def _operator_forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k,

@@ -21,9 +21,13 @@ def tracing() -> bool:
 def requires_grad(q, k, v):
     """Whether q, k or v is a torch tensor that requires grad while grad mode
     is on: what autograd would differentiate."""
+    torch = imported("torch")
+    if torch is None:
+        return False
+    tensor = torch.Tensor
     for x in (q, k, v):
-        if is_torch(x) and x.requires_grad:
-            return imported("torch").is_grad_enabled()
+        if isinstance(x, tensor) and x.requires_grad:
+            return torch.is_grad_enabled()
     return False
 
 

@@ -9,10 +9,15 @@ graphs capture them.
 Nothing here imports torch: the operators are registered when flashcore is
 imported after torch, else on first use (register_torch_ops()). Eager
 calls that need no gradient do not go through them: they call the library
-directly, which is faster (_planning.prepare and _launch.launch); the
-forward operator's implementation is that same call. Eager calls that do
-need one (an input that requires grad, grad mode on) are flashcore::forward
-too, so that eager and compiled training share one autograd formula."""
+directly, which is faster (the compiled path, or _planning.prepare and
+_launch.launch); the forward operator's implementation is that same call.
+Eager calls that do need one (an input that requires grad, grad mode on)
+take the same autograd formula without the dispatcher: EagerAttention, a
+torch.autograd.Function whose forward is the operator's implementation and
+whose backward is flashcore::backward's (the compiled path's backward() for
+a repeated call), at a fraction of a custom operator's host time per call
+(issue 58). Traced calls keep the operators, whose formula calls the same
+implementations."""
 
 import numbers
 import sys
@@ -23,9 +28,7 @@ from ._backward import gradients
 from ._errors import InvalidArgumentError, UnsupportedError
 from ._geometry import (DESCALE_NAMES, KV_DTYPES, PAGED_BACKWARD, QUANTIZED_BACKWARD, QUANTIZED_OUT_DTYPE,
                         QUANTIZED_QUERY_BACKWARD, QUANTIZED_QUERY_SOFTCAP, QUERY_DTYPES, refuse_descale_number)
-from ._launch import launch
 from ._modes import requires_grad, wants_grad
-from ._planning import prepare
 
 OPERATOR = "flashcore::forward"
 BACKWARD_OPERATOR = "flashcore::backward"
@@ -33,6 +36,49 @@ BACKWARD_OPERATOR = "flashcore::backward"
 # three; the others (the integer arrays and the options) have none.
 DIFFERENTIABLE_ARGUMENTS = 3
 _registered = []
+# EagerAttention, once registered (register_torch_ops).
+_eager = []
+
+
+def _no_forward(*unused):
+    raise RuntimeError("flashcore._attention was not imported: flashcore::forward has no implementation")
+
+
+# flashcore::forward's implementation, as flashcore._attention sets it when
+# imported (its _forward_below_autograd): (q, k, v, seqused_k, cu_seqlens_q,
+# cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, layout, options,
+# descales, return_lse) -> out, or (out, lse) with return_lse.
+forward_below_autograd = _no_forward
+
+
+def _keep_for_backward(ctx, inputs, output):
+    """What the autograd formula keeps of a differentiable call (inputs:
+    flashcore::forward's arguments, output its (out, lse)), for both
+    routes: the operator's setup_context and EagerAttention.forward. lse
+    has no gradient, and none is made for it (no zeros materialized)."""
+    (q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, layout, causal,
+     softmax_scale, num_splits, window, softcap, return_lse, deterministic) = inputs[:17]
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k)
+    ctx.options = (max_seqlen_q, max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic)
+
+
+def _differentiate(ctx, dout, backward):
+    """The autograd formula's gradients of flashcore::forward's arguments
+    from dout, out's gradient (None where out got none: lse's alone, which
+    is not differentiable, makes no gradient), through `backward`:
+    flashcore::backward's operator where traced, its implementation
+    (_backward.gradients) in eager calls."""
+    wanted_count = len(ctx.needs_input_grad)  # EagerAttention's 4 inputs, or the operator's arguments
+    if dout is None:
+        return (None,) * wanted_count
+    q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    grads = backward(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, *ctx.options)
+    needs = ctx.needs_input_grad
+    return ((grads[0] if needs[0] else None, grads[1] if needs[1] else None, grads[2] if needs[2] else None)
+            + (None,) * (wanted_count - DIFFERENTIABLE_ARGUMENTS))
 
 
 def register_torch_ops():
@@ -90,11 +136,8 @@ def register_torch_ops():
                 deterministic: bool = False, q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
                 v_descale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         options = (causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap)
-        call = prepare(q, k, v, layout, options, None, None, return_lse, None, None, seqused_k=seqused_k,
-                       cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
-                       max_seqlen_k=max_seqlen_k, block_table=block_table, q_descale=q_descale,
-                       k_descale=k_descale, v_descale=v_descale)
-        result = launch(call)
+        result = forward_below_autograd(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q,
+                                        max_seqlen_k, layout, options, (q_descale, k_descale, v_descale), return_lse)
         return result if return_lse else (result, result.new_empty((0,), dtype=torch.float32))
 
     @forward.register_fake
@@ -125,9 +168,7 @@ def register_torch_ops():
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     def setup_context(ctx, inputs, output):
-        (q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, layout, causal,
-         softmax_scale, num_splits, window, softcap, return_lse, deterministic) = inputs[:17]
-        out, lse = output
+        block_table, q, k, v, return_lse = inputs[6], inputs[0], inputs[1], inputs[2], inputs[15]
         if block_table is not None:
             _refuse_paged()
         if _quantized_query(torch, q):
@@ -137,20 +178,39 @@ def register_torch_ops():
         if not return_lse:
             raise ValueError("flashcore::forward computes gradients from its lse: call it with return_lse=True "
                              "where q, k or v requires grad (flashcore.attention does)")
-        ctx.mark_non_differentiable(lse)
-        ctx.save_for_backward(q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k)
-        ctx.options = (max_seqlen_q, max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic)
+        _keep_for_backward(ctx, inputs, output)
 
     def differentiate(ctx, dout, dlse):
-        # dlse: lse is marked non-differentiable, so this is zeros.
-        q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-        grads = torch.ops.flashcore.backward(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k,
-                                             *ctx.options)
-        wanted = tuple(g if needed else None for g, needed in zip(grads, ctx.needs_input_grad))
-        return wanted + (None,) * (len(ctx.needs_input_grad) - DIFFERENTIABLE_ARGUMENTS)
+        return _differentiate(ctx, dout, torch.ops.flashcore.backward)
+
+    class EagerAttention(torch.autograd.Function):
+        """flashcore::forward's autograd formula for eager calls, without
+        the dispatcher: its forward is the operator's implementation
+        (return_lse=True), its backward flashcore::backward's
+        (_backward.gradients), with what the operator's setup_context
+        keeps. apply(q, k, v, rest) takes flashcore::forward's arguments,
+        those after v as one tuple (autograd's host time grows with the
+        arguments it inspects, and none of those has a gradient), checked
+        by operator_forward as for the operator."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, rest):
+            (seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, layout, causal,
+             softmax_scale, num_splits, window, softcap) = rest[:12]
+            descales = rest[14:] + (None,) * (17 - len(rest))
+            options = (causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap)
+            output = forward_below_autograd(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table,
+                                            max_seqlen_q, max_seqlen_k, layout, options, descales, True)
+            _keep_for_backward(ctx, (q, k, v) + rest, output)
+            return output
+
+        @staticmethod
+        def backward(ctx, dout, dlse):
+            return _differentiate(ctx, dout, gradients)
 
     forward.register_autograd(differentiate, setup_context=setup_context)
     _registered.append(forward)
+    _eager.append(EagerAttention)
     return forward
 
 
@@ -224,6 +284,19 @@ def _refuse_paged():
 # Under torch.compile, run as it is, outside the trace (Dynamo cannot build
 # the exception in traced code).
 _refuse_paged._dynamo_marked_constant = True
+
+
+# (KV_DTYPES, QUERY_DTYPES) as sets of the torch dtypes this torch has, once
+# looked up (operator_forward asks on every call).
+_fp8 = []
+
+
+def _fp8_dtypes(torch):
+    """The torch dtypes of quantized K/V and of quantized queries."""
+    if not _fp8:
+        _fp8.append(tuple(frozenset(getattr(torch, name) for name in names if hasattr(torch, name))
+                          for names in (KV_DTYPES, QUERY_DTYPES)))
+    return _fp8[0]
 
 
 def _quantized(torch, x):
@@ -304,12 +377,13 @@ _refuse_descale._dynamo_marked_constant = True
 # Why stream= and workspace= are not taken by an operator call, in its two
 # cases: traced, and eager with gradients.
 _UNDER_COMPILE = "under torch.compile"
-_WITH_GRAD = "where q, k or v requires grad (the call is then the torch operator flashcore::forward)"
+_WITH_GRAD = ("where q, k or v requires grad (the call is then flashcore::forward's autograd formula, its backward "
+              "on torch's current stream)")
 
 
 def operator_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k=None,
                      cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None,
-                     deterministic=False, descales=(None, None, None)):
+                     deterministic=False, descales=(None, None, None), differentiable=None):
     """_attention._forward's call as flashcore::forward: while torch.compile
     or torch.export traces, and for calls to be differentiated
     (_modes.wants_grad). A differentiable call asks the operator for the
@@ -321,8 +395,12 @@ def operator_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, 
     (16-bit K/V, softcap, an out= that is not bfloat16).
     out= and lse= are copied into (an operator that writes its arguments
     would need them functionalized anyway; out then has the gradient path).
-    descales: (q_descale, k_descale, v_descale), torch tensors or None."""
-    where = _UNDER_COMPILE if imported("torch").compiler.is_compiling() else _WITH_GRAD
+    descales: (q_descale, k_descale, v_descale), torch tensors or None.
+    differentiable: wants_grad(q, k, v, detach) where the caller has it.
+    Every step here is host time of every eager training call (issue 58):
+    torch is looked up once, and the common case's checks come first."""
+    torch = imported("torch")
+    where = _UNDER_COMPILE if torch.compiler.is_compiling() else _WITH_GRAD
     if stream is not None:
         if where is _UNDER_COMPILE:
             raise TypeError("stream= is not taken under torch.compile: flashcore::forward runs on torch's current "
@@ -334,28 +412,34 @@ def operator_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, 
                         "allocator" % where)
     if _unconvertible(layout, options):
         _refuse_options(layout, options)
-    for x, name in zip(descales, DESCALE_NAMES):
-        if x is not None and not is_torch(x):
-            _refuse_descale(x, name, where)
-    _ensure_registered()
-    torch = imported("torch")
-    differentiable = wants_grad(q, k, v, detach)
+    tensor = torch.Tensor
+    descales_given = descales[0] is not None or descales[1] is not None or descales[2] is not None
+    if descales_given:
+        for x, name in zip(descales, DESCALE_NAMES):
+            if x is not None and not isinstance(x, tensor):
+                _refuse_descale(x, name, where)
+    if not _eager:
+        register_torch_ops()
+    if differentiable is None:
+        differentiable = wants_grad(q, k, v, detach)
+    quantized_kv, quantized_queries = _fp8_dtypes(torch)
+    quantized_query = q.dtype in quantized_queries
     if differentiable:
         if block_table is not None:
             _refuse_paged()
         for x, name in ((k, "k"), (v, "v"), (seqused_k, "seqused_k"), (cu_seqlens_q, "cu_seqlens_q"),
                         (cu_seqlens_k, "cu_seqlens_k")):
-            if x is not None and not is_torch(x):
+            if x is not None and not isinstance(x, tensor):
                 raise TypeError("gradients are computed for torch tensors: %s is a %s (pass detach=True, or run under "
                                 "torch.no_grad(), to compute from the values alone)" % (name, type(x).__name__))
-        if _quantized_query(torch, q):
+        if quantized_query:
             _refuse_quantized_query()
-        if _quantized(torch, k) or _quantized(torch, v):
+        if k.dtype in quantized_kv or v.dtype in quantized_kv:
             _refuse_quantized()
     elif requires_grad(q, k, v):
         q, k, v = q.detach(), k.detach(), v.detach()
     causal, softmax_scale, num_splits, window, softcap = options
-    if _quantized_query(torch, q):
+    if quantized_query:
         # What the eager call refuses of fp8 queries (_geometry._query_dtypes,
         # check_quantized_options), refused here too: traced, out= would
         # otherwise be copied into whatever its dtype.
@@ -364,12 +448,16 @@ def operator_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, 
         if softcap:
             _refuse_quantized_query_softcap()
     # The descales where given (a call without them is traced as before they existed).
-    descale_arguments = () if descales[0] is None and descales[1] is None and descales[2] is None else descales
-    result, result_lse = torch.ops.flashcore.forward(
-        q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, _layout_name(layout),
-        bool(causal), None if softmax_scale is None else float(softmax_scale), num_splits,
-        None if window is None else [int(window[0]), int(window[1])], float(softcap),
-        bool(return_lse) or lse is not None or differentiable, bool(deterministic), *descale_arguments)
+    descale_arguments = descales if descales_given else ()
+    rest = (seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, _layout_name(layout),
+            bool(causal), None if softmax_scale is None else float(softmax_scale), num_splits,
+            None if window is None else [int(window[0]), int(window[1])], float(softcap),
+            bool(return_lse) or lse is not None or differentiable, bool(deterministic)) + descale_arguments
+    if differentiable and where is _WITH_GRAD:
+        # Eager differentiable calls: EagerAttention (the same formula, less host time); traced ones: the operator.
+        result, result_lse = _eager[0].apply(q, k, v, rest)
+    else:
+        result, result_lse = torch.ops.flashcore.forward(q, k, v, *rest)
     if out is not None:
         out.copy_(result)
         result = out

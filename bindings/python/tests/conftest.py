@@ -84,10 +84,10 @@ def queued(lib, monkeypatch):
 def fake_gpu(lib, monkeypatch):
     """A FakeGpuHandle that every call on torch CPU tensors is queued to, the
     tensors described as device 0's and planned as a GPU's would be (the
-    plans start empty), on stream 0, outside any CUDA graph capture. Skips
-    without torch."""
+    plans start empty), on stream 0, outside any CUDA graph capture, by the
+    Python paths (the compiled one off). Skips without torch."""
     torch = pytest.importorskip("torch", reason="torch is not installed")
-    from flashcore import _arrays, _launch, _planning
+    from flashcore import _arrays, _attention, _launch, _planning
 
     def as_on_device_0(x, name):
         return _arrays.ArrayInfo(x, name, x.data_ptr(), x.shape, x.stride(), str(x.dtype)[6:], x.element_size(), 0,
@@ -102,6 +102,9 @@ def fake_gpu(lib, monkeypatch):
     monkeypatch.setattr(_planning, "_plans", {})
     monkeypatch.setattr(_planning, "_backward_plans", {})
     monkeypatch.setattr(_launch, "get_handle", lambda device=None: handle)
+    # The compiled path would call the library with the stand-in's handle:
+    # the Python paths only (queued_as_on_a_gpu configures it with stubs).
+    monkeypatch.setattr(_attention, "_fast", False)
     api = _launch.torch_api()
     monkeypatch.setattr(api, "current_stream", lambda device: 0)
     monkeypatch.setattr(api, "capturing", lambda: False)

@@ -352,6 +352,97 @@ def _without_addresses(params):
     return bytes(params)
 
 
+# --------------------------------------------------------------------------
+# The training step's host path (issue 58): eager calls take the autograd
+# formula without the dispatcher (EagerAttention), and repeated calls the
+# compiled path in both directions, here with C calls that stand in for
+# the library's (the fake GPU's fills).
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def compiled_on_fake_gpu(torch, fake_gpu, monkeypatch):
+    """The compiled path configured with ctypes callbacks that queue to
+    fake_gpu as "compiled" and "compiled backward"; skips where it is not
+    built."""
+    from flashcore import _attention, _fastpath, _ffi, _launch
+    found = _fastpath.find()
+    if not found:
+        pytest.skip("flashcore._fastcall is not built")
+    monkeypatch.setitem(_fastpath._handles, 0, fake_gpu)
+    forward_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_ffi.flashcore_forward_params),
+                                    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    backward_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_ffi.flashcore_backward_params),
+                                     ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+
+    @forward_type
+    def compiled_forward(raw_handle, params, *unused):
+        fake_gpu._forward("compiled", params.contents)
+        return 0
+
+    @backward_type
+    def compiled_backward(raw_handle, params, workspace, workspace_bytes, stream):
+        fake_gpu.backward_unchecked(params.contents, workspace, workspace_bytes, stream)
+        fake_gpu.queued[-1] = ("compiled backward", fake_gpu.queued[-1][1])
+        return 0
+
+    module = _fastpath.load(_launch.torch_api(), _launch._kept_workspaces,
+                            ctypes.cast(compiled_forward, ctypes.c_void_p).value,
+                            ctypes.cast(compiled_backward, ctypes.c_void_p).value)
+    monkeypatch.setattr(_attention, "_fast", module)
+    yield fake_gpu
+    module.clear()
+    _attention._fast = None  # configured again, with the library's functions, by the next call
+
+
+def test_repeated_training_steps_take_the_compiled_path_both_ways(torch, compiled_on_fake_gpu):
+    fake_gpu = compiled_on_fake_gpu
+    q, k, v = tensors(torch, [(2, 8, 16, 64), (2, 2, 24, 64), (2, 2, 24, 64)])
+    for step in range(3):
+        dout = torch.randn(2, 8, 16, 64).to(torch.float16)
+        out = flashcore.attention(q, k, v, causal=True, window=(8, 0))
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+        assert [filled(torch, g, fill) for g, fill in zip((dq, dk, dv), FILLS)] == [True] * 3
+        fwd, bwd = fake_gpu.queued[-2][1], fake_gpu.queued[-1][1]
+        assert (bwd.q, bwd.k, bwd.v, bwd.out, bwd.lse, bwd.dout) == (fwd.q, fwd.k, fwd.v, fwd.out, fwd.lse,
+                                                                      dout.data_ptr())
+        assert (bwd.dq, bwd.dk, bwd.dv) == (dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
+        assert (bwd.causal, bwd.use_window, bwd.window_left, bwd.head_dim, bwd.seqlen_q) == (1, 1, 8, 64, 16)
+        assert fwd.lse and fake_gpu.workspaces[-1][1] == 4 * 8 * 64 * 2 * 16
+    # The first step plans both directions (the full path), the second runs
+    # the plans from Python, which gives them to the compiled path.
+    assert [path for path, _ in fake_gpu.queued] == ["launch", "backward", "launch_plain", "compiled backward",
+                                                     "compiled", "compiled backward"]
+
+
+def test_an_eager_step_makes_no_fill_and_no_operator_call(torch, compiled_on_fake_gpu):
+    # No zeros for lse's gradient (it has none) and none for dq's fp32
+    # accumulator (the library's kernels start it), and the dispatcher's
+    # custom-operator path is not taken in eager calls.
+    q, k, v = tensors(torch, [(1, 4, 8, 64)] * 3)
+    dout = torch.randn(1, 4, 8, 64).to(torch.float16)
+    for _ in range(2):
+        torch.autograd.grad(flashcore.attention(q, k, v, causal=True), (q, k, v), dout)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.autograd.grad(flashcore.attention(q, k, v, causal=True), (q, k, v), dout)
+    names = {e.name for e in prof.events()}
+    assert not {"aten::fill_", "aten::zero_", "aten::zeros", "aten::zeros_like"} & names, sorted(names)
+    assert not any("flashcore::" in n for n in names), sorted(names)
+    assert sum(n == "aten::empty_like" for n in [e.name for e in prof.events()]) >= 3  # dq, dk, dv (and out)
+
+
+def test_the_operators_route_makes_no_fill_either(torch, fake_gpu):
+    q, k, v = tensors(torch, [(1, 4, 8, 64)] * 3)
+    out, _ = torch.ops.flashcore.forward(q, k, v, None, None, None, None, None, None, "bhsd", True, None, None, None,
+                                         0.0, True, False)
+    dout = torch.randn(1, 4, 8, 64).to(torch.float16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+    names = {e.name for e in prof.events()}
+    assert "flashcore::backward" in names and not {"aten::fill_", "aten::zero_"} & names, sorted(names)
+    assert [filled(torch, g, fill) for g, fill in zip(grads, FILLS)] == [True] * 3
+
+
 @pytest.mark.parametrize("layout,varlen", [("bhsd", False), ("bshd", False), ("bshd", True)])
 def test_operators_pass_opcheck(torch, fake_gpu, layout, varlen):
     # torch's own check of the registrations: schema, fake implementations
