@@ -19,7 +19,16 @@ Three measurements:
            and the Python path with FLASHCORE_FASTCALL=0), up to the C call,
            which is replaced by a stub that queues nothing: everything the
            binding does on the host, out's allocation included (from torch's
-           CPU allocator here). Needs torch, no GPU.
+           CPU allocator here). Then a training step's attention (issue 58):
+           torch.autograd.grad(flashcore.attention(q, k, v), (q, k, v), dout)
+           on inputs that require grad, the forward and the backward served
+           the same way with both C calls stubbed (autograd's own work, the
+           allocations of out, lse, dq, dk, dv and the backward's workspace
+           included), at the "train" shape; beside it the same step through
+           the torch operators (torch.ops.flashcore.forward and its formula,
+           the route eager steps took before issue 58) and through a
+           torch.autograd.Function whose forward and backward only allocate
+           their results (what autograd alone costs). Needs torch, no GPU.
   call     flashcore.attention end to end on torch CUDA tensors (the
            kernel queued on the current stream; out allocated, or given
            with out=), through the compiled path where it is built and
@@ -73,6 +82,9 @@ clock = time.perf_counter
 SHAPES = {
     "decode": dict(batch=1, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=4096, head_dim=64),
     "prefill": dict(batch=1, heads_q=32, heads_kv=8, seqlen_q=1024, seqlen_k=1024, head_dim=64),
+    # A small training layer (issue 58's first shape), where the host's part
+    # of a step is most of it.
+    "train": dict(batch=1, heads_q=8, heads_kv=8, seqlen_q=256, seqlen_k=256, head_dim=64),
 }
 
 
@@ -267,6 +279,98 @@ def measure_stub(args, shape):
              for name, call in cases]
     rows.append(("torch.empty_like(q) (CPU)", per_call_us(timed_loop(lambda: torch.empty_like(q)), args.calls,
                                                             args.repeats)))
+    return rows + measure_stub_training(args, api, FakeHandle, found)
+
+
+def measure_stub_training(args, api, handle_type, found):
+    """--mode stub's training rows: one eager forward+backward through
+    autograd on CPU tensors that require grad, the C calls stubbed (the
+    backward's plan given to the compiled path as its Python path would
+    give it, and kept for the Python path under its key)."""
+    import torch
+    shape = SHAPES["train"]
+    q_shape, kv_shape = shapes_of(shape)
+    q = torch.randn(q_shape, dtype=torch.float16).requires_grad_(True)
+    k, v = (torch.randn(kv_shape, dtype=torch.float16).requires_grad_(True) for _ in range(2))
+    dout = torch.randn(q_shape, dtype=torch.float16)
+    causal = args.causal
+    options = (causal, None, None, None, 0.0)
+    forward_template = bytes(ctypes.sizeof(flashcore._ffi.flashcore_forward_params))
+    backward_template = bytes(ctypes.sizeof(flashcore._ffi.flashcore_backward_params))
+    backward_workspace = 4 * shape["heads_q"] * shape["head_dim"] * shape["batch"] * shape["seqlen_q"]
+
+    def backward_workspace_size(self, params):
+        return backward_workspace
+
+    handle_type.backward_unchecked = lambda self, *unused: None
+    handle_type.backward_workspace_size = backward_workspace_size
+    # The forward's plan: a differentiable call is planned on q, k and v as
+    # they are below autograd (detached), with its lse.
+    detached = (q.detach(), k.detach(), v.detach())
+    key = _planning.plan_of(detached + (None,) * 9, "bhsd", options, True, None, None, None)[0]
+    plan = _planning._Plan()
+    plan.template, plan.out_like_q, plan.out_shape = forward_template, True, None
+    plan.lse_shape = (shape["batch"], shape["heads_q"], shape["seqlen_q"])
+    plan.device, plan.plain_torch, plan.workspace_bytes, plan.torch_device = 0, True, {0: 0}, q.device
+    plan.dtype, plan.lse_dtype = q.dtype, torch.float32
+    _planning._plans[key] = plan
+
+    def keep_backward_plan(out, lse):
+        """The backward's plan under the key of this step's call (the
+        gradients' arrays are fresh each call, with the same key; out is
+        saved as the output of the autograd node, which requires grad)."""
+        arrays = (q, k, v, out.requires_grad_(True), dout, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None,
+                  None, None)
+        key = _planning.backward_key(arrays, "bhsd", (causal, None, None, 0.0), False, None, None)[0]
+        plan = _planning._BackwardPlan()
+        plan.template, plan.empty, plan.device, plan.torch_device = backward_template, False, 0, q.device
+        plan.workspace_bytes = backward_workspace
+        _planning._backward_plans[key] = plan
+
+    def step():
+        torch.autograd.grad(flashcore.attention(q, k, v, causal=causal), (q, k, v), dout)
+
+    def operator_step():
+        out, _ = torch.ops.flashcore.forward(q, k, v, None, None, None, None, None, None, "bhsd", causal, None, None,
+                                             None, 0.0, True, False)
+        torch.autograd.grad(out, (q, k, v), dout)
+
+    class Allocating(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            out, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=torch.float32)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.mark_non_differentiable(lse)
+            ctx.set_materialize_grads(False)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, dout, dlse):
+            q, k, v, out, lse = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def autograd_alone():
+        torch.autograd.grad(Allocating.apply(q, k, v)[0], (q, k, v), dout)
+
+    with torch.no_grad():
+        out, lse = flashcore.attention(q.detach(), k.detach(), v.detach(), causal=causal, return_lse=True)
+    keep_backward_plan(out, lse)
+    name = "train fwd+bwd"
+    rows = []
+    compiled = found and _fastpath.load(api, _launch._kept_workspaces, found.stub_forward_address(),
+                                        getattr(found, "stub_backward_address", lambda: None)())
+    if compiled:
+        _attention._fast = compiled
+        step()  # the Python paths' calls, which give the compiled path both plans
+        rows.append((name + " (compiled) w/o C calls", per_call_us(timed_loop(step), args.calls, args.repeats)))
+        rows.append((name + " via torch.ops (compiled)", per_call_us(timed_loop(operator_step), args.calls,
+                                                                     args.repeats)))
+    _attention._fast = False
+    rows.append((name + " (Python path) w/o C calls", per_call_us(timed_loop(step), args.calls, args.repeats)))
+    rows.append((name + " via torch.ops (Python)", per_call_us(timed_loop(operator_step), args.calls,
+                                                               args.repeats)))
+    rows.append(("autograd.Function, allocs only", per_call_us(timed_loop(autograd_alone), args.calls,
+                                                              args.repeats)))
     return rows
 
 
@@ -302,9 +406,9 @@ def main():
     print("clock: %s" % ("this process's CPU time" if args.clock == "cpu" else "wall"))
     measure = {"prepare": measure_prepare, "stub": measure_stub, "call": measure_call}[args.mode]
     rows = measure(args, shape)
-    print("%-28s %10s %10s" % ("us per call", "median", "best"))
+    print("%-40s %10s %10s" % ("us per call", "median", "best"))
     for name, (median, best) in rows:
-        print("%-28s %10.2f %10.2f" % (name, median, best))
+        print("%-40s %10.2f %10.2f" % (name, median, best))
 
 
 if __name__ == "__main__":
