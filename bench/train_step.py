@@ -261,6 +261,9 @@ def run_model(torch, args):
             batch = max(args.tokens // seqlen, 1)
             results = {}
             for name in names:
+                # Each backend and length compiles afresh (not past Dynamo's recompile limit, which would run
+                # the rest eagerly).
+                torch._dynamo.reset()
                 torch.manual_seed(0)
                 blocks = make_model(torch, args.layers, found[name])
                 run_block = [torch.compile(b) for b in blocks] if mode == "compiled" else list(blocks)
