@@ -10,8 +10,9 @@ Modes (comma-separated; default shapes,model):
   shapes  one attention layer's step, torch.autograd.grad(attention(q, k,
           v), (q, k, v), dout), eager, on [B, S, H, D] bf16 tensors, causal:
           the wall time per step over --steps steps with one
-          synchronisation at the end (median of --repeats runs), so a step
-          costs the larger of its host time and its GPU time. Backends:
+          synchronisation at the end (median of --repeats runs, the
+          backends' runs taken in turn), so a step costs the larger of its
+          host time and its GPU time. Backends:
           flashcore.attention(layout="bshd"), SDPA's flash (FA2) and cuDNN
           backends (on [B, H, S, D] transposed views, as a model calling
           them does), FlashAttention 4 (flash_attn.cute.flash_attn_func)
@@ -119,6 +120,24 @@ def wall_per_step_us(torch, step, steps, repeats):
     return statistics.median(times)
 
 
+def interleaved_walls(torch, steps, count, repeats, label):
+    """{name: median us per step}: wall_per_step_us's runs taken in turn
+    across the backends (one run of each per round, --repeats rounds), so
+    that every backend meets the host in the same states (a shared host's
+    load and clocks drift over seconds); a backend that fails is left out."""
+    runs = {}
+    for name, step in steps.items():
+        try:
+            wall_per_step_us(torch, step, count, 1)  # warm-up (FlashAttention 4 compiles its kernels)
+            runs[name] = []
+        except Exception as e:  # noqa: BLE001
+            print("  %s failed at %s: %s: %s" % (name, label, type(e).__name__, str(e).split("\n")[0][:160]))
+    for _ in range(repeats):
+        for name in runs:
+            runs[name].append(wall_per_step_us(torch, steps[name], count, 1))
+    return {name: statistics.median(times) for name, times in runs.items()}
+
+
 def graph_us(torch, step, replays=50):
     """The step captured into a CUDA graph: median replay time in
     microseconds (CUDA events), or None where capture fails."""
@@ -156,16 +175,9 @@ def run_shapes(torch, args):
     print("%-22s" % "shape" + "".join("%22s" % n for n in names) + "%14s%16s" % ("fc GPU", "fc/best peer"))
     for shape in SHAPES:
         (q, k, v), dout = layer_inputs(torch, shape, 1)
-        walls = {}
-        for name in names:
-            attend = found[name]
-
-            def step():
-                return torch.autograd.grad(attend(q, k, v), (q, k, v), dout)
-            try:
-                walls[name] = wall_per_step_us(torch, step, args.steps, args.repeats)
-            except Exception as e:  # noqa: BLE001
-                print("  %s failed at %s: %s: %s" % (name, shape, type(e).__name__, str(e).split("\n")[0][:160]))
+        steps = {name: (lambda attend: lambda: torch.autograd.grad(attend(q, k, v), (q, k, v), dout))(found[name])
+                 for name in names}
+        walls = interleaved_walls(torch, steps, args.steps, args.repeats, shape)
         gpu = graph_us(torch, lambda: torch.autograd.grad(found["flashcore"](q, k, v), (q, k, v), dout))
         peers = [w for n, w in walls.items() if n != "flashcore"]
         ratio = min(peers) / walls["flashcore"] if peers and "flashcore" in walls else float("nan")
