@@ -419,7 +419,7 @@ def operator_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, 
             if x is not None and not isinstance(x, tensor):
                 _refuse_descale(x, name, where)
     if not _eager:
-        register_torch_ops()
+        _ensure_registered()  # (run outside the trace under torch.compile, which cannot trace registering)
     if differentiable is None:
         differentiable = wants_grad(q, k, v, detach)
     quantized_kv, quantized_queries = _fp8_dtypes(torch)

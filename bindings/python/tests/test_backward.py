@@ -415,6 +415,48 @@ def test_repeated_training_steps_take_the_compiled_path_both_ways(torch, compile
                                                      "compiled", "compiled backward"]
 
 
+def test_a_compiled_graph_takes_the_compiled_path_both_ways(torch, compiled_on_fake_gpu):
+    # torch.compile's graphs call the operators, whose implementations are
+    # the same paths: from the second step on, the C ones.
+    fake_gpu = compiled_on_fake_gpu
+    q, k, v = tensors(torch, [(1, 4, 16, 64)] * 3)
+
+    def step(q, k, v):
+        return flashcore.attention(q, k, v, causal=True).float().square().sum()
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    for _ in range(3):
+        compiled(q, k, v).backward()
+    paths = [path for path, _ in fake_gpu.queued]
+    assert paths[-2:] == ["compiled", "compiled backward"], paths
+    assert filled(torch, v.grad, 3 * FakeGpuHandle.FILL_DV)
+
+
+# A fresh interpreter that imports flashcore before torch (so the operators
+# are not registered at import) and whose first flashcore call is traced:
+# they are registered outside the trace (Dynamo cannot trace registering),
+# and the traced call runs on to the library, which refuses CPU tensors.
+FIRST_CALL_COMPILED = """
+import flashcore, torch
+q, k, v = (torch.randn(1, 2, 8, 64, dtype=torch.float16, requires_grad=True) for _ in range(3))
+fn = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, causal=True), fullgraph=True, backend="aot_eager")
+try:
+    fn(q, k, v)
+except flashcore.InvalidArgumentError as e:
+    assert "on the CPU" in str(e), e
+    print("refused by flashcore")
+"""
+
+
+def test_the_first_call_may_be_traced(torch):
+    import os
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", FIRST_CALL_COMPILED], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=300)
+    assert done.returncode == 0 and "refused by flashcore" in done.stdout, done.stderr[-3000:]
+
+
 def test_an_eager_step_makes_no_fill_and_no_operator_call(torch, compiled_on_fake_gpu):
     # No zeros for lse's gradient (it has none) and none for dq's fp32
     # accumulator (the library's kernels start it), and the dispatcher's
