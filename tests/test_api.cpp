@@ -757,6 +757,24 @@ TEST(MergeParams, NumStatesAndHeadDimHaveUpperBounds) {
     }
 }
 
+// head_dim's range is the header's, 8 to FLASHCORE_MERGE_MAX_HEAD_DIM: below
+// it is refused as out of range, naming 8 (audit item 4: 4 was UNSUPPORTED
+// "not a multiple of 8" and 0 "must be >= 1"); 12 is in range but not a
+// multiple of 8.
+TEST(MergeParams, HeadDimRangeIsTheHeaders) {
+    for (int32_t head_dim : {0, 4, -8}) {
+        flashcore_merge_params m = valid_merge_params(2, head_dim);
+        EXPECT_EQ(flashcore_merge_check(&m), FLASHCORE_STATUS_INVALID_ARGUMENT) << head_dim;
+        EXPECT_EQ(std::string(flashcore_last_error_message()),
+                  "head_dim (" + std::to_string(head_dim) + ") must be >= 8");
+    }
+    flashcore_merge_params m = valid_merge_params(2, 12);
+    EXPECT_EQ(flashcore_merge_check(&m), FLASHCORE_STATUS_UNSUPPORTED);
+    EXPECT_STREQ(flashcore_last_error_message(), "head_dim 12 is not a multiple of 8");
+    m = valid_merge_params(2, 8);
+    EXPECT_EQ(flashcore_merge_check(&m), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+}
+
 TEST(MergeParams, NullHandleOrParamsAreRejected) {
     flashcore_merge_params p;
     ASSERT_EQ(flashcore_merge_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
@@ -1896,6 +1914,25 @@ TEST(BackwardParams, InitSetsSizeAndDefaults) {
 }
 
 // A newer header's larger struct: init writes exactly its struct_size bytes.
+// The backward pass takes fp16 and bf16 only: a dtype it does not take is
+// refused with its own list, never the forward's, which names e4m3 (audit
+// item 5), whatever else is wrong with the call.
+TEST(BackwardParams, DtypeMessagesNameTheBackwardsDtypes) {
+    for (int32_t dtype : {0, 7, int32_t(FLASHCORE_DTYPE_FP8_E4M3)}) {
+        for (bool bad_head_dim : {false, true}) {
+            flashcore_backward_params p = valid_backward_params();
+            p.dtype = dtype;
+            if (bad_head_dim) p.head_dim = 100;
+            EXPECT_EQ(flashcore_backward_check(&p), FLASHCORE_STATUS_UNSUPPORTED) << dtype;
+            const std::string message = flashcore_last_error_message();
+            EXPECT_NE(message.find("the backward pass takes FLASHCORE_DTYPE_FP16 (1) or FLASHCORE_DTYPE_BF16 (2)"),
+                      std::string::npos)
+                << message;
+            EXPECT_EQ(message.find("FLASHCORE_DTYPE_FP8_E4M3 (4, sm_90"), std::string::npos) << message;
+        }
+    }
+}
+
 TEST(BackwardParams, InitWritesExactlyTheCallersSize) {
     struct Newer {
         flashcore_backward_params base;
@@ -2078,7 +2115,7 @@ T *offset(T *pointer, size_t bytes) {
 
 const InvalidBackwardCase kInvalidBackwardCases[] = {
     {"dtype_unknown", [](auto &p) { p.dtype = FLASHCORE_DTYPE_FP32; }, FLASHCORE_STATUS_UNSUPPORTED,
-     "dtype 3 is not supported; supported: FLASHCORE_DTYPE_FP16 (1), FLASHCORE_DTYPE_BF16 (2)"},
+     "dtype 3 is not supported: the backward pass takes FLASHCORE_DTYPE_FP16 (1) or FLASHCORE_DTYPE_BF16 (2)"},
     {"batch_negative", [](auto &p) { p.batch_size = -3; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
      "batch_size (-3) must be >= 0"},
     {"seqlen_q_negative", [](auto &p) { p.seqlen_q = -1; }, FLASHCORE_STATUS_INVALID_ARGUMENT, "seqlen_q (-1)"},

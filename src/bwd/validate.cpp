@@ -67,21 +67,36 @@ static_assert(kMaxBackwardRanges >= kBackwardTensors + 1 + kMaxInt32Arrays,
 
 bool backward_is_empty(const flashcore_backward_params &p) { return p.batch_size == 0 || p.num_heads_q == 0; }
 
-flashcore_status validate_backward_sizes(const flashcore_backward_params &p) {
-    const flashcore_status status = validate_sizes(forward_view(p));
-    return status != FLASHCORE_STATUS_SUCCESS ? status : check_seqlen_k(p);
-}
+namespace {
 
-flashcore_status validate_backward_shapes(const flashcore_backward_params &p) {
-    // The forward's dtype rules admit e4m3 queries (fp8 prefill), which
-    // have no backward pass.
+// The backward pass's element types, checked before anything the forward's
+// rules would check of the dtype: those admit e4m3 queries (fp8 prefill),
+// which have no backward pass, and list them as supported.
+flashcore_status check_backward_dtype(const flashcore_backward_params &p) {
+    if (p.dtype == FLASHCORE_DTYPE_FP16 || p.dtype == FLASHCORE_DTYPE_BF16) return FLASHCORE_STATUS_SUCCESS;
     if (p.dtype == FLASHCORE_DTYPE_FP8_E4M3) {
         return fail(FLASHCORE_STATUS_UNSUPPORTED,
                     "dtype FLASHCORE_DTYPE_FP8_E4M3 (%d): the backward pass takes FLASHCORE_DTYPE_FP16 (%d) or "
                     "FLASHCORE_DTYPE_BF16 (%d); fp8 attention is forward only",
                     int(p.dtype), int(FLASHCORE_DTYPE_FP16), int(FLASHCORE_DTYPE_BF16));
     }
-    flashcore_status status = validate_shapes(forward_view(p), bwd_supported_head_dims());
+    return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                "dtype %d is not supported: the backward pass takes FLASHCORE_DTYPE_FP16 (%d) or "
+                "FLASHCORE_DTYPE_BF16 (%d)",
+                int(p.dtype), int(FLASHCORE_DTYPE_FP16), int(FLASHCORE_DTYPE_BF16));
+}
+
+}  // namespace
+
+flashcore_status validate_backward_sizes(const flashcore_backward_params &p) {
+    flashcore_status status = check_backward_dtype(p);
+    if (status == FLASHCORE_STATUS_SUCCESS) status = validate_sizes(forward_view(p));
+    return status != FLASHCORE_STATUS_SUCCESS ? status : check_seqlen_k(p);
+}
+
+flashcore_status validate_backward_shapes(const flashcore_backward_params &p) {
+    flashcore_status status = check_backward_dtype(p);
+    if (status == FLASHCORE_STATUS_SUCCESS) status = validate_shapes(forward_view(p), bwd_supported_head_dims());
     if (status == FLASHCORE_STATUS_SUCCESS) status = check_seqlen_k(p);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     // Likewise the packed keys' rows (validate_packing).

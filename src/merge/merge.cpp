@@ -71,7 +71,9 @@ flashcore_status validate_merge(const flashcore_merge_params &p) {
         {p.batch_size, "batch_size", 0, nullptr, INT32_MAX},
         {p.num_heads, "num_heads", 0, nullptr, INT32_MAX},
         {p.seqlen, "seqlen", 0, nullptr, INT32_MAX},
-        {p.head_dim, "head_dim", 1, "FLASHCORE_MERGE_MAX_HEAD_DIM", FLASHCORE_MERGE_MAX_HEAD_DIM},
+        // The header's range, 8 to the maximum: below 8 is out of range
+        // (INVALID_ARGUMENT), not a head dim of another multiple.
+        {p.head_dim, "head_dim", kMergeHeadDimMultiple, "FLASHCORE_MERGE_MAX_HEAD_DIM", FLASHCORE_MERGE_MAX_HEAD_DIM},
     };
     for (const auto &s : sizes) {
         if (s.value < s.min) {
