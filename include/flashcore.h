@@ -536,7 +536,8 @@ FLASHCORE_API flashcore_status flashcore_forward_check(const flashcore_forward_p
  *     same size, so a buffer sized once can be reused, and captured into
  *     CUDA graphs, for every call with those params.
  *   - It is 0 when the call does not split (num_splits = 1 always gives 0);
- *     then workspace may be NULL.
+ *     then workspace and workspace_bytes are not looked at (NULL, or any
+ *     pointer and size).
  *   - Otherwise flashcore_forward needs workspace_bytes >= that size
  *     (FLASHCORE_STATUS_WORKSPACE_TOO_SMALL if not) and a workspace pointer
  *     that is not NULL (FLASHCORE_STATUS_INVALID_ARGUMENT) and

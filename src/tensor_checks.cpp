@@ -222,15 +222,17 @@ flashcore_status check_workspace(void *workspace, size_t bytes, size_t needed, c
                     "workspace_bytes (%zu) is smaller than the %zu bytes %s asks for (%s)", bytes, needed,
                     size_function, what);
     }
-    if (bytes > 0 && workspace == nullptr) {
+    // A call that needs none never looks at the workspace: any pointer and
+    // size will do (the header: "then workspace may be NULL").
+    if (needed == 0) return FLASHCORE_STATUS_SUCCESS;
+    if (workspace == nullptr) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                    "workspace is NULL but workspace_bytes is %zu (the call needs %zu bytes of it)", bytes, needed);
+                    "workspace is NULL but the call needs %zu bytes of it (workspace_bytes is %zu)", needed, bytes);
     }
     if (reinterpret_cast<uintptr_t>(workspace) % FLASHCORE_ALIGNMENT != 0) {
         return fail(FLASHCORE_STATUS_MISALIGNED, "workspace (%p) must be %d-byte aligned", workspace,
                     FLASHCORE_ALIGNMENT);
     }
-    if (needed == 0) return FLASHCORE_STATUS_SUCCESS;
     // The bytes the call writes of the workspace must overlap no tensor.
     const unsigned __int128 begin = reinterpret_cast<uintptr_t>(workspace);
     ranges[count] = {"the workspace", begin, begin + needed, true};

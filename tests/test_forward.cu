@@ -621,6 +621,43 @@ TEST(ForwardGraph, CapturedCallReplaysCorrectly) {
     FC_CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
+// A call that needs no workspace does not look at the one it is given: NULL
+// with a size, or a misaligned pointer, as the header says (audit item 7 of
+// issue 59: NULL with 4096 bytes was INVALID_ARGUMENT, (void *)8 with 0
+// bytes MISALIGNED). A call that needs one still refuses both.
+TEST(ForwardWorkspace, AnUnneededWorkspaceIsNotLookedAt) {
+    FC_REQUIRE_GPU();
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    FwdCase c{FLASHCORE_DTYPE_FP16, 64, true, 1, 4, 4, 200, 200, Layout::kBHSD};
+    c.num_splits = 1;
+    std::mt19937_64 rng(fresh_seed());
+    Workload w(c, rng);
+    size_t needed = 7;
+    ASSERT_EQ(flashcore_forward_workspace_size(handle.get(), &w.params, &needed), FLASHCORE_STATUS_SUCCESS);
+    ASSERT_EQ(needed, 0u);
+    ASSERT_EQ(run_forward(handle.get(), w.params), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    const std::vector<uint16_t> expected = w.out_bits();
+    void *const misaligned = reinterpret_cast<void *>(uintptr_t(8));
+    const struct {
+        void *workspace;
+        size_t bytes;
+    } given[] = {{nullptr, 4096}, {misaligned, 0}, {misaligned, 4096}};
+    for (const auto &g : given) {
+        w.poison_outputs();
+        EXPECT_EQ(flashcore_forward(handle.get(), &w.params, g.workspace, g.bytes, nullptr), FLASHCORE_STATUS_SUCCESS)
+            << g.workspace << ", " << g.bytes << ": " << flashcore_last_error_message();
+        FC_CHECK_CUDA(cudaDeviceSynchronize());
+        EXPECT_TRUE(w.out_bits() == expected) << g.workspace << ", " << g.bytes;
+    }
+    // Two splits need a workspace: NULL and a misaligned one are refused.
+    w.params.num_splits = 2;
+    ASSERT_EQ(flashcore_forward_workspace_size(handle.get(), &w.params, &needed), FLASHCORE_STATUS_SUCCESS);
+    ASSERT_GT(needed, 0u);
+    EXPECT_EQ(flashcore_forward(handle.get(), &w.params, nullptr, needed, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(flashcore_forward(handle.get(), &w.params, misaligned, needed, nullptr), FLASHCORE_STATUS_MISALIGNED);
+}
+
 // ---------------------------------------------------------------------------
 // What a launch keeps for the next call (the sm_90a kernel's TMA descriptors
 // per thread and geometry, each kernel's shared-memory opt-in per device).
