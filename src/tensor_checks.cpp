@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -19,6 +20,21 @@ flashcore_status check_pointer(const void *ptr, const char *name, size_t alignme
 
 
 namespace {
+
+// "0x..." of a byte address the range arithmetic computed in 128 bits: a
+// range that starts near the top of the address space ends past 2^64, and
+// printing its low 64 bits would show an end below its start.
+std::string hex_address(unsigned __int128 address) {
+    char text[40];
+    const uint64_t high = uint64_t(address >> 64), low = uint64_t(address);
+    if (high != 0) {
+        std::snprintf(text, sizeof text, "0x%" PRIx64 "%016" PRIx64, high, low);
+    } else {
+        std::snprintf(text, sizeof text, "0x%" PRIx64, low);
+    }
+    return text;
+}
+
 
 // The strided dimensions of a tensor, batch, seq, head and (the merge's)
 // state, as (stride, extent) pairs.
@@ -205,10 +221,11 @@ flashcore_status check_no_aliasing(const ByteRange *ranges, size_t count) {
                     list += (list.empty() ? "" : ", ") + std::string(ranges[k].name);
                 }
                 return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                            "%s (bytes 0x%" PRIx64 " to 0x%" PRIx64 ") overlaps %s (bytes 0x%" PRIx64 " to 0x%" PRIx64
-                            "); what the call writes (%s) must not overlap what it reads (%s) or one another",
-                            a.name, uint64_t(a.begin), uint64_t(a.end - 1), b.name, uint64_t(b.begin),
-                            uint64_t(b.end - 1), written.c_str(), read.c_str());
+                            "%s (bytes %s to %s) overlaps %s (bytes %s to %s); what the call writes (%s) must not "
+                            "overlap what it reads (%s) or one another",
+                            a.name, hex_address(a.begin).c_str(), hex_address(a.end - 1).c_str(), b.name,
+                            hex_address(b.begin).c_str(), hex_address(b.end - 1).c_str(), written.c_str(),
+                            read.c_str());
             }
         }
     }

@@ -1634,6 +1634,23 @@ TEST(Paged, EmptyCallIgnoresTheTableStride) {
     }
 }
 
+// The table's row stride has an upper bound as the tensors' strides do: its
+// last entry must be addressable in bytes (audit item 3 of issue 59: 2^62
+// and INT64_MAX were accepted, and the kernels' offsets wrap).
+TEST(Paged, TableStrideHasAnUpperBound) {
+    for (int64_t stride : {int64_t(1) << 62, INT64_MAX, (int64_t(1) << 61) + 5}) {
+        flashcore_forward_params p = paged_params(64, 4);
+        p.block_table_batch_stride = stride;
+        EXPECT_TRUE(refused_naming(p, "block_table_batch_stride (" + std::to_string(stride) +
+                                          ") addresses more than 2^63 bytes over batch_size (2)"))
+            << stride;
+    }
+    // The largest that passes: (batch_size - 1) * stride + 4 entries of 4 bytes within 2^63.
+    flashcore_forward_params p = paged_params(64, 4);
+    p.block_table_batch_stride = (INT64_MAX / 4) - 4;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+}
+
 TEST(Paged, TableAndPoolAreChecked) {
     flashcore_forward_params p = paged_params(64, 0);
     EXPECT_TRUE(refused_naming(p, "num_pages (0) must be >= 1 with a block_table"));
@@ -2534,6 +2551,37 @@ TEST(QuantizedKv, HeadDimsAndStridesAreWholeVectorsOfOneByteElements) {
     p = valid_fp8_kv_params();
     p.k_head_stride = 64 + 16;
     EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+}
+
+// The descale factors' strides have an upper bound as the tensors' do
+// (audit item 3 of issue 59).
+TEST(QuantizedKv, DescaleStridesHaveAnUpperBound) {
+    for (int64_t stride : {int64_t(1) << 62, INT64_MAX}) {
+        flashcore_forward_params p = valid_fp8_kv_params();
+        p.k_descale_batch_stride = stride;
+        EXPECT_TRUE(refused_naming(p, "k_descale_batch_stride (" + std::to_string(stride) +
+                                          ") and k_descale_head_stride (1) address more than 2^63 bytes"))
+            << stride;
+        p = valid_fp8_kv_params();
+        p.v_descale_head_stride = stride;
+        EXPECT_TRUE(refused_naming(p, "v_descale_batch_stride (2) and v_descale_head_stride (" +
+                                          std::to_string(stride) + ") address more than 2^63 bytes"))
+            << stride;
+    }
+}
+
+// An overlap message prints the byte ranges whole: a tensor near the top of
+// the address space ends past 2^64, and its end printed in 64 bits came
+// out below its start (audit item 3).
+TEST(Validation, OverlapMessagePrintsRangesPast2Pow64) {
+    flashcore_forward_params p = valid_params();
+    void *const top = reinterpret_cast<void *>(uintptr_t(0xFFFFFFFFFFFF0000ull));
+    p.q = top;
+    p.out = top;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    const std::string message = flashcore_last_error_message();
+    // q: B=2, Hq=8, Sq=100, D=64 fp16 densely packed, 204800 bytes from 0xffffffffffff0000.
+    EXPECT_NE(message.find("(bytes 0xffffffffffff0000 to 0x10000000000021fff)"), std::string::npos) << message;
 }
 
 TEST(QuantizedKv, DescaleFactorsAreChecked) {

@@ -159,6 +159,17 @@ flashcore_status check_descales(const flashcore_forward_params &p) {
                         "factor for the whole tensor)",
                         d.name, d.batch_stride, d.name, d.head_stride);
         }
+        // The last factor read, of the last batch and K/V head, must be
+        // addressable in bytes (as check_tensor bounds the tensors'): the
+        // kernels' 64-bit offsets cannot wrap.
+        const __int128 last = __int128(std::max(p.batch_size - 1, 0)) * d.batch_stride +
+                              __int128(std::max(p.num_heads_kv - 1, 0)) * d.head_stride;
+        if (d.data != nullptr && last * __int128(sizeof(float)) > __int128(INT64_MAX)) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                        "%s_batch_stride (%" PRId64 ") and %s_head_stride (%" PRId64 ") address more than 2^63 "
+                        "bytes over batch_size (%d) and num_heads_kv (%d)",
+                        d.name, d.batch_stride, d.name, d.head_stride, int(p.batch_size), int(p.num_heads_kv));
+        }
     }
     if (p.q_descale != nullptr && !has_fp8_queries(p)) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
@@ -346,6 +357,14 @@ flashcore_status validate_packing(const flashcore_forward_params &p) {
     if (p.block_table_batch_stride < 0) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "block_table_batch_stride (%" PRId64 ") must be >= 0",
                     p.block_table_batch_stride);
+    }
+    // The last entry read must be addressable in bytes (as check_tensor
+    // bounds the tensors'): the kernels' 64-bit offsets cannot wrap.
+    const __int128 last_entry = __int128(p.batch_size - 1) * p.block_table_batch_stride + pages_per_seq - 1;
+    if (last_entry * __int128(sizeof(int32_t)) > __int128(INT64_MAX)) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "block_table_batch_stride (%" PRId64 ") addresses more than 2^63 bytes over batch_size (%d)",
+                    p.block_table_batch_stride, int(p.batch_size));
     }
     return FLASHCORE_STATUS_SUCCESS;
 }
