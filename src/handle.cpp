@@ -4,11 +4,13 @@
 #include <dlfcn.h>
 
 #include <cerrno>
+#include <cstdarg>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
 
 #include "common/driver_function.h"
 #include "error.h"
@@ -237,7 +239,88 @@ flashcore_status check_handle(const flashcore_handle_s *handle) {
     return FLASHCORE_STATUS_SUCCESS;
 }
 
+namespace {
+
+// FLASHCORE_TEST_EMULATE_GPU's GPUs: compute capability, SMs, and the
+// shared memory per block (opt-in) and per SM of NVIDIA's published specs
+// (CUDA C++ Programming Guide, "Technical Specifications per Compute
+// Capability"; the SM counts of each product's data sheet).
+constexpr EmulatedGpu kEmulatedGpus[] = {
+    {"a100", 8, 0, 108, 166912, 167936},  // A100 SXM: 163 KiB per block, 164 KiB per SM
+    {"a10", 8, 6, 72, 101376, 102400},    // A10 (sm_86): 99 KiB per block, 100 KiB per SM
+    {"l4", 8, 9, 58, 101376, 102400},     // L4 (sm_89): as sm_86
+    {"h100", 9, 0, 132, 232448, 233472},  // H100 SXM: 227 KiB per block, 228 KiB per SM
+    {"h200", 9, 0, 132, 232448, 233472},  // H200: as the H100 SXM
+};
+
+// FLASHCORE_TEST_EMULATE_GPU=<name> (tests only): the handle stands for that
+// GPU, made without the driver. *gpu is nullptr where the variable is unset
+// or empty.
+flashcore_status read_emulated_gpu(const EmulatedGpu **gpu) {
+    *gpu = nullptr;
+    const char *value = std::getenv("FLASHCORE_TEST_EMULATE_GPU");
+    if (value == nullptr || value[0] == '\0') return FLASHCORE_STATUS_SUCCESS;
+    std::string names;
+    for (const EmulatedGpu &g : kEmulatedGpus) {
+        if (std::strcmp(value, g.name) == 0) {
+            *gpu = &g;
+            return FLASHCORE_STATUS_SUCCESS;
+        }
+        names += names.empty() ? g.name : std::string(", ") + g.name;
+    }
+    return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                "FLASHCORE_TEST_EMULATE_GPU=%.32s is not a GPU flashcore emulates; it takes %s (tests only)", value,
+                names.c_str());
+}
+
+// A handle for an emulated GPU: what create_handle reads of a device, from
+// the table instead of the driver.
+flashcore_status create_emulated_handle(const EmulatedGpu &gpu, int device, flashcore_handle *handle) {
+    if (device < 0) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "device %d does not exist (FLASHCORE_TEST_EMULATE_GPU=%s)",
+                    device, gpu.name);
+    }
+    flashcore_handle_s h{};
+    h.magic = kHandleLive;
+    h.device = device;
+    h.cc_major = gpu.cc_major;
+    h.cc_minor = gpu.cc_minor;
+    h.num_sms = gpu.num_sms;
+    h.max_smem_per_block = gpu.smem_per_block_optin;
+    h.smem_per_sm = gpu.smem_per_sm;
+    h.emulated = &gpu;
+    const flashcore_status status = read_env_overrides(h, &h.env);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    if (h.env.smem_per_block_choice != 0) h.max_smem_per_block = h.env.smem_per_block_choice;
+    *handle = new (std::nothrow) flashcore_handle_s(h);
+    if (*handle == nullptr) return fail(FLASHCORE_STATUS_OUT_OF_MEMORY, "could not allocate a handle");
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+const EmulatedGpu *emulated_gpus(size_t *count) {
+    *count = sizeof kEmulatedGpus / sizeof kEmulatedGpus[0];
+    return kEmulatedGpus;
+}
+
+flashcore_status emulated_launch(const flashcore_handle_s &handle, const char *plan_format, ...) {
+    char plan[256];
+    va_list args;
+    va_start(args, plan_format);
+    std::vsnprintf(plan, sizeof plan, plan_format, args);
+    va_end(args);
+    return fail(FLASHCORE_STATUS_NO_DEVICE,
+                "emulated %s (FLASHCORE_TEST_EMULATE_GPU): planned %s with %zu bytes of shared memory per block "
+                "allowed; nothing launched",
+                handle.emulated->name, plan, handle.max_smem_per_block);
+}
+
 flashcore_status create_handle(int device, flashcore_handle *handle) {
+    const EmulatedGpu *emulated = nullptr;
+    flashcore_status emulated_status = read_emulated_gpu(&emulated);
+    if (emulated_status != FLASHCORE_STATUS_SUCCESS) return emulated_status;
+    if (emulated != nullptr) return create_emulated_handle(*emulated, device, handle);
     int count = 0;
     // Cleared: the runtime would report this error again on the next call.
     cudaError_t err = cleared(cudaGetDeviceCount(&count));

@@ -46,6 +46,20 @@ struct EnvOverrides {
 
 }  // namespace flashcore
 
+namespace flashcore {
+
+// A GPU a handle may be made for without one (FLASHCORE_TEST_EMULATE_GPU,
+// tests only): the properties its plans read, as the vendor publishes them.
+struct EmulatedGpu {
+    const char *name;  // as the variable takes it
+    int cc_major, cc_minor;
+    int num_sms;
+    size_t smem_per_block_optin;  // cudaDevAttrMaxSharedMemoryPerBlockOptin
+    size_t smem_per_sm;           // cudaDevAttrMaxSharedMemoryPerMultiprocessor
+};
+
+}  // namespace flashcore
+
 struct flashcore_handle_s {
     // kHandleLive from creation until flashcore_destroy, which overwrites it
     // before freeing: every call checks it, so a destroyed or made-up
@@ -60,6 +74,12 @@ struct flashcore_handle_s {
     size_t max_smem_per_block;
     size_t smem_per_sm;         // shared by the CTAs resident on one SM
     flashcore::EnvOverrides env;
+    // The GPU a FLASHCORE_TEST_EMULATE_GPU handle stands for (tests only),
+    // else nullptr. Such a handle was made without the driver; its calls
+    // are planned and checked as on that GPU, and return
+    // FLASHCORE_STATUS_NO_DEVICE, naming the plan, where they would launch
+    // (emulated_launch).
+    const flashcore::EmulatedGpu *emulated = nullptr;
 };
 
 namespace flashcore {
@@ -78,6 +98,15 @@ flashcore_status check_handle(const flashcore_handle_s *handle);
 constexpr int kMinComputeMajor = 8;
 
 flashcore_status create_handle(int device, flashcore_handle *handle);
+
+// The GPUs FLASHCORE_TEST_EMULATE_GPU names (a100, a10, l4, h100, h200):
+// the first of *count.
+const EmulatedGpu *emulated_gpus(size_t *count);
+
+// What a call on an emulated handle returns where it would launch:
+// FLASHCORE_STATUS_NO_DEVICE, its message "emulated <gpu>: planned <plan>;
+// nothing launched" (plan: printf-style, the kernel and its configuration).
+flashcore_status emulated_launch(const flashcore_handle_s &handle, const char *plan_format, ...);
 
 // UNSUPPORTED where a kernel needs more shared memory per block than the
 // handle's device allows; `kernel` names it in the message ("the <kernel>

@@ -104,6 +104,14 @@ flashcore_status launch_backward(const flashcore_handle_s &handle, const flashco
         return fail_grid_limit("num_heads_q", "seqlen_q", info.block_m, static_cast<long long>(query_ctas));
     }
 
+    if (handle.emulated != nullptr) {
+        return emulated_launch(handle,
+                               "the %s %s kernel for head dims (%d, %d) with %zu bytes of shared memory "
+                               "(%d-row query blocks, %d-row key blocks)",
+                               kernel->path == KernelPath::kSm90 ? "sm_90a" : "portable", kernel_name,
+                               int(kernel->dims.head_dim), int(kernel->dims.head_dim_v), info.smem_bytes,
+                               info.block_m, info.block_n);
+    }
     DeviceGuard guard(handle.device);
     if (guard.status() != FLASHCORE_STATUS_SUCCESS) return guard.status();
     const BwdKernelParams kparams = bwd_kernel_params(p, workspace);

@@ -53,6 +53,12 @@ constexpr int64_t kRaggedDecodeMaxWaves = 8;
 // below this (the key-split tile's rows): the unpacked tiles would be mostly
 // empty, and every query head would read the same K/V again.
 constexpr int kPackGqaMaxSeqlenQ = 64;
+// ... and only where the packed rows of a (batch, K/V head), seqlen_q times
+// the group, fit the kernels' 32-bit row counts with a tile's headroom
+// (their ceil_div(rows, block_m) adds up to block_m - 1): a group of 34
+// million query heads at seqlen_q 63 wrapped.
+constexpr int64_t kTileRowsHeadroom = 256;
+constexpr int64_t kMaxPackedRows = INT32_MAX - kTileRowsHeadroom;
 // The sm_90a kernel serves calls whose query blocks are whole 128-row
 // tiles; shorter query sequences (decode, speculative steps) run on the
 // portable kernel, which packs GQA heads into its 64-row tiles.
@@ -283,7 +289,8 @@ int ragged_decode_splits(const flashcore_forward_params &p, const FwdKernel &ker
 flashcore_status plan_sm80(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype,
                            HeadDims dims, ForwardPlan *plan) {
     const int group = p.num_heads_q / p.num_heads_kv;
-    const int packed_heads = group > 1 && p.seqlen_q < kPackGqaMaxSeqlenQ ? group : 1;
+    const int packed_heads =
+        group > 1 && p.seqlen_q < kPackGqaMaxSeqlenQ && int64_t(p.seqlen_q) * group <= kMaxPackedRows ? group : 1;
     const FwdKernel *kernel = nullptr;
     const flashcore_status status = choose_sm80(handle, p, dtype, dims, packed_heads, &kernel);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
@@ -419,6 +426,15 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
         return fail_grid_limit("num_heads_q", "seqlen_q", info.block_m, static_cast<long long>(blocks));
     }
 
+    if (handle.emulated != nullptr) {
+        return emulated_launch(handle,
+                               "the forward on the %s %s kernel for head dims (%d, %d) with %zu bytes of shared "
+                               "memory, %d split(s), %d query head(s) packed per tile, %lld thread blocks",
+                               plan.kernel->path == KernelPath::kSm90 ? "sm_90a" : "portable",
+                               fwd_tile_name(plan.kernel->tile), int(plan.kernel->dims.head_dim),
+                               int(plan.kernel->dims.head_dim_v), info.smem_bytes, plan.num_splits, plan.packed_heads,
+                               static_cast<long long>(blocks));
+    }
     DeviceGuard guard(handle.device);
     if (guard.status() != FLASHCORE_STATUS_SUCCESS) return guard.status();
     FwdKernelParams kparams = kernel_params(p);

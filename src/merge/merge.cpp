@@ -171,6 +171,7 @@ MergeKernelParams merge_kernel_params(const flashcore_merge_params &p) {
 
 flashcore_status launch_merge(const flashcore_handle_s &handle, const flashcore_merge_params &p, void *stream) {
     const MergeKernelParams m = merge_kernel_params(p);
+    if (handle.emulated != nullptr) return emulated_launch(handle, "the merge of %d states", int(p.num_states));
     DeviceGuard guard(handle.device);
     if (guard.status() != FLASHCORE_STATUS_SUCCESS) return guard.status();
     const cudaError_t err = cleared(run_merge_states(MergeType(p.partial_dtype), MergeType(p.out_dtype), m,

@@ -1,0 +1,361 @@
+// Planning tested for every GPU without one (issue 59): handles made under
+// FLASHCORE_TEST_EMULATE_GPU stand for an A100, an A10 (sm_86), an L4
+// (sm_89), an H100 and an H200 without a driver. Their calls are planned,
+// their kernels chosen and their workspaces, shared memory and grids
+// checked as on that GPU, and where they would launch they return
+// FLASHCORE_STATUS_NO_DEVICE with a message naming the plan. What
+// flashcore_*_check accepts must plan on every GPU: never INTERNAL, never a
+// device-dependent refusal but the documented ones (fp8 queries need the
+// sm_90a kernels). Fake device addresses: nothing is dereferenced.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "flashcore.h"
+#include "scoped_env.h"
+
+namespace {
+
+
+
+// The GPUs the variable takes, with their compute capability major.
+const struct {
+    const char *name;
+    int cc_major;
+} kGpus[] = {{"a100", 8}, {"a10", 8}, {"l4", 8}, {"h100", 9}, {"h200", 9}};
+
+// 2^40 bytes apart: more than any tensor here (a decode cache of 131072 keys), so none overlap.
+void *fake_tensor(int i) { return reinterpret_cast<void *>((uintptr_t(i) + 1) << 40); }
+
+// A handle for an emulated GPU, destroyed with the object.
+struct EmulatedHandle {
+    flashcore_handle handle = nullptr;
+    explicit EmulatedHandle(const char *gpu) {
+        ScopedEnv env({{"FLASHCORE_TEST_EMULATE_GPU", gpu}});
+        EXPECT_EQ(flashcore_create(&handle), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    }
+    ~EmulatedHandle() { EXPECT_EQ(flashcore_destroy(handle), FLASHCORE_STATUS_SUCCESS); }
+};
+
+std::vector<std::pair<int32_t, int32_t>> supported_pairs() {
+    size_t count = 0;
+    EXPECT_EQ(flashcore_supported_head_dims(nullptr, nullptr, 0, &count), FLASHCORE_STATUS_SUCCESS);
+    std::vector<int32_t> dims(count), dims_v(count);
+    EXPECT_EQ(flashcore_supported_head_dims(dims.data(), dims_v.data(), count, &count), FLASHCORE_STATUS_SUCCESS);
+    std::vector<std::pair<int32_t, int32_t>> pairs;
+    for (size_t i = 0; i < count; ++i) pairs.push_back({dims[i], dims_v[i]});
+    return pairs;
+}
+
+// Whether a call on an emulated handle reached the launch: the status and
+// message emulated_launch gives.
+testing::AssertionResult planned(flashcore_status status, const char *gpu) {
+    const std::string message = flashcore_last_error_message();
+    const std::string expected = std::string("emulated ") + gpu + " (FLASHCORE_TEST_EMULATE_GPU): planned ";
+    if (status == FLASHCORE_STATUS_NO_DEVICE && message.rfind(expected, 0) == 0) return testing::AssertionSuccess();
+    return testing::AssertionFailure() << "status " << status << ": " << message;
+}
+
+// The forms of a forward call the tests plan: each a change to dense,
+// contiguous [B, S, H, D] params.
+struct ForwardForm {
+    const char *name;
+    int32_t batch, seqlen_q, seqlen_k, heads_q, heads_kv;
+    bool causal = false;
+    int32_t num_splits = 0;
+    bool varlen = false;
+    int32_t page_size = 0;
+    bool window = false;
+    float softcap = 0.f;
+    bool fp8_kv = false;
+    bool fp8_q = false;
+    bool seqused_k = false;
+};
+
+const ForwardForm kForwardForms[] = {
+    {"prefill", 2, 1024, 1024, 8, 8, true},
+    {"prefill_gqa", 1, 4096, 4096, 32, 8, true},
+    {"short_ragged", 3, 100, 333, 8, 2},
+    {"decode_gqa", 4, 1, 8192, 32, 8},
+    {"decode_long", 1, 1, 131072, 8, 1},
+    {"split4", 2, 64, 4096, 8, 2, false, 4},
+    {"varlen", 3, 700, 900, 8, 2, true, 0, true},
+    {"varlen_decode", 8, 1, 4096, 16, 4, false, 0, true},
+    {"paged", 2, 128, 2048, 8, 2, true, 0, false, 64},
+    {"paged_decode", 16, 1, 4096, 32, 8, false, 0, false, 16},
+    {"varlen_paged", 2, 128, 2048, 8, 8, true, 0, true, 256},
+    {"window", 2, 2048, 2048, 8, 8, true, 0, false, 0, true},
+    {"softcap", 2, 512, 512, 8, 8, false, 0, false, 0, false, 30.f},
+    {"seqused_k", 4, 16, 2048, 8, 2, false, 0, false, 0, false, 0.f, false, false, true},
+    {"fp8_kv_decode", 4, 1, 4096, 32, 8, false, 0, false, 0, false, 0.f, true},
+    {"fp8_kv_prefill", 1, 1024, 1024, 8, 8, true, 0, false, 0, false, 0.f, true},
+    {"fp8_prefill", 2, 1024, 1024, 8, 8, true, 0, false, 0, false, 0.f, true, true},
+};
+
+// The params of form f at head dims (d, dv), dtype `dtype`.
+flashcore_forward_params forward_params(const ForwardForm &f, int32_t d, int32_t dv, int32_t dtype) {
+    flashcore_forward_params p;
+    EXPECT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
+    p.dtype = f.fp8_q ? FLASHCORE_DTYPE_FP8_E4M3 : dtype;
+    p.batch_size = f.batch;
+    p.seqlen_q = f.seqlen_q;
+    p.seqlen_k = f.seqlen_k;
+    p.num_heads_q = f.heads_q;
+    p.num_heads_kv = f.heads_kv;
+    p.head_dim = d;
+    p.head_dim_v = dv;
+    p.causal = f.causal;
+    p.num_splits = f.num_splits;
+    p.softcap = f.softcap;
+    if (f.window) {
+        p.use_window = 1;
+        p.window_left = 256;
+        p.window_right = 0;
+    }
+    if (f.fp8_kv || f.fp8_q) {
+        p.kv_dtype = FLASHCORE_DTYPE_FP8_E4M3;
+        p.k_descale = static_cast<const float *>(fake_tensor(10));
+        p.v_descale = static_cast<const float *>(fake_tensor(11));
+    }
+    if (f.fp8_q) {
+        p.out_dtype = FLASHCORE_DTYPE_BF16;
+        p.q_descale = static_cast<const float *>(fake_tensor(12));
+    }
+    p.q = fake_tensor(0);
+    p.k = fake_tensor(1);
+    p.v = fake_tensor(2);
+    p.out = fake_tensor(3);
+    p.lse = static_cast<float *>(fake_tensor(4));
+    if (f.varlen) {
+        p.cu_seqlens_q = static_cast<const int32_t *>(fake_tensor(5));
+        p.total_seqlen_q = f.batch * f.seqlen_q * 2 / 3 + 1;
+        if (f.page_size == 0) {
+            p.cu_seqlens_k = static_cast<const int32_t *>(fake_tensor(6));
+            p.total_seqlen_k = f.batch * f.seqlen_k * 2 / 3 + 1;
+        }
+    }
+    if (f.page_size > 0) {
+        p.block_table = static_cast<const int32_t *>(fake_tensor(7));
+        p.page_size = f.page_size;
+        p.num_pages = f.batch * (f.seqlen_k / f.page_size) + 3;
+        p.block_table_batch_stride = (f.seqlen_k + f.page_size - 1) / f.page_size;
+        p.seqused_k = static_cast<const int32_t *>(fake_tensor(8));
+    }
+    if (f.seqused_k) p.seqused_k = static_cast<const int32_t *>(fake_tensor(8));
+    EXPECT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS)
+        << f.name << ": " << flashcore_last_error_message();
+    return p;
+}
+
+// flashcore_forward of checked params on an emulated handle: the workspace
+// query and the call, with a fake workspace of the size asked for.
+flashcore_status forward_on(flashcore_handle h, const flashcore_forward_params &p, size_t *workspace_bytes) {
+    flashcore_status status = flashcore_forward_workspace_size(h, &p, workspace_bytes);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    return flashcore_forward(h, &p, *workspace_bytes ? fake_tensor(20) : nullptr, *workspace_bytes, nullptr);
+}
+
+}  // namespace
+
+TEST(EmulatedGpu, HandlesStandForTheirGpuWithoutADriver) {
+    for (const auto &gpu : kGpus) {
+        EmulatedHandle h(gpu.name);
+        ASSERT_NE(h.handle, nullptr);
+        int device = -1;
+        EXPECT_EQ(flashcore_handle_device(h.handle, &device), FLASHCORE_STATUS_SUCCESS);
+        EXPECT_EQ(device, 0);
+    }
+    ScopedEnv env({{"FLASHCORE_TEST_EMULATE_GPU", "v100"}});
+    flashcore_handle h = nullptr;
+    EXPECT_EQ(flashcore_create(&h), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_STREQ(flashcore_last_error_message(),
+                 "FLASHCORE_TEST_EMULATE_GPU=v100 is not a GPU flashcore emulates; it takes a100, a10, l4, h100, "
+                 "h200 (tests only)");
+    EXPECT_EQ(h, nullptr);
+}
+
+// Every forward form at every head-dim pair and 16-bit dtype that
+// flashcore_forward_check accepts plans on every GPU; fp8 queries (fp8
+// prefill) only where the sm_90a kernels run, and are refused elsewhere
+// with the documented message.
+TEST(EmulatedGpu, EveryCheckedForwardCallPlans) {
+    std::map<std::string, int> planned_per_gpu;
+    for (const auto &gpu : kGpus) {
+        EmulatedHandle h(gpu.name);
+        ASSERT_NE(h.handle, nullptr);
+        for (const auto &[d, dv] : supported_pairs()) {
+            for (int32_t dtype : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
+                for (const ForwardForm &f : kForwardForms) {
+                    if (f.fp8_q && dtype == FLASHCORE_DTYPE_FP16) continue;
+                    const flashcore_forward_params p = forward_params(f, d, dv, dtype);
+                    SCOPED_TRACE(std::string(gpu.name) + " " + f.name + " d" + std::to_string(d) + "/" +
+                                 std::to_string(dv) + " dtype " + std::to_string(dtype));
+                    if (flashcore_forward_check(&p) != FLASHCORE_STATUS_SUCCESS) {
+                        // Only what the library has no kernels for: fp8 at head dims without them.
+                        EXPECT_TRUE(f.fp8_q || f.fp8_kv) << flashcore_last_error_message();
+                        continue;
+                    }
+                    size_t workspace_bytes = 0;
+                    const flashcore_status status = forward_on(h.handle, p, &workspace_bytes);
+                    if (f.fp8_q && gpu.cc_major != 9) {
+                        EXPECT_EQ(status, FLASHCORE_STATUS_UNSUPPORTED) << flashcore_last_error_message();
+                        continue;
+                    }
+                    EXPECT_TRUE(planned(status, gpu.name));
+                    ++planned_per_gpu[gpu.name];
+                }
+            }
+        }
+    }
+    for (const auto &gpu : kGpus) {
+        EXPECT_GT(planned_per_gpu[gpu.name], 0) << gpu.name;
+        RecordProperty(std::string("planned_") + gpu.name, std::to_string(planned_per_gpu[gpu.name]));
+        std::printf("[ planned ] %s: %d forward calls\n", gpu.name, planned_per_gpu[gpu.name]);
+    }
+}
+
+// Audit item 1 of issue 59: packed (varlen) and paged calls at head dim 256
+// on an A100, and at 96-256 on sm_86/sm_89, returned INTERNAL ("no portable
+// kernel") while flashcore_forward_check said SUCCESS: the ragged filter
+// dropped the large tiles, the shared-memory filter the others.
+TEST(EmulatedGpu, RaggedCallsPlanOnGpusWithLessSharedMemory) {
+    for (const char *gpu : {"a100", "a10", "l4"}) {
+        EmulatedHandle h(gpu);
+        for (int32_t d : {96, 128, 192, 256}) {
+            flashcore_forward_params p;
+            ASSERT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
+            p.dtype = FLASHCORE_DTYPE_BF16;
+            p.batch_size = 2;
+            p.seqlen_q = p.seqlen_k = 128;
+            p.num_heads_q = p.num_heads_kv = 8;
+            p.head_dim = d;
+            p.q = fake_tensor(0), p.k = fake_tensor(1), p.v = fake_tensor(2), p.out = fake_tensor(3);
+            p.cu_seqlens_q = static_cast<const int32_t *>(fake_tensor(5));
+            p.total_seqlen_q = 200;
+            ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+            ASSERT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+            size_t workspace_bytes = 0;
+            EXPECT_TRUE(planned(forward_on(h.handle, p, &workspace_bytes), gpu)) << gpu << " d" << d;
+        }
+    }
+}
+
+// Audit item 2 of issue 59: GQA heads are packed into a tile's rows only
+// where the packed rows (seqlen_q * Hq / Hkv) fit the kernels' 32-bit row
+// counts; B1 Sq63 Hq 34,087,043 Hkv1 used to pack, and the count wrapped.
+TEST(EmulatedGpu, GqaPackingKeepsRowCountsWithin32Bits) {
+    EmulatedHandle h("h100");
+    flashcore_forward_params p;
+    ASSERT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
+    p.batch_size = 1;
+    p.seqlen_q = 63;
+    p.seqlen_k = 64;
+    p.num_heads_q = 34087043;
+    p.num_heads_kv = 1;
+    p.head_dim = 64;
+    p.q = fake_tensor(0), p.k = fake_tensor(1), p.v = fake_tensor(2), p.out = fake_tensor(3);
+    ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+    ASSERT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    size_t workspace_bytes = 0;
+    ASSERT_TRUE(planned(forward_on(h.handle, p, &workspace_bytes), "h100"));
+    const std::string message = flashcore_last_error_message();
+    EXPECT_NE(message.find(", 1 query head(s) packed per tile"), std::string::npos) << message;
+    // A group that fits still packs.
+    p.num_heads_q = 8;
+    p.num_heads_kv = 1;
+    ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+    ASSERT_TRUE(planned(forward_on(h.handle, p, &workspace_bytes), "h100"));
+    EXPECT_NE(std::string(flashcore_last_error_message()).find(", 8 query head(s) packed per tile"),
+              std::string::npos)
+        << flashcore_last_error_message();
+}
+
+// The backward pass at every head-dim pair, dtype and form that
+// flashcore_backward_check accepts plans on every GPU.
+TEST(EmulatedGpu, EveryCheckedBackwardCallPlans) {
+    const struct {
+        const char *name;
+        int32_t batch, seqlen_q, seqlen_k, heads_q, heads_kv;
+        bool causal, varlen, window, deterministic;
+        float softcap;
+    } forms[] = {
+        {"dense", 2, 1024, 1024, 8, 8, false, false, false, false, 0.f},
+        {"causal_gqa", 1, 2048, 2048, 16, 4, true, false, false, false, 0.f},
+        {"ragged", 3, 100, 333, 8, 2, false, false, false, false, 0.f},
+        {"varlen", 3, 700, 900, 8, 2, true, true, false, false, 0.f},
+        {"window", 2, 1024, 1024, 8, 8, true, false, true, false, 0.f},
+        {"softcap", 2, 512, 512, 8, 8, false, false, false, false, 30.f},
+        {"deterministic", 2, 1024, 1024, 8, 2, true, false, false, true, 0.f},
+    };
+    std::map<std::string, int> planned_per_gpu;
+    for (const auto &gpu : kGpus) {
+        EmulatedHandle h(gpu.name);
+        for (const auto &[d, dv] : supported_pairs()) {
+            for (int32_t dtype : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
+                for (const auto &f : forms) {
+                    SCOPED_TRACE(std::string(gpu.name) + " " + f.name + " d" + std::to_string(d) + "/" +
+                                 std::to_string(dv));
+                    flashcore_backward_params p;
+                    ASSERT_EQ(flashcore_backward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
+                    p.dtype = dtype;
+                    p.batch_size = f.batch;
+                    p.seqlen_q = f.seqlen_q;
+                    p.seqlen_k = f.seqlen_k;
+                    p.num_heads_q = f.heads_q;
+                    p.num_heads_kv = f.heads_kv;
+                    p.head_dim = d;
+                    p.head_dim_v = dv;
+                    p.causal = f.causal;
+                    p.deterministic = f.deterministic;
+                    p.softcap = f.softcap;
+                    if (f.window) p.use_window = 1, p.window_left = 128, p.window_right = 0;
+                    p.q = fake_tensor(0), p.k = fake_tensor(1), p.v = fake_tensor(2), p.out = fake_tensor(3);
+                    p.dout = fake_tensor(4);
+                    p.lse = static_cast<const float *>(fake_tensor(5));
+                    p.dq = fake_tensor(6), p.dk = fake_tensor(7), p.dv = fake_tensor(8);
+                    if (f.varlen) {
+                        p.cu_seqlens_q = static_cast<const int32_t *>(fake_tensor(9));
+                        p.cu_seqlens_k = static_cast<const int32_t *>(fake_tensor(10));
+                        p.total_seqlen_q = f.batch * f.seqlen_q / 2 + 1;
+                        p.total_seqlen_k = f.batch * f.seqlen_k / 2 + 1;
+                    }
+                    ASSERT_EQ(flashcore_backward_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD),
+                              FLASHCORE_STATUS_SUCCESS);
+                    ASSERT_EQ(flashcore_backward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+                    size_t workspace_bytes = 0;
+                    ASSERT_EQ(flashcore_backward_workspace_size(h.handle, &p, &workspace_bytes),
+                              FLASHCORE_STATUS_SUCCESS);
+                    EXPECT_TRUE(planned(flashcore_backward(h.handle, &p, fake_tensor(20), workspace_bytes, nullptr),
+                                        gpu.name));
+                    ++planned_per_gpu[gpu.name];
+                }
+            }
+        }
+    }
+    for (const auto &gpu : kGpus) {
+        EXPECT_GT(planned_per_gpu[gpu.name], 0) << gpu.name;
+        std::printf("[ planned ] %s: %d backward calls\n", gpu.name, planned_per_gpu[gpu.name]);
+    }
+}
+
+TEST(EmulatedGpu, MergePlans) {
+    EmulatedHandle h("a10");
+    flashcore_merge_params m;
+    ASSERT_EQ(flashcore_merge_params_init(&m, sizeof m), FLASHCORE_STATUS_SUCCESS);
+    m.num_states = 4;
+    m.batch_size = m.num_heads = m.seqlen = 2;
+    m.head_dim = 64;
+    m.partial_out = fake_tensor(0);
+    m.partial_lse = static_cast<const float *>(fake_tensor(1));
+    m.out = fake_tensor(2);
+    m.partial_seq_stride = 64, m.partial_head_stride = 128, m.partial_batch_stride = 256, m.partial_state_stride = 512;
+    m.lse_seq_stride = 1, m.lse_head_stride = 2, m.lse_batch_stride = 4, m.lse_state_stride = 8;
+    m.out_seq_stride = 64, m.out_head_stride = 128, m.out_batch_stride = 256;
+    ASSERT_EQ(flashcore_merge_check(&m), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    EXPECT_TRUE(planned(flashcore_merge_states(h.handle, &m, nullptr), "a10"));
+}
