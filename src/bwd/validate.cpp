@@ -69,8 +69,9 @@ bool backward_is_empty(const flashcore_backward_params &p) { return p.batch_size
 
 namespace {
 
-// The backward pass's element types, checked before anything the forward's
-// rules would check of the dtype: those admit e4m3 queries (fp8 prefill),
+// The backward pass's element types, checked (with the shapes: the sizes
+// and strides do not depend on them) before anything the forward's rules
+// would check of the dtype: those admit e4m3 queries (fp8 prefill),
 // which have no backward pass, and list them as supported.
 flashcore_status check_backward_dtype(const flashcore_backward_params &p) {
     if (p.dtype == FLASHCORE_DTYPE_FP16 || p.dtype == FLASHCORE_DTYPE_BF16) return FLASHCORE_STATUS_SUCCESS;
@@ -89,8 +90,7 @@ flashcore_status check_backward_dtype(const flashcore_backward_params &p) {
 }  // namespace
 
 flashcore_status validate_backward_sizes(const flashcore_backward_params &p) {
-    flashcore_status status = check_backward_dtype(p);
-    if (status == FLASHCORE_STATUS_SUCCESS) status = validate_sizes(forward_view(p));
+    const flashcore_status status = validate_sizes(forward_view(p));
     return status != FLASHCORE_STATUS_SUCCESS ? status : check_seqlen_k(p);
 }
 

@@ -161,10 +161,11 @@ flashcore_status check_descales(const flashcore_forward_params &p) {
         }
         // The last factor read, of the last batch and K/V head, must be
         // addressable in bytes (as check_tensor bounds the tensors'): the
-        // kernels' 64-bit offsets cannot wrap.
+        // kernels' 64-bit offsets cannot wrap. (An empty call's strides are
+        // not looked at.)
         const __int128 last = __int128(std::max(p.batch_size - 1, 0)) * d.batch_stride +
                               __int128(std::max(p.num_heads_kv - 1, 0)) * d.head_stride;
-        if (d.data != nullptr && last * __int128(sizeof(float)) > __int128(INT64_MAX)) {
+        if (d.data != nullptr && !forward_is_empty(p) && last * __int128(sizeof(float)) > __int128(INT64_MAX)) {
             return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
                         "%s_batch_stride (%" PRId64 ") and %s_head_stride (%" PRId64 ") address more than 2^63 "
                         "bytes over batch_size (%d) and num_heads_kv (%d)",

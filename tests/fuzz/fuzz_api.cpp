@@ -6,15 +6,23 @@
 // the first it checks); the call must return one of them, say why on
 // failure and nothing on success, never write its const input, and
 // flashcore_set_contiguous_strides (and the backward one) must write exactly
-// the packed strides or nothing. Without a GPU no handle exists, so
-// flashcore_forward and flashcore_backward are fuzzed with NULL and made-up
-// handles (which must be refused as such).
+// the packed strides or nothing. flashcore_forward and flashcore_backward
+// are fuzzed with NULL and made-up handles (which must be refused as such),
+// and on handles for emulated GPUs (below), which need no GPU.
 //
 //   fuzz_api [--calls N] [--seed S]
 //
 // Runs N calls with the fixed seed 15, then N with S (default: random,
 // printed so a failure can be replayed). Exits 1 on the first mismatch,
 // printing the parameters.
+//
+// Every parameter set a check accepts is then planned on a handle for an
+// emulated GPU (FLASHCORE_TEST_EMULATE_GPU: an A100, A10, L4, H100 or H200
+// in turn): its workspace query and the call itself, which stops where it
+// would launch. It must plan (NO_DEVICE naming the plan, or SUCCESS for an
+// empty call): the only refusals a device may add are fp8 queries off the
+// sm_90a kernels, a grid past its limit and an asked-for split whose
+// workspace passes the address space (UNSUPPORTED); never INTERNAL.
 //
 // The callers it plays are of every header version: of this one, of an
 // older one (a smaller struct_size: where that header's struct ends, or
@@ -358,6 +366,10 @@ i128 model_shapes(const flashcore_forward_params &p, bool empty, Expected *e) {
         if (!empty && p.page_size >= 1 &&
             (p.block_table_batch_stride < 0 || (p.batch_size > 1 && p.block_table_batch_stride < pages_per_row)))
             e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        // The table's last entry addressable in bytes, as the tensors' are.
+        if (!empty && p.page_size >= 1 && p.block_table_batch_stride >= 0 &&
+            ((i128(p.batch_size) - 1) * p.block_table_batch_stride + pages_per_row - 1) * 4 > i128(INT64_MAX))
+            e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     }
     return pages_per_row;
 }
@@ -508,6 +520,8 @@ void model_descales(const flashcore_forward_params &p, bool empty, Expected *e) 
         if (reinterpret_cast<uintptr_t>(a.ptr) % 4 != 0) d.add(FLASHCORE_STATUS_MISALIGNED);
         if (a.batch_stride < 0 || a.head_stride < 0) {
             d.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+        } else if ((descale_extent(p, a) - 1) * 4 > i128(INT64_MAX)) {
+            d.add(FLASHCORE_STATUS_INVALID_ARGUMENT);  // the last factor addressable in bytes, as the tensors'
         } else if (descale_extent(p, a) * 4 > i128(INT64_MAX)) {
             d.add_maybe(FLASHCORE_STATUS_INVALID_ARGUMENT);
         }
@@ -1532,6 +1546,96 @@ bool check_handles(Rng &r, const flashcore_forward_params &p, const flashcore_ba
     return true;
 }
 
+// ---- planning on emulated GPUs ---------------------------------------------
+// Handles for every GPU FLASHCORE_TEST_EMULATE_GPU takes: each accepted
+// parameter set is planned on one of them in turn (its workspace query,
+// then the call, which stops where it would launch). What the check
+// accepted must plan: the call returns NO_DEVICE naming its plan (or
+// SUCCESS, an empty call, which launches nothing); the only refusals a
+// device may add are the documented ones, fp8 queries off the sm_90a
+// kernels and a grid past its limit (UNSUPPORTED). Never INTERNAL.
+
+struct EmulatedGpu {
+    const char *name;
+    int cc_major;
+    flashcore_handle handle = nullptr;
+    uint64_t planned = 0;
+};
+EmulatedGpu g_gpus[] = {{"a100", 8}, {"a10", 8}, {"l4", 8}, {"h100", 9}, {"h200", 9}};
+// A workspace past every fuzzed tensor (each starts below 2^48 and spans at
+// most 2^63 bytes), never dereferenced.
+void *const kFakeWorkspace = reinterpret_cast<void *>(uintptr_t(0xC000000000000000ull));
+
+bool create_emulated_handles() {
+    for (EmulatedGpu &g : g_gpus) {
+        setenv("FLASHCORE_TEST_EMULATE_GPU", g.name, 1);
+        const flashcore_status status = flashcore_create(&g.handle);
+        unsetenv("FLASHCORE_TEST_EMULATE_GPU");
+        if (status != FLASHCORE_STATUS_SUCCESS) {
+            std::fprintf(stderr, "fuzz_api: no emulated %s handle: %s\n", g.name, flashcore_last_error_message());
+            return false;
+        }
+    }
+    return true;
+}
+
+// Whether `status` (with the thread's message) is what an accepted call may
+// return on emulated GPU g; fp8_queries: the call has them; asked_splits:
+// it asks for a split (num_splits > 1), whose count the device's kernel
+// clamps, and whose workspace may then pass the address space.
+bool planned_as_allowed(const EmulatedGpu &g, flashcore_status status, bool fp8_queries, bool asked_splits = false) {
+    const std::string message = flashcore_last_error_message();
+    if (status == FLASHCORE_STATUS_SUCCESS) return true;  // empty: nothing to launch
+    if (status == FLASHCORE_STATUS_NO_DEVICE) {
+        return message.rfind(std::string("emulated ") + g.name + " (FLASHCORE_TEST_EMULATE_GPU): planned ", 0) == 0;
+    }
+    if (status != FLASHCORE_STATUS_UNSUPPORTED) return false;
+    return message.find("exceeds the grid limit") != std::string::npos ||
+           (fp8_queries && g.cc_major != 9 && message.find("fp8 queries") != std::string::npos) ||
+           (asked_splits && message.find("would need a workspace larger than the address space") != std::string::npos);
+}
+
+bool plan_forward_on(EmulatedGpu &g, const flashcore_forward_params &p, uint64_t call) {
+    size_t bytes = 0;
+    const bool fp8_queries = p.dtype == FLASHCORE_DTYPE_FP8_E4M3;  // whatever header the caller has
+    flashcore_status status = flashcore_forward_workspace_size(g.handle, &p, &bytes);
+    if (status == FLASHCORE_STATUS_SUCCESS) status = flashcore_forward(g.handle, &p, kFakeWorkspace, bytes, nullptr);
+    const bool asked_splits = p.struct_size >= kEndV0_3 && p.num_splits > 1;
+    if (planned_as_allowed(g, status, fp8_queries, asked_splits)) {
+        g.planned += status == FLASHCORE_STATUS_NO_DEVICE;
+        return true;
+    }
+    std::fprintf(stderr, "call %" PRIu64 ": an accepted forward call did not plan on an emulated %s: %d (\"%s\")\n",
+                 call, g.name, int(status), flashcore_last_error_message());
+    return false;
+}
+
+bool plan_backward_on(EmulatedGpu &g, const flashcore_backward_params &p, uint64_t call) {
+    size_t bytes = 0;
+    flashcore_status status = flashcore_backward_workspace_size(g.handle, &p, &bytes);
+    if (status == FLASHCORE_STATUS_SUCCESS) status = flashcore_backward(g.handle, &p, kFakeWorkspace, bytes, nullptr);
+    if (planned_as_allowed(g, status, false)) {
+        g.planned += status == FLASHCORE_STATUS_NO_DEVICE;
+        return true;
+    }
+    std::fprintf(stderr, "call %" PRIu64 ": an accepted backward call did not plan on an emulated %s: %d (\"%s\")\n",
+                 call, g.name, int(status), flashcore_last_error_message());
+    return false;
+}
+
+bool plan_merge_on(EmulatedGpu &g, const flashcore_merge_params &p, uint64_t call) {
+    const flashcore_status status = flashcore_merge_states(g.handle, &p, nullptr);
+    if (planned_as_allowed(g, status, false)) {
+        g.planned += status == FLASHCORE_STATUS_NO_DEVICE;
+        return true;
+    }
+    std::fprintf(stderr, "call %" PRIu64 ": an accepted merge did not plan on an emulated %s: %d (\"%s\")\n", call,
+                 g.name, int(status), flashcore_last_error_message());
+    return false;
+}
+
+EmulatedGpu &gpu_for(uint64_t call) { return g_gpus[call % std::size(g_gpus)]; }
+
 struct Counts {
     uint64_t calls = 0, successes = 0, merge_successes = 0;
     // Accepted forward parameter sets with the window on, the softcap on,
@@ -1569,11 +1673,20 @@ bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
             counts->fp8_successes += fp8;
             counts->descaled_successes += fp8 && (p.k_descale != nullptr || p.v_descale != nullptr);
             counts->fp8_q_successes += fp8_q(p);
+            if (!plan_forward_on(gpu_for(i), p, i)) {
+                print_params(c);
+                return false;
+            }
+            ++counts->calls;
         }
         const flashcore_merge_params m = random_merge_params(r);
         if (!check_merge(m, i, &got)) return false;
         ++counts->calls;
         counts->merge_successes += got == FLASHCORE_STATUS_SUCCESS;
+        if (got == FLASHCORE_STATUS_SUCCESS) {
+            if (!plan_merge_on(gpu_for(i + 1), m, i)) return false;
+            ++counts->calls;
+        }
         const BackwardCaller b = random_backward_params(r);
         if (!check_backward(b, i, &got)) return false;
         ++counts->calls;
@@ -1583,6 +1696,11 @@ bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
             counts->backward_rowless_successes += !backward_empty(b.p) && rowless;
             counts->backward_varlen_successes += b.p.cu_seqlens_q != nullptr || b.p.cu_seqlens_k != nullptr;
             counts->backward_newer_successes += b.p.struct_size > sizeof b.p;
+            if (!plan_backward_on(gpu_for(i + 2), b.p, i)) {
+                print_backward_params(b);
+                return false;
+            }
+            ++counts->calls;
         }
         if (i % 4 == 0) {
             const int layouts[] = {0, 1, 0, 1, 2, -1, 7};
@@ -1619,6 +1737,7 @@ int main(int argc, char **argv) {
     flashcore_supported_head_dims(d.data(), dv.data(), count, &count);
     for (size_t i = 0; i < count; ++i) g_head_dims.emplace_back(d[i], dv[i]);
 
+    if (!create_emulated_handles()) return 1;
     constexpr uint64_t kFixedSeed = 15;
     Counts counts;
     for (uint64_t s : {kFixedSeed, seed}) {
@@ -1640,5 +1759,11 @@ int main(int argc, char **argv) {
                 counts.seqused_successes, counts.varlen_successes, counts.paged_successes, counts.fp8_successes,
                 counts.descaled_successes, counts.fp8_q_successes, counts.newer_successes, counts.merge_successes, counts.backward_successes,
                 counts.backward_rowless_successes, counts.backward_varlen_successes, counts.backward_newer_successes);
+    std::printf("fuzz_api: accepted calls planned on emulated GPUs (FLASHCORE_TEST_EMULATE_GPU):");
+    for (EmulatedGpu &g : g_gpus) {
+        std::printf(" %s %" PRIu64, g.name, g.planned);
+        flashcore_destroy(g.handle);
+    }
+    std::printf("\n");
     return 0;
 }
