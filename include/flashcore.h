@@ -75,6 +75,13 @@
  *   sizeof, or the end of its last field) or at least this header's sizeof
  *   (a newer header's; at most 64 KiB); any other size would end inside a
  *   field and returns FLASHCORE_STATUS_INVALID_ARGUMENT.
+ *   One released size is two callers': a 0.2 caller's sizeof(
+ *   flashcore_forward_params) (192, its padding after head_dim_v included)
+ *   is where 0.3's num_splits ends, so the library reads those padding
+ *   bytes as num_splits. A 0.2 caller must zero its struct before setting
+ *   fields (flashcore_forward_params_init, or memset) so that its padding
+ *   reads as num_splits = 0, the default; the library cannot tell the two
+ *   callers apart.
  * - The SONAME is libflashcore.so.<MAJOR>. Within one major version, existing
  *   functions keep their signatures and meaning; functions may be added.
  * - Only symbols starting with `flashcore_` are exported.

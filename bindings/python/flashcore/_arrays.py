@@ -485,11 +485,11 @@ def cai_signature(x):
     arrays but for where they are (and on which stream). None for arrays
     that take the full path every time: tensor subclasses, CuPy arrays,
     DLPack-only objects, and interfaces whose per-call entries are malformed
-    (the full path says how). Entries that Python finds equal are read
-    alike (a shape of 64.0 where 64 was cached: the interface allows ints
-    only, and this is the number that was meant). The device is the
-    driver's, asked per pointer each call. (torch tensors are read by the
-    cache itself.)"""
+    (the full path says how). A shape or strides of anything but ints (a
+    shape of 64.0, which compares equal to a cached 64) takes the full
+    path too, which refuses it: the cache serves only what the full path
+    accepts. The device is the driver's, asked per pointer each call.
+    (torch tensors are read by the cache itself.)"""
     torch, cupy = sys.modules.get("torch"), sys.modules.get("cupy")
     if torch is not None and isinstance(x, torch.Tensor) or cupy is not None and isinstance(x, cupy.ndarray):
         return None
@@ -505,5 +505,19 @@ def cai_signature(x):
     stream = cai.get("stream") if version is not None and version >= 3 else None
     if stream is not None and (type(stream) is not int or stream < 0):
         return None
-    key = (cai.get("shape"), cai.get("strides"), cai.get("typestr"), readonly, version, cai.get("mask"))
+    shape, strides = cai.get("shape"), cai.get("strides")
+    if not _int_tuple(shape) or strides is not None and not _int_tuple(strides):
+        return None
+    key = (shape, strides, cai.get("typestr"), readonly, version, cai.get("mask"))
     return key, ptr, stream
+
+
+def _int_tuple(entries):
+    """Whether entries is a tuple of ints (no bools, floats or other numbers
+    that compare equal to one)."""
+    if type(entries) is not tuple:
+        return False
+    for n in entries:
+        if type(n) is not int:
+            return False
+    return True

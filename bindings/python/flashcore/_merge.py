@@ -1,6 +1,7 @@
 """flashcore.merge_states: merging attention results computed over parts of
 the keys (flashcore_merge_states), and the parameter building under it."""
 
+import ctypes
 import sys
 from typing import Any, Optional, Tuple, Union
 
@@ -171,6 +172,10 @@ def merge_states(partial_out: Array, partial_lse: Array, *, out: Optional[Array]
         lse = allocate(pi, pv.shape[1:4], "float32", s, "lse")
         li = describe(lse, "lse", s)
     params = _build(lib, pi, pli, oi, li, layout)
+    # The library's verdict first, as flashcore_merge_states gives it: an
+    # empty merge is still checked, and an argument error is reported as
+    # such before a handle (a GPU) is asked for.
+    lib.check(lib.cdll.flashcore_merge_check(ctypes.byref(params)))
     if 0 in (params.batch_size, params.num_heads, params.seqlen):
         # An empty result (flashcore.h): nothing to merge, nothing launched.
         return (out, lse) if return_lse else out

@@ -123,9 +123,9 @@ def shard(x: Any, rank: int, world_size: int, *, causal: bool, layout: str = "bh
     calls (S a multiple of 2 x world_size), else the rank-th of world_size
     equal slices (S a multiple of world_size). Returns a new contiguous
     tensor."""
-    import torch
     dim = _seq_dim(layout)
-    _check_rank(rank, world_size)
+    _check_rank(rank, world_size)  # (before torch is imported: arguments are checked first)
+    import torch
     pieces = 2 * world_size if causal else world_size
     if x.shape[dim] % pieces != 0:
         raise InvalidArgumentError("the sequence (%d) must split into %d equal chunks (%s, world_size %d)" % (
@@ -173,10 +173,15 @@ def _unpack(buffer, k, v):
     return buffer[:k.numel()].view(k.shape), buffer[k.numel():].view(v.shape)
 
 
+def _is_whole(value) -> bool:
+    """An int that is not a bool (True is 1 to isinstance, not a rank)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_rank(rank: int, world_size: int) -> None:
-    if not (isinstance(world_size, int) and world_size >= 1):
+    if not (_is_whole(world_size) and world_size >= 1):
         raise InvalidArgumentError("world_size must be an int >= 1, not %r" % (world_size,))
-    if not (isinstance(rank, int) and 0 <= rank < world_size):
+    if not (_is_whole(rank) and 0 <= rank < world_size):
         raise InvalidArgumentError("rank must be an int in [0, %d), not %r" % (world_size, rank))
 
 

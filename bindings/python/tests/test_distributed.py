@@ -4,6 +4,7 @@ on the CPU with a float64 attention and merge standing in for the
 library's."""
 import io
 import math
+import sys
 
 import pytest
 
@@ -265,3 +266,20 @@ def test_ring_over_gloo_is_the_emulated_ring(causal):
         for name, a, b, tol in zip(("out", "dq", "dk", "dv"), got[r], (out,) + tuple(grads),
                                    (1e-12, 1e-6, 1e-6, 1e-6)):
             assert torch.allclose(a, mine(b, r), atol=tol), (r, name, (a - mine(b, r)).abs().max())
+
+
+def test_ranks_and_world_sizes_are_ints_not_bools():
+    # Audit item 8 of issue 59: True passed as rank 1.
+    for bad in (True, False, 1.0):
+        with pytest.raises(flashcore.InvalidArgumentError, match="rank must be an int in"):
+            fd.zigzag_chunks(bad, 2)
+        with pytest.raises(flashcore.InvalidArgumentError, match="world_size must be an int"):
+            fd.ring_schedule(0, bad, causal=True)
+
+
+def test_shard_checks_its_arguments_before_importing_torch(monkeypatch):
+    # (Audit item 8: torch was imported first, so a machine without it got
+    # ImportError for a bad rank.)
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    with pytest.raises(flashcore.InvalidArgumentError, match="rank must be an int in"):
+        fd.shard(object(), 5, 2, causal=False)

@@ -270,6 +270,18 @@ def test_cai_strides_shape_and_pointer():
         _arrays.describe(FakeCudaArray((4, 64), strides=(129, 2)), "q")
 
 
+def test_a_shape_of_floats_is_refused_after_its_int_twin_is_cached(queued):
+    # Audit item 8 of issue 59: (2, 4, 64.0, 64) compared equal to a cached
+    # (2, 4, 64, 64) and was served from its plan; the full path refuses it.
+    q, k, v = (FakeCudaArray((2, 4, 64, 64), index=i) for i in range(3))
+    for _ in range(2):
+        flashcore.attention(q, k, v, out=FakeCudaArray((2, 4, 64, 64), index=3))
+    floats = FakeCudaArray((2, 4, 64.0, 64), index=0)
+    with pytest.raises((flashcore.InvalidArgumentError, TypeError)):
+        flashcore.attention(floats, k, v, out=FakeCudaArray((2, 4, 64, 64), index=3))
+    assert len(queued) == 2
+
+
 def test_cai_stream_is_the_default_stream():
     a = _arrays.describe(FakeCudaArray((1, 1, 8, 64), stream=0xABC0), "q")
     assert _arrays.current_stream(a) == 0xABC0
@@ -769,6 +781,20 @@ def test_merge_binding_side_validation(lib, case, cls, match):
     with pytest.raises(cls, match=match) as info:
         flashcore.merge_states(partial, plse, out=out, lse=lse, **kwargs)
     assert info.value.status == cls.status_code
+
+
+def test_merge_states_runs_the_librarys_check_first(lib):
+    # Audit item 8 of issue 59: merge_states queued an empty merge without
+    # flashcore_merge_check (an invalid one passed silently) and asked for a
+    # handle before it (an argument error surfaced as NoDeviceError on a
+    # machine without a GPU).
+    partial, plse, out, lse = fake_states(s=0, d=12)  # empty (seqlen 0), head_dim 12
+    with pytest.raises(flashcore.UnsupportedError, match="head_dim 12 is not a multiple of 8"):
+        flashcore.merge_states(partial, plse, out=out, lse=lse)
+    partial, plse, out, lse = fake_states()
+    shifted = FakeCudaArray(partial.__cuda_array_interface__["shape"], ptr=fake_ptr(0) + 2)
+    with pytest.raises(flashcore.MisalignedError, match="partial_out"):
+        flashcore.merge_states(shifted, plse, out=out, lse=lse)
 
 
 def test_merge_out_dtype_spellings():
