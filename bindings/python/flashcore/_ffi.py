@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "f24b61e46956972e6a6424bec21c46fb124a989fe0bc3808bbe5711148a8c42d"
+HEADER_SHA256 = "b21d3a46c719a52d56e154402f65fb6d4bad6b55abeef65d4489fe2e984e7b65"
 
 
 # Assigning to a field of the structs below checks the value against the
