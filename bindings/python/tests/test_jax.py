@@ -96,7 +96,7 @@ def test_plan_is_the_bindings_struct(planned_without_gpu):
     assert plan.workspace_bytes == FORWARD_WORKSPACE
 
 
-def test_bshd_and_different_value_head_dim(planned_without_gpu):
+def test_bshd_and_different_value_head_dim(planned_without_gpu, handlers):
     q = S((2, 50, 4, 192), jnp.float16)
     k = S((2, 70, 4, 192), jnp.float16)
     v = S((2, 70, 4, 128), jnp.float16)
