@@ -1,6 +1,6 @@
-# cmake -DMODE=<pkgconfig|cmake|dlopen> -DPREFIX= -DLIBDIR= -DINCLUDEDIR= -DPKGCONFIGDIR=
-#       -DWORK_DIR= -DCC= [-DPKG_CONFIG=] [-DDL_LIBS=] [-DGENERATOR=] [-DMAKE_PROGRAM=]
-#       -P run_consumer.cmake
+# cmake -DMODE=<pkgconfig|cmake|dlopen|readme_pkgconfig|readme_cmake> -DPREFIX= -DLIBDIR= -DINCLUDEDIR=
+#       -DPKGCONFIGDIR= -DWORK_DIR= -DCC= [-DPKG_CONFIG=] [-DDL_LIBS=] [-DGENERATOR=] [-DMAKE_PROGRAM=]
+#       [-DREADME= -DEXAMPLE=] -P run_consumer.cmake
 #
 # Builds one consumer program against the flashcore installed in PREFIX (by
 # the consumer.install fixture) and runs it:
@@ -10,6 +10,11 @@
 #              (find_package(flashcore 0.3), flashcore::flashcore), built, run
 #   dlopen     dlopen_consumer.c, compiled without -lflashcore, given the
 #              functions of the installed header, dlopens <prefix>/<libdir>/libflashcore.so.MAJOR
+#   readme_pkgconfig, readme_cmake
+#              README.md's build snippets as written (pkg-config's command line;
+#              CMake's find_package and target_link_libraries lines) building
+#              examples/example.c, which allocates device memory: the snippets
+#              cannot drift from what links a real program
 # The linked programs must also resolve libflashcore from PREFIX (checked with
 # ldd where there is one), not from some other install.
 cmake_minimum_required(VERSION 3.16)
@@ -116,6 +121,91 @@ elseif(MODE STREQUAL "cmake")
   unset(ENV{LD_LIBRARY_PATH})
   expect_library_from_prefix(${program})
   run("run" ${program})
+
+elseif(MODE STREQUAL "readme_pkgconfig" OR MODE STREQUAL "readme_cmake")
+  # The README's build snippets as written (the indented lines after
+  # "<!-- consumer snippet: pkgconfig|cmake -->"), building examples/example.c,
+  # which allocates device memory through the CUDA runtime: run, it must
+  # succeed, or stop at flashcore_create for want of a device.
+  foreach(var README EXAMPLE)
+    if(NOT DEFINED ${var})
+      message(FATAL_ERROR "run_consumer.cmake: -D${var}= is required for ${MODE}")
+    endif()
+  endforeach()
+  string(REGEX REPLACE "^readme_" "" which "${MODE}")
+  file(STRINGS "${README}" readme_lines)
+  set(snippet "")
+  set(state "looking")
+  foreach(line IN LISTS readme_lines)
+    if(state STREQUAL "looking" AND line STREQUAL "<!-- consumer snippet: ${which} -->")
+      set(state "after marker")
+    elseif(state STREQUAL "after marker" OR state STREQUAL "in snippet")
+      if(line MATCHES "^    (.*)$")
+        string(APPEND snippet "${CMAKE_MATCH_1}\n")
+        set(state "in snippet")
+      elseif(state STREQUAL "in snippet")
+        break()
+      endif()
+    endif()
+  endforeach()
+  if(snippet STREQUAL "")
+    message(FATAL_ERROR "${README} has no indented snippet after <!-- consumer snippet: ${which} -->")
+  endif()
+  message(STATUS "the README's ${which} snippet:\n${snippet}")
+  # The snippets name the CUDA toolkit where Debian's NVIDIA packages and
+  # NVIDIA's installer put it.
+  if(NOT EXISTS /usr/local/cuda/include/cuda_runtime_api.h)
+    set(why "the README's snippets use the CUDA toolkit in /usr/local/cuda, and there is none")
+    message(STATUS "SKIP: ${why}")
+    if(DEFINED ENV{FLASHCORE_TOOL_SKIP_LOG})
+      file(APPEND "$ENV{FLASHCORE_TOOL_SKIP_LOG}" "$ENV{FLASHCORE_CTEST_NAME} skipped: ${why}\n")
+    endif()
+    return()
+  endif()
+  file(COPY "${EXAMPLE}" DESTINATION "${WORK_DIR}")
+  get_filename_component(example_name "${EXAMPLE}" NAME)
+  if(which STREQUAL "pkgconfig")
+    if(NOT PKG_CONFIG)
+      message(FATAL_ERROR "pkg-config was not found when the project was configured")
+    endif()
+    string(STRIP "${snippet}" command)
+    if(NOT command MATCHES "^cc ${example_name} ")
+      message(FATAL_ERROR "the pkg-config snippet does not build ${example_name}: ${command}")
+    endif()
+    # As a user runs it, from the example's folder, the prefix on pkg-config's path.
+    set(ENV{PKG_CONFIG_PATH} "${PREFIX}/${PKGCONFIGDIR}")
+    string(REGEX REPLACE "^cc " "${CC} " command "${command}")
+    run("compile (the README's line)" sh -c "cd '${WORK_DIR}' && ${command} -o app")
+    set(program "${WORK_DIR}/app")
+  else()
+    file(WRITE "${WORK_DIR}/CMakeLists.txt"
+         "cmake_minimum_required(VERSION 3.24)\nproject(app LANGUAGES C)\nadd_executable(app ${example_name})\n"
+         "${snippet}")
+    set(generator_args "")
+    if(GENERATOR)
+      list(APPEND generator_args -G "${GENERATOR}")
+    endif()
+    if(MAKE_PROGRAM)
+      list(APPEND generator_args "-DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}")
+    endif()
+    run("configure" ${CMAKE_COMMAND} -S ${WORK_DIR} -B ${WORK_DIR}/build ${generator_args} -DCMAKE_C_COMPILER=${CC}
+        -DCMAKE_PREFIX_PATH=${PREFIX} -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
+    run("build" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+    set(program "${WORK_DIR}/build/app")
+  endif()
+  # The pkg-config program finds libflashcore as the README says (LD_LIBRARY_PATH
+  # for a prefix the loader does not search); CMake's has a RUNPATH.
+  if(which STREQUAL "pkgconfig")
+    set(ENV{LD_LIBRARY_PATH} "${lib_dir}")
+  else()
+    unset(ENV{LD_LIBRARY_PATH})
+  endif()
+  expect_library_from_prefix(${program})
+  execute_process(COMMAND ${program} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message(STATUS "run: exit ${rc}\nstdout: ${out}\nstderr: ${err}")
+  if(NOT rc EQUAL 0 AND NOT err MATCHES "^flashcore_create: no CUDA device or driver: ")
+    message(FATAL_ERROR "the program failed, and not at flashcore_create for want of a device")
+  endif()
 
 elseif(MODE STREQUAL "dlopen")
   set(header "${PREFIX}/${INCLUDEDIR}/flashcore.h")
