@@ -145,6 +145,9 @@ def forward(weights, cache, tokens, query_counts, worst):
 
 
 def main():
+    if not torch.cuda.is_available():
+        # (Before anything touches CUDA, whose own message is torch's "CUDA driver version is insufficient".)
+        raise SystemExit("needs a CUDA GPU")
     torch.manual_seed(0)
     weights = init_weights()
     batch = len(PROMPT_LENGTHS)

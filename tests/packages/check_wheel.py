@@ -58,7 +58,7 @@ def check_loaded(package_dir, major):
     lib = flashcore.library()
     print("flashcore %s from %s" % (flashcore.__version__, package_dir))
     print("library %s, %s: %s (%s)" % (lib.version, lib.cuda_runtime(), lib.path, lib.how))
-    assert lib.how.startswith("bundled with the package, CUDA %d build: " % major), lib.how
+    assert lib.how.startswith("bundled with the package: the CUDA %d build (" % major), lib.how
     assert os.path.dirname(lib.path) == os.path.join(package_dir, "cuda%d" % major), lib.path
     assert lib.cuda_runtime_version // 1000 == major, lib.cuda_runtime_version
     version = importlib.metadata.version(DIST)

@@ -137,8 +137,9 @@ def choose_flavour(available, driver_version, requested):
         return []
     if driver_version is None:
         newest, older = available[0], available[1:]
-        return ([(newest, "no NVIDIA driver found: the newest build (it reports the missing driver on first use)")]
-                + [(m, "no NVIDIA driver found: an older build, tried as the newer one did not load") for m in older])
+        return ([(newest, "no NVIDIA driver was found, so the newest; creating a handle reports the missing driver")]
+                + [(m, "no NVIDIA driver was found; an older build, tried as the newer one did not load")
+                   for m in older])
     driver = "the NVIDIA driver supports CUDA %s" % cuda_version_string(driver_version)
     runnable = [m for m in available if driver_runs(driver_version, m)]
     if not runnable:
@@ -194,7 +195,7 @@ def bundled():
     if builds or requested is not None:
         # The driver is asked only where there is a choice to make.
         driver_version = driver_cuda_version() if builds and requested is None else None
-        found = [("bundled with the package, CUDA %d build: %s" % (major, reason), builds[major])
+        found = [("bundled with the package: the CUDA %d build (%s)" % (major, reason), builds[major])
                  for major, reason in choose_flavour(sorted(builds), driver_version, requested)]
     if requested is not None:
         return found  # a flat-layout library's flavour is unknown: it cannot meet the request

@@ -16,8 +16,8 @@ from flashcore import __main__ as cli
 
 LIBRARY_NAME = _library.library_names()[0]
 NEEDS_13 = "needs 13.0, driver 580.65.06 or newer"
-NO_DRIVER_NEWEST = "no NVIDIA driver found: the newest build (it reports the missing driver on first use)"
-NO_DRIVER_OLDER = "no NVIDIA driver found: an older build, tried as the newer one did not load"
+NO_DRIVER_NEWEST = "no NVIDIA driver was found, so the newest; creating a handle reports the missing driver"
+NO_DRIVER_OLDER = "no NVIDIA driver was found; an older build, tried as the newer one did not load"
 
 
 @pytest.fixture(autouse=True)
@@ -148,21 +148,21 @@ def test_bundled_follows_the_choice(monkeypatch, tmp_path):
     package = fake_package(tmp_path, monkeypatch, majors=(12, 13), driver_version=12080)
     how, path = _library.bundled()[0]
     assert len(_library.bundled()) == 1 and path == str(package / "cuda12" / LIBRARY_NAME)
-    assert how == ("bundled with the package, CUDA 12 build: the NVIDIA driver supports CUDA 12.8, which runs the "
-                   "CUDA 12 build and not the CUDA 13 one (%s)" % NEEDS_13)
+    assert how == ("bundled with the package: the CUDA 12 build (the NVIDIA driver supports CUDA 12.8, which runs "
+                   "the CUDA 12 build and not the CUDA 13 one (%s))" % NEEDS_13)
 
 
 def test_bundled_without_a_driver_tries_the_newest_first(monkeypatch, tmp_path):
     package = fake_package(tmp_path, monkeypatch, majors=(12, 13))
     assert _library.bundled() == [
-        ("bundled with the package, CUDA 13 build: " + NO_DRIVER_NEWEST, str(package / "cuda13" / LIBRARY_NAME)),
-        ("bundled with the package, CUDA 12 build: " + NO_DRIVER_OLDER, str(package / "cuda12" / LIBRARY_NAME))]
+        ("bundled with the package: the CUDA 13 build (%s)" % NO_DRIVER_NEWEST, str(package / "cuda13" / LIBRARY_NAME)),
+        ("bundled with the package: the CUDA 12 build (%s)" % NO_DRIVER_OLDER, str(package / "cuda12" / LIBRARY_NAME))]
 
 
 def test_bundled_honours_the_request(monkeypatch, tmp_path):
     package = fake_package(tmp_path, monkeypatch, majors=(12, 13), driver_version=13000)
     monkeypatch.setenv(_library.CUDA_MAJOR_ENV_VAR, "12")
-    assert _library.bundled() == [("bundled with the package, CUDA 12 build: FLASHCORE_CUDA_MAJOR=12",
+    assert _library.bundled() == [("bundled with the package: the CUDA 12 build (FLASHCORE_CUDA_MAJOR=12)",
                                    str(package / "cuda12" / LIBRARY_NAME))]
 
 
@@ -229,7 +229,7 @@ def test_bundled_build_is_loaded_with_its_reason(lib, monkeypatch, tmp_path):
     monkeypatch.setenv(_library.ENV_VAR, "/nonexistent/libflashcore.so.0")  # would fail: the bundled one comes first
     loaded = flashcore.open_library()
     assert loaded.path == str(package / ("cuda%d" % lib.cuda_major) / LIBRARY_NAME)
-    assert loaded.how == "bundled with the package, CUDA %d build: %s" % (lib.cuda_major, NO_DRIVER_NEWEST)
+    assert loaded.how == "bundled with the package: the CUDA %d build (%s)" % (lib.cuda_major, NO_DRIVER_NEWEST)
     assert loaded.cuda_major == lib.cuda_major
 
 
@@ -264,7 +264,7 @@ def test_cli_warns_of_a_driver_too_old(monkeypatch, tmp_path, cuda_major, driver
 def test_cli_prints_runtime_driver_and_reason(lib):
     env = dict(os.environ, FLASHCORE_LIBRARY=lib.path,
                PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(flashcore.__file__))] + sys.path))
-    if lib.how.startswith("bundled with the package, CUDA"):
+    if lib.how.startswith("bundled with the package: the CUDA"):
         # An installed wheel: the bundled build comes before FLASHCORE_LIBRARY,
         # so ask for the flavour this session loaded (the autouse fixture
         # took FLASHCORE_CUDA_MAJOR out of this test's environment).
