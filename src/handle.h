@@ -13,7 +13,7 @@ namespace flashcore {
 
 // What the environment asks of a handle's calls, read once by
 // read_env_overrides when the handle is created (tests and benchmarks use
-// these variables to pin a kernel; see README's Environment table).
+// these variables to pin a kernel; see README's Environment section).
 struct EnvOverrides {
     // FLASHCORE_FWD_VARIANT=large|keysplit|keysplit4|decode: every call uses the portable
     // kernel with that tile variant. Empty: chosen per call.
