@@ -224,9 +224,18 @@ TEST(EmulatedGpu, EveryCheckedForwardCallPlans) {
 // kernel") while flashcore_forward_check said SUCCESS: the ragged filter
 // dropped the large tiles, the shared-memory filter the others.
 TEST(EmulatedGpu, RaggedCallsPlanOnGpusWithLessSharedMemory) {
+    const auto pairs = supported_pairs();
+    const auto covered = [&pairs](int32_t d) {
+        for (const auto &pair : pairs) {
+            if (pair.first >= d && pair.second >= d) return true;
+        }
+        return false;
+    };
+    int planned_calls = 0;
     for (const char *gpu : {"a100", "a10", "l4"}) {
         EmulatedHandle h(gpu);
         for (int32_t d : {96, 128, 192, 256}) {
+            if (!covered(d)) continue;  // a build of fewer head dims (-DFLASHCORE_HEAD_DIMS)
             flashcore_forward_params p;
             ASSERT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
             p.dtype = FLASHCORE_DTYPE_BF16;
@@ -241,8 +250,10 @@ TEST(EmulatedGpu, RaggedCallsPlanOnGpusWithLessSharedMemory) {
             ASSERT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
             size_t workspace_bytes = 0;
             EXPECT_TRUE(planned(forward_on(h.handle, p, &workspace_bytes), gpu)) << gpu << " d" << d;
+            ++planned_calls;
         }
     }
+    if (planned_calls == 0) GTEST_SKIP() << "this build has no kernels at head dims 96 to 256";
 }
 
 // Audit item 2 of issue 59: GQA heads are packed into a tile's rows only

@@ -10,10 +10,11 @@
 // are fuzzed with NULL and made-up handles (which must be refused as such),
 // and on handles for emulated GPUs (below), which need no GPU.
 //
-//   fuzz_api [--calls N] [--seed S]
+//   fuzz_api [--calls N] [--seed S] [--threads T]
 //
 // Runs N calls with the fixed seed 15, then N with S (default: random,
-// printed so a failure can be replayed). Exits 1 on the first mismatch,
+// printed so a failure can be replayed), then T threads (default 8) at once,
+// N / (4 T) calls each, seeds S + 1 to S + T. Exits 1 on the first mismatch,
 // printing the parameters.
 //
 // Every parameter set a check accepts is then planned on a handle for an
@@ -43,6 +44,7 @@
 // UNSUPPORTED in a build without them), q_descale for fp8 queries only
 // (INVALID_ARGUMENT otherwise), and no backward pass (UNSUPPORTED).
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cinttypes>
 #include <cmath>
@@ -55,6 +57,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "flashcore.h"
@@ -885,13 +888,37 @@ bool agrees(const Expected &e, flashcore_status got, const std::string &message,
     return ok;
 }
 
+// The check again on a copy of the caller's struct in a heap block of
+// exactly struct_size bytes (at least the struct_size field itself, which
+// every call reads first; sizes past the caller's buffer are not copied):
+// a read past what the caller declared faults under ASan, where the
+// buffers above have room after the struct. Whether it returns `expected`.
+template <typename Params>
+bool same_from_exact_block(flashcore_status (*check)(const Params *), const void *caller, size_t caller_bytes,
+                           flashcore_status expected, const char *function, uint64_t call) {
+    size_t size = 0;
+    std::memcpy(&size, caller, sizeof size);
+    if (size > caller_bytes) return true;
+    const size_t bytes = std::max(size, sizeof size);
+    void *block = std::malloc(bytes);
+    if (block == nullptr) return true;
+    std::memcpy(block, caller, bytes);
+    const flashcore_status got = check(static_cast<const Params *>(block));
+    std::free(block);
+    if (got == expected) return true;
+    std::fprintf(stderr, "call %" PRIu64 ": %s of a struct in an exactly-sized block (%zu bytes) returned %d, not %d\n",
+                 call, function, size, int(got), int(expected));
+    return false;
+}
+
 // Whether flashcore_forward_check agrees with the model; *got: its status.
 bool check_forward(const CallerParams &c, uint64_t call, flashcore_status *got_out) {
     CallerParams copy = c;
     const flashcore_status got = flashcore_forward_check(&copy.p);
     *got_out = got;
-    const bool ok = agrees(model_check(c), got, flashcore_last_error_message(), std::memcmp(&copy, &c, sizeof c) == 0,
-                           "flashcore_forward_check", call);
+    bool ok = agrees(model_check(c), got, flashcore_last_error_message(), std::memcmp(&copy, &c, sizeof c) == 0,
+                     "flashcore_forward_check", call);
+    ok = ok && same_from_exact_block(flashcore_forward_check, &c, sizeof c, got, "flashcore_forward_check", call);
     if (!ok) print_params(c);
     return ok;
 }
@@ -1063,8 +1090,9 @@ bool check_merge(const flashcore_merge_params &p, uint64_t call, flashcore_statu
     flashcore_merge_params copy = p;
     const flashcore_status got = flashcore_merge_check(&copy);
     *got_out = got;
-    const bool ok = agrees(model_merge_check(p), got, flashcore_last_error_message(),
-                           std::memcmp(&copy, &p, sizeof p) == 0, "flashcore_merge_check", call);
+    bool ok = agrees(model_merge_check(p), got, flashcore_last_error_message(),
+                     std::memcmp(&copy, &p, sizeof p) == 0, "flashcore_merge_check", call);
+    ok = ok && same_from_exact_block(flashcore_merge_check, &p, sizeof p, got, "flashcore_merge_check", call);
     if (!ok) {
         std::fprintf(stderr,
                      "  struct_size %zu dtypes %d -> %d states %d B %d H %d S %d D %d\n"
@@ -1462,8 +1490,9 @@ bool check_backward(const BackwardCaller &c, uint64_t call, flashcore_status *go
     BackwardCaller copy = c;
     const flashcore_status got = flashcore_backward_check(&copy.p);
     *got_out = got;
-    const bool ok = agrees(model_backward_check(c), got, flashcore_last_error_message(),
-                           std::memcmp(&copy, &c, sizeof c) == 0, "flashcore_backward_check", call);
+    bool ok = agrees(model_backward_check(c), got, flashcore_last_error_message(),
+                     std::memcmp(&copy, &c, sizeof c) == 0, "flashcore_backward_check", call);
+    ok = ok && same_from_exact_block(flashcore_backward_check, &c, sizeof c, got, "flashcore_backward_check", call);
     if (!ok) print_backward_params(c);
     return ok;
 }
@@ -1559,7 +1588,7 @@ struct EmulatedGpu {
     const char *name;
     int cc_major;
     flashcore_handle handle = nullptr;
-    uint64_t planned = 0;
+    std::atomic<uint64_t> planned{0};  // the threaded phase's threads share the handles
 };
 EmulatedGpu g_gpus[] = {{"a100", 8}, {"a10", 8}, {"l4", 8}, {"h100", 9}, {"h200", 9}};
 // A workspace past every fuzzed tensor (each starts below 2^48 and spans at
@@ -1721,13 +1750,16 @@ bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
 int main(int argc, char **argv) {
     uint64_t calls = 500000;
     uint64_t seed = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
+    unsigned threads = 8;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (std::strcmp(argv[i], "--calls") == 0) {
             calls = std::strtoull(argv[i + 1], nullptr, 10);
         } else if (std::strcmp(argv[i], "--seed") == 0) {
             seed = std::strtoull(argv[i + 1], nullptr, 10);
+        } else if (std::strcmp(argv[i], "--threads") == 0) {
+            threads = unsigned(std::max(1ul, std::strtoul(argv[i + 1], nullptr, 10)));
         } else {
-            std::fprintf(stderr, "usage: %s [--calls N] [--seed S]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--calls N] [--seed S] [--threads T]\n", argv[0]);
             return 2;
         }
     }
@@ -1759,9 +1791,31 @@ int main(int argc, char **argv) {
                 counts.seqused_successes, counts.varlen_successes, counts.paged_successes, counts.fp8_successes,
                 counts.descaled_successes, counts.fp8_q_successes, counts.newer_successes, counts.merge_successes, counts.backward_successes,
                 counts.backward_rowless_successes, counts.backward_varlen_successes, counts.backward_newer_successes);
+    // The threaded phase: threads fuzz at once, each with its own seed,
+    // sharing the emulated handles (every function is thread-safe; each
+    // thread's messages are its own, which agrees() reads).
+    const uint64_t per_thread = std::max<uint64_t>(calls / (4 * threads), 1);
+    std::printf("fuzz_api: %u threads at once, %" PRIu64 " parameter sets each (seeds %" PRIu64 " + thread)\n",
+                threads, per_thread, seed);
+    std::fflush(stdout);
+    std::vector<Counts> thread_counts(threads);
+    std::vector<char> thread_ok(threads, 0);
+    std::vector<std::thread> workers;
+    for (unsigned t = 0; t < threads; ++t) {
+        workers.emplace_back([&, t] { thread_ok[t] = run(seed + 1 + t, per_thread, &thread_counts[t]); });
+    }
+    for (std::thread &w : workers) w.join();
+    for (unsigned t = 0; t < threads; ++t) {
+        if (!thread_ok[t]) {
+            std::printf("fuzz_api: FAILED in thread %u (seed %" PRIu64 ")\n", t, seed + 1 + t);
+            return 1;
+        }
+        counts.calls += thread_counts[t].calls;
+    }
+    std::printf("fuzz_api: %" PRIu64 " API calls in all, all as the model says\n", counts.calls);
     std::printf("fuzz_api: accepted calls planned on emulated GPUs (FLASHCORE_TEST_EMULATE_GPU):");
     for (EmulatedGpu &g : g_gpus) {
-        std::printf(" %s %" PRIu64, g.name, g.planned);
+        std::printf(" %s %" PRIu64, g.name, g.planned.load());
         flashcore_destroy(g.handle);
     }
     std::printf("\n");
