@@ -1112,6 +1112,11 @@ std::vector<SmemLimitCase> smem_limit_cases() {
                             .with_pages(64)
                             .with_window(200, 0));
         cases.push_back(FwdCase{dtype, d.qk, !causal, 2, 4, 2, 200, 300, Layout::kBSHD, dv});
+        // Audit item 1 of issue 59, as reported: bf16, B2, Sq 128, H8,
+        // cu_seqlens_q with total_seqlen_q 200 (INTERNAL at 6b7ad35 under
+        // an A100's limit at d256 and under sm_86's at d96-256).
+        cases.push_back(FwdCase{FLASHCORE_DTYPE_BF16, d.qk, false, 2, 8, 8, 128, 128, Layout::kBSHD, dv}
+                            .with_varlen_q({128, 72}));
     }
     std::vector<SmemLimitCase> limited;
     for (const SmemLimit &limit : {kSm86SmemLimit, kA100SmemLimit})

@@ -1665,6 +1665,52 @@ bool plan_merge_on(EmulatedGpu &g, const flashcore_merge_params &p, uint64_t cal
 
 EmulatedGpu &gpu_for(uint64_t call) { return g_gpus[call % std::size(g_gpus)]; }
 
+// flashcore_supported_head_dims with random capacities and NULL arrays, in
+// buffers with guard words after them: SUCCESS with *count the pairs and
+// min(capacity, pairs) written, nothing past them; NULL count, or NULL
+// arrays with a capacity, INVALID_ARGUMENT and nothing written. And
+// flashcore_handle_device on the emulated handles (device 0) and with a
+// NULL result pointer (INVALID_ARGUMENT).
+bool check_small_functions(Rng &r, uint64_t call) {
+    constexpr int32_t kGuard = 0x5A5A5A5A;
+    const size_t pairs = g_head_dims.size();
+    const size_t capacity = r.chance(30) ? 0 : size_t(r.below(pairs + 3));
+    std::vector<int32_t> dims(capacity + 4, kGuard), dims_v(capacity + 4, kGuard);
+    const bool null_dims = r.chance(10), null_dims_v = r.chance(10), null_count = r.chance(5);
+    size_t count = 12345;
+    const flashcore_status got = flashcore_supported_head_dims(null_dims ? nullptr : dims.data(),
+                                                               null_dims_v ? nullptr : dims_v.data(), capacity,
+                                                               null_count ? nullptr : &count);
+    const bool refused = null_count || (capacity > 0 && (null_dims || null_dims_v));
+    bool ok = got == (refused ? FLASHCORE_STATUS_INVALID_ARGUMENT : FLASHCORE_STATUS_SUCCESS);
+    const size_t written = refused ? 0 : std::min(capacity, pairs);
+    if (!refused) ok &= count == pairs;
+    for (size_t i = 0; i < capacity + 4 && ok; ++i) {
+        if (i < written) {
+            ok &= dims[i] == g_head_dims[i].first && dims_v[i] == g_head_dims[i].second;
+        } else {
+            ok &= dims[i] == kGuard && dims_v[i] == kGuard;
+        }
+    }
+    if (!ok) {
+        std::fprintf(stderr, "call %" PRIu64 ": flashcore_supported_head_dims(capacity %zu%s%s%s) returned %d, count "
+                     "%zu (%zu pairs): not as flashcore.h says (\"%s\")\n", call, capacity,
+                     null_dims ? ", NULL head_dims" : "", null_dims_v ? ", NULL head_dims_v" : "",
+                     null_count ? ", NULL count" : "", int(got), count, pairs, flashcore_last_error_message());
+        return false;
+    }
+    for (const EmulatedGpu &g : g_gpus) {
+        int device = -7;
+        if (flashcore_handle_device(g.handle, &device) != FLASHCORE_STATUS_SUCCESS || device != 0 ||
+            flashcore_handle_device(g.handle, nullptr) != FLASHCORE_STATUS_INVALID_ARGUMENT) {
+            std::fprintf(stderr, "call %" PRIu64 ": flashcore_handle_device on an emulated %s: %s\n", call, g.name,
+                         flashcore_last_error_message());
+            return false;
+        }
+    }
+    return true;
+}
+
 struct Counts {
     uint64_t calls = 0, successes = 0, merge_successes = 0;
     // Accepted forward parameter sets with the window on, the softcap on,
@@ -1740,6 +1786,10 @@ bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
         if (i % 64 == 0) {
             if (!check_handles(r, p, b.p, i)) return false;
             counts->calls += 8;
+        }
+        if (i % 16 == 0) {
+            if (!check_small_functions(r, i)) return false;
+            counts->calls += 1 + 2 * std::size(g_gpus);
         }
     }
     return true;
