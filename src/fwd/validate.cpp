@@ -163,8 +163,8 @@ flashcore_status check_descales(const flashcore_forward_params &p) {
         // addressable in bytes (as check_tensor bounds the tensors'): the
         // kernels' 64-bit offsets cannot wrap. (An empty call's strides are
         // not looked at.)
-        const __int128 last = __int128(std::max(p.batch_size - 1, 0)) * d.batch_stride +
-                              __int128(std::max(p.num_heads_kv - 1, 0)) * d.head_stride;
+        const __int128 last = __int128(std::max<int64_t>(int64_t(p.batch_size) - 1, 0)) * d.batch_stride +
+                              __int128(std::max<int64_t>(int64_t(p.num_heads_kv) - 1, 0)) * d.head_stride;
         if (d.data != nullptr && !forward_is_empty(p) && last * __int128(sizeof(float)) > __int128(INT64_MAX)) {
             return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
                         "%s_batch_stride (%" PRId64 ") and %s_head_stride (%" PRId64 ") address more than 2^63 "
@@ -361,7 +361,7 @@ flashcore_status validate_packing(const flashcore_forward_params &p) {
     }
     // The last entry read must be addressable in bytes (as check_tensor
     // bounds the tensors'): the kernels' 64-bit offsets cannot wrap.
-    const __int128 last_entry = __int128(p.batch_size - 1) * p.block_table_batch_stride + pages_per_seq - 1;
+    const __int128 last_entry = __int128(int64_t(p.batch_size) - 1) * p.block_table_batch_stride + pages_per_seq - 1;
     if (last_entry * __int128(sizeof(int32_t)) > __int128(INT64_MAX)) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
                     "block_table_batch_stride (%" PRId64 ") addresses more than 2^63 bytes over batch_size (%d)",
