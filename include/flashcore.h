@@ -43,7 +43,10 @@
  * - Bad input never writes anywhere: parameters are validated completely
  *   before any work is queued. Only a call's outputs (`out` and `lse`; for
  *   flashcore_backward `dq`, `dk` and `dv`) and the workspace are ever
- *   written, and only by a call that returned FLASHCORE_STATUS_SUCCESS.
+ *   written, and only by a call that returned FLASHCORE_STATUS_SUCCESS, or
+ *   by one the CUDA runtime failed while it queued its kernels
+ *   (FLASHCORE_STATUS_CUDA_ERROR after the first was queued: the backward
+ *   queues three, and its first writes per-row values into dq).
  * - Device pointers are plain CUDA device addresses (from cudaMalloc, a
  *   framework's allocator, or cudaMallocManaged). Streams are cudaStream_t
  *   passed as void*; NULL means the legacy default stream.

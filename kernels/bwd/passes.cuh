@@ -50,17 +50,24 @@ template <typename Traits, typename KernelParams>
 cudaError_t run_bwd_passes(const BwdKernelParams &params, const LaunchOptions &options, cudaStream_t stream,
                            void (*kernel)(KernelParams), const KernelParams &kernel_params) {
     using Element = typename Traits::Element;
+    // The main kernel's shared-memory opt-in first: the preprocess writes
+    // each query row's stats into dq (row_stats.cuh), and an opt-in that
+    // failed after it would leave a failed call with dq written. What can
+    // still fail after the first launch is a launch itself (a CUDA error,
+    // which flashcore.h says may leave the outputs and workspace written).
+    static DynamicSmemOptIn opt_in;
+    cudaError_t err = ensure_opted_in(opt_in, kernel, Traits::kSmemBytes, options);
+    if (err != cudaSuccess) return err;
     const int preprocess_rows_per_warp =
         kWarpSize / bwd_preprocess_lanes_per_row(params.fwd.head_dim_v, kElemsPerVector<Element>);
-    cudaError_t err = launch_row_kernel(bwd_preprocess_kernel<Element>, params, preprocess_rows_per_warp, options,
-                                        stream, "cudaLaunchKernelEx (the backward preprocess)");
+    err = launch_row_kernel(bwd_preprocess_kernel<Element>, params, preprocess_rows_per_warp, options, stream,
+                            "cudaLaunchKernelEx (the backward preprocess)");
     if (err != cudaSuccess) return err;
     cudaLaunchConfig_t config = {};
     config.gridDim = sm80::KeyBlockScheduler<Traits::kBlockM, Traits::kBlockN>::grid(params);
     config.blockDim = dim3(Traits::kNumThreads);
     config.dynamicSmemBytes = Traits::kSmemBytes;
     config.stream = stream;
-    static DynamicSmemOptIn opt_in;
     err = launch_opted_in(opt_in, kernel, config, options, kernel_params);
     if (err != cudaSuccess) return err;
     // The convert kernel: a CTA per query block of each (batch, query head)

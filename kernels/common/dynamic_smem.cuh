@@ -38,6 +38,22 @@ class DynamicSmemOptIn {
     std::atomic<uint64_t> devices_{0};
 };
 
+// Opts `kernel` in to `smem_bytes` of dynamic shared memory on
+// options.device, the current device, where that is past the default and
+// not remembered (`opt_in`: that kernel's own record). A launcher that
+// queues other work first calls it before that work, so that the opt-in
+// cannot fail after something was queued.
+template <typename... KernelArgs>
+cudaError_t ensure_opted_in(DynamicSmemOptIn &opt_in, void (*kernel)(KernelArgs...), size_t smem_bytes,
+                            const LaunchOptions &options) {
+    if (smem_bytes <= kDefaultDynamicSmemLimit || opt_in.remembered(options.device)) return cudaSuccess;
+    const cudaError_t err =
+        launch_step(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)),
+                    options, "cudaFuncSetAttribute (the kernel's dynamic shared memory)");
+    if (err == cudaSuccess) opt_in.remember(options.device);
+    return err;
+}
+
 // Queues `kernel` (one launcher's: `opt_in` is that kernel's own record)
 // with `config` on options.device, the current device, opting it in to
 // config.dynamicSmemBytes first where that is past the default and not
@@ -53,9 +69,8 @@ cudaError_t launch_opted_in(DynamicSmemOptIn &opt_in, void (*kernel)(KernelArgs.
     const bool needs_opt_in = config.dynamicSmemBytes > kDefaultDynamicSmemLimit;
     const bool remembered = needs_opt_in && opt_in.remembered(options.device);
     if (needs_opt_in && !remembered) {
-        const cudaError_t err = opt_in_now();
+        const cudaError_t err = ensure_opted_in(opt_in, kernel, config.dynamicSmemBytes, options);
         if (err != cudaSuccess) return err;
-        opt_in.remember(options.device);
     }
     cudaError_t err = cudaLaunchKernelEx(&config, kernel, args...);
     if (err != cudaSuccess && remembered) {

@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "b21d3a46c719a52d56e154402f65fb6d4bad6b55abeef65d4489fe2e984e7b65"
+HEADER_SHA256 = "07c40ad6cb2c90a69e329340de09aab84d75902ae474afadf264882c4950144e"
 
 
 # Assigning to a field of the structs below checks the value against the
