@@ -24,6 +24,8 @@
 // empty call): the only refusals a device may add are fp8 queries off the
 // sm_90a kernels, a grid past its limit and an asked-for split whose
 // workspace passes the address space (UNSUPPORTED); never INTERNAL.
+// And one field of an accepted forward set made bad must be refused with a
+// message that names it (messages say what was wrong).
 //
 // The callers it plays are of every header version: of this one, of an
 // older one (a smaller struct_size: where that header's struct ends, or
@@ -46,6 +48,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
+#include <cctype>
 #include <cinttypes>
 #include <cmath>
 #include <cstddef>
@@ -1711,6 +1714,68 @@ bool check_small_functions(Rng &r, uint64_t call) {
     return true;
 }
 
+// Messages name what they refuse: one field of an accepted forward
+// parameter set (of this header's size) made bad at a time, the call must
+// be refused with a message that names that field (for a tensor's pointer,
+// the tensor). A change the rules allow (a stride that happens to fit) is
+// not counted.
+struct FieldFault {
+    const char *name;  // as the message must name it
+    void (*apply)(flashcore_forward_params &p, Rng &r);
+};
+const FieldFault kFieldFaults[] = {
+    {"batch_size", [](flashcore_forward_params &p, Rng &r) { p.batch_size = r.chance(50) ? -1 : INT32_MIN; }},
+    {"seqlen_q", [](flashcore_forward_params &p, Rng &) { p.seqlen_q = -3; }},
+    {"seqlen_k", [](flashcore_forward_params &p, Rng &) { p.seqlen_k = -3; }},
+    {"num_heads_q", [](flashcore_forward_params &p, Rng &) { p.num_heads_q = -8; }},
+    {"num_heads_kv", [](flashcore_forward_params &p, Rng &) { p.num_heads_kv = -1; }},
+    {"head_dim", [](flashcore_forward_params &p, Rng &r) { p.head_dim = r.chance(50) ? -8 : 100; }},
+    {"softcap", [](flashcore_forward_params &p, Rng &r) { p.softcap = r.chance(50) ? -1.f : NAN; }},
+    {"softmax_scale", [](flashcore_forward_params &p, Rng &) { p.softmax_scale = -2.f; }},
+    {"num_splits", [](flashcore_forward_params &p, Rng &) { p.num_splits = -2; }},
+    {"q", [](flashcore_forward_params &p, Rng &r) {
+         p.q = r.chance(50) ? nullptr : static_cast<const char *>(p.q) + 2;
+     }},
+    {"k", [](flashcore_forward_params &p, Rng &) { p.k = nullptr; }},
+    {"v", [](flashcore_forward_params &p, Rng &) { p.v = static_cast<const char *>(p.v) + 6; }},
+    {"out", [](flashcore_forward_params &p, Rng &) { p.out = nullptr; }},
+    {"q_batch_stride", [](flashcore_forward_params &p, Rng &) { p.q_batch_stride = -8; }},
+    {"k_seq_stride", [](flashcore_forward_params &p, Rng &) { p.k_seq_stride = -16; }},
+    {"v_head_stride", [](flashcore_forward_params &p, Rng &) { p.v_head_stride = -8; }},
+    {"out_seq_stride", [](flashcore_forward_params &p, Rng &) { p.out_seq_stride = -8; }},
+};
+
+bool check_messages_name_fields(Rng &r, const flashcore_forward_params &accepted, uint64_t call,
+                                uint64_t *named) {
+    if (accepted.struct_size != sizeof accepted || forward_empty(accepted)) return true;
+    const FieldFault &fault = kFieldFaults[r.below(std::size(kFieldFaults))];
+    flashcore_forward_params p = accepted;
+    fault.apply(p, r);
+    const flashcore_status got = flashcore_forward_check(&p);
+    if (got == FLASHCORE_STATUS_SUCCESS) return true;
+    const std::string message = flashcore_last_error_message();
+    // The name as a word of its own: "q (" or "q is NULL", not the q in "seqlen_q".
+    const std::string name = fault.name;
+    size_t at = message.find(name);
+    bool found = false;
+    while (at != std::string::npos && !found) {
+        const bool starts = at == 0 || !(std::isalnum(static_cast<unsigned char>(message[at - 1])) ||
+                                         message[at - 1] == '_');
+        const size_t end = at + name.size();
+        const bool ends = end == message.size() || !(std::isalnum(static_cast<unsigned char>(message[end])) ||
+                                                     message[end] == '_');
+        found = starts && ends;
+        at = message.find(name, at + 1);
+    }
+    if (found) {
+        ++*named;
+        return true;
+    }
+    std::fprintf(stderr, "call %" PRIu64 ": %s made bad, flashcore_forward_check returned %d with a message that "
+                 "does not name it: \"%s\"\n", call, fault.name, int(got), message.c_str());
+    return false;
+}
+
 struct Counts {
     uint64_t calls = 0, successes = 0, merge_successes = 0;
     // Accepted forward parameter sets with the window on, the softcap on,
@@ -1725,6 +1790,8 @@ struct Counts {
     // empty), variable-length, and from a newer header's struct.
     uint64_t backward_successes = 0, backward_rowless_successes = 0, backward_varlen_successes = 0;
     uint64_t backward_newer_successes = 0;
+    // Refusals of one bad field whose message named it.
+    uint64_t named_fields = 0;
 };
 
 bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
@@ -1749,6 +1816,11 @@ bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
             counts->descaled_successes += fp8 && (p.k_descale != nullptr || p.v_descale != nullptr);
             counts->fp8_q_successes += fp8_q(p);
             if (!plan_forward_on(gpu_for(i), p, i)) {
+                print_params(c);
+                return false;
+            }
+            ++counts->calls;
+            if (!check_messages_name_fields(r, p, i, &counts->named_fields)) {
                 print_params(c);
                 return false;
             }
@@ -1862,7 +1934,8 @@ int main(int argc, char **argv) {
         }
         counts.calls += thread_counts[t].calls;
     }
-    std::printf("fuzz_api: %" PRIu64 " API calls in all, all as the model says\n", counts.calls);
+    std::printf("fuzz_api: %" PRIu64 " API calls in all, all as the model says; %" PRIu64
+                " refusals of one bad field named it\n", counts.calls, counts.named_fields);
     std::printf("fuzz_api: accepted calls planned on emulated GPUs (FLASHCORE_TEST_EMULATE_GPU):");
     for (EmulatedGpu &g : g_gpus) {
         std::printf(" %s %" PRIu64, g.name, g.planned.load());
