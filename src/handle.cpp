@@ -179,7 +179,13 @@ flashcore_status read_env_overrides(const flashcore_handle_s &h, EnvOverrides *e
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     status = read_smem_per_block_choice(h, env);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    return read_first_kv_position(env);
+    status = read_first_kv_position(env);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    bool found = false;
+    long long fail_opt_in = 0;
+    status = read_env_number("FLASHCORE_TEST_FAIL_OPT_IN", 0, 1, "0 or 1", &found, &fail_opt_in);
+    env->fail_opt_in = found && fail_opt_in == 1;
+    return status;
 }
 
 // The driver CUDA version the oldest flavour of flashcore (the CUDA 12

@@ -42,6 +42,9 @@ struct EnvOverrides {
     // made as on a GPU with that limit (an A100's 163 KiB, sm_86/sm_89's 99
     // KiB, tested on an H100). 0: the device's.
     size_t smem_per_block_choice = 0;
+    // FLASHCORE_TEST_FAIL_OPT_IN=1 (tests only): every kernel's shared-memory
+    // opt-in fails (LaunchOptions::fail_opt_in).
+    bool fail_opt_in = false;
 };
 
 }  // namespace flashcore

@@ -676,4 +676,43 @@ TEST(BackwardApi, RejectedCallsWriteNothing) {
     EXPECT_EQ(ws.check("workspace"), "");
 }
 
+// A call that fails at its main kernel's shared-memory opt-in writes
+// nothing: the opt-in comes before the preprocess, which writes each query
+// row's stats into dq (audit item 9 of issue 59; at 6b7ad35 the opt-in came
+// after it). FLASHCORE_TEST_FAIL_OPT_IN makes every opt-in fail.
+TEST(BackwardApi, AFailedOptInWritesNothing) {
+    FC_REQUIRE_GPU();
+    for (const FwdCase &c : {FwdCase{bf16, 128, true, 2, 4, 2, 200, 300, Layout::kBSHD},
+                             FwdCase{fp16, 64, false, 1, 8, 2, 130, 130, Layout::kBHSD}}) {
+        SCOPED_TRACE(case_name(c));
+        UniqueHandle plain = make_handle();
+        ASSERT_TRUE(plain);
+        std::mt19937_64 rng(fresh_seed());
+        BwdWorkload w(c, rng);
+        ASSERT_EQ(w.run_forward_pass(plain.get()), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+        size_t ws_bytes = 0;
+        ASSERT_EQ(flashcore_backward_workspace_size(plain.get(), &w.params, &ws_bytes), FLASHCORE_STATUS_SUCCESS);
+        GuardedBuffer ws(ws_bytes);
+        ScopedEnv env({{"FLASHCORE_TEST_FAIL_OPT_IN", "1"}});
+        UniqueHandle failing = make_handle();
+        ASSERT_TRUE(failing);
+        w.poison_gradients();
+        const GradientBits poisoned = w.gradient_bits();
+        const flashcore_status status = flashcore_backward(failing.get(), &w.params, ws.data, ws_bytes, nullptr);
+        EXPECT_EQ(status, FLASHCORE_STATUS_CUDA_ERROR) << flashcore_last_error_message();
+        EXPECT_NE(std::string(flashcore_last_error_message()).find("FLASHCORE_TEST_FAIL_OPT_IN"), std::string::npos)
+            << flashcore_last_error_message();
+        FC_CHECK_CUDA(cudaDeviceSynchronize());
+        const GradientBits after = w.gradient_bits();
+        EXPECT_EQ(describe_bit_differences(after.dq, poisoned.dq), "") << "a failed call wrote dq";
+        EXPECT_EQ(describe_bit_differences(after.dk, poisoned.dk), "") << "a failed call wrote dk";
+        EXPECT_EQ(describe_bit_differences(after.dv, poisoned.dv), "") << "a failed call wrote dv";
+        // The handle without the variable runs the same call.
+        EXPECT_EQ(flashcore_backward(plain.get(), &w.params, ws.data, ws_bytes, nullptr), FLASHCORE_STATUS_SUCCESS)
+            << flashcore_last_error_message();
+        FC_CHECK_CUDA(cudaDeviceSynchronize());
+        EXPECT_TRUE(w.gradient_bits().dq != poisoned.dq);
+    }
+}
+
 }  // namespace

@@ -46,7 +46,12 @@ class DynamicSmemOptIn {
 template <typename... KernelArgs>
 cudaError_t ensure_opted_in(DynamicSmemOptIn &opt_in, void (*kernel)(KernelArgs...), size_t smem_bytes,
                             const LaunchOptions &options) {
-    if (smem_bytes <= kDefaultDynamicSmemLimit || opt_in.remembered(options.device)) return cudaSuccess;
+    if (smem_bytes <= kDefaultDynamicSmemLimit) return cudaSuccess;
+    if (options.fail_opt_in) {
+        return launch_step(cudaErrorInvalidValue, options,
+                           "cudaFuncSetAttribute (the kernel's dynamic shared memory; FLASHCORE_TEST_FAIL_OPT_IN)");
+    }
+    if (opt_in.remembered(options.device)) return cudaSuccess;
     const cudaError_t err =
         launch_step(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)),
                     options, "cudaFuncSetAttribute (the kernel's dynamic shared memory)");
@@ -67,7 +72,7 @@ cudaError_t launch_opted_in(DynamicSmemOptIn &opt_in, void (*kernel)(KernelArgs.
             options, "cudaFuncSetAttribute (the kernel's dynamic shared memory)");
     };
     const bool needs_opt_in = config.dynamicSmemBytes > kDefaultDynamicSmemLimit;
-    const bool remembered = needs_opt_in && opt_in.remembered(options.device);
+    const bool remembered = needs_opt_in && opt_in.remembered(options.device) && !options.fail_opt_in;
     if (needs_opt_in && !remembered) {
         const cudaError_t err = ensure_opted_in(opt_in, kernel, config.dynamicSmemBytes, options);
         if (err != cudaSuccess) return err;

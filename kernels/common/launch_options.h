@@ -40,6 +40,10 @@ struct LaunchOptions {
     // FLASHCORE_TEST_SMEM_PER_BLOCK may lower. 0: unknown, the configuration
     // every supported GPU runs.
     size_t max_smem_per_block = 0;
+    // FLASHCORE_TEST_FAIL_OPT_IN (tests only): every shared-memory opt-in
+    // fails as the runtime would refuse one (dynamic_smem.cuh), so that a
+    // test sees what a call failing there leaves written.
+    bool fail_opt_in = false;
 };
 
 // A launcher's runtime call `call` returned `err`: on failure, the error is

@@ -117,7 +117,7 @@ flashcore_status launch_backward(const flashcore_handle_s &handle, const flashco
     const BwdKernelParams kparams = bwd_kernel_params(p, workspace);
     const char *failed_call = "the launch";
     const LaunchOptions options{handle.env.persistent_ctas, &failed_call, 0, handle.device,
-                                handle.max_smem_per_block};
+                                handle.max_smem_per_block, handle.env.fail_opt_in};
     cudaError_t err = kernel->run(kparams, options, static_cast<cudaStream_t>(stream));
     // A tensor the driver cannot describe for TMA: nothing was launched;
     // the portable kernel (whose grids the checks above cover: its blocks

@@ -448,7 +448,7 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
     }
     const char *failed_call = "the launch";
     const FwdLaunchOptions options{handle.env.persistent_ctas, &failed_call, handle.env.first_kv_position,
-                                   handle.device, handle.max_smem_per_block};
+                                   handle.device, handle.max_smem_per_block, handle.env.fail_opt_in};
     const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
     cudaError_t err = plan.kernel->run(kparams, options, cuda_stream);
     if (err == cudaErrorNotSupported && has_fp8_queries(p)) {
