@@ -97,11 +97,9 @@ const ForwardForm kForwardForms[] = {
     {"fp8_prefill", 2, 1024, 1024, 8, 8, true, 0, false, 0, false, 0.f, true, true},
 };
 
-// The params of form f at head dims (d, dv), dtype `dtype`.
-flashcore_forward_params forward_params(const ForwardForm &f, int32_t d, int32_t dv, int32_t dtype) {
-    flashcore_forward_params p;
-    EXPECT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
-    p.dtype = f.fp8_q ? FLASHCORE_DTYPE_FP8_E4M3 : dtype;
+// The sizes and options forward and backward params share, from a form.
+template <typename Params, typename Form>
+void set_shape(Params &p, const Form &f, int32_t d, int32_t dv) {
     p.batch_size = f.batch;
     p.seqlen_q = f.seqlen_q;
     p.seqlen_k = f.seqlen_k;
@@ -110,8 +108,16 @@ flashcore_forward_params forward_params(const ForwardForm &f, int32_t d, int32_t
     p.head_dim = d;
     p.head_dim_v = dv;
     p.causal = f.causal;
-    p.num_splits = f.num_splits;
     p.softcap = f.softcap;
+}
+
+// The params of form f at head dims (d, dv), dtype `dtype`.
+flashcore_forward_params forward_params(const ForwardForm &f, int32_t d, int32_t dv, int32_t dtype) {
+    flashcore_forward_params p;
+    EXPECT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
+    p.dtype = f.fp8_q ? FLASHCORE_DTYPE_FP8_E4M3 : dtype;
+    set_shape(p, f, d, dv);
+    p.num_splits = f.num_splits;
     if (f.window) {
         p.use_window = 1;
         p.window_left = 256;
@@ -314,16 +320,8 @@ TEST(EmulatedGpu, EveryCheckedBackwardCallPlans) {
                     flashcore_backward_params p;
                     ASSERT_EQ(flashcore_backward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
                     p.dtype = dtype;
-                    p.batch_size = f.batch;
-                    p.seqlen_q = f.seqlen_q;
-                    p.seqlen_k = f.seqlen_k;
-                    p.num_heads_q = f.heads_q;
-                    p.num_heads_kv = f.heads_kv;
-                    p.head_dim = d;
-                    p.head_dim_v = dv;
-                    p.causal = f.causal;
+                    set_shape(p, f, d, dv);
                     p.deterministic = f.deterministic;
-                    p.softcap = f.softcap;
                     if (f.window) p.use_window = 1, p.window_left = 128, p.window_right = 0;
                     p.q = fake_tensor(0), p.k = fake_tensor(1), p.v = fake_tensor(2), p.out = fake_tensor(3);
                     p.dout = fake_tensor(4);

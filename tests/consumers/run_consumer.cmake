@@ -43,6 +43,16 @@ function(run what)
   endif()
 endfunction()
 
+# skip(<why>): the test is reported skipped for want of a tool (ctest's
+# SKIP_REGULAR_EXPRESSION, and the skip log the summary reads); ends the script.
+macro(skip why)
+  message(STATUS "SKIP: ${why}")
+  if(DEFINED ENV{FLASHCORE_TOOL_SKIP_LOG})
+    file(APPEND "$ENV{FLASHCORE_TOOL_SKIP_LOG}" "$ENV{FLASHCORE_CTEST_NAME} skipped: ${why}\n")
+  endif()
+  return()
+endmacro()
+
 # output_of(<var> <command...>): the command's stdout, stripped; stops on failure.
 function(output_of var)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
@@ -79,12 +89,7 @@ endfunction()
 
 if(MODE STREQUAL "pkgconfig")
   if(NOT PKG_CONFIG)
-    set(why "pkg-config was not found when the project was configured (apt-get install pkg-config)")
-    message(STATUS "SKIP: ${why}")
-    if(DEFINED ENV{FLASHCORE_TOOL_SKIP_LOG})
-      file(APPEND "$ENV{FLASHCORE_TOOL_SKIP_LOG}" "$ENV{FLASHCORE_CTEST_NAME} skipped: ${why}\n")
-    endif()
-    return()
+    skip("pkg-config was not found when the project was configured (apt-get install pkg-config)")
   endif()
   set(ENV{PKG_CONFIG_PATH} "${PREFIX}/${PKGCONFIGDIR}")
   unset(ENV{PKG_CONFIG_SYSROOT_DIR})
@@ -155,12 +160,7 @@ elseif(MODE STREQUAL "readme_pkgconfig" OR MODE STREQUAL "readme_cmake")
   # The snippets name the CUDA toolkit where Debian's NVIDIA packages and
   # NVIDIA's installer put it.
   if(NOT EXISTS /usr/local/cuda/include/cuda_runtime_api.h)
-    set(why "the README's snippets use the CUDA toolkit in /usr/local/cuda, and there is none")
-    message(STATUS "SKIP: ${why}")
-    if(DEFINED ENV{FLASHCORE_TOOL_SKIP_LOG})
-      file(APPEND "$ENV{FLASHCORE_TOOL_SKIP_LOG}" "$ENV{FLASHCORE_CTEST_NAME} skipped: ${why}\n")
-    endif()
-    return()
+    skip("the README's snippets use the CUDA toolkit in /usr/local/cuda, and there is none")
   endif()
   file(COPY "${EXAMPLE}" DESTINATION "${WORK_DIR}")
   get_filename_component(example_name "${EXAMPLE}" NAME)
