@@ -38,7 +38,7 @@ __device__ __forceinline__ float exp2_offset(float row_max, float scale_log2) {
 // kMaxChains: independent partial maxima per row and tile in update_max,
 // combined at the end. One chain (each FMNMX waiting for the previous one's
 // result) is latency-bound where few warps share a scheduler; more chains
-// cost registers and instruction order (per-config choice: sm90/fwd_config.cuh).
+// cost registers and instruction order (per-config choice: fwd/sm90/config.cuh).
 // kProbExponent: the probabilities (and row sums) come out scaled by
 // 2^kProbExponent, a row's largest at 2^kProbExponent instead of 1 (for
 // fp8 P, whose range 1 would leave mostly to subnormals); normalisation

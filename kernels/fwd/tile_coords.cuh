@@ -23,7 +23,7 @@ struct FwdTile {
 
 // Query block m_block of the bh-th (batch, head group) pair, groups of a
 // batch adjacent. head_q is the group's first query head (the only one
-// unless GQA-packed: fwd_params.h).
+// unless GQA-packed: fwd/params.h).
 template <bool kRagged>
 __device__ __forceinline__ FwdTile fwd_tile(const FwdKernelParams &p, int bh, int m_block) {
     FwdTile t;

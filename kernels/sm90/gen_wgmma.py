@@ -68,7 +68,7 @@ HEADER = """\
 //   wgmma_ss: A and B from shared memory, both K-major (descriptors).
 //   wgmma_rs: A from registers (the mma.sync A fragment of the warp's 16
 //             rows), B from shared memory, MN-major (transposed).
-// The caller brackets them with wgmma_fence / commit / wait (sm90_ptx.cuh).
+// The caller brackets them with wgmma_fence / commit / wait (sm90/ptx.cuh).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -311,7 +311,7 @@ flashcore_status plan_sm80(const flashcore_handle_s &handle, const flashcore_for
     return FLASHCORE_STATUS_SUCCESS;
 }
 
-// Bytes of the split-KV partial results (fwd_params.h gives their layout),
+// Bytes of the split-KV partial results (fwd/params.h gives their layout),
 // each array FLASHCORE_ALIGNMENT aligned. False where they would not fit a
 // size_t.
 bool partial_bytes(const flashcore_forward_params &p, int num_splits, size_t *out_bytes, size_t *lse_bytes) {

@@ -28,7 +28,7 @@ __device__ __forceinline__ void load_panels(unsigned char *dst, uint32_t panel_b
 }
 
 // The K and V tiles of keys [first_key, first_key + kBlockN) of a paged
-// cache: box_rows rows at a time (fwd_launch.cuh: the largest multiple of 16
+// cache: box_rows rows at a time (fwd/sm90/launch.cuh: the largest multiple of 16
 // dividing both the page and the tile), each box from its own page. Boxes
 // past the batch's keys load page 0's rows instead of reading the table
 // past its row; the consumers mask those keys and zero those V rows.
