@@ -279,6 +279,18 @@ flashcore_status read_emulated_gpu(const EmulatedGpu **gpu) {
                 names.c_str());
 }
 
+// The last steps of making a handle whose device properties h holds: the
+// environment's overrides read for it, its shared-memory limit lowered
+// where FLASHCORE_TEST_SMEM_PER_BLOCK asks, and the handle allocated.
+flashcore_status finish_handle(flashcore_handle_s h, flashcore_handle *handle) {
+    const flashcore_status status = read_env_overrides(h, &h.env);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    if (h.env.smem_per_block_choice != 0) h.max_smem_per_block = h.env.smem_per_block_choice;
+    *handle = new (std::nothrow) flashcore_handle_s(h);
+    if (*handle == nullptr) return fail(FLASHCORE_STATUS_OUT_OF_MEMORY, "could not allocate a handle");
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
 // A handle for an emulated GPU: what create_handle reads of a device, from
 // the table instead of the driver.
 flashcore_status create_emulated_handle(const EmulatedGpu &gpu, int device, flashcore_handle *handle) {
@@ -295,20 +307,10 @@ flashcore_status create_emulated_handle(const EmulatedGpu &gpu, int device, flas
     h.max_smem_per_block = gpu.smem_per_block_optin;
     h.smem_per_sm = gpu.smem_per_sm;
     h.emulated = &gpu;
-    const flashcore_status status = read_env_overrides(h, &h.env);
-    if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    if (h.env.smem_per_block_choice != 0) h.max_smem_per_block = h.env.smem_per_block_choice;
-    *handle = new (std::nothrow) flashcore_handle_s(h);
-    if (*handle == nullptr) return fail(FLASHCORE_STATUS_OUT_OF_MEMORY, "could not allocate a handle");
-    return FLASHCORE_STATUS_SUCCESS;
+    return finish_handle(h, handle);
 }
 
 }  // namespace
-
-const EmulatedGpu *emulated_gpus(size_t *count) {
-    *count = sizeof kEmulatedGpus / sizeof kEmulatedGpus[0];
-    return kEmulatedGpus;
-}
 
 flashcore_status emulated_launch(const flashcore_handle_s &handle, const char *plan_format, ...) {
     char plan[256];
@@ -363,12 +365,7 @@ flashcore_status create_handle(int device, flashcore_handle *handle) {
                     "later)",
                     device, h.cc_major, h.cc_minor);
     }
-    const flashcore_status status = read_env_overrides(h, &h.env);
-    if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    if (h.env.smem_per_block_choice != 0) h.max_smem_per_block = h.env.smem_per_block_choice;
-    *handle = new (std::nothrow) flashcore_handle_s(h);
-    if (*handle == nullptr) return fail(FLASHCORE_STATUS_OUT_OF_MEMORY, "could not allocate a handle");
-    return FLASHCORE_STATUS_SUCCESS;
+    return finish_handle(h, handle);
 }
 
 namespace {

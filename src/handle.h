@@ -47,10 +47,6 @@ struct EnvOverrides {
     bool fail_opt_in = false;
 };
 
-}  // namespace flashcore
-
-namespace flashcore {
-
 // A GPU a handle may be made for without one (FLASHCORE_TEST_EMULATE_GPU,
 // tests only): the properties its plans read, as the vendor publishes them.
 struct EmulatedGpu {
@@ -101,10 +97,6 @@ flashcore_status check_handle(const flashcore_handle_s *handle);
 constexpr int kMinComputeMajor = 8;
 
 flashcore_status create_handle(int device, flashcore_handle *handle);
-
-// The GPUs FLASHCORE_TEST_EMULATE_GPU names (a100, a10, l4, h100, h200):
-// the first of *count.
-const EmulatedGpu *emulated_gpus(size_t *count);
 
 // What a call on an emulated handle returns where it would launch:
 // FLASHCORE_STATUS_NO_DEVICE, its message "emulated <gpu>: planned <plan>;

@@ -38,6 +38,14 @@ class DynamicSmemOptIn {
     std::atomic<uint64_t> devices_{0};
 };
 
+// The opt-in itself: cudaFuncSetAttribute of `kernel`'s dynamic shared
+// memory on the current device, with launch_step's reporting.
+template <typename... KernelArgs>
+cudaError_t set_dynamic_smem(void (*kernel)(KernelArgs...), size_t smem_bytes, const LaunchOptions &options) {
+    return launch_step(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)),
+                       options, "cudaFuncSetAttribute (the kernel's dynamic shared memory)");
+}
+
 // Opts `kernel` in to `smem_bytes` of dynamic shared memory on
 // options.device, the current device, where that is past the default and
 // not remembered (`opt_in`: that kernel's own record). A launcher that
@@ -52,9 +60,7 @@ cudaError_t ensure_opted_in(DynamicSmemOptIn &opt_in, void (*kernel)(KernelArgs.
                            "cudaFuncSetAttribute (the kernel's dynamic shared memory; FLASHCORE_TEST_FAIL_OPT_IN)");
     }
     if (opt_in.remembered(options.device)) return cudaSuccess;
-    const cudaError_t err =
-        launch_step(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)),
-                    options, "cudaFuncSetAttribute (the kernel's dynamic shared memory)");
+    const cudaError_t err = set_dynamic_smem(kernel, smem_bytes, options);
     if (err == cudaSuccess) opt_in.remember(options.device);
     return err;
 }
@@ -66,22 +72,17 @@ cudaError_t ensure_opted_in(DynamicSmemOptIn &opt_in, void (*kernel)(KernelArgs.
 template <typename... KernelArgs, typename... Args>
 cudaError_t launch_opted_in(DynamicSmemOptIn &opt_in, void (*kernel)(KernelArgs...), const cudaLaunchConfig_t &config,
                             const LaunchOptions &options, Args &&...args) {
-    const auto opt_in_now = [&] {
-        return launch_step(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(config.dynamicSmemBytes)),
-            options, "cudaFuncSetAttribute (the kernel's dynamic shared memory)");
-    };
-    const bool needs_opt_in = config.dynamicSmemBytes > kDefaultDynamicSmemLimit;
-    const bool remembered = needs_opt_in && opt_in.remembered(options.device) && !options.fail_opt_in;
-    if (needs_opt_in && !remembered) {
-        const cudaError_t err = ensure_opted_in(opt_in, kernel, config.dynamicSmemBytes, options);
-        if (err != cudaSuccess) return err;
-    }
-    cudaError_t err = cudaLaunchKernelEx(&config, kernel, args...);
+    // Whether an earlier launch opted in: a failed launch may then be a
+    // context that never saw it, opted in again below.
+    const bool remembered =
+        config.dynamicSmemBytes > kDefaultDynamicSmemLimit && opt_in.remembered(options.device);
+    cudaError_t err = ensure_opted_in(opt_in, kernel, config.dynamicSmemBytes, options);
+    if (err != cudaSuccess) return err;
+    err = cudaLaunchKernelEx(&config, kernel, args...);
     if (err != cudaSuccess && remembered) {
         // Launch errors of this kind are not sticky: nothing was queued.
         cudaGetLastError();
-        const cudaError_t set = opt_in_now();
+        const cudaError_t set = set_dynamic_smem(kernel, config.dynamicSmemBytes, options);
         if (set != cudaSuccess) return set;
         err = cudaLaunchKernelEx(&config, kernel, args...);
     }
