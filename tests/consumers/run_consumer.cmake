@@ -33,6 +33,14 @@ flashcore_header_version(version)
 string(REGEX MATCH "^[0-9]+" major "${version}")
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
+# The generator the project was configured with, for the CMake consumers.
+set(generator_args "")
+if(GENERATOR)
+  list(APPEND generator_args -G "${GENERATOR}")
+endif()
+if(MAKE_PROGRAM)
+  list(APPEND generator_args "-DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}")
+endif()
 
 # run(<what> <command...>): runs the command, its output shown; stops on failure.
 function(run what)
@@ -109,13 +117,6 @@ if(MODE STREQUAL "pkgconfig")
   run("run" ${program})
 
 elseif(MODE STREQUAL "cmake")
-  set(generator_args "")
-  if(GENERATOR)
-    list(APPEND generator_args -G "${GENERATOR}")
-  endif()
-  if(MAKE_PROGRAM)
-    list(APPEND generator_args "-DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}")
-  endif()
   run("configure" ${CMAKE_COMMAND} -S ${CMAKE_CURRENT_LIST_DIR}/cmake_project -B ${WORK_DIR}
       ${generator_args} -DCMAKE_C_COMPILER=${CC} -DCMAKE_BUILD_TYPE=Release
       -DCMAKE_PREFIX_PATH=${PREFIX} -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
@@ -181,13 +182,6 @@ elseif(MODE STREQUAL "readme_pkgconfig" OR MODE STREQUAL "readme_cmake")
     file(WRITE "${WORK_DIR}/CMakeLists.txt"
          "cmake_minimum_required(VERSION 3.24)\nproject(app LANGUAGES C)\nadd_executable(app ${example_name})\n"
          "${snippet}")
-    set(generator_args "")
-    if(GENERATOR)
-      list(APPEND generator_args -G "${GENERATOR}")
-    endif()
-    if(MAKE_PROGRAM)
-      list(APPEND generator_args "-DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}")
-    endif()
     run("configure" ${CMAKE_COMMAND} -S ${WORK_DIR} -B ${WORK_DIR}/build ${generator_args} -DCMAKE_C_COMPILER=${CC}
         -DCMAKE_PREFIX_PATH=${PREFIX} -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
     run("build" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)

@@ -1627,43 +1627,38 @@ bool planned_as_allowed(const EmulatedGpu &g, flashcore_status status, bool fp8_
            (asked_splits && message.find("would need a workspace larger than the address space") != std::string::npos);
 }
 
+// Whether an accepted call's `status` on g is allowed (planned_as_allowed),
+// counting the planned ones; says which call did not plan. what: "forward
+// call", "backward call" or "merge".
+bool counted_as_planned(EmulatedGpu &g, flashcore_status status, const char *what, uint64_t call,
+                        bool fp8_queries = false, bool asked_splits = false) {
+    if (planned_as_allowed(g, status, fp8_queries, asked_splits)) {
+        g.planned += status == FLASHCORE_STATUS_NO_DEVICE;
+        return true;
+    }
+    std::fprintf(stderr, "call %" PRIu64 ": an accepted %s did not plan on an emulated %s: %d (\"%s\")\n", call, what,
+                 g.name, int(status), flashcore_last_error_message());
+    return false;
+}
+
 bool plan_forward_on(EmulatedGpu &g, const flashcore_forward_params &p, uint64_t call) {
     size_t bytes = 0;
     const bool fp8_queries = p.dtype == FLASHCORE_DTYPE_FP8_E4M3;  // whatever header the caller has
     flashcore_status status = flashcore_forward_workspace_size(g.handle, &p, &bytes);
     if (status == FLASHCORE_STATUS_SUCCESS) status = flashcore_forward(g.handle, &p, kFakeWorkspace, bytes, nullptr);
     const bool asked_splits = p.struct_size >= kEndV0_3 && p.num_splits > 1;
-    if (planned_as_allowed(g, status, fp8_queries, asked_splits)) {
-        g.planned += status == FLASHCORE_STATUS_NO_DEVICE;
-        return true;
-    }
-    std::fprintf(stderr, "call %" PRIu64 ": an accepted forward call did not plan on an emulated %s: %d (\"%s\")\n",
-                 call, g.name, int(status), flashcore_last_error_message());
-    return false;
+    return counted_as_planned(g, status, "forward call", call, fp8_queries, asked_splits);
 }
 
 bool plan_backward_on(EmulatedGpu &g, const flashcore_backward_params &p, uint64_t call) {
     size_t bytes = 0;
     flashcore_status status = flashcore_backward_workspace_size(g.handle, &p, &bytes);
     if (status == FLASHCORE_STATUS_SUCCESS) status = flashcore_backward(g.handle, &p, kFakeWorkspace, bytes, nullptr);
-    if (planned_as_allowed(g, status, false)) {
-        g.planned += status == FLASHCORE_STATUS_NO_DEVICE;
-        return true;
-    }
-    std::fprintf(stderr, "call %" PRIu64 ": an accepted backward call did not plan on an emulated %s: %d (\"%s\")\n",
-                 call, g.name, int(status), flashcore_last_error_message());
-    return false;
+    return counted_as_planned(g, status, "backward call", call);
 }
 
 bool plan_merge_on(EmulatedGpu &g, const flashcore_merge_params &p, uint64_t call) {
-    const flashcore_status status = flashcore_merge_states(g.handle, &p, nullptr);
-    if (planned_as_allowed(g, status, false)) {
-        g.planned += status == FLASHCORE_STATUS_NO_DEVICE;
-        return true;
-    }
-    std::fprintf(stderr, "call %" PRIu64 ": an accepted merge did not plan on an emulated %s: %d (\"%s\")\n", call,
-                 g.name, int(status), flashcore_last_error_message());
-    return false;
+    return counted_as_planned(g, flashcore_merge_states(g.handle, &p, nullptr), "merge", call);
 }
 
 EmulatedGpu &gpu_for(uint64_t call) { return g_gpus[call % std::size(g_gpus)]; }
