@@ -155,7 +155,7 @@ def _forward_below_autograd(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, bloc
     their requires_grad, so that the call's plan is the one a plain call
     has, which the compiled path is then given."""
     if cu_seqlens_q is None and cu_seqlens_k is None and block_table is None:
-        fast = _fast if _fast is not None else _load_fast()
+        fast = _compiled_path()
         if fast:
             result = fast.call(q, k, v, None, seqused_k, descales[0], descales[1], descales[2], layout, options,
                                return_lse)

@@ -52,12 +52,17 @@ def find():
     return None
 
 
+def _same_layout(layout, struct):
+    """Whether (sizeof, {field: offset}) as the module was compiled agrees
+    with the ctypes struct."""
+    size, offsets = layout
+    return size == ctypes.sizeof(struct) and all(getattr(struct, f).offset == o for f, o in offsets.items())
+
+
 def fits_struct(module):
     """Whether the module was compiled against this package's
     flashcore_forward_params (its size and the fields it writes)."""
-    size, offsets = module.params_layout()
-    struct = _ffi.flashcore_forward_params
-    return size == ctypes.sizeof(struct) and all(getattr(struct, f).offset == o for f, o in offsets.items())
+    return _same_layout(module.params_layout(), _ffi.flashcore_forward_params)
 
 
 def fits_backward_struct(module):
@@ -65,11 +70,7 @@ def fits_backward_struct(module):
     flashcore_backward_params (its size and the fields backward() writes);
     False for a module from before the backward was served."""
     layout = getattr(module, "backward_params_layout", None)
-    if layout is None:
-        return False
-    size, offsets = layout()
-    struct = _ffi.flashcore_backward_params
-    return size == ctypes.sizeof(struct) and all(getattr(struct, f).offset == o for f, o in offsets.items())
+    return layout is not None and _same_layout(layout(), _ffi.flashcore_backward_params)
 
 
 def load(torch_api, kept_workspaces, forward_address=None, backward_address=None):
@@ -78,8 +79,9 @@ def load(torch_api, kept_workspaces, forward_address=None, backward_address=None
     binding's _TorchApi (_launch); kept_workspaces: its dict of workspaces
     per (device, stream). forward_address and backward_address:
     flashcore_forward's and flashcore_backward's unless given (stubs', to
-    time the binding alone). Where only the forward's struct fits, the
-    backward is left to the Python path (backward() then serves nothing)."""
+    time the binding alone). A module compiled against another header
+    (either struct differs, or it predates the backward's functions) is
+    not used: the Python path serves both directions."""
     if torch_api is None:
         return None
     try:
@@ -87,16 +89,15 @@ def load(torch_api, kept_workspaces, forward_address=None, backward_address=None
         module = find()
     except (FlashcoreError, OSError):
         return False  # no library: the Python path says why, as before
-    if module is None or not fits_struct(module):
+    if module is None or not fits_struct(module) or not fits_backward_struct(module):
         return False
     if forward_address is None:
         forward_address = ctypes.cast(lib.cdll.flashcore_forward, ctypes.c_void_p).value
     module.configure(forward_address, lib.check, torch_api.tensor, torch_api.is_grad_enabled, torch_api.empty,
                      torch_api.empty_like, torch_api.current_stream, torch_api.capturing, kept_workspaces)
-    if fits_backward_struct(module):
-        if backward_address is None:
-            backward_address = ctypes.cast(lib.cdll.flashcore_backward, ctypes.c_void_p).value
-        module.configure_backward(backward_address, torch_api.deterministic_enabled, torch_api.uint8)
+    if backward_address is None:
+        backward_address = ctypes.cast(lib.cdll.flashcore_backward, ctypes.c_void_p).value
+    module.configure_backward(backward_address, torch_api.deterministic_enabled, torch_api.uint8)
     return module
 
 
@@ -126,8 +127,6 @@ def remember_backward(module, arguments, plan):
     order; dout queued as given, not a copy): the module keys the plan on
     its own reading of them. Its backward() serves dense calls only (no
     cu_seqlens): it returns None for the others, which are not kept."""
-    if not hasattr(module, "remember_backward"):
-        return
     handle = _handle(plan.device)
     module.remember_backward(*arguments, plan.template, plan.workspace_bytes or 0, plan.torch_device, handle,
                              handle.value, plan.device)
