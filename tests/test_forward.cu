@@ -861,11 +861,18 @@ TEST(ForwardApi, RejectedCallsWriteNothing) {
     bad = w.params;
     bad.k = static_cast<const char *>(bad.k) + 2;
     EXPECT_EQ(flashcore_forward(handle.get(), &bad, nullptr, 0, nullptr), FLASHCORE_STATUS_MISALIGNED);
-    // Workspace: NULL with a non-zero size, and a misaligned pointer.
-    EXPECT_EQ(flashcore_forward(handle.get(), &w.params, nullptr, 64, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    // Workspace, where the call needs one (two splits; a call that needs none
+    // does not look at it: ForwardWorkspace.AnUnneededWorkspaceIsNotLookedAt):
+    // NULL, and a misaligned pointer.
+    bad = w.params;
+    bad.num_splits = 2;
+    size_t needed = 0;
+    ASSERT_EQ(flashcore_forward_workspace_size(handle.get(), &bad, &needed), FLASHCORE_STATUS_SUCCESS);
+    ASSERT_GT(needed, 0u);
+    EXPECT_EQ(flashcore_forward(handle.get(), &bad, nullptr, needed, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
     char *ws = nullptr;
-    FC_CHECK_CUDA(cudaMalloc(&ws, 256));
-    EXPECT_EQ(flashcore_forward(handle.get(), &w.params, ws + 4, 64, nullptr), FLASHCORE_STATUS_MISALIGNED);
+    FC_CHECK_CUDA(cudaMalloc(&ws, needed + FLASHCORE_ALIGNMENT));
+    EXPECT_EQ(flashcore_forward(handle.get(), &bad, ws + 4, needed, nullptr), FLASHCORE_STATUS_MISALIGNED);
     FC_CHECK_CUDA(cudaFree(ws));
     EXPECT_EQ(flashcore_forward(nullptr, &w.params, nullptr, 0, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
     FC_CHECK_CUDA(cudaDeviceSynchronize());
