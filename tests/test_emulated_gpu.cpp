@@ -352,6 +352,66 @@ TEST(EmulatedGpu, EveryCheckedBackwardCallPlans) {
     }
 }
 
+// Whether the TMA unit can describe the tensors is planning's to decide
+// (the plan is final before anything launches): on an H100, a batch of one
+// whose batch strides are 2^40 bytes (the stride of a dimension of extent 1
+// is the caller's to choose) plans on the portable kernels, forward and
+// backward; the same call with contiguous strides on the sm_90a ones.
+TEST(EmulatedGpu, PlanningDecidesWhatTheTmaUnitCanDescribe) {
+    EmulatedHandle h("h100");
+    constexpr int64_t kUndescribableBatchStride = int64_t(1) << 39;  // elements: 2^40 bytes of bf16
+    const auto plan_names = [](flashcore_status status, const char *kernel) -> testing::AssertionResult {
+        const testing::AssertionResult reached = planned(status, "h100");
+        if (!reached) return reached;
+        const std::string message = flashcore_last_error_message();
+        if (message.find(kernel) != std::string::npos) return testing::AssertionSuccess();
+        return testing::AssertionFailure() << "expected the " << kernel << " kernel: " << message;
+    };
+    // A grid the sm_90a kernels take: 1 x 16 heads x 64 blocks of 128 rows.
+    const struct {
+        int32_t batch, seqlen_q, seqlen_k, heads_q, heads_kv;
+        bool causal;
+        float softcap;
+    } one_batch{1, 8192, 8192, 16, 16, false, 0.f};
+    flashcore_forward_params p;
+    ASSERT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
+    p.dtype = FLASHCORE_DTYPE_BF16;
+    set_shape(p, one_batch, 128, 128);
+    p.q = fake_tensor(0), p.k = fake_tensor(1), p.v = fake_tensor(2), p.out = fake_tensor(3);
+    ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+    size_t workspace_bytes = 0;
+    EXPECT_TRUE(plan_names(forward_on(h.handle, p, &workspace_bytes), "sm_90a"));
+    for (int64_t *stride : {&p.q_batch_stride, &p.k_batch_stride, &p.v_batch_stride, &p.out_batch_stride}) {
+        const int64_t contiguous = *stride;
+        *stride = kUndescribableBatchStride;
+        ASSERT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+        EXPECT_TRUE(plan_names(forward_on(h.handle, p, &workspace_bytes), "portable"));
+        *stride = contiguous;
+    }
+
+    flashcore_backward_params b;
+    ASSERT_EQ(flashcore_backward_params_init(&b, sizeof b), FLASHCORE_STATUS_SUCCESS);
+    b.dtype = FLASHCORE_DTYPE_BF16;
+    set_shape(b, one_batch, 128, 128);
+    b.q = fake_tensor(0), b.k = fake_tensor(1), b.v = fake_tensor(2), b.out = fake_tensor(3);
+    b.dout = fake_tensor(4);
+    b.lse = static_cast<const float *>(fake_tensor(5));
+    b.dq = fake_tensor(6), b.dk = fake_tensor(7), b.dv = fake_tensor(8);
+    ASSERT_EQ(flashcore_backward_set_contiguous_strides(&b, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+    ASSERT_EQ(flashcore_backward_workspace_size(h.handle, &b, &workspace_bytes), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_TRUE(plan_names(flashcore_backward(h.handle, &b, fake_tensor(20), workspace_bytes, nullptr), "sm_90a"));
+    for (int64_t *stride : {&b.q_batch_stride, &b.k_batch_stride, &b.v_batch_stride, &b.dout_batch_stride}) {
+        const int64_t contiguous = *stride;
+        *stride = kUndescribableBatchStride;
+        ASSERT_EQ(flashcore_backward_check(&b), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+        size_t bytes = 0;
+        ASSERT_EQ(flashcore_backward_workspace_size(h.handle, &b, &bytes), FLASHCORE_STATUS_SUCCESS);
+        EXPECT_EQ(bytes, workspace_bytes) << "the workspace depends on the shapes only";
+        EXPECT_TRUE(plan_names(flashcore_backward(h.handle, &b, fake_tensor(20), bytes, nullptr), "portable"));
+        *stride = contiguous;
+    }
+}
+
 TEST(EmulatedGpu, MergePlans) {
     EmulatedHandle h("a10");
     flashcore_merge_params m;

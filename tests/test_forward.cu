@@ -728,6 +728,26 @@ TEST(ForwardLaunch, CallsAfterADeviceResetSucceed) {
     }
 }
 
+// A batch of one whose batch strides the TMA unit cannot take (2^40 bytes:
+// the stride of a dimension of extent 1 is the caller's to choose, and
+// PyTorch leaves it arbitrary). Planning gives the call to the portable
+// kernel (EmulatedGpu.PlanningDecidesWhatTheTmaUnitCanDescribe), whose
+// result is right; on GPUs without the sm_90a kernels, the same call.
+TEST(ForwardLaunch, StridesTheTmaUnitCannotTakeAreServed) {
+    FC_REQUIRE_GPU();
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    const FwdCase c{FLASHCORE_DTYPE_BF16, 128, false, 1, 16, 16, 2048, 2048, Layout::kBSHD};
+    std::mt19937_64 rng(fresh_seed());
+    Workload w(c, rng);
+    constexpr int64_t kUndescribableBatchStride = int64_t(1) << 39;  // elements: 2^40 bytes of bf16
+    w.params.q_batch_stride = w.params.k_batch_stride = kUndescribableBatchStride;
+    w.params.v_batch_stride = w.params.out_batch_stride = kUndescribableBatchStride;
+    w.poison_outputs();
+    ASSERT_EQ(run_forward(handle.get(), w.params), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    EXPECT_EQ(differences_from_reference(w), "");
+}
+
 // ---------------------------------------------------------------------------
 // Handle-dependent API behaviour.
 // ---------------------------------------------------------------------------

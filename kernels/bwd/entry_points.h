@@ -37,9 +37,10 @@ cudaError_t run_bwd_sm80(const BwdKernelParams &params, const LaunchOptions &opt
 template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, BwdVariant kVariant>
 BwdKernelInfo bwd_info_sm80(size_t max_smem_per_block);
 
-// The same on the sm_90a kernel (bwd/sm90/); returns cudaErrorNotSupported,
-// launching nothing, where the driver cannot describe a tensor for TMA (the
-// dispatcher then runs the portable kernel).
+// The same on the sm_90a kernel (bwd/sm90/). Planning chooses it only for
+// tensors the driver can describe to the TMA unit (bwd/sm90/tensor_maps.h);
+// should the driver refuse one anyway, it returns cudaErrorNotSupported,
+// launching nothing.
 template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, BwdVariant kVariant>
 cudaError_t run_bwd_sm90(const BwdKernelParams &params, const LaunchOptions &options, cudaStream_t stream);
 

@@ -30,6 +30,10 @@ struct FwdKernelInfo {
     // Whether the variant has a kernel for ragged batches (packed or paged
     // tensors: FwdKernelParams::ragged).
     bool serves_ragged;
+    // Whether the kernel stores O through TMA (the sm90 kernels up to head
+    // dim 128): planning then checks that the driver can describe out too
+    // (fwd/sm90/tensor_maps.h).
+    bool stores_out_by_tma = false;
 };
 
 // Registers of one SM (every GPU from sm_80 on) and the granularity in
@@ -63,9 +67,10 @@ cudaError_t run_fwd_sm80(const FwdKernelParams &params, const FwdLaunchOptions &
 template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 FwdKernelInfo fwd_info_sm80();
 
-// The sm_90a kernel. Returns cudaErrorNotSupported, having launched nothing,
-// when the driver cannot describe a tensor to the TMA unit; the caller then
-// uses the portable kernel.
+// The sm_90a kernel. Planning chooses it only for tensors the driver can
+// describe to the TMA unit (fwd/sm90/tensor_maps.h); should the driver
+// refuse one anyway, it returns cudaErrorNotSupported, having launched
+// nothing.
 template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream);
 

@@ -95,11 +95,38 @@ inline bool same_geometry(const TensorMapGeometry &a, const TensorMapGeometry &b
 static_assert(sizeof(TensorMapGeometry) == 4 * sizeof(uint32_t) + 7 * sizeof(uint64_t),
               "TensorMapGeometry must have no padding bytes, which memcmp would compare");
 
+}  // namespace detail
+
+// What cuTensorMapEncodeTiled takes (CUDA driver API, "Tensor Map Object
+// Management"): a base address and byte strides that are multiples of 16,
+// strides below 2^40, extents from 1 to 2^32.
+constexpr uint64_t kTensorMapAlignment = 16;
+constexpr uint64_t kMaxTensorMapByteStride = uint64_t(1) << 40;
+constexpr uint64_t kMaxTensorMapExtent = uint64_t(1) << 32;
+
+// Whether the driver can describe `base` with geometry `g`: planning asks
+// this before it chooses a kernel that reads through TMA, so that a launch
+// never finds out (src/fwd/dispatch.cpp, src/bwd/dispatch.cpp). The box is
+// the kernel's own (64 or 128 bytes wide: the panels' swizzles, sm90/ptx.cuh).
+inline bool describable(const TensorMapGeometry &g, const void *base) {
+    if (reinterpret_cast<uintptr_t>(base) % kTensorMapAlignment != 0) return false;
+    const uint32_t box_bytes = g.box_cols * detail::element_bytes(g.type);
+    if (box_bytes != 128 && box_bytes != 64) return false;
+    for (const uint64_t extent : g.dims) {
+        if (extent == 0 || extent > kMaxTensorMapExtent) return false;
+    }
+    for (const uint64_t stride : g.byte_strides) {
+        if (stride % kTensorMapAlignment != 0 || stride >= kMaxTensorMapByteStride) return false;
+    }
+    return true;
+}
+
+namespace detail {
+
 inline bool encode(CUtensorMap *map, const TensorMapGeometry &g, const void *base) {
     const PFN_cuTensorMapEncodeTiled_v12000 encode_tiled = tensor_map_encoder();
-    if (encode_tiled == nullptr) return false;
+    if (encode_tiled == nullptr || !describable(g, base)) return false;
     const uint32_t box_bytes = g.box_cols * element_bytes(g.type);
-    if (box_bytes != 128 && box_bytes != 64) return false;  // the panels' swizzles (sm90/ptx.cuh)
     const cuuint64_t dims[4] = {g.dims[0], g.dims[1], g.dims[2], g.dims[3]};
     const cuuint64_t strides[3] = {g.byte_strides[0], g.byte_strides[1], g.byte_strides[2]};
     const cuuint32_t box[4] = {g.box_cols, g.box_rows, 1, 1};

@@ -20,9 +20,9 @@ struct CallSteps<flashcore_backward_params> {
     }
     static bool is_empty(const flashcore_backward_params &p) { return backward_is_empty(p); }
     // The workspace depends on the shapes only, not on the device.
-    static flashcore_status workspace_bytes(const flashcore_handle_s &, const flashcore_backward_params &p,
+    static flashcore_status workspace_bytes(const flashcore_handle_s &handle, const flashcore_backward_params &p,
                                             size_t *bytes) {
-        return backward_workspace_bytes(p, bytes);
+        return backward_workspace_bytes(handle, p, bytes);
     }
     static flashcore_status launch(const flashcore_handle_s &handle, const flashcore_backward_params &p,
                                    void *workspace, size_t workspace_bytes, void *stream) {

@@ -6,6 +6,7 @@
 
 #include "bwd/backward_params.h"
 #include "bwd/registry.h"
+#include "bwd/sm90/tensor_maps.h"
 #include "bwd/validate.h"
 #include "error.h"
 #include "fwd/forward_params.h"
@@ -31,7 +32,8 @@ bool dq_accum_bytes(const flashcore_backward_params &p, size_t *bytes) {
 
 }  // namespace
 
-flashcore_status plan_backward(const flashcore_backward_params &p, BackwardPlan *plan) {
+flashcore_status plan_backward(const flashcore_handle_s &handle, const flashcore_backward_params &p,
+                               BackwardPlan *plan) {
     const HeadDims call{p.head_dim, effective_head_dim_v(forward_view(p))};
     HeadDims dims{};
     if (!bwd_covering_head_dims(call, &dims)) {
@@ -45,6 +47,17 @@ flashcore_status plan_backward(const flashcore_backward_params &p, BackwardPlan 
         return fail(FLASHCORE_STATUS_INTERNAL, "no portable backward kernel for head dims (%d, %d) in the registry",
                     int(dims.head_dim), int(dims.head_dim_v));
     }
+    // The sm_90a kernel where the handle may use it, it has the call's head
+    // dims (no softcap: its dS has no (1 - tanh^2) factor) and fits the
+    // handle's shared memory, and the TMA unit can describe the tensors.
+    if (handle.env.bwd_use_sm90 && p.softcap == 0.f) {
+        const BwdKernel *sm90 =
+            bwd_kernels().find(KernelPath::kSm90, kernel->input, kernel->kv, kernel->dims, BwdVariant::kHopper);
+        if (sm90 != nullptr && sm90->info(handle.max_smem_per_block).smem_bytes <= handle.max_smem_per_block &&
+            sm90::bwd_maps_describable(bwd_kernel_params(p, nullptr), sm90->input)) {
+            kernel = sm90;
+        }
+    }
     size_t bytes = 0;
     if (!dq_accum_bytes(p, &bytes)) {
         return fail(FLASHCORE_STATUS_UNSUPPORTED,
@@ -56,9 +69,10 @@ flashcore_status plan_backward(const flashcore_backward_params &p, BackwardPlan 
     return FLASHCORE_STATUS_SUCCESS;
 }
 
-flashcore_status backward_workspace_bytes(const flashcore_backward_params &p, size_t *bytes) {
+flashcore_status backward_workspace_bytes(const flashcore_handle_s &handle, const flashcore_backward_params &p,
+                                          size_t *bytes) {
     BackwardPlan plan;
-    const flashcore_status status = plan_backward(p, &plan);
+    const flashcore_status status = plan_backward(handle, p, &plan);
     if (status == FLASHCORE_STATUS_SUCCESS) *bytes = plan.workspace_bytes;
     return status;
 }
@@ -66,22 +80,13 @@ flashcore_status backward_workspace_bytes(const flashcore_backward_params &p, si
 flashcore_status launch_backward(const flashcore_handle_s &handle, const flashcore_backward_params &p,
                                  void *workspace, size_t workspace_bytes, void *stream) {
     BackwardPlan plan;
-    flashcore_status status = plan_backward(p, &plan);
+    flashcore_status status = plan_backward(handle, p, &plan);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     ByteRange ranges[kMaxBackwardRanges + 1];
     status = check_workspace(workspace, workspace_bytes, plan.workspace_bytes, "flashcore_backward_workspace_size",
                              "the fp32 dQ accumulator", ranges, backward_ranges(p, ranges));
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    // The sm_90a kernel where the handle may use it and it has the plan's
-    // head dims (no softcap: its dS has no (1 - tanh^2) factor).
     const BwdKernel *kernel = plan.kernel;
-    if (handle.env.bwd_use_sm90 && p.softcap == 0.f) {
-        const BwdKernel *sm90 = bwd_kernels().find(KernelPath::kSm90, kernel->input, kernel->kv,
-                                                    kernel->dims, BwdVariant::kHopper);
-        if (sm90 != nullptr && sm90->info(handle.max_smem_per_block).smem_bytes <= handle.max_smem_per_block) {
-            kernel = sm90;
-        }
-    }
     // The configuration the launch runs on this device (its limit picks it:
     // LaunchOptions::max_smem_per_block below).
     const BwdKernelInfo info = kernel->info(handle.max_smem_per_block);
@@ -118,13 +123,13 @@ flashcore_status launch_backward(const flashcore_handle_s &handle, const flashco
     const char *failed_call = "the launch";
     const LaunchOptions options{handle.env.persistent_ctas, &failed_call, 0, handle.device,
                                 handle.max_smem_per_block, handle.env.fail_opt_in};
-    cudaError_t err = kernel->run(kparams, options, static_cast<cudaStream_t>(stream));
-    // A tensor the driver cannot describe for TMA: nothing was launched;
-    // the portable kernel (whose grids the checks above cover: its blocks
-    // are no smaller) serves the call.
-    if (err == cudaErrorNotSupported && kernel != plan.kernel) {
-        failed_call = "the launch";
-        err = plan.kernel->run(kparams, options, static_cast<cudaStream_t>(stream));
+    const cudaError_t err = kernel->run(kparams, options, static_cast<cudaStream_t>(stream));
+    if (err == cudaErrorNotSupported && kernel->path == KernelPath::kSm90) {
+        // Planning found the tensors describable (bwd_maps_describable): the
+        // driver disagrees. Nothing was launched.
+        return fail(FLASHCORE_STATUS_INTERNAL,
+                    "the driver refused a TMA descriptor of q, dout, k or v that planning found describable "
+                    "(cuTensorMapEncodeTiled); nothing was launched");
     }
     if (err != cudaSuccess) {
         char operation[160];

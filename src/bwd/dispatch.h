@@ -19,11 +19,17 @@ struct BackwardPlan {
     size_t workspace_bytes = 0;
 };
 
-// The plan for validated, non-empty parameters. It depends only on the
-// shapes (flashcore_backward_workspace_size's promise), not on the device.
-flashcore_status plan_backward(const flashcore_backward_params &params, BackwardPlan *plan);
+// The plan for validated, non-empty parameters on the handle's device,
+// final before anything launches: the sm_90a kernel where the handle may
+// use it, it has the call's head dims, fits the handle's shared memory and
+// the TMA unit can describe the tensors; else the portable one. Its
+// workspace depends only on the shapes (flashcore_backward_workspace_size's
+// promise), whichever kernel it chose.
+flashcore_status plan_backward(const flashcore_handle_s &handle, const flashcore_backward_params &params,
+                               BackwardPlan *plan);
 
-flashcore_status backward_workspace_bytes(const flashcore_backward_params &params, size_t *bytes);
+flashcore_status backward_workspace_bytes(const flashcore_handle_s &handle, const flashcore_backward_params &params,
+                                          size_t *bytes);
 
 flashcore_status launch_backward(const flashcore_handle_s &handle, const flashcore_backward_params &params,
                                  void *workspace, size_t workspace_bytes, void *stream);

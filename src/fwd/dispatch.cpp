@@ -9,6 +9,7 @@
 #include "error.h"
 #include "fwd/forward_params.h"
 #include "fwd/registry.h"
+#include "fwd/sm90/tensor_maps.h"
 #include "fwd/validate.h"
 #include "handle.h"
 #include "merge/merge.h"
@@ -223,6 +224,13 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
 // the handle allows (only under FLASHCORE_TEST_SMEM_PER_BLOCK: the sm_90a
 // kernels fit every GPU they run on). The sm_90a kernel never packs GQA
 // heads.
+// Whether the driver can describe the call's tensors to the TMA unit as the
+// sm90 kernel `kernel` reads and writes them.
+bool tma_describes(const flashcore_forward_params &p, const FwdKernel &kernel) {
+    return sm90::fwd_maps_describable(kernel_params(p), kernel.input, kernel.output,
+                                      kernel.info().stores_out_by_tma);
+}
+
 bool plan_sm90(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype, HeadDims dims,
                ForwardPlan *plan) {
     if (!handle.env.use_sm90) return false;
@@ -231,6 +239,8 @@ bool plan_sm90(const flashcore_handle_s &handle, const flashcore_forward_params 
     if (p.seqlen_q < kSm90MinSeqlenQ && !handle.env.sm90_forced) return false;
     const FwdKernel *sm90 = fwd_kernels().find(KernelPath::kSm90, dtype, dtype, dims, FwdVariant::kPersistent);
     if (sm90 == nullptr || sm90->info().smem_bytes > handle.max_smem_per_block) return false;
+    // Tensors the TMA unit cannot describe: the portable kernel serves them.
+    if (!tma_describes(p, *sm90)) return false;
     const int64_t blocks = num_blocks(p, *sm90, 1);
     if (blocks > INT_MAX / std::max<int64_t>(p.num_splits, 1)) return false;
     const int splits =
@@ -265,6 +275,11 @@ flashcore_status plan_fp8(const flashcore_handle_s &handle, const flashcore_forw
                     "memory per block; the handle allows %zu (FLASHCORE_TEST_SMEM_PER_BLOCK lowers device %d's limit)",
                     int(dims.head_dim), int(dims.head_dim_v), kernel->info().smem_bytes, handle.max_smem_per_block,
                     handle.device);
+    }
+    if (!tma_describes(p, *kernel)) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "the TMA unit cannot describe q, k, v or out as given (fp8 queries run on the sm_90a kernels "
+                    "only): every stride below 2^40 bytes, every extent from 1 to 2^32");
     }
     const int64_t blocks = num_blocks(p, *kernel, 1);
     if (blocks > INT_MAX / std::max<int64_t>(p.num_splits, 1)) {
@@ -451,24 +466,12 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
                                    handle.device, handle.max_smem_per_block, handle.env.fail_opt_in};
     const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
     cudaError_t err = plan.kernel->run(kparams, options, cuda_stream);
-    if (err == cudaErrorNotSupported && has_fp8_queries(p)) {
-        return fail(FLASHCORE_STATUS_UNSUPPORTED,
-                    "the TMA unit cannot describe q, k, v or out as given (fp8 queries run on the sm_90a kernels "
-                    "only): every stride a multiple of 16 bytes, every extent below 2^32");
-    }
     if (err == cudaErrorNotSupported && plan.kernel->path == KernelPath::kSm90) {
-        // Tensors the TMA unit cannot describe, nothing launched: the
-        // portable kernel serves them, with the same splits (so the same
-        // workspace) and no packing.
-        const FwdKernel *portable = nullptr;
-        HeadDims dims = plan.kernel->dims;
-        status = choose_sm80(handle, p, DType(p.dtype), dims, 1, &portable);
-        if (status != FLASHCORE_STATUS_SUCCESS) return status;
-        if (num_blocks(p, *portable, 1) > INT_MAX) {
-            return fail(FLASHCORE_STATUS_UNSUPPORTED, "the call's grid exceeds the portable kernel's limit (%d)",
-                        INT_MAX);
-        }
-        err = portable->run(kparams, options, cuda_stream);
+        // Planning found the tensors describable (tma_describes): the
+        // driver disagrees. Nothing was launched.
+        return fail(FLASHCORE_STATUS_INTERNAL,
+                    "the driver refused a TMA descriptor of q, k, v or out that planning found describable "
+                    "(cuTensorMapEncodeTiled); nothing was launched");
     }
     if (err != cudaSuccess) {
         char operation[160];

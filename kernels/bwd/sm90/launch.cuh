@@ -13,6 +13,7 @@
 #include "bwd/passes.cuh"
 #include "bwd/sm90/config.cuh"
 #include "bwd/sm90/kernel.cuh"
+#include "bwd/sm90/tensor_maps.h"
 #include "sm90/tensor_map.cuh"
 
 namespace flashcore {
@@ -32,43 +33,14 @@ cudaError_t run_bwd_sm90(const BwdKernelParams &params, const LaunchOptions &opt
     const FwdKernelParams &f = params.fwd;
     sm90::BwdSm90Params p{};
     p.bwd = bwd_schedule_params<Traits>(params, options);
-    // The maps' (seq, batch) extents: packed tensors are one batch of all
-    // their rows (a packed map's batch stride is unused but must be one the
-    // driver accepts).
-    const bool packed_q = f.cu_seqlens_q != nullptr;
-    const bool packed_kv = f.cu_seqlens_k != nullptr;
-    const int q_rows = packed_q ? f.total_seqlen_q : f.seqlen_q;
-    const int q_batches = packed_q ? 1 : f.batch_size;
-    const int kv_rows = packed_kv ? f.total_seqlen_k : f.seqlen_k;
-    const int kv_batches = packed_kv ? 1 : f.batch_size;
-    using sm90::TensorRole;
-    using sm90::tensor_geometry;
+    const sm90::BwdMapGeometries maps =
+        sm90::bwd_map_geometries(params, kInput, Traits::kPanelCols, Traits::kBlockM, Traits::kBlockN);
+    // Planning checked that the driver can describe these
+    // (bwd_maps_describable): a refusal here is the launch's error.
     using sm90::tensor_map;
-    // Without query rows (dk and dv are zeros) the kernel reads no Q or dO,
-    // and a map of no rows cannot be encoded.
-    const bool encoded =
-        (q_rows == 0 || tensor_map(&p.tma_q,
-                   tensor_geometry(TensorRole::kQ, kInput, f.head_dim, q_rows, f.num_heads_q, q_batches,
-                                   f.q_seq_stride, f.q_head_stride, packed_q ? f.q_seq_stride : f.q_batch_stride,
-                                   Traits::kPanelCols, Traits::kBlockM),
-                   f.q)) &&
-        (q_rows == 0 || tensor_map(&p.tma_dout,
-                   tensor_geometry(TensorRole::kDout, kInput, f.head_dim_v, q_rows, f.num_heads_q, q_batches,
-                                   params.dout_seq_stride, params.dout_head_stride,
-                                   packed_q ? params.dout_seq_stride : params.dout_batch_stride, Traits::kPanelCols,
-                                   Traits::kBlockM),
-                   params.dout)) &&
-        tensor_map(&p.tma_k,
-                   tensor_geometry(TensorRole::kK, kInput, f.head_dim, kv_rows, f.num_heads_kv, kv_batches,
-                                   f.k_seq_stride, f.k_head_stride, packed_kv ? f.k_seq_stride : f.k_batch_stride,
-                                   Traits::kPanelCols, Traits::kBlockN),
-                   f.k) &&
-        tensor_map(&p.tma_v,
-                   tensor_geometry(TensorRole::kV, kInput, f.head_dim_v, kv_rows, f.num_heads_kv, kv_batches,
-                                   f.v_seq_stride, f.v_head_stride, packed_kv ? f.v_seq_stride : f.v_batch_stride,
-                                   Traits::kPanelCols, Traits::kBlockN),
-                   f.v);
-    // The dispatcher falls back to the portable kernel.
+    const bool encoded = (!sm90::bwd_reads_queries(params) ||
+                          (tensor_map(&p.tma_q, maps.q, f.q) && tensor_map(&p.tma_dout, maps.dout, params.dout))) &&
+                         tensor_map(&p.tma_k, maps.k, f.k) && tensor_map(&p.tma_v, maps.v, f.v);
     if (!encoded) return cudaErrorNotSupported;
 
     return run_bwd_passes<Traits>(p.bwd, options, stream, sm90::flash_bwd_sm90_kernel<Traits>, p);

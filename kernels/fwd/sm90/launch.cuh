@@ -1,5 +1,5 @@
 // Host-side launch of the sm90 kernel: the configuration for the call
-// (config.cuh), the TMA descriptors of Q, K, V and O (tensor_map.cuh), then
+// (config.cuh), the TMA descriptors of Q, K, V and O (tensor_maps.h), then
 // the launch. Included only by the generated sm_90a translation units
 // (kernels/CMakeLists.txt).
 #pragma once
@@ -14,6 +14,7 @@
 #include "fwd/entry_points.h"
 #include "fwd/sm90/config.cuh"
 #include "fwd/sm90/kernel.cuh"
+#include "fwd/sm90/tensor_maps.h"
 #include "sm90/tensor_map.cuh"
 
 namespace flashcore::sm90 {
@@ -47,13 +48,14 @@ FwdKernelInfo fwd_info_sm90() {
     using Traits = typename sm90::Sm90Config<kInput, kOutput, kHeadDim, kHeadDimV>::Traits;
     // One CTA per SM: __launch_bounds__(threads, 1), and the consumers take
     // the registers the producer gives up.
-    return {Traits::kSmemBytes, Traits::kBlockM, Traits::kBlockN, 1, true};
+    return {Traits::kSmemBytes, Traits::kBlockM, Traits::kBlockN, 1, true,
+            Traits::kOutputPath == sm90::OutputPath::kTmaStore};
 }
 
 namespace sm90 {
 
 // The call on the kernel of Traits with Cap (Softcap or NoSoftcap): the TMA
-// descriptors of Q, K, V and O for the call (tensor_map.cuh), the schedule,
+// descriptors of Q, K, V and O for the call (tensor_maps.h), the schedule,
 // then the launch. kServesRagged: whether the kernel for ragged batches is
 // built (not for configurations that dense calls alone choose).
 template <DType kInput, DType kOutput, typename Traits, typename Cap, bool kServesRagged = true>
@@ -62,47 +64,17 @@ cudaError_t run_with_traits(const FwdKernelParams &params, const FwdLaunchOption
     Sm90KernelParams p{};
     p.fwd = params;
     p.first_kv_position = options.first_kv_position;
-    // The maps' (seq, batch) extents: packed tensors are one batch of all
-    // their rows, a paged pool is num_pages batches of page_size rows read a
-    // page's share of a tile per box.
-    const bool packed_q = params.cu_seqlens_q != nullptr;
-    const int q_rows = packed_q ? params.total_seqlen_q : params.seqlen_q;
-    const int q_batches = packed_q ? 1 : params.batch_size;
     const bool paged = params.block_table != nullptr;
-    const bool packed_kv = params.cu_seqlens_k != nullptr;
-    const int kv_rows = paged ? params.page_size : packed_kv ? params.total_seqlen_k : params.seqlen_k;
-    const int kv_batches = paged ? params.num_pages : packed_kv ? 1 : params.batch_size;
-    // The batch dimension of a packed map has extent 1; its stride is
-    // unused but must be one the driver accepts.
-    const int64_t q_batch_stride = packed_q ? params.q_seq_stride : params.q_batch_stride;
-    const int64_t out_batch_stride = packed_q ? params.out_seq_stride : params.out_batch_stride;
-    const int64_t k_batch_stride = packed_kv ? params.k_seq_stride : params.k_batch_stride;
-    const int64_t v_batch_stride = packed_kv ? params.v_seq_stride : params.v_batch_stride;
     p.kv_box_rows = paged ? std::gcd(params.page_size, Traits::kBlockN) : Traits::kBlockN;
-    const bool encoded =
-        tensor_map(&p.tma_q,
-                   tensor_geometry(TensorRole::kQ, kInput, params.head_dim, q_rows, params.num_heads_q, q_batches,
-                                   params.q_seq_stride, params.q_head_stride, q_batch_stride, kCols,
-                                   Traits::kBlockM),
-                   params.q) &&
-        tensor_map(&p.tma_k,
-                   tensor_geometry(TensorRole::kK, kInput, params.head_dim, kv_rows, params.num_heads_kv,
-                                   kv_batches, params.k_seq_stride, params.k_head_stride, k_batch_stride, kCols,
-                                   p.kv_box_rows),
-                   params.k) &&
-        tensor_map(&p.tma_v,
-                   tensor_geometry(TensorRole::kV, kInput, params.head_dim_v, kv_rows, params.num_heads_kv,
-                                   kv_batches, params.v_seq_stride, params.v_head_stride, v_batch_stride, kCols,
-                                   p.kv_box_rows),
-                   params.v) &&
-        // O leaves through TMA only from staging (OutputPath::kTmaStore).
-        (Traits::kOutputPath != OutputPath::kTmaStore ||
-         tensor_map(&p.tma_o,
-                    tensor_geometry(TensorRole::kO, kOutput, params.head_dim_v, q_rows, params.num_heads_q,
-                                    q_batches, params.out_seq_stride, params.out_head_stride, out_batch_stride,
-                                    Traits::kOutPanelCols, Traits::kRowsPerConsumer),
-                    params.out));
-    // The dispatcher falls back to the portable kernel.
+    const FwdMapGeometries maps = fwd_map_geometries(
+        params, kInput, kOutput,
+        {kCols, Traits::kBlockM, p.kv_box_rows, Traits::kOutPanelCols, Traits::kRowsPerConsumer});
+    // Planning checked that the driver can describe these
+    // (fwd_maps_describable): a refusal here is the launch's error.
+    const bool encoded = tensor_map(&p.tma_q, maps.q, params.q) && tensor_map(&p.tma_k, maps.k, params.k) &&
+                         tensor_map(&p.tma_v, maps.v, params.v) &&
+                         // O leaves through TMA only from staging (OutputPath::kTmaStore).
+                         (Traits::kOutputPath != OutputPath::kTmaStore || tensor_map(&p.tma_o, maps.out, params.out));
     if (!encoded) return cudaErrorNotSupported;
 
     // Persistent: one CTA per SM at most, each walking its share of the
@@ -127,6 +99,8 @@ cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &
     using Config = sm90::Sm90Config<kInput, kOutput, kHeadDim, kHeadDimV>;
     using Traits = typename Config::Traits;
     if constexpr (Config::kHasWide) {
+        static_assert(Config::WideTraits::kOutputPath == Traits::kOutputPath,
+                      "fwd_info_sm90's stores_out_by_tma stands for both configurations");
         // The dispatcher planned by the two-warpgroup configuration, which
         // fits the handle's shared memory; the wide one may not, under
         // FLASHCORE_TEST_SMEM_PER_BLOCK (options.max_smem_per_block).
