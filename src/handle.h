@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "fwd/params.h"
+#include "common/params.h"
 #include "flashcore.h"
 
 namespace flashcore {

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "common/launch_options.h"
-#include "fwd/params.h"
+#include "common/params.h"
 
 namespace flashcore {
 

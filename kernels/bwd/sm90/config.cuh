@@ -24,7 +24,7 @@
 //                                      reduction a step, issued by a
 //                                      producer warp), in the portable
 //                                      kernel's fragment order
-//                                      (dq_accumulator.cuh)
+//                                      (bwd/dq_accumulator.cuh)
 // Swapping S and dP to S^T and dP^T puts the keys on wgmma's M, so their
 // accumulators feed dV and dK from registers and only dS goes through shared
 // memory.
@@ -120,7 +120,7 @@ struct BwdSm90Traits {
     static constexpr int kDqRows = kDqSplitRows ? kBlockM / kConsumerWarpgroups : kBlockM;
     static constexpr int kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / kConsumerWarpgroups;
 
-    // The dQ accumulator's fragment order (bwd/sm80/dq_accumulator.cuh,
+    // The dQ accumulator's fragment order (bwd/dq_accumulator.cuh,
     // shared with the convert kernel) in its terms: 8 warps, each an m16
     // strip of the block's rows and kDqCols columns, one pass.
     static constexpr int kNumWarps = kConsumerThreads / kWarpSize;

@@ -22,9 +22,9 @@
 #include <cstdint>
 
 #include "bwd/params.h"
-#include "bwd/sm80/dq_accumulator.cuh"
-#include "bwd/sm80/row_stats.cuh"
-#include "bwd/sm80/scheduler.cuh"
+#include "bwd/dq_accumulator.cuh"
+#include "bwd/row_stats.cuh"
+#include "bwd/scheduler.cuh"
 #include "bwd/sm90/config.cuh"
 #include "common/element.cuh"
 #include "common/fragment_layout.cuh"

@@ -1,6 +1,16 @@
-// Parameters of one forward launch, shared by the host dispatcher (src/) and
-// the kernels. Plain data only: this header is included by host C++ files
-// that are not compiled by nvcc.
+// The parameter block every kernel family reads: the forward launch's
+// tensors, strides, sizes, scale, mask window, softcap and key-range inputs
+// (seqused_k, cu_seqlens, block_table), and the device helpers that decode
+// them (a batch's sequences, descale factors, pages). The forward fills it
+// for its own launches; the backward embeds it whole (BwdKernelParams::fwd,
+// bwd/params.h) and the merge kernel and the shared schedulers
+// (common/key_range.cuh, sm90/tile_scheduler.cuh) read it. Its split-KV,
+// GQA-packing and paged-cache fields are the forward's only, but they stay in
+// this one struct: taking them out would change the layout the backward's
+// kernels see.
+//
+// Plain data only: this header is included by host C++ files that are not
+// compiled by nvcc.
 #pragma once
 
 #include <cstdint>
@@ -103,7 +113,7 @@ struct FwdKernelParams {
     // the workspace in fp32 (not to out and lse):
     //   partial_out [num_splits][batch_size][num_heads_q][seqlen_q][head_dim_v]
     //   partial_lse [num_splits][batch_size][num_heads_q][seqlen_q]
-    // and the merge kernel (common/merge_states.cuh) combines them.
+    // and the merge kernel (merge/merge_states.cu) combines them.
     int num_splits;
     // Under a split, the keys a part holds at least (0: every block's keys
     // cut into num_splits equal parts): a block whose keys would fill fewer
