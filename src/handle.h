@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "common/params.h"
+#include "fwd/params.h"
 #include "flashcore.h"
 
 namespace flashcore {

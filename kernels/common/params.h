@@ -7,7 +7,7 @@
 // (common/key_range.cuh, sm90/tile_scheduler.cuh) read it. Its split-KV,
 // GQA-packing and paged-cache fields are the forward's only, but they stay in
 // this one struct: taking them out would change the layout the backward's
-// kernels see.
+// kernels see. The forward's own tile enum is in fwd/params.h.
 //
 // Plain data only: this header is included by host C++ files that are not
 // compiled by nvcc.
@@ -18,14 +18,6 @@
 #include "common/types.h"
 
 namespace flashcore {
-
-// Tile variants (fwd/tiles.def): the dispatcher picks one per call among
-// those built for the call's path and head dims.
-enum class FwdVariant : int {
-#define FLASHCORE_FWD_TILE(name, enumerator, value, path, pinnable) enumerator = value,
-#include "fwd/tiles.def"
-#undef FLASHCORE_FWD_TILE
-};
 
 struct FwdKernelParams {
     const void *q;

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "common/launch_options.h"
-#include "common/params.h"
+#include "fwd/params.h"
 
 namespace flashcore {
 

@@ -41,7 +41,7 @@
 
 #include "common/element.cuh"
 #include "common/launch_options.h"
-#include "common/params.h"
+#include "fwd/params.h"
 #include "fwd/sm80/traits.cuh"
 
 namespace flashcore {
