@@ -53,7 +53,7 @@ struct BwdSm90Traits {
     static constexpr int kStages = 2;  // Q/dO buffers (and dS buffers)
     static constexpr bool kRotatedWalk = true;  // BwdKernelParams::rotated_walk
     // The deterministic mode's dQ counts released two steps at once
-    // (kernel.cuh, bwd_write_dq): where a step is at most half a key
+    // (dq_writer.cuh, bwd_write_dq): where a step is at most half a key
     // block's rows (head dim 128), so that under a causal mask the next key
     // block reaches a query block two steps later. At head dim 64 (steps of
     // kBlockN rows) the held count cost the key blocks waiting for it more
@@ -96,7 +96,7 @@ struct BwdSm90Traits {
     static constexpr uint32_t kDOffset = kLseOffset + kStages * kRowStatBytes;
     // A step's dQ (fp32, kBlockM x kHeadDim) on its way to the workspace:
     // the consumers store it, a producer warp adds it there with one bulk
-    // reduction (kernel.cuh). Two buffers where they fit (head dim 128): the
+    // reduction (dq_writer.cuh). Two buffers where they fit (head dim 128): the
     // consumers then store a step's dQ while the last one's is still being
     // added, which in the deterministic mode includes the wait for its turn.
     static constexpr uint32_t kDqBytes = kBlockM * kHeadDim * sizeof(float);
