@@ -23,7 +23,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "bwd/sm80/scheduler.cuh"
+#include "bwd/scheduler.cuh"
 #include "common/key_range.cuh"
 
 namespace {
@@ -461,7 +461,7 @@ TEST(KeyRange, LongSequencesDoNotOverflow) {
     expect_no_failures(failures, masks);
 }
 
-// The backward's rotated walk (bwd/sm80/scheduler.cuh): for walks of T steps
+// The backward's rotated walk (bwd/scheduler.cuh): for walks of T steps
 // and N key blocks (T * N < 2^31), key block n starts at bwd_walk_start and
 // goes round, so it reaches the query block at place P on step (P -
 // start(n)) mod T. bwd_rotated_rank must give, for every place, each key

@@ -6,13 +6,13 @@
 // and ragged batches, so its parameter block embeds the forward's (`fwd`:
 // q, k, v, out, lse, their strides, sizes, scale, window, softcap,
 // seqused_k, cu_seqlens): KeyMask, the tile coordinates and the batch
-// sequences (fwd/params.h, fwd/tile_coords.cuh) serve both families
+// sequences (common/params.h, common/tile_coords.cuh) serve both families
 // unchanged. fwd.out and fwd.lse are inputs here.
 #pragma once
 
 #include <cstdint>
 
-#include "fwd/params.h"
+#include "common/params.h"
 
 namespace flashcore {
 
@@ -55,7 +55,7 @@ struct BwdKernelParams {
 
     // Non-zero: dQ's additions from the key blocks of a (batch, head) are
     // made in a fixed order, each waiting for the one before (a counter per
-    // query block, kept in dq's scratch words: bwd/sm80/row_stats.cuh), so
+    // query block, kept in dq's scratch words: bwd/row_stats.cuh), so
     // the sums round the same way every run.
     bool deterministic;
 
@@ -64,7 +64,7 @@ struct BwdKernelParams {
     // K/V head) fit on the GPU at once, with room for a second such call
     // (at most half the SMs, LaunchOptions::max_persistent_ctas): each key
     // block's CTA starts its walk over the query blocks at its own place
-    // (bwd/sm80/scheduler.cuh).
+    // (bwd/scheduler.cuh).
     bool rotated_walk;
 };
 

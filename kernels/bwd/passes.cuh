@@ -1,6 +1,6 @@
 // The three launches of a backward pass, in stream order, for either path's
 // main kernel: the preprocess (row_kernels.cuh), the main kernel (a CTA per
-// key block of each (batch, K/V head): sm80/scheduler.cuh), and the convert
+// key block of each (batch, K/V head): scheduler.cuh), and the convert
 // kernel (convert.cuh), which reads the dQ accumulator in the fragment order
 // of Traits (both paths' main kernels add it in DqAccumLayout<Traits>).
 // Host code of the generated translation units only.
@@ -9,16 +9,16 @@
 #include <cuda_runtime.h>
 
 #include "bwd/params.h"
-#include "bwd/sm80/convert.cuh"
-#include "bwd/sm80/row_kernels.cuh"
-#include "bwd/sm80/scheduler.cuh"
+#include "bwd/convert.cuh"
+#include "bwd/row_kernels.cuh"
+#include "bwd/scheduler.cuh"
 #include "common/dynamic_smem.cuh"
 #include "common/launch_options.h"
 
 namespace flashcore {
 
 // The rotated walk needs a head's key blocks on the GPU together: any of
-// them may wait for any other (bwd/sm80/scheduler.cuh). CTAs are
+// them may wait for any other (bwd/scheduler.cuh). CTAs are
 // dispatched in grid order, so a call has at most one head part launched,
 // and its launched key blocks may wait for the rest. It is taken where a
 // head's key blocks number at most the SMs over this many calls, so that

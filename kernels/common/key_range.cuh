@@ -19,7 +19,7 @@
 #include <cmath>
 
 #include "common/fragment_layout.cuh"
-#include "fwd/params.h"
+#include "common/params.h"
 
 namespace flashcore {
 

@@ -5,7 +5,7 @@
 // three destinations, and with_output_destination() below is the one place
 // that picks it:
 //   - a split-KV part (p.num_splits > 1): fp32 rows and LSE values in the
-//     workspace, for the merge kernel (fwd/params.h gives the layout);
+//     workspace, for the merge kernel (common/params.h gives the layout);
 //   - a GQA-packed tile (p.packed_heads > 1; the portable kernel only): its
 //     rows belong to several query heads of out and lse;
 //   - otherwise the plain block: rows [first query, + valid_rows) of one
@@ -38,8 +38,8 @@
 #include "common/element.cuh"
 #include "common/fragment_layout.cuh"
 #include "common/ptx.cuh"
-#include "fwd/params.h"
-#include "fwd/tile_coords.cuh"
+#include "common/params.h"
+#include "common/tile_coords.cuh"
 
 namespace flashcore {
 
@@ -127,7 +127,7 @@ struct PlainBlock {
     __device__ __forceinline__ BlockRows<T> rows() const { return block_rows<T>(p, tile, block_m); }
 };
 
-// The workspace rows of split-KV part `split` (fwd/params.h gives the
+// The workspace rows of split-KV part `split` (common/params.h gives the
 // layout).
 __device__ __forceinline__ ScatteredRows<float> split_part_rows(const FwdKernelParams &p, const FwdTile &tile,
                                                                 int block_m, int split) {

@@ -17,7 +17,7 @@
 #include <cstdint>
 
 #include "common/fragment_layout.cuh"
-#include "fwd/params.h"
+#include "common/params.h"
 #include "merge/params.h"
 #include "common/ptx.cuh"
 #include "flashcore.h"

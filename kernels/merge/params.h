@@ -34,7 +34,7 @@ struct MergeKernelParams {
     // the call's cu_seqlens_q. Row `query` of batch b then goes to out row
     // cu_seqlens[b] + query (out_batch_stride unused) and lse entry
     // head * total_seqlen + that row; rows at or past the batch's length
-    // (fwd/params.h: packed_rows) are skipped.
+    // (common/params.h: packed_rows) are skipped.
     const int32_t *cu_seqlens;
     int total_seqlen;
 };

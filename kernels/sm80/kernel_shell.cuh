@@ -3,7 +3,7 @@
 //   Scheduler  what the CTA computes, from its block index: work(params),
 //              the CTA's work item (the forward's: a query block and the key
 //              tiles it visits, fwd/sm80/scheduler.cuh; the backward's: a key
-//              block and the query blocks that see it, bwd/sm80/scheduler.cuh);
+//              block and the query blocks that see it, bwd/scheduler.cuh);
 //   Mainloop   the computation (<family>/sm80/mainloop.cuh). Constructed from shared
 //              memory (the thread's place in the CTA), bind(params, work)
 //              binds it to the item's operands and says whether there is

@@ -28,9 +28,9 @@
 // are adjacent, so they run at the same time and share its Q and K/V in L2.
 #pragma once
 
-#include "fwd/params.h"
+#include "common/params.h"
 #include "common/key_range.cuh"
-#include "fwd/tile_coords.cuh"
+#include "common/tile_coords.cuh"
 
 namespace flashcore::sm90 {
 

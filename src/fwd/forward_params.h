@@ -7,7 +7,7 @@
 #include <climits>
 #include <cstdint>
 
-#include "fwd/params.h"
+#include "common/params.h"
 #include "struct_io.h"
 #include "flashcore.h"
 

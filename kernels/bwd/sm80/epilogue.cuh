@@ -10,7 +10,7 @@
 #include "common/element.cuh"
 #include "common/fragment_layout.cuh"
 #include "common/ptx.cuh"
-#include "fwd/tile_coords.cuh"
+#include "common/tile_coords.cuh"
 
 namespace flashcore::sm80 {
 

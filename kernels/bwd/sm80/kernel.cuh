@@ -11,7 +11,7 @@
 #include "bwd/sm80/config.cuh"
 #include "bwd/sm80/epilogue.cuh"
 #include "bwd/sm80/mainloop.cuh"
-#include "bwd/sm80/scheduler.cuh"
+#include "bwd/scheduler.cuh"
 #include "sm80/kernel_shell.cuh"
 
 namespace flashcore {

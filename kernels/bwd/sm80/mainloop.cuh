@@ -19,14 +19,14 @@
 
 #include "bwd/params.h"
 #include "bwd/sm80/config.cuh"
-#include "bwd/sm80/dq_accumulator.cuh"
-#include "bwd/sm80/row_stats.cuh"
-#include "bwd/sm80/scheduler.cuh"
+#include "bwd/dq_accumulator.cuh"
+#include "bwd/row_stats.cuh"
+#include "bwd/scheduler.cuh"
 #include "common/element.cuh"
 #include "common/key_range.cuh"
 #include "common/ptx.cuh"
 #include "common/softcap.cuh"
-#include "fwd/tile_coords.cuh"
+#include "common/tile_coords.cuh"
 #include "sm80/smem_tile.cuh"
 #include "sm80/warp_gemm.cuh"
 
@@ -111,7 +111,7 @@ struct BwdMainloop {
             stage_q(j), q, p.fwd.q_seq_stride, valid_rows, p.fwd.head_dim / kElemsPerVector<Element>, tid);
         load_tile_async<Element, Traits::kHeadDimV, kBlockM, Traits::kNumThreads>(
             stage_do(j), dout, p.dout_seq_stride, valid_rows, p.fwd.head_dim_v / kElemsPerVector<Element>, tid);
-        // The rows' lse and D (row_stats.cuh), one value per thread; rows
+        // The rows' lse and D (bwd/row_stats.cuh), one value per thread; rows
         // past the sequence read nothing (the step gives them P = 0).
         if (tid < 2 * kBlockM) {
             const int r = tid % kBlockM;
@@ -303,7 +303,7 @@ struct BwdMainloop {
     // Before the warp's dQ additions of a step, in the deterministic mode:
     // waits until the key blocks after this one that the query block sees
     // have added theirs. They are [n_block_min, n_block_max)
-    // (BlockKeyRange), added in decreasing order (scheduler.cuh says why),
+    // (BlockKeyRange), added in decreasing order (bwd/scheduler.cuh says why),
     // and each of their warps counts its own additions (end_dq), so this
     // key block's turn comes at rank * kNumWarps. Warps wait and count on
     // their own: no barrier across the CTA, and a warp's release waits only
@@ -345,7 +345,7 @@ struct BwdMainloop {
         const int valid_rows = w.tile.seqs.seqlen_q - first_row;
         if (DqAccumLayout<Traits>::by_fragment(valid_rows, p.fwd.head_dim)) {
             // A whole block at the kernel's head dim (the common case):
-            // stored by fragment tile (dq_accumulator.cuh), each tile's
+            // stored by fragment tile (bwd/dq_accumulator.cuh), each tile's
             // reduction one run of contiguous lines.
             float *warp_base = accumulator + DqAccumLayout<Traits>::group(pass, warp, 0, 0) +
                                lane * DqAccumLayout<Traits>::kLaneStride;

@@ -24,7 +24,7 @@
 //                                      reduction a step, issued by a
 //                                      producer warp), in the portable
 //                                      kernel's fragment order
-//                                      (dq_accumulator.cuh)
+//                                      (bwd/dq_accumulator.cuh)
 // Swapping S and dP to S^T and dP^T puts the keys on wgmma's M, so their
 // accumulators feed dV and dK from registers and only dS goes through shared
 // memory.
@@ -53,7 +53,7 @@ struct BwdSm90Traits {
     static constexpr int kStages = 2;  // Q/dO buffers (and dS buffers)
     static constexpr bool kRotatedWalk = true;  // BwdKernelParams::rotated_walk
     // The deterministic mode's dQ counts released two steps at once
-    // (kernel.cuh, bwd_write_dq): where a step is at most half a key
+    // (dq_writer.cuh, bwd_write_dq): where a step is at most half a key
     // block's rows (head dim 128), so that under a causal mask the next key
     // block reaches a query block two steps later. At head dim 64 (steps of
     // kBlockN rows) the held count cost the key blocks waiting for it more
@@ -96,7 +96,7 @@ struct BwdSm90Traits {
     static constexpr uint32_t kDOffset = kLseOffset + kStages * kRowStatBytes;
     // A step's dQ (fp32, kBlockM x kHeadDim) on its way to the workspace:
     // the consumers store it, a producer warp adds it there with one bulk
-    // reduction (kernel.cuh). Two buffers where they fit (head dim 128): the
+    // reduction (dq_writer.cuh). Two buffers where they fit (head dim 128): the
     // consumers then store a step's dQ while the last one's is still being
     // added, which in the deterministic mode includes the wait for its turn.
     static constexpr uint32_t kDqBytes = kBlockM * kHeadDim * sizeof(float);
@@ -120,7 +120,7 @@ struct BwdSm90Traits {
     static constexpr int kDqRows = kDqSplitRows ? kBlockM / kConsumerWarpgroups : kBlockM;
     static constexpr int kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / kConsumerWarpgroups;
 
-    // The dQ accumulator's fragment order (bwd/sm80/dq_accumulator.cuh,
+    // The dQ accumulator's fragment order (bwd/dq_accumulator.cuh,
     // shared with the convert kernel) in its terms: 8 warps, each an m16
     // strip of the block's rows and kDqCols columns, one pass.
     static constexpr int kNumWarps = kConsumerThreads / kWarpSize;

@@ -17,7 +17,7 @@
 #include "common/online_softmax.cuh"
 #include "common/ptx.cuh"
 #include "fwd/output_destination.cuh"
-#include "fwd/params.h"
+#include "common/params.h"
 #include "sm80/smem_tile.cuh"
 
 namespace flashcore::sm80 {

@@ -23,7 +23,7 @@
 #pragma once
 
 #include "common/ptx.cuh"
-#include "fwd/params.h"
+#include "common/params.h"
 #include "fwd/sm80/epilogue.cuh"
 #include "fwd/sm80/mainloop.cuh"
 #include "fwd/sm80/scheduler.cuh"
@@ -41,7 +41,7 @@ using FwdKernel =
 
 }  // namespace sm80
 
-// kRagged: packed and paged tensors (fwd/params.h, fwd_batch_seqs).
+// kRagged: packed and paged tensors (common/params.h, fwd_batch_seqs).
 template <typename Traits, bool kRagged>
 __global__ void __launch_bounds__(Traits::kNumThreads) __maxnreg__(Traits::kMaxRegisters)
     flash_fwd_kernel(const __grid_constant__ FwdKernelParams p) {

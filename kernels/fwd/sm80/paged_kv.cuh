@@ -1,12 +1,12 @@
 // K/V tiles of a paged cache for the portable kernel: rows gathered from
-// their pages (fwd/params.h: key j of a batch is row j % page_size of page
+// their pages (common/params.h: key j of a batch is row j % page_size of page
 // block_table[batch][j / page_size]), 16 rows per page lookup. The table row
 // is small and stays in L1.
 #pragma once
 
 #include <cstdint>
 
-#include "fwd/params.h"
+#include "common/params.h"
 #include "sm80/smem_tile.cuh"
 
 namespace flashcore {

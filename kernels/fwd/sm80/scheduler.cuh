@@ -1,6 +1,6 @@
 // The portable kernel's schedule: one CTA per query block and split-KV part,
 // nothing persistent. gridDim.x counts the query blocks of every (batch,
-// head group), in fwd_tile_for_block's order (tile_coords.cuh: blocks of a
+// head group), in fwd_tile_for_block's order (common/tile_coords.cuh: blocks of a
 // head adjacent, last block first); gridDim.y the parts of each block's keys
 // (p.num_splits, BlockKeyRange::split).
 #pragma once
@@ -9,8 +9,8 @@
 
 #include "common/key_range.cuh"
 #include "fwd/entry_points.h"
-#include "fwd/params.h"
-#include "fwd/tile_coords.cuh"
+#include "common/params.h"
+#include "common/tile_coords.cuh"
 
 namespace flashcore::sm80 {
 

@@ -53,7 +53,7 @@
 #include <cstdint>
 
 #include "common/element.cuh"
-#include "fwd/params.h"
+#include "common/params.h"
 #include "fwd/sm90/traits.cuh"
 
 namespace flashcore::sm90 {

@@ -22,7 +22,7 @@
 #include "fwd/sm90/mainloop.cuh"
 #include "fwd/sm90/pipeline.cuh"
 #include "fwd/sm90/traits.cuh"
-#include "fwd/tile_coords.cuh"
+#include "common/tile_coords.cuh"
 #include "sm90/tile_scheduler.cuh"
 
 namespace flashcore::sm90 {

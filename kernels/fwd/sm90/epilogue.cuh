@@ -24,7 +24,7 @@
 #include "common/ptx.cuh"
 #include "fwd/output_destination.cuh"
 #include "fwd/sm90/traits.cuh"
-#include "fwd/tile_coords.cuh"
+#include "common/tile_coords.cuh"
 #include "sm90/ptx.cuh"
 
 namespace flashcore::sm90 {

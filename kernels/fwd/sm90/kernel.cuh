@@ -33,7 +33,7 @@ namespace flashcore::sm90 {
 // run-time choice: a branch on the softcap at each tile (both softmaxes
 // inlined into the mainloop) made uncapped calls 2.5-5% slower, and one
 // kernel holding both consumers, chosen once per CTA, spilled registers.
-// kRagged: packed and paged tensors (fwd/params.h, fwd_batch_seqs),
+// kRagged: packed and paged tensors (common/params.h, fwd_batch_seqs),
 // likewise a kernel of its own.
 template <typename Traits, typename Cap, bool kRagged>
 __global__ void __launch_bounds__(Traits::kNumThreads, 1)

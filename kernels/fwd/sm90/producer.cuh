@@ -8,7 +8,7 @@
 // than the producer warpgroup's 24 registers a thread).
 #pragma once
 
-#include "fwd/tile_coords.cuh"
+#include "common/tile_coords.cuh"
 #include "fwd/sm90/pipeline.cuh"
 #include "sm90/ptx.cuh"
 #include "sm90/tile_scheduler.cuh"

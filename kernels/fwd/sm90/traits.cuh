@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "fwd/params.h"
+#include "common/params.h"
 #include "sm90/ptx.cuh"
 #include "sm90/tile_scheduler.cuh"
 

@@ -8,7 +8,7 @@
 // work first evens out the tail of the launch.
 #pragma once
 
-#include "fwd/params.h"
+#include "common/params.h"
 #include "common/key_range.cuh"
 
 namespace flashcore {
@@ -23,7 +23,7 @@ struct FwdTile {
 
 // Query block m_block of the bh-th (batch, head group) pair, groups of a
 // batch adjacent. head_q is the group's first query head (the only one
-// unless GQA-packed: fwd/params.h).
+// unless GQA-packed: common/params.h).
 template <bool kRagged>
 __device__ __forceinline__ FwdTile fwd_tile(const FwdKernelParams &p, int bh, int m_block) {
     FwdTile t;

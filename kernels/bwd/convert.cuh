@@ -8,10 +8,10 @@
 #include <cstdint>
 
 #include "bwd/params.h"
-#include "bwd/sm80/dq_accumulator.cuh"
+#include "bwd/dq_accumulator.cuh"
 #include "common/element.cuh"
 #include "common/fragment_layout.cuh"
-#include "fwd/params.h"
+#include "common/params.h"
 
 namespace flashcore {
 

@@ -17,7 +17,7 @@
 #include <cstdint>
 
 #include "bwd/params.h"
-#include "fwd/params.h"
+#include "common/params.h"
 
 namespace flashcore {
 

@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "bwd/params.h"
-#include "bwd/sm80/row_stats.cuh"
+#include "bwd/row_stats.cuh"
 #include "common/element.cuh"
 #include "common/fragment_layout.cuh"
 #include "common/launch_options.h"

@@ -28,9 +28,9 @@
 #include <cuda_runtime.h>
 
 #include "bwd/params.h"
-#include "bwd/sm80/row_stats.cuh"
+#include "bwd/row_stats.cuh"
 #include "common/key_range.cuh"
-#include "fwd/tile_coords.cuh"
+#include "common/tile_coords.cuh"
 
 namespace flashcore::sm80 {
 

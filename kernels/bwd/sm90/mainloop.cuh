@@ -1,0 +1,279 @@
+// A consumer warpgroup's registers and the products of one step (a query
+// block against the warpgroup's 64 keys; config.cuh lists them): S^T and
+// dP^T (issue_transposed_scores), the mask, P^T (probabilities), dS^T and
+// the A fragments of P^T and dS^T (pack_gradients), dV and dK
+// (issue_key_gradient), dS into shared memory for both warpgroups
+// (store_ds), dQ = dS K (issue_dq) and its store into a dQ buffer
+// (store_dq). dK and dV accumulate in the registers (acc_dk, acc_dv) across
+// the steps. The order of a step, and its waits on the producer's warps,
+// are the consumer's (consumer.cuh: BwdConsumer::run).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "bwd/dq_accumulator.cuh"
+#include "bwd/params.h"
+#include "bwd/sm90/config.cuh"
+#include "bwd/sm90/pipeline.cuh"
+#include "common/element.cuh"
+#include "common/fragment_layout.cuh"
+#include "common/key_range.cuh"
+#include "common/ptx.cuh"
+#include "sm90/ptx.cuh"
+#include "sm90/wgmma.cuh"
+#include "sm90/wgmma_bwd.cuh"
+
+namespace flashcore::sm90 {
+
+// Keeps A fragments in their registers until the wgmma reading them has
+// been waited for (the compiler sees the issuing asm as their last use).
+template <int kSteps>
+__device__ __forceinline__ void fence_fragments(uint32_t (&frag)[kSteps][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(frag[kk][r])::"memory");
+    }
+}
+
+template <typename Traits>
+struct BwdMainloop {
+    using Element = typename Traits::Element;
+    using Swizzle = typename Traits::Swizzle;
+    static constexpr int kBlockM = Traits::kBlockM;
+    static constexpr int kBlockN = Traits::kBlockN;
+    static constexpr int kSAtoms = kBlockM / kMmaN;    // n8 atoms of S^T, dP^T (queries)
+    static constexpr int kQuerySteps = kBlockM / 16;   // k-steps of dV, dK (queries)
+    static constexpr int kHeadSteps = Traits::kHeadDim / 16;  // k-steps of S^T, dP^T
+    static constexpr int kKeySteps = kBlockN / 16;     // k-steps of dQ (keys)
+    static constexpr int kKAtoms = Traits::kHeadDim / kMmaN;
+    static constexpr int kVAtoms = Traits::kHeadDimV / kMmaN;
+    static constexpr int kDqAtoms = Traits::kDqCols / kMmaN;
+    static constexpr int kStepsPerPanel = Traits::kPanelCols / 16;
+    using Fragments = uint32_t[kQuerySteps][4];
+    using Layout = DqAccumLayout<Traits>;
+
+    const BwdSm90Params &params;
+    const BwdSmem<Traits> &sm;
+    int consumer;  // 0 or 1: keys consumer * 64 ...
+    int tid;       // within the consumer warpgroup
+    int lane;
+    int warp;      // within the consumer warpgroup
+
+    float acc_dk[kKAtoms][4];
+    float acc_dv[kVAtoms][4];
+
+    // The accumulators are left alone: run() zeroes them (value-initialized
+    // by an aggregate initialization, ptxas kept them in local memory).
+    __device__ __forceinline__ BwdMainloop(const BwdSm90Params &params_, const BwdSmem<Traits> &sm_, int consumer_,
+                                           int consumer_tid)
+        : params(params_),
+          sm(sm_),
+          consumer(consumer_),
+          tid(consumer_tid % kWarpgroupThreads),
+          lane(consumer_tid % kWarpSize),
+          warp((consumer_tid % kWarpgroupThreads) / kWarpSize) {}
+
+    __device__ __forceinline__ int key_row0() const { return consumer * Traits::kKeysPerConsumer + warp * kMmaM; }
+    // The warp's dQ rows and columns within the block, and its index in the
+    // accumulator's fragment order (DqAccumLayout: warps by m16 strip, then
+    // column share).
+    __device__ __forceinline__ int dq_row0() const {
+        return (Traits::kDqSplitRows ? consumer * Traits::kDqRows : 0) + warp * kMmaM;
+    }
+    __device__ __forceinline__ int dq_col0() const { return Traits::kDqSplitRows ? 0 : consumer * Traits::kDqCols; }
+    __device__ __forceinline__ int dq_warp() const {
+        return (dq_row0() / kMmaM) * Traits::kWarpsDdQ + dq_col0() / Traits::kDqCols;
+    }
+
+    // acc = (64 rows of a K-major tile from `a_rows`) * (kBlockM rows of a
+    // K-major tile)^T over the head dim: S^T = K_c Q^T, dP^T = V_c dO^T.
+    __device__ __forceinline__ void issue_transposed_scores(float (&acc)[kSAtoms][4], uint32_t a_rows,
+                                                            uint32_t b_tile) const {
+        const auto desc_a = Swizzle::k_major(a_rows);
+        const auto desc_b = Swizzle::k_major(b_tile);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kHeadSteps; ++kk) {
+            const uint32_t step = (kk % kStepsPerPanel) * kKStepRowBytes;
+            const uint32_t panel = kk / kStepsPerPanel;
+            Wgmma<Element, kBlockM>::ss(acc, desc_a.at(panel * Traits::kKVPanelBytes + step),
+                                        desc_b.at(panel * Traits::kQPanelBytes + step), kk > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+    }
+
+    // acc += A (registers: the 64 keys x kBlockM queries of P^T or dS^T) *
+    // (kBlockM rows of an MN-major tile): dV += P^T dO, dK += dS^T Q.
+    template <int kNAtoms>
+    __device__ __forceinline__ void issue_key_gradient(float (&acc)[kNAtoms][4], const Fragments &a,
+                                                       uint32_t b_tile) const {
+        const auto desc_b = Swizzle::mn_major(b_tile, Traits::kQPanelBytes);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kQuerySteps; ++kk) {
+            // 16 query rows: two swizzle atoms further down.
+            Wgmma<Element, kNAtoms * kMmaN>::rs(acc, a[kk], desc_b.at(kk * 16 * Traits::kPanelRowBytes), 1);
+        }
+        wgmma_commit();
+    }
+
+    // acc = dS (this consumer's rows, K-major, keys along them) * K (its
+    // head-dim columns, MN-major) over the block's keys.
+    __device__ __forceinline__ void issue_dq(float (&acc)[kDqAtoms][4], int s) const {
+        const uint32_t ds_rows =
+            smem_address(sm.ds(s)) + (Traits::kDqSplitRows ? consumer * Traits::kDqRows * Traits::kPanelRowBytes : 0);
+        const uint32_t k_cols = smem_address(sm.k()) + (Traits::kDqSplitRows ? 0 : consumer * Traits::kKVPanelBytes);
+        const auto desc_a = Swizzle::k_major(ds_rows);
+        const auto desc_b = Swizzle::mn_major(k_cols, Traits::kKVPanelBytes);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kKeySteps; ++kk) {
+            const uint32_t a_offset =
+                (kk / kStepsPerPanel) * Traits::kDsPanelBytes + (kk % kStepsPerPanel) * kKStepRowBytes;
+            WgmmaSs<Element, Element, Traits::kDqCols, WgmmaMajor::kK, WgmmaMajor::kMN>::mma(
+                acc, desc_a.at(a_offset), desc_b.at(kk * 16 * Traits::kPanelRowBytes), kk > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+    }
+
+    // The consumer's keys past the block's valid ones, zeroed in K and V:
+    // they may hold another sequence's rows or unused cache rows (with
+    // seqused_k), whose values must not reach dQ (dS K) or dP (V dO^T).
+    __device__ __forceinline__ void clear_key_tail(int valid_keys) const {
+        const int first = max(valid_keys, consumer * Traits::kKeysPerConsumer);
+        const int end = (consumer + 1) * Traits::kKeysPerConsumer;
+        if (first >= end) return;
+        constexpr int kChunks = Traits::kPanelRowBytes / 16;
+        for (int i = tid; i < (end - first) * kChunks * Traits::kPanels; i += kWarpgroupThreads) {
+            const int chunk = i % kChunks;
+            const int row = first + (i / kChunks) % (end - first);
+            const int panel = i / kChunks / (end - first);
+            const uint32_t offset = panel * Traits::kKVPanelBytes + row * Traits::kPanelRowBytes + chunk * 16;
+            *reinterpret_cast<uint4 *>(sm.k() + offset) = make_uint4(0u, 0u, 0u, 0u);
+            *reinterpret_cast<uint4 *>(sm.v() + offset) = make_uint4(0u, 0u, 0u, 0u);
+        }
+        fence_shared_to_async_proxy();
+    }
+
+    // Scores of S^T a query does not see set to -inf (P = 0). Query q sees
+    // key k iff k < seqlen_k and lowest <= k - q <= highest (KeyMask: the
+    // window around q's diagonal q + seqlen_k - seqlen_q), i.e. iff q is in
+    // [k - highest, k - lowest]: per key row one offset and one span, per
+    // element one add and one unsigned compare. KeyMask::row per element
+    // made the loop too long for the instruction cache (ncu: no_instruction
+    // stalls), and a predicate per element spilled at head dim 64. The
+    // bounds are clamped to what k - q can be (keys below seqlen_k, queries
+    // from 0 to seqlen_q + kBlockM), which keeps every difference within
+    // 32 bits.
+    template <typename Work>
+    __device__ __forceinline__ void apply_mask(const Work &w, int m_block, float (&acc_s)[kSAtoms][4]) const {
+        const KeyMask &mask = w.mask;
+        const int lowest = max(mask.diagonal_shift() - mask.window_left, -(mask.seqlen_q + kBlockM));
+        const int highest = min(mask.diagonal_shift() + mask.window_right, mask.seqlen_k);
+        const uint32_t span = uint32_t(highest - lowest);
+        const int first_key = w.n_block * kBlockN + key_row0() + frag_row(lane);
+        const int first_query = m_block * kBlockM + frag_col(lane);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int key = first_key + half * kFragRowHalf;
+            // first_query - (key - highest): 0 for the first query the key
+            // is visible to. A key past the sequence: an offset that no
+            // element brings within the span (which is < 2^31).
+            const uint32_t offset =
+                key < mask.seqlen_k ? uint32_t(first_query - key + highest) : uint32_t(INT32_MIN);
+#pragma unroll
+            for (int n = 0; n < kSAtoms; ++n) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    if (offset + uint32_t(n * kMmaN + e) > span) acc_s[n][2 * half + e] = -INFINITY;
+                }
+            }
+        }
+    }
+
+    // P^T = exp2(S^T * scale_log2 - lse_log2) in place of S^T, once S^T is
+    // done (dP^T may still run).
+    __device__ __forceinline__ void probabilities(int s, float (&acc_s)[kSAtoms][4]) const {
+        const float scale_log2 = params.bwd.fwd.softmax_scale_log2;
+        const float *lse_log2 = sm.lse_log2(s);
+#pragma unroll
+        for (int n = 0; n < kSAtoms; ++n) {
+            const float2 lse = *reinterpret_cast<const float2 *>(lse_log2 + n * kMmaN + frag_col(lane));
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                acc_s[n][e] = fast_exp2(fmaf(acc_s[n][e], scale_log2, -(e % 2 ? lse.y : lse.x)));
+            }
+        }
+    }
+
+    // dS^T = P^T (dP^T - D), and P^T and dS^T packed to A fragments (atoms
+    // 2i, 2i + 1: k-step i).
+    __device__ __forceinline__ void pack_gradients(int s, const float (&prob)[kSAtoms][4],
+                                                   const float (&acc_dp)[kSAtoms][4], Fragments &p_frag,
+                                                   Fragments &ds_frag) const {
+        const float *row_dot = sm.row_dot(s);
+#pragma unroll
+        for (int n = 0; n < kSAtoms; ++n) {
+            const float2 dot = *reinterpret_cast<const float2 *>(row_dot + n * kMmaN + frag_col(lane));
+            float ds[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ds[e] = prob[n][e] * (acc_dp[n][e] - (e % 2 ? dot.y : dot.x));
+            p_frag[n / 2][(n % 2) * 2] = pack2<Element>(prob[n][0], prob[n][1]);
+            p_frag[n / 2][(n % 2) * 2 + 1] = pack2<Element>(prob[n][2], prob[n][3]);
+            ds_frag[n / 2][(n % 2) * 2] = pack2<Element>(ds[0], ds[1]);
+            ds_frag[n / 2][(n % 2) * 2 + 1] = pack2<Element>(ds[2], ds[3]);
+        }
+    }
+
+    // dS (rows: queries, keys along them) into stage s's buffer, from the
+    // fragments of dS^T: stmatrix, transposed, two atoms (16 queries) of
+    // both 8-key halves of the warp's rows at a time.
+    __device__ __forceinline__ void store_ds(const Fragments &ds_frag, int s) const {
+        const int matrix = lane / 8;
+        const int query_in_pair = (matrix / 2) * kMmaN + lane % 8;
+        const int chunk = (warp * kMmaM + (matrix % 2) * kFragRowHalf) / 8;  // 8 keys: 16 bytes
+        const uint32_t panel = smem_address(sm.ds(s)) + consumer * Traits::kDsPanelBytes;
+#pragma unroll
+        for (int kk = 0; kk < kQuerySteps; ++kk) {
+            // A k-step's fragments are atoms 2kk (registers 0, 1: key rows
+            // g, g + 8) and 2kk + 1 (registers 2, 3): the four matrices in
+            // stmatrix's order (matrix m: atom 2kk + m / 2, half m % 2).
+            stmatrix_x4_trans(panel + Swizzle::offset(kk * 16 + query_in_pair, chunk), ds_frag[kk]);
+        }
+    }
+
+    // The warp's dQ fragments into the shared buffer, in the accumulator's
+    // layout for the step's block (DqBlock): by fragment tile (a lane's
+    // four values of a tile together, 16-byte stores), or row by row for the
+    // rows and head-dim columns that exist.
+    __device__ __forceinline__ void store_dq(const DqBlock &block, const float (&acc_dq)[kDqAtoms][4], int b) const {
+        float *dq = sm.dq(b);
+        if (block.by_fragment) {
+            float *warp_base = dq + Layout::group(0, dq_warp(), 0, 0) + lane * Layout::kLaneStride;
+#pragma unroll
+            for (int n = 0; n < kDqAtoms; ++n) {
+                *reinterpret_cast<float4 *>(warp_base + Layout::group(0, 0, 0, n)) =
+                    make_float4(acc_dq[n][0], acc_dq[n][1], acc_dq[n][2], acc_dq[n][3]);
+            }
+            return;
+        }
+        const int head_dim = params.bwd.fwd.head_dim;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = dq_row0() + frag_row(lane) + half * kFragRowHalf;
+#pragma unroll
+            for (int n = 0; n < kDqAtoms; ++n) {
+                const int col = dq_col0() + n * kMmaN + frag_col(lane);
+                if (row < block.valid_rows && col < head_dim) {
+                    *reinterpret_cast<float2 *>(dq + row * head_dim + col) =
+                        make_float2(acc_dq[n][2 * half], acc_dq[n][2 * half + 1]);
+                }
+            }
+        }
+    }
+
+};
+
+}  // namespace flashcore::sm90
