@@ -4,7 +4,7 @@
 torch.matmul (cuBLAS) on square fp16 and bf16 matrices, fp32 accumulation as
 attention kernels use: --calls products captured in one CUDA graph, replayed
 --replays times between CUDA events after two warm-up replays; the median
-replay gives TFLOP/s (2*n^3 per product). docs/hopper-notes.md quotes each
+replay gives TFLOP/s (2*n^3 per product). docs/log/hopper.md quotes each
 attention case as a fraction of this figure, measured in the same session,
 since the power limit and the clock it allows differ from GPU to GPU.
 

@@ -3,7 +3,7 @@
 
 Each FILE is what `ncu --csv --page raw` printed for one kernel launch (see
 bench/profile_case.py for the command); lines that are not CSV (ncu's ==PROF==
-messages) are skipped. The rows are the counters docs/hopper-notes.md
+messages) are skipped. The rows are the counters docs/log/hopper.md
 compares: duration, SM clock, launch shape, instructions, issue slots,
 warps per scheduler, pipe utilisation and the stall reasons per issued
 instruction.

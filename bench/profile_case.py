@@ -11,7 +11,7 @@ fa3, fa3-fp8, flash, efficient, cudnn (flashcore-fp8 and fa3-fp8 get the inputs 
 e4m3 before the first call, as in compare.py; no extra attention call).
 
 Nsight Compute, the third call of the attention kernel, the sections that
-docs/hopper-notes.md quotes (bench/ncu_summary.py turns such files into one
+docs/log/hopper.md quotes (bench/ncu_summary.py turns such files into one
 table):
 
   ncu --clock-control none --kernel-name-base demangled \\

@@ -1,5 +1,5 @@
 # flashcore.jax's XLA FFI handlers (bindings/python/flashcore/jax/_handlers.cc,
-# docs/jax-notes.md): libflashcore_jax.so, loaded by flashcore.jax with
+# docs/log/jax.md): libflashcore_jax.so, loaded by flashcore.jax with
 # ctypes and registered with jax.ffi.register_ffi_target.
 #
 # FLASHCORE_JAX=AUTO (the default) builds it where the Python that CMake

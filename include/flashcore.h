@@ -337,7 +337,7 @@ typedef struct flashcore_forward_params {
      * flashcore_merge_states). Splitting lets calls that are too small to
      * fill the GPU (decode, chunked prefill, few heads) use every SM.
      *   0 (the default): chosen per call from the grid, the device's
-     *     multiprocessor count and seqlen_k (docs/perf-notes.md gives the
+     *     multiprocessor count and seqlen_k (docs/log/perf.md gives the
      *     measured crossovers); usually 1 where the grid fills the GPU.
      *     Decode over sequences of their own lengths (seqused_k or
      *     cu_seqlens_k set) splits even a full grid where seqlen_k is long,

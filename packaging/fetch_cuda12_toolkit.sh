@@ -49,7 +49,7 @@ CCCL_WHEEL=nvidia-cuda-cccl-cu12==12.9.27
 # ptxas, which turns the PTX into machine code, from CUDA 12.9 (NVIDIA's
 # wheel; it holds no nvcc, so the rest stays 12.4). 12.4's orders the
 # sm_90a kernels' softmax worse: they ran up to 26% slower than the CUDA 13
-# build on an H100, 12.9's match it (docs/perf-notes.md, issue 32). Its
+# build on an H100, 12.9's match it (docs/log/perf.md, issue 32). Its
 # machine code loads on every CUDA 12 driver as 12.4's does (minor-version
 # compatibility covers cubins of any 12.x; only PTX newer than the driver
 # could not be loaded, and the PTX stays cicc 12.4's). The toolkit keeps

@@ -9,7 +9,7 @@
 //
 // tanh(x) = 1 - 2 / (exp(2x) + 1), from ex2 and rcp: two MUFU operations
 // per score on top of the softmax's exp2, which makes softcapped calls
-// MUFU-bound (docs/perf-notes.md: 1.55x the time of an uncapped call at
+// MUFU-bound (docs/log/perf.md: 1.55x the time of an uncapped call at
 // d128, 1.9x at d64, H100). Measured against the alternatives:
 //   - the reciprocal on the FMA pipe (an integer first guess and three
 //     Newton steps) takes one MUFU operation fewer but nine instructions

@@ -1,6 +1,6 @@
 // The TMA descriptors (CUtensorMap) of a call's tensors. Encoding one is a
 // driver call that costs about as much host time as the launch itself
-// (docs/perf-notes.md, "Host time per call"), and a model calls with the same
+// (docs/log/perf.md, "Host time per call"), and a model calls with the same
 // shapes and strides over and over: each thread keeps the maps it encoded
 // last, one per role (Q, K, V, O) and geometry, and a call with a geometry
 // seen before copies its map, swapping in the new base address where it

@@ -41,7 +41,7 @@ constexpr int64_t kMinKeyStepsPerSplit = 8;
 // then its longest sequence's tiles on one CTA, whose chain of dependent
 // work, not the DRAM, sets the pace (B 32 serving decode, lengths 525-14586:
 // the bf16 call 196 us unsplit against 189 in four parts, an e4m3 cache's
-// 170 against 114; docs/perf-notes.md). Such calls split so that a sequence
+// 170 against 114; docs/log/perf.md). Such calls split so that a sequence
 // of seqlen_k keys has parts of at most kRaggedDecodePartKeys, while each
 // block's keys are cut into no more parts than hold
 // kRaggedDecodeMinPartKeys (shorter sequences stay whole, their other
@@ -100,7 +100,7 @@ int64_t cta_slots(const flashcore_handle_s &handle, const FwdKernel &kernel) {
 // with no more steps than fewer splits would are skipped; the fewest splits
 // within kSplitEfficiencyMargin of the best efficiency win, since each split
 // adds partial results to write and merge. Crossovers measured on an H100:
-// docs/perf-notes.md.
+// docs/log/perf.md.
 int heuristic_splits(int64_t blocks, int64_t slots, int64_t key_steps) {
     if (double(blocks) >= kSplitMinGridFill * double(slots)) return 1;
     int64_t max_splits = kMaxHeuristicSplits;
@@ -147,7 +147,7 @@ int64_t key_steps(const flashcore_forward_params &p, const FwdKernel &kernel) {
 // more than efficiency, and the key-split variants (a half or a quarter of
 // the serial chain per warp) win: the four-way split while its grid fits one
 // wave, the two-way split (half the K/V re-reads per query row) beyond.
-// Measured crossovers are in docs/perf-notes.md. A variant that needs more
+// Measured crossovers are in docs/log/perf.md. A variant that needs more
 // shared memory than the device offers (handle.max_smem_per_block) is
 // passed over; the large tiles fit every supported GPU (kMinSmemPerBlock,
 // asserted in fwd/sm80/config.cuh) and serve every size.
@@ -161,7 +161,7 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
     // nothing else); where a ragged grid fills the GPU they are faster than
     // the key split, as for dense calls (a packed causal prefill of 32k
     // tokens at head dim 128 on an H200: 3815 against 4429 us;
-    // docs/perf-notes.md, issue 57). A quantized cache has decode tiles only
+    // docs/log/perf.md, issue 57). A quantized cache has decode tiles only
     // (kernels/fwd/family.cmake), which fit every GPU.
     const bool ragged = is_ragged(p);
     const DType kv = DType(effective_kv_dtype(p));
@@ -220,7 +220,7 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
 // should serve it: query sequences shorter than a tile (kSm90MinSeqlenQ),
 // and grids too small to fill the SMs that cannot split either (few keys),
 // where the portable key-split variant's lower per-block latency wins
-// (docs/hopper-notes.md), and kernels that need more shared memory than
+// (docs/log/hopper.md), and kernels that need more shared memory than
 // the handle allows (only under FLASHCORE_TEST_SMEM_PER_BLOCK: the sm_90a
 // kernels fit every GPU they run on). The sm_90a kernel never packs GQA
 // heads.
@@ -326,7 +326,7 @@ flashcore_status plan_sm80(const flashcore_handle_s &handle, const flashcore_for
     return FLASHCORE_STATUS_SUCCESS;
 }
 
-// Bytes of the split-KV partial results (fwd/params.h gives their layout),
+// Bytes of the split-KV partial results (common/params.h gives their layout),
 // each array FLASHCORE_ALIGNMENT aligned. False where they would not fit a
 // size_t.
 bool partial_bytes(const flashcore_forward_params &p, int num_splits, size_t *out_bytes, size_t *lse_bytes) {
@@ -384,7 +384,7 @@ flashcore_status forward_workspace_bytes(const flashcore_handle_s &handle, const
 namespace {
 
 // The merge of a split call's parts into out and lse: the parts described
-// as a merge's inputs (their layout: fwd/params.h), then the merge kernel's
+// as a merge's inputs (their layout: common/params.h), then the merge kernel's
 // parameters from that, as flashcore_merge_states gets them, plus the
 // packed queries' rows, which only a split call has.
 MergeKernelParams split_merge_params(const flashcore_forward_params &p, const FwdKernelParams &k) {

@@ -1,6 +1,6 @@
 // Which ways of handing a shared-memory buffer back from its readers to its
 // writer compute-sanitizer's racecheck and synccheck both accept
-// (docs/hopper-notes.md, "Backward on Hopper (issue 37): racecheck and the
+// (docs/log/hopper.md, "Backward on Hopper (issue 37): racecheck and the
 // hand-overs"). A reproducer for that table, not part of the build: run it
 // on a GPU whenever compute-sanitizer changes, e.g.
 //

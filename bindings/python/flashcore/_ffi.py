@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "07c40ad6cb2c90a69e329340de09aab84d75902ae474afadf264882c4950144e"
+HEADER_SHA256 = "c8213e17afdd3a628fa0065031f08c7ca970cbe53d1b628ff5f5d73dbf3e4dcf"
 
 
 # Assigning to a field of the structs below checks the value against the
@@ -215,7 +215,7 @@ class flashcore_forward_params(ctypes.Structure):
         # flashcore_merge_states). Splitting lets calls that are too small to
         # fill the GPU (decode, chunked prefill, few heads) use every SM.
         #   0 (the default): chosen per call from the grid, the device's
-        #     multiprocessor count and seqlen_k (docs/perf-notes.md gives the
+        #     multiprocessor count and seqlen_k (docs/log/perf.md gives the
         #     measured crossovers); usually 1 where the grid fills the GPU.
         #     Decode over sequences of their own lengths (seqused_k or
         #     cu_seqlens_k set) splits even a full grid where seqlen_k is long,

@@ -57,7 +57,7 @@ struct BwdSm90Traits {
     // block's rows (head dim 128), so that under a causal mask the next key
     // block reaches a query block two steps later. At head dim 64 (steps of
     // kBlockN rows) the held count cost the key blocks waiting for it more
-    // than the fence it saves (hopper-notes: 2k d64 causal +2% to +40%).
+    // than the fence it saves (docs/log/hopper.md: 2k d64 causal +2% to +40%).
     static constexpr bool kPairedDqReleases = 2 * kBlockM <= kBlockN;
 
     // Registers: the producer warpgroup gives up all but 24 a thread, the

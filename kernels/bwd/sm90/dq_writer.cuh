@@ -25,12 +25,12 @@ namespace flashcore::sm90 {
 //
 // That count's release is a fence at GPU scope, which waits for the
 // reduction to land: the per-step fence was most of the mode's cost at d128
-// (hopper-notes). So at head dim 128 (Traits::kPairedDqReleases) the
+// (docs/log/hopper.md). So at head dim 128 (Traits::kPairedDqReleases) the
 // writer releases two steps' counts with one fence: the first step's count
 // waits for the second's reduction too. The key block that adds next to
 // that query block mostly reaches it later anyway (kRotatedWalkStagger
 // steps on a rotated walk, kBlockN / kBlockM under a causal mask);
-// hopper-notes has the times. Not on rotated walks with no more steps than key blocks, where that could
+// docs/log/hopper.md has the times. Not on rotated walks with no more steps than key blocks, where that could
 // make the waits go round in a circle (bwd_rotated_walk_releases_in_pairs).
 template <typename Traits, typename Work>
 __device__ __forceinline__ void bwd_write_dq(const BwdKernelParams &p, const BwdSmem<Traits> &sm, const Work &w,

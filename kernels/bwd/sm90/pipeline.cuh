@@ -87,7 +87,7 @@ struct BwdSmem {
     // this way: through a named barrier completed by the consumers'
     // bar.arrive, or an mbarrier that one lane per warp arrives on after
     // __syncwarp, it reports them, and a bar.sync on both sides, at two
-    // places in the code, fails synccheck (docs/hopper-notes.md,
+    // places in the code, fails synccheck (docs/log/hopper.md,
     // "racecheck and the hand-overs").
     __device__ __forceinline__ uint64_t *stats_empty(int s) const { return barrier(1 + 4 * Traits::kStages + s); }
 

@@ -2,7 +2,7 @@
 // element types, head dims, variant): what kernels/kernels.list instantiates
 // and the launch heuristic (src/fwd/dispatch.cpp) chooses from. The 64 and 128 entries
 // were measured on an H200 with a scratch sweep over block sizes, warps,
-// stages and Q in registers or not (docs/perf-notes.md); the others follow
+// stages and Q in registers or not (docs/log/perf.md); the others follow
 // them within the register and shared-memory budgets.
 //
 // kLargeTiles, for grids that fill the GPU: 128 query rows, 4 warps of two

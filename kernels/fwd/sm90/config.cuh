@@ -32,12 +32,12 @@
 // calls (wide_fits): 0.74-0.78x FA3 became 0.95-1.04x unmasked.
 //
 // One P set cost 3-9% at head dims 64 and 128 with two consumer warpgroups
-// (docs/hopper-notes.md), where the key tile is not what limits; three
+// (docs/log/hopper.md), where the key tile is not what limits; three
 // consumer warpgroups' 160 registers leave room for one set only (S 64 + O
 // 32 + P 32), and wider key tiles do not fit beside it (144, 160 and 176
 // keys all spilled). FA3 stages P in shared memory for its 192 x 192
 // tile; measured here, that ran 7-8% slower than the two-warpgroup kernel
-// (docs/hopper-notes.md).
+// (docs/log/hopper.md).
 //
 // Two Q buffers let the next block's Q load, and its first S = Q*K^T start,
 // while the current block finishes.
@@ -46,7 +46,7 @@
 // and the tensor cores take turns and the softmax's latency shows: +4-20%
 // at d32, +0-4% at d64 (tput-2k and -8k, full and causal, bf16 and fp16,
 // H100); at d128 the same change lost ~2% at tput-2k, so it keeps one
-// chain (docs/hopper-notes.md, "Prefill against FlashAttention 3"); one
+// chain (docs/log/hopper.md, "Prefill against FlashAttention 3"); one
 // chain with three consumer warpgroups, for registers.
 #pragma once
 
@@ -89,7 +89,7 @@ struct Sm90Config {
 };
 
 // Whether a call runs the wide configuration (Sm90Config::WideTraits)
-// rather than the two-warpgroup one. Measured on an H100 (docs/hopper-notes.md,
+// rather than the two-warpgroup one. Measured on an H100 (docs/log/hopper.md,
 // "FA3's configuration per head dim, first round"): 192-row blocks win 2-5% without
 // a mask at S 3000, 8k and 16k, but lose 2-5% with a causal mask (a 192-row
 // diagonal spans two or three 128-key tiles, all masked, and more of each

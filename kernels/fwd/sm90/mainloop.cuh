@@ -42,7 +42,7 @@
 namespace flashcore::sm90 {
 
 // Two code-shape choices measured per head dim (H100, bf16, compare.py, two
-// rounds against the code before them; docs/hopper-notes.md):
+// rounds against the code before them; docs/log/hopper.md):
 //  - kAdvanceDescriptors: a tile's wgmma descriptors as one 32-bit add from
 //    its first (PanelSwizzle::Descriptor::at) instead of rebuilt from each
 //    address, five uniform instructions fewer a wgmma. Kept from head dim

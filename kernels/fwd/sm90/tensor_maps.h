@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "fwd/params.h"
+#include "common/params.h"
 #include "sm90/tensor_map.cuh"
 
 namespace flashcore::sm90 {

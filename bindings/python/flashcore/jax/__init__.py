@@ -1,5 +1,5 @@
 """flashcore for JAX: fused attention as an XLA FFI custom call, under
-jax.jit, with gradients (docs/jax-notes.md).
+jax.jit, with gradients (docs/log/jax.md).
 
     import flashcore.jax
     out = flashcore.jax.attention(q, k, v, causal=True)   # q: [B, Hq, Sq, D]

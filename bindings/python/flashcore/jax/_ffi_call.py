@@ -1,5 +1,5 @@
 """flashcore's forward and backward as XLA FFI custom calls
-(docs/jax-notes.md).
+(docs/log/jax.md).
 
 Each call is planned at trace time by the binding's own planning pieces
 (_geometry._validate and _build: the same checks and messages as the torch

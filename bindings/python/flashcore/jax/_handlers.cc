@@ -1,4 +1,4 @@
-// flashcore.jax's XLA FFI handlers (docs/jax-notes.md): flashcore_forward and
+// flashcore.jax's XLA FFI handlers (docs/log/jax.md): flashcore_forward and
 // flashcore_backward as XLA custom calls on XLA's stream, into buffers XLA
 // allocates.
 //

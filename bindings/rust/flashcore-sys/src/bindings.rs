@@ -217,7 +217,7 @@ pub struct flashcore_forward_params {
     #[doc = " flashcore_merge_states). Splitting lets calls that are too small to"]
     #[doc = " fill the GPU (decode, chunked prefill, few heads) use every SM."]
     #[doc = "   0 (the default): chosen per call from the grid, the device's"]
-    #[doc = "     multiprocessor count and seqlen_k (docs/perf-notes.md gives the"]
+    #[doc = "     multiprocessor count and seqlen_k (docs/log/perf.md gives the"]
     #[doc = "     measured crossovers); usually 1 where the grid fills the GPU."]
     #[doc = "     Decode over sequences of their own lengths (seqused_k or"]
     #[doc = "     cu_seqlens_k set) splits even a full grid where seqlen_k is long,"]
