@@ -39,52 +39,63 @@ flashcore_status sm90_setting_usable(const flashcore_handle_s &h, const char *se
     return FLASHCORE_STATUS_SUCCESS;
 }
 
+// The values FLASHCORE_FWD_VARIANT and FLASHCORE_BWD_VARIANT both take for a
+// path: the portable kernels, or the sm_90a (Hopper) ones. Until 0.9 the
+// forward also takes its old name for the Hopper path, sm90.
+constexpr const char *kPortablePath = "portable";
+constexpr const char *kHopperPath = "hopper";
+constexpr const char *kOldForwardHopperPath = "sm90";
+
 // FLASHCORE_FWD_VARIANT chooses the forward kernel for every call of the
 // handle (unset or empty: per call, the sm_90a kernel where it runs):
 //   portable        the portable kernel, tile variant chosen per call;
 //   large|keysplit|keysplit4|decode  the portable kernel with that tile variant
 //                   (the pinnable tiles of kernels/fwd/tiles.def);
-//   sm90            the sm_90a kernel; an error where it cannot run.
+//   hopper (sm90)   the sm_90a kernel; an error where it cannot run.
 flashcore_status read_fwd_variant(const flashcore_handle_s &h, EnvOverrides *env) {
     const bool has_sm90_kernels = fwd_kernels().has_path(KernelPath::kSm90);
     env->use_sm90 = has_sm90_kernels && h.cc_major == 9 && h.cc_minor == 0;
     const char *value = std::getenv("FLASHCORE_FWD_VARIANT");
     if (value == nullptr || *value == '\0') return FLASHCORE_STATUS_SUCCESS;
-    if (std::strcmp(value, "sm90") == 0) {
+    if (std::strcmp(value, kHopperPath) == 0 || std::strcmp(value, kOldForwardHopperPath) == 0) {
         env->sm90_forced = true;
-        return sm90_setting_usable(h, "FLASHCORE_FWD_VARIANT=sm90", has_sm90_kernels);
+        char setting[64];
+        std::snprintf(setting, sizeof setting, "FLASHCORE_FWD_VARIANT=%s", value);
+        return sm90_setting_usable(h, setting, has_sm90_kernels);
     }
     env->use_sm90 = false;
-    if (std::strcmp(value, "portable") == 0) return FLASHCORE_STATUS_SUCCESS;
+    if (std::strcmp(value, kPortablePath) == 0) return FLASHCORE_STATUS_SUCCESS;
     FwdVariant pinned{};
     if (fwd_pinnable_tile(value, &pinned)) {
         env->forced_variant = pinned;
         return FLASHCORE_STATUS_SUCCESS;
     }
     return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                "FLASHCORE_FWD_VARIANT is '%.64s'; it must be unset, empty, 'sm90', 'portable', %s", value,
-                fwd_pinnable_tile_names());
+                "FLASHCORE_FWD_VARIANT is '%.64s'; it must be unset, empty, '%s', '%s' ('%s' until 0.9), %s", value,
+                kPortablePath, kHopperPath, kOldForwardHopperPath, fwd_pinnable_tile_names());
 }
 
 // FLASHCORE_BWD_VARIANT chooses the backward kernel for every call of the
 // handle: unset or empty, the sm_90a kernel where it runs and has the call's
 // head dims (else the portable one); hopper, the same, but an error where
-// the device or the build has no sm_90a backward kernels; kvblock, the
-// portable kernel.
+// the device or the build has no sm_90a backward kernels; portable, or its
+// one tile kvblock, the portable kernel.
 flashcore_status read_bwd_variant(const flashcore_handle_s &h, EnvOverrides *env) {
     const bool has_sm90_kernels = bwd_kernels().has_path(KernelPath::kSm90);
     env->bwd_use_sm90 = has_sm90_kernels && h.cc_major == 9 && h.cc_minor == 0;
     const char *value = std::getenv("FLASHCORE_BWD_VARIANT");
     if (value == nullptr || *value == '\0') return FLASHCORE_STATUS_SUCCESS;
-    if (std::strcmp(value, "hopper") == 0) {
+    if (std::strcmp(value, kHopperPath) == 0) {
         return sm90_setting_usable(h, "FLASHCORE_BWD_VARIANT=hopper", has_sm90_kernels);
     }
-    if (std::strcmp(value, "kvblock") == 0) {
+    if (std::strcmp(value, kPortablePath) == 0 || std::strcmp(value, "kvblock") == 0) {
         env->bwd_use_sm90 = false;
         return FLASHCORE_STATUS_SUCCESS;
     }
     return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                "FLASHCORE_BWD_VARIANT is '%.64s'; it must be unset, empty, 'hopper' or 'kvblock'", value);
+                "FLASHCORE_BWD_VARIANT is '%.64s'; it must be unset, empty, '%s', '%s' or 'kvblock' (the portable "
+                "kernel's one tile)",
+                value, kPortablePath, kHopperPath);
 }
 
 // The environment variable `name` as a whole number from min to max:

@@ -352,6 +352,57 @@ TEST(EmulatedGpu, EveryCheckedBackwardCallPlans) {
     }
 }
 
+namespace {
+
+// Whether a call on an emulated handle reached the launch with a plan on
+// `kernel` ("sm_90a" or "portable").
+testing::AssertionResult planned_on(flashcore_status status, const char *gpu, const char *kernel) {
+    const testing::AssertionResult reached = planned(status, gpu);
+    if (!reached) return reached;
+    const std::string message = flashcore_last_error_message();
+    if (message.find(kernel) != std::string::npos) return testing::AssertionSuccess();
+    return testing::AssertionFailure() << "expected the " << kernel << " kernel: " << message;
+}
+
+// A grid the sm_90a kernels take: 1 x 16 heads x 64 blocks of 128 rows, bf16, d128.
+const struct {
+    int32_t batch, seqlen_q, seqlen_k, heads_q, heads_kv;
+    bool causal;
+    float softcap;
+} kOneLongBatch{1, 8192, 8192, 16, 16, false, 0.f};
+
+flashcore_forward_params one_long_batch_forward() {
+    flashcore_forward_params p;
+    EXPECT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
+    p.dtype = FLASHCORE_DTYPE_BF16;
+    set_shape(p, kOneLongBatch, 128, 128);
+    p.q = fake_tensor(0), p.k = fake_tensor(1), p.v = fake_tensor(2), p.out = fake_tensor(3);
+    EXPECT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+    return p;
+}
+
+flashcore_backward_params one_long_batch_backward() {
+    flashcore_backward_params b;
+    EXPECT_EQ(flashcore_backward_params_init(&b, sizeof b), FLASHCORE_STATUS_SUCCESS);
+    b.dtype = FLASHCORE_DTYPE_BF16;
+    set_shape(b, kOneLongBatch, 128, 128);
+    b.q = fake_tensor(0), b.k = fake_tensor(1), b.v = fake_tensor(2), b.out = fake_tensor(3);
+    b.dout = fake_tensor(4);
+    b.lse = static_cast<const float *>(fake_tensor(5));
+    b.dq = fake_tensor(6), b.dk = fake_tensor(7), b.dv = fake_tensor(8);
+    EXPECT_EQ(flashcore_backward_set_contiguous_strides(&b, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+    return b;
+}
+
+// flashcore_backward of checked params on an emulated handle, as forward_on.
+flashcore_status backward_on(flashcore_handle h, const flashcore_backward_params &b, size_t *workspace_bytes) {
+    flashcore_status status = flashcore_backward_workspace_size(h, &b, workspace_bytes);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    return flashcore_backward(h, &b, fake_tensor(20), *workspace_bytes, nullptr);
+}
+
+}  // namespace
+
 // Whether the TMA unit can describe the tensors is planning's to decide
 // (the plan is final before anything launches): on an H100, a batch of one
 // whose batch strides are 2^40 bytes (the stride of a dimension of extent 1
@@ -360,55 +411,78 @@ TEST(EmulatedGpu, EveryCheckedBackwardCallPlans) {
 TEST(EmulatedGpu, PlanningDecidesWhatTheTmaUnitCanDescribe) {
     EmulatedHandle h("h100");
     constexpr int64_t kUndescribableBatchStride = int64_t(1) << 39;  // elements: 2^40 bytes of bf16
-    const auto plan_names = [](flashcore_status status, const char *kernel) -> testing::AssertionResult {
-        const testing::AssertionResult reached = planned(status, "h100");
-        if (!reached) return reached;
-        const std::string message = flashcore_last_error_message();
-        if (message.find(kernel) != std::string::npos) return testing::AssertionSuccess();
-        return testing::AssertionFailure() << "expected the " << kernel << " kernel: " << message;
-    };
-    // A grid the sm_90a kernels take: 1 x 16 heads x 64 blocks of 128 rows.
-    const struct {
-        int32_t batch, seqlen_q, seqlen_k, heads_q, heads_kv;
-        bool causal;
-        float softcap;
-    } one_batch{1, 8192, 8192, 16, 16, false, 0.f};
-    flashcore_forward_params p;
-    ASSERT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
-    p.dtype = FLASHCORE_DTYPE_BF16;
-    set_shape(p, one_batch, 128, 128);
-    p.q = fake_tensor(0), p.k = fake_tensor(1), p.v = fake_tensor(2), p.out = fake_tensor(3);
-    ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+    flashcore_forward_params p = one_long_batch_forward();
     size_t workspace_bytes = 0;
-    EXPECT_TRUE(plan_names(forward_on(h.handle, p, &workspace_bytes), "sm_90a"));
+    EXPECT_TRUE(planned_on(forward_on(h.handle, p, &workspace_bytes), "h100", "sm_90a"));
     for (int64_t *stride : {&p.q_batch_stride, &p.k_batch_stride, &p.v_batch_stride, &p.out_batch_stride}) {
         const int64_t contiguous = *stride;
         *stride = kUndescribableBatchStride;
         ASSERT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
-        EXPECT_TRUE(plan_names(forward_on(h.handle, p, &workspace_bytes), "portable"));
+        EXPECT_TRUE(planned_on(forward_on(h.handle, p, &workspace_bytes), "h100", "portable"));
         *stride = contiguous;
     }
 
-    flashcore_backward_params b;
-    ASSERT_EQ(flashcore_backward_params_init(&b, sizeof b), FLASHCORE_STATUS_SUCCESS);
-    b.dtype = FLASHCORE_DTYPE_BF16;
-    set_shape(b, one_batch, 128, 128);
-    b.q = fake_tensor(0), b.k = fake_tensor(1), b.v = fake_tensor(2), b.out = fake_tensor(3);
-    b.dout = fake_tensor(4);
-    b.lse = static_cast<const float *>(fake_tensor(5));
-    b.dq = fake_tensor(6), b.dk = fake_tensor(7), b.dv = fake_tensor(8);
-    ASSERT_EQ(flashcore_backward_set_contiguous_strides(&b, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
-    ASSERT_EQ(flashcore_backward_workspace_size(h.handle, &b, &workspace_bytes), FLASHCORE_STATUS_SUCCESS);
-    EXPECT_TRUE(plan_names(flashcore_backward(h.handle, &b, fake_tensor(20), workspace_bytes, nullptr), "sm_90a"));
+    flashcore_backward_params b = one_long_batch_backward();
+    EXPECT_TRUE(planned_on(backward_on(h.handle, b, &workspace_bytes), "h100", "sm_90a"));
     for (int64_t *stride : {&b.q_batch_stride, &b.k_batch_stride, &b.v_batch_stride, &b.dout_batch_stride}) {
         const int64_t contiguous = *stride;
         *stride = kUndescribableBatchStride;
         ASSERT_EQ(flashcore_backward_check(&b), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
         size_t bytes = 0;
-        ASSERT_EQ(flashcore_backward_workspace_size(h.handle, &b, &bytes), FLASHCORE_STATUS_SUCCESS);
+        EXPECT_TRUE(planned_on(backward_on(h.handle, b, &bytes), "h100", "portable"));
         EXPECT_EQ(bytes, workspace_bytes) << "the workspace depends on the shapes only";
-        EXPECT_TRUE(plan_names(flashcore_backward(h.handle, &b, fake_tensor(20), bytes, nullptr), "portable"));
         *stride = contiguous;
+    }
+}
+
+// FLASHCORE_FWD_VARIANT and FLASHCORE_BWD_VARIANT take the same path names,
+// portable and hopper (the forward's old name for hopper, sm90, until 0.9),
+// and hopper is refused where the sm_90a kernels cannot run.
+TEST(EmulatedGpu, VariantVariablesTakeTheSamePathNames) {
+    const flashcore_forward_params p = one_long_batch_forward();
+    const flashcore_backward_params b = one_long_batch_backward();
+    flashcore_forward_params short_call = p;
+    short_call.seqlen_q = short_call.seqlen_k = 64;
+    short_call.num_heads_q = short_call.num_heads_kv = 1;
+    ASSERT_EQ(flashcore_set_contiguous_strides(&short_call, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+    size_t bytes = 0;
+    for (const char *hopper : {"hopper", "sm90"}) {
+        ScopedEnv env({{"FLASHCORE_FWD_VARIANT", hopper}});
+        EmulatedHandle h("h100");
+        // Forced: even a call too short to fill the GPU.
+        EXPECT_TRUE(planned_on(forward_on(h.handle, short_call, &bytes), "h100", "sm_90a")) << hopper;
+    }
+    for (const auto &[variable, value] : {std::pair{"FLASHCORE_FWD_VARIANT", "portable"},
+                                          std::pair{"FLASHCORE_BWD_VARIANT", "portable"},
+                                          std::pair{"FLASHCORE_BWD_VARIANT", "kvblock"}}) {
+        ScopedEnv env({{variable, value}});
+        EmulatedHandle h("h100");
+        const bool forward = std::strcmp(variable, "FLASHCORE_FWD_VARIANT") == 0;
+        EXPECT_TRUE(planned_on(forward ? forward_on(h.handle, p, &bytes) : backward_on(h.handle, b, &bytes), "h100",
+                               "portable"))
+            << variable << "=" << value;
+    }
+    {
+        ScopedEnv env({{"FLASHCORE_BWD_VARIANT", "hopper"}});
+        EmulatedHandle h("h100");
+        EXPECT_TRUE(planned_on(backward_on(h.handle, b, &bytes), "h100", "sm_90a"));
+    }
+    for (const char *variable : {"FLASHCORE_FWD_VARIANT", "FLASHCORE_BWD_VARIANT"}) {
+        ScopedEnv env({{variable, "hopper"}, {"FLASHCORE_TEST_EMULATE_GPU", "a100"}});
+        flashcore_handle h = nullptr;
+        EXPECT_EQ(flashcore_create(&h), FLASHCORE_STATUS_UNSUPPORTED) << variable;
+        EXPECT_NE(std::string(flashcore_last_error_message()).find(std::string(variable) + "=hopper"),
+                  std::string::npos)
+            << flashcore_last_error_message();
+        EXPECT_EQ(h, nullptr);
+    }
+    for (const char *variable : {"FLASHCORE_FWD_VARIANT", "FLASHCORE_BWD_VARIANT"}) {
+        ScopedEnv env({{variable, "sm91"}, {"FLASHCORE_TEST_EMULATE_GPU", "h100"}});
+        flashcore_handle h = nullptr;
+        EXPECT_EQ(flashcore_create(&h), FLASHCORE_STATUS_INVALID_ARGUMENT) << variable;
+        const std::string message = flashcore_last_error_message();
+        EXPECT_NE(message.find("'portable', 'hopper'"), std::string::npos) << message;
+        EXPECT_EQ(h, nullptr);
     }
 }
 
