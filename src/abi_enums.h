@@ -3,6 +3,7 @@
  * not load an enum outside its enumerators' range (UBSan: -fsanitize=enum),
  * and callers in C, Python or Rust can pass any int. The C definitions pass
  * the value on as an int32_t to these C++ implementations, which check it.
+ * A family's own are beside it (src/<family>/abi_enums.{h,c}).
  * (Not prefixed flashcore_: the version script exports only that prefix.) */
 #ifndef FLASHCORE_ABI_ENUMS_H
 #define FLASHCORE_ABI_ENUMS_H
@@ -17,14 +18,6 @@ extern "C" {
 
 /* flashcore_status_string of the status value `status`. */
 const char *fcimpl_status_string(int32_t status);
-
-/* flashcore_set_contiguous_strides with the layout value `layout`; returns a
- * flashcore_status. */
-int32_t fcimpl_set_contiguous_strides(flashcore_forward_params *params, int32_t layout);
-
-/* flashcore_backward_set_contiguous_strides with the layout value `layout`;
- * returns a flashcore_status. */
-int32_t fcimpl_backward_set_contiguous_strides(flashcore_backward_params *params, int32_t layout);
 
 #ifdef __cplusplus
 }

@@ -9,94 +9,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <new>
 #include <string>
 
 #include "common/driver_function.h"
 #include "error.h"
-#include "bwd/registry.h"
-#include "fwd/registry.h"
 
 namespace flashcore {
 namespace {
-
-// SUCCESS where a setting that asks for the sm_90a kernels (`setting`,
-// quoted in the message) can have them: the build has them (has_kernels)
-// and the device is compute capability 9.0; UNSUPPORTED, saying which is
-// missing, elsewhere.
-flashcore_status sm90_setting_usable(const flashcore_handle_s &h, const char *setting, bool has_kernels) {
-    if (!has_kernels) {
-        return fail(FLASHCORE_STATUS_UNSUPPORTED,
-                    "%s, but this library was built without the sm_90a kernels (configure with an sm_90 target or "
-                    "-DFLASHCORE_ENABLE_SM90=ON)",
-                    setting);
-    }
-    if (h.cc_major != 9 || h.cc_minor != 0) {
-        return fail(FLASHCORE_STATUS_UNSUPPORTED,
-                    "%s, but device %d has compute capability %d.%d; the sm_90a kernels run on 9.0 (H100, H200) only",
-                    setting, h.device, h.cc_major, h.cc_minor);
-    }
-    return FLASHCORE_STATUS_SUCCESS;
-}
-
-// The values FLASHCORE_FWD_VARIANT and FLASHCORE_BWD_VARIANT both take for a
-// path: the portable kernels, or the sm_90a (Hopper) ones. Until 0.9 the
-// forward also takes its old name for the Hopper path, sm90.
-constexpr const char *kPortablePath = "portable";
-constexpr const char *kHopperPath = "hopper";
-constexpr const char *kOldForwardHopperPath = "sm90";
-
-// FLASHCORE_FWD_VARIANT chooses the forward kernel for every call of the
-// handle (unset or empty: per call, the sm_90a kernel where it runs):
-//   portable        the portable kernel, tile variant chosen per call;
-//   large|keysplit|keysplit4|decode  the portable kernel with that tile variant
-//                   (the pinnable tiles of kernels/fwd/tiles.def);
-//   hopper (sm90)   the sm_90a kernel; an error where it cannot run.
-flashcore_status read_fwd_variant(const flashcore_handle_s &h, EnvOverrides *env) {
-    const bool has_sm90_kernels = fwd_kernels().has_path(KernelPath::kSm90);
-    env->use_sm90 = has_sm90_kernels && h.cc_major == 9 && h.cc_minor == 0;
-    const char *value = std::getenv("FLASHCORE_FWD_VARIANT");
-    if (value == nullptr || *value == '\0') return FLASHCORE_STATUS_SUCCESS;
-    if (std::strcmp(value, kHopperPath) == 0 || std::strcmp(value, kOldForwardHopperPath) == 0) {
-        env->sm90_forced = true;
-        char setting[64];
-        std::snprintf(setting, sizeof setting, "FLASHCORE_FWD_VARIANT=%s", value);
-        return sm90_setting_usable(h, setting, has_sm90_kernels);
-    }
-    env->use_sm90 = false;
-    if (std::strcmp(value, kPortablePath) == 0) return FLASHCORE_STATUS_SUCCESS;
-    FwdVariant pinned{};
-    if (fwd_pinnable_tile(value, &pinned)) {
-        env->forced_variant = pinned;
-        return FLASHCORE_STATUS_SUCCESS;
-    }
-    return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                "FLASHCORE_FWD_VARIANT is '%.64s'; it must be unset, empty, '%s', '%s' ('%s' until 0.9), %s", value,
-                kPortablePath, kHopperPath, kOldForwardHopperPath, fwd_pinnable_tile_names());
-}
-
-// FLASHCORE_BWD_VARIANT chooses the backward kernel for every call of the
-// handle: unset or empty, the sm_90a kernel where it runs and has the call's
-// head dims (else the portable one); hopper, the same, but an error where
-// the device or the build has no sm_90a backward kernels; portable, or its
-// one tile kvblock, the portable kernel.
-flashcore_status read_bwd_variant(const flashcore_handle_s &h, EnvOverrides *env) {
-    const bool has_sm90_kernels = bwd_kernels().has_path(KernelPath::kSm90);
-    env->bwd_use_sm90 = has_sm90_kernels && h.cc_major == 9 && h.cc_minor == 0;
-    const char *value = std::getenv("FLASHCORE_BWD_VARIANT");
-    if (value == nullptr || *value == '\0') return FLASHCORE_STATUS_SUCCESS;
-    if (std::strcmp(value, kHopperPath) == 0) {
-        return sm90_setting_usable(h, "FLASHCORE_BWD_VARIANT=hopper", has_sm90_kernels);
-    }
-    if (std::strcmp(value, kPortablePath) == 0 || std::strcmp(value, "kvblock") == 0) {
-        env->bwd_use_sm90 = false;
-        return FLASHCORE_STATUS_SUCCESS;
-    }
-    return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                "FLASHCORE_BWD_VARIANT is '%.64s'; it must be unset, empty, '%s', '%s' or 'kvblock' (the portable "
-                "kernel's one tile)",
-                value, kPortablePath, kHopperPath);
-}
 
 // The environment variable `name` as a whole number from min to max:
 // SUCCESS with *found false where it is unset or empty; INVALID_ARGUMENT,
@@ -161,6 +82,25 @@ flashcore_status read_smem_per_block_choice(const flashcore_handle_s &h, EnvOver
 
 }  // namespace
 
+bool runs_hopper_kernels(const flashcore_handle_s &h, bool has_kernels) {
+    return has_kernels && h.cc_major == 9 && h.cc_minor == 0;
+}
+
+flashcore_status hopper_setting_usable(const flashcore_handle_s &h, const char *setting, bool has_kernels) {
+    if (!has_kernels) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "%s, but this library was built without the sm_90a kernels (configure with an sm_90 target or "
+                    "-DFLASHCORE_ENABLE_SM90=ON)",
+                    setting);
+    }
+    if (!runs_hopper_kernels(h, has_kernels)) {
+        return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                    "%s, but device %d has compute capability %d.%d; the sm_90a kernels run on 9.0 (H100, H200) only",
+                    setting, h.device, h.cc_major, h.cc_minor);
+    }
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
 flashcore_status check_kernel_smem(const flashcore_handle_s &handle, const char *kernel, int32_t head_dim,
                                    int32_t head_dim_v, size_t smem_bytes) {
     if (smem_bytes <= handle.max_smem_per_block) return FLASHCORE_STATUS_SUCCESS;
@@ -182,10 +122,18 @@ namespace {
 // Every environment variable a handle reads, for the device in h.
 flashcore_status read_env_overrides(const flashcore_handle_s &h, EnvOverrides *env) {
     *env = EnvOverrides{};
-    flashcore_status status = read_fwd_variant(h, env);
-    if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    status = read_bwd_variant(h, env);
-    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    using SettingsReader = flashcore_status (*)(const flashcore_handle_s &, FamilySettings *);
+    constexpr SettingsReader kSettingsReaders[] = {
+#define FLASHCORE_FAMILY(name) &read_##name##_settings,
+#include "families.inc"
+#undef FLASHCORE_FAMILY
+    };
+    static_assert(std::size(kSettingsReaders) == size_t(Family::kCount), "a reader per family of the list");
+    flashcore_status status = FLASHCORE_STATUS_SUCCESS;
+    for (size_t family = 0; family < std::size(kSettingsReaders); ++family) {
+        status = kSettingsReaders[family](h, &env->families[family]);
+        if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    }
     status = read_persistent_ctas(h, env);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     status = read_smem_per_block_choice(h, env);

@@ -4,9 +4,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 
-#include "fwd/params.h"
+#include "family_settings.h"
 #include "flashcore.h"
 
 namespace flashcore {
@@ -15,20 +14,9 @@ namespace flashcore {
 // read_env_overrides when the handle is created (tests and benchmarks use
 // these variables to pin a kernel; see README's Environment section).
 struct EnvOverrides {
-    // FLASHCORE_FWD_VARIANT=large|keysplit|keysplit4|decode: every call uses the portable
-    // kernel with that tile variant. Empty: chosen per call.
-    std::optional<FwdVariant> forced_variant;
-    // Whether calls may use the sm_90a kernels: the library has them, the
-    // device is compute capability 9.0, and FLASHCORE_FWD_VARIANT does not
-    // ask for the portable path.
-    bool use_sm90 = false;
-    // FLASHCORE_FWD_VARIANT=sm90: every call the sm_90a kernel can serve uses
-    // it, however small.
-    bool sm90_forced = false;
-    // Whether backward calls may use the sm_90a backward kernels: the
-    // library has them, the device is compute capability 9.0, and
-    // FLASHCORE_BWD_VARIANT does not ask for the portable kernel (kvblock).
-    bool bwd_use_sm90 = false;
+    // Each family's settings (family_settings.h), by Family.
+    FamilySettings families[size_t(Family::kCount)];
+    const FamilySettings &settings(Family family) const { return families[size_t(family)]; }
     // CTAs a persistent kernel may launch: the device's SM count, or fewer
     // where FLASHCORE_PERSISTENT_CTAS asks (tests: with a few CTAs, each walks
     // many query blocks).

@@ -50,7 +50,7 @@ flashcore_status plan_backward(const flashcore_handle_s &handle, const flashcore
     // The sm_90a kernel where the handle may use it, it has the call's head
     // dims (no softcap: its dS has no (1 - tanh^2) factor) and fits the
     // handle's shared memory, and the TMA unit can describe the tensors.
-    if (handle.env.bwd_use_sm90 && p.softcap == 0.f) {
+    if (handle.env.settings(Family::bwd).use_hopper && p.softcap == 0.f) {
         const BwdKernel *sm90 =
             bwd_kernels().find(KernelPath::kSm90, kernel->input, kernel->kv, kernel->dims, BwdVariant::kHopper);
         if (sm90 != nullptr && sm90->info(handle.max_smem_per_block).smem_bytes <= handle.max_smem_per_block &&

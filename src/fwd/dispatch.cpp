@@ -173,8 +173,9 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
         const FwdKernel *kernel = serving(variant);
         return kernel != nullptr && kernel->info().smem_bytes <= handle.max_smem_per_block ? kernel : nullptr;
     };
-    if (handle.env.forced_variant) {
-        *chosen = fitting(*handle.env.forced_variant);
+    const FamilySettings &settings = handle.env.settings(Family::fwd);
+    if (settings.pinned_tile != FamilySettings::kNoPinnedTile) {
+        *chosen = fitting(FwdVariant(settings.pinned_tile));
         if (*chosen != nullptr) return FLASHCORE_STATUS_SUCCESS;
     }
     const FwdKernel *large = fitting(FwdVariant::kLargeTiles);
@@ -233,10 +234,11 @@ bool tma_describes(const flashcore_forward_params &p, const FwdKernel &kernel) {
 
 bool plan_sm90(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype, HeadDims dims,
                ForwardPlan *plan) {
-    if (!handle.env.use_sm90) return false;
+    const FamilySettings &settings = handle.env.settings(Family::fwd);
+    if (!settings.use_hopper) return false;
     // The sm_90a kernel reads K/V of q's type only.
     if (has_quantized_kv(p)) return false;
-    if (p.seqlen_q < kSm90MinSeqlenQ && !handle.env.sm90_forced) return false;
+    if (p.seqlen_q < kSm90MinSeqlenQ && !settings.hopper_forced) return false;
     const FwdKernel *sm90 = fwd_kernels().find(KernelPath::kSm90, dtype, dtype, dims, FwdVariant::kPersistent);
     if (sm90 == nullptr || sm90->info().smem_bytes > handle.max_smem_per_block) return false;
     // Tensors the TMA unit cannot describe: the portable kernel serves them.
@@ -246,7 +248,7 @@ bool plan_sm90(const flashcore_handle_s &handle, const flashcore_forward_params 
     const int splits =
         p.num_splits > 0 ? p.num_splits : heuristic_splits(blocks, handle.num_sms, key_steps(p, *sm90));
     const bool fills_sms = splits > 1 || double(blocks) >= kSplitMinGridFill * handle.num_sms;
-    if (!fills_sms && !handle.env.sm90_forced) return false;
+    if (!fills_sms && !settings.hopper_forced) return false;
     *plan = ForwardPlan{sm90, splits, 1};
     return true;
 }

@@ -1,0 +1,7 @@
+/* flashcore_backward_set_contiguous_strides, which takes an enum by value: see src/abi_enums.h
+ * for why it is C. */
+#include "bwd/abi_enums.h"
+
+flashcore_status flashcore_backward_set_contiguous_strides(flashcore_backward_params *params, flashcore_layout layout) {
+    return (flashcore_status)fcimpl_backward_set_contiguous_strides(params, (int32_t)layout);
+}
