@@ -11,7 +11,7 @@ import re
 import sys
 from typing import Any
 
-from ._checked import fits, whole_number
+from ._fields import fits, whole_number
 from ._errors import InvalidArgumentError, MisalignedError
 
 # More dimensions than any array this package reads: a DLPack ndim past it
@@ -472,7 +472,7 @@ def describe_first(x, name, stream):
 
 
 # --------------------------------------------------------------------------
-# Signatures: what the call cache (flashcore._planning) keys on
+# Signatures: what the call cache (flashcore._plan) keys on
 # --------------------------------------------------------------------------
 
 _ADDRESS_END = 2 ** (8 * ctypes.sizeof(ctypes.c_void_p))

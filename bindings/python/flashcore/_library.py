@@ -11,9 +11,8 @@ import threading
 from typing import Optional
 
 from . import _ffi
-from ._checked import fits, struct_ref, whole_number
-from ._errors import FlashcoreError, LibraryError, error_for_status
-from ._fields import int_range
+from ._errors import FlashcoreError, InvalidArgumentTypeError, LibraryError, error_for_status
+from ._fields import fits, int_range, whole_number
 
 ENV_VAR = "FLASHCORE_LIBRARY"
 # Picks the bundled build by CUDA major, overriding the driver-based choice.
@@ -27,6 +26,23 @@ _C_INT_RANGE = int_range(ctypes.c_int)
 FORWARD_PARAMS_FROM = "from flashcore.forward_params()"
 BACKWARD_PARAMS_FROM = "from flashcore.backward_params()"
 MERGE_PARAMS_FROM = "from flashcore.merge_params()"
+# The params structs by the names the package exports them under.
+STRUCT_NAMES = {_ffi.flashcore_forward_params: "flashcore.ForwardParams",
+                _ffi.flashcore_backward_params: "flashcore.BackwardParams",
+                _ffi.flashcore_merge_params: "flashcore.MergeParams"}
+
+
+def struct_ref(value, struct, what, made_by):
+    """ctypes.byref(value), value a `struct` (a params struct of _ffi; made_by
+    says where one comes from). Anything else is refused naming `what`:
+    ctypes would raise its own TypeError or ArgumentError, naming neither
+    the argument nor the type it takes."""
+    if not isinstance(value, struct):
+        got = next((name for s, name in STRUCT_NAMES.items() if isinstance(value, s)), None)
+        raise InvalidArgumentTypeError("%s must be a %s (%s), got %s"
+                                       % (what, STRUCT_NAMES[struct], made_by,
+                                          got or ("None" if value is None else type(value).__name__)))
+    return ctypes.byref(value)
 
 
 def library_names():
