@@ -114,33 +114,36 @@ def _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, 
     (Positional: keywords cost host time on every call.)"""
     descales = (q_descale, k_descale, v_descale)
     # Under torch.compile, and where the result must be differentiable: flashcore::forward.
-    traced = tracing()
-    if (not traced and stream is None and workspace is None and lse is None and cu_seqlens_q is None
-            and cu_seqlens_k is None and block_table is None):
-        fast = _fast if _fast is not None else _load_fast()
-        if fast and not fast_asked:
-            result = fast.call(q, k, v, out, seqused_k, q_descale, k_descale, v_descale, layout, options, return_lse)
-            if result is not None:
+    # (Tracing returns first: a plain call then asks it once, wants_grad nothing.)
+    differentiable = None
+    if not tracing():
+        if (stream is None and workspace is None and lse is None and cu_seqlens_q is None and cu_seqlens_k is None
+                and block_table is None):
+            fast = _fast if _fast is not None else _load_fast()
+            if fast and not fast_asked:
+                result = fast.call(q, k, v, out, seqused_k, q_descale, k_descale, v_descale, layout, options,
+                                   return_lse)
+                if result is not None:
+                    return result
+        # (Before planning: a differentiable call is planned below autograd, by _forward_below_autograd.)
+        if not wants_grad(q, k, v, detach):
+            planned = plan_of((q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table) + descales,
+                              layout, options, return_lse, max_seqlen_q, max_seqlen_k, workspace)
+            plan = planned[1]
+            if plan is not None and plan.plain_torch and stream is None:
+                result = launch_plain(plan, planned[2], q, out, return_lse)
+                if _fast:
+                    _plan.remember(_fast, plan, q, k, v, out, seqused_k, descales, layout, options, return_lse)
                 return result
-    # (Before planning: a differentiable call is planned below autograd, by _forward_below_autograd.)
-    differentiable = not traced and wants_grad(q, k, v, detach)
-    if traced or differentiable:
-        return operator_forward(q, k, v, layout=layout, options=options, out=out, lse=lse, return_lse=return_lse,
-                                stream=stream, workspace=workspace, detach=detach, seqused_k=seqused_k,
-                                cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
-                                max_seqlen_k=max_seqlen_k, block_table=block_table, deterministic=deterministic,
-                                descales=descales, differentiable=differentiable or None)
-    planned = plan_of((q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table) + descales, layout,
-                      options, return_lse, max_seqlen_q, max_seqlen_k, workspace)
-    plan = planned[1]
-    if plan is not None and plan.plain_torch and stream is None:
-        result = launch_plain(plan, planned[2], q, out, return_lse)
-        if _fast:
-            _plan.remember(_fast, plan, q, k, v, out, seqused_k, descales, layout, options, return_lse)
-        return result
-    return launch(prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, seqused_k, cu_seqlens_q,
-                          max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table, seqused_k_name, q_descale, k_descale,
-                          v_descale, planned))
+            return launch(prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, seqused_k,
+                                  cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table,
+                                  seqused_k_name, q_descale, k_descale, v_descale, planned))
+        differentiable = True
+    return operator_forward(q, k, v, layout=layout, options=options, out=out, lse=lse, return_lse=return_lse,
+                            stream=stream, workspace=workspace, detach=detach, seqused_k=seqused_k,
+                            cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
+                            max_seqlen_k=max_seqlen_k, block_table=block_table, deterministic=deterministic,
+                            descales=descales, differentiable=differentiable)
 
 
 def _forward_below_autograd(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k,
