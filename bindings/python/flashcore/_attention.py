@@ -12,13 +12,13 @@ import sys
 from typing import Any, List, Optional, Tuple, Union
 
 from . import _backward, _ffi, _plan, _torch_ops
-from ._arrays import Array, describe, describe_first, full, is_cupy, is_torch, shape_of
+from ._arrays import Array, describe, is_cupy, is_torch, shape_of
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError
 from ._fields import fits
 from ._library import library, struct_ref
 from ._params import (LAYOUT_AXES, _batch_from_cu_seqlens, _build, _descales, _layout, _options, _sequences,
                       _softmax_scale)
-from ._plan import launch, launch_plain, plan_of, prepare
+from ._plan import describe_first, full, launch, launch_plain, plan_of, prepare
 from ._torch_ops import operator_forward, traced_full_int32, tracing, wants_grad
 
 

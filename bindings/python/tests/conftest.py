@@ -95,7 +95,7 @@ def fake_gpu(lib, monkeypatch):
 
     handle = FakeGpuHandle(torch)
     monkeypatch.setattr(_arrays, "_from_torch", as_on_device_0)
-    monkeypatch.setattr(_arrays, "current_stream", lambda info: 0)
+    monkeypatch.setattr(_plan, "current_stream", lambda info: 0)
     monkeypatch.setattr(_plan, "check_known_to_driver", lambda infos: None)
     monkeypatch.setattr(_plan, "allocate", lambda like, shape, dtype, stream, what: torch.empty(
         shape, dtype=like.obj.dtype if dtype is None else getattr(torch, dtype)))

@@ -284,8 +284,8 @@ def test_a_shape_of_floats_is_refused_after_its_int_twin_is_cached(queued):
 
 def test_cai_stream_is_the_default_stream():
     a = _arrays.describe(FakeCudaArray((1, 1, 8, 64), stream=0xABC0), "q")
-    assert _arrays.current_stream(a) == 0xABC0
-    assert _arrays.current_stream(_arrays.describe(FakeCudaArray((1, 1, 8, 64)), "q")) == 0
+    assert _plan.current_stream(a) == 0xABC0
+    assert _plan.current_stream(_arrays.describe(FakeCudaArray((1, 1, 8, 64)), "q")) == 0
 
 
 @pytest.mark.parametrize("code,bits,name", [(2, 16, "float16"), (4, 16, "bfloat16"), (2, 32, "float32")])
@@ -326,14 +326,14 @@ def test_stream_pointer_forms():
     class CupyLike:
         ptr = 0x7000
 
-    assert _arrays.stream_pointer(0) == 0 and _arrays.stream_pointer(0x1000) == 0x1000
-    assert _arrays.stream_pointer(ctypes.c_void_p(0x2000)) == 0x2000
-    assert _arrays.stream_pointer(CudaStreamProtocol()) == 0x5000
-    assert _arrays.stream_pointer(TorchLike()) == 0x6000
-    assert _arrays.stream_pointer(CupyLike()) == 0x7000
+    assert _plan.stream_pointer(0) == 0 and _plan.stream_pointer(0x1000) == 0x1000
+    assert _plan.stream_pointer(ctypes.c_void_p(0x2000)) == 0x2000
+    assert _plan.stream_pointer(CudaStreamProtocol()) == 0x5000
+    assert _plan.stream_pointer(TorchLike()) == 0x6000
+    assert _plan.stream_pointer(CupyLike()) == 0x7000
     for bad in (True, "stream", 1.5):
         with pytest.raises(TypeError):
-            _arrays.stream_pointer(bad)
+            _plan.stream_pointer(bad)
 
 
 # --------------------------------------------------------------------------
