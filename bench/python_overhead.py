@@ -247,7 +247,7 @@ def measure_stub(args, shape):
         def forward_unchecked(self, *unused):
             pass
 
-    flashcore._library._thread_handles.cache = {0: FakeHandle()}
+    flashcore._plan._thread_handles.cache = {0: FakeHandle()}
     _plan._handles[0] = FakeHandle()
     for given in (None, out):
         key = _plan.plan_of((q, k, v, given, None, None, None, None, None), "bhsd", options, False, None, None,

@@ -14,7 +14,8 @@ __cuda_array_interface__ arrays by the driver (their device and that it
 knows the memory).
 
 Launching. launch() queues any call prepare() made: the workspace, the
-handle and flashcore_forward (flashcore_backward: launch_backward()), on
+handle (Handle, flashcore.Handle: one device's flashcore_handle, which
+get_handle() keeps per device and thread) and flashcore_forward (flashcore_backward: launch_backward()), on
 the stream the call runs on (stream_pointer, current_stream), out, lse and
 the workspace allocated with the inputs' framework on that stream (empty,
 allocate).
@@ -37,11 +38,14 @@ import importlib.util
 import math
 import os
 import sys
+import threading
+from typing import Optional
 
 from . import _ffi
 from ._arrays import check_known_to_driver, contiguous_strides, cuda_driver, describe, pointer_device
 from ._errors import FlashcoreError, InvalidArgumentError
-from ._library import Handle, get_handle, library
+from ._fields import fits
+from ._library import BACKWARD_PARAMS_FROM, FORWARD_PARAMS_FROM, MERGE_PARAMS_FROM, library, struct_ref
 from ._params import (_backward_is_empty, _build, _build_backward, _descales, _hint_bshd, _is_empty, _layout, _names,
                       _one_device, _options, _out_shape, _sequences, _validate)
 
@@ -118,6 +122,133 @@ def torch_current_stream(device):
     """torch's current stream on a device, as a cudaStream_t int (without
     making a torch.cuda.Stream object where torch has the faster call)."""
     return torch_api().current_stream(device)
+
+
+# --------------------------------------------------------------------------
+# Handles
+# --------------------------------------------------------------------------
+
+
+class Handle:
+    """A flashcore_handle: one CUDA device's dispatch state. Close it (or use
+    it as a context manager); get_handle() keeps one per device per thread."""
+
+    def __init__(self, device=None, lib=None):
+        self._lib = lib or library()
+        raw = _ffi.flashcore_handle()
+        if device is None:
+            self._lib.check(self._lib.cdll.flashcore_create(ctypes.byref(raw)))
+        else:
+            device = fits(device, ctypes.c_int32, "device")
+            self._lib.check(self._lib.cdll.flashcore_create_for_device(ctypes.byref(raw), device))
+        self._raw = raw
+        ordinal = ctypes.c_int(-1)
+        self._lib.check(self._lib.cdll.flashcore_handle_device(raw, ctypes.byref(ordinal)))
+        self.device = ordinal.value
+
+    @property
+    def value(self):
+        """The flashcore_handle as an int (0 once closed)."""
+        if self._raw is None:
+            return 0
+        return self._raw.value or 0
+
+    def _live(self):
+        if self._raw is None:
+            raise FlashcoreError("the handle is closed")
+        return self._raw
+
+    def workspace_size(self, params):
+        """Bytes of workspace flashcore_forward needs for params on this device."""
+        params = struct_ref(params, _ffi.flashcore_forward_params, "params", FORWARD_PARAMS_FROM)
+        size = ctypes.c_size_t(0)
+        self._lib.check(self._lib.cdll.flashcore_forward_workspace_size(self._live(), params, ctypes.byref(size)))
+        return size.value
+
+    def forward(self, params, workspace=0, workspace_bytes=0, stream=0):
+        """Queues flashcore_forward. workspace and stream are raw addresses (ints)."""
+        struct_ref(params, _ffi.flashcore_forward_params, "params", FORWARD_PARAMS_FROM)
+        self.forward_unchecked(params, fits(workspace or None, ctypes.c_void_p, "workspace"),
+                               fits(workspace_bytes, ctypes.c_size_t, "workspace_bytes"),
+                               fits(stream or None, ctypes.c_void_p, "stream"))
+
+    def forward_unchecked(self, params, workspace, workspace_bytes, stream):
+        """forward() for arguments known to fit their C types: params a
+        flashcore.ForwardParams, workspace and stream ints (0 or None for
+        none), workspace_bytes an int >= 0. The cached calls' path, where
+        each conversion is host time."""
+        status = self._lib.cdll.flashcore_forward(self._live(), ctypes.byref(params), workspace or None,
+                                                  workspace_bytes, stream or None)
+        if status:
+            self._lib.check(status)
+
+    def backward_workspace_size(self, params):
+        """Bytes of workspace flashcore_backward needs for params (a
+        flashcore.BackwardParams): the fp32 dQ accumulator."""
+        params = struct_ref(params, _ffi.flashcore_backward_params, "params", BACKWARD_PARAMS_FROM)
+        size = ctypes.c_size_t(0)
+        self._lib.check(self._lib.cdll.flashcore_backward_workspace_size(self._live(), params, ctypes.byref(size)))
+        return size.value
+
+    def backward(self, params, workspace=0, workspace_bytes=0, stream=0):
+        """Queues flashcore_backward (a flashcore.BackwardParams, e.g. from
+        flashcore.backward_params). workspace and stream are raw addresses
+        (ints)."""
+        struct_ref(params, _ffi.flashcore_backward_params, "params", BACKWARD_PARAMS_FROM)
+        self.backward_unchecked(params, fits(workspace or None, ctypes.c_void_p, "workspace"),
+                                fits(workspace_bytes, ctypes.c_size_t, "workspace_bytes"),
+                                fits(stream or None, ctypes.c_void_p, "stream"))
+
+    def backward_unchecked(self, params, workspace, workspace_bytes, stream):
+        """backward() for arguments known to fit their C types, as
+        forward_unchecked()."""
+        status = self._lib.cdll.flashcore_backward(self._live(), ctypes.byref(params), workspace or None,
+                                                   workspace_bytes, stream or None)
+        if status:
+            self._lib.check(status)
+
+    def merge_states(self, params, stream=0):
+        """Queues flashcore_merge_states (a flashcore.MergeParams, e.g. from
+        flashcore.merge_params). stream is a raw cudaStream_t (an int); the
+        call needs no workspace."""
+        params = struct_ref(params, _ffi.flashcore_merge_params, "params", MERGE_PARAMS_FROM)
+        stream = fits(stream or None, ctypes.c_void_p, "stream")
+        self._lib.check(self._lib.cdll.flashcore_merge_states(self._live(), params, stream))
+
+    def close(self):
+        raw, self._raw = getattr(self, "_raw", None), None
+        if raw is not None and raw.value:
+            self._lib.check(self._lib.cdll.flashcore_destroy(raw))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return "<flashcore.Handle device=%d %s>" % (self.device, "open" if self._raw is not None else "closed")
+
+
+_thread_handles = threading.local()
+
+
+def get_handle(device: Optional[int] = None) -> "Handle":
+    """This thread's cached Handle for a CUDA device (None: the thread's
+    current device)."""
+    cache = getattr(_thread_handles, "cache", None)
+    if cache is None:
+        cache = _thread_handles.cache = {}
+    if device is not None and device in cache:
+        return cache[device]
+    handle = Handle(device)
+    return cache.setdefault(handle.device, handle)
 
 
 # --------------------------------------------------------------------------

@@ -22,10 +22,10 @@ import jax
 
 from .._arrays import ArrayInfo, contiguous_strides
 from .._errors import InvalidArgumentError, UnsupportedError
-from .._library import get_handle, library
+from .._library import library
 from .._params import (_build, _build_backward, _descales, _hint_bshd, _layout, _options, _out_shape, _sequences,
                         _validate)
-from .._plan import BACKWARD_POINTER_FIELDS, POINTER_FIELDS
+from .._plan import BACKWARD_POINTER_FIELDS, POINTER_FIELDS, get_handle
 
 FORWARD_TARGET = "flashcore_forward"
 BACKWARD_TARGET = "flashcore_backward"
