@@ -609,10 +609,11 @@ def _address(info):
     return None if info is None else info.ptr
 
 
-def _set_call_fields(p, q, geometry, options, seqs, **fields):
+def _set_call_fields(p, q, geometry, options, seqs, tensors, **fields):
     """Sets what flashcore_forward_params and flashcore_backward_params
     share (the dtype, the options, the shapes, the sequence arrays), then
-    `fields`."""
+    `fields` and the arrays' `tensors` (_tensor_fields), in one
+    set_fields."""
     qv, kv, vv = geometry.views[:3]
     p.dtype = FORWARD_DTYPES[q.dtype]
     p.causal = options.causal
@@ -624,28 +625,29 @@ def _set_call_fields(p, q, geometry, options, seqs, **fields):
                use_window=use_window, window_left=window_left, window_right=window_right,
                seqused_k=_address(seqs.seqused_k), cu_seqlens_q=_address(seqs.cu_seqlens_q),
                cu_seqlens_k=_address(seqs.cu_seqlens_k), total_seqlen_q=geometry.total_q,
-               total_seqlen_k=geometry.total_k, **fields)
+               total_seqlen_k=geometry.total_k, **fields, **tensors)
 
 
-def _set_tensor_fields(p, prefixes, views):
-    """Each view's pointer and strides into the fields named by its prefix
-    ("q": q, q_batch_stride, ...)."""
+def _tensor_fields(prefixes, views):
+    """Each view's pointer and strides, keyed by the fields named by its
+    prefix ("q": q, q_batch_stride, ...)."""
+    fields = {}
     for prefix, view in zip(prefixes, views):
-        fields = {prefix: view.info.ptr}
+        fields[prefix] = view.info.ptr
         for stride, what in zip(view.aligned_strides(), ("batch", "head", "seq")):
             fields["%s_%s_stride" % (prefix, what)] = stride
-        set_fields(p, **fields)
+    return fields
 
 
 def _build(lib, q, k, v, out, lse, layout, options, seqs=DENSE, descales=NO_DESCALES):
     """A flashcore_forward_params for described arrays and _Options."""
     geometry = _validate(q, k, v, out, lse, layout, seqs, descales=descales, options=options)
     p = lib.new_params()
-    _set_call_fields(p, q, geometry, options, seqs, num_splits=options.num_splits, lse=_address(lse),
-                     block_table=_address(seqs.block_table), block_table_batch_stride=geometry.table_stride,
-                     page_size=geometry.page_size, num_pages=geometry.num_pages, kv_dtype=geometry.kv_dtype,
-                     out_dtype=geometry.out_dtype, **geometry.descale_fields)
-    _set_tensor_fields(p, ("q", "k", "v", "out"), geometry.views)
+    _set_call_fields(p, q, geometry, options, seqs, _tensor_fields(("q", "k", "v", "out"), geometry.views),
+                     num_splits=options.num_splits, lse=_address(lse), block_table=_address(seqs.block_table),
+                     block_table_batch_stride=geometry.table_stride, page_size=geometry.page_size,
+                     num_pages=geometry.num_pages, kv_dtype=geometry.kv_dtype, out_dtype=geometry.out_dtype,
+                     **geometry.descale_fields)
     return p
 
 
@@ -688,8 +690,8 @@ def _build_backward(lib, q, k, v, out, dout, lse, dq, dk, dv, layout, options, d
     arrays = (q, k, v, out, dout, lse, dq, dk, dv) + seqs.arrays()
     _check_one_device(arrays, _names(arrays))
     p = lib.new_backward_params()
-    _set_call_fields(p, q, geometry, options, seqs, deterministic=1 if deterministic else 0, lse=lse.ptr)
-    _set_tensor_fields(p, ("q", "k", "v", "out", "dout", "dq", "dk", "dv"), views)
+    tensors = _tensor_fields(("q", "k", "v", "out", "dout", "dq", "dk", "dv"), views)
+    _set_call_fields(p, q, geometry, options, seqs, tensors, deterministic=1 if deterministic else 0, lse=lse.ptr)
     return p
 
 
