@@ -118,12 +118,6 @@ def torch_api():
     return _torch_api or _load_torch_api()
 
 
-def torch_current_stream(device):
-    """torch's current stream on a device, as a cudaStream_t int (without
-    making a torch.cuda.Stream object where torch has the faster call)."""
-    return torch_api().current_stream(device)
-
-
 # --------------------------------------------------------------------------
 # Handles
 # --------------------------------------------------------------------------
@@ -314,10 +308,6 @@ def _cupy_stream_context(cupy, device, stream):
 # --------------------------------------------------------------------------
 
 
-def can_allocate(like):
-    return like.framework in ("torch", "cupy")
-
-
 def empty(like, shape, dtype, stream):
     """A new array of like's framework and device (like: an ArrayInfo, or any
     object with its framework and device), shape and dtype (None: like's
@@ -354,7 +344,7 @@ def full(like, shape, dtype, value, stream):
 def allocate(like, shape, dtype, stream, what):
     """empty(), where like's framework can allocate; else a TypeError that
     asks for `what` (out, lse, workspace) to be given."""
-    if not can_allocate(like):
+    if like.framework not in ("torch", "cupy"):
         raise TypeError("flashcore cannot allocate %s for %s inputs: pass %s= (a CUDA array) yourself"
                         % (what, type(like.obj).__name__, what))
     return empty(like, shape, dtype, stream)
@@ -733,7 +723,7 @@ def _prepare_cached(plan, addresses, q_stream, out, lse, return_lse, stream):
     if stream is not None:
         s = stream_pointer(stream)
     elif plan.target.framework == "torch":
-        s = torch_current_stream(plan.device)
+        s = torch_api().current_stream(plan.device)  # (without making a torch.cuda.Stream)
     else:
         s = q_stream or 0
     on_current_stream = stream is None  # allocating on it needs no stream context
