@@ -15,10 +15,10 @@ knows the memory).
 
 Launching. launch() queues any call prepare() made: the workspace, the
 handle (Handle, flashcore.Handle: one device's flashcore_handle, which
-get_handle() keeps per device and thread) and flashcore_forward (flashcore_backward: launch_backward()), on
-the stream the call runs on (stream_pointer, current_stream), out, lse and
-the workspace allocated with the inputs' framework on that stream (empty,
-allocate).
+get_handle() keeps per device and thread) and flashcore_forward
+(flashcore_backward: launch_backward()), on the call's stream
+(stream_pointer, current_stream); out, lse and the workspace are
+allocated with the inputs' framework on that stream (empty, allocate).
 launch_plain() is the quicker way of a planned call on plain torch
 tensors queued on torch's current stream (every step of it is host time
 on every call: issue 18). Workspaces of calls on torch's current stream
