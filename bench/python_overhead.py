@@ -5,7 +5,7 @@ torch tensors).
 Three measurements:
 
   prepare  everything the call does before it asks for a handle and
-           queues the kernel (flashcore._planning.prepare: reading the
+           queues the kernel (flashcore._plan.prepare: reading the
            arrays, the call cache, the options, the params struct, out and
            lse), on __cuda_array_interface__ arrays at made-up device
            addresses with out= given, or on torch CUDA tensors with
@@ -67,12 +67,7 @@ try:
 except ImportError:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bindings", "python"))
     import flashcore
-from flashcore import _attention, _launch, _planning
-
-try:
-    from flashcore import _fastpath
-except ImportError:  # a package from before the compiled path
-    _fastpath = None
+from flashcore import _attention, _plan
 
 # What the timings read (--clock).
 clock = time.perf_counter
@@ -117,7 +112,7 @@ def prepare_runner(q, k, v, out, causal):
     def run(calls):
         start = clock()
         for _ in range(calls):
-            _planning.prepare(q, k, v, "bhsd", options, out, None, False, None, None)
+            _plan.prepare(q, k, v, "bhsd", options, out, None, False, None, None)
         return clock() - start
 
     return run
@@ -212,7 +207,7 @@ def binding_rows(time_call, cases):
             rows += [(name + " (Python path)", time_call(call)) for name, call in cases]
         finally:
             _attention._fast = compiled
-        _fastpath.load(_launch.torch_api(), _launch._kept_workspaces, compiled.stub_forward_address())
+        _plan.load(_plan.torch_api(), _plan._kept_workspaces, compiled.stub_forward_address())
         compiled.clear()
         try:
             rows += [(name + " w/o C call", time_call(call)) for name, call in cases]
@@ -236,14 +231,12 @@ def measure_stub(args, shape):
     """--mode stub: the plans a CUDA call would get, on CPU tensors (the
     params' bytes do not matter: the stub reads none of them)."""
     import torch
-    if _fastpath is None:
-        sys.exit("--mode stub needs a flashcore package with the compiled path's loader (flashcore/_fastpath.py)")
     q_shape, kv_shape = shapes_of(shape)
     q = torch.randn(q_shape, dtype=torch.float16)
     k, v = (torch.randn(kv_shape, dtype=torch.float16) for _ in range(2))
     out = torch.empty_like(q)
     options = (args.causal, None, None, None, 0.0)
-    api = _launch.torch_api()
+    api = _plan.torch_api()
     api.current_stream = lambda device: 0  # torch's CUDA calls need a GPU
     api.capturing = lambda: False
     template = bytes(ctypes.sizeof(flashcore._ffi.flashcore_forward_params))
@@ -254,21 +247,21 @@ def measure_stub(args, shape):
         def forward_unchecked(self, *unused):
             pass
 
-    flashcore._library._thread_handles.cache = {0: FakeHandle()}
-    _fastpath._handles[0] = FakeHandle()
+    flashcore._plan._thread_handles.cache = {0: FakeHandle()}
+    _plan._handles[0] = FakeHandle()
     for given in (None, out):
-        key = _planning.plan_of((q, k, v, given, None, None, None, None, None), "bhsd", options, False, None, None,
+        key = _plan.plan_of((q, k, v, given, None, None, None, None, None), "bhsd", options, False, None, None,
                                 None)[0]
-        plan = _planning._Plan()
+        plan = _plan._Plan()
         plan.template, plan.out_like_q, plan.out_shape, plan.lse_shape = template, given is None, None, None
         plan.device, plan.plain_torch, plan.workspace_bytes, plan.torch_device = 0, True, {0: 0}, q.device
         plan.dtype, plan.lse_dtype = q.dtype, torch.float32
-        _planning._plans[key] = plan
+        _plan._plans[key] = plan
     cases = [("flashcore.attention", lambda: flashcore.attention(q, k, v, causal=args.causal)),
              ("flashcore.attention(out=)", lambda: flashcore.attention(q, k, v, causal=args.causal, out=out))]
     rows = []
-    found = _fastpath.find()
-    compiled = found and _fastpath.load(api, _launch._kept_workspaces, found.stub_forward_address())
+    found = _plan.find()
+    compiled = found and _plan.load(api, _plan._kept_workspaces, found.stub_forward_address())
     if compiled:
         _attention._fast = compiled
         for name, call in cases:
@@ -307,13 +300,13 @@ def measure_stub_training(args, api, handle_type, found):
     # The forward's plan: a differentiable call is planned on q, k and v as
     # they are below autograd (detached), with its lse.
     detached = (q.detach(), k.detach(), v.detach())
-    key = _planning.plan_of(detached + (None,) * 9, "bhsd", options, True, None, None, None)[0]
-    plan = _planning._Plan()
+    key = _plan.plan_of(detached + (None,) * 9, "bhsd", options, True, None, None, None)[0]
+    plan = _plan._Plan()
     plan.template, plan.out_like_q, plan.out_shape = forward_template, True, None
     plan.lse_shape = (shape["batch"], shape["heads_q"], shape["seqlen_q"])
     plan.device, plan.plain_torch, plan.workspace_bytes, plan.torch_device = 0, True, {0: 0}, q.device
     plan.dtype, plan.lse_dtype = q.dtype, torch.float32
-    _planning._plans[key] = plan
+    _plan._plans[key] = plan
 
     def keep_backward_plan(out, lse):
         """The backward's plan under the key of this step's call (the
@@ -321,11 +314,11 @@ def measure_stub_training(args, api, handle_type, found):
         saved as the output of the autograd node, which requires grad)."""
         arrays = (q, k, v, out.requires_grad_(True), dout, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None,
                   None, None)
-        key = _planning.backward_key(arrays, "bhsd", (causal, None, None, 0.0), False, None, None)[0]
-        plan = _planning._BackwardPlan()
+        key = _plan.backward_key(arrays, "bhsd", (causal, None, None, 0.0), False, None, None)[0]
+        plan = _plan._BackwardPlan()
         plan.template, plan.empty, plan.device, plan.torch_device = backward_template, False, 0, q.device
         plan.workspace_bytes = backward_workspace
-        _planning._backward_plans[key] = plan
+        _plan._backward_plans[key] = plan
 
     def step():
         torch.autograd.grad(flashcore.attention(q, k, v, causal=causal), (q, k, v), dout)
@@ -357,7 +350,7 @@ def measure_stub_training(args, api, handle_type, found):
     keep_backward_plan(out, lse)
     name = "train fwd+bwd"
     rows = []
-    compiled = found and _fastpath.load(api, _launch._kept_workspaces, found.stub_forward_address(),
+    compiled = found and _plan.load(api, _plan._kept_workspaces, found.stub_forward_address(),
                                         getattr(found, "stub_backward_address", lambda: None)())
     if compiled:
         _attention._fast = compiled

@@ -51,9 +51,9 @@ from ._errors import (
     UnsupportedError,
     WorkspaceTooSmallError,
 )
-from ._launch import release_workspaces
-from ._library import Handle, Library, get_handle, library, open_library
+from ._library import Library, library, open_library
 from ._merge import merge_params, merge_states
+from ._plan import Handle, get_handle, release_workspaces
 from ._torch_ops import register_torch_ops
 
 Status = _ffi.Status

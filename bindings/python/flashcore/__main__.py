@@ -90,13 +90,13 @@ def kernel_path(ordinal, capability):
 
 def compiled_path():
     """Where flashcore._fastcall was found, or why it is not used."""
-    from . import _fastpath
-    if os.environ.get(_fastpath.DISABLE_ENV) == "0":
-        return "off (%s=0)" % _fastpath.DISABLE_ENV
-    module = _fastpath.find()
+    from . import _plan
+    if os.environ.get(_plan.DISABLE_ENV) == "0":
+        return "off (%s=0)" % _plan.DISABLE_ENV
+    module = _plan.find()
     if module is None:
         return "not built (every call runs in Python)"
-    if not _fastpath.fits_struct(module):
+    if not _plan.fits_struct(module):
         return "%s, not used: built against another flashcore.h" % module.__file__
     return module.__file__
 

@@ -5,13 +5,12 @@ Nothing here imports torch or cupy: an array of theirs can only exist once its
 framework has been imported, so sys.modules is where to look.
 """
 
-import contextlib
 import ctypes
 import re
 import sys
 from typing import Any
 
-from ._checked import fits, whole_number
+from ._fields import fits, whole_number
 from ._errors import InvalidArgumentError, MisalignedError
 
 # More dimensions than any array this package reads: a DLPack ndim past it
@@ -346,178 +345,8 @@ def describe(x, name, stream=0):
                     "__cuda_array_interface__ or __dlpack__; got %s" % (name, type(x).__name__))
 
 
-# --------------------------------------------------------------------------
-# Streams
-# --------------------------------------------------------------------------
-
-
-def stream_pointer(stream):
-    """The cudaStream_t (an int) for a stream given as an int, a ctypes
-    pointer, a torch.cuda.Stream, a cupy Stream or any object with
-    __cuda_stream__."""
-    if isinstance(stream, bool):
-        raise TypeError("stream must be a CUDA stream, not a bool")
-    if isinstance(stream, int):
-        return stream
-    if isinstance(stream, ctypes.c_void_p):
-        return stream.value or 0
-    proto = getattr(stream, "__cuda_stream__", None)
-    if proto is not None:
-        value = proto() if callable(proto) else proto
-        return int(value[1])
-    for attr in ("cuda_stream", "ptr"):
-        value = getattr(stream, attr, None)
-        if isinstance(value, int):
-            return value
-    raise TypeError("stream must be an int (cudaStream_t), a torch.cuda.Stream, a cupy Stream or an object "
-                    "with __cuda_stream__; got %s" % type(stream).__name__)
-
-
-def current_stream(info):
-    """The stream work on info's data should go to by default: its framework's
-    current stream, the producer's stream for __cuda_array_interface__ v3, else
-    the legacy default stream (0)."""
-    if info.framework == "torch":
-        return sys.modules["torch"].cuda.current_stream(info.device).cuda_stream
-    if info.framework == "cupy":
-        cupy = sys.modules["cupy"]
-        with cupy.cuda.Device(info.device):
-            return cupy.cuda.get_current_stream().ptr
-    return int(info.stream) if info.stream else 0
-
-
-def _torch_stream_context(torch, device, stream):
-    if torch.cuda.current_stream(device).cuda_stream == stream:
-        return contextlib.nullcontext()
-    default = torch.cuda.default_stream(device)
-    if stream in (0, 1) and default.cuda_stream == 0:
-        return torch.cuda.stream(default)
-    return torch.cuda.stream(torch.cuda.ExternalStream(stream, device=device))
-
-
-def _cupy_stream_context(cupy, device, stream):
-    with cupy.cuda.Device(device):
-        if cupy.cuda.get_current_stream().ptr == stream:
-            return contextlib.nullcontext()
-    if stream in (0, 1):
-        return cupy.cuda.Stream.null
-    return cupy.cuda.ExternalStream(stream, device)
-
-
-# --------------------------------------------------------------------------
-# Allocation with the input's framework
-# --------------------------------------------------------------------------
-
-
 def shape_of(x, name):
     """x's shape as a tuple, read from x.shape where it has one (cheaper
     than describe(), which reads everything), else from describe()."""
     shape = getattr(x, "shape", None)
     return tuple(describe(x, name).shape if shape is None else shape)
-
-
-def can_allocate(like):
-    return like.framework in ("torch", "cupy")
-
-
-def empty(like, shape, dtype, stream):
-    """A new array of like's framework and device (like: an ArrayInfo, or any
-    object with its framework and device), shape and dtype (None: like's
-    dtype; a name such as "float32" or "uint8", or the framework's own dtype),
-    taken from the memory pool of the stream it will be written on."""
-    if like.framework == "torch":
-        torch = sys.modules["torch"]
-        torch_dtype = like.obj.dtype if dtype is None else getattr(torch, dtype) if isinstance(dtype, str) else dtype
-        with _torch_stream_context(torch, like.device, stream):
-            return torch.empty(shape, dtype=torch_dtype, device=torch.device("cuda", like.device))
-    if like.framework == "cupy":
-        cupy = sys.modules["cupy"]
-        with cupy.cuda.Device(like.device):
-            with _cupy_stream_context(cupy, like.device, stream):
-                return cupy.empty(shape, dtype=like.obj.dtype if dtype is None else dtype)
-    raise TypeError("cannot allocate memory for a %s: pass the output (out=) and, when the library "
-                    "asks for one, the workspace (workspace=) yourself" % type(like.obj).__name__)
-
-
-def full(like, shape, dtype, value, stream):
-    """As empty(), every element set to value, written on `stream`."""
-    if like.framework == "torch":
-        torch = sys.modules["torch"]
-        with _torch_stream_context(torch, like.device, stream):
-            return torch.full(shape, value, dtype=getattr(torch, dtype), device=torch.device("cuda", like.device))
-    if like.framework == "cupy":
-        cupy = sys.modules["cupy"]
-        with cupy.cuda.Device(like.device):
-            with _cupy_stream_context(cupy, like.device, stream):
-                return cupy.full(shape, value, dtype=dtype)
-    raise TypeError("cannot allocate memory for a %s" % type(like.obj).__name__)
-
-
-def allocate(like, shape, dtype, stream, what):
-    """empty(), where like's framework can allocate; else a TypeError that
-    asks for `what` (out, lse, workspace) to be given."""
-    if not can_allocate(like):
-        raise TypeError("flashcore cannot allocate %s for %s inputs: pass %s= (a CUDA array) yourself"
-                        % (what, type(like.obj).__name__, what))
-    return empty(like, shape, dtype, stream)
-
-
-def describe_first(x, name, stream):
-    """The ArrayInfo of a call's first array and the stream the call runs
-    on: `stream` (any form stream_pointer takes) where given, else the
-    current stream of that array's framework."""
-    user_stream = None if stream is None else stream_pointer(stream)
-    info = describe(x, name, user_stream or 0)
-    return info, current_stream(info) if user_stream is None else user_stream
-
-
-# --------------------------------------------------------------------------
-# Signatures: what the call cache (flashcore._planning) keys on
-# --------------------------------------------------------------------------
-
-_ADDRESS_END = 2 ** (8 * ctypes.sizeof(ctypes.c_void_p))
-
-
-def cai_signature(x):
-    """(key, pointer, stream) of a __cuda_array_interface__ array whose
-    description the call cache can reuse: key holds every entry describe()
-    reads but the pointer and the stream, so that equal keys describe equal
-    arrays but for where they are (and on which stream). None for arrays
-    that take the full path every time: tensor subclasses, CuPy arrays,
-    DLPack-only objects, and interfaces whose per-call entries are malformed
-    (the full path says how). A shape or strides of anything but ints (a
-    shape of 64.0, which compares equal to a cached 64) takes the full
-    path too, which refuses it: the cache serves only what the full path
-    accepts. The device is the driver's, asked per pointer each call.
-    (torch tensors are read by the cache itself.)"""
-    torch, cupy = sys.modules.get("torch"), sys.modules.get("cupy")
-    if torch is not None and isinstance(x, torch.Tensor) or cupy is not None and isinstance(x, cupy.ndarray):
-        return None
-    cai = getattr(x, "__cuda_array_interface__", None)
-    if type(cai) is not dict:
-        return None
-    data, version = cai.get("data"), cai.get("version")
-    if type(data) is not tuple or len(data) != 2 or (version is not None and type(version) is not int):
-        return None
-    ptr, readonly = data
-    if type(ptr) is not int or not 0 <= ptr < _ADDRESS_END or type(readonly) is not bool:
-        return None
-    stream = cai.get("stream") if version is not None and version >= 3 else None
-    if stream is not None and (type(stream) is not int or stream < 0):
-        return None
-    shape, strides = cai.get("shape"), cai.get("strides")
-    if not _int_tuple(shape) or strides is not None and not _int_tuple(strides):
-        return None
-    key = (shape, strides, cai.get("typestr"), readonly, version, cai.get("mask"))
-    return key, ptr, stream
-
-
-def _int_tuple(entries):
-    """Whether entries is a tuple of ints (no bools, floats or other numbers
-    that compare equal to one)."""
-    if type(entries) is not tuple:
-        return False
-    for n in entries:
-        if type(n) is not int:
-            return False
-    return True

@@ -4,27 +4,25 @@ public entry points of a forward call, and the way each call takes
 (_forward): under torch.compile, and where the result must be
 differentiable, the torch operator (_torch_ops), whose autograd formula is
 the backward pass; for a repeated call on torch tensors the compiled path
-(_fastpath); else the call's plan (_planning), queued by _launch."""
+(_plan's compiled path); else the call's plan (_plan)."""
 
 import ctypes
 import numbers
 import sys
 from typing import Any, List, Optional, Tuple, Union
 
-from . import _backward, _fastpath, _ffi, _launch, _torch_ops
-from ._arguments import LAYOUT_AXES, _layout, _options, _softmax_scale
-from ._arrays import Array, describe, describe_first, full, is_cupy, is_torch, shape_of
-from ._checked import fits, struct_ref
+from . import _backward, _ffi, _plan, _torch_ops
+from ._arrays import Array, describe, is_cupy, is_torch, shape_of
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError
-from ._geometry import _batch_from_cu_seqlens, _build, _descales, _sequences
-from ._launch import launch, launch_plain
-from ._library import library
-from ._modes import tracing, wants_grad
-from ._planning import plan_of, prepare
-from ._torch_ops import operator_forward, traced_full_int32
+from ._fields import fits
+from ._library import library, struct_ref
+from ._params import (LAYOUT_AXES, _batch_from_cu_seqlens, _build, _descales, _layout, _options, _sequences,
+                      _softmax_scale)
+from ._plan import describe_first, full, launch, launch_plain, plan_of, prepare
+from ._torch_ops import operator_forward, traced_full_int32, tracing, wants_grad
 
 
-# The compiled path (_fastpath): None until torch is imported and it was
+# The compiled path (_plan.load): None until torch is imported and it was
 # looked for, then the configured module, or False where there is none.
 _fast = None
 # tracing(), which attention() asks on every call: torch.compiler.is_compiling
@@ -35,7 +33,7 @@ _is_compiling = tracing
 def _load_fast():
     """_fast, looked for once torch is imported."""
     global _fast, _is_compiling
-    fast = _fastpath.load(_launch.torch_api(), _launch._kept_workspaces)
+    fast = _plan.load(_plan.torch_api(), _plan._kept_workspaces)
     if fast:
         _is_compiling = sys.modules["torch"].compiler.is_compiling
     _fast = fast
@@ -115,35 +113,37 @@ def _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, 
     The descales are attention()'s, carried by every path.
     (Positional: keywords cost host time on every call.)"""
     descales = (q_descale, k_descale, v_descale)
-    if tracing():
-        return _operator_forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach,
-                                 seqused_k, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table,
-                                 deterministic, descales)
-    if (stream is None and workspace is None and lse is None and cu_seqlens_q is None and cu_seqlens_k is None
-            and block_table is None):
-        fast = _fast if _fast is not None else _load_fast()
-        if fast and not fast_asked:
-            result = fast.call(q, k, v, out, seqused_k, q_descale, k_descale, v_descale, layout, options, return_lse)
-            if result is not None:
+    # Under torch.compile, and where the result must be differentiable: flashcore::forward.
+    # (Tracing returns first: a plain call then asks it once, wants_grad nothing.)
+    differentiable = None
+    if not tracing():
+        if (stream is None and workspace is None and lse is None and cu_seqlens_q is None and cu_seqlens_k is None
+                and block_table is None):
+            fast = _fast if _fast is not None else _load_fast()
+            if fast and not fast_asked:
+                result = fast.call(q, k, v, out, seqused_k, q_descale, k_descale, v_descale, layout, options,
+                                   return_lse)
+                if result is not None:
+                    return result
+        # (Before planning: a differentiable call is planned below autograd, by _forward_below_autograd.)
+        if not wants_grad(q, k, v, detach):
+            planned = plan_of((q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table) + descales,
+                              layout, options, return_lse, max_seqlen_q, max_seqlen_k, workspace)
+            plan = planned[1]
+            if plan is not None and plan.plain_torch and stream is None:
+                result = launch_plain(plan, planned[2], q, out, return_lse)
+                if _fast:
+                    _plan.remember(_fast, plan, q, k, v, out, seqused_k, descales, layout, options, return_lse)
                 return result
-    # (Before planning: a differentiable call is planned below autograd, by _forward_below_autograd.)
-    if wants_grad(q, k, v, detach):
-        return operator_forward(q, k, v, layout=layout, options=options, out=out, lse=lse, return_lse=return_lse,
-                                stream=stream, workspace=workspace, detach=detach, seqused_k=seqused_k,
-                                cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
-                                max_seqlen_k=max_seqlen_k, block_table=block_table, deterministic=deterministic,
-                                descales=descales, differentiable=True)
-    planned = plan_of((q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table) + descales, layout,
-                      options, return_lse, max_seqlen_q, max_seqlen_k, workspace)
-    plan = planned[1]
-    if plan is not None and plan.plain_torch and stream is None:
-        result = launch_plain(plan, planned[2], q, out, return_lse)
-        if _fast:
-            _fastpath.remember(_fast, plan, q, k, v, out, seqused_k, descales, layout, options, return_lse)
-        return result
-    return launch(prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, seqused_k, cu_seqlens_q,
-                          max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table, seqused_k_name, q_descale, k_descale,
-                          v_descale, planned))
+            return launch(prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, seqused_k,
+                                  cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table,
+                                  seqused_k_name, q_descale, k_descale, v_descale, planned))
+        differentiable = True
+    return operator_forward(q, k, v, layout=layout, options=options, out=out, lse=lse, return_lse=return_lse,
+                            stream=stream, workspace=workspace, detach=detach, seqused_k=seqused_k,
+                            cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
+                            max_seqlen_k=max_seqlen_k, block_table=block_table, deterministic=deterministic,
+                            descales=descales, differentiable=differentiable)
 
 
 def _forward_below_autograd(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k,
@@ -169,16 +169,6 @@ def _forward_below_autograd(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, bloc
 
 
 _torch_ops.forward_below_autograd = _forward_below_autograd
-
-
-def _operator_forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k,
-                      cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table, deterministic, descales):
-    """_torch_ops.operator_forward with _forward's arguments."""
-    return operator_forward(q, k, v, layout=layout, options=options, out=out, lse=lse, return_lse=return_lse,
-                            stream=stream, workspace=workspace, detach=detach, seqused_k=seqused_k,
-                            cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
-                            max_seqlen_k=max_seqlen_k, block_table=block_table, deterministic=deterministic,
-                            descales=descales)
 
 
 def _pytorch_names(q, k, layout, causal, softmax_scale, is_causal, scale):

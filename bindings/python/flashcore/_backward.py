@@ -5,22 +5,19 @@ the autograd formula of flashcore::forward calls (_torch_ops): it takes
 the gradient of out and gives those of q, k and v. A repeated call is
 served by the compiled path (_fastcall.c's backward(), without running
 Python); the others are planned and queued as the forward's calls are
-(_planning.prepare_backward, _launch.launch_backward), and their plan is
+(_plan.prepare_backward, _plan.launch_backward), and their plan is
 then given to the compiled path for the next such call."""
 
 import sys
 from typing import Optional, Tuple, Union
 
-from . import _fastpath, _ffi
+from . import _ffi, _plan
 from ._arrays import Array
-from ._checked import struct_ref
-from ._launch import launch_backward
-from ._library import BACKWARD_PARAMS_FROM, library
-from ._planning import backward_in_full, prepare_backward
+from ._library import BACKWARD_PARAMS_FROM, library, struct_ref
+from ._plan import backward_in_full, launch_backward, prepare_backward
 
 # The C API's alignment of pointers and strides, in bytes.
 ALIGNMENT = _ffi.FLASHCORE_ALIGNMENT
-
 
 def backward_params(q: Array, k: Array, v: Array, out: Array, dout: Array, lse: Array, dq: Array, dk: Array,
                     dv: Array, *, causal: bool = False, softmax_scale: Optional[float] = None,
@@ -44,7 +41,6 @@ def backward_params(q: Array, k: Array, v: Array, out: Array, dout: Array, lse: 
                                  max_seqlen_q, max_seqlen_k)
     return params
 
-
 def check_backward_params(params: "_ffi.flashcore_backward_params") -> None:
     """flashcore_backward_check: raises what flashcore_backward would for
     these parameters (a flashcore.BackwardParams) before looking at the
@@ -52,7 +48,6 @@ def check_backward_params(params: "_ffi.flashcore_backward_params") -> None:
     lib = library()
     lib.check(lib.cdll.flashcore_backward_check(struct_ref(params, _ffi.flashcore_backward_params, "params",
                                                            BACKWARD_PARAMS_FROM)))
-
 
 def _readable(torch, x):
     """x as the C API reads a tensor (head_dim contiguous, the other strides
@@ -67,23 +62,19 @@ def _readable(torch, x):
         return x
     return x.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation (contiguous() may keep x)
 
-
 def gradient_like(torch, x, packed):
     """A tensor for x's gradient: x's shape, dtype and (dense) strides.
     Packed tensors' rows outside every sequence are not written by the
     library, and get no gradient: zeros."""
     return torch.zeros_like(x) if packed else torch.empty_like(x)
 
-
 def _no_compiled_path():
     return False
-
 
 # () -> the compiled path's module (_fastpath.load), or False where there is
 # none: flashcore._attention's, set when it is imported (the one module both
 # directions use).
 compiled_path = _no_compiled_path
-
 
 def gradients(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout,
               causal, softmax_scale, window, softcap, deterministic):
@@ -111,7 +102,7 @@ def gradients(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, ma
                                     max_seqlen_k)
     launch_backward(params, plan)
     if fast and dout is given and not plan.empty:
-        _fastpath.remember_backward(fast, (dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k,
+        _plan.remember_backward(fast, (dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k,
                                            max_seqlen_q, max_seqlen_k, layout, causal, softmax_scale, window,
                                            softcap, deterministic), plan)
     return dq, dk, dv

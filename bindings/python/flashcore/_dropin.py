@@ -10,12 +10,12 @@ import math
 import numbers
 from typing import Any, Optional, Tuple
 
-from ._arguments import _softmax_scale
 from ._arrays import Array, is_torch, shape_of
 from ._attention import attention
-from ._checked import shown
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError
-from ._modes import tracing
+from ._fields import shown
+from ._params import _softmax_scale
+from ._torch_ops import tracing
 
 # Why flashcore.sdpa reshapes and broadcasts only torch tensors: the other
 # arrays are read as they are.

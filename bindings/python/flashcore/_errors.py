@@ -1,6 +1,6 @@
 """Exceptions: one FlashcoreError subclass per flashcore_status."""
 
-from . import _ffi
+from . import _ffi, _fields
 
 Status = _ffi.Status
 
@@ -73,6 +73,8 @@ class LibraryError(FlashcoreError):
     """libflashcore could not be found or loaded, or is not a version this
     package can use. Carries no status."""
 
+
+_fields.use_errors(InvalidArgumentError, InvalidArgumentTypeError)
 
 ERROR_CLASSES = {
     cls.status_code: cls

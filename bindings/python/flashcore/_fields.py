@@ -11,15 +11,21 @@ its range. Ints, objects with __index__ and bools are taken for integer
 fields; ints, or None for NULL, for pointers (addresses); real numbers for
 floats, infinity and NaN included (the library says where those are wrong).
 
+The same holds for the binding's own ints before they reach ctypes
+(whole_number, fits, set_fields): a pointer of 2**64 + a would become a, a
+bool or a float of 64.5 passed through int() would be taken.
+
 The generated structs take checked_setattr as their __setattr__: it raises
 flashcore.InvalidArgumentError, for a value of the wrong type
-InvalidArgumentTypeError (a TypeError too). The generated module loaded on
-its own, outside the package (as the generator's tests load its output),
-takes plain_checked_setattr instead, which raises ValueError and TypeError.
+InvalidArgumentTypeError (a TypeError too), as do the other checks here.
+The generated module loaded on its own, outside the package (as the
+generator's tests load its output), takes plain_checked_setattr instead,
+which raises ValueError and TypeError.
 
 _ffi imports this module while it is being loaded, before anything else of
-the package can be: so this module imports nothing of the package at the top
-(_errors imports _ffi).
+the package can be, and _errors imports _ffi (for Status): so this module
+imports nothing of the package, and _errors hands it the exceptions to
+raise (use_errors) once they exist.
 """
 
 import ctypes
@@ -119,15 +125,64 @@ def _checked_setattr(refusal):
     return __setattr__
 
 
-def _flashcore_error(message, wrong_type):
-    from ._errors import InvalidArgumentError, InvalidArgumentTypeError  # here, not at the top: see above
-
-    return (InvalidArgumentTypeError if wrong_type else InvalidArgumentError)(message)
-
-
 def _python_error(message, wrong_type):
     return (TypeError if wrong_type else ValueError)(message)
 
 
-checked_setattr = _checked_setattr(_flashcore_error)
+# (InvalidArgumentError, InvalidArgumentTypeError) once _errors has handed
+# them in (use_errors); Python's ValueError and TypeError until then.
+_errors = [ValueError, TypeError]
+
+
+def use_errors(invalid, invalid_type):
+    """The exceptions the checks here raise: flashcore's, from _errors (see
+    the module's docstring for why they are handed in)."""
+    _errors[:] = [invalid, invalid_type]
+
+
+def _refusal(message, wrong_type):
+    return _errors[1 if wrong_type else 0](message)
+
+
+checked_setattr = _checked_setattr(_refusal)
 plain_checked_setattr = _checked_setattr(_python_error)
+
+
+_C_NAMES = {ctypes.c_int32: "int32_t", ctypes.c_int64: "int64_t", ctypes.c_size_t: "size_t",
+            ctypes.c_void_p: "pointer"}
+# (lowest, highest) int of each C type above.
+_RANGES = {ctype: int_range(ctype) for ctype in _C_NAMES}
+
+
+def whole_number(value, what):
+    """value as a Python int: ints and objects with __index__ (NumPy
+    integers), never a bool or a float (64.5 and 64.0 alike)."""
+    if isinstance(value, bool):
+        raise _refusal("%s must be an int, not a bool" % what, True)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise _refusal("%s must be an int, got %s %s" % (what, type(value).__name__, shown(value)), True) from None
+
+
+def fits(value, ctype, what):
+    """value (an int, or None for a pointer) after checking that the C type
+    holds it."""
+    if value is None and ctype is ctypes.c_void_p:
+        return None
+    if type(value) is not int:  # the common case skips the call (a call's host time matters)
+        value = whole_number(value, what)
+    low, high = _RANGES[ctype]
+    if not low <= value <= high:
+        raise _refusal("%s (%s) does not fit the C API's %s (%d to %d)"
+                       % (what, shown(value), _C_NAMES[ctype], low, high), False)
+    return value
+
+
+def set_fields(struct, **values):
+    """Assigns each keyword to the ctypes struct's field of that name, range
+    checked against the field's C type (by fits(), which names the argument
+    rather than the field: the struct's own check is not repeated)."""
+    types = dict(type(struct)._fields_)
+    for name, value in values.items():
+        _setattr(struct, name, fits(value, types[name], name))

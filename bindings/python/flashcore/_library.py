@@ -1,4 +1,5 @@
-"""Finding and loading libflashcore, and the per-thread handle cache."""
+"""Finding and loading libflashcore (library(), open_library), and
+struct_ref, which checks the params structs the low-level calls take."""
 
 import ctypes
 import ctypes.util
@@ -11,9 +12,8 @@ import threading
 from typing import Optional
 
 from . import _ffi
-from ._checked import fits, struct_ref, whole_number
-from ._errors import FlashcoreError, LibraryError, error_for_status
-from ._fields import int_range
+from ._errors import InvalidArgumentTypeError, LibraryError, error_for_status
+from ._fields import int_range, whole_number
 
 ENV_VAR = "FLASHCORE_LIBRARY"
 # Picks the bundled build by CUDA major, overriding the driver-based choice.
@@ -27,6 +27,23 @@ _C_INT_RANGE = int_range(ctypes.c_int)
 FORWARD_PARAMS_FROM = "from flashcore.forward_params()"
 BACKWARD_PARAMS_FROM = "from flashcore.backward_params()"
 MERGE_PARAMS_FROM = "from flashcore.merge_params()"
+# The params structs by the names the package exports them under.
+STRUCT_NAMES = {_ffi.flashcore_forward_params: "flashcore.ForwardParams",
+                _ffi.flashcore_backward_params: "flashcore.BackwardParams",
+                _ffi.flashcore_merge_params: "flashcore.MergeParams"}
+
+
+def struct_ref(value, struct, what, made_by):
+    """ctypes.byref(value), value a `struct` (a params struct of _ffi; made_by
+    says where one comes from). Anything else is refused naming `what`:
+    ctypes would raise its own TypeError or ArgumentError, naming neither
+    the argument nor the type it takes."""
+    if not isinstance(value, struct):
+        got = next((name for s, name in STRUCT_NAMES.items() if isinstance(value, s)), None)
+        raise InvalidArgumentTypeError("%s must be a %s (%s), got %s"
+                                       % (what, STRUCT_NAMES[struct], made_by,
+                                          got or ("None" if value is None else type(value).__name__)))
+    return ctypes.byref(value)
 
 
 def library_names():
@@ -372,130 +389,3 @@ def library() -> "Library":
             if _library is None:
                 _library = open_library()
     return _library
-
-
-# --------------------------------------------------------------------------
-# Handles
-# --------------------------------------------------------------------------
-
-
-class Handle:
-    """A flashcore_handle: one CUDA device's dispatch state. Close it (or use
-    it as a context manager); get_handle() keeps one per device per thread."""
-
-    def __init__(self, device=None, lib=None):
-        self._lib = lib or library()
-        raw = _ffi.flashcore_handle()
-        if device is None:
-            self._lib.check(self._lib.cdll.flashcore_create(ctypes.byref(raw)))
-        else:
-            device = fits(device, ctypes.c_int32, "device")
-            self._lib.check(self._lib.cdll.flashcore_create_for_device(ctypes.byref(raw), device))
-        self._raw = raw
-        ordinal = ctypes.c_int(-1)
-        self._lib.check(self._lib.cdll.flashcore_handle_device(raw, ctypes.byref(ordinal)))
-        self.device = ordinal.value
-
-    @property
-    def value(self):
-        """The flashcore_handle as an int (0 once closed)."""
-        if self._raw is None:
-            return 0
-        return self._raw.value or 0
-
-    def _live(self):
-        if self._raw is None:
-            raise FlashcoreError("the handle is closed")
-        return self._raw
-
-    def workspace_size(self, params):
-        """Bytes of workspace flashcore_forward needs for params on this device."""
-        params = struct_ref(params, _ffi.flashcore_forward_params, "params", FORWARD_PARAMS_FROM)
-        size = ctypes.c_size_t(0)
-        self._lib.check(self._lib.cdll.flashcore_forward_workspace_size(self._live(), params, ctypes.byref(size)))
-        return size.value
-
-    def forward(self, params, workspace=0, workspace_bytes=0, stream=0):
-        """Queues flashcore_forward. workspace and stream are raw addresses (ints)."""
-        struct_ref(params, _ffi.flashcore_forward_params, "params", FORWARD_PARAMS_FROM)
-        self.forward_unchecked(params, fits(workspace or None, ctypes.c_void_p, "workspace"),
-                               fits(workspace_bytes, ctypes.c_size_t, "workspace_bytes"),
-                               fits(stream or None, ctypes.c_void_p, "stream"))
-
-    def forward_unchecked(self, params, workspace, workspace_bytes, stream):
-        """forward() for arguments known to fit their C types: params a
-        flashcore.ForwardParams, workspace and stream ints (0 or None for
-        none), workspace_bytes an int >= 0. The cached calls' path, where
-        each conversion is host time."""
-        status = self._lib.cdll.flashcore_forward(self._live(), ctypes.byref(params), workspace or None,
-                                                  workspace_bytes, stream or None)
-        if status:
-            self._lib.check(status)
-
-    def backward_workspace_size(self, params):
-        """Bytes of workspace flashcore_backward needs for params (a
-        flashcore.BackwardParams): the fp32 dQ accumulator."""
-        params = struct_ref(params, _ffi.flashcore_backward_params, "params", BACKWARD_PARAMS_FROM)
-        size = ctypes.c_size_t(0)
-        self._lib.check(self._lib.cdll.flashcore_backward_workspace_size(self._live(), params, ctypes.byref(size)))
-        return size.value
-
-    def backward(self, params, workspace=0, workspace_bytes=0, stream=0):
-        """Queues flashcore_backward (a flashcore.BackwardParams, e.g. from
-        flashcore.backward_params). workspace and stream are raw addresses
-        (ints)."""
-        struct_ref(params, _ffi.flashcore_backward_params, "params", BACKWARD_PARAMS_FROM)
-        self.backward_unchecked(params, fits(workspace or None, ctypes.c_void_p, "workspace"),
-                                fits(workspace_bytes, ctypes.c_size_t, "workspace_bytes"),
-                                fits(stream or None, ctypes.c_void_p, "stream"))
-
-    def backward_unchecked(self, params, workspace, workspace_bytes, stream):
-        """backward() for arguments known to fit their C types, as
-        forward_unchecked()."""
-        status = self._lib.cdll.flashcore_backward(self._live(), ctypes.byref(params), workspace or None,
-                                                   workspace_bytes, stream or None)
-        if status:
-            self._lib.check(status)
-
-    def merge_states(self, params, stream=0):
-        """Queues flashcore_merge_states (a flashcore.MergeParams, e.g. from
-        flashcore.merge_params). stream is a raw cudaStream_t (an int); the
-        call needs no workspace."""
-        params = struct_ref(params, _ffi.flashcore_merge_params, "params", MERGE_PARAMS_FROM)
-        stream = fits(stream or None, ctypes.c_void_p, "stream")
-        self._lib.check(self._lib.cdll.flashcore_merge_states(self._live(), params, stream))
-
-    def close(self):
-        raw, self._raw = getattr(self, "_raw", None), None
-        if raw is not None and raw.value:
-            self._lib.check(self._lib.cdll.flashcore_destroy(raw))
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __repr__(self):
-        return "<flashcore.Handle device=%d %s>" % (self.device, "open" if self._raw is not None else "closed")
-
-
-_thread_handles = threading.local()
-
-
-def get_handle(device: Optional[int] = None) -> "Handle":
-    """This thread's cached Handle for a CUDA device (None: the thread's
-    current device)."""
-    cache = getattr(_thread_handles, "cache", None)
-    if cache is None:
-        cache = _thread_handles.cache = {}
-    if device is not None and device in cache:
-        return cache[device]
-    handle = Handle(device)
-    return cache.setdefault(handle.device, handle)

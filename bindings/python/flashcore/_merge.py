@@ -6,12 +6,12 @@ import sys
 from typing import Any, Optional, Tuple, Union
 
 from . import _ffi
-from ._arguments import _layout
-from ._arrays import Array, allocate, check_known_to_driver, describe, describe_first, is_torch
-from ._checked import set_fields
+from ._arrays import Array, check_known_to_driver, describe, is_torch
 from ._errors import InvalidArgumentError, UnsupportedError
-from ._geometry import _View, _check_int32_sizes, _check_lse, _check_one_device
-from ._library import get_handle, library
+from ._fields import set_fields
+from ._library import library
+from ._params import _View, _check_int32_sizes, _check_lse, _check_one_device, _layout
+from ._plan import allocate, describe_first, get_handle
 
 Dtype = _ffi.Dtype
 Layout = _ffi.Layout

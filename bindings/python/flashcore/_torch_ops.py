@@ -9,26 +9,61 @@ graphs capture them.
 Nothing here imports torch: the operators are registered when flashcore is
 imported after torch, else on first use (register_torch_ops()). Eager
 calls that need no gradient do not go through them: they call the library
-directly, which is faster (the compiled path, or _planning.prepare and
-_launch.launch); the forward operator's implementation is that same call.
+directly, which is faster (the compiled path, or _plan.prepare and
+_plan.launch); the forward operator's implementation is that same call.
 Eager calls that do need one (an input that requires grad, grad mode on)
 take the same autograd formula without the dispatcher: EagerAttention, a
 torch.autograd.Function whose forward is the operator's implementation and
 whose backward is flashcore::backward's (the compiled path's backward() for
 a repeated call), at a fraction of a custom operator's host time per call
 (issue 58). Traced calls keep the operators, whose formula calls the same
-implementations."""
+implementations. tracing() and wants_grad() are the modes of torch that
+decide which of those ways a call takes."""
 
 import numbers
+import os
 import sys
 
-from ._arguments import _layout, _options
-from ._arrays import imported, is_torch
+from ._arrays import imported
 from ._backward import gradients
 from ._errors import InvalidArgumentError, UnsupportedError
-from ._geometry import (DESCALE_NAMES, KV_DTYPES, PAGED_BACKWARD, QUANTIZED_BACKWARD, QUANTIZED_OUT_DTYPE,
-                        QUANTIZED_QUERY_BACKWARD, QUANTIZED_QUERY_SOFTCAP, QUERY_DTYPES, refuse_descale_number)
-from ._modes import requires_grad, wants_grad
+from ._params import (DESCALE_NAMES, KV_DTYPES, PAGED_BACKWARD, QUANTIZED_BACKWARD, QUANTIZED_OUT_DTYPE,
+                      QUANTIZED_QUERY_BACKWARD, QUANTIZED_QUERY_SOFTCAP, QUERY_DTYPES, _layout, _options,
+                      refuse_descale_number)
+
+DETACH_ENV = "FLASHCORE_DETACH"
+
+
+def tracing() -> bool:
+    """Whether torch.compile or torch.export is tracing the calling code
+    (never where torch is not imported)."""
+    torch = imported("torch")  # not sys.modules: see _arrays.imported
+    return torch is not None and torch.compiler.is_compiling()
+
+
+def requires_grad(q, k, v):
+    """Whether q, k or v is a torch tensor that requires grad while grad mode
+    is on: what autograd would differentiate."""
+    torch = imported("torch")
+    if torch is None:
+        return False
+    tensor = torch.Tensor
+    for x in (q, k, v):
+        if isinstance(x, tensor) and x.requires_grad:
+            return torch.is_grad_enabled()
+    return False
+
+
+def wants_grad(q, k, v, detach):
+    """Whether the call must give a result autograd can differentiate
+    (requires_grad()), unless detach=True, or FLASHCORE_DETACH=1 in the
+    environment, says to compute from the values alone (inference code that
+    leaves requires_grad on, and wants neither the graph nor the lse that
+    a differentiable call keeps for the backward pass)."""
+    if detach or not requires_grad(q, k, v):
+        return False
+    return os.environ.get(DETACH_ENV) != "1"
+
 
 OPERATOR = "flashcore::forward"
 BACKWARD_OPERATOR = "flashcore::backward"
@@ -340,7 +375,7 @@ def _refuse_quantized_query_softcap():
 def _refuse_quantized_query_dtypes(q_dtype, k_dtype, v_dtype, out_dtype):
     """Raises the error of fp8 queries beside k, v or out of a dtype they
     do not take (dtypes as torch spells them), as the eager call's
-    (_geometry._query_dtypes)."""
+    (_params._query_dtypes)."""
     def name(dtype):
         return str(dtype).replace("torch.", "")
 
@@ -386,7 +421,7 @@ def operator_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, 
                      deterministic=False, descales=(None, None, None), differentiable=None):
     """_attention._forward's call as flashcore::forward: while torch.compile
     or torch.export traces, and for calls to be differentiated
-    (_modes.wants_grad). A differentiable call asks the operator for the
+    (wants_grad). A differentiable call asks the operator for the
     lse, which its autograd formula needs, whether or not the caller
     does; detach=True (or FLASHCORE_DETACH=1) computes from the values of
     inputs that require grad, the result without a gradient path; a
@@ -440,7 +475,7 @@ def operator_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, 
         q, k, v = q.detach(), k.detach(), v.detach()
     causal, softmax_scale, num_splits, window, softcap = options
     if quantized_query:
-        # What the eager call refuses of fp8 queries (_geometry._query_dtypes,
+        # What the eager call refuses of fp8 queries (_params._query_dtypes,
         # check_quantized_options), refused here too: traced, out= would
         # otherwise be copied into whatever its dtype.
         if k.dtype != q.dtype or v.dtype != q.dtype or out is not None and out.dtype != _out_dtype(torch, q):

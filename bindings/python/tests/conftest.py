@@ -75,8 +75,8 @@ def queued(lib, monkeypatch):
     """The params the calls of the test queue, caught by a RecordingHandle
     (the fake pointers reach no GPU and no driver)."""
     handle = RecordingHandle()
-    monkeypatch.setattr(flashcore._launch, "get_handle", lambda device=None: handle)
-    monkeypatch.setattr(flashcore._planning, "check_known_to_driver", lambda infos: None)
+    monkeypatch.setattr(flashcore._plan, "get_handle", lambda device=None: handle)
+    monkeypatch.setattr(flashcore._plan, "check_known_to_driver", lambda infos: None)
     return handle.queued
 
 
@@ -87,7 +87,7 @@ def fake_gpu(lib, monkeypatch):
     plans start empty), on stream 0, outside any CUDA graph capture, by the
     Python paths (the compiled one off). Skips without torch."""
     torch = pytest.importorskip("torch", reason="torch is not installed")
-    from flashcore import _arrays, _attention, _launch, _planning
+    from flashcore import _arrays, _attention, _plan
 
     def as_on_device_0(x, name):
         return _arrays.ArrayInfo(x, name, x.data_ptr(), x.shape, x.stride(), str(x.dtype)[6:], x.element_size(), 0,
@@ -95,17 +95,17 @@ def fake_gpu(lib, monkeypatch):
 
     handle = FakeGpuHandle(torch)
     monkeypatch.setattr(_arrays, "_from_torch", as_on_device_0)
-    monkeypatch.setattr(_arrays, "current_stream", lambda info: 0)
-    monkeypatch.setattr(_planning, "check_known_to_driver", lambda infos: None)
-    monkeypatch.setattr(_planning, "allocate", lambda like, shape, dtype, stream, what: torch.empty(
+    monkeypatch.setattr(_plan, "current_stream", lambda info: 0)
+    monkeypatch.setattr(_plan, "check_known_to_driver", lambda infos: None)
+    monkeypatch.setattr(_plan, "allocate", lambda like, shape, dtype, stream, what: torch.empty(
         shape, dtype=like.obj.dtype if dtype is None else getattr(torch, dtype)))
-    monkeypatch.setattr(_planning, "_plans", {})
-    monkeypatch.setattr(_planning, "_backward_plans", {})
-    monkeypatch.setattr(_launch, "get_handle", lambda device=None: handle)
+    monkeypatch.setattr(_plan, "_plans", {})
+    monkeypatch.setattr(_plan, "_backward_plans", {})
+    monkeypatch.setattr(_plan, "get_handle", lambda device=None: handle)
     # The compiled path would call the library with the stand-in's handle:
     # the Python paths only (queued_as_on_a_gpu configures it with stubs).
     monkeypatch.setattr(_attention, "_fast", False)
-    api = _launch.torch_api()
+    api = _plan.torch_api()
     monkeypatch.setattr(api, "current_stream", lambda device: 0)
     monkeypatch.setattr(api, "capturing", lambda: False)
     yield handle

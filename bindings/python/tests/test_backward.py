@@ -10,7 +10,7 @@ import ctypes
 import pytest
 
 import flashcore
-from flashcore import _errors, _ffi, _planning
+from flashcore import _errors, _ffi, _plan
 from fc_testing import (FakeCudaArray, FakeDLPackArray, FakeGpuHandle, assert_one_graph, fake_ptr, fake_qkv,
                         need_head_dim, raises_from_library)
 
@@ -333,13 +333,13 @@ def test_the_operator_needs_its_lse_to_differentiate(torch, fake_gpu):
 def test_a_backward_call_is_planned_once(torch, fake_gpu):
     # Other tests (the GPU ones, in the same session) may have planned
     # calls of their own, some with this test's key: start from none.
-    _planning._backward_plans.clear()
+    _plan._backward_plans.clear()
     kept = []  # alive, so that each call's tensors have addresses of their own
     for seed in range(3):
         q, k, v = tensors(torch, [(1, 4, 8, 64)] * 3, seed=seed)
         flashcore.attention(q, k, v, causal=True).float().sum().backward()
         kept.append((q, k, v))
-    assert len(_planning._backward_plans) == 1
+    assert len(_plan._backward_plans) == 1
     first, *others = fake_gpu.backward_params()
     for p in others:
         assert _without_addresses(p) == _without_addresses(first) and p.q != first.q
@@ -347,7 +347,7 @@ def test_a_backward_call_is_planned_once(torch, fake_gpu):
 
 def _without_addresses(params):
     params = flashcore.BackwardParams.from_buffer_copy(params)
-    for field in _planning.BACKWARD_POINTER_FIELDS:
+    for field in _plan.BACKWARD_POINTER_FIELDS:
         setattr(params, field, None)
     return bytes(params)
 
@@ -365,11 +365,11 @@ def compiled_on_fake_gpu(torch, fake_gpu, monkeypatch):
     """The compiled path configured with ctypes callbacks that queue to
     fake_gpu as "compiled" and "compiled backward"; skips where it is not
     built."""
-    from flashcore import _attention, _fastpath, _ffi, _launch
-    found = _fastpath.find()
+    from flashcore import _attention, _ffi, _plan
+    found = _plan.find()
     if not found:
         pytest.skip("flashcore._fastcall is not built")
-    monkeypatch.setitem(_fastpath._handles, 0, fake_gpu)
+    monkeypatch.setitem(_plan._handles, 0, fake_gpu)
     forward_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_ffi.flashcore_forward_params),
                                     ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
     backward_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_ffi.flashcore_backward_params),
@@ -386,7 +386,7 @@ def compiled_on_fake_gpu(torch, fake_gpu, monkeypatch):
         fake_gpu.queued[-1] = ("compiled backward", fake_gpu.queued[-1][1])
         return 0
 
-    module = _fastpath.load(_launch.torch_api(), _launch._kept_workspaces,
+    module = _plan.load(_plan.torch_api(), _plan._kept_workspaces,
                             ctypes.cast(compiled_forward, ctypes.c_void_p).value,
                             ctypes.cast(compiled_backward, ctypes.c_void_p).value)
     monkeypatch.setattr(_attention, "_fast", module)

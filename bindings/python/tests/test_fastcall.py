@@ -10,12 +10,12 @@ import ctypes
 import pytest
 
 import flashcore
-from flashcore import _attention, _fastpath, _ffi
+from flashcore import _attention, _ffi, _plan
 
 
 @pytest.fixture(scope="module")
 def module(lib):
-    found = _fastpath.find()
+    found = _plan.find()
     if found is None:
         pytest.skip("flashcore._fastcall is not built (CMake found no Python headers, or FLASHCORE_FASTCALL=0); "
                     "the binding then runs every call in Python")
@@ -164,7 +164,7 @@ def test_module_fits_the_ctypes_struct(module):
     size, offsets = module.params_layout()
     assert size == ctypes.sizeof(_ffi.flashcore_forward_params)
     assert set(offsets) >= {"q", "k", "v", "out", "lse", "seqused_k", "q_descale", "k_descale", "v_descale"}
-    assert _fastpath.fits_struct(module)
+    assert _plan.fits_struct(module)
 
 
 def test_a_remembered_call_is_queued_with_new_addresses(module, backend):
@@ -370,8 +370,8 @@ def test_calls_it_does_not_serve_are_not_remembered(module, backend):
 
 
 def test_disabled_by_the_environment(module, monkeypatch):
-    monkeypatch.setenv(_fastpath.DISABLE_ENV, "0")
-    assert _fastpath.find() is None
+    monkeypatch.setenv(_plan.DISABLE_ENV, "0")
+    assert _plan.find() is None
 
 
 # --------------------------------------------------------------------------
@@ -416,7 +416,7 @@ def test_module_fits_the_backward_struct(module):
     size, offsets = module.backward_params_layout()
     assert size == ctypes.sizeof(_ffi.flashcore_backward_params)
     assert set(offsets) >= {"q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv", "seqused_k"}
-    assert _fastpath.fits_backward_struct(module)
+    assert _plan.fits_backward_struct(module)
 
 
 def test_a_remembered_backward_is_queued_with_new_addresses(module, backend):

@@ -1562,12 +1562,12 @@ def split_decode_inputs(torch, seed):
 
 def test_quick_path_decode_shares_a_workspace_per_stream(torch):
     need_head_dim(64)
-    from flashcore import _launch
+    from flashcore import _plan
     flashcore.release_workspaces()
     q, k, v = split_decode_inputs(torch, 950)
     for _ in range(3):  # the full path, then the quick path (then the compiled one, where built)
         check(torch, flashcore.attention(q, k, v), None, q, k, v, False)
-    assert len(_launch._kept_workspaces) == 1
+    assert len(_plan._kept_workspaces) == 1
     # Two streams at once, several calls each on data of its own: one
     # workspace per stream, written by one call at a time.
     streams = [torch.cuda.Stream() for _ in range(2)]
@@ -1582,26 +1582,26 @@ def test_quick_path_decode_shares_a_workspace_per_stream(torch):
     for (q2, k2, v2), outs in zip(inputs, results):
         for out in outs:
             check(torch, out, None, q2, k2, v2, False)
-    assert len(_launch._kept_workspaces) == 1 + len(streams)
+    assert len(_plan._kept_workspaces) == 1 + len(streams)
     flashcore.release_workspaces()
-    assert not _launch._kept_workspaces
+    assert not _plan._kept_workspaces
 
 
 def test_quick_path_under_cuda_graph_capture(torch):
     # The captured call's workspace is the graph's own (torch's allocator),
     # not the one kept for eager calls, which may run between replays.
     need_head_dim(64)
-    from flashcore import _launch
+    from flashcore import _plan
     q, k, v = split_decode_inputs(torch, 970)
     out = torch.empty_like(q)
     for _ in range(3):
         flashcore.attention(q, k, v, out=out)
     torch.cuda.synchronize()
-    kept = dict(_launch._kept_workspaces)
+    kept = dict(_plan._kept_workspaces)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         flashcore.attention(q, k, v, out=out)
-    assert _launch._kept_workspaces == kept, "the capture kept a workspace"
+    assert _plan._kept_workspaces == kept, "the capture kept a workspace"
     other_q, other_k, other_v = split_decode_inputs(torch, 973)
     for _ in range(5):
         out.fill_(NAN)

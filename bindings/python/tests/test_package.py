@@ -12,7 +12,7 @@ import threading
 import pytest
 
 import flashcore
-from flashcore import Status, _arrays, _errors, _ffi, _launch, _library, _planning
+from flashcore import Status, _arrays, _errors, _ffi, _library, _plan
 from fc_testing import (FakeCudaArray, FakeDLPackArray, RecordingHandle, covering_pair, fake_paged, fake_ptr, fake_qkv,
                         fake_varlen, need_head_dim, raises_from_library)
 
@@ -284,8 +284,8 @@ def test_a_shape_of_floats_is_refused_after_its_int_twin_is_cached(queued):
 
 def test_cai_stream_is_the_default_stream():
     a = _arrays.describe(FakeCudaArray((1, 1, 8, 64), stream=0xABC0), "q")
-    assert _arrays.current_stream(a) == 0xABC0
-    assert _arrays.current_stream(_arrays.describe(FakeCudaArray((1, 1, 8, 64)), "q")) == 0
+    assert _plan.current_stream(a) == 0xABC0
+    assert _plan.current_stream(_arrays.describe(FakeCudaArray((1, 1, 8, 64)), "q")) == 0
 
 
 @pytest.mark.parametrize("code,bits,name", [(2, 16, "float16"), (4, 16, "bfloat16"), (2, 32, "float32")])
@@ -326,14 +326,14 @@ def test_stream_pointer_forms():
     class CupyLike:
         ptr = 0x7000
 
-    assert _arrays.stream_pointer(0) == 0 and _arrays.stream_pointer(0x1000) == 0x1000
-    assert _arrays.stream_pointer(ctypes.c_void_p(0x2000)) == 0x2000
-    assert _arrays.stream_pointer(CudaStreamProtocol()) == 0x5000
-    assert _arrays.stream_pointer(TorchLike()) == 0x6000
-    assert _arrays.stream_pointer(CupyLike()) == 0x7000
+    assert _plan.stream_pointer(0) == 0 and _plan.stream_pointer(0x1000) == 0x1000
+    assert _plan.stream_pointer(ctypes.c_void_p(0x2000)) == 0x2000
+    assert _plan.stream_pointer(CudaStreamProtocol()) == 0x5000
+    assert _plan.stream_pointer(TorchLike()) == 0x6000
+    assert _plan.stream_pointer(CupyLike()) == 0x7000
     for bad in (True, "stream", 1.5):
         with pytest.raises(TypeError):
-            _arrays.stream_pointer(bad)
+            _plan.stream_pointer(bad)
 
 
 # --------------------------------------------------------------------------
@@ -1552,7 +1552,7 @@ def test_paged_kvcache_without_gpu_reports_no_device(lib, gpu_present):
 def _without_addresses(p):
     """p's bytes with its array addresses zeroed."""
     p = type(p).from_buffer_copy(p)
-    for field in _planning.POINTER_FIELDS:
+    for field in _plan.POINTER_FIELDS:
         setattr(p, field, None)
     return bytes(p)
 
@@ -1569,10 +1569,10 @@ def _moved(array, offset):
 def test_repeated_call_reuses_the_params_with_new_addresses(queued):
     q, k, v, out = fake_qkv(b=1, hq=4, hkv=2, sq=33, sk=65)
     flashcore.attention(q, k, v, out=out, causal=True, window=(8, 0))
-    plans = len(_planning._plans)
+    plans = len(_plan._plans)
     moved = [_moved(a, 4096 * (i + 1)) for i, a in enumerate((q, k, v, out))]
     flashcore.attention(*moved[:3], out=moved[3], causal=True, window=(8, 0))
-    assert len(_planning._plans) == plans, "the second call made a plan of its own"
+    assert len(_plan._plans) == plans, "the second call made a plan of its own"
     first, second = queued
     assert _without_addresses(first) == _without_addresses(second)
     assert (second.q, second.k, second.v, second.out) == tuple(fake_ptr(i, 4096 * (i + 1)) for i in range(4))
@@ -1594,13 +1594,13 @@ def test_what_the_key_holds_gives_a_new_plan(queued, change):
         kwargs["softmax_scale"] = 0.5
     else:
         kwargs.update(return_lse=True, lse=FakeCudaArray((1, 4, 40), typestr="<f4", index=4))
-    plans = len(_planning._plans)
+    plans = len(_plan._plans)
     try:
         flashcore.attention(q, k, v, out=out, **kwargs)
     except flashcore.FlashcoreError as e:  # float32, read-only out: refused as on the first call
         assert change in ("dtype", "readonly out"), e
     else:
-        assert len(_planning._plans) == plans + 1
+        assert len(_plan._plans) == plans + 1
         assert queued[-1].q_seq_stride == (72 if change == "strides" else 64)
         assert queued[-1].softmax_scale == (0.5 if change == "option" else 0.0)
 
@@ -1633,7 +1633,7 @@ def test_cached_call_still_checks_the_addresses(lib, gpu_present):
 def test_cached_call_still_asks_the_driver(lib, monkeypatch):
     q, k, v, out = fake_qkv(b=1, hq=2, hkv=2, sq=28, sk=28)
     handle = RecordingHandle()
-    monkeypatch.setattr(_launch, "get_handle", lambda device=None: handle)
+    monkeypatch.setattr(_plan, "get_handle", lambda device=None: handle)
     monkeypatch.setattr(_arrays, "_cuda_driver", [None])  # no driver: nothing to ask
     flashcore.attention(q, k, v, out=out)
     flashcore.attention(q, k, v, out=out)
@@ -1657,20 +1657,20 @@ def test_varlen_and_paged_calls_are_cached(queued):
         flashcore.attention_varlen(q, k, v, cu_q, cu_k, 30, 40, out=out, causal=True)
     q, k, v, out, table = fake_paged(b=2, sq=1)
     used = FakeCudaArray((2,), typestr="<i4", index=8)
-    plans = len(_planning._plans)
+    plans = len(_plan._plans)
     for _ in range(2):
         flashcore.attention_with_kvcache(q, k, v, used, block_table=table, out=out)
-    assert len(_planning._plans) == plans + 1
+    assert len(_plan._plans) == plans + 1
     assert bytes(queued[0]) == bytes(queued[1]) and bytes(queued[2]) == bytes(queued[3])
     assert queued[2].block_table == fake_ptr(7) and queued[2].seqused_k == fake_ptr(8)
 
 
 def test_the_cache_is_bounded(queued, monkeypatch):
-    monkeypatch.setattr(_planning, "MAX_PLANS", 3)
+    monkeypatch.setattr(_plan, "MAX_PLANS", 3)
     for sq in range(1, 9):
         q, k, v, out = fake_qkv(b=1, hq=2, hkv=2, sq=sq, sk=16)
         flashcore.attention(q, k, v, out=out)
-        assert len(_planning._plans) <= 3
+        assert len(_plan._plans) <= 3
     assert len(queued) == 8
 
 

@@ -427,10 +427,10 @@ def queued_as_on_a_gpu(torch, fake_gpu, monkeypatch):
     GPU's would be."""
     import ctypes
 
-    from flashcore import _attention, _fastpath, _ffi, _launch
+    from flashcore import _attention, _ffi, _plan
     queued = fake_gpu.queued
-    api = _launch.torch_api()
-    monkeypatch.setitem(_fastpath._handles, 0, fake_gpu)
+    api = _plan.torch_api()
+    monkeypatch.setitem(_plan._handles, 0, fake_gpu)
     forward_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_ffi.flashcore_forward_params),
                                     ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
 
@@ -439,7 +439,7 @@ def queued_as_on_a_gpu(torch, fake_gpu, monkeypatch):
         queued.append(("compiled", _ffi.flashcore_forward_params.from_buffer_copy(params.contents)))
         return 0
 
-    module = _fastpath.load(api, _launch._kept_workspaces, ctypes.cast(compiled_forward, ctypes.c_void_p).value)
+    module = _plan.load(api, _plan._kept_workspaces, ctypes.cast(compiled_forward, ctypes.c_void_p).value)
     _attention._fast = module
     yield queued
     if module:
@@ -455,13 +455,13 @@ def _without_addresses(params):
 
 
 def test_one_plan_serves_every_path(torch, queued_as_on_a_gpu):
-    from flashcore import _attention, _planning
+    from flashcore import _attention, _plan
     q = torch.randn(1, 8, 16, 64, dtype=torch.float16)
     k, v = (torch.randn(1, 2, 32, 64, dtype=torch.float16) for _ in range(2))
     outs = [flashcore.attention(q, k, v, causal=True) for _ in range(3)]
     # softcap=0 is softcap=0.0 to the key: the same plan, through the quick path.
     outs.append(flashcore.attention(q, k, v, causal=True, softcap=0))
-    assert len(_planning._plans) == 1
+    assert len(_plan._plans) == 1
     compiled = "compiled" if _attention._fast else "launch_plain"
     assert [path for path, _ in queued_as_on_a_gpu] == ["launch", "launch_plain", compiled, "launch_plain"]
     assert len({_without_addresses(params) for _, params in queued_as_on_a_gpu}) == 1
@@ -473,14 +473,14 @@ def test_one_plan_serves_every_path(torch, queued_as_on_a_gpu):
 def test_one_plan_serves_every_path_with_fp8_kv_and_descales(torch, queued_as_on_a_gpu):
     # Quantized K/V and their descales (issue 36) take the same paths, each
     # call with its own descale tensors.
-    from flashcore import _attention, _planning
+    from flashcore import _attention, _plan
     if not hasattr(torch, "float8_e4m3fn"):
         pytest.skip("this torch has no float8_e4m3fn")
     q = torch.randn(2, 8, 16, 64, dtype=torch.bfloat16)
     k, v = (torch.randn(2, 2, 32, 64).to(torch.float8_e4m3fn) for _ in range(2))
     scales = [(torch.rand(2, 2), torch.tensor(0.5)) for _ in range(4)]
     outs = [flashcore.attention(q, k, v, k_descale=k_descale, v_descale=v_descale) for k_descale, v_descale in scales]
-    assert len(_planning._plans) == 1 and all(out.dtype == torch.bfloat16 for out in outs)
+    assert len(_plan._plans) == 1 and all(out.dtype == torch.bfloat16 for out in outs)
     compiled = "compiled" if _attention._fast else "launch_plain"
     assert [path for path, _ in queued_as_on_a_gpu] == ["launch", "launch_plain", compiled, compiled]
     templates = set()
@@ -494,14 +494,14 @@ def test_one_plan_serves_every_path_with_fp8_kv_and_descales(torch, queued_as_on
 def test_one_plan_serves_every_path_with_fp8_queries(torch, queued_as_on_a_gpu, fp8_queries_checked):
     # fp8 queries (fp8 prefill): out is bfloat16, not q's dtype, on every
     # path (the plan allocates it with torch.empty, never empty_like(q)).
-    from flashcore import _attention, _planning
+    from flashcore import _attention, _plan
     if not hasattr(torch, "float8_e4m3fn"):
         pytest.skip("this torch has no float8_e4m3fn")
     q = torch.randn(2, 8, 16, 64).to(torch.float8_e4m3fn)
     k, v = (torch.randn(2, 2, 32, 64).to(torch.float8_e4m3fn) for _ in range(2))
     scales = [torch.rand(2, 2) for _ in range(4)]
     outs = [flashcore.attention(q, k, v, causal=True, q_descale=q_descale) for q_descale in scales]
-    (plan,) = _planning._plans.values()
+    (plan,) = _plan._plans.values()
     assert plan.dtype == torch.bfloat16 and not plan.out_like_q
     assert all(out.dtype == torch.bfloat16 and out.shape == q.shape for out in outs)
     compiled = "compiled" if _attention._fast else "launch_plain"

@@ -2,7 +2,7 @@
 (docs/log/jax.md).
 
 Each call is planned at trace time by the binding's own planning pieces
-(_geometry._validate and _build: the same checks and messages as the torch
+(_params._validate and _build: the same checks and messages as the torch
 path) on the abstract arrays JAX traces: their shapes and dtypes, row-major
 strides (XLA's default layout) and stand-in addresses, which the library's
 flashcore_forward_check sees as distinct and aligned. The planned struct
@@ -22,10 +22,10 @@ import jax
 
 from .._arrays import ArrayInfo, contiguous_strides
 from .._errors import InvalidArgumentError, UnsupportedError
-from .._geometry import _build, _build_backward, _descales, _hint_bshd, _out_shape, _sequences, _validate
-from .._arguments import _layout, _options
-from .._library import get_handle, library
-from .._planning import BACKWARD_POINTER_FIELDS, POINTER_FIELDS
+from .._library import library
+from .._params import (_build, _build_backward, _descales, _hint_bshd, _layout, _options, _out_shape, _sequences,
+                        _validate)
+from .._plan import BACKWARD_POINTER_FIELDS, POINTER_FIELDS, get_handle
 
 FORWARD_TARGET = "flashcore_forward"
 BACKWARD_TARGET = "flashcore_backward"
@@ -125,7 +125,7 @@ def _stand_ins(first_index):
 
 
 def _abstract_sequences(arrays, max_seqlen_q, max_seqlen_k, seqused_k_name, describe_array):
-    """_geometry._Sequences of a call's abstract optional arrays (by field
+    """_params._Sequences of a call's abstract optional arrays (by field
     name)."""
     return _sequences(0, seqused_k=arrays.get("seqused_k"), cu_seqlens_q=arrays.get("cu_seqlens_q"),
                       max_seqlen_q=max_seqlen_q, cu_seqlens_k=arrays.get("cu_seqlens_k"), max_seqlen_k=max_seqlen_k,
