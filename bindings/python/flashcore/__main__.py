@@ -65,7 +65,7 @@ def driver_too_old(lib, driver_version):
 
 def kernel_path(ordinal, capability):
     """What flashcore runs on a GPU: a handle is created for it, and on a 9.0
-    GPU once more with FLASHCORE_FWD_VARIANT=sm90, which succeeds only where
+    GPU once more with FLASHCORE_FWD_VARIANT=hopper, which succeeds only where
     the library has the sm_90a kernels (README: FLASHCORE_FWD_VARIANT)."""
     try:
         flashcore.Handle(ordinal).close()
@@ -74,7 +74,7 @@ def kernel_path(ordinal, capability):
     if tuple(capability) != SM90_CAPABILITY:
         return "the portable kernels (sm_80 and newer)"
     saved = os.environ.get("FLASHCORE_FWD_VARIANT")
-    os.environ["FLASHCORE_FWD_VARIANT"] = "sm90"
+    os.environ["FLASHCORE_FWD_VARIANT"] = "hopper"
     try:
         flashcore.Handle(ordinal).close()
         return ("the sm_90a (wgmma/TMA) kernels for calls that fill the GPU, the portable ones for the others "
