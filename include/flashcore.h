@@ -462,7 +462,9 @@ typedef struct flashcore_forward_params {
      * cores, the probabilities rounded to e4m3 (scaled so that each row's
      * largest is 256) before P * V, as FlashAttention 3 does. It runs on
      * sm_90 GPUs (H100, H200) with the library's sm_90a kernels only
-     * (FLASHCORE_STATUS_UNSUPPORTED elsewhere, or in a build without them),
+     * (FLASHCORE_STATUS_UNSUPPORTED elsewhere, or in a build without them,
+     * or where the TMA unit cannot describe q, k, v or out: a stride of
+     * 2^40 bytes or more),
      * with kernels at head dims (64, 64), (128, 128) and (256, 256) (other
      * head dims run on the smallest that covers them), with causal, window,
      * GQA, lse, split-KV, varlen, seqused_k and paged K/V; softcap is not

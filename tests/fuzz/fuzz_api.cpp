@@ -1624,6 +1624,9 @@ bool planned_as_allowed(const EmulatedGpu &g, flashcore_status status, bool fp8_
     if (status != FLASHCORE_STATUS_UNSUPPORTED) return false;
     return message.find("exceeds the grid limit") != std::string::npos ||
            (fp8_queries && g.cc_major != 9 && message.find("fp8 queries") != std::string::npos) ||
+           // fp8 queries run on the sm_90a kernels only, which read through
+           // the TMA unit (flashcore.h: out_dtype).
+           (fp8_queries && message.find("the TMA unit cannot describe") != std::string::npos) ||
            (asked_splits && message.find("would need a workspace larger than the address space") != std::string::npos);
 }
 

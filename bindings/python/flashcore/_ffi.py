@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "c8213e17afdd3a628fa0065031f08c7ca970cbe53d1b628ff5f5d73dbf3e4dcf"
+HEADER_SHA256 = "07a50fc0aa7ae11636151a660c1546f708c37e3cb282053de5da360a2347c48e"
 
 
 # Assigning to a field of the structs below checks the value against the
@@ -326,7 +326,9 @@ class flashcore_forward_params(ctypes.Structure):
         # cores, the probabilities rounded to e4m3 (scaled so that each row's
         # largest is 256) before P * V, as FlashAttention 3 does. It runs on
         # sm_90 GPUs (H100, H200) with the library's sm_90a kernels only
-        # (FLASHCORE_STATUS_UNSUPPORTED elsewhere, or in a build without them),
+        # (FLASHCORE_STATUS_UNSUPPORTED elsewhere, or in a build without them,
+        # or where the TMA unit cannot describe q, k, v or out: a stride of
+        # 2^40 bytes or more),
         # with kernels at head dims (64, 64), (128, 128) and (256, 256) (other
         # head dims run on the smallest that covers them), with causal, window,
         # GQA, lse, split-KV, varlen, seqused_k and paged K/V; softcap is not
