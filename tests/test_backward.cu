@@ -400,12 +400,14 @@ TEST(BackwardApi, BadSmemChoiceIsRejectedAtCreate) {
     expect_env_values_rejected("FLASHCORE_TEST_SMEM_PER_BLOCK", {"0", "-1", "12x", "99999999999"}, kA100SmemPerBlock);
 }
 
-// FLASHCORE_BWD_VARIANT: kvblock (the portable kernel) is accepted on every
-// GPU; hopper where the device and the build have the sm_90a kernels, and
-// refused with UNSUPPORTED elsewhere; anything else is refused.
+// FLASHCORE_BWD_VARIANT: portable (or its one tile, kvblock) is accepted on
+// every GPU; hopper where the device and the build have the sm_90a kernels,
+// and refused with UNSUPPORTED elsewhere; anything else is refused (the
+// forward's old name sm90 too: the backward never took it).
 TEST(BackwardApi, BadVariantIsRejectedAtCreate) {
     FC_REQUIRE_GPU();
-    expect_env_values_rejected("FLASHCORE_BWD_VARIANT", {"sm90", "portable", "Hopper", "kvblock "}, "kvblock");
+    expect_env_values_rejected("FLASHCORE_BWD_VARIANT", {"sm90", "portables", "Hopper", "kvblock "}, "portable");
+    expect_env_values_rejected("FLASHCORE_BWD_VARIANT", {}, "kvblock");
     flashcore_handle h = nullptr;
     std::string message;
     const flashcore_status status = create_with_env("FLASHCORE_BWD_VARIANT", "hopper", &h, &message);

@@ -476,10 +476,16 @@ TEST(EmulatedGpu, VariantVariablesTakeTheSamePathNames) {
             << flashcore_last_error_message();
         EXPECT_EQ(h, nullptr);
     }
-    for (const char *variable : {"FLASHCORE_FWD_VARIANT", "FLASHCORE_BWD_VARIANT"}) {
-        ScopedEnv env({{variable, "sm91"}, {"FLASHCORE_TEST_EMULATE_GPU", "h100"}});
+    // Anything else is refused, naming the values taken; the backward never
+    // took the forward's old name, sm90.
+    for (const auto &[variable, value] : {std::pair{"FLASHCORE_FWD_VARIANT", "sm91"},
+                                          std::pair{"FLASHCORE_FWD_VARIANT", "Hopper"},
+                                          std::pair{"FLASHCORE_BWD_VARIANT", "sm90"},
+                                          std::pair{"FLASHCORE_BWD_VARIANT", "portables"},
+                                          std::pair{"FLASHCORE_BWD_VARIANT", "kvblock "}}) {
+        ScopedEnv env({{variable, value}, {"FLASHCORE_TEST_EMULATE_GPU", "h100"}});
         flashcore_handle h = nullptr;
-        EXPECT_EQ(flashcore_create(&h), FLASHCORE_STATUS_INVALID_ARGUMENT) << variable;
+        EXPECT_EQ(flashcore_create(&h), FLASHCORE_STATUS_INVALID_ARGUMENT) << variable << "=" << value;
         const std::string message = flashcore_last_error_message();
         EXPECT_NE(message.find("'portable', 'hopper'"), std::string::npos) << message;
         EXPECT_EQ(h, nullptr);
