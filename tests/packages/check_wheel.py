@@ -64,11 +64,11 @@ def check_loaded(package_dir, major):
     version = importlib.metadata.version(DIST)
     assert flashcore.library_version() == version == flashcore.__version__, (flashcore.library_version(), version)
 
-    from flashcore import _fastpath
-    compiled = _fastpath.find()
+    from flashcore import _plan
+    compiled = _plan.find()
     assert compiled is not None, "the wheel has no flashcore._fastcall"
     assert os.path.dirname(os.path.abspath(compiled.__file__)) == package_dir, compiled.__file__
-    assert _fastpath.fits_struct(compiled), "flashcore._fastcall was built against another flashcore.h"
+    assert _plan.fits_struct(compiled), "flashcore._fastcall was built against another flashcore.h"
     print("compiled call path: %s" % compiled.__file__)
 
     # flashcore.jax's XLA FFI handlers (pyproject.toml builds them with

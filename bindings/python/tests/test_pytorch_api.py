@@ -415,7 +415,7 @@ def test_sdpa_computes_pytorch_s_result_with_flashcore_s_masks(torch, monkeypatc
 # --------------------------------------------------------------------------
 # One planning path (issue 33): a repeated call on torch tensors is planned
 # once, by the full path, under its one key; the Python quick path
-# (_launch.launch_plain) and the compiled one (flashcore/_fastcall.c) run
+# (_plan.launch_plain) and the compiled one (flashcore/_fastcall.c) run
 # that plan. On CPU tensors described as device 0's, queued nowhere.
 # --------------------------------------------------------------------------
 
