@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -364,7 +365,10 @@ testing::AssertionResult planned_on(flashcore_status status, const char *gpu, co
     return testing::AssertionFailure() << "expected the " << kernel << " kernel: " << message;
 }
 
-// A grid the sm_90a kernels take: 1 x 16 heads x 64 blocks of 128 rows, bf16, d128.
+// A grid the sm_90a kernels take: 1 x 16 heads x 64 blocks of 128 rows,
+// bf16, at head dim 64 (both families have sm_90a kernels there, and so do
+// the sanitizer builds, whose only head dim it is).
+constexpr int32_t kSm90HeadDim = 64;
 const struct {
     int32_t batch, seqlen_q, seqlen_k, heads_q, heads_kv;
     bool causal;
@@ -375,7 +379,7 @@ flashcore_forward_params one_long_batch_forward() {
     flashcore_forward_params p;
     EXPECT_EQ(flashcore_forward_params_init(&p, sizeof p), FLASHCORE_STATUS_SUCCESS);
     p.dtype = FLASHCORE_DTYPE_BF16;
-    set_shape(p, kOneLongBatch, 128, 128);
+    set_shape(p, kOneLongBatch, kSm90HeadDim, kSm90HeadDim);
     p.q = fake_tensor(0), p.k = fake_tensor(1), p.v = fake_tensor(2), p.out = fake_tensor(3);
     EXPECT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
     return p;
@@ -385,7 +389,7 @@ flashcore_backward_params one_long_batch_backward() {
     flashcore_backward_params b;
     EXPECT_EQ(flashcore_backward_params_init(&b, sizeof b), FLASHCORE_STATUS_SUCCESS);
     b.dtype = FLASHCORE_DTYPE_BF16;
-    set_shape(b, kOneLongBatch, 128, 128);
+    set_shape(b, kOneLongBatch, kSm90HeadDim, kSm90HeadDim);
     b.q = fake_tensor(0), b.k = fake_tensor(1), b.v = fake_tensor(2), b.out = fake_tensor(3);
     b.dout = fake_tensor(4);
     b.lse = static_cast<const float *>(fake_tensor(5));
@@ -416,9 +420,13 @@ TEST(EmulatedGpu, PlanningDecidesWhatTheTmaUnitCanDescribe) {
     EXPECT_TRUE(planned_on(forward_on(h.handle, p, &workspace_bytes), "h100", "sm_90a"));
     for (int64_t *stride : {&p.q_batch_stride, &p.k_batch_stride, &p.v_batch_stride, &p.out_batch_stride}) {
         const int64_t contiguous = *stride;
-        *stride = kUndescribableBatchStride;
-        ASSERT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
-        EXPECT_TRUE(planned_on(forward_on(h.handle, p, &workspace_bytes), "h100", "portable"));
+        // 2^40 bytes, and a stride whose bytes do not fit 64 bits (they
+        // saturate rather than wrap to a stride the unit would take).
+        for (const int64_t undescribable : {kUndescribableBatchStride, std::numeric_limits<int64_t>::max()}) {
+            *stride = undescribable;
+            ASSERT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+            EXPECT_TRUE(planned_on(forward_on(h.handle, p, &workspace_bytes), "h100", "portable")) << undescribable;
+        }
         *stride = contiguous;
     }
 

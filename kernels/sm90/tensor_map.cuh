@@ -175,6 +175,15 @@ constexpr CUtensorMapDataType tensor_map_type(DType dtype) {
                                    : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
 }
 
+// A stride of `element_bytes`-byte elements in bytes, saturated at
+// UINT64_MAX: the stride of a dimension of extent 1 may be any int64, whose
+// bytes need not fit, and a saturated stride is one the TMA unit refuses
+// (describable), where a wrapped one could pass.
+inline uint64_t saturated_stride_bytes(int64_t stride, int64_t element_bytes) {
+    const __int128 bytes = __int128(stride) * element_bytes;
+    return bytes < 0 || bytes > __int128(UINT64_MAX) ? UINT64_MAX : uint64_t(bytes);
+}
+
 // The geometry of a map of `role` over a 4-d (head_dim, seq, head, batch)
 // tensor of `dtype` elements, with strides in elements.
 inline TensorMapGeometry tensor_geometry(TensorRole role, DType dtype, int head_dim, int seqlen, int heads, int batch,
@@ -190,9 +199,9 @@ inline TensorMapGeometry tensor_geometry(TensorRole role, DType dtype, int head_
     g.dims[1] = uint64_t(seqlen);
     g.dims[2] = uint64_t(heads);
     g.dims[3] = uint64_t(batch);
-    g.byte_strides[0] = uint64_t(seq_stride * kElementBytes);
-    g.byte_strides[1] = uint64_t(head_stride * kElementBytes);
-    g.byte_strides[2] = uint64_t(batch_stride * kElementBytes);
+    g.byte_strides[0] = saturated_stride_bytes(seq_stride, kElementBytes);
+    g.byte_strides[1] = saturated_stride_bytes(head_stride, kElementBytes);
+    g.byte_strides[2] = saturated_stride_bytes(batch_stride, kElementBytes);
     return g;
 }
 
