@@ -420,9 +420,11 @@ TEST(EmulatedGpu, PlanningDecidesWhatTheTmaUnitCanDescribe) {
     EXPECT_TRUE(planned_on(forward_on(h.handle, p, &workspace_bytes), "h100", "sm_90a"));
     for (int64_t *stride : {&p.q_batch_stride, &p.k_batch_stride, &p.v_batch_stride, &p.out_batch_stride}) {
         const int64_t contiguous = *stride;
-        // 2^40 bytes, and a stride whose bytes do not fit 64 bits (they
-        // saturate rather than wrap to a stride the unit would take).
-        for (const int64_t undescribable : {kUndescribableBatchStride, std::numeric_limits<int64_t>::max()}) {
+        // 2^40 bytes, and the largest stride validation takes (whole 16-byte
+        // vectors), whose bytes do not fit an int64: computed without
+        // overflow, never wrapped to a stride the unit would take.
+        constexpr int64_t kLargestStride = std::numeric_limits<int64_t>::max() / 8 * 8;
+        for (const int64_t undescribable : {kUndescribableBatchStride, kLargestStride}) {
             *stride = undescribable;
             ASSERT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
             EXPECT_TRUE(planned_on(forward_on(h.handle, p, &workspace_bytes), "h100", "portable")) << undescribable;
