@@ -217,14 +217,6 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
                 int(dims.head_dim), int(dims.head_dim_v));
 }
 
-// The sm_90a kernel's plan for the call, or false where the portable kernel
-// should serve it: query sequences shorter than a tile (kSm90MinSeqlenQ),
-// and grids too small to fill the SMs that cannot split either (few keys),
-// where the portable key-split variant's lower per-block latency wins
-// (docs/log/hopper.md), and kernels that need more shared memory than
-// the handle allows (only under FLASHCORE_TEST_SMEM_PER_BLOCK: the sm_90a
-// kernels fit every GPU they run on). The sm_90a kernel never packs GQA
-// heads.
 // Whether the driver can describe the call's tensors to the TMA unit as the
 // sm90 kernel `kernel` reads and writes them.
 bool tma_describes(const flashcore_forward_params &p, const FwdKernel &kernel) {
@@ -232,6 +224,14 @@ bool tma_describes(const flashcore_forward_params &p, const FwdKernel &kernel) {
                                       kernel.info().stores_out_by_tma);
 }
 
+// The sm_90a kernel's plan for the call, or false where the portable kernel
+// should serve it: query sequences shorter than a tile (kSm90MinSeqlenQ),
+// and grids too small to fill the SMs that cannot split either (few keys),
+// where the portable key-split variant's lower per-block latency wins
+// (docs/log/hopper.md), and kernels that need more shared memory than
+// the handle allows (only under FLASHCORE_TEST_SMEM_PER_BLOCK: the sm_90a
+// kernels fit every GPU they run on), and tensors the TMA unit cannot
+// describe (tma_describes). The sm_90a kernel never packs GQA heads.
 bool plan_sm90(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype, HeadDims dims,
                ForwardPlan *plan) {
     const FamilySettings &settings = handle.env.settings(Family::fwd);
