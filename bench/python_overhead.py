@@ -5,7 +5,7 @@ torch tensors).
 Three measurements:
 
   prepare  everything the call does before it asks for a handle and
-           queues the kernel (flashcore._plan.prepare: reading the
+           queues the kernel (flashcore._plan.plan_call: reading the
            arrays, the call cache, the options, the params struct, out and
            lse), on __cuda_array_interface__ arrays at made-up device
            addresses with out= given, or on torch CUDA tensors with
@@ -112,7 +112,7 @@ def prepare_runner(q, k, v, out, causal):
     def run(calls):
         start = clock()
         for _ in range(calls):
-            _plan.prepare(q, k, v, "bhsd", options, out, None, False, None, None)
+            _plan.plan_call((q, k, v, out) + (None,) * 8, "bhsd", options, False, None, None, None, None)
         return clock() - start
 
     return run

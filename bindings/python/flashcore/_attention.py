@@ -4,7 +4,9 @@ public entry points of a forward call, and the way each call takes
 (_forward): under torch.compile, and where the result must be
 differentiable, the torch operator (_torch_ops), whose autograd formula is
 the backward pass; for a repeated call on torch tensors the compiled path
-(_plan's compiled path); else the call's plan (_plan)."""
+(_plan's compiled path); else the Python path (_plan.forward). Each takes
+the call's arrays as one tuple, in _plan.POINTER_FIELDS order, and every
+one of them launches from the call's one plan."""
 
 import ctypes
 import numbers
@@ -18,7 +20,7 @@ from ._fields import fits
 from ._library import library, struct_ref
 from ._params import (LAYOUT_AXES, _batch_from_cu_seqlens, _build, _descales, _layout, _options, _sequences,
                       _softmax_scale)
-from ._plan import describe_first, full, launch, launch_plain, plan_of, prepare
+from ._plan import describe_first, full
 from ._torch_ops import operator_forward, traced_full_int32, tracing, wants_grad
 
 
@@ -96,76 +98,56 @@ def check_params(params: "_ffi.flashcore_forward_params") -> None:
                                                           "from flashcore.forward_params()")))
 
 
-def _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k=None,
-             cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None,
-             seqused_k_name="seqused_k", fast_asked=False, deterministic=False, q_descale=None, k_descale=None,
-             v_descale=None):
+def _forward(arrays, layout, options, return_lse, stream, workspace, detach, max_seqlen_q=None, max_seqlen_k=None,
+             seqused_k_name="seqused_k", fast_asked=False, deterministic=False):
     """What attention, attention_varlen and attention_with_kvcache share:
-    under torch.compile (or torch.export) the torch operator
-    flashcore::forward; else the compiled path where it serves the call
-    (never one to differentiate); else the call's plan (plan_of):
-    launch_plain() where the plan is of plain torch tensors that do not
-    require grad and the call on torch's current stream (the compiled path
-    is then given the plan for the next such call); flashcore::forward
-    again where the result must be differentiable (wants_grad); else
-    prepare() and launch(), with prepare()'s arguments. fast_asked: the
-    caller already asked the compiled path, which handed the call back.
-    The descales are attention()'s, carried by every path.
-    (Positional: keywords cost host time on every call.)"""
-    descales = (q_descale, k_descale, v_descale)
-    # Under torch.compile, and where the result must be differentiable: flashcore::forward.
-    # (Tracing returns first: a plain call then asks it once, wants_grad nothing.)
+    the call's arrays in _plan.POINTER_FIELDS order (None where not given),
+    its options (causal, softmax_scale, num_splits, window, softcap) as the
+    caller gave them, and the rest of its arguments. Under torch.compile
+    (or torch.export), and where the result must be differentiable
+    (wants_grad), the torch operator flashcore::forward, which comes back
+    here below autograd; else the compiled path where it serves the call
+    (fast_asked: the caller asked it already, and it handed the call back);
+    else the Python path (_plan.forward), which gives the compiled path the
+    call's plan. (Positional: keywords cost host time on every call.)"""
     differentiable = None
     if not tracing():
-        if (stream is None and workspace is None and lse is None and cu_seqlens_q is None and cu_seqlens_k is None
-                and block_table is None):
-            fast = _fast if _fast is not None else _load_fast()
-            if fast and not fast_asked:
-                result = fast.call(q, k, v, out, seqused_k, q_descale, k_descale, v_descale, layout, options,
-                                   return_lse)
-                if result is not None:
-                    return result
+        q, k, v = arrays[0], arrays[1], arrays[2]
+        fast = _fast if _fast is not None else _load_fast()
+        if (fast and not fast_asked and stream is None and workspace is None and arrays[4] is None
+                and arrays[6] is None and arrays[7] is None and arrays[8] is None):
+            result = fast.call(q, k, v, arrays[3], arrays[5], arrays[9], arrays[10], arrays[11], layout, options,
+                               return_lse)
+            if result is not None:
+                return result
         # (Before planning: a differentiable call is planned below autograd, by _forward_below_autograd.)
         if not wants_grad(q, k, v, detach):
-            planned = plan_of((q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table) + descales,
-                              layout, options, return_lse, max_seqlen_q, max_seqlen_k, workspace)
-            plan = planned[1]
-            if plan is not None and plan.plain_torch and stream is None:
-                result = launch_plain(plan, planned[2], q, out, return_lse)
-                if _fast:
-                    _plan.remember(_fast, plan, q, k, v, out, seqused_k, descales, layout, options, return_lse)
-                return result
-            return launch(prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, seqused_k,
-                                  cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table,
-                                  seqused_k_name, q_descale, k_descale, v_descale, planned))
+            return _plan.forward(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, stream, workspace,
+                                 seqused_k_name, fast)
         differentiable = True
-    return operator_forward(q, k, v, layout=layout, options=options, out=out, lse=lse, return_lse=return_lse,
-                            stream=stream, workspace=workspace, detach=detach, seqused_k=seqused_k,
-                            cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
-                            max_seqlen_k=max_seqlen_k, block_table=block_table, deterministic=deterministic,
-                            descales=descales, differentiable=differentiable)
+    return operator_forward(arrays, layout, options, return_lse, stream, workspace, detach, max_seqlen_q,
+                            max_seqlen_k, deterministic, differentiable)
 
 
-def _forward_below_autograd(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k,
-                            layout, options, descales, return_lse):
+def _forward_below_autograd(arrays, max_seqlen_q, max_seqlen_k, layout, options, return_lse):
     """flashcore::forward's implementation (_torch_ops.forward_below_autograd),
-    which EagerAttention's forward is too: the call as _forward makes it,
-    below autograd (grad mode off, the result without a gradient path).
-    The compiled path first (a repeated call); else q, k and v without
-    their requires_grad, so that the call's plan is the one a plain call
-    has, which the compiled path is then given."""
-    if cu_seqlens_q is None and cu_seqlens_k is None and block_table is None:
+    which EagerAttention's forward is too: the call as _forward makes it
+    (arrays without out and lse), below autograd (grad mode off, the result
+    without a gradient path). The compiled path first (a repeated call);
+    else q, k and v without their requires_grad, so that the call's plan is
+    the one a plain call has, which the compiled path is then given."""
+    q, k, v = arrays[0], arrays[1], arrays[2]
+    if arrays[6] is None and arrays[7] is None and arrays[8] is None:
         fast = _compiled_path()
         if fast:
-            result = fast.call(q, k, v, None, seqused_k, descales[0], descales[1], descales[2], layout, options,
+            result = fast.call(q, k, v, None, arrays[5], arrays[9], arrays[10], arrays[11], layout, options,
                                return_lse)
             if result is not None:
                 return result
     if q.requires_grad or k.requires_grad or v.requires_grad:
-        q, k, v = q.detach(), k.detach(), v.detach()
-    return _forward(q, k, v, layout, options, None, None, return_lse, None, None, False, seqused_k, cu_seqlens_q,
-                    max_seqlen_q, cu_seqlens_k, max_seqlen_k, block_table, "seqused_k", True, False, descales[0],
-                    descales[1], descales[2])
+        arrays = (q.detach(), k.detach(), v.detach()) + arrays[3:]
+    return _forward(arrays, layout, options, return_lse, None, None, False, max_seqlen_q, max_seqlen_k, "seqused_k",
+                    True)
 
 
 _torch_ops.forward_below_autograd = _forward_below_autograd
@@ -378,8 +360,8 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
         if result is not None:
             return result
         fast_asked = True
-    return _forward(q, k, v, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k, None,
-                    None, None, None, None, "seqused_k", fast_asked, deterministic, q_descale, k_descale, v_descale)
+    return _forward((q, k, v, out, lse, seqused_k, None, None, None, q_descale, k_descale, v_descale), layout,
+                    options, return_lse, stream, workspace, detach, None, None, "seqused_k", fast_asked, deterministic)
 
 
 def attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k: Array, max_seqlen_q: int,
@@ -422,9 +404,9 @@ def attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqle
     gradients of rows outside every sequence are 0), a float8_e4m3fn
     call's is not.
     """
-    return _forward(q, k, v, "bshd", (causal, softmax_scale, num_splits, window, softcap), out, lse, return_lse,
-                    stream, workspace, detach, seqused_k, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k,
-                    None, "seqused_k", False, deterministic, q_descale, k_descale, v_descale)
+    return _forward((q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, None, q_descale, k_descale, v_descale),
+                    "bshd", (causal, softmax_scale, num_splits, window, softcap), return_lse, stream, workspace, detach,
+                    max_seqlen_q, max_seqlen_k, "seqused_k", False, deterministic)
 
 
 def _cache_seqlens_array(count, q, cu_seqlens_q, stream):
@@ -503,7 +485,6 @@ def attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, cache_seqle
     if cache_seqlens is not None and not (is_torch(cache_seqlens) or hasattr(cache_seqlens, "__cuda_array_interface__")
                                           or hasattr(cache_seqlens, "__dlpack__")):
         seqused_k = _cache_seqlens_array(cache_seqlens, q, cu_seqlens_q, stream)
-    return _forward(q, k_cache, v_cache, "bshd", (causal, softmax_scale, num_splits, window, softcap), out, lse,
-                    return_lse, stream, workspace, detach, seqused_k, cu_seqlens_q, max_seqlen_q,
-                    block_table=block_table, seqused_k_name="cache_seqlens", deterministic=deterministic,
-                    q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    return _forward((q, k_cache, v_cache, out, lse, seqused_k, cu_seqlens_q, None, block_table, q_descale, k_descale,
+                     v_descale), "bshd", (causal, softmax_scale, num_splits, window, softcap), return_lse, stream,
+                    workspace, detach, max_seqlen_q, None, "cache_seqlens", False, deterministic)

@@ -1,30 +1,30 @@
 """A forward or backward call's plan, from its arguments to the queued
-kernel.
+kernel: every route of a call consumes the one plan its arguments key.
 
 Planning. Describing and checking the arrays, converting the options and
 building the params struct depend only on the arrays' shapes, strides,
 dtypes and devices and on the options: plan_of() keys a call on all of
-those, and a call whose key was seen before is served from the plan the
-full path made of it (the params but for the addresses, the shapes to
-allocate, the workspace size once asked), with its own addresses put in.
-prepare() serves a call from its plan, or makes and keeps the plan on the
-full path. Whatever depends on the addresses is still checked on every
-call: by flashcore_forward itself (alignment, overlaps, NULL), and for
-__cuda_array_interface__ arrays by the driver (their device and that it
-knows the memory).
+those. The full path makes the call's _Plan (the params but for the
+addresses, the shapes to allocate, the workspace size once asked) and
+keeps it under the key; a call whose key was seen before is served from
+it, with its own addresses put in (plan_call()). Whatever depends on the
+addresses is still checked on every call: by flashcore_forward itself
+(alignment, overlaps, NULL), and for __cuda_array_interface__ arrays by
+the driver (their device and that it knows the memory).
 
-Launching. launch() queues any call prepare() made: the workspace, the
-handle (Handle, flashcore.Handle: one device's flashcore_handle, which
+Launching. launch() queues a planned call: the workspace, the handle
+(Handle, flashcore.Handle: one device's flashcore_handle, which
 get_handle() keeps per device and thread) and flashcore_forward
 (flashcore_backward: launch_backward()), on the call's stream
 (stream_pointer, current_stream); out, lse and the workspace are
 allocated with the inputs' framework on that stream (empty, allocate).
-launch_plain() is the quicker way of a planned call on plain torch
-tensors queued on torch's current stream (every step of it is host time
-on every call: issue 18). Workspaces of calls on torch's current stream
-are kept per stream from call to call (release_workspaces()).
+launch_plain() is the quicker way of a plan of plain torch tensors queued
+on torch's current stream (every step of it is host time on every call:
+issue 18). Workspaces of calls on torch's current stream are kept per
+stream from call to call (release_workspaces()). forward() is the whole
+Python path: plan, then launch.
 
-The compiled path. What launch_plain served, and the backward plans
+The compiled path. The plans launch_plain served, and the backward plans
 gradients() served, are given to the compiled host path
 (flashcore/_fastcall.c: load(), remember(), remember_backward()), which
 serves the next such call without running Python. Optional: where the
@@ -64,21 +64,6 @@ class _BackwardParams(_ffi.flashcore_backward_params):
     _Params are; a flashcore.BackwardParams for every other purpose."""
 
     __setattr__ = ctypes.Structure.__setattr__
-
-
-class _Call:
-    """A prepared call: its result, and unless that is empty (params None)
-    the params to queue on `stream` for `device`, the workspace given as
-    (address, bytes) or None to allocate like `target`, and its plan (None
-    on the full path; with a plan of torch arrays and on_current_stream,
-    the workspace is a plain torch.empty)."""
-
-    __slots__ = ("result", "params", "device", "stream", "target", "workspace", "plan", "on_current_stream")
-
-    def __init__(self, result, params=None, device=None, stream=0, target=None, workspace=None, plan=None,
-                 on_current_stream=False):
-        self.result, self.params, self.device, self.stream = result, params, device, stream
-        self.target, self.workspace, self.plan, self.on_current_stream = target, workspace, plan, on_current_stream
 
 
 class _TorchApi:
@@ -345,8 +330,9 @@ def allocate(like, shape, dtype, stream, what):
     """empty(), where like's framework can allocate; else a TypeError that
     asks for `what` (out, lse, workspace) to be given."""
     if like.framework not in ("torch", "cupy"):
+        kind = like.type_name if isinstance(like, _Target) else type(like.obj).__name__
         raise TypeError("flashcore cannot allocate %s for %s inputs: pass %s= (a CUDA array) yourself"
-                        % (what, type(like.obj).__name__, what))
+                        % (what, kind, what))
     return empty(like, shape, dtype, stream)
 
 
@@ -410,41 +396,55 @@ def _workspace_bytes(handle, params, plan, device):
     return needed
 
 
-def launch(call):
-    """Queues a prepared call (prepare()) and returns its result."""
-    if call.params is None:
-        return call.result
-    plan = call.plan
+def launch(return_lse, plan, addresses, out, lse, stream, on_current_stream, device, workspace, params):
+    """Queues a planned call (plan_call()'s answer after return_lse) and
+    returns its result: params (where plan_call built them, else the
+    plan's with `addresses`, in POINTER_FIELDS order, put in), out and lse
+    allocated where the plan says and the caller gave none, on `stream` (a
+    cudaStream_t; on_current_stream: torch's current one, where allocating
+    needs no stream context) for `device`, with the caller's workspace
+    ((address, bytes)) or one allocated like the plan's target."""
+    if out is None and plan.out_shape is not None:
+        out = _new(plan, plan.out_shape, plan.dtype, stream, on_current_stream)
+        addresses[3] = out.data_ptr()
+    if lse is None and plan.lse_shape is not None:
+        lse = _new(plan, plan.lse_shape, plan.lse_dtype, stream, on_current_stream)
+        addresses[4] = lse.data_ptr()
+    result = (out, lse) if return_lse else out
+    if plan.empty:
+        return result  # as PyTorch: an empty result, nothing launched (no GPU needed)
+    if params is None:
+        params = _Params.from_buffer_copy(plan.template)
+        for i in plan.given:
+            setattr(params, POINTER_FIELDS[i], addresses[i])
     try:
-        handle = get_handle(call.device)
+        handle = get_handle(device)
     except FlashcoreError:
-        if plan is not None:
-            # No handle (no GPU): first what the full path would have said before asking for one, the library's
-            # verdict on this call's addresses (with a handle, flashcore_forward gives the same).
-            lib = library()
-            lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(call.params)))
+        # No handle (no GPU): first the library's verdict on this call's addresses, which flashcore_forward
+        # would give with one.
+        lib = library()
+        lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
         raise
-    ws_keep = None
-    if call.workspace is not None:
-        ws_ptr, ws_bytes = call.workspace
+    keep = None
+    if workspace is not None:
+        address, nbytes = workspace
     else:
-        needed = _workspace_bytes(handle, call.params, plan, call.device)
-        ws_ptr, ws_bytes = 0, needed
-        if needed and plan is not None and plan.target.framework == "torch":
-            ws_keep = _new(plan, (needed,), sys.modules["torch"].uint8, call.stream, call.on_current_stream)
-            ws_ptr = ws_keep.data_ptr()
-        elif needed:
-            ws_keep = allocate(call.target, (needed,), "uint8", call.stream, "workspace")
-            ws_ptr = describe(ws_keep, "workspace").ptr
-    handle.forward(call.params, ws_ptr, ws_bytes, call.stream)
-    del ws_keep  # back to the pool of the call's stream, which orders its reuse after this call
-    return call.result
+        address, nbytes = 0, _workspace_bytes(handle, params, plan, device)
+        if nbytes and plan.target.framework == "torch":
+            keep = _new(plan, (nbytes,), sys.modules["torch"].uint8, stream, on_current_stream)
+            address = keep.data_ptr()
+        elif nbytes:
+            keep = allocate(plan.target, (nbytes,), "uint8", stream, "workspace")
+            address = describe(keep, "workspace").ptr
+    handle.forward(params, address, nbytes, stream)
+    del keep  # back to the pool of the call's stream, which orders its reuse after this call
+    return result
 
 
 def launch_plain(plan, addresses, q, out, return_lse):
     """Queues a call of a plain_torch plan (_Plan: torch tensors
     only, none requiring grad, a result that is not empty) on torch's
-    current stream, and returns its result: what prepare() and launch() do
+    current stream, and returns its result: what plan_call() and launch() do
     for it, without their other cases. addresses: those plan_of read, in
     POINTER_FIELDS order; out: as the caller gave it."""
     api = _torch_api or _load_torch_api()
@@ -599,12 +599,14 @@ class _Plan:
 
 
 class _Target:
-    """Where a plan's arrays are allocated: ArrayInfo's framework and device."""
+    """Where a plan's arrays are allocated: q's framework and device (an
+    ArrayInfo's), and the name of q's type for messages (a plan keeps no
+    array alive)."""
 
-    __slots__ = ("framework", "device")
+    __slots__ = ("framework", "device", "type_name")
 
-    def __init__(self, framework, device):
-        self.framework, self.device = framework, device
+    def __init__(self, framework, device, type_name):
+        self.framework, self.device, self.type_name = framework, device, type_name
 
 
 class _Pointer:
@@ -626,7 +628,7 @@ def plan_of(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, wor
     call: the one key of a call, under which every plan is kept (the
     compiled path matches the same arrays and options in C, _fastcall.c,
     for the plans given to it), and the plan kept under it (None where
-    there is none yet: prepare()'s full path makes it). arrays: the call's,
+    there is none yet: plan_call()'s full path makes it). arrays: the call's,
     in POINTER_FIELDS order (None where not given); addresses: theirs.
     NOT_PLANNED unless every array given is a torch tensor (not a
     subclass) or has a cai_signature(), and every option is a plain value.
@@ -683,85 +685,51 @@ def _array_key(key, arrays):
     return tuple(key), addresses, q_stream
 
 
-def _keep_plan(key, params, infos, out_shape, lse_shape, device, out_dtype_name=None):
-    """Keeps the plan of a call that took the full path (infos: the
+def _make_plan(params, infos, out_shape, lse_shape, device, out_dtype_name):
+    """The _Plan of a call the full path built params for (infos: the
     ArrayInfos of the arrays, in POINTER_FIELDS order, None where not
     given; out_dtype_name: out's dtype where it is not q's, as
     _Geometry.out_dtype_name: bfloat16 for fp8 queries)."""
     q = infos[0]
+    torch = sys.modules.get("torch") if q.framework == "torch" else None
     plan = _Plan()
     plan.template = bytes(params)
     plan.empty = _is_empty(params)
     plan.out_shape, plan.lse_shape = out_shape, lse_shape
-    if q.framework != "torch":
-        plan.dtype = None
-    elif out_dtype_name is None:
-        plan.dtype = q.obj.dtype
+    if torch is None:
+        plan.dtype, plan.lse_dtype, plan.torch_device = None, "float32", None
     else:
-        plan.dtype = getattr(sys.modules["torch"], out_dtype_name)
-    plan.lse_dtype = sys.modules["torch"].float32 if q.framework == "torch" else "float32"
-    plan.target = _Target(q.framework, q.device)
-    plan.torch_device = q.obj.device if q.framework == "torch" else None
+        plan.dtype = q.obj.dtype if out_dtype_name is None else getattr(torch, out_dtype_name)
+        plan.lse_dtype, plan.torch_device = torch.float32, q.obj.device
+    plan.target = _Target(q.framework, q.device, type(q.obj).__name__)
     plan.device = device
     plan.names = _names(infos)
     plan.given = tuple(i for i, a in enumerate(infos) if a is not None)
     plan.cai_arrays = tuple((i, a.name) for i, a in enumerate(infos) if a is not None and a.framework is None)
     plan.requires_grad = any(a.framework == "torch" and a.obj.requires_grad for a in infos[:3])
     plan.workspace_bytes = {}
-    plan.plain_torch = (q.framework == "torch" and not plan.cai_arrays and not plan.requires_grad and not plan.empty
+    plan.plain_torch = (torch is not None and not plan.cai_arrays and not plan.requires_grad and not plan.empty
                         and device is not None and (infos[4] is None or lse_shape is not None)
                         and infos[6] is None and infos[7] is None and infos[8] is None)
     plan.out_like_q = (plan.plain_torch and out_shape is not None and out_shape == tuple(q.obj.shape)
                        and out_dtype_name is None and q.obj.is_contiguous())
-    if len(_plans) >= MAX_PLANS:
-        _plans.clear()
-    _plans[key] = plan
+    return plan
 
 
-def _prepare_cached(plan, addresses, q_stream, out, lse, return_lse, stream):
-    """A planned call: plan's params with this call's addresses."""
-    if stream is not None:
-        s = stream_pointer(stream)
-    elif plan.target.framework == "torch":
-        s = torch_api().current_stream(plan.device)  # (without making a torch.cuda.Stream)
-    else:
-        s = q_stream or 0
-    on_current_stream = stream is None  # allocating on it needs no stream context
-    if plan.out_shape is not None:
-        out = _new(plan, plan.out_shape, plan.dtype, s, on_current_stream)
-        addresses[3] = out.data_ptr()
-    if plan.lse_shape is not None:
-        lse = _new(plan, plan.lse_shape, plan.lse_dtype, s, on_current_stream)
-        addresses[4] = lse.data_ptr()
-    result = (out, lse) if return_lse else out
-    if plan.empty:
-        return _Call(result)
-    params = _Params.from_buffer_copy(plan.template)
-    for i in plan.given:
-        setattr(params, POINTER_FIELDS[i], addresses[i])
-    device = plan.device
-    if plan.cai_arrays and cuda_driver() is not None:  # without a driver there is nothing to ask
-        # In the full path's order: the library's verdict on the addresses, then the driver's.
-        lib = library()
-        lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
-        pointers = [_Pointer(name, addresses[i]) for i, name in plan.cai_arrays]
-        check_known_to_driver(pointers)
-        device = _one_device([device] + [pointer_device(p.ptr) for p in pointers], plan.names)
-    return _Call(result, params, device, s, plan.target, None, plan, on_current_stream)
-
-
-def _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, workspace, sequences, descales, key):
-    """The full path: describes and checks everything, and keeps the plan
-    under `key` where it is not None. descales: (q_descale, k_descale,
-    v_descale) as the caller gave them."""
+def _plan_in_full(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, stream, workspace,
+                  seqused_k_name, key):
+    """plan_call()'s full path: describes and checks everything, allocates
+    out and lse where they are to be returned and not given, and keeps the
+    plan under `key` where it is not None."""
+    q, k, v, out, lse = arrays[:5]
     layout = _layout(layout)
     options = _options(*options)
     qi, s = describe_first(q, "q", stream)
     ki, vi = describe(k, "k", s), describe(v, "v", s)
     oi = None if out is None else describe(out, "out", s)
     li = None if lse is None else describe(lse, "lse", s)
-    seqs = _sequences(s, **sequences)
-    scales = _descales(s, *descales)
+    seqs = _sequences(s, arrays[5], arrays[6], max_seqlen_q, arrays[7], max_seqlen_k, arrays[8], seqused_k_name)
+    scales = _descales(s, *arrays[9:])
     lib = library()
     try:
         geometry = _validate(qi, ki, vi, oi, li, layout, seqs, descales=scales, options=options)
@@ -780,45 +748,77 @@ def _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, wor
         raise _hint_bshd(e, qi, ki, vi, layout, seqs) from None
     infos = (qi, ki, vi, oi, li) + seqs.arrays() + scales.arrays()
     device = next((a.device for a in (qi, ki, vi, oi) if a.device is not None), None)
+    plan = _make_plan(params, infos, out_shape, lse_shape, device, geometry.out_dtype_name)
     if key is not None:
-        _keep_plan(key, params, infos, out_shape, lse_shape, device, geometry.out_dtype_name)
-    result = (out, lse) if return_lse else out
-    if _is_empty(params):
-        # As PyTorch: an empty result, nothing launched (no GPU needed).
-        return _Call(result)
-    check_known_to_driver(infos)
+        if len(_plans) >= MAX_PLANS:
+            _plans.clear()
+        _plans[key] = plan
     given = None
-    if workspace is not None:
-        wi = describe(workspace, "workspace", s)
-        if wi.strides != contiguous_strides(wi.shape):
-            raise InvalidArgumentError("workspace must be contiguous")
-        check_known_to_driver((wi,))
-        given = (wi.ptr, math.prod(wi.shape) * wi.itemsize)
-    return _Call(result, params, device, s, qi, given)
+    if not plan.empty:
+        check_known_to_driver(infos)
+        if workspace is not None:
+            wi = describe(workspace, "workspace", s)
+            if wi.strides != contiguous_strides(wi.shape):
+                raise InvalidArgumentError("workspace must be contiguous")
+            check_known_to_driver((wi,))
+            given = (wi.ptr, math.prod(wi.shape) * wi.itemsize)
+    return plan, None, out, lse, s, False, device, given, params
 
 
-def prepare(q, k, v, layout, options, out, lse, return_lse, stream, workspace, seqused_k=None, cu_seqlens_q=None,
-            max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None, seqused_k_name="seqused_k",
-            q_descale=None, k_descale=None, v_descale=None, planned=None):
-    """Everything a forward call does before it asks for a handle: a _Call
-    for launch(), from the call's plan, or from the full path, which keeps
-    the plan it makes under the call's key. The result has no gradient
-    path: calls that need one are flashcore::forward's (_torch_ops), which
-    comes here below autograd. options: (causal, softmax_scale,
-    num_splits, window, softcap) as the caller gave them; the keywords up
-    to seqused_k_name are _sequences', the descales _descales'. planned:
-    plan_of's answer for this call, where the caller has it already."""
+def plan_call(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, stream, workspace,
+              seqused_k_name="seqused_k", planned=None):
+    """Everything a forward call does before it asks for a handle: the
+    arguments of launch() after return_lse, (plan, addresses, out, lse,
+    stream, on_current_stream, device, workspace), from the call's kept
+    plan, or from the full path, which keeps the plan it makes under the
+    call's key. arrays: the call's, in POINTER_FIELDS order (None where not
+    given); options: (causal, softmax_scale, num_splits, window, softcap) as
+    the caller gave them; planned: plan_of's answer, where the caller has
+    it. The result has no gradient path: calls that need one are
+    flashcore::forward's (_torch_ops), which comes here below autograd."""
     if planned is None:
-        planned = plan_of((q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, q_descale,
-                           k_descale, v_descale), layout, options, return_lse, max_seqlen_q, max_seqlen_k, workspace)
+        planned = plan_of(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, workspace)
     key, plan, addresses, q_stream = planned
-    if plan is not None:
-        return _prepare_cached(plan, addresses, q_stream, out, lse, return_lse, stream)
-    sequences = dict(seqused_k=seqused_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-                     cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k, block_table=block_table,
-                     seqused_k_name=seqused_k_name)
-    return _prepare_in_full(q, k, v, layout, options, out, lse, return_lse, stream, workspace, sequences,
-                            (q_descale, k_descale, v_descale), key)
+    if plan is None:
+        return _plan_in_full(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, stream, workspace,
+                             seqused_k_name, key)
+    torch_target = plan.target.framework == "torch"
+    if stream is not None:
+        s = stream_pointer(stream)
+    elif torch_target:
+        s = torch_api().current_stream(plan.device)  # (without making a torch.cuda.Stream)
+    else:
+        s = q_stream or 0
+    device, params = plan.device, None
+    if plan.cai_arrays and not plan.empty and cuda_driver() is not None:  # without a driver there is nothing to ask
+        # In the full path's order: the library's verdict on the addresses, then the driver's.
+        params = _Params.from_buffer_copy(plan.template)
+        for i in plan.given:
+            setattr(params, POINTER_FIELDS[i], addresses[i])
+        lib = library()
+        lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
+        pointers = [_Pointer(name, addresses[i]) for i, name in plan.cai_arrays]
+        check_known_to_driver(pointers)
+        device = _one_device([device] + [pointer_device(p.ptr) for p in pointers], plan.names)
+    return plan, addresses, arrays[3], arrays[4], s, stream is None and torch_target, device, None, params
+
+
+def forward(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, stream, workspace, seqused_k_name,
+            fast):
+    """The Python path of a forward call (arrays and options as
+    plan_call() takes them): its plan, then launch_plain() where the plan
+    is of plain torch tensors and the call on torch's current stream (the
+    compiled path `fast`, where there is one, is then given the plan for
+    the next such call), else launch()."""
+    planned = plan_of(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, workspace)
+    plan = planned[1]
+    if plan is not None and plan.plain_torch and stream is None:
+        result = launch_plain(plan, planned[2], arrays[0], arrays[3], return_lse)
+        if fast:
+            remember(fast, plan, arrays, layout, options, return_lse)
+        return result
+    return launch(return_lse, *plan_call(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, stream,
+                                         workspace, seqused_k_name, planned))
 
 
 # --------------------------------------------------------------------------
@@ -1002,14 +1002,15 @@ def _handle(device):
     return handle
 
 
-def remember(module, plan, q, k, v, out, seqused_k, descales, layout, options, return_lse):
+def remember(module, plan, arrays, layout, options, return_lse):
     """Gives the module a plan that launch_plain served, with the
-    arguments of that call (out: as the caller gave it, None to allocate;
-    descales: (q_descale, k_descale, v_descale)): the module keys the plan
-    on its own reading of them."""
+    arguments of that call (arrays in POINTER_FIELDS order, out as the
+    caller gave it, None to allocate): the module keys the plan on its own
+    reading of them."""
     device = plan.device
     handle = _handle(device)
-    module.remember(q, k, v, out, seqused_k, *descales, layout, options, return_lse, plan.template, plan.out_like_q,
+    q, k, v, out, _, seqused_k = arrays[:6]
+    module.remember(q, k, v, out, seqused_k, *arrays[9:], layout, options, return_lse, plan.template, plan.out_like_q,
                     plan.out_shape, plan.dtype, plan.torch_device, plan.lse_shape, plan.lse_dtype,
                     plan.workspace_bytes[device], handle, handle.value, device)
 

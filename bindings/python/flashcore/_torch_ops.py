@@ -9,8 +9,8 @@ graphs capture them.
 Nothing here imports torch: the operators are registered when flashcore is
 imported after torch, else on first use (register_torch_ops()). Eager
 calls that need no gradient do not go through them: they call the library
-directly, which is faster (the compiled path, or _plan.prepare and
-_plan.launch); the forward operator's implementation is that same call.
+directly, which is faster (the compiled path, or the Python path,
+_plan.forward); the forward operator's implementation is that same call.
 Eager calls that do need one (an input that requires grad, grad mode on)
 take the same autograd formula without the dispatcher: EagerAttention, a
 torch.autograd.Function whose forward is the operator's implementation and
@@ -80,9 +80,9 @@ def _no_forward(*unused):
 
 
 # flashcore::forward's implementation, as flashcore._attention sets it when
-# imported (its _forward_below_autograd): (q, k, v, seqused_k, cu_seqlens_q,
-# cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, layout, options,
-# descales, return_lse) -> out, or (out, lse) with return_lse.
+# imported (its _forward_below_autograd): (arrays, max_seqlen_q,
+# max_seqlen_k, layout, options, return_lse) -> out, or (out, lse) with
+# return_lse; arrays in _plan.POINTER_FIELDS order, out and lse None.
 forward_below_autograd = _no_forward
 
 
@@ -171,8 +171,9 @@ def register_torch_ops():
                 deterministic: bool = False, q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
                 v_descale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         options = (causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap)
-        result = forward_below_autograd(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q,
-                                        max_seqlen_k, layout, options, (q_descale, k_descale, v_descale), return_lse)
+        result = forward_below_autograd((q, k, v, None, None, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table,
+                                         q_descale, k_descale, v_descale), max_seqlen_q, max_seqlen_k, layout,
+                                        options, return_lse)
         return result if return_lse else (result, result.new_empty((0,), dtype=torch.float32))
 
     @forward.register_fake
@@ -234,8 +235,8 @@ def register_torch_ops():
              softmax_scale, num_splits, window, softcap) = rest[:12]
             descales = rest[14:] + (None,) * (17 - len(rest))
             options = (causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap)
-            output = forward_below_autograd(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table,
-                                            max_seqlen_q, max_seqlen_k, layout, options, descales, True)
+            output = forward_below_autograd((q, k, v, None, None, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table)
+                                            + descales, max_seqlen_q, max_seqlen_k, layout, options, True)
             _keep_for_backward(ctx, (q, k, v) + rest, output)
             return output
 
@@ -416,10 +417,10 @@ _WITH_GRAD = ("where q, k or v requires grad (the call is then flashcore::forwar
               "on torch's current stream)")
 
 
-def operator_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, workspace, detach, seqused_k=None,
-                     cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None, max_seqlen_k=None, block_table=None,
-                     deterministic=False, descales=(None, None, None), differentiable=None):
-    """_attention._forward's call as flashcore::forward: while torch.compile
+def operator_forward(arrays, layout, options, return_lse, stream, workspace, detach, max_seqlen_q, max_seqlen_k,
+                     deterministic, differentiable):
+    """_attention._forward's call (its arguments: arrays in
+    _plan.POINTER_FIELDS order) as flashcore::forward: while torch.compile
     or torch.export traces, and for calls to be differentiated
     (wants_grad). A differentiable call asks the operator for the
     lse, which its autograd formula needs, whether or not the caller
@@ -430,10 +431,12 @@ def operator_forward(q, k, v, *, layout, options, out, lse, return_lse, stream, 
     (16-bit K/V, softcap, an out= that is not bfloat16).
     out= and lse= are copied into (an operator that writes its arguments
     would need them functionalized anyway; out then has the gradient path).
-    descales: (q_descale, k_descale, v_descale), torch tensors or None.
+    The descales (the last three arrays) are torch tensors or None.
     differentiable: wants_grad(q, k, v, detach) where the caller has it.
     Every step here is host time of every eager training call (issue 58):
     torch is looked up once, and the common case's checks come first."""
+    q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table = arrays[:9]
+    descales = arrays[9:]
     torch = imported("torch")
     where = _UNDER_COMPILE if torch.compiler.is_compiling() else _WITH_GRAD
     if stream is not None:
