@@ -206,11 +206,11 @@ def register_torch_ops():
     def setup_context(ctx, inputs, output):
         block_table, q, k, v, return_lse = inputs[6], inputs[0], inputs[1], inputs[2], inputs[15]
         if block_table is not None:
-            _refuse_paged()
+            _refuse_unsupported(PAGED_BACKWARD)
         if _quantized_query(torch, q):
-            _refuse_quantized_query()
+            _refuse_unsupported(QUANTIZED_QUERY_BACKWARD)
         if _quantized(torch, k) or _quantized(torch, v):
-            _refuse_quantized()
+            _refuse_unsupported(QUANTIZED_BACKWARD)
         if not return_lse:
             raise ValueError("flashcore::forward computes gradients from its lse: call it with return_lse=True "
                              "where q, k or v requires grad (flashcore.attention does)")
@@ -312,14 +312,16 @@ def _refuse_options(layout, options):
 _refuse_options._dynamo_marked_constant = True
 
 
-def _refuse_paged():
-    """Raises the error of a differentiable call with a block_table."""
-    raise UnsupportedError(PAGED_BACKWARD)
+def _refuse_unsupported(why):
+    """Raises UnsupportedError(why): what a traced or differentiable call
+    cannot do (PAGED_BACKWARD, QUANTIZED_BACKWARD, QUANTIZED_QUERY_BACKWARD,
+    QUANTIZED_QUERY_SOFTCAP)."""
+    raise UnsupportedError(why)
 
 
 # Under torch.compile, run as it is, outside the trace (Dynamo cannot build
-# the exception in traced code).
-_refuse_paged._dynamo_marked_constant = True
+# the exception in traced code). The message is a constant.
+_refuse_unsupported._dynamo_marked_constant = True
 
 
 # (KV_DTYPES, QUERY_DTYPES) as sets of the torch dtypes this torch has, once
@@ -358,21 +360,6 @@ def _out_dtype(torch, q):
     return getattr(torch, QUANTIZED_OUT_DTYPE) if _quantized_query(torch, q) else q.dtype
 
 
-def _refuse_quantized():
-    """Raises the error of a differentiable call with float8_e4m3fn K/V."""
-    raise UnsupportedError(QUANTIZED_BACKWARD)
-
-
-def _refuse_quantized_query():
-    """Raises the error of a differentiable call with float8_e4m3fn q."""
-    raise UnsupportedError(QUANTIZED_QUERY_BACKWARD)
-
-
-def _refuse_quantized_query_softcap():
-    """Raises the error of fp8 queries with a softcap."""
-    raise UnsupportedError(QUANTIZED_QUERY_SOFTCAP)
-
-
 def _refuse_quantized_query_dtypes(q_dtype, k_dtype, v_dtype, out_dtype):
     """Raises the error of fp8 queries beside k, v or out of a dtype they
     do not take (dtypes as torch spells them), as the eager call's
@@ -392,11 +379,7 @@ def _refuse_quantized_query_dtypes(q_dtype, k_dtype, v_dtype, out_dtype):
                            "a %s out" % (name(out_dtype), q, QUANTIZED_OUT_DTYPE, QUANTIZED_OUT_DTYPE))
 
 
-# These run as they are under torch.compile, outside the trace, as
-# _refuse_paged does.
-_refuse_quantized._dynamo_marked_constant = True
-_refuse_quantized_query._dynamo_marked_constant = True
-_refuse_quantized_query_softcap._dynamo_marked_constant = True
+# Run as it is under torch.compile, outside the trace, as _refuse_unsupported.
 _refuse_quantized_query_dtypes._dynamo_marked_constant = True
 
 
@@ -464,16 +447,16 @@ def operator_forward(arrays, layout, options, return_lse, stream, workspace, det
     quantized_query = q.dtype in quantized_queries
     if differentiable:
         if block_table is not None:
-            _refuse_paged()
+            _refuse_unsupported(PAGED_BACKWARD)
         for x, name in ((k, "k"), (v, "v"), (seqused_k, "seqused_k"), (cu_seqlens_q, "cu_seqlens_q"),
                         (cu_seqlens_k, "cu_seqlens_k")):
             if x is not None and not isinstance(x, tensor):
                 raise TypeError("gradients are computed for torch tensors: %s is a %s (pass detach=True, or run under "
                                 "torch.no_grad(), to compute from the values alone)" % (name, type(x).__name__))
         if quantized_query:
-            _refuse_quantized_query()
+            _refuse_unsupported(QUANTIZED_QUERY_BACKWARD)
         if k.dtype in quantized_kv or v.dtype in quantized_kv:
-            _refuse_quantized()
+            _refuse_unsupported(QUANTIZED_BACKWARD)
     elif requires_grad(q, k, v):
         q, k, v = q.detach(), k.detach(), v.detach()
     causal, softmax_scale, num_splits, window, softcap = options
@@ -484,7 +467,7 @@ def operator_forward(arrays, layout, options, return_lse, stream, workspace, det
         if k.dtype != q.dtype or v.dtype != q.dtype or out is not None and out.dtype != _out_dtype(torch, q):
             _refuse_quantized_query_dtypes(q.dtype, k.dtype, v.dtype, None if out is None else out.dtype)
         if softcap:
-            _refuse_quantized_query_softcap()
+            _refuse_unsupported(QUANTIZED_QUERY_SOFTCAP)
     # The descales where given (a call without them is traced as before they existed).
     descale_arguments = descales if descales_given else ()
     rest = (seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, _layout_name(layout),

@@ -389,7 +389,10 @@ def compiled_on_fake_gpu(torch, fake_gpu, monkeypatch):
     module = _plan.load(_plan.torch_api(), _plan._kept_workspaces,
                             ctypes.cast(compiled_forward, ctypes.c_void_p).value,
                             ctypes.cast(compiled_backward, ctypes.c_void_p).value)
-    monkeypatch.setattr(_attention, "_fast", module)
+    # Set, not monkeypatched: monkeypatch's undo, after this teardown, would
+    # give back a module loaded before, which is this one (there is one), still
+    # configured with the fakes, whose trampolines are gone by then.
+    _attention._fast = module
     yield fake_gpu
     module.clear()
     _attention._fast = None  # configured again, with the library's functions, by the next call
