@@ -98,15 +98,12 @@ struct Consumer {
 
         // The pending block's last P*V product, then S_0 of this one: the
         // pending block is normalised and stored while S_0 runs. Without a
-        // pending block an empty group takes the product's place, so both
-        // paths wait for the same groups (ptxas tracks the wgmmas in flight
-        // per group, not per path).
+        // pending block nothing is committed before S_0, and wait<1> below
+        // then waits for nothing. (An empty commit group in its place, so
+        // that both paths waited for the same groups, made ptxas inject a
+        // warpgroup.arrive, warning C7519, in every sm_90a forward kernel.)
         loop.turns.wait();
-        if (pending) {
-            issue_pending_output();
-        } else {
-            wgmma_commit();
-        }
+        if (pending) issue_pending_output();
         mbarrier_wait(loop.pipe.q_full(q_buffer), Pipeline<Traits>::q_phase_of(q_count));
         loop.issue_scores(q_rows, kv_base);
         loop.turns.pass();
