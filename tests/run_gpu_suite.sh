@@ -59,8 +59,13 @@ for config in "${configs[@]}"; do
   fi
   n=${config_shards:-${shards}}
   pids=()
+  # This run's logs of this configuration only: a glob such as
+  # portable.*.log would also read portable.smem99k's, and a log folder used
+  # before may hold other shards' logs.
+  config_logs=()
   for ((shard = 0; shard < n; ++shard)); do
     log=${logs}/${name}.${shard}.log
+    config_logs+=("${log}")
     # shellcheck disable=SC2086 # env_vars is a list of NAME=VALUE words
     env ${env_vars} GTEST_TOTAL_SHARDS=${n} GTEST_SHARD_INDEX=${shard} \
       "${tests_dir}/${binary}" "--gtest_filter=${filter}" --gtest_brief=1 >"${log}" 2>&1 &
@@ -71,11 +76,11 @@ for config in "${configs[@]}"; do
     wait "${pid}"
     codes+=($?)
   done
-  count() { cat "${logs}/${name}".*.log | awk -v tag="$1" '$0 ~ "^\\[  " tag " *\\] [0-9]+ test" {n += $(NF - ($0 ~ /listed below/ ? 3 : 1))} END {print n + 0}'; }
+  count() { cat "${config_logs[@]}" | awk -v tag="$1" '$0 ~ "^\\[  " tag " *\\] [0-9]+ test" {n += $(NF - ($0 ~ /listed below/ ? 3 : 1))} END {print n + 0}'; }
   passed=$(count PASSED)
   skipped=$(count SKIPPED)
   # gtest's brief mode lists each failed test but prints no count of them.
-  failed=$(cat "${logs}/${name}".*.log | grep -c '^\[  FAILED  \] [A-Za-z]')
+  failed=$(cat "${config_logs[@]}" | grep -c '^\[  FAILED  \] [A-Za-z]')
   line="${name}: ${passed:-0} passed, ${failed:-0} failed, ${skipped:-0} skipped (exit codes ${codes[*]})"
   echo "${line}"
   for code in "${codes[@]}"; do
@@ -83,7 +88,7 @@ for config in "${configs[@]}"; do
     # the sm90 configurations report on other GPUs.
     if [ "${code}" -ne 0 ] && [ "${code}" -ne 77 ]; then
       status=1
-      grep -h "^\[  FAILED  \]" "${logs}/${name}".*.log | head -20
+      grep -h "^\[  FAILED  \]" "${config_logs[@]}" | head -20
       break
     fi
   done
