@@ -35,14 +35,20 @@ using flashcore::QueryBlockRange;
 std::string describe(const KeyMask &m) {
     std::ostringstream s;
     s << "seqlen_q " << m.seqlen_q << " seqlen_k " << m.seqlen_k << " rows_per_query " << m.rows_per_query
-      << " window_left " << m.window_left << " window_right " << m.window_right;
+      << " window_left " << m.window_left << " window_right " << m.window_right << " chunk " << m.chunk;
     return s.str();
+}
+
+// The chunk of a position: floor(position / chunk), in 64 bits.
+int64_t chunk_of(int64_t position, int64_t chunk) {
+    return position >= 0 ? position / chunk : -((-position + chunk - 1) / chunk);
 }
 
 // Whether tile row `row` sees key `key`, from the mask's definition.
 bool brute_visible(const KeyMask &m, int64_t row, int64_t key) {
     if (row < 0 || row >= int64_t(m.seqlen_q) * m.rows_per_query || key < 0 || key >= m.seqlen_k) return false;
     const int64_t diagonal = row / m.rows_per_query + int64_t(m.seqlen_k) - m.seqlen_q;
+    if (m.chunk > 0 && chunk_of(key, m.chunk) != chunk_of(diagonal, m.chunk)) return false;
     return key >= diagonal - m.window_left && key <= diagonal + m.window_right;
 }
 
@@ -304,12 +310,19 @@ const int kWindowsLeft[] = {0, 1, 3, 37, 64, 65, 129, kUnbounded};
 const int kWindowsRight[] = {0, 1, 5, 63, 128, kUnbounded};
 
 KeyMask make_mask(int seqlen_q, int seqlen_k, int rows_per_query, int window_left, int window_right, int max_q,
-                  int max_k) {
+                  int max_k, int chunk = 0) {
     const int left = window_left == kUnbounded ? max_k : std::min(window_left, max_k);
     const int max_right = std::max(max_q - 1, 0);
     const int right = window_right == kUnbounded ? max_right : std::min(window_right, max_right);
-    return KeyMask{seqlen_q, seqlen_k, rows_per_query, left, right};
+    return KeyMask{seqlen_q, seqlen_k, rows_per_query, left, right, chunk};
 }
+
+// Chunk lengths (Llama 4's chunked attention): 1 (the diagonal's own key at
+// most), odd ones, block-sized ones, and longer than any sequence here.
+const int kChunks[] = {1, 3, 16, 63, 64, 100, 128, 1000};
+// Windows the chunk tests combine with: none, causal, causal with a left
+// bound, and a two-sided one.
+const int kChunkWindows[][2] = {{kUnbounded, kUnbounded}, {kUnbounded, 0}, {37, 0}, {5, 9}};
 
 // KeyMask's row intervals are the brute force's: the ranges' tests below
 // rest on the same definition of the mask.
@@ -388,6 +401,55 @@ TEST(KeyRange, VariableLengthSequencesMatchBruteForce) {
     expect_no_failures(failures, masks);
 }
 
+// Chunked attention: each row's interval against the definition (the key
+// and the row's diagonal in one chunk, floor division below key 0 too),
+// then every range and split, over dense and variable-length calls.
+TEST(KeyRange, ChunkedMasksMatchBruteForce) {
+    std::vector<std::string> failures;
+    int masks = 0;
+    for (int chunk : kChunks) {
+        for (const auto &window : kChunkWindows) {
+            for (int sq : {1, 7, 64, 100, 257}) {
+                for (int sk : {1, 9, 64, 130, 300}) {
+                    for (int rpq : {1, 3}) {
+                        const KeyMask m = make_mask(sq, sk, rpq, window[0], window[1], sq, sk, chunk);
+                        ++masks;
+                        for (int row = 0; row < m.num_rows(); ++row) {
+                            for (int key = -1; key <= sk; ++key) {
+                                const bool in = key >= m.key_begin(row) && key < m.key_end(row);
+                                if (in != brute_visible(m, row, key)) {
+                                    failures.push_back("row " + std::to_string(row) + " key " + std::to_string(key) +
+                                                       " of " + describe(m));
+                                    break;
+                                }
+                            }
+                        }
+                        check_mask(m, Extent{m.num_rows(), sk}, failures);
+                    }
+                }
+            }
+        }
+    }
+    expect_no_failures(failures, masks);
+}
+
+TEST(KeyRange, ChunkedVariableLengthSequencesMatchBruteForce) {
+    const int max_q = 300, max_k = 520;
+    const int seqs[][2] = {{0, 10}, {10, 0}, {1, 1}, {5, 200}, {200, 5}, {129, 300}, {300, 520}, {300, 17}};
+    std::vector<std::string> failures;
+    int masks = 0;
+    for (int chunk : kChunks) {
+        for (const auto &window : kChunkWindows) {
+            for (const auto &seq : seqs) {
+                const KeyMask m = make_mask(seq[0], seq[1], 2, window[0], window[1], max_q, max_k, chunk);
+                check_mask(m, Extent{max_q * 2, max_k}, failures);
+                ++masks;
+            }
+        }
+    }
+    expect_no_failures(failures, masks);
+}
+
 // Lengths near KeyMask's limit (2^30): no 32-bit sum overflows. Too long to
 // brute-force element by element; instead, the blocks at and next to each
 // range's ends (and the first and last blocks) are brute-forced row by row,
@@ -397,8 +459,13 @@ struct RowInterval {
 };
 RowInterval brute_row(const KeyMask &m, int64_t row) {
     const int64_t diagonal = row / m.rows_per_query + int64_t(m.seqlen_k) - m.seqlen_q;
-    return {std::max<int64_t>(diagonal - m.window_left, 0),
-            std::min<int64_t>(diagonal + m.window_right + 1, m.seqlen_k)};
+    int64_t begin = diagonal - m.window_left, end = diagonal + m.window_right + 1;
+    if (m.chunk > 0) {
+        const int64_t start = chunk_of(diagonal, m.chunk) * m.chunk;
+        begin = std::max(begin, start);
+        end = std::min(end, start + m.chunk);
+    }
+    return {std::max<int64_t>(begin, 0), std::min<int64_t>(end, m.seqlen_k)};
 }
 
 TEST(KeyRange, LongSequencesDoNotOverflow) {
@@ -410,7 +477,8 @@ TEST(KeyRange, LongSequencesDoNotOverflow) {
         const int sq = lengths.first, sk = lengths.second;
         for (int wl : {0, 1, 4097, big - 1, kUnbounded}) {
             for (int wr : {0, 3, big - 2, kUnbounded}) {
-                const KeyMask m = make_mask(sq, sk, 1, wl, wr, sq, sk);
+              for (int chunk : {0, 1, 8192, big - 3, big, INT32_MAX}) {
+                const KeyMask m = make_mask(sq, sk, 1, wl, wr, sq, sk, chunk);
                 ++masks;
                 const int64_t rows = int64_t(sq), n_last = (sk - 1) / kN, m_last = (sq - 1) / kM;
                 // Query side: key blocks 0, 1, the middle and the last two.
@@ -455,6 +523,7 @@ TEST(KeyRange, LongSequencesDoNotOverflow) {
                         }
                     }
                 }
+              }
             }
         }
     }

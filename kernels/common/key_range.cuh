@@ -9,11 +9,13 @@
 // that need masking at the right end (the partial last tile, the causal
 // diagonal) come first and the rest run unmasked.
 //
-// The masks: seqlen_k and a window around each query's diagonal (bottom-right
+// The masks: seqlen_k, a window around each query's diagonal (bottom-right
 // aligned: query i's diagonal key is i + seqlen_k - seqlen_q), of which
-// causal is the right bound 0, over tile rows that may be GQA-packed
-// (KeyMask::query). A row's interval is [key_begin, key_end); both ends only
-// grow with the row, which BlockKeyRange relies on.
+// causal is the right bound 0, and chunks (Llama 4's chunked attention: a
+// query sees only the keys of the chunk its diagonal lies in), over tile
+// rows that may be GQA-packed (KeyMask::query). A row's interval is
+// [key_begin, key_end); both ends only grow with the row, which
+// BlockKeyRange relies on.
 #pragma once
 
 #include <cmath>
@@ -42,6 +44,11 @@ struct KeyMask {
     // seqlen_q - 1 (FwdKernelParams::window_left, window_right).
     int window_left;
     int window_right;
+    // 0, or the chunk length: query i then sees key j only where j and i's
+    // diagonal lie in the same chunk, [c * chunk, (c + 1) * chunk) for an
+    // integer c (floor division: a diagonal below key 0, where seqlen_q >
+    // seqlen_k, lies in a chunk below key 0 and sees no key).
+    int chunk = 0;
 
     // The mask of a batch's sequences (fwd_batch_seqs): their lengths set
     // the diagonal.
@@ -60,13 +67,37 @@ struct KeyMask {
     // [seqlen_k - seqlen_q, seqlen_k) and the bounds are clamped (above), so
     // nothing here exceeds 2^31 - 1 in magnitude (seqlen_q, seqlen_k <= 2^30).
     __host__ __device__ int key_begin(int row) const {
-        const int first = query(row) + diagonal_shift() - window_left;
+        const int diagonal = query(row) + diagonal_shift();
+        int first = diagonal - window_left;
+        if (chunk > 0) {
+            const int start = chunk_start(diagonal);
+            first = start > first ? start : first;
+        }
         return first > 0 ? first : 0;
     }
     // One past the last key `row` sees; <= key_begin when it sees none.
     __host__ __device__ int key_end(int row) const {
-        const int end = query(row) + diagonal_shift() + 1 + window_right;
+        const int diagonal = query(row) + diagonal_shift();
+        int end = diagonal + 1 + window_right;
+        if (chunk > 0) {
+            const int chunk_end = chunk_end_below(chunk_start(diagonal), seqlen_k);
+            end = chunk_end < end ? chunk_end : end;
+        }
         return end < seqlen_k ? end : seqlen_k;
+    }
+    // The first position of the chunk holding `position` (which may be
+    // negative): floor(position / chunk) * chunk. Never below -chunk for a
+    // position >= -chunk, and the true value fits an int for every position
+    // KeyMask meets (|position| <= 2^30).
+    __host__ __device__ int chunk_start(int position) const {
+        const int rem = position % chunk;  // in (-chunk, chunk)
+        return rem < 0 ? position - (rem + chunk) : position - rem;
+    }
+    // One past the last position of the chunk that starts at `start`,
+    // capped at `cap` (>= 0), without computing start + chunk where it would
+    // pass `cap` (it may not fit an int).
+    __host__ __device__ int chunk_end_below(int start, int cap) const {
+        return start >= cap - chunk ? cap : start + chunk;
     }
     __device__ __forceinline__ RowKeys row(int r) const { return {key_begin(r), key_end(r)}; }
 };
@@ -177,11 +208,16 @@ struct QueryBlockRange {
         // bounds): key - seqlen_k <= 0 first, then the window, then seqlen_q.
         // Queries [q_begin, q_end) see a key of [k0, k1): the first sees k0
         // at its right window edge, the last k1 - 1 at its left one.
-        const int q_begin = clamp_query(k0 - mask.seqlen_k - mask.window_right, mask.seqlen_q);
-        const int q_end = clamp_query(k1 - mask.seqlen_k + mask.window_left, mask.seqlen_q);
+        // With chunks, the diagonals that see key j are further bounded by
+        // j's chunk: [max(j - right, start(j)), min(j + left, start(j) +
+        // chunk - 1)], both ends growing with j, so the union over the
+        // block's keys and their intersection are still runs, bounded by
+        // its first and last keys' ends.
+        const int q_begin = clamp_query(lowest_diagonal(mask, k0), mask.seqlen_q);
+        const int q_end = clamp_query(past_highest_diagonal(mask, k1 - 1), mask.seqlen_q);
         // Queries [full_begin, full_end) see all of [k0, k1).
-        const int full_begin = clamp_query(k1 - 1 - mask.seqlen_k - mask.window_right, mask.seqlen_q);
-        const int full_end = clamp_query(k0 + 1 - mask.seqlen_k + mask.window_left, mask.seqlen_q);
+        const int full_begin = clamp_query(lowest_diagonal(mask, k1 - 1), mask.seqlen_q);
+        const int full_end = clamp_query(past_highest_diagonal(mask, k0), mask.seqlen_q);
         const int rows_per_query = mask.rows_per_query;
         r.m_block_min = q_begin * rows_per_query / kBlockM;
         r.m_block_max = q_end > q_begin ? ceil_div(q_end * rows_per_query, kBlockM) : r.m_block_min;
@@ -213,6 +249,22 @@ struct QueryBlockRange {
     }
 
    private:
+    // The lowest diagonal that sees key `key` (0 <= key < seqlen_k), minus
+    // seqlen_k; and one past the highest, minus seqlen_k. Every term is
+    // formed with key - seqlen_k <= 0 first, so none passes 2^31 - 1.
+    __host__ __device__ static int lowest_diagonal(const KeyMask &mask, int key) {
+        const int by_window = key - mask.seqlen_k - mask.window_right;
+        if (mask.chunk <= 0) return by_window;
+        const int by_chunk = mask.chunk_start(key) - mask.seqlen_k;
+        return by_chunk > by_window ? by_chunk : by_window;
+    }
+    __host__ __device__ static int past_highest_diagonal(const KeyMask &mask, int key) {
+        const int by_window = key + 1 - mask.seqlen_k + mask.window_left;
+        if (mask.chunk <= 0) return by_window;
+        const int by_chunk = mask.chunk_start(key) - mask.seqlen_k + mask.chunk;
+        return by_chunk < by_window ? by_chunk : by_window;
+    }
+
     // The query whose diagonal is `diagonal_minus_seqlen_k` + seqlen_k,
     // clamped into [0, seqlen_q]: diagonal d belongs to query
     // d - seqlen_k + seqlen_q.
