@@ -125,7 +125,55 @@ std::vector<Case> cases() {
     p.window_left = 1;
     p.window_right = 0;
     all.push_back({"varlen", p});
+    p = base;
+    p.attention_chunk = 3;  // keys [0, 3), [3, 6), [6, 7); the diagonals 2 ... 6
+    all.push_back({"chunked", p});
+    p.causal = true;
+    all.push_back({"chunked_causal", p});
+    p.seqlen_q = 9;  // diagonals -2 and -1: a chunk below key 0, no key
+    p.window_left = 1;
+    all.push_back({"chunked_causal_window_more_queries_than_keys", p});
+    p = base;
+    p.sinks = {0.7, -1.3};
+    all.push_back({"sinks", p});
+    p.heads_q = 4;
+    p.heads_kv = 1;
+    p.sinks = {0.7, -1.3, 2.1, 0.0};
+    p.causal = true;
+    p.seqlen_q = 9;  // rows that see no key: out 0, lse the sink
+    p.window_left = 2;
+    p.softcap = 2.0;
+    p.softmax_scale = 1.0;
+    all.push_back({"sinks_gqa_causal_window_softcap", p});
+    p = base;
+    p.batch = 3;
+    p.seqlens_q = {0, 5, 2};
+    p.seqused_k = {4, 7, 1};
+    p.sinks = {0.3, 1.1};
+    p.attention_chunk = 2;
+    p.causal = true;
+    all.push_back({"sinks_chunked_varlen", p});
     return all;
+}
+
+// Central differences of the loss in each sink against the analytic dsinks.
+std::string check_sinks_against_differences(const Problem &p, const std::vector<float> &q,
+                                            const std::vector<float> &k, const std::vector<float> &v,
+                                            const std::vector<float> &dout, const std::vector<double> &dsinks) {
+    constexpr double kSinkStep = 1e-4;
+    double max_grad = 0;
+    for (double g : dsinks) max_grad = std::max(max_grad, std::fabs(g));
+    for (size_t h = 0; h < p.sinks.size(); ++h) {
+        Problem up = p, down = p;
+        up.sinks[h] += kSinkStep;
+        down.sinks[h] -= kSinkStep;
+        const double numeric = (loss(up, q, k, v, dout) - loss(down, q, k, v, dout)) / (2 * kSinkStep);
+        if (std::fabs(numeric - dsinks[h]) > kAgreement * std::max(1.0, max_grad)) {
+            return "dsinks[" + std::to_string(h) + "]: analytic " + std::to_string(dsinks[h]) +
+                   ", central differences " + std::to_string(numeric);
+        }
+    }
+    return "";
 }
 
 TEST(ReferenceBackward, MatchesCentralDifferencesOfTheForward) {
@@ -146,14 +194,63 @@ TEST(ReferenceBackward, MatchesCentralDifferencesOfTheForward) {
                     std::fill_n(&k[row * p.head_dim], p.head_dim, NAN);
                     std::fill_n(&v[row * d_v], d_v, NAN);
                 }
-        std::vector<double> dq, dk, dv;
-        reference_attention_backward(p, q, k, v, dout, dq, dk, dv);
+        std::vector<double> dq, dk, dv, dsinks;
+        reference_attention_backward(p, q, k, v, dout, dq, dk, dv, &dsinks);
         ASSERT_EQ(dq.size(), q.size());
         ASSERT_EQ(dk.size(), k.size());
         ASSERT_EQ(dv.size(), v.size());
+        ASSERT_EQ(dsinks.size(), size_t(p.heads_q));
         EXPECT_EQ(check_against_differences(p, q, k, v, dout, q, dq, "dq"), "");
         EXPECT_EQ(check_against_differences(p, q, k, v, dout, k, dk, "dk"), "");
         EXPECT_EQ(check_against_differences(p, q, k, v, dout, v, dv, "dv"), "");
+        if (p.sinks.empty()) {
+            for (double g : dsinks) EXPECT_EQ(g, 0.0) << "dsinks without sinks";
+        } else {
+            EXPECT_EQ(check_sinks_against_differences(p, q, k, v, dout, dsinks), "");
+        }
+    }
+}
+
+// The forward with sinks and chunks against its definition, written out
+// for one row: the chunk bounds the keys, the sink joins the denominator
+// only, and a row that sees no key gets out = 0 and lse = sink.
+TEST(ReferenceForward, SinksAndChunksFollowTheirDefinition) {
+    Problem p;
+    p.seqlen_q = 6;
+    p.seqlen_k = 4;  // diagonals -2 ... 3
+    p.heads_q = p.heads_kv = 1;
+    p.head_dim = 8;
+    p.attention_chunk = 3;  // keys [0, 3) and [3, 4)
+    p.sinks = {0.5};
+    std::mt19937_64 rng(11);
+    const std::vector<float> q = normal_values(6 * 8, rng), k = normal_values(4 * 8, rng), v = normal_values(4 * 8, rng);
+    for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "not causal");
+    p.causal = causal;
+    std::vector<double> out, lse;
+    reference_attention(p, q, k, v, out, lse);
+    const double scale = 1.0 / std::sqrt(8.0);
+    for (int i = 0; i < 6; ++i) {
+        const int diagonal = i - 2;
+        // The keys of the diagonal's chunk (up to the diagonal with causal);
+        // a diagonal below key 0 lies in a chunk below it, which holds none.
+        const int start = diagonal / 3 * 3;
+        const int first = diagonal < 0 ? 0 : start;
+        const int end = diagonal < 0 ? 0 : causal ? diagonal + 1 : std::min(start + 3, 4);
+        double sum = std::exp(p.sinks[0]);
+        std::vector<double> o(8, 0.0);
+        for (int j = first; j < end; ++j) {
+            double s = 0;
+            for (int c = 0; c < 8; ++c) s += double(q[i * 8 + c]) * double(k[j * 8 + c]);
+            const double w = std::exp(s * scale);
+            sum += w;
+            for (int c = 0; c < 8; ++c) o[c] += w * double(v[j * 8 + c]);
+        }
+        EXPECT_NEAR(lse[i], std::log(sum), 1e-12) << "row " << i;
+        for (int c = 0; c < 8; ++c) EXPECT_NEAR(out[i * 8 + c], o[c] / sum, 1e-12) << "row " << i << " col " << c;
+    }
+    EXPECT_EQ(lse[0], 0.5) << "a row that sees no key: lse is the sink";
+    for (int c = 0; c < 8; ++c) EXPECT_EQ(out[c], 0.0);
     }
 }
 

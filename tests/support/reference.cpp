@@ -62,6 +62,12 @@ void visible_keys(const Problem &p, int batch, int i, int *begin, int *end) {
     if (p.window_left >= 0) b = std::max<int64_t>(b, diagonal - p.window_left);
     if (p.causal) e = std::min<int64_t>(e, diagonal + 1);
     if (p.window_right >= 0) e = std::min<int64_t>(e, diagonal + 1 + p.window_right);
+    if (p.attention_chunk > 0) {
+        const int64_t chunk = p.attention_chunk;
+        const int64_t start = (diagonal >= 0 ? diagonal / chunk : -((-diagonal + chunk - 1) / chunk)) * chunk;
+        b = std::max(b, start);
+        e = std::min(e, start + chunk);
+    }
     *begin = int(std::min<int64_t>(b, seqlen_k));
     *end = int(std::max<int64_t>(e, *begin));
 }
@@ -92,16 +98,17 @@ void reference_attention(const Problem &p, const std::vector<float> &q, const st
             visible_keys(p, b, i, &first, &end);
             double *o = &out[size_t(row) * dv];
             if (i >= batch_seqlen_q(p, b)) continue;
+            const double sink = p.sinks.empty() ? -std::numeric_limits<double>::infinity() : p.sinks[h];
             if (end <= first) {
-                lse[row] = -std::numeric_limits<double>::infinity();
+                lse[row] = sink;
                 continue;
             }
-            double max_score = -std::numeric_limits<double>::infinity();
+            double max_score = sink;
             for (int j = first; j < end; ++j) {
                 scores[j] = score_of(p, scale, qi, &k[kv_base + size_t(j) * d]).value;
                 max_score = std::max(max_score, scores[j]);
             }
-            double sum = 0;
+            double sum = std::exp(sink - max_score);  // 0 without a sink
             for (int j = first; j < end; ++j) {
                 const double w = std::exp(scores[j] - max_score);
                 sum += w;
@@ -120,7 +127,8 @@ void reference_attention(const Problem &p, const std::vector<float> &q, const st
 
 void reference_attention_backward(const Problem &p, const std::vector<float> &q, const std::vector<float> &k,
                                   const std::vector<float> &v, const std::vector<float> &dout,
-                                  std::vector<double> &dq, std::vector<double> &dk, std::vector<double> &dv) {
+                                  std::vector<double> &dq, std::vector<double> &dk, std::vector<double> &dv,
+                                  std::vector<double> *dsinks) {
     const int d = p.head_dim;
     const int d_v = value_head_dim(p);
     const double scale = softmax_scale_of(p);
@@ -135,6 +143,18 @@ void reference_attention_backward(const Problem &p, const std::vector<float> &q,
     dq.assign(size_t(num_rows) * d, 0.0);
     dk.assign(size_t(p.batch) * p.heads_kv * p.seqlen_k * d, 0.0);
     dv.assign(size_t(p.batch) * p.heads_kv * p.seqlen_k * d_v, 0.0);
+    if (dsinks != nullptr) {
+        // d lse / d sink = exp(sink - lse) = the sink's probability, and
+        // d out / d sink = -that * out: the loss moves by -P_sink * D.
+        dsinks->assign(size_t(p.heads_q), 0.0);
+        for (int64_t row = 0; row < num_rows && !p.sinks.empty(); ++row) {
+            const int i = int(row % p.seqlen_q);
+            const int h = int((row / p.seqlen_q) % p.heads_q);
+            const int b = int(row / (int64_t(p.seqlen_q) * p.heads_q));
+            if (i >= batch_seqlen_q(p, b)) continue;
+            (*dsinks)[h] -= std::exp(p.sinks[h] - lse[row]) * row_sums[row];
+        }
+    }
 
     // P and dS (the gradient of the loss with respect to the scaled score
     // before the cap) of query row `row` and key j of K/V head kv_head

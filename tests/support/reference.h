@@ -31,6 +31,17 @@ struct Problem {
     // all. The diagonal follows them; rows past a batch's count are not
     // computed (out and lse 0 there).
     std::vector<int> seqlens_q;
+    // Chunked attention (Llama 4): 0 for none, else query i sees key j only
+    // where j and i's diagonal lie in one chunk, [c * chunk, (c + 1) *
+    // chunk) for an integer c (floor division: a diagonal below key 0 lies
+    // in a chunk below it). Combines with causal and the window.
+    int attention_chunk = 0;
+    // Learnable sinks (gpt-oss): empty for none, else one logit per query
+    // head, in the units of the scaled (capped) scores. Each row's softmax
+    // denominator gains exp(sink): lse = log(sum_j exp(s_j) + exp(sink)),
+    // and the sink adds nothing to out. A row that sees no key gets out = 0
+    // and lse = sink.
+    std::vector<double> sinks;
 };
 
 // Keys batch b of p attends to, and its queries.
@@ -42,7 +53,8 @@ void visible_keys(const Problem &p, int b, int i, int *begin, int *end);
 
 // Dense [batch, heads, seqlen, head_dim] tensors (v and out: head_dim_v) of float values (already
 // rounded to the kernel's input precision). out and lse are resized. Rows
-// with no visible key get out = 0 and lse = -inf. Runs on all cores.
+// with no visible key get out = 0 and lse = -inf (the sink, with sinks).
+// Runs on all cores.
 void reference_attention(const Problem &p, const std::vector<float> &q, const std::vector<float> &k,
                          const std::vector<float> &v, std::vector<double> &out, std::vector<double> &lse);
 
@@ -60,10 +72,14 @@ inline int value_head_dim(const Problem &p) { return p.head_dim_v != 0 ? p.head_
 // the reference owes nothing to the code under test. Rows past a batch's
 // queries and rows that see no key get dq = 0; keys no query sees (those
 // past seqused_k included) get dk = dv = 0; keys past seqused_k are never
-// read (they may hold NaN). Runs on all cores.
+// read (they may hold NaN). With sinks, P's rows hold the sink's share
+// too (through lse), and dsinks, where given, is resized to heads_q and
+// gets each sink's gradient: -sum over its rows of exp(sink - lse) * D.
+// Runs on all cores.
 void reference_attention_backward(const Problem &p, const std::vector<float> &q, const std::vector<float> &k,
                                   const std::vector<float> &v, const std::vector<float> &dout,
-                                  std::vector<double> &dq, std::vector<double> &dk, std::vector<double> &dv);
+                                  std::vector<double> &dq, std::vector<double> &dk, std::vector<double> &dv,
+                                  std::vector<double> *dsinks = nullptr);
 
 struct ErrorStats {
     double max_abs = 0;
