@@ -58,6 +58,18 @@ inline flashcore_status check_unknown_fields_zero(const void *user, size_t size,
     return FLASHCORE_STATUS_SUCCESS;
 }
 
+// A caller's flashcore_*_params_init: its struct_size checked by
+// check_size, then the defaults init writes into that many bytes.
+template <typename Struct>
+flashcore_status init_struct(Struct *params, size_t struct_size, flashcore_status (*check_size)(size_t, const char *),
+                             void (*init)(Struct *, size_t)) {
+    if (params == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL");
+    const flashcore_status status = check_size(struct_size, "struct_size");
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    init(params, struct_size);
+    return FLASHCORE_STATUS_SUCCESS;
+}
+
 // Copies a caller's struct of any header version into *params: its
 // struct_size checked by check_size, fields it does not have left at the
 // defaults init writes, fields of a newer header (past known_end) refused

@@ -3,18 +3,14 @@
 #include "bwd/abi_enums.h"
 #include "bwd/call.h"
 #include "handle.h"
+#include "struct_io.h"
 
 using namespace flashcore;
 
 extern "C" {
 
 flashcore_status flashcore_backward_params_init(flashcore_backward_params *params, size_t struct_size) {
-    return guarded(__func__, [&] {
-        if (params == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL");
-        FLASHCORE_TRY(check_backward_struct_size(struct_size, "struct_size"));
-        init_backward_params(params, struct_size);
-        return FLASHCORE_STATUS_SUCCESS;
-    });
+    return guarded(__func__, [&] { return init_struct(params, struct_size, check_backward_struct_size, init_backward_params); });
 }
 
 int32_t fcimpl_backward_set_contiguous_strides(flashcore_backward_params *params, int32_t layout) {

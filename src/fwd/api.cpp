@@ -6,18 +6,14 @@
 #include "fwd/registry.h"
 #include "fwd/validate.h"
 #include "handle.h"
+#include "struct_io.h"
 
 using namespace flashcore;
 
 extern "C" {
 
 flashcore_status flashcore_forward_params_init(flashcore_forward_params *params, size_t struct_size) {
-    return guarded(__func__, [&] {
-        if (params == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL");
-        FLASHCORE_TRY(check_struct_size(struct_size, "struct_size"));
-        init_params(params, struct_size);
-        return FLASHCORE_STATUS_SUCCESS;
-    });
+    return guarded(__func__, [&] { return init_struct(params, struct_size, check_struct_size, init_params); });
 }
 
 int32_t fcimpl_set_contiguous_strides(flashcore_forward_params *params, int32_t layout) {

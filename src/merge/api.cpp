@@ -1,6 +1,7 @@
 // The merge's exported C functions (api_guard.h: how each runs).
 #include "api_guard.h"
 #include "handle.h"
+#include "struct_io.h"
 #include "merge/merge.h"
 
 using namespace flashcore;
@@ -8,12 +9,7 @@ using namespace flashcore;
 extern "C" {
 
 flashcore_status flashcore_merge_params_init(flashcore_merge_params *params, size_t struct_size) {
-    return guarded(__func__, [&] {
-        if (params == nullptr) return fail(FLASHCORE_STATUS_INVALID_ARGUMENT, "params is NULL");
-        FLASHCORE_TRY(check_merge_struct_size(struct_size, "struct_size"));
-        init_merge_params(params, struct_size);
-        return FLASHCORE_STATUS_SUCCESS;
-    });
+    return guarded(__func__, [&] { return init_struct(params, struct_size, check_merge_struct_size, init_merge_params); });
 }
 
 flashcore_status flashcore_merge_check(const flashcore_merge_params *params) {
