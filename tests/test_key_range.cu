@@ -324,6 +324,22 @@ const int kChunks[] = {1, 3, 16, 63, 64, 100, 128, 1000};
 // bound, and a two-sided one.
 const int kChunkWindows[][2] = {{kUnbounded, kUnbounded}, {kUnbounded, 0}, {37, 0}, {5, 9}};
 
+// KeyMask's row intervals against the brute force, each row over the keys
+// from one before the first to one past the last; the first wrong key of
+// each row into `failures`.
+void check_rows(const KeyMask &m, std::vector<std::string> &failures) {
+    for (int row = 0; row < m.num_rows(); ++row) {
+        for (int key = -1; key <= m.seqlen_k; ++key) {
+            const bool in = key >= m.key_begin(row) && key < m.key_end(row);
+            if (in != brute_visible(m, row, key)) {
+                failures.push_back("row " + std::to_string(row) + " key " + std::to_string(key) + " of " +
+                                   describe(m));
+                break;
+            }
+        }
+    }
+}
+
 // KeyMask's row intervals are the brute force's: the ranges' tests below
 // rest on the same definition of the mask.
 TEST(KeyRange, KeyMaskRowsMatchBruteForce) {
@@ -336,16 +352,7 @@ TEST(KeyRange, KeyMaskRowsMatchBruteForce) {
                     for (int wr : kWindowsRight) {
                         const KeyMask m = make_mask(sq, sk, rpq, wl, wr, sq, sk);
                         ++masks;
-                        for (int row = 0; row < m.num_rows(); ++row) {
-                            for (int key = -1; key <= sk; ++key) {
-                                const bool in = key >= m.key_begin(row) && key < m.key_end(row);
-                                if (in != brute_visible(m, row, key)) {
-                                    failures.push_back("row " + std::to_string(row) + " key " + std::to_string(key) +
-                                                       " of " + describe(m));
-                                    break;
-                                }
-                            }
-                        }
+                        check_rows(m, failures);
                     }
                 }
             }
@@ -414,16 +421,7 @@ TEST(KeyRange, ChunkedMasksMatchBruteForce) {
                     for (int rpq : {1, 3}) {
                         const KeyMask m = make_mask(sq, sk, rpq, window[0], window[1], sq, sk, chunk);
                         ++masks;
-                        for (int row = 0; row < m.num_rows(); ++row) {
-                            for (int key = -1; key <= sk; ++key) {
-                                const bool in = key >= m.key_begin(row) && key < m.key_end(row);
-                                if (in != brute_visible(m, row, key)) {
-                                    failures.push_back("row " + std::to_string(row) + " key " + std::to_string(key) +
-                                                       " of " + describe(m));
-                                    break;
-                                }
-                            }
-                        }
+                        check_rows(m, failures);
                         check_mask(m, Extent{m.num_rows(), sk}, failures);
                     }
                 }
