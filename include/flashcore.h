@@ -125,7 +125,7 @@ extern "C" {
  * ------------------------------------------------------------------------- */
 
 #define FLASHCORE_VERSION_MAJOR 0
-#define FLASHCORE_VERSION_MINOR 8
+#define FLASHCORE_VERSION_MINOR 9
 #define FLASHCORE_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 400 for 0.4.0. */
 #define FLASHCORE_VERSION_NUMBER \
@@ -494,6 +494,32 @@ typedef struct flashcore_forward_params {
     int64_t q_descale_batch_stride, q_descale_head_stride;
     int64_t k_descale_batch_stride, k_descale_head_stride;
     int64_t v_descale_batch_stride, v_descale_head_stride;
+
+    /* ---- Fields added in 0.9. ---- */
+
+    /* Chunked attention, as Llama 4's and FlashAttention 3's
+     * attention_chunk: 0 (the default) is off; a chunk length > 0 lets query
+     * i see key j only where j and i's diagonal key (i + seqlen_k -
+     * seqlen_q, aligned as for causal) lie in the same chunk,
+     * [c * attention_chunk, (c + 1) * attention_chunk) for an integer c.
+     * It combines with causal and the window (a key must pass every mask);
+     * Llama 4 uses causal with attention_chunk 8192. Key tiles outside a
+     * query block's chunks are skipped, not computed. Rows that see no key
+     * give out = 0 and lse = -infinity (the sink, with sinks). Must be >= 0. */
+    int32_t attention_chunk;
+
+    /* Learnable attention sinks, as gpt-oss's (FlashAttention 4's
+     * learnable_sink): NULL (the default), or a device array of num_heads_q
+     * float32 logits, 4-byte aligned. Head h's sinks[h], in the units of
+     * the scaled (and capped) scores, joins the softmax denominator of each
+     * of h's rows and attends to nothing:
+     *     out = sum_j exp(s_j) v_j / (exp(sinks[h]) + sum_j exp(s_j)),
+     *     lse = log(exp(sinks[h]) + sum_j exp(s_j)),
+     * over the keys j the row sees. A row that sees no key gives out = 0
+     * and lse = sinks[h]; -infinity is no sink for that head. Supported with
+     * every other field; a split-KV call counts the sink once, in its merge.
+     * Read on the device, not checked: NaN gives NaN rows. */
+    const float *sinks;
 } flashcore_forward_params;
 
 /* Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,
@@ -540,7 +566,8 @@ FLASHCORE_API flashcore_status flashcore_forward_check(const flashcore_forward_p
  *   - flashcore_forward_workspace_size gives its size in bytes. The size
  *     depends only on the params' dtype, kv_dtype, batch_size, num_heads_q,
  *     num_heads_kv, seqlen_q, seqlen_k, head_dim, head_dim_v, causal,
- *     num_splits, use_window, window_left and window_right, on whether
+ *     num_splits, use_window, window_left, window_right and
+ *     attention_chunk, on whether
  *     seqused_k, cu_seqlens_q, cu_seqlens_k and block_table are set (not on
  *     what they hold), and on the handle's device (its multiprocessor count
  *     feeds the num_splits heuristic); not on other pointers, strides, the
@@ -596,7 +623,8 @@ FLASHCORE_API flashcore_status flashcore_forward(flashcore_handle handle, const 
  * of size seqlen_q x seqlen_k is stored. The options are the forward's: the
  * same values must be passed as the forward call that produced out and lse
  * was given (dtype, scale, causal, window, softcap, GQA, head_dim_v,
- * varlen), since P is recomputed from them; paged K/V caches are not taken.
+ * varlen, attention_chunk, sinks), since P is recomputed from them; paged
+ * K/V caches are not taken.
  *
  * The call runs three kernels on its stream: a preprocess (the row sums of
  * dO * O; the dQ accumulator zeroed), the main kernel (parallel over blocks
@@ -619,9 +647,9 @@ FLASHCORE_API flashcore_status flashcore_forward(flashcore_handle handle, const 
  * sizeof(element)); every tensor pointer is FLASHCORE_ALIGNMENT aligned,
  * lse 4-byte aligned.
  *
- * Aliasing: dq, dk, dv and the workspace are written; they must not overlap
- * one another nor any input (q, k, v, out, dout, lse, seqused_k,
- * cu_seqlens_q, cu_seqlens_k), each taken as the address range from its
+ * Aliasing: dq, dk, dv, dsinks and the workspace are written; they must not
+ * overlap one another nor any input (q, k, v, out, dout, lse, seqused_k,
+ * cu_seqlens_q, cu_seqlens_k, sinks), each taken as the address range from its
  * first to its last byte; the inputs may share memory. dq, dk and dv must not
  * overlap themselves either. Overlap returns FLASHCORE_STATUS_INVALID_ARGUMENT
  * naming the two tensors. dq doubles as scratch between the call's kernels
@@ -701,6 +729,20 @@ typedef struct flashcore_backward_params {
     const int32_t *cu_seqlens_k;
     int32_t total_seqlen_q;
     int32_t total_seqlen_k;
+
+    /* ---- Fields added in 0.9. ---- */
+
+    /* As the forward's fields of the same names. */
+    int32_t attention_chunk;
+    const float *sinks;
+    /* The gradient with respect to sinks: NULL (the default: not computed),
+     * or a device array of num_heads_q float32, 4-byte aligned, written
+     * (not accumulated), each head's sum over the batch and its rows:
+     *     dsinks[h] = -sum over rows of exp(sinks[h] - lse) * rowsum(dout * out).
+     * Needs sinks; bitwise the same from run to run in both modes. It is an
+     * output as dq, dk and dv are (see "Aliasing"); an empty call
+     * (batch_size or num_heads_q 0) leaves it unwritten, as it does them. */
+    float *dsinks;
 } flashcore_backward_params;
 
 /* Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,
@@ -796,6 +838,18 @@ typedef struct flashcore_merge_params {
     int64_t partial_state_stride, partial_batch_stride, partial_seq_stride, partial_head_stride;
     int64_t lse_state_stride, lse_batch_stride, lse_seq_stride, lse_head_stride;
     int64_t out_batch_stride, out_seq_stride, out_head_stride;
+
+    /* ---- Fields added in 0.9. ---- */
+
+    /* Learnable sinks (flashcore_forward_params::sinks): NULL (the
+     * default), or a device array of num_heads float32 logits, 4-byte
+     * aligned. Head h's sink joins each of its rows as one more part, of
+     * LSE sinks[h] and output 0:
+     *     LSE = log(exp(sinks[h]) + sum_s exp(LSE_s)),  O = sum_s exp(LSE_s - LSE) * O_s;
+     * a row that no part sees gets O = 0 and LSE = sinks[h]. Give it only to
+     * the merge of all of a row's parts, each computed without sinks: a
+     * merge whose result is merged again would count the sink twice. */
+    const float *sinks;
 } flashcore_merge_params;
 
 /* Zeroes the struct_size bytes at params and sets struct_size, and both

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <string>
 
 #include "error.h"
 #include "flashcore.h"
@@ -17,18 +18,36 @@ namespace flashcore {
 // but an uninitialised field.
 constexpr size_t kMaxPlausibleStructSize = 64 * 1024;
 
-// A struct_size for a struct that has had one layout since `first_version`
-// (flashcore_merge_params, flashcore_backward_params): at least its size
-// then, `first_size`, and plausible (a newer header's may be larger).
-inline flashcore_status check_size_since_first_release(size_t size, const char *what, const char *struct_name,
-                                                       size_t first_size, const char *first_version) {
-    if (size < first_size || size > kMaxPlausibleStructSize) {
+// The sizes a caller's struct_size may take: where a released header's
+// struct ended (`released_ends`, in release order, the first where the
+// struct first appeared in `first_version`), or that rounded up to the
+// struct's alignment (its sizeof then), or at least our own sizeof (a newer
+// header's) and plausible. Any other size ends inside a field, which would
+// be read in part.
+template <typename Struct, size_t kReleases>
+flashcore_status check_released_size(size_t size, const char *what, const char *struct_name,
+                                     const size_t (&released_ends)[kReleases], const char *first_version) {
+    const auto padded = [](size_t end) { return (end + alignof(Struct) - 1) / alignof(Struct) * alignof(Struct); };
+    if (size < released_ends[0] || size > kMaxPlausibleStructSize) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
                     "%s (%zu) is not a valid size of %s (at least %zu, its size in %s, where it first appeared); "
                     "pass sizeof(%s) to %s_init",
-                    what, size, struct_name, first_size, first_version, struct_name, struct_name);
+                    what, size, struct_name, released_ends[0], first_version, struct_name, struct_name);
     }
-    return FLASHCORE_STATUS_SUCCESS;
+    if (size >= sizeof(Struct)) return FLASHCORE_STATUS_SUCCESS;
+    std::string sizes;
+    size_t listed = 0;
+    for (size_t end : released_ends) {
+        if (size == end || size == padded(end)) return FLASHCORE_STATUS_SUCCESS;
+        if (padded(end) != listed) {
+            listed = padded(end);
+            sizes += (sizes.empty() ? "" : ", ") + std::to_string(listed);
+        }
+    }
+    return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                "%s (%zu) is not the size of %s in any flashcore.h (released sizes: %s; a newer header's is at "
+                "least %zu); pass sizeof(%s) to %s_init",
+                what, size, struct_name, sizes.c_str(), sizeof(Struct), struct_name, struct_name);
 }
 
 // Zeroes a caller's struct_size bytes, then writes as much of `defaults` as

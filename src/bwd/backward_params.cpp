@@ -7,7 +7,8 @@
 namespace flashcore {
 
 flashcore_status check_backward_struct_size(size_t size, const char *what) {
-    return check_size_since_first_release(size, what, "flashcore_backward_params", kBackwardParamsSizeV0_7, "0.7");
+    return check_released_size<flashcore_backward_params>(size, what, "flashcore_backward_params",
+                                                          kBackwardReleasedParamsEnds, "0.7");
 }
 
 void init_backward_params(flashcore_backward_params *params, size_t struct_size) {
@@ -66,6 +67,8 @@ flashcore_forward_params forward_view(const flashcore_backward_params &p) {
     f.cu_seqlens_k = p.cu_seqlens_k;
     f.total_seqlen_q = p.total_seqlen_q;
     f.total_seqlen_k = p.total_seqlen_k;
+    f.attention_chunk = p.attention_chunk;
+    f.sinks = p.sinks;
     return f;
 }
 
@@ -136,6 +139,7 @@ BwdKernelParams bwd_kernel_params(const flashcore_backward_params &p, void *work
     // The user's scale, softcap or not (BwdKernelParams::grad_scale).
     k.grad_scale = effective_softmax_scale(view);
     k.deterministic = p.deterministic != 0;
+    k.dsinks = p.dsinks;
     return k;
 }
 

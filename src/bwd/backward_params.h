@@ -11,19 +11,17 @@
 
 namespace flashcore {
 
+// Where each released header's flashcore_backward_params ended: it first
+// appeared in 0.7, ending with total_seqlen_k (no smaller size exists);
+// 0.9 added attention_chunk, sinks and dsinks (its end is our sizeof). As
+// the forward struct's kReleasedParamsEnds.
+constexpr size_t kBackwardReleasedParamsEnds[] = {
+    offsetof(flashcore_backward_params, total_seqlen_k) + sizeof(int32_t),  // 0.7, 0.8
+};
 // Where the last field this library knows ends: bytes of a caller's struct
 // past it belong to fields of a newer header.
 constexpr size_t kBackwardParamsKnownEnd =
-    offsetof(flashcore_backward_params, total_seqlen_k) + sizeof(flashcore_backward_params::total_seqlen_k);
-// flashcore_backward_params first appeared in 0.7, ending with
-// total_seqlen_k: no smaller size exists. (A version that appends fields
-// must accept this size and give its callers the new fields' defaults, as
-// the forward struct's kReleasedParamsEnds do.)
-constexpr size_t kBackwardParamsSizeV0_7 =
-    (kBackwardParamsKnownEnd + alignof(flashcore_backward_params) - 1) / alignof(flashcore_backward_params) *
-    alignof(flashcore_backward_params);
-static_assert(kBackwardParamsSizeV0_7 == sizeof(flashcore_backward_params),
-              "a field was added to flashcore_backward_params: accept the 0.7 size (check_backward_struct_size)");
+    offsetof(flashcore_backward_params, dsinks) + sizeof(flashcore_backward_params::dsinks);
 
 // Checks a caller's flashcore_backward_params struct_size.
 flashcore_status check_backward_struct_size(size_t struct_size, const char *what);

@@ -60,8 +60,8 @@ void backward_tensors(const flashcore_backward_params &p, TensorDims *t) {
 // an empty call's are not.
 bool has_elements(const TensorDims &t) { return t.batch > 0 && t.seqlen > 0 && t.heads > 0; }
 
-static_assert(kMaxBackwardRanges >= kBackwardTensors + 1 + kMaxInt32Arrays,
-              "kMaxBackwardRanges: the tensors, lse and the int32 arrays");
+static_assert(kMaxBackwardRanges >= kBackwardTensors + 3 + kMaxInt32Arrays,
+              "kMaxBackwardRanges: the tensors, lse, sinks, dsinks and the int32 arrays");
 
 }  // namespace
 
@@ -120,6 +120,11 @@ size_t backward_ranges(const flashcore_backward_params &p, ByteRange *ranges) {
         ranges[n] = lse_range(p.lse, lse_entries(view));
         ranges[n++].written = false;  // the forward's output, read here
     }
+    n += sinks_ranges(view, ranges + n);
+    if (p.dsinks != nullptr) {
+        ranges[n] = float_range("dsinks", p.dsinks, p.num_heads_q);
+        ranges[n++].written = true;
+    }
     return n + int32_array_ranges(view, ranges + n);
 }
 
@@ -148,6 +153,17 @@ flashcore_status validate_backward_tensors(const flashcore_backward_params &p) {
     }
     status = check_int32_arrays(view);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    status = check_sinks(view);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    if (p.dsinks != nullptr) {
+        if (p.sinks == nullptr) {
+            return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                        "dsinks is set but sinks is NULL: dsinks is the gradient of the sinks the forward call "
+                        "took (pass them, or dsinks NULL)");
+        }
+        status = check_pointer(p.dsinks, "dsinks", alignof(float));
+        if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    }
     ByteRange ranges[kMaxBackwardRanges];
     return check_no_aliasing(ranges, backward_ranges(p, ranges));
 }

@@ -36,9 +36,9 @@ flashcore_status validate_backward_shapes(const flashcore_backward_params &param
 flashcore_status validate_backward_tensors(const flashcore_backward_params &params);
 
 // The address ranges of the tensors of validated, non-empty parameters that
-// have elements (q, k, v, out, dout, lse and the int32 arrays read; dq, dk
-// and dv written); returns how many it wrote (at most kMaxBackwardRanges).
-constexpr size_t kMaxBackwardRanges = 13;
+// have elements (q, k, v, out, dout, lse, sinks and the int32 arrays read;
+// dq, dk, dv and dsinks written); returns how many it wrote (at most kMaxBackwardRanges).
+constexpr size_t kMaxBackwardRanges = 15;
 size_t backward_ranges(const flashcore_backward_params &params, ByteRange *ranges);
 
 }  // namespace flashcore

@@ -126,13 +126,17 @@ int heuristic_splits(int64_t blocks, int64_t slots, int64_t key_steps) {
 // Pipeline steps of keys a query block visits: seqlen_k's, or under a
 // window bounded on both sides (causal with window_left, say) the window's
 // span plus the block's rows (its first and last rows' windows are that far
-// apart), whichever is less.
+// apart), or with chunks a chunk plus the block's rows, whichever is least.
 int64_t key_steps(const flashcore_forward_params &p, const FwdKernel &kernel) {
     const int64_t step = kernel.info().keys_per_step;
     int64_t keys = p.seqlen_k;
     const int32_t left = effective_window_left(p), right = effective_window_right(p);
     if (left != kWindowUnbounded && right != kWindowUnbounded) {
         keys = std::min<int64_t>(keys, int64_t(left) + right + 1 + kernel.info().block_m);
+    }
+    // A block's rows see one chunk each, at most two chunks' keys.
+    if (p.attention_chunk > 0) {
+        keys = std::min<int64_t>(keys, int64_t(p.attention_chunk) + kernel.info().block_m);
     }
     return (keys + step - 1) / step;
 }
@@ -415,6 +419,7 @@ MergeKernelParams split_merge_params(const flashcore_forward_params &p, const Fw
     parts.out_batch_stride = p.out_batch_stride;
     parts.out_seq_stride = p.out_seq_stride;
     parts.out_head_stride = p.out_head_stride;
+    parts.sinks = p.sinks;  // the parts are computed without them
     MergeKernelParams m = merge_kernel_params(parts);
     m.cu_seqlens = p.cu_seqlens_q;
     m.total_seqlen = p.total_seqlen_q;

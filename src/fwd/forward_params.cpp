@@ -23,23 +23,8 @@ flashcore_status check_struct_size(size_t size, const char *what) {
                     "flashcore_forward_params_init",
                     what, size);
     }
-    if (size >= sizeof(flashcore_forward_params)) return FLASHCORE_STATUS_SUCCESS;
-    std::string sizes;
-    size_t listed = 0;
-    for (size_t end : kReleasedParamsEnds) {
-        if (size == end || size == padded_params_size(end)) return FLASHCORE_STATUS_SUCCESS;
-        if (padded_params_size(end) != listed) {
-            listed = padded_params_size(end);
-            sizes += (sizes.empty() ? "" : ", ") + std::to_string(listed);
-        }
-    }
-    // Between two released sizes: the struct would end inside a field, part
-    // of which would be read as the caller's and part as the default.
-    return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
-                "%s (%zu) is not the size of flashcore_forward_params in any flashcore.h (released sizes: %s; "
-                "a newer header's is at least %zu); pass sizeof(flashcore_forward_params) to "
-                "flashcore_forward_params_init",
-                what, size, sizes.c_str(), sizeof(flashcore_forward_params));
+    return check_released_size<flashcore_forward_params>(size, what, "flashcore_forward_params", kReleasedParamsEnds,
+                                                         "0.1");
 }
 
 void init_params(flashcore_forward_params *params, size_t struct_size) {
@@ -184,6 +169,8 @@ FwdKernelParams kernel_params(const flashcore_forward_params &p) {
     // comparison and select into a min() of the sum.
     k.window_left = std::min(effective_window_left(p), p.seqlen_k);
     k.window_right = std::min(effective_window_right(p), std::max(p.seqlen_q - 1, 0));
+    k.attention_chunk = p.attention_chunk;
+    k.sinks = p.sinks;
     k.seqused_k = p.seqused_k;
     // Packed tensors: every address is batch * batch_stride + row *
     // seq_stride, the row from cu_seqlens, so their batch strides are 0.

@@ -18,15 +18,16 @@ namespace flashcore {
 // a caller the defaults of the fields added since (head_dim_v in 0.2,
 // num_splits in 0.3, the window and softcap in 0.4, seqused_k in 0.5, the
 // varlen and paged fields in 0.6, the dtypes and descales of quantized
-// inputs in 0.8).
+// inputs in 0.8, attention_chunk and sinks in 0.9).
 constexpr size_t kParamsSizeV0_1 = offsetof(flashcore_forward_params, head_dim_v);
 // Where each released header's flashcore_forward_params ended: after the
 // last field that version added (0.1 before head_dim_v, 0.2 after it, 0.3
 // after num_splits, 0.4 after softcap, 0.5 after seqused_k, 0.6 and 0.7
-// after num_pages, 0.8 after v_descale_head_stride). A caller's struct_size must be one of these, or that rounded
-// up to the struct's alignment (its sizeof then), or at least our own
-// sizeof (a newer header's): any other size ends inside a field, which
-// would be read in part.
+// after num_pages, 0.8 after v_descale_head_stride; 0.9's is our sizeof).
+// A caller's struct_size must be one of these, or that rounded up to the
+// struct's alignment (its sizeof then), or at least our own sizeof (a newer
+// header's): any other size ends inside a field, which would be read in
+// part (check_released_size).
 constexpr size_t field_end(size_t offset, size_t size) { return offset + size; }
 constexpr size_t kReleasedParamsEnds[] = {
     kParamsSizeV0_1,
@@ -37,14 +38,10 @@ constexpr size_t kReleasedParamsEnds[] = {
     field_end(offsetof(flashcore_forward_params, num_pages), sizeof(int32_t)),      // 0.6, 0.7
     field_end(offsetof(flashcore_forward_params, v_descale_head_stride), sizeof(int64_t)),  // 0.8
 };
-constexpr size_t padded_params_size(size_t end) {
-    return (end + alignof(flashcore_forward_params) - 1) / alignof(flashcore_forward_params) *
-           alignof(flashcore_forward_params);
-}
 // Where the last field this library knows ends: bytes of a caller's struct
 // past it belong to fields of a newer header (sizeof adds only padding).
-constexpr size_t kParamsKnownEnd = offsetof(flashcore_forward_params, v_descale_head_stride) +
-                                   sizeof(flashcore_forward_params::v_descale_head_stride);
+constexpr size_t kParamsKnownEnd =
+    offsetof(flashcore_forward_params, sinks) + sizeof(flashcore_forward_params::sinks);
 
 // Checks a caller's struct_size against the sizes this library accepts.
 flashcore_status check_struct_size(size_t struct_size, const char *what);

@@ -288,6 +288,11 @@ flashcore_status validate_shapes(const flashcore_forward_params &p, Span<HeadDim
     }
     status = validate_window(p);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    if (p.attention_chunk < 0) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "attention_chunk (%d) must be 0 (no chunks) or the chunk length in keys (> 0)",
+                    int(p.attention_chunk));
+    }
     status = validate_packing(p);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     return validate_softcap(p);
@@ -496,6 +501,16 @@ size_t int32_array_ranges(const flashcore_forward_params &p, ByteRange *ranges) 
     return count;
 }
 
+flashcore_status check_sinks(const flashcore_forward_params &p) {
+    return p.sinks != nullptr ? check_pointer(p.sinks, "sinks", alignof(float)) : FLASHCORE_STATUS_SUCCESS;
+}
+
+size_t sinks_ranges(const flashcore_forward_params &p, ByteRange *ranges) {
+    if (p.sinks == nullptr) return 0;
+    ranges[0] = float_range("sinks", p.sinks, p.num_heads_q);
+    return 1;
+}
+
 size_t forward_ranges(const flashcore_forward_params &p, ByteRange *ranges) {
     size_t n = 0;
     for (int i = 0; i < kForwardTensors; ++i) ranges[n++] = tensor_range(forward_tensor(p, i), i == kForwardOut);
@@ -508,6 +523,7 @@ size_t forward_ranges(const flashcore_forward_params &p, ByteRange *ranges) {
                                __int128(p.num_heads_kv - 1) * d.head_stride + 1;
         ranges[n++] = float_range(d.name, d.data, count);
     }
+    n += sinks_ranges(p, ranges + n);
     return n + int32_array_ranges(p, ranges + n);
 }
 
@@ -524,6 +540,8 @@ flashcore_status validate_tensors(const flashcore_forward_params &p) {
         if (status != FLASHCORE_STATUS_SUCCESS) return status;
     }
     status = check_int32_arrays(p);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    status = check_sinks(p);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     const std::array<Descale, 3> all = descales(p);
     for (const Descale &d : all) {

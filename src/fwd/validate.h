@@ -69,10 +69,17 @@ constexpr size_t kMaxInt32Arrays = 4;
 flashcore_status check_int32_arrays(const flashcore_forward_params &params);
 size_t int32_array_ranges(const flashcore_forward_params &params, ByteRange *ranges);
 
+// The learnable sinks (when given): their pointer, 4-byte aligned; and their
+// address range (num_heads_q floats, read), written to `ranges` (returns
+// how many: 0 or 1). What the forward and the backward check of them.
+flashcore_status check_sinks(const flashcore_forward_params &params);
+size_t sinks_ranges(const flashcore_forward_params &params, ByteRange *ranges);
+
 // The ranges of q, k, v, out and (when given) lse of validated, non-empty
 // parameters, and of the int32 arrays; returns how many it wrote (at most
-// kMaxForwardRanges): q, k, v, out, lse, 3 descale arrays, 4 int32 arrays.
-constexpr size_t kMaxForwardRanges = 12;
+// kMaxForwardRanges): q, k, v, out, lse, 3 descale arrays, sinks, 4 int32
+// arrays.
+constexpr size_t kMaxForwardRanges = 13;
 size_t forward_ranges(const flashcore_forward_params &params, ByteRange *ranges);
 
 }  // namespace flashcore

@@ -18,7 +18,8 @@ constexpr int32_t kMergeHeadDimMultiple = head_dim_multiple(DType::kFp16);
 }  // namespace
 
 flashcore_status check_merge_struct_size(size_t size, const char *what) {
-    return check_size_since_first_release(size, what, "flashcore_merge_params", kMergeParamsSizeV0_3, "0.3");
+    return check_released_size<flashcore_merge_params>(size, what, "flashcore_merge_params", kMergeReleasedParamsEnds,
+                                                       "0.3");
 }
 
 void init_merge_params(flashcore_merge_params *params, size_t struct_size) {
@@ -129,15 +130,21 @@ flashcore_status validate_merge(const flashcore_merge_params &p) {
         status = check_pointer(p.lse, "lse", kLseAlignment);
         if (status != FLASHCORE_STATUS_SUCCESS) return status;
     }
+    if (p.sinks != nullptr) {
+        status = check_pointer(p.sinks, "sinks", alignof(float));
+        if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    }
     const unsigned __int128 partial_lse_begin = reinterpret_cast<uintptr_t>(p.partial_lse);
-    ByteRange ranges[] = {
+    ByteRange ranges[5] = {
         tensor_range(partial, false),
         {"partial_lse", partial_lse_begin, partial_lse_begin + (unsigned __int128)(last_lse + 1) * sizeof(float),
          false},
         tensor_range(out, true),
-        lse_range(p.lse, __int128(p.batch_size) * p.num_heads * p.seqlen),
     };
-    return check_no_aliasing(ranges, p.lse != nullptr ? 4 : 3);
+    size_t count = 3;
+    if (p.lse != nullptr) ranges[count++] = lse_range(p.lse, __int128(p.batch_size) * p.num_heads * p.seqlen);
+    if (p.sinks != nullptr) ranges[count++] = float_range("sinks", p.sinks, p.num_heads);
+    return check_no_aliasing(ranges, count);
 }
 
 bool merge_is_empty(const flashcore_merge_params &p) {
@@ -166,6 +173,7 @@ MergeKernelParams merge_kernel_params(const flashcore_merge_params &p) {
     m.out_batch_stride = p.out_batch_stride;
     m.out_seq_stride = p.out_seq_stride;
     m.out_head_stride = p.out_head_stride;
+    m.sinks = p.sinks;
     return m;
 }
 

@@ -14,10 +14,14 @@ struct flashcore_handle_s;
 
 namespace flashcore {
 
-// flashcore_merge_params first appeared in 0.3: no smaller size exists.
-constexpr size_t kMergeParamsSizeV0_3 = sizeof(flashcore_merge_params);
-constexpr size_t kMergeParamsKnownEnd =
-    offsetof(flashcore_merge_params, out_head_stride) + sizeof(flashcore_merge_params::out_head_stride);
+// Where each released header's flashcore_merge_params ended: it first
+// appeared in 0.3, ending with out_head_stride (no smaller size exists);
+// 0.9 added sinks (its end is our sizeof). As the forward struct's
+// kReleasedParamsEnds.
+constexpr size_t kMergeReleasedParamsEnds[] = {
+    offsetof(flashcore_merge_params, out_head_stride) + sizeof(int64_t),  // 0.3 ... 0.8
+};
+constexpr size_t kMergeParamsKnownEnd = offsetof(flashcore_merge_params, sinks) + sizeof(flashcore_merge_params::sinks);
 
 // Checks a caller's flashcore_merge_params struct_size.
 flashcore_status check_merge_struct_size(size_t struct_size, const char *what);
