@@ -313,6 +313,10 @@ const PresetGroup kPresetGroups[] = {
      "issue 34's backward targets; run with --backward --mask both"},
 };
 
+// --sinks' logit for every head: about a row's log-sum-exp over a few
+// thousand keys of these random inputs, so the sink takes a real share.
+constexpr float kSinkLogit = 4.f;
+
 struct Case {
     Shape shape;
     flashcore_dtype dtype;
@@ -322,6 +326,8 @@ struct Case {
     // unbounded); use_window false: none.
     bool use_window = false;
     int window_left = -1, window_right = -1;
+    // --chunk N (flashcore_forward_params::attention_chunk; 0: none).
+    int attention_chunk = 0;
 };
 
 const char *dtype_name(flashcore_dtype d) { return d == FLASHCORE_DTYPE_BF16 ? "bf16" : "fp16"; }
@@ -337,16 +343,24 @@ double visible_pairs(int64_t sq, int64_t sk, bool causal) {
 }
 
 // The same under a sliding window (flashcore.h: query i sees keys
-// i + Sk - Sq - left ... i + Sk - Sq + right), counted row by row.
+// i + Sk - Sq - left ... i + Sk - Sq + right) and chunks (only the keys of
+// the chunk holding the diagonal), counted row by row.
 double window_visible_pairs(const Case &c) {
     const Shape &s = c.shape;
     double pairs = 0;
     for (int64_t i = 0; i < s.seqlen_q; ++i) {
         const int64_t diagonal = i + s.seqlen_k - s.seqlen_q;
         int64_t begin = 0, end = s.seqlen_k;
-        if (c.window_left >= 0) begin = std::max<int64_t>(begin, diagonal - c.window_left);
+        if (c.use_window && c.window_left >= 0) begin = std::max<int64_t>(begin, diagonal - c.window_left);
         if (c.causal) end = std::min<int64_t>(end, diagonal + 1);
-        if (c.window_right >= 0) end = std::min<int64_t>(end, diagonal + 1 + c.window_right);
+        if (c.use_window && c.window_right >= 0) end = std::min<int64_t>(end, diagonal + 1 + c.window_right);
+        if (c.attention_chunk > 0) {
+            // Floor division: a diagonal below key 0 lies in a chunk of no keys.
+            const int64_t chunk = c.attention_chunk;
+            const int64_t start = (diagonal >= 0 ? diagonal / chunk : -((-diagonal + chunk - 1) / chunk)) * chunk;
+            begin = std::max(begin, start);
+            end = std::min(end, start + chunk);
+        }
         if (end > begin) pairs += double(end - begin);
     }
     return pairs;
@@ -356,7 +370,8 @@ double window_visible_pairs(const Case &c) {
 // and P V (head_dim_v per pair); 4*B*Hq*D*pairs when the two are equal.
 double attention_flops(const Case &c) {
     const Shape &s = c.shape;
-    const double pairs = c.use_window ? window_visible_pairs(c) : visible_pairs(s.seqlen_q, s.seqlen_k, c.causal);
+    const double pairs = c.use_window || c.attention_chunk > 0 ? window_visible_pairs(c)
+                                                                : visible_pairs(s.seqlen_q, s.seqlen_k, c.causal);
     return 2.0 * s.batch * s.heads_q * (s.head_dim + s.head_dim_v) * pairs;
 }
 
@@ -386,6 +401,9 @@ struct Options {
     bool use_window = false;
     int window_left = -1, window_right = -1;
     float softcap = 0.f;
+    int attention_chunk = 0;
+    // --sinks: learnable sinks, one logit per query head (kSinkLogit).
+    bool sinks = false;
     int device = -1;
     int buffer_sets = 0;  // 0: auto
     int graph_calls = 20;
@@ -434,6 +452,10 @@ void print_usage(FILE *f) {
                  "                            query's diagonal, -1 unbounded (with --causal, R\n"
                  "                            is 0 or -1); TFLOP/s count the window's pairs\n"
                  "  --softcap F               logit softcap (default 0: none)\n"
+                 "  --chunk N                 chunked attention (attention_chunk; TFLOP/s count\n"
+                 "                            the pairs it leaves)\n"
+                 "  --sinks                   learnable sinks (one logit per query head; with\n"
+                 "                            --backward dsinks too)\n"
                  "\n"
                  "Pass:\n"
                  "  --backward                time flashcore_backward (dq, dk, dv) on out and lse from\n"
@@ -603,6 +625,10 @@ Options parse_args(int argc, char **argv) {
             o.window_right = static_cast<int>(parse_int(opt, bounds[1], -1, kMaxDim));
         } else if (opt == "--softcap") {
             o.softcap = static_cast<float>(parse_double(opt, value(), 0.0));
+        } else if (opt == "--chunk") {
+            o.attention_chunk = static_cast<int>(parse_int(opt, value(), 0, kMaxDim));
+        } else if (opt == "--sinks") {
+            o.sinks = true;
         } else if (opt == "--budget-ms") {
             o.budget_ms = parse_double(opt, value(), 1.0);
         } else if (opt == "--seed") {
@@ -654,7 +680,8 @@ std::vector<Case> build_cases(const Options &o) {
         if (custom && o.presets.empty()) s.name = "custom";
         for (flashcore_dtype d : o.dtypes)
             for (bool causal : o.masks) {
-                cases.push_back(Case{s, d, causal, o.layout, o.use_window, o.window_left, o.window_right});
+                cases.push_back(
+                    Case{s, d, causal, o.layout, o.use_window, o.window_left, o.window_right, o.attention_chunk});
             }
     }
     return cases;
@@ -735,8 +762,14 @@ class CaseBuffers {
                 fill_random(host, b->bytes() / elem, c.dtype, seed++ * 0x100000001B3ull);
                 CUDA_CHECK(cudaMemcpy(b->get(), host.data(), b->bytes(), cudaMemcpyHostToDevice));
             }
+            if (backward_ && o.sinks) set.dsinks = DeviceBuffer(static_cast<size_t>(s.heads_q) * sizeof(float));
             for (DeviceBuffer *b : outputs) CUDA_CHECK(cudaMemset(b->get(), 0xFF, b->bytes()));
             sets_.push_back(std::move(set));
+        }
+        if (o.sinks) {
+            const std::vector<float> logits(static_cast<size_t>(s.heads_q), kSinkLogit);
+            sinks_ = DeviceBuffer(logits.size() * sizeof(float));
+            CUDA_CHECK(cudaMemcpy(sinks_.get(), logits.data(), sinks_.bytes(), cudaMemcpyHostToDevice));
         }
         for (Set &set : sets_) {
             flashcore_forward_params p;
@@ -758,6 +791,8 @@ class CaseBuffers {
             p.window_left = c.window_left;
             p.window_right = c.window_right;
             p.softcap = o.softcap;
+            p.attention_chunk = c.attention_chunk;
+            p.sinks = static_cast<const float *>(sinks_.get());
             p.q = set.q.get();
             p.k = set.k.get();
             p.v = set.v.get();
@@ -784,6 +819,9 @@ class CaseBuffers {
             b.window_left = p.window_left;
             b.window_right = p.window_right;
             b.softcap = p.softcap;
+            b.attention_chunk = p.attention_chunk;
+            b.sinks = p.sinks;
+            b.dsinks = static_cast<float *>(set.dsinks.get());
             b.deterministic = o.deterministic ? 1 : 0;
             b.q = p.q;
             b.k = p.k;
@@ -837,9 +875,10 @@ class CaseBuffers {
 
   private:
     struct Set {
-        DeviceBuffer q, k, v, out, lse, dout, dq, dk, dv;
+        DeviceBuffer q, k, v, out, lse, dout, dq, dk, dv, dsinks;
     };
     bool backward_;
+    DeviceBuffer sinks_;  // --sinks: the logits, shared by every set
     std::vector<Set> sets_;
     std::vector<flashcore_forward_params> params_;
     std::vector<flashcore_backward_params> backward_params_;

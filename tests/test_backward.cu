@@ -36,11 +36,13 @@ constexpr auto bf16 = FLASHCORE_DTYPE_BF16;
 
 struct ReferenceGradients {
     std::vector<double> dq, dk, dv;
+    std::vector<double> dsinks, dsinks_scale;  // empty without sinks
 };
 
 ReferenceGradients reference_gradients(const BwdWorkload &w) {
     ReferenceGradients ref;
-    reference_attention_backward(w.fwd.problem, w.fwd.q, w.fwd.k, w.fwd.v, w.dout, ref.dq, ref.dk, ref.dv);
+    reference_attention_backward(w.fwd.problem, w.fwd.q, w.fwd.k, w.fwd.v, w.dout, ref.dq, ref.dk, ref.dv,
+                                 w.c.sinks ? &ref.dsinks : nullptr, w.c.sinks ? &ref.dsinks_scale : nullptr);
     return ref;
 }
 
@@ -74,6 +76,23 @@ std::string gradient_differences(const BwdWorkload &w, const ReferenceGradients 
         } else if (n.e.max_rel > tol.max_rel || n.e.rel_l2 > tol.rel_l2) {
             std::snprintf(line, sizeof line, "%s: max_rel %.3e (bar %.3e), rel_l2 %.3e (bar %.3e); ", n.name,
                           n.e.max_rel, tol.max_rel, n.e.rel_l2, tol.rel_l2);
+            report += line;
+        }
+    }
+    // dsinks[h] sums a row's D = rowsum(dO * O), O the call's 16-bit out,
+    // times the sink's probability over every row of head h: each D is off by
+    // up to u/2 of sum_c |dO_c O_c|, however much the terms cancel in the
+    // sum, so the bar is max_rel's times that magnitude (dsinks_scale).
+    const std::vector<float> dsinks = w.dsinks_host();
+    for (size_t h = 0; h < dsinks.size(); ++h) {
+        const double bound = tol.max_rel * std::max(ref.dsinks_scale[h], kGradientMagnitudeFloor);
+        const double error = std::fabs(double(dsinks[h]) - ref.dsinks[h]);
+        std::printf("%s dsinks[%zu] %.6g vs %.6g (error %.3e, bar %.3e)\n", h == 0 ? "[ errors ]" : "          ", h,
+                    double(dsinks[h]), ref.dsinks[h], error, bound);
+        if (!(error <= bound)) {
+            char line[200];
+            std::snprintf(line, sizeof line, "dsinks[%zu]: %.6g against %.6g (error %.3e, bar %.3e); ", h,
+                          double(dsinks[h]), ref.dsinks[h], error, bound);
             report += line;
         }
     }
@@ -136,6 +155,7 @@ void expect_gradients_match_reference(const FwdCase &c) {
         const GradientBits second = w.gradient_bits();
         EXPECT_EQ(describe_bit_differences(second.dk, first.dk), "") << "dk of a second run";
         EXPECT_EQ(describe_bit_differences(second.dv, first.dv), "") << "dv of a second run";
+        EXPECT_TRUE(second.dsinks == first.dsinks) << "dsinks of a second run (deterministic in both modes)";
         if (deterministic) {
             EXPECT_EQ(describe_bit_differences(second.dq, first.dq), "") << "dq of a second run";
         } else {
@@ -306,11 +326,60 @@ std::vector<FwdCase> no_query_cases() {
     };
 }
 
+// Chunked attention (Llama 4): chunks tile-aligned and not, of one key,
+// longer than the sequence, causal or not, seqlen_q below and above
+// seqlen_k, with a window, GQA, varlen, each tile path's head dims.
+// Learnable sinks (gpt-oss): dsinks against the float64 gradient, with
+// causal (rows that see no key), gpt-oss's window of 128 over GQA, softcap,
+// chunks, varlen and seqused_k, and a call without queries (dsinks 0).
+std::vector<FwdCase> chunk_and_sinks_cases() {
+    const FwdCase square{fp16, 64, true, 1, 2, 2, 300, 300, Layout::kBHSD};
+    const FwdCase square_full{bf16, 128, false, 1, 2, 2, 300, 300, Layout::kBSHD};
+    const FwdCase wide{fp16, 128, true, 1, 4, 2, 200, 600, Layout::kPadded};
+    const FwdCase tall{bf16, 64, false, 1, 2, 2, 500, 250, Layout::kBHSD};
+    const FwdCase tall_causal{fp16, 64, true, 1, 4, 4, 500, 250, Layout::kBSHD};
+    const FwdCase gqa{bf16, 64, true, 2, 8, 2, 300, 421, Layout::kBSHD};
+    const FwdCase d256{bf16, 256, true, 1, 2, 1, 150, 260, Layout::kBSHD};
+    const FwdCase d32{fp16, 32, false, 2, 2, 2, 130, 130, Layout::kBSHD};
+    const FwdCase d192{fp16, 192, true, 1, 4, 1, 100, 300, Layout::kBHSD, 128};
+    const FwdCase d128_long{bf16, 128, true, 1, 2, 2, 1024, 1024, Layout::kBSHD};
+    const FwdCase d64{fp16, 64, true, 1, 4, 2, 1, 1, Layout::kBSHD};
+    return {
+        square.with_chunk(64),
+        square.with_chunk(100),
+        square.with_chunk(1),
+        square.with_chunk(5000),
+        square_full.with_chunk(128),
+        wide.with_chunk(256),
+        tall.with_chunk(100),
+        square.with_window(50, 0).with_chunk(64),
+        gqa.with_chunk(200),
+        d256.with_chunk(96),
+        d32.with_chunk(50),
+        d192.with_chunk(64),
+        d128_long.with_chunk(256),
+        d128_long.with_chunk(300),
+        d64.with_varlen_q({300, 33, 600}).with_varlen_k({300, 33, 600}).with_chunk(128),
+        square.with_sinks(),
+        square_full.with_sinks(),
+        tall_causal.with_sinks(),
+        gqa.with_window(128, 0).with_sinks(),
+        wide.with_softcap(30.f, 1.f).with_sinks(),
+        d128_long.with_chunk(256).with_sinks(),
+        d256.with_sinks(),
+        d192.with_window(40, 0).with_sinks(),
+        d64.with_varlen_q({0, 1, 17, 200, 513}).with_varlen_k({0, 1, 17, 200, 513}).with_window(128, 0).with_sinks(),
+        FwdCase{bf16, 128, false, 4, 8, 2, 1, 700, Layout::kBSHD}.with_seqused_k({0, 1, 377, 700}).with_sinks(),
+        FwdCase{fp16, 64, false, 2, 4, 2, 0, 77, Layout::kBSHD}.with_sinks(),
+    };
+}
+
 std::vector<FwdCase> all_cases() {
     std::vector<FwdCase> cases;
     std::set<std::string> names;
     for (const std::vector<FwdCase> &group : {head_dim_cases(), shape_cases(), window_and_softcap_cases(),
-                                              seqused_k_cases(), varlen_cases(), no_query_cases()}) {
+                                              seqused_k_cases(), varlen_cases(), no_query_cases(),
+                                              chunk_and_sinks_cases()}) {
         for (const FwdCase &c : group) {
             // A case two groups share runs once (gtest refuses repeated names).
             if (names.insert(case_name(c)).second) cases.push_back(c);

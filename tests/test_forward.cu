@@ -170,6 +170,78 @@ std::vector<FwdCase> serving_cases() {
     };
 }
 
+// Chunked attention (Llama 4) and learnable sinks (gpt-oss). Chunks:
+// tile-aligned and not, of one key, longer than the sequence, causal or
+// not, Sq < Sk (the diagonal inside a later chunk) and Sq > Sk (diagonals
+// below key 0, whose chunk holds no key), with a window, a softcap, GQA
+// decode packed and split. Sinks: causal and full, rows that see no key
+// (lse = the sink), gpt-oss's window of 128 with GQA, decode packed and
+// split (the merge adds the sink once), softcap, with chunks, varlen,
+// seqused_k and paged caches.
+std::vector<FwdCase> chunk_and_sinks_cases() {
+    constexpr auto fp16 = FLASHCORE_DTYPE_FP16;
+    constexpr auto bf16 = FLASHCORE_DTYPE_BF16;
+    const FwdCase square{fp16, 64, true, 1, 4, 4, 512, 512, Layout::kBHSD};
+    const FwdCase square_full{bf16, 128, false, 1, 2, 2, 512, 512, Layout::kBSHD};
+    const FwdCase short_q{fp16, 128, true, 1, 4, 2, 300, 1000, Layout::kBSHD};
+    const FwdCase tall{bf16, 64, false, 1, 2, 2, 600, 300, Layout::kBHSD};
+    const FwdCase tall_causal{fp16, 64, true, 1, 4, 4, 600, 300, Layout::kBSHD};
+    const FwdCase decode{bf16, 128, false, 2, 8, 2, 1, 2048, Layout::kBSHD};
+    const FwdCase gqa{fp16, 64, true, 2, 8, 2, 300, 421, Layout::kPadded};
+    const FwdCase long_causal{bf16, 128, true, 1, 2, 2, 2048, 2048, Layout::kBHSD};
+    const FwdCase d256{fp16, 256, true, 1, 2, 1, 700, 700, Layout::kBSHD};
+    const FwdCase d32{bf16, 32, false, 2, 4, 4, 200, 520, Layout::kBHSD};
+    FwdCase split3{fp16, 64, false, 1, 4, 4, 64, 2048, Layout::kBSHD};
+    split3.num_splits = 3;
+    FwdCase decode_split3 = decode;
+    decode_split3.num_splits = 3;
+    return {
+        square.with_chunk(128),
+        square.with_chunk(100),
+        square.with_chunk(1),
+        square.with_chunk(5000),
+        square_full.with_chunk(200),
+        short_q.with_chunk(256),
+        tall.with_chunk(128),
+        decode.with_chunk(512),
+        split3.with_chunk(300),
+        square.with_window(100, 0).with_chunk(128),
+        long_causal.with_chunk(512),
+        long_causal.with_chunk(777),
+        d256.with_chunk(300),
+        d32.with_chunk(64),
+        gqa.with_softcap(30.f, 1.f).with_chunk(96),
+        square.with_sinks(),
+        square_full.with_sinks(),
+        tall_causal.with_sinks(),
+        gqa.with_window(128, 0).with_sinks(),
+        decode.with_sinks(),
+        decode_split3.with_sinks(),
+        split3.with_window(100, 100).with_sinks(),
+        square_full.with_softcap(30.f, 1.f).with_sinks(),
+        long_causal.with_chunk(512).with_sinks(),
+        d256.with_sinks(),
+        d32.with_window(50, 10).with_sinks(),
+        decode.with_seqused_k({0, 1}).with_sinks(),
+        FwdCase{fp16, 64, true, 1, 8, 2, 1, 1, Layout::kBSHD}
+            .with_varlen_q({0, 1, 17, 200, 513})
+            .with_varlen_k({0, 1, 17, 200, 513})
+            .with_window(128, 0)
+            .with_sinks(),
+        FwdCase{bf16, 128, true, 1, 8, 2, 1, 1, Layout::kBSHD}
+            .with_varlen_q({128, 1, 300})
+            .with_varlen_k({1000, 64, 300})
+            .with_chunk(256),
+        FwdCase{fp16, 128, true, 3, 8, 2, 1, 1200, Layout::kBSHD}
+            .with_varlen_q({64, 200, 1})
+            .with_seqused_k({500, 1200, 33})
+            .with_pages(64)
+            .with_chunk(128)
+            .with_sinks(),
+        decode_split3.with_seqused_k({1500, 129}).with_pages(256).with_sinks(),
+    };
+}
+
 std::vector<FwdCase> all_cases() {
     struct Shape {
         int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
@@ -220,6 +292,8 @@ std::vector<FwdCase> all_cases() {
     cases.insert(cases.end(), used.begin(), used.end());
     const std::vector<FwdCase> serving = serving_cases();
     cases.insert(cases.end(), serving.begin(), serving.end());
+    const std::vector<FwdCase> chunk_and_sinks = chunk_and_sinks_cases();
+    cases.insert(cases.end(), chunk_and_sinks.begin(), chunk_and_sinks.end());
     return cases;
 }
 
@@ -316,6 +390,10 @@ std::vector<FwdCase> fp8_kv_cases() {
         decode.with_large_q(17).with_fp8_kv(Descale::kPerBatchHead),
         FwdCase{bf16, 256, false, 2, 2, 1, 16, 700, Layout::kBSHD}.with_large_q(17).with_fp8_kv(Descale::kPerTensor),
         FwdCase{bf16, 64, true, 2, 4, 2, 300, 1000, Layout::kBSHD}.with_large_q(20).with_fp8_kv(Descale::kNone),
+        // Chunks and sinks over the fp8 cache.
+        gqa.with_window(128, 0).with_sinks().with_fp8_kv(Descale::kPerBatchHead),
+        decode.with_seqused_k({0, 1, 777, 2048}).with_pages(16).with_sinks().with_fp8_kv(Descale::kPerTensor),
+        prefill.with_chunk(256).with_fp8_kv(Descale::kPerHeadBatch),
     };
     cases.insert(cases.end(), masked_and_serving.begin(), masked_and_serving.end());
     return cases;
@@ -424,6 +502,12 @@ std::vector<FwdCase> fp8_prefill_cases() {
         FwdCase{e4m3, 32, true, 2, 4, 2, 200, 333, Layout::kBSHD}.with_fp8_q(Descale::kPerBatchHead),
         FwdCase{e4m3, 96, false, 1, 4, 4, 300, 421, Layout::kPadded}.with_fp8_q(Descale::kPerTensor),
         FwdCase{e4m3, 192, true, 1, 4, 2, 256, 300, Layout::kBSHD, 128}.with_fp8_q(Descale::kPerHeadBatch),
+        // Chunks and sinks (every row sees a key: fp8_error_bounds gives
+        // rows without one a bound of 0, for lse -inf).
+        chunk.with_chunk(256).with_fp8_q(Descale::kPerBatchHead),
+        square_full.with_chunk(200).with_fp8_q(Descale::kPerTensor),
+        gqa.with_window(128, 0).with_sinks().with_fp8_q(Descale::kPerHeadBatch),
+        prefill.with_sinks().with_splits(3).with_fp8_q(Descale::kPerBatchHead),
     };
     cases.insert(cases.end(), masked_and_serving.begin(), masked_and_serving.end());
     return cases;

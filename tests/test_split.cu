@@ -115,6 +115,18 @@ std::vector<FwdCase> split_cases() {
                     }
                 }
     for (const FwdCase &c : ragged_decode_cases(FLASHCORE_DTYPE_FP16, 64)) cases.push_back(c);
+    // Sinks (counted once, by the merge) and chunks over every split count:
+    // packed GQA decode, a few queries, a small prefill grid.
+    for (int splits : all_splits) {
+        FwdCase decode{FLASHCORE_DTYPE_BF16, 64, false, 2, 16, 2, 1, 1531, Layout::kBSHD};
+        FwdCase few{FLASHCORE_DTYPE_FP16, 128, true, 1, 16, 4, 3, 777, Layout::kBHSD};
+        FwdCase prefill{FLASHCORE_DTYPE_BF16, 128, true, 1, 4, 2, 300, 1100, Layout::kBSHD};
+        decode.num_splits = few.num_splits = prefill.num_splits = splits;
+        cases.push_back(decode.with_sinks());
+        cases.push_back(few.with_sinks().with_chunk(256));
+        cases.push_back(prefill.with_chunk(200));
+        cases.push_back(prefill.with_window(128, 0).with_sinks());
+    }
     return cases;
 }
 
@@ -557,11 +569,13 @@ struct MergeCase {
     flashcore_dtype partial_dtype;
     flashcore_dtype out_dtype;
     bool write_lse;
+    // flashcore_merge_params::sinks: a logit per head (head 0 none: -inf).
+    bool sinks = false;
 };
 
 std::string merge_case_name(const MergeCase &c) {
     return "k" + std::to_string(c.num_states) + "_" + dtype_name(c.partial_dtype) + "_to_" + dtype_name(c.out_dtype) +
-           (c.write_lse ? "_lse" : "_nolse");
+           (c.write_lse ? "_lse" : "_nolse") + (c.sinks ? "_sinks" : "");
 }
 
 class MergeTest : public testing::TestWithParam<MergeCase> {};
@@ -569,7 +583,9 @@ class MergeTest : public testing::TestWithParam<MergeCase> {};
 // Partials laid out [batch][seqlen][state][head][dim] (the state between
 // the other dimensions, as a gather from several devices gives), LSE
 // [state][batch][head][seqlen]. About a fifth of the partial rows are empty
-// (LSE -inf, O NaN: never read), and one row is empty in every state.
+// (LSE -inf, O NaN: never read), and one row is empty in every state (out
+// 0, lse -inf, or the head's sink with sinks: one more state of output 0,
+// counted once).
 TEST_P(MergeTest, MatchesFloat64Merge) {
     FC_REQUIRE_GPU();
     const MergeCase c = GetParam();
@@ -584,6 +600,8 @@ TEST_P(MergeTest, MatchesFloat64Merge) {
     std::vector<float> partial(size_t(batch) * p_batch), lse(size_t(k) * l_state);
     for (float &x : partial) x = round_value(c.partial_dtype, value(rng));
     for (float &x : lse) x = chance(rng) < 0.2f && k > 1 ? -INFINITY : lse_value(rng);
+    std::vector<float> sinks(heads, -INFINITY);
+    for (int h = 1; h < heads && c.sinks; ++h) sinks[h] = lse_value(rng);
     const int empty_b = 1, empty_h = 2, empty_s = 5;
     for (int s = 0; s < k; ++s) lse[s * l_state + empty_b * l_batch + empty_h * l_head + empty_s * l_seq] = -INFINITY;
     for (int s = 0; s < k; ++s)
@@ -604,10 +622,10 @@ TEST_P(MergeTest, MatchesFloat64Merge) {
         for (int h = 0; h < heads; ++h)
             for (int i = 0; i < seqlen; ++i) {
                 const size_t row = (size_t(b) * heads + h) * seqlen + i;
-                double max_lse = -INFINITY;
+                double max_lse = sinks[h];
                 for (int s = 0; s < k; ++s)
                     max_lse = std::max(max_lse, double(lse[s * l_state + b * l_batch + h * l_head + i * l_seq]));
-                double total = 0;
+                double total = std::exp(double(sinks[h]) - max_lse);
                 for (int s = 0; s < k; ++s)
                     total += std::exp(double(lse[s * l_state + b * l_batch + h * l_head + i * l_seq]) - max_lse);
                 const double merged = max_lse == -INFINITY ? -INFINITY : max_lse + std::log(total);
@@ -626,7 +644,8 @@ TEST_P(MergeTest, MatchesFloat64Merge) {
     ASSERT_TRUE(handle);
     const std::vector<unsigned char> partial_bytes = encode(c.partial_dtype, partial);
     DeviceBuffer d_partial(partial_bytes.size()), d_lse(lse.size() * 4), d_out(rows * dim * dtype_bytes(c.out_dtype)),
-        d_out_lse(rows * 4);
+        d_out_lse(rows * 4), d_sinks(heads * 4);
+    FC_CHECK_CUDA(cudaMemcpy(d_sinks.data, sinks.data(), heads * 4, cudaMemcpyHostToDevice));
     FC_CHECK_CUDA(cudaMemcpy(d_partial.data, partial_bytes.data(), partial_bytes.size(), cudaMemcpyHostToDevice));
     FC_CHECK_CUDA(cudaMemcpy(d_lse.data, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice));
     FC_CHECK_CUDA(cudaMemset(d_out.data, 0xFF, rows * dim * dtype_bytes(c.out_dtype)));
@@ -645,6 +664,7 @@ TEST_P(MergeTest, MatchesFloat64Merge) {
     p.partial_lse = static_cast<const float *>(d_lse.data);
     p.out = d_out.data;
     p.lse = c.write_lse ? static_cast<float *>(d_out_lse.data) : nullptr;
+    p.sinks = c.sinks ? static_cast<const float *>(d_sinks.data) : nullptr;
     p.partial_state_stride = p_state;
     p.partial_batch_stride = p_batch;
     p.partial_seq_stride = p_seq;
@@ -675,7 +695,7 @@ TEST_P(MergeTest, MatchesFloat64Merge) {
     if (c.write_lse) {
         const ErrorStats e_lse = compare(out_lse, ref_lse);
         EXPECT_EQ(e_lse.non_finite, 0u);
-        EXPECT_EQ(e_lse.mismatched_inf, 0u) << "the row no state saw has lse -inf";
+        EXPECT_EQ(e_lse.mismatched_inf, 0u) << "the row no state saw has lse -inf (no sink)";
         EXPECT_LE(e_lse.max_abs, 1e-5);
     } else {
         for (float x : out_lse) ASSERT_TRUE(std::isnan(x)) << "lse was written although NULL was passed";
@@ -692,6 +712,9 @@ std::vector<MergeCase> merge_cases() {
         for (flashcore_dtype in : {FLASHCORE_DTYPE_FP32, FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16})
             for (flashcore_dtype out : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP32})
                 cases.push_back({k, in, out, !(k == 3 && out == FLASHCORE_DTYPE_FP32)});
+    for (int k : {1, 3})
+        for (flashcore_dtype in : {FLASHCORE_DTYPE_FP32, FLASHCORE_DTYPE_BF16})
+            cases.push_back({k, in, FLASHCORE_DTYPE_BF16, true, true});
     return cases;
 }
 

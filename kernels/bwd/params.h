@@ -66,6 +66,10 @@ struct BwdKernelParams {
     // block's CTA starts its walk over the query blocks at its own place
     // (bwd/scheduler.cuh).
     bool rotated_walk;
+
+    // The gradient of the learnable sinks (fwd.sinks), or nullptr: not
+    // computed (flashcore_backward_params::dsinks; row_kernels.cuh).
+    float *dsinks;
 };
 
 }  // namespace flashcore

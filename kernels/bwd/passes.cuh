@@ -35,7 +35,7 @@ BwdKernelParams bwd_schedule_params(const BwdKernelParams &params, const LaunchO
     const FwdKernelParams &f = params.fwd;
     const int64_t key_blocks = sm80::bwd_num_key_blocks<Traits::kBlockN>(params);
     // Every query sees every key: the window's bounds reach past both ends.
-    const bool every_key = f.window_left >= f.seqlen_k && f.window_right >= f.seqlen_q - 1;
+    const bool every_key = f.window_left >= f.seqlen_k && f.window_right >= f.seqlen_q - 1 && f.attention_chunk == 0;
     const int64_t walk_steps = int64_t(f.num_heads_q / f.num_heads_kv) * ceil_div(f.seqlen_q, Traits::kBlockM);
     scheduled.rotated_walk = Traits::kRotatedWalk && params.deterministic && every_key &&
                              key_blocks * kDeterministicCallsAtOnce <= options.max_persistent_ctas &&
@@ -62,6 +62,8 @@ cudaError_t run_bwd_passes(const BwdKernelParams &params, const LaunchOptions &o
         kWarpSize / bwd_preprocess_lanes_per_row(params.fwd.head_dim_v, kElemsPerVector<Element>);
     err = launch_row_kernel(bwd_preprocess_kernel<Element>, params, preprocess_rows_per_warp, options, stream,
                             "cudaLaunchKernelEx (the backward preprocess)");
+    if (err != cudaSuccess) return err;
+    err = launch_dsinks_kernel(params, options, stream);
     if (err != cudaSuccess) return err;
     cudaLaunchConfig_t config = {};
     config.gridDim = sm80::KeyBlockScheduler<Traits::kBlockM, Traits::kBlockN>::grid(params);

@@ -1,9 +1,13 @@
-// The backward pass's row-wise kernel before the main one, a memory-bound
-// pass over the query rows, a group of lanes per row (the convert kernel
-// after it goes by query block: convert.cuh):
-//   preprocess  D = rowsum(dO * O) into dq's scratch words (row_stats.cuh),
-//               the deterministic counter zeroed, the row's fp32 dQ
-//               accumulator zeroed (the main kernel only adds to it).
+// The backward pass's row-wise kernels before the main one, memory-bound
+// passes over the query rows (the convert kernel after it goes by query
+// block: convert.cuh):
+//   preprocess  a group of lanes per row: D = rowsum(dO * O) into dq's
+//               scratch words (row_stats.cuh), the deterministic counter
+//               zeroed, the row's fp32 dQ accumulator zeroed (the main
+//               kernel only adds to it);
+//   dsinks      with learnable sinks, a CTA per query head: dsinks[h] =
+//               -sum over its rows of exp(sink - lse) * D, the D the
+//               preprocess left in dq, in a fixed order (deterministic).
 // Rows are those of every (batch, query head): seqlen_q per batch, or the
 // packed rows [cu_seqlens_q[0], cu_seqlens_q[batch_size]) of a
 // variable-length call (rows outside every sequence are not touched).
@@ -108,6 +112,61 @@ __global__ void __launch_bounds__(kRowKernelThreads) bwd_preprocess_kernel(const
         stats[0] = sum;
         *bwd_block_counter(stats) = 0;
     }
+}
+
+constexpr int kDsinksThreads = 256;
+
+// The gradient of head blockIdx.x's sink t: each row adds -exp(t - lse) *
+// D, its sink's probability times minus its D = rowsum(dO * O) (dS = P (dP
+// - D) for a key whose dP is 0: the sink attends to nothing). Each thread
+// sums a fixed stride of the head's rows, then the block reduces in a fixed
+// tree: bitwise the same every run. Written, not accumulated; a head with
+// no rows gets 0. (A template only so that every unit that includes this
+// header may define it.)
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads) bwd_dsinks_kernel(const __grid_constant__ BwdKernelParams p) {
+    __shared__ float partial[kThreads / kWarpSize];
+    const int head = blockIdx.x;
+    const FwdKernelParams &f = p.fwd;
+    const float sink = __ldg(f.sinks + head);
+    // Rows of the head in each batch: a dense call's seqlen_q per batch, or
+    // a packed call's rows of every sequence as one batch.
+    int batches = f.batch_size, first = 0, last = f.seqlen_q;
+    if (f.cu_seqlens_q != nullptr) {
+        batches = 1;
+        first = min(max(__ldg(f.cu_seqlens_q), 0), f.total_seqlen_q);
+        last = min(max(__ldg(f.cu_seqlens_q + f.batch_size), first), f.total_seqlen_q);
+    }
+    float sum = 0.f;
+    if (sink != -INFINITY) {
+        for (int batch = 0; batch < batches; ++batch) {
+            const float *lse = f.lse + batch * f.lse_batch_stride + head * f.lse_head_stride;
+            for (int row = first + int(threadIdx.x); row < last; row += kThreads) {
+                sum += expf(sink - lse[row]) * *bwd_row_stats(p, batch, head, row);
+            }
+        }
+    }
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (threadIdx.x % kWarpSize == 0) partial[threadIdx.x / kWarpSize] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.f;
+        for (int w = 0; w < kThreads / kWarpSize; ++w) total += partial[w];
+        p.dsinks[head] = -total;
+    }
+}
+
+// The dsinks kernel where the call asks for dsinks (after the preprocess,
+// whose D it reads from dq; before the convert kernel overwrites them).
+inline cudaError_t launch_dsinks_kernel(const BwdKernelParams &params, const LaunchOptions &options,
+                                        cudaStream_t stream) {
+    if (params.dsinks == nullptr) return cudaSuccess;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(params.fwd.num_heads_q));
+    config.blockDim = dim3(kDsinksThreads);
+    config.stream = stream;
+    return launch_step(cudaLaunchKernelEx(&config, bwd_dsinks_kernel<kDsinksThreads>, params), options,
+                       "cudaLaunchKernelEx (the backward's dsinks)");
 }
 
 // One row kernel over every query row, rows_per_warp rows to a warp (none:

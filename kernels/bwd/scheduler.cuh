@@ -196,7 +196,13 @@ __device__ __forceinline__ int bwd_dq_rank(const BwdKernelParams &p, const Work 
     if (Traits::kRotatedWalk && p.rotated_walk) {
         return bwd_rotated_rank(bwd_walk_steps(w), bwd_batch_key_blocks<kBlockN>(w), w.n_block, step.place(w));
     }
-    return BlockKeyRange<kBlockM, kBlockN>::of(w.mask, step.m_block).n_block_max - 1 - w.n_block;
+    // BlockKeyRange's n_block_max of the step's query block: the walk visits
+    // it, so its rows see a key and that is its last row's key_end over
+    // kBlockN, without the first row's key_begin that BlockKeyRange checks
+    // it against (with chunks, arithmetic the Hopper dQ writer's 24
+    // registers do not hold beside the rest: it spilled at head dim 128).
+    const int last_row = min((step.m_block + 1) * kBlockM, w.mask.num_rows()) - 1;
+    return ceil_div(w.mask.key_end(last_row), kBlockN) - 1 - w.n_block;
 }
 template <int kBlockM, typename Work>
 __device__ __forceinline__ int *bwd_dq_counter(const BwdKernelParams &p, const Work &w, int head, int m_block) {

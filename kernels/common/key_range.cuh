@@ -53,7 +53,7 @@ struct KeyMask {
     // The mask of a batch's sequences (fwd_batch_seqs): their lengths set
     // the diagonal.
     __device__ static KeyMask of(const FwdKernelParams &p, const BatchSeqs &seqs) {
-        return {seqs.seqlen_q, seqs.seqlen_k, p.packed_heads, p.window_left, p.window_right};
+        return {seqs.seqlen_q, seqs.seqlen_k, p.packed_heads, p.window_left, p.window_right, p.attention_chunk};
     }
 
     __host__ __device__ int num_rows() const { return seqlen_q * rows_per_query; }

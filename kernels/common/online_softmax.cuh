@@ -207,9 +207,16 @@ struct OnlineSoftmax {
     // (and scales it by out_scale: a quantized V's descale) and returns each
     // row's natural-log log-sum-exp in lse[r]. Rows that saw no key get out =
     // 0 and lse = -inf.
+    //
+    // sinks: where given, each row's learnable sink in lse units
+    // (fwd_row_sink; -inf for none), one more term of the denominator that
+    // adds nothing to out: lse = log(exp(sink) + sum_j exp(s_j)), and a row
+    // that saw no key gets lse = sink. Its term is taken at the larger of
+    // the row's maximum and the sink, so neither overflows.
     template <int kNAtomsO>
     __device__ __forceinline__ void finalize(float (&out)[kMAtoms][kNAtomsO][4], float softmax_scale,
-                                             float (&lse)[kRows], float out_scale = 1.f) {
+                                             float (&lse)[kRows], float out_scale = 1.f,
+                                             const float (*sinks)[kRows] = nullptr) {
 #pragma unroll
         for (int m = 0; m < kMAtoms; ++m) {
 #pragma unroll
@@ -217,10 +224,21 @@ struct OnlineSoftmax {
                 const int r = m * 2 + half;
                 const float sum = quad_sum(row_sum[r]);
                 const bool empty = sum == 0.f;
-                const float inv_sum = empty ? 0.f : out_scale / sum;
+                float inv_sum = empty ? 0.f : out_scale / sum;
                 // The sum is 2^kProbExponent times the true one.
                 constexpr float kLnProbScale = float(kProbExponent) * 0.69314718055994531f;
                 lse[r] = empty ? -INFINITY : row_max[r] * softmax_scale + (logf(sum) - kLnProbScale);
+                const float sink = sinks != nullptr ? (*sinks)[r] : -INFINITY;
+                if (sink != -INFINITY) {
+                    // The sink's weight, 2^kProbExponent as the sum's terms.
+                    constexpr float kProbScale = float(1 << kProbExponent);
+                    const float row_top = empty ? -INFINITY : row_max[r] * softmax_scale;
+                    const float top = fmaxf(row_top, sink);
+                    const float own = empty ? 0.f : expf(row_top - top);
+                    const float total = sum * own + kProbScale * expf(sink - top);
+                    lse[r] = top + (logf(total) - kLnProbScale);
+                    inv_sum = out_scale * own / total;
+                }
 #pragma unroll
                 for (int n = 0; n < kNAtomsO; ++n) {
                     out[m][n][half * 2] *= inv_sum;

@@ -58,6 +58,13 @@ struct FwdKernelParams {
     bool causal;
     int window_left;
     int window_right;
+    // 0, or the chunk length of chunked attention
+    // (flashcore_forward_params::attention_chunk; KeyMask::chunk).
+    int attention_chunk;
+    // Learnable sinks (flashcore_forward_params::sinks): num_heads_q logits
+    // in lse units, or nullptr. A split-KV part leaves them to the merge
+    // (fwd_row_sink).
+    const float *sinks;
 
     // Per-batch key counts (flashcore_forward_params::seqused_k), or nullptr:
     // every batch has seqlen_k. Read on the device through fwd_batch_seqs.

@@ -203,13 +203,40 @@ __device__ __forceinline__ void with_output_destination(const FwdKernelParams &p
     visit(block_rows<ElementOut>(p, tile, block_m));
 }
 
+// The learnable sink (FwdKernelParams::sinks) of row `row` of the tile's
+// query block, in lse units, for the softmax's finalize: -inf where the call
+// has none, and in a split-KV part, whose merge adds it once. GQA-packed
+// rows cycle through their group's heads.
+__device__ __forceinline__ float fwd_row_sink(const FwdKernelParams &p, const FwdTile &tile, int block_m, int row) {
+    if (p.sinks == nullptr || p.num_splits > 1) return -INFINITY;
+    const int packed_row = tile.m_block * block_m + row;
+    return __ldg(p.sinks + tile.head_q + (p.packed_heads == 1 ? 0 : packed_row % p.packed_heads));
+}
+
+// The sinks of a warp's fragment rows (kRows = 2 per m16 tile, from block
+// row warp_first_row).
+template <int kRows>
+__device__ __forceinline__ void fwd_fragment_sinks(const FwdKernelParams &p, const FwdTile &tile, int block_m,
+                                                   int warp_first_row, int lane, float (&sink)[kRows]) {
+#pragma unroll
+    for (int m = 0; m < kRows / 2; ++m) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            sink[m * 2 + half] =
+                fwd_row_sink(p, tile, block_m, warp_first_row + m * kMmaM + frag_row(lane) + half * kFragRowHalf);
+        }
+    }
+}
+
 // A block in which no row sees any key (causal, seqlen_q > seqlen_k; a
-// split part past the block's keys): out = 0 and lse = -inf for its valid
-// rows, the first valid_cols columns of each, written without touching K or
-// V by threads tid = 0 .. num_threads - 1. A strided block is written in
-// 16-byte vectors, scattered rows in pairs of columns.
+// split part past the block's keys): out = 0 and lse = -inf (the row's
+// sink, with sinks: fwd_row_sink) for its valid rows, the first valid_cols
+// columns of each, written without touching K or V by threads tid = 0 ..
+// num_threads - 1. A strided block is written in 16-byte vectors, scattered
+// rows in pairs of columns.
 template <typename Rows>
-__device__ __forceinline__ void store_empty_rows(const Rows &dst, int valid_cols, int tid, int num_threads) {
+__device__ __forceinline__ void store_empty_rows(const Rows &dst, int valid_cols, int tid, int num_threads,
+                                                 const FwdKernelParams &p, const FwdTile &tile, int block_m) {
     using T = typename Rows::Element;
     if constexpr (Rows::kLayout == RowLayout::kStrided) {
         const int64_t seq_stride = *dst.seq_stride;
@@ -225,7 +252,9 @@ __device__ __forceinline__ void store_empty_rows(const Rows &dst, int valid_cols
         }
     }
     if (dst.lse != nullptr) {
-        for (int row = tid; row < dst.valid_rows; row += num_threads) dst.lse[dst.lse_offset(row)] = -INFINITY;
+        for (int row = tid; row < dst.valid_rows; row += num_threads) {
+            dst.lse[dst.lse_offset(row)] = fwd_row_sink(p, tile, block_m, row);
+        }
     }
 }
 

@@ -8,7 +8,8 @@
 // LSE values (lane i holds state i's), then each lane accumulates 4
 // consecutive columns of every state, 128 columns per pass, loading up to
 // kStatesInFlight states at once. Rows every state saw nothing of (all LSE_s
-// -inf) get O = 0 and LSE = -inf, as the forward kernels give them. States
+// -inf) get O = 0 and LSE = -inf, as the forward kernels give them (LSE =
+// the sink, with learnable sinks: a state of output 0 added once). States
 // are visited in order, so results are deterministic.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -131,14 +132,16 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
         for (int s = lane + kWarpSize; s < p.num_states; s += kWarpSize) {
             max_lse = fmaxf(max_lse, row_lse[s * p.lse_state_stride]);
         }
-        max_lse = warp_max(max_lse);
+        // A learnable sink: one more state, of output 0, counted once.
+        const float sink = p.sinks != nullptr ? __ldg(p.sinks + head) : -INFINITY;
+        max_lse = fmaxf(warp_max(max_lse), sink);
         float lse = -INFINITY;
         if (max_lse != -INFINITY) {
             float sum = expf(own_lse - max_lse);
             for (int s = lane + kWarpSize; s < p.num_states; s += kWarpSize) {
                 sum += expf(row_lse[s * p.lse_state_stride] - max_lse);
             }
-            lse = max_lse + logf(warp_sum(sum));
+            lse = max_lse + logf(warp_sum(sum) + expf(sink - max_lse));
         }
 
         const In *row_in = static_cast<const In *>(p.partial_out) + batch * p.partial_batch_stride +

@@ -37,6 +37,10 @@ struct MergeKernelParams {
     // (common/params.h: packed_rows) are skipped.
     const int32_t *cu_seqlens;
     int total_seqlen;
+
+    // Learnable sinks (flashcore_merge_params::sinks), or nullptr: head h's
+    // joins each of its rows as one more state of LSE sinks[h] and output 0.
+    const float *sinks;
 };
 
 // Queues the merge on `stream`; returns the launch error. The parameters

@@ -70,8 +70,10 @@ struct PersistentSchedule : ScheduleNumbers {
     __host__ __device__ static PersistentSchedule of(const FwdKernelParams &p) {
         PersistentSchedule s;
         s.num_m_blocks = ceil_div(p.seqlen_q, kBlockM);
-        // A left window bound makes the blocks' key counts nearly equal.
-        s.paired = p.causal && p.window_left >= p.seqlen_k && p.seqlen_k - p.seqlen_q < p.seqlen_q;
+        // A left window bound (or chunks) makes the blocks' key counts
+        // nearly equal.
+        s.paired = p.causal && p.window_left >= p.seqlen_k && p.attention_chunk == 0 &&
+                   p.seqlen_k - p.seqlen_q < p.seqlen_q;
         s.items_per_head = s.paired ? (s.num_m_blocks + 1) / 2 : s.num_m_blocks;
         return s;
     }

@@ -128,6 +128,7 @@ inline std::vector<uint16_t> raw_bits(const DeviceTensor &t) {
 
 struct GradientBits {
     std::vector<uint16_t> dq, dk, dv;
+    std::vector<float> dsinks;  // empty without sinks
 };
 
 // What the backward call reads, as it was before the call.
@@ -147,6 +148,7 @@ struct BwdWorkload {
     const FwdCase &c;
     std::vector<float> dout;  // dense [batch, heads_q, seqlen_q, head_dim_v] host values of dO
     DeviceTensor grad_out, grad_q, grad_k, grad_v;
+    GuardedBuffer grad_sinks;  // dsinks (float32 [heads_q]), where the case has sinks
     flashcore_backward_params params{};
 
     BwdWorkload(const FwdCase &c_, std::mt19937_64 &rng) : fwd(c_, rng), c(fwd.c) {
@@ -190,6 +192,12 @@ struct BwdWorkload {
         params.window_left = f.window_left;
         params.window_right = f.window_right;
         params.softcap = f.softcap;
+        params.attention_chunk = f.attention_chunk;
+        params.sinks = f.sinks;
+        if (c.sinks) {
+            grad_sinks.allocate(size_t(c.heads_q) * sizeof(float));
+            params.dsinks = static_cast<float *>(grad_sinks.data);
+        }
         params.q = f.q;
         params.k = f.k;
         params.v = f.v;
@@ -247,8 +255,23 @@ struct BwdWorkload {
         grad_q.poison();
         grad_k.poison();
         grad_v.poison();
+        if (c.sinks) {
+            FC_CHECK_CUDA(cudaMemset(grad_sinks.data, 0xFF, size_t(c.heads_q) * sizeof(float)));
+            finish_device_writes();
+        }
     }
-    GradientBits gradient_bits() const { return {raw_bits(grad_q), raw_bits(grad_k), raw_bits(grad_v)}; }
+    GradientBits gradient_bits() const {
+        return {raw_bits(grad_q), raw_bits(grad_k), raw_bits(grad_v), dsinks_host()};
+    }
+    // dsinks as the call wrote it (empty without sinks).
+    std::vector<float> dsinks_host() const {
+        std::vector<float> host(c.sinks ? size_t(c.heads_q) : 0);
+        if (!host.empty()) {
+            FC_CHECK_CUDA(cudaMemcpy(host.data(), grad_sinks.data, host.size() * sizeof(float),
+                                     cudaMemcpyDeviceToHost));
+        }
+        return host;
+    }
 
     InputSnapshot snapshot_inputs() const {
         return {raw_bits(fwd.dq), raw_bits(fwd.dk), raw_bits(fwd.dv), raw_bits(fwd.dout), raw_bits(grad_out),
@@ -388,7 +411,8 @@ struct BwdWorkload {
             if (!same) return std::string(name) + " (an input) changed";
         for (const std::string &report :
              {grad_q.check_untouched("dq"), grad_k.check_untouched("dk"), grad_v.check_untouched("dv"),
-              grad_out.check_untouched("dout"), fwd.check_untouched(), check_trailing_gradient_rows()}) {
+              grad_out.check_untouched("dout"), fwd.check_untouched(), check_trailing_gradient_rows(),
+              c.sinks ? grad_sinks.check("dsinks") : std::string()}) {
             if (!report.empty()) return report;
         }
         return "";

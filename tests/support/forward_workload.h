@@ -149,6 +149,11 @@ struct FwdCase {
     // that bf16 queries exceed fp16's range (the e4m3 products keep bf16
     // there: sm80/warp_gemm_e4m3.cuh).
     int q_scale_log2 = 0;
+    // flashcore_forward_params::attention_chunk (0: none).
+    int attention_chunk = 0;
+    // Learnable sinks (flashcore_forward_params::sinks): random logits per
+    // query head (Workload::random_sinks), one head in four without (-inf).
+    bool sinks = false;
 
     bool fp8_q() const { return dtype == FLASHCORE_DTYPE_FP8_E4M3; }
     // K and V are e4m3 bytes with descale factors: an fp8 cache or fp8 prefill.
@@ -204,6 +209,16 @@ struct FwdCase {
     FwdCase with_pages(int size) const {
         FwdCase c = *this;
         c.page_size = size;
+        return c;
+    }
+    FwdCase with_chunk(int chunk) const {
+        FwdCase c = *this;
+        c.attention_chunk = chunk;
+        return c;
+    }
+    FwdCase with_sinks() const {
+        FwdCase c = *this;
+        c.sinks = true;
         return c;
     }
     FwdCase with_splits(int splits) const {
@@ -262,6 +277,8 @@ inline std::string case_name(const FwdCase &c) {
     const auto bound = [](int b) { return b < 0 ? std::string("m1") : std::to_string(b); };
     if (c.use_window) name += "_window" + bound(c.window_left) + "_" + bound(c.window_right);
     if (c.softcap != 0.f) name += "_softcap" + std::to_string(int(c.softcap));
+    if (c.attention_chunk != 0) name += "_chunk" + std::to_string(c.attention_chunk);
+    if (c.sinks) name += "_sinks";
     if (c.q_scale_log2 != 0) {
         name += "_qx2e" + std::to_string(c.q_scale_log2);
     } else if (c.softmax_scale != 0.f) {
@@ -391,6 +408,7 @@ struct Workload {
     float *dlse = nullptr;
     GuardedBuffer seqused_memory;  // seqused_k on the device, when the case has it
     GuardedBuffer cu_q_memory, cu_k_memory, block_table_memory;
+    GuardedBuffer sinks_memory;  // the sinks on the device, when the case has them
     std::vector<int32_t> cu_q, cu_k;  // prefix sums of packed lengths
     std::vector<int32_t> block_table;  // [batch][pages_per_seq]
     int pages_per_seq = 0, num_pages = 0;
@@ -411,6 +429,8 @@ struct Workload {
         problem.window_right = c.use_window ? c.window_right : -1;
         problem.softcap = c.softcap;
         problem.seqlens_q = c.seqlens_q;
+        problem.attention_chunk = c.attention_chunk;
+        if (c.sinks) problem.sinks = random_sinks(c.heads_q, rng);
         const int group = c.heads_q / c.heads_kv;
         if (c.fp8_q()) {
             q_descale = random_descale(c.descale, c.batch, c.heads_kv, rng);
@@ -506,6 +526,8 @@ struct Workload {
         params.window_right = c.window_right;
         params.softcap = c.softcap;
         params.softmax_scale = c.softmax_scale;
+        params.attention_chunk = c.attention_chunk;
+        if (c.sinks) params.sinks = upload_sinks(sinks_memory, problem.sinks);
         if (!c.seqused_k.empty()) {
             upload_int32(seqused_memory, std::vector<int32_t>(c.seqused_k.begin(), c.seqused_k.end()));
             params.seqused_k = static_cast<const int32_t *>(seqused_memory.data);
@@ -538,6 +560,23 @@ struct Workload {
         bind(dk, &params.k_batch_stride, &params.k_seq_stride, &params.k_head_stride);
         bind(dv, &params.v_batch_stride, &params.v_seq_stride, &params.v_head_stride);
         bind(dout, &params.out_batch_stride, &params.out_seq_stride, &params.out_head_stride);
+    }
+
+    // Sink logits for `heads` query heads: from -2 to 6 (a row's log-sum-exp
+    // over a few hundred keys is about 6, so the sink takes from a few
+    // percent to most of its weight), every fourth head without (-inf).
+    static std::vector<double> random_sinks(int heads, std::mt19937_64 &rng) {
+        std::uniform_real_distribution<float> logit(-2.f, 6.f);
+        std::vector<double> sinks(heads);
+        for (int h = 0; h < heads; ++h) sinks[h] = h % 4 == 3 ? -INFINITY : double(logit(rng));
+        return sinks;
+    }
+    static const float *upload_sinks(GuardedBuffer &memory, const std::vector<double> &sinks) {
+        const std::vector<float> values(sinks.begin(), sinks.end());
+        memory.allocate(values.size() * sizeof(float));
+        FC_CHECK_CUDA(cudaMemcpy(memory.data, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice));
+        finish_device_writes();
+        return static_cast<const float *>(memory.data);
     }
 
     static void upload_int32(GuardedBuffer &memory, const std::vector<int32_t> &values) {

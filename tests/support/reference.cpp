@@ -128,7 +128,7 @@ void reference_attention(const Problem &p, const std::vector<float> &q, const st
 void reference_attention_backward(const Problem &p, const std::vector<float> &q, const std::vector<float> &k,
                                   const std::vector<float> &v, const std::vector<float> &dout,
                                   std::vector<double> &dq, std::vector<double> &dk, std::vector<double> &dv,
-                                  std::vector<double> *dsinks) {
+                                  std::vector<double> *dsinks, std::vector<double> *dsinks_scale) {
     const int d = p.head_dim;
     const int d_v = value_head_dim(p);
     const double scale = softmax_scale_of(p);
@@ -143,16 +143,23 @@ void reference_attention_backward(const Problem &p, const std::vector<float> &q,
     dq.assign(size_t(num_rows) * d, 0.0);
     dk.assign(size_t(p.batch) * p.heads_kv * p.seqlen_k * d, 0.0);
     dv.assign(size_t(p.batch) * p.heads_kv * p.seqlen_k * d_v, 0.0);
-    if (dsinks != nullptr) {
-        // d lse / d sink = exp(sink - lse) = the sink's probability, and
-        // d out / d sink = -that * out: the loss moves by -P_sink * D.
-        dsinks->assign(size_t(p.heads_q), 0.0);
-        for (int64_t row = 0; row < num_rows && !p.sinks.empty(); ++row) {
-            const int i = int(row % p.seqlen_q);
-            const int h = int((row / p.seqlen_q) % p.heads_q);
-            const int b = int(row / (int64_t(p.seqlen_q) * p.heads_q));
-            if (i >= batch_seqlen_q(p, b)) continue;
-            (*dsinks)[h] -= std::exp(p.sinks[h] - lse[row]) * row_sums[row];
+    // d lse / d sink = exp(sink - lse) = the sink's probability, and
+    // d out / d sink = -that * out: the loss moves by -P_sink * D.
+    if (dsinks != nullptr) dsinks->assign(size_t(p.heads_q), 0.0);
+    if (dsinks_scale != nullptr) dsinks_scale->assign(size_t(p.heads_q), 0.0);
+    for (int64_t row = 0; row < num_rows && !p.sinks.empty(); ++row) {
+        const int i = int(row % p.seqlen_q);
+        const int h = int((row / p.seqlen_q) % p.heads_q);
+        const int b = int(row / (int64_t(p.seqlen_q) * p.heads_q));
+        // A head without a sink (-inf) has gradient 0, also from rows that
+        // see no key (lse -inf too).
+        if (i >= batch_seqlen_q(p, b) || p.sinks[h] == -std::numeric_limits<double>::infinity()) continue;
+        const double sink_share = std::exp(p.sinks[h] - lse[row]);
+        if (dsinks != nullptr) (*dsinks)[h] -= sink_share * row_sums[row];
+        if (dsinks_scale != nullptr) {
+            double magnitude = 0;
+            for (int c = 0; c < d_v; ++c) magnitude += std::fabs(double(dout[row * d_v + c]) * out[row * d_v + c]);
+            (*dsinks_scale)[h] += sink_share * magnitude;
         }
     }
 

@@ -79,7 +79,13 @@ inline int value_head_dim(const Problem &p) { return p.head_dim_v != 0 ? p.head_
 void reference_attention_backward(const Problem &p, const std::vector<float> &q, const std::vector<float> &k,
                                   const std::vector<float> &v, const std::vector<float> &dout,
                                   std::vector<double> &dq, std::vector<double> &dk, std::vector<double> &dv,
-                                  std::vector<double> *dsinks = nullptr);
+                                  std::vector<double> *dsinks = nullptr,
+                                  std::vector<double> *dsinks_scale = nullptr);
+// dsinks_scale, where given, is resized to heads_q and gets the magnitude of
+// the terms each dsinks[h] sums: sum over h's rows of exp(sink - lse) *
+// sum_c |dout_c * out_c|. A kernel whose D = rowsum(dout * out) takes a
+// 16-bit out (the caller's) is off by up to u/2 of that, however much the
+// terms cancel in dsinks itself: the scale its error bar is relative to.
 
 struct ErrorStats {
     double max_abs = 0;

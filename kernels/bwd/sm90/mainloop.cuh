@@ -166,23 +166,36 @@ struct BwdMainloop {
     // stalls), and a predicate per element spilled at head dim 64. The
     // bounds are clamped to what k - q can be (keys below seqlen_k, queries
     // from 0 to seqlen_q + kBlockM), which keeps every difference within
-    // 32 bits.
+    // 32 bits. With chunks the run of queries is cut to those whose
+    // diagonal lies in the key's chunk, so each key row has a span of its
+    // own.
     template <typename Work>
     __device__ __forceinline__ void apply_mask(const Work &w, int m_block, float (&acc_s)[kSAtoms][4]) const {
         const KeyMask &mask = w.mask;
         const int lowest = max(mask.diagonal_shift() - mask.window_left, -(mask.seqlen_q + kBlockM));
         const int highest = min(mask.diagonal_shift() + mask.window_right, mask.seqlen_k);
-        const uint32_t span = uint32_t(highest - lowest);
         const int first_key = w.n_block * kBlockN + key_row0() + frag_row(lane);
         const int first_query = m_block * kBlockM + frag_col(lane);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int key = first_key + half * kFragRowHalf;
-            // first_query - (key - highest): 0 for the first query the key
-            // is visible to. A key past the sequence: an offset that no
-            // element brings within the span (which is < 2^31).
-            const uint32_t offset =
-                key < mask.seqlen_k ? uint32_t(first_query - key + highest) : uint32_t(INT32_MIN);
+            // The queries that see the key: [first_seen, last_seen].
+            int first_seen = key - highest;
+            int last_seen = key - lowest;
+            if (mask.chunk > 0) {
+                // Diagonals in [start, end) of the key's chunk: queries
+                // [start - shift, end - 1 - shift] (end capped at seqlen_k,
+                // past every diagonal). key >= 0: an unsigned remainder.
+                const int start = key - int(uint32_t(key) % uint32_t(mask.chunk));
+                first_seen = max(first_seen, start - mask.diagonal_shift());
+                last_seen = min(last_seen, mask.chunk_end_below(start, mask.seqlen_k) - 1 - mask.diagonal_shift());
+            }
+            // first_query - first_seen: 0 for the first query the key is
+            // visible to. A key past the sequence, or seen by no query: an
+            // offset that no element brings within the span (< 2^31).
+            const bool seen = key < mask.seqlen_k && last_seen >= first_seen;
+            const uint32_t span = seen ? uint32_t(last_seen - first_seen) : 0u;
+            const uint32_t offset = seen ? uint32_t(first_query - first_seen) : uint32_t(INT32_MIN);
 #pragma unroll
             for (int n = 0; n < kSAtoms; ++n) {
 #pragma unroll

@@ -75,7 +75,7 @@ struct Epilogue {
     template <typename Work>
     __device__ __forceinline__ static void store_empty(const FwdKernelParams &p, const Work &work, int tid) {
         with_output_destination<ElementOut, true>(p, work.tile, Traits::kBlockM, work.split, [&](const auto &dst) {
-            store_empty_rows(dst, p.head_dim_v, tid, Traits::kNumThreads);
+            store_empty_rows(dst, p.head_dim_v, tid, Traits::kNumThreads, p, work.tile, Traits::kBlockM);
         });
     }
 
@@ -98,15 +98,16 @@ struct Epilogue {
         const int warp_first_row = ((tid % Traits::kThreadsPerSplit) / kWarpSize) * Traits::kRowsPerWarp;
         loop.merge_splits(acc_o, softmax, smem, split, tid % Traits::kThreadsPerSplit, p);
 
-        if constexpr (Traits::kQuantizedKV) {
-            const FwdTile kv_tile = Scheduler::tile_again(p);
-            const float v_descale = fwd_descale(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride,
-                                                kv_tile.batch, kv_tile.head_kv);
-            softmax.finalize(acc_o, loop.lse_scale(p), row_lse, v_descale);
-        } else {
-            softmax.finalize(acc_o, p.softmax_scale, row_lse);
-        }
         const FwdTile tile = Scheduler::tile_again(p);
+        float sinks[Traits::kMAtoms * 2];
+        fwd_fragment_sinks(p, tile, Traits::kBlockM, warp_first_row, lane, sinks);
+        if constexpr (Traits::kQuantizedKV) {
+            const float v_descale = fwd_descale(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride,
+                                                tile.batch, tile.head_kv);
+            softmax.finalize(acc_o, loop.lse_scale(p), row_lse, v_descale, &sinks);
+        } else {
+            softmax.finalize(acc_o, p.softmax_scale, row_lse, 1.f, &sinks);
+        }
         // After a merge only split 0 holds the result.
         const bool holds_result = split == 0;
         with_output_destination<ElementOut, true>(

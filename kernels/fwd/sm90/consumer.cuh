@@ -84,7 +84,7 @@ struct Consumer {
             const int tid = consumer * kWarpgroupThreads + wg_tid;
             constexpr int kThreads = Traits::kConsumerWarpgroups * kWarpgroupThreads;
             with_output_destination<ElementOut, false>(params.fwd, tile, Traits::kBlockM, split, [&](const auto &dst) {
-                store_empty_rows(dst, params.fwd.head_dim_v, tid, kThreads);
+                store_empty_rows(dst, params.fwd.head_dim_v, tid, kThreads, params.fwd, tile, Traits::kBlockM);
             });
             return;
         }
@@ -151,10 +151,13 @@ struct Consumer {
         fence_accumulators(loop.acc_o[0]);
         loop.release_v(pending_last_kv);
         float row_lse[2];
+        float sinks[2];
+        fwd_fragment_sinks(params.fwd, pending_tile, Traits::kBlockM,
+                           consumer * Traits::kRowsPerConsumer + (wg_tid / 32) * kMmaM, wg_tid % 32, sinks);
         if constexpr (Traits::kFp8) {
-            loop.softmax.finalize(loop.acc_o, pending_lse_scale, row_lse, pending_v_descale);
+            loop.softmax.finalize(loop.acc_o, pending_lse_scale, row_lse, pending_v_descale, &sinks);
         } else {
-            loop.softmax.finalize(loop.acc_o, params.fwd.softmax_scale, row_lse);
+            loop.softmax.finalize(loop.acc_o, params.fwd.softmax_scale, row_lse, 1.f, &sinks);
         }
         // The plain block deferred (PlainBlock): its addresses are computed
         // after O is staged.
