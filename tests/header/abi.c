@@ -31,6 +31,8 @@ FC_ASSERT(status_size, sizeof(flashcore_status) == sizeof(int));
 
 FC_ASSERT(dtype_fp16, FLASHCORE_DTYPE_FP16 == 1);
 FC_ASSERT(dtype_bf16, FLASHCORE_DTYPE_BF16 == 2);
+FC_ASSERT(dtype_fp32, FLASHCORE_DTYPE_FP32 == 3);
+FC_ASSERT(dtype_fp8_e4m3, FLASHCORE_DTYPE_FP8_E4M3 == 4);
 FC_ASSERT(layout_bhsd, FLASHCORE_LAYOUT_BHSD == 0);
 FC_ASSERT(layout_bshd, FLASHCORE_LAYOUT_BSHD == 1);
 FC_ASSERT(layout_size, sizeof(flashcore_layout) == sizeof(int));
@@ -99,7 +101,22 @@ FC_FIELD(block_table, 240, 8);
 FC_FIELD(block_table_batch_stride, 248, 8);
 FC_FIELD(page_size, 256, 4);
 FC_FIELD(num_pages, 260, 4);
-FC_ASSERT(params_size, sizeof(flashcore_forward_params) >= 264);
+/* Added in 0.8: a 0.6 or 0.7 struct ends at 264 bytes. */
+FC_FIELD(kv_dtype, 264, 4);
+FC_FIELD(out_dtype, 268, 4);
+FC_FIELD(q_descale, 272, 8);
+FC_FIELD(k_descale, 280, 8);
+FC_FIELD(v_descale, 288, 8);
+FC_FIELD(q_descale_batch_stride, 296, 8);
+FC_FIELD(q_descale_head_stride, 304, 8);
+FC_FIELD(k_descale_batch_stride, 312, 8);
+FC_FIELD(k_descale_head_stride, 320, 8);
+FC_FIELD(v_descale_batch_stride, 328, 8);
+FC_FIELD(v_descale_head_stride, 336, 8);
+/* Added in 0.9: a 0.8 struct ends at 344 bytes. */
+FC_FIELD(attention_chunk, 344, 4);
+FC_FIELD(sinks, 352, 8);
+FC_ASSERT(params_size, sizeof(flashcore_forward_params) == 360);
 
 /* flashcore_merge_params (0.3). */
 #define FC_MERGE_FIELD(field, offset, size)                                                \
@@ -128,7 +145,9 @@ FC_MERGE_FIELD(lse_head_stride, 128, 8);
 FC_MERGE_FIELD(out_batch_stride, 136, 8);
 FC_MERGE_FIELD(out_seq_stride, 144, 8);
 FC_MERGE_FIELD(out_head_stride, 152, 8);
-FC_ASSERT(merge_params_size, sizeof(flashcore_merge_params) == 160);
+/* Added in 0.9: a 0.3 to 0.8 struct ends at 160 bytes. */
+FC_MERGE_FIELD(sinks, 160, 8);
+FC_ASSERT(merge_params_size, sizeof(flashcore_merge_params) == 168);
 
 /* flashcore_backward_params (0.7). */
 #define FC_BACKWARD_FIELD(field, offset, size)                                                   \
@@ -188,7 +207,11 @@ FC_BACKWARD_FIELD(cu_seqlens_q, 344, 8);
 FC_BACKWARD_FIELD(cu_seqlens_k, 352, 8);
 FC_BACKWARD_FIELD(total_seqlen_q, 360, 4);
 FC_BACKWARD_FIELD(total_seqlen_k, 364, 4);
-FC_ASSERT(backward_params_size, sizeof(flashcore_backward_params) == 368);
+/* Added in 0.9: a 0.7 or 0.8 struct ends at 368 bytes. */
+FC_BACKWARD_FIELD(attention_chunk, 368, 4);
+FC_BACKWARD_FIELD(sinks, 376, 8);
+FC_BACKWARD_FIELD(dsinks, 384, 8);
+FC_ASSERT(backward_params_size, sizeof(flashcore_backward_params) == 392);
 #endif
 
 /* Every function, assigned to a pointer of the exact type it had when this
