@@ -42,9 +42,23 @@ constexpr size_t kParamsSizeV0_4 = offsetof(flashcore_forward_params, seqused_k)
 constexpr size_t kParamsSizeV0_5 = offsetof(flashcore_forward_params, cu_seqlens_q);
 // As a 0.6 or 0.7 caller compiled it: it ended after num_pages.
 constexpr size_t kParamsSizeV0_6 = offsetof(flashcore_forward_params, num_pages) + sizeof(int32_t);
-// Where the last field of this header (v_descale_head_stride, 0.8) ends:
-// bytes of a larger struct past it belong to a newer header's fields.
-constexpr size_t kParamsKnownEnd = offsetof(flashcore_forward_params, v_descale_head_stride) + sizeof(int64_t);
+// As a 0.8 caller compiled it: it ended after v_descale_head_stride (an
+// 8-byte field: its end is its sizeof too).
+constexpr size_t kParamsSizeV0_8 = offsetof(flashcore_forward_params, v_descale_head_stride) + sizeof(int64_t);
+// Where the last field of this header (sinks, 0.9) ends: bytes of a larger
+// struct past it belong to a newer header's fields.
+constexpr size_t kParamsKnownEnd = offsetof(flashcore_forward_params, sinks) + sizeof(void *);
+
+// flashcore_merge_params as a 0.3 to 0.8 caller compiled it: it ended after
+// out_head_stride (an 8-byte field: its end is its sizeof too); and where
+// the last field of this header's (sinks, 0.9) ends.
+constexpr size_t kMergeSizeV0_3 = offsetof(flashcore_merge_params, out_head_stride) + sizeof(int64_t);
+constexpr size_t kMergeKnownEnd = offsetof(flashcore_merge_params, sinks) + sizeof(void *);
+// flashcore_backward_params as a 0.7 or 0.8 caller compiled it: it ended
+// after total_seqlen_k (at an 8-byte boundary: its end is its sizeof too);
+// and where the last field of this header's (dsinks, 0.9) ends.
+constexpr size_t kBackwardSizeV0_7 = offsetof(flashcore_backward_params, total_seqlen_k) + sizeof(int32_t);
+constexpr size_t kBackwardKnownEnd = offsetof(flashcore_backward_params, dsinks) + sizeof(void *);
 
 // Plausible, suitably aligned device addresses: flashcore_forward_check never
 // dereferences them.
@@ -70,6 +84,101 @@ flashcore_forward_params valid_params() {
     p.lse = static_cast<float *>(fake_tensor(4));
     EXPECT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
     return p;
+}
+
+// A caller's struct S of an older header's `size` in memory filled with
+// 0xAB bytes (what lies past its end), initialised by the library's
+// init_struct, then given `valid`'s fields up to that size.
+template <typename S>
+struct OlderCaller {
+    alignas(S) unsigned char memory[sizeof(S) + 16];
+    S *p = reinterpret_cast<S *>(memory);
+
+    // Returns "" or what went wrong.
+    std::string init(size_t size, flashcore_status (*init_struct)(S *, size_t), const S &valid) {
+        std::memset(memory, 0xAB, sizeof memory);
+        if (init_struct(p, size) != FLASHCORE_STATUS_SUCCESS) return flashcore_last_error_message();
+        if (p->struct_size != size) return "struct_size " + std::to_string(p->struct_size);
+        const std::string written = written_past(size);
+        if (!written.empty()) return "init: " + written;
+        constexpr size_t kFirstField = sizeof(size_t);  // all but struct_size, which every struct begins with
+        std::memcpy(memory + kFirstField, reinterpret_cast<const unsigned char *>(&valid) + kFirstField,
+                    size - kFirstField);
+        return "";
+    }
+
+    // Whether any byte past the caller's `size` bytes was written.
+    std::string written_past(size_t size) const {
+        for (size_t i = size; i < sizeof memory; ++i)
+            if (memory[i] != 0xAB) return "byte " + std::to_string(i) + " was written";
+        return "";
+    }
+};
+
+// A newer header's S: ours and 16 bytes more, holding `valid`'s fields.
+// `check` accepts it while the bytes past ours are zero, and refuses it as
+// UNSUPPORTED, naming `known_end` (the bytes this library knows), when any
+// one of them is set.
+template <typename S>
+void expect_newer_fields_refused(const S &valid, flashcore_status (*check)(const S *), size_t known_end) {
+    struct Newer {
+        S base;
+        unsigned char future[16];
+    } newer{};
+    static_assert(offsetof(Newer, future) == sizeof(S), "the newer header's fields follow ours");
+    newer.base = valid;
+    newer.base.struct_size = sizeof newer;
+    EXPECT_EQ(check(&newer.base), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    for (unsigned char &byte : newer.future) {
+        byte = 1;
+        EXPECT_EQ(check(&newer.base), FLASHCORE_STATUS_UNSUPPORTED) << "byte " << (&byte - newer.future);
+        EXPECT_EQ(std::string(flashcore_last_error_message()),
+                  "params sets fields beyond the " + std::to_string(known_end) + " bytes this library (version " +
+                      flashcore_version_string() + ") knows; it was built against a newer flashcore.h");
+        byte = 0;
+    }
+}
+
+// Every struct_size of a struct S holding `valid`'s fields, from `ends`'
+// first (where S first appeared) to 64 bytes past ours: accepted exactly
+// where a released header's S ended (`ends`, in release order) or at that
+// end padded to S's alignment (that header's sizeof), and at our sizeof or
+// more (a newer header's); any other size ends inside a field and is
+// refused, by `check` and by `init`, as INVALID_ARGUMENT with the message
+// that lists the released sizes (`released`, as the message writes them)
+// and ours. Returns how many sizes were refused.
+template <typename S>
+size_t expect_released_sizes_only(const S &valid, flashcore_status (*check)(const S *),
+                                  flashcore_status (*init)(S *, size_t), const std::string &name,
+                                  std::initializer_list<size_t> ends, const std::string &released) {
+    std::set<size_t> accepted;
+    for (size_t end : ends) {
+        accepted.insert(end);
+        accepted.insert((end + alignof(S) - 1) / alignof(S) * alignof(S));
+    }
+    alignas(S) unsigned char memory[sizeof(S) + 64] = {};
+    std::memcpy(memory, &valid, sizeof valid);
+    S *p = reinterpret_cast<S *>(memory);
+    size_t refused = 0;
+    for (size_t size = *ends.begin(); size <= sizeof memory; ++size) {
+        p->struct_size = size;
+        const flashcore_status status = check(p);
+        const std::string message = flashcore_last_error_message();
+        if (accepted.count(size) != 0 || size >= sizeof(S)) {
+            EXPECT_EQ(status, FLASHCORE_STATUS_SUCCESS) << name << " of " << size << " bytes: " << message;
+            continue;
+        }
+        ++refused;
+        EXPECT_EQ(status, FLASHCORE_STATUS_INVALID_ARGUMENT) << name << " of " << size << " bytes";
+        EXPECT_EQ(message, "params->struct_size (" + std::to_string(size) + ") is not the size of " + name +
+                               " in any flashcore.h (released sizes: " + released + "; a newer header's is at least " +
+                               std::to_string(sizeof(S)) + "); pass sizeof(" + name + ") to " + name + "_init");
+        S fresh;
+        std::memset(&fresh, 0xAB, sizeof fresh);
+        EXPECT_EQ(init(&fresh, size), FLASHCORE_STATUS_INVALID_ARGUMENT) << name << " of " << size << " bytes";
+        EXPECT_EQ(fresh.struct_size, size_t(0xABABABABABABABABull)) << "a refused init wrote the struct";
+    }
+    return refused;
 }
 
 using HeadDimPair = std::pair<int32_t, int32_t>;  // (head_dim, head_dim_v)
@@ -176,8 +285,8 @@ std::vector<HeadDimPair> generated_fp8_head_dims() {
 
 TEST(Version, RuntimeMatchesHeader) {
     EXPECT_EQ(flashcore_version_number(), unsigned(FLASHCORE_VERSION_NUMBER));
-    EXPECT_EQ(FLASHCORE_VERSION_NUMBER, 800);
-    EXPECT_STREQ(flashcore_version_string(), "0.8.0");
+    EXPECT_EQ(FLASHCORE_VERSION_NUMBER, 900);
+    EXPECT_STREQ(flashcore_version_string(), "0.9.0");
 }
 
 TEST(Version, CudaRuntimeIsTheToolkits) {
@@ -297,6 +406,8 @@ TEST(Params, InitSetsSizeAndDefaults) {
     EXPECT_EQ(p.lse, nullptr);
     EXPECT_EQ(p.out_head_stride, 0);
     EXPECT_EQ(p.head_dim_v, 0);  // same as head_dim
+    EXPECT_EQ(p.attention_chunk, 0);  // no chunks (0.9)
+    EXPECT_EQ(p.sinks, nullptr);
     EXPECT_EQ(flashcore_forward_params_init(nullptr, sizeof p), FLASHCORE_STATUS_INVALID_ARGUMENT);
     EXPECT_EQ(flashcore_forward_params_init(&p, kParamsSizeV0_1 - 8), FLASHCORE_STATUS_INVALID_ARGUMENT);
     EXPECT_NE(std::string(flashcore_last_error_message()).find("smaller than flashcore_forward_params"),
@@ -609,6 +720,12 @@ const InvalidCase kInvalidCases[] = {
      "softcap (3.40282e+38) times log2(e) overflows a float"},
     {"softcap_quotient_underflows", [](auto &p) { p.softmax_scale = 1e-30f; p.softcap = 1e30f; },
      FLASHCORE_STATUS_INVALID_ARGUMENT, "softmax_scale / softcap (1e-30 / 1e+30) is not a finite float > 0"},
+    // Fields added in 0.9 (AttentionChunk.* and Sinks.* go further).
+    {"attention_chunk_negative", [](auto &p) { p.attention_chunk = -1; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "attention_chunk (-1) must be 0 (no chunks) or the chunk length in keys (> 0)"},
+    {"sinks_misaligned",
+     [](auto &p) { p.sinks = reinterpret_cast<const float *>(static_cast<char *>(fake_tensor(9)) + 2); },
+     FLASHCORE_STATUS_MISALIGNED, "sinks ("},
 };
 
 INSTANTIATE_TEST_SUITE_P(AllParameters, InvalidParams, testing::ValuesIn(kInvalidCases),
@@ -708,9 +825,15 @@ TEST(MergeParams, InitSetsSizeAndDefaults) {
     EXPECT_EQ(p.partial_out, nullptr);
     EXPECT_EQ(p.lse, nullptr);
     EXPECT_EQ(p.out_head_stride, 0);
+    EXPECT_EQ(p.sinks, nullptr);
     EXPECT_EQ(flashcore_merge_params_init(nullptr, sizeof p), FLASHCORE_STATUS_INVALID_ARGUMENT);
-    EXPECT_EQ(flashcore_merge_params_init(&p, sizeof p - 8), FLASHCORE_STATUS_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(flashcore_last_error_message()).find("sizeof(flashcore_merge_params)"), std::string::npos);
+    // Smaller than 0.3's struct, where it first appeared: no header's.
+    EXPECT_EQ(flashcore_merge_params_init(&p, kMergeSizeV0_3 - 8), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(flashcore_last_error_message()),
+              "struct_size (" + std::to_string(kMergeSizeV0_3 - 8) +
+                  ") is not a valid size of flashcore_merge_params (at least " + std::to_string(kMergeSizeV0_3) +
+                  ", its size in 0.3, where it first appeared); pass sizeof(flashcore_merge_params) to "
+                  "flashcore_merge_params_init");
 }
 
 // A merge whose fake tensors are densely packed and far apart.
@@ -782,10 +905,50 @@ TEST(MergeParams, NullHandleOrParamsAreRejected) {
     EXPECT_STREQ(flashcore_last_error_message(), "handle is NULL");
 }
 
+// A 0.3 to 0.8 caller's struct ends after out_head_stride (its sizeof too):
+// accepted without sinks, whatever lies in memory after it (0xAB... as
+// sinks is a misaligned pointer), and init writes none of it (OlderCaller
+// checks); the same bytes inside a 0.9 struct are read, and refused.
+TEST(MergeParams, StructFromVersion0_3) {
+    static_assert(kMergeSizeV0_3 % alignof(flashcore_merge_params) == 0, "0.3's end is its sizeof");
+    OlderCaller<flashcore_merge_params> older;
+    ASSERT_EQ(older.init(kMergeSizeV0_3, flashcore_merge_params_init, valid_merge_params(2, 64)), "");
+    EXPECT_EQ(flashcore_merge_check(older.p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    older.p->struct_size = sizeof(flashcore_merge_params);
+    EXPECT_EQ(flashcore_merge_check(older.p), FLASHCORE_STATUS_MISALIGNED);
+    EXPECT_EQ(std::string(flashcore_last_error_message()).find("sinks ("), 0u) << flashcore_last_error_message();
+}
+
+// Between 0.3's struct (160 bytes on LP64) and this header's (168) no size
+// is any header's: it would end inside sinks.
+TEST(MergeParams, StructSizeBetweenReleasedSizesIsRefused) {
+    static_assert(kMergeSizeV0_3 == 160 && sizeof(flashcore_merge_params) == 168, "LP64 layout");
+    EXPECT_EQ(expect_released_sizes_only(valid_merge_params(2, 64), flashcore_merge_check,
+                                         flashcore_merge_params_init, "flashcore_merge_params", {kMergeSizeV0_3},
+                                         "160"),
+              sizeof(flashcore_merge_params) - kMergeSizeV0_3 - 1);
+}
+
+// A newer header's struct: refused (UNSUPPORTED) where it sets a byte past
+// sinks, the last field this library knows; its sinks are read as ours.
+TEST(MergeParams, StructFromNewerHeader) {
+    expect_newer_fields_refused(valid_merge_params(2, 64), flashcore_merge_check, kMergeKnownEnd);
+    struct Newer {
+        flashcore_merge_params base;
+        int64_t future_field;
+    } newer{};
+    newer.base = valid_merge_params(2, 64);
+    newer.base.struct_size = sizeof newer;
+    newer.base.sinks = reinterpret_cast<const float *>(static_cast<char *>(fake_tensor(5)) + 2);
+    EXPECT_EQ(flashcore_merge_check(&newer.base), FLASHCORE_STATUS_MISALIGNED);
+    EXPECT_EQ(std::string(flashcore_last_error_message()).find("sinks ("), 0u) << flashcore_last_error_message();
+}
+
 // A newer header may put a field where this library's struct has only
 // padding: a caller whose struct is larger than ours is refused when it sets
-// any byte past num_pages, the last field this library knows; one of our own
-// size is not (its padding is not looked at).
+// any byte past sinks, the last field this library knows; one of our own
+// size is not (its padding is not looked at). (0.9's struct has no padding
+// after sinks; the branch that tests it waits for a header that has.)
 TEST(Validation, StructFromNewerHeaderWithAFieldInOurPadding) {
     constexpr size_t kKnownEnd = kParamsKnownEnd;
     alignas(flashcore_forward_params) unsigned char memory[sizeof(flashcore_forward_params) + 16] = {};
@@ -809,51 +972,30 @@ TEST(Validation, StructFromNewerHeaderWithAFieldInOurPadding) {
 
 // struct_size must end where a released header's struct ends (after its
 // last field, or at its sizeof) or be at least ours: a size in between
-// would end inside a field and read part of it (186 ended in head_dim_v).
+// would end inside a field and read part of it (186 ended in head_dim_v;
+// 348, 352 and 356 end in or after 0.9's attention_chunk, inside its sinks
+// or their padding).
 TEST(Validation, StructSizeBetweenReleasedSizesIsRefused) {
-    constexpr size_t kFieldEnds[] = {
-        offsetof(flashcore_forward_params, head_dim_v),                     // 0.1
-        offsetof(flashcore_forward_params, head_dim_v) + sizeof(int32_t),   // 0.2
-        offsetof(flashcore_forward_params, num_splits) + sizeof(int32_t),   // 0.3
-        offsetof(flashcore_forward_params, softcap) + sizeof(float),        // 0.4
-        offsetof(flashcore_forward_params, seqused_k) + sizeof(void *),     // 0.5
-        kParamsSizeV0_6,                                                    // 0.6, 0.7
-        kParamsKnownEnd,                                                    // 0.8
-    };
-    std::set<size_t> accepted;
-    for (size_t end : kFieldEnds) {
-        accepted.insert(end);
-        accepted.insert((end + alignof(flashcore_forward_params) - 1) / alignof(flashcore_forward_params) *
-                        alignof(flashcore_forward_params));
-    }
-    alignas(flashcore_forward_params) unsigned char memory[sizeof(flashcore_forward_params) + 64] = {};
-    const flashcore_forward_params valid = valid_params();
-    std::memcpy(memory, &valid, sizeof valid);
-    flashcore_forward_params *p = reinterpret_cast<flashcore_forward_params *>(memory);
-    size_t refused = 0;
-    for (size_t size = kParamsSizeV0_1; size <= sizeof memory; ++size) {
-        p->struct_size = size;
-        const bool expect_accepted = accepted.count(size) != 0 || size >= sizeof(flashcore_forward_params);
-        const flashcore_status status = flashcore_forward_check(p);
-        if (expect_accepted) {
-            EXPECT_EQ(status, FLASHCORE_STATUS_SUCCESS) << size << ": " << flashcore_last_error_message();
-            continue;
-        }
-        ++refused;
-        EXPECT_EQ(status, FLASHCORE_STATUS_INVALID_ARGUMENT) << size;
-        EXPECT_EQ(std::string(flashcore_last_error_message())
-                      .find("params->struct_size (" + std::to_string(size) + ") is not the size of "
-                            "flashcore_forward_params in any flashcore.h"),
-                  0u)
-            << flashcore_last_error_message();
-        flashcore_forward_params fresh;
-        EXPECT_EQ(flashcore_forward_params_init(&fresh, size), FLASHCORE_STATUS_INVALID_ARGUMENT) << size;
-    }
+    static_assert(offsetof(flashcore_forward_params, head_dim_v) == 184 && kParamsSizeV0_8 == 344 &&
+                      sizeof(flashcore_forward_params) == 360,
+                  "LP64 layout");
+    const size_t refused = expect_released_sizes_only(
+        valid_params(), flashcore_forward_check, flashcore_forward_params_init, "flashcore_forward_params",
+        {
+            kParamsSizeV0_1,                                                    // 0.1
+            offsetof(flashcore_forward_params, head_dim_v) + sizeof(int32_t),   // 0.2
+            offsetof(flashcore_forward_params, num_splits) + sizeof(int32_t),   // 0.3
+            offsetof(flashcore_forward_params, softcap) + sizeof(float),        // 0.4
+            offsetof(flashcore_forward_params, seqused_k) + sizeof(void *),     // 0.5
+            kParamsSizeV0_6,                                                    // 0.6, 0.7
+            kParamsSizeV0_8,                                                    // 0.8
+        },
+        "184, 192, 208, 216, 264, 344");
     EXPECT_GT(refused, 0u);
     // The audit's example: 186 bytes end two bytes into head_dim_v.
-    static_assert(offsetof(flashcore_forward_params, head_dim_v) == 184, "LP64 layout");
-    p->struct_size = 186;
-    EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    flashcore_forward_params p = valid_params();
+    p.struct_size = 186;
+    EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_INVALID_ARGUMENT);
 }
 
 // -0 is not the default scale (+0): most likely a negative scale that
@@ -1062,26 +1204,9 @@ TEST(Softcap, RefusedValuesNameTheRule) {
     }
 }
 
-// A caller's struct of an older header's `size` in memory filled with 0xAB
-// bytes (what lies past its end), initialised, then given valid_params()'s
-// fields up to that size.
-struct OlderStruct {
-    alignas(flashcore_forward_params) unsigned char memory[sizeof(flashcore_forward_params) + 16];
-    flashcore_forward_params *p = reinterpret_cast<flashcore_forward_params *>(memory);
-
-    // Returns "" or what went wrong.
-    std::string init(size_t size) {
-        std::memset(memory, 0xAB, sizeof memory);
-        if (flashcore_forward_params_init(p, size) != FLASHCORE_STATUS_SUCCESS) return flashcore_last_error_message();
-        if (p->struct_size != size) return "struct_size " + std::to_string(p->struct_size);
-        for (size_t i = size; i < sizeof memory; ++i)
-            if (memory[i] != 0xAB) return "init wrote byte " + std::to_string(i);
-        const flashcore_forward_params valid = valid_params();
-        constexpr size_t kFirstField = offsetof(flashcore_forward_params, dtype);  // all but struct_size
-        std::memcpy(memory + kFirstField, reinterpret_cast<const unsigned char *>(&valid) + kFirstField,
-                    size - kFirstField);
-        return "";
-    }
+// An older caller's flashcore_forward_params, given valid_params()'s fields.
+struct OlderStruct : OlderCaller<flashcore_forward_params> {
+    std::string init(size_t size) { return OlderCaller::init(size, flashcore_forward_params_init, valid_params()); }
 };
 
 // A 0.3 caller's struct ends after num_splits: it is accepted, with no
@@ -1094,13 +1219,12 @@ TEST(Validation, StructFromVersion0_3) {
     flashcore_forward_params *p = older.p;
     ASSERT_EQ(flashcore_set_contiguous_strides(p, FLASHCORE_LAYOUT_BHSD), FLASHCORE_STATUS_SUCCESS)
         << flashcore_last_error_message();
-    for (size_t i = kParamsSizeV0_3; i < sizeof older.memory; ++i)
-        ASSERT_EQ(memory[i], 0xAB) << "strides wrote byte " << i;
+    ASSERT_EQ(older.written_past(kParamsSizeV0_3), "") << "by flashcore_set_contiguous_strides";
     EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
     p->causal = 1;
     EXPECT_EQ(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
-    // The same bytes inside a 0.4 struct are read, and refused (the 0.8
-    // fields, which would be refused first, zeroed).
+    // The same bytes inside a 0.4 struct are read, and refused (the 0.8 and
+    // 0.9 fields, which would be refused first, zeroed).
     p->struct_size = sizeof(flashcore_forward_params);
     std::memset(memory + offsetof(flashcore_forward_params, kv_dtype), 0, kParamsKnownEnd - kParamsSizeV0_6);
     EXPECT_TRUE(refused_naming(*p, "window_left (" + std::to_string(int32_t(0xABABABAB)) + ")"));
@@ -1916,11 +2040,14 @@ TEST(BackwardParams, InitSetsSizeAndDefaults) {
     EXPECT_EQ(p.dv_head_stride, 0);
     EXPECT_EQ(p.cu_seqlens_k, nullptr);
     EXPECT_EQ(p.total_seqlen_k, 0);
+    EXPECT_EQ(p.attention_chunk, 0);
+    EXPECT_EQ(p.sinks, nullptr);
+    EXPECT_EQ(p.dsinks, nullptr);
     EXPECT_EQ(flashcore_last_error_message(), std::string());
     EXPECT_EQ(flashcore_backward_params_init(nullptr, sizeof p), FLASHCORE_STATUS_INVALID_ARGUMENT);
     EXPECT_STREQ(flashcore_last_error_message(), "params is NULL");
     // The struct first appeared in 0.7: no smaller size is any header's.
-    for (size_t size : {size_t(0), sizeof p - 8, size_t(1) << 40}) {
+    for (size_t size : {size_t(0), kBackwardSizeV0_7 - 8, size_t(1) << 40}) {
         std::memset(&p, 0xAB, sizeof p);
         EXPECT_EQ(flashcore_backward_params_init(&p, size), FLASHCORE_STATUS_INVALID_ARGUMENT) << size;
         EXPECT_NE(std::string(flashcore_last_error_message()).find("is not a valid size of flashcore_backward_params"),
@@ -1967,10 +2094,11 @@ TEST(BackwardParams, InitWritesExactlyTheCallersSize) {
 TEST(BackwardParams, StructSizeIsCheckedByEveryCall) {
     flashcore_backward_params p = valid_backward_params();
     EXPECT_TRUE(backward_accepted(p));
-    for (size_t size : {size_t(0), sizeof p - 4, size_t(1) << 40}) {
+    // Short of 0.7's, inside 0.9's fields, and past 64 KiB.
+    for (size_t size : {size_t(0), kBackwardSizeV0_7 - 4, sizeof p - 4, size_t(1) << 40}) {
         p.struct_size = size;
         EXPECT_TRUE(backward_refused(p, FLASHCORE_STATUS_INVALID_ARGUMENT,
-                                     "params->struct_size (" + std::to_string(size) + ") is not a valid size"));
+                                     "params->struct_size (" + std::to_string(size) + ") is not "));
         const std::vector<unsigned char> before = bytes_of(p);
         EXPECT_EQ(flashcore_backward_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BHSD),
                   FLASHCORE_STATUS_INVALID_ARGUMENT);
@@ -1995,6 +2123,52 @@ TEST(BackwardParams, StructFromNewerHeader) {
     EXPECT_TRUE(backward_refused(newer.base, FLASHCORE_STATUS_UNSUPPORTED, "newer flashcore.h"));
     EXPECT_EQ(flashcore_backward_set_contiguous_strides(&newer.base, FLASHCORE_LAYOUT_BSHD),
               FLASHCORE_STATUS_UNSUPPORTED);
+    // Every byte past dsinks, the last field this library knows.
+    expect_newer_fields_refused(valid_backward_params(), flashcore_backward_check, kBackwardKnownEnd);
+    // The 0.9 fields of a newer caller's struct are read as ours.
+    newer.future_field = 0;
+    newer.base.attention_chunk = -3;
+    EXPECT_TRUE(backward_refused(newer.base, FLASHCORE_STATUS_INVALID_ARGUMENT, "attention_chunk (-3)"));
+    newer.base.attention_chunk = 0;
+    newer.base.dsinks = static_cast<float *>(fake_tensor(12));
+    EXPECT_TRUE(backward_refused(newer.base, FLASHCORE_STATUS_INVALID_ARGUMENT, "dsinks is set but sinks is NULL"));
+}
+
+// A 0.7 or 0.8 caller's struct ends after total_seqlen_k (its sizeof too):
+// accepted without chunks or sinks, whatever lies in memory after it
+// (0xAB... as attention_chunk is negative, as sinks and dsinks misaligned
+// pointers); neither init nor the stride helper writes past it; the same
+// bytes inside a 0.9 struct are read, and refused.
+TEST(BackwardParams, StructFromVersion0_7) {
+    static_assert(kBackwardSizeV0_7 % alignof(flashcore_backward_params) == 0, "0.7's end is its sizeof");
+    OlderCaller<flashcore_backward_params> older;
+    ASSERT_EQ(older.init(kBackwardSizeV0_7, flashcore_backward_params_init, valid_backward_params()), "");
+    flashcore_backward_params *p = older.p;
+    EXPECT_TRUE(backward_accepted(*p));
+    ASSERT_EQ(flashcore_backward_set_contiguous_strides(p, FLASHCORE_LAYOUT_BHSD), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    EXPECT_EQ(older.written_past(kBackwardSizeV0_7), "") << "by flashcore_backward_set_contiguous_strides";
+    EXPECT_TRUE(backward_accepted(*p));
+    p->causal = 1;
+    p->seqlen_q = 0;  // without query rows: dsinks, had it been set, would be written
+    EXPECT_TRUE(backward_accepted(*p));
+    p->struct_size = sizeof(flashcore_backward_params);
+    EXPECT_TRUE(backward_refused(*p, FLASHCORE_STATUS_INVALID_ARGUMENT,
+                                 "attention_chunk (" + std::to_string(int32_t(0xABABABAB)) + ") must be 0"));
+    p->attention_chunk = 0;
+    EXPECT_TRUE(backward_refused(*p, FLASHCORE_STATUS_MISALIGNED, "sinks ("));
+    p->sinks = static_cast<const float *>(fake_tensor(11));
+    EXPECT_TRUE(backward_refused(*p, FLASHCORE_STATUS_MISALIGNED, "dsinks ("));
+}
+
+// Past 0.7's struct (368 bytes on LP64), only this header's sizeof (392)
+// and more: 0.9 appended attention_chunk, sinks and dsinks at once.
+TEST(BackwardParams, StructSizeBetweenReleasedSizesIsRefused) {
+    static_assert(kBackwardSizeV0_7 == 368 && sizeof(flashcore_backward_params) == 392, "LP64 layout");
+    EXPECT_EQ(expect_released_sizes_only(valid_backward_params(), flashcore_backward_check,
+                                         flashcore_backward_params_init, "flashcore_backward_params",
+                                         {kBackwardSizeV0_7}, "368"),
+              sizeof(flashcore_backward_params) - kBackwardSizeV0_7 - 1);
 }
 
 // dq like q, dk like k, dv like v and dout like out, each as the forward's
@@ -2237,6 +2411,25 @@ const InvalidBackwardCase kInvalidBackwardCases[] = {
          p.total_seqlen_k = 10;
      },
      FLASHCORE_STATUS_MISALIGNED, "cu_seqlens_k ("},
+    // Fields added in 0.9 (AttentionChunk.*, Sinks.* and Dsinks.* go further).
+    {"attention_chunk_int32_min", [](auto &p) { p.attention_chunk = INT32_MIN; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
+     "attention_chunk (-2147483648) must be 0 (no chunks) or the chunk length in keys (> 0)"},
+    {"sinks_misaligned", [](auto &p) { p.sinks = offset(static_cast<const float *>(fake_tensor(11)), 2); },
+     FLASHCORE_STATUS_MISALIGNED, "sinks ("},
+    {"dsinks_without_sinks", [](auto &p) { p.dsinks = static_cast<float *>(fake_tensor(12)); },
+     FLASHCORE_STATUS_INVALID_ARGUMENT, "dsinks is set but sinks is NULL"},
+    {"dsinks_misaligned",
+     [](auto &p) {
+         p.sinks = static_cast<const float *>(fake_tensor(11));
+         p.dsinks = offset(static_cast<float *>(fake_tensor(12)), 1);
+     },
+     FLASHCORE_STATUS_MISALIGNED, "dsinks ("},
+    {"dsinks_is_dq",
+     [](auto &p) {
+         p.sinks = static_cast<const float *>(fake_tensor(11));
+         p.dsinks = static_cast<float *>(p.dq);
+     },
+     FLASHCORE_STATUS_INVALID_ARGUMENT, "dsinks (bytes 0x"},
 };
 
 INSTANTIATE_TEST_SUITE_P(AllParameters, InvalidBackwardParams, testing::ValuesIn(kInvalidBackwardCases),
@@ -2861,4 +3054,311 @@ TEST(Fp8Queries, BackwardIsRefused) {
     p.dtype = FLASHCORE_DTYPE_FP8_E4M3;
     const flashcore_status status = flashcore_backward_check(&p);
     EXPECT_EQ(status, FLASHCORE_STATUS_UNSUPPORTED) << flashcore_last_error_message();
+}
+
+// ---------------------------------------------------------------------------
+// Fields added in 0.9: chunked attention (attention_chunk) and learnable
+// sinks (sinks; the backward's dsinks, their gradient), in the forward,
+// backward and merge structs.
+// ---------------------------------------------------------------------------
+
+namespace {
+
+// Whether a call returned `expected`, with a message containing each of
+// `parts` (and none when it succeeded).
+testing::AssertionResult returned(flashcore_status got, flashcore_status expected,
+                                  std::initializer_list<std::string> parts = {}) {
+    const std::string message = flashcore_last_error_message();
+    bool ok = got == expected && message.empty() == (expected == FLASHCORE_STATUS_SUCCESS);
+    for (const std::string &part : parts) ok &= message.find(part) != std::string::npos;
+    if (ok) return testing::AssertionSuccess();
+    testing::AssertionResult failure = testing::AssertionFailure();
+    failure << "status " << int(got) << ", message \"" << message << "\"; expected " << int(expected);
+    for (const std::string &part : parts) failure << ", \"" << part << "\"";
+    return failure;
+}
+
+// `count` floats that end where `tensor` begins (`overlap` floats into it).
+template <typename T>
+T *floats_before(T *tensor, int32_t count, int32_t overlap = 0) {
+    return reinterpret_cast<T *>(reinterpret_cast<uintptr_t>(tensor) - 4 * uintptr_t(count - overlap));
+}
+
+// A merge of 4 heads (its sinks are 4 floats) whose tensors are far apart.
+flashcore_merge_params merge_of_four_heads() {
+    flashcore_merge_params m = valid_merge_params(2, 64);
+    m.num_heads = 4;
+    return m;
+}
+
+}  // namespace
+
+// A 0.8 caller's struct ends after v_descale_head_stride (its sizeof too):
+// accepted without chunks or sinks, whatever lies in memory after it
+// (0xAB... as attention_chunk is negative, as sinks a misaligned pointer),
+// and neither init nor the stride helper writes past it; the same bytes
+// inside a 0.9 struct are read, and refused.
+TEST(Validation, StructFromVersion0_8) {
+    static_assert(kParamsSizeV0_8 % alignof(flashcore_forward_params) == 0, "0.8's end is its sizeof");
+    OlderStruct older;
+    ASSERT_EQ(older.init(kParamsSizeV0_8), "");
+    flashcore_forward_params *p = older.p;
+    EXPECT_TRUE(returned(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS));
+    ASSERT_EQ(flashcore_set_contiguous_strides(p, FLASHCORE_LAYOUT_BHSD), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+    EXPECT_EQ(older.written_past(kParamsSizeV0_8), "") << "by flashcore_set_contiguous_strides";
+    p->causal = 1;
+    p->num_splits = 3;
+    EXPECT_TRUE(returned(flashcore_forward_check(p), FLASHCORE_STATUS_SUCCESS));
+    p->struct_size = sizeof(flashcore_forward_params);
+    EXPECT_TRUE(refused_naming(*p, "attention_chunk (" + std::to_string(int32_t(0xABABABAB)) + ") must be 0"));
+    p->attention_chunk = 0;
+    EXPECT_TRUE(refused_with(*p, FLASHCORE_STATUS_MISALIGNED, "sinks ("));
+}
+
+// The 0.9 fields of a newer header's (larger) struct are read as ours, not
+// taken for fields this library does not know.
+TEST(Validation, StructFromNewerHeaderReadsChunksAndSinks) {
+    struct Newer {
+        flashcore_forward_params base;
+        int64_t future_field;
+    } newer{};
+    newer.base = valid_params();
+    newer.base.struct_size = sizeof newer;
+    newer.base.attention_chunk = 64;
+    newer.base.sinks = static_cast<const float *>(fake_tensor(9));
+    EXPECT_TRUE(returned(flashcore_forward_check(&newer.base), FLASHCORE_STATUS_SUCCESS));
+    newer.base.attention_chunk = -64;
+    EXPECT_TRUE(refused_naming(newer.base, "attention_chunk (-64)"));
+    newer.base.attention_chunk = 64;
+    newer.base.sinks = floats_before(static_cast<const float *>(newer.base.out), newer.base.num_heads_q, 1);
+    EXPECT_TRUE(refused_with(newer.base, FLASHCORE_STATUS_INVALID_ARGUMENT, ") overlaps out (bytes 0x"));
+}
+
+// Any chunk length > 0 (one key, fewer keys than a tile, Llama 4's 8192,
+// INT32_MAX), with causal, a window and GQA, forward and backward; 0 is off.
+TEST(AttentionChunk, AnyLengthAbove0IsAccepted) {
+    for (int32_t chunk : {0, 1, 7, 64, 8192, INT32_MAX}) {
+        for (int32_t causal : {0, 1}) {
+            flashcore_forward_params p = valid_params();
+            p.attention_chunk = chunk;
+            p.causal = causal;
+            EXPECT_TRUE(returned(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS)) << chunk;
+            p.use_window = 1;
+            p.window_left = 100;
+            p.window_right = causal ? 0 : 5;
+            EXPECT_TRUE(returned(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS)) << chunk;
+            flashcore_backward_params b = valid_backward_params();
+            b.attention_chunk = chunk;
+            b.causal = causal;
+            EXPECT_TRUE(backward_accepted(b)) << chunk;
+        }
+    }
+}
+
+// A negative chunk length is refused by the forward and the backward check,
+// with the message flashcore.h's rule gives; in empty calls too, as the
+// window's bounds are (it is no pointer or stride).
+TEST(AttentionChunk, NegativeIsRefusedInEveryCall) {
+    for (int32_t chunk : {-1, -8192, INT32_MIN}) {
+        const std::string message = "attention_chunk (" + std::to_string(chunk) +
+                                    ") must be 0 (no chunks) or the chunk length in keys (> 0)";
+        for (bool empty : {false, true}) {
+            flashcore_forward_params p = valid_params();
+            p.attention_chunk = chunk;
+            if (empty) p.batch_size = 0, p.q = p.k = p.v = p.out = nullptr;
+            EXPECT_TRUE(returned(flashcore_forward_check(&p), FLASHCORE_STATUS_INVALID_ARGUMENT, {message}));
+            EXPECT_STREQ(flashcore_last_error_message(), message.c_str());
+            flashcore_backward_params b = valid_backward_params();
+            b.attention_chunk = chunk;
+            if (empty) b.num_heads_q = 0, b.q = b.dq = nullptr;
+            EXPECT_TRUE(returned(flashcore_backward_check(&b), FLASHCORE_STATUS_INVALID_ARGUMENT, {message}));
+            EXPECT_STREQ(flashcore_last_error_message(), message.c_str());
+        }
+    }
+}
+
+// sinks: any 4-byte aligned array of num_heads_q floats (num_heads for the
+// merge) that overlaps nothing the call writes; an input, it may share the
+// other inputs' memory, and end where an output begins.
+TEST(Sinks, AlignedArraysApartFromTheOutputsAreAccepted) {
+    flashcore_forward_params p = valid_params();
+    flashcore_backward_params b = valid_backward_params();
+    flashcore_merge_params m = merge_of_four_heads();
+    const float *apart = static_cast<const float *>(fake_tensor(11));
+    for (const float *sinks : {apart, apart + 1, apart + 3, static_cast<const float *>(p.q),
+                               floats_before(static_cast<const float *>(p.out), p.num_heads_q)}) {
+        p.sinks = sinks;
+        EXPECT_TRUE(returned(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS)) << sinks;
+    }
+    for (const float *sinks : {apart, apart + 1, b.lse, static_cast<const float *>(b.dout),
+                               floats_before(static_cast<const float *>(b.dq), b.num_heads_q)}) {
+        b.sinks = sinks;
+        EXPECT_TRUE(backward_accepted(b)) << sinks;
+        b.dsinks = static_cast<float *>(fake_tensor(12));
+        EXPECT_TRUE(backward_accepted(b)) << sinks;
+        b.dsinks = nullptr;
+    }
+    for (const float *sinks : {apart, apart + 1, m.partial_lse, static_cast<const float *>(m.partial_out),
+                               floats_before(static_cast<const float *>(m.out), m.num_heads)}) {
+        m.sinks = sinks;
+        EXPECT_TRUE(returned(flashcore_merge_check(&m), FLASHCORE_STATUS_SUCCESS)) << sinks;
+    }
+}
+
+// check_pointer's rule for a float array: MISALIGNED, naming it.
+TEST(Sinks, MisalignedIsRefused) {
+    for (uintptr_t off : {1, 2, 3, 6}) {
+        const float *sinks = reinterpret_cast<const float *>(reinterpret_cast<uintptr_t>(fake_tensor(11)) + off);
+        flashcore_forward_params p = valid_params();
+        p.sinks = sinks;
+        EXPECT_TRUE(returned(flashcore_forward_check(&p), FLASHCORE_STATUS_MISALIGNED, {"must be 4-byte aligned"}));
+        EXPECT_EQ(std::string(flashcore_last_error_message()).find("sinks ("), 0u) << flashcore_last_error_message();
+        flashcore_backward_params b = valid_backward_params();
+        b.sinks = sinks;
+        EXPECT_TRUE(returned(flashcore_backward_check(&b), FLASHCORE_STATUS_MISALIGNED, {"must be 4-byte aligned"}));
+        EXPECT_EQ(std::string(flashcore_last_error_message()).find("sinks ("), 0u) << flashcore_last_error_message();
+        b.sinks = static_cast<const float *>(fake_tensor(11));
+        b.dsinks = reinterpret_cast<float *>(reinterpret_cast<uintptr_t>(fake_tensor(12)) + off);
+        EXPECT_TRUE(returned(flashcore_backward_check(&b), FLASHCORE_STATUS_MISALIGNED, {"must be 4-byte aligned"}));
+        EXPECT_EQ(std::string(flashcore_last_error_message()).find("dsinks ("), 0u) << flashcore_last_error_message();
+        flashcore_merge_params m = merge_of_four_heads();
+        m.sinks = sinks;
+        EXPECT_TRUE(returned(flashcore_merge_check(&m), FLASHCORE_STATUS_MISALIGNED, {"must be 4-byte aligned"}));
+        EXPECT_EQ(std::string(flashcore_last_error_message()).find("sinks ("), 0u) << flashcore_last_error_message();
+    }
+}
+
+// What a call writes must not overlap the sinks it reads: their last float
+// the first of out, or one inside lse, is refused naming both (the range is
+// num_heads_q floats, num_heads for the merge), and listing sinks among
+// what the call reads.
+TEST(Sinks, OverlappingWhatTheCallWritesIsRefused) {
+    flashcore_forward_params p = valid_params();
+    p.sinks = floats_before(static_cast<const float *>(p.out), p.num_heads_q, 1);
+    EXPECT_TRUE(returned(flashcore_forward_check(&p), FLASHCORE_STATUS_INVALID_ARGUMENT,
+                         {"sinks (bytes 0x", ") overlaps out (bytes 0x", "what it reads (q, k, v, sinks)"}));
+    p.sinks = p.lse + 5;
+    EXPECT_TRUE(returned(flashcore_forward_check(&p), FLASHCORE_STATUS_INVALID_ARGUMENT,
+                         {"sinks (bytes 0x", ") overlaps lse (bytes 0x"}));
+
+    flashcore_backward_params b = valid_backward_params();
+    for (void *written : {b.dq, b.dk, b.dv}) {
+        b.sinks = floats_before(static_cast<const float *>(written), b.num_heads_q, 1);
+        EXPECT_TRUE(returned(flashcore_backward_check(&b), FLASHCORE_STATUS_INVALID_ARGUMENT,
+                             {"sinks (bytes 0x", ") overlaps d"}));
+    }
+
+    flashcore_merge_params m = merge_of_four_heads();
+    m.sinks = floats_before(static_cast<const float *>(m.out), m.num_heads, 1);
+    EXPECT_TRUE(returned(flashcore_merge_check(&m), FLASHCORE_STATUS_INVALID_ARGUMENT,
+                         {"sinks (bytes 0x", ") overlaps out (bytes 0x", "sinks)"}));
+    m.sinks = m.lse + 1;
+    EXPECT_TRUE(returned(flashcore_merge_check(&m), FLASHCORE_STATUS_INVALID_ARGUMENT,
+                         {"sinks (bytes 0x", ") overlaps lse (bytes 0x"}));
+}
+
+// dsinks is the gradient of the sinks the forward took: without them it is
+// refused, with the message that says so.
+TEST(Dsinks, NeedSinks) {
+    flashcore_backward_params b = valid_backward_params();
+    b.dsinks = static_cast<float *>(fake_tensor(12));
+    EXPECT_TRUE(returned(flashcore_backward_check(&b), FLASHCORE_STATUS_INVALID_ARGUMENT));
+    EXPECT_STREQ(flashcore_last_error_message(),
+                 "dsinks is set but sinks is NULL: dsinks is the gradient of the sinks the forward call took (pass "
+                 "them, or dsinks NULL)");
+    b.sinks = static_cast<const float *>(fake_tensor(11));
+    EXPECT_TRUE(backward_accepted(b));
+}
+
+// dsinks is written, as dq, dk and dv are: its num_heads_q floats must not
+// overlap them, nor any input (sinks, lse, q, ...); adjacent is fine. The
+// message names both.
+TEST(Dsinks, MustNotOverlapAnythingElse) {
+    flashcore_backward_params b = valid_backward_params();
+    b.sinks = static_cast<const float *>(fake_tensor(11));
+    const struct {
+        const char *name;
+        const void *tensor;
+    } others[] = {{"dq", b.dq}, {"dk", b.dk}, {"dv", b.dv}, {"sinks", b.sinks},
+                  {"lse", b.lse}, {"q", b.q},   {"dout", b.dout}};
+    for (const auto &other : others) {
+        flashcore_backward_params c = b;
+        c.dsinks = floats_before(static_cast<float *>(const_cast<void *>(other.tensor)), c.num_heads_q);
+        EXPECT_TRUE(backward_accepted(c)) << "dsinks ending where " << other.name << " begins";
+        c.dsinks = floats_before(static_cast<float *>(const_cast<void *>(other.tensor)), c.num_heads_q, 1);
+        EXPECT_TRUE(returned(flashcore_backward_check(&c), FLASHCORE_STATUS_INVALID_ARGUMENT,
+                             {"dsinks (bytes 0x", ") overlaps " + std::string(other.name) + " (bytes 0x",
+                              "what the call writes (dq, dk, dv, dsinks)"}))
+            << other.name;
+    }
+}
+
+// A backward call without query rows (seqlen_q 0) is not empty: it writes
+// dk, dv and dsinks (no row adds to it), so sinks and dsinks are checked.
+TEST(Dsinks, CheckedInCallsWithoutQueryRows) {
+    flashcore_backward_params b = valid_backward_params();
+    b.seqlen_q = 0;
+    b.q = b.out = b.dout = b.dq = nullptr;
+    b.lse = nullptr;
+    b.sinks = static_cast<const float *>(fake_tensor(11));
+    b.dsinks = static_cast<float *>(fake_tensor(12));
+    EXPECT_TRUE(backward_accepted(b));
+    flashcore_backward_params c = b;
+    c.sinks = nullptr;
+    EXPECT_TRUE(returned(flashcore_backward_check(&c), FLASHCORE_STATUS_INVALID_ARGUMENT,
+                         {"dsinks is set but sinks is NULL"}));
+    c = b;
+    c.dsinks = static_cast<float *>(b.dk);
+    EXPECT_TRUE(returned(flashcore_backward_check(&c), FLASHCORE_STATUS_INVALID_ARGUMENT,
+                         {"dsinks (bytes 0x", ") overlaps dk (bytes 0x"}));
+    c = b;
+    c.sinks = offset(b.sinks, 2);
+    EXPECT_TRUE(returned(flashcore_backward_check(&c), FLASHCORE_STATUS_MISALIGNED, {"sinks ("}));
+}
+
+// Empty calls read nothing, and their pointers are not looked at: sinks
+// and dsinks that would be refused in any other call (misaligned, on top
+// of an output, dsinks without sinks) are not.
+TEST(Sinks, EmptyCallsDoNotLookAtThem) {
+    const float *misaligned = reinterpret_cast<const float *>(uintptr_t(3));
+    const std::function<void(flashcore_forward_params &)> forward_empties[] = {
+        [](flashcore_forward_params &p) { p.batch_size = 0; },
+        [](flashcore_forward_params &p) { p.seqlen_q = 0; },
+        [](flashcore_forward_params &p) { p.num_heads_q = p.num_heads_kv = 0; },
+    };
+    for (const auto &empty : forward_empties) {
+        flashcore_forward_params p = valid_params();
+        empty(p);
+        for (const float *sinks : {misaligned, static_cast<const float *>(p.out), static_cast<const float *>(p.lse)}) {
+            p.sinks = sinks;
+            EXPECT_TRUE(returned(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS)) << sinks;
+        }
+    }
+    const std::function<void(flashcore_backward_params &)> backward_empties[] = {
+        [](flashcore_backward_params &b) { b.batch_size = 0; },
+        [](flashcore_backward_params &b) { b.num_heads_q = b.num_heads_kv = 0; },
+    };
+    for (const auto &empty : backward_empties) {
+        flashcore_backward_params b = valid_backward_params();
+        empty(b);
+        b.dsinks = const_cast<float *>(misaligned);  // without sinks, misaligned
+        EXPECT_TRUE(backward_accepted(b));
+        b.sinks = misaligned;
+        b.dsinks = static_cast<float *>(b.dq);
+        EXPECT_TRUE(backward_accepted(b));
+    }
+    const std::function<void(flashcore_merge_params &)> merge_empties[] = {
+        [](flashcore_merge_params &m) { m.batch_size = 0; },
+        [](flashcore_merge_params &m) { m.num_heads = 0; },
+        [](flashcore_merge_params &m) { m.seqlen = 0; },
+    };
+    for (const auto &empty : merge_empties) {
+        flashcore_merge_params m = merge_of_four_heads();
+        empty(m);
+        for (const float *sinks : {misaligned, static_cast<const float *>(m.out)}) {
+            m.sinks = sinks;
+            EXPECT_TRUE(returned(flashcore_merge_check(&m), FLASHCORE_STATUS_SUCCESS)) << sinks;
+        }
+    }
 }
