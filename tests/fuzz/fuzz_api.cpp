@@ -31,8 +31,9 @@
 // older one (a smaller struct_size: where that header's struct ends, or
 // its sizeof; the bytes after it are garbage, not its fields), of none (a
 // size that ends inside a field), and of a newer one (a larger
-// struct_size, whose fields past v_descale_head_stride this library does
-// not know: zero, or now and then set).
+// struct_size, whose fields past the last this library knows, sinks or
+// the backward's dsinks, it does not know: zero, or now and then set);
+// for each of the three structs.
 //
 // The fields of 0.8 (an fp8 K/V cache: kv_dtype, out_dtype and the descale
 // factors) are modelled as flashcore.h states them; where it leaves a
@@ -45,6 +46,14 @@
 // head dims those the fp8 kernels of the build cover (every fp8 query
 // UNSUPPORTED in a build without them), q_descale for fp8 queries only
 // (INVALID_ARGUMENT otherwise), and no backward pass (UNSUPPORTED).
+//
+// The fields of 0.9 (attention_chunk and sinks, in the forward and backward
+// structs, sinks in the merge's, dsinks in the backward's): a chunk length
+// >= 0 (INVALID_ARGUMENT otherwise, checked in empty calls too: it is no
+// pointer); sinks and dsinks NULL or 4-byte aligned (MISALIGNED), arrays of
+// num_heads_q floats (num_heads for the merge) in the aliasing rule, sinks
+// read, dsinks written; dsinks only with sinks (INVALID_ARGUMENT). Empty
+// calls look at neither pointer.
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
@@ -72,7 +81,8 @@ namespace {
 using i128 = __int128;
 
 // Where flashcore_forward_params of each released header ends: after the
-// last field that version added (0.1's before head_dim_v; 0.7 added none).
+// last field that version added (0.1's before head_dim_v; 0.7 added none;
+// 0.9's, after sinks, is ours).
 // A struct_size below ours must be one of these or that version's sizeof
 // (the end padded to the struct's alignment; flashcore.h's ABI policy). A
 // field is the caller's where the struct_size covers it, else its default.
@@ -84,51 +94,66 @@ constexpr size_t kEndV0_4 = FIELD_END(softcap);
 constexpr size_t kEndV0_5 = FIELD_END(seqused_k);
 constexpr size_t kEndV0_6 = FIELD_END(num_pages);
 constexpr size_t kEndV0_8 = FIELD_END(v_descale_head_stride);
+constexpr size_t kEndV0_9 = FIELD_END(sinks);
 #undef FIELD_END
-constexpr size_t kReleasedEnds[] = {kEndV0_1, kEndV0_2, kEndV0_3, kEndV0_4, kEndV0_5, kEndV0_6};
+constexpr size_t kReleasedEnds[] = {kEndV0_1, kEndV0_2, kEndV0_3, kEndV0_4, kEndV0_5, kEndV0_6, kEndV0_8};
+// A struct's end rounded up to its alignment: that header's sizeof.
+template <typename S = flashcore_forward_params>
 constexpr size_t padded(size_t end) {
-    return (end + alignof(flashcore_forward_params) - 1) / alignof(flashcore_forward_params) *
-           alignof(flashcore_forward_params);
+    return (end + alignof(S) - 1) / alignof(S) * alignof(S);
 }
-// Where the last field of this header (v_descale_head_stride) ends: a newer
-// header's fields lie past it.
-constexpr size_t kKnownEnd = kEndV0_8;
+// Where the last field of this header (sinks) ends: a newer header's fields
+// lie past it.
+constexpr size_t kKnownEnd = kEndV0_9;
 constexpr size_t kMaxStructSize = 64 * 1024;
 // The largest seqlen_q, seqlen_k, total_seqlen_q/_k and page_size.
 constexpr int32_t kMaxSeqlen = 1 << 30;
 constexpr int kMaxBruteForceRows = 512;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// A caller's struct with room for a newer header's fields after ours: the
-// library reads struct_size bytes of it, which may reach into `newer`.
+// A caller's struct S with room for a newer header's fields after ours:
+// the library reads struct_size bytes of it, which may reach into `newer`.
 constexpr size_t kNewerBytes = 16;
-struct CallerParams {
-    flashcore_forward_params p;
+template <typename S>
+struct Caller {
+    S p;
     unsigned char newer[kNewerBytes];
 };
-static_assert(offsetof(CallerParams, newer) == sizeof(flashcore_forward_params), "newer follows ours directly");
+using CallerParams = Caller<flashcore_forward_params>;
+using BackwardCaller = Caller<flashcore_backward_params>;
+using MergeCaller = Caller<flashcore_merge_params>;
+static_assert(offsetof(CallerParams, newer) == sizeof(flashcore_forward_params) &&
+                  offsetof(BackwardCaller, newer) == sizeof(flashcore_backward_params) &&
+                  offsetof(MergeCaller, newer) == sizeof(flashcore_merge_params),
+              "newer follows ours directly");
 
-// Whether a flashcore_forward_params struct_size is one the library reads:
-// a released header's end or sizeof, or ours or larger (a newer header's)
-// up to 64 KiB. Any other size ends inside a field.
-bool struct_size_ok(size_t size) {
-    if (size >= sizeof(flashcore_forward_params)) return size <= kMaxStructSize;
-    for (size_t end : kReleasedEnds)
-        if (size == end || size == padded(end)) return true;
+// Whether a struct_size of S is one the library reads: a released header's
+// end or sizeof (`ends`: where S ended in each header before ours), or ours
+// or larger (a newer header's) up to 64 KiB. Any other size ends inside a
+// field.
+template <typename S, size_t N>
+bool released_size(size_t size, const size_t (&ends)[N]) {
+    if (size >= sizeof(S)) return size <= kMaxStructSize;
+    for (size_t end : ends)
+        if (size == end || size == padded<S>(end)) return true;
     return false;
 }
+bool struct_size_ok(size_t size) { return released_size<flashcore_forward_params>(size, kReleasedEnds); }
 
-// Whether the caller's struct is larger than ours and sets a byte past the
-// fields this library knows (refused as UNSUPPORTED, flashcore.h's ABI
-// policy). Valid struct sizes only: a struct_size past 64 KiB is refused
-// before this is looked at.
-bool sets_newer_fields(const CallerParams &c) {
-    if (c.p.struct_size <= sizeof(flashcore_forward_params) || c.p.struct_size > sizeof c) return false;
+// Whether a caller's struct (c.p, and the newer header's bytes after it)
+// is larger than ours and sets a byte past `known_end`, the fields this
+// library knows (refused as UNSUPPORTED, flashcore.h's ABI policy). Valid
+// struct sizes only: a struct_size past 64 KiB is refused before this is
+// looked at.
+template <typename C>
+bool sets_newer(const C &c, size_t known_end) {
+    if (c.p.struct_size <= sizeof c.p || c.p.struct_size > sizeof c) return false;
     const unsigned char *bytes = reinterpret_cast<const unsigned char *>(&c);
-    for (size_t i = kKnownEnd; i < c.p.struct_size; ++i)
+    for (size_t i = known_end; i < c.p.struct_size; ++i)
         if (bytes[i] != 0) return true;
     return false;
 }
+bool sets_newer_fields(const CallerParams &c) { return sets_newer(c, kKnownEnd); }
 
 std::vector<std::pair<int32_t, int32_t>> g_head_dims;  // flashcore_supported_head_dims
 
@@ -196,15 +221,27 @@ const void *random_pointer(Rng &r, int index, const std::vector<uintptr_t> &othe
     return reinterpret_cast<const void *>(base + 16 * r.below(1024));
 }
 
-// An int32 array the kernels read, of `count` values: random_pointer's
-// (apart, on top of another tensor, NULL, or 2-, 4- or 8-byte aligned), or
-// now and then ending where out begins, or one value into it (refused).
-const int32_t *random_array(Rng &r, int index, const std::vector<uintptr_t> &others, const void *out, i128 count) {
+// An array of `count` 4-byte values the kernels read (int32, or float:
+// the sinks) or write (the backward's dsinks): random_pointer's (apart, on
+// top of another tensor, NULL, or 2-, 4- or 8-byte aligned), or now and
+// then ending where `out` begins, or one value into it (refused).
+template <typename T = int32_t>
+const T *random_array(Rng &r, int index, const std::vector<uintptr_t> &others, const void *out, i128 count) {
+    static_assert(sizeof(T) == 4, "4-byte values");
     if (out != nullptr && count > 0 && count < (1 << 20) && r.chance(5)) {
         const uintptr_t end = reinterpret_cast<uintptr_t>(out) + (r.chance(50) ? 4 : 0);
-        return reinterpret_cast<const int32_t *>(end - uintptr_t(count) * 4);
+        return reinterpret_cast<const T *>(end - uintptr_t(count) * 4);
     }
-    return static_cast<const int32_t *>(random_pointer(r, index, others));
+    return static_cast<const T *>(random_pointer(r, index, others));
+}
+
+// A chunk length (0.9): mostly 0 (off); else mostly a few keys (the
+// sizes here are mostly a few), now and then a long one or a negative one
+// (refused).
+int32_t random_chunk(Rng &r) {
+    if (r.chance(70)) return 0;
+    const int32_t chunks[] = {1, 2, 16, 64, 128, 1 << 13, 1 << 30, INT32_MAX, -1, -2, -64, INT32_MIN};
+    return r.chance(70) ? int32_t(1 + r.below(8)) : r.pick(chunks);
 }
 
 struct Expected {
@@ -326,6 +363,8 @@ i128 model_shapes(const flashcore_forward_params &p, bool empty, Expected *e) {
         if (p.window_left < -1 || p.window_right < -1) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
         if (p.causal != 0 && p.window_right > 0) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     }
+    // Chunks (0.9): 0 (off) or a chunk length > 0, whatever else is set.
+    if (p.attention_chunk < 0) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     // The softcap (0.4): 0 (or -0) is off; otherwise finite and > 0, with
     // softcap * log2(e) a finite float and scale / softcap a finite float > 0
     // (flashcore.h says "must not underflow to 0"; an overflow to infinity
@@ -449,16 +488,18 @@ Expected model_call(const flashcore_forward_params &p) {
         tensors_ok &= t.ptr != nullptr && t.bs >= 0 && t.ss >= 0 && t.hs >= 0;
         if (tensors_ok && last_offset(t) * t.element_bytes > i128(INT64_MAX)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     }
-    // lse (rows: [num_heads_q][total_seqlen_q] for packed queries) and the
-    // int32 arrays the kernels read, each 4-byte aligned: seqused_k (0.5,
-    // batch_size values), cu_seqlens_q/_k (0.6, batch_size + 1) and the
-    // block table (0.6, its rows' ceil(seqlen_k / page_size) entries).
+    // lse (rows: [num_heads_q][total_seqlen_q] for packed queries), the
+    // sinks (0.9, num_heads_q floats) and the int32 arrays the kernels
+    // read, each 4-byte aligned: seqused_k (0.5, batch_size values),
+    // cu_seqlens_q/_k (0.6, batch_size + 1) and the block table (0.6, its
+    // rows' ceil(seqlen_k / page_size) entries).
     const struct {
         const void *ptr;
         i128 bytes;
         bool written;
     } arrays[] = {
         {p.lse, (packed_q ? i128(p.total_seqlen_q) : i128(p.batch_size) * p.seqlen_q) * p.num_heads_q * 4, true},
+        {p.sinks, i128(p.num_heads_q) * 4, false},
         {p.seqused_k, i128(p.batch_size) * 4, false},
         {p.cu_seqlens_q, (i128(p.batch_size) + 1) * 4, false},
         {p.cu_seqlens_k, (i128(p.batch_size) + 1) * 4, false},
@@ -563,6 +604,10 @@ flashcore_forward_params as_read(const flashcore_forward_params &in) {
         p.k_descale_batch_stride = p.k_descale_head_stride = 0;
         p.v_descale_batch_stride = p.v_descale_head_stride = 0;
     }
+    if (p.struct_size < kEndV0_9) {
+        p.attention_chunk = 0;
+        p.sinks = nullptr;
+    }
     return p;
 }
 
@@ -601,6 +646,22 @@ int32_t random_window_bound(Rng &r) {
     case 7: return int32_t(2 + r.below(300));
     case 8: return int32_t(1) << (10 + r.below(21));  // 1024 .. 2^30
     default: return INT32_MAX;
+    }
+}
+
+// Past a caller's struct_size (from `first_end` on, where the struct
+// first appeared; a smaller size is refused whatever follows it):
+// garbage, not its fields. A newer caller's own fields past ours: zero, or
+// now and then one byte of them past `known_end` set.
+template <typename C>
+void fill_past_struct_size(Rng &r, C *c, size_t first_end, size_t known_end) {
+    constexpr size_t kOurs = sizeof c->p;
+    unsigned char *bytes = reinterpret_cast<unsigned char *>(c);
+    const size_t end = std::min(c->p.struct_size, sizeof *c);
+    if (end >= first_end && end < kOurs) std::memset(bytes + end, 0xAB, kOurs - end);
+    if (end > kOurs) {
+        std::memset(bytes + kOurs, 0, end - kOurs);
+        if (r.chance(50)) bytes[known_end + r.below(end - known_end)] = static_cast<unsigned char>(1 + r.below(255));
     }
 }
 
@@ -697,6 +758,7 @@ CallerParams random_params(Rng &r) {
     const int32_t bad_out_dtypes[] = {out_type == FLASHCORE_DTYPE_FP16 ? 2 : 1, FLASHCORE_DTYPE_FP32,
                                       FLASHCORE_DTYPE_FP8_E4M3, -1, 99};
     p.out_dtype = r.chance(92) ? 0 : r.chance(50) ? out_type : r.pick(bad_out_dtypes);
+    p.attention_chunk = random_chunk(r);
     // Strides: packed in a random layout, then some perturbed. Packed q and
     // out are one batch of total_seqlen_q rows; packed k and v likewise, a
     // paged cache's num_pages batches of page_size rows.
@@ -751,6 +813,11 @@ CallerParams random_params(Rng &r) {
                              (p.page_size >= 1 ? (i128(p.seqlen_k) + p.page_size - 1) / p.page_size : 0);
         p.block_table = random_array(r, 8, placed, p.out, entries);
     }
+    // Sinks (0.9): mostly none; else num_heads_q floats (random_array),
+    // now and then ending where out or lse begins, or one float into it.
+    if (r.chance(30)) {
+        p.sinks = random_array<float>(r, 12, placed, p.lse != nullptr && r.chance(50) ? p.lse : p.out, p.num_heads_q);
+    }
     // Descale factors: with an fp8 cache or fp8 queries, each of k_descale
     // and v_descale mostly given, per tensor or per (batch, K/V head) either
     // way round, now and then with strides from the edges (negative, huge);
@@ -791,15 +858,14 @@ CallerParams random_params(Rng &r) {
     for (int64_t *st : {&p.q_descale_batch_stride, &p.q_descale_head_stride, &p.k_descale_batch_stride,
                         &p.k_descale_head_stride, &p.v_descale_batch_stride, &p.v_descale_head_stride})
         if (r.chance(1)) *st = r.chance(50) ? 1 : -1;
-    // Past the caller's struct_size: garbage, not its fields. A newer
-    // caller's own fields past ours: zero, or one byte of them set.
     constexpr size_t kOurs = sizeof(flashcore_forward_params);
     // Sizes: each released header's (its end and its sizeof), a newer
     // header's, and sizes of no header's: short of 0.1's, past 64 KiB, or
     // ending inside a field or between two fields of one version.
-    const size_t older[] = {kEndV0_1,         kEndV0_2,         kEndV0_3,         kEndV0_4,        kEndV0_5,
-                            padded(kEndV0_2), padded(kEndV0_3), padded(kEndV0_4), padded(kEndV0_5), kEndV0_6,
-                            padded(kEndV0_6)};
+    const size_t older[] = {kEndV0_1,         kEndV0_2,         kEndV0_3,          kEndV0_4,
+                            kEndV0_5,         padded(kEndV0_2), padded(kEndV0_3),  padded(kEndV0_4),
+                            padded(kEndV0_5), kEndV0_6,         padded(kEndV0_6),  kEndV0_8,
+                            padded(kEndV0_8)};
     const size_t newer[] = {kOurs + 4, kOurs + 8, kOurs + kNewerBytes};
     const size_t bad_sizes[] = {0, 12, kEndV0_1 - 1, kEndV0_1 + 1, kEndV0_2 + 1,
                                 offsetof(flashcore_forward_params, softcap),
@@ -808,17 +874,13 @@ CallerParams random_params(Rng &r) {
                                 offsetof(flashcore_forward_params, num_pages), kEndV0_6 + 2,
                                 offsetof(flashcore_forward_params, out_dtype),
                                 offsetof(flashcore_forward_params, k_descale),
-                                offsetof(flashcore_forward_params, v_descale_batch_stride) + 4, kOurs - 8, kOurs - 1,
-                                kMaxStructSize + 1, size_t(1) << 40};
+                                offsetof(flashcore_forward_params, v_descale_batch_stride) + 4, kEndV0_8 + 4,
+                                offsetof(flashcore_forward_params, sinks),
+                                offsetof(flashcore_forward_params, sinks) + 4, kOurs - 1, kMaxStructSize + 1,
+                                size_t(1) << 40};
     const int kind = r.chance(88) ? 0 : int(1 + r.below(3));
     p.struct_size = kind == 0 ? kOurs : kind == 1 ? r.pick(older) : kind == 2 ? r.pick(newer) : r.pick(bad_sizes);
-    unsigned char *bytes = reinterpret_cast<unsigned char *>(&c);
-    const size_t end = std::min(p.struct_size, sizeof c);
-    if (end >= kEndV0_1 && end < kOurs) std::memset(bytes + end, 0xAB, kOurs - end);
-    if (end > kOurs) {
-        std::memset(bytes + kOurs, 0, end - kOurs);
-        if (r.chance(50)) bytes[kKnownEnd + r.below(end - kKnownEnd)] = static_cast<unsigned char>(1 + r.below(255));
-    }
+    fill_past_struct_size(r, &c, kEndV0_1, kKnownEnd);
     return c;
 }
 
@@ -836,7 +898,8 @@ void print_params(const CallerParams &c) {
                  "  use_window %d window_left %d window_right %d softcap %g (0x%08x)\n"
                  "  q %p k %p v %p out %p lse %p seqused_k %p\n"
                  "  cu_seqlens_q %p cu_seqlens_k %p total_seqlen_q %d total_seqlen_k %d\n"
-                 "  block_table %p block_table_batch_stride %" PRId64 " page_size %d num_pages %d\n",
+                 "  block_table %p block_table_batch_stride %" PRId64 " page_size %d num_pages %d\n"
+                 "  attention_chunk %d sinks %p\n",
                  p.struct_size, sizeof p, p.dtype, p.batch_size, p.seqlen_q, p.seqlen_k, p.num_heads_q,
                  p.num_heads_kv, p.head_dim, p.head_dim_v, p.causal, double(p.softmax_scale),
                  float_bits(p.softmax_scale), p.num_splits, p.use_window, p.window_left, p.window_right,
@@ -844,7 +907,8 @@ void print_params(const CallerParams &c) {
                  static_cast<const void *>(p.seqused_k),
                  static_cast<const void *>(p.cu_seqlens_q), static_cast<const void *>(p.cu_seqlens_k),
                  p.total_seqlen_q, p.total_seqlen_k, static_cast<const void *>(p.block_table),
-                 p.block_table_batch_stride, p.page_size, p.num_pages);
+                 p.block_table_batch_stride, p.page_size, p.num_pages, p.attention_chunk,
+                 static_cast<const void *>(p.sinks));
     std::fprintf(stderr,
                  "  kv_dtype %d out_dtype %d q_descale %p (%" PRId64 " %" PRId64 ") k_descale %p (%" PRId64 " %" PRId64
                  ") v_descale %p (%" PRId64 " %" PRId64 ") (pointer, batch and head strides)\n",
@@ -944,12 +1008,25 @@ i128 merge_last_offset(const MergeTensor &t) {
     return last;
 }
 
-Expected model_merge_check(const flashcore_merge_params &p) {
+// Where the struct of 0.3 to 0.8 ended (it first appeared in 0.3), and
+// where the last field of this header (sinks, 0.9) ends.
+constexpr size_t kMergeEndV0_3 =
+    offsetof(flashcore_merge_params, out_head_stride) + sizeof(flashcore_merge_params::out_head_stride);
+constexpr size_t kMergeReleasedEnds[] = {kMergeEndV0_3};
+constexpr size_t kMergeKnownEnd = offsetof(flashcore_merge_params, sinks) + sizeof(flashcore_merge_params::sinks);
+
+Expected model_merge_check(const MergeCaller &caller) {
     Expected e;
-    if (p.struct_size < sizeof(flashcore_merge_params) || p.struct_size > kMaxStructSize) {
+    if (!released_size<flashcore_merge_params>(caller.p.struct_size, kMergeReleasedEnds)) {
         e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
         return e;  // nothing else is read
     }
+    if (sets_newer(caller, kMergeKnownEnd)) {
+        e.add(FLASHCORE_STATUS_UNSUPPORTED);
+        return e;  // nor is anything read
+    }
+    flashcore_merge_params p = caller.p;
+    if (p.struct_size < kMergeKnownEnd) p.sinks = nullptr;  // an older caller's: none
     const auto dtype_ok = [](int32_t d) {
         return d == FLASHCORE_DTYPE_FP16 || d == FLASHCORE_DTYPE_BF16 || d == FLASHCORE_DTYPE_FP32;
     };
@@ -1006,6 +1083,7 @@ Expected model_merge_check(const flashcore_merge_params &p) {
     }
     if (lse_ok && last_lse * 4 > i128(INT64_MAX)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     if (p.lse != nullptr && reinterpret_cast<uintptr_t>(p.lse) % 4 != 0) e.add(FLASHCORE_STATUS_MISALIGNED);
+    if (p.sinks != nullptr && reinterpret_cast<uintptr_t>(p.sinks) % 4 != 0) e.add(FLASHCORE_STATUS_MISALIGNED);
     if (!e.statuses.empty() || !lse_ok) return e;
 
     // Aliasing: out and lse against everything, as byte ranges.
@@ -1019,6 +1097,10 @@ Expected model_merge_check(const flashcore_merge_params &p) {
     if (p.lse != nullptr) {
         const i128 begin = i128(reinterpret_cast<uintptr_t>(p.lse));
         ranges.push_back({begin, begin + i128(p.batch_size) * p.num_heads * p.seqlen * 4, true});
+    }
+    if (p.sinks != nullptr) {  // read: num_heads floats
+        const i128 begin = i128(reinterpret_cast<uintptr_t>(p.sinks));
+        ranges.push_back({begin, begin + i128(p.num_heads) * 4, false});
     }
     if (written_overlap(ranges)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     return e;
@@ -1037,8 +1119,10 @@ bool packed_strides(std::initializer_list<i128> inner_to_outer, int64_t *strides
     return true;
 }
 
-flashcore_merge_params random_merge_params(Rng &r) {
-    flashcore_merge_params p;
+MergeCaller random_merge_params(Rng &r) {
+    MergeCaller c;
+    std::memset(c.newer, 0xAB, sizeof c.newer);
+    flashcore_merge_params &p = c.p;
     flashcore_merge_params_init(&p, sizeof p);
     const int32_t bad_dtypes[] = {0, 4, 7, -1, INT32_MIN};
     p.partial_dtype = r.chance(93) ? int32_t(1 + r.below(3)) : r.pick(bad_dtypes);
@@ -1083,31 +1167,47 @@ flashcore_merge_params random_merge_params(Rng &r) {
     placed.push_back(reinterpret_cast<uintptr_t>(p.partial_lse));
     p.out = const_cast<void *>(random_pointer(r, 2, placed));
     placed.push_back(reinterpret_cast<uintptr_t>(p.out));
-    if (r.chance(60)) p.lse = static_cast<float *>(const_cast<void *>(random_pointer(r, 3, placed)));
-    const size_t sizes[] = {0, 12, sizeof p - 1, size_t(1) << 40};
-    p.struct_size = r.chance(95) ? sizeof p : r.pick(sizes);
-    return p;
+    if (r.chance(60)) {
+        p.lse = static_cast<float *>(const_cast<void *>(random_pointer(r, 3, placed)));
+        placed.push_back(reinterpret_cast<uintptr_t>(p.lse));
+    }
+    // Sinks (0.9): mostly none; else num_heads floats (random_array), now
+    // and then ending where out or lse begins, or one float into it.
+    if (r.chance(30)) p.sinks = random_array<float>(r, 4, placed, r.chance(50) ? p.lse : p.out, p.num_heads);
+    // Sizes: ours, 0.3's (its sinks garbage), a newer header's (its fields
+    // zero, or one byte set), or of no header's.
+    constexpr size_t kOurs = sizeof(flashcore_merge_params);
+    const size_t older[] = {kMergeEndV0_3, padded<flashcore_merge_params>(kMergeEndV0_3)};
+    const size_t newer[] = {kOurs + 4, kOurs + 8, kOurs + kNewerBytes};
+    const size_t bad_sizes[] = {0, 12, kMergeEndV0_3 - 1, kMergeEndV0_3 + 4, kOurs - 1, kMaxStructSize + 1,
+                                size_t(1) << 40};
+    const int kind = r.chance(88) ? 0 : int(1 + r.below(3));
+    p.struct_size = kind == 0 ? kOurs : kind == 1 ? r.pick(older) : kind == 2 ? r.pick(newer) : r.pick(bad_sizes);
+    fill_past_struct_size(r, &c, kMergeEndV0_3, kMergeKnownEnd);
+    return c;
 }
 
-bool check_merge(const flashcore_merge_params &p, uint64_t call, flashcore_status *got_out) {
-    flashcore_merge_params copy = p;
-    const flashcore_status got = flashcore_merge_check(&copy);
+bool check_merge(const MergeCaller &c, uint64_t call, flashcore_status *got_out) {
+    const flashcore_merge_params &p = c.p;
+    MergeCaller copy = c;
+    const flashcore_status got = flashcore_merge_check(&copy.p);
     *got_out = got;
-    bool ok = agrees(model_merge_check(p), got, flashcore_last_error_message(),
-                     std::memcmp(&copy, &p, sizeof p) == 0, "flashcore_merge_check", call);
-    ok = ok && same_from_exact_block(flashcore_merge_check, &p, sizeof p, got, "flashcore_merge_check", call);
+    bool ok = agrees(model_merge_check(c), got, flashcore_last_error_message(),
+                     std::memcmp(&copy, &c, sizeof c) == 0, "flashcore_merge_check", call);
+    ok = ok && same_from_exact_block(flashcore_merge_check, &c, sizeof c, got, "flashcore_merge_check", call);
     if (!ok) {
         std::fprintf(stderr,
-                     "  struct_size %zu dtypes %d -> %d states %d B %d H %d S %d D %d\n"
-                     "  partial_out %p partial_lse %p out %p lse %p\n"
+                     "  struct_size %zu (ours %zu) dtypes %d -> %d states %d B %d H %d S %d D %d\n"
+                     "  partial_out %p partial_lse %p out %p lse %p sinks %p\n"
                      "  partial strides %" PRId64 " %" PRId64 " %" PRId64 " %" PRId64 " (state batch seq head)"
                      "  lse %" PRId64 " %" PRId64 " %" PRId64 " %" PRId64 "  out %" PRId64 " %" PRId64 " %" PRId64
                      "\n",
-                     p.struct_size, p.partial_dtype, p.out_dtype, p.num_states, p.batch_size, p.num_heads, p.seqlen,
-                     p.head_dim, p.partial_out, static_cast<const void *>(p.partial_lse), p.out,
-                     static_cast<void *>(p.lse), p.partial_state_stride, p.partial_batch_stride, p.partial_seq_stride,
-                     p.partial_head_stride, p.lse_state_stride, p.lse_batch_stride, p.lse_seq_stride,
-                     p.lse_head_stride, p.out_batch_stride, p.out_seq_stride, p.out_head_stride);
+                     p.struct_size, sizeof p, p.partial_dtype, p.out_dtype, p.num_states, p.batch_size, p.num_heads,
+                     p.seqlen, p.head_dim, p.partial_out, static_cast<const void *>(p.partial_lse), p.out,
+                     static_cast<void *>(p.lse), static_cast<const void *>(p.sinks), p.partial_state_stride,
+                     p.partial_batch_stride, p.partial_seq_stride, p.partial_head_stride, p.lse_state_stride,
+                     p.lse_batch_stride, p.lse_seq_stride, p.lse_head_stride, p.out_batch_stride, p.out_seq_stride,
+                     p.out_head_stride);
     }
     return ok;
 }
@@ -1200,27 +1300,30 @@ bool check_strides(const CallerParams &caller, int layout, uint64_t call) {
 // flashcore_backward_params (0.7): the same options, eight tensors.
 // ---------------------------------------------------------------------------
 
-// A caller's backward struct with room for a newer header's fields.
-struct BackwardCaller {
-    flashcore_backward_params p;
-    unsigned char newer[kNewerBytes];
-};
-static_assert(offsetof(BackwardCaller, newer) == sizeof(flashcore_backward_params), "newer follows ours directly");
-// Where the last field of this header (total_seqlen_k) ends.
-constexpr size_t kBackwardKnownEnd =
+// Where the struct of 0.7 and 0.8 ended (it first appeared in 0.7), and
+// where the last field of this header (dsinks, 0.9) ends.
+constexpr size_t kBackwardEndV0_7 =
     offsetof(flashcore_backward_params, total_seqlen_k) + sizeof(flashcore_backward_params::total_seqlen_k);
+constexpr size_t kBackwardReleasedEnds[] = {kBackwardEndV0_7};
+constexpr size_t kBackwardKnownEnd =
+    offsetof(flashcore_backward_params, dsinks) + sizeof(flashcore_backward_params::dsinks);
 
-// The struct first appeared in 0.7: ours or a newer header's, up to 64 KiB.
 bool backward_struct_size_ok(size_t size) {
-    return size >= sizeof(flashcore_backward_params) && size <= kMaxStructSize;
+    return released_size<flashcore_backward_params>(size, kBackwardReleasedEnds);
 }
 
-bool sets_newer_backward_fields(const BackwardCaller &c) {
-    if (c.p.struct_size <= sizeof(flashcore_backward_params) || c.p.struct_size > sizeof c) return false;
-    const unsigned char *bytes = reinterpret_cast<const unsigned char *>(&c);
-    for (size_t i = kBackwardKnownEnd; i < c.p.struct_size; ++i)
-        if (bytes[i] != 0) return true;
-    return false;
+bool sets_newer_backward_fields(const BackwardCaller &c) { return sets_newer(c, kBackwardKnownEnd); }
+
+// The backward struct as the library reads it: the 0.9 fields of a 0.7 or
+// 0.8 caller's at their defaults.
+flashcore_backward_params backward_as_read(const flashcore_backward_params &in) {
+    flashcore_backward_params p = in;
+    if (p.struct_size < kBackwardKnownEnd) {
+        p.attention_chunk = 0;
+        p.sinks = nullptr;
+        p.dsinks = nullptr;
+    }
+    return p;
 }
 
 // flashcore.h: batch_size or num_heads_q 0; a call without query rows is
@@ -1251,6 +1354,7 @@ flashcore_forward_params forward_of(const flashcore_backward_params &b) {
     f.cu_seqlens_k = b.cu_seqlens_k;
     f.total_seqlen_q = b.total_seqlen_q;
     f.total_seqlen_k = b.total_seqlen_k;
+    f.attention_chunk = b.attention_chunk;
     return f;
 }
 
@@ -1276,7 +1380,7 @@ void backward_tensors(const flashcore_backward_params &p, Tensor *t) {
 
 // The model: what flashcore.h says flashcore_backward_check returns.
 Expected model_backward_check(const BackwardCaller &caller) {
-    const flashcore_backward_params &p = caller.p;
+    const flashcore_backward_params p = backward_as_read(caller.p);
     Expected e;
     if (!backward_struct_size_ok(p.struct_size)) {
         e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
@@ -1324,14 +1428,21 @@ Expected model_backward_check(const BackwardCaller &caller) {
     const i128 lse_entries =
         (packed_q ? i128(p.total_seqlen_q) : i128(p.batch_size) * p.seqlen_q) * p.num_heads_q;
     if (lse_entries > 0 && p.lse == nullptr) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    // The arrays, each 4-byte aligned: lse, the sinks and their gradient
+    // (0.9: num_heads_q floats each; dsinks written, and only with sinks)
+    // and the int32 arrays.
+    if (p.dsinks != nullptr && p.sinks == nullptr) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     const struct {
         const void *ptr;
         i128 bytes;
+        bool written;
     } arrays[] = {
-        {lse_entries > 0 ? p.lse : nullptr, lse_entries * 4},
-        {p.seqused_k, i128(p.batch_size) * 4},
-        {p.cu_seqlens_q, (i128(p.batch_size) + 1) * 4},
-        {p.cu_seqlens_k, (i128(p.batch_size) + 1) * 4},
+        {lse_entries > 0 ? p.lse : nullptr, lse_entries * 4, false},
+        {p.sinks, i128(p.num_heads_q) * 4, false},
+        {p.dsinks, i128(p.num_heads_q) * 4, true},
+        {p.seqused_k, i128(p.batch_size) * 4, false},
+        {p.cu_seqlens_q, (i128(p.batch_size) + 1) * 4, false},
+        {p.cu_seqlens_k, (i128(p.batch_size) + 1) * 4, false},
     };
     for (const auto &a : arrays)
         if (a.ptr != nullptr && reinterpret_cast<uintptr_t>(a.ptr) % 4 != 0) e.add(FLASHCORE_STATUS_MISALIGNED);
@@ -1347,7 +1458,7 @@ Expected model_backward_check(const BackwardCaller &caller) {
     for (const auto &a : arrays) {
         if (a.ptr == nullptr) continue;
         const i128 begin = i128(reinterpret_cast<uintptr_t>(a.ptr));
-        ranges.push_back({begin, begin + a.bytes, false});
+        ranges.push_back({begin, begin + a.bytes, a.written});
     }
     if (written_overlap(ranges)) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     return e;
@@ -1381,6 +1492,7 @@ BackwardCaller random_backward_params(Rng &r) {
     }
     const int32_t deterministic[] = {0, 1, -1, INT32_MAX};
     p.deterministic = r.pick(deterministic);
+    p.attention_chunk = random_chunk(r);
     const bool packed_q = r.chance(20), packed_k = r.chance(15);
     p.total_seqlen_q = packed_q || r.chance(3) ? random_rows(r) : 0;
     p.total_seqlen_k = packed_k || r.chance(3) ? random_rows(r) : 0;
@@ -1440,19 +1552,36 @@ BackwardCaller random_backward_params(Rng &r) {
     if (r.chance(30)) p.seqused_k = random_array(r, 9, placed, p.dk, p.batch_size);
     if (packed_q) p.cu_seqlens_q = random_array(r, 10, placed, p.dq, i128(p.batch_size) + 1);
     if (packed_k) p.cu_seqlens_k = random_array(r, 11, placed, p.dv, i128(p.batch_size) + 1);
-    // Sizes: ours, a newer header's (its fields zero, or one byte set), or
-    // of no header's.
-    constexpr size_t kOurs = sizeof(flashcore_backward_params);
-    const size_t newer[] = {kOurs + 4, kOurs + 8, kOurs + kNewerBytes};
-    const size_t bad_sizes[] = {0, 12, offsetof(flashcore_backward_params, q), kOurs - 8, kOurs - 1,
-                                kMaxStructSize + 1, size_t(1) << 40};
-    const int kind = r.chance(90) ? 0 : int(1 + r.below(2));
-    p.struct_size = kind == 0 ? kOurs : kind == 1 ? r.pick(newer) : r.pick(bad_sizes);
-    if (p.struct_size > kOurs && p.struct_size <= sizeof c) {
-        unsigned char *bytes = reinterpret_cast<unsigned char *>(&c);
-        std::memset(bytes + kOurs, 0, p.struct_size - kOurs);
-        if (r.chance(50)) bytes[kBackwardKnownEnd + r.below(p.struct_size - kBackwardKnownEnd)] = 1;
+    // Sinks and their gradient (0.9): mostly neither; sinks as the
+    // forward's, and with them mostly dsinks (num_heads_q floats, written:
+    // apart, on top of another tensor, ending where dq, dk or sinks begins
+    // or one float into it, NULL or misaligned); without them now and
+    // then dsinks anyway (refused).
+    if (r.chance(30)) p.sinks = random_array<float>(r, 12, placed, p.dk, p.num_heads_q);
+    if (r.chance(p.sinks != nullptr ? 60 : 3)) {
+        if (p.sinks != nullptr) placed.push_back(reinterpret_cast<uintptr_t>(p.sinks));
+        const void *next_to[] = {p.dq, p.dk, p.sinks};
+        p.dsinks = const_cast<float *>(random_array<float>(r, 13, placed, r.pick(next_to), p.num_heads_q));
     }
+    // Sizes: ours, a released header's (0.7's, its 0.9 fields garbage), a
+    // newer header's (its fields zero, or one byte set), or of no header's
+    // (short of 0.7's, inside the 0.9 fields, past 64 KiB).
+    constexpr size_t kOurs = sizeof(flashcore_backward_params);
+    const size_t older[] = {kBackwardEndV0_7, padded<flashcore_backward_params>(kBackwardEndV0_7)};
+    const size_t newer[] = {kOurs + 4, kOurs + 8, kOurs + kNewerBytes};
+    const size_t bad_sizes[] = {0,
+                                12,
+                                offsetof(flashcore_backward_params, q),
+                                kBackwardEndV0_7 - 4,
+                                kBackwardEndV0_7 + 4,
+                                offsetof(flashcore_backward_params, sinks),
+                                offsetof(flashcore_backward_params, dsinks),
+                                kOurs - 1,
+                                kMaxStructSize + 1,
+                                size_t(1) << 40};
+    const int kind = r.chance(88) ? 0 : int(1 + r.below(3));
+    p.struct_size = kind == 0 ? kOurs : kind == 1 ? r.pick(older) : kind == 2 ? r.pick(newer) : r.pick(bad_sizes);
+    fill_past_struct_size(r, &c, kBackwardEndV0_7, kBackwardKnownEnd);
     return c;
 }
 
@@ -1463,14 +1592,16 @@ void print_backward_params(const BackwardCaller &c) {
                  "(0x%08x) deterministic %d\n"
                  "  use_window %d window_left %d window_right %d softcap %g (0x%08x)\n"
                  "  q %p k %p v %p out %p dout %p lse %p dq %p dk %p dv %p\n"
-                 "  seqused_k %p cu_seqlens_q %p cu_seqlens_k %p total_seqlen_q %d total_seqlen_k %d\n",
+                 "  seqused_k %p cu_seqlens_q %p cu_seqlens_k %p total_seqlen_q %d total_seqlen_k %d\n"
+                 "  attention_chunk %d sinks %p dsinks %p\n",
                  p.struct_size, sizeof p, p.dtype, p.batch_size, p.seqlen_q, p.seqlen_k, p.num_heads_q,
                  p.num_heads_kv, p.head_dim, p.head_dim_v, p.causal, double(p.softmax_scale),
                  float_bits(p.softmax_scale), p.deterministic, p.use_window, p.window_left, p.window_right,
                  double(p.softcap), float_bits(p.softcap), p.q, p.k, p.v, p.out, p.dout,
                  static_cast<const void *>(p.lse), p.dq, p.dk, p.dv, static_cast<const void *>(p.seqused_k),
                  static_cast<const void *>(p.cu_seqlens_q), static_cast<const void *>(p.cu_seqlens_k),
-                 p.total_seqlen_q, p.total_seqlen_k);
+                 p.total_seqlen_q, p.total_seqlen_k, p.attention_chunk, static_cast<const void *>(p.sinks),
+                 static_cast<void *>(p.dsinks));
     std::fprintf(stderr, "  bytes after ours:");
     for (unsigned char b : c.newer) std::fprintf(stderr, " %02x", b);
     std::fprintf(stderr, "\n  strides (batch seq head):");
@@ -1741,6 +1872,10 @@ const FieldFault kFieldFaults[] = {
     {"k_seq_stride", [](flashcore_forward_params &p, Rng &) { p.k_seq_stride = -16; }},
     {"v_head_stride", [](flashcore_forward_params &p, Rng &) { p.v_head_stride = -8; }},
     {"out_seq_stride", [](flashcore_forward_params &p, Rng &) { p.out_seq_stride = -8; }},
+    {"attention_chunk", [](flashcore_forward_params &p, Rng &r) { p.attention_chunk = r.chance(50) ? -1 : INT32_MIN; }},
+    {"sinks", [](flashcore_forward_params &p, Rng &r) {
+         p.sinks = reinterpret_cast<const float *>((uintptr_t(13) << 44) + 1 + r.below(3));
+     }},
 };
 
 bool check_messages_name_fields(Rng &r, const flashcore_forward_params &accepted, uint64_t call,
@@ -1782,12 +1917,18 @@ struct Counts {
     uint64_t windowed_successes = 0, capped_successes = 0, seqused_successes = 0, newer_successes = 0;
     uint64_t varlen_successes = 0, paged_successes = 0;
     // ... on an fp8 cache (0.8), and among them with descale factors; with
-    // fp8 queries.
+    // fp8 queries; with chunks and with sinks (0.9); from a 0.8 caller.
     uint64_t fp8_successes = 0, descaled_successes = 0, fp8_q_successes = 0;
+    uint64_t chunked_successes = 0, sinks_successes = 0, v0_8_successes = 0;
+    // Accepted merges with sinks, from an older header's (0.3's) struct and
+    // from a newer one's.
+    uint64_t merge_sinks_successes = 0, merge_older_successes = 0, merge_newer_successes = 0;
     // Accepted backward parameter sets: all, without query rows (not
-    // empty), variable-length, and from a newer header's struct.
+    // empty), variable-length, from a newer header's struct, from a 0.7
+    // caller's, with chunks, with sinks and with dsinks.
     uint64_t backward_successes = 0, backward_rowless_successes = 0, backward_varlen_successes = 0;
-    uint64_t backward_newer_successes = 0;
+    uint64_t backward_newer_successes = 0, backward_older_successes = 0, backward_chunked_successes = 0;
+    uint64_t backward_sinks_successes = 0, backward_dsinks_successes = 0;
     // Refusals of one bad field whose message named it.
     uint64_t named_fields = 0;
 };
@@ -1813,6 +1954,10 @@ bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
             counts->fp8_successes += fp8;
             counts->descaled_successes += fp8 && (p.k_descale != nullptr || p.v_descale != nullptr);
             counts->fp8_q_successes += fp8_q(p);
+            const bool has_0_9_fields = p.struct_size >= kEndV0_9;
+            counts->chunked_successes += has_0_9_fields && p.attention_chunk > 0;
+            counts->sinks_successes += has_0_9_fields && p.sinks != nullptr;
+            counts->v0_8_successes += p.struct_size == kEndV0_8;
             if (!plan_forward_on(gpu_for(i), p, i)) {
                 print_params(c);
                 return false;
@@ -1824,12 +1969,15 @@ bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
             }
             ++counts->calls;
         }
-        const flashcore_merge_params m = random_merge_params(r);
+        const MergeCaller m = random_merge_params(r);
         if (!check_merge(m, i, &got)) return false;
         ++counts->calls;
         counts->merge_successes += got == FLASHCORE_STATUS_SUCCESS;
         if (got == FLASHCORE_STATUS_SUCCESS) {
-            if (!plan_merge_on(gpu_for(i + 1), m, i)) return false;
+            counts->merge_sinks_successes += m.p.struct_size >= kMergeKnownEnd && m.p.sinks != nullptr;
+            counts->merge_older_successes += m.p.struct_size < sizeof m.p;
+            counts->merge_newer_successes += m.p.struct_size > sizeof m.p;
+            if (!plan_merge_on(gpu_for(i + 1), m.p, i)) return false;
             ++counts->calls;
         }
         const BackwardCaller b = random_backward_params(r);
@@ -1841,6 +1989,11 @@ bool run(uint64_t seed, uint64_t forward_calls, Counts *counts) {
             counts->backward_rowless_successes += !backward_empty(b.p) && rowless;
             counts->backward_varlen_successes += b.p.cu_seqlens_q != nullptr || b.p.cu_seqlens_k != nullptr;
             counts->backward_newer_successes += b.p.struct_size > sizeof b.p;
+            counts->backward_older_successes += b.p.struct_size < sizeof b.p;
+            const flashcore_backward_params read = backward_as_read(b.p);
+            counts->backward_chunked_successes += read.attention_chunk > 0;
+            counts->backward_sinks_successes += read.sinks != nullptr;
+            counts->backward_dsinks_successes += read.dsinks != nullptr;
             if (!plan_backward_on(gpu_for(i + 2), b.p, i)) {
                 print_backward_params(b);
                 return false;
@@ -1904,13 +2057,20 @@ int main(int argc, char **argv) {
     std::printf("fuzz_api: %" PRIu64 " API calls, %" PRIu64 " valid forward (%" PRIu64 " with a window, %" PRIu64
                 " with a softcap, %" PRIu64 " with seqused_k, %" PRIu64 " variable-length, %" PRIu64
                 " on a paged cache, %" PRIu64 " on an fp8 cache (%" PRIu64 " with descale factors), %" PRIu64
-                " with fp8 queries, %" PRIu64 " from a newer header), %" PRIu64
-                " valid merge and %" PRIu64 " valid backward (%" PRIu64 " without query rows, %" PRIu64
-                " variable-length, %" PRIu64 " from a newer header) parameter sets accepted, all as the model says\n",
+                " with fp8 queries, %" PRIu64 " chunked, %" PRIu64 " with sinks, %" PRIu64
+                " from a 0.8 header, %" PRIu64 " from a newer header), %" PRIu64 " valid merge (%" PRIu64
+                " with sinks, %" PRIu64 " from a 0.3 header, %" PRIu64 " from a newer header) and %" PRIu64
+                " valid backward (%" PRIu64 " without query rows, %" PRIu64 " variable-length, %" PRIu64
+                " chunked, %" PRIu64 " with sinks, %" PRIu64 " with dsinks, %" PRIu64 " from a 0.7 header, %" PRIu64
+                " from a newer header) parameter sets accepted, all as the model says\n",
                 counts.calls, counts.successes, counts.windowed_successes, counts.capped_successes,
                 counts.seqused_successes, counts.varlen_successes, counts.paged_successes, counts.fp8_successes,
-                counts.descaled_successes, counts.fp8_q_successes, counts.newer_successes, counts.merge_successes, counts.backward_successes,
-                counts.backward_rowless_successes, counts.backward_varlen_successes, counts.backward_newer_successes);
+                counts.descaled_successes, counts.fp8_q_successes, counts.chunked_successes, counts.sinks_successes,
+                counts.v0_8_successes, counts.newer_successes, counts.merge_successes, counts.merge_sinks_successes,
+                counts.merge_older_successes, counts.merge_newer_successes, counts.backward_successes,
+                counts.backward_rowless_successes, counts.backward_varlen_successes, counts.backward_chunked_successes,
+                counts.backward_sinks_successes, counts.backward_dsinks_successes, counts.backward_older_successes,
+                counts.backward_newer_successes);
     // The threaded phase: threads fuzz at once, each with its own seed,
     // sharing the emulated handles (every function is thread-safe; each
     // thread's messages are its own, which agrees() reads).
