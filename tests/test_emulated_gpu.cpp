@@ -76,6 +76,8 @@ struct ForwardForm {
     bool fp8_kv = false;
     bool fp8_q = false;
     bool seqused_k = false;
+    int32_t attention_chunk = 0;  // 0.9
+    bool sinks = false;           // 0.9
 };
 
 const ForwardForm kForwardForms[] = {
@@ -96,6 +98,18 @@ const ForwardForm kForwardForms[] = {
     {"fp8_kv_decode", 4, 1, 4096, 32, 8, false, 0, false, 0, false, 0.f, true},
     {"fp8_kv_prefill", 1, 1024, 1024, 8, 8, true, 0, false, 0, false, 0.f, true},
     {"fp8_prefill", 2, 1024, 1024, 8, 8, true, 0, false, 0, false, 0.f, true, true},
+    // 0.9: chunked attention (Llama 4's, causal) and learnable sinks (gpt-oss's), with GQA, splits, pages and
+    // windows; a chunk shorter than a tile; an fp8 cache and fp8 queries.
+    {"chunked", 1, 4096, 4096, 32, 8, true, 0, false, 0, false, 0.f, false, false, false, 1024},
+    {"chunked_decode", 4, 1, 16384, 32, 8, false, 0, false, 0, false, 0.f, false, false, true, 8192},
+    {"chunked_short", 2, 300, 300, 8, 8, true, 0, false, 0, false, 0.f, false, false, false, 5},
+    {"sinks", 2, 512, 512, 64, 8, true, 0, false, 0, false, 0.f, false, false, false, 0, true},
+    {"sinks_split4", 2, 64, 4096, 8, 2, false, 4, false, 0, false, 0.f, false, false, false, 0, true},
+    {"sinks_window", 2, 2048, 2048, 8, 8, true, 0, false, 0, true, 0.f, false, false, false, 0, true},
+    {"chunked_sinks_paged", 2, 128, 2048, 8, 2, true, 0, false, 64, false, 0.f, false, false, false, 512, true},
+    {"chunked_sinks_varlen", 3, 700, 900, 8, 2, true, 0, true, 0, false, 0.f, false, false, false, 256, true},
+    {"chunked_sinks_fp8_kv", 4, 1, 4096, 32, 8, false, 0, false, 0, false, 0.f, true, false, false, 1024, true},
+    {"chunked_sinks_fp8", 2, 1024, 1024, 8, 8, true, 0, false, 0, false, 0.f, true, true, false, 256, true},
 };
 
 // The sizes and options forward and backward params share, from a form.
@@ -154,6 +168,8 @@ flashcore_forward_params forward_params(const ForwardForm &f, int32_t d, int32_t
         p.seqused_k = static_cast<const int32_t *>(fake_tensor(8));
     }
     if (f.seqused_k) p.seqused_k = static_cast<const int32_t *>(fake_tensor(8));
+    p.attention_chunk = f.attention_chunk;
+    if (f.sinks) p.sinks = static_cast<const float *>(fake_tensor(9));
     EXPECT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS)
         << f.name << ": " << flashcore_last_error_message();
     return p;
@@ -301,6 +317,8 @@ TEST(EmulatedGpu, EveryCheckedBackwardCallPlans) {
         int32_t batch, seqlen_q, seqlen_k, heads_q, heads_kv;
         bool causal, varlen, window, deterministic;
         float softcap;
+        int32_t attention_chunk = 0;  // 0.9
+        bool sinks = false;           // 0.9: with dsinks
     } forms[] = {
         {"dense", 2, 1024, 1024, 8, 8, false, false, false, false, 0.f},
         {"causal_gqa", 1, 2048, 2048, 16, 4, true, false, false, false, 0.f},
@@ -309,6 +327,9 @@ TEST(EmulatedGpu, EveryCheckedBackwardCallPlans) {
         {"window", 2, 1024, 1024, 8, 8, true, false, true, false, 0.f},
         {"softcap", 2, 512, 512, 8, 8, false, false, false, false, 30.f},
         {"deterministic", 2, 1024, 1024, 8, 2, true, false, false, true, 0.f},
+        {"chunked", 1, 4096, 4096, 16, 4, true, false, false, false, 0.f, 1024},
+        {"sinks", 2, 512, 512, 8, 2, true, false, false, false, 0.f, 0, true},
+        {"chunked_sinks_varlen", 3, 700, 900, 8, 2, true, true, false, true, 0.f, 100, true},
     };
     std::map<std::string, int> planned_per_gpu;
     for (const auto &gpu : kGpus) {
@@ -324,6 +345,11 @@ TEST(EmulatedGpu, EveryCheckedBackwardCallPlans) {
                     set_shape(p, f, d, dv);
                     p.deterministic = f.deterministic;
                     if (f.window) p.use_window = 1, p.window_left = 128, p.window_right = 0;
+                    p.attention_chunk = f.attention_chunk;
+                    if (f.sinks) {
+                        p.sinks = static_cast<const float *>(fake_tensor(11));
+                        p.dsinks = static_cast<float *>(fake_tensor(12));
+                    }
                     p.q = fake_tensor(0), p.k = fake_tensor(1), p.v = fake_tensor(2), p.out = fake_tensor(3);
                     p.dout = fake_tensor(4);
                     p.lse = static_cast<const float *>(fake_tensor(5));
@@ -515,6 +541,114 @@ TEST(EmulatedGpu, VariantVariablesTakeTheSamePathNames) {
     }
 }
 
+// The workspace (flashcore.h, "Workspace") depends on attention_chunk,
+// not on the sinks, which the query does not look at (a misaligned pointer
+// there is no refusal of it); a negative chunk length is refused by it as
+// by the check, writing nothing; num_splits 1 needs none, chunks or not.
+// The backward's depends on the shapes only: neither chunks nor sinks nor
+// dsinks change it. A 0.8 caller's struct (memory past it garbage) sizes
+// as a 0.9 one without chunks or sinks.
+TEST(EmulatedGpu, WorkspaceOfChunksAndSinks) {
+    for (const auto &gpu : kGpus) {
+        EmulatedHandle h(gpu.name);
+        for (const ForwardForm &f : kForwardForms) {
+            SCOPED_TRACE(std::string(gpu.name) + " " + f.name);
+            flashcore_forward_params p = forward_params(f, 64, 64, FLASHCORE_DTYPE_BF16);
+            if (f.fp8_q || flashcore_forward_check(&p) != FLASHCORE_STATUS_SUCCESS) continue;
+            size_t bytes = 1;
+            ASSERT_EQ(flashcore_forward_workspace_size(h.handle, &p, &bytes), FLASHCORE_STATUS_SUCCESS)
+                << flashcore_last_error_message();
+            for (const uintptr_t sinks : {uintptr_t(0), reinterpret_cast<uintptr_t>(fake_tensor(13)), uintptr_t(3)}) {
+                p.sinks = reinterpret_cast<const float *>(sinks);
+                size_t with_sinks = 7;
+                EXPECT_EQ(flashcore_forward_workspace_size(h.handle, &p, &with_sinks), FLASHCORE_STATUS_SUCCESS)
+                    << flashcore_last_error_message();
+                EXPECT_EQ(with_sinks, bytes) << "sinks " << sinks;
+            }
+            p.attention_chunk = -1;
+            size_t untouched = 77;
+            EXPECT_EQ(flashcore_forward_workspace_size(h.handle, &p, &untouched), FLASHCORE_STATUS_INVALID_ARGUMENT);
+            EXPECT_EQ(std::string(flashcore_last_error_message()).rfind("attention_chunk (-1)", 0), 0u)
+                << flashcore_last_error_message();
+            EXPECT_EQ(untouched, 77u) << "a refused query wrote the size";
+            p.attention_chunk = f.attention_chunk != 0 ? f.attention_chunk : 64;
+            p.num_splits = 1;
+            EXPECT_EQ(flashcore_forward_workspace_size(h.handle, &p, &untouched), FLASHCORE_STATUS_SUCCESS);
+            EXPECT_EQ(untouched, 0u);
+        }
+
+        // A 0.8 caller's struct, the bytes past it garbage (as attention_chunk,
+        // negative; as sinks, misaligned).
+        flashcore_forward_params dense = forward_params(kForwardForms[3], 64, 64, FLASHCORE_DTYPE_BF16);  // decode_gqa
+        constexpr size_t kSizeV0_8 = offsetof(flashcore_forward_params, attention_chunk);
+        flashcore_forward_params older = dense;
+        std::memset(reinterpret_cast<unsigned char *>(&older) + kSizeV0_8, 0xAB, sizeof older - kSizeV0_8);
+        older.struct_size = kSizeV0_8;
+        size_t dense_bytes = 1, older_bytes = 2;
+        ASSERT_EQ(flashcore_forward_workspace_size(h.handle, &dense, &dense_bytes), FLASHCORE_STATUS_SUCCESS);
+        EXPECT_EQ(flashcore_forward_workspace_size(h.handle, &older, &older_bytes), FLASHCORE_STATUS_SUCCESS)
+            << flashcore_last_error_message();
+        EXPECT_EQ(older_bytes, dense_bytes);
+
+        flashcore_backward_params b;
+        ASSERT_EQ(flashcore_backward_params_init(&b, sizeof b), FLASHCORE_STATUS_SUCCESS);
+        b.dtype = FLASHCORE_DTYPE_BF16;
+        set_shape(b, kForwardForms[0], 64, 64);
+        size_t plain = 1;
+        ASSERT_EQ(flashcore_backward_workspace_size(h.handle, &b, &plain), FLASHCORE_STATUS_SUCCESS)
+            << flashcore_last_error_message();
+        b.attention_chunk = 100;
+        b.sinks = static_cast<const float *>(fake_tensor(11));
+        b.dsinks = static_cast<float *>(fake_tensor(12));
+        size_t with_chunks_and_sinks = 2;
+        EXPECT_EQ(flashcore_backward_workspace_size(h.handle, &b, &with_chunks_and_sinks), FLASHCORE_STATUS_SUCCESS)
+            << flashcore_last_error_message();
+        EXPECT_EQ(with_chunks_and_sinks, plain);
+    }
+}
+
+// The workspace is written: it must not overlap the sinks a call reads, nor
+// the dsinks a backward call writes (the call refuses it before launching,
+// naming both).
+TEST(EmulatedGpu, WorkspaceMustNotOverlapSinksOrDsinks) {
+    EmulatedHandle h("a100");
+    ForwardForm split = kForwardForms[5];  // split4: a workspace of its own
+    split.sinks = true;
+    const flashcore_forward_params p = forward_params(split, 64, 64, FLASHCORE_DTYPE_FP16);
+    ASSERT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    size_t bytes = 0;
+    ASSERT_EQ(flashcore_forward_workspace_size(h.handle, &p, &bytes), FLASHCORE_STATUS_SUCCESS);
+    ASSERT_GT(bytes, 0u);
+    EXPECT_TRUE(planned(flashcore_forward(h.handle, &p, fake_tensor(20), bytes, nullptr), "a100"));
+    void *on_sinks = const_cast<float *>(p.sinks);
+    EXPECT_EQ(flashcore_forward(h.handle, &p, on_sinks, bytes, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    std::string message = flashcore_last_error_message();
+    EXPECT_EQ(message.rfind("the workspace (bytes 0x", 0), 0u) << message;
+    EXPECT_NE(message.find(") overlaps sinks (bytes 0x"), std::string::npos) << message;
+
+    flashcore_backward_params b;
+    ASSERT_EQ(flashcore_backward_params_init(&b, sizeof b), FLASHCORE_STATUS_SUCCESS);
+    set_shape(b, kForwardForms[2], 64, 64);  // short_ragged
+    b.q = fake_tensor(0), b.k = fake_tensor(1), b.v = fake_tensor(2), b.out = fake_tensor(3);
+    b.dout = fake_tensor(4);
+    b.lse = static_cast<const float *>(fake_tensor(5));
+    b.dq = fake_tensor(6), b.dk = fake_tensor(7), b.dv = fake_tensor(8);
+    b.sinks = static_cast<const float *>(fake_tensor(11));
+    b.dsinks = static_cast<float *>(fake_tensor(12));
+    ASSERT_EQ(flashcore_backward_set_contiguous_strides(&b, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+    ASSERT_EQ(flashcore_backward_check(&b), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    ASSERT_EQ(flashcore_backward_workspace_size(h.handle, &b, &bytes), FLASHCORE_STATUS_SUCCESS);
+    EXPECT_TRUE(planned(flashcore_backward(h.handle, &b, fake_tensor(20), bytes, nullptr), "a100"));
+    for (const auto &[name, at] : {std::pair{"sinks", static_cast<const void *>(b.sinks)},
+                                   std::pair{"dsinks", static_cast<const void *>(b.dsinks)}}) {
+        EXPECT_EQ(flashcore_backward(h.handle, &b, const_cast<void *>(at), bytes, nullptr),
+                  FLASHCORE_STATUS_INVALID_ARGUMENT)
+            << name;
+        message = flashcore_last_error_message();
+        EXPECT_NE(message.find(std::string(") overlaps ") + name + " (bytes 0x"), std::string::npos) << message;
+    }
+}
+
 TEST(EmulatedGpu, MergePlans) {
     EmulatedHandle h("a10");
     flashcore_merge_params m;
@@ -528,6 +662,10 @@ TEST(EmulatedGpu, MergePlans) {
     m.partial_seq_stride = 64, m.partial_head_stride = 128, m.partial_batch_stride = 256, m.partial_state_stride = 512;
     m.lse_seq_stride = 1, m.lse_head_stride = 2, m.lse_batch_stride = 4, m.lse_state_stride = 8;
     m.out_seq_stride = 64, m.out_head_stride = 128, m.out_batch_stride = 256;
+    ASSERT_EQ(flashcore_merge_check(&m), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    EXPECT_TRUE(planned(flashcore_merge_states(h.handle, &m, nullptr), "a10"));
+    // With sinks (0.9), one per head.
+    m.sinks = static_cast<const float *>(fake_tensor(3));
     ASSERT_EQ(flashcore_merge_check(&m), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
     EXPECT_TRUE(planned(flashcore_merge_states(h.handle, &m, nullptr), "a10"));
 }
