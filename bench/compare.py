@@ -74,6 +74,20 @@ on dout (no autograd engine); fa3 is n/a (the fa3-fwd wheel is forward only). TF
 BACKWARD_FLOPS_PER_FORWARD_FLOP (2.5) times the forward's flops for the backward, one more for a training step.
 Every backend's gradients (set 0) are checked against the reference backend's.
 
+Issue 61's model shapes, --preset models-2026 (named only; bf16, bshd and causal by default): gpt-oss 120B
+(64/8 heads, d64, learnable sinks; prefill 8k at B1 and B2 and decode against an 8k cache at B8 and B64, each with a
+window of 128 keys, window=(128, 0), and full causal) and Llama 4 Scout (40/8 heads, d128, attention_chunk 8192;
+prefill 16k and 32k). flashcore gets window=, attention_chunk= and sinks= (float32 [Hq]); the peers are those that
+take the features: FlashAttention 4 (fa4: window_size, learnable_sink, forward and backward; no chunks), FA3
+(attention_chunk and window_size where the wheel's functions take them; no sinks), SDPA's efficient and cuDNN
+backends with an explicit mask (no sinks), and gpt-oss's eager PyTorch attention (eager: the sink as an extra score
+column; forward only); a backend that cannot take a case is n/a with the reason. Visible pairs are counted row by
+row (key_range), and every output (gradients and dsinks with --backward/--train) is checked against an fp32
+reference computed in blocks (masked_reference). Two flashcore twins measure issue 61's overheads: flashcore-nosinks
+(the same call without sinks; sinks cost = time ratio - 1, target <= 3%) and flashcore-causal (a chunked case's
+chunks as a batch of plain causal sequences, a view of the same tensors: chunk/key = time per visible pair over
+the twin's, target <= 1.1).
+
 Run ``python3 bench/compare.py --help`` for the options. Exit status: 0 ok, 1 a
 flashcore output check failed or flashcore failed a case others ran
 (flashcore-fp8 included: a case fa3-fp8 ran, at issue 36's head dims 64, 128
@@ -82,6 +96,7 @@ and 256), 2 no GPU, PyTorch or flashcore package, or a bad command line.
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import inspect
 import json
@@ -118,6 +133,16 @@ class Preset:
     heads_kv: int = 0
     seqlen_k: int = 0
     kind: str = "prefill"  # "prefill", "decode" (judged on K/V bandwidth) or "chunk" (chunked prefill)
+    # Issue 61's model features (the models-2026 presets): a sliding window (left, right) as flashcore.attention's
+    # window=, Llama 4's attention_chunk, gpt-oss's learnable sinks (one float32 logit per query head). Presets with
+    # any of them are causal only (--mask none skips them) and default to bf16 and the bshd layout, the models' own.
+    window: tuple = None
+    attention_chunk: int = 0
+    sinks: bool = False
+
+    @property
+    def features(self):
+        return self.window is not None or self.attention_chunk > 0 or self.sinks
 
     @property
     def kv_heads(self):
@@ -133,7 +158,20 @@ class Preset:
         heads = f"{self.heads}" if self.kv_heads == self.heads else f"{self.heads}/{self.kv_heads}"
         seq = f"{self.seqlen_q}" if self.keys == self.seqlen_q else f"{self.seqlen_q}/{self.keys}"
         dims = f"{self.head_dim}" if self.head_dim_v == self.head_dim else f"{self.head_dim}/{self.head_dim_v}"
-        return f"{self.batch}x{heads}x{seq}x{dims}"
+        return f"{self.batch}x{heads}x{seq}x{dims}" + feature_suffix(self.window, self.attention_chunk, self.sinks, ",")
+
+
+def feature_suffix(window, attention_chunk, sinks, sep=" "):
+    """The model features of a preset or case as its label shows them: ' win128' (window (128, 0); 'win128+4' for
+    (128, 4)), ' chunk8192', ' sinks'."""
+    parts = []
+    if window is not None:
+        parts.append(f"win{window[0]}" + ("" if window[1] == 0 else f"+{window[1]}"))
+    if attention_chunk:
+        parts.append(f"chunk{attention_chunk}")
+    if sinks:
+        parts.append("sinks")
+    return "".join(sep + part for part in parts)
 
 
 # The presets from mission to tput-8k-d32 are kPresets in flashcore_bench.cpp: keep them in step. Issue 37's
@@ -179,12 +217,33 @@ PRESETS = [
     Preset("chunk-256-2k", 1, 32, 256, 128, 128, heads_kv=8, seqlen_k=2048, kind="chunk"),
     Preset("chunk-512-4k", 1, 32, 512, 128, 128, heads_kv=8, seqlen_k=4096, kind="chunk"),
     Preset("chunk-1k-16k", 1, 32, 1024, 128, 128, heads_kv=8, seqlen_k=16384, kind="chunk"),
+    # Issue 61's model shapes (compare.py's own; causal only, bf16 and bshd unless --dtype/--layout say otherwise).
+    # gpt-oss 120B attention: 64 query heads over 8 K/V heads, head dim 64, a learnable sink per query head, its
+    # layers alternating a sliding window of 128 keys (window (128, 0) with causal) and full causal attention.
+    # Prefill of 8k tokens, and decode steps against an 8k cache.
+    Preset("gptoss-8k-win128", 1, 64, 8192, 64, 64, heads_kv=8, window=(128, 0), sinks=True),
+    Preset("gptoss-8k", 1, 64, 8192, 64, 64, heads_kv=8, sinks=True),
+    Preset("gptoss-8k-b2-win128", 2, 64, 8192, 64, 64, heads_kv=8, window=(128, 0), sinks=True),
+    Preset("gptoss-8k-b2", 2, 64, 8192, 64, 64, heads_kv=8, sinks=True),
+    Preset("gptoss-decode-b8-8k-win128", 8, 64, 1, 64, 64, heads_kv=8, seqlen_k=8192, kind="decode", window=(128, 0),
+           sinks=True),
+    Preset("gptoss-decode-b8-8k", 8, 64, 1, 64, 64, heads_kv=8, seqlen_k=8192, kind="decode", sinks=True),
+    Preset("gptoss-decode-b64-8k-win128", 64, 64, 1, 64, 64, heads_kv=8, seqlen_k=8192, kind="decode",
+           window=(128, 0), sinks=True),
+    Preset("gptoss-decode-b64-8k", 64, 64, 1, 64, 64, heads_kv=8, seqlen_k=8192, kind="decode", sinks=True),
+    # Llama 4 Scout's attention: 40 query heads over 8 K/V heads, head dim 128, chunked attention (chunks of 8192
+    # positions, causal inside each): prefill of 16k and 32k tokens.
+    Preset("llama4-16k-chunk8k", 1, 40, 16384, 128, 128, heads_kv=8, attention_chunk=8192),
+    Preset("llama4-32k-chunk8k", 1, 40, 32768, 128, 128, heads_kv=8, attention_chunk=8192),
 ]
 PRESET_NAMES = [p.name for p in PRESETS]
+# The model presets (issue 61) run only when named (alone or through a group below): they need a library and
+# binding with sinks= and attention_chunk=, and the default run's timings stay comparable with earlier ones.
+MODEL_PRESET_NAMES = [p.name for p in PRESETS if p.features]
 PRESET_GROUPS = {  # --preset accepts these names too
-    "decode": [p.name for p in PRESETS if p.kind == "decode"],
+    "decode": [p.name for p in PRESETS if p.kind == "decode" and not p.features],
     "chunk": [p.name for p in PRESETS if p.kind == "chunk"],
-    "serving": [p.name for p in PRESETS if p.kind != "prefill"],
+    "serving": [p.name for p in PRESETS if p.kind != "prefill" and not p.features],
     # Issue 34's backward targets (flashcore_bench has the same group); --backward's default.
     "backward-targets": ["tput-2k-d64", "tput-8k-d64", "tput-2k-d128", "tput-8k-d128", "tput-4k-d256"],
     # Issue 37's targets, the Hopper backward against cuDNN's (a training step, --train, at least 1.05x
@@ -195,6 +254,12 @@ PRESET_GROUPS = {  # --preset accepts these names too
     # the default --backends and bf16 the default --dtype.
     "fp8-prefill": ["tput-2k-d64", "tput-8k-d64", "tput-16k-d64", "tput-2k-d128", "tput-8k-d128", "tput-16k-d128",
                     "tput-4k-b8-d256"],
+    # Issue 61's model shapes: gpt-oss (sinks, alternating window 128 and full causal) and Llama 4 (chunks of 8192).
+    "gpt-oss-prefill": [n for n in MODEL_PRESET_NAMES if n.startswith("gptoss-8k")],
+    "gpt-oss-decode": [n for n in MODEL_PRESET_NAMES if n.startswith("gptoss-decode")],
+    "gpt-oss": [n for n in MODEL_PRESET_NAMES if n.startswith("gptoss-")],
+    "llama4": [n for n in MODEL_PRESET_NAMES if n.startswith("llama4-")],
+    "models-2026": MODEL_PRESET_NAMES,
 }
 FP8_PRESET_GROUP = "fp8-prefill"
 # Cases with at most this many query rows count as decode (K/V bandwidth, FA3's KV-cache entry point).
@@ -230,8 +295,32 @@ FP8_KV_TOLERANCE = 1e-1
 # product) is in: up to ~1/16 of a large v value in rows that see a few keys. Loose, a sanity check against gross
 # errors (a descale ignored, the wrong head); bench/fp8_error.py measures the error against float64.
 FP8_TOLERANCE = 2e-1
+# FlashAttention 4 (the flash-attn-4 package, flash_attn.cute.interface.flash_attn_func; forward and backward on
+# sm90 and sm100), opt-in (a default only for the model presets): the peer of gpt-oss's sinks (learnable_sink)
+# and windows; it has no attention_chunk.
+FA4_BACKEND = "fa4"
+FA4_DISTRIBUTION = "flash-attn-4"
+# gpt-oss's own PyTorch reference, forward only, for cases with sinks (no fused peer but FA4 takes them): scores in
+# the case's dtype, the mask added, each head's sink logit as one more column, softmax, the column dropped, times V;
+# in slices of query rows so that a slice's scores stay under EAGER_SLICE_BYTES.
+EAGER_BACKEND = "eager"
+EAGER_SLICE_BYTES = 1 << 30
+# Issue 61's overhead twins, flashcore on the case without one feature: flashcore-nosinks is the same call without
+# sinks (sinks cost = flashcore's time / its time - 1; target: at most SINKS_COST_TARGET, forward and backward);
+# flashcore-causal runs a chunked case (Sq = Sk, a whole number of chunks, bshd) as plain causal attention over its
+# chunks taken as a batch of sequences, a view of the same tensors: the same visible pairs, so chunk/causal =
+# (flashcore's time / its pairs) / (the twin's time / its pairs) is the cost per visited key (target: at most
+# CHUNK_PER_KEY_TARGET). Neither is anyone's peer.
+NOSINKS_BACKEND, CAUSAL_BACKEND = OVERHEAD_BACKENDS = ("flashcore-nosinks", "flashcore-causal")
+SINKS_COST_TARGET = 0.03
+CHUNK_PER_KEY_TARGET = 1.1
+FORWARD_BACKENDS += (FA4_BACKEND, EAGER_BACKEND) + OVERHEAD_BACKENDS
 # --backward and --train: flashcore's backward in its default and its deterministic mode, beside the others'.
-BACKWARD_BACKENDS = ("flashcore", "flashcore-det", "fa3") + SDPA_BACKENDS
+# Their default; fa4 and the overhead twins are opt-in (but for the model presets, model_backends).
+DEFAULT_BACKWARD_BACKENDS = ("flashcore", "flashcore-det", "fa3") + SDPA_BACKENDS
+BACKWARD_BACKENDS = DEFAULT_BACKWARD_BACKENDS + (FA4_BACKEND,) + OVERHEAD_BACKENDS
+# flashcore's own variants: never another backend's peer, and their failures and bad outputs are flashcore's.
+OWN_BACKENDS = ("flashcore", "flashcore-det", FP8_FC_BACKEND) + OVERHEAD_BACKENDS
 # The backward pass's flops, by the convention of FlashAttention's benchmarks (and issue 34's anchors):
 # 2.5 times the forward's (five matrix products of the forward's size to its two).
 BACKWARD_FLOPS_PER_FORWARD_FLOP = 2.5
@@ -240,8 +329,9 @@ FLOPS_PER_FORWARD_FLOP = {"forward": 1.0, "backward": BACKWARD_FLOPS_PER_FORWARD
                           "train": 1.0 + BACKWARD_FLOPS_PER_FORWARD_FLOP}
 # Loose, as TOLERANCE: the largest gradient difference from the reference's, over its largest value.
 BACKWARD_TOLERANCE = {"fp16": 2e-2, "bf16": 4e-2}
-# fc/peer: flashcore against the best of these (FlashAttention 3, cuDNN, PyTorch's flash backend).
-PEERS = ("fa3", "cudnn", "flash")
+# fc/peer: flashcore against the best of these (FlashAttention 3, cuDNN, PyTorch's flash backend, and
+# FlashAttention 4 where asked for).
+PEERS = ("fa3", "cudnn", "flash", FA4_BACKEND)
 # FlashAttention 3 comes from this third-party wheel (never vendored): pip install fa3-fwd==0.0.3.
 FA3_DISTRIBUTION = "fa3-fwd"
 # flashcore.h: FLASHCORE_MAX_NUM_SPLITS.
@@ -275,15 +365,37 @@ class Case:
     causal: bool
     layout: str
     kind: str = "prefill"
+    window: tuple = None  # issue 61's features, as Preset's
+    attention_chunk: int = 0
+    sinks: bool = False
+
+    @property
+    def features(self):
+        """Whether the case has a window, chunks or sinks (issue 61): checked against the fp32 reference computed in
+        blocks (masked_reference), flashcore's backward through its autograd node, SDPA only through a mask."""
+        return self.window is not None or self.attention_chunk > 0 or self.sinks
+
+    @property
+    def masked(self):
+        """Whether a window or chunks mask the case beyond causal (SDPA needs an explicit mask)."""
+        return self.window is not None or self.attention_chunk > 0
 
     @property
     def decode(self):
         """Decode-like: judged on K/V bandwidth; FA3 runs through flash_attn_with_kvcache."""
         return self.kind == "decode" or self.seqlen_q <= DECODE_MAX_SEQLEN_Q
 
+    def keys_read(self):
+        """Keys of one sequence that some query row sees: Sk, but for a window or chunks (a windowed decode step
+        reads its window's keys only)."""
+        if not self.masked:
+            return self.seqlen_k
+        return keys_seen(self.seqlen_q, self.seqlen_k, self.causal, self.window, self.attention_chunk)
+
     def kv_bytes(self):
-        """Bytes of K and V one call reads: B*Hkv*Sk*(D + Dv) elements of 2 bytes."""
-        return 2 * self.batch * self.num_heads_kv * self.seqlen_k * (self.head_dim + self.head_dim_v)
+        """Bytes of K and V one call reads: B*Hkv*Sk*(D + Dv) elements of 2 bytes (the keys some row sees, for a
+        window or chunks)."""
+        return 2 * self.batch * self.num_heads_kv * self.keys_read() * (self.head_dim + self.head_dim_v)
 
     @property
     def label(self):
@@ -293,7 +405,8 @@ class Case:
         seq = f"{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"{self.seqlen_q}/{self.seqlen_k}"
         mask = "causal" if self.causal else "full"
         dims = f"{self.head_dim}" if self.head_dim_v == self.head_dim else f"{self.head_dim}/{self.head_dim_v}"
-        return f"{self.name} B{self.batch} H{heads} S{seq} D{dims} {self.dtype} {mask}"
+        return (f"{self.name} B{self.batch} H{heads} S{seq} D{dims} {self.dtype} {mask}"
+                + feature_suffix(self.window, self.attention_chunk, self.sinks))
 
     @property
     def torch_dtype(self):
@@ -305,6 +418,10 @@ class Case:
         rows_kv = self.batch * self.num_heads_kv * self.seqlen_k
         return 2 * (rows_q + rows_kv) * (self.head_dim + self.head_dim_v)
 
+    def read_bytes(self):
+        """Bytes one call reads and writes: q, out and the K/V of the keys some row sees (kv_bytes)."""
+        return 2 * self.batch * self.num_heads_q * self.seqlen_q * (self.head_dim + self.head_dim_v) + self.kv_bytes()
+
     def fp8_set_bytes(self):
         """The e4m3 copies of q, k and v of one buffer set and a bf16 out, in bytes (what an fp8 call touches)."""
         rows_q = self.batch * self.num_heads_q * self.seqlen_q
@@ -312,8 +429,42 @@ class Case:
         return rows_q * (self.head_dim + 2 * self.head_dim_v) + rows_kv * (self.head_dim + self.head_dim_v)
 
 
-def visible_pairs(sq, sk, causal):
-    """Query/key pairs the mask lets through for one head (bottom-right causal)."""
+def key_range(i, sq, sk, causal, window=None, attention_chunk=0):
+    """(first, last): the keys query row i sees, as flashcore.h defines the masks, all aligned bottom-right on
+    row i's diagonal key d = i + Sk - Sq: causal keeps j <= d; a window (left, right) d - left <= j <= d + right (-1:
+    unbounded on that side); chunks of attention_chunk keys the chunk of d, floor(d / chunk) * chunk <= j < that
+    + chunk (floor division: a negative d's chunk holds no key). last < first when the row sees no key. i may be an
+    int or an integer torch tensor of rows (then first and last are tensors of its shape)."""
+    d = i + (sk - sq)
+    if isinstance(i, int):
+        higher, lower, floor_div = max, min, (lambda a, b: a // b)
+        lo, hi = 0, sk - 1
+    else:
+        higher, lower = torch.maximum, torch.minimum
+        floor_div = lambda a, b: torch.div(a, b, rounding_mode="floor")  # noqa: E731
+        lo, hi = torch.zeros_like(d), torch.full_like(d, sk - 1)
+    if causal:
+        hi = lower(hi, d)
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            lo = higher(lo, d - left)
+        if right >= 0:
+            hi = lower(hi, d + right)
+    if attention_chunk:
+        start = floor_div(d, attention_chunk) * attention_chunk
+        lo = higher(lo, start)
+        hi = lower(hi, start + (attention_chunk - 1))
+    return lo, hi
+
+
+@functools.lru_cache(maxsize=None)
+def visible_pairs(sq, sk, causal, window=None, attention_chunk=0):
+    """Query/key pairs the mask lets through for one head (bottom-right causal; with a window or chunks, row by
+    row from key_range, exactly)."""
+    if window is not None or attention_chunk:
+        return sum(max(0, hi - lo + 1) for lo, hi in (key_range(i, sq, sk, causal, window, attention_chunk)
+                                                      for i in range(sq)))
     if not causal:
         return sq * sk
     if sk >= sq:
@@ -321,10 +472,27 @@ def visible_pairs(sq, sk, causal):
     return sk * (sk + 1) // 2  # the first Sq - Sk rows see no key
 
 
+@functools.lru_cache(maxsize=None)
+def keys_seen(sq, sk, causal, window=None, attention_chunk=0):
+    """How many keys of one sequence some query row sees (the union of the rows' ranges)."""
+    ranges = sorted(r for r in (key_range(i, sq, sk, causal, window, attention_chunk) for i in range(sq))
+                    if r[1] >= r[0])
+    count, end = 0, -1
+    for lo, hi in ranges:
+        if hi > end:
+            count += hi - max(lo, end + 1) + 1
+            end = hi
+    return count
+
+
+def case_pairs(c):
+    """The visible query/key pairs of one head of case c."""
+    return visible_pairs(c.seqlen_q, c.seqlen_k, c.causal, getattr(c, "window", None), getattr(c, "attention_chunk", 0))
+
+
 def attention_flops(c):
     """2*D flops per visible pair for Q*K^T and 2*Dv for P*V (4*D when Dv == D)."""
-    return 2.0 * c.batch * c.num_heads_q * (c.head_dim + c.head_dim_v) * visible_pairs(c.seqlen_q, c.seqlen_k,
-                                                                                           c.causal)
+    return 2.0 * c.batch * c.num_heads_q * (c.head_dim + c.head_dim_v) * case_pairs(c)
 
 
 # ---------------------------------------------------------------------------
@@ -345,12 +513,16 @@ def parse_args(argv):
                      help="presets to run (repeatable); also the groups " + ", ".join(PRESET_GROUPS)
                      + f" ({FP8_PRESET_GROUP}: issue 36's fp8 prefill targets; naming it makes "
                      + ",".join(FP8_BACKENDS) + " the default --backends and bf16 the default --dtype; "
-                     "backward-targets and hopper-backward: issues 34's and 37's backward targets)")
+                     "backward-targets and hopper-backward: issues 34's and 37's backward targets; models-2026: "
+                     "issue 61's gpt-oss (sinks, window 128 or full causal) and Llama 4 (chunks of 8192) shapes, "
+                     "which run only when named)")
     sel.add_argument("--dtype", help="fp16, bf16 or both, comma separated (default: both; bf16 with --preset "
-                     f"{FP8_PRESET_GROUP}); the fp8 backends cast these inputs to e4m3")
-    sel.add_argument("--mask", default="both", choices=("none", "causal", "both"))
-    sel.add_argument("--layout", default="bhsd", choices=("bhsd", "bshd"),
-                     help="storage of the inputs; SDPA gets [B,H,S,D] views of the same memory")
+                     f"{FP8_PRESET_GROUP} and for the model presets); the fp8 backends cast these inputs to e4m3")
+    sel.add_argument("--mask", default="both", choices=("none", "causal", "both"),
+                     help="default both; the model presets are causal only")
+    sel.add_argument("--layout", choices=("bhsd", "bshd"),
+                     help="storage of the inputs; SDPA gets [B,H,S,D] views of the same memory (default: bhsd; bshd "
+                     "for the model presets)")
     for flag, what in (("batch", "batch size"),
                        ("heads", "query heads; key/value heads follow at the preset's ratio (the same number for "
                         "MHA presets) unless --heads-kv"),
@@ -367,10 +539,16 @@ def parse_args(argv):
     run.add_argument("--backends",
                      help="comma list from " + ", ".join(FORWARD_BACKENDS) + " (with --backward or --train: from "
                      + ", ".join(BACKWARD_BACKENDS) + ") (default: " + ", ".join(ALL_BACKENDS) + "; with --preset "
-                     f"{FP8_PRESET_GROUP}: " + ", ".join(FP8_BACKENDS) + "; fa3 and fa3-fp8 are left out, with the "
-                     "reason, when its wheel cannot be imported). Opt-in: " + FP8_KV_BACKEND + " (K/V cast to e4m3), "
-                     + " and ".join(FP8_BACKENDS) + " (q, k and v cast to e4m3, per tensor, once per buffer set; "
-                     f"bf16 out; fp8 fc/fa3 = {FP8_FC_BACKEND} TFLOP/s / {FP8_FA3_BACKEND}'s, target >= {FP8_TARGET})")
+                     f"{FP8_PRESET_GROUP}: " + ", ".join(FP8_BACKENDS) + "; with only model presets (models-2026): "
+                     "flashcore, the overhead twins and the peers that take their features; fa3 and fa3-fp8 are left "
+                     "out, with the reason, when its wheel cannot be imported). Opt-in: " + FP8_KV_BACKEND + " (K/V "
+                     "cast to e4m3), " + " and ".join(FP8_BACKENDS) + " (q, k and v cast to e4m3, per tensor, once per "
+                     f"buffer set; bf16 out; fp8 fc/fa3 = {FP8_FC_BACKEND} TFLOP/s / {FP8_FA3_BACKEND}'s, target >= "
+                     f"{FP8_TARGET}), {FA4_BACKEND} (FlashAttention 4, flash_attn.cute; n/a where not importable), "
+                     f"{EAGER_BACKEND} (gpt-oss's PyTorch attention with sinks, forward only), {NOSINKS_BACKEND} "
+                     f"(flashcore without the case's sinks: sinks cost, target <= +{100 * SINKS_COST_TARGET:g}%%) and "
+                     f"{CAUSAL_BACKEND} (flashcore, plain causal over the case's chunks as a batch: chunk/key, "
+                     f"target <= {CHUNK_PER_KEY_TARGET:g}x)")
     modes = run.add_mutually_exclusive_group()
     modes.add_argument("--backward", dest="mode", action="store_const", const="backward",
                        help="time the backward pass (dq, dk, dv from out, lse and dout) instead of the forward: each "
@@ -420,15 +598,13 @@ def parse_args(argv):
     fp8_defaults = fp8_group and not args.gradients
     args.dtypes = split_choices(p, "--dtype", args.dtype or ("bf16" if fp8_defaults else "fp16,bf16"),
                                 ("fp16", "bf16"))
-    known = BACKWARD_BACKENDS if args.gradients else FORWARD_BACKENDS
-    default = BACKWARD_BACKENDS if args.gradients else FP8_BACKENDS if fp8_defaults else ALL_BACKENDS
-    args.backend_list = split_choices(p, "--backends", args.backends or ",".join(default), known)
     if args.gradients:
         for flag, given in (("--serving", args.serving), ("--extra", args.extra),
                             ("--num-splits", args.num_splits is not None)):
             if given:
                 p.error(f"{flag} is a forward option, not taken with --{args.mode}")
-    default_presets = {"forward": PRESET_NAMES, "backward": PRESET_GROUPS["backward-targets"],
+    default_presets = {"forward": [n for n in PRESET_NAMES if n not in MODEL_PRESET_NAMES],
+                       "backward": PRESET_GROUPS["backward-targets"],
                        "train": PRESET_GROUPS["hopper-backward"]}[args.mode]
     names = [n for item in (args.preset or [",".join(default_presets)]) for n in item.split(",") if n]
     names = [m for n in names for m in PRESET_GROUPS.get(n, [n])]
@@ -437,6 +613,13 @@ def parse_args(argv):
             p.error(f"unknown preset {n!r}; choose from {', '.join(PRESET_NAMES)} or a group "
                     f"({', '.join(PRESET_GROUPS)})")
     args.preset_names = names if (args.preset or not args.serving) else []
+    known = BACKWARD_BACKENDS if args.gradients else FORWARD_BACKENDS
+    models = [pr for pr in PRESETS if pr.name in args.preset_names and pr.features]
+    if models and len(models) == len(set(args.preset_names)):
+        default = model_backends(models, args.mode)
+    else:
+        default = DEFAULT_BACKWARD_BACKENDS if args.gradients else FP8_BACKENDS if fp8_defaults else ALL_BACKENDS
+    args.backend_list = split_choices(p, "--backends", args.backends or ",".join(default), known)
     args.serving_kinds = []
     if args.serving:
         from serving_cases import SERVING_KINDS
@@ -451,10 +634,28 @@ def parse_args(argv):
         p.error("--budget-ms must be > 0")
     try:
         if not build_cases(args) and not args.serving_kinds:
+            if args.mask == "none" and any(n in MODEL_PRESET_NAMES for n in args.preset_names):
+                p.error("no case selected: the model presets (window, chunks or sinks) are causal only, and --mask "
+                        "none leaves them out")
             p.error("no preset selected")
     except ValueError as e:
         p.error(str(e))
     return args
+
+
+def model_backends(presets, mode):
+    """The default --backends when only model presets are selected: flashcore, the overhead twins that apply, and
+    the peers that take some selected preset's features (fa4: sinks and windows; fa3: windows and chunks, not sinks;
+    efficient and cudnn: a mask, not sinks; eager: sinks, forward only)."""
+    sinks = any(pr.sinks for pr in presets)
+    plain = any(not pr.sinks for pr in presets)
+    chunks = any(pr.attention_chunk for pr in presets)
+    names = ["flashcore"] + [NOSINKS_BACKEND] * sinks + [CAUSAL_BACKEND] * chunks + [FA4_BACKEND]
+    if mode == "forward":
+        names += ["fa3"] * plain + ["efficient", "cudnn"] * plain + [EAGER_BACKEND] * sinks
+    else:
+        names += ["efficient", "cudnn"] * plain
+    return names
 
 
 def positive_int(text):
@@ -484,7 +685,8 @@ def build_cases(args):
 
     Overrides: --seqlen sets both lengths, --seqlen-q/--seqlen-k one each; --heads keeps the preset's
     query/key-value head ratio (MHA presets stay MHA) unless --heads-kv is given. ValueError on a
-    --heads that the preset's ratio does not divide."""
+    --heads that the preset's ratio does not divide. The model presets (window, chunks or sinks) are
+    causal only and, unless --dtype and --layout are given, bf16 and bshd."""
     masks = {"none": [False], "causal": [True], "both": [False, True]}[args.mask]
     cases = []
     for p in PRESETS:
@@ -505,10 +707,13 @@ def build_cases(args):
                       seqlen_k=args.seqlen_k or args.seqlen or p.keys,
                       head_dim=args.head_dim or p.head_dim,
                       head_dim_v=args.head_dim_v or args.head_dim or p.head_dim_v,
-                      layout=args.layout, kind=p.kind)
-        for dtype in args.dtypes:
+                      layout=args.layout or ("bshd" if p.features else "bhsd"), kind=p.kind,
+                      window=p.window, attention_chunk=p.attention_chunk, sinks=p.sinks)
+        dtypes = ["bf16"] if p.features and not getattr(args, "dtype", None) else args.dtypes
+        for dtype in dtypes:
             for causal in masks:
-                cases.append(Case(dtype=dtype, causal=causal, **fields))
+                if causal or not p.features:
+                    cases.append(Case(dtype=dtype, causal=causal, **fields))
     return cases
 
 
@@ -547,13 +752,35 @@ def bottom_right_bias(c, device):
     return bias.masked_fill(~keep, float("-inf")).view(1, 1, c.seqlen_q, c.seqlen_k)
 
 
-def sdpa_backend(name, c):
-    """fn(q, k, v) for PyTorch SDPA pinned to one backend, bottom-right causal; fn.how says how it is called."""
+def sdpa_with_mask(pinned, c, bias, gqa_kwargs):
+    """fn(q, k, v): SDPA pinned to one backend with an explicit additive mask (built once, outside the timed
+    calls)."""
+    def run(q, k, v):
+        with sdpa_kernel([pinned]):
+            return F.scaled_dot_product_attention(to_bhsd(q, c.layout), to_bhsd(k, c.layout), to_bhsd(v, c.layout),
+                                                  attn_mask=bias, **gqa_kwargs)
+    return run
+
+
+def sdpa_backend(name, c, cache=None):
+    """fn(q, k, v) for PyTorch SDPA pinned to one backend, bottom-right causal; fn.how says how it is called.
+    A window or chunks (issue 61) go in as an explicit additive mask (feature_bias; cache: the case's dict, so
+    that its backends share one), which PyTorch's flash kernel does not take; sinks are n/a (SDPA has none)."""
     pinned = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
               "cudnn": SDPBackend.CUDNN_ATTENTION}[name]
     gqa = c.num_heads_q != c.num_heads_kv
     gqa_kwargs = {"enable_gqa": True} if gqa else {}
     gqa_how = "; GQA: enable_gqa=True (K/V passed with their Hkv heads, no repeat_interleave)" if gqa else ""
+    if getattr(c, "features", False):
+        if c.sinks:
+            raise NotApplicable(f"{name}: SDPA has no learnable sinks (the {EAGER_BACKEND} backend is their PyTorch "
+                                "fallback)")
+        if name == "flash":
+            raise NotApplicable("flash: PyTorch's flash kernel takes no mask (a window or chunks need one)")
+        run = sdpa_with_mask(pinned, c, feature_bias(c, cache), gqa_kwargs)
+        run.how = ("F.scaled_dot_product_attention with an explicit additive mask [1,1,Sq,Sk] (the window and "
+                   "chunks, bottom-right, built once per case)" + gqa_how)
+        return run
     # A bottom-right causal mask over one query row hides no key: same as no mask.
     causal = c.causal and c.seqlen_q > 1
     causal_how = ": causal with Sq=1 hides no key" if c.causal and not causal else ""
@@ -578,12 +805,7 @@ def sdpa_backend(name, c):
         if c.seqlen_q > c.seqlen_k:
             raise Unsupported(f"{name}: no bottom-right causal kernel for seqlen_q > seqlen_k"
                               + (" with GQA" if gqa else "") + " (an explicit mask would leave rows with no key)")
-        bias = bottom_right_bias(c, "cuda")
-
-        def run(q, k, v):
-            with sdpa_kernel([pinned]):
-                return F.scaled_dot_product_attention(to_bhsd(q, c.layout), to_bhsd(k, c.layout),
-                                                      to_bhsd(v, c.layout), attn_mask=bias, **gqa_kwargs)
+        run = sdpa_with_mask(pinned, c, bottom_right_bias(c, "cuda"), gqa_kwargs)
         run.how = ("F.scaled_dot_product_attention with an explicit bottom-right additive mask [1,1,Sq,Sk] "
                    "(is_causal is top-left)" + gqa_how)
         return run
@@ -605,15 +827,33 @@ def accepts_keyword(fn, name):
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
-def flashcore_backend(fc, c, num_splits=None):
-    """flashcore.attention (the binding sizes and allocates the split-KV workspace); num_splits only when given."""
+def flashcore_backend(fc, c, num_splits=None, sinks=None, twin=None, deterministic=False):
+    """flashcore.attention (the binding sizes and allocates the split-KV workspace); num_splits only when given.
+    Issue 61's features as flashcore_features gives them (sinks: a float32 [Hq] tensor, made by make_sinks when
+    None); twin: one of OVERHEAD_BACKENDS (the case without its sinks, or its chunks as a batch of plain
+    sequences). deterministic: the forward's flag for the backward pass (flashcore-det through autograd)."""
     kwargs = {} if num_splits is None else {"num_splits": num_splits}
+    if twin:
+        twin_check(c, twin)
+    features = flashcore_features(fc, c, sinks, twin)
+    kwargs.update(features)
+    if deterministic:
+        kwargs["deterministic"] = True
+    gqa_how = "; GQA: native" if c.num_heads_q != c.num_heads_kv else ""
+    if twin == CAUSAL_BACKEND:
+        def run(q, k, v):
+            out = fc.attention(*(as_chunk_batch(t, c) for t in (q, k, v)), causal=c.causal, layout="bshd", **kwargs)
+            return to_bhsd(out.view(c.batch, c.seqlen_q, c.num_heads_q, c.head_dim_v), "bshd")
+        run.how = (f"flashcore.attention(causal={c.causal}, layout='bshd'{features_how(features)}) on the chunks as a "
+                   f"batch of {c.batch * (c.seqlen_q // c.attention_chunk)} sequences of {c.attention_chunk} (views)"
+                   + gqa_how)
+        return run
 
     def run(q, k, v):
         return to_bhsd(fc.attention(q, k, v, causal=c.causal, layout=c.layout, **kwargs), c.layout)
-    run.how = (f"flashcore.attention(layout={c.layout!r}" + (f", num_splits={num_splits}" if kwargs else "")
-               + "), workspace allocated by the binding" + ("; GQA: native" if c.num_heads_q != c.num_heads_kv
-                                                             else ""))
+    run.how = (f"flashcore.attention(layout={c.layout!r}"
+               + (f", num_splits={num_splits}" if num_splits is not None else "") + features_how(features)
+               + (", deterministic=True" if deterministic else "") + "), workspace allocated by the binding" + gqa_how)
     return run
 
 
@@ -726,15 +966,200 @@ def fa3_backend(fa3, c):
         return t if c.layout == "bshd" else t.transpose(1, 2)
 
     gqa_how = "; GQA: native (K/V with their Hkv heads)" if c.num_heads_q != c.num_heads_kv else ""
+    entry = fa3.flash_attn_with_kvcache if c.decode else fa3.flash_attn_func
+    features = fa3_features(entry, c)
+    feature_how = "".join(f", {key}={value!r}" for key, value in features.items())
     if c.decode:
         def run(q, k, v):  # q [B,Sq,Hq,D]; the caches [B,Sk,Hkv,D], all Sk rows used
-            out = fa3.flash_attn_with_kvcache(bshd(q), bshd(k), bshd(v), causal=c.causal, num_splits=0)
+            out = fa3.flash_attn_with_kvcache(bshd(q), bshd(k), bshd(v), causal=c.causal, num_splits=0, **features)
             return first_output(out).transpose(1, 2)
-        run.how = f"flash_attn_with_kvcache(causal={c.causal}, num_splits=0: its split-KV heuristic)" + gqa_how
+        run.how = (f"flash_attn_with_kvcache(causal={c.causal}{feature_how}, num_splits=0: its split-KV heuristic)"
+                   + gqa_how)
     else:
         def run(q, k, v):
-            return first_output(fa3.flash_attn_func(bshd(q), bshd(k), bshd(v), causal=c.causal)).transpose(1, 2)
-        run.how = f"flash_attn_func(causal={c.causal})" + gqa_how
+            return first_output(fa3.flash_attn_func(bshd(q), bshd(k), bshd(v), causal=c.causal,
+                                                    **features)).transpose(1, 2)
+        run.how = f"flash_attn_func(causal={c.causal}{feature_how})" + gqa_how
+    return run
+
+
+def fa3_features(entry, c):
+    """FA3's keyword arguments for a case's window and chunks (window_size, attention_chunk: FlashAttention's
+    conventions, which flashcore's follow); NotApplicable for sinks (FA3 has none) or an argument this wheel's
+    entry point lacks."""
+    if c.sinks:
+        raise NotApplicable("fa3: FlashAttention 3 has no learnable sinks (FA4's learnable_sink is their peer)")
+    features = {}
+    if c.window is not None:
+        features["window_size"] = tuple(c.window)
+    if c.attention_chunk:
+        features["attention_chunk"] = c.attention_chunk
+    missing = [key for key in features if not accepts_keyword(entry, key)]
+    if missing:
+        raise NotApplicable(f"fa3: this {FA3_DISTRIBUTION} wheel's {entry.__name__} has no "
+                            + " or ".join(f"{key}=" for key in missing))
+    return features
+
+
+def make_sinks(c, seed):
+    """gpt-oss's learnable sinks for case c: one float32 logit per query head, log(the mean keys a row sees) plus
+    N(0, 1), so that a sink takes a sizeable share of its rows' softmax and a kernel that drops it fails the check."""
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed + 61)
+    mean_keys = max(1.0, case_pairs(c) / c.seqlen_q)
+    return math.log(mean_keys) + torch.randn(c.num_heads_q, device="cuda", dtype=torch.float32, generator=gen)
+
+
+def flashcore_features(fc, c, sinks, twin=None):
+    """flashcore.attention's keyword arguments for the case's window, chunks and sinks (the causal twin drops the
+    chunks, the nosinks twin the sinks); Unsupported where the binding lacks one (it predates issue 61)."""
+    features = {}
+    if c.window is not None:
+        features["window"] = tuple(c.window)
+    if c.attention_chunk and twin != CAUSAL_BACKEND:
+        features["attention_chunk"] = c.attention_chunk
+    if c.sinks and twin != NOSINKS_BACKEND:
+        features["sinks"] = sinks if sinks is not None else make_sinks(c, 0)
+    missing = [key for key in features if not accepts_keyword(fc.attention, key)]
+    if missing:
+        raise Unsupported(f"flashcore: the binding at {getattr(fc, '__file__', '?')} has no "
+                          + " or ".join(f"{key}=" for key in missing) + " in attention() (issue 61)")
+    return features
+
+
+def features_how(features):
+    """How flashcore_features' or fa4's arguments are shown in the notes."""
+    shown = {key: "float32 [Hq]" if key in ("sinks", "learnable_sink") else repr(value)
+             for key, value in features.items()}
+    return "".join(f", {key}={value}" for key, value in shown.items())
+
+
+def as_chunk_batch(t, c):
+    """A bshd tensor [B, S, H, D] of a chunked case as [B * S / chunk, chunk, H, D]: its chunks as a batch of
+    sequences (a view)."""
+    return t.view(c.batch * (c.seqlen_q // c.attention_chunk), c.attention_chunk, t.shape[2], t.shape[3])
+
+
+def twin_check(c, twin):
+    """NotApplicable where an overhead twin has no meaning for case c."""
+    if twin == NOSINKS_BACKEND and not c.sinks:
+        raise NotApplicable(f"{twin}: the case has no sinks")
+    if twin == CAUSAL_BACKEND:
+        if not c.attention_chunk:
+            raise NotApplicable(f"{twin}: the case has no chunks")
+        if c.seqlen_q != c.seqlen_k or c.seqlen_q % c.attention_chunk:
+            raise NotApplicable(f"{twin}: needs Sq = Sk and a whole number of chunks (its chunks as a batch)")
+        if c.layout != "bshd":
+            raise NotApplicable(f"{twin}: needs --layout bshd (where a sequence's chunks are a batch by a view)")
+
+
+def import_fa4():
+    """FlashAttention 4's flash_attn_func (flash_attn.cute.interface, from the flash-attn-4 package): a namespace,
+    or raises (ImportError mostly)."""
+    try:
+        from flash_attn.cute.interface import flash_attn_func
+    except ImportError:
+        from flash_attn.cute import flash_attn_func
+    try:
+        from importlib.metadata import version
+        fa4_version = version(FA4_DISTRIBUTION)
+    except Exception:  # the version is for the report only
+        fa4_version = None
+    return argparse.Namespace(flash_attn_func=flash_attn_func, version=fa4_version)
+
+
+def fa4_backend(fa4, c, sinks=None):
+    """fn(q, k, v) for FlashAttention 4's flash_attn_func on [B, S, H, D] views of the case's tensors, returning
+    [B, H, Sq, Dv]: causal, window_size (None for an unbounded side), learnable_sink (float32 [Hq]); decode-like
+    cases with num_splits=0 (its split-KV heuristic). No attention_chunk: n/a for chunked cases."""
+    if fa4 is None:
+        raise Unsupported("fa4: FlashAttention 4 (flash_attn.cute, the flash-attn-4 package) is not importable")
+    if c.attention_chunk:
+        raise NotApplicable("fa4: FlashAttention 4 has no attention_chunk (only a CuTe mask_mod, not wired here)")
+    features = {}
+    if c.window is not None:
+        features["window_size"] = tuple(None if side < 0 else side for side in c.window)
+    if c.sinks:
+        features["learnable_sink"] = sinks if sinks is not None else make_sinks(c, 0)
+    if c.decode:
+        features["num_splits"] = 0
+    missing = [key for key in features if not accepts_keyword(fa4.flash_attn_func, key)]
+    if missing:
+        raise NotApplicable("fa4: this flash_attn_func has no " + " or ".join(f"{key}=" for key in missing))
+
+    def bshd(t):
+        return t if c.layout == "bshd" else t.transpose(1, 2)
+
+    def run(q, k, v):
+        return first_output(fa4.flash_attn_func(bshd(q), bshd(k), bshd(v), causal=c.causal,
+                                                **features)).transpose(1, 2)
+    run.how = (f"flash_attn.cute flash_attn_func(causal={c.causal}{features_how(features)})"
+               + (" (num_splits=0: its split-KV heuristic)" if c.decode else "")
+               + ("; GQA: native (K/V with their Hkv heads)" if c.num_heads_q != c.num_heads_kv else ""))
+    return run
+
+
+def mask_keep(c, device, rows=None):
+    """Bool [len(rows), Sk]: where query row i sees key j, from key_range (rows: a tensor of rows, default all)."""
+    rows = torch.arange(c.seqlen_q, device=device) if rows is None else rows
+    lo, hi = key_range(rows, c.seqlen_q, c.seqlen_k, c.causal, c.window, c.attention_chunk)
+    keys = torch.arange(c.seqlen_k, device=device)
+    return (keys >= lo[:, None]) & (keys <= hi[:, None])
+
+
+def feature_bias(c, cache=None):
+    """Additive [1, 1, Sq, Sk] mask in the case's dtype (0 where a row sees a key, -inf elsewhere) for a case with a
+    window or chunks, built once per case (cache: a dict shared by its backends) outside the timed calls, in blocks
+    of rows (a 32k case's is 2 GiB). Unsupported where a row sees no key (SDPA would give NaN there)."""
+    cache = {} if cache is None else cache
+    if "bias" not in cache:
+        bias = torch.empty(c.seqlen_q, c.seqlen_k, dtype=c.torch_dtype, device="cuda")
+        empty_rows = 0
+        for r0 in range(0, c.seqlen_q, 4096):
+            keep = mask_keep(c, "cuda", torch.arange(r0, min(c.seqlen_q, r0 + 4096), device="cuda"))
+            empty_rows += int((~keep.any(dim=1)).sum())
+            bias[r0:r0 + keep.shape[0]] = torch.where(keep, 0.0, float("-inf")).to(c.torch_dtype)
+        cache["bias"] = (bias.view(1, 1, c.seqlen_q, c.seqlen_k), empty_rows)
+    bias, empty_rows = cache["bias"]
+    if empty_rows:
+        raise Unsupported(f"{empty_rows} query row(s) see no key: an explicit mask would give NaN there")
+    return bias
+
+
+def eager_backend(c, sinks=None, cache=None):
+    """fn(q, k, v): gpt-oss's PyTorch reference attention with sinks (its model's torch sdpa): scores Q K^T *
+    scale in the case's dtype, the mask added (feature_bias; none where nothing is hidden), each head's sink logit
+    appended as one more column, softmax, the column dropped, times V; GQA by taking each K/V head's query heads
+    as more rows. In slices of query rows, each slice's scores under EAGER_SLICE_BYTES. Forward only; cases with
+    sinks only (those without have SDPA's masked kernels)."""
+    if not c.sinks:
+        raise NotApplicable(f"{EAGER_BACKEND}: the sinks' fallback; this case has none (SDPA's kernels take its mask)")
+    sinks = sinks if sinks is not None else make_sinks(c, 0)
+    hides = c.masked or (c.causal and c.seqlen_q > 1)
+    bias = feature_bias(c, cache).view(c.seqlen_q, c.seqlen_k) if c.masked else (
+        bottom_right_bias(c, "cuda").view(c.seqlen_q, c.seqlen_k) if hides else None)
+    b, hq, hkv, sq, sk = c.batch, c.num_heads_q, c.num_heads_kv, c.seqlen_q, c.seqlen_k
+    group, scale = hq // hkv, 1.0 / math.sqrt(c.head_dim)
+    rows_per_slice = min(sq, max(1, EAGER_SLICE_BYTES // (2 * b * hq * (sk + 1))))
+    sink_column = sinks.to(c.torch_dtype).view(1, hq, 1, 1)
+
+    def run(q, k, v):
+        qb, kb, vb = (to_bhsd(t, c.layout) for t in (q, k, v))
+        out = torch.empty(b, hq, sq, c.head_dim_v, dtype=c.torch_dtype, device=q.device)
+        for r0 in range(0, sq, rows_per_slice):
+            rows = min(sq, r0 + rows_per_slice) - r0
+            qg = qb[:, :, r0:r0 + rows].reshape(b, hkv, group * rows, c.head_dim)
+            scores = (qg @ kb.transpose(-1, -2)).view(b, hq, rows, sk) * scale
+            if bias is not None:
+                scores = scores + bias[r0:r0 + rows]
+            scores = torch.cat([scores, sink_column.expand(b, hq, rows, 1)], dim=-1)
+            weights = torch.softmax(scores, dim=-1)[..., :-1]
+            out[:, :, r0:r0 + rows] = (weights.reshape(b, hkv, group * rows, sk) @ vb).view(b, hq, rows, -1)
+        return out
+    run.how = (f"eager PyTorch (gpt-oss's reference): scores in {c.dtype}, "
+               + ("an additive mask [Sq, Sk], " if bias is not None else "")
+               + f"the sink as one more score column, softmax, the column dropped, @ V; slices of {rows_per_slice} "
+               "query rows")
     return run
 
 
@@ -760,6 +1185,62 @@ def reference_fp32(c, q, k, v):
         scores = scores.masked_fill(~keep.tril(c.seqlen_k - c.seqlen_q), float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows that see no key give 0, as flashcore does
     return probs @ vb
+
+
+# masked_reference's blocks: a block's fp32 scores (query heads of one K/V head x rows x keys) at most this.
+REFERENCE_BLOCK_BYTES = 512 << 20
+
+
+def masked_reference(c, q, k, v, sinks=None, dout=None):
+    """fp32 attention with the case's masks (key_range: causal, window, chunks) and sinks, for issue 61's cases:
+    computed one batch entry, K/V head and block of query rows at a time, over the keys those rows see, so that
+    any size fits (REFERENCE_BLOCK_BYTES). Masked scores are a large negative number rather than -inf and the
+    probabilities are multiplied by the mask, so that a row that sees no key gives 0 (and, with a sink, the sink
+    takes its whole softmax), as flashcore.h defines it, without NaN. Returns out [B, Hq, Sq, Dv]; with dout (the
+    case's layout) (out, [dq, dk, dv] as [B, H, S, D], plus dsinks [Hq] with sinks), by autograd through each
+    block."""
+    qb, kb, vb = (to_bhsd(t, c.layout) for t in (q, k, v))
+    group, scale = c.num_heads_q // c.num_heads_kv, 1.0 / math.sqrt(c.head_dim)
+    rows_per_block = max(1, REFERENCE_BLOCK_BYTES // (4 * group * c.seqlen_k))
+    out = torch.zeros(c.batch, c.num_heads_q, c.seqlen_q, c.head_dim_v, dtype=torch.float32, device=q.device)
+    grads = None
+    if dout is not None:
+        dout = to_bhsd(dout, c.layout)
+        grads = [torch.zeros(t.shape, dtype=torch.float32, device=q.device) for t in (qb, kb, vb)]
+        if sinks is not None:
+            grads.append(torch.zeros(c.num_heads_q, dtype=torch.float32, device=q.device))
+    for r0 in range(0, c.seqlen_q, rows_per_block):
+        r1 = min(c.seqlen_q, r0 + rows_per_block)
+        lo, hi = key_range(torch.arange(r0, r1, device=q.device), c.seqlen_q, c.seqlen_k, c.causal, c.window,
+                           c.attention_chunk)
+        k0, k1 = max(0, int(lo.min())), min(c.seqlen_k, int(hi.max()) + 1)
+        if k1 <= k0:
+            continue  # no row of the block sees a key: out 0, no gradient
+        keys = torch.arange(k0, k1, device=q.device)
+        keep = (keys >= lo[:, None]) & (keys <= hi[:, None])
+        for b in range(c.batch):
+            for h in range(c.num_heads_kv):
+                heads = slice(h * group, (h + 1) * group)
+                leaves = [qb[b, heads, r0:r1].float(), kb[b, h, k0:k1].float(), vb[b, h, k0:k1].float()]
+                if sinks is not None:
+                    leaves.append(sinks[heads].float())
+                if grads is not None:
+                    leaves = [x.detach().requires_grad_() for x in leaves]
+                with torch.set_grad_enabled(grads is not None):
+                    scores = torch.where(keep, (leaves[0] @ leaves[1].transpose(0, 1)) * scale, -1e30)
+                    if sinks is not None:
+                        scores = torch.cat([scores, leaves[3].view(group, 1, 1).expand(group, r1 - r0, 1)], dim=-1)
+                    probs = torch.softmax(scores, dim=-1)[..., :k1 - k0] * keep
+                    block = probs @ leaves[2]
+                out[b, heads, r0:r1] = block.detach()
+                if grads is not None:
+                    block_grads = torch.autograd.grad(block, leaves, dout[b, heads, r0:r1].float())
+                    grads[0][b, heads, r0:r1] += block_grads[0]
+                    grads[1][b, h, k0:k1] += block_grads[1]
+                    grads[2][b, h, k0:k1] += block_grads[2]
+                    if sinks is not None:
+                        grads[3][heads] += block_grads[3]
+    return out if grads is None else (out, grads)
 
 
 # ---------------------------------------------------------------------------
@@ -864,19 +1345,30 @@ def dispatch_reason(caught):
     return f" ({' '.join(texts)[:240]})" if texts else ""
 
 
-def run_case(c, backends, fc, args, fa3=None):
+def run_case(c, backends, fc, args, fa3=None, fa4=None):
     """Time every backend on one case; a dict ready for JSON."""
     fp8 = [n for n in backends if n in FP8_BACKENDS]
     # With fp8 backends, each set also has e4m3 copies of q, k and v (at most half its bytes), and an fp8 call
-    # touches fewer bytes than a 16-bit one: enough sets that the fp8 calls also exceed twice the L2.
-    nsets = buffer_sets(c, args, 1.5, c.fp8_set_bytes()) if fp8 else buffer_sets(c, args)
+    # touches fewer bytes than a 16-bit one: enough sets that the fp8 calls also exceed twice the L2. A window or
+    # chunks: a call reads q, out and the keys some row sees (a windowed decode step, its window's).
+    nsets = (buffer_sets(c, args, 1.5, c.fp8_set_bytes()) if fp8 else
+             buffer_sets(c, args, read_bytes=c.read_bytes()) if c.masked else buffer_sets(c, args))
     inputs = make_inputs(c, nsets, args.seed)
     result = dataclasses.asdict(c)
     result.update(flops=attention_flops(c), decode=c.decode, kv_bytes=c.kv_bytes(), buffer_sets=nsets, backends={},
                   reference=None)
+    # Issue 61's features: one sinks tensor per case, shared by every backend; one explicit mask, shared by SDPA's
+    # backends and eager; the fp32 reference computed in blocks (any size).
+    sinks = make_sinks(c, args.seed) if c.sinks else None
+    masks = {}
 
-    reference = None
-    if not args.no_check:
+    reference = nosinks_reference = None
+    if not args.no_check and c.features:
+        reference = masked_reference(c, *inputs[0], sinks)
+        result["reference"] = "fp32"
+        if c.sinks and NOSINKS_BACKEND in backends:  # the twin's own: the same case without sinks
+            nosinks_reference = masked_reference(c, *inputs[0])
+    elif not args.no_check:
         for name in REFERENCES:
             try:
                 reference = probe(sdpa_backend(name, c), inputs).float()
@@ -912,10 +1404,17 @@ def run_case(c, backends, fc, args, fa3=None):
                  "not_applicable": False, "how": None}
         result["backends"][name] = entry
         try:
-            if name == "flashcore":
+            if c.features and name in (FP8_KV_BACKEND,) + FP8_BACKENDS + tuple(dict(args.extras)):
+                raise NotApplicable(f"{name}: not wired for windows, chunks or sinks (issue 61's cases)")
+            if name == "flashcore" or name in OVERHEAD_BACKENDS:
                 if fc is None:
                     raise Unsupported("flashcore package not loaded")
-                fn = flashcore_backend(fc, c, getattr(args, "fc_num_splits", None))
+                fn = flashcore_backend(fc, c, getattr(args, "fc_num_splits", None), sinks,
+                                       None if name == "flashcore" else name)
+            elif name == FA4_BACKEND:
+                fn = fa4_backend(fa4, c, sinks)
+            elif name == EAGER_BACKEND:
+                fn = eager_backend(c, sinks, masks)
             elif name == FP8_KV_BACKEND:
                 if fc is None:
                     raise Unsupported("flashcore package not loaded")
@@ -932,14 +1431,15 @@ def run_case(c, backends, fc, args, fa3=None):
             elif name == "fa3":
                 fn = fa3_backend(fa3, c)
             elif name in SDPA_BACKENDS:
-                fn = sdpa_backend(name, c)
+                fn = sdpa_backend(name, c, masks)
             else:
                 fn = extra_backend(dict(args.extras)[name], c)
             entry["how"] = getattr(fn, "how", None)
             out = probe(fn, inputs)
             if name in FP8_BACKENDS and out.dtype != torch.bfloat16:
                 raise Unsupported(f"{name}: output of dtype {out.dtype}; e4m3 queries give bf16 out (issue 36)")
-            expected = fp8_reference if name in FP8_BACKENDS else reference
+            expected = (fp8_reference if name in FP8_BACKENDS else nosinks_reference if name == NOSINKS_BACKEND
+                        else reference)
             if expected is not None:
                 entry["max_abs_diff"] = (out.float() - expected).abs().max().item()
                 tolerance = (FP8_TOLERANCE if name in FP8_BACKENDS else FP8_KV_TOLERANCE if name == FP8_KV_BACKEND
@@ -958,7 +1458,7 @@ def run_case(c, backends, fc, args, fa3=None):
             entry["error"] = str(e) if isinstance(e, Unsupported) else short_error(e)
             entry["not_applicable"] = isinstance(e, NotApplicable)
             torch.cuda.synchronize()
-    del inputs, reference, fp8_cache, fp8_reference
+    del inputs, reference, nosinks_reference, fp8_cache, fp8_reference, sinks, masks
     torch.cuda.empty_cache()
     summarize(result)
     return result
@@ -994,7 +1494,7 @@ def make_douts(c, nsets, seed):
     return [torch.randn(shape, device="cuda", dtype=c.torch_dtype, generator=gen) for _ in range(nsets)]
 
 
-def attention_node(out, dout):
+def attention_node(out, dout, pattern=ATTENTION_NODE):
     """(node, grad): the autograd node of the attention under out and the
     gradient of its own output, dout carried back through the view nodes on
     the way (once, outside the timed calls). Raises Unsupported where the
@@ -1004,9 +1504,99 @@ def attention_node(out, dout):
         result = node(grad)
         grad = result[0] if isinstance(result, (tuple, list)) else result
         node = node.next_functions[0][0]
-    if node is None or not ATTENTION_NODE.search(node.name()):
+    if node is None or not pattern.search(node.name()):
         raise Unsupported("no backward: the output's autograd node is %s" % (None if node is None else node.name()))
     return node, grad
+
+
+def node_arguments(node, grad):
+    """The arguments to call an attention node with: grad, and None for each of its other outputs where the node is
+    a Python autograd.Function's (FlashAttention 4's and flashcore's return (out, lse) and take a gradient for
+    each); PyTorch's own nodes take grad alone."""
+    forward_cls = getattr(node, "_forward_cls", None)
+    if forward_cls is None:
+        return (grad,)
+    params = list(inspect.signature(forward_cls.backward).parameters.values())[1:]  # after ctx
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return (grad,)
+    return (grad,) + (None,) * (len(params) - 1)
+
+
+def leaf_gradients(node, arguments, leaves):
+    """The gradients of leaves (q, k, v and sinks as the forward got them, through views or not) from one call of
+    the attention node: each of the node's outputs goes back through the view nodes between it and its leaf (a
+    transpose, a reshape of the chunks: no kernel), so it comes in its leaf's shape. None for a leaf the node has
+    no edge to."""
+    if callable(node):  # PyTorch's own (C++) nodes: one output per edge
+        outputs = node(*arguments)
+        outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+        pairs = zip(node.next_functions, outputs)
+    else:  # a Python autograd.Function's: apply() gives one output per forward input; those that require grad,
+        # in order, are the edges that have a node (the others' are (None, 0); non-tensor inputs have none)
+        outputs = node.apply(*arguments)
+        outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+        pairs = zip([e for e in node.next_functions if e[0] is not None],
+                    [g for g, needed in zip(outputs, node.needs_input_grad) if needed])
+    found = {}
+    for (edge, _), grad in pairs:
+        while edge is not None and grad is not None and not hasattr(edge, "variable"):
+            if not VIEW_NODE.match(edge.name()):
+                edge = None
+                break
+            result = edge(grad)
+            grad = result[0] if isinstance(result, (tuple, list)) else result
+            edge = edge.next_functions[0][0]
+        if edge is not None and grad is not None:
+            found[id(edge.variable)] = grad
+    return [found.get(id(leaf)) for leaf in leaves]
+
+
+def autograd_runner(name, c, fc, fa4, inputs, douts, sinks):
+    """backward_runner for issue 61's cases (any backend) and FlashAttention 4 (any case): the forward on leaves
+    that require grad (q, k, v per buffer set, and the case's sinks), its attention node found under out
+    (attention_node) and called on dout directly, without autograd's engine, as for SDPA's backends; the gradients
+    come back to their leaves through the views between (leaf_gradients). call(i) returns (dq, dk, dv) as
+    [B, H, S, D] views, and dsinks for a case with sinks."""
+    sink_leaf = None
+    if c.sinks and name != NOSINKS_BACKEND:
+        sink_leaf = (sinks if sinks is not None else make_sinks(c, 0)).detach().clone().requires_grad_()
+    if name.startswith("flashcore"):
+        if fc is None:
+            raise Unsupported("flashcore package not loaded")
+        twin = name if name in OVERHEAD_BACKENDS else None
+        forward_fn = flashcore_backend(fc, c, None, sink_leaf, twin, deterministic=name == "flashcore-det")
+        pattern = re.compile(r".")  # whichever node the binding's autograd formula is
+    elif name == FA4_BACKEND:
+        forward_fn = fa4_backend(fa4, c, sink_leaf)
+        pattern = ATTENTION_NODE
+    elif name == "fa3":
+        raise NotApplicable("fa3: the fa3-fwd wheel computes the forward only")
+    elif name in SDPA_BACKENDS:
+        forward_fn = sdpa_backend(name, c)
+        pattern = ATTENTION_NODE
+    else:
+        raise NotApplicable(f"{name}: no backward here")
+    leaves = [[x.detach().requires_grad_() for x in qkv] for qkv in inputs]
+
+    def forward(i):
+        """(node, arguments, out): the forward on set i recorded by autograd, its attention node and the arguments
+        to call it with; out goes along so that the forward's whole graph lives until its node has run."""
+        with torch.enable_grad():
+            out = forward_fn(*leaves[i])
+        node, grad = attention_node(out, to_bhsd(douts[i], c.layout), pattern)
+        return node, node_arguments(node, grad), out
+
+    def backward(i, node, arguments, _out):
+        wanted = leaves[i] + ([sink_leaf] if sink_leaf is not None else [])
+        grads = leaf_gradients(node, arguments, wanted)
+        missing = [what for what, g in zip(("q", "k", "v", "sinks"), grads) if g is None]
+        if missing:
+            raise Unsupported(f"{name}: no gradient for {', '.join(missing)} from {node.name()}")
+        return tuple(to_bhsd(g, c.layout) for g in grads[:3]) + tuple(grads[3:])
+    first = forward(0)
+    how = (f"{forward_fn.how}, on leaves that require grad" + (" (sinks too)" if sink_leaf is not None else "")
+           + f"; its autograd node {first[0].name()} called on dout")
+    return forward, backward, first, how
 
 
 def as_bhsd_gradient(g, like_bhsd):
@@ -1017,12 +1607,18 @@ def as_bhsd_gradient(g, like_bhsd):
     return g.transpose(1, 2)
 
 
-def backward_runner(name, c, fc, fa3, inputs, douts, train=False):
+def backward_runner(name, c, fc, fa3, inputs, douts, train=False, sinks=None, fa4=None):
     """call(i): the backend's backward pass on buffer set i, returning
-    (dq, dk, dv) as [B, H, S, D] views. The forward that gives it out (and
-    the lse) runs here, once per set, untimed; with train, in call(i),
-    before the backward (a training step). call.how says how."""
-    if name.startswith("flashcore"):
+    (dq, dk, dv) as [B, H, S, D] views (and dsinks where the case has
+    sinks). The forward that gives it out (and the lse) runs here, once per
+    set, untimed; with train, in call(i), before the backward (a training
+    step). call.how says how. Issue 61's cases and FlashAttention 4 take
+    autograd_runner's route."""
+    if getattr(c, "features", False) or name in (FA4_BACKEND,) + OVERHEAD_BACKENDS:
+        if name in OVERHEAD_BACKENDS:
+            twin_check(c, name)
+        forward, backward, first, how = autograd_runner(name, c, fc, fa4, inputs, douts, sinks)
+    elif name.startswith("flashcore"):
         if fc is None:
             raise Unsupported("flashcore package not loaded")
         deterministic = name == "flashcore-det"
@@ -1075,10 +1671,13 @@ def backward_runner(name, c, fc, fa3, inputs, douts, train=False):
     return call
 
 
-def reference_gradients(c, fc, fa3, inputs, douts):
+def reference_gradients(c, fc, fa3, inputs, douts, sinks=None):
     """(name, [dq, dk, dv] in fp32) of buffer set 0: the first of REFERENCES
     that runs the case, else autograd through reference_fp32 when its score
-    matrix fits; (None, None) otherwise."""
+    matrix fits; (None, None) otherwise. Issue 61's cases: masked_reference's
+    (fp32, in blocks, any size), dsinks added where the case has sinks."""
+    if getattr(c, "features", False):
+        return "fp32", masked_reference(c, *inputs[0], sinks, douts[0])[1]
     for name in REFERENCES:
         try:
             with torch.no_grad():
@@ -1095,35 +1694,42 @@ def reference_gradients(c, fc, fa3, inputs, douts):
     return "fp32", [to_bhsd(g, c.layout) for g in grads]
 
 
-def run_backward_case(c, backends, fc, args, fa3=None):
+def run_backward_case(c, backends, fc, args, fa3=None, fa4=None):
     """--backward (args.mode "backward"): time every backend's backward pass on one case; --train ("train"): its
     training step. A dict ready for JSON."""
     nsets = buffer_sets(c, args, BACKWARD_SET_FACTOR)
     inputs = make_inputs(c, nsets, args.seed)
     douts = make_douts(c, nsets, args.seed + 1)
+    sinks = make_sinks(c, args.seed) if c.sinks else None
     result = dataclasses.asdict(c)
     result.update(flops=mode_flops(c, args.mode), forward_flops=attention_flops(c), decode=False,
                   kv_bytes=c.kv_bytes(), buffer_sets=nsets, backends={}, reference=None)
-    reference = None
+    reference = nosinks_reference = None
     if not args.no_check:
-        result["reference"], reference = reference_gradients(c, fc, fa3, inputs, douts)
+        result["reference"], reference = reference_gradients(c, fc, fa3, inputs, douts, sinks)
+        if c.sinks and NOSINKS_BACKEND in backends:  # the twin's own: the same case without sinks
+            nosinks_reference = reference_gradients(dataclasses.replace(c, sinks=False), fc, fa3, inputs, douts)[1]
 
     for name in backends:
         entry = {"us": None, "tflops": None, "tbps": None, "max_abs_diff": None, "max_rel_diff": None,
                  "check_ok": None, "error": None, "not_applicable": False, "how": None}
         result["backends"][name] = entry
         try:
-            call = backward_runner(name, c, fc, fa3, inputs, douts, train=args.mode == "train")
+            call = backward_runner(name, c, fc, fa3, inputs, douts, args.mode == "train", sinks, fa4)
             entry["how"] = call.how
             with torch.no_grad():
                 grads = probe(call, [(0,)])
-                if reference is not None:
-                    if [tuple(g.shape) for g in grads] != [tuple(r.shape) for r in reference]:
+                expected = nosinks_reference if name == NOSINKS_BACKEND else reference
+                if expected is not None:
+                    if [tuple(g.shape) for g in grads] != [tuple(r.shape) for r in expected]:
                         raise Unsupported(f"{name}: gradients of shapes {[list(g.shape) for g in grads]}")
-                    diffs = [(g.float() - r).abs().max().item() for g, r in zip(grads, reference)]
-                    scale = max(r.abs().max().item() for r in reference) or 1.0
-                    entry["max_abs_diff"] = max(diffs)
+                    diffs = [(g.float() - r).abs().max().item() for g, r in zip(grads, expected)]
+                    scale = max(r.abs().max().item() for r in expected[:3]) or 1.0
+                    entry["max_abs_diff"] = max(diffs[:3])
                     entry["max_rel_diff"] = entry["max_abs_diff"] / scale
+                    if len(expected) > 3:  # dsinks, against its own largest value (a sum over all of a head's rows)
+                        entry["dsinks_rel_diff"] = diffs[3] / (expected[3].abs().max().item() or 1.0)
+                        entry["max_rel_diff"] = max(entry["max_rel_diff"], entry["dsinks_rel_diff"])
                     entry["check_ok"] = bool(entry["max_rel_diff"] <= BACKWARD_TOLERANCE[c.dtype])  # NaN: False
                 del grads
                 with warnings.catch_warnings():
@@ -1137,12 +1743,34 @@ def run_backward_case(c, backends, fc, args, fa3=None):
         finally:
             call = None
             torch.cuda.empty_cache()
-    del inputs, douts, reference
+    del inputs, douts, reference, nosinks_reference, sinks
     torch.cuda.empty_cache()
     summarize(result)
     fc_us, det_us = (result["backends"].get(n, {}).get("us") for n in ("flashcore", "flashcore-det"))
     result["deterministic_cost"] = det_us / fc_us - 1.0 if fc_us and det_us else None
     return result
+
+
+def overheads(result):
+    """Issue 61's overhead ratios of one case, from flashcore's time and its twins' (None without both):
+    sinks_cost = flashcore's time / flashcore-nosinks' - 1 (target: at most SINKS_COST_TARGET), and
+    chunk_per_key = (flashcore's time / its visible pairs) / (flashcore-causal's time / its visible pairs), the
+    cost per visited key of chunked attention over plain causal (target: at most CHUNK_PER_KEY_TARGET)."""
+    us = {n: result["backends"].get(n, {}).get("us") for n in ("flashcore",) + OVERHEAD_BACKENDS}
+    if NOSINKS_BACKEND in result["backends"]:
+        cost = us["flashcore"] / us[NOSINKS_BACKEND] - 1.0 if us["flashcore"] and us[NOSINKS_BACKEND] else None
+        result["sinks_cost"] = cost
+        result["sinks_cost_target_met"] = None if cost is None else bool(cost <= SINKS_COST_TARGET)
+    if CAUSAL_BACKEND in result["backends"]:
+        ratio = None
+        if us["flashcore"] and us[CAUSAL_BACKEND]:
+            chunk, window = result["attention_chunk"], result.get("window")
+            window = None if window is None else tuple(window)
+            pairs = visible_pairs(result["seqlen_q"], result["seqlen_k"], result["causal"], window, chunk)
+            twin_pairs = (result["seqlen_q"] // chunk) * visible_pairs(chunk, chunk, result["causal"], window)
+            ratio = (us["flashcore"] / pairs) / (us[CAUSAL_BACKEND] / twin_pairs)
+        result["chunk_per_key"] = ratio
+        result["chunk_target_met"] = None if ratio is None else bool(ratio <= CHUNK_PER_KEY_TARGET)
 
 
 def summarize(result):
@@ -1151,6 +1779,9 @@ def summarize(result):
     others = {n: e["tflops"] for n, e in result["backends"].items() if e["tflops"]}
     fc_tflops = others.pop("flashcore", None)
     others.pop("flashcore-det", None)  # flashcore's own deterministic mode is no other backend
+    for name in OVERHEAD_BACKENDS:  # nor flashcore without a feature (issue 61's overheads, below)
+        others.pop(name, None)
+    overheads(result)
     fp8_tflops = others.pop(FP8_KV_BACKEND, None)  # nor flashcore on a quantized cache
     # Time on the e4m3 cache over time on the 16-bit one (issue 36: at most 0.55 for decode).
     result["fp8kv_time_ratio"] = fc_tflops / fp8_tflops if fc_tflops and fp8_tflops else None
@@ -1182,21 +1813,50 @@ def fmt_cell(entry, width, decode):
     return f"{entry['us']:9.1f} {rate}".rjust(width)
 
 
+# Issue 61's overhead columns: (backend, title, the target under it), shown where that backend is asked for.
+OVERHEAD_COLUMNS = ((NOSINKS_BACKEND, "sinks cost", f"<=+{100 * SINKS_COST_TARGET:g}%"),
+                    (CAUSAL_BACKEND, "chunk/key", f"<={CHUNK_PER_KEY_TARGET:g}x"))
+
+
+def overhead_header(backends):
+    """The overhead columns' two header parts (names, targets) for the backends asked for."""
+    columns = [(title, target) for name, title, target in OVERHEAD_COLUMNS if name in backends]
+    return ("".join(f"{title:>10} | " for title, _ in columns), "".join(f"{target:>10} | " for _, target in columns))
+
+
+def overhead_cells(r, backends):
+    """A row's overhead columns: sinks cost (+x.x%) and chunk/key (x.xxx x), '!' past the target, n/a without
+    both times."""
+    cells = ""
+    for name, _, _ in OVERHEAD_COLUMNS:
+        if name not in backends:
+            continue
+        value, met = ((r.get("sinks_cost"), r.get("sinks_cost_target_met")) if name == NOSINKS_BACKEND
+                      else (r.get("chunk_per_key"), r.get("chunk_target_met")))
+        text = "n/a" if value is None else (f"{100 * value:+.1f}%" if name == NOSINKS_BACKEND else f"{value:.3f}x")
+        cells += f"{text + ('' if value is None or met else ' !'):>10} | "
+    return cells
+
+
 def print_header(backends, label_width, cell, decode=False, backward=False, fp8=False):
     """The table's two header lines; backward gives the gradient modes' columns (--backward, --train), fp8 adds
-    the fp8 prefill columns (fp8 fc/fa3, target, fc8 diff) after fc/peer."""
+    the fp8 prefill columns (fp8 fc/fa3, target, fc8 diff) after fc/peer, issue 61's twins their overhead columns
+    (sinks cost, chunk/key) before the check."""
     names = " | ".join(n.center(cell) for n in backends)
     unit = "us      TB/s" if decode else "us   TFLOP/s"
     units = " | ".join(unit.rjust(cell) for _ in backends)
+    over_names, over_units = overhead_header(backends)
     if backward:
         print(f"{'case':<{label_width}} | {names} | {'fc/flash':>8} | {'fc/peer':>12} | {'det cost':>8} | "
-              f"{'reldiff':>9} | ref")
-        print(f"{'':<{label_width}} | {units} | {'':>8} | {'(best peer)':>12} | {'':>8} | {'vs ref':>9} |")
+              f"{over_names}{'reldiff':>9} | ref")
+        print(f"{'':<{label_width}} | {units} | {'':>8} | {'(best peer)':>12} | {'':>8} | {over_units}"
+              f"{'vs ref':>9} |")
         return
     fp8_names = f"{'fp8 fc/fa3':>10} | {'target':>6} | {'fc8 diff':>9} | " if fp8 else ""
     fp8_units = f"{'':>10} | {f'>={FP8_TARGET:g}':>6} | {'vs ref':>9} | " if fp8 else ""
-    print(f"{'case':<{label_width}} | {names} | {'fc/best':>8} | {'fc/peer':>12} | {fp8_names}{'maxdiff':>9} | ref")
-    print(f"{'':<{label_width}} | {units} | {'':>8} | {'(best peer)':>12} | {fp8_units}{'vs ref':>9} |")
+    print(f"{'case':<{label_width}} | {names} | {'fc/best':>8} | {'fc/peer':>12} | {fp8_names}{over_names}"
+          f"{'maxdiff':>9} | ref")
+    print(f"{'':<{label_width}} | {units} | {'':>8} | {'(best peer)':>12} | {fp8_units}{over_units}{'vs ref':>9} |")
 
 
 def fp8_cells(r):
@@ -1223,8 +1883,8 @@ def print_row(r, backends, label_width, cell, backward=False, fp8=False):
         cost = r.get("deterministic_cost")
         det = (f"{100 * cost:+7.1f}%" if cost is not None else "n/a".rjust(8)) + " | "
     fp8_part = fp8_cells(r) if fp8 else ""
-    print(f"{r['label']:<{label_width}} | {cells} | {ratio:>8} | {peer:>12} | {det}{fp8_part}{check:>9} | "
-          f"{r['reference'] or '-'}", flush=True)
+    print(f"{r['label']:<{label_width}} | {cells} | {ratio:>8} | {peer:>12} | {det}{fp8_part}"
+          f"{overhead_cells(r, backends)}{check:>9} | {r['reference'] or '-'}", flush=True)
 
 
 def print_notes(results, backends, backward=False):
@@ -1253,6 +1913,17 @@ def print_notes(results, backends, backward=False):
               f"{len(met)} of {len(judged)} case(s) with both"
               + (f"; lowest {worst['fp8_ratio']:.3f}x: {worst['label']}" if worst else "")
               + (f"; {len(fp8_rows) - len(judged)} case(s) without both" if len(judged) < len(fp8_rows) else ""))
+    for key, met_key, name, target, show in (
+            ("sinks_cost", "sinks_cost_target_met", NOSINKS_BACKEND, f"flashcore's time / {NOSINKS_BACKEND}'s - 1 "
+             f"<= +{100 * SINKS_COST_TARGET:g}%", lambda x: f"{100 * x:+.1f}%"),
+            ("chunk_per_key", "chunk_target_met", CAUSAL_BACKEND, "chunked attention's time per visited key / plain "
+             f"causal's ({CAUSAL_BACKEND}) <= {CHUNK_PER_KEY_TARGET:g}", lambda x: f"{x:.3f}x")):
+        rows = [r for r in results if key in r]
+        judged = [r for r in rows if r[key] is not None]
+        if name in backends and judged:
+            worst = max(judged, key=lambda r: r[key])
+            print(f"  issue 61 target ({target}): met in {sum(bool(r[met_key]) for r in judged)} of {len(judged)} "
+                  f"case(s); highest {show(worst[key])}: {worst['label']}")
     for r in results:
         for n in backends:
             e = r["backends"][n]
@@ -1283,6 +1954,11 @@ def write_plot(results, backends, path, title):
     if decode:
         print(f"compare.py: the plot leaves out the {len(decode)} decode case(s) (judged in TB/s; see the table or "
               "--json)", file=sys.stderr)
+    models = [r for r in results if r.get("window") is not None or r.get("attention_chunk") or r.get("sinks")]
+    results = [r for r in results if r not in models]
+    if models:
+        print(f"compare.py: the plot leaves out the {len(models)} case(s) with a window, chunks or sinks (issue 61; "
+              "see the table or --json)", file=sys.stderr)
     if not results:
         print(f"compare.py: no prefill case to plot, no plot written to {path}", file=sys.stderr)
         return
@@ -1317,7 +1993,7 @@ def write_plot(results, backends, path, title):
     print(f"plot written to {path}")
 
 
-def environment(fc, fa3=None):
+def environment(fc, fa3=None, fa4=None):
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     fc_version, fc_head_dims = None, None
     if fc is not None:  # the loaded library's version, else the package's
@@ -1337,6 +2013,7 @@ def environment(fc, fa3=None):
         "flashcore_head_dims": fc_head_dims,
         "flashcore_library": os.environ.get("FLASHCORE_LIBRARY"),
         "fa3": None if fa3 is None else f"{FA3_DISTRIBUTION} {fa3.version or '(version unknown)'}",
+        "fa4": None if fa4 is None else f"{FA4_DISTRIBUTION} {fa4.version or '(version unknown)'}",
     }
 
 
@@ -1344,7 +2021,22 @@ def fa3_entry_point(c):
     """The FA3 function a case calls (for --list; fa3_backend decides the same way)."""
     if c.dtype != "bf16":
         return "n/a (fp16)"
-    return "flash_attn_with_kvcache" if c.decode else "flash_attn_func"
+    if c.sinks:
+        return "n/a (no sinks)"
+    entry = "flash_attn_with_kvcache" if c.decode else "flash_attn_func"
+    if c.attention_chunk:
+        return entry + "(attention_chunk=), if the wheel has it"
+    return entry + ("(window_size=)" if c.window is not None else "")
+
+
+def fa4_entry_point(c, mode="forward"):
+    """What FlashAttention 4 runs for a case (for --list; fa4_backend and autograd_runner decide the same way)."""
+    if c.attention_chunk:
+        return "n/a (no attention_chunk)"
+    args = ["window_size="] * (c.window is not None) + ["learnable_sink="] * c.sinks
+    if c.decode and mode == "forward":
+        args.append("num_splits=0")
+    return "flash_attn_func(" + ", ".join(args) + ")" + (" + its backward" if mode != "forward" else "")
 
 
 def fp8_entry_points(c):
@@ -1354,17 +2046,19 @@ def fp8_entry_points(c):
     return f"{FP8_FA3_BACKEND} ({FP8_FC_BACKEND}: head dims " + ", ".join(str(d) for d, _ in FP8_HEAD_DIMS) + " only)"
 
 
-def list_cases(cases, mode="forward", fp8=False):
+def list_cases(cases, mode="forward", fp8=False, fa4=False):
     """--list: the selected cases, without a GPU (the GFLOP of one call in mode: the forward, the backward pass or
-    a training step; with fp8, what the fp8 prefill backends run)."""
+    a training step; with fp8, what the fp8 prefill backends run; with fa4, what FlashAttention 4 runs)."""
     gradients = mode != "forward"
     width = max(len(c.label) for c in cases)
-    print(f"{'case':<{width}} | {'kind':<7} | decode | {'K/V MiB':>9} | {'GFLOP':>10} | fa3"
-          + (" | fp8" if fp8 else ""))
+    fa3_width = max(len(fa3_entry_point(c)) for c in cases) if fa4 and not gradients else 27
+    print(f"{'case':<{width}} | {'kind':<7} | decode | {'K/V MiB':>9} | {'GFLOP':>10} | "
+          + (f"{'fa3':<{fa3_width}} | fa4" if fa4 else "fa3") + (" | fp8" if fp8 else ""))
     for c in cases:
         fa3 = "n/a (fa3-fwd: forward only)" if gradients else fa3_entry_point(c)
         print(f"{c.label:<{width}} | {c.kind:<7} | {'yes' if c.decode and not gradients else 'no':<6} | "
-              f"{c.kv_bytes() / 2**20:9.1f} | {mode_flops(c, mode) / 1e9:10.2f} | {fa3}"
+              f"{c.kv_bytes() / 2**20:9.1f} | {mode_flops(c, mode) / 1e9:10.2f} | "
+              + (f"{fa3:<{fa3_width}} | {fa4_entry_point(c, mode)}" if fa4 else fa3)
               + (f" | {fp8_entry_points(c)}" if fp8 else ""))
     print(f"{len(cases)} case(s)" + {"forward": "", "backward": ", backward pass",
                                       "train": ", training step (forward and backward)"}[mode])
@@ -1388,9 +2082,11 @@ def main(argv=None):
     if args.list:
         if cases:
             fp8 = not args.gradients and any(n in args.backend_list for n in FP8_BACKENDS)
-            list_cases(cases, args.mode, fp8)
+            list_cases(cases, args.mode, fp8, FA4_BACKEND in args.backend_list)
             if fp8:
                 print("backends: " + ", ".join(args.backend_list) + f"; fp8 fc/fa3 target >= {FP8_TARGET}")
+            elif any(c.features for c in cases):
+                print("backends: " + ", ".join(args.backend_list))
         for kind in args.serving_kinds:
             print(f"serving comparison: {kind} (bench/serving_cases.py)")
         return 0
@@ -1432,15 +2128,22 @@ def main(argv=None):
                   ".deps/wheels/*.whl", file=sys.stderr)
             for n in fa3_names:
                 backend_list.remove(n)
+    fa4 = None
+    if FA4_BACKEND in backend_list:
+        try:
+            fa4 = import_fa4()
+        except Exception as e:  # optional: kept in the table, n/a with this reason
+            print(f"compare.py: {FA4_BACKEND} is n/a: cannot import FlashAttention 4 (flash_attn.cute, the "
+                  f"{FA4_DISTRIBUTION} package): {short_error(e)}", file=sys.stderr)
     backends = backend_list + [name for name, _ in args.extras]
     if not backends:
         print("compare.py: no backend left to run", file=sys.stderr)
         return 2
 
-    env = environment(fc, fa3)
+    env = environment(fc, fa3, fa4)
     print(f"{env['device']} (sm_{env['compute_capability'].replace('.', '')}, {env['multiprocessors']} SMs), "
           f"torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, flashcore {env['flashcore']}"
-          + (f", {env['fa3']}" if env["fa3"] else ""))
+          + (f", {env['fa3']}" if env["fa3"] else "") + (f", {env['fa4']}" if env["fa4"] else ""))
     if env["flashcore_head_dims"]:
         print("flashcore kernels for (head_dim, head_dim_v): "
               + ", ".join(f"{d}" if d == dv else f"{d}/{dv}" for d, dv in env["flashcore_head_dims"]))
@@ -1465,6 +2168,16 @@ def main(argv=None):
                   f"fc/fa3 = {FP8_FC_BACKEND} TFLOP/s / {FP8_FA3_BACKEND}'s, target >= {FP8_TARGET} (met or missed); "
                   f"fc8 diff: {FP8_FC_BACKEND}'s output against the ref(erence) backend's on the dequantized e4m3 "
                   f"inputs ('!' beyond {FP8_TOLERANCE:g}, a sanity check; bench/fp8_error.py measures the error)")
+    if any(c.features for c in cases):
+        print("issue 61's cases (window, chunks, sinks): visible pairs counted row by row (the window's and chunks' "
+              "keys only; TB/s counts the K/V of the keys some row sees); checked against an fp32 reference "
+              "computed in blocks, with the sinks" + (" (and their gradient)" if args.gradients else ""))
+        if any(n in backends for n in OVERHEAD_BACKENDS):
+            print(f"overheads: sinks cost = flashcore's time / {NOSINKS_BACKEND}'s (the same call without sinks) - 1, "
+                  f"target <= +{100 * SINKS_COST_TARGET:g}%; chunk/key = (flashcore's time / its visible pairs) / "
+                  f"({CAUSAL_BACKEND}'s / its pairs), {CAUSAL_BACKEND} being plain causal attention over the case's "
+                  f"chunks as a batch of sequences (the same keys per query), target <= {CHUNK_PER_KEY_TARGET:g}; "
+                  "'!' past a target")
     label_width = max([len(c.label) for c in cases] or [0])
     cell = 16
     # The fp8 prefill columns: whenever an fp8 prefill backend was asked for (n/a where one could not run).
@@ -1474,13 +2187,13 @@ def main(argv=None):
         if args.gradients:
             if i == 0:
                 print_header(backends, label_width, cell, backward=True)
-            r = run_backward_case(c, backends, fc, args, fa3)
+            r = run_backward_case(c, backends, fc, args, fa3, fa4)
         else:
             if i == 0 or c.decode != cases[i - 1].decode:
                 if i:
                     print()
                 print_header(backends, label_width, cell, c.decode, fp8=fp8)
-            r = run_case(c, backends, fc, args, fa3)
+            r = run_case(c, backends, fc, args, fa3, fa4)
         r["label"] = c.label
         results.append(r)
         print_row(r, backends, label_width, cell, args.gradients, fp8)
@@ -1500,7 +2213,13 @@ def main(argv=None):
                             "num_splits": args.num_splits,
                             "num_splits_passed": args.fc_num_splits, "peers": list(PEERS),
                             "flops": "2*B*Hq*(D+Dv)*visible_pairs (4*B*Hq*D*visible_pairs when Dv == D); causal: "
-                                     "bottom-right mask, S(S+1)/2 pairs if Sq == Sk",
+                                     "bottom-right mask, S(S+1)/2 pairs if Sq == Sk; a window or chunks: counted row "
+                                     "by row",
+                            "issue61": {"sinks_cost": f"flashcore us / {NOSINKS_BACKEND} us - 1",
+                                        "sinks_cost_target": SINKS_COST_TARGET,
+                                        "chunk_per_key": f"(flashcore us / visible pairs) / ({CAUSAL_BACKEND} us / "
+                                                         "its visible pairs)",
+                                        "chunk_per_key_target": CHUNK_PER_KEY_TARGET},
                             "tbps": "decode cases: B*Hkv*Sk*(D+Dv)*2 bytes of K/V / time, in 1e12 bytes/s (half "
                                     "that for the e4m3 K/V of " + ", ".join(ONE_BYTE_KV_BACKENDS) + ")",
                             "fp8": {"backends": list(FP8_BACKENDS), "target": FP8_TARGET,
@@ -1519,7 +2238,7 @@ def main(argv=None):
         what = {"forward": "forward", "backward": "backward pass", "train": "training step"}[args.mode]
         write_plot(results, backends, args.plot, f"{env['device']}: flashcore vs FA3 and PyTorch SDPA backends, {what}")
 
-    ours = [n for n in ("flashcore", "flashcore-det", FP8_FC_BACKEND) if n in backends]
+    ours = [n for n in OWN_BACKENDS if n in backends]
     bad_check = [f"{r['label']} ({n})" for r in results for n in ours if r["backends"][n]["check_ok"] is False]
 
     def others_ran(r, n):
@@ -1530,7 +2249,7 @@ def main(argv=None):
         return (bool(r["backends"].get(FP8_FA3_BACKEND, {}).get("tflops"))
                 and (r["head_dim"], r["head_dim_v"]) in FP8_HEAD_DIMS)
     fc_failed = [f"{r['label']} ({n})" for r in results for n in ours
-                 if r["backends"][n]["error"] and others_ran(r, n)]
+                 if r["backends"][n]["error"] and not r["backends"][n]["not_applicable"] and others_ran(r, n)]
     for label in bad_check:
         print(f"compare.py: flashcore output differs from the reference beyond tolerance: {label}", file=sys.stderr)
     for label in fc_failed:
