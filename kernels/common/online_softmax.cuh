@@ -231,13 +231,20 @@ struct OnlineSoftmax {
                 const float sink = sinks != nullptr ? (*sinks)[r] : -INFINITY;
                 if (sink != -INFINITY) {
                     // The sink's weight, 2^kProbExponent as the sum's terms.
+                    // Both factors are exp2 of differences <= 0 (ex2.approx,
+                    // as the kernels' probabilities), and the total is at
+                    // least 2^kProbExponent (the larger of the row's top
+                    // term and the sink's counts whole), well inside the
+                    // range where the fast quotient is good to 2 ulp: a few
+                    // instructions a row where expf and IEEE division take
+                    // dozens.
                     constexpr float kProbScale = float(1 << kProbExponent);
                     const float row_top = empty ? -INFINITY : row_max[r] * softmax_scale;
                     const float top = fmaxf(row_top, sink);
-                    const float own = empty ? 0.f : expf(row_top - top);
-                    const float total = sum * own + kProbScale * expf(sink - top);
+                    const float own = empty ? 0.f : fast_exp2((row_top - top) * kLog2e);
+                    const float total = fmaf(sum, own, kProbScale * fast_exp2((sink - top) * kLog2e));
                     lse[r] = top + (logf(total) - kLnProbScale);
-                    inv_sum = out_scale * own / total;
+                    inv_sum = __fdividef(out_scale * own, total);
                 }
 #pragma unroll
                 for (int n = 0; n < kNAtomsO; ++n) {

@@ -68,11 +68,12 @@ struct Consumer {
         schedule_of<Traits>(params).template for_each_block<kRagged>(
             params.fwd, [&](const FwdTile &tile, const KeyRange &keys, int split) { compute_block(tile, keys, split); });
         if (pending) {
+            const float sink = pending_sink();
             loop.turns.wait();
             issue_pending_output();
             loop.turns.pass();
             wgmma_wait<0>();
-            finish_pending();
+            finish_pending(sink);
         }
         // The staging buffers live in this CTA's shared memory: the last
         // stores must be done with them before the CTA exits.
@@ -102,13 +103,16 @@ struct Consumer {
         // then waits for nothing. (An empty commit group in its place, so
         // that both paths waited for the same groups, made ptxas inject a
         // warpgroup.arrive, warning C7519, in every sm_90a forward kernel.)
+        // The pending block's sink (global memory) is read before the waits,
+        // behind which its latency hides.
+        const float sink = pending ? pending_sink() : -INFINITY;
         loop.turns.wait();
         if (pending) issue_pending_output();
         mbarrier_wait(loop.pipe.q_full(q_buffer), Pipeline<Traits>::q_phase_of(q_count));
         loop.issue_scores(q_rows, kv_base);
         loop.turns.pass();
         wgmma_wait<1>();
-        if (pending) finish_pending();
+        if (pending) finish_pending(sink);
         const KeyMask mask = KeyMask::of(params.fwd, tile.seqs);
         if constexpr (Traits::kFp8) {
             // The descales of the block's (batch, K/V head): q's and k's
@@ -145,15 +149,19 @@ struct Consumer {
     // The pending block's last O += P*V.
     __device__ __forceinline__ void issue_pending_output() { loop.issue_output(loop.last_p(), pending_last_kv); }
 
-    // After its last P*V product completed: normalise and store the pending
-    // block.
-    __device__ __forceinline__ void finish_pending() {
+    // The pending block's learnable sink (fwd_row_sink): every row of a
+    // Hopper tile is of one query head (no GQA packing on this path).
+    __device__ __forceinline__ float pending_sink() const {
+        return fwd_row_sink(params.fwd, pending_tile, Traits::kBlockM, 0);
+    }
+
+    // After its last P*V product completed: normalise (with `sink`,
+    // pending_sink's) and store the pending block.
+    __device__ __forceinline__ void finish_pending(float sink) {
         fence_accumulators(loop.acc_o[0]);
         loop.release_v(pending_last_kv);
         float row_lse[2];
-        float sinks[2];
-        fwd_fragment_sinks(params.fwd, pending_tile, Traits::kBlockM,
-                           consumer * Traits::kRowsPerConsumer + (wg_tid / 32) * kMmaM, wg_tid % 32, sinks);
+        const float sinks[2] = {sink, sink};
         if constexpr (Traits::kFp8) {
             loop.softmax.finalize(loop.acc_o, pending_lse_scale, row_lse, pending_v_descale, &sinks);
         } else {
