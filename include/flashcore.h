@@ -52,8 +52,8 @@
  *   passed as void*; NULL means the legacy default stream.
  * - Aliasing: what a call writes (`out`, `lse`, the workspace) must not
  *   overlap what it reads (`q`, `k`, `v`, `seqused_k`, `cu_seqlens_q`, `cu_seqlens_k`,
- *   `block_table`, the descale factors; for flashcore_merge_states the
- *   partials) nor one another; inputs may share memory (q, k and v may be
+ *   `block_table`, the descale factors, `sinks`; for flashcore_merge_states
+ *   the partials and `sinks`) nor one another; inputs may share memory (q, k and v may be
  *   the same buffer). Each tensor is taken as the address range from its
  *   first to its last byte, so an output interleaved with another tensor in
  *   one buffer is refused too. Overlap returns
@@ -741,7 +741,8 @@ typedef struct flashcore_backward_params {
      *     dsinks[h] = -sum over rows of exp(sinks[h] - lse) * rowsum(dout * out).
      * Needs sinks; bitwise the same from run to run in both modes. It is an
      * output as dq, dk and dv are (see "Aliasing"); an empty call
-     * (batch_size or num_heads_q 0) leaves it unwritten, as it does them. */
+     * (batch_size or num_heads_q 0) leaves it unwritten, as it does them,
+     * and looks at neither it nor sinks. */
     float *dsinks;
 } flashcore_backward_params;
 
@@ -813,7 +814,8 @@ FLASHCORE_API flashcore_status flashcore_backward(flashcore_handle handle, const
  * partial_out and out must be FLASHCORE_ALIGNMENT aligned, their strides
  * multiples of FLASHCORE_ALIGNMENT bytes, and head_dim a multiple of 8;
  * partial_lse and lse are 4-byte aligned. out and lse must not overlap the
- * partials or each other (checked as address ranges, see "Aliasing").
+ * partials, sinks or each other (checked as address ranges, see
+ * "Aliasing").
  * batch_size, num_heads or seqlen may be 0: the call then succeeds having
  * done nothing; num_states is 1 to FLASHCORE_MERGE_MAX_NUM_STATES and
  * head_dim 8 to FLASHCORE_MERGE_MAX_HEAD_DIM.

@@ -28,11 +28,17 @@ template <typename Struct, size_t kReleases>
 flashcore_status check_released_size(size_t size, const char *what, const char *struct_name,
                                      const size_t (&released_ends)[kReleases], const char *first_version) {
     const auto padded = [](size_t end) { return (end + alignof(Struct) - 1) / alignof(Struct) * alignof(Struct); };
-    if (size < released_ends[0] || size > kMaxPlausibleStructSize) {
+    if (size < released_ends[0]) {
         return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
                     "%s (%zu) is not a valid size of %s (at least %zu, its size in %s, where it first appeared); "
                     "pass sizeof(%s) to %s_init",
                     what, size, struct_name, released_ends[0], first_version, struct_name, struct_name);
+    }
+    if (size > kMaxPlausibleStructSize) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "%s (%zu) is not a valid size of %s (more than %zu bytes: an uninitialised field?); pass "
+                    "sizeof(%s) to %s_init",
+                    what, size, struct_name, kMaxPlausibleStructSize, struct_name, struct_name);
     }
     if (size >= sizeof(Struct)) return FLASHCORE_STATUS_SUCCESS;
     std::string sizes;
