@@ -30,7 +30,7 @@ traced or differentiated call), traced without graph breaks.
 `python -m flashcore` says which library is loaded and what the GPUs run.
 """
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 
 import sys as _sys
 

@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "07a50fc0aa7ae11636151a660c1546f708c37e3cb282053de5da360a2347c48e"
+HEADER_SHA256 = "d9604c6373705de7ab425a70fb5b51e6e15840833e7abf265936d582ae0eab2f"
 
 
 # Assigning to a field of the structs below checks the value against the
@@ -21,12 +21,12 @@ except (ImportError, KeyError):  # loaded on its own (exec() with no __name__ ra
 
 FLASHCORE_VERSION_MAJOR = 0
 
-FLASHCORE_VERSION_MINOR = 8
+FLASHCORE_VERSION_MINOR = 9
 
 FLASHCORE_VERSION_PATCH = 0
 
 # MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 400 for 0.4.0.
-FLASHCORE_VERSION_NUMBER = 800
+FLASHCORE_VERSION_NUMBER = 900
 
 
 flashcore_status = ctypes.c_int  # C type of enum flashcore_status
@@ -360,6 +360,28 @@ class flashcore_forward_params(ctypes.Structure):
         ("k_descale_head_stride", ctypes.c_int64),
         ("v_descale_batch_stride", ctypes.c_int64),
         ("v_descale_head_stride", ctypes.c_int64),
+        # Chunked attention, as Llama 4's and FlashAttention 3's
+        # attention_chunk: 0 (the default) is off; a chunk length > 0 lets query
+        # i see key j only where j and i's diagonal key (i + seqlen_k -
+        # seqlen_q, aligned as for causal) lie in the same chunk,
+        # [c * attention_chunk, (c + 1) * attention_chunk) for an integer c.
+        # It combines with causal and the window (a key must pass every mask);
+        # Llama 4 uses causal with attention_chunk 8192. Key tiles outside a
+        # query block's chunks are skipped, not computed. Rows that see no key
+        # give out = 0 and lse = -infinity (the sink, with sinks). Must be >= 0.
+        ("attention_chunk", ctypes.c_int32),
+        # Learnable attention sinks, as gpt-oss's (FlashAttention 4's
+        # learnable_sink): NULL (the default), or a device array of num_heads_q
+        # float32 logits, 4-byte aligned. Head h's sinks[h], in the units of
+        # the scaled (and capped) scores, joins the softmax denominator of each
+        # of h's rows and attends to nothing:
+        #     out = sum_j exp(s_j) v_j / (exp(sinks[h]) + sum_j exp(s_j)),
+        #     lse = log(exp(sinks[h]) + sum_j exp(s_j)),
+        # over the keys j the row sees. A row that sees no key gives out = 0
+        # and lse = sinks[h]; -infinity is no sink for that head. Supported with
+        # every other field; a split-KV call counts the sink once, in its merge.
+        # Read on the device, not checked: NaN gives NaN rows.
+        ("sinks", ctypes.c_void_p),
     ]
     # Each field's C type as the header spells it (a line per run of fields of one
     # type), against which flashcore/_fields.py checks assignments.
@@ -387,6 +409,8 @@ class flashcore_forward_params(ctypes.Structure):
         "q_descale_batch_stride": "int64_t", "q_descale_head_stride": "int64_t",
         "k_descale_batch_stride": "int64_t", "k_descale_head_stride": "int64_t",
         "v_descale_batch_stride": "int64_t", "v_descale_head_stride": "int64_t",
+        "attention_chunk": "int32_t",
+        "sinks": "const float *",
     }
     __setattr__ = _checked_setattr
 
@@ -405,9 +429,9 @@ class flashcore_forward_params(ctypes.Structure):
 # sizeof(element)); every tensor pointer is FLASHCORE_ALIGNMENT aligned,
 # lse 4-byte aligned.
 #
-# Aliasing: dq, dk, dv and the workspace are written; they must not overlap
-# one another nor any input (q, k, v, out, dout, lse, seqused_k,
-# cu_seqlens_q, cu_seqlens_k), each taken as the address range from its
+# Aliasing: dq, dk, dv, dsinks and the workspace are written; they must not
+# overlap one another nor any input (q, k, v, out, dout, lse, seqused_k,
+# cu_seqlens_q, cu_seqlens_k, sinks), each taken as the address range from its
 # first to its last byte; the inputs may share memory. dq, dk and dv must not
 # overlap themselves either. Overlap returns FLASHCORE_STATUS_INVALID_ARGUMENT
 # naming the two tensors. dq doubles as scratch between the call's kernels
@@ -503,6 +527,18 @@ class flashcore_backward_params(ctypes.Structure):
         ("cu_seqlens_k", ctypes.c_void_p),
         ("total_seqlen_q", ctypes.c_int32),
         ("total_seqlen_k", ctypes.c_int32),
+        # As the forward's fields of the same names.
+        ("attention_chunk", ctypes.c_int32),
+        ("sinks", ctypes.c_void_p),
+        # The gradient with respect to sinks: NULL (the default: not computed),
+        # or a device array of num_heads_q float32, 4-byte aligned, written
+        # (not accumulated), each head's sum over the batch and its rows:
+        #     dsinks[h] = -sum over rows of exp(sinks[h] - lse) * rowsum(dout * out).
+        # Needs sinks; bitwise the same from run to run in both modes. It is an
+        # output as dq, dk and dv are (see "Aliasing"); an empty call
+        # (batch_size or num_heads_q 0) leaves it unwritten, as it does them,
+        # and looks at neither it nor sinks.
+        ("dsinks", ctypes.c_void_p),
     ]
     # Each field's C type as the header spells it (a line per run of fields of one
     # type), against which flashcore/_fields.py checks assignments.
@@ -528,7 +564,9 @@ class flashcore_backward_params(ctypes.Structure):
         "dk_batch_stride": "int64_t", "dk_seq_stride": "int64_t", "dk_head_stride": "int64_t",
         "dv_batch_stride": "int64_t", "dv_seq_stride": "int64_t", "dv_head_stride": "int64_t",
         "seqused_k": "const int32_t *", "cu_seqlens_q": "const int32_t *", "cu_seqlens_k": "const int32_t *",
-        "total_seqlen_q": "int32_t", "total_seqlen_k": "int32_t",
+        "total_seqlen_q": "int32_t", "total_seqlen_k": "int32_t", "attention_chunk": "int32_t",
+        "sinks": "const float *",
+        "dsinks": "float *",
     }
     __setattr__ = _checked_setattr
 
@@ -548,7 +586,8 @@ FLASHCORE_MERGE_MAX_HEAD_DIM = 65536
 # partial_out and out must be FLASHCORE_ALIGNMENT aligned, their strides
 # multiples of FLASHCORE_ALIGNMENT bytes, and head_dim a multiple of 8;
 # partial_lse and lse are 4-byte aligned. out and lse must not overlap the
-# partials or each other (checked as address ranges, see "Aliasing").
+# partials, sinks or each other (checked as address ranges, see
+# "Aliasing").
 # batch_size, num_heads or seqlen may be 0: the call then succeeds having
 # done nothing; num_states is 1 to FLASHCORE_MERGE_MAX_NUM_STATES and
 # head_dim 8 to FLASHCORE_MERGE_MAX_HEAD_DIM.
@@ -585,6 +624,15 @@ class flashcore_merge_params(ctypes.Structure):
         ("out_batch_stride", ctypes.c_int64),
         ("out_seq_stride", ctypes.c_int64),
         ("out_head_stride", ctypes.c_int64),
+        # Learnable sinks (flashcore_forward_params::sinks): NULL (the
+        # default), or a device array of num_heads float32 logits, 4-byte
+        # aligned. Head h's sink joins each of its rows as one more part, of
+        # LSE sinks[h] and output 0:
+        #     LSE = log(exp(sinks[h]) + sum_s exp(LSE_s)),  O = sum_s exp(LSE_s - LSE) * O_s;
+        # a row that no part sees gets O = 0 and LSE = sinks[h]. Give it only to
+        # the merge of all of a row's parts, each computed without sinks: a
+        # merge whose result is merged again would count the sink twice.
+        ("sinks", ctypes.c_void_p),
     ]
     # Each field's C type as the header spells it (a line per run of fields of one
     # type), against which flashcore/_fields.py checks assignments.
@@ -600,6 +648,7 @@ class flashcore_merge_params(ctypes.Structure):
         "partial_head_stride": "int64_t", "lse_state_stride": "int64_t", "lse_batch_stride": "int64_t",
         "lse_seq_stride": "int64_t", "lse_head_stride": "int64_t", "out_batch_stride": "int64_t",
         "out_seq_stride": "int64_t", "out_head_stride": "int64_t",
+        "sinks": "const float *",
     }
     __setattr__ = _checked_setattr
 

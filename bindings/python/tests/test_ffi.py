@@ -84,6 +84,10 @@ def test_abi_matches_a_c_compiler(tmp_path):
     assert all("offsetof:flashcore_forward_params.%s" % f in expected for f in WINDOW_SOFTCAP_FIELDS)
     assert all("offsetof:flashcore_merge_params.%s" % f in expected for f in MERGE_FIELDS)
     assert "value:FLASHCORE_MAX_NUM_SPLITS" in expected and "value:FLASHCORE_DTYPE_FP32" in expected
+    # And the 0.9 ones.
+    assert all("offsetof:flashcore_forward_params.%s" % f in expected for f, _ in CHUNK_SINKS_FIELDS)
+    assert "offsetof:flashcore_backward_params.dsinks" in expected
+    assert "offsetof:flashcore_merge_params.sinks" in expected
     src = tmp_path / "abi.c"
     src.write_text("#include <stddef.h>\n#include <stdio.h>\n#include \"flashcore.h\"\nint main(void) {\n%s\n"
                    "    return 0;\n}\n" % "\n".join(body))
@@ -113,7 +117,7 @@ def test_split_kv_and_merge_declarations():
     assert _ffi.flashcore_forward_params.num_splits.offset + 4 <= ctypes.sizeof(_ffi.flashcore_forward_params)
     assert dict(_ffi.flashcore_forward_params._fields_)["num_splits"] is ctypes.c_int32
     merge = _ffi.flashcore_merge_params
-    assert [f for f, _ in merge._fields_] == MERGE_FIELDS
+    assert [f for f, _ in merge._fields_][:len(MERGE_FIELDS)] == MERGE_FIELDS
     types = dict(merge._fields_)
     assert types["struct_size"] is ctypes.c_size_t
     assert all(types[f] is ctypes.c_int32 for f in MERGE_FIELDS[1:8])
@@ -186,15 +190,38 @@ QUANTIZED_FIELDS = (
 
 def test_quantized_declarations():
     """What 0.8 added: kv_dtype, out_dtype and the descale arrays with their
-    strides, appended after num_pages; the struct ends with them. FP8_E4M3
-    is a Dtype."""
+    strides, appended after num_pages. FP8_E4M3 is a Dtype."""
     fields = _ffi.flashcore_forward_params._fields_
-    assert fields[-len(QUANTIZED_FIELDS) - 1:] == [("num_pages", ctypes.c_int32)] + QUANTIZED_FIELDS
+    start = fields.index(("num_pages", ctypes.c_int32))
+    assert fields[start:start + len(QUANTIZED_FIELDS) + 1] == [("num_pages", ctypes.c_int32)] + QUANTIZED_FIELDS
     params = _ffi.flashcore_forward_params
     assert params._c_types_["k_descale"] == "const float *" and params._c_types_["kv_dtype"] == "int32_t"
     assert params.q_descale.offset % ctypes.sizeof(ctypes.c_void_p) == 0
-    assert params.v_descale_head_stride.offset + 8 == ctypes.sizeof(params)
     assert _ffi.Dtype.FP8_E4M3 == 4 and _ffi.FLASHCORE_DTYPE_FP8_E4M3 is _ffi.Dtype.FP8_E4M3
+
+
+# What 0.9 added at the end of each params struct, in header order, with
+# their C types: chunked attention and learnable sinks (and their gradient).
+CHUNK_SINKS_FIELDS = [("attention_chunk", ctypes.c_int32), ("sinks", ctypes.c_void_p)]
+
+
+def test_chunk_and_sinks_declarations():
+    """What 0.9 added: attention_chunk and sinks after the descale strides
+    (the forward struct ends with them), and after total_seqlen_k with
+    dsinks last (the backward's); sinks at the end of the merge struct."""
+    forward = _ffi.flashcore_forward_params
+    assert forward._fields_[-3:] == [("v_descale_head_stride", ctypes.c_int64)] + CHUNK_SINKS_FIELDS
+    assert forward.sinks.offset + ctypes.sizeof(ctypes.c_void_p) == ctypes.sizeof(forward)
+    assert forward._c_types_["sinks"] == "const float *" and forward._c_types_["attention_chunk"] == "int32_t"
+    backward = _ffi.flashcore_backward_params
+    assert backward._fields_[-4:] == ([("total_seqlen_k", ctypes.c_int32)] + CHUNK_SINKS_FIELDS
+                                      + [("dsinks", ctypes.c_void_p)])
+    assert backward._c_types_["dsinks"] == "float *" and backward._c_types_["sinks"] == "const float *"
+    assert backward.dsinks.offset + ctypes.sizeof(ctypes.c_void_p) == ctypes.sizeof(backward)
+    merge = _ffi.flashcore_merge_params
+    assert [f for f, _ in merge._fields_] == MERGE_FIELDS + ["sinks"]
+    assert dict(merge._fields_)["sinks"] is ctypes.c_void_p and merge._c_types_["sinks"] == "const float *"
+    assert (_ffi.FLASHCORE_VERSION_MAJOR, _ffi.FLASHCORE_VERSION_MINOR) == (0, 9)
 
 
 # What 0.7 added: the backward pass's struct, in header order.
@@ -212,7 +239,7 @@ def test_backward_declarations():
     forward's options, deterministic, the nine tensors, 24 strides, the
     ragged fields) and its five functions, as the binding calls them."""
     backward = _ffi.flashcore_backward_params
-    assert [f for f, _ in backward._fields_] == BACKWARD_FIELDS
+    assert [f for f, _ in backward._fields_][:len(BACKWARD_FIELDS)] == BACKWARD_FIELDS
     types = dict(backward._fields_)
     assert types["struct_size"] is ctypes.c_size_t
     assert types["softmax_scale"] is ctypes.c_float and types["softcap"] is ctypes.c_float
