@@ -12,7 +12,7 @@ use std::env;
 use std::process::Command;
 
 const LIB: &str = "flashcore";
-const MIN_VERSION: &str = "0.8.0";
+const MIN_VERSION: &str = "0.9.0";
 
 fn main() {
     for var in ["FLASHCORE_LIB_DIR", "PKG_CONFIG", "PKG_CONFIG_PATH", "PKG_CONFIG_LIBDIR", "PKG_CONFIG_SYSROOT_DIR"] {

@@ -3,9 +3,9 @@
 // Generated from include/flashcore.h by bindings/rust/scripts/regenerate-bindings.sh; do not edit.
 
 pub const FLASHCORE_VERSION_MAJOR: u32 = 0;
-pub const FLASHCORE_VERSION_MINOR: u32 = 8;
+pub const FLASHCORE_VERSION_MINOR: u32 = 9;
 pub const FLASHCORE_VERSION_PATCH: u32 = 0;
-pub const FLASHCORE_VERSION_NUMBER: u32 = 800;
+pub const FLASHCORE_VERSION_NUMBER: u32 = 900;
 pub const FLASHCORE_SOFTMAX_SCALE_DEFAULT: f64 = 0.0;
 pub const FLASHCORE_ALIGNMENT: u32 = 16;
 pub const FLASHCORE_MAX_NUM_SPLITS: u32 = 128;
@@ -362,6 +362,28 @@ pub struct flashcore_forward_params {
     pub k_descale_head_stride: i64,
     pub v_descale_batch_stride: i64,
     pub v_descale_head_stride: i64,
+    #[doc = " Chunked attention, as Llama 4's and FlashAttention 3's"]
+    #[doc = " attention_chunk: 0 (the default) is off; a chunk length > 0 lets query"]
+    #[doc = " i see key j only where j and i's diagonal key (i + seqlen_k -"]
+    #[doc = " seqlen_q, aligned as for causal) lie in the same chunk,"]
+    #[doc = " [c * attention_chunk, (c + 1) * attention_chunk) for an integer c."]
+    #[doc = " It combines with causal and the window (a key must pass every mask);"]
+    #[doc = " Llama 4 uses causal with attention_chunk 8192. Key tiles outside a"]
+    #[doc = " query block's chunks are skipped, not computed. Rows that see no key"]
+    #[doc = " give out = 0 and lse = -infinity (the sink, with sinks). Must be >= 0."]
+    pub attention_chunk: i32,
+    #[doc = " Learnable attention sinks, as gpt-oss's (FlashAttention 4's"]
+    #[doc = " learnable_sink): NULL (the default), or a device array of num_heads_q"]
+    #[doc = " float32 logits, 4-byte aligned. Head h's sinks[h], in the units of"]
+    #[doc = " the scaled (and capped) scores, joins the softmax denominator of each"]
+    #[doc = " of h's rows and attends to nothing:"]
+    #[doc = "     out = sum_j exp(s_j) v_j / (exp(sinks[h]) + sum_j exp(s_j)),"]
+    #[doc = "     lse = log(exp(sinks[h]) + sum_j exp(s_j)),"]
+    #[doc = " over the keys j the row sees. A row that sees no key gives out = 0"]
+    #[doc = " and lse = sinks[h]; -infinity is no sink for that head. Supported with"]
+    #[doc = " every other field; a split-KV call counts the sink once, in its merge."]
+    #[doc = " Read on the device, not checked: NaN gives NaN rows."]
+    pub sinks: *const f32,
 }
 extern "C" {
     #[doc = " Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,"]
@@ -454,9 +476,9 @@ extern "C" {
 #[doc = " sizeof(element)); every tensor pointer is FLASHCORE_ALIGNMENT aligned,"]
 #[doc = " lse 4-byte aligned."]
 #[doc = ""]
-#[doc = " Aliasing: dq, dk, dv and the workspace are written; they must not overlap"]
-#[doc = " one another nor any input (q, k, v, out, dout, lse, seqused_k,"]
-#[doc = " cu_seqlens_q, cu_seqlens_k), each taken as the address range from its"]
+#[doc = " Aliasing: dq, dk, dv, dsinks and the workspace are written; they must not"]
+#[doc = " overlap one another nor any input (q, k, v, out, dout, lse, seqused_k,"]
+#[doc = " cu_seqlens_q, cu_seqlens_k, sinks), each taken as the address range from its"]
 #[doc = " first to its last byte; the inputs may share memory. dq, dk and dv must not"]
 #[doc = " overlap themselves either. Overlap returns FLASHCORE_STATUS_INVALID_ARGUMENT"]
 #[doc = " naming the two tensors. dq doubles as scratch between the call's kernels"]
@@ -555,6 +577,18 @@ pub struct flashcore_backward_params {
     pub cu_seqlens_k: *const i32,
     pub total_seqlen_q: i32,
     pub total_seqlen_k: i32,
+    #[doc = " As the forward's fields of the same names."]
+    pub attention_chunk: i32,
+    pub sinks: *const f32,
+    #[doc = " The gradient with respect to sinks: NULL (the default: not computed),"]
+    #[doc = " or a device array of num_heads_q float32, 4-byte aligned, written"]
+    #[doc = " (not accumulated), each head's sum over the batch and its rows:"]
+    #[doc = "     dsinks[h] = -sum over rows of exp(sinks[h] - lse) * rowsum(dout * out)."]
+    #[doc = " Needs sinks; bitwise the same from run to run in both modes. It is an"]
+    #[doc = " output as dq, dk and dv are (see \"Aliasing\"); an empty call"]
+    #[doc = " (batch_size or num_heads_q 0) leaves it unwritten, as it does them,"]
+    #[doc = " and looks at neither it nor sinks."]
+    pub dsinks: *mut f32,
 }
 extern "C" {
     #[doc = " Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,"]
@@ -620,7 +654,8 @@ extern "C" {
 #[doc = " partial_out and out must be FLASHCORE_ALIGNMENT aligned, their strides"]
 #[doc = " multiples of FLASHCORE_ALIGNMENT bytes, and head_dim a multiple of 8;"]
 #[doc = " partial_lse and lse are 4-byte aligned. out and lse must not overlap the"]
-#[doc = " partials or each other (checked as address ranges, see \"Aliasing\")."]
+#[doc = " partials, sinks or each other (checked as address ranges, see"]
+#[doc = " \"Aliasing\")."]
 #[doc = " batch_size, num_heads or seqlen may be 0: the call then succeeds having"]
 #[doc = " done nothing; num_states is 1 to FLASHCORE_MERGE_MAX_NUM_STATES and"]
 #[doc = " head_dim 8 to FLASHCORE_MERGE_MAX_HEAD_DIM."]
@@ -656,6 +691,15 @@ pub struct flashcore_merge_params {
     pub out_batch_stride: i64,
     pub out_seq_stride: i64,
     pub out_head_stride: i64,
+    #[doc = " Learnable sinks (flashcore_forward_params::sinks): NULL (the"]
+    #[doc = " default), or a device array of num_heads float32 logits, 4-byte"]
+    #[doc = " aligned. Head h's sink joins each of its rows as one more part, of"]
+    #[doc = " LSE sinks[h] and output 0:"]
+    #[doc = "     LSE = log(exp(sinks[h]) + sum_s exp(LSE_s)),  O = sum_s exp(LSE_s - LSE) * O_s;"]
+    #[doc = " a row that no part sees gets O = 0 and LSE = sinks[h]. Give it only to"]
+    #[doc = " the merge of all of a row's parts, each computed without sinks: a"]
+    #[doc = " merge whose result is merged again would count the sink twice."]
+    pub sinks: *const f32,
 }
 extern "C" {
     #[doc = " Zeroes the struct_size bytes at params and sets struct_size, and both"]

@@ -91,10 +91,13 @@ mod tests {
                 p.k_descale_batch_stride,
                 p.k_descale_head_stride,
                 p.v_descale_batch_stride,
-                p.v_descale_head_stride, // the last field: the library wrote all of Rust's struct
+                p.v_descale_head_stride,
             ]
         };
         assert_eq!(descale_strides(&params), [0; 6]);
+        // The 0.9 fields, the last: the library wrote all of Rust's struct.
+        assert_eq!(params.attention_chunk, 0);
+        assert!(params.sinks.is_null());
 
         // [B=2, S, H, D] with distinct sizes, so every stride has its own value.
         (params.batch_size, params.seqlen_q, params.seqlen_k) = (2, 24, 40);
@@ -281,6 +284,19 @@ mod tests {
         assert_ne!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS, "out_dtype fp32 accepted");
         params.out_dtype = 0;
 
+        // The 0.9 fields (the last: sinks) are read where Rust wrote them:
+        // the library names a negative chunk and a misaligned sinks array.
+        params.attention_chunk = 16;
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
+        params.attention_chunk = -1;
+        refused(&params, FLASHCORE_STATUS_INVALID_ARGUMENT, "attention_chunk (-1)");
+        params.attention_chunk = 0;
+        params.sinks = 0x7700_0002 as *const f32;
+        refused(&params, FLASHCORE_STATUS_MISALIGNED, "sinks");
+        params.sinks = 0x7700_0000 as *const f32;
+        assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
+        params.sinks = std::ptr::null();
+
         // FP32 is a merge dtype only: forward refuses it as unsupported.
         params.dtype = FLASHCORE_DTYPE_FP32 as i32;
         assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_UNSUPPORTED);
@@ -337,7 +353,38 @@ mod tests {
             ]
         };
         assert_eq!(offsets, [264, 268, 272, 280, 288, 296, 304, 312, 320, 328, 336]);
-        assert_eq!(size_of::<flashcore_forward_params>(), 344);
+        assert!(size_of::<flashcore_forward_params>() >= 344);
+    }
+
+    /// The 0.9 fields of the three structs at the offsets of the C header on
+    /// LP64 targets (the header's own ABI pins); the layout tests beside
+    /// this one check them against the library itself on any target.
+    #[cfg(target_pointer_width = "64")]
+    #[test]
+    fn params_0_9_offsets_on_lp64() {
+        let forward = core::mem::MaybeUninit::<flashcore_forward_params>::uninit();
+        let backward = core::mem::MaybeUninit::<flashcore_backward_params>::uninit();
+        let merge = core::mem::MaybeUninit::<flashcore_merge_params>::uninit();
+        let (f, b, m) = (forward.as_ptr(), backward.as_ptr(), merge.as_ptr());
+        let offset = |field: *const u8, base: *const u8| field as usize - base as usize;
+        // SAFETY: addr_of! computes field addresses without reading them.
+        let offsets = unsafe {
+            [
+                offset(core::ptr::addr_of!((*f).attention_chunk).cast(), f.cast()),
+                offset(core::ptr::addr_of!((*f).sinks).cast(), f.cast()),
+                offset(core::ptr::addr_of!((*b).attention_chunk).cast(), b.cast()),
+                offset(core::ptr::addr_of!((*b).sinks).cast(), b.cast()),
+                offset(core::ptr::addr_of!((*b).dsinks).cast(), b.cast()),
+                offset(core::ptr::addr_of!((*m).sinks).cast(), m.cast()),
+            ]
+        };
+        assert_eq!(offsets, [344, 352, 368, 376, 384, 160]);
+        let sizes = [
+            size_of::<flashcore_forward_params>(),
+            size_of::<flashcore_backward_params>(),
+            size_of::<flashcore_merge_params>(),
+        ];
+        assert_eq!(sizes, [360, 392, 168]);
     }
 
     /// flashcore_merge_params_init writes the defaults at Rust's offsets and
@@ -374,9 +421,10 @@ mod tests {
             p.lse_head_stride,
             p.out_batch_stride,
             p.out_seq_stride,
-            p.out_head_stride, // the last field: the library zeroed all of Rust's struct
+            p.out_head_stride,
         ];
         assert_eq!(strides, [0; 11]);
+        assert!(p.sinks.is_null()); // the last field (0.9): the library zeroed all of Rust's struct
         assert_eq!(
             unsafe { flashcore_merge_params_init(core::ptr::null_mut(), size) },
             FLASHCORE_STATUS_INVALID_ARGUMENT
@@ -424,7 +472,8 @@ mod tests {
         assert_eq!(p.softcap, 0.0);
         assert!(p.q.is_null() && p.dout.is_null() && p.lse.is_null() && p.dq.is_null() && p.dv.is_null());
         assert!(p.seqused_k.is_null() && p.cu_seqlens_q.is_null() && p.cu_seqlens_k.is_null());
-        assert_eq!((p.total_seqlen_q, p.total_seqlen_k), (0, 0)); // the last field: the library zeroed it
+        assert_eq!((p.total_seqlen_q, p.total_seqlen_k, p.attention_chunk), (0, 0, 0));
+        assert!(p.sinks.is_null() && p.dsinks.is_null()); // dsinks, the last field: the library zeroed it
 
         // [B=2, S, H, D] with distinct sizes and head dims, so every stride
         // has its own value; each gradient and dout like its tensor.
@@ -497,6 +546,19 @@ mod tests {
         refused(&p, "softcap");
         p.softcap = 0.0;
         assert_eq!(unsafe { flashcore_backward_check(&p) }, FLASHCORE_STATUS_SUCCESS);
+        // The 0.9 fields: a negative chunk; dsinks needs sinks; both 4-byte aligned.
+        p.attention_chunk = -4;
+        refused(&p, "attention_chunk (-4)");
+        p.attention_chunk = 64;
+        assert_eq!(unsafe { flashcore_backward_check(&p) }, FLASHCORE_STATUS_SUCCESS);
+        p.dsinks = 0xD000_0000 as *mut f32;
+        refused(&p, "dsinks");
+        p.sinks = 0xD100_0000 as *const f32;
+        assert_eq!(unsafe { flashcore_backward_check(&p) }, FLASHCORE_STATUS_SUCCESS);
+        p.dsinks = 0xD000_0002 as *mut f32;
+        assert_eq!(unsafe { flashcore_backward_check(&p) }, FLASHCORE_STATUS_MISALIGNED);
+        (p.dsinks, p.sinks) = (0xD000_0000 as *mut f32, 0xD100_0001 as *const f32);
+        assert_eq!(unsafe { flashcore_backward_check(&p) }, FLASHCORE_STATUS_MISALIGNED);
     }
 
     /// The backward struct at the offsets of the C header on LP64 targets;
@@ -525,7 +587,7 @@ mod tests {
             ]
         };
         assert_eq!(offsets, [8, 60, 64, 72, 112, 136, 144, 328, 336, 352, 360, 364]);
-        assert_eq!(size_of::<flashcore_backward_params>(), 368);
+        assert!(size_of::<flashcore_backward_params>() >= 368);
     }
 
     #[test]
