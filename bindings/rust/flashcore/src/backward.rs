@@ -122,9 +122,13 @@ fn init_raw() -> Result<sys::flashcore_backward_params> {
 ///
 /// (with a softcap, dS is multiplied by the derivative of the cap first;
 /// with grouped-query heads, dK and dV sum over the query heads sharing each
-/// key/value head). The options must be those of the forward call that
-/// produced out and lse (dtype, shapes, head_dim_v, softmax_scale, causal,
-/// window, softcap, varlen), since P is recomputed from them.
+/// key/value head; with learnable sinks, P is recomputed with the sink in
+/// its denominator, and the sinks' gradient is
+/// `dsinks[h] = −Σ over h's rows of exp(sinks[h] − lse) · rowsum(dO ∘ O)`).
+/// The options must be those of the forward call that produced out and lse
+/// (dtype, shapes, head_dim_v, softmax_scale, causal, window,
+/// attention_chunk, softcap, sinks, varlen), since P is recomputed from
+/// them.
 ///
 /// Made by [`BackwardParams::builder`]. The params borrow their buffers for
 /// `'a` (the inputs shared, dq, dk and dv exclusively), so a buffer cannot be
@@ -230,6 +234,18 @@ impl<'a> BackwardParams<'a> {
         self.raw.deterministic != 0
     }
 
+    /// The forward call's chunk length: 0 for none (see
+    /// [`BackwardParamsBuilder::attention_chunk`]).
+    pub fn attention_chunk(&self) -> i32 {
+        self.raw.attention_chunk
+    }
+
+    /// Whether the call writes the sinks' gradient (see
+    /// [`BackwardParamsBuilder::dsinks`]).
+    pub fn computes_dsinks(&self) -> bool {
+        !self.raw.dsinks.is_null()
+    }
+
     /// Bytes from the start of `tensor`'s buffer to the end of its last element.
     fn extent(&self, tensor: BackwardTensor, element_size: usize) -> i128 {
         let raw = &self.raw;
@@ -270,9 +286,13 @@ macro_rules! buffer_setters {
 ///
 /// Required: the six sizes and q, k, v, out, dout, lse, dq, dk, dv.
 /// Optional: [`head_dim_v`], [`dtype`], [`causal`], [`window`],
-/// [`softcap`], [`softmax_scale`], [`deterministic`], [`layout`] or
+/// [`attention_chunk`], [`softcap`], [`sinks`] and their gradient
+/// [`dsinks`], [`softmax_scale`], [`deterministic`], [`layout`] or
 /// [`strides`], [`seqused_k`], [`varlen_q`], [`varlen_k`].
 ///
+/// [`attention_chunk`]: BackwardParamsBuilder::attention_chunk
+/// [`sinks`]: BackwardParamsBuilder::sinks
+/// [`dsinks`]: BackwardParamsBuilder::dsinks
 /// [`head_dim_v`]: BackwardParamsBuilder::head_dim_v
 /// [`dtype`]: BackwardParamsBuilder::dtype
 /// [`causal`]: BackwardParamsBuilder::causal
@@ -312,6 +332,7 @@ pub struct BackwardParamsBuilder<'a> {
     causal: bool,
     /// (left, right) bounds; `None`: no window.
     window: Option<(i32, i32)>,
+    attention_chunk: i32,
     softcap: f32,
     softmax_scale: f32,
     deterministic: bool,
@@ -319,6 +340,10 @@ pub struct BackwardParamsBuilder<'a> {
     strides: [Option<Strides>; 8],
     tensors: [Option<RawBuffer>; 8],
     lse: Option<RawBuffer>,
+    /// The forward's f32 [num_heads_q] sink logits, and where their
+    /// gradient is written; `None`: none.
+    sinks: Option<RawBuffer>,
+    dsinks: Option<RawBuffer>,
     seqused_k: Option<RawBuffer>,
     /// cu_seqlens_q and total_seqlen_q; `None`: the query rows are not packed.
     varlen_q: Option<(RawBuffer, i32)>,
@@ -372,6 +397,39 @@ impl<'a> BackwardParamsBuilder<'a> {
         /// [`Layout::Bhsd`]): dq like q, dk like k, dv like v, dout like out.
         /// [`strides`](Self::strides) overrides single tensors.
         layout: Layout;
+        /// The forward call's chunk length (default 0: none); the rule is
+        /// [`ForwardParamsBuilder::attention_chunk`](crate::ForwardParamsBuilder::attention_chunk)'s.
+        /// Keys outside a row's chunk get no gradient from it.
+        attention_chunk: i32;
+    }
+
+    /// The forward call's learnable sinks (optional): device memory holding
+    /// its `[num_heads_q]` f32 logits, 4-byte aligned, as
+    /// [`ForwardParamsBuilder::sinks`](crate::ForwardParamsBuilder::sinks).
+    /// Needed whenever the forward had them (P is recomputed with them),
+    /// whether or not their gradient is asked for ([`dsinks`](Self::dsinks)).
+    pub fn sinks<B: DeviceBuffer + ?Sized>(mut self, sinks: &'a B) -> Self {
+        self.sinks = Some(RawBuffer::new(sinks.device_ptr(), sinks.byte_len()));
+        self
+    }
+
+    /// Device memory the sinks' gradient is written to (optional; default:
+    /// not computed): `[num_heads_q]` f32, 4-byte aligned, written, not
+    /// accumulated: each head's sum over the batch and its rows,
+    /// `dsinks[h] = −Σ exp(sinks[h] − lse) · rowsum(dO ∘ O)`. Needs
+    /// [`sinks`](Self::sinks) (the library refuses it alone); bitwise the
+    /// same from run to run in both modes. An output as dq, dk and dv are:
+    /// it must overlap no other tensor.
+    ///
+    /// ```
+    /// # use flashcore::{BackwardParams, RawBuffer};
+    /// # let sinks = RawBuffer::new(0x1000, 8 * 4);
+    /// # let mut dsinks = RawBuffer::new(0x2000, 8 * 4);
+    /// let builder = BackwardParams::builder().num_heads_q(8).sinks(&sinks).dsinks(&mut dsinks);
+    /// ```
+    pub fn dsinks<B: DeviceBuffer + ?Sized>(mut self, dsinks: &'a mut B) -> Self {
+        self.dsinks = Some(RawBuffer::new(dsinks.device_ptr(), dsinks.byte_len()));
+        self
     }
 
     /// The forward call's sliding window `(left, right)` (default: none);
@@ -512,6 +570,7 @@ impl<'a> BackwardParamsBuilder<'a> {
             (raw.use_window, raw.window_left, raw.window_right) = (1, left, right);
         }
         raw.softcap = self.softcap;
+        raw.attention_chunk = self.attention_chunk;
         raw.deterministic = i32::from(self.deterministic);
         // SAFETY: `raw` is a valid params struct with its own struct_size.
         check(unsafe { sys::flashcore_backward_set_contiguous_strides(&mut raw, self.layout.to_raw()) })?;
@@ -527,6 +586,8 @@ impl<'a> BackwardParamsBuilder<'a> {
         (raw.out, raw.dout) = (device_address(out), device_address(dout));
         (raw.dq, raw.dk, raw.dv) = (device_address(dq), device_address(dk), device_address(dv));
         raw.lse = device_address(self.lse).cast();
+        raw.sinks = device_address(self.sinks).cast();
+        raw.dsinks = device_address(self.dsinks).cast();
         raw.seqused_k = device_address(self.seqused_k).cast();
         let int32s = |buffer: RawBuffer| device_address(Some(buffer)).cast();
         if let Some((cu_seqlens, total)) = self.varlen_q {
@@ -554,6 +615,12 @@ impl<'a> BackwardParamsBuilder<'a> {
         };
         let lse = self.lse.as_ref().expect("checked above");
         ensure_fits("lse", lse_rows * std::mem::size_of::<f32>() as i128, lse)?;
+        let per_head = i128::from(raw.num_heads_q) * std::mem::size_of::<f32>() as i128;
+        for (name, buffer) in [("sinks", &self.sinks), ("dsinks", &self.dsinks)] {
+            if let Some(buffer) = buffer {
+                ensure_fits(name, per_head, buffer)?;
+            }
+        }
         let int32_bytes = |count: i128| count * std::mem::size_of::<i32>() as i128;
         if let Some(seqused_k) = &self.seqused_k {
             ensure_fits("seqused_k", int32_bytes(i128::from(raw.batch_size)), seqused_k)?;
@@ -684,6 +751,58 @@ mod tests {
         assert_eq!((params.window(), params.softcap(), params.deterministic()), (None, 0.0, false));
         assert!(raw.seqused_k.is_null() && raw.cu_seqlens_q.is_null() && raw.cu_seqlens_k.is_null());
         assert_eq!((raw.total_seqlen_q, raw.total_seqlen_k), (0, 0));
+    }
+
+    #[test]
+    fn chunk_sinks_and_dsinks_reach_the_c_struct() {
+        let mut buffers = Buffers::dense();
+        let params = standard(&mut buffers).build().expect("valid params");
+        let raw = params.as_raw();
+        assert!(raw.sinks.is_null() && raw.dsinks.is_null());
+        assert_eq!((raw.attention_chunk, params.attention_chunk(), params.computes_dsinks()), (0, 0, false));
+        let sinks = RawBuffer::new(address(9), HQ as usize * 4);
+        let mut dsinks = RawBuffer::new(address(10), HQ as usize * 4);
+        let mut buffers = Buffers::dense();
+        let params = standard(&mut buffers)
+            .causal(true)
+            .attention_chunk(48)
+            .sinks(&sinks)
+            .dsinks(&mut dsinks)
+            .build()
+            .expect("valid params");
+        let raw = params.as_raw();
+        assert_eq!((raw.attention_chunk, raw.sinks as u64, raw.dsinks as u64), (48, address(9), address(10)));
+        assert_eq!((params.attention_chunk(), params.computes_dsinks()), (48, true));
+        // Sinks without their gradient (sinks that need none).
+        let mut buffers = Buffers::dense();
+        let params = standard(&mut buffers).sinks(&sinks).build().expect("valid params");
+        assert!(!params.as_raw().sinks.is_null() && !params.computes_dsinks());
+    }
+
+    #[test]
+    fn chunk_sinks_and_dsinks_refusals() {
+        let sinks = RawBuffer::new(address(9), HQ as usize * 4);
+        let mut buffers = Buffers::dense();
+        let err = rejected(standard(&mut buffers).attention_chunk(-2));
+        assert!(err.status() == Status::InvalidArgument && err.message().contains("attention_chunk (-2)"), "{err}");
+        // dsinks needs sinks: the library's rule, in its words.
+        let mut dsinks = RawBuffer::new(address(10), HQ as usize * 4);
+        let mut buffers = Buffers::dense();
+        let err = rejected(standard(&mut buffers).dsinks(&mut dsinks));
+        assert!(err.status() == Status::InvalidArgument && err.message().contains("dsinks"), "{err}");
+        // Each must hold a float per query head.
+        for (name, sinks_bytes, dsinks_bytes) in [("sinks", HQ * 4 - 1, HQ * 4), ("dsinks", HQ * 4, HQ * 4 - 4)] {
+            let short_sinks = RawBuffer::new(address(9), sinks_bytes as usize);
+            let mut short_dsinks = RawBuffer::new(address(10), dsinks_bytes as usize);
+            let mut buffers = Buffers::dense();
+            let err = rejected(standard(&mut buffers).sinks(&short_sinks).dsinks(&mut short_dsinks));
+            assert!(err.message().starts_with(&format!("{name}: the tensor spans {} bytes", HQ * 4)), "{err}");
+        }
+        // An output: overlapping dq is refused, naming both.
+        let mut buffers = Buffers::dense();
+        let mut over_dq = RawBuffer::new(buffers.get(BackwardTensor::DQ).device_ptr(), HQ as usize * 4);
+        let err = rejected(standard(&mut buffers).sinks(&sinks).dsinks(&mut over_dq));
+        assert!(err.message().contains("dsinks") && err.message().contains("overlaps dq"), "{err}");
     }
 
     #[test]

@@ -54,7 +54,9 @@ fn init_raw() -> Result<sys::flashcore_merge_params> {
 /// part by part with [`Handle::forward`](crate::Handle::forward), each part's
 /// out and lse stored as one state, and merged exactly. A part in which a
 /// row sees no key has lse −∞ and contributes nothing; a row that no part
-/// sees gets out = 0 and lse = −∞, as a forward call gives it.
+/// sees gets out = 0 and lse = −∞, as a forward call gives it. With
+/// learnable sinks ([`MergeParamsBuilder::sinks`]) each head's sink is one
+/// more part, of lse `sinks[h]` and output 0.
 ///
 /// Logical shapes (with [`Layout::Bshd`], seqlen and heads swap places in
 /// partial_out and out; partial_lse and lse keep forward's lse order):
@@ -153,8 +155,9 @@ impl<'a> MergeParams<'a> {
 ///
 /// Required: the five sizes and partial_out, partial_lse, out. Optional:
 /// [`partial_dtype`], [`out_dtype`], [`layout`] or the explicit strides,
-/// [`lse`].
+/// [`lse`], [`sinks`].
 ///
+/// [`sinks`]: MergeParamsBuilder::sinks
 /// [`partial_dtype`]: MergeParamsBuilder::partial_dtype
 /// [`out_dtype`]: MergeParamsBuilder::out_dtype
 /// [`layout`]: MergeParamsBuilder::layout
@@ -185,6 +188,7 @@ pub struct MergeParamsBuilder<'a> {
     partial_lse: Option<RawBuffer>,
     out: Option<RawBuffer>,
     lse: Option<RawBuffer>,
+    sinks: Option<RawBuffer>,
     buffers: PhantomData<&'a mut ()>,
 }
 
@@ -296,6 +300,21 @@ impl<'a> MergeParamsBuilder<'a> {
         self
     }
 
+    /// Learnable sinks (optional), as
+    /// [`ForwardParamsBuilder::sinks`](crate::ForwardParamsBuilder::sinks):
+    /// device memory holding `[num_heads]` f32 logits, 4-byte aligned. Head
+    /// h's sink joins each of its rows as one more part, of lse `sinks[h]`
+    /// and output 0: `lse = ln(exp(sinks[h]) + Σₛ exp(partial_lse[s]))`,
+    /// `out = Σₛ exp(partial_lse[s] − lse) · partial_out[s]`; a row that no
+    /// part sees gets out = 0 and lse = `sinks[h]`. Give them only to the
+    /// merge of all of a row's parts, each computed without sinks: a merge
+    /// whose result is merged again would count the sink twice.
+    /// [`build`](Self::build) checks that the buffer holds num_heads floats.
+    pub fn sinks<B: DeviceBuffer + ?Sized>(mut self, buffer: &'a B) -> Self {
+        self.sinks = raw_buffer(buffer);
+        self
+    }
+
     /// Checks what only the Rust side can see and returns the params; see
     /// the type's documentation. Touches no GPU.
     pub fn build(self) -> Result<MergeParams<'a>> {
@@ -365,6 +384,7 @@ impl<'a> MergeParamsBuilder<'a> {
         raw.partial_lse = device_address(self.partial_lse).cast();
         raw.out = device_address(self.out);
         raw.lse = device_address(self.lse).cast();
+        raw.sinks = device_address(self.sinks).cast();
 
         let f32_size = std::mem::size_of::<f32>();
         let partial = [(num_states, p.state), (batch_size, p.batch), (seqlen, p.seq), (num_heads, p.head)];
@@ -378,6 +398,9 @@ impl<'a> MergeParamsBuilder<'a> {
         ensure_fits("out", tensor_extent(&out, head_dim, out_dtype.size_of()), &out_buffer)?;
         if let Some(lse) = &self.lse {
             ensure_fits("lse", batch * heads * seq * f32_size as i128, lse)?;
+        }
+        if let Some(sinks) = &self.sinks {
+            ensure_fits("sinks", heads * f32_size as i128, sinks)?;
         }
         Ok(MergeParams { raw, buffers: PhantomData })
     }
@@ -541,6 +564,30 @@ mod tests {
         let mut buffers = Buffers::dense();
         let err = rejected(standard(&mut buffers).out_dtype(DType::F32));
         assert!(err.message().starts_with("out: "), "{err}");
+    }
+
+    #[test]
+    fn sinks_reach_the_c_struct_and_must_hold_a_float_per_head() {
+        let mut buffers = Buffers::dense();
+        let params = standard(&mut buffers).build().expect("valid params");
+        assert!(params.as_raw().sinks.is_null());
+        let sinks = RawBuffer::new(0x5000_0000, H as usize * 4);
+        let mut buffers = Buffers::dense();
+        let params = standard(&mut buffers).sinks(&sinks).build().expect("valid params");
+        assert_eq!(params.as_raw().sinks as usize, 0x5000_0000);
+        // The library's own check takes them (the merge's checks run before any GPU is looked at).
+        assert_eq!(unsafe { sys::flashcore_merge_check(params.as_raw()) }, sys::FLASHCORE_STATUS_SUCCESS);
+        let short = RawBuffer::new(0x5000_0000, H as usize * 4 - 1);
+        let mut buffers = Buffers::dense();
+        let err = rejected(standard(&mut buffers).sinks(&short));
+        assert_eq!(
+            err.message(),
+            format!("sinks: the tensor spans {} bytes but its buffer holds {}", H * 4, H * 4 - 1)
+        );
+        let misaligned = RawBuffer::new(0x5000_0002, H as usize * 4);
+        let mut buffers = Buffers::dense();
+        let params = standard(&mut buffers).sinks(&misaligned).build().expect("the crate checks sizes only");
+        assert_eq!(unsafe { sys::flashcore_merge_check(params.as_raw()) }, sys::FLASHCORE_STATUS_MISALIGNED);
     }
 
     #[test]

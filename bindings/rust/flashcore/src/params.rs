@@ -302,6 +302,18 @@ impl<'a> ForwardParams<'a> {
         self.raw.softcap
     }
 
+    /// The chunk length of chunked attention: 0 for none (see
+    /// [`ForwardParamsBuilder::attention_chunk`]).
+    pub fn attention_chunk(&self) -> i32 {
+        self.raw.attention_chunk
+    }
+
+    /// Whether the call has learnable sinks (see
+    /// [`ForwardParamsBuilder::sinks`]).
+    pub fn has_sinks(&self) -> bool {
+        !self.raw.sinks.is_null()
+    }
+
     /// Element type of k and v: the one given to
     /// [`ForwardParamsBuilder::kv_dtype`], else the call's dtype.
     pub fn kv_dtype(&self) -> DType {
@@ -440,13 +452,15 @@ macro_rules! input_setters {
 /// side can see.
 ///
 /// Required: the six sizes and q, k, v, out. Optional: [`head_dim_v`],
-/// [`dtype`], [`causal`], [`window`], [`softcap`], [`softmax_scale`],
-/// [`layout`] or [`strides`], [`lse`], [`num_splits`], [`seqused_k`],
-/// [`varlen_q`], [`varlen_k`], [`paged_kv`], for an fp8 KV cache
-/// [`kv_dtype`], [`k_descale`], [`v_descale`], and for fp8 queries
-/// (dtype [`DType::F8E4M3`]) [`q_descale`], [`k_descale`], [`v_descale`]
-/// and [`out_dtype`].
+/// [`dtype`], [`causal`], [`window`], [`attention_chunk`], [`softcap`],
+/// [`sinks`], [`softmax_scale`], [`layout`] or [`strides`], [`lse`],
+/// [`num_splits`], [`seqused_k`], [`varlen_q`], [`varlen_k`],
+/// [`paged_kv`], for an fp8 KV cache [`kv_dtype`], [`k_descale`],
+/// [`v_descale`], and for fp8 queries (dtype [`DType::F8E4M3`])
+/// [`q_descale`], [`k_descale`], [`v_descale`] and [`out_dtype`].
 ///
+/// [`attention_chunk`]: ForwardParamsBuilder::attention_chunk
+/// [`sinks`]: ForwardParamsBuilder::sinks
 /// [`kv_dtype`]: ForwardParamsBuilder::kv_dtype
 /// [`out_dtype`]: ForwardParamsBuilder::out_dtype
 /// [`q_descale`]: ForwardParamsBuilder::q_descale
@@ -502,6 +516,7 @@ pub struct ForwardParamsBuilder<'a> {
     causal: bool,
     /// (left, right) bounds; `None`: no window.
     window: Option<(i32, i32)>,
+    attention_chunk: i32,
     softcap: f32,
     softmax_scale: f32,
     num_splits: i32,
@@ -509,6 +524,8 @@ pub struct ForwardParamsBuilder<'a> {
     strides: [Option<Strides>; 4],
     tensors: [Option<RawBuffer>; 4],
     lse: Option<RawBuffer>,
+    /// The f32 [num_heads_q] sink logits; `None`: no sinks.
+    sinks: Option<RawBuffer>,
     seqused_k: Option<RawBuffer>,
     /// cu_seqlens_q and total_seqlen_q; `None`: q and out are not packed.
     varlen_q: Option<(RawBuffer, i32)>,
@@ -640,6 +657,48 @@ impl<'a> ForwardParamsBuilder<'a> {
         /// Derives all strides for densely packed tensors in `layout` (default
         /// [`Layout::Bhsd`]); [`strides`](Self::strides) overrides single tensors.
         layout: Layout;
+        /// Chunked attention, as Llama 4's and FlashAttention 3's
+        /// `attention_chunk` (default 0: off): with a chunk length > 0, query
+        /// i sees key j only where j and i's diagonal key i + seqlen_k -
+        /// seqlen_q (aligned as for [`causal`](Self::causal)) lie in the same
+        /// chunk `[c · attention_chunk, (c + 1) · attention_chunk)`. It
+        /// combines with causal and the [`window`](Self::window): a key must
+        /// pass every mask (Llama 4: `causal(true).attention_chunk(8192)`).
+        /// Key tiles outside a query block's chunks are skipped, not
+        /// computed; rows that see no key give out = 0 and lse = -inf (the
+        /// sink, with [`sinks`](Self::sinks)). Negative:
+        /// [`Status::InvalidArgument`] from [`build`](Self::build).
+        ///
+        /// ```
+        /// # use flashcore::ForwardParams;
+        /// // Llama 4's local layers: causal within chunks of 8192 keys.
+        /// let builder = ForwardParams::builder().causal(true).attention_chunk(8192);
+        /// ```
+        attention_chunk: i32;
+    }
+
+    /// Learnable attention sinks, as gpt-oss's (FlashAttention 4's
+    /// `learnable_sink`; default: none): device memory holding one f32
+    /// logit per query head, `[num_heads_q]`, 4-byte aligned. Head h's
+    /// `sinks[h]`, in the units of the scaled (and capped) scores, joins
+    /// the softmax denominator of each of its rows and attends to nothing:
+    /// `out = Σⱼ exp(sⱼ)·vⱼ / (exp(sinks[h]) + Σⱼ exp(sⱼ))`, and lse is
+    /// `ln(exp(sinks[h]) + Σⱼ exp(sⱼ))`. A row that sees no key gives
+    /// out = 0 and lse = `sinks[h]`; −∞ is no sink for that head. Works with
+    /// every other setting (a split-KV call counts the sink once, in its
+    /// merge). Read on the GPU, unchecked: NaN gives NaN rows.
+    /// [`build`](Self::build) checks that the buffer holds num_heads_q
+    /// floats. Their gradient is [`BackwardParamsBuilder::dsinks`](crate::BackwardParamsBuilder::dsinks).
+    ///
+    /// ```
+    /// # use flashcore::{ForwardParams, RawBuffer};
+    /// # let sinks = RawBuffer::new(0x1000, 64 * 4);
+    /// // gpt-oss's sliding layers: causal over 128 keys, one sink per query head (64 of them).
+    /// let builder = ForwardParams::builder().num_heads_q(64).causal(true).window(127, 0).sinks(&sinks);
+    /// ```
+    pub fn sinks<B: DeviceBuffer + ?Sized>(mut self, sinks: &'a B) -> Self {
+        self.sinks = Some(RawBuffer::new(sinks.device_ptr(), sinks.byte_len()));
+        self
     }
 
     /// Sliding window (local attention), as FlashAttention's
@@ -981,6 +1040,7 @@ impl<'a> ForwardParamsBuilder<'a> {
             (raw.use_window, raw.window_left, raw.window_right) = (1, left, right);
         }
         raw.softcap = self.softcap;
+        raw.attention_chunk = self.attention_chunk;
         raw.kv_dtype = self.kv_dtype.map_or(0, DType::to_raw);
         raw.out_dtype = self.out_dtype.map_or(0, DType::to_raw);
         // SAFETY: `raw` is a valid params struct with its own struct_size.
@@ -996,6 +1056,7 @@ impl<'a> ForwardParamsBuilder<'a> {
         (raw.q, raw.k, raw.v) = (device_address(q), device_address(k), device_address(v));
         raw.out = device_address(out);
         raw.lse = device_address(self.lse).cast();
+        raw.sinks = device_address(self.sinks).cast();
         raw.seqused_k = device_address(self.seqused_k).cast();
         let int32s = |buffer: RawBuffer| device_address(Some(buffer)).cast();
         if let Some((cu_seqlens, total)) = self.varlen_q {
@@ -1047,6 +1108,9 @@ impl<'a> ForwardParamsBuilder<'a> {
                 None => i128::from(raw.batch_size) * i128::from(raw.num_heads_q) * i128::from(raw.seqlen_q),
             };
             ensure_fits("lse", rows * std::mem::size_of::<f32>() as i128, lse)?;
+        }
+        if let Some(sinks) = &self.sinks {
+            ensure_fits("sinks", i128::from(raw.num_heads_q) * std::mem::size_of::<f32>() as i128, sinks)?;
         }
         let int32_bytes = |count: i128| count * std::mem::size_of::<i32>() as i128;
         if let Some(seqused_k) = &self.seqused_k {
@@ -1759,6 +1823,52 @@ mod tests {
         let mut buffers = Buffers::dense();
         let misaligned = RawBuffer::new(0x5000_0002, B as usize * 4);
         assert_eq!(rejected(standard(&mut buffers).seqused_k(&misaligned)).status(), Status::Misaligned);
+    }
+
+    #[test]
+    fn chunk_and_sinks_reach_the_c_struct() {
+        let mut buffers = Buffers::dense();
+        let params = standard(&mut buffers).build().expect("valid params");
+        assert_eq!((params.attention_chunk(), params.has_sinks()), (0, false));
+        assert!(params.as_raw().sinks.is_null());
+        let mut buffers = Buffers::dense();
+        let sinks = RawBuffer::new(0x5000_0000, HQ as usize * 4);
+        let params = standard(&mut buffers)
+            .causal(true)
+            .window(100, 0)
+            .attention_chunk(32)
+            .sinks(&sinks)
+            .build()
+            .expect("valid params");
+        let raw = params.as_raw();
+        assert_eq!((raw.attention_chunk, raw.sinks as usize, raw.causal), (32, 0x5000_0000, 1));
+        assert_eq!((params.attention_chunk(), params.has_sinks(), params.window()), (32, true, Some((100, 0))));
+    }
+
+    #[test]
+    fn chunk_and_sinks_refusals() {
+        // A negative chunk, in the library's words.
+        let mut buffers = Buffers::dense();
+        let err = rejected(standard(&mut buffers).attention_chunk(-1));
+        assert_eq!(err.status(), Status::InvalidArgument);
+        assert!(err.message().contains("attention_chunk (-1)"), "{err}");
+        // The sinks: one f32 per query head, 4-byte aligned, overlapping no output.
+        let mut buffers = Buffers::dense();
+        let short = RawBuffer::new(0x5000_0000, HQ as usize * 4 - 1);
+        let err = rejected(standard(&mut buffers).sinks(&short));
+        assert_eq!(err.status(), Status::InvalidArgument);
+        assert_eq!(
+            err.message(),
+            format!("sinks: the tensor spans {} bytes but its buffer holds {}", HQ * 4, HQ * 4 - 1)
+        );
+        let mut buffers = Buffers::dense();
+        let misaligned = RawBuffer::new(0x5000_0002, HQ as usize * 4);
+        let err = rejected(standard(&mut buffers).sinks(&misaligned));
+        assert!(err.status() == Status::Misaligned && err.message().contains("sinks"), "{err}");
+        let mut buffers = Buffers::dense();
+        let over_out = RawBuffer::new(buffers.out.device_ptr(), HQ as usize * 4);
+        let err = rejected(standard(&mut buffers).sinks(&over_out));
+        assert!(err.message().contains("sinks") && err.message().contains("overlaps out"), "{err}");
     }
 
     #[test]
