@@ -58,24 +58,27 @@ def forward_params(q: Array, k: Array, v: Array, out: Optional[Array] = None, *,
                    cu_seqlens_k: Optional[Array] = None, max_seqlen_q: Optional[int] = None,
                    max_seqlen_k: Optional[int] = None, block_table: Optional[Array] = None,
                    q_descale: Optional[Array] = None, k_descale: Optional[Array] = None,
-                   v_descale: Optional[Array] = None) -> "_ffi.flashcore_forward_params":
+                   v_descale: Optional[Array] = None, attention_chunk: int = 0,
+                   sinks: Optional[Array] = None) -> "_ffi.flashcore_forward_params":
     """A flashcore.ForwardParams for these arrays (pointers, sizes, strides),
     for the low-level calls: Handle.workspace_size, Handle.forward,
     check_params. The arrays must outlive every use of the result.
     num_splits, window, softcap, seqused_k, float8_e4m3fn k and v (or q, k
-    and v: dtype FP8_E4M3, kv_dtype 0, out_dtype BF16, out bfloat16) and
-    the descales as for attention(); cu_seqlens_q/max_seqlen_q and
-    cu_seqlens_k/max_seqlen_k as for attention_varlen() (each side packed
-    on its own: q and out, or k and v, are then [total, H, D] whatever the
-    layout); block_table as for attention_with_kvcache(), k and v then page
-    pools [num_pages, page_size, Hkv, D] (layout="bshd") or [num_pages,
-    Hkv, page_size, D]."""
+    and v: dtype FP8_E4M3, kv_dtype 0, out_dtype BF16, out bfloat16), the
+    descales, attention_chunk and sinks as for attention();
+    cu_seqlens_q/max_seqlen_q and cu_seqlens_k/max_seqlen_k as for
+    attention_varlen() (each side packed on its own: q and out, or k and v,
+    are then [total, H, D] whatever the layout); block_table as for
+    attention_with_kvcache(), k and v then page pools [num_pages,
+    page_size, Hkv, D] (layout="bshd") or [num_pages, Hkv, page_size, D]."""
     layout = _layout(layout)
-    options = _options(causal, softmax_scale, num_splits, window, softcap)
-    infos = [None if a is None else describe(a, name) for a, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"))]
+    options = _options(causal, softmax_scale, num_splits, window, softcap, attention_chunk)
+    infos = [None if a is None else describe(a, name)
+             for a, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"), (sinks, "sinks"))]
     seqs = _sequences(0, seqused_k=seqused_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                       cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k, block_table=block_table)
-    return _build(library(), *infos, layout, options, seqs, _descales(0, q_descale, k_descale, v_descale))
+    return _build(library(), *infos[:5], layout, options, seqs, _descales(0, q_descale, k_descale, v_descale),
+                  infos[5])
 
 
 def supported_head_dims() -> List[Tuple[int, int]]:
@@ -102,26 +105,27 @@ def _forward(arrays, layout, options, return_lse, stream, workspace, detach, max
              seqused_k_name="seqused_k", fast_asked=False, deterministic=False):
     """What attention, attention_varlen and attention_with_kvcache share:
     the call's arrays in _plan.POINTER_FIELDS order (None where not given),
-    its options (causal, softmax_scale, num_splits, window, softcap) as the
-    caller gave them, and the rest of its arguments. Under torch.compile
-    (or torch.export), and where the result must be differentiable
-    (wants_grad), the torch operator flashcore::forward, which comes back
-    here below autograd; else the compiled path where it serves the call
-    (fast_asked: the caller asked it already, and it handed the call back);
-    else the Python path (_plan.forward), which gives the compiled path the
-    call's plan. (Positional: keywords cost host time on every call.)"""
+    its options (causal, softmax_scale, num_splits, window, softcap,
+    attention_chunk) as the caller gave them, and the rest of its
+    arguments. Under torch.compile (or torch.export), and where the result
+    must be differentiable (wants_grad), the torch operator
+    flashcore::forward, which comes back here below autograd; else the
+    compiled path where it serves the call (fast_asked: the caller asked it
+    already, and it handed the call back); else the Python path
+    (_plan.forward), which gives the compiled path the call's plan.
+    (Positional: keywords cost host time on every call.)"""
     differentiable = None
     if not tracing():
-        q, k, v = arrays[0], arrays[1], arrays[2]
+        q, k, v, sinks = arrays[0], arrays[1], arrays[2], arrays[12]
         fast = _fast if _fast is not None else _load_fast()
         if (fast and not fast_asked and stream is None and workspace is None and arrays[4] is None
                 and arrays[6] is None and arrays[7] is None and arrays[8] is None):
-            result = fast.call(q, k, v, arrays[3], arrays[5], arrays[9], arrays[10], arrays[11], layout, options,
-                               return_lse)
+            result = fast.call(q, k, v, arrays[3], arrays[5], arrays[9], arrays[10], arrays[11], sinks, layout,
+                               options, return_lse)
             if result is not None:
                 return result
         # (Before planning: a differentiable call is planned below autograd, by _forward_below_autograd.)
-        if not wants_grad(q, k, v, detach):
+        if not wants_grad(q, k, v, detach, sinks):
             return _plan.forward(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, stream, workspace,
                                  seqused_k_name, fast)
         differentiable = True
@@ -134,18 +138,20 @@ def _forward_below_autograd(arrays, max_seqlen_q, max_seqlen_k, layout, options,
     which EagerAttention's forward is too: the call as _forward makes it
     (arrays without out and lse), below autograd (grad mode off, the result
     without a gradient path). The compiled path first (a repeated call);
-    else q, k and v without their requires_grad, so that the call's plan is
-    the one a plain call has, which the compiled path is then given."""
-    q, k, v = arrays[0], arrays[1], arrays[2]
+    else q, k, v and sinks without their requires_grad, so that the call's
+    plan is the one a plain call has, which the compiled path is then
+    given."""
+    q, k, v, sinks = arrays[0], arrays[1], arrays[2], arrays[12]
     if arrays[6] is None and arrays[7] is None and arrays[8] is None:
         fast = _compiled_path()
         if fast:
-            result = fast.call(q, k, v, None, arrays[5], arrays[9], arrays[10], arrays[11], layout, options,
+            result = fast.call(q, k, v, None, arrays[5], arrays[9], arrays[10], arrays[11], sinks, layout, options,
                                return_lse)
             if result is not None:
                 return result
-    if q.requires_grad or k.requires_grad or v.requires_grad:
-        arrays = (q.detach(), k.detach(), v.detach()) + arrays[3:]
+    if q.requires_grad or k.requires_grad or v.requires_grad or sinks is not None and sinks.requires_grad:
+        arrays = ((q.detach(), k.detach(), v.detach()) + arrays[3:12]
+                  + (None if sinks is None else sinks.detach(),))
     return _forward(arrays, layout, options, return_lse, None, None, False, max_seqlen_q, max_seqlen_k, "seqused_k",
                     True)
 
@@ -193,13 +199,15 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
               window: Optional[Tuple[int, int]] = None, softcap: float = 0.0, seqused_k: Optional[Array] = None,
               detach: bool = False, is_causal: Optional[bool] = None, scale: Optional[float] = None,
               deterministic: bool = False, q_descale: Optional[Array] = None, k_descale: Optional[Array] = None,
-              v_descale: Optional[Array] = None) -> Union[Array, Tuple[Array, Array]]:
+              v_descale: Optional[Array] = None, attention_chunk: int = 0,
+              sinks: Optional[Array] = None) -> Union[Array, Tuple[Array, Array]]:
     """Fused scaled-dot-product attention, like
     torch.nn.functional.scaled_dot_product_attention(q, k, v):
 
-        out = softmax(cap(softmax_scale * q @ k^T) [+ causal/window mask]) @ v
+        out = softmax(cap(softmax_scale * q @ k^T) [+ causal/window/chunk mask]) @ v
 
-    (cap is the identity unless softcap is set).
+    (cap is the identity unless softcap is set; with sinks, each head's sink
+    logit joins the softmax's denominator).
 
     q: [B, Hq, Sq, D]; k: [B, Hkv, Sk, D]; v: [B, Hkv, Sk, Dv] with Hq a
     multiple of Hkv (grouped-query attention); float16 or bfloat16 (k and v
@@ -262,6 +270,28 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
         exactly N parts, computed in parallel and merged (the same math as
         merge_states). Results are deterministic for a given num_splits;
         different num_splits round differently.
+    attention_chunk: chunked attention, as Llama 4's and FlashAttention 3's
+        attention_chunk: 0 (the default) is off; a chunk length > 0 lets
+        query i see key j only where j and i's diagonal key i + Sk - Sq
+        (aligned as causal is) lie in the same chunk [c * attention_chunk,
+        (c + 1) * attention_chunk). It combines with causal and window (a
+        key must pass every mask); Llama 4 uses causal=True with 8192. Key
+        tiles outside a query block's chunks are skipped, not computed.
+        Rows that see no key give 0 (and lse -inf, or the sink with
+        sinks). An int; the library refuses one < 0.
+    sinks: learnable attention sinks, as gpt-oss's (FlashAttention 4's
+        learnable_sink): None (the default), or a float32 CUDA array of
+        shape [Hq], one logit per query head, on q's device. Head h's
+        sinks[h], in the units of the scaled (capped) scores, joins the
+        softmax's denominator of each of h's rows and attends to nothing:
+            out = sum_j exp(s_j) v_j / (exp(sinks[h]) + sum_j exp(s_j)),
+            lse = log(exp(sinks[h]) + sum_j exp(s_j)).
+        A row that sees no key gives out = 0 and lse = sinks[h]; -inf is no
+        sink for that head. Works with every other option (a split-KV call
+        counts the sink once, in its merge). Differentiable: a torch
+        tensor that requires grad (an nn.Parameter) gets its gradient from
+        flashcore_backward, as q, k and v do. Read on the GPU, not
+        checked: NaN gives NaN rows.
 
     Quantized K/V (an fp8 KV cache, as vLLM's kv_cache_dtype="fp8"): k and
         v may both be float8_e4m3fn (torch.float8_e4m3fn) with float16 or
@@ -310,11 +340,12 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
         and pass it to every call. The library refuses k_descale and
         v_descale with 16-bit k and v, and q_descale with 16-bit q.
 
-    Gradients: where q, k or v is a torch tensor that requires grad and
-        grad mode is on, the result is differentiable: autograd computes
-        the gradients of q, k and v with flashcore_backward (the call is
-        then the torch operator flashcore::forward, whose autograd formula
-        that is, and keeps q, k, v, out and the lse for the backward pass).
+    Gradients: where q, k, v or sinks is a torch tensor that requires grad
+        and grad mode is on, the result is differentiable: autograd
+        computes the gradients of q, k, v and sinks with flashcore_backward
+        (the call is then the torch operator flashcore::forward, whose
+        autograd formula that is, and keeps q, k, v, out, the lse and the
+        sinks for the backward pass).
         The returned lse, if asked for, has no gradient. stream= and
         workspace= are not taken then; out= and lse= are copied into.
         Paged caches (attention_with_kvcache's block_table),
@@ -350,17 +381,18 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
     """
     if is_causal is not None or scale is not None:
         causal, softmax_scale = _pytorch_names(q, k, layout, causal, softmax_scale, is_causal, scale)
-    options = (causal, softmax_scale, num_splits, window, softcap)
+    options = (causal, softmax_scale, num_splits, window, softcap, attention_chunk)
     # A repeated call on torch tensors: the compiled path, first thing (each
     # Python call on the way is host time). Under torch.compile it is never
     # reached: _is_compiling() comes first, and there _forward traces.
     fast_asked = False
     if _fast and stream is None and lse is None and workspace is None and not _is_compiling():
-        result = _fast.call(q, k, v, out, seqused_k, q_descale, k_descale, v_descale, layout, options, return_lse)
+        result = _fast.call(q, k, v, out, seqused_k, q_descale, k_descale, v_descale, sinks, layout, options,
+                            return_lse)
         if result is not None:
             return result
         fast_asked = True
-    return _forward((q, k, v, out, lse, seqused_k, None, None, None, q_descale, k_descale, v_descale), layout,
+    return _forward((q, k, v, out, lse, seqused_k, None, None, None, q_descale, k_descale, v_descale, sinks), layout,
                     options, return_lse, stream, workspace, detach, None, None, "seqused_k", fast_asked, deterministic)
 
 
@@ -371,7 +403,8 @@ def attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqle
                      window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
                      seqused_k: Optional[Array] = None, detach: bool = False, deterministic: bool = False,
                      q_descale: Optional[Array] = None, k_descale: Optional[Array] = None,
-                     v_descale: Optional[Array] = None) -> Union[Array, Tuple[Array, Array]]:
+                     v_descale: Optional[Array] = None, attention_chunk: int = 0,
+                     sinks: Optional[Array] = None) -> Union[Array, Tuple[Array, Array]]:
     """Attention over a batch of sequences of different lengths packed
     without padding, as FlashAttention's flash_attn_varlen_func:
 
@@ -386,9 +419,10 @@ def attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqle
     max_seqlen_q, max_seqlen_k: ints, the longest query and key sequence;
         they size the grid and the workspace. A sequence longer than its
         max is cut to it.
-    causal and window align to each sequence's own lengths: query i of
-        sequence b sees key j <= i + Sk_b - Sq_b. A sequence with no keys
-        gives 0 (and lse -inf).
+    causal, window and attention_chunk align to each sequence's own
+        lengths: query i of sequence b sees key j <= i + Sk_b - Sq_b with
+        causal. A sequence with no keys gives 0 (and lse -inf, or the sink
+        with sinks).
     seqused_k: None, or an int32 CUDA array [B]: sequence b then uses only
         the first min(seqused_k[b], its length) of its keys.
     lse: float32 [Hq, total_q] (FlashAttention's varlen layout), returned
@@ -399,14 +433,14 @@ def attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqle
         only: out bfloat16, q_descale too; no softcap), as for attention().
         B is len(cu_seqlens_q) - 1 for [B, Hkv] descales.
 
-    The other arguments are attention()'s, detach and deterministic
-    included; the result is differentiable as attention()'s is (the
-    gradients of rows outside every sequence are 0), a float8_e4m3fn
-    call's is not.
+    The other arguments are attention()'s, detach, deterministic,
+    attention_chunk and sinks (float32 [Hq]) included; the result is
+    differentiable as attention()'s is (the gradients of rows outside
+    every sequence are 0), a float8_e4m3fn call's is not.
     """
-    return _forward((q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, None, q_descale, k_descale, v_descale),
-                    "bshd", (causal, softmax_scale, num_splits, window, softcap), return_lse, stream, workspace, detach,
-                    max_seqlen_q, max_seqlen_k, "seqused_k", False, deterministic)
+    return _forward((q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, None, q_descale, k_descale, v_descale,
+                     sinks), "bshd", (causal, softmax_scale, num_splits, window, softcap, attention_chunk), return_lse,
+                    stream, workspace, detach, max_seqlen_q, max_seqlen_k, "seqused_k", False, deterministic)
 
 
 def _cache_seqlens_array(count, q, cu_seqlens_q, stream):
@@ -436,8 +470,9 @@ def attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, cache_seqle
                            workspace: Optional[Array] = None, num_splits: Optional[int] = None,
                            window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
                            detach: bool = False, deterministic: bool = False, q_descale: Optional[Array] = None,
-                           k_descale: Optional[Array] = None,
-                           v_descale: Optional[Array] = None) -> Union[Array, Tuple[Array, Array]]:
+                           k_descale: Optional[Array] = None, v_descale: Optional[Array] = None,
+                           attention_chunk: int = 0,
+                           sinks: Optional[Array] = None) -> Union[Array, Tuple[Array, Array]]:
     """Attention of new queries against a KV cache, as FlashAttention's
     flash_attn_with_kvcache (without appending to the cache or rotary
     embedding), in its [B, S, H, D] storage:
@@ -475,16 +510,16 @@ def attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, cache_seqle
         not; sm_90 only, kernels at head dims 64, 128 and 256 (others run
         on the smallest that covers them), no softcap), out is
         bfloat16 and q_descale q's factors, as for attention().
-    The other arguments are attention()'s (layout is "bshd"), detach and
-    deterministic included: a contiguous 16-bit cache's result is
-    differentiable as attention()'s is; a paged or float8_e4m3fn one's is
-    not (UnsupportedError where an input requires grad, unless
-    detach=True).
+    The other arguments are attention()'s (layout is "bshd"), detach,
+    deterministic, attention_chunk and sinks included: a contiguous 16-bit
+    cache's result is differentiable as attention()'s is; a paged or
+    float8_e4m3fn one's is not (UnsupportedError where an input requires
+    grad, unless detach=True).
     """
     seqused_k = cache_seqlens
     if cache_seqlens is not None and not (is_torch(cache_seqlens) or hasattr(cache_seqlens, "__cuda_array_interface__")
                                           or hasattr(cache_seqlens, "__dlpack__")):
         seqused_k = _cache_seqlens_array(cache_seqlens, q, cu_seqlens_q, stream)
     return _forward((q, k_cache, v_cache, out, lse, seqused_k, cu_seqlens_q, None, block_table, q_descale, k_descale,
-                     v_descale), "bshd", (causal, softmax_scale, num_splits, window, softcap), return_lse, stream,
-                    workspace, detach, max_seqlen_q, None, "cache_seqlens", False, deterministic)
+                     v_descale, sinks), "bshd", (causal, softmax_scale, num_splits, window, softcap, attention_chunk),
+                    return_lse, stream, workspace, detach, max_seqlen_q, None, "cache_seqlens", False, deterministic)

@@ -2,7 +2,8 @@
 low-level calls, as forward_params and check_params are the forward's),
 and gradients(), the body of the torch operator flashcore::backward, which
 the autograd formula of flashcore::forward calls (_torch_ops): it takes
-the gradient of out and gives those of q, k and v. A repeated call is
+the gradient of out and gives those of q, k and v (and of sinks, where
+asked). A repeated call is
 served by the compiled path (_fastcall.c's backward(), without running
 Python); the others are planned and queued as the forward's calls are
 (_plan.prepare_backward, _plan.launch_backward), and their plan is
@@ -24,21 +25,24 @@ def backward_params(q: Array, k: Array, v: Array, out: Array, dout: Array, lse: 
                     layout: Union[str, int] = "bhsd", window: Optional[Tuple[int, int]] = None,
                     softcap: float = 0.0, seqused_k: Optional[Array] = None, cu_seqlens_q: Optional[Array] = None,
                     cu_seqlens_k: Optional[Array] = None, max_seqlen_q: Optional[int] = None,
-                    max_seqlen_k: Optional[int] = None,
-                    deterministic: bool = False) -> "_ffi.flashcore_backward_params":
+                    max_seqlen_k: Optional[int] = None, deterministic: bool = False, attention_chunk: int = 0,
+                    sinks: Optional[Array] = None,
+                    dsinks: Optional[Array] = None) -> "_ffi.flashcore_backward_params":
     """A flashcore.BackwardParams for these arrays (pointers, sizes,
     strides), for Handle.backward_workspace_size, Handle.backward and
     check_backward_params. q, k, v, out and lse are the forward call's
     (lse required: the forward's return_lse), with its options (causal,
-    softmax_scale, layout, window, softcap, seqused_k, cu_seqlens_q/_k and
-    max_seqlen_q/_k as for attention() and attention_varlen()); dout is
-    the gradient of out, and dq, dk and dv receive those of q, k and v
-    (each of its tensor's shape and q's dtype, any strides the C API
-    takes). deterministic: bitwise-identical dq from run to run (dk and dv
-    are either way). The arrays must outlive every use of the result."""
-    arrays = (q, k, v, out, dout, lse, dq, dk, dv, seqused_k, cu_seqlens_q, cu_seqlens_k)
-    params, _ = backward_in_full(arrays, layout, (causal, softmax_scale, window, softcap), deterministic,
-                                 max_seqlen_q, max_seqlen_k)
+    softmax_scale, layout, window, softcap, seqused_k, cu_seqlens_q/_k,
+    max_seqlen_q/_k, attention_chunk and sinks as for attention() and
+    attention_varlen()); dout is the gradient of out, and dq, dk and dv
+    receive those of q, k and v (each of its tensor's shape and q's dtype,
+    any strides the C API takes); dsinks, where given (a float32 [Hq]
+    array; it needs sinks), receives that of sinks. deterministic:
+    bitwise-identical dq from run to run (dk and dv are either way). The
+    arrays must outlive every use of the result."""
+    arrays = (q, k, v, out, dout, lse, dq, dk, dv, seqused_k, cu_seqlens_q, cu_seqlens_k, sinks, dsinks)
+    params, _ = backward_in_full(arrays, layout, (causal, softmax_scale, window, softcap, attention_chunk),
+                                 deterministic, max_seqlen_q, max_seqlen_k)
     return params
 
 def check_backward_params(params: "_ffi.flashcore_backward_params") -> None:
@@ -77,17 +81,23 @@ def _no_compiled_path():
 compiled_path = _no_compiled_path
 
 def gradients(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout,
-              causal, softmax_scale, window, softcap, deterministic):
-    """(dq, dk, dv) for the gradient dout of a forward call's out
+              causal, softmax_scale, window, softcap, deterministic, attention_chunk=0, sinks=None,
+              compute_dsinks=False):
+    """(dq, dk, dv, dsinks) for the gradient dout of a forward call's out
     (flashcore::backward's implementation): torch tensors on one CUDA
-    device, the forward's q, k, v, out and lse, queued on torch's current
-    stream. deterministic: the call's, or'ed with
+    device, the forward's q, k, v, out, lse and sinks, queued on torch's
+    current stream. dsinks, the gradient of sinks, is a new float32 [Hq]
+    tensor with compute_dsinks (which needs sinks), else None.
+    deterministic: the call's, or'ed with
     torch.are_deterministic_algorithms_enabled() as the backward runs.
     (Positional: flashcore::backward's arguments, in its order.)"""
+    if compute_dsinks and sinks is None:
+        raise ValueError("compute_dsinks needs sinks: the gradient of sinks is that of the forward call's sinks")
     fast = compiled_path()
     if fast:
         grads = fast.backward(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                              max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic)
+                              max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic,
+                              attention_chunk, sinks, compute_dsinks)
         if grads is not None:
             return grads
     torch = sys.modules["torch"]
@@ -96,13 +106,17 @@ def gradients(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, ma
     dq = gradient_like(torch, q, cu_seqlens_q is not None)
     dk = gradient_like(torch, k, cu_seqlens_k is not None)
     dv = gradient_like(torch, v, cu_seqlens_k is not None)
+    # Written whole by the library (a sum over every row of each head).
+    dsinks = torch.empty_like(sinks) if compute_dsinks else None
     deterministic = bool(deterministic) or torch.are_deterministic_algorithms_enabled()
-    params, plan = prepare_backward((q, k, v, out, dout, lse, dq, dk, dv, seqused_k, cu_seqlens_q, cu_seqlens_k),
-                                    layout, (causal, softmax_scale, window, softcap), deterministic, max_seqlen_q,
-                                    max_seqlen_k)
+    params, plan = prepare_backward((q, k, v, out, dout, lse, dq, dk, dv, seqused_k, cu_seqlens_q, cu_seqlens_k,
+                                     sinks, dsinks), layout, (causal, softmax_scale, window, softcap, attention_chunk),
+                                    deterministic, max_seqlen_q, max_seqlen_k)
     launch_backward(params, plan)
+    if plan.empty and dsinks is not None:
+        dsinks.zero_()  # no rows (batch_size 0): the library writes nothing, and the sum over none is 0
     if fast and dout is given and not plan.empty:
         _plan.remember_backward(fast, (dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k,
                                            max_seqlen_q, max_seqlen_k, layout, causal, softmax_scale, window,
-                                           softcap, deterministic), plan)
-    return dq, dk, dv
+                                           softcap, deterministic, attention_chunk, sinks, compute_dsinks), plan)
+    return dq, dk, dv, dsinks

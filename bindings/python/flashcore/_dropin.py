@@ -144,7 +144,8 @@ def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0, softma
                     causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: Optional[Any] = None, deterministic: bool = False,
                     return_attn_probs: bool = False, *, q_descale: Optional[Array] = None,
-                    k_descale: Optional[Array] = None, v_descale: Optional[Array] = None) -> Array:
+                    k_descale: Optional[Array] = None, v_descale: Optional[Array] = None, attention_chunk: int = 0,
+                    sinks: Optional[Array] = None) -> Array:
     """FlashAttention 2's flash_attn_func, same signature and semantics,
     computed by flashcore: q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk,
     Hkv, Dv] (Hkv dividing Hq), out [B, Sq, Hq, Dv]; causal and
@@ -163,6 +164,11 @@ def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0, softma
     q_descale, k_descale and v_descale are their descale factors (float32
     tensors of one element or of shape [B, Hkv]), as for
     flashcore.attention. Such a call has no backward pass.
+
+    FlashAttention 3's attention_chunk (chunked attention, Llama 4's) and
+    sinks (learnable sinks, gpt-oss's; FlashAttention 4 calls them
+    learnable_sink): keyword arguments as flashcore.attention takes them,
+    sinks a float32 [Hq] tensor, differentiable.
 
     dropout_p != 0, alibi_slopes and return_attn_probs raise
     NotImplementedError naming the argument; for the log-sum-exp that
@@ -188,4 +194,4 @@ def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0, softma
     window = None if (left, right) == unbounded else (left, right)
     return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window, softcap=softcap,
                      layout="bshd", deterministic=deterministic, q_descale=q_descale, k_descale=k_descale,
-                     v_descale=v_descale)
+                     v_descale=v_descale, attention_chunk=attention_chunk, sinks=sinks)

@@ -28,8 +28,9 @@
  * same way: backward() takes flashcore::backward's arguments (the saved
  * tensors of the forward, dout and the options), matches them against the
  * plans remember_backward() was given by flashcore/_backward.py, and calls
- * flashcore_backward with dq, dk, dv (torch.empty_like of q, k and v) and a
- * workspace from torch.empty, both torch's caching allocator's. */
+ * flashcore_backward with dq, dk, dv (torch.empty_like of q, k and v; dsinks
+ * of sinks where the call asks for it) and a workspace from torch.empty, all
+ * torch's caching allocator's. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -47,7 +48,8 @@
 /* Tensors of more dimensions are never served here. */
 #define FASTCALL_MAX_DIMS 8
 /* The arrays a plan describes, in the order call() takes them: the descale
- * factors of quantized (fp8) inputs last, in the order of their fields. */
+ * factors of quantized (fp8) inputs, in the order of their fields, then the
+ * learnable sinks. */
 enum {
     ARRAY_Q,
     ARRAY_K,
@@ -57,6 +59,7 @@ enum {
     ARRAY_Q_DESCALE,
     ARRAY_K_DESCALE,
     ARRAY_V_DESCALE,
+    ARRAY_SINKS,
     NUM_ARRAYS
 };
 #define NUM_DESCALES 3
@@ -88,6 +91,7 @@ typedef struct {
     int has_window;
     long window_left, window_right;
     double softcap;
+    long attention_chunk;
     int return_lse;
 } CallOptions;
 
@@ -112,6 +116,7 @@ static struct {
     forward_fn forward;
     PyObject *check;           /* Library.check(status): raises the status's error */
     PyObject *tensor_type;     /* torch.Tensor (exact type only: subclasses take the Python path) */
+    PyObject *parameter_type;  /* but torch.nn.Parameter (or None), read as a tensor: see is_plain_tensor() */
     PyObject *is_grad_enabled; /* torch.is_grad_enabled */
     PyObject *empty;           /* torch.empty */
     PyObject *empty_like;      /* torch.empty_like */
@@ -133,6 +138,14 @@ static Plan plans[FASTCALL_MAX_PLANS];
 static unsigned next_victim;
 
 static PyObject *str_shape, *str_dtype, *str_requires_grad;
+
+/* Whether this path reads `a`: a torch.Tensor, or an nn.Parameter (a
+ * model's learnable sinks are one), which overrides nothing read here.
+ * Other subclasses (which may) take the Python path. */
+static int is_plain_tensor(PyObject *a) {
+    PyObject *type = (PyObject *)Py_TYPE(a);
+    return type == torch_api.tensor_type || type == torch_api.parameter_type;
+}
 
 /* ---- reading a call ---------------------------------------------------- */
 
@@ -181,15 +194,16 @@ static int same_meta(const ArrayMeta *a, const ArrayMeta *b) {
            memcmp(a->sizes, b->sizes, dims) == 0 && memcmp(a->strides, b->strides, dims) == 0;
 }
 
-/* Reads options (causal, softmax_scale, num_splits, window, softcap) with
- * plan_of's rules (exact types: a value of another type that compares
- * equal may mean something else to the full path), narrower: a float
- * softmax_scale and softcap only. Returns 1, 0 (not served) or -1. */
+/* Reads options (causal, softmax_scale, num_splits, window, softcap,
+ * attention_chunk) with plan_of's rules (exact types: a value of another
+ * type that compares equal may mean something else to the full path),
+ * narrower: a float softmax_scale and softcap only. Returns 1, 0 (not
+ * served) or -1. */
 static int read_options(PyObject *layout, PyObject *options, PyObject *return_lse, CallOptions *o) {
-    if (!PyUnicode_CheckExact(layout) || !PyTuple_CheckExact(options) || PyTuple_Size(options) != 5) return 0;
+    if (!PyUnicode_CheckExact(layout) || !PyTuple_CheckExact(options) || PyTuple_Size(options) != 6) return 0;
     PyObject *causal = PyTuple_GetItem(options, 0), *scale = PyTuple_GetItem(options, 1),
              *num_splits = PyTuple_GetItem(options, 2), *window = PyTuple_GetItem(options, 3),
-             *softcap = PyTuple_GetItem(options, 4);
+             *softcap = PyTuple_GetItem(options, 4), *attention_chunk = PyTuple_GetItem(options, 5);
     o->layout = layout;
     int truth = PyObject_IsTrue(causal);
     if (truth < 0) return -1;
@@ -231,6 +245,12 @@ static int read_options(PyObject *layout, PyObject *options, PyObject *return_ls
     }
     if (!PyFloat_CheckExact(softcap)) return 0;
     o->softcap = PyFloat_AsDouble(softcap);
+    if (!PyLong_CheckExact(attention_chunk)) return 0;
+    o->attention_chunk = PyLong_AsLong(attention_chunk);
+    if (o->attention_chunk == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
     truth = PyObject_IsTrue(return_lse);
     if (truth < 0) return -1;
     o->return_lse = truth;
@@ -239,7 +259,8 @@ static int read_options(PyObject *layout, PyObject *options, PyObject *return_ls
 
 static int same_options(const CallOptions *a, const CallOptions *b) {
     if (a->causal != b->causal || a->has_scale != b->has_scale || a->has_num_splits != b->has_num_splits ||
-        a->has_window != b->has_window || a->return_lse != b->return_lse || a->softcap != b->softcap)
+        a->has_window != b->has_window || a->return_lse != b->return_lse || a->softcap != b->softcap ||
+        a->attention_chunk != b->attention_chunk)
         return 0;
     if (a->has_scale && a->softmax_scale != b->softmax_scale) return 0;
     if (a->has_num_splits && a->num_splits != b->num_splits) return 0;
@@ -256,33 +277,36 @@ typedef struct {
     CallOptions call_options;
 } Probe;
 
-/* Unpacks (q, k, v, out, seqused_k, q_descale, k_descale, v_descale, layout,
- * options, return_lse) and reads them. Returns 1 when this path may serve
- * the call, 0 or -1 as above. */
+/* Unpacks (q, k, v, out, seqused_k, q_descale, k_descale, v_descale, sinks,
+ * layout, options, return_lse) and reads them. Returns 1 when this path may
+ * serve the call, 0 or -1 as above. */
 static int probe_call(PyObject *args, Probe *p) {
     if (!PyArg_UnpackTuple(args, "call", CALL_ARGS, CALL_ARGS, &p->arrays[ARRAY_Q], &p->arrays[ARRAY_K],
                            &p->arrays[ARRAY_V], &p->arrays[ARRAY_OUT], &p->arrays[ARRAY_SEQUSED_K],
                            &p->arrays[ARRAY_Q_DESCALE], &p->arrays[ARRAY_K_DESCALE], &p->arrays[ARRAY_V_DESCALE],
-                           &p->layout, &p->options, &p->return_lse))
+                           &p->arrays[ARRAY_SINKS], &p->layout, &p->options, &p->return_lse))
         return -1;
     if (!torch_api.configured) return 0;
     for (int i = 0; i < NUM_ARRAYS; ++i) {
         PyObject *a = p->arrays[i];
         if (a == Py_None && i >= ARRAY_OUT) continue;
-        if ((PyObject *)Py_TYPE(a) != torch_api.tensor_type) return 0;
+        if (!is_plain_tensor(a)) return 0;
     }
     int read = read_options(p->layout, p->options, p->return_lse, &p->call_options);
     if (read <= 0) return read;
     /* A plan serves calls without grad only: where grad mode is on and an
-     * input requires grad, the Python path makes the call differentiable
-     * (or detaches). */
+     * input requires grad (q, k, v, or sinks, a model's parameter), the
+     * Python path makes the call differentiable (or detaches). */
     PyObject *grad = PyObject_CallObject(torch_api.is_grad_enabled, NULL);
     if (grad == NULL) return -1;
     int grad_enabled = PyObject_IsTrue(grad);
     Py_DECREF(grad);
     if (grad_enabled < 0) return -1;
     if (grad_enabled) {
-        for (int i = ARRAY_Q; i <= ARRAY_V; ++i) {
+        static const int differentiable[] = {ARRAY_Q, ARRAY_K, ARRAY_V, ARRAY_SINKS};
+        for (size_t d = 0; d < sizeof differentiable / sizeof differentiable[0]; ++d) {
+            int i = differentiable[d];
+            if (p->arrays[i] == Py_None) continue;
             PyObject *requires = PyObject_GetAttr(p->arrays[i], str_requires_grad);
             if (requires == NULL) return -1;
             int truth = PyObject_IsTrue(requires);
@@ -381,10 +405,11 @@ static PyObject *fastcall_stub_forward_address(PyObject *self, PyObject *unused)
 }
 
 PyDoc_STRVAR(call_doc,
-             "call(q, k, v, out, seqused_k, q_descale, k_descale, v_descale, layout, options, return_lse)\n\n"
+             "call(q, k, v, out, seqused_k, q_descale, k_descale, v_descale, sinks, layout, options, return_lse)\n\n"
              "Queues a call a remembered plan serves and returns its result (out, or (out, lse)); None where no "
              "plan serves it (the caller then takes the Python path). options: (causal, softmax_scale, num_splits, "
-             "window, softcap), as flashcore.attention passes them; out, seqused_k and the descales may be None.");
+             "window, softcap, attention_chunk), as flashcore.attention passes them; out, seqused_k, the descales "
+             "and sinks may be None.");
 
 static PyObject *fastcall_call(PyObject *self, PyObject *args) {
     (void)self;
@@ -434,12 +459,13 @@ static PyObject *fastcall_call(PyObject *self, PyObject *args) {
         if (address_of(p.arrays[ARRAY_SEQUSED_K], &address) < 0) goto fail;
         params.seqused_k = (const int32_t *)address;
     }
-    const float **descales[NUM_DESCALES] = {&params.q_descale, &params.k_descale, &params.v_descale};
-    for (int i = 0; i < NUM_DESCALES; ++i) {
-        PyObject *descale = p.arrays[ARRAY_Q_DESCALE + i];
-        if (descale == Py_None) continue;
-        if (address_of(descale, &address) < 0) goto fail;
-        *descales[i] = (const float *)address;
+    const float **floats[NUM_DESCALES + 1] = {&params.q_descale, &params.k_descale, &params.v_descale,
+                                              &params.sinks};
+    for (int i = 0; i <= NUM_DESCALES; ++i) {
+        PyObject *array = p.arrays[ARRAY_Q_DESCALE + i];
+        if (array == Py_None) continue;
+        if (address_of(array, &address) < 0) goto fail;
+        *floats[i] = (const float *)address;
     }
 
     flashcore_status status;
@@ -491,7 +517,7 @@ static int empty_arguments(PyObject *shape, PyObject *dtype, PyObject *torch_dev
 }
 
 PyDoc_STRVAR(remember_doc,
-             "remember(q, k, v, out, seqused_k, q_descale, k_descale, v_descale, layout, options, return_lse, "
+             "remember(q, k, v, out, seqused_k, q_descale, k_descale, v_descale, sinks, layout, options, return_lse, "
              "template, out_like_q, out_shape, dtype, torch_device, lse_shape, lse_dtype, workspace_bytes, handle, "
              "raw_handle, device)\n\n"
              "Keeps the plan of a call the Python path served from its cache (the same arguments as call(), "
@@ -582,8 +608,10 @@ fail:
 
 /* ---- the backward pass -------------------------------------------------- */
 
-/* The tensors a backward plan describes, in the order backward() takes them. */
+/* The tensors a backward plan describes: those backward() takes first, in
+ * its order, then the sinks (an argument of its own, later). */
 enum { BWD_DOUT, BWD_Q, BWD_K, BWD_V, BWD_OUT, BWD_LSE, BWD_SEQUSED_K, NUM_BWD_ARRAYS };
+enum { BWD_META_SINKS = NUM_BWD_ARRAYS, NUM_BWD_META };
 /* backward()'s arguments: flashcore::backward's, in its order. */
 enum {
     BWD_ARG_CU_SEQLENS_Q = NUM_BWD_ARRAYS,
@@ -596,6 +624,9 @@ enum {
     BWD_ARG_WINDOW,
     BWD_ARG_SOFTCAP,
     BWD_ARG_DETERMINISTIC,
+    BWD_ARG_ATTENTION_CHUNK,
+    BWD_ARG_SINKS,
+    BWD_ARG_COMPUTE_DSINKS,
     BWD_CALL_ARGS
 };
 /* Backward plans kept, replaced round robin: a model's few attention shapes. */
@@ -612,12 +643,14 @@ typedef struct {
     long window_left, window_right;
     double softcap;
     int deterministic;
+    long attention_chunk;
+    int compute_dsinks; /* dsinks, torch.empty_like(sinks), is written */
 } BackwardOptions;
 
 typedef struct {
     int valid;
     BackwardOptions options;
-    ArrayMeta arrays[NUM_BWD_ARRAYS];
+    ArrayMeta arrays[NUM_BWD_META];
     flashcore_backward_params template_params;
     size_t workspace_bytes;
     PyObject *workspace_args, *workspace_kwargs; /* torch.empty's, for the workspace */
@@ -631,7 +664,7 @@ static unsigned next_backward_victim;
 
 typedef struct {
     PyObject *args[BWD_CALL_ARGS];
-    ArrayMeta meta[NUM_BWD_ARRAYS];
+    ArrayMeta meta[NUM_BWD_META];
     BackwardOptions options;
 } BackwardProbe;
 
@@ -651,9 +684,10 @@ static int read_window(PyObject *window, long *left, long *right) {
     return served;
 }
 
-/* Unpacks flashcore::backward's 17 arguments and reads them: 1 when this
+/* Unpacks flashcore::backward's 20 arguments and reads them: 1 when this
  * path may serve the call (dense: no cu_seqlens or max_seqlen; plain values
- * of the schema's types), 0 or -1 as probe_call(). */
+ * of the schema's types; compute_dsinks only with sinks), 0 or -1 as
+ * probe_call(). */
 static int probe_backward(PyObject *args, BackwardProbe *p) {
     if (PyTuple_Size(args) != BWD_CALL_ARGS) {
         PyErr_Format(PyExc_TypeError, "backward() takes %d arguments (%zd given)", BWD_CALL_ARGS, PyTuple_Size(args));
@@ -669,17 +703,32 @@ static int probe_backward(PyObject *args, BackwardProbe *p) {
             p->meta[i].present = 0;
             continue;
         }
-        if ((PyObject *)Py_TYPE(a) != torch_api.tensor_type) return 0;
+        if (!is_plain_tensor(a)) return 0;
         int read = read_meta(a, &p->meta[i]);
+        if (read <= 0) return read;
+    }
+    PyObject *sinks = p->args[BWD_ARG_SINKS];
+    p->meta[BWD_META_SINKS].present = 0;
+    if (sinks != Py_None) {
+        if (!is_plain_tensor(sinks)) return 0;
+        int read = read_meta(sinks, &p->meta[BWD_META_SINKS]);
         if (read <= 0) return read;
     }
     BackwardOptions *o = &p->options;
     PyObject *layout = p->args[BWD_ARG_LAYOUT], *causal = p->args[BWD_ARG_CAUSAL],
              *scale = p->args[BWD_ARG_SOFTMAX_SCALE], *window = p->args[BWD_ARG_WINDOW],
-             *softcap = p->args[BWD_ARG_SOFTCAP], *deterministic = p->args[BWD_ARG_DETERMINISTIC];
+             *softcap = p->args[BWD_ARG_SOFTCAP], *deterministic = p->args[BWD_ARG_DETERMINISTIC],
+             *attention_chunk = p->args[BWD_ARG_ATTENTION_CHUNK], *compute_dsinks = p->args[BWD_ARG_COMPUTE_DSINKS];
     if (!PyUnicode_CheckExact(layout) || !PyBool_Check(causal) || !PyFloat_CheckExact(softcap) ||
-        !PyBool_Check(deterministic))
+        !PyBool_Check(deterministic) || !PyLong_CheckExact(attention_chunk) || !PyBool_Check(compute_dsinks))
         return 0;
+    o->attention_chunk = PyLong_AsLong(attention_chunk);
+    if (o->attention_chunk == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    o->compute_dsinks = compute_dsinks == Py_True;
+    if (o->compute_dsinks && sinks == Py_None) return 0; /* the Python path says why not */
     o->layout = layout;
     o->causal = causal == Py_True;
     o->has_scale = scale != Py_None;
@@ -705,7 +754,8 @@ static int probe_backward(PyObject *args, BackwardProbe *p) {
 
 static int same_backward_options(const BackwardOptions *a, const BackwardOptions *b) {
     if (a->causal != b->causal || a->has_scale != b->has_scale || a->has_window != b->has_window ||
-        a->softcap != b->softcap || a->deterministic != b->deterministic)
+        a->softcap != b->softcap || a->deterministic != b->deterministic ||
+        a->attention_chunk != b->attention_chunk || a->compute_dsinks != b->compute_dsinks)
         return 0;
     if (a->has_scale && a->softmax_scale != b->softmax_scale) return 0;
     if (a->has_window && (a->window_left != b->window_left || a->window_right != b->window_right)) return 0;
@@ -718,7 +768,7 @@ static BackwardPlan *find_backward_plan(const BackwardProbe *p) {
         BackwardPlan *plan = &backward_plans[i];
         if (!plan->valid || !same_backward_options(&plan->options, &p->options)) continue;
         int same = 1;
-        for (int a = 0; a < NUM_BWD_ARRAYS && same; ++a) same = same_meta(&plan->arrays[a], &p->meta[a]);
+        for (int a = 0; a < NUM_BWD_META && same; ++a) same = same_meta(&plan->arrays[a], &p->meta[a]);
         if (same) return plan;
     }
     return NULL;
@@ -728,7 +778,7 @@ static void clear_backward_plan(BackwardPlan *plan) {
     if (!plan->valid) return;
     plan->valid = 0;
     Py_CLEAR(plan->options.layout);
-    for (int i = 0; i < NUM_BWD_ARRAYS; ++i) {
+    for (int i = 0; i < NUM_BWD_META; ++i) {
         if (plan->arrays[i].present) Py_CLEAR(plan->arrays[i].dtype);
     }
     Py_CLEAR(plan->workspace_args);
@@ -750,11 +800,13 @@ static PyObject *fastcall_stub_backward_address(PyObject *self, PyObject *unused
 
 PyDoc_STRVAR(backward_doc,
              "backward(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, "
-             "max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic)\n\n"
+             "max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic, attention_chunk, sinks, "
+             "compute_dsinks)\n\n"
              "flashcore::backward's call where a remembered plan serves it: queues flashcore_backward on "
-             "torch's current stream and returns (dq, dk, dv), new tensors from torch.empty_like of q, k and "
-             "v; None where no plan serves it (packed sequences, a dout whose address is not aligned, or "
-             "shapes, strides, dtypes, devices or options no plan has), and the caller takes the Python path.");
+             "torch's current stream and returns (dq, dk, dv, dsinks), new tensors from torch.empty_like of q, k, "
+             "v and (with compute_dsinks) sinks, dsinks None without compute_dsinks; None where no plan serves it "
+             "(packed sequences, a dout whose address is not aligned, or shapes, strides, dtypes, devices or "
+             "options no plan has), and the caller takes the Python path.");
 
 static PyObject *fastcall_backward(PyObject *self, PyObject *args) {
     (void)self;
@@ -781,18 +833,29 @@ static PyObject *fastcall_backward(PyObject *self, PyObject *args) {
         if (address_of(p.args[BWD_SEQUSED_K], &address) < 0) return NULL;
         params.seqused_k = (const int32_t *)address;
     }
+    if (p.args[BWD_ARG_SINKS] != Py_None) {
+        if (address_of(p.args[BWD_ARG_SINKS], &address) < 0) return NULL;
+        params.sinks = (const float *)address;
+    }
     PyObject *stream_obj = PyObject_CallObject(torch_api.current_stream, plan->device_args);
     if (stream_obj == NULL) return NULL;
     void *stream = PyLong_AsVoidPtr(stream_obj);
     Py_DECREF(stream_obj);
     if (PyErr_Occurred()) return NULL;
 
-    PyObject *grads[3] = {NULL, NULL, NULL}, *workspace = NULL, *result = NULL;
+    PyObject *grads[4] = {NULL, NULL, NULL, NULL}, *workspace = NULL, *result = NULL;
     void **grad_fields[3] = {&params.dq, &params.dk, &params.dv};
     for (int i = 0; i < 3; ++i) {
         grads[i] = PyObject_CallFunctionObjArgs(torch_api.empty_like, p.args[BWD_Q + i], NULL);
         if (grads[i] == NULL || address_of(grads[i], &address) < 0) goto done;
         *grad_fields[i] = (void *)address;
+    }
+    if (plan->options.compute_dsinks) {
+        /* Like sinks, float32 [Hq] (the plan's sinks were checked to be),
+         * written whole by the library. */
+        grads[3] = PyObject_CallFunctionObjArgs(torch_api.empty_like, p.args[BWD_ARG_SINKS], NULL);
+        if (grads[3] == NULL || address_of(grads[3], &address) < 0) goto done;
+        params.dsinks = (float *)address;
     }
     void *workspace_address = NULL;
     if (plan->workspace_bytes) {
@@ -811,17 +874,18 @@ static PyObject *fastcall_backward(PyObject *self, PyObject *args) {
         raise_status(status, "flashcore_backward");
         goto done;
     }
-    result = PyTuple_Pack(3, grads[0], grads[1], grads[2]);
+    result = PyTuple_Pack(4, grads[0], grads[1], grads[2], grads[3] != NULL ? grads[3] : Py_None);
 
 done:
-    for (int i = 0; i < 3; ++i) Py_XDECREF(grads[i]);
+    for (int i = 0; i < 4; ++i) Py_XDECREF(grads[i]);
     Py_XDECREF(workspace);
     return result;
 }
 
 PyDoc_STRVAR(remember_backward_doc,
              "remember_backward(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, "
-             "max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic, template, "
+             "max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic, attention_chunk, sinks, "
+             "compute_dsinks, template, "
              "workspace_bytes, torch_device, handle, raw_handle, device)\n\n"
              "Keeps the plan of a backward call the Python path served (backward()'s arguments, then template: "
              "the flashcore_backward_params bytes but for the addresses; the workspace's bytes; the torch "
@@ -889,7 +953,7 @@ static PyObject *fastcall_remember_backward(PyObject *self, PyObject *args) {
     fresh.handle = handle;
     Py_INCREF(handle);
     Py_INCREF(fresh.options.layout);
-    for (int i = 0; i < NUM_BWD_ARRAYS; ++i) {
+    for (int i = 0; i < NUM_BWD_META; ++i) {
         if (fresh.arrays[i].present) Py_INCREF(fresh.arrays[i].dtype);
     }
     fresh.valid = 1;
@@ -935,7 +999,7 @@ PyDoc_STRVAR(backward_params_layout_doc,
 static PyObject *fastcall_backward_params_layout(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
-    return Py_BuildValue("(n{snsnsnsnsnsnsnsnsnsnsn})", (Py_ssize_t)sizeof(flashcore_backward_params),
+    return Py_BuildValue("(n{snsnsnsnsnsnsnsnsnsnsnsnsn})", (Py_ssize_t)sizeof(flashcore_backward_params),
                          "struct_size", (Py_ssize_t)offsetof(flashcore_backward_params, struct_size), "q",
                          (Py_ssize_t)offsetof(flashcore_backward_params, q), "k",
                          (Py_ssize_t)offsetof(flashcore_backward_params, k), "v",
@@ -946,7 +1010,9 @@ static PyObject *fastcall_backward_params_layout(PyObject *self, PyObject *unuse
                          (Py_ssize_t)offsetof(flashcore_backward_params, dq), "dk",
                          (Py_ssize_t)offsetof(flashcore_backward_params, dk), "dv",
                          (Py_ssize_t)offsetof(flashcore_backward_params, dv), "seqused_k",
-                         (Py_ssize_t)offsetof(flashcore_backward_params, seqused_k));
+                         (Py_ssize_t)offsetof(flashcore_backward_params, seqused_k), "sinks",
+                         (Py_ssize_t)offsetof(flashcore_backward_params, sinks), "dsinks",
+                         (Py_ssize_t)offsetof(flashcore_backward_params, dsinks));
 }
 
 PyDoc_STRVAR(clear_doc, "clear()\n\nForgets every plan, forward and backward (their handles and dtypes are released).");
@@ -961,17 +1027,18 @@ static PyObject *fastcall_clear(PyObject *self, PyObject *unused) {
 
 PyDoc_STRVAR(configure_doc,
              "configure(forward, check, tensor_type, is_grad_enabled, empty, empty_like, current_stream, "
-             "capturing, kept_workspaces)\n\n"
+             "capturing, kept_workspaces, parameter_type=None)\n\n"
              "Sets what call() uses: flashcore_forward's address (an int), the binding's status check (raises), "
              "torch.Tensor, torch.is_grad_enabled, torch.empty, torch.empty_like, a function of a device index "
-             "giving torch's current stream there as an int, one saying whether it is being captured, and the "
-             "binding's dict of kept workspaces. Forgets every plan.");
+             "giving torch's current stream there as an int, one saying whether it is being captured, the "
+             "binding's dict of kept workspaces, and torch.nn.Parameter, the one subclass of torch.Tensor read "
+             "as a tensor (None: none). Forgets every plan.");
 
 static PyObject *fastcall_configure(PyObject *self, PyObject *args) {
     PyObject *forward, *check, *tensor_type, *is_grad_enabled, *empty, *empty_like, *current_stream, *capturing,
-        *kept_workspaces;
-    if (!PyArg_UnpackTuple(args, "configure", 9, 9, &forward, &check, &tensor_type, &is_grad_enabled, &empty,
-                           &empty_like, &current_stream, &capturing, &kept_workspaces))
+        *kept_workspaces, *parameter_type = Py_None;
+    if (!PyArg_UnpackTuple(args, "configure", 9, 10, &forward, &check, &tensor_type, &is_grad_enabled, &empty,
+                           &empty_like, &current_stream, &capturing, &kept_workspaces, &parameter_type))
         return NULL;
     if (!PyDict_Check(kept_workspaces)) {
         PyErr_SetString(PyExc_TypeError, "kept_workspaces must be a dict");
@@ -992,11 +1059,11 @@ static PyObject *fastcall_configure(PyObject *self, PyObject *args) {
         return NULL;
     }
     fastcall_clear(self, NULL);
-    PyObject **slots[] = {&torch_api.check,     &torch_api.tensor_type,    &torch_api.is_grad_enabled,
-                          &torch_api.empty,     &torch_api.empty_like,     &torch_api.current_stream,
-                          &torch_api.capturing, &torch_api.kept_workspaces};
+    PyObject **slots[] = {&torch_api.check,           &torch_api.tensor_type,    &torch_api.is_grad_enabled,
+                          &torch_api.empty,           &torch_api.empty_like,     &torch_api.current_stream,
+                          &torch_api.capturing,       &torch_api.kept_workspaces, &torch_api.parameter_type};
     PyObject *values[] = {check, tensor_type, is_grad_enabled, empty, empty_like, current_stream, capturing,
-                          kept_workspaces};
+                          kept_workspaces, parameter_type};
     for (size_t i = 0; i < sizeof slots / sizeof slots[0]; ++i) {
         PyObject *old = *slots[i];
         Py_INCREF(values[i]);
@@ -1021,7 +1088,7 @@ PyDoc_STRVAR(params_layout_doc,
 static PyObject *fastcall_params_layout(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
-    return Py_BuildValue("(n{snsnsnsnsnsnsnsnsnsn})", (Py_ssize_t)sizeof(flashcore_forward_params), "struct_size",
+    return Py_BuildValue("(n{snsnsnsnsnsnsnsnsnsnsn})", (Py_ssize_t)sizeof(flashcore_forward_params), "struct_size",
                          (Py_ssize_t)offsetof(flashcore_forward_params, struct_size), "q",
                          (Py_ssize_t)offsetof(flashcore_forward_params, q), "k",
                          (Py_ssize_t)offsetof(flashcore_forward_params, k), "v",
@@ -1031,7 +1098,8 @@ static PyObject *fastcall_params_layout(PyObject *self, PyObject *unused) {
                          (Py_ssize_t)offsetof(flashcore_forward_params, seqused_k), "q_descale",
                          (Py_ssize_t)offsetof(flashcore_forward_params, q_descale), "k_descale",
                          (Py_ssize_t)offsetof(flashcore_forward_params, k_descale), "v_descale",
-                         (Py_ssize_t)offsetof(flashcore_forward_params, v_descale));
+                         (Py_ssize_t)offsetof(flashcore_forward_params, v_descale), "sinks",
+                         (Py_ssize_t)offsetof(flashcore_forward_params, sinks));
 }
 
 static PyMethodDef fastcall_methods[] = {

@@ -10,7 +10,7 @@ from ._arrays import Array, check_known_to_driver, describe, is_torch
 from ._errors import InvalidArgumentError, UnsupportedError
 from ._fields import set_fields
 from ._library import library
-from ._params import _View, _check_int32_sizes, _check_lse, _check_one_device, _layout
+from ._params import _View, _check_int32_sizes, _check_lse, _check_one_device, _check_sinks, _layout
 from ._plan import allocate, describe_first, get_handle
 
 Dtype = _ffi.Dtype
@@ -37,7 +37,7 @@ def _dtype_name(dtype):
     return name
 
 
-def _validate(partial_out, partial_lse, out, lse, layout, out_dtype=None):
+def _validate(partial_out, partial_lse, out, lse, layout, out_dtype=None, sinks=None):
     """Checks what the C API cannot see (it takes one set of sizes for all
     arrays); strides, alignment and supported sizes are left to the library.
     Returns the views of partial_out and out (None when out is None) and the
@@ -71,19 +71,21 @@ def _validate(partial_out, partial_lse, out, lse, layout, out_dtype=None):
             _check_int32_sizes(info)
     if lse is not None:
         _check_lse(lse, (batch, heads, seqlen), "[B, H, S]")
-    _check_one_device((partial_out, partial_lse, out, lse), "partial_out, partial_lse, out and lse")
+    if sinks is not None:
+        _check_sinks(sinks, heads)
+    _check_one_device((partial_out, partial_lse, out, lse, sinks), "partial_out, partial_lse, out, lse and sinks")
     return pv, ov, out_dtype or partial_out.dtype
 
 
-def _build(lib, partial_out, partial_lse, out, lse, layout):
-    pv, ov, out_dtype = _validate(partial_out, partial_lse, out, lse, layout)
+def _build(lib, partial_out, partial_lse, out, lse, layout, sinks=None):
+    pv, ov, out_dtype = _validate(partial_out, partial_lse, out, lse, layout, sinks=sinks)
     p = lib.new_merge_params()
     p.partial_dtype = MERGE_DTYPES[partial_out.dtype]
     p.out_dtype = MERGE_DTYPES[out_dtype]
     states, batch, heads, seqlen, head_dim = pv.shape
     set_fields(p, num_states=states, batch_size=batch, num_heads=heads, seqlen=seqlen, head_dim=head_dim,
                partial_out=partial_out.ptr, partial_lse=partial_lse.ptr, out=out.ptr,
-               lse=lse.ptr if lse is not None else None)
+               lse=lse.ptr if lse is not None else None, sinks=sinks.ptr if sinks is not None else None)
     state, batch, head, seq, _ = pv.aligned_strides()
     set_fields(p, partial_state_stride=state, partial_batch_stride=batch, partial_head_stride=head,
                partial_seq_stride=seq)
@@ -96,7 +98,7 @@ def _build(lib, partial_out, partial_lse, out, lse, layout):
 
 
 def merge_params(partial_out: Array, partial_lse: Array, out: Array, *, lse: Optional[Array] = None,
-                 layout: Union[str, int] = "bhsd") -> "_ffi.flashcore_merge_params":
+                 layout: Union[str, int] = "bhsd", sinks: Optional[Array] = None) -> "_ffi.flashcore_merge_params":
     """A flashcore.MergeParams for these arrays (pointers, sizes, dtypes,
     strides), for the low-level Handle.merge_states. Arguments as for
     merge_states; out's dtype is the output dtype. The arrays must outlive
@@ -105,13 +107,14 @@ def merge_params(partial_out: Array, partial_lse: Array, out: Array, *, lse: Opt
     if out is None:
         raise TypeError("merge_params needs out (a CUDA array): the C struct has no default for it")
     infos = [None if a is None else describe(a, name) for a, name in
-             ((partial_out, "partial_out"), (partial_lse, "partial_lse"), (out, "out"), (lse, "lse"))]
-    return _build(library(), *infos, layout)
+             ((partial_out, "partial_out"), (partial_lse, "partial_lse"), (out, "out"), (lse, "lse"),
+              (sinks, "sinks"))]
+    return _build(library(), *infos[:4], layout, infos[4])
 
 
 def merge_states(partial_out: Array, partial_lse: Array, *, out: Optional[Array] = None, lse: Optional[Array] = None,
                  return_lse: bool = True, out_dtype: Any = None, layout: Union[str, int] = "bhsd",
-                 stream: Any = None) -> Union[Array, Tuple[Array, Array]]:
+                 stream: Any = None, sinks: Optional[Array] = None) -> Union[Array, Tuple[Array, Array]]:
     """Merges K attention results computed over disjoint parts of the keys
     into the result over all of them (flashcore_merge_states):
 
@@ -144,6 +147,14 @@ def merge_states(partial_out: Array, partial_lse: Array, *, out: Optional[Array]
     layout: "bhsd" or "bshd", as for attention().
     stream: where to queue the work, as for attention(); None: the current
         stream of partial_out's framework.
+    sinks: learnable sinks (attention()'s sinks): None, or a float32 CUDA
+        array [H], one logit per head. Head h's sink joins each of its rows
+        as one more part, of lse sinks[h] and output 0:
+            lse = log(exp(sinks[h]) + sum_s exp(partial_lse[s])),
+            out = sum_s exp(partial_lse[s] - lse) * partial_out[s];
+        a row that no part sees gets out = 0 and lse = sinks[h]. Give it
+        only to the merge of all of a row's parts, each computed without
+        sinks: a result merged again would count the sink twice.
 
     Returns without waiting for the GPU. Raises flashcore.FlashcoreError
     subclasses carrying the library's status and message.
@@ -163,7 +174,8 @@ def merge_states(partial_out: Array, partial_lse: Array, *, out: Optional[Array]
     pli = describe(partial_lse, "partial_lse", s)
     oi = None if out is None else describe(out, "out", s)
     li = None if lse is None else describe(lse, "lse", s)
-    pv, _, out_name = _validate(pi, pli, oi, li, layout, wanted)
+    si = None if sinks is None else describe(sinks, "sinks", s)
+    pv, _, out_name = _validate(pi, pli, oi, li, layout, wanted, si)
     lib = library()
     if oi is None:
         out = allocate(pi, pi.shape[1:], None if out_name == pi.dtype else out_name, s, "out")
@@ -171,7 +183,7 @@ def merge_states(partial_out: Array, partial_lse: Array, *, out: Optional[Array]
     if li is None and return_lse:
         lse = allocate(pi, pv.shape[1:4], "float32", s, "lse")
         li = describe(lse, "lse", s)
-    params = _build(lib, pi, pli, oi, li, layout)
+    params = _build(lib, pi, pli, oi, li, layout, si)
     # The library's verdict first, as flashcore_merge_states gives it: an
     # empty merge is still checked, and an argument error is reported as
     # such before a handle (a GPU) is asked for.
@@ -179,7 +191,7 @@ def merge_states(partial_out: Array, partial_lse: Array, *, out: Optional[Array]
     if 0 in (params.batch_size, params.num_heads, params.seqlen):
         # An empty result (flashcore.h): nothing to merge, nothing launched.
         return (out, lse) if return_lse else out
-    check_known_to_driver((pi, pli, oi, li))
+    check_known_to_driver((pi, pli, oi, li, si))
     device = next((a.device for a in (pi, pli, oi) if a.device is not None), None)
     get_handle(device).merge_states(params, s)
     return (out, lse) if return_lse else out

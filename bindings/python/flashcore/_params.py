@@ -1,13 +1,14 @@
 """A forward or backward call's arguments as the C API's params structs
 take them. The scalars first: the layout and the options every call has
-(causal, softmax_scale, num_splits, window, softcap), converted and
-checked for what the conversion itself would lose (a value the C type
-cannot hold, a Python spelling the C API reads as another). Then the
-arrays: each seen through the layout (_View), the checks the C API cannot
-make (it takes one dtype and one set of sizes for all of them), the
-sequences of packed and paged calls, the descale factors of quantized
-(fp8) inputs (K/V, or queries, K and V), and the params struct built from
-all that (_build, _build_backward). The rest is the library's check."""
+(causal, softmax_scale, num_splits, window, softcap, attention_chunk),
+converted and checked for what the conversion itself would lose (a value
+the C type cannot hold, a Python spelling the C API reads as another).
+Then the arrays: each seen through the layout (_View), the checks the C
+API cannot make (it takes one dtype and one set of sizes for all of
+them), the sequences of packed and paged calls, the descale factors of
+quantized (fp8) inputs (K/V, or queries, K and V), the learnable sinks
+(and their gradient), and the params struct built from all that (_build,
+_build_backward). The rest is the library's check."""
 
 import collections
 import ctypes
@@ -135,15 +136,22 @@ def _softcap(softcap):
     return cap
 
 
+def _attention_chunk(attention_chunk):
+    """The C attention_chunk for the Python argument (Llama 4's chunked
+    attention): 0 (off) or a chunk length, an int that an int32 holds; that
+    it is >= 0 is the library's check."""
+    return fits(attention_chunk, ctypes.c_int32, "attention_chunk")
+
+
 # The converted keyword arguments every forward call takes: causal as 0/1,
 # scale, num_splits as the C API reads them, window as (use_window,
-# window_left, window_right) from _window, softcap.
-_Options = collections.namedtuple("_Options", "causal scale num_splits window softcap")
+# window_left, window_right) from _window, softcap, attention_chunk.
+_Options = collections.namedtuple("_Options", "causal scale num_splits window softcap attention_chunk")
 
 
-def _options(causal, softmax_scale, num_splits, window, softcap):
+def _options(causal, softmax_scale, num_splits, window, softcap, attention_chunk=0):
     return _Options(1 if causal else 0, _softmax_scale(softmax_scale), _num_splits(num_splits), _window(window),
-                    _softcap(softcap))
+                    _softcap(softcap), _attention_chunk(attention_chunk))
 
 
 # --------------------------------------------------------------------------
@@ -259,13 +267,22 @@ def _check_contiguous_vector(info):
         raise InvalidArgumentError("%s must be contiguous, got stride %d" % (info.name, info.strides[0]))
 
 
-def _check_int32_vector(info, length, words):
-    """info: a contiguous int32 vector of `length` entries; `words` is its
-    shape as messages give it."""
-    if info.dtype != "int32" or tuple(info.shape) != (length,):
-        raise InvalidArgumentError("%s must be int32 of shape %s, got %s %s"
-                                   % (info.name, words, info.dtype, list(info.shape)))
+def _check_vector(info, length, words, dtype="int32"):
+    """info: a contiguous vector of `length` entries of `dtype`; `words` is
+    its shape as messages give it."""
+    if info.dtype != dtype or tuple(info.shape) != (length,):
+        raise InvalidArgumentError("%s must be %s of shape %s, got %s %s"
+                                   % (info.name, dtype, words, info.dtype, list(info.shape)))
     _check_contiguous_vector(info)
+
+
+def _check_sinks(info, heads, written=False):
+    """sinks (or dsinks, its gradient, written): a contiguous float32 vector
+    of one logit per query head. Their values, and that dsinks comes with
+    sinks, are the library's."""
+    _check_vector(info, heads, "[Hq] = [%d] (one logit per query head)" % heads, "float32")
+    if written and info.readonly:
+        raise InvalidArgumentError("%s is read-only" % info.name)
 
 
 def _batch_from_cu_seqlens(cu_seqlens):
@@ -527,7 +544,7 @@ def check_quantized_options(q, options):
         raise UnsupportedError(QUANTIZED_QUERY_SOFTCAP)
 
 
-def _validate(q, k, v, out, lse, layout, seqs=DENSE, written=True, descales=None, options=None):
+def _validate(q, k, v, out, lse, layout, seqs=DENSE, written=True, descales=None, options=None, sinks=None):
     """Checks what the C API cannot see (it takes one dtype and one set of
     sizes for all tensors) and returns the call's _Geometry; strides,
     alignment, head counts and supported sizes are left to the library's
@@ -535,7 +552,8 @@ def _validate(q, k, v, out, lse, layout, seqs=DENSE, written=True, descales=None
     forward does; the backward reads them). descales: the forward's
     _Descales; quantized K/V and queries are taken with it only (the
     backward has none). options: the forward's _Options, where given
-    checked against fp8 queries (check_quantized_options)."""
+    checked against fp8 queries (check_quantized_options). sinks: the
+    described learnable sinks, one float32 logit per query head, or None."""
     packed_q, packed_kv = seqs.cu_seqlens_q is not None, seqs.cu_seqlens_k is not None
     paged = seqs.block_table is not None
     kv_words = _paged_words(layout) if paged else None
@@ -574,8 +592,8 @@ def _validate(q, k, v, out, lse, layout, seqs=DENSE, written=True, descales=None
         geometry.total_q = qv.shape[2]
         geometry.lse_shape, geometry.lse_words = (qv.shape[1], qv.shape[2]), "[Hq, total_q]"
     if packed_kv:
-        _check_int32_vector(seqs.cu_seqlens_k, batch + 1, "[B + 1] = [%d] (B = %d, %s: the row where each sequence "
-                            "starts in k and v, then the end)" % (batch + 1, batch, batch_words))
+        _check_vector(seqs.cu_seqlens_k, batch + 1, "[B + 1] = [%d] (B = %d, %s: the row where each sequence "
+                      "starts in k and v, then the end)" % (batch + 1, batch, batch_words))
         geometry.seqlen_k, geometry.total_k = seqs.max_seqlen_k, kv.shape[2]
     if paged:
         table = seqs.block_table
@@ -587,13 +605,15 @@ def _validate(q, k, v, out, lse, layout, seqs=DENSE, written=True, descales=None
         # such strides arbitrary values); the C API only asks it be >= 0.
         geometry.table_stride = table.strides[0] if batch > 1 else table.shape[1]
     if seqs.seqused_k is not None:
-        _check_int32_vector(seqs.seqused_k, batch, "[B] = [%d] (one key count per sequence)" % batch)
+        _check_vector(seqs.seqused_k, batch, "[B] = [%d] (one key count per sequence)" % batch)
     if lse is not None:
         _check_lse(lse, geometry.lse_shape, geometry.lse_words, written)
+    if sinks is not None:
+        _check_sinks(sinks, qv.shape[1])
     geometry.kv_dtype, geometry.out_dtype = kv_dtype, out_dtype
     if out_dtype:
         geometry.out_dtype_name = out_dtype_name(q.dtype)
-    arrays = (q, k, v, out, lse) + seqs.arrays()
+    arrays = (q, k, v, out, lse) + seqs.arrays() + (sinks,)
     if descales is not None:
         for info, name in zip(descales.arrays(), DESCALE_NAMES):
             if info is not None:
@@ -609,11 +629,11 @@ def _address(info):
     return None if info is None else info.ptr
 
 
-def _set_call_fields(p, q, geometry, options, seqs, tensors, **fields):
+def _set_call_fields(p, q, geometry, options, seqs, sinks, tensors, **fields):
     """Sets what flashcore_forward_params and flashcore_backward_params
-    share (the dtype, the options, the shapes, the sequence arrays), then
-    `fields` and the arrays' `tensors` (_tensor_fields), in one
-    set_fields."""
+    share (the dtype, the options, the shapes, the sequence arrays, the
+    sinks), then `fields` and the arrays' `tensors` (_tensor_fields), in
+    one set_fields."""
     qv, kv, vv = geometry.views[:3]
     p.dtype = FORWARD_DTYPES[q.dtype]
     p.causal = options.causal
@@ -625,7 +645,8 @@ def _set_call_fields(p, q, geometry, options, seqs, tensors, **fields):
                use_window=use_window, window_left=window_left, window_right=window_right,
                seqused_k=_address(seqs.seqused_k), cu_seqlens_q=_address(seqs.cu_seqlens_q),
                cu_seqlens_k=_address(seqs.cu_seqlens_k), total_seqlen_q=geometry.total_q,
-               total_seqlen_k=geometry.total_k, **fields, **tensors)
+               total_seqlen_k=geometry.total_k, attention_chunk=options.attention_chunk, sinks=_address(sinks),
+               **fields, **tensors)
 
 
 def _tensor_fields(prefixes, views):
@@ -639,11 +660,12 @@ def _tensor_fields(prefixes, views):
     return fields
 
 
-def _build(lib, q, k, v, out, lse, layout, options, seqs=DENSE, descales=NO_DESCALES):
-    """A flashcore_forward_params for described arrays and _Options."""
-    geometry = _validate(q, k, v, out, lse, layout, seqs, descales=descales, options=options)
+def _build(lib, q, k, v, out, lse, layout, options, seqs=DENSE, descales=NO_DESCALES, sinks=None):
+    """A flashcore_forward_params for described arrays (sinks: the learnable
+    sinks, or None) and _Options."""
+    geometry = _validate(q, k, v, out, lse, layout, seqs, descales=descales, options=options, sinks=sinks)
     p = lib.new_params()
-    _set_call_fields(p, q, geometry, options, seqs, _tensor_fields(("q", "k", "v", "out"), geometry.views),
+    _set_call_fields(p, q, geometry, options, seqs, sinks, _tensor_fields(("q", "k", "v", "out"), geometry.views),
                      num_splits=options.num_splits, lse=_address(lse), block_table=_address(seqs.block_table),
                      block_table_batch_stride=geometry.table_stride, page_size=geometry.page_size,
                      num_pages=geometry.num_pages, kv_dtype=geometry.kv_dtype, out_dtype=geometry.out_dtype,
@@ -657,9 +679,11 @@ PAGED_BACKWARD = ("gradients through a paged KV cache (block_table) are not comp
                   "alone")
 
 
-def _build_backward(lib, q, k, v, out, dout, lse, dq, dk, dv, layout, options, deterministic, seqs=DENSE):
+def _build_backward(lib, q, k, v, out, dout, lse, dq, dk, dv, layout, options, deterministic, seqs=DENSE, sinks=None,
+                    dsinks=None):
     """A flashcore_backward_params for described arrays (dout, dq, dk and dv
-    are out's, q's, k's and v's gradients: their shapes and dtype), _Options
+    are out's, q's, k's and v's gradients: their shapes and dtype; sinks the
+    forward's, dsinks their gradient, written, or None), _Options
     (num_splits unused) and deterministic."""
     if seqs.block_table is not None:
         raise UnsupportedError(PAGED_BACKWARD)
@@ -669,7 +693,9 @@ def _build_backward(lib, q, k, v, out, dout, lse, dq, dk, dv, layout, options, d
                        (dk, "dk"), (dv, "dv")):
         if info is None:
             raise InvalidArgumentError("%s%s is required" % (name, why.get(name, "")))
-    geometry = _validate(q, k, v, out, lse, layout, seqs, written=False)
+    geometry = _validate(q, k, v, out, lse, layout, seqs, written=False, sinks=sinks)
+    if dsinks is not None:
+        _check_sinks(dsinks, geometry.views[0].shape[1], written=True)
     packed_q, packed_kv = seqs.cu_seqlens_q is not None, seqs.cu_seqlens_k is not None
     grads = ((dout, out, packed_q), (dq, q, packed_q), (dk, k, packed_kv), (dv, v, packed_kv))
     for grad, like, _ in grads:
@@ -687,11 +713,12 @@ def _build_backward(lib, q, k, v, out, dout, lse, dq, dk, dv, layout, options, d
         view = _View(grad, layout, packed=packed)
         view.check_head_dim_contiguous()
         views.append(view)
-    arrays = (q, k, v, out, dout, lse, dq, dk, dv) + seqs.arrays()
+    arrays = (q, k, v, out, dout, lse, dq, dk, dv) + seqs.arrays() + (sinks, dsinks)
     _check_one_device(arrays, _names(arrays))
     p = lib.new_backward_params()
     tensors = _tensor_fields(("q", "k", "v", "out", "dout", "dq", "dk", "dv"), views)
-    _set_call_fields(p, q, geometry, options, seqs, tensors, deterministic=1 if deterministic else 0, lse=lse.ptr)
+    _set_call_fields(p, q, geometry, options, seqs, sinks, tensors, deterministic=1 if deterministic else 0,
+                     lse=lse.ptr, dsinks=_address(dsinks))
     return p
 
 

@@ -71,11 +71,14 @@ class _TorchApi:
     compiled path, which load() configures with them), looked up
     once (each lookup is host time on every call)."""
 
-    __slots__ = ("tensor", "is_grad_enabled", "empty", "empty_like", "uint8", "current_stream", "capturing",
-                 "deterministic_enabled")
+    __slots__ = ("tensor", "parameter", "is_grad_enabled", "empty", "empty_like", "uint8", "current_stream",
+                 "capturing", "deterministic_enabled")
 
     def __init__(self, torch):
         self.tensor = torch.Tensor
+        # nn.Parameter: the one subclass of Tensor the quick paths read as
+        # a tensor (it overrides nothing they use); learnable sinks are one.
+        self.parameter = torch.nn.Parameter
         self.is_grad_enabled = torch.is_grad_enabled
         self.deterministic_enabled = torch.are_deterministic_algorithms_enabled
         self.empty, self.empty_like, self.uint8 = torch.empty, torch.empty_like, torch.uint8
@@ -472,6 +475,8 @@ def launch_plain(plan, addresses, q, out, return_lse):
         params.k_descale = addresses[10]
     if addresses[11] is not None:
         params.v_descale = addresses[11]
+    if addresses[SINKS] is not None:
+        params.sinks = addresses[SINKS]
     handle = get_handle(device)
     workspace_bytes = _workspace_bytes(handle, params, plan, device)
     stream = api.current_stream(device)
@@ -565,7 +570,9 @@ def _int_tuple(entries):
 # Fields of flashcore_forward_params holding the arrays' addresses, in the
 # order plan_of takes the arrays.
 POINTER_FIELDS = ("q", "k", "v", "out", "lse", "seqused_k", "cu_seqlens_q", "cu_seqlens_k", "block_table",
-                  "q_descale", "k_descale", "v_descale")
+                  "q_descale", "k_descale", "v_descale", "sinks")
+# The index of the learnable sinks among them (an nn.Parameter of its model).
+SINKS = POINTER_FIELDS.index("sinks")
 # Plans kept; past that many the cache starts again empty, so that a model
 # with ever new shapes does not grow it without end.
 MAX_PLANS = 1024
@@ -585,11 +592,13 @@ class _Plan:
     torch_device), the device of the framework arrays, the arrays' names
     for messages, the indices of the arrays given or allocated, the arrays
     read through __cuda_array_interface__ as (index, name) (their device
-    is the driver's, asked each call), whether q, k or v requires grad, and
+    is the driver's, asked each call), whether q, k or v requires grad
+    (sinks, a model's parameter, require grad in inference too: whether
+    the call is differentiated was decided before it was planned), and
     the workspace size per device once asked; plain_torch: whether a call on
     torch's current stream may take launch_plain (torch tensors
     only, none requiring grad, no lse, cu_seqlens or block_table given, a
-    result that is not empty; seqused_k and descales may be given);
+    result that is not empty; seqused_k, descales and sinks may be given);
     out_like_q: whether out is allocated with q's shape, dtype and
     contiguous strides, which torch.empty_like(q) gives for a contiguous q
     (in less host time; never for fp8 queries, whose out is bfloat16)."""
@@ -635,18 +644,19 @@ def plan_of(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, wor
     The arrays' parts of the key are _array_key()'s."""
     if workspace is not None:
         return NOT_PLANNED
-    causal, softmax_scale, num_splits, window, softcap = options
+    causal, softmax_scale, num_splits, window, softcap, attention_chunk = options
     if type(window) is list:
         window = tuple(window)
     if not (type(layout) is str and (softmax_scale is None or type(softmax_scale) in _PLAIN_REAL)
             and (num_splits is None or type(num_splits) is int) and type(softcap) in _PLAIN_REAL
+            and type(attention_chunk) is int
             and (window is None or type(window) is tuple and len(window) == 2
                  and type(window[0]) is int and type(window[1]) is int)
             and (max_seqlen_q is None or type(max_seqlen_q) is int)
             and (max_seqlen_k is None or type(max_seqlen_k) is int)):
         return NOT_PLANNED
-    keyed = _array_key([layout, 1 if causal else 0, softmax_scale, num_splits, window, softcap, bool(return_lse),
-                        max_seqlen_q, max_seqlen_k], arrays)
+    keyed = _array_key([layout, 1 if causal else 0, softmax_scale, num_splits, window, softcap, attention_chunk,
+                        bool(return_lse), max_seqlen_q, max_seqlen_k], arrays)
     if keyed is None:
         return NOT_PLANNED
     key, addresses, q_stream = keyed
@@ -660,18 +670,19 @@ def _array_key(key, arrays):
     """(key, addresses, q's __cuda_array_interface__ stream): key (a list of
     the call's options) with each array's part appended after its index,
     as a tuple, and the arrays' addresses (None where not given); None
-    where an array is neither a torch tensor (not a subclass) nor has a
-    cai_signature(). A torch tensor's part is its shape, strides, dtype,
-    device index (-1 for the CPU: never planned, the full path refuses it)
-    and requires_grad."""
-    torch = sys.modules.get("torch")
-    tensor_type = None if torch is None else torch.Tensor
+    where an array is neither a torch tensor (not a subclass, but for an
+    nn.Parameter) nor has a cai_signature(). A torch tensor's part is its
+    shape, strides, dtype, device index (-1 for the CPU: never planned, the
+    full path refuses it) and requires_grad."""
+    api = _torch_api or _load_torch_api()
+    tensor_type, parameter_type = (None, None) if api is None else (api.tensor, api.parameter)
     addresses = [None] * len(arrays)
     q_stream = None
     for i, a in enumerate(arrays):
         if a is None:
             continue
-        if type(a) is tensor_type:  # read here rather than in a call: the common case, and a call's time counts
+        # Read here rather than in a call: the common case, and a call's time counts.
+        if type(a) is tensor_type or type(a) is parameter_type:
             key += (i, a.shape, a.stride(), a.dtype, a.get_device(), a.requires_grad)
             addresses[i] = a.data_ptr()
             continue
@@ -729,10 +740,11 @@ def _plan_in_full(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_
     oi = None if out is None else describe(out, "out", s)
     li = None if lse is None else describe(lse, "lse", s)
     seqs = _sequences(s, arrays[5], arrays[6], max_seqlen_q, arrays[7], max_seqlen_k, arrays[8], seqused_k_name)
-    scales = _descales(s, *arrays[9:])
+    scales = _descales(s, *arrays[9:SINKS])
+    sinks = None if arrays[SINKS] is None else describe(arrays[SINKS], "sinks", s)
     lib = library()
     try:
-        geometry = _validate(qi, ki, vi, oi, li, layout, seqs, descales=scales, options=options)
+        geometry = _validate(qi, ki, vi, oi, li, layout, seqs, descales=scales, options=options, sinks=sinks)
         out_shape = _out_shape(qi, geometry.views[2].shape[3]) if oi is None else None
         lse_shape = geometry.lse_shape if li is None and return_lse else None
         if out_shape is not None:
@@ -742,11 +754,11 @@ def _plan_in_full(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_
         if lse_shape is not None:
             lse = allocate(qi, lse_shape, "float32", s, "lse")
             li = describe(lse, "lse", s)
-        params = _build(lib, qi, ki, vi, oi, li, layout, options, seqs, scales)
+        params = _build(lib, qi, ki, vi, oi, li, layout, options, seqs, scales, sinks)
         lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
     except InvalidArgumentError as e:
         raise _hint_bshd(e, qi, ki, vi, layout, seqs) from None
-    infos = (qi, ki, vi, oi, li) + seqs.arrays() + scales.arrays()
+    infos = (qi, ki, vi, oi, li) + seqs.arrays() + scales.arrays() + (sinks,)
     device = next((a.device for a in (qi, ki, vi, oi) if a.device is not None), None)
     plan = _make_plan(params, infos, out_shape, lse_shape, device, geometry.out_dtype_name)
     if key is not None:
@@ -772,10 +784,11 @@ def plan_call(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, s
     stream, on_current_stream, device, workspace), from the call's kept
     plan, or from the full path, which keeps the plan it makes under the
     call's key. arrays: the call's, in POINTER_FIELDS order (None where not
-    given); options: (causal, softmax_scale, num_splits, window, softcap) as
-    the caller gave them; planned: plan_of's answer, where the caller has
-    it. The result has no gradient path: calls that need one are
-    flashcore::forward's (_torch_ops), which comes here below autograd."""
+    given); options: (causal, softmax_scale, num_splits, window, softcap,
+    attention_chunk) as the caller gave them; planned: plan_of's answer,
+    where the caller has it. The result has no gradient path: calls that
+    need one are flashcore::forward's (_torch_ops), which comes here below
+    autograd."""
     if planned is None:
         planned = plan_of(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, workspace)
     key, plan, addresses, q_stream = planned
@@ -829,7 +842,7 @@ def forward(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, str
 # Fields of flashcore_backward_params holding the arrays' addresses, in the
 # order prepare_backward takes the arrays.
 BACKWARD_POINTER_FIELDS = ("q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv", "seqused_k", "cu_seqlens_q",
-                           "cu_seqlens_k")
+                           "cu_seqlens_k", "sinks", "dsinks")
 _backward_plans = {}
 
 
@@ -846,15 +859,18 @@ def backward_in_full(arrays, layout, options, deterministic, max_seqlen_q, max_s
     """The full path of a backward call: the arrays (BACKWARD_POINTER_FIELDS
     order, None where not given) described on `stream` and checked, and
     (the flashcore_backward_params built of them, q's device). options:
-    (causal, softmax_scale, window, softcap) as the caller gave them."""
-    causal, softmax_scale, window, softcap = options
+    (causal, softmax_scale, window, softcap, attention_chunk) as the caller
+    gave them."""
+    causal, softmax_scale, window, softcap, attention_chunk = options
     layout = _layout(layout)
-    options = _options(causal, softmax_scale, None, window, softcap)
-    infos = [None if a is None else describe(a, name, stream) for a, name in zip(arrays[:9], BACKWARD_POINTER_FIELDS)]
+    options = _options(causal, softmax_scale, None, window, softcap, attention_chunk)
+    # The tensors and the sinks (and their gradient); the sequence arrays are _sequences'.
+    infos = [None if a is None else describe(a, name, stream)
+             for a, name in zip(arrays[:9] + arrays[12:], BACKWARD_POINTER_FIELDS[:9] + BACKWARD_POINTER_FIELDS[12:])]
     seqs = _sequences(stream, seqused_k=arrays[9], cu_seqlens_q=arrays[10], max_seqlen_q=max_seqlen_q,
                       cu_seqlens_k=arrays[11], max_seqlen_k=max_seqlen_k)
     try:
-        return _build_backward(library(), *infos, layout, options, deterministic, seqs), infos[0].device
+        return _build_backward(library(), *infos[:9], layout, options, deterministic, seqs, *infos[9:]), infos[0].device
     except InvalidArgumentError as e:
         raise _hint_bshd(e, infos[0], infos[1], infos[2], layout, seqs) from None
 
@@ -863,19 +879,19 @@ def backward_key(arrays, layout, options, deterministic, max_seqlen_q, max_seqle
     """(key, addresses) of a backward call (prepare_backward's arguments),
     the key its plan is kept under; (None, None) where _array_key reads
     none."""
-    causal, softmax_scale, window, softcap = options
+    causal, softmax_scale, window, softcap, attention_chunk = options
     keyed = _array_key([layout, bool(causal), softmax_scale, None if window is None else tuple(window), softcap,
-                        bool(deterministic), max_seqlen_q, max_seqlen_k], arrays)
+                        attention_chunk, bool(deterministic), max_seqlen_q, max_seqlen_k], arrays)
     return (None, None) if keyed is None else keyed[:2]
 
 
 def prepare_backward(arrays, layout, options, deterministic, max_seqlen_q, max_seqlen_k):
     """(params, plan) of a backward call on torch tensors: arrays in
     BACKWARD_POINTER_FIELDS order (None where not given), options (causal,
-    softmax_scale, window, softcap) as flashcore::backward has them. A
-    call whose key was seen before gets its plan's params with its own
-    addresses (flashcore_backward checks them, alignment and overlaps, on
-    every call); else the full path builds and checks them
+    softmax_scale, window, softcap, attention_chunk) as flashcore::backward
+    has them. A call whose key was seen before gets its plan's params with
+    its own addresses (flashcore_backward checks them, alignment and
+    overlaps, on every call); else the full path builds and checks them
     (flashcore_backward_check) and keeps the plan."""
     key, addresses = backward_key(arrays, layout, options, deterministic, max_seqlen_q, max_seqlen_k)
     try:
@@ -987,7 +1003,8 @@ def load(torch_api, kept_workspaces, forward_address=None, backward_address=None
     if forward_address is None:
         forward_address = ctypes.cast(lib.cdll.flashcore_forward, ctypes.c_void_p).value
     module.configure(forward_address, lib.check, torch_api.tensor, torch_api.is_grad_enabled, torch_api.empty,
-                     torch_api.empty_like, torch_api.current_stream, torch_api.capturing, kept_workspaces)
+                     torch_api.empty_like, torch_api.current_stream, torch_api.capturing, kept_workspaces,
+                     torch_api.parameter)
     if backward_address is None:
         backward_address = ctypes.cast(lib.cdll.flashcore_backward, ctypes.c_void_p).value
     module.configure_backward(backward_address, torch_api.deterministic_enabled, torch_api.uint8)

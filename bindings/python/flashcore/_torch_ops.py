@@ -41,26 +41,26 @@ def tracing() -> bool:
     return torch is not None and torch.compiler.is_compiling()
 
 
-def requires_grad(q, k, v):
-    """Whether q, k or v is a torch tensor that requires grad while grad mode
-    is on: what autograd would differentiate."""
+def requires_grad(q, k, v, sinks=None):
+    """Whether q, k, v or sinks is a torch tensor that requires grad while
+    grad mode is on: what autograd would differentiate."""
     torch = imported("torch")
     if torch is None:
         return False
     tensor = torch.Tensor
-    for x in (q, k, v):
+    for x in (q, k, v, sinks):
         if isinstance(x, tensor) and x.requires_grad:
             return torch.is_grad_enabled()
     return False
 
 
-def wants_grad(q, k, v, detach):
+def wants_grad(q, k, v, detach, sinks=None):
     """Whether the call must give a result autograd can differentiate
     (requires_grad()), unless detach=True, or FLASHCORE_DETACH=1 in the
     environment, says to compute from the values alone (inference code that
     leaves requires_grad on, and wants neither the graph nor the lse that
     a differentiable call keeps for the backward pass)."""
-    if detach or not requires_grad(q, k, v):
+    if detach or not requires_grad(q, k, v, sinks):
         return False
     return os.environ.get(DETACH_ENV) != "1"
 
@@ -68,8 +68,12 @@ def wants_grad(q, k, v, detach):
 OPERATOR = "flashcore::forward"
 BACKWARD_OPERATOR = "flashcore::backward"
 # flashcore::forward's arguments that have a gradient: q, k and v, its first
-# three; the others (the integer arrays and the options) have none.
+# three, and sinks, its last (SINKS_ARGUMENT); the others (the integer
+# arrays, the descales and the options) have none.
 DIFFERENTIABLE_ARGUMENTS = 3
+SINKS_ARGUMENT = 21
+# Where sinks is among EagerAttention's inputs (q, k, v, sinks, rest).
+EAGER_SINKS_INPUT = 3
 _registered = []
 # EagerAttention, once registered (register_torch_ops).
 _eager = []
@@ -86,18 +90,23 @@ def _no_forward(*unused):
 forward_below_autograd = _no_forward
 
 
-def _keep_for_backward(ctx, inputs, output):
+def _keep_for_backward(ctx, inputs, output, sinks_index):
     """What the autograd formula keeps of a differentiable call (inputs:
-    flashcore::forward's arguments, output its (out, lse)), for both
-    routes: the operator's setup_context and EagerAttention.forward. lse
-    has no gradient, and none is made for it (no zeros materialized)."""
+    flashcore::forward's arguments, all of them, output its (out, lse)),
+    for both routes: the operator's setup_context and
+    EagerAttention.forward. sinks_index: where sinks is among the inputs
+    the route's autograd sees (needs_input_grad's index). lse has no
+    gradient, and none is made for it (no zeros materialized)."""
     (q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, layout, causal,
      softmax_scale, num_splits, window, softcap, return_lse, deterministic) = inputs[:17]
+    attention_chunk, sinks = inputs[20], inputs[SINKS_ARGUMENT]
     out, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k)
-    ctx.options = (max_seqlen_q, max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic)
+    ctx.save_for_backward(q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, sinks)
+    ctx.options = (max_seqlen_q, max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic,
+                   attention_chunk)
+    ctx.sinks_index = sinks_index
 
 
 def _differentiate(ctx, dout, backward):
@@ -105,15 +114,22 @@ def _differentiate(ctx, dout, backward):
     from dout, out's gradient (None where out got none: lse's alone, which
     is not differentiable, makes no gradient), through `backward`:
     flashcore::backward's operator where traced, its implementation
-    (_backward.gradients) in eager calls."""
-    wanted_count = len(ctx.needs_input_grad)  # EagerAttention's 4 inputs, or the operator's arguments
+    (_backward.gradients) in eager calls. sinks' gradient is computed
+    where sinks needs one, and goes to its place (ctx.sinks_index)."""
+    wanted_count = len(ctx.needs_input_grad)  # EagerAttention's 5 inputs, or the operator's arguments
     if dout is None:
         return (None,) * wanted_count
-    q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-    grads = backward(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, *ctx.options)
+    q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
     needs = ctx.needs_input_grad
-    return ((grads[0] if needs[0] else None, grads[1] if needs[1] else None, grads[2] if needs[2] else None)
-            + (None,) * (wanted_count - DIFFERENTIABLE_ARGUMENTS))
+    at = ctx.sinks_index
+    sinks_needs_grad = sinks is not None and at < wanted_count and needs[at]
+    grads = backward(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, *ctx.options, sinks,
+                     sinks_needs_grad)
+    result = [grads[0] if needs[0] else None, grads[1] if needs[1] else None, grads[2] if needs[2] else None]
+    result += [None] * (wanted_count - DIFFERENTIABLE_ARGUMENTS)
+    if sinks_needs_grad:
+        result[at] = grads[3]
+    return tuple(result)
 
 
 def register_torch_ops():
@@ -125,28 +141,32 @@ def register_torch_ops():
     flashcore::forward(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k,
     block_table, max_seqlen_q, max_seqlen_k, layout, causal, softmax_scale,
     num_splits, window, softcap, return_lse, deterministic=False,
-    q_descale=None, k_descale=None, v_descale=None) -> (out, lse) is
-    flashcore.attention's forward with every option spelled out (window a
-    list [left, right] or None), on torch's current stream; lse is an empty
-    tensor unless return_lse. k and v may be float8_e4m3fn (a quantized KV
-    cache, descaled by k_descale and v_descale) under 16-bit q, out then of
-    q's dtype; or q, k and v may all be float8_e4m3fn (fp8 prefill,
-    descaled by q_descale, k_descale and v_descale), out then bfloat16.
-    Its autograd formula gives the gradients of q, k and v (None for the
-    other arguments) through flashcore::backward, from the lse: a call to
-    be differentiated needs return_lse=True (flashcore.attention asks for
-    it), no block_table and 16-bit q, k and v. lse itself is not
-    differentiable.
+    q_descale=None, k_descale=None, v_descale=None, attention_chunk=0,
+    sinks=None) -> (out, lse) is flashcore.attention's forward with every
+    option spelled out (window a list [left, right] or None), on torch's
+    current stream; lse is an empty tensor unless return_lse. k and v may
+    be float8_e4m3fn (a quantized KV cache, descaled by k_descale and
+    v_descale) under 16-bit q, out then of q's dtype; or q, k and v may all
+    be float8_e4m3fn (fp8 prefill, descaled by q_descale, k_descale and
+    v_descale), out then bfloat16. sinks: None or float32 [Hq], the
+    learnable sinks. Its autograd formula gives the gradients of q, k, v
+    and sinks (None for the other arguments) through flashcore::backward,
+    from the lse: a call to be differentiated needs return_lse=True
+    (flashcore.attention asks for it), no block_table and 16-bit q, k and
+    v. lse itself is not differentiable.
     deterministic is for the backward pass (the forward's results are
     deterministic either way).
 
     flashcore::backward(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q,
     cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout, causal,
-    softmax_scale, window, softcap, deterministic) -> (dq, dk, dv) is
+    softmax_scale, window, softcap, deterministic, attention_chunk=0,
+    sinks=None, compute_dsinks=False) -> (dq, dk, dv, dsinks) is
     flashcore_backward on torch's current stream: the forward call's
     tensors and options, dout the gradient of out; dq, dk and dv are new
-    tensors of q's, k's and v's shapes and strides. deterministic is or'ed
-    with torch.are_deterministic_algorithms_enabled() when it runs."""
+    tensors of q's, k's and v's shapes and strides; dsinks, with
+    compute_dsinks (which needs sinks), a new float32 [Hq] tensor, the
+    gradient of sinks, else an empty one. deterministic is or'ed with
+    torch.are_deterministic_algorithms_enabled() when it runs."""
     if _registered:
         return _registered[0]
     import torch
@@ -169,20 +189,23 @@ def register_torch_ops():
                 max_seqlen_k: Optional[int], layout: str, causal: bool, softmax_scale: Optional[float],
                 num_splits: Optional[int], window: Optional[List[int]], softcap: float, return_lse: bool,
                 deterministic: bool = False, q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
-                v_descale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-        options = (causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap)
+                v_descale: Optional[Tensor] = None, attention_chunk: int = 0,
+                sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        options = (causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap,
+                   attention_chunk)
         result = forward_below_autograd((q, k, v, None, None, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table,
-                                         q_descale, k_descale, v_descale), max_seqlen_q, max_seqlen_k, layout,
+                                         q_descale, k_descale, v_descale, sinks), max_seqlen_q, max_seqlen_k, layout,
                                         options, return_lse)
         return result if return_lse else (result, result.new_empty((0,), dtype=torch.float32))
 
     @forward.register_fake
     def _(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, layout, causal,
           softmax_scale, num_splits, window, softcap, return_lse, deterministic=False, q_descale=None,
-          k_descale=None, v_descale=None):
+          k_descale=None, v_descale=None, attention_chunk=0, sinks=None):
         # The options are checked while tracing (they are constants), the arrays when the call runs.
         _layout(layout)
-        _options(causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap)
+        _options(causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap,
+                 attention_chunk)
         # q's dtype, whatever K/V's (float8_e4m3fn K/V give a 16-bit out),
         # but bfloat16 for float8_e4m3fn queries (as FlashAttention 3's).
         out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=_out_dtype(torch, q))
@@ -193,15 +216,20 @@ def register_torch_ops():
                  seqused_k: Optional[Tensor], cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
                  max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], layout: str, causal: bool,
                  softmax_scale: Optional[float], window: Optional[List[int]], softcap: float,
-                 deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-        return gradients(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                         layout, causal, softmax_scale, window, softcap, deterministic)
+                 deterministic: bool, attention_chunk: int = 0, sinks: Optional[Tensor] = None,
+                 compute_dsinks: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        dq, dk, dv, dsinks = gradients(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                       max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic,
+                                       attention_chunk, sinks, compute_dsinks)
+        return dq, dk, dv, q.new_empty((0,), dtype=torch.float32) if dsinks is None else dsinks
 
     @backward.register_fake
     def _(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout, causal,
-          softmax_scale, window, softcap, deterministic):
+          softmax_scale, window, softcap, deterministic, attention_chunk=0, sinks=None, compute_dsinks=False):
         # As gradients(): each gradient like its tensor (zeros_like and empty_like give the same strides).
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dsinks = (torch.empty_like(sinks) if compute_dsinks and sinks is not None
+                  else q.new_empty((0,), dtype=torch.float32))
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks
 
     def setup_context(ctx, inputs, output):
         block_table, q, k, v, return_lse = inputs[6], inputs[0], inputs[1], inputs[2], inputs[15]
@@ -213,8 +241,8 @@ def register_torch_ops():
             _refuse_unsupported(QUANTIZED_BACKWARD)
         if not return_lse:
             raise ValueError("flashcore::forward computes gradients from its lse: call it with return_lse=True "
-                             "where q, k or v requires grad (flashcore.attention does)")
-        _keep_for_backward(ctx, inputs, output)
+                             "where q, k, v or sinks requires grad (flashcore.attention does)")
+        _keep_for_backward(ctx, inputs, output, SINKS_ARGUMENT)
 
     def differentiate(ctx, dout, dlse):
         return _differentiate(ctx, dout, torch.ops.flashcore.backward)
@@ -224,20 +252,24 @@ def register_torch_ops():
         the dispatcher: its forward is the operator's implementation
         (return_lse=True), its backward flashcore::backward's
         (_backward.gradients), with what the operator's setup_context
-        keeps. apply(q, k, v, rest) takes flashcore::forward's arguments,
-        those after v as one tuple (autograd's host time grows with the
-        arguments it inspects, and none of those has a gradient), checked
-        by operator_forward as for the operator."""
+        keeps. apply(q, k, v, sinks, rest) takes flashcore::forward's
+        arguments, those after v but sinks as one tuple, rest (autograd's
+        host time grows with the arguments it inspects, and none of those
+        has a gradient; sinks, which may, is its own), checked by
+        operator_forward as for the operator."""
 
         @staticmethod
-        def forward(ctx, q, k, v, rest):
+        def forward(ctx, q, k, v, sinks, rest):
             (seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, layout, causal,
              softmax_scale, num_splits, window, softcap) = rest[:12]
-            descales = rest[14:] + (None,) * (17 - len(rest))
-            options = (causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap)
+            descales = (rest[14:17] + (None,) * 3)[:3]
+            attention_chunk = rest[17] if len(rest) > 17 else 0
+            options = (causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap,
+                       attention_chunk)
             output = forward_below_autograd((q, k, v, None, None, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table)
-                                            + descales, max_seqlen_q, max_seqlen_k, layout, options, True)
-            _keep_for_backward(ctx, (q, k, v) + rest, output)
+                                            + descales + (sinks,), max_seqlen_q, max_seqlen_k, layout, options, True)
+            _keep_for_backward(ctx, (q, k, v) + rest[:14] + descales + (attention_chunk, sinks), output,
+                               EAGER_SINKS_INPUT)
             return output
 
         @staticmethod
@@ -291,12 +323,13 @@ def _unconvertible(layout, options):
     Plain Python that torch.compile traces whether the values are constants
     or symbolic; the values' other checks are the operator's fake
     implementation's, which sees them as they are (attention's checks)."""
-    causal, softmax_scale, num_splits, window, softcap = options
+    causal, softmax_scale, num_splits, window, softcap, attention_chunk = options
     if window is not None and (not isinstance(window, (tuple, list)) or len(window) != 2
                                or _not_int(window[0]) or _not_int(window[1])):
         return True
     return ((not isinstance(layout, str) and _not_int(layout)) or (num_splits is not None and _not_int(num_splits))
-            or (softmax_scale is not None and _not_real(softmax_scale)) or _not_real(softcap))
+            or (softmax_scale is not None and _not_real(softmax_scale)) or _not_real(softcap)
+            or _not_int(attention_chunk))
 
 
 def _refuse_options(layout, options):
@@ -383,21 +416,22 @@ def _refuse_quantized_query_dtypes(q_dtype, k_dtype, v_dtype, out_dtype):
 _refuse_quantized_query_dtypes._dynamo_marked_constant = True
 
 
-def _refuse_descale(value, name, where):
-    """Raises the error of a descale factor that is no torch tensor (a
-    Python float, say) given to a call that is the torch operator."""
-    if isinstance(value, numbers.Number):
+def _refuse_not_tensor(value, name, where):
+    """Raises the error of a descale factor or of sinks (`name`) that is no
+    torch tensor (a Python float, say) given to a call that is the torch
+    operator."""
+    if isinstance(value, numbers.Number) and name in DESCALE_NAMES:
         refuse_descale_number(value, name)
     raise TypeError("%s must be None or a torch tensor %s, got %s" % (name, where, type(value).__name__))
 
 
-_refuse_descale._dynamo_marked_constant = True
+_refuse_not_tensor._dynamo_marked_constant = True
 
 # Why stream= and workspace= are not taken by an operator call, in its two
 # cases: traced, and eager with gradients.
 _UNDER_COMPILE = "under torch.compile"
-_WITH_GRAD = ("where q, k or v requires grad (the call is then flashcore::forward's autograd formula, its backward "
-              "on torch's current stream)")
+_WITH_GRAD = ("where q, k, v or sinks requires grad (the call is then flashcore::forward's autograd formula, its "
+              "backward on torch's current stream)")
 
 
 def operator_forward(arrays, layout, options, return_lse, stream, workspace, detach, max_seqlen_q, max_seqlen_k,
@@ -414,12 +448,13 @@ def operator_forward(arrays, layout, options, return_lse, stream, workspace, det
     (16-bit K/V, softcap, an out= that is not bfloat16).
     out= and lse= are copied into (an operator that writes its arguments
     would need them functionalized anyway; out then has the gradient path).
-    The descales (the last three arrays) are torch tensors or None.
-    differentiable: wants_grad(q, k, v, detach) where the caller has it.
+    The descales (arrays 9 to 11) and sinks (the last) are torch tensors
+    or None. differentiable: wants_grad(q, k, v, detach, sinks) where the
+    caller has it.
     Every step here is host time of every eager training call (issue 58):
     torch is looked up once, and the common case's checks come first."""
     q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table = arrays[:9]
-    descales = arrays[9:]
+    descales, sinks = arrays[9:12], arrays[12]
     torch = imported("torch")
     where = _UNDER_COMPILE if torch.compiler.is_compiling() else _WITH_GRAD
     if stream is not None:
@@ -438,11 +473,13 @@ def operator_forward(arrays, layout, options, return_lse, stream, workspace, det
     if descales_given:
         for x, name in zip(descales, DESCALE_NAMES):
             if x is not None and not isinstance(x, tensor):
-                _refuse_descale(x, name, where)
+                _refuse_not_tensor(x, name, where)
+    if sinks is not None and not isinstance(sinks, tensor):
+        _refuse_not_tensor(sinks, "sinks", where)
     if not _eager:
         _ensure_registered()  # (run outside the trace under torch.compile, which cannot trace registering)
     if differentiable is None:
-        differentiable = wants_grad(q, k, v, detach)
+        differentiable = wants_grad(q, k, v, detach, sinks)
     quantized_kv, quantized_queries = _fp8_dtypes(torch)
     quantized_query = q.dtype in quantized_queries
     if differentiable:
@@ -457,9 +494,10 @@ def operator_forward(arrays, layout, options, return_lse, stream, workspace, det
             _refuse_unsupported(QUANTIZED_QUERY_BACKWARD)
         if k.dtype in quantized_kv or v.dtype in quantized_kv:
             _refuse_unsupported(QUANTIZED_BACKWARD)
-    elif requires_grad(q, k, v):
+    elif requires_grad(q, k, v, sinks):
         q, k, v = q.detach(), k.detach(), v.detach()
-    causal, softmax_scale, num_splits, window, softcap = options
+        sinks = None if sinks is None else sinks.detach()
+    causal, softmax_scale, num_splits, window, softcap, attention_chunk = options
     if quantized_query:
         # What the eager call refuses of fp8 queries (_params._query_dtypes,
         # check_quantized_options), refused here too: traced, out= would
@@ -468,16 +506,22 @@ def operator_forward(arrays, layout, options, return_lse, stream, workspace, det
             _refuse_quantized_query_dtypes(q.dtype, k.dtype, v.dtype, None if out is None else out.dtype)
         if softcap:
             _refuse_unsupported(QUANTIZED_QUERY_SOFTCAP)
-    # The descales where given (a call without them is traced as before they existed).
-    descale_arguments = descales if descales_given else ()
+    # The descales, attention_chunk and sinks where given (a call without
+    # them is traced as before they existed).
+    chunk_or_sinks = attention_chunk or sinks is not None
     rest = (seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, _layout_name(layout),
             bool(causal), None if softmax_scale is None else float(softmax_scale), num_splits,
             None if window is None else [int(window[0]), int(window[1])], float(softcap),
-            bool(return_lse) or lse is not None or differentiable, bool(deterministic)) + descale_arguments
+            bool(return_lse) or lse is not None or differentiable, bool(deterministic))
+    rest += descales if descales_given or chunk_or_sinks else ()
     if differentiable and where is _WITH_GRAD:
         # Eager differentiable calls: EagerAttention (the same formula, less host time); traced ones: the operator.
-        result, result_lse = _eager[0].apply(q, k, v, rest)
+        if chunk_or_sinks:
+            rest += (int(attention_chunk),)
+        result, result_lse = _eager[0].apply(q, k, v, sinks, rest)
     else:
+        if chunk_or_sinks:
+            rest += (int(attention_chunk), sinks)
         result, result_lse = torch.ops.flashcore.forward(q, k, v, *rest)
     if out is not None:
         out.copy_(result)

@@ -382,8 +382,8 @@ def _step_grads(step: RingStep, q, k, v, out, lse, dout, dq, dk, dv, softmax_sca
     rows = lambda t: _half(t, step.query_rows, dim)
     keys = lambda t: _half(t, step.key_rows, dim)
     lse_rows = _half(lse, step.query_rows, 2).contiguous()
-    dq_step, dk_step, dv_step = gradients(rows(dout), rows(q), keys(k), keys(v), rows(out), lse_rows, None, None,
-                                          None, None, None, layout, step.causal, softmax_scale, None, 0.0, False)
+    dq_step, dk_step, dv_step, _ = gradients(rows(dout), rows(q), keys(k), keys(v), rows(out), lse_rows, None, None,
+                                             None, None, None, layout, step.causal, softmax_scale, None, 0.0, False)
     rows(dq).add_(dq_step)
     keys(dk).add_(dk_step)
     keys(dv).add_(dv_step)

@@ -1,3 +1,4 @@
+import ctypes
 import os
 import sys
 
@@ -133,3 +134,41 @@ def fp8_queries_checked(lib, monkeypatch):
         return status
 
     monkeypatch.setattr(lib.cdll, "flashcore_forward_check", check)
+
+
+@pytest.fixture
+def compiled_on_fake_gpu(fake_gpu, monkeypatch):
+    """The compiled path configured with ctypes callbacks that queue to
+    fake_gpu as "compiled" and "compiled backward"; skips where it is not
+    built."""
+    from flashcore import _attention, _ffi, _plan
+    found = _plan.find()
+    if not found:
+        pytest.skip("flashcore._fastcall is not built")
+    monkeypatch.setitem(_plan._handles, 0, fake_gpu)
+    forward_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_ffi.flashcore_forward_params),
+                                    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    backward_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_ffi.flashcore_backward_params),
+                                     ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+
+    @forward_type
+    def compiled_forward(raw_handle, params, *unused):
+        fake_gpu._forward("compiled", params.contents)
+        return 0
+
+    @backward_type
+    def compiled_backward(raw_handle, params, workspace, workspace_bytes, stream):
+        fake_gpu.backward_unchecked(params.contents, workspace, workspace_bytes, stream)
+        fake_gpu.queued[-1] = ("compiled backward", fake_gpu.queued[-1][1])
+        return 0
+
+    module = _plan.load(_plan.torch_api(), _plan._kept_workspaces,
+                            ctypes.cast(compiled_forward, ctypes.c_void_p).value,
+                            ctypes.cast(compiled_backward, ctypes.c_void_p).value)
+    # Set, not monkeypatched: monkeypatch's undo, after this teardown, would
+    # give back a module loaded before, which is this one (there is one), still
+    # configured with the fakes, whose trampolines are gone by then.
+    _attention._fast = module
+    yield fake_gpu
+    module.clear()
+    _attention._fast = None  # configured again, with the library's functions, by the next call

@@ -47,6 +47,23 @@ def assert_one_graph(torch, fn, *args):
     torch._dynamo.reset()
 
 
+def recording_backend(graphs):
+    """A torch.compile backend (AOT autograd, the graphs run as they are)
+    that appends to `graphs` the set of flashcore operators each graph it
+    is given calls, the forward's then the backward's."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    def record(gm, inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if "flashcore" in str(n.target)})
+        return make_boxed_func(gm.forward)
+
+    def backend(gm, inputs):
+        return aot_module_simplified(gm, inputs, fw_compiler=record, bw_compiler=record)
+
+    return backend
+
+
 def cuda_randn(torch, shape, dtype, seed):
     """Seeded standard-normal values on the GPU, drawn in float32 and cast
     to `dtype` (a torch dtype's name)."""
@@ -188,11 +205,12 @@ class FakeGpuHandle:
     call, path "launch" (Handle.forward), "launch_plain"
     (forward_unchecked) or "backward". The forward writes zeros to out and
     lse, the backward FILL_DQ, FILL_DK and FILL_DV to every element of dq,
-    dk and dv (all dense, as the binding allocates them), so that a test
-    sees which gradient went where."""
+    dk and dv (all dense, as the binding allocates them), and FILL_DSINKS
+    to dsinks where it is asked for, so that a test sees which gradient
+    went where."""
 
     value = 1
-    FILL_DQ, FILL_DK, FILL_DV = 1.0, 2.0, 3.0
+    FILL_DQ, FILL_DK, FILL_DV, FILL_DSINKS = 1.0, 2.0, 3.0, 4.0
 
     def __init__(self, torch):
         self.torch = torch
@@ -240,6 +258,9 @@ class FakeGpuHandle:
         self._fill(params.dq, rows_q * params.num_heads_q * params.head_dim, params.dtype, self.FILL_DQ)
         self._fill(params.dk, rows_k * params.num_heads_kv * params.head_dim, params.dtype, self.FILL_DK)
         self._fill(params.dv, rows_k * params.num_heads_kv * dv, params.dtype, self.FILL_DV)
+        if params.dsinks:
+            heads = params.num_heads_q
+            (ctypes.c_float * heads).from_address(params.dsinks)[:] = [self.FILL_DSINKS] * heads
 
     def backward_params(self):
         return [params for path, params in self.queued if path == "backward"]

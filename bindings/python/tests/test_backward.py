@@ -12,7 +12,7 @@ import pytest
 import flashcore
 from flashcore import _errors, _ffi, _plan
 from fc_testing import (FakeCudaArray, FakeDLPackArray, FakeGpuHandle, assert_one_graph, fake_ptr, fake_qkv,
-                        need_head_dim, raises_from_library)
+                        need_head_dim, raises_from_library, recording_backend)
 
 FILLS = (FakeGpuHandle.FILL_DQ, FakeGpuHandle.FILL_DK, FakeGpuHandle.FILL_DV)
 
@@ -299,9 +299,9 @@ def test_detach_computes_from_the_values(torch, fake_gpu, monkeypatch):
 
 def test_what_a_differentiable_call_refuses(torch, fake_gpu):
     q, k, v = tensors(torch, [(1, 4, 8, 64)] * 3)
-    with pytest.raises(TypeError, match="stream= is not taken where q, k or v requires grad"):
+    with pytest.raises(TypeError, match="stream= is not taken where q, k, v or sinks requires grad"):
         flashcore.attention(q, k, v, stream=0)
-    with pytest.raises(TypeError, match="workspace= is not taken where q, k or v requires grad"):
+    with pytest.raises(TypeError, match="workspace= is not taken where q, k, v or sinks requires grad"):
         flashcore.attention(q, k, v, workspace=torch.empty(16, dtype=torch.uint8))
     with pytest.raises(TypeError, match="gradients are computed for torch tensors: k is a FakeCudaArray"):
         flashcore.attention(q, FakeCudaArray((1, 4, 8, 64), index=1), v)
@@ -358,44 +358,6 @@ def _without_addresses(params):
 # compiled path in both directions, here with C calls that stand in for
 # the library's (the fake GPU's fills).
 # --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def compiled_on_fake_gpu(torch, fake_gpu, monkeypatch):
-    """The compiled path configured with ctypes callbacks that queue to
-    fake_gpu as "compiled" and "compiled backward"; skips where it is not
-    built."""
-    from flashcore import _attention, _ffi, _plan
-    found = _plan.find()
-    if not found:
-        pytest.skip("flashcore._fastcall is not built")
-    monkeypatch.setitem(_plan._handles, 0, fake_gpu)
-    forward_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_ffi.flashcore_forward_params),
-                                    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-    backward_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_ffi.flashcore_backward_params),
-                                     ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-
-    @forward_type
-    def compiled_forward(raw_handle, params, *unused):
-        fake_gpu._forward("compiled", params.contents)
-        return 0
-
-    @backward_type
-    def compiled_backward(raw_handle, params, workspace, workspace_bytes, stream):
-        fake_gpu.backward_unchecked(params.contents, workspace, workspace_bytes, stream)
-        fake_gpu.queued[-1] = ("compiled backward", fake_gpu.queued[-1][1])
-        return 0
-
-    module = _plan.load(_plan.torch_api(), _plan._kept_workspaces,
-                            ctypes.cast(compiled_forward, ctypes.c_void_p).value,
-                            ctypes.cast(compiled_backward, ctypes.c_void_p).value)
-    # Set, not monkeypatched: monkeypatch's undo, after this teardown, would
-    # give back a module loaded before, which is this one (there is one), still
-    # configured with the fakes, whose trampolines are gone by then.
-    _attention._fast = module
-    yield fake_gpu
-    module.clear()
-    _attention._fast = None  # configured again, with the library's functions, by the next call
 
 
 def test_repeated_training_steps_take_the_compiled_path_both_ways(torch, compiled_on_fake_gpu):
@@ -488,8 +450,9 @@ def test_the_operators_route_makes_no_fill_either(torch, fake_gpu):
     assert [filled(torch, g, fill) for g, fill in zip(grads, FILLS)] == [True] * 3
 
 
+@pytest.mark.parametrize("chunk_and_sinks", [False, True], ids=["plain", "chunk-sinks"])
 @pytest.mark.parametrize("layout,varlen", [("bhsd", False), ("bshd", False), ("bshd", True)])
-def test_operators_pass_opcheck(torch, fake_gpu, layout, varlen):
+def test_operators_pass_opcheck(torch, fake_gpu, layout, varlen, chunk_and_sinks):
     # torch's own check of the registrations: schema, fake implementations
     # against the real ones, autograd, and AOT dispatch with dynamic shapes.
     # On the stand-in GPU only where there is no real one: the AOT dispatch
@@ -510,26 +473,23 @@ def test_operators_pass_opcheck(torch, fake_gpu, layout, varlen):
             shapes = [(s[0], s[2], s[1], s[3]) for s in shapes]
         q, k, v = tensors(torch, shapes)
         sequences = (None, None, None, None, None, None)
-    args = (q, k, v) + sequences + (layout, True, None, None, [4, 0], 10.0, True, True)
+    forward_extra = backward_extra = ()
+    if chunk_and_sinks:  # 0.9's arguments: attention_chunk and sinks (a parameter: its gradient too)
+        heads_q = q.shape[2] if layout == "bshd" and not varlen else q.shape[1]
+        sinks = torch.nn.Parameter(torch.linspace(-1.0, 1.0, heads_q))
+        forward_extra, backward_extra = (None, None, None, 8, sinks), (8, sinks.detach(), True)
+    args = (q, k, v) + sequences + (layout, True, None, None, [4, 0], 10.0, True, True) + forward_extra
     torch.library.opcheck(torch.ops.flashcore.forward.default, args)
     out, lse = torch.ops.flashcore.forward(*args)
     dout = torch.randn(out.shape).to(out.dtype)
     backward_args = ((dout, q.detach(), k.detach(), v.detach(), out.detach(), lse) + sequences[:3] + sequences[4:]
-                     + (layout, True, None, [4, 0], 10.0, False))
+                     + (layout, True, None, [4, 0], 10.0, False) + backward_extra)
     torch.library.opcheck(torch.ops.flashcore.backward.default, backward_args)
 
 
 def test_compile_traces_forward_and_backward_without_graph_breaks(torch, fake_gpu):
-    from functorch.compile import make_boxed_func
-    from torch._functorch.aot_autograd import aot_module_simplified
     graphs = []
-
-    def record(gm, inputs):
-        graphs.append({str(n.target) for n in gm.graph.nodes if "flashcore" in str(n.target)})
-        return make_boxed_func(gm.forward)
-
-    def backend(gm, inputs):
-        return aot_module_simplified(gm, inputs, fw_compiler=record, bw_compiler=record)
+    backend = recording_backend(graphs)
 
     def block(x, w, k, v):
         q = (x @ w).view(1, 8, 4, 64).transpose(1, 2)

@@ -147,9 +147,10 @@ def test_emulated_forward_refuses_gradients():
 
 
 def _cpu_gradients(dout, q, k, v, out, lse, seqused_k, cu_q, cu_k, max_q, max_k, layout, causal, softmax_scale,
-                   window, softcap, deterministic):
+                   window, softcap, deterministic, attention_chunk=0, sinks=None, compute_dsinks=False):
     """flashcore's backward in float64 from the given out and lse (as the
-    library: P = exp(scale * q.k - lse), delta = rowsum(dO * O))."""
+    library: P = exp(scale * q.k - lse), delta = rowsum(dO * O)); no
+    sinks' gradient (the ring takes none)."""
     bshd = layout == "bshd"
     if bshd:
         dout, q, k, v, out = (t.transpose(1, 2) for t in (dout, q, k, v, out))
@@ -171,7 +172,7 @@ def _cpu_gradients(dout, q, k, v, out, lse, seqused_k, cu_q, cu_k, max_q, max_k,
     fold = lambda g: g.view(g.shape[0], k.shape[1], group, *g.shape[2:]).sum(2)
     dk, dv = fold(dk), fold(dv)
     grads = [dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)]
-    return tuple(g.transpose(1, 2) for g in grads) if bshd else tuple(grads)
+    return (tuple(g.transpose(1, 2) for g in grads) if bshd else tuple(grads)) + (None,)
 
 
 @ring_cases

@@ -1703,10 +1703,11 @@ def test_compiled_path_gives_the_python_paths_results(torch, case):
         if not _attention._fast:
             pytest.skip("flashcore._fastcall is not built: every call takes the Python path")
         options = (kwargs.get("causal", False), kwargs.get("softmax_scale"), None, kwargs.get("window"),
-                   kwargs.get("softcap", 0.0))
+                   kwargs.get("softcap", 0.0), kwargs.get("attention_chunk", 0))
         out = kwargs["out"] = torch.full_like(q, NAN) if given else None
         compiled = _attention._fast.call(q, k, v, out, kwargs.get("seqused_k"), None, None, None,
-                                         kwargs.get("layout", "bhsd"), options, kwargs.get("return_lse", False))
+                                         kwargs.get("sinks"), kwargs.get("layout", "bhsd"), options,
+                                         kwargs.get("return_lse", False))
         assert compiled is not None, "the compiled path did not serve the call"
         again = run()
         torch.cuda.synchronize()

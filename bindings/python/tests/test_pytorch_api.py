@@ -158,7 +158,8 @@ def test_flash_attn_func_passes_flashattention_s_meaning(passed_on, causal, wind
     flashcore.flash_attn_func(q, k, v, 0.0, 0.125, causal, window_size, 30.0, None, True)
     ((_, _, _, kwargs),) = passed_on
     assert kwargs == dict(causal=causal, softmax_scale=0.125, window=window, softcap=30.0, layout="bshd",
-                          deterministic=True, q_descale=None, k_descale=None, v_descale=None)
+                          deterministic=True, q_descale=None, k_descale=None, v_descale=None, attention_chunk=0,
+                          sinks=None)
 
 
 def test_flash_attn_func_passes_flashattention_3_s_descales(passed_on):
@@ -167,6 +168,18 @@ def test_flash_attn_func_passes_flashattention_3_s_descales(passed_on):
     flashcore.flash_attn_func(q, k, v, causal=True, q_descale=scales[0], k_descale=scales[1], v_descale=scales[2])
     ((_, _, _, kwargs),) = passed_on
     assert (kwargs["q_descale"], kwargs["k_descale"], kwargs["v_descale"]) == tuple(scales)
+
+
+def test_flash_attn_func_passes_chunk_and_sinks(passed_on):
+    # FlashAttention 3's attention_chunk and our sinks (FlashAttention 4's
+    # learnable_sink), keywords as flashcore.attention takes them.
+    q, k, v, _ = fake_qkv()
+    sinks = FakeCudaArray((8,), typestr="<f4", index=9)
+    flashcore.flash_attn_func(q, k, v, causal=True, attention_chunk=1024, sinks=sinks)
+    ((_, _, _, kwargs),) = passed_on
+    assert (kwargs["attention_chunk"], kwargs["sinks"], kwargs["causal"]) == (1024, sinks, True)
+    with pytest.raises(TypeError, match="learnable_sink"):
+        flashcore.flash_attn_func(q, k, v, learnable_sink=sinks)
 
 
 def test_flash_attn_func_queues_bshd_params(queued):

@@ -327,7 +327,8 @@ def test_an_operator_call_takes_torch_descales_only(torch, fake_gpu, monkeypatch
     monkeypatch.delenv("FLASHCORE_DETACH", raising=False)
     q, k, v = fp8_qkv(torch)
     q, k, v = q.requires_grad_(True), k.half(), v.half()
-    with pytest.raises(TypeError, match="k_descale must be None or a torch tensor where q, k or v requires grad"):
+    with pytest.raises(TypeError, match="k_descale must be None or a torch tensor where q, k, v or sinks requires "
+                                        "grad"):
         flashcore.attention(q, k, v, k_descale=FakeCudaArray((), typestr="<f4", index=8))
     with pytest.raises(flashcore.InvalidArgumentError, match="pass a tensor instead"):
         flashcore.attention(q, k, v, v_descale=0.5)

@@ -113,8 +113,9 @@ def _template(params, fields):
 # The optional arrays of a forward call, by their params field, in
 # POINTER_FIELDS order (after q, k, v, out, lse).
 OPTIONAL_FIELDS = POINTER_FIELDS[5:]
-# Those the backward pass takes, in BACKWARD_POINTER_FIELDS order.
-BACKWARD_OPTIONAL_FIELDS = BACKWARD_POINTER_FIELDS[9:]
+# Those the backward pass takes, in BACKWARD_POINTER_FIELDS order (dsinks,
+# the last, is a result: the gradient of sinks, where the call has sinks).
+BACKWARD_OPTIONAL_FIELDS = BACKWARD_POINTER_FIELDS[9:-1]
 
 
 def _stand_ins(first_index):
@@ -148,28 +149,34 @@ class ForwardPlan:
     __slots__ = ("plan", "fields", "optional", "out", "lse", "workspace_bytes")
 
 
+def _abstract_sinks(arrays, describe_array):
+    """The ArrayInfo of a call's abstract sinks, None where it has none."""
+    return describe_array(arrays["sinks"], "sinks") if "sinks" in arrays else None
+
+
 def plan_forward(q, k, v, layout, causal, softmax_scale, window, softcap, num_splits, arrays=None,
-                 max_seqlen_q=None, max_seqlen_k=None, seqused_k_name="seqused_k"):
+                 max_seqlen_q=None, max_seqlen_k=None, seqused_k_name="seqused_k", attention_chunk=0):
     """The ForwardPlan of a call on abstract arrays, with the binding's
     checks and messages; an UnsupportedError without a GPU (after the checks
     that need none). arrays: the call's optional arrays by field name
     (OPTIONAL_FIELDS), None or absent where not given."""
     arrays = {name: x for name, x in (arrays or {}).items() if x is not None}
     layout = _layout(layout)
-    options = _options(causal, softmax_scale, num_splits, window, softcap)
+    options = _options(causal, softmax_scale, num_splits, window, softcap, attention_chunk)
     qi, ki, vi = _info(q, "q", 0), _info(k, "k", 1), _info(v, "v", 2)
     describe_array = _stand_ins(len(POINTER_FIELDS))
     seqs = _abstract_sequences(arrays, max_seqlen_q, max_seqlen_k, seqused_k_name, describe_array)
     scales = _descales(0, arrays.get("q_descale"), arrays.get("k_descale"), arrays.get("v_descale"),
                        describe_array=describe_array)
+    sinks = _abstract_sinks(arrays, describe_array)
     lib = library()
     try:
-        geometry = _validate(qi, ki, vi, None, None, layout, seqs, descales=scales, options=options)
+        geometry = _validate(qi, ki, vi, None, None, layout, seqs, descales=scales, options=options, sinks=sinks)
         out_dtype = geometry.out_dtype_name or qi.dtype
         out_shape = _out_shape(qi, geometry.views[2].shape[3])
         oi = _result_info(out_shape, out_dtype, "out", 3)
         li = _result_info(geometry.lse_shape, "float32", "lse", 4)
-        params = _build(lib, qi, ki, vi, oi, li, layout, options, seqs, scales)
+        params = _build(lib, qi, ki, vi, oi, li, layout, options, seqs, scales, sinks)
         lib.check(lib.cdll.flashcore_forward_check(ctypes.byref(params)))
     except InvalidArgumentError as e:
         raise _hint_bshd(e, qi, ki, vi, layout, seqs) from None
@@ -203,31 +210,34 @@ def forward(plan, q, k, v, arrays=None):
 
 
 class BackwardPlan:
-    """A planned backward call, as ForwardPlan."""
+    """A planned backward call, as ForwardPlan; sinks: whether it has sinks,
+    and so gives their gradient too."""
 
-    __slots__ = ("plan", "fields", "optional", "workspace_bytes")
+    __slots__ = ("plan", "fields", "optional", "workspace_bytes", "sinks")
 
 
 def plan_backward(q, k, v, out, lse, layout, causal, softmax_scale, window, softcap, deterministic, arrays=None,
-                  max_seqlen_q=None, max_seqlen_k=None, seqused_k_name="seqused_k"):
+                  max_seqlen_q=None, max_seqlen_k=None, seqused_k_name="seqused_k", attention_chunk=0):
     """The BackwardPlan of the gradients of a planned forward call (dout
-    has out's shape and dtype; dq, dk, dv those of q, k, v). arrays: the
-    forward's optional arrays by field name; those the backward pass does
-    not take (a block table, descales) are refused as the torch path
-    refuses them."""
+    has out's shape and dtype; dq, dk, dv those of q, k, v; dsinks, with
+    sinks, theirs). arrays: the forward's optional arrays by field name;
+    those the backward pass does not take (a block table, descales) are
+    refused as the torch path refuses them."""
     arrays = {name: x for name, x in (arrays or {}).items() if x is not None}
     layout = _layout(layout)
-    options = _options(causal, softmax_scale, None, window, softcap)
+    options = _options(causal, softmax_scale, None, window, softcap, attention_chunk)
     main = (q, k, v, out, out, lse, q, k, v)
     infos = [_info(a, name, i) for i, (a, name) in enumerate(zip(main, BACKWARD_POINTER_FIELDS))]
-    seqs = _abstract_sequences(arrays, max_seqlen_q, max_seqlen_k, seqused_k_name,
-                               _stand_ins(len(BACKWARD_POINTER_FIELDS)))
+    describe_array = _stand_ins(len(BACKWARD_POINTER_FIELDS))
+    seqs = _abstract_sequences(arrays, max_seqlen_q, max_seqlen_k, seqused_k_name, describe_array)
+    sinks = _abstract_sinks(arrays, describe_array)
+    dsinks = None if sinks is None else describe_array(arrays["sinks"], "dsinks")
     if any(name in arrays for name in ("q_descale", "k_descale", "v_descale")):
         raise UnsupportedError("gradients of float8_e4m3fn calls are not supported (the backward pass takes float16 "
                                "and bfloat16); differentiate a 16-bit call, or stop the gradient")
     lib = library()
     try:
-        params = _build_backward(lib, *infos, layout, options, bool(deterministic), seqs)
+        params = _build_backward(lib, *infos, layout, options, bool(deterministic), seqs, sinks, dsinks)
         lib.check(lib.cdll.flashcore_backward_check(ctypes.byref(params)))
     except InvalidArgumentError as e:
         raise _hint_bshd(e, infos[0], infos[1], infos[2], layout, seqs) from None
@@ -235,20 +245,23 @@ def plan_backward(q, k, v, out, lse, layout, causal, softmax_scale, window, soft
     optional = tuple(name for name in BACKWARD_OPTIONAL_FIELDS if name in arrays)
     plan = BackwardPlan()
     plan.plan = _template(params, BACKWARD_POINTER_FIELDS)
-    plan.fields = _field_indices(BACKWARD_POINTER_FIELDS,
-                                 ("q", "k", "v", "out", "dout", "lse") + optional + ("dq", "dk", "dv"))
+    plan.sinks = sinks is not None
+    plan.fields = _field_indices(BACKWARD_POINTER_FIELDS, ("q", "k", "v", "out", "dout", "lse") + optional
+                                 + ("dq", "dk", "dv") + (("dsinks",) if plan.sinks else ()))
     plan.optional = optional
     plan.workspace_bytes = workspace_bytes
     return plan
 
 
 def backward(plan, q, k, v, out, dout, lse, arrays=None):
-    """(dq, dk, dv) of a planned call."""
+    """(dq, dk, dv, dsinks) of a planned call; dsinks None where it has no
+    sinks."""
     _register()
     arrays = arrays or {}
     operands = (q, k, v, out, dout, lse) + tuple(arrays[name] for name in plan.optional)
-    results = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
+    gradients = (q, k, v) + ((arrays["sinks"],) if plan.sinks else ())
+    results = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in gradients)
     call = jax.ffi.ffi_call(BACKWARD_TARGET, results + (jax.ShapeDtypeStruct((plan.workspace_bytes,), np.uint8),),
                             vmap_method="sequential")
-    dq, dk, dv, _ = call(*operands, plan=plan.plan, fields=plan.fields)
-    return dq, dk, dv
+    grads = call(*operands, plan=plan.plan, fields=plan.fields)
+    return tuple(grads[:3]) + ((grads[3] if plan.sinks else None),)

@@ -48,9 +48,9 @@ std::mutex g_handles_mutex;
 std::array<flashcore_handle, kMaxDevices> g_handles{};
 
 // Where each address goes: the struct's pointer fields, in the order of
-// flashcore/_planning.py's POINTER_FIELDS and BACKWARD_POINTER_FIELDS (the
+// flashcore/_plan.py's POINTER_FIELDS and BACKWARD_POINTER_FIELDS (the
 // Python side sends indices into these lists).
-constexpr std::array<size_t, 12> kForwardPointerOffsets = {
+constexpr std::array<size_t, 13> kForwardPointerOffsets = {
     offsetof(flashcore_forward_params, q),
     offsetof(flashcore_forward_params, k),
     offsetof(flashcore_forward_params, v),
@@ -63,8 +63,9 @@ constexpr std::array<size_t, 12> kForwardPointerOffsets = {
     offsetof(flashcore_forward_params, q_descale),
     offsetof(flashcore_forward_params, k_descale),
     offsetof(flashcore_forward_params, v_descale),
+    offsetof(flashcore_forward_params, sinks),
 };
-constexpr std::array<size_t, 12> kBackwardPointerOffsets = {
+constexpr std::array<size_t, 14> kBackwardPointerOffsets = {
     offsetof(flashcore_backward_params, q),
     offsetof(flashcore_backward_params, k),
     offsetof(flashcore_backward_params, v),
@@ -77,6 +78,8 @@ constexpr std::array<size_t, 12> kBackwardPointerOffsets = {
     offsetof(flashcore_backward_params, seqused_k),
     offsetof(flashcore_backward_params, cu_seqlens_q),
     offsetof(flashcore_backward_params, cu_seqlens_k),
+    offsetof(flashcore_backward_params, sinks),
+    offsetof(flashcore_backward_params, dsinks),
 };
 
 ffi::Error invalid(const std::string &message) {
