@@ -1,9 +1,10 @@
 """GPU tests of the backward pass (issue 34): the gradients autograd gets
 through flashcore (flashcore_backward) against float64 references, the
 deterministic mode bit for bit, and training under
-torch.compile(fullgraph=True).
+torch.compile(fullgraph=True); since 0.9 (issue 61) with chunked attention
+and learnable sinks, whose gradient (dsinks) is held to the same bar.
 
-Error bar, per gradient (dq, dk, dv): the largest absolute difference from
+Error bar, per gradient (dq, dk, dv, dsinks): the largest absolute difference from
 the float64 reference (autograd through the definition in float64) must be
 at most twice PyTorch's own, or twice what rounding the reference to the
 dtype costs where that is larger, plus 1e-5. PyTorch's own is
@@ -11,12 +12,14 @@ scaled_dot_product_attention's float16/bfloat16 backward on the same
 inputs, on a fused kernel (the flash backend, else the efficient one; with
 its heads expanded for grouped-query attention and the mask given
 explicitly where it is not PyTorch's top-left causal). Where SDPA cannot
-compute the call (softcapping; no fused kernel for the shape; rows that
-see no key, for which SDPA does not give flashcore's 0) it is the
+compute the call (softcapping; sinks; no fused kernel for the shape; rows
+that see no key, for which SDPA does not give flashcore's 0) it is the
 same math done by torch at a flash kernel's precision instead
 (flash_precision_gradients: float32 scores and products, the
 probabilities and dS rounded to the dtype before the products that use
-them)."""
+them; dsinks summed in float32 from the out rounded to the dtype). dsinks
+is float32; its rounding term is still that of the inputs' dtype, whose
+rounded out it is computed from."""
 
 import math
 
@@ -44,12 +47,13 @@ def torch(torch_cuda):
     return torch_cuda
 
 
-def visible(torch, sq, sk, causal, window, device="cuda"):
+def visible(torch, sq, sk, causal, window, device="cuda", chunk=0):
     """The [sq, sk] mask by flashcore.h's rule: query i sees key j only
     where i + d - left <= j <= i + d + right, d = sk - sq, a bound of -1
-    dropping its side, causal being right = 0. None where nothing is
-    masked."""
-    if window is None and not causal:
+    dropping its side, causal being right = 0; with a chunk, only where j
+    and the diagonal i + d lie in the same chunk (floor division). None
+    where nothing is masked."""
+    if window is None and not causal and not chunk:
         return None
     left, right = (-1, -1) if window is None else window
     if causal:
@@ -61,20 +65,26 @@ def visible(torch, sq, sk, causal, window, device="cuda"):
         mask &= j >= i + (sk - sq) - left
     if right >= 0:
         mask &= j <= i + (sk - sq) + right
+    if chunk:
+        diagonal = i + (sk - sq)
+        mask &= torch.div(j, chunk, rounding_mode="floor") == torch.div(diagonal, chunk, rounding_mode="floor")
     return mask
 
 
 class Case:
     """One dense call: [B, H, S, D] q, k, v, the gradient dout of its out,
-    its options (scale resolved) and its [Sq, Sk] mask (visible()'s, unless
-    given: None where nothing is masked)."""
+    its options (scale resolved; sinks a float32 [Hq] tensor or None) and
+    its [Sq, Sk] mask (visible()'s, unless given: None where nothing is
+    masked)."""
 
-    def __init__(self, torch, q, k, v, dout, causal=False, scale=None, window=None, softcap=0.0, mask=None):
+    def __init__(self, torch, q, k, v, dout, causal=False, scale=None, window=None, softcap=0.0, mask=None, chunk=0,
+                 sinks=None):
         self.torch = torch
         self.q, self.k, self.v, self.dout = q, k, v, dout
-        self.causal, self.window, self.softcap = causal, window, softcap
+        self.causal, self.window, self.softcap, self.chunk, self.sinks = causal, window, softcap, chunk, sinks
         self.scale = q.shape[-1] ** -0.5 if scale is None else scale
-        self.mask = visible(torch, q.shape[2], k.shape[2], causal, window, q.device) if mask is None else mask
+        self.mask = (visible(torch, q.shape[2], k.shape[2], causal, window, q.device, chunk) if mask is None
+                     else mask)
 
     @property
     def group(self):
@@ -88,24 +98,38 @@ class Case:
         return self.mask.any(-1)
 
 
-def _probabilities(torch, scores, case, seen):
+def _probabilities(torch, scores, case, seen, sinks=None):
     """softmax of the masked scores; rows that see no key give 0 (computed
-    on zeros there, so that autograd meets no NaN)."""
+    on zeros there, so that autograd meets no NaN). With sinks ([Hq],
+    finite, of the scores' dtype): (P, P_sink), the softmax over the
+    scores and the sink as one more column, split (rows that see no key:
+    P 0, P_sink 1)."""
     if case.mask is not None:
         scores = scores.masked_fill(~case.mask, float("-inf"))
+    if sinks is not None:
+        column = sinks.view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        weights = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)
+        return weights[..., :-1], weights[..., -1]
     scores = torch.where(seen[:, None], scores, torch.zeros((), dtype=scores.dtype, device=scores.device))
     return torch.softmax(scores, dim=-1) * seen[:, None]
 
 
 def reference_gradients(torch, case):
-    """(dq, dk, dv) in float64: autograd through the definition."""
+    """(dq, dk, dv) in float64, and dsinks where the case has sinks:
+    autograd through the definition."""
     q, k, v = (x.detach().double().requires_grad_() for x in (case.q, case.k, case.v))
+    inputs = (q, k, v)
     kk, vv = k.repeat_interleave(case.group, 1), v.repeat_interleave(case.group, 1)
     scores = q @ kk.transpose(-1, -2) * case.scale
     if case.softcap:
         scores = case.softcap * torch.tanh(scores / case.softcap)
-    out = _probabilities(torch, scores, case, case.seen()) @ vv
-    return torch.autograd.grad(out, (q, k, v), case.dout.double())
+    if case.sinks is None:
+        p = _probabilities(torch, scores, case, case.seen())
+    else:
+        sinks = case.sinks.detach().double().requires_grad_()
+        inputs += (sinks,)
+        p, _ = _probabilities(torch, scores, case, case.seen(), sinks)
+    return torch.autograd.grad(p @ vv, inputs, case.dout.double())
 
 
 def _sum_groups(x, group):
@@ -128,17 +152,26 @@ def flash_precision_gradients(torch, case):
     if case.softcap:
         capped = torch.tanh(scores / case.softcap)
         scores = case.softcap * capped
-    p = _probabilities(torch, scores, case, case.seen())
+    p_sink = None
+    if case.sinks is None:
+        p = _probabilities(torch, scores, case, case.seen())
+    else:
+        p, p_sink = _probabilities(torch, scores, case, case.seen(), case.sinks.float())
     p_low = p.to(dtype).float()
     out = (p_low @ v).to(dtype).float()
     dv = _sum_groups(p_low.transpose(-1, -2) @ dout, group)
-    ds = p * (dout @ v.transpose(-1, -2) - (dout * out).sum(-1, keepdim=True))
+    delta = (dout * out).sum(-1, keepdim=True)
+    ds = p * (dout @ v.transpose(-1, -2) - delta)
     if case.softcap:
         ds = ds * (1 - capped * capped)
     ds = ds.to(dtype).float()
     dq = ds @ k * case.scale
     dk = _sum_groups(ds.transpose(-1, -2) @ q, group) * case.scale
-    return tuple(x.to(dtype) for x in (dq, dk, dv))
+    grads = tuple(x.to(dtype) for x in (dq, dk, dv))
+    if p_sink is None:
+        return grads
+    # The sink's column of dS, summed over each head's rows: it attends to nothing (its dP is 0).
+    return grads + (-(p_sink * delta[..., 0]).sum((0, 2)),)
 
 
 def sdpa_gradients(torch, case):
@@ -146,7 +179,7 @@ def sdpa_gradients(torch, case):
     dtype on a fused kernel, and which one: see the module's docstring;
     None where SDPA cannot compute the call."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    if case.softcap or not case.seen().all():
+    if case.softcap or case.sinks is not None or not case.seen().all():
         return None
     q, k, v = (x.detach().requires_grad_() for x in (case.q, case.k, case.v))
     kk, vv = k.repeat_interleave(case.group, 1), v.repeat_interleave(case.group, 1)
@@ -180,10 +213,13 @@ def max_error(x, ref):
 
 
 def check_gradients(torch, ours, reference, theirs, baseline, dtype):
-    """Each of ours within the error bar of the module's docstring."""
+    """Each of ours within the error bar of the module's docstring (dsinks,
+    the fourth where there is one, float32)."""
     torch.cuda.synchronize()
-    for name, mine, exact, base in zip(("dq", "dk", "dv"), ours, reference, theirs):
-        assert mine.dtype == dtype and tuple(mine.shape) == tuple(exact.shape), name
+    assert len(ours) == len(reference) == len(theirs)
+    for name, mine, exact, base in zip(("dq", "dk", "dv", "dsinks"), ours, reference, theirs):
+        assert mine.dtype == (torch.float32 if name == "dsinks" else dtype), name
+        assert tuple(mine.shape) == tuple(exact.shape), name
         assert torch.isfinite(mine).all(), "non-finite values in %s" % name
         error, their_error = max_error(mine, exact), max_error(base, exact)
         rounding = max_error(exact.to(dtype), exact)
@@ -193,24 +229,33 @@ def check_gradients(torch, ours, reference, theirs, baseline, dtype):
 
 def flashcore_gradients(torch, case, layout="bhsd", **kwargs):
     """(dq, dk, dv) through flashcore.attention and autograd, as [B, H, S, D]
-    views (layout="bshd": given as [B, S, H, D] tensors)."""
+    views (layout="bshd": given as [B, S, H, D] tensors), and dsinks where
+    the case has sinks (an nn.Parameter, as a model's)."""
     inputs = [x.detach().clone() for x in (case.q, case.k, case.v)]
     if layout == "bshd":
         inputs = [x.transpose(1, 2).contiguous() for x in inputs]
     for x in inputs:
         x.requires_grad_(True)
+    sinks = None if case.sinks is None else torch.nn.Parameter(case.sinks.detach().clone())
     out = flashcore.attention(*inputs, causal=case.causal, softmax_scale=case.scale, window=case.window,
-                              softcap=case.softcap, layout=layout, **kwargs)
+                              softcap=case.softcap, layout=layout, attention_chunk=case.chunk, sinks=sinks, **kwargs)
     dout = case.dout if layout == "bhsd" else case.dout.transpose(1, 2)
-    grads = torch.autograd.grad(out, inputs, dout)
-    return tuple(g.transpose(1, 2) for g in grads) if layout == "bshd" else grads
+    grads = torch.autograd.grad(out, inputs + ([] if sinks is None else [sinks]), dout)
+    if layout == "bshd":
+        grads = tuple(g.transpose(1, 2) for g in grads[:3]) + tuple(grads[3:])
+    return grads
 
 
-def make_case(torch, shape, dtype, seed, dv=None, **options):
+def make_case(torch, shape, dtype, seed, dv=None, sinks=False, **options):
+    """A Case of random inputs; sinks=True draws float32 sink logits of
+    ln(Sk) + N(0, 1), each head's taking from about a tenth to nine tenths
+    of its rows' weight (test_gpu_torch.random_sinks' rule, none -inf)."""
     b, hq, hkv, sq, sk, d = shape
     dv = d if dv is None else dv
     q, k = cuda_randn(torch, (b, hq, sq, d), dtype, seed), cuda_randn(torch, (b, hkv, sk, d), dtype, seed + 1)
     v, dout = cuda_randn(torch, (b, hkv, sk, dv), dtype, seed + 2), cuda_randn(torch, (b, hq, sq, dv), dtype, seed + 3)
+    if sinks:
+        options["sinks"] = cuda_randn(torch, (hq,), "float32", seed + 4) + math.log(max(sk, 1))
     return Case(torch, q, k, v, dout, **options)
 
 
@@ -260,6 +305,17 @@ OPTION_CASES = {
     "one query": ((3, 4, 4, 1, 257, 64), dict()),
     "one key": ((2, 4, 4, 33, 1, 64), dict()),
     "many key blocks": ((1, 2, 2, 1030, 1030, 128), dict(causal=True)),
+    # 0.9: learnable sinks (their gradient dsinks too) and chunked attention.
+    "sinks": ((2, 4, 4, 128, 128, 64), dict(sinks=True)),
+    "sinks causal gqa": ((2, 8, 2, 150, 150, 64), dict(causal=True, sinks=True)),
+    "sinks causal window 128": ((1, 8, 2, 400, 400, 128), dict(causal=True, window=(128, 0), sinks=True)),
+    "sinks rows that see no key": ((2, 4, 2, 150, 61, 64), dict(causal=True, sinks=True)),
+    "sinks softcap": ((1, 4, 2, 150, 170, 64), dict(causal=True, softcap=20.0, sinks=True)),
+    "chunk causal": ((1, 4, 2, 300, 300, 64), dict(causal=True, chunk=128)),
+    "chunk causal fewer queries": ((1, 8, 2, 77, 333, 128), dict(causal=True, chunk=64)),
+    "chunk causal more queries": ((2, 4, 2, 200, 130, 64), dict(causal=True, chunk=48)),
+    "chunk both sides": ((1, 4, 2, 250, 250, 64), dict(chunk=100)),
+    "chunk window sinks causal": ((1, 8, 2, 300, 300, 64), dict(causal=True, chunk=128, window=(100, 0), sinks=True)),
 }
 
 
@@ -471,6 +527,31 @@ def test_operators_pass_opcheck(torch):
     torch.library.opcheck(torch.ops.flashcore.backward.default,
                           (dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, None, None, None, None, None,
                            "bhsd", True, None, [32, 0], 0.0, True))
+
+
+def test_operators_with_chunk_and_sinks_pass_opcheck(torch):
+    need_head_dim(64)
+    q, k, v = (cuda_randn(torch, s, "float16", 155 + i).requires_grad_(True)
+               for i, s in enumerate([(2, 8, 170, 64), (2, 2, 190, 64), (2, 2, 190, 64)]))
+    sinks = torch.nn.Parameter(cuda_randn(torch, (8,), "float32", 158) + 5.0)
+    args = (q, k, v, None, None, None, None, None, None, "bhsd", True, None, None, [100, 0], 0.0, True, True, None,
+            None, None, 64, sinks)
+    torch.library.opcheck(torch.ops.flashcore.forward.default, args)
+    out, lse = torch.ops.flashcore.forward(*args)
+    dout = cuda_randn(torch, out.shape, "float16", 159)
+    torch.library.opcheck(torch.ops.flashcore.backward.default,
+                          (dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, None, None, None, None, None,
+                           "bhsd", True, None, [100, 0], 0.0, True, 64, sinks.detach(), True))
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_dsinks_are_bitwise_identical_from_run_to_run(torch, deterministic):
+    # flashcore.h: dsinks is the same bit for bit from run to run in both modes.
+    need_head_dim(128)
+    case = make_case(torch, (2, 8, 2, 1024, 1024, 128), "bfloat16", seed=145, causal=True, sinks=True)
+    runs = [flashcore_gradients(torch, case, deterministic=deterministic)[3] for _ in range(4)]
+    torch.cuda.synchronize()
+    assert all(torch.equal(runs[0], run) for run in runs[1:])
 
 
 def test_compiled_training_step_without_graph_breaks(torch):

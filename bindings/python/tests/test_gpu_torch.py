@@ -6,9 +6,11 @@ reference must be within twice what torch's own float16/bfloat16 SDPA gets
 against the same reference (or twice the error of merely rounding the
 reference to that dtype, whichever is larger). SDPA has no softcap: with
 one, torch's error is that of the same math done by torch at the kernels'
-precision (see torch_low_precision). With fp8 K/V the reference is computed
-from the dequantized K/V (k_descale * k, exact in float64), and torch's
-SDPA runs on them rounded to q's dtype."""
+precision (see torch_low_precision), as with learnable sinks (the sink
+logit one more column of each row's scores, as gpt-oss's reference
+computes them). With fp8 K/V the reference is computed from the
+dequantized K/V (k_descale * k, exact in float64), and torch's SDPA runs on
+them rounded to q's dtype."""
 
 import math
 import threading
@@ -52,12 +54,15 @@ def visible(torch, sq, sk):
     return j <= i + (sk - sq)
 
 
-def window_visible(torch, sq, sk, causal, window, device="cuda"):
-    """The [sq, sk] mask of causal and window=(left, right), built by
-    flashcore.h's rule rather than from visible(): query i sees key j only
-    where i + d - left <= j <= i + d + right, d = sk - sq, a bound of -1
-    dropping its side; causal is right = 0. None where nothing is masked."""
-    if window is None and not causal:
+def window_visible(torch, sq, sk, causal, window, device="cuda", chunk=0):
+    """The [sq, sk] mask of causal, window=(left, right) and attention_chunk,
+    built by flashcore.h's rule rather than from visible(): query i sees
+    key j only where i + d - left <= j <= i + d + right, d = sk - sq, a
+    bound of -1 dropping its side; causal is right = 0; with a chunk, only
+    where j and the diagonal i + d are in the same chunk (floor division:
+    a diagonal below key 0 is in no key's chunk). None where nothing is
+    masked."""
+    if window is None and not causal and not chunk:
         return None
     left, right = (-1, -1) if window is None else window
     if causal:
@@ -70,6 +75,8 @@ def window_visible(torch, sq, sk, causal, window, device="cuda"):
         mask &= j >= diagonal - left
     if right >= 0:
         mask &= j <= diagonal + right
+    if chunk:
+        mask &= torch.div(j, chunk, rounding_mode="floor") == torch.div(diagonal, chunk, rounding_mode="floor")
     return mask
 
 
@@ -78,13 +85,22 @@ def expand_kv(k, v, heads_q):
     return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
 
 
-def reference(torch, q, k, v, causal, scale, window=None, softcap=0.0):
+def sink_rows(sinks, like):
+    """The float64 sinks [H] as one column per row of like ([B, H, S]: lse's
+    shape)."""
+    return sinks.double().view(1, -1, 1).expand(like.shape)
+
+
+def reference(torch, q, k, v, causal, scale, window=None, softcap=0.0, chunk=0, sinks=None):
     """float64 out, lse and the rows that see no key, for [B, H, S, D] views;
-    each score s capped as softcap * tanh(s / softcap) where softcap > 0."""
+    each score s capped as softcap * tanh(s / softcap) where softcap > 0;
+    with sinks (float32 [H]), head h's sinks[h] one more term of each row's
+    softmax denominator: lse = log(exp(sinks[h]) + sum_j exp(s_j)), out =
+    sum_j exp(s_j - lse) v_j (rows that see no key: out 0, lse the sink)."""
     sdpa = torch.nn.functional.scaled_dot_product_attention
     q64 = q.double()
     k64, v64 = expand_kv(k.double(), v.double(), q.shape[1])
-    mask = window_visible(torch, q.shape[2], k.shape[2], causal, window)
+    mask = window_visible(torch, q.shape[2], k.shape[2], causal, window, chunk=chunk)
     scores = (q64 @ k64.transpose(-1, -2)) * scale
     if softcap:
         scores = softcap * torch.tanh(scores / softcap)
@@ -92,10 +108,12 @@ def reference(torch, q, k, v, causal, scale, window=None, softcap=0.0):
         scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     empty = torch.isneginf(lse)
-    if softcap:
-        # SDPA cannot cap: the softmax of the capped scores by hand (rows
-        # that see no key subtract 0 instead of -inf, and weigh nothing).
-        weights = torch.exp(scores - torch.where(empty, torch.zeros_like(lse), lse)[..., None])
+    if sinks is not None:
+        lse = torch.logaddexp(lse, sink_rows(sinks, lse))
+    if softcap or sinks is not None:
+        # SDPA cannot cap nor take a sink: the softmax by hand (rows whose
+        # lse is -inf subtract 0 instead, and weigh nothing).
+        weights = torch.exp(scores - torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)[..., None])
         out = weights @ v64
     else:
         out = sdpa(q64, k64, v64, attn_mask=mask, scale=scale)
@@ -103,21 +121,26 @@ def reference(torch, q, k, v, causal, scale, window=None, softcap=0.0):
     return out, lse, empty
 
 
-def torch_low_precision(torch, q, k, v, causal, scale, window=None, softcap=0.0):
+def torch_low_precision(torch, q, k, v, causal, scale, window=None, softcap=0.0, chunk=0, sinks=None):
     sdpa = torch.nn.functional.scaled_dot_product_attention
     k2, v2 = expand_kv(k, v, q.shape[1])
     sq, sk = q.shape[2], k.shape[2]
-    mask = window_visible(torch, sq, sk, causal, window)
-    if softcap:
+    mask = window_visible(torch, sq, sk, causal, window, chunk=chunk)
+    if softcap or sinks is not None:
         # What a flash kernel does, in torch: float32 scores of the
-        # float16/bfloat16 inputs, capped and softmaxed in float32, the
-        # probabilities rounded to the inputs' dtype for P @ V.
+        # float16/bfloat16 inputs, capped and softmaxed in float32 (the
+        # sink one more column, dropped after), the probabilities rounded
+        # to the inputs' dtype for P @ V.
         scores = (q.float() @ k2.float().transpose(-1, -2)) * scale
-        scores = softcap * torch.tanh(scores / softcap)
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        return torch.softmax(scores, dim=-1).to(q.dtype) @ v2
-    if causal and sq == sk and window is None:
+        if sinks is None:
+            return torch.softmax(scores, dim=-1).to(q.dtype) @ v2
+        column = sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1].to(q.dtype) @ v2
+    if causal and sq == sk and window is None and not chunk:
         return sdpa(q, k2, v2, is_causal=True, scale=scale)
     return sdpa(q, k2, v2, attn_mask=mask, scale=scale)
 
@@ -128,17 +151,18 @@ def rel_err(x, ref):
     return diff / norm if norm > 0 else diff
 
 
-def check(torch, out, lse, q, k, v, causal, scale=None, window=None, softcap=0.0):
+def check(torch, out, lse, q, k, v, causal, scale=None, window=None, softcap=0.0, chunk=0, sinks=None):
     """out (and lse, unless None) against the float64 reference; q, k, v, out
     as [B, H, S, D] views. k and v may be of a wider dtype than q's (the
     dequantized values of fp8 K/V, in float64): the reference is computed
-    from them, torch's low-precision result from them rounded to q's dtype."""
+    from them, torch's low-precision result from them rounded to q's dtype.
+    With sinks, rows that see no key must give lse = their head's sink."""
     torch.cuda.synchronize()
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    ref, ref_lse, empty = reference(torch, q, k, v, causal, scale, window, softcap)
+    ref, ref_lse, empty = reference(torch, q, k, v, causal, scale, window, softcap, chunk, sinks)
     valid = ~empty
     theirs = rel_err(torch_low_precision(torch, q, k.to(q.dtype), v.to(q.dtype), causal, scale, window,
-                                         softcap)[valid], ref[valid])
+                                         softcap, chunk, sinks)[valid], ref[valid])
     floor = rel_err(ref.to(q.dtype)[valid], ref[valid])
     assert torch.isfinite(out).all(), "non-finite values in out"
     ours = rel_err(out, ref)
@@ -147,7 +171,17 @@ def check(torch, out, lse, q, k, v, causal, scale=None, window=None, softcap=0.0
     assert (out[empty] == 0).all(), "rows that see no key must be 0"
     if lse is not None:
         assert lse.dtype == torch.float32 and tuple(lse.shape) == tuple(ref_lse.shape)
-        assert torch.equal(torch.isneginf(lse), empty), "lse must be -inf exactly for rows that see no key"
+        if sinks is None:
+            assert torch.equal(torch.isneginf(lse), empty), "lse must be -inf exactly for rows that see no key"
+        else:
+            # -inf where no key and no sink (a sink of -inf); the sink itself where no key.
+            assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), "lse -inf where it must not be"
+            sink = sink_rows(sinks, lse)
+            no_key = empty & torch.isfinite(sink)
+            if no_key.any():
+                err = (lse.double() - sink)[no_key].abs().max().item()
+                assert err <= 1e-6 * max(1.0, sink[no_key].abs().max().item()), \
+                    "rows that see no key must give lse = their head's sink, off by %.3g" % err
         if valid.any():
             err = (lse.double() - ref_lse)[valid].abs().max().item()
             assert err <= 1e-3 * max(1.0, ref_lse[valid].abs().max().item()), "lse off by %.3g" % err
@@ -595,6 +629,18 @@ def test_merge_states_the_library_refuses(torch):
     assert torch.isnan(out).all(), "a failed call wrote to out"
 
 
+def check_split_call(torch, q, k, v, causal, num_splits, **options):
+    """A call with num_splits checked against the reference, and the same
+    call again, bit for bit (deterministic for a given num_splits).
+    options: keywords attention() and check() both take (window, softcap,
+    sinks)."""
+    out, lse = flashcore.attention(q, k, v, causal=causal, num_splits=num_splits, return_lse=True, **options)
+    check(torch, out, lse, q, k, v, causal, **options)
+    again, again_lse = flashcore.attention(q, k, v, causal=causal, num_splits=num_splits, return_lse=True, **options)
+    torch.cuda.synchronize()
+    assert torch.equal(out, again) and torch.equal(lse, again_lse), "not deterministic for a given num_splits"
+
+
 @pytest.mark.parametrize("num_splits", NUM_SPLITS, ids=lambda n: "auto" if n is None else "n%d" % n)
 @pytest.mark.parametrize("shape", DECODE_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -603,11 +649,7 @@ def test_num_splits_matches_sdpa(torch, dtype, causal, shape, num_splits):
     need_head_dim(128)
     b, hq, hkv, sq, sk = shape
     q, k, v = qkv(torch, b, hq, hkv, sq, sk, 128, dtype, seed=sq + sk)
-    out, lse = flashcore.attention(q, k, v, causal=causal, return_lse=True, num_splits=num_splits)
-    check(torch, out, lse, q, k, v, causal)
-    again, again_lse = flashcore.attention(q, k, v, causal=causal, return_lse=True, num_splits=num_splits)
-    torch.cuda.synchronize()
-    assert torch.equal(out, again) and torch.equal(lse, again_lse), "not deterministic for a given num_splits"
+    check_split_call(torch, q, k, v, causal, num_splits)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -866,13 +908,7 @@ def test_window_and_softcap_with_num_splits(torch, dtype, num_splits):
     q, k, v = qkv(torch, 1, 32, 8, 16, 1000, 128, dtype, seed=96)
     q = q * 8
     for window, causal in (((200, 0), True), ((300, 100), False)):
-        out, lse = flashcore.attention(q, k, v, causal=causal, window=window, softcap=SOFTCAP, return_lse=True,
-                                       num_splits=num_splits)
-        check(torch, out, lse, q, k, v, causal, window=window, softcap=SOFTCAP)
-        again, again_lse = flashcore.attention(q, k, v, causal=causal, window=window, softcap=SOFTCAP,
-                                               return_lse=True, num_splits=num_splits)
-        torch.cuda.synchronize()
-        assert torch.equal(out, again) and torch.equal(lse, again_lse), "not deterministic for a given num_splits"
+        check_split_call(torch, q, k, v, causal, num_splits, window=window, softcap=SOFTCAP)
 
 
 # --------------------------------------------------------------------------
@@ -899,12 +935,18 @@ def fill_unused(cache, lengths):
 def check_sequence(torch, out, lse, q, k, v, causal, **kwargs):
     """check() for one sequence as [1, H, S, D] views (lse [1, H, Sq]),
     which may have no queries (nothing to check) or no keys (out 0, lse
-    -inf)."""
+    -inf, or each head's sink with sinks=)."""
     if q.shape[2] == 0:
         return
     if k.shape[2] == 0:
         torch.cuda.synchronize()
-        assert (out == 0).all() and torch.isneginf(lse).all(), "a sequence without keys must give 0 and lse -inf"
+        sinks = kwargs.get("sinks")
+        assert (out == 0).all(), "a sequence without keys must give 0"
+        if sinks is None:
+            assert torch.isneginf(lse).all(), "a sequence without keys must give lse -inf"
+        else:
+            want = sinks.float().view(1, -1, 1).expand(lse.shape)
+            assert torch.allclose(lse, want, rtol=1e-6, atol=1e-6), "a sequence without keys must give lse = the sink"
         return
     check(torch, out, lse, q, k, v, causal, **kwargs)
 
@@ -1673,6 +1715,7 @@ COMPILED_CASES = {
     "bshd": ((2, 6, 2, 90, 90, 64), "float16", dict(layout="bshd", causal=True)),
     "seqused_k": ((3, 8, 2, 1, 512, 128), "bfloat16", dict(seqused=True)),
     "out given": ((2, 8, 8, 64, 64, 64), "float16", dict(out_given=True)),
+    "sinks and chunk": ((1, 8, 2, 300, 300, 64), "bfloat16", dict(causal=True, attention_chunk=128, sinks=True)),
 }
 
 
@@ -1687,6 +1730,8 @@ def test_compiled_path_gives_the_python_paths_results(torch, case):
         q, k, v = (x.transpose(1, 2).contiguous() for x in (q, k, v))
     if kwargs.pop("seqused", False):
         kwargs["seqused_k"] = torch.tensor([512, 7, 300], dtype=torch.int32, device="cuda")
+    if kwargs.pop("sinks", False):
+        kwargs["sinks"] = torch.nn.Parameter(random_sinks(torch, hq, sk, seed=991))  # a model's, requiring grad
     given = kwargs.pop("out_given", False)
 
     def run():
@@ -1696,20 +1741,22 @@ def test_compiled_path_gives_the_python_paths_results(torch, case):
 
     saved = _attention._fast
     try:
-        _attention._fast = False
-        python = [run() for _ in range(3)]  # the full path, then the Python quick path
-        _attention._fast = None  # looked for again by the next call
-        run()  # through the Python quick path, which gives the compiled path the plan
-        if not _attention._fast:
-            pytest.skip("flashcore._fastcall is not built: every call takes the Python path")
-        options = (kwargs.get("causal", False), kwargs.get("softmax_scale"), None, kwargs.get("window"),
-                   kwargs.get("softcap", 0.0), kwargs.get("attention_chunk", 0))
-        out = kwargs["out"] = torch.full_like(q, NAN) if given else None
-        compiled = _attention._fast.call(q, k, v, out, kwargs.get("seqused_k"), None, None, None,
-                                         kwargs.get("sinks"), kwargs.get("layout", "bhsd"), options,
-                                         kwargs.get("return_lse", False))
-        assert compiled is not None, "the compiled path did not serve the call"
-        again = run()
+        # (Inference calls: the sinks, a parameter, require grad.)
+        with torch.no_grad():
+            _attention._fast = False
+            python = [run() for _ in range(3)]  # the full path, then the Python quick path
+            _attention._fast = None  # looked for again by the next call
+            run()  # through the Python quick path, which gives the compiled path the plan
+            if not _attention._fast:
+                pytest.skip("flashcore._fastcall is not built: every call takes the Python path")
+            options = (kwargs.get("causal", False), kwargs.get("softmax_scale"), None, kwargs.get("window"),
+                       kwargs.get("softcap", 0.0), kwargs.get("attention_chunk", 0))
+            out = kwargs["out"] = torch.full_like(q, NAN) if given else None
+            compiled = _attention._fast.call(q, k, v, out, kwargs.get("seqused_k"), None, None, None,
+                                             kwargs.get("sinks"), kwargs.get("layout", "bhsd"), options,
+                                             kwargs.get("return_lse", False))
+            assert compiled is not None, "the compiled path did not serve the call"
+            again = run()
         torch.cuda.synchronize()
     finally:
         _attention._fast = saved
@@ -1977,3 +2024,216 @@ def test_fp8_kv_refusals_write_nothing(torch, monkeypatch):
                                    detach=True)
     assert not detached.requires_grad
     check(torch, detached, None, q, k64, v64, False)
+
+
+# --------------------------------------------------------------------------
+# Chunked attention and learnable sinks (0.9, issue 61). check() with
+# chunk= (window_visible's chunk rule, written out from flashcore.h) and
+# sinks= (each head's sink one more term of its rows' softmax denominator;
+# torch's low-precision result that of the sink as one more column of the
+# float32 scores, gpt-oss's reference); its error bar. Rows that see no key
+# must give out 0 and lse the head's sink (-inf for a head whose sink is
+# -inf: no sink).
+# --------------------------------------------------------------------------
+
+
+def test_chunk_mask_follows_the_rule():
+    # The reference's chunk mask, against cases worked out by hand (CPU only).
+    torch = pytest.importorskip("torch")
+
+    def rows(sq, sk, causal, window, chunk):
+        mask = window_visible(torch, sq, sk, causal, window, device="cpu", chunk=chunk)
+        return [[j for j in range(sk) if mask[i, j]] for i in range(sq)]
+
+    # d = 0, chunks of 4 keys: causal within each chunk (the last one short).
+    assert rows(6, 6, True, None, 4) == [[0], [0, 1], [0, 1, 2], [0, 1, 2, 3], [4], [4, 5]]
+    # Without causal: the whole of the diagonal's chunk, on both sides.
+    assert rows(6, 6, False, None, 4) == [[0, 1, 2, 3]] * 4 + [[4, 5]] * 2
+    # d = 3: query i's diagonal is key i + 3.
+    assert rows(3, 6, True, None, 4) == [[0, 1, 2, 3], [4], [4, 5]]
+    # d = -2: the diagonals -2 and -1 are in chunk -1 (floor division), which holds no key.
+    assert rows(4, 2, True, None, 2) == [[], [], [0], [0, 1]]
+    # With a window: a key must pass both.
+    assert rows(6, 6, True, (1, 0), 4) == [[0], [0, 1], [1, 2], [2, 3], [4], [4, 5]]
+    assert rows(3, 5, False, (1, 1), 100) == [[1, 2, 3], [2, 3, 4], [3, 4]]
+
+
+def chunk_id(case):
+    b, hq, hkv, sq, sk, chunk, causal, window = case
+    return "%dx%dx%dx%dx%d_chunk%d%s%s" % (b, hq, hkv, sq, sk, chunk, "-causal" if causal else "",
+                                           "" if window is None else "-w%d_%d" % window)
+
+
+CHUNK_CASES = [  # batch, heads_q, heads_kv, seqlen_q, seqlen_k, attention_chunk, causal, window
+    (1, 8, 2, 300, 300, 128, True, None),  # Llama 4's: causal within chunks; 300 is 2 chunks and 44
+    (2, 4, 4, 77, 333, 64, True, None),  # fewer queries than keys: the diagonals from key 256 on
+    (2, 4, 2, 200, 130, 48, True, None),  # more queries than keys: diagonals below key 0 see nothing
+    (1, 4, 2, 250, 250, 100, False, None),  # no causal: each row's whole chunk, both sides
+    (1, 8, 2, 400, 400, 256, True, (100, 0)),  # a chunk and a window: both bound the keys
+    (2, 4, 4, 129, 129, 1, True, None),  # chunks of one key: the diagonal key only
+]
+
+
+@pytest.mark.parametrize("case", CHUNK_CASES, ids=chunk_id)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_chunk_matches_reference(torch, dtype, d, case):
+    need_head_dim(d)
+    b, hq, hkv, sq, sk, chunk, causal, window = case
+    q, k, v = qkv(torch, b, hq, hkv, sq, sk, d, dtype, seed=chunk + sq + d)
+    out, lse = flashcore.attention(q, k, v, causal=causal, window=window, attention_chunk=chunk, return_lse=True)
+    check(torch, out, lse, q, k, v, causal, window=window, chunk=chunk)
+    # The same in FlashAttention's [B, S, H, D] storage.
+    t = [x.transpose(1, 2).contiguous() for x in (q, k, v)]
+    out_bshd = flashcore.attention(*t, causal=causal, window=window, attention_chunk=chunk, layout="bshd")
+    check(torch, out_bshd.transpose(1, 2), None, q, k, v, causal, window=window, chunk=chunk)
+
+
+@pytest.mark.parametrize("num_splits", NUM_SPLITS, ids=lambda n: "auto" if n is None else "n%d" % n)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_chunk_with_num_splits(torch, dtype, num_splits):
+    # Decode-like rows over many keys: each row sees the last chunk up to
+    # its diagonal (keys 2048 on); split parts that fall before it see none.
+    need_head_dim(128)
+    q, k, v = qkv(torch, 1, 32, 8, 16, 3000, 128, dtype, seed=1801)
+    out, lse = flashcore.attention(q, k, v, causal=True, attention_chunk=1024, num_splits=num_splits,
+                                   return_lse=True)
+    check(torch, out, lse, q, k, v, True, chunk=1024)
+
+
+def random_sinks(torch, heads, keys, seed, no_sink_head=True):
+    """float32 [heads] sink logits on the GPU, in the units of the scaled
+    scores: ln(keys) + N(0, 1), so that each head's sink takes from about a
+    tenth to nine tenths of its rows' weight (scores of unit-variance q and
+    k scaled by 1/sqrt(d) are about N(0, 1); their exponentials sum to
+    about 1.6 * keys). With no_sink_head, head 1's is -inf: no sink."""
+    sinks = cuda_randn(torch, (heads,), "float32", seed) + math.log(max(keys, 1))
+    if no_sink_head:
+        sinks[1] = float("-inf")
+    return sinks
+
+
+SINK_CASES = {  # name: ((batch, heads_q, heads_kv, seqlen_q, seqlen_k), attention()'s keywords)
+    "causal": ((2, 4, 4, 128, 128), dict(causal=True)),
+    "causal window 128 gqa": ((1, 8, 2, 500, 500), dict(causal=True, window=(128, 0))),  # gpt-oss's sliding layers
+    "window both sides gqa": ((2, 8, 2, 300, 260), dict(window=(128, 64))),
+    "no mask mqa": ((2, 6, 1, 150, 61), dict()),
+    "causal rows that see no key": ((2, 6, 1, 150, 61), dict(causal=True)),  # the first 89 rows: lse = the sink
+    "causal chunk": ((1, 8, 2, 300, 300), dict(causal=True, attention_chunk=128)),
+    "causal softcap": ((1, 4, 2, 150, 170), dict(causal=True, softcap=SOFTCAP)),
+    "one query": ((3, 8, 2, 1, 257), dict(causal=True)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SINK_CASES))
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sinks_match_reference(torch, dtype, d, name):
+    need_head_dim(d)
+    (b, hq, hkv, sq, sk), options = SINK_CASES[name]
+    q, k, v = qkv(torch, b, hq, hkv, sq, sk, d, dtype, seed=len(name) + d)
+    sinks = random_sinks(torch, hq, sk, seed=len(name))
+    out, lse = flashcore.attention(q, k, v, sinks=sinks, return_lse=True, **options)
+    mask_options = dict(window=options.get("window"), softcap=options.get("softcap", 0.0),
+                        chunk=options.get("attention_chunk", 0))
+    check(torch, out, lse, q, k, v, options.get("causal", False), sinks=sinks, **mask_options)
+    # The sinks take their share: the call without them is far from the reference.
+    plain = flashcore.attention(q, k, v, **options)
+    torch.cuda.synchronize()
+    ref, _, empty = reference(torch, q, k, v, options.get("causal", False), d ** -0.5, sinks=sinks, **mask_options)
+    assert rel_err(plain[~empty], ref[~empty]) > 0.05, "the sinks changed nothing"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sinks_bshd_layout_and_given_out_and_lse(torch, dtype):
+    need_head_dim(64)
+    b, sq, sk, hq, hkv, d = 2, 97, 230, 8, 2, 64
+    q = cuda_randn(torch, (b, sq, hq, d), dtype, 1810)
+    k, v = cuda_randn(torch, (b, sk, hkv, d), dtype, 1811), cuda_randn(torch, (b, sk, hkv, d), dtype, 1812)
+    sinks = random_sinks(torch, hq, sk, seed=1813)
+    out = torch.full_like(q, NAN)
+    lse = torch.full((b, hq, sq), NAN, dtype=torch.float32, device="cuda")
+    result = flashcore.attention(q, k, v, causal=True, window=(128, 0), sinks=sinks, layout="bshd", out=out,
+                                 lse=lse, return_lse=True)
+    assert result[0] is out and result[1] is lse
+    t = [x.transpose(1, 2) for x in (out, q, k, v)]
+    check(torch, t[0], lse, t[1], t[2], t[3], True, window=(128, 0), sinks=sinks)
+
+
+@pytest.mark.parametrize("num_splits", NUM_SPLITS, ids=lambda n: "auto" if n is None else "n%d" % n)
+@pytest.mark.parametrize("shape", DECODE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sinks_with_split_kv_decode(torch, dtype, shape, num_splits):
+    # Split-KV: each part computed without the sink, which the merge counts
+    # once; deterministic for a given num_splits.
+    need_head_dim(128)
+    b, hq, hkv, sq, sk = shape
+    q, k, v = qkv(torch, b, hq, hkv, sq, sk, 128, dtype, seed=sq + sk + 1820)
+    sinks = random_sinks(torch, hq, sk, seed=1821)
+    for window in (None, (128, 0)):
+        check_split_call(torch, q, k, v, True, num_splits, window=window, sinks=sinks)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sinks_with_a_kv_cache_decode(torch, dtype):
+    # attention_with_kvcache's decode (a sequence with an empty cache: out
+    # 0, lse the sink), split and not.
+    need_head_dim(128)
+    b, hq, hkv, sq, rows, lengths = 4, 8, 2, 1, 1000, (0, 1, 513, 1000)
+    q = cuda_randn(torch, (b, sq, hq, 128), dtype, seed=1830)
+    k_cache, v_cache = (cuda_randn(torch, (b, rows, hkv, 128), dtype, seed=1831 + i) for i in range(2))
+    fill_unused(k_cache, lengths)
+    fill_unused(v_cache, lengths)
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    sinks = random_sinks(torch, hq, 500, seed=1833, no_sink_head=False)
+    for num_splits in (None, 1, 4):
+        out, lse = flashcore.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, causal=True, sinks=sinks,
+                                                    num_splits=num_splits, return_lse=True)
+        check_per_sequence(torch, out.transpose(1, 2), lse, q.transpose(1, 2), k_cache.transpose(1, 2),
+                           v_cache.transpose(1, 2), lengths, True, sinks=sinks)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sinks_with_packed_sequences(torch, dtype, causal):
+    # GQA; a sequence without queries, one without keys (lse = the sink),
+    # one query; sliding window 128 and split-KV too.
+    need_head_dim(64)
+    hq, hkv, q_lengths, k_lengths = 8, 2, (0, 1, 37, 513, 16, 5), (5, 1, 0, 600, 16, 300)
+    q, k, v, cu_q, cu_k = varlen_inputs(torch, (hq, hkv, q_lengths, k_lengths), 64, 64, dtype, seed=1840)
+    kv = list(zip(unpacked(k, k_lengths), unpacked(v, k_lengths)))
+    sinks = random_sinks(torch, hq, 300, seed=1841, no_sink_head=False)
+    for window, num_splits in ((None, None), ((128, 0) if causal else (128, 64), 3)):
+        out, lse = flashcore.attention_varlen(q, k, v, cu_q, cu_k, max(q_lengths), max(k_lengths), causal=causal,
+                                              window=window, sinks=sinks, num_splits=num_splits, return_lse=True)
+        check_packed_queries(torch, out, lse, q, q_lengths, kv, causal, window=window, sinks=sinks)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_halves_without_sinks_merged_with_them(torch, dtype):
+    """attention over two halves of the keys, each without the sinks,
+    merged with them (flashcore.merge_states(sinks=)), is attention with
+    the sinks over all the keys; rows that no part sees get out 0 and lse
+    the sink."""
+    need_head_dim(128)
+    b, hq, hkv, sq, sk, split = 2, 8, 2, 77, 300, 123
+    q, k, v = qkv(torch, b, hq, hkv, sq, sk, 128, dtype, seed=1850)
+    sinks = random_sinks(torch, hq, sk, seed=1851)
+    halves = [flashcore.attention(q, k[:, :, start:start + n], v[:, :, start:start + n], return_lse=True,
+                                  causal=causal)
+              for start, n, causal in ((0, split, False), (split, sk - split, True))]
+    out, lse = flashcore.merge_states(torch.stack([o for o, _ in halves]), torch.stack([l for _, l in halves]),
+                                      sinks=sinks)
+    check(torch, out, lse, q, k, v, True, sinks=sinks)
+    full, full_lse = flashcore.attention(q, k, v, causal=True, sinks=sinks, return_lse=True)
+    torch.cuda.synchronize()
+    finite = torch.isfinite(full_lse)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(full_lse))
+    assert (lse - full_lse)[finite].abs().max().item() <= 1e-3 * max(1.0, full_lse[finite].abs().max().item())
+    # Parts that all saw no key: out 0 and lse the sink.
+    empty = torch.full((2, b, hq, 5), float("-inf"), device="cuda")
+    merged_out, merged_lse = flashcore.merge_states(torch.zeros((2, b, hq, 5, 128), dtype=q.dtype, device="cuda"),
+                                                    empty, sinks=sinks)
+    torch.cuda.synchronize()
+    assert (merged_out == 0).all() and torch.allclose(merged_lse, sinks.view(1, -1, 1).expand(b, hq, 5),
+                                                      rtol=1e-6, atol=1e-6)
