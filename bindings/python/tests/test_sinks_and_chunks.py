@@ -11,6 +11,7 @@ plans. What the kernels compute is test_gpu_torch.py's and
 test_gpu_backward.py's."""
 
 import ctypes
+import os
 
 import pytest
 
@@ -378,3 +379,41 @@ def test_jax_gradient_reaches_the_sinks(jax_planned):
     text = jax.jit(jax.grad(loss, argnums=3)).trace(q, k, k, sinks).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("@flashcore_forward") == 1 and text.count("@flashcore_backward") == 1
 
+
+# --------------------------------------------------------------------------
+# The example's reference (examples/python/gpt_oss_block.py), on the CPU:
+# the eager attention with the sink as an extra column of the scores, as
+# gpt-oss's reference writes it, against the sinks' definition.
+# --------------------------------------------------------------------------
+
+
+def _example():
+    import importlib.util
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "python", "gpt_oss_block.py")
+    spec = importlib.util.spec_from_file_location("gpt_oss_block", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_the_example_s_reference_is_the_sinks_definition(torch, window):
+    example = _example()
+    g = torch.Generator().manual_seed(3)
+    b, hq, hkv, s, d = 2, 8, 2, 13, 16
+    q = torch.randn(b, s, hq, d, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(b, s, hkv, d, generator=g, dtype=torch.float64) for _ in range(2))
+    sinks = torch.randn(hq, generator=g, dtype=torch.float64)
+    out = example.reference_attention(q, k, v, sinks, window)
+    # The definition: out = sum_j exp(s_j) v_j / (exp(sink) + sum_j exp(s_j)) over the keys a row sees.
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(4, 1), v.transpose(1, 2).repeat_interleave(4, 1)
+    scores = qh @ kh.transpose(-1, -2) / d ** 0.5
+    i, j = torch.arange(s)[:, None], torch.arange(s)[None, :]
+    seen = (j <= i) if window is None else (j <= i) & (j >= i - window)
+    weights = torch.exp(scores).masked_fill(~seen, 0.0)
+    expected = (weights @ vh) / (weights.sum(-1, keepdim=True) + torch.exp(sinks)[None, :, None, None])
+    assert torch.allclose(out, expected.transpose(1, 2), rtol=1e-12, atol=1e-12)
+    # Sinks of -inf are none: causal softmax attention.
+    plain = example.reference_attention(q, k, v, torch.full((hq,), float("-inf"), dtype=torch.float64), window)
+    softmax = torch.softmax(scores.masked_fill(~seen, float("-inf")), -1) @ vh
+    assert torch.allclose(plain, softmax.transpose(1, 2), rtol=1e-12, atol=1e-12)
