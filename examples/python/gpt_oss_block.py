@@ -54,7 +54,7 @@ PERIOD = 64
 # projection's output, the attention's inputs and output, and the logits.
 # Each bar is a few times what that gives, and far below what a sink left
 # out, or counted with the wrong sign or units, does (the sink logits are
-# drawn from N(0, 1): they carry a good share of each row's weight).
+# drawn around ln 64: they carry a good share of each row's weight).
 OUTPUT_TOLERANCE = 2e-2  # relative (L2) difference of the first step's logits
 LOSS_TOLERANCE = 1e-2  # absolute difference of each step's loss, in nats (the loss is about ln(256) = 5.5)
 SINK_GRAD_TOLERANCE = 5e-2  # relative (L2) difference of each layer's sink gradients, every step
@@ -132,7 +132,10 @@ class Attention(torch.nn.Module):
         self.k = torch.nn.Linear(WIDTH, HEADS_KV * HEAD_DIM)
         self.v = torch.nn.Linear(WIDTH, HEADS_KV * HEAD_DIM)
         self.o = torch.nn.Linear(HEADS_Q * HEAD_DIM, WIDTH)
-        self.sinks = torch.nn.Parameter(torch.randn(HEADS_Q))
+        # Drawn around ln 64, so that each sink takes a good share of its
+        # rows' weight (scores of about N(0, 1) over 128 keys sum to about
+        # 200 in exp): an error in them shows in the outputs too.
+        self.sinks = torch.nn.Parameter(torch.randn(HEADS_Q) + math.log(PERIOD))
 
     def forward(self, x, rope):
         batch, seqlen, _ = x.shape
