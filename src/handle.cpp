@@ -356,7 +356,19 @@ const ContextFunctions &context_functions() {
 
 DeviceGuard::DeviceGuard(int device) {
     cudaError_t err = cudaGetDevice(&previous_);
-    if (err == cudaSuccess && previous_ != device) {
+    if (err == cudaSuccess && previous_ == device) {
+        // The right device, but perhaps no context current on this thread:
+        // one the caller's framework made (PyTorch runs the backward on an
+        // autograd thread of its own), where cudaGetDevice answers 0
+        // without binding anything. The runtime binds the primary context
+        // at its first call, but the driver calls before it find none
+        // (cuTensorMapEncodeTiled: CUDA_ERROR_INVALID_CONTEXT, and every
+        // sm_90a call failed). Bound here as the runtime would; the device
+        // stays the same, so nothing is restored.
+        const ContextFunctions &ctx = context_functions();
+        void *current = nullptr;
+        if (ctx.get != nullptr && ctx.get(&current) == 0 && current == nullptr) err = cudaSetDevice(device);
+    } else if (err == cudaSuccess) {
         // The context current on the thread, which may be one the caller
         // created (cuCtxCreate), not the device's primary one: restored as
         // it was, where cudaSetDevice(previous_) would put the primary

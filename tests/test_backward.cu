@@ -17,6 +17,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backward_workload.h"
@@ -607,6 +608,60 @@ TEST(BackwardDeterminism, Sm86SharedMemoryRunsAreBitwiseIdentical) {
 
 // A backward call captured into a CUDA graph gives, replayed twice on a
 // workspace that is never cleared, what a direct call gives, bit for bit.
+// A thread may have no context current though cudaGetDevice answers the
+// handle's device: PyTorch runs the backward on such a thread of its own.
+// The calls there must bind one before their driver calls (the sm_90a
+// kernels' cuTensorMapEncodeTiled refused with CUDA_ERROR_INVALID_CONTEXT,
+// every such call returning INTERNAL). The forward and the backward each on
+// a fresh thread whose context is cleared first (cuCtxSetCurrent(NULL), as
+// such a thread has it), at a shape both Hopper kernels take (fp16 d64; the
+// portable ones on other GPUs), chunks and sinks included; the gradients
+// against the float64 reference.
+void clear_current_context() {
+    using CtxSetCurrent = int (*)(void *);
+    void *function = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    FC_CHECK_CUDA(cudaGetDriverEntryPoint("cuCtxSetCurrent", &function, cudaEnableDefault, &found));
+    ASSERT_NE(function, nullptr);
+    ASSERT_EQ(reinterpret_cast<CtxSetCurrent>(function)(nullptr), 0);
+}
+
+TEST(BackwardThreads, ForwardAndBackwardOnThreadsWithoutAContext) {
+    FC_REQUIRE_GPU();
+    // Unsplit: the forward then needs no workspace. Everything the calls
+    // need is allocated here, so that the threads make no runtime call (which
+    // would bind the primary context) before the library's.
+    const FwdCase c = FwdCase{fp16, 64, true, 1, 4, 2, 300, 300, Layout::kBHSD}.with_chunk(128).with_sinks().with_splits(1);
+    const uint64_t seed = fresh_seed();
+    std::mt19937_64 rng(seed);
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    BwdWorkload w(c, rng);
+    size_t ws_bytes = 0;
+    ASSERT_EQ(flashcore_backward_workspace_size(handle.get(), &w.params, &ws_bytes), FLASHCORE_STATUS_SUCCESS);
+    GuardedBuffer ws(ws_bytes);
+    flashcore_status forward = FLASHCORE_STATUS_INTERNAL, backward = FLASHCORE_STATUS_INTERNAL;
+    std::string forward_error, backward_error;
+    w.fwd.poison_outputs();
+    std::thread([&] {
+        clear_current_context();
+        forward = flashcore_forward(handle.get(), &w.fwd.params, nullptr, 0, nullptr);
+        forward_error = flashcore_last_error_message();
+    }).join();
+    ASSERT_EQ(forward, FLASHCORE_STATUS_SUCCESS) << forward_error;
+    FC_CHECK_CUDA(cudaDeviceSynchronize());
+    const ReferenceGradients ref = reference_gradients(w);
+    w.poison_gradients();
+    std::thread([&] {
+        clear_current_context();
+        backward = flashcore_backward(handle.get(), &w.params, ws.data, ws_bytes, nullptr);
+        backward_error = flashcore_last_error_message();
+    }).join();
+    ASSERT_EQ(backward, FLASHCORE_STATUS_SUCCESS) << backward_error;
+    FC_CHECK_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(gradient_differences(w, ref, case_name(c) + " seed=" + std::to_string(seed) + " (fresh threads)"), "");
+}
+
 TEST(BackwardGraph, CapturedCallReplaysAsADirectCall) {
     FC_REQUIRE_GPU();
     UniqueHandle handle = make_handle();
