@@ -1632,7 +1632,7 @@ def backward_runner(name, c, fc, fa3, inputs, douts, train=False, sinks=None, fa
             q, k, v = inputs[i]
             grads = torch.ops.flashcore.backward(douts[i], q, k, v, out, lse, None, None, None, None, None, c.layout,
                                                  c.causal, None, None, 0.0, deterministic)
-            return tuple(to_bhsd(g, c.layout) for g in grads)
+            return tuple(to_bhsd(g, c.layout) for g in grads[:3])  # dq, dk, dv (then dsinks: none here)
         how = (f"torch.ops.flashcore.backward(layout={c.layout!r}, deterministic={deterministic}) on the out and "
                "lse of flashcore.attention(return_lse=True); dq, dk, dv and the dQ workspace from torch's allocator")
         first = forward(0)
