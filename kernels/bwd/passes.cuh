@@ -34,8 +34,8 @@ BwdKernelParams bwd_schedule_params(const BwdKernelParams &params, const LaunchO
     BwdKernelParams scheduled = params;
     const FwdKernelParams &f = params.fwd;
     const int64_t key_blocks = sm80::bwd_num_key_blocks<Traits::kBlockN>(params);
-    // Every query sees every key: the window's bounds reach past both ends.
-    const bool every_key = f.window_left >= f.seqlen_k && f.window_right >= f.seqlen_q - 1 && f.attention_chunk == 0;
+    // Every query sees every key (causal is window_right 0).
+    const bool every_key = fwd_sees_every_key(f);
     const int64_t walk_steps = int64_t(f.num_heads_q / f.num_heads_kv) * ceil_div(f.seqlen_q, Traits::kBlockM);
     scheduled.rotated_walk = Traits::kRotatedWalk && params.deterministic && every_key &&
                              key_blocks * kDeterministicCallsAtOnce <= options.max_persistent_ctas &&

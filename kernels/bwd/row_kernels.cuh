@@ -49,6 +49,14 @@ FLASHCORE_HOST_DEVICE inline int bwd_preprocess_lanes_per_row(int head_dim_v, in
 }
 
 #if defined(__CUDACC__)
+// The rows of a variable-length call's sequences, [first, last) of the
+// packed tensors (cu_seqlens_q[0] to cu_seqlens_q[batch_size], clamped into
+// total_seqlen_q): those the row kernels touch.
+__device__ __forceinline__ void bwd_packed_rows(const FwdKernelParams &f, int *first, int *last) {
+    *first = min(max(__ldg(f.cu_seqlens_q), 0), f.total_seqlen_q);
+    *last = min(max(__ldg(f.cu_seqlens_q + f.batch_size), *first), f.total_seqlen_q);
+}
+
 // The row this group of lanes handles: (batch, head, row), or false where
 // it is past the last row or outside every packed sequence.
 struct BwdRow {
@@ -67,9 +75,8 @@ struct BwdRow {
         r->head = int(bh % p.fwd.num_heads_q);
         r->batch = int(bh / p.fwd.num_heads_q);
         if (p.fwd.cu_seqlens_q != nullptr) {
-            const int total = p.fwd.total_seqlen_q;
-            const int first = min(max(__ldg(p.fwd.cu_seqlens_q), 0), total);
-            const int last = min(max(__ldg(p.fwd.cu_seqlens_q + p.fwd.batch_size), first), total);
+            int first = 0, last = 0;
+            bwd_packed_rows(p.fwd, &first, &last);
             if (r->row < first || r->row >= last) return false;
         }
         return true;
@@ -138,8 +145,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dsinks_kernel(const __grid_const
     int batches = f.batch_size, first = 0, last = f.seqlen_q;
     if (f.cu_seqlens_q != nullptr) {
         batches = 1;
-        first = min(max(__ldg(f.cu_seqlens_q), 0), f.total_seqlen_q);
-        last = min(max(__ldg(f.cu_seqlens_q + f.batch_size), first), f.total_seqlen_q);
+        bwd_packed_rows(f, &first, &last);
     }
     float sum = 0.f;
     if (sink != -INFINITY) {

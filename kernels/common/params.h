@@ -207,6 +207,15 @@ __device__ __forceinline__ int fwd_page_of(const FwdKernelParams &p, int batch, 
 }
 #endif
 
+// Whether every query sees every key: the window's bounds reach past both
+// ends (they are clamped to seqlen_k and seqlen_q - 1; causal is
+// window_right 0) and there are no chunks. What the schedules that assume a
+// full mask ask (fwd/sm90/config.cuh wide_fits, bwd/passes.cuh's rotated
+// walk).
+FLASHCORE_HOST_DEVICE inline bool fwd_sees_every_key(const FwdKernelParams &p) {
+    return p.window_left >= p.seqlen_k && p.window_right >= p.seqlen_q - 1 && p.attention_chunk == 0;
+}
+
 // (batch, head group) pairs: one per query head, or per K/V head when packed.
 FLASHCORE_HOST_DEVICE inline int fwd_head_groups(const FwdKernelParams &p) { return p.num_heads_q / p.packed_heads; }
 

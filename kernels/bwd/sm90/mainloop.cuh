@@ -185,7 +185,8 @@ struct BwdMainloop {
             if (mask.chunk > 0) {
                 // Diagonals in [start, end) of the key's chunk: queries
                 // [start - shift, end - 1 - shift] (end capped at seqlen_k,
-                // past every diagonal). key >= 0: an unsigned remainder.
+                // past every diagonal). key >= 0, so chunk_start's floor
+                // is an unsigned remainder here, without its sign handling.
                 const int start = key - int(uint32_t(key) % uint32_t(mask.chunk));
                 first_seen = max(first_seen, start - mask.diagonal_shift());
                 last_seen = min(last_seen, mask.chunk_end_below(start, mask.seqlen_k) - 1 - mask.diagonal_shift());

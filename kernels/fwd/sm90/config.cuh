@@ -101,8 +101,7 @@ struct Sm90Config {
 // waves of blocks.
 template <typename Traits, typename WideTraits>
 inline bool wide_fits(const FwdKernelParams &p, int max_ctas) {
-    const bool unmasked =
-        !p.causal && p.window_left >= p.seqlen_k && p.window_right >= p.seqlen_q - 1 && p.attention_chunk == 0;
+    const bool unmasked = !p.causal && fwd_sees_every_key(p);
     if (p.softcap_prescale != 0.f || p.num_splits != 1 || p.ragged) return false;
     const int64_t wide_blocks = (int64_t(p.seqlen_q) + WideTraits::kBlockM - 1) / WideTraits::kBlockM;
     constexpr int64_t kMinWaves = 2;
