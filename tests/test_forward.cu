@@ -207,6 +207,7 @@ std::vector<FwdCase> chunk_and_sinks_cases() {
         split3.with_chunk(300),
         square.with_window(100, 0).with_chunk(128),
         long_causal.with_chunk(512),
+        long_causal.with_chunk(384),  // the sm_90a schedule's pairs: runs of 3 blocks, the last run 1
         long_causal.with_chunk(777),
         d256.with_chunk(300),
         d32.with_chunk(64),

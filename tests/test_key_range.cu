@@ -13,7 +13,9 @@
 // KeyMask's own bounds.
 //
 // Also the backward's rotated walk (BackwardWalk): its ranks against the
-// order in which the walks reach each query block.
+// order in which the walks reach each query block; and the sm_90a forward's
+// persistent schedule (PersistentSchedule): every block once, causal pairs
+// (within each chunk) carrying equal keys.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,6 +27,7 @@
 
 #include "bwd/scheduler.cuh"
 #include "common/key_range.cuh"
+#include "sm90/tile_scheduler.cuh"
 
 namespace {
 
@@ -659,6 +662,89 @@ TEST(BackwardWalk, PairedReleasesWaitInNoCircle) {
     }
     EXPECT_GT(paired_walks, 0);
     EXPECT_TRUE(failures.empty()) << failures.size() << " failures, the first: " << failures.front();
+}
+
+// The persistent forward schedule's items of one head against the blocks'
+// visible (row, key) pairs from the mask's definition (brute_row): each
+// query block in exactly one item, the longer block of a pair first (of
+// whole blocks), and,
+// where it pairs, every two-block item of a run (the head's causal
+// triangle, or a chunk's) of whole blocks carrying the same pairs, so that a round-robin
+// over items deals equal work. Pairs are made for causal masks where the
+// triangle dominates (seqlen_k - seqlen_q < seqlen_q) and whose chunks (if
+// any) are whole 128-row blocks of a square call.
+TEST(PersistentSchedule, ItemsCoverEveryBlockOnceAndPairsCarryEqualKeys) {
+    constexpr int kM = 128, kN = 128;
+    using Schedule = flashcore::sm90::PersistentSchedule<kM, kN>;
+    std::vector<std::string> failures;
+    int schedules = 0, paired = 0;
+    for (const int sq : {128, 1000, 4096, 4100, 32768}) {
+        for (const int sk : {sq, sq + 300}) {
+            for (const int chunk : {0, 100, 128, 384, 1024, 8192, 40000}) {
+                for (const bool causal : {false, true}) {
+                    flashcore::FwdKernelParams p{};
+                    p.seqlen_q = sq;
+                    p.seqlen_k = sk;
+                    p.causal = causal;
+                    p.window_left = sk;
+                    p.window_right = causal ? 0 : sq;
+                    p.attention_chunk = chunk;
+                    const Schedule s = Schedule::of(p);
+                    ++schedules;
+                    const KeyMask m = make_mask(sq, sk, 1, kUnbounded, causal ? 0 : kUnbounded, sq, sk, chunk);
+                    const std::string what = describe(m);
+                    const bool expect_paired =
+                        causal && (chunk == 0 ? sk - sq < sq : chunk % kM == 0 && sq == sk);
+                    if (s.paired != expect_paired) failures.push_back("paired " + std::to_string(s.paired) + ": " + what);
+                    paired += s.paired;
+                    // Visible pairs of each query block.
+                    std::vector<int64_t> block_pairs(s.num_m_blocks, 0);
+                    for (int row = 0; row < sq; ++row) {
+                        const RowInterval i = brute_row(m, row);
+                        block_pairs[row / kM] += std::max<int64_t>(i.end - i.begin, 0);
+                    }
+                    std::vector<int> seen(s.num_m_blocks, 0);
+                    std::vector<int64_t> run_load(s.num_m_blocks, -1);  // by run: a two-block item's pairs
+                    for (int i = 0; i < s.items_per_head; ++i) {
+                        const int blocks = s.blocks_of(i);
+                        const int first = s.block_of(i, 0), second = s.block_of(i, 1);
+                        if (first < 0 || first >= s.num_m_blocks || second < 0 || second >= s.num_m_blocks) {
+                            failures.push_back("item " + std::to_string(i) + " outside the blocks: " + what);
+                            break;
+                        }
+                        ++seen[first];
+                        if (blocks == 2) {
+                            ++seen[second];
+                            // (A sequence's partial last block has fewer rows: it may be the shorter,
+                            // and its pair carries less.)
+                            const bool whole_blocks = std::max(first, second) < sq / kM;
+                            if (whole_blocks && block_pairs[first] < block_pairs[second]) {
+                                failures.push_back("item " + std::to_string(i) + " shorter block first: " + what);
+                            }
+                            const int run = first / s.run_blocks;
+                            const int64_t load = block_pairs[first] + block_pairs[second];
+                            if (whole_blocks && run_load[run] >= 0 && run_load[run] != load) {
+                                failures.push_back("item " + std::to_string(i) + " carries " + std::to_string(load) +
+                                                   " pairs, its run's others " + std::to_string(run_load[run]) +
+                                                   ": " + what);
+                            }
+                            if (whole_blocks) run_load[run] = load;
+                        }
+                    }
+                    for (int b = 0; b < s.num_m_blocks; ++b) {
+                        if (seen[b] != 1) {
+                            failures.push_back("block " + std::to_string(b) + " in " + std::to_string(seen[b]) +
+                                               " items: " + what);
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    EXPECT_GT(paired, 0);
+    EXPECT_TRUE(failures.empty()) << failures.size() << " failures of " << schedules
+                                  << " schedules, the first: " << failures.front();
 }
 
 }  // namespace

@@ -20,6 +20,14 @@
 // (chunked prefill) has blocks of nearly equal length: there pairing would
 // only halve the items, leaving half of a one-wave grid's SMs idle (H200,
 // Sq 512 / Sk 4096 causal: 95.7 us paired, against 54.5 us non-causal).
+// Chunked attention (attention_chunk, causal) is a run of such triangles,
+// one per chunk: where each chunk is whole query blocks (seqlen_q ==
+// seqlen_k and attention_chunk a multiple of kBlockM), the pairs are made
+// within each chunk's run of blocks. Unpaired, the blocks' key counts are a
+// sawtooth that a round-robin deals unevenly (Llama 4, 32k in chunks of 8k,
+// d128: 64 blocks a chunk over 132 CTAs, CTA c takes positions c % 4 + 4 j
+// of the chunks, the heaviest class 1.1x the lightest's keys: the chunked
+// call ran 1.04x its four causal 8k sequences' time, which are paired).
 // Items of one (batch, head) are adjacent, so the CTAs working at the same
 // time read the K/V of only a few heads, which stay in L2.
 //
@@ -41,6 +49,25 @@ struct ScheduleNumbers {
     int num_m_blocks;
     int items_per_head;
     bool paired;
+    // Blocks of a run paired within itself (one causal triangle): the
+    // head's, or a chunk's; the last run may be shorter. And its items.
+    int run_blocks;
+    int run_items;
+
+    // Query block `which` (0: the longer) of the head's item i.
+    __host__ __device__ __forceinline__ int block_of(int i, int which) const {
+        if (!paired) return num_m_blocks - 1 - i;
+        const int first = i / run_items * run_blocks;
+        const int k = i % run_items;
+        const int blocks = min(run_blocks, num_m_blocks - first);
+        return first + (which == 0 ? blocks - 1 - k : k);
+    }
+
+    // Query blocks in the head's item i: 2 for a causal pair, else 1 (the
+    // middle block of an odd run is alone).
+    __host__ __device__ __forceinline__ int blocks_of(int i) const {
+        return paired && block_of(i, 0) != block_of(i, 1) ? 2 : 1;
+    }
 };
 
 // gridDim.x, read where it is used: a read the compiler may not hoist, so
@@ -70,11 +97,22 @@ struct PersistentSchedule : ScheduleNumbers {
     __host__ __device__ static PersistentSchedule of(const FwdKernelParams &p) {
         PersistentSchedule s;
         s.num_m_blocks = ceil_div(p.seqlen_q, kBlockM);
-        // A left window bound (or chunks) makes the blocks' key counts
-        // nearly equal.
-        s.paired = p.causal && p.window_left >= p.seqlen_k && p.attention_chunk == 0 &&
+        // A left window bound makes the blocks' key counts nearly equal;
+        // chunks that are not whole blocks, a sawtooth that pairs do not
+        // even out.
+        const bool chunks_whole_blocks =
+            p.attention_chunk == 0 || (p.attention_chunk % kBlockM == 0 && p.seqlen_q == p.seqlen_k);
+        s.paired = p.causal && p.window_left >= p.seqlen_k && chunks_whole_blocks &&
                    p.seqlen_k - p.seqlen_q < p.seqlen_q;
-        s.items_per_head = s.paired ? (s.num_m_blocks + 1) / 2 : s.num_m_blocks;
+        s.run_blocks = p.attention_chunk == 0 ? s.num_m_blocks : min(p.attention_chunk / kBlockM, s.num_m_blocks);
+        s.run_items = (s.run_blocks + 1) / 2;
+        if (s.paired) {
+            const int full_runs = s.num_m_blocks / s.run_blocks;
+            const int last_run = s.num_m_blocks % s.run_blocks;
+            s.items_per_head = full_runs * s.run_items + (last_run + 1) / 2;
+        } else {
+            s.items_per_head = s.num_m_blocks;
+        }
         return s;
     }
 
@@ -83,16 +121,12 @@ struct PersistentSchedule : ScheduleNumbers {
     }
 
     // Query blocks in `item`: 2 for a causal pair, else 1.
-    __device__ __forceinline__ int blocks_in(int item) const {
-        const int i = item % items_per_head;
-        return paired && i != num_m_blocks - 1 - i ? 2 : 1;
-    }
+    __device__ __forceinline__ int blocks_in(int item) const { return blocks_of(item % items_per_head); }
 
     // Block `which` (0: the longer) of `item`.
     template <bool kRagged>
     __device__ __forceinline__ FwdTile tile(const FwdKernelParams &p, int item, int which) const {
-        const int i = item % items_per_head;
-        return fwd_tile<kRagged>(p, item / items_per_head, which == 0 ? num_m_blocks - 1 - i : i);
+        return fwd_tile<kRagged>(p, item / items_per_head, block_of(item % items_per_head, which));
     }
 
     // Calls visit(tile, keys, split) for each query block of this CTA, in

@@ -35,22 +35,18 @@ struct Sm90KernelParams {
     ScheduleNumbers schedule;
 };
 
-// The CTA's persistent schedule: computed by each CTA from the call's
-// parameters, or, with three consumer warpgroups (160 registers a thread),
-// the numbers the host put in the kernel's parameters, which ptxas reads
-// from the constant bank where they are used instead of keeping them in
-// registers (computed, two of them spilled).
+// The CTA's persistent schedule: the numbers the host put in the kernel's
+// parameters, which ptxas reads from the constant bank where they are used
+// instead of keeping them in registers (computed by each CTA, as they were
+// before chunks were paired, two of them spilled with three consumer
+// warpgroups at 160 registers a thread, and the chunk runs' divisions
+// spilled 4 bytes in the e4m3 d256 kernel's producer).
 template <typename Traits>
 __device__ __forceinline__ PersistentSchedule<Traits::kBlockM, Traits::kBlockN> schedule_of(
     const Sm90KernelParams &params) {
-    using Schedule = PersistentSchedule<Traits::kBlockM, Traits::kBlockN>;
-    if constexpr (Traits::kConsumerWarpgroups == 3 || Traits::kWideConsumers) {
-        Schedule s;
-        static_cast<ScheduleNumbers &>(s) = params.schedule;
-        return s;
-    } else {
-        return Schedule::of(params.fwd);
-    }
+    PersistentSchedule<Traits::kBlockM, Traits::kBlockN> s;
+    static_cast<ScheduleNumbers &>(s) = params.schedule;
+    return s;
 }
 
 // Whether the rows of a batch's last K/V tile past its keys (up to
