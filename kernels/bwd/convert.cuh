@@ -3,46 +3,47 @@
 // A CTA per query block of a (batch, query head), the main kernel's blocks,
 // so that it knows which blocks are stored by fragment
 // (dq_accumulator.cuh); it writes the rows of the block that exist.
+//
+// Where the call asks for dsinks it carries each block's share of them on:
+// the sinks' preprocess left the block's sum of its rows' terms in its first
+// row's stats (row_stats.cuh word 2), which thread 0 reads before its first
+// store overwrites them and, after its last read of the accumulator, leaves
+// in the accumulator's first float (thread 0's own: no barrier is needed);
+// bwd_dsinks_kernel then adds the blocks' sums of each head in (batch,
+// block) order. dsinks cost no pass over the rows of their own (one took
+// 15-20 us of gpt-oss's 350 us windowed backward at 8k on an H200).
 #pragma once
 
 #include <cstdint>
 
 #include "bwd/params.h"
 #include "bwd/dq_accumulator.cuh"
+#include "bwd/row_stats.cuh"
+#include "common/block_sum.cuh"
 #include "common/element.cuh"
 #include "common/fragment_layout.cuh"
 #include "common/params.h"
 
 namespace flashcore {
 
-// Query blocks of kBlockM rows of the longest sequence, per (batch, query
-// head): the convert kernel's grid is this times batch * query heads.
-FLASHCORE_HOST_DEVICE inline int64_t bwd_query_blocks(const BwdKernelParams &p, int block_m) {
-    return (int64_t(p.fwd.seqlen_q) + block_m - 1) / block_m;
-}
 
 #if defined(__CUDACC__)
+// The first float of the dQ accumulator of the query block whose first row
+// (of the packed rows: q_row0 added) is row0.
+__device__ __forceinline__ float *bwd_block_accumulator(const BwdKernelParams &p, int batch, int head, int64_t row0) {
+    return p.dq_accum + batch * p.dq_accum_batch_stride + head * p.dq_accum_head_stride + row0 * p.fwd.head_dim;
+}
+
+// dq of the block's rows: seq_rows > 0 of the sequence from its first row
+// on, valid_rows of them in the block. Thread 0's first step reads the
+// accumulator's first float and writes the first row's first vector (the
+// dsinks carry above relies on both).
 template <typename Traits>
-__global__ void __launch_bounds__(Traits::kNumThreads) bwd_convert_kernel(const __grid_constant__ BwdKernelParams p) {
+__device__ __forceinline__ void bwd_convert_rows(const BwdKernelParams &p, const float *accumulator,
+                                                 typename Traits::Element *dq, int seq_rows, int valid_rows) {
     using Element = typename Traits::Element;
     using Layout = DqAccumLayout<Traits>;
     constexpr int kElems = kElemsPerVector<Element>;
-    const int64_t num_m_blocks = bwd_query_blocks(p, Traits::kBlockM);
-    const int m_block = int(blockIdx.x % num_m_blocks);
-    const int64_t bh = blockIdx.x / num_m_blocks;
-    const int head = int(bh % p.fwd.num_heads_q);
-    const int batch = int(bh / p.fwd.num_heads_q);
-    const BatchSeqs seqs = fwd_batch_seqs<true>(p.fwd, batch);
-    const int first_row = m_block * Traits::kBlockM;
-    const int seq_rows = seqs.seqlen_q - first_row;  // of the sequence from first_row on
-    if (seq_rows <= 0) return;
-    const int valid_rows = min(seq_rows, Traits::kBlockM);
-    const int64_t row0 = int64_t(seqs.q_row0) + first_row;
-    const float *accumulator = p.dq_accum + batch * p.dq_accum_batch_stride + head * p.dq_accum_head_stride +
-                               row0 * p.fwd.head_dim;
-    Element *dq = static_cast<Element *>(p.dq) + batch * p.dq_batch_stride + row0 * p.dq_seq_stride +
-                  int64_t(head) * p.dq_head_stride;
-
     // One 16-byte vector of dq per thread and step.
     auto store = [&](int row, int vec, const float (&values)[kElems]) {
         uint4 packed;
@@ -114,6 +115,52 @@ __global__ void __launch_bounds__(Traits::kNumThreads) bwd_convert_kernel(const 
             store(row, vec, values);
         }
     }
+}
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kNumThreads) bwd_convert_kernel(const __grid_constant__ BwdKernelParams p) {
+    using Element = typename Traits::Element;
+    const int64_t num_m_blocks = bwd_query_blocks(p, Traits::kBlockM);
+    const int m_block = int(blockIdx.x % num_m_blocks);
+    const int64_t bh = blockIdx.x / num_m_blocks;
+    const int head = int(bh % p.fwd.num_heads_q);
+    const int batch = int(bh / p.fwd.num_heads_q);
+    const BatchSeqs seqs = fwd_batch_seqs<true>(p.fwd, batch);
+    const int first_row = m_block * Traits::kBlockM;
+    const int seq_rows = seqs.seqlen_q - first_row;  // of the sequence from first_row on
+    if (seq_rows <= 0) return;
+    const int valid_rows = min(seq_rows, Traits::kBlockM);
+    const int64_t row0 = int64_t(seqs.q_row0) + first_row;
+    float *accumulator = bwd_block_accumulator(p, batch, head, row0);
+    Element *dq = static_cast<Element *>(p.dq) + batch * p.dq_batch_stride + row0 * p.dq_seq_stride +
+                  int64_t(head) * p.dq_head_stride;
+    const bool carries_sinks = p.dsinks != nullptr && threadIdx.x == 0;
+    const float block_terms = carries_sinks ? bwd_row_stats(p, batch, head, row0)[kSinkTermWord] : 0.f;
+    bwd_convert_rows<Traits>(p, accumulator, dq, seq_rows, valid_rows);
+    if (carries_sinks) accumulator[0] = block_terms;
+}
+
+// dsinks[head] for head blockIdx.x: minus the sum of its blocks' sums of
+// sink terms (the first float of each block's accumulator, from the convert
+// kernel),
+// in (batch, block) order: each thread a fixed stride of them, then a fixed
+// tree; 0 for a call without query blocks. (A template only so that every unit that includes this header may
+// define it.)
+template <int kBlockM, int kThreads>
+__global__ void __launch_bounds__(kThreads) bwd_dsinks_kernel(const __grid_constant__ BwdKernelParams p) {
+    __shared__ float scratch[kThreads / kWarpSize];
+    const int head = blockIdx.x;
+    const int64_t num_m_blocks = bwd_query_blocks(p, kBlockM);
+    const int64_t head_blocks = num_m_blocks * p.fwd.batch_size;
+    float sum = 0.f;
+    for (int64_t i = threadIdx.x; i < head_blocks; i += kThreads) {
+        const int batch = int(i / num_m_blocks);
+        const int first_row = int(i % num_m_blocks) * kBlockM;
+        const BatchSeqs seqs = fwd_batch_seqs<true>(p.fwd, batch);
+        if (first_row < seqs.seqlen_q) sum += *bwd_block_accumulator(p, batch, head, int64_t(seqs.q_row0) + first_row);
+    }
+    const float total = block_sum_in_order<kThreads>(sum, scratch);
+    if (threadIdx.x == 0) p.dsinks[head] = 0.f - total;  // (+0 for a head without rows, not -0)
 }
 #endif
 

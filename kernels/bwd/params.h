@@ -68,8 +68,16 @@ struct BwdKernelParams {
     bool rotated_walk;
 
     // The gradient of the learnable sinks (fwd.sinks), or nullptr: not
-    // computed (flashcore_backward_params::dsinks; row_kernels.cuh).
+    // computed (flashcore_backward_params::dsinks; the preprocess writes
+    // each row's term, the convert kernel sums them: convert.cuh).
     float *dsinks;
 };
+
+// Query blocks of block_m rows of the longest sequence, per (batch, query
+// head): the convert kernel's grid (and the sinks' preprocess's) is this
+// times batch * query heads.
+FLASHCORE_HOST_DEVICE inline int64_t bwd_query_blocks(const BwdKernelParams &p, int block_m) {
+    return (int64_t(p.fwd.seqlen_q) + block_m - 1) / block_m;
+}
 
 }  // namespace flashcore

@@ -1,8 +1,9 @@
-// The three launches of a backward pass, in stream order, for either path's
+// The launches of a backward pass, in stream order, for either path's
 // main kernel: the preprocess (row_kernels.cuh), the main kernel (a CTA per
 // key block of each (batch, K/V head): scheduler.cuh), and the convert
 // kernel (convert.cuh), which reads the dQ accumulator in the fragment order
-// of Traits (both paths' main kernels add it in DqAccumLayout<Traits>).
+// of Traits (both paths' main kernels add it in DqAccumLayout<Traits>) and
+// sums each block's share of dsinks; with dsinks, a fourth sums the heads'.
 // Host code of the generated translation units only.
 #pragma once
 
@@ -26,6 +27,10 @@ namespace flashcore {
 // clients) cannot hold every SM with such CTAs: each holds fewer than its
 // share.
 constexpr int kDeterministicCallsAtOnce = 2;
+
+// Threads of the dsinks kernel's CTA (one a head), which sums a float per
+// query block of the head.
+constexpr int kDsinksThreads = 256;
 
 // params with the schedule's flag (BwdKernelParams::rotated_walk) for
 // Traits' blocks on the launch's GPU.
@@ -60,10 +65,22 @@ cudaError_t run_bwd_passes(const BwdKernelParams &params, const LaunchOptions &o
     if (err != cudaSuccess) return err;
     const int preprocess_rows_per_warp =
         kWarpSize / bwd_preprocess_lanes_per_row(params.fwd.head_dim_v, kElemsPerVector<Element>);
-    err = launch_row_kernel(bwd_preprocess_kernel<Element>, params, preprocess_rows_per_warp, options, stream,
-                            "cudaLaunchKernelEx (the backward preprocess)");
-    if (err != cudaSuccess) return err;
-    err = launch_dsinks_kernel(params, options, stream);
+    // With dsinks, the preprocess by query block leaves each block's share of
+    // them, which the convert kernel carries and bwd_dsinks_kernel sums (0
+    // for a call without query blocks).
+    const int64_t query_blocks =
+        bwd_query_blocks(params, Traits::kBlockM) * params.fwd.batch_size * params.fwd.num_heads_q;
+    if (params.dsinks == nullptr) {
+        err = launch_row_kernel(bwd_preprocess_kernel<Element>, params, preprocess_rows_per_warp, options, stream,
+                                "cudaLaunchKernelEx (the backward preprocess)");
+    } else if (query_blocks > 0) {
+        cudaLaunchConfig_t preprocess = {};
+        preprocess.gridDim = dim3(unsigned(query_blocks));
+        preprocess.blockDim = dim3(kRowKernelThreads);
+        preprocess.stream = stream;
+        err = launch_step(cudaLaunchKernelEx(&preprocess, bwd_preprocess_sinks_kernel<Element, Traits::kBlockM>, params),
+                          options, "cudaLaunchKernelEx (the backward preprocess)");
+    }
     if (err != cudaSuccess) return err;
     cudaLaunchConfig_t config = {};
     config.gridDim = sm80::KeyBlockScheduler<Traits::kBlockM, Traits::kBlockN>::grid(params);
@@ -74,15 +91,21 @@ cudaError_t run_bwd_passes(const BwdKernelParams &params, const LaunchOptions &o
     if (err != cudaSuccess) return err;
     // The convert kernel: a CTA per query block of each (batch, query head)
     // (dispatch.cpp keeps the count within the grid's limit).
-    const int64_t query_blocks =
-        bwd_query_blocks(params, Traits::kBlockM) * params.fwd.batch_size * params.fwd.num_heads_q;
-    if (query_blocks == 0) return cudaSuccess;
-    cudaLaunchConfig_t convert = {};
-    convert.gridDim = dim3(unsigned(query_blocks));
-    convert.blockDim = dim3(Traits::kNumThreads);
-    convert.stream = stream;
-    return launch_step(cudaLaunchKernelEx(&convert, bwd_convert_kernel<Traits>, params), options,
-                       "cudaLaunchKernelEx (the backward postprocess)");
+    if (query_blocks > 0) {
+        cudaLaunchConfig_t convert = {};
+        convert.gridDim = dim3(unsigned(query_blocks));
+        convert.blockDim = dim3(Traits::kNumThreads);
+        convert.stream = stream;
+        err = launch_step(cudaLaunchKernelEx(&convert, bwd_convert_kernel<Traits>, params), options,
+                          "cudaLaunchKernelEx (the backward postprocess)");
+    }
+    if (err != cudaSuccess || params.dsinks == nullptr) return err;
+    cudaLaunchConfig_t dsinks = {};
+    dsinks.gridDim = dim3(unsigned(params.fwd.num_heads_q));
+    dsinks.blockDim = dim3(kDsinksThreads);
+    dsinks.stream = stream;
+    return launch_step(cudaLaunchKernelEx(&dsinks, bwd_dsinks_kernel<Traits::kBlockM, kDsinksThreads>, params), options,
+                       "cudaLaunchKernelEx (the backward's dsinks)");
 }
 
 }  // namespace flashcore

@@ -1,13 +1,10 @@
-// The backward pass's row-wise kernels before the main one, memory-bound
-// passes over the query rows (the convert kernel after it goes by query
-// block: convert.cuh):
-//   preprocess  a group of lanes per row: D = rowsum(dO * O) into dq's
-//               scratch words (row_stats.cuh), the deterministic counter
-//               zeroed, the row's fp32 dQ accumulator zeroed (the main
-//               kernel only adds to it);
-//   dsinks      with learnable sinks, a CTA per query head: dsinks[h] =
-//               -sum over its rows of exp(sink - lse) * D, the D the
-//               preprocess left in dq, in a fixed order (deterministic).
+// The backward pass's row-wise kernel before the main one, a memory-bound
+// pass over the query rows (the convert kernel after it goes by query
+// block: convert.cuh): the preprocess, a group of lanes per row, writes D =
+// rowsum(dO * O) into dq's scratch words (row_stats.cuh) and zeroes the
+// deterministic counter and the row's fp32 dQ accumulator (the main kernel
+// only adds to it). Where the call asks for dsinks, its form by query block
+// also leaves each block's share of them (bwd_preprocess_sinks_kernel).
 // Rows are those of every (batch, query head): seqlen_q per batch, or the
 // packed rows [cu_seqlens_q[0], cu_seqlens_q[batch_size]) of a
 // variable-length call (rows outside every sequence are not touched).
@@ -17,6 +14,7 @@
 
 #include "bwd/params.h"
 #include "bwd/row_stats.cuh"
+#include "common/block_sum.cuh"
 #include "common/element.cuh"
 #include "common/fragment_layout.cuh"
 #include "common/launch_options.h"
@@ -87,14 +85,14 @@ struct BwdRow {
     }
 };
 
+// The preprocess's work on one row (has_row: r is a row; every lane of the
+// row's group of `lanes` takes part in its reduction either way): D =
+// rowsum(dO * O) into the row's stats, its deterministic counter and fp32
+// dQ accumulator zeroed. Returns D, in every lane of the group.
 template <typename Element>
-__global__ void __launch_bounds__(kRowKernelThreads) bwd_preprocess_kernel(const __grid_constant__ BwdKernelParams p) {
+__device__ __forceinline__ float bwd_preprocess_row(const BwdKernelParams &p, bool has_row, const BwdRow &r, int lanes,
+                                                    int sublane) {
     constexpr int kElems = kElemsPerVector<Element>;
-    const int lanes = bwd_preprocess_lanes_per_row(p.fwd.head_dim_v, kElems);
-    BwdRow r;
-    // Every lane stays for the group's reduction; those without a row add 0.
-    const bool has_row = BwdRow::of(p, kWarpSize / lanes, &r);
-    const int sublane = threadIdx.x % lanes;
     float sum = 0.f;
     if (has_row) {
         const Element *dout = static_cast<const Element *>(p.dout) + r.batch * p.dout_batch_stride +
@@ -111,7 +109,7 @@ __global__ void __launch_bounds__(kRowKernelThreads) bwd_preprocess_kernel(const
         }
     }
     for (int offset = lanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (!has_row) return;
+    if (!has_row) return sum;
     float4 *accumulator = reinterpret_cast<float4 *>(r.accumulator(p));
     for (int i = sublane; i < p.fwd.head_dim / 4; i += lanes) accumulator[i] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (sublane == 0) {
@@ -119,72 +117,57 @@ __global__ void __launch_bounds__(kRowKernelThreads) bwd_preprocess_kernel(const
         stats[0] = sum;
         *bwd_block_counter(stats) = 0;
     }
+    return sum;
 }
 
-constexpr int kDsinksThreads = 512;
-// Rows each thread loads before it adds: one CTA per head walks all of the
-// head's rows, and one row at a time left it latency-bound (15 us, 4% of
-// gpt-oss's windowed backward at 8k on an H200).
-constexpr int kDsinksRowsInFlight = 4;
+template <typename Element>
+__global__ void __launch_bounds__(kRowKernelThreads) bwd_preprocess_kernel(const __grid_constant__ BwdKernelParams p) {
+    const int lanes = bwd_preprocess_lanes_per_row(p.fwd.head_dim_v, kElemsPerVector<Element>);
+    BwdRow r;
+    const bool has_row = BwdRow::of(p, kWarpSize / lanes, &r);
+    bwd_preprocess_row<Element>(p, has_row, r, lanes, threadIdx.x % lanes);
+}
 
-// The gradient of head blockIdx.x's sink t: each row adds -exp(t - lse) *
-// D, its sink's probability times minus its D = rowsum(dO * O) (dS = P (dP
-// - D) for a key whose dP is 0: the sink attends to nothing). Each thread
-// sums a fixed stride of the head's rows, then the block reduces in a fixed
-// tree: bitwise the same every run. Written, not accumulated; a head with
-// no rows gets 0. (A template only so that every unit that includes this
-// header may define it.)
-template <int kThreads>
-__global__ void __launch_bounds__(kThreads) bwd_dsinks_kernel(const __grid_constant__ BwdKernelParams p) {
-    __shared__ float partial[kThreads / kWarpSize];
-    const int head = blockIdx.x;
+// The preprocess of a call that asks for dsinks: a CTA per query block of
+// kBlockM rows of each (batch, query head), the convert kernel's blocks
+// (convert.cuh), each row's work as above, and the block's share of its
+// head's sink gradient: dsinks[h] = -sum over the head's rows of
+// exp(sink - lse) * D, the sink's probability times minus the row's D (dS =
+// P (dP - D) for a key whose dP is 0: the sink attends to nothing). Each
+// thread sums its rows' terms, the block sums the threads' in a fixed order
+// into its first row's stats (row_stats.cuh word 2), which the convert
+// kernel reads and bwd_dsinks_kernel adds up. A head without a sink (-inf)
+// has terms of 0 (its rows' lse may be -inf too).
+template <typename Element, int kBlockM>
+__global__ void __launch_bounds__(kRowKernelThreads) bwd_preprocess_sinks_kernel(const __grid_constant__ BwdKernelParams p) {
+    __shared__ float scratch[kRowKernelWarps];
+    const int64_t num_m_blocks = bwd_query_blocks(p, kBlockM);
+    const int m_block = int(blockIdx.x % num_m_blocks);
+    const int64_t bh = blockIdx.x / num_m_blocks;
+    BwdRow r;
+    r.head = int(bh % p.fwd.num_heads_q);
+    r.batch = int(bh / p.fwd.num_heads_q);
+    const BatchSeqs seqs = fwd_batch_seqs<true>(p.fwd, r.batch);
+    const int first_row = m_block * kBlockM;
+    const int valid_rows = min(seqs.seqlen_q - first_row, kBlockM);
+    if (valid_rows <= 0) return;  // the whole CTA: no block here
+    const int64_t row0 = int64_t(seqs.q_row0) + first_row;
     const FwdKernelParams &f = p.fwd;
-    const float sink = __ldg(f.sinks + head);
-    // Rows of the head in each batch: a dense call's seqlen_q per batch, or
-    // a packed call's rows of every sequence as one batch.
-    int batches = f.batch_size, first = 0, last = f.seqlen_q;
-    if (f.cu_seqlens_q != nullptr) {
-        batches = 1;
-        bwd_packed_rows(f, &first, &last);
+    const float sink = __ldg(f.sinks + r.head);
+    const float *lse = f.lse + r.batch * f.lse_batch_stride + r.head * f.lse_head_stride + row0;
+    const int lanes = bwd_preprocess_lanes_per_row(f.head_dim_v, kElemsPerVector<Element>);
+    const int sublane = threadIdx.x % lanes;
+    float terms = 0.f;
+    for (int row = threadIdx.x / lanes; row < kBlockM; row += kRowKernelThreads / lanes) {
+        const bool has_row = row < valid_rows;
+        // The row's lse first, so that its load waits beside dO's and O's.
+        const float row_lse = has_row && sublane == 0 ? lse[row] : 0.f;
+        r.row = row0 + row;
+        const float d = bwd_preprocess_row<Element>(p, has_row, r, lanes, sublane);
+        if (has_row && sublane == 0 && sink != -INFINITY) terms += expf(sink - row_lse) * d;
     }
-    float sum = 0.f;
-    if (sink != -INFINITY) {
-        for (int batch = 0; batch < batches; ++batch) {
-            const float *lse = f.lse + batch * f.lse_batch_stride + head * f.lse_head_stride;
-            for (int row0 = first + int(threadIdx.x); row0 < last; row0 += kThreads * kDsinksRowsInFlight) {
-                float lse_of[kDsinksRowsInFlight], d_of[kDsinksRowsInFlight];
-#pragma unroll
-                for (int i = 0; i < kDsinksRowsInFlight; ++i) {
-                    const int row = row0 + i * kThreads;
-                    lse_of[i] = row < last ? lse[row] : INFINITY;  // +inf: a term of 0
-                    d_of[i] = row < last ? *bwd_row_stats(p, batch, head, row) : 0.f;
-                }
-#pragma unroll
-                for (int i = 0; i < kDsinksRowsInFlight; ++i) sum += expf(sink - lse_of[i]) * d_of[i];
-            }
-        }
-    }
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (threadIdx.x % kWarpSize == 0) partial[threadIdx.x / kWarpSize] = sum;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float total = 0.f;
-        for (int w = 0; w < kThreads / kWarpSize; ++w) total += partial[w];
-        p.dsinks[head] = -total;
-    }
-}
-
-// The dsinks kernel where the call asks for dsinks (after the preprocess,
-// whose D it reads from dq; before the convert kernel overwrites them).
-inline cudaError_t launch_dsinks_kernel(const BwdKernelParams &params, const LaunchOptions &options,
-                                        cudaStream_t stream) {
-    if (params.dsinks == nullptr) return cudaSuccess;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(unsigned(params.fwd.num_heads_q));
-    config.blockDim = dim3(kDsinksThreads);
-    config.stream = stream;
-    return launch_step(cudaLaunchKernelEx(&config, bwd_dsinks_kernel<kDsinksThreads>, params), options,
-                       "cudaLaunchKernelEx (the backward's dsinks)");
+    const float block_terms = block_sum_in_order<kRowKernelThreads>(terms, scratch);
+    if (threadIdx.x == 0) bwd_row_stats(p, r.batch, r.head, row0)[kSinkTermWord] = block_terms;
 }
 
 // One row kernel over every query row, rows_per_warp rows to a warp (none:

@@ -9,7 +9,12 @@
 //           added their dQ to the block's accumulator rows (zeroed by the
 //           preprocess; each warp of key block n waits for the count to
 //           reach its rank among the block's key blocks times the warps per
-//           CTA, adds, and increments it).
+//           CTA, adds, and increments it);
+//   word 2: with dsinks asked for, on the first row of each query block of
+//           the convert kernel, the block's sum of its rows' terms of their
+//           head's sink gradient, exp(sink - lse) * D (the sinks'
+//           preprocess writes it, the convert kernel carries it on:
+//           row_kernels.cuh, convert.cuh).
 // So the call needs no workspace beyond the dQ accumulator, and nothing is
 // allocated for these values.
 #pragma once
@@ -21,7 +26,9 @@
 
 namespace flashcore {
 
-constexpr int kRowStatsWords = 2;  // words 0 (D) and 1 (the counter)
+constexpr int kRowStatsWords = 3;  // words 0 (D), 1 (the counter) and 2 (the sink term)
+constexpr int kSinkTermWord = 2;
+static_assert(kRowStatsWords * sizeof(float) <= 16, "the stats live in a row's first 16 bytes (8 two-byte elements)");
 
 // The first word of row `row` (of the batch's sequence: q_row0 added by the
 // caller) of query head `head` in dq.
