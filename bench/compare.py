@@ -88,6 +88,20 @@ reference computed in blocks (masked_reference). Two flashcore twins measure iss
 chunks as a batch of plain causal sequences, a view of the same tensors: chunk/key = time per visible pair over
 the twin's, target <= 1.1).
 
+Issue 61's DeepSeek-V3 MLA decode, --preset deepseek-mla (also in models-2026; named only; bf16, bshd): one query row
+per sequence against a latent cache of one K/V "head" per token, 576 values (the 512 latent dims, then the 64 rope
+dims); queries of 576 dims (the absorbed form), V the first 512 columns of the same cache rows (head_dim 576,
+head_dim_v 512, heads_kv 1; v is a view of k, the same storage). B 64 and 128, Hq 16 and 128, caches of 4k and 32k.
+Every backend gets softmax_scale (128+64)^-0.5 (the scale of the un-absorbed model's 192-dim q.k). TB/s counts the
+cache once, B*Sk*576*2 bytes (K and V are the same bytes; one byte per element for e4m3). flashcore is the same
+binding call on a paged cache (attention_with_kvcache, pages of 64 keys: the cache's own storage as the pool, the
+pages in order); FA3 its qv path, flash_attn_with_kvcache(q = the rope dims, k_cache = the cache's rope columns,
+v_cache = its latent columns, qv = the latent dims of q), contiguous (the wheel has no paged kernels). e4m3, the
+default backends with only these presets: flashcore-fp8kv (the cache cast once, one descale factor for K and V) and
+fa3-fp8 (q, qv and the cache cast to e4m3). Outputs are checked against the fp32 reference computed in blocks.
+Forward only: --backward and --train leave these presets out. A library without (576, 512) kernels fails these cases
+with its own message (n/a in the table), which counts as flashcore failing a case others ran where FA3 ran it.
+
 Run ``python3 bench/compare.py --help`` for the options. Exit status: 0 ok, 1 a
 flashcore output check failed or flashcore failed a case others ran
 (flashcore-fp8 included: a case fa3-fp8 ran, at issue 36's head dims 64, 128
@@ -139,10 +153,19 @@ class Preset:
     window: tuple = None
     attention_chunk: int = 0
     sinks: bool = False
+    # DeepSeek's MLA on a latent cache (issue 61, item 5): V is the first head_dim_v columns of the K cache (the same
+    # storage, read once), the other head_dim - head_dim_v columns the rope dims; softmax_scale MLA_SOFTMAX_SCALE.
+    # Decode, causal only, bf16 and bshd by default, as the model presets with features.
+    mla: bool = False
 
     @property
     def features(self):
         return self.window is not None or self.attention_chunk > 0 or self.sinks
+
+    @property
+    def model(self):
+        """Issue 61's model presets: those with a window, chunks or sinks, and DeepSeek's MLA (named only)."""
+        return self.features or self.mla
 
     @property
     def kv_heads(self):
@@ -158,7 +181,8 @@ class Preset:
         heads = f"{self.heads}" if self.kv_heads == self.heads else f"{self.heads}/{self.kv_heads}"
         seq = f"{self.seqlen_q}" if self.keys == self.seqlen_q else f"{self.seqlen_q}/{self.keys}"
         dims = f"{self.head_dim}" if self.head_dim_v == self.head_dim else f"{self.head_dim}/{self.head_dim_v}"
-        return f"{self.batch}x{heads}x{seq}x{dims}" + feature_suffix(self.window, self.attention_chunk, self.sinks, ",")
+        features = feature_suffix(self.window, self.attention_chunk, self.sinks, ",") + (",latent" if self.mla else "")
+        return f"{self.batch}x{heads}x{seq}x{dims}" + features
 
 
 def feature_suffix(window, attention_chunk, sinks, sep=" "):
@@ -235,15 +259,28 @@ PRESETS = [
     # positions, causal inside each): prefill of 16k and 32k tokens.
     Preset("llama4-16k-chunk8k", 1, 40, 16384, 128, 128, heads_kv=8, attention_chunk=8192),
     Preset("llama4-32k-chunk8k", 1, 40, 32768, 128, 128, heads_kv=8, attention_chunk=8192),
+    # DeepSeek-V3's MLA decode on the latent cache (issue 61, item 5): one K/V "head" of 576 values per token (512
+    # latent dims, then 64 rope dims), queries of 576 dims, V the cache's first 512 columns (mla: the same storage).
+    # 16 query heads (the 128 over 8 GPUs) and 128 (one GPU), batch 64 and 128, caches of 4k and 32k.
+    Preset("mla-b64-h16-4k", 64, 16, 1, 576, 512, heads_kv=1, seqlen_k=4096, kind="decode", mla=True),
+    Preset("mla-b64-h16-32k", 64, 16, 1, 576, 512, heads_kv=1, seqlen_k=32768, kind="decode", mla=True),
+    Preset("mla-b64-h128-4k", 64, 128, 1, 576, 512, heads_kv=1, seqlen_k=4096, kind="decode", mla=True),
+    Preset("mla-b64-h128-32k", 64, 128, 1, 576, 512, heads_kv=1, seqlen_k=32768, kind="decode", mla=True),
+    Preset("mla-b128-h16-4k", 128, 16, 1, 576, 512, heads_kv=1, seqlen_k=4096, kind="decode", mla=True),
+    Preset("mla-b128-h16-32k", 128, 16, 1, 576, 512, heads_kv=1, seqlen_k=32768, kind="decode", mla=True),
+    Preset("mla-b128-h128-4k", 128, 128, 1, 576, 512, heads_kv=1, seqlen_k=4096, kind="decode", mla=True),
+    Preset("mla-b128-h128-32k", 128, 128, 1, 576, 512, heads_kv=1, seqlen_k=32768, kind="decode", mla=True),
 ]
 PRESET_NAMES = [p.name for p in PRESETS]
 # The model presets (issue 61) run only when named (alone or through a group below): they need a library and
-# binding with sinks= and attention_chunk=, and the default run's timings stay comparable with earlier ones.
-MODEL_PRESET_NAMES = [p.name for p in PRESETS if p.features]
+# binding with sinks= and attention_chunk= (and, for MLA, kernels for head dims (576, 512)), and the default run's
+# timings stay comparable with earlier ones.
+MODEL_PRESET_NAMES = [p.name for p in PRESETS if p.model]
+MLA_PRESET_NAMES = [p.name for p in PRESETS if p.mla]
 PRESET_GROUPS = {  # --preset accepts these names too
-    "decode": [p.name for p in PRESETS if p.kind == "decode" and not p.features],
+    "decode": [p.name for p in PRESETS if p.kind == "decode" and not p.model],
     "chunk": [p.name for p in PRESETS if p.kind == "chunk"],
-    "serving": [p.name for p in PRESETS if p.kind != "prefill" and not p.features],
+    "serving": [p.name for p in PRESETS if p.kind != "prefill" and not p.model],
     # Issue 34's backward targets (flashcore_bench has the same group); --backward's default.
     "backward-targets": ["tput-2k-d64", "tput-8k-d64", "tput-2k-d128", "tput-8k-d128", "tput-4k-d256"],
     # Issue 37's targets, the Hopper backward against cuDNN's (a training step, --train, at least 1.05x
@@ -259,11 +296,18 @@ PRESET_GROUPS = {  # --preset accepts these names too
     "gpt-oss-decode": [n for n in MODEL_PRESET_NAMES if n.startswith("gptoss-decode")],
     "gpt-oss": [n for n in MODEL_PRESET_NAMES if n.startswith("gptoss-")],
     "llama4": [n for n in MODEL_PRESET_NAMES if n.startswith("llama4-")],
+    # DeepSeek-V3's MLA decode on the latent cache (576/512, one K/V head), FA3's qv path as the peer.
+    "deepseek-mla": [n for n in MODEL_PRESET_NAMES if n.startswith("mla-")],
     "models-2026": MODEL_PRESET_NAMES,
 }
 FP8_PRESET_GROUP = "fp8-prefill"
 # Cases with at most this many query rows count as decode (K/V bandwidth, FA3's KV-cache entry point).
 DECODE_MAX_SEQLEN_Q = 16
+# DeepSeek's MLA (the mla presets): every backend gets this softmax_scale, that of the un-absorbed model's q.k over
+# 128 + 64 dims (DeepSeek-V3 multiplies it by YaRN's mscale^2 for its long context; one constant either way), so that
+# their outputs agree; flashcore's paged form uses pages of MLA_PAGE_SIZE keys.
+MLA_SOFTMAX_SCALE = (128 + 64) ** -0.5
+MLA_PAGE_SIZE = 64
 
 SDPA_BACKENDS = ("flash", "efficient", "cudnn")
 ALL_BACKENDS = ("flashcore", "fa3") + SDPA_BACKENDS
@@ -315,6 +359,9 @@ NOSINKS_BACKEND, CAUSAL_BACKEND = OVERHEAD_BACKENDS = ("flashcore-nosinks", "fla
 SINKS_COST_TARGET = 0.03
 CHUNK_PER_KEY_TARGET = 1.1
 FORWARD_BACKENDS += (FA4_BACKEND, EAGER_BACKEND) + OVERHEAD_BACKENDS
+# The default --backends with only MLA presets: flashcore and FA3's qv path, in bf16 and in e4m3 (flashcore on the
+# cache cast to e4m3, q bf16; FA3 on q, qv and the cache cast to e4m3, the only fp8 form it has).
+MLA_BACKENDS = ("flashcore", FP8_KV_BACKEND, "fa3", FP8_FA3_BACKEND)
 # --backward and --train: flashcore's backward in its default and its deterministic mode, beside the others'.
 # Their default; fa4 and the overhead twins are opt-in (but for the model presets, model_backends).
 DEFAULT_BACKWARD_BACKENDS = ("flashcore", "flashcore-det", "fa3") + SDPA_BACKENDS
@@ -368,6 +415,12 @@ class Case:
     window: tuple = None  # issue 61's features, as Preset's
     attention_chunk: int = 0
     sinks: bool = False
+    mla: bool = False  # DeepSeek's latent cache: v is k[..., :head_dim_v] (the same storage), as Preset's
+
+    @property
+    def softmax_scale(self):
+        """The scale every backend gets: MLA_SOFTMAX_SCALE for MLA, else None (each backend's 1/sqrt(head_dim))."""
+        return MLA_SOFTMAX_SCALE if self.mla else None
 
     @property
     def features(self):
@@ -394,8 +447,9 @@ class Case:
 
     def kv_bytes(self):
         """Bytes of K and V one call reads: B*Hkv*Sk*(D + Dv) elements of 2 bytes (the keys some row sees, for a
-        window or chunks)."""
-        return 2 * self.batch * self.num_heads_kv * self.keys_read() * (self.head_dim + self.head_dim_v)
+        window or chunks); for MLA the latent cache once, B*Hkv*Sk*D (V is the same bytes as K's first Dv)."""
+        width = self.head_dim if self.mla else self.head_dim + self.head_dim_v
+        return 2 * self.batch * self.num_heads_kv * self.keys_read() * width
 
     @property
     def label(self):
@@ -406,16 +460,18 @@ class Case:
         mask = "causal" if self.causal else "full"
         dims = f"{self.head_dim}" if self.head_dim_v == self.head_dim else f"{self.head_dim}/{self.head_dim_v}"
         return (f"{self.name} B{self.batch} H{heads} S{seq} D{dims} {self.dtype} {mask}"
-                + feature_suffix(self.window, self.attention_chunk, self.sinks))
+                + feature_suffix(self.window, self.attention_chunk, self.sinks) + (" latent" if self.mla else ""))
 
     @property
     def torch_dtype(self):
         return torch.float16 if self.dtype == "fp16" else torch.bfloat16
 
     def set_bytes(self):
-        """q, k, v and out of one buffer set, in bytes."""
+        """q, k, v and out of one buffer set, in bytes (for MLA, v is a view of k)."""
         rows_q = self.batch * self.num_heads_q * self.seqlen_q
         rows_kv = self.batch * self.num_heads_kv * self.seqlen_k
+        if self.mla:
+            return 2 * (rows_q * (self.head_dim + self.head_dim_v) + rows_kv * self.head_dim)
         return 2 * (rows_q + rows_kv) * (self.head_dim + self.head_dim_v)
 
     def read_bytes(self):
@@ -426,7 +482,8 @@ class Case:
         """The e4m3 copies of q, k and v of one buffer set and a bf16 out, in bytes (what an fp8 call touches)."""
         rows_q = self.batch * self.num_heads_q * self.seqlen_q
         rows_kv = self.batch * self.num_heads_kv * self.seqlen_k
-        return rows_q * (self.head_dim + 2 * self.head_dim_v) + rows_kv * (self.head_dim + self.head_dim_v)
+        kv_width = self.head_dim if self.mla else self.head_dim + self.head_dim_v  # MLA: one e4m3 cache, V a view
+        return rows_q * (self.head_dim + 2 * self.head_dim_v) + rows_kv * kv_width
 
 
 def key_range(i, sq, sk, causal, window=None, attention_chunk=0):
@@ -514,7 +571,9 @@ def parse_args(argv):
                      + f" ({FP8_PRESET_GROUP}: issue 36's fp8 prefill targets; naming it makes "
                      + ",".join(FP8_BACKENDS) + " the default --backends and bf16 the default --dtype; "
                      "backward-targets and hopper-backward: issues 34's and 37's backward targets; models-2026: "
-                     "issue 61's gpt-oss (sinks, window 128 or full causal) and Llama 4 (chunks of 8192) shapes, "
+                     "issue 61's gpt-oss (sinks, window 128 or full causal) and Llama 4 (chunks of 8192) shapes and "
+                     "deepseek-mla (DeepSeek-V3 MLA decode on a latent cache, D576/512 with V the cache's first 512 "
+                     "columns, FA3's qv path as the peer; forward only: left out with --backward and --train), "
                      "which run only when named)")
     sel.add_argument("--dtype", help="fp16, bf16 or both, comma separated (default: both; bf16 with --preset "
                      f"{FP8_PRESET_GROUP} and for the model presets); the fp8 backends cast these inputs to e4m3")
@@ -540,7 +599,8 @@ def parse_args(argv):
                      help="comma list from " + ", ".join(FORWARD_BACKENDS) + " (with --backward or --train: from "
                      + ", ".join(BACKWARD_BACKENDS) + ") (default: " + ", ".join(ALL_BACKENDS) + "; with --preset "
                      f"{FP8_PRESET_GROUP}: " + ", ".join(FP8_BACKENDS) + "; with only model presets (models-2026): "
-                     "flashcore, the overhead twins and the peers that take their features; fa3 and fa3-fp8 are left "
+                     "flashcore, the overhead twins and the peers that take their features; with only MLA presets "
+                     "(deepseek-mla): " + ", ".join(MLA_BACKENDS) + "; fa3 and fa3-fp8 are left "
                      "out, with the reason, when its wheel cannot be imported). Opt-in: " + FP8_KV_BACKEND + " (K/V "
                      "cast to e4m3), " + " and ".join(FP8_BACKENDS) + " (q, k and v cast to e4m3, per tensor, once per "
                      f"buffer set; bf16 out; fp8 fc/fa3 = {FP8_FC_BACKEND} TFLOP/s / {FP8_FA3_BACKEND}'s, target >= "
@@ -612,9 +672,15 @@ def parse_args(argv):
         if n not in PRESET_NAMES:
             p.error(f"unknown preset {n!r}; choose from {', '.join(PRESET_NAMES)} or a group "
                     f"({', '.join(PRESET_GROUPS)})")
+    if args.gradients:  # the MLA presets are decode steps, forward only (FA3's wheel has no backward either)
+        mla_names = [n for n in names if n in MLA_PRESET_NAMES]
+        names = [n for n in names if n not in MLA_PRESET_NAMES]
+        if mla_names and not names:
+            p.error(f"the MLA presets ({', '.join(dict.fromkeys(mla_names))}) are forward only (decode); "
+                    f"--{args.mode} leaves them out")
     args.preset_names = names if (args.preset or not args.serving) else []
     known = BACKWARD_BACKENDS if args.gradients else FORWARD_BACKENDS
-    models = [pr for pr in PRESETS if pr.name in args.preset_names and pr.features]
+    models = [pr for pr in PRESETS if pr.name in args.preset_names and pr.model]
     if models and len(models) == len(set(args.preset_names)):
         default = model_backends(models, args.mode)
     else:
@@ -635,8 +701,8 @@ def parse_args(argv):
     try:
         if not build_cases(args) and not args.serving_kinds:
             if args.mask == "none" and any(n in MODEL_PRESET_NAMES for n in args.preset_names):
-                p.error("no case selected: the model presets (window, chunks or sinks) are causal only, and --mask "
-                        "none leaves them out")
+                p.error("no case selected: the model presets (window, chunks, sinks or MLA) are causal only, and "
+                        "--mask none leaves them out")
             p.error("no preset selected")
     except ValueError as e:
         p.error(str(e))
@@ -646,7 +712,20 @@ def parse_args(argv):
 def model_backends(presets, mode):
     """The default --backends when only model presets are selected: flashcore, the overhead twins that apply, and
     the peers that take some selected preset's features (fa4: sinks and windows; fa3: windows and chunks, not sinks;
-    efficient and cudnn: a mask, not sinks; eager: sinks, forward only)."""
+    efficient and cudnn: a mask, not sinks; eager: sinks, forward only). Only MLA presets: MLA_BACKENDS (bf16 and
+    e4m3); MLA among others: theirs, fa3 (the MLA peer) added where missing."""
+    mla = [pr for pr in presets if pr.mla]
+    presets = [pr for pr in presets if not pr.mla]
+    if not presets:
+        return list(MLA_BACKENDS)
+    names = feature_backends(presets, mode)
+    if mla and mode == "forward" and "fa3" not in names:
+        names.append("fa3")
+    return names
+
+
+def feature_backends(presets, mode):
+    """model_backends for presets with a window, chunks or sinks."""
     sinks = any(pr.sinks for pr in presets)
     plain = any(not pr.sinks for pr in presets)
     chunks = any(pr.attention_chunk for pr in presets)
@@ -686,7 +765,8 @@ def build_cases(args):
     Overrides: --seqlen sets both lengths, --seqlen-q/--seqlen-k one each; --heads keeps the preset's
     query/key-value head ratio (MHA presets stay MHA) unless --heads-kv is given. ValueError on a
     --heads that the preset's ratio does not divide. The model presets (window, chunks or sinks) are
-    causal only and, unless --dtype and --layout are given, bf16 and bshd."""
+    causal only and, unless --dtype and --layout are given, bf16 and bshd; so are the MLA presets, which keep
+    their one K/V head under --heads (unless --heads-kv) and need head_dim_v < head_dim (ValueError)."""
     masks = {"none": [False], "causal": [True], "both": [False, True]}[args.mask]
     cases = []
     for p in PRESETS:
@@ -696,6 +776,8 @@ def build_cases(args):
         hq = args.heads or p.heads
         if args.heads_kv:
             hkv = args.heads_kv
+        elif p.mla:  # the latent cache's one K/V head, whatever --heads
+            hkv = p.kv_heads
         else:
             ratio = p.heads // p.kv_heads
             if hq % ratio:
@@ -707,12 +789,16 @@ def build_cases(args):
                       seqlen_k=args.seqlen_k or args.seqlen or p.keys,
                       head_dim=args.head_dim or p.head_dim,
                       head_dim_v=args.head_dim_v or args.head_dim or p.head_dim_v,
-                      layout=args.layout or ("bshd" if p.features else "bhsd"), kind=p.kind,
-                      window=p.window, attention_chunk=p.attention_chunk, sinks=p.sinks)
-        dtypes = ["bf16"] if p.features and not getattr(args, "dtype", None) else args.dtypes
+                      layout=args.layout or ("bshd" if p.model else "bhsd"), kind=p.kind,
+                      window=p.window, attention_chunk=p.attention_chunk, sinks=p.sinks, mla=p.mla)
+        if p.mla and not 0 < fields["head_dim_v"] < fields["head_dim"]:
+            raise ValueError(f"preset {name}: the MLA latent cache needs 0 < head_dim_v < head_dim (V is the cache's "
+                             f"first head_dim_v columns, the rope dims the rest), got {fields['head_dim']}/"
+                             f"{fields['head_dim_v']}")
+        dtypes = ["bf16"] if p.model and not getattr(args, "dtype", None) else args.dtypes
         for dtype in dtypes:
             for causal in masks:
-                if causal or not p.features:
+                if causal or not p.model:
                     cases.append(Case(dtype=dtype, causal=causal, **fields))
     return cases
 
@@ -771,6 +857,11 @@ def sdpa_backend(name, c, cache=None):
     gqa = c.num_heads_q != c.num_heads_kv
     gqa_kwargs = {"enable_gqa": True} if gqa else {}
     gqa_how = "; GQA: enable_gqa=True (K/V passed with their Hkv heads, no repeat_interleave)" if gqa else ""
+    scale = getattr(c, "softmax_scale", None)  # MLA's; None elsewhere (SDPA's 1/sqrt(D), nothing passed)
+    scale_kwargs = {} if scale is None else {"scale": scale}
+    if scale is not None:
+        gqa_kwargs.update(scale_kwargs)
+        gqa_how += f"; scale={scale:.6g} (MLA)"
     if getattr(c, "features", False):
         if c.sinks:
             raise NotApplicable(f"{name}: SDPA has no learnable sinks (the {EAGER_BACKEND} backend is their PyTorch "
@@ -790,7 +881,7 @@ def sdpa_backend(name, c, cache=None):
         if name == "flash":
             def run(q, k, v):
                 qb, kb, vb = (to_bhsd(t, c.layout) for t in (q, k, v))
-                return torch.ops.aten._scaled_dot_product_flash_attention(qb, kb, vb, 0.0, True)[0]
+                return torch.ops.aten._scaled_dot_product_flash_attention(qb, kb, vb, 0.0, True, **scale_kwargs)[0]
             run.how = ("aten._scaled_dot_product_flash_attention(is_causal=True): bottom-right causal"
                        + ("; GQA: native in the kernel (K/V with their Hkv heads)" if gqa else ""))
             return run
@@ -798,7 +889,7 @@ def sdpa_backend(name, c, cache=None):
             def run(q, k, v):
                 qs, ks, vs = (to_bhsd(t, c.layout).transpose(1, 2) for t in (q, k, v))  # [B,S,H,D] views
                 out = torch.ops.aten._efficient_attention_forward(
-                    qs, ks, vs, None, None, None, None, None, 0.0, 2)[0]  # 2: causal from bottom right
+                    qs, ks, vs, None, None, None, None, None, 0.0, 2, **scale_kwargs)[0]  # 2: causal from bottom right
                 return out.transpose(1, 2)
             run.how = "aten._efficient_attention_forward(custom_mask_type=2): bottom-right causal"
             return run
@@ -840,6 +931,13 @@ def flashcore_backend(fc, c, num_splits=None, sinks=None, twin=None, determinist
     if deterministic:
         kwargs["deterministic"] = True
     gqa_how = "; GQA: native" if c.num_heads_q != c.num_heads_kv else ""
+    if getattr(c, "mla", False):
+        call, how = flashcore_mla_call(fc, c, kwargs)
+
+        def run(q, k, v):  # v is k[..., :Dv]: the call takes it from k, as the same storage
+            return call(q, k)
+        run.how = how + gqa_how
+        return run
     if twin == CAUSAL_BACKEND:
         def run(q, k, v):
             out = fc.attention(*(as_chunk_batch(t, c) for t in (q, k, v)), causal=c.causal, layout="bshd", **kwargs)
@@ -857,10 +955,56 @@ def flashcore_backend(fc, c, num_splits=None, sinks=None, twin=None, determinist
     return run
 
 
+def flashcore_mla_call(fc, c, kwargs):
+    """(call, how) for flashcore on an MLA case: call(q, k, **more) -> out [B, Hq, Sq, Dv], k the latent cache (the
+    case's layout, 16-bit or e4m3) and v its first Dv columns (a view: the same storage), softmax_scale
+    MLA_SOFTMAX_SCALE, kwargs and more passed on. Paged where the case allows (bshd, Sk a multiple of
+    MLA_PAGE_SIZE): flashcore.attention_with_kvcache with a block table over pages of MLA_PAGE_SIZE keys, the cache's
+    own storage taken as the page pool, sequence b's pages in order (pool page b * Sk / page + p), so the paged
+    addressing is timed on the same bytes as the other backends read, not a shuffled pool's locality; else
+    flashcore.attention on the contiguous cache. The block table is made here, once per case."""
+    dv, scale = c.head_dim_v, c.softmax_scale
+    kwargs = dict(kwargs, softmax_scale=scale)
+    shown = "".join(f", {key}={value!r}" for key, value in kwargs.items() if key != "softmax_scale")
+    view = f"v = k[..., :{dv}] (the cache's latent columns, the same storage), softmax_scale={scale:.6g}"
+    paged = (c.layout == "bshd" and c.seqlen_k % MLA_PAGE_SIZE == 0
+             and hasattr(fc, "attention_with_kvcache") and accepts_keyword(fc.attention_with_kvcache, "block_table"))
+    if not paged:
+        def call(q, k, **more):
+            return to_bhsd(fc.attention(q, k, k[..., :dv], causal=c.causal, layout=c.layout, **kwargs, **more),
+                           c.layout)
+        why = ("its layout is not bshd" if c.layout != "bshd" else f"Sk is not a multiple of {MLA_PAGE_SIZE}"
+               if c.seqlen_k % MLA_PAGE_SIZE else "the binding has no attention_with_kvcache(block_table=)")
+        return call, (f"flashcore.attention(layout={c.layout!r}{shown}) on the contiguous latent cache, {view} (not "
+                      f"paged: {why})")
+    pages = c.seqlen_k // MLA_PAGE_SIZE
+    table = torch.arange(c.batch * pages, dtype=torch.int32, device="cuda").view(c.batch, pages)
+
+    def call(q, k, **more):
+        pool = k.view(c.batch * pages, MLA_PAGE_SIZE, c.num_heads_kv, c.head_dim)
+        out = fc.attention_with_kvcache(q, pool, pool[..., :dv], block_table=table, causal=c.causal, **kwargs, **more)
+        return to_bhsd(out, "bshd")
+    return call, (f"flashcore.attention_with_kvcache(block_table=[B, Sk/{MLA_PAGE_SIZE}]{shown}): paged, pages of "
+                  f"{MLA_PAGE_SIZE} keys, the cache's own storage as the pool with each sequence's pages in order, "
+                  f"{view}; the whole cache, no cache_seqlens")
+
+
 def flashcore_fp8_kv_backend(fc, c):
     """fn(q, k, v): flashcore.attention on k and v quantized to e4m3 (per tensor) once per buffer set,
-    outside the timed calls (a cache is written once and read by every decode step)."""
+    outside the timed calls (a cache is written once and read by every decode step). MLA: the latent cache cast
+    once, one factor for K and V (V is its first Dv columns, the same e4m3 bytes), flashcore_mla_call's call."""
     quantized = {}
+    if getattr(c, "mla", False):
+        call, how = flashcore_mla_call(fc, c, {})
+
+        def run(q, k, v):
+            if k.data_ptr() not in quantized:
+                quantized[k.data_ptr()] = quantize_e4m3(k)
+            k8, descale = quantized[k.data_ptr()]
+            return call(q, k8, k_descale=descale, v_descale=descale)
+        run.how = (how + "; the cache cast to torch.float8_e4m3fn once per buffer set with one descale factor "
+                   "(amax / 448), k_descale = v_descale; q in the case's dtype")
+        return run
 
     def run(q, k, v):
         key = (k.data_ptr(), v.data_ptr())
@@ -879,19 +1023,28 @@ def fp8_set(cache, c, q, k, v):
     (quantize_e4m3), cast on first use and kept in cache (one dict per case, shared by those backends, so both
     read the same e4m3 tensors and each set is cast once, before anything is timed). A namespace: q, k, v
     (torch.float8_e4m3fn, the case's shapes and layout), q_descale, k_descale, v_descale (float32, one element
-    each) and descales_bh, the three factors as contiguous float32 [B, Hkv] arrays (the form FA3 checks)."""
+    each) and descales_bh, the three factors as contiguous float32 [B, Hkv] arrays (the form FA3 checks). MLA: the
+    latent cache k is cast once and v is its first Dv columns (a view of the e4m3 cache, k's factor)."""
     key = (q.data_ptr(), k.data_ptr(), v.data_ptr())
     entry = cache.get(key)
     if entry is None:
-        (q8, qd), (k8, kd), (v8, vd) = (quantize_e4m3(t) for t in (q, k, v))
+        if getattr(c, "mla", False):
+            (q8, qd), (k8, kd) = quantize_e4m3(q), quantize_e4m3(k)
+            v8, vd = k8[..., :c.head_dim_v], kd
+        else:
+            (q8, qd), (k8, kd), (v8, vd) = (quantize_e4m3(t) for t in (q, k, v))
         per_head = tuple(d.expand(c.batch, c.num_heads_kv).contiguous() for d in (qd, kd, vd))
         entry = cache[key] = argparse.Namespace(q=q8, k=k8, v=v8, q_descale=qd, k_descale=kd, v_descale=vd,
                                                 descales_bh=per_head)
     return entry
 
 
-def dequantized(entry, dtype):
-    """(q, k, v) of an fp8_set entry as the values the kernels compute on, e4m3 * descale, in dtype."""
+def dequantized(entry, dtype, mla_dv=None):
+    """(q, k, v) of an fp8_set entry as the values the kernels compute on, e4m3 * descale, in dtype. mla_dv: an MLA
+    case's head_dim_v, v then being the dequantized cache's first mla_dv columns (a view, as the inputs')."""
+    if mla_dv:
+        q, k = ((t.float() * d).to(dtype) for t, d in ((entry.q, entry.q_descale), (entry.k, entry.k_descale)))
+        return q, k, k[..., :mla_dv]
     return tuple((t.float() * d).to(dtype) for t, d in ((entry.q, entry.q_descale), (entry.k, entry.k_descale),
                                                          (entry.v, entry.v_descale)))
 
@@ -901,6 +1054,15 @@ def flashcore_fp8_backend(fc, c, cache=None, num_splits=None):
     outside the timed calls) with q_descale, k_descale and v_descale; bf16 out (issue 36's fp8 prefill)."""
     cache = {} if cache is None else cache
     kwargs = {} if num_splits is None else {"num_splits": num_splits}
+    if getattr(c, "mla", False):
+        call, how = flashcore_mla_call(fc, c, kwargs)
+
+        def run(q, k, v):
+            e = fp8_set(cache, c, q, k, v)
+            return call(e.q, e.k, q_descale=e.q_descale, k_descale=e.k_descale, v_descale=e.v_descale)
+        run.how = (how + "; q and the cache cast to torch.float8_e4m3fn (one descale factor each, amax / 448; "
+                   "v_descale = k_descale), cast once per buffer set; bf16 out")
+        return run
 
     def run(q, k, v):
         e = fp8_set(cache, c, q, k, v)
@@ -920,6 +1082,8 @@ def fa3_fp8_backend(fa3, c, cache=None):
     if fa3 is None:
         raise Unsupported(f"{FP8_FA3_BACKEND}: the fa3-fwd wheel is not importable")
     cache = {} if cache is None else cache
+    if getattr(c, "mla", False):
+        return fa3_mla_backend(fa3, c, FP8_FA3_BACKEND, cache)
 
     def bshd(t):
         return t if c.layout == "bshd" else t.transpose(1, 2)
@@ -961,6 +1125,8 @@ def fa3_backend(fa3, c):
         raise Unsupported("fa3: the fa3-fwd wheel is not importable")
     if c.dtype != "bf16":
         raise NotApplicable(f"fa3: not applicable to {c.dtype}: the fa3-fwd wheel has bf16 and fp8 kernels only")
+    if getattr(c, "mla", False):
+        return fa3_mla_backend(fa3, c, "fa3")
 
     def bshd(t):
         return t if c.layout == "bshd" else t.transpose(1, 2)
@@ -980,6 +1146,46 @@ def fa3_backend(fa3, c):
             return first_output(fa3.flash_attn_func(bshd(q), bshd(k), bshd(v), causal=c.causal,
                                                     **features)).transpose(1, 2)
         run.how = f"flash_attn_func(causal={c.causal}{feature_how})" + gqa_how
+    return run
+
+
+def fa3_mla_backend(fa3, c, name, fp8_cache=None):
+    """fn(q, k, v) for FlashAttention 3's MLA path on an MLA case, returning [B, H, Sq, Dv]: with the latent dims
+    first and the rope dims last in both q and the cache rows, FA3 gets q = q's rope dims, qv = its latent dims,
+    k_cache = the cache's rope columns and v_cache its latent columns ([B, S, H, d] views, last dims contiguous), so
+    its scores q.k_cache + qv.v_cache are the whole 576-dim q.k, and its out P.v_cache; softmax_scale
+    MLA_SOFTMAX_SCALE (FA3's own default would be 1/sqrt(576)). flash_attn_with_kvcache(num_splits=0) for decode,
+    flash_attn_func otherwise; the contiguous cache (the wheel has no paged kernels). fp8_cache: the fa3-fp8 form,
+    q, qv and the cache cast to e4m3 (fp8_set; FA3 takes q and k of one dtype), descales as [B, Hkv] arrays."""
+    entry = fa3.flash_attn_with_kvcache if c.decode else fa3.flash_attn_func
+    if not accepts_keyword(entry, "qv"):
+        raise NotApplicable(f"{name}: this {FA3_DISTRIBUTION} wheel's {entry.__name__} has no qv= (FA3's MLA path)")
+    dv, scale = c.head_dim_v, c.softmax_scale
+    extra = {"num_splits": 0} if c.decode else {}
+
+    def bshd(t):
+        return t if c.layout == "bshd" else t.transpose(1, 2)
+
+    def run(q, k, v):  # v is k[..., :Dv]: its latent columns are taken from k, the same storage
+        descales = {}
+        if fp8_cache is not None:
+            e = fp8_set(fp8_cache, c, q, k, v)
+            q, k = e.q, e.k
+            descales = dict(zip(("q_descale", "k_descale", "v_descale"), e.descales_bh))
+        qb, kb = bshd(q), bshd(k)
+        out = entry(qb[..., dv:], kb[..., dv:], kb[..., :dv], qv=qb[..., :dv], softmax_scale=scale, causal=c.causal,
+                    **extra, **descales)
+        return first_output(out).transpose(1, 2)
+    rope = c.head_dim - dv
+    run.how = (f"{entry.__name__}(q = q[..., {dv}:] (the {rope} rope dims), k_cache = cache[..., {dv}:], v_cache = "
+               f"cache[..., :{dv}] (the latent columns), qv = q[..., :{dv}], softmax_scale={scale:.6g}, "
+               f"causal={c.causal}" + (", num_splits=0: its split-KV heuristic" if c.decode else "")
+               + "), [B,S,H,d] views of the contiguous cache (the wheel has no paged kernels), the whole cache (no "
+               "cache_seqlens)"
+               + ("; q, qv and the cache cast to torch.float8_e4m3fn (one descale factor each, amax / 448, as "
+                  "contiguous float32 [B, Hkv] arrays; v_descale = k_descale), cast once per buffer set"
+                  if fp8_cache is not None else "")
+               + ("; GQA: native (K/V with their Hkv heads)" if c.num_heads_q != c.num_heads_kv else ""))
     return run
 
 
@@ -1083,6 +1289,8 @@ def fa4_backend(fa4, c, sinks=None):
         features["learnable_sink"] = sinks if sinks is not None else make_sinks(c, 0)
     if c.decode:
         features["num_splits"] = 0
+    if getattr(c, "softmax_scale", None) is not None:  # MLA's
+        features["softmax_scale"] = c.softmax_scale
     missing = [key for key in features if not accepts_keyword(fa4.flash_attn_func, key)]
     if missing:
         raise NotApplicable("fa4: this flash_attn_func has no " + " or ".join(f"{key}=" for key in missing))
@@ -1166,10 +1374,11 @@ def eager_backend(c, sinks=None, cache=None):
 def extra_backend(target, c):
     module, _, attr = target.partition(":")
     fn = getattr(importlib.import_module(module), attr)
+    scale = getattr(c, "softmax_scale", None)  # MLA's; None elsewhere
 
     def run(q, k, v):
-        return fn(to_bhsd(q, c.layout), to_bhsd(k, c.layout), to_bhsd(v, c.layout), c.causal, None)
-    run.how = f"{target}(q, k, v, causal={c.causal}, softmax_scale=None) on [B,H,S,D] tensors"
+        return fn(to_bhsd(q, c.layout), to_bhsd(k, c.layout), to_bhsd(v, c.layout), c.causal, scale)
+    run.how = f"{target}(q, k, v, causal={c.causal}, softmax_scale={scale}) on [B,H,S,D] tensors"
     return run
 
 
@@ -1198,9 +1407,10 @@ def masked_reference(c, q, k, v, sinks=None, dout=None):
     probabilities are multiplied by the mask, so that a row that sees no key gives 0 (and, with a sink, the sink
     takes its whole softmax), as flashcore.h defines it, without NaN. Returns out [B, Hq, Sq, Dv]; with dout (the
     case's layout) (out, [dq, dk, dv] as [B, H, S, D], plus dsinks [Hq] with sinks), by autograd through each
-    block."""
+    block. Also the MLA cases' reference (their softmax_scale; v a view of k, read as the kernels read it)."""
     qb, kb, vb = (to_bhsd(t, c.layout) for t in (q, k, v))
-    group, scale = c.num_heads_q // c.num_heads_kv, 1.0 / math.sqrt(c.head_dim)
+    group = c.num_heads_q // c.num_heads_kv
+    scale = getattr(c, "softmax_scale", None) or 1.0 / math.sqrt(c.head_dim)  # MLA's, else SDPA's default
     rows_per_block = max(1, REFERENCE_BLOCK_BYTES // (4 * group * c.seqlen_k))
     out = torch.zeros(c.batch, c.num_heads_q, c.seqlen_q, c.head_dim_v, dtype=torch.float32, device=q.device)
     grads = None
@@ -1317,6 +1527,10 @@ def make_inputs(c, nsets, seed):
 
     shapes = (shape(c.num_heads_q, c.seqlen_q, c.head_dim), shape(c.num_heads_kv, c.seqlen_k, c.head_dim),
               shape(c.num_heads_kv, c.seqlen_k, c.head_dim_v))
+    if getattr(c, "mla", False):  # q and the latent cache k; v is k's first Dv columns, a view of the same storage
+        sets = [tuple(torch.randn(shape, device="cuda", dtype=c.torch_dtype, generator=gen) for shape in shapes[:2])
+                for _ in range(nsets)]
+        return [(q, k, k[..., :c.head_dim_v]) for q, k in sets]
     return [tuple(torch.randn(shape, device="cuda", dtype=c.torch_dtype, generator=gen) for shape in shapes)
             for _ in range(nsets)]
 
@@ -1345,6 +1559,17 @@ def dispatch_reason(caught):
     return f" ({' '.join(texts)[:240]})" if texts else ""
 
 
+def case_dict(c):
+    """A case's fields for its result (JSON): an MLA case's with its softmax_scale; the others' without the mla
+    field, as before it was added."""
+    result = dataclasses.asdict(c)
+    if c.mla:
+        result["softmax_scale"] = c.softmax_scale
+    else:
+        del result["mla"]
+    return result
+
+
 def run_case(c, backends, fc, args, fa3=None, fa4=None):
     """Time every backend on one case; a dict ready for JSON."""
     fp8 = [n for n in backends if n in FP8_BACKENDS]
@@ -1354,7 +1579,7 @@ def run_case(c, backends, fc, args, fa3=None, fa4=None):
     nsets = (buffer_sets(c, args, 1.5, c.fp8_set_bytes()) if fp8 else
              buffer_sets(c, args, read_bytes=c.read_bytes()) if c.masked else buffer_sets(c, args))
     inputs = make_inputs(c, nsets, args.seed)
-    result = dataclasses.asdict(c)
+    result = case_dict(c)
     result.update(flops=attention_flops(c), decode=c.decode, kv_bytes=c.kv_bytes(), buffer_sets=nsets, backends={},
                   reference=None)
     # Issue 61's features: one sinks tensor per case, shared by every backend; one explicit mask, shared by SDPA's
@@ -1363,7 +1588,7 @@ def run_case(c, backends, fc, args, fa3=None, fa4=None):
     masks = {}
 
     reference = nosinks_reference = None
-    if not args.no_check and c.features:
+    if not args.no_check and (c.features or c.mla):  # MLA too: (576, 512) with v a view of k, any size
         reference = masked_reference(c, *inputs[0], sinks)
         result["reference"] = "fp32"
         if c.sinks and NOSINKS_BACKEND in backends:  # the twin's own: the same case without sinks
@@ -1388,9 +1613,11 @@ def run_case(c, backends, fc, args, fa3=None, fa4=None):
         for q, k, v in inputs:
             fp8_set(fp8_cache, c, q, k, v)
         if result["reference"] is not None:
-            dq_inputs = [dequantized(fp8_set(fp8_cache, c, *inputs[0]), c.torch_dtype)]
+            dq_inputs = [dequantized(fp8_set(fp8_cache, c, *inputs[0]), c.torch_dtype, c.mla and c.head_dim_v)]
             try:
-                if result["reference"] == "fp32":
+                if c.mla:
+                    fp8_reference = masked_reference(c, *dq_inputs[0])
+                elif result["reference"] == "fp32":
                     fp8_reference = reference_fp32(c, *dq_inputs[0])
                 else:
                     fp8_reference = probe(sdpa_backend(result["reference"], c), dq_inputs).float()
@@ -1701,7 +1928,7 @@ def run_backward_case(c, backends, fc, args, fa3=None, fa4=None):
     inputs = make_inputs(c, nsets, args.seed)
     douts = make_douts(c, nsets, args.seed + 1)
     sinks = make_sinks(c, args.seed) if c.sinks else None
-    result = dataclasses.asdict(c)
+    result = case_dict(c)
     result.update(flops=mode_flops(c, args.mode), forward_flops=attention_flops(c), decode=False,
                   kv_bytes=c.kv_bytes(), buffer_sets=nsets, backends={}, reference=None)
     reference = nosinks_reference = None
@@ -1787,7 +2014,7 @@ def summarize(result):
     result["fp8kv_time_ratio"] = fc_tflops / fp8_tflops if fc_tflops and fp8_tflops else None
     # The fp8 prefill backends are judged against each other only (issue 36), never as the 16-bit ones' peers.
     fc8, fa8 = (others.pop(n, None) for n in FP8_BACKENDS)
-    if any(n in result["backends"] for n in FP8_BACKENDS):
+    if any(n in result["backends"] for n in FP8_BACKENDS) and not result.get("mla"):  # MLA: decode, no fp8 target
         result["fp8_ratio"] = fc8 / fa8 if fc8 and fa8 else None
         result["fp8_target_met"] = None if result["fp8_ratio"] is None else bool(result["fp8_ratio"] >= FP8_TARGET)
     result["ratio_to_flash"] = fc_tflops / others["flash"] if fc_tflops and others.get("flash") else None
@@ -2024,6 +2251,8 @@ def fa3_entry_point(c):
     if c.sinks:
         return "n/a (no sinks)"
     entry = "flash_attn_with_kvcache" if c.decode else "flash_attn_func"
+    if c.mla:
+        return entry + "(qv=)"
     if c.attention_chunk:
         return entry + "(attention_chunk=), if the wheel has it"
     return entry + ("(window_size=)" if c.window is not None else "")
@@ -2033,7 +2262,7 @@ def fa4_entry_point(c, mode="forward"):
     """What FlashAttention 4 runs for a case (for --list; fa4_backend and autograd_runner decide the same way)."""
     if c.attention_chunk:
         return "n/a (no attention_chunk)"
-    args = ["window_size="] * (c.window is not None) + ["learnable_sink="] * c.sinks
+    args = ["window_size="] * (c.window is not None) + ["learnable_sink="] * c.sinks + ["softmax_scale="] * c.mla
     if c.decode and mode == "forward":
         args.append("num_splits=0")
     return "flash_attn_func(" + ", ".join(args) + ")" + (" + its backward" if mode != "forward" else "")
@@ -2064,6 +2293,22 @@ def list_cases(cases, mode="forward", fp8=False, fa4=False):
                                       "train": ", training step (forward and backward)"}[mode])
 
 
+def mla_note(backends, listing=False):
+    """What the MLA cases measure and how each backend takes them (printed once, with --list too)."""
+    forms = {FP8_KV_BACKEND: "the cache in e4m3, q in the case's dtype", FP8_FC_BACKEND: "q and the cache in e4m3",
+             FP8_FA3_BACKEND: "q, qv and the cache in e4m3"}
+    fp8 = [f"{n} ({form})" for n, form in forms.items() if n in backends]
+    return ("DeepSeek MLA cases (latent): one K/V head of D values per token, V its first Dv columns (a view of the "
+            f"same storage); softmax_scale {MLA_SOFTMAX_SCALE:.6g} = (128+64)^-0.5 for every backend; "
+            + ("K/V MiB" if listing else "TB/s") + " counts the cache once, B*Hkv*Sk*D*2 bytes (B*Sk*576*2: K and V "
+            "are the same bytes; one byte per element for e4m3); flashcore paged (attention_with_kvcache, pages of "
+            f"{MLA_PAGE_SIZE} in order over the cache's own storage), FA3 through its qv path (q and k_cache: the "
+            "rope dims, qv and v_cache: the latent dims) on the contiguous cache"
+            + (f"; e4m3: {', '.join(fp8)}, each tensor cast once per buffer set with one descale factor (the "
+               "cache's for K and V)" if fp8 else "")
+            + ("" if listing else "; checked against an fp32 reference computed in blocks"))
+
+
 def cuda_torch_missing(prog):
     """Whether PyTorch or a CUDA device it sees is missing, said on stderr
     as `prog` where it is (the benchmark scripts then exit with 2)."""
@@ -2079,14 +2324,19 @@ def cuda_torch_missing(prog):
 def main(argv=None):
     args = parse_args(argv)
     cases = build_cases(args)
+    # The fp8 prefill columns: whenever an fp8 prefill backend was asked for (n/a where one could not run), but for
+    # MLA cases alone (decode: issue 36's fp8 prefill target does not apply).
+    fp8 = (not args.gradients and any(n in args.backend_list for n in FP8_BACKENDS)
+           and not (cases and all(c.mla for c in cases)))
     if args.list:
         if cases:
-            fp8 = not args.gradients and any(n in args.backend_list for n in FP8_BACKENDS)
             list_cases(cases, args.mode, fp8, FA4_BACKEND in args.backend_list)
             if fp8:
                 print("backends: " + ", ".join(args.backend_list) + f"; fp8 fc/fa3 target >= {FP8_TARGET}")
-            elif any(c.features for c in cases):
+            elif any(c.features or c.mla for c in cases):
                 print("backends: " + ", ".join(args.backend_list))
+            if any(c.mla for c in cases):
+                print(mla_note(args.backend_list, listing=True))
         for kind in args.serving_kinds:
             print(f"serving comparison: {kind} (bench/serving_cases.py)")
         return 0
@@ -2162,7 +2412,7 @@ def main(argv=None):
               "show TB/s = K/V bytes read (B*Hkv*Sk*(D+Dv)*2) per second instead; fc/best = flashcore TFLOP/s / "
               "best other backend's, fc/peer = the same over the best of " + ", ".join(PEERS) + " (>1: flashcore "
               "faster); maxdiff: flashcore's output against the ref(erence) backend's")
-        if any(n in args.backend_list for n in FP8_BACKENDS):
+        if fp8:
             print(f"fp8 prefill: {' and '.join(FP8_BACKENDS)} get the case's q, k and v cast to e4m3 (one descale "
                   "factor per tensor, amax / 448; cast once per buffer set, not timed), bf16 out, same flops; fp8 "
                   f"fc/fa3 = {FP8_FC_BACKEND} TFLOP/s / {FP8_FA3_BACKEND}'s, target >= {FP8_TARGET} (met or missed); "
@@ -2178,10 +2428,10 @@ def main(argv=None):
                   f"({CAUSAL_BACKEND}'s / its pairs), {CAUSAL_BACKEND} being plain causal attention over the case's "
                   f"chunks as a batch of sequences (the same keys per query), target <= {CHUNK_PER_KEY_TARGET:g}; "
                   "'!' past a target")
+    if any(c.mla for c in cases):
+        print(mla_note(backends))
     label_width = max([len(c.label) for c in cases] or [0])
     cell = 16
-    # The fp8 prefill columns: whenever an fp8 prefill backend was asked for (n/a where one could not run).
-    fp8 = not args.gradients and any(n in args.backend_list for n in FP8_BACKENDS)
     results = []
     for i, c in enumerate(cases):
         if args.gradients:
@@ -2232,6 +2482,10 @@ def main(argv=None):
                                     "check": "max abs diff against the reference backend on the dequantized e4m3 "
                                              "inputs of buffer set 0"}},
                "results": results, "serving": serving}
+        if any(c.mla for c in cases):
+            doc["settings"]["mla"] = {"softmax_scale": MLA_SOFTMAX_SCALE, "page_size": MLA_PAGE_SIZE,
+                                      "tbps": "B*Hkv*Sk*D*2 bytes: the latent cache once (V is its first Dv "
+                                              "columns, the same bytes), half that for e4m3"}
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"JSON written to {args.json}")
     if args.plot:
