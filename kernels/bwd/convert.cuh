@@ -28,12 +28,6 @@ namespace flashcore {
 
 
 #if defined(__CUDACC__)
-// The first float of the dQ accumulator of the query block whose first row
-// (of the packed rows: q_row0 added) is row0.
-__device__ __forceinline__ float *bwd_block_accumulator(const BwdKernelParams &p, int batch, int head, int64_t row0) {
-    return p.dq_accum + batch * p.dq_accum_batch_stride + head * p.dq_accum_head_stride + row0 * p.fwd.head_dim;
-}
-
 // dq of the block's rows: seq_rows > 0 of the sequence from its first row
 // on, valid_rows of them in the block. Thread 0's first step reads the
 // accumulator's first float and writes the first row's first vector (the
@@ -120,32 +114,22 @@ __device__ __forceinline__ void bwd_convert_rows(const BwdKernelParams &p, const
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kNumThreads) bwd_convert_kernel(const __grid_constant__ BwdKernelParams p) {
     using Element = typename Traits::Element;
-    const int64_t num_m_blocks = bwd_query_blocks(p, Traits::kBlockM);
-    const int m_block = int(blockIdx.x % num_m_blocks);
-    const int64_t bh = blockIdx.x / num_m_blocks;
-    const int head = int(bh % p.fwd.num_heads_q);
-    const int batch = int(bh / p.fwd.num_heads_q);
-    const BatchSeqs seqs = fwd_batch_seqs<true>(p.fwd, batch);
-    const int first_row = m_block * Traits::kBlockM;
-    const int seq_rows = seqs.seqlen_q - first_row;  // of the sequence from first_row on
-    if (seq_rows <= 0) return;
-    const int valid_rows = min(seq_rows, Traits::kBlockM);
-    const int64_t row0 = int64_t(seqs.q_row0) + first_row;
-    float *accumulator = bwd_block_accumulator(p, batch, head, row0);
-    Element *dq = static_cast<Element *>(p.dq) + batch * p.dq_batch_stride + row0 * p.dq_seq_stride +
-                  int64_t(head) * p.dq_head_stride;
+    const BwdQueryBlock b = BwdQueryBlock::of_cta(p, Traits::kBlockM);
+    if (b.valid_rows == 0) return;
+    float *accumulator = bwd_accumulator_row(p, b.batch, b.head, b.row0);
+    Element *dq = static_cast<Element *>(p.dq) + b.batch * p.dq_batch_stride + b.row0 * p.dq_seq_stride +
+                  int64_t(b.head) * p.dq_head_stride;
     const bool carries_sinks = p.dsinks != nullptr && threadIdx.x == 0;
-    const float block_terms = carries_sinks ? bwd_row_stats(p, batch, head, row0)[kSinkTermWord] : 0.f;
-    bwd_convert_rows<Traits>(p, accumulator, dq, seq_rows, valid_rows);
+    const float block_terms = carries_sinks ? bwd_row_stats(p, b.batch, b.head, b.row0)[kSinkTermWord] : 0.f;
+    bwd_convert_rows<Traits>(p, accumulator, dq, b.seq_rows, b.valid_rows);
     if (carries_sinks) accumulator[0] = block_terms;
 }
 
 // dsinks[head] for head blockIdx.x: minus the sum of its blocks' sums of
 // sink terms (the first float of each block's accumulator, from the convert
-// kernel),
-// in (batch, block) order: each thread a fixed stride of them, then a fixed
-// tree; 0 for a call without query blocks. (A template only so that every unit that includes this header may
-// define it.)
+// kernel), in (batch, block) order: each thread a fixed stride of them, then
+// a fixed tree; 0 for a call without query blocks. (A template only so that
+// every unit that includes this header may define it.)
 template <int kBlockM, int kThreads>
 __global__ void __launch_bounds__(kThreads) bwd_dsinks_kernel(const __grid_constant__ BwdKernelParams p) {
     __shared__ float scratch[kThreads / kWarpSize];
@@ -154,10 +138,8 @@ __global__ void __launch_bounds__(kThreads) bwd_dsinks_kernel(const __grid_const
     const int64_t head_blocks = num_m_blocks * p.fwd.batch_size;
     float sum = 0.f;
     for (int64_t i = threadIdx.x; i < head_blocks; i += kThreads) {
-        const int batch = int(i / num_m_blocks);
-        const int first_row = int(i % num_m_blocks) * kBlockM;
-        const BatchSeqs seqs = fwd_batch_seqs<true>(p.fwd, batch);
-        if (first_row < seqs.seqlen_q) sum += *bwd_block_accumulator(p, batch, head, int64_t(seqs.q_row0) + first_row);
+        const BwdQueryBlock b = BwdQueryBlock::at(p, kBlockM, int(i / num_m_blocks), head, int(i % num_m_blocks));
+        if (b.valid_rows > 0) sum += *bwd_accumulator_row(p, b.batch, head, b.row0);
     }
     const float total = block_sum_in_order<kThreads>(sum, scratch);
     if (threadIdx.x == 0) p.dsinks[head] = 0.f - total;  // (+0 for a head without rows, not -0)

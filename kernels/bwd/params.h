@@ -68,8 +68,9 @@ struct BwdKernelParams {
     bool rotated_walk;
 
     // The gradient of the learnable sinks (fwd.sinks), or nullptr: not
-    // computed (flashcore_backward_params::dsinks; the preprocess writes
-    // each row's term, the convert kernel sums them: convert.cuh).
+    // computed (flashcore_backward_params::dsinks; each query block's share
+    // from the sinks' preprocess, the heads' sums from bwd_dsinks_kernel:
+    // convert.cuh).
     float *dsinks;
 };
 

@@ -63,15 +63,15 @@ cudaError_t run_bwd_passes(const BwdKernelParams &params, const LaunchOptions &o
     static DynamicSmemOptIn opt_in;
     cudaError_t err = ensure_opted_in(opt_in, kernel, Traits::kSmemBytes, options);
     if (err != cudaSuccess) return err;
-    const int preprocess_rows_per_warp =
-        kWarpSize / bwd_preprocess_lanes_per_row(params.fwd.head_dim_v, kElemsPerVector<Element>);
     // With dsinks, the preprocess by query block leaves each block's share of
     // them, which the convert kernel carries and bwd_dsinks_kernel sums (0
     // for a call without query blocks).
     const int64_t query_blocks =
         bwd_query_blocks(params, Traits::kBlockM) * params.fwd.batch_size * params.fwd.num_heads_q;
     if (params.dsinks == nullptr) {
-        err = launch_row_kernel(bwd_preprocess_kernel<Element>, params, preprocess_rows_per_warp, options, stream,
+        const int rows_per_warp =
+            kWarpSize / bwd_preprocess_lanes_per_row(params.fwd.head_dim_v, kElemsPerVector<Element>);
+        err = launch_row_kernel(bwd_preprocess_kernel<Element>, params, rows_per_warp, options, stream,
                                 "cudaLaunchKernelEx (the backward preprocess)");
     } else if (query_blocks > 0) {
         cudaLaunchConfig_t preprocess = {};

@@ -81,7 +81,7 @@ struct BwdRow {
     }
 
     __device__ __forceinline__ float *accumulator(const BwdKernelParams &p) const {
-        return p.dq_accum + batch * p.dq_accum_batch_stride + head * p.dq_accum_head_stride + row * p.fwd.head_dim;
+        return bwd_accumulator_row(p, batch, head, row);
     }
 };
 
@@ -141,17 +141,13 @@ __global__ void __launch_bounds__(kRowKernelThreads) bwd_preprocess_kernel(const
 template <typename Element, int kBlockM>
 __global__ void __launch_bounds__(kRowKernelThreads) bwd_preprocess_sinks_kernel(const __grid_constant__ BwdKernelParams p) {
     __shared__ float scratch[kRowKernelWarps];
-    const int64_t num_m_blocks = bwd_query_blocks(p, kBlockM);
-    const int m_block = int(blockIdx.x % num_m_blocks);
-    const int64_t bh = blockIdx.x / num_m_blocks;
+    const BwdQueryBlock block = BwdQueryBlock::of_cta(p, kBlockM);
+    if (block.valid_rows == 0) return;  // the whole CTA: no block here
+    const int valid_rows = block.valid_rows;
+    const int64_t row0 = block.row0;
     BwdRow r;
-    r.head = int(bh % p.fwd.num_heads_q);
-    r.batch = int(bh / p.fwd.num_heads_q);
-    const BatchSeqs seqs = fwd_batch_seqs<true>(p.fwd, r.batch);
-    const int first_row = m_block * kBlockM;
-    const int valid_rows = min(seqs.seqlen_q - first_row, kBlockM);
-    if (valid_rows <= 0) return;  // the whole CTA: no block here
-    const int64_t row0 = int64_t(seqs.q_row0) + first_row;
+    r.head = block.head;
+    r.batch = block.batch;
     const FwdKernelParams &f = p.fwd;
     const float sink = __ldg(f.sinks + r.head);
     const float *lse = f.lse + r.batch * f.lse_batch_stride + r.head * f.lse_head_stride + row0;

@@ -38,6 +38,44 @@ __device__ __forceinline__ float *bwd_row_stats(const BwdKernelParams &p, int ba
     return reinterpret_cast<float *>(dq + element * 2);  // two-byte elements (BwdTraits: fp16, bf16)
 }
 
+// The fp32 dQ accumulator's row `row` (as bwd_row_stats counts rows) of
+// query head `head`: head_dim floats (BwdKernelParams::dq_accum).
+__device__ __forceinline__ float *bwd_accumulator_row(const BwdKernelParams &p, int batch, int head, int64_t row) {
+    return p.dq_accum + batch * p.dq_accum_batch_stride + head * p.dq_accum_head_stride + row * p.fwd.head_dim;
+}
+
+// A query block of block_m rows of a (batch, query head): the unit of the
+// kernels that go by query block (the convert kernel, the sinks'
+// preprocess, the dsinks sum), whose grids have bwd_query_blocks of them per
+// (batch, head), block index fastest.
+struct BwdQueryBlock {
+    int batch;
+    int head;
+    int seq_rows;    // rows of the sequence from the block's first row on (<= 0: the block is past its end)
+    int valid_rows;  // of them in the block: min(seq_rows, block_m), at least 0
+    int64_t row0;    // the block's first row, q_row0 added
+
+    __device__ __forceinline__ static BwdQueryBlock at(const BwdKernelParams &p, int block_m, int batch, int head,
+                                                       int m_block) {
+        const BatchSeqs seqs = fwd_batch_seqs<true>(p.fwd, batch);
+        const int first_row = m_block * block_m;
+        BwdQueryBlock b;
+        b.batch = batch;
+        b.head = head;
+        b.seq_rows = seqs.seqlen_q - first_row;
+        b.valid_rows = max(min(b.seq_rows, block_m), 0);
+        b.row0 = int64_t(seqs.q_row0) + first_row;
+        return b;
+    }
+
+    // The block of this CTA of such a grid.
+    __device__ __forceinline__ static BwdQueryBlock of_cta(const BwdKernelParams &p, int block_m) {
+        const int64_t num_m_blocks = bwd_query_blocks(p, block_m);
+        const int64_t bh = blockIdx.x / num_m_blocks;
+        return at(p, block_m, int(bh / p.fwd.num_heads_q), int(bh % p.fwd.num_heads_q), int(blockIdx.x % num_m_blocks));
+    }
+};
+
 // The deterministic mode's counter of a query block whose first row's stats
 // are at `stats`.
 __device__ __forceinline__ int *bwd_block_counter(float *stats) { return reinterpret_cast<int *>(stats + 1); }
