@@ -34,6 +34,8 @@ configs=(
   "keysplit|test_forward|Shapes/*-Shapes/ForwardFp8Test.*|FLASHCORE_FWD_VARIANT=keysplit"
   "keysplit4|test_forward|Shapes/*-Shapes/ForwardFp8Test.*|FLASHCORE_FWD_VARIANT=keysplit4"
   "decode|test_forward|Shapes/*-Shapes/ForwardFp8Test.*|FLASHCORE_FWD_VARIANT=decode"
+  "wide|test_forward|Shapes/*d576x512*:Shapes/*_d512_*:Shapes/*_d320_*|FLASHCORE_FWD_VARIANT=wide"
+  "widedecode|test_forward|Shapes/*d576x512*:Shapes/*_d512_*:Shapes/*_d320_*|FLASHCORE_FWD_VARIANT=widedecode"
   "split|test_split|*|"
   "split.portable|test_split|Splits/*-Splits/SplitFp8PrefillTest.*|FLASHCORE_FWD_VARIANT=portable"
   "split.sm90|test_split|Splits/*|FLASHCORE_FWD_VARIANT=hopper"

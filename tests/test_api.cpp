@@ -210,7 +210,8 @@ std::string pairs_text(const std::vector<HeadDimPair> &pairs) {
 
 // The header's documented list for the default build (every line of
 // fwd line of kernels/kernels.list).
-const std::vector<HeadDimPair> kDefaultHeadDims = {{32, 32}, {64, 64}, {96, 96}, {128, 128}, {192, 128}, {256, 256}};
+const std::vector<HeadDimPair> kDefaultHeadDims = {{32, 32},   {64, 64},   {96, 96},   {128, 128},
+                                                   {192, 128}, {256, 256}, {512, 512}, {576, 512}};
 
 // Whether this build lists the default head dims; a build configured with
 // FLASHCORE_HEAD_DIMS lists fewer.
@@ -221,6 +222,16 @@ bool covered(const std::vector<HeadDimPair> &pairs, int32_t head_dim, int32_t he
     return head_dim % 8 == 0 && head_dim_v % 8 == 0 &&
            std::any_of(pairs.begin(), pairs.end(),
                        [&](const HeadDimPair &p) { return p.first >= head_dim && p.second >= head_dim_v; });
+}
+
+// Whether the documented rule runs (head_dim, head_dim_v) on MLA's
+// latent-cache kernel, (576, 512), which takes v only as k's view (the
+// header's head_dim_v): the first covering pair is that one.
+bool latent_cache_pair(const std::vector<HeadDimPair> &pairs, int32_t head_dim, int32_t head_dim_v) {
+    for (const HeadDimPair &p : pairs) {
+        if (p.first >= head_dim && p.second >= head_dim_v) return p == HeadDimPair(576, 512);
+    }
+    return false;
 }
 
 // Skips the calling test where this build cannot run those head dims (it was
@@ -546,7 +557,21 @@ TEST(Validation, EveryHeadDimPair) {
             ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BHSD), FLASHCORE_STATUS_SUCCESS);
             const flashcore_status status = flashcore_forward_check(&p);
             const std::string message = flashcore_last_error_message();
-            if (covered(pairs, head_dim, head_dim_v)) {
+            if (covered(pairs, head_dim, head_dim_v) && latent_cache_pair(pairs, head_dim, head_dim_v)) {
+                // MLA's latent-cache kernel: v only as k's view.
+                EXPECT_EQ(status, FLASHCORE_STATUS_UNSUPPORTED) << head_dim << "/" << head_dim_v;
+                EXPECT_NE(message.find("pass v = k with k's strides"), std::string::npos)
+                    << head_dim << "/" << head_dim_v << ": " << message;
+                flashcore_forward_params view = p;
+                view.v = view.k;
+                view.v_batch_stride = view.k_batch_stride;
+                view.v_seq_stride = view.k_seq_stride;
+                view.v_head_stride = view.k_head_stride;
+                if (head_dim_v <= head_dim) {
+                    EXPECT_EQ(flashcore_forward_check(&view), FLASHCORE_STATUS_SUCCESS)
+                        << head_dim << "/" << head_dim_v << " with v as k's view: " << flashcore_last_error_message();
+                }
+            } else if (covered(pairs, head_dim, head_dim_v)) {
                 EXPECT_EQ(status, FLASHCORE_STATUS_SUCCESS) << head_dim << "/" << head_dim_v << ": " << message;
             } else {
                 EXPECT_EQ(status, FLASHCORE_STATUS_UNSUPPORTED) << head_dim << "/" << head_dim_v;
@@ -663,12 +688,12 @@ const InvalidCase kInvalidCases[] = {
     {"head_dim_100", [](auto &p) { p.head_dim = 100; }, FLASHCORE_STATUS_UNSUPPORTED,
      "head_dim 100 is not a multiple of 8"},
     {"head_dim_4", [](auto &p) { p.head_dim = 4; }, FLASHCORE_STATUS_UNSUPPORTED, "head_dim 4 is not a multiple of 8"},
-    {"head_dim_264", [](auto &p) { p.head_dim = 264; }, FLASHCORE_STATUS_UNSUPPORTED,
-     "head_dim 264 exceeds"},
+    {"head_dim_584", [](auto &p) { p.head_dim = 584; }, FLASHCORE_STATUS_UNSUPPORTED,
+     "head_dim 584 exceeds"},
     {"head_dim_v_300", [](auto &p) { p.head_dim_v = 300; }, FLASHCORE_STATUS_UNSUPPORTED,
      "head_dim_v 300 is not a multiple of 8"},
-    {"head_dim_v_264", [](auto &p) { p.head_dim_v = 264; }, FLASHCORE_STATUS_UNSUPPORTED,
-     "head_dim_v 264 exceeds"},
+    {"head_dim_v_520", [](auto &p) { p.head_dim_v = 520; }, FLASHCORE_STATUS_UNSUPPORTED,
+     "head_dim_v 520 exceeds"},
     {"head_dim_v_negative", [](auto &p) { p.head_dim_v = -8; }, FLASHCORE_STATUS_INVALID_ARGUMENT,
      "head_dim_v (-8) must be >= 1, or 0 for the same as head_dim"},
     {"seqlen_too_long", [](auto &p) { p.seqlen_k = (1 << 30) + 1; }, FLASHCORE_STATUS_UNSUPPORTED, "at most"},
@@ -1338,9 +1363,9 @@ TEST(SupportedHeadDims, FullCallListsSortedDistinctPairs) {
         EXPECT_EQ(dims[i] % 8, 0) << i;
         EXPECT_EQ(dims_v[i] % 8, 0) << i;
         EXPECT_GE(dims[i], 8) << i;
-        EXPECT_LE(dims[i], 256) << i;
+        EXPECT_LE(dims[i], 576) << i;
         EXPECT_GE(dims_v[i], 8) << i;
-        EXPECT_LE(dims_v[i], 256) << i;
+        EXPECT_LE(dims_v[i], 512) << i;
         if (i > 0) {
             EXPECT_LT(HeadDimPair(dims[i - 1], dims_v[i - 1]), HeadDimPair(dims[i], dims_v[i])) << "unsorted at " << i;
         }
@@ -1349,12 +1374,19 @@ TEST(SupportedHeadDims, FullCallListsSortedDistinctPairs) {
         EXPECT_EQ(dims[i], -1) << "wrote past the pairs, at " << i;
         EXPECT_EQ(dims_v[i], -1) << "wrote past the pairs, at " << i;
     }
-    // Every listed pair runs.
+    // Every listed pair runs (the latent cache's with v as k's view).
+    const std::vector<HeadDimPair> listed = supported_pairs();
     for (size_t i = 0; i < count; ++i) {
         flashcore_forward_params p = valid_params();
         p.head_dim = dims[i];
         p.head_dim_v = dims_v[i];
         ASSERT_EQ(flashcore_set_contiguous_strides(&p, FLASHCORE_LAYOUT_BHSD), FLASHCORE_STATUS_SUCCESS);
+        if (latent_cache_pair(listed, dims[i], dims_v[i])) {
+            p.v = p.k;
+            p.v_batch_stride = p.k_batch_stride;
+            p.v_seq_stride = p.k_seq_stride;
+            p.v_head_stride = p.k_head_stride;
+        }
         EXPECT_EQ(flashcore_forward_check(&p), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
     }
 }

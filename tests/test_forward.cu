@@ -243,6 +243,40 @@ std::vector<FwdCase> chunk_and_sinks_cases() {
     };
 }
 
+// The wide kernels (head dims past 256): d512 (Gemma's), and MLA decode on
+// a latent cache (576 / 512, v passed as k's view) at 16, 64 and 128 query
+// heads on one K/V head, contiguous, packed and paged (pages of 64), split,
+// with speculative steps; d512 prefill causal and windowed with sinks and a
+// softcap, GQA decode packed and split, paged; 320 on the 512 kernel.
+std::vector<FwdCase> wide_cases() {
+    constexpr auto fp16 = FLASHCORE_DTYPE_FP16;
+    constexpr auto bf16 = FLASHCORE_DTYPE_BF16;
+    const FwdCase mla16{bf16, 576, false, 2, 16, 1, 1, 700, Layout::kBSHD, 512};
+    const FwdCase mla64{bf16, 576, false, 2, 64, 1, 1, 1000, Layout::kBSHD, 512};
+    const FwdCase mla128{fp16, 576, false, 2, 128, 1, 1, 513, Layout::kBSHD, 512};
+    const FwdCase mla128_spec{bf16, 576, true, 1, 128, 1, 2, 300, Layout::kBSHD, 512};
+    const FwdCase d512{fp16, 512, true, 1, 2, 2, 300, 300, Layout::kBSHD};
+    const FwdCase d512_full{bf16, 512, false, 2, 2, 1, 130, 257, Layout::kBHSD};
+    const FwdCase d512_decode{bf16, 512, false, 2, 8, 2, 1, 1000, Layout::kBSHD};
+    return {
+        mla16.with_latent_v(),
+        mla16.with_latent_v().with_splits(3),
+        mla64.with_latent_v().with_seqused_k({1000, 333}).with_pages(64),
+        mla64.with_latent_v().with_varlen_k({1, 900}),
+        mla128.with_latent_v(),
+        mla128.with_latent_v().with_seqused_k({0, 450}).with_pages(64),
+        mla128_spec.with_latent_v().with_splits(2),
+        d512,
+        d512_full,
+        d512.with_window(100, 0).with_sinks(),
+        d512_full.with_softcap(30.f, 1.f),
+        d512_decode,
+        d512_decode.with_splits(4).with_sinks(),
+        d512_decode.with_seqused_k({1000, 17}).with_pages(64),
+        FwdCase{fp16, 320, true, 1, 2, 2, 100, 200, Layout::kPadded},
+    };
+}
+
 std::vector<FwdCase> all_cases() {
     struct Shape {
         int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
@@ -295,6 +329,8 @@ std::vector<FwdCase> all_cases() {
     cases.insert(cases.end(), serving.begin(), serving.end());
     const std::vector<FwdCase> chunk_and_sinks = chunk_and_sinks_cases();
     cases.insert(cases.end(), chunk_and_sinks.begin(), chunk_and_sinks.end());
+    const std::vector<FwdCase> wide = wide_cases();
+    cases.insert(cases.end(), wide.begin(), wide.end());
     return cases;
 }
 
@@ -395,6 +431,16 @@ std::vector<FwdCase> fp8_kv_cases() {
         gqa.with_window(128, 0).with_sinks().with_fp8_kv(Descale::kPerBatchHead),
         decode.with_seqused_k({0, 1, 777, 2048}).with_pages(16).with_sinks().with_fp8_kv(Descale::kPerTensor),
         prefill.with_chunk(256).with_fp8_kv(Descale::kPerHeadBatch),
+        // MLA decode on an e4m3 latent cache (v as k's view, k's factors).
+        FwdCase{bf16, 576, false, 2, 16, 1, 1, 700, Layout::kBSHD, 512}.with_latent_v().with_fp8_kv(
+            Descale::kPerBatchHead),
+        FwdCase{bf16, 576, false, 2, 128, 1, 1, 900, Layout::kBSHD, 512}
+            .with_latent_v()
+            .with_seqused_k({900, 65})
+            .with_pages(64)
+            .with_fp8_kv(Descale::kPerTensor),
+        FwdCase{fp16, 576, false, 1, 64, 1, 1, 2000, Layout::kBSHD, 512}.with_latent_v().with_splits(3).with_fp8_kv(
+            Descale::kPerHeadBatch),
     };
     cases.insert(cases.end(), masked_and_serving.begin(), masked_and_serving.end());
     return cases;
@@ -961,7 +1007,7 @@ TEST(ForwardApi, RejectedCallsWriteNothing) {
     bad.head_dim = 100;  // not a multiple of 8
     EXPECT_EQ(flashcore_forward(handle.get(), &bad, nullptr, 0, nullptr), FLASHCORE_STATUS_UNSUPPORTED);
     bad = w.params;
-    bad.head_dim_v = 264;
+    bad.head_dim_v = 520;
     EXPECT_EQ(flashcore_forward(handle.get(), &bad, nullptr, 0, nullptr), FLASHCORE_STATUS_UNSUPPORTED);
     bad = w.params;
     bad.k = static_cast<const char *>(bad.k) + 2;
@@ -1000,6 +1046,36 @@ TEST(ForwardApi, RejectedCallsWriteNothing) {
 // Calls on an fp8 cache that break its rules (flashcore.h, kv_dtype and the
 // descale fields) are refused with the status the header gives, or, where
 // it names none, refused; none writes out or lse. The valid call runs.
+// MLA's latent-cache kernel (576 x 512) reads V from K's rows: a v of its
+// own is refused as UNSUPPORTED, saying so, before anything is written;
+// the same call with v as k's view runs.
+TEST(ForwardApi, LatentCacheHeadDimsTakeVAsKsView) {
+    FC_REQUIRE_GPU();
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    const FwdCase c{FLASHCORE_DTYPE_BF16, 576, false, 1, 16, 1, 1, 100, Layout::kBSHD, 512};
+    std::mt19937_64 rng(fresh_seed());
+    Workload w(c, rng);
+    w.poison_outputs();
+    const std::vector<uint16_t> poisoned = w.out_bits();
+    EXPECT_EQ(flashcore_forward(handle.get(), &w.params, nullptr, 0, nullptr), FLASHCORE_STATUS_UNSUPPORTED);
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("reads v as the first head_dim_v columns of k's rows"),
+              std::string::npos)
+        << flashcore_last_error_message();
+    flashcore_forward_params strided = w.params;
+    strided.v = strided.k;  // k's pointer with v's own strides: not a view
+    EXPECT_EQ(flashcore_forward_check(&strided), FLASHCORE_STATUS_UNSUPPORTED);
+    FC_CHECK_CUDA(cudaDeviceSynchronize());
+    EXPECT_TRUE(w.out_bits() == poisoned) << "a rejected call wrote to the output";
+    flashcore_forward_params view = w.params;
+    view.v = view.k;
+    view.v_batch_stride = view.k_batch_stride;
+    view.v_seq_stride = view.k_seq_stride;
+    view.v_head_stride = view.k_head_stride;
+    EXPECT_EQ(flashcore_forward(handle.get(), &view, nullptr, 0, nullptr), FLASHCORE_STATUS_SUCCESS)
+        << flashcore_last_error_message();
+}
+
 TEST(ForwardApi, RefusedFp8KvCallsWriteNothing) {
     FC_REQUIRE_GPU();
     UniqueHandle handle = make_handle();
@@ -1230,6 +1306,13 @@ std::vector<SmemLimitCase> smem_limit_cases() {
         cases.push_back(FwdCase{FLASHCORE_DTYPE_BF16, d.qk, false, 2, 8, 8, 128, 128, Layout::kBSHD, dv}
                             .with_varlen_q({128, 72}));
     }
+    // The wide kernels: only their 16-row tiles fit 99 KiB, and at 576 x 512
+    // an A100's 163 KiB too.
+    cases.push_back(FwdCase{FLASHCORE_DTYPE_BF16, 576, false, 2, 128, 1, 1, 500, Layout::kBSHD, 512}
+                        .with_latent_v()
+                        .with_seqused_k({500, 77})
+                        .with_pages(64));
+    cases.push_back(FwdCase{FLASHCORE_DTYPE_FP16, 512, true, 1, 4, 2, 200, 300, Layout::kBSHD}.with_varlen_q({200, 60}));
     std::vector<SmemLimitCase> limited;
     for (const SmemLimit &limit : {kSm86SmemLimit, kA100SmemLimit})
         for (const FwdCase &c : cases) limited.push_back({limit, c});

@@ -34,6 +34,10 @@ struct FwdKernelInfo {
     // dim 128): planning then checks that the driver can describe out too
     // (fwd/sm90/tensor_maps.h).
     bool stores_out_by_tma = false;
+    // Whether the kernel reads V as the first head_dim_v columns of K's rows
+    // (the wide kernel at MLA's 576 / 512): planning runs it only on calls
+    // whose v is such a view of k.
+    bool v_in_k = false;
 };
 
 // Registers of one SM (every GPU from sm_80 on) and the granularity in

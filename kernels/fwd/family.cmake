@@ -10,16 +10,17 @@ flashcore_read_tiles(fwd ${CMAKE_CURRENT_LIST_DIR}/tiles.def FLASHCORE_FWD_TILE)
 #   inputs (fp8 prefill), which write bf16 (FA3's choice: an fp8 output
 #   would need a scale the caller cannot know before the call);
 # - K/V of another type than the input are e4m3 (a quantized cache) under a
-#   16-bit input, on the portable path's decode tiles only: decode and paged
+#   16-bit input, on the portable path's decode tiles only (and past head
+#   dim 256 on the wide tiles, the only ones there): decode and paged
 #   serving read the cache, which is what quantizing it speeds up; a chunked
 #   prefill on such a cache runs on them too;
 # - a 16-bit sm90 kernel needs an sm80 kernel of the same dtype and head
 #   dims: the portable kernel serves what the sm_90a one cannot (small
 #   grids, other GPUs), and flashcore_supported_head_dims lists the sm80
 #   head dims. A one-byte input type has no portable kernel and needs none;
-# - a 16-bit sm80 line's dtype and head dims have a large line: the large
-#   tiles are the one variant that fits the 99 KB of shared memory sm_86
-#   and sm_89 give a block at every head dim (sm80/config.cuh,
+# - a 16-bit sm80 line's dtype and head dims have a large line, or past
+#   head dim 256 a widedecode line: those tiles fit the 99 KB of shared
+#   memory sm_86 and sm_89 give a block at their head dims (sm80/config.cuh,
 #   kMinSmemPerBlock), so ragged calls there run on them.
 function(flashcore_fwd_check_kernels kernels)
   set(sm80_kernels)
@@ -42,13 +43,13 @@ function(flashcore_fwd_check_kernels kernels)
       message(FATAL_ERROR "kernels.list: fwd ${path} ${in} -> ${out}: the forward kernels write their input type")
     endif()
     if(NOT kv STREQUAL in AND NOT (kv STREQUAL "e4m3" AND in MATCHES "^(fp16|bf16)$" AND path STREQUAL "sm80"
-                                   AND tile STREQUAL "decode"))
+                                   AND tile MATCHES "^(decode|wide|widedecode)$"))
       message(FATAL_ERROR "kernels.list: fwd ${path} ${in} kv ${kv} ${tile}: quantized K/V are e4m3 under a 16-bit "
-                          "input, on sm80 decode tiles")
+                          "input, on sm80 decode (or wide) tiles")
     endif()
     if(path STREQUAL "sm80" AND kv STREQUAL in)
       list(APPEND sm80_kernels "${in}/${head_dim}/${head_dim_v}")
-      if(tile STREQUAL "large")
+      if(tile STREQUAL "large" OR tile STREQUAL "widedecode")
         list(APPEND sm80_large_kernels "${in}/${head_dim}/${head_dim_v}")
       endif()
     endif()
@@ -65,8 +66,8 @@ function(flashcore_fwd_check_kernels kernels)
     endif()
     if(path STREQUAL "sm80" AND "${in}/${head_dim}/${head_dim_v}" IN_LIST sm80_kernels
        AND NOT "${in}/${head_dim}/${head_dim_v}" IN_LIST sm80_large_kernels)
-      message(FATAL_ERROR "kernels.list: fwd sm80 ${in} ${head_dim} ${head_dim_v} has no large line: ragged calls "
-                          "on GPUs with 99 KB of shared memory per block run on the large tiles")
+      message(FATAL_ERROR "kernels.list: fwd sm80 ${in} ${head_dim} ${head_dim_v} has no large (or widedecode) "
+                          "line: ragged calls on GPUs with 99 KB of shared memory per block run on those tiles")
     endif()
   endforeach()
 endfunction()

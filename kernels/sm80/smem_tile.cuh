@@ -103,6 +103,33 @@ struct SwizzledRowSteps {
     }
 };
 
+// Whether kThreads threads copy a tile of kRowElems-element rows in row
+// groups (load_tile_async's third way): rows of whole swizzle groups that
+// the threads do not divide into vector columns (576 elements: 72
+// vectors), in passes of one row per 8 threads.
+template <typename Element, int kRowElems, int kRows, int kThreads>
+constexpr bool kGroupCopy = (kRowElems / kElemsPerVector<Element>) % kSwizzleGroupVectors == 0 &&
+                            kThreads % (kRowElems / kElemsPerVector<Element>) != 0 &&
+                            kThreads % kSwizzleGroupVectors == 0 &&
+                            (kThreads / kSwizzleGroupVectors) % kSwizzleRows == 0 &&
+                            kRows % (kThreads / kSwizzleGroupVectors) == 0;
+
+// A row group copy's share of one row (kGroupCopy): vectors group_vec,
+// group_vec + 8, ... of the row at src into shared memory from dst (vector
+// group_vec's swizzled address: the swizzle keeps each in its group of 8, so
+// the others sit at immediate offsets from it); vectors past valid_vectors
+// and an invalid row zero-filled, their source the mapped `mapped`.
+template <typename Element, int kVectorsPerRow>
+__device__ __forceinline__ void copy_row_group_async(uint32_t dst, const Element *src, const Element *mapped,
+                                                     bool row_valid, int group_vec, int valid_vectors) {
+#pragma unroll
+    for (int c = 0; c < kVectorsPerRow / kSwizzleGroupVectors; ++c) {
+        const bool valid = row_valid && group_vec + c * kSwizzleGroupVectors < valid_vectors;
+        cp_async_16(dst + uint32_t(c * kSwizzleGroupVectors * kVectorBytes),
+                    valid ? src + c * kSwizzleGroupVectors * kElemsPerVector<Element> : mapped, valid);
+    }
+}
+
 // Copies rows [0, kRows) of a global tile whose row r starts at
 // gmem + r * row_stride into shared memory. Rows >= valid_rows, and vectors
 // >= valid_vectors of each row (a head dim smaller than the kernel's), are
@@ -142,6 +169,26 @@ __device__ __forceinline__ void load_tile_async(Element *smem, const Element *gm
             cp_async_16(kWholeSwizzleBlocks ? dst + row_block_bytes<Element, kRowElems>(i * kRowsPerPass)
                                             : base + swizzled_byte_offset<Element, kRowElems>(row, vec),
                         valid ? src : gmem, valid);
+            src = opaque_advance(src, pass_stride);
+        }
+    } else if constexpr (kGroupCopy<Element, kRowElems, kRows, kThreads>) {
+        // Each thread takes one row a pass, its vectors g, g + 8, ... (g:
+        // its place among the row's 8 threads). The swizzle keeps a vector
+        // in its group of 8, so they sit at immediate offsets from the
+        // first, in the source and in shared memory: one pointer and one
+        // address a pass, where the per-vector path below kept 9 of each
+        // live at 576 and the ragged kernel spilled.
+        constexpr int kRowsPerPass = kThreads / kSwizzleGroupVectors;
+        const int row0 = tid / kSwizzleGroupVectors;
+        const int group_vec = tid % kSwizzleGroupVectors;
+        const uint32_t dst = smem_address(smem) + swizzled_byte_offset<Element, kRowElems>(row0, group_vec);
+        const auto *src = gmem + row0 * row_stride + group_vec * kElemsPerVector<Element>;
+        const int64_t pass_stride = row_stride * kRowsPerPass;
+#pragma unroll
+        for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+            copy_row_group_async<Element, kVectorsPerRow>(dst + row_block_bytes<Element, kRowElems>(i * kRowsPerPass),
+                                                          src, gmem, row0 + i * kRowsPerPass < valid_rows, group_vec,
+                                                          valid_vectors);
             src = opaque_advance(src, pass_stride);
         }
     } else {

@@ -182,14 +182,25 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
         *chosen = fitting(FwdVariant(settings.pinned_tile));
         if (*chosen != nullptr) return FLASHCORE_STATUS_SUCCESS;
     }
-    const FwdKernel *large = fitting(FwdVariant::kLargeTiles);
-    const FwdKernel *key_split = fitting(FwdVariant::kKeySplit);
-    const FwdKernel *key_split4 = fitting(FwdVariant::kKeySplit4);
-    const FwdKernel *decode = fitting(FwdVariant::kDecode);
     const int64_t rows_per_head_group = int64_t(p.seqlen_q) * packed_heads;
     const auto fits_tile = [&](const FwdKernel *kernel) {
         return kernel != nullptr && rows_per_head_group <= kernel->info().block_m;
     };
+    // Head dims past 256 have the wide tiles only (kernels/kernels.list):
+    // the 16-row ones for (packed) blocks of at most 16 rows, where their
+    // 64-row twin would compute rows that are not there, and wherever that
+    // twin does not fit the device's shared memory; the 64-row ones (K/V
+    // read once per 64 rows, not 16) for the rest.
+    const FwdKernel *wide = fitting(FwdVariant::kWide);
+    const FwdKernel *wide_decode = fitting(FwdVariant::kWideDecode);
+    if (wide != nullptr || wide_decode != nullptr) {
+        *chosen = wide != nullptr && !fits_tile(wide_decode) ? wide : wide_decode;
+        return FLASHCORE_STATUS_SUCCESS;
+    }
+    const FwdKernel *large = fitting(FwdVariant::kLargeTiles);
+    const FwdKernel *key_split = fitting(FwdVariant::kKeySplit);
+    const FwdKernel *key_split4 = fitting(FwdVariant::kKeySplit4);
+    const FwdKernel *decode = fitting(FwdVariant::kDecode);
     const auto fits_one_wave = [&](const FwdKernel *kernel) {
         return kernel != nullptr && num_blocks(p, *kernel, packed_heads) <= cta_slots(handle, *kernel);
     };
@@ -212,10 +223,12 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
     // Nothing fits: a limit below every supported GPU's (only
     // FLASHCORE_TEST_SMEM_PER_BLOCK sets one). UNSUPPORTED, naming what the
     // large tiles need.
-    if (const FwdKernel *any = serving(FwdVariant::kLargeTiles)) {
-        const flashcore_status status = check_kernel_smem(handle, fwd_tile_name(any->tile), int(dims.head_dim),
-                                                          int(dims.head_dim_v), any->info().smem_bytes);
-        if (status != FLASHCORE_STATUS_SUCCESS) return status;
+    for (FwdVariant smallest : {FwdVariant::kLargeTiles, FwdVariant::kWideDecode}) {
+        if (const FwdKernel *any = serving(smallest)) {
+            const flashcore_status status = check_kernel_smem(handle, fwd_tile_name(any->tile), int(dims.head_dim),
+                                                              int(dims.head_dim_v), any->info().smem_bytes);
+            if (status != FLASHCORE_STATUS_SUCCESS) return status;
+        }
     }
     return fail(FLASHCORE_STATUS_INTERNAL, "no portable kernel for head dims (%d, %d) in the kernel registry",
                 int(dims.head_dim), int(dims.head_dim_v));

@@ -114,6 +114,13 @@ Span<HeadDims> fwd_quantized_kv_head_dims() { return kSupportedQuantizedKvHeadDi
 
 Span<HeadDims> fwd_fp8_head_dims() { return kSupportedFp8HeadDims.span(); }
 
+bool fwd_head_dims_read_v_from_k(HeadDims dims) {
+    for (const FwdKernel &kernel : kTable.kernels) {
+        if (kernel.dims == dims && kernel.info().v_in_k) return true;
+    }
+    return false;
+}
+
 const char *fwd_tile_name(FwdVariant tile) {
     for (const TileName &t : kTileNames) {
         if (t.tile == tile) return t.name;

@@ -31,6 +31,10 @@ Span<HeadDims> fwd_quantized_kv_head_dims();
 // The head dims of the kernels on e4m3 queries (fp8 prefill, sm90 only).
 Span<HeadDims> fwd_fp8_head_dims();
 
+// Whether the kernels of head dims `dims` read V as the first head_dim_v
+// columns of K's rows (FwdKernelInfo::v_in_k: MLA's latent cache).
+bool fwd_head_dims_read_v_from_k(HeadDims dims);
+
 // A tile's name: its name in kernels/kernels.list and fwd/tiles.def.
 const char *fwd_tile_name(FwdVariant tile);
 

@@ -527,6 +527,30 @@ size_t forward_ranges(const flashcore_forward_params &p, ByteRange *ranges) {
     return n + int32_array_ranges(p, ranges + n);
 }
 
+bool v_is_k_view(const flashcore_forward_params &p) {
+    return p.v == p.k && p.v_batch_stride == p.k_batch_stride && p.v_seq_stride == p.k_seq_stride &&
+           p.v_head_stride == p.k_head_stride && effective_head_dim_v(p) <= p.head_dim;
+}
+
+namespace {
+
+// Head dims whose kernel reads V from K's rows (MLA's latent cache: the
+// registry's v_in_k) take only a v that is k's view.
+flashcore_status check_v_view(const flashcore_forward_params &p) {
+    HeadDims dims{};
+    if (!covering_head_dims(fwd_head_dims_for(p), {p.head_dim, effective_head_dim_v(p)}, &dims)) {
+        return FLASHCORE_STATUS_SUCCESS;  // validate_shapes' to refuse
+    }
+    if (!fwd_head_dims_read_v_from_k(dims) || v_is_k_view(p)) return FLASHCORE_STATUS_SUCCESS;
+    return fail(FLASHCORE_STATUS_UNSUPPORTED,
+                "head dims (%d, %d) run on the kernel for (%d, %d), DeepSeek MLA's latent cache, which reads v as the "
+                "first head_dim_v columns of k's rows: pass v = k with k's strides, or head dims that another kernel "
+                "covers (flashcore_supported_head_dims)",
+                int(p.head_dim), int(effective_head_dim_v(p)), int(dims.head_dim), int(dims.head_dim_v));
+}
+
+}  // namespace
+
 flashcore_status validate_tensors(const flashcore_forward_params &p) {
     if (forward_is_empty(p)) return FLASHCORE_STATUS_SUCCESS;
     for (int i = 0; i < kForwardTensors; ++i) {
@@ -549,6 +573,10 @@ flashcore_status validate_tensors(const flashcore_forward_params &p) {
         status = check_pointer(d.data, d.name, alignof(float));
         if (status != FLASHCORE_STATUS_SUCCESS) return status;
     }
+    // After each tensor's own checks, whose messages name a bad field (a bad
+    // k stride would otherwise read as v not being k's view).
+    status = check_v_view(p);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
     ByteRange ranges[kMaxForwardRanges];
     return check_no_aliasing(ranges, forward_ranges(p, ranges));
 }

@@ -164,18 +164,53 @@ struct KernelLine {
     const char *input;
     int32_t head_dim, head_dim_v;
 };
-std::vector<std::pair<int32_t, int32_t>> fp8_prefill_head_dims() {
-#define FLASHCORE_KERNEL(path, input, kv, output, head_dim, head_dim_v, tile) KernelLine{#input, head_dim, head_dim_v},
-    const KernelLine lines[] = {
+struct KernelKvLine {
+    const char *input, *kv;
+    int32_t head_dim, head_dim_v;
+};
+// The head dims of the forward kernel lines whose input and K/V types
+// `selected` takes (sorted, each once).
+template <typename Selected>
+std::vector<std::pair<int32_t, int32_t>> forward_head_dims_where(Selected selected) {
+#define FLASHCORE_KERNEL(path, input, kv, output, head_dim, head_dim_v, tile) \
+    KernelKvLine{#input, #kv, head_dim, head_dim_v},
+    const KernelKvLine lines[] = {
 #include "fwd_kernels.inc"
     };
 #undef FLASHCORE_KERNEL
     std::set<std::pair<int32_t, int32_t>> pairs;
-    for (const KernelLine &line : lines)
-        if (std::string(line.input) == "kE4m3") pairs.emplace(line.head_dim, line.head_dim_v);
+    for (const KernelKvLine &line : lines)
+        if (selected(std::string(line.input), std::string(line.kv))) pairs.emplace(line.head_dim, line.head_dim_v);
     return {pairs.begin(), pairs.end()};
 }
+std::vector<std::pair<int32_t, int32_t>> fp8_prefill_head_dims() {
+    return forward_head_dims_where([](const std::string &input, const std::string &) { return input == "kE4m3"; });
+}
 const std::vector<std::pair<int32_t, int32_t>> g_fp8_head_dims = fp8_prefill_head_dims();
+// An fp8 cache under 16-bit queries (kv_dtype e4m3): the quantized kernels'
+// head dims (kernels/kernels.list's e4m3 K/V lines), fewer than the 16-bit
+// ones past 256.
+const std::vector<std::pair<int32_t, int32_t>> g_fp8_kv_head_dims =
+    forward_head_dims_where([](const std::string &input, const std::string &kv) {
+        return input != "kE4m3" && kv == "kE4m3";
+    });
+// The backward's head dims (its generated list): up to 256 where the
+// forward's reach 576.
+std::vector<std::pair<int32_t, int32_t>> backward_head_dims() {
+#define FLASHCORE_KERNEL(path, input, kv, output, head_dim, head_dim_v, tile) \
+    KernelKvLine{#input, #kv, head_dim, head_dim_v},
+    const KernelKvLine lines[] = {
+#include "bwd_kernels.inc"
+    };
+#undef FLASHCORE_KERNEL
+    std::set<std::pair<int32_t, int32_t>> pairs;
+    for (const KernelKvLine &line : lines) pairs.emplace(line.head_dim, line.head_dim_v);
+    return {pairs.begin(), pairs.end()};
+}
+const std::vector<std::pair<int32_t, int32_t>> g_backward_head_dims = backward_head_dims();
+// MLA's latent-cache kernel (the header's head_dim_v): calls it covers take
+// v only as k's view.
+constexpr std::pair<int32_t, int32_t> kLatentCacheHeadDims{576, 512};
 
 struct Rng {
     std::mt19937_64 engine;
@@ -292,6 +327,19 @@ bool covered(const std::vector<std::pair<int32_t, int32_t>> &pairs, int32_t d, i
     return false;
 }
 
+// Whether the first pair covering (d, dv) is the latent cache's.
+bool covered_by_latent_cache(const std::vector<std::pair<int32_t, int32_t>> &pairs, int32_t d, int32_t dv) {
+    for (const auto &p : pairs)
+        if (p.first >= d && p.second >= dv) return p == kLatentCacheHeadDims;
+    return false;
+}
+
+// The head dims a forward call's kernels have: fp8 prefill's, an fp8
+// cache's, or the 16-bit ones.
+const std::vector<std::pair<int32_t, int32_t>> &forward_head_dims_of(const flashcore_forward_params &p) {
+    return fp8_q(p) ? g_fp8_head_dims : fp8_kv(p) ? g_fp8_kv_head_dims : g_head_dims;
+}
+
 // A tensor's bytes as [begin, end); written: out, lse (the aliasing rule).
 struct Range {
     i128 begin, end;
@@ -313,7 +361,7 @@ bool written_overlap(const std::vector<Range> &ranges) {
 // adds to *e a status for each one `p` breaks; `empty`: whether the call
 // has nothing to compute (its keys may then be missing). Returns the
 // entries of a block-table row (0 without a paged cache).
-i128 model_shapes(const flashcore_forward_params &p, bool empty, Expected *e) {
+i128 model_shapes(const flashcore_forward_params &p, bool empty, Expected *e, bool backward = false) {
     const int32_t dv = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
     const bool packed_q = p.cu_seqlens_q != nullptr, packed_k = p.cu_seqlens_k != nullptr;
     const bool paged = p.block_table != nullptr;
@@ -347,7 +395,7 @@ i128 model_shapes(const flashcore_forward_params &p, bool empty, Expected *e) {
     const int32_t multiple = kv_e4m3(p) ? 16 : 8;
     if (p.head_dim >= 1 && p.head_dim_v >= 0 &&
         (p.head_dim % multiple != 0 || dv % multiple != 0 ||
-         !covered(fp8_q(p) ? g_fp8_head_dims : g_head_dims, p.head_dim, dv)))
+         !covered(backward ? g_backward_head_dims : forward_head_dims_of(p), p.head_dim, dv)))
         e->add(FLASHCORE_STATUS_UNSUPPORTED);
     if (p.seqlen_q > kMaxSeqlen || p.seqlen_k > kMaxSeqlen) e->add(FLASHCORE_STATUS_UNSUPPORTED);
     if (p.num_splits < 0 || p.num_splits > FLASHCORE_MAX_NUM_SPLITS) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
@@ -512,6 +560,15 @@ Expected model_call(const flashcore_forward_params &p) {
     const int overlap = self_overlap(tensors[3]);
     if (overlap == 1) e.add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     e.unsure = overlap < 0;
+    // Head dims on MLA's latent-cache kernel: v must be k's view (the same
+    // pointer and strides), checked after each tensor's own rules and
+    // before the aliasing rule.
+    if (covered_by_latent_cache(forward_head_dims_of(p), p.head_dim, dv) &&
+        !(p.v == p.k && p.v_batch_stride == p.k_batch_stride && p.v_seq_stride == p.k_seq_stride &&
+          p.v_head_stride == p.k_head_stride && dv <= p.head_dim)) {
+        e.add(FLASHCORE_STATUS_UNSUPPORTED);
+        return e;
+    }
     // Aliasing: out and lse against everything, as byte ranges.
     std::vector<Range> ranges;
     for (int i = 0; i < 4; ++i) {
@@ -792,6 +849,13 @@ CallerParams random_params(Rng &r) {
     for (int i = 0; i < 3; ++i) {
         *slots[i] = random_pointer(r, i, placed);
         placed.push_back(reinterpret_cast<uintptr_t>(*slots[i]));
+    }
+    // MLA's latent cache: mostly v as k's view where its kernel covers the
+    // head dims (else refused).
+    const int32_t dv_of_call = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
+    if (covered_by_latent_cache(g_head_dims, p.head_dim, dv_of_call) && r.chance(70)) {
+        p.v = p.k;
+        p.v_batch_stride = p.k_batch_stride, p.v_seq_stride = p.k_seq_stride, p.v_head_stride = p.k_head_stride;
     }
     p.out = const_cast<void *>(random_pointer(r, 3, placed));
     placed.push_back(reinterpret_cast<uintptr_t>(p.out));
@@ -1391,10 +1455,11 @@ Expected model_backward_check(const BackwardCaller &caller) {
         return e;
     }
     // The forward's rules, with the backward's emptiness: a call without
-    // query rows still needs its keys. (Its head dims: the backward kernels
-    // have every forward pair, issue 34.) fp8 queries have no backward pass.
+    // query rows still needs its keys; its head dims are the backward
+    // kernels' (every forward pair up to 256). fp8 queries have no backward
+    // pass.
     const bool empty = backward_empty(p);
-    model_shapes(forward_of(p), empty, &e);
+    model_shapes(forward_of(p), empty, &e, true);
     if (p.dtype == FLASHCORE_DTYPE_FP8_E4M3) e.add(FLASHCORE_STATUS_UNSUPPORTED);
     if (empty || !e.statuses.empty()) return e;
 

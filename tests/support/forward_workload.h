@@ -154,6 +154,9 @@ struct FwdCase {
     // Learnable sinks (flashcore_forward_params::sinks): random logits per
     // query head (Workload::random_sinks), one head in four without (-inf).
     bool sinks = false;
+    // V is the first value_dim() columns of K's rows, passed as k's view
+    // (v = k, k's strides): DeepSeek MLA's latent cache.
+    bool v_in_k = false;
 
     bool fp8_q() const { return dtype == FLASHCORE_DTYPE_FP8_E4M3; }
     // K and V are e4m3 bytes with descale factors: an fp8 cache or fp8 prefill.
@@ -221,6 +224,11 @@ struct FwdCase {
         c.sinks = true;
         return c;
     }
+    FwdCase with_latent_v() const {
+        FwdCase c = *this;
+        c.v_in_k = true;
+        return c;
+    }
     FwdCase with_splits(int splits) const {
         FwdCase c = *this;
         c.num_splits = splits;
@@ -279,6 +287,7 @@ inline std::string case_name(const FwdCase &c) {
     if (c.softcap != 0.f) name += "_softcap" + std::to_string(int(c.softcap));
     if (c.attention_chunk != 0) name += "_chunk" + std::to_string(c.attention_chunk);
     if (c.sinks) name += "_sinks";
+    if (c.v_in_k) name += "_latent";
     if (c.q_scale_log2 != 0) {
         name += "_qx2e" + std::to_string(c.q_scale_log2);
     } else if (c.softmax_scale != 0.f) {
@@ -441,7 +450,8 @@ struct Workload {
         for (float &x : q) x = std::ldexp(x, c.q_scale_log2);  // exact: a power of two
         if (c.kv_e4m3()) {
             k_descale = random_descale(c.descale, c.batch, c.heads_kv, rng);
-            v_descale = random_descale(c.descale, c.batch, c.heads_kv, rng);
+            // V in K's bytes: K's factors (the caller passes them as v_descale).
+            v_descale = c.v_in_k ? k_descale : random_descale(c.descale, c.batch, c.heads_kv, rng);
             k = quantized_values(k_descale, c.batch, c.heads_kv, c.seqlen_k, c.head_dim, rng);
             v = quantized_values(v_descale, c.batch, c.heads_kv, c.seqlen_k, c.value_dim(), rng);
         } else {
@@ -452,6 +462,11 @@ struct Workload {
             for (int b = 0; b < c.batch; ++b) problem.seqused_k.push_back(c.key_count(b));
             fill_unused_keys(k, c.head_dim);
             fill_unused_keys(v, c.value_dim());
+        }
+        if (c.v_in_k) {  // V: the first value_dim() columns of K's rows
+            for (size_t row = 0; row < v.size() / c.value_dim(); ++row) {
+                std::copy_n(&k[row * c.head_dim], c.value_dim(), &v[row * c.value_dim()]);
+            }
         }
         q_stored = c.fp8_q() ? divided_by_factors(q, q_descale, c.heads_q, c.seqlen_q, c.head_dim, group) : q;
         k_stored = c.kv_e4m3() ? divided_by_factors(k, k_descale, c.heads_kv, c.seqlen_k, c.head_dim, 1) : k;
@@ -560,6 +575,10 @@ struct Workload {
         bind(dk, &params.k_batch_stride, &params.k_seq_stride, &params.k_head_stride);
         bind(dv, &params.v_batch_stride, &params.v_seq_stride, &params.v_head_stride);
         bind(dout, &params.out_batch_stride, &params.out_seq_stride, &params.out_head_stride);
+        if (c.v_in_k) {
+            params.v = params.k;
+            bind(dk, &params.v_batch_stride, &params.v_seq_stride, &params.v_head_stride);
+        }
     }
 
     // Sink logits for `heads` query heads: from -2 to 6 (a row's log-sum-exp

@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "d9604c6373705de7ab425a70fb5b51e6e15840833e7abf265936d582ae0eab2f"
+HEADER_SHA256 = "361c41000e9f82f674763390fd070b031d25bd01b49def32761653b911201ffd"
 
 
 # Assigning to a field of the structs below checks the value against the
@@ -168,11 +168,15 @@ class flashcore_forward_params(ctypes.Structure):
         ("seqlen_k", ctypes.c_int32),
         ("num_heads_q", ctypes.c_int32),
         ("num_heads_kv", ctypes.c_int32),
-        # Head dimension of q and k. Any multiple of 8 from 8 to 256. The
+        # Head dimension of q and k. Any multiple of 8 from 8 to 576. The
         # default build has kernels for 32, 64, 96, 128, 192 (with head_dim_v
-        # 128) and 256 (flashcore_supported_head_dims lists what this build
-        # has); any other head dim runs on the smallest kernel that covers it,
-        # its q, k, v and out loaded and stored only up to their real width.
+        # 128), 256, 512 and 576 (with head_dim_v 512: DeepSeek MLA's latent
+        # cache, whose v must be k's view; see head_dim_v)
+        # (flashcore_supported_head_dims lists what this build has); any other
+        # head dim runs on the smallest kernel that covers it, its q, k, v and
+        # out loaded and stored only up to their real width. Past 256 there is
+        # no backward, no e4m3 K/V and no sm_90a kernel: the portable kernels
+        # run these head dims on every GPU.
         ("head_dim", ctypes.c_int32),
         # Non-zero: causal mask aligned to the bottom-right corner, as in
         # FlashAttention >= 2.1: query i sees key j iff j <= i + seqlen_k - seqlen_q.
@@ -208,6 +212,13 @@ class flashcore_forward_params(ctypes.Structure):
         # Head dimension of v and out, when it differs from head_dim (e.g. 128
         # with head_dim 192, as in DeepSeek-style prefill). 0 (the default)
         # means head_dim. Same rules as head_dim.
+        #
+        # MLA decode on a latent cache (DeepSeek V2/V3, Kimi K2): head_dim 576
+        # (512 latent + 64 rope dims), head_dim_v 512, one K/V head, and v the
+        # first 512 columns of k's rows, passed as k's view: v == k with k's
+        # three strides. That kernel reads each cache row once for both
+        # products; a call that the (576, 512) kernel covers with a v of its own
+        # returns FLASHCORE_STATUS_UNSUPPORTED, saying so.
         ("head_dim_v", ctypes.c_int32),
         # Split-KV: into how many parts the keys each query block sees are
         # split, each part computed by its own thread block into the workspace,
@@ -727,7 +738,8 @@ FUNCTIONS = (
     )),
     # The (head_dim, head_dim_v) pairs this build has kernels of its own for, in
     # increasing order of head_dim, then head_dim_v: the default build has
-    # (32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256). Every GPU
+    # (32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256),
+    # (512, 512) and (576, 512) (v as k's view: see head_dim_v). Every GPU
     # the library supports runs all of them. A call whose head dims are not in
     # the list runs on the first listed pair with head_dim and head_dim_v both at
     # least its own (both must be multiples of 8); with none,

@@ -149,4 +149,52 @@ struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kDecode>
                   "memory sm_86 and sm_89 give a block (kMinSmemPerBlock)");
 };
 
+// The wide kernel (WideTraits, traits.cuh), for head dims past 256: every
+// warp holds O's rows of its own columns. A head dim narrower for V than for
+// K (MLA's 576 / 512, the only such wide pair) reads V from K's tile: the
+// dispatcher runs such calls only where v is k's view (src/fwd/dispatch.cpp).
+template <int kHeadDim, int kHeadDimV>
+constexpr bool kWideVInK = kHeadDimV < kHeadDim;
+
+// kWide: 64 rows on 8 warps (4 row bands x 2 key groups of S; 64 columns
+// of O a warp, 128 registers), 32-key tiles; 3 slots where V is in K's
+// tile (190 KB at 576; an e4m3 cache 168 KB with its widened tile), 2 where
+// it has its own (202 KB at 512): sm_90 and GPUs with as much shared
+// memory.
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV>
+struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kWide> {
+    using Traits = WideTraits<ElementType<kInput>, ElementType<kKV>, ElementType<kOutput>, kHeadDim, kHeadDimV, 64, 32, 8,
+                              kWideVInK<kHeadDim, kHeadDimV> ? 3 : 2, kWideVInK<kHeadDim, kHeadDimV>>;
+    using RaggedTraits = Traits;
+};
+
+// kWideDecode: 16 rows (decode's GQA-packed heads) on 4 warps of 128
+// columns of O each, 2 ring slots, within kMinSmemPerBlock so that every GPU
+// has a kernel at these head dims. V in K's tile: 32-key tiles, 8 keys of S
+// a warp (94 KB at 576; an e4m3 cache 92 KB with its widened tile). V of
+// its own: a 32-key slot would take 64 KB, so 16-key tiles, whose S two of
+// the warps compute (80 KB at 512; on 2 warps of 256 columns the dense
+// kernel spilled on sm_90).
+#ifndef FLASHCORE_WIDE_DECODE_STAGES  // scratch sweeps override these three
+#define FLASHCORE_WIDE_DECODE_STAGES 2
+#endif
+#ifndef FLASHCORE_WIDE_DECODE_KEYS
+#define FLASHCORE_WIDE_DECODE_KEYS 32
+#endif
+#ifndef FLASHCORE_WIDE_DECODE_WARPS
+#define FLASHCORE_WIDE_DECODE_WARPS 4
+#endif
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV>
+struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kWideDecode> {
+    static constexpr bool kVInK = kWideVInK<kHeadDim, kHeadDimV>;
+    using Traits =
+        WideTraits<ElementType<kInput>, ElementType<kKV>, ElementType<kOutput>, kHeadDim, kHeadDimV, 16,
+                   kVInK ? FLASHCORE_WIDE_DECODE_KEYS : 16, FLASHCORE_WIDE_DECODE_WARPS, FLASHCORE_WIDE_DECODE_STAGES, kVInK>;
+    using RaggedTraits = Traits;
+    static_assert(Traits::kSmemBytes <= kMinSmemPerBlock || FLASHCORE_WIDE_DECODE_STAGES != 2 ||
+                      FLASHCORE_WIDE_DECODE_KEYS != 32,
+                  "the wide decode tiles are the one kernel at their head dims that every GPU fits: within the 99 KB "
+                  "of shared memory sm_86 and sm_89 give a block (kMinSmemPerBlock)");
+};
+
 }  // namespace flashcore

@@ -64,6 +64,26 @@ __device__ __forceinline__ void store_staged_block(const float (&out)[Traits::kM
         dst.out, seq_stride, smem_o, dst.valid_rows, valid_vectors, tid);
 }
 
+// Normalises a thread's rows of O (kRows: 2 per m16 tile from block row
+// warp_first_row; acc_o the thread's fragments of them, any columns) with
+// the rows' softmax state, their sinks and a quantized V's descale, and
+// gives their log-sum-exp values: both portable epilogues' (this one's,
+// wide_epilogue.cuh's). loop: the mainloop (its lse_scale).
+template <typename Traits, typename Mainloop, typename Softmax, typename Accumulators, int kRows>
+__device__ __forceinline__ void finalize_rows(const FwdKernelParams &p, const FwdTile &tile, const Mainloop &loop,
+                                              int warp_first_row, int lane, Softmax &softmax, Accumulators &acc_o,
+                                              float (&row_lse)[kRows]) {
+    float sinks[kRows];
+    fwd_fragment_sinks(p, tile, Traits::kBlockM, warp_first_row, lane, sinks);
+    if constexpr (Traits::kQuantizedKV) {
+        const float v_descale =
+            fwd_descale(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride, tile.batch, tile.head_kv);
+        softmax.finalize(acc_o, loop.lse_scale(p), row_lse, v_descale, &sinks);
+    } else {
+        softmax.finalize(acc_o, p.softmax_scale, row_lse, 1.f, &sinks);
+    }
+}
+
 // Scheduler: the kernel's (scheduler.cuh), whose blockIdx the epilogue reads
 // again.
 template <typename Traits, typename Scheduler>
@@ -87,7 +107,7 @@ struct Epilogue {
     template <typename Mainloop>
     __device__ __forceinline__ static void store(const FwdKernelParams &p, const Mainloop &loop,
                                                  typename Mainloop::Accumulators &acc_o,
-                                                 OnlineSoftmax<Traits::kMAtoms> &softmax,
+                                                 typename Mainloop::Softmax &softmax,
                                                  typename Mainloop::RowValues &row_lse, unsigned char *smem) {
         // Recomputed rather than kept: values live across the tile loop but
         // used only here would take registers the loop needs (ptxas spills
@@ -99,15 +119,7 @@ struct Epilogue {
         loop.merge_splits(acc_o, softmax, smem, split, tid % Traits::kThreadsPerSplit, p);
 
         const FwdTile tile = Scheduler::tile_again(p);
-        float sinks[Traits::kMAtoms * 2];
-        fwd_fragment_sinks(p, tile, Traits::kBlockM, warp_first_row, lane, sinks);
-        if constexpr (Traits::kQuantizedKV) {
-            const float v_descale = fwd_descale(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride,
-                                                tile.batch, tile.head_kv);
-            softmax.finalize(acc_o, loop.lse_scale(p), row_lse, v_descale, &sinks);
-        } else {
-            softmax.finalize(acc_o, p.softmax_scale, row_lse, 1.f, &sinks);
-        }
+        finalize_rows<Traits>(p, tile, loop, warp_first_row, lane, softmax, acc_o, row_lse);
         // After a merge only split 0 holds the result.
         const bool holds_result = split == 0;
         with_output_destination<ElementOut, true>(

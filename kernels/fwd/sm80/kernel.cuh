@@ -28,16 +28,25 @@
 #include "fwd/sm80/mainloop.cuh"
 #include "fwd/sm80/scheduler.cuh"
 #include "fwd/sm80/traits.cuh"
+#include "fwd/sm80/wide_epilogue.cuh"
+#include "fwd/sm80/wide_mainloop.cuh"
 #include "sm80/kernel_shell.cuh"
+
+#include <type_traits>
 
 namespace flashcore {
 namespace sm80 {
 
-// The forward kernel's parts.
+// The forward kernel's parts: the row-split ones (FwdTraits), or the
+// column-split ones of the wide kernel (WideTraits).
 template <typename Traits, bool kRagged>
-using FwdKernel =
+using FwdKernel = std::conditional_t<
+    Traits::kSplitsColumns,
+    KernelShell<WideMainloop<Traits, kRagged>,
+                WideEpilogue<Traits, BlockScheduler<Traits::kBlockM, Traits::kBlockN, kRagged>>,
+                BlockScheduler<Traits::kBlockM, Traits::kBlockN, kRagged>>,
     KernelShell<Mainloop<Traits, kRagged>, Epilogue<Traits, BlockScheduler<Traits::kBlockM, Traits::kBlockN, kRagged>>,
-                BlockScheduler<Traits::kBlockM, Traits::kBlockN, kRagged>>;
+                BlockScheduler<Traits::kBlockM, Traits::kBlockN, kRagged>>>;
 
 }  // namespace sm80
 

@@ -19,10 +19,12 @@ namespace flashcore {
 // and sm_89, and 256 on an A100, the others do not fit). Each ragged kernel
 // is a second copy of its variant (the large tiles' adds 108-133 KB of
 // machine code per unit and architecture, before compression); the
-// four-way split has none, for the library's size.
+// four-way split has none, for the library's size. The wide tiles are the
+// only kernels at their head dims, and serve both.
 template <FwdVariant kVariant>
-constexpr bool kServesRagged =
-    kVariant == FwdVariant::kDecode || kVariant == FwdVariant::kKeySplit || kVariant == FwdVariant::kLargeTiles;
+constexpr bool kServesRagged = kVariant == FwdVariant::kDecode || kVariant == FwdVariant::kKeySplit ||
+                               kVariant == FwdVariant::kLargeTiles || kVariant == FwdVariant::kWide ||
+                               kVariant == FwdVariant::kWideDecode;
 
 // Kernels on quantized K/V are built for ragged batches only, which serves
 // dense calls too (their decode time is the cache's read, not the ragged
@@ -37,9 +39,11 @@ FwdKernelInfo fwd_info_sm80() {
                       RaggedTraits::kNumThreads == Traits::kNumThreads &&
                       RaggedTraits::kMaxRegisters == Traits::kMaxRegisters,
                   "a ragged kernel differs from its variant's dense kernel in nothing the dispatcher plans by");
-    return {Traits::kSmemBytes, Traits::kBlockM, Traits::kBlockN * Traits::kKeySplits,
-            register_bound_ctas_per_sm(Traits::kNumThreads, Traits::kMaxRegisters),
-            kServesRagged<kVariant> || Traits::kQuantizedKV};
+    FwdKernelInfo info{Traits::kSmemBytes, Traits::kBlockM, Traits::kBlockN * Traits::kKeySplits,
+                       register_bound_ctas_per_sm(Traits::kNumThreads, Traits::kMaxRegisters),
+                       kServesRagged<kVariant> || Traits::kQuantizedKV};
+    info.v_in_k = Traits::kVInK;
+    return info;
 }
 
 template <typename Traits, bool kRagged>

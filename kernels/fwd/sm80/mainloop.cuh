@@ -67,6 +67,48 @@ __device__ __forceinline__ void load_q_async(typename Traits::Element *smem_q, c
     }
 }
 
+// The scales of the raw scores q.k: times score_scale_log2 before exp2,
+// times lse_scale for the natural-log LSE, times softcap_prescale before a
+// softcap's tanh (FwdKernelParams). A quantized cache's k_descale goes into
+// the first two, or with a softcap into the third, whose output the other
+// two then scale. Both portable mainloops' (this one's, wide_mainloop.cuh's).
+template <typename Traits>
+struct ScoreScales {
+    __device__ __forceinline__ static float score_scale_log2(const FwdKernelParams &p, float k_descale) {
+        if constexpr (Traits::kQuantizedKV) return p.softcap_prescale != 0.f ? p.softmax_scale_log2 : p.softmax_scale_log2 * k_descale;
+        return p.softmax_scale_log2;
+    }
+    __device__ __forceinline__ static float lse_scale(const FwdKernelParams &p, float k_descale) {
+        if constexpr (Traits::kQuantizedKV) return p.softcap_prescale != 0.f ? p.softmax_scale : p.softmax_scale * k_descale;
+        return p.softmax_scale;
+    }
+    __device__ __forceinline__ static float softcap_prescale(const FwdKernelParams &p, float k_descale) {
+        if constexpr (Traits::kQuantizedKV) return p.softcap_prescale * k_descale;
+        return p.softcap_prescale;
+    }
+};
+
+// A work item's operands, for both portable mainloops: the (batch, head
+// group)'s Q (a packed tile's rows gather from its heads), its K/V head's K
+// and V, a quantized cache's k_descale of that (batch, K/V head). Returns
+// the item's key tiles.
+template <typename Traits, bool kRagged, typename Work>
+__device__ __forceinline__ int bind_block_operands(const FwdKernelParams &p, const Work &work,
+                                                   const typename Traits::Element *&q_heads,
+                                                   const typename Traits::ElementKV *&k,
+                                                   const typename Traits::ElementKV *&v, float &k_descale) {
+    using Element = typename Traits::Element;
+    using ElementKV = typename Traits::ElementKV;
+    q_heads = static_cast<const Element *>(p.q) + fwd_q_offset(p, work.tile);
+    k = static_cast<const ElementKV *>(p.k) + fwd_k_offset<kRagged>(p, work.tile);
+    v = static_cast<const ElementKV *>(p.v) + fwd_v_offset<kRagged>(p, work.tile);
+    if constexpr (Traits::kQuantizedKV) {
+        k_descale = fwd_descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, work.tile.batch,
+                                work.tile.head_kv);
+    }
+    return work.keys.num_blocks();
+}
+
 // One key split's K/V tiles streaming through its ring of shared memory:
 // its tile j lives in slot j % kStages and is requested kStages - 1
 // iterations before it is used, so a whole iteration of compute or more
@@ -143,9 +185,12 @@ struct KvRing {
             }
             load_tile_async<ElementKV, Traits::kHeadDim, Traits::kBlockN, Traits::kThreadsPerSplit>(
                 slot_k, k + int64_t(key) * p.k_seq_stride, p.k_seq_stride, seqlen_k - key, qk_vectors, split_tid);
-            load_tile_async<ElementKV, Traits::kHeadDimV, Traits::kBlockN, Traits::kThreadsPerSplit>(
-                slot_k + Traits::kSmemKElems, v + int64_t(key) * p.v_seq_stride, p.v_seq_stride, seqlen_k - key,
-                v_vectors, split_tid);
+            // V in K's tile (WideTraits::kVInK) has no copy of its own.
+            if constexpr (!Traits::kVInK) {
+                load_tile_async<ElementKV, Traits::kHeadDimV, Traits::kBlockN, Traits::kThreadsPerSplit>(
+                    slot_k + Traits::kSmemKElems, v + int64_t(key) * p.v_seq_stride, p.v_seq_stride, seqlen_k - key,
+                    v_vectors, split_tid);
+            }
         }
         cp_async_commit();
     }
@@ -174,6 +219,7 @@ struct Mainloop {
     // O's accumulators: the thread's fragments of its warp's rows.
     using Accumulators = float[Traits::kMAtoms][Traits::kNAtomsO][4];
     using RowValues = float[Traits::kMAtoms * 2];  // one per row of the thread's fragments
+    using Softmax = OnlineSoftmax<Traits::kMAtoms>;
 
     // The thread's place in the CTA: its key split, its warp's band of
     // query rows; Q's tile and the split's K/V ring in shared memory.
@@ -194,7 +240,7 @@ struct Mainloop {
     int num_n_blocks;
     int num_split_tiles;
     // A quantized cache's k_descale of the work's (batch, K/V head), which
-    // the scores are scaled by (score_scale_log2, lse_scale, softcap_prescale).
+    // the scores are scaled by (ScoreScales).
     float k_descale;
 
     // smem: Q's tile, then each split's ring (FwdTraits::kSmemBytes).
@@ -207,36 +253,21 @@ struct Mainloop {
           warp_first_row((split_tid / kWarpSize) * Traits::kRowsPerWarp),
           smem_kv(reinterpret_cast<ElementKV *>(smem + Traits::kSmemQBytes + split * Traits::kSmemRingBytes)) {}
 
-    // The scales of the raw scores q.k: times score_scale_log2 before exp2,
-    // times lse_scale for the natural-log LSE, times softcap_prescale before
-    // a softcap's tanh (FwdKernelParams). A quantized cache's k_descale goes
-    // into the first two, or with a softcap into the third, whose output
-    // the other two then scale.
     __device__ __forceinline__ float score_scale_log2(const FwdKernelParams &p) const {
-        if constexpr (Traits::kQuantizedKV) return p.softcap_prescale != 0.f ? p.softmax_scale_log2 : p.softmax_scale_log2 * k_descale;
-        return p.softmax_scale_log2;
+        return ScoreScales<Traits>::score_scale_log2(p, k_descale);
     }
     __device__ __forceinline__ float lse_scale(const FwdKernelParams &p) const {
-        if constexpr (Traits::kQuantizedKV) return p.softcap_prescale != 0.f ? p.softmax_scale : p.softmax_scale * k_descale;
-        return p.softmax_scale;
+        return ScoreScales<Traits>::lse_scale(p, k_descale);
     }
     __device__ __forceinline__ float softcap_prescale(const FwdKernelParams &p) const {
-        if constexpr (Traits::kQuantizedKV) return p.softcap_prescale * k_descale;
-        return p.softcap_prescale;
+        return ScoreScales<Traits>::softcap_prescale(p, k_descale);
     }
 
     // Returns whether the work has key tiles to visit (false: no row of the
     // block sees a key of its part).
     template <typename Work>
     __device__ __forceinline__ bool bind(const FwdKernelParams &p, const Work &work) {
-        q_heads = static_cast<const Element *>(p.q) + fwd_q_offset(p, work.tile);
-        k = static_cast<const ElementKV *>(p.k) + fwd_k_offset<kRagged>(p, work.tile);
-        v = static_cast<const ElementKV *>(p.v) + fwd_v_offset<kRagged>(p, work.tile);
-        if constexpr (Traits::kQuantizedKV) {
-            k_descale = fwd_descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, work.tile.batch,
-                                    work.tile.head_kv);
-        }
-        num_n_blocks = work.keys.num_blocks();
+        num_n_blocks = bind_block_operands<Traits, kRagged>(p, work, q_heads, k, v, k_descale);
         return num_n_blocks > 0;
     }
 

@@ -50,6 +50,10 @@ struct TilePages {
     }
 };
 
+// Rows wider than this many bytes (the wide kernels' only) take the chunk
+// lookup of load_paged_tile_async where no other way fits.
+constexpr size_t kWideRowBytes = 512;
+
 // Whether kThreads threads copy a tile of kRowElems-element rows in passes
 // of whole 16-row chunks, one vector column each (TilePages' chunks);
 // otherwise (rows of 12 or 24 vectors) each vector finds its row's page.
@@ -91,6 +95,60 @@ __device__ __forceinline__ void load_paged_tile_async(Element *smem, const Eleme
                 src = opaque_advance(src, pass_stride);
             }
         }
+    } else if constexpr (kGroupCopy<Element, kRowElems, kRows, kThreads>) {
+        // As load_tile_async's row groups (576-element rows): one row a
+        // pass of 8 threads, its page that of its 16-row chunk.
+        constexpr int kRowsPerPass = kThreads / kSwizzleGroupVectors;
+        static_assert(kRowsPerPass % kPageChunkRows == 0, "a thread's rows sit at one place in their chunks");
+        const int row0 = tid / kSwizzleGroupVectors;
+        const int group_vec = tid % kSwizzleGroupVectors;
+        const uint32_t dst = smem_address(smem) + swizzled_byte_offset<Element, kRowElems>(row0, group_vec);
+        const Element *thread_gmem = gmem + row0 % kPageChunkRows * row_stride + group_vec * kElemsPerVector<Element>;
+#pragma unroll
+        for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+            const int row = row0 + i * kRowsPerPass;
+            // The row's chunk, chosen among the compile-time indices (an
+            // index in a register would put the pages in local memory).
+            int64_t chunk_offset = 0;
+#pragma unroll
+            for (int c = 0; c < TilePages<kRows>::kChunks; ++c) {
+                if (c * kPageChunkRows <= row && row < (c + 1) * kPageChunkRows) {
+                    chunk_offset = pages.chunk_offset(p, c, page_stride, row_stride);
+                }
+            }
+            copy_row_group_async<Element, kVectorsPerRow>(dst + row_block_bytes<Element, kRowElems>(i * kRowsPerPass),
+                                                          thread_gmem + chunk_offset, gmem, row < valid_rows,
+                                                          group_vec, valid_vectors);
+        }
+    } else if constexpr (kRowElems * sizeof(Element) > kWideRowBytes) {
+        // Rows past 512 bytes that neither way above takes (an e4m3 latent
+        // cache's 576 bytes: 36 vectors): each vector's row finds its
+        // chunk's offset among the tile's few, looked up once, where
+        // load_rows_async below reads the block table and divides per
+        // vector (a paged e4m3 MLA decode took 1.6x the 16-bit call's time).
+        constexpr int kChunks = TilePages<kRows>::kChunks;
+        int64_t chunk_offset[kChunks];
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) chunk_offset[c] = pages.chunk_offset(p, c, page_stride, row_stride);
+        const uint32_t base = smem_address(smem);
+        constexpr int kVectors = kRows * kVectorsPerRow;
+        // Rolled: unrolled, ptxas kept every vector's address live and the
+        // 64-row kernel spilled.
+#pragma unroll 1
+        for (int idx = tid; idx < kVectors; idx += kThreads) {
+            const int row = idx / kVectorsPerRow;
+            const int vec = idx % kVectorsPerRow;
+            int64_t offset = chunk_offset[0];
+#pragma unroll
+            for (int c = 1; c < kChunks; ++c) {
+                if (row >= c * kPageChunkRows) offset = chunk_offset[c];
+            }
+            const bool valid = vec < valid_vectors && row < valid_rows;
+            cp_async_16(base + swizzled_byte_offset<Element, kRowElems>(row, vec),
+                        valid ? gmem + offset + (row % kPageChunkRows) * row_stride + vec * kElemsPerVector<Element>
+                              : gmem,
+                        valid);
+        }
     } else {
         load_rows_async<Element, kRowElems, kRows, kThreads>(
             smem, gmem,
@@ -103,7 +161,8 @@ __device__ __forceinline__ void load_paged_tile_async(Element *smem, const Eleme
 }
 
 // The K and V tiles of the keys `pages` describes into a ring slot (K, then
-// V at kSmemKElems). k and v point at the batch's K/V head in page 0.
+// V at kSmemKElems; only K where V is in K's rows, WideTraits::kVInK). k
+// and v point at the batch's K/V head in page 0.
 template <typename Traits, typename Element>
 __device__ __forceinline__ void load_paged_kv_tile(const FwdKernelParams &p, int batch,
                                                    const TilePages<Traits::kBlockN> &pages, int valid_rows,
@@ -111,9 +170,11 @@ __device__ __forceinline__ void load_paged_kv_tile(const FwdKernelParams &p, int
                                                    int qk_vectors, int v_vectors, int tid) {
     load_paged_tile_async<Element, Traits::kHeadDim, Traits::kBlockN, Traits::kThreadsPerSplit>(
         slot_k, k, p.k_batch_stride, p.k_seq_stride, p, batch, pages, valid_rows, qk_vectors, tid);
-    load_paged_tile_async<Element, Traits::kHeadDimV, Traits::kBlockN, Traits::kThreadsPerSplit>(
-        slot_k + Traits::kSmemKElems, v, p.v_batch_stride, p.v_seq_stride, p, batch, pages, valid_rows, v_vectors,
-        tid);
+    if constexpr (!Traits::kVInK) {  // V in K's tile: no copy of its own
+        load_paged_tile_async<Element, Traits::kHeadDimV, Traits::kBlockN, Traits::kThreadsPerSplit>(
+            slot_k + Traits::kSmemKElems, v, p.v_batch_stride, p.v_seq_stride, p, batch, pages, valid_rows,
+            v_vectors, tid);
+    }
 }
 
 }  // namespace flashcore

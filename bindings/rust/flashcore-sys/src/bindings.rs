@@ -168,11 +168,15 @@ pub struct flashcore_forward_params {
     pub seqlen_k: i32,
     pub num_heads_q: i32,
     pub num_heads_kv: i32,
-    #[doc = " Head dimension of q and k. Any multiple of 8 from 8 to 256. The"]
+    #[doc = " Head dimension of q and k. Any multiple of 8 from 8 to 576. The"]
     #[doc = " default build has kernels for 32, 64, 96, 128, 192 (with head_dim_v"]
-    #[doc = " 128) and 256 (flashcore_supported_head_dims lists what this build"]
-    #[doc = " has); any other head dim runs on the smallest kernel that covers it,"]
-    #[doc = " its q, k, v and out loaded and stored only up to their real width."]
+    #[doc = " 128), 256, 512 and 576 (with head_dim_v 512: DeepSeek MLA's latent"]
+    #[doc = " cache, whose v must be k's view; see head_dim_v)"]
+    #[doc = " (flashcore_supported_head_dims lists what this build has); any other"]
+    #[doc = " head dim runs on the smallest kernel that covers it, its q, k, v and"]
+    #[doc = " out loaded and stored only up to their real width. Past 256 there is"]
+    #[doc = " no backward, no e4m3 K/V and no sm_90a kernel: the portable kernels"]
+    #[doc = " run these head dims on every GPU."]
     pub head_dim: i32,
     #[doc = " Non-zero: causal mask aligned to the bottom-right corner, as in"]
     #[doc = " FlashAttention >= 2.1: query i sees key j iff j <= i + seqlen_k - seqlen_q."]
@@ -210,6 +214,13 @@ pub struct flashcore_forward_params {
     #[doc = " Head dimension of v and out, when it differs from head_dim (e.g. 128"]
     #[doc = " with head_dim 192, as in DeepSeek-style prefill). 0 (the default)"]
     #[doc = " means head_dim. Same rules as head_dim."]
+    #[doc = ""]
+    #[doc = " MLA decode on a latent cache (DeepSeek V2/V3, Kimi K2): head_dim 576"]
+    #[doc = " (512 latent + 64 rope dims), head_dim_v 512, one K/V head, and v the"]
+    #[doc = " first 512 columns of k's rows, passed as k's view: v == k with k's"]
+    #[doc = " three strides. That kernel reads each cache row once for both"]
+    #[doc = " products; a call that the (576, 512) kernel covers with a v of its own"]
+    #[doc = " returns FLASHCORE_STATUS_UNSUPPORTED, saying so."]
     pub head_dim_v: i32,
     #[doc = " Split-KV: into how many parts the keys each query block sees are"]
     #[doc = " split, each part computed by its own thread block into the workspace,"]
@@ -408,7 +419,8 @@ extern "C" {
 extern "C" {
     #[doc = " The (head_dim, head_dim_v) pairs this build has kernels of its own for, in"]
     #[doc = " increasing order of head_dim, then head_dim_v: the default build has"]
-    #[doc = " (32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256). Every GPU"]
+    #[doc = " (32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256),"]
+    #[doc = " (512, 512) and (576, 512) (v as k's view: see head_dim_v). Every GPU"]
     #[doc = " the library supports runs all of them. A call whose head dims are not in"]
     #[doc = " the list runs on the first listed pair with head_dim and head_dim_v both at"]
     #[doc = " least its own (both must be multiples of 8); with none,"]
