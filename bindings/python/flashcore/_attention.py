@@ -84,7 +84,9 @@ def forward_params(q: Array, k: Array, v: Array, out: Optional[Array] = None, *,
 def supported_head_dims() -> List[Tuple[int, int]]:
     """The (head_dim, head_dim_v) pairs this build of the library has kernels
     of its own for (flashcore_supported_head_dims), in increasing order, e.g.
-    [(32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256)].
+    [(32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256),
+    (512, 512), (576, 512)]; (576, 512) is DeepSeek MLA's latent cache, whose
+    v must be a view of k (v = k[..., :512]).
 
     Other head dims run too: q/k's head_dim and v's head_dim_v, both
     multiples of 8, run on the first listed pair whose two dims are both at

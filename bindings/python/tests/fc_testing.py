@@ -148,7 +148,12 @@ def fake_paged(b=3, hq=8, hkv=2, sq=4, num_pages=40, page_size=16, max_pages=10,
 
 # The default build's pairs: what the GPU tests are parametrized over when
 # the library cannot be loaded (they skip then anyway).
-DEFAULT_HEAD_DIMS = [(32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256)]
+DEFAULT_HEAD_DIMS = [(32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256), (512, 512), (576, 512)]
+# DeepSeek MLA's latent-cache kernel: it takes v only as k's view (v = k[..., :512]), so the tests that pass
+# a v of its own leave it out (test_gpu_torch.py's test_mla_latent_cache runs it).
+LATENT_HEAD_DIMS = [(576, 512)]
+# The backward's kernels stop at head dim 256 (past it the forward only).
+MAX_BACKWARD_HEAD_DIM = 256
 # Dims with no kernel of their own in the default build, run on the next
 # larger one, and the DeepSeek-style pair.
 EXTRA_HEAD_DIMS = [(80, 80), (112, 112), (160, 160), (192, 128)]
@@ -156,12 +161,13 @@ EXTRA_HEAD_DIMS = [(80, 80), (112, 112), (160, 160), (192, 128)]
 
 def gpu_head_dims():
     """(head_dim, head_dim_v) pairs for the GPU tests: every pair this build
-    lists, the rounding-up dims and (192, 128)."""
+    lists but the latent cache's (LATENT_HEAD_DIMS), the rounding-up dims and
+    (192, 128)."""
     try:
         listed = flashcore.supported_head_dims()
     except flashcore.FlashcoreError:  # LibraryError included
         listed = DEFAULT_HEAD_DIMS
-    return sorted(set(listed) | set(EXTRA_HEAD_DIMS))
+    return sorted((set(listed) - set(LATENT_HEAD_DIMS)) | set(EXTRA_HEAD_DIMS))
 
 
 def head_dim_id(pair):

@@ -201,6 +201,34 @@ def test_matches_sdpa(torch, dtype, head_dims, causal, shape):
     check(torch, out, lse, q, k, v, causal)
 
 
+@pytest.mark.parametrize("heads", [16, 64, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mla_latent_cache(torch, dtype, heads):
+    """DeepSeek MLA decode on its latent cache: q of 576 dims, one K/V head of 576 per token, v the cache's first
+    512 columns as a view (the same storage), FlashAttention's [B, S, H, D] layout, MLA's softmax scale; then the
+    same cache as a paged pool (pages of 64, the table in reverse order) through attention_with_kvcache with
+    cache_seqlens. A v of its own at these head dims is refused."""
+    if (576, 512) not in flashcore.supported_head_dims():
+        pytest.skip("this build has no kernel for head dims (576, 512): %s" % flashcore.supported_head_dims())
+    b, sq, pages, sk = 2, 1, 11, 700
+    scale = (128 + 64) ** -0.5
+    q = cuda_randn(torch, (b, sq, heads, 576), dtype, 70)
+    storage = cuda_randn(torch, (b, pages * 64, 1, 576), dtype, 71)
+    cache = storage[:, :sk]
+    out, lse = flashcore.attention(q, cache, cache[..., :512], layout="bshd", softmax_scale=scale, return_lse=True)
+    assert out.shape == (b, sq, heads, 512)
+    t = [x.transpose(1, 2) for x in (out, q, cache, cache[..., :512])]
+    check(torch, t[0], lse, t[1], t[2], t[3], False, scale=scale)
+    pool = storage.view(b * pages, 64, 1, 576)
+    table = torch.arange(b * pages, dtype=torch.int32, device="cuda").view(b, pages)
+    seqlens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+    paged = flashcore.attention_with_kvcache(q, pool, pool[..., :512], seqlens, block_table=table,
+                                             softmax_scale=scale)
+    assert torch.equal(paged, out), "the paged call must give the contiguous call's bits"
+    with pytest.raises(flashcore.UnsupportedError, match="pass v = k"):
+        flashcore.attention(q, cache, cache[..., :512].clone(), layout="bshd", softmax_scale=scale)
+
+
 @pytest.mark.parametrize("head_dims", [(128, 128), (192, 128), (80, 80)], ids=head_dim_id)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -13,8 +13,8 @@ import pytest
 
 import flashcore
 from flashcore import Status, _arrays, _errors, _ffi, _library, _plan
-from fc_testing import (FakeCudaArray, FakeDLPackArray, RecordingHandle, covering_pair, fake_paged, fake_ptr, fake_qkv,
-                        fake_varlen, need_head_dim, raises_from_library)
+from fc_testing import (LATENT_HEAD_DIMS, FakeCudaArray, FakeDLPackArray, RecordingHandle, covering_pair, fake_paged,
+                        fake_ptr, fake_qkv, fake_varlen, need_head_dim, raises_from_library)
 
 # --------------------------------------------------------------------------
 # Import and version (no library needed)
@@ -444,6 +444,11 @@ def test_every_covered_head_dim_passes_the_check(lib):
         if covering_pair(pairs, d, dv) is None:
             with pytest.raises(flashcore.UnsupportedError, match="head_dim"):
                 flashcore.check_params(p)
+        elif covering_pair(pairs, d, dv) in LATENT_HEAD_DIMS:
+            # The latent-cache kernel takes v only as k's view: refused with a v of its own.
+            with pytest.raises(flashcore.UnsupportedError, match="pass v = k"):
+                flashcore.check_params(p)
+            covered += 1
         else:
             flashcore.check_params(p)
             covered += 1

@@ -165,8 +165,9 @@ pub fn cuda_runtime_version() -> i32 {
 
 /// The `(head_dim, head_dim_v)` pairs this build of the library has kernels
 /// of its own for (`flashcore_supported_head_dims`), in increasing order; the
-/// default build has (32, 32), (64, 64), (96, 96), (128, 128), (192, 128)
-/// and (256, 256).
+/// default build has (32, 32), (64, 64), (96, 96), (128, 128), (192, 128),
+/// (256, 256), (512, 512) and (576, 512) (DeepSeek MLA's latent cache, whose
+/// v must be k's view: the header's `head_dim_v`).
 ///
 /// Other head dims run too: a call's head_dim and head_dim_v, both multiples
 /// of 8, run on the first listed pair whose dims are both at least theirs

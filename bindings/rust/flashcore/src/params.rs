@@ -2036,8 +2036,8 @@ mod tests {
         type Edit = fn(ForwardParamsBuilder<'_>) -> ForwardParamsBuilder<'_>;
         let cases: [(&str, Edit, Status); 24] = [
             ("head_dim 100, not a multiple of 8", |b| b.head_dim(100), Status::Unsupported),
-            ("head_dim 264, wider than every kernel", |b| b.head_dim(264), Status::Unsupported),
-            ("head_dim_v 264, wider than every kernel", |b| b.head_dim_v(264), Status::Unsupported),
+            ("head_dim 584, wider than every kernel", |b| b.head_dim(584), Status::Unsupported),
+            ("head_dim_v 520, wider than every kernel", |b| b.head_dim_v(520), Status::Unsupported),
             ("12 q heads on 5 kv heads", |b| b.num_heads_q(12).num_heads_kv(5), Status::InvalidArgument),
             ("negative batch_size", |b| b.batch_size(-2), Status::InvalidArgument),
             ("negative seqlen_k", |b| b.seqlen_k(-3), Status::InvalidArgument),
