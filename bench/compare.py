@@ -157,6 +157,8 @@ class Preset:
     # storage, read once), the other head_dim - head_dim_v columns the rope dims; softmax_scale MLA_SOFTMAX_SCALE.
     # Decode, causal only, bf16 and bshd by default, as the model presets with features.
     mla: bool = False
+    # Issue 61's head dim 512 (Gemma-family models): named only, as the other model presets.
+    d512: bool = False
 
     @property
     def features(self):
@@ -164,8 +166,9 @@ class Preset:
 
     @property
     def model(self):
-        """Issue 61's model presets: those with a window, chunks or sinks, and DeepSeek's MLA (named only)."""
-        return self.features or self.mla
+        """Issue 61's model presets: those with a window, chunks or sinks, DeepSeek's MLA and head dim 512 (named
+        only)."""
+        return self.features or self.mla or self.d512
 
     @property
     def kv_heads(self):
@@ -270,6 +273,10 @@ PRESETS = [
     Preset("mla-b128-h16-32k", 128, 16, 1, 576, 512, heads_kv=1, seqlen_k=32768, kind="decode", mla=True),
     Preset("mla-b128-h128-4k", 128, 128, 1, 576, 512, heads_kv=1, seqlen_k=4096, kind="decode", mla=True),
     Preset("mla-b128-h128-32k", 128, 128, 1, 576, 512, heads_kv=1, seqlen_k=32768, kind="decode", mla=True),
+    # Head dim 512 (issue 61, item 4; Gemma-family models): a causal prefill of 4k tokens, 16 query heads over 8 K/V
+    # heads, and decode steps of 32 sequences against 8k caches.
+    Preset("d512-4k", 1, 16, 4096, 512, 512, heads_kv=8, d512=True),
+    Preset("d512-decode-b32-8k", 32, 16, 1, 512, 512, heads_kv=8, seqlen_k=8192, kind="decode", d512=True),
 ]
 PRESET_NAMES = [p.name for p in PRESETS]
 # The model presets (issue 61) run only when named (alone or through a group below): they need a library and
@@ -298,6 +305,8 @@ PRESET_GROUPS = {  # --preset accepts these names too
     "llama4": [n for n in MODEL_PRESET_NAMES if n.startswith("llama4-")],
     # DeepSeek-V3's MLA decode on the latent cache (576/512, one K/V head), FA3's qv path as the peer.
     "deepseek-mla": [n for n in MODEL_PRESET_NAMES if n.startswith("mla-")],
+    # Head dim 512's prefill and decode (the wide kernels; no FA3/FA4 kernel at this head dim).
+    "d512": [n for n in MODEL_PRESET_NAMES if n.startswith("d512-")],
     "models-2026": MODEL_PRESET_NAMES,
 }
 FP8_PRESET_GROUP = "fp8-prefill"
