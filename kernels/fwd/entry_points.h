@@ -35,8 +35,8 @@ struct FwdKernelInfo {
     // (fwd/sm90/tensor_maps.h).
     bool stores_out_by_tma = false;
     // Whether the kernel reads V as the first head_dim_v columns of K's rows
-    // (the wide kernel at MLA's 576 / 512): planning runs it only on calls
-    // whose v is such a view of k.
+    // (the wide kernel at MLA's 576 / 512): validation takes only calls
+    // whose v is such a view of k (src/fwd/validate.cpp).
     bool v_in_k = false;
 };
 

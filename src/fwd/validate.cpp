@@ -527,12 +527,14 @@ size_t forward_ranges(const flashcore_forward_params &p, ByteRange *ranges) {
     return n + int32_array_ranges(p, ranges + n);
 }
 
+namespace {
+
+// Whether v is the first head_dim_v columns of k's rows: the same pointer
+// and strides (MLA's latent cache, where V is a view of the cache K is).
 bool v_is_k_view(const flashcore_forward_params &p) {
     return p.v == p.k && p.v_batch_stride == p.k_batch_stride && p.v_seq_stride == p.k_seq_stride &&
            p.v_head_stride == p.k_head_stride && effective_head_dim_v(p) <= p.head_dim;
 }
-
-namespace {
 
 // Head dims whose kernel reads V from K's rows (MLA's latent cache: the
 // registry's v_in_k) take only a v that is k's view.

@@ -34,10 +34,6 @@ flashcore_status validate_shapes(const flashcore_forward_params &params);
 // (fwd/registry.h): the 16-bit kernels', or the quantized cache's.
 Span<HeadDims> fwd_head_dims_for(const flashcore_forward_params &params);
 
-// Whether v is the first head_dim_v columns of k's rows: the same pointer
-// and strides (MLA's latent cache, where V is a view of the cache K is).
-bool v_is_k_view(const flashcore_forward_params &params);
-
 // The same checks with the head dims against `supported` (sorted, as a
 // family's registry lists them): what a family whose call carries the
 // forward's options (the backward pass) checks of them, against its own

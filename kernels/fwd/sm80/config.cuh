@@ -151,8 +151,8 @@ struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kDecode>
 
 // The wide kernel (WideTraits, traits.cuh), for head dims past 256: every
 // warp holds O's rows of its own columns. A head dim narrower for V than for
-// K (MLA's 576 / 512, the only such wide pair) reads V from K's tile: the
-// dispatcher runs such calls only where v is k's view (src/fwd/dispatch.cpp).
+// K (MLA's 576 / 512, the only such wide pair) reads V from K's tile:
+// validation takes such calls only where v is k's view (src/fwd/validate.cpp).
 template <int kHeadDim, int kHeadDimV>
 constexpr bool kWideVInK = kHeadDimV < kHeadDim;
 
@@ -175,26 +175,14 @@ struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kWide> {
 // its own: a 32-key slot would take 64 KB, so 16-key tiles, whose S two of
 // the warps compute (80 KB at 512; on 2 warps of 256 columns the dense
 // kernel spilled on sm_90).
-#ifndef FLASHCORE_WIDE_DECODE_STAGES  // scratch sweeps override these three
-#define FLASHCORE_WIDE_DECODE_STAGES 2
-#endif
-#ifndef FLASHCORE_WIDE_DECODE_KEYS
-#define FLASHCORE_WIDE_DECODE_KEYS 32
-#endif
-#ifndef FLASHCORE_WIDE_DECODE_WARPS
-#define FLASHCORE_WIDE_DECODE_WARPS 4
-#endif
 template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV>
 struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kWideDecode> {
     static constexpr bool kVInK = kWideVInK<kHeadDim, kHeadDimV>;
-    using Traits =
-        WideTraits<ElementType<kInput>, ElementType<kKV>, ElementType<kOutput>, kHeadDim, kHeadDimV, 16,
-                   kVInK ? FLASHCORE_WIDE_DECODE_KEYS : 16, FLASHCORE_WIDE_DECODE_WARPS, FLASHCORE_WIDE_DECODE_STAGES, kVInK>;
+    using Traits = WideTraits<ElementType<kInput>, ElementType<kKV>, ElementType<kOutput>, kHeadDim, kHeadDimV, 16,
+                              kVInK ? 32 : 16, 4, 2, kVInK>;
     using RaggedTraits = Traits;
-    static_assert(Traits::kSmemBytes <= kMinSmemPerBlock || FLASHCORE_WIDE_DECODE_STAGES != 2 ||
-                      FLASHCORE_WIDE_DECODE_KEYS != 32,
+    static_assert(Traits::kSmemBytes <= kMinSmemPerBlock,
                   "the wide decode tiles are the one kernel at their head dims that every GPU fits: within the 99 KB "
                   "of shared memory sm_86 and sm_89 give a block (kMinSmemPerBlock)");
 };
-
 }  // namespace flashcore

@@ -50,6 +50,32 @@ struct TilePages {
     }
 };
 
+// The element offsets of a tile's chunks' first rows in a pool of given
+// strides (TilePages::chunk_offset of each, computed once), for loads that
+// find a row's chunk per row.
+template <int kRows>
+struct ChunkOffsets {
+    static constexpr int kChunks = TilePages<kRows>::kChunks;
+    int64_t chunk[kChunks];
+
+    __device__ __forceinline__ ChunkOffsets(const TilePages<kRows> &pages, const FwdKernelParams &p,
+                                            int64_t page_stride, int64_t row_stride) {
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) chunk[c] = pages.chunk_offset(p, c, page_stride, row_stride);
+    }
+    // The offset of the chunk that holds tile row `row`, chosen among the
+    // compile-time indices (an index in a register would put the offsets in
+    // local memory).
+    __device__ __forceinline__ int64_t of_row(int row) const {
+        int64_t offset = chunk[0];
+#pragma unroll
+        for (int c = 1; c < kChunks; ++c) {
+            if (row >= c * kPageChunkRows) offset = chunk[c];
+        }
+        return offset;
+    }
+};
+
 // Rows wider than this many bytes (the wide kernels' only) take the chunk
 // lookup of load_paged_tile_async where no other way fits.
 constexpr size_t kWideRowBytes = 512;
@@ -104,20 +130,12 @@ __device__ __forceinline__ void load_paged_tile_async(Element *smem, const Eleme
         const int group_vec = tid % kSwizzleGroupVectors;
         const uint32_t dst = smem_address(smem) + swizzled_byte_offset<Element, kRowElems>(row0, group_vec);
         const Element *thread_gmem = gmem + row0 % kPageChunkRows * row_stride + group_vec * kElemsPerVector<Element>;
+        const ChunkOffsets<kRows> chunks(pages, p, page_stride, row_stride);
 #pragma unroll
         for (int i = 0; i < kRows / kRowsPerPass; ++i) {
             const int row = row0 + i * kRowsPerPass;
-            // The row's chunk, chosen among the compile-time indices (an
-            // index in a register would put the pages in local memory).
-            int64_t chunk_offset = 0;
-#pragma unroll
-            for (int c = 0; c < TilePages<kRows>::kChunks; ++c) {
-                if (c * kPageChunkRows <= row && row < (c + 1) * kPageChunkRows) {
-                    chunk_offset = pages.chunk_offset(p, c, page_stride, row_stride);
-                }
-            }
             copy_row_group_async<Element, kVectorsPerRow>(dst + row_block_bytes<Element, kRowElems>(i * kRowsPerPass),
-                                                          thread_gmem + chunk_offset, gmem, row < valid_rows,
+                                                          thread_gmem + chunks.of_row(row), gmem, row < valid_rows,
                                                           group_vec, valid_vectors);
         }
     } else if constexpr (kRowElems * sizeof(Element) > kWideRowBytes) {
@@ -126,10 +144,7 @@ __device__ __forceinline__ void load_paged_tile_async(Element *smem, const Eleme
         // chunk's offset among the tile's few, looked up once, where
         // load_rows_async below reads the block table and divides per
         // vector (a paged e4m3 MLA decode took 1.6x the 16-bit call's time).
-        constexpr int kChunks = TilePages<kRows>::kChunks;
-        int64_t chunk_offset[kChunks];
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) chunk_offset[c] = pages.chunk_offset(p, c, page_stride, row_stride);
+        const ChunkOffsets<kRows> chunks(pages, p, page_stride, row_stride);
         const uint32_t base = smem_address(smem);
         constexpr int kVectors = kRows * kVectorsPerRow;
         // Rolled: unrolled, ptxas kept every vector's address live and the
@@ -138,14 +153,10 @@ __device__ __forceinline__ void load_paged_tile_async(Element *smem, const Eleme
         for (int idx = tid; idx < kVectors; idx += kThreads) {
             const int row = idx / kVectorsPerRow;
             const int vec = idx % kVectorsPerRow;
-            int64_t offset = chunk_offset[0];
-#pragma unroll
-            for (int c = 1; c < kChunks; ++c) {
-                if (row >= c * kPageChunkRows) offset = chunk_offset[c];
-            }
             const bool valid = vec < valid_vectors && row < valid_rows;
             cp_async_16(base + swizzled_byte_offset<Element, kRowElems>(row, vec),
-                        valid ? gmem + offset + (row % kPageChunkRows) * row_stride + vec * kElemsPerVector<Element>
+                        valid ? gmem + chunks.of_row(row) + (row % kPageChunkRows) * row_stride +
+                                    vec * kElemsPerVector<Element>
                               : gmem,
                         valid);
         }

@@ -62,7 +62,6 @@ struct WideMainloop {
 
     // The thread's place: its warp's row band and key group (of S) and its
     // columns (of O).
-    unsigned char *smem;
     Element *smem_q;
     ElementKV *smem_kv;
     Element *smem_widened;  // a quantized slot widened to 16 bits (WideTraits::kSmemWidenedBytes)
@@ -93,8 +92,7 @@ struct WideMainloop {
     }
 
     __device__ __forceinline__ explicit WideMainloop(unsigned char *smem_)
-        : smem(smem_),
-          smem_q(reinterpret_cast<Element *>(smem_)),
+        : smem_q(reinterpret_cast<Element *>(smem_)),
           smem_kv(reinterpret_cast<ElementKV *>(smem_ + Traits::kSmemQBytes)),
           smem_widened(reinterpret_cast<Element *>(smem_ + Traits::kSmemQBytes + Traits::kSmemRingBytes)),
           smem_p(reinterpret_cast<Element *>(smem_ + Traits::kSmemQBytes + Traits::kSmemRingBytes +
