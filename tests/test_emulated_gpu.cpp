@@ -9,6 +9,7 @@
 // sm_90a kernels). Fake device addresses: nothing is dereferenced.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -495,6 +496,40 @@ TEST(EmulatedGpu, PlanningDecidesWhatTheTmaUnitCanDescribe) {
         EXPECT_EQ(bytes, workspace_bytes) << "the workspace depends on the shapes only";
         *stride = contiguous;
     }
+}
+
+// MLA decode on the latent cache (576 / 512, v as k's view): on sm_90 the
+// 64-row blocks run on the wide tile's wgmma twin (widewgmma), blocks of at
+// most 16 rows on the portable 16-row tile; the portable path (pinned, or on
+// an A100) and an e4m3 cache take the portable 64-row tile.
+TEST(EmulatedGpu, MlaDecodePlansTheWgmmaWideTileOnHopper) {
+    const auto pairs = supported_pairs();
+    if (std::find(pairs.begin(), pairs.end(), std::pair<int32_t, int32_t>{576, 512}) == pairs.end()) {
+        GTEST_SKIP() << "this build has no kernels at head dims 576 / 512";
+    }
+    const auto mla = [](int32_t heads_q, bool fp8_cache) {
+        ForwardForm f{"mla", 4, 1, 4096, heads_q, 1};
+        f.fp8_kv = fp8_cache;
+        return forward_params(f, 576, 512, FLASHCORE_DTYPE_BF16);
+    };
+    size_t workspace_bytes = 0;
+    {
+        EmulatedHandle h("h100");
+        const bool hopper = build_has_sm90_kernels();
+        EXPECT_TRUE(planned_on(forward_on(h.handle, mla(128, false), &workspace_bytes), "h100",
+                               hopper ? "sm_90a widewgmma" : "portable wide "));
+        EXPECT_TRUE(planned_on(forward_on(h.handle, mla(64, false), &workspace_bytes), "h100",
+                               hopper ? "sm_90a widewgmma" : "portable wide "));
+        EXPECT_TRUE(planned_on(forward_on(h.handle, mla(16, false), &workspace_bytes), "h100", "portable widedecode"));
+        EXPECT_TRUE(planned_on(forward_on(h.handle, mla(128, true), &workspace_bytes), "h100", "portable wide "));
+    }
+    {
+        ScopedEnv env({{"FLASHCORE_FWD_VARIANT", "portable"}});
+        EmulatedHandle h("h100");
+        EXPECT_TRUE(planned_on(forward_on(h.handle, mla(128, false), &workspace_bytes), "h100", "portable wide "));
+    }
+    EmulatedHandle a100("a100");
+    EXPECT_TRUE(planned_on(forward_on(a100.handle, mla(128, false), &workspace_bytes), "a100", "portable widedecode"));
 }
 
 // FLASHCORE_FWD_VARIANT and FLASHCORE_BWD_VARIANT take the same path names,

@@ -246,7 +246,7 @@ std::vector<FwdCase> chunk_and_sinks_cases() {
 // The wide kernels (head dims past 256): d512 (Gemma's), and MLA decode on
 // a latent cache (576 / 512, v passed as k's view) at 16, 64 and 128 query
 // heads on one K/V head, contiguous, packed and paged (pages of 64), split,
-// with speculative steps; d512 prefill causal and windowed with sinks and a
+// with speculative steps, windows, chunks, sinks and softcaps; d512 prefill causal and windowed with sinks and a
 // softcap, GQA decode packed and split, paged; 320 on the 512 kernel.
 std::vector<FwdCase> wide_cases() {
     constexpr auto fp16 = FLASHCORE_DTYPE_FP16;
@@ -266,6 +266,11 @@ std::vector<FwdCase> wide_cases() {
         mla128.with_latent_v(),
         mla128.with_latent_v().with_seqused_k({0, 450}).with_pages(64),
         mla128_spec.with_latent_v().with_splits(2),
+        // Masks, softcap and sinks on the sm_90a kernel's 64-row blocks
+        // (the same calls run on the portable tiles elsewhere).
+        mla64.with_latent_v().with_window(333, 0).with_sinks(),
+        FwdCase{bf16, 576, true, 2, 64, 1, 3, 211, Layout::kBSHD, 512}.with_latent_v().with_softcap(30.f, 1.f),
+        FwdCase{fp16, 576, true, 1, 32, 1, 4, 1100, Layout::kBSHD, 512}.with_latent_v().with_chunk(256).with_sinks(),
         d512,
         d512_full,
         d512.with_window(100, 0).with_sinks(),

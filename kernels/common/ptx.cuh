@@ -108,6 +108,12 @@ __device__ __forceinline__ void wait_for_prerequisite_grids() {
 #endif
 }
 
+// A barrier of the whole CTA that its warps may reach from different
+// branches: barrier.sync without .aligned. __syncthreads is the aligned form,
+// which every thread must reach at the same instruction (compute-sanitizer's
+// synccheck reports "divergent thread(s)" otherwise).
+__device__ __forceinline__ void cta_barrier_from_branches() { asm volatile("barrier.sync 0;\n" ::: "memory"); }
+
 // Barrier kId among `num_threads` threads (a multiple of 32) that all name
 // the same id; other warps are not held.
 template <int kId>

@@ -128,6 +128,14 @@ constexpr uint32_t kKStepRowBytes = 32;
 // swizzle's atom; the 64-byte one's divides it).
 constexpr uint32_t kSmemBaseAlignment = 1024;
 
+// The dynamic shared memory's base aligned up to kSmemBaseAlignment: TMA and
+// wgmma assume swizzled tiles aligned to their atom (the kernels' kSmemBytes
+// include the slack).
+__device__ __forceinline__ unsigned char *aligned_smem_base(unsigned char *smem_raw) {
+    return reinterpret_cast<unsigned char *>((reinterpret_cast<uintptr_t>(smem_raw) + kSmemBaseAlignment - 1) &
+                                             ~uintptr_t(kSmemBaseAlignment - 1));
+}
+
 // ---- mbarriers and TMA (cuda::ptx) ------------------------------------------
 
 __device__ __forceinline__ void mbarrier_init(uint64_t *bar, uint32_t arrivals) {

@@ -191,10 +191,19 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
     // 64-row twin would compute rows that are not there, and wherever that
     // twin does not fit the device's shared memory; the 64-row ones (K/V
     // read once per 64 rows, not 16) for the rest.
+    // On sm_90 the 64-row blocks run on the wide tile's wgmma twin where the
+    // build has it (MLA's 576 / 512, a 16-bit cache).
     const FwdKernel *wide = fitting(FwdVariant::kWide);
     const FwdKernel *wide_decode = fitting(FwdVariant::kWideDecode);
     if (wide != nullptr || wide_decode != nullptr) {
         *chosen = wide != nullptr && !fits_tile(wide_decode) ? wide : wide_decode;
+        if (*chosen == wide && settings.use_hopper) {
+            const FwdKernel *wide_wgmma =
+                fwd_kernels().find(KernelPath::kSm90, dtype, kv, dims, FwdVariant::kWideWgmma);
+            if (wide_wgmma != nullptr && wide_wgmma->info().smem_bytes <= handle.max_smem_per_block) {
+                *chosen = wide_wgmma;
+            }
+        }
         return FLASHCORE_STATUS_SUCCESS;
     }
     const FwdKernel *large = fitting(FwdVariant::kLargeTiles);

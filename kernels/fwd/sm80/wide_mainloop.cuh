@@ -123,8 +123,9 @@ struct WideMainloop {
     // it too, from their own branch: with a barrier of the S warps only,
     // racecheck (which orders accesses across a CTA barrier only between
     // threads that have passed equally many barriers) reported every later
-    // exchange as a hazard.
-    __device__ __forceinline__ static void sync_tile_max() { __syncthreads(); }
+    // exchange as a hazard. The unaligned form, which warps may reach at
+    // different instructions (synccheck reported __syncthreads there).
+    __device__ __forceinline__ static void sync_tile_max() { cta_barrier_from_branches(); }
 
     // The 16-bit tile the products read of a landed slot: the slot itself,
     // or a quantized cache's slot widened into smem_widened by the CTA (a

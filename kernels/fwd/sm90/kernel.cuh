@@ -42,10 +42,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     // (it waits for this grid's results itself): common/ptx.cuh.
     launch_dependent_grids();
     extern __shared__ unsigned char smem_raw[];
-    // The swizzles repeat every atom; TMA and wgmma assume tiles aligned to
-    // it (kSmemBytes includes the slack).
-    unsigned char *smem = reinterpret_cast<unsigned char *>(
-        (reinterpret_cast<uintptr_t>(smem_raw) + kSmemBaseAlignment - 1) & ~uintptr_t(kSmemBaseAlignment - 1));
+    unsigned char *smem = aligned_smem_base(smem_raw);
     const Pipeline<Traits> pipe{smem};
 
     if (threadIdx.x == 0) pipe.init();

@@ -15,6 +15,7 @@
 #include "fwd/sm90/config.cuh"
 #include "fwd/sm90/kernel.cuh"
 #include "fwd/sm90/tensor_maps.h"
+#include "fwd/sm90/wide_kernel.cuh"
 #include "sm90/tensor_map.cuh"
 
 namespace flashcore::sm90 {
@@ -40,16 +41,26 @@ cudaError_t launch(const Sm90KernelParams &p, int64_t num_ctas, const FwdLaunchO
 
 namespace flashcore {
 
-template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
-FwdKernelInfo fwd_info_sm90() {
-    static_assert(kVariant == FwdVariant::kPersistent, "the sm90 kernel has one variant");
-    static_assert(kKV == kInput, "the sm90 kernel reads K/V of its input type (fwd/family.cmake)");
-    static_assert(sm90::sm90_writes(kInput, kOutput), "the sm90 kernels write their input type, or bf16 for e4m3");
+template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV>
+FwdKernelInfo persistent_info_sm90() {
     using Traits = typename sm90::Sm90Config<kInput, kOutput, kHeadDim, kHeadDimV>::Traits;
     // One CTA per SM: __launch_bounds__(threads, 1), and the consumers take
     // the registers the producer gives up.
     return {Traits::kSmemBytes, Traits::kBlockM, Traits::kBlockN, 1, true,
             Traits::kOutputPath == sm90::OutputPath::kTmaStore};
+}
+
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
+FwdKernelInfo fwd_info_sm90() {
+    static_assert(kVariant == FwdVariant::kPersistent || kVariant == FwdVariant::kWideWgmma,
+                  "the sm90 variants: the persistent kernel and the wide one");
+    static_assert(kKV == kInput, "the sm90 kernel reads K/V of its input type (fwd/family.cmake)");
+    static_assert(sm90::sm90_writes(kInput, kOutput), "the sm90 kernels write their input type, or bf16 for e4m3");
+    if constexpr (kVariant == FwdVariant::kWideWgmma) {
+        return sm90::wide_info<sm90::WideTraitsOf<kInput, kOutput, kHeadDim, kHeadDimV>>();
+    } else {
+        return persistent_info_sm90<kInput, kOutput, kHeadDim, kHeadDimV>();
+    }
 }
 
 namespace sm90 {
@@ -91,11 +102,8 @@ cudaError_t run_with_traits(const FwdKernelParams &params, const FwdLaunchOption
 
 }  // namespace sm90
 
-template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
-cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
-    static_assert(sm90::sm90_writes(kInput, kOutput), "the sm90 kernels write their input type, or bf16 for e4m3");
-    static_assert(kKV == kInput, "the sm90 kernel reads K/V of its input type (fwd/family.cmake)");
-    static_assert(kVariant == FwdVariant::kPersistent, "the sm90 kernel has one variant");
+template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV>
+cudaError_t run_persistent_sm90(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
     using Config = sm90::Sm90Config<kInput, kOutput, kHeadDim, kHeadDimV>;
     using Traits = typename Config::Traits;
     if constexpr (Config::kHasWide) {
@@ -120,6 +128,18 @@ cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &
         return params.softcap_prescale != 0.f
                    ? sm90::run_with_traits<kInput, kOutput, Traits, Softcap>(params, options, stream)
                    : sm90::run_with_traits<kInput, kOutput, Traits, NoSoftcap>(params, options, stream);
+    }
+}
+
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
+cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
+    static_assert(sm90::sm90_writes(kInput, kOutput), "the sm90 kernels write their input type, or bf16 for e4m3");
+    static_assert(kKV == kInput, "the sm90 kernel reads K/V of its input type (fwd/family.cmake)");
+    if constexpr (kVariant == FwdVariant::kWideWgmma) {
+        static_assert(kInput == kOutput && kInput != DType::kE4m3, "the wide sm90 kernel reads and writes 16 bits");
+        return sm90::run_wide<sm90::WideTraitsOf<kInput, kOutput, kHeadDim, kHeadDimV>>(params, options, stream);
+    } else {
+        return run_persistent_sm90<kInput, kOutput, kHeadDim, kHeadDimV>(params, options, stream);
     }
 }
 

@@ -1,0 +1,327 @@
+// The sm_90a wide kernel's mainloop (Sm90WideTraits, wide_traits.cuh): a
+// portable-shell kernel (sm80/kernel_shell.cuh: one CTA per query block and
+// split part, the portable BlockScheduler) whose products run on wgmma.
+//
+// Per pair of key tiles (2i, 2i + 1 of the block's BlockKeyRange, last key
+// block first), warpgroup w taking tile 2i + w:
+//   1. S = Q K^T of its tile (wgmma, Q and K from shared memory) -> softcap
+//      -> mask (boundary tiles only); a pair's missing second tile is all
+//      -inf, without a product;
+//   2. its row maxima to the exchange, a barrier, and both warpgroups fold
+//      the pair's maxima into the same running maxima;
+//   3. its probabilities into its columns of P (shared memory), O's columns
+//      rescaled by the correction, a barrier;
+//   4. O (its half of the columns) += P V over the pair's 2 kBlockN keys,
+//      V read from the two tiles' K rows (MN-major).
+// K tiles arrive by cp.async in panels (a paged cache's rows each from its
+// page), a pair ahead: the ring holds two pairs, and one barrier per pair
+// both publishes the landed pair and frees the last one's slots, P and the
+// exchange. At the end the warpgroups' row sums meet in the exchange.
+//
+// (Measured against this on an H200, MLA B64/128 x H128 at 4k and 32k:
+// issuing the next pair's S behind this pair's P V, 2-5% slower; FA3's
+// roles for a wide V, a producer warpgroup loading 64-key tiles by cp.async
+// and one consumer computing S for the other, 1.5x slower:
+// docs/log/models-2026.md.)
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/element.cuh"
+#include "common/fragment_layout.cuh"
+#include "common/key_range.cuh"
+#include "common/online_softmax.cuh"
+#include "common/params.h"
+#include "common/ptx.cuh"
+#include "common/softcap.cuh"
+#include "common/tile_coords.cuh"
+#include "fwd/sm80/mainloop.cuh"
+#include "fwd/sm90/mainloop.cuh"
+#include "fwd/sm90/wide_traits.cuh"
+#include "sm80/warp_gemm.cuh"
+#include "sm90/ptx.cuh"
+#include "sm90/wgmma.cuh"
+#include "sm90/wgmma_wide.cuh"
+
+namespace flashcore::sm90 {
+
+// Copies kRows rows (row r from row_src(r), or zeros where that is null) of
+// kPanels * 64 two-byte columns into panels at `panels` (panel c of row r at
+// c * panel_bytes + Swizzle::offset(r, chunk)), by the CTA's kThreads
+// threads, 8 to a row: each takes chunks g, g + 8, ... of its rows (one per
+// panel), at immediate offsets from its first. Chunks at or past
+// valid_chunks are zero-filled too (a head dim smaller than the kernel's).
+// Asynchronous: completes at the caller's cp_async_wait.
+template <typename Element, int kPanels, int kRows, int kThreads, typename RowSource>
+__device__ __forceinline__ void load_panels_async(uint32_t panels, RowSource &&row_src, int valid_chunks, int tid) {
+    constexpr int kChunksPerPanel = 8;
+    constexpr int kRowsPerPass = kThreads / kChunksPerPanel;
+    constexpr uint32_t kPanelBytes = kRows * 128u;
+    static_assert(kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0, "whole passes of whole swizzle atoms");
+    const int g = tid % kChunksPerPanel;
+    const int row0 = tid / kChunksPerPanel;
+#pragma unroll
+    for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+        const int row = row0 + pass * kRowsPerPass;
+        const Element *src = row_src(row);
+        const uint32_t dst = panels + PanelSwizzle<128>::offset(row, g);
+#pragma unroll
+        for (int c = 0; c < kPanels; ++c) {
+            const int chunk = c * kChunksPerPanel + g;
+            const bool valid = src != nullptr && chunk < valid_chunks;
+            // An invalid chunk still needs a mapped address: any row's.
+            cp_async_16(dst + c * kPanelBytes, valid ? src + chunk * kElemsPerVector<Element> : row_src(-1), valid);
+        }
+    }
+}
+
+template <typename Traits, bool kRagged>
+struct WideMainloop {
+    using Element = typename Traits::Element;
+    static constexpr int kBlockM = Traits::kBlockM;
+    static constexpr int kBlockN = Traits::kBlockN;
+    static constexpr int kNAtomsS = kBlockN / kMmaN;
+    static constexpr int kNAtomsO = Traits::kColsPerWarpgroup / kMmaN;
+    using KeyRange = BlockKeyRange<kBlockM, kBlockN>;
+    // O's accumulators: the warp's 16 rows, its warpgroup's columns.
+    using Accumulators = float[1][kNAtomsO][4];
+    using RowValues = float[2];
+    using Softmax = OnlineSoftmax<1>;
+    using Swizzle = typename Traits::Swizzle;
+
+    unsigned char *smem;  // aligned to kSmemBaseAlignment
+    int tid;
+    int lane;
+    int warpgroup;       // which tile of each pair, which half of O's columns
+    int warp_first_row;  // the warp's 16 rows of the block (of S, P and O)
+
+    const Element *q_heads;
+    const Element *k;
+    const Element *v;
+    int num_n_blocks;
+
+    __device__ __forceinline__ explicit WideMainloop(unsigned char *smem_)
+        : smem(smem_),
+          tid(threadIdx.x),
+          lane(threadIdx.x % kWarpSize),
+          warpgroup(threadIdx.x / kWarpgroupThreads),
+          warp_first_row((threadIdx.x % kWarpgroupThreads) / kWarpSize * kMmaM) {}
+
+    __device__ __forceinline__ float *exchange() const {
+        return reinterpret_cast<float *>(smem + Traits::kSmemExchange);
+    }
+    __device__ __forceinline__ float lse_scale(const FwdKernelParams &p) const { return p.softmax_scale; }
+
+    template <typename Work>
+    __device__ __forceinline__ bool bind(const FwdKernelParams &p, const Work &work) {
+        float unused_descale = 1.f;
+        num_n_blocks = sm80::bind_block_operands<Traits, kRagged>(p, work, q_heads, k, v, unused_descale);
+        return num_n_blocks > 0;
+    }
+
+    // The block's Q rows (a GQA-packed block gathers them from its heads:
+    // row r is query (first_query + r) / packed_heads of head
+    // head_q + that remainder), rows past valid_rows zero-filled.
+    __device__ __forceinline__ void load_q(const FwdKernelParams &p, int first_query, int valid_rows) const {
+        const int packed_heads = p.packed_heads;
+        load_panels_async<Element, Traits::kQKPanels, kBlockM, Traits::kNumThreads>(
+            smem_address(smem),
+            [&](int row) -> const Element * {
+                if (row < 0) return q_heads;
+                if (row >= valid_rows) return nullptr;
+                const int r = first_query + row;
+                return q_heads + int64_t(r / packed_heads) * p.q_seq_stride +
+                       int64_t(r % packed_heads) * p.q_head_stride;
+            },
+            p.head_dim / kElemsPerVector<Element>, tid);
+    }
+
+    // Key tile j of the block into its ring slot (j % kStages); past the
+    // block's tiles, or past the batch's keys, zeros.
+    __device__ __forceinline__ void request(const FwdKernelParams &p, const KeyRange &keys, int batch, int seqlen_k,
+                                            int j) const {
+        const uint32_t slot = smem_address(smem + Traits::kSmemRing) + (j % Traits::kStages) * Traits::kKTileBytes;
+        const int first_key = j < num_n_blocks ? keys.n_block(j) * kBlockN : seqlen_k;
+        const bool paged = kRagged && p.block_table != nullptr;
+        load_panels_async<Element, Traits::kQKPanels, kBlockN, Traits::kNumThreads>(
+            slot,
+            [&](int row) -> const Element * {
+                if (row < 0) return k;
+                const int key = first_key + row;
+                if (key >= seqlen_k) return nullptr;
+                if (paged) {
+                    return k + int64_t(fwd_page_of(p, batch, key)) * p.k_batch_stride +
+                           int64_t(fwd_page_row(p, key)) * p.k_seq_stride;
+                }
+                return k + int64_t(key) * p.k_seq_stride;
+            },
+            p.head_dim / kElemsPerVector<Element>, tid);
+    }
+
+    // The block's key tiles, a pair at a time; then finish(acc_o, softmax,
+    // row_lse) with the warp's rows of O's columns of its warpgroup, their
+    // softmax state (both warpgroups the same) and room for their LSE.
+    template <typename Work, typename Finish>
+    __device__ __forceinline__ void run(const FwdKernelParams &p, const Work &work, Finish &&finish) {
+        const FwdTile &tile = work.tile;
+        const int first_query = tile.m_block * kBlockM;
+        const KeyMask &mask = work.mask;
+        const KeyRange &keys = work.keys;
+        const int seqlen_k = mask.seqlen_k;
+        const int num_pairs = (num_n_blocks + 1) / 2;
+
+        load_q(p, first_query, work.valid_rows);
+        request(p, keys, tile.batch, seqlen_k, 0);
+        request(p, keys, tile.batch, seqlen_k, 1);
+        cp_async_commit();
+
+        const uint32_t q_addr = smem_address(smem);
+        const uint32_t ring_addr = smem_address(smem + Traits::kSmemRing);
+        const uint32_t p_addr = smem_address(smem + Traits::kSmemP);
+        float *const max_exchange = exchange();
+        const int lane_row = warp_first_row + frag_row(lane);
+        const Softcap softcap{p.softcap_prescale};
+        const float scale_log2 = p.softmax_scale_log2;
+
+        Accumulators acc_o;
+#pragma unroll
+        for (int n = 0; n < kNAtomsO; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[0][n][e] = 0.f;
+        }
+        float row_max[2] = {-INFINITY, -INFINITY};
+        float row_sum[2] = {0.f, 0.f};
+
+        for (int i = 0; i < num_pairs; ++i) {
+            // Pair i has landed, for every thread's copies; every thread is
+            // done with pair i - 1 (its slots, P, the exchange).
+            cp_async_wait<0>();
+            fence_shared_to_async_proxy();
+            __syncthreads();
+            request(p, keys, tile.batch, seqlen_k, 2 * i + 2);
+            request(p, keys, tile.batch, seqlen_k, 2 * i + 3);
+            cp_async_commit();
+
+            // 1. This warpgroup's scores.
+            const int j = 2 * i + warpgroup;
+            float scores[1][kNAtomsS][4];
+            if (j < num_n_blocks) {
+                issue_qk<Traits>(scores[0], q_addr, ring_addr + (j % Traits::kStages) * Traits::kKTileBytes);
+                wgmma_wait<0>();
+                fence_accumulators(scores[0]);
+                if (softcap.enabled()) softcap.apply(scores);
+                const int n_block = keys.n_block(j);
+                if (keys.needs_mask(n_block)) {
+                    FragmentKeyMask<1>::of(mask, first_query + warp_first_row, n_block * kBlockN, lane).apply(scores);
+                }
+            } else {
+#pragma unroll
+                for (int n = 0; n < kNAtomsS; ++n) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) scores[0][n][e] = -INFINITY;
+                }
+            }
+
+            // 2. The pair's row maxima, over both warpgroups' tiles.
+            float tile_max[2];
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                float m = -INFINITY;
+#pragma unroll
+                for (int n = 0; n < kNAtomsS; ++n)
+                    m = fmaxf(m, fmaxf(scores[0][n][half * 2], scores[0][n][half * 2 + 1]));
+                tile_max[half] = quad_max(m);
+            }
+            if (lane % 4 == 0) {
+                max_exchange[warpgroup * kBlockM + lane_row] = tile_max[0];
+                max_exchange[warpgroup * kBlockM + lane_row + kFragRowHalf] = tile_max[1];
+            }
+            __syncthreads();
+
+            // 3. Probabilities into P, O rescaled.
+            float correction[2];
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = lane_row + half * kFragRowHalf;
+                const float pair_max = fmaxf(max_exchange[row], max_exchange[kBlockM + row]);
+                const float new_max = fmaxf(row_max[half], pair_max);
+                const float offset = exp2_offset(new_max, scale_log2);
+                correction[half] = fast_exp2(row_max[half] * scale_log2 - offset);
+                row_max[half] = new_max;
+                row_sum[half] *= correction[half];
+#pragma unroll
+                for (int n = 0; n < kNAtomsS; ++n) {
+#pragma unroll
+                    for (int e = half * 2; e < half * 2 + 2; ++e) {
+                        const float prob = fast_exp2(fmaf(scores[0][n][e], scale_log2, -offset));
+                        scores[0][n][e] = prob;
+                        row_sum[half] += prob;
+                    }
+                }
+            }
+            store_fragments<Element, Traits::kPairKeys, 1, kNAtomsS>(reinterpret_cast<Element *>(smem + Traits::kSmemP),
+                                                                     scores, warp_first_row, warpgroup * kBlockN, lane);
+            if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f)) {
+#pragma unroll
+                for (int n = 0; n < kNAtomsO; ++n) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc_o[0][n][e] *= correction[e / 2];
+                }
+            }
+            fence_shared_to_async_proxy();
+            __syncthreads();
+
+            // 4. O += P V over the pair's keys: k-steps 0, 1 from tile 2i's
+            // rows, 2, 3 from tile 2i + 1's.
+            issue_pv(acc_o[0], p_addr, ring_addr + ((2 * i) % Traits::kStages) * Traits::kKTileBytes);
+            wgmma_wait<0>();
+            fence_accumulators(acc_o[0]);
+        }
+        // Drain the (empty) trailing requests.
+        cp_async_wait<0>();
+
+        // The rows' sums over both warpgroups' tiles. The last reads of the
+        // exchange's maxima were before the last pair's second barrier.
+        float *const sum_exchange = max_exchange + Traits::kWarpgroups * kBlockM;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) row_sum[half] = quad_sum(row_sum[half]);
+        if (lane % 4 == 0) {
+            sum_exchange[warpgroup * kBlockM + lane_row] = row_sum[0];
+            sum_exchange[warpgroup * kBlockM + lane_row + kFragRowHalf] = row_sum[1];
+        }
+        __syncthreads();
+        // The state as OnlineSoftmax::finalize takes it: it adds a row's sums
+        // over the quad's lanes, so the quad's first lane carries the whole.
+        Softmax softmax;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = lane_row + half * kFragRowHalf;
+            softmax.row_max[half] = row_max[half];
+            softmax.row_sum[half] = lane % 4 == 0 ? sum_exchange[row] + sum_exchange[kBlockM + row] : 0.f;
+        }
+        RowValues row_lse;
+        finish(acc_o, softmax, row_lse);
+    }
+
+    // out += P * V of the pair whose first tile is at `first_tile` (the
+    // second follows it in the ring: pairs start at even slots), this
+    // warpgroup's columns.
+    __device__ __forceinline__ void issue_pv(float (&out)[kNAtomsO][4], uint32_t p_addr, uint32_t first_tile) const {
+        const auto desc_p = Swizzle::k_major(p_addr);
+        const uint32_t v_cols = warpgroup * Traits::kVPanelsPerWarpgroup * Traits::kKVPanelBytes;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < Traits::kPairKeys / kMmaK; ++kk) {
+            constexpr int kStepsPerTile = kBlockN / kMmaK;
+            const uint32_t tile = first_tile + (kk / kStepsPerTile) * Traits::kKTileBytes + v_cols;
+            const auto desc_v = Swizzle::mn_major(tile, Traits::kKVPanelBytes);
+            WgmmaSs<Element, Element, Traits::kColsPerWarpgroup, WgmmaMajor::kK, WgmmaMajor::kMN>::mma(
+                out, desc_p.at(kk * kKStepRowBytes), desc_v.at((kk % kStepsPerTile) * kMmaK * Traits::kPanelRowBytes),
+                1);
+        }
+        wgmma_commit();
+    }
+};
+
+}  // namespace flashcore::sm90
