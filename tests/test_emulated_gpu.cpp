@@ -498,11 +498,12 @@ TEST(EmulatedGpu, PlanningDecidesWhatTheTmaUnitCanDescribe) {
     }
 }
 
-// MLA decode on the latent cache (576 / 512, v as k's view): on sm_90 the
-// 64-row blocks run on the wide tile's wgmma twin (widewgmma), blocks of at
-// most 16 rows on the portable 16-row tile; the portable path (pinned, or on
-// an A100) and an e4m3 cache take the portable 64-row tile.
-TEST(EmulatedGpu, MlaDecodePlansTheWgmmaWideTileOnHopper) {
+// Head dims past 256: on sm_90 the 64-row blocks run on the wide tile's
+// wgmma twin (widewgmma), blocks of at most 16 rows on the portable 16-row
+// tile. MLA decode on the latent cache (576 / 512, v as k's view): the
+// portable path (pinned) and an e4m3 cache take the portable 64-row tile, an
+// A100 (whose 163 KB it exceeds) the 16-row one. d512: prefill and decode.
+TEST(EmulatedGpu, WideHeadDimsPlanTheWgmmaTileOnHopper) {
     const auto pairs = supported_pairs();
     if (std::find(pairs.begin(), pairs.end(), std::pair<int32_t, int32_t>{576, 512}) == pairs.end()) {
         GTEST_SKIP() << "this build has no kernels at head dims 576 / 512";
@@ -530,6 +531,17 @@ TEST(EmulatedGpu, MlaDecodePlansTheWgmmaWideTileOnHopper) {
     }
     EmulatedHandle a100("a100");
     EXPECT_TRUE(planned_on(forward_on(a100.handle, mla(128, false), &workspace_bytes), "a100", "portable widedecode"));
+    if (std::find(pairs.begin(), pairs.end(), std::pair<int32_t, int32_t>{512, 512}) != pairs.end()) {
+        EmulatedHandle h("h100");
+        const ForwardForm prefill{"d512_prefill", 1, 4096, 4096, 16, 8, true};
+        const ForwardForm decode{"d512_decode", 32, 1, 8192, 16, 8};
+        EXPECT_TRUE(planned_on(forward_on(h.handle, forward_params(prefill, 512, 512, FLASHCORE_DTYPE_BF16),
+                                          &workspace_bytes),
+                               "h100", build_has_sm90_kernels() ? "sm_90a widewgmma" : "portable wide "));
+        EXPECT_TRUE(planned_on(
+            forward_on(h.handle, forward_params(decode, 512, 512, FLASHCORE_DTYPE_BF16), &workspace_bytes), "h100",
+            "portable widedecode"));
+    }
 }
 
 // FLASHCORE_FWD_VARIANT and FLASHCORE_BWD_VARIANT take the same path names,

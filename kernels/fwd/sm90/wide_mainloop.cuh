@@ -12,9 +12,10 @@
 //   3. its probabilities into its columns of P (shared memory), O's columns
 //      rescaled by the correction, a barrier;
 //   4. O (its half of the columns) += P V over the pair's 2 kBlockN keys,
-//      V read from the two tiles' K rows (MN-major).
-// K tiles arrive by cp.async in panels (a paged cache's rows each from its
-// page), a pair ahead: the ring holds two pairs, and one barrier per pair
+//      V read MN-major from the two tiles' slots (their K rows at MLA's 576 /
+//      512, V tiles of their own at d512).
+// K (and V) tiles arrive by cp.async in panels (a paged cache's rows each
+// from its page), a pair ahead: the ring holds two pairs, and one barrier per pair
 // both publishes the landed pair and frees the last one's slots, P and the
 // exchange. At the end the warpgroups' row sums meet in the exchange.
 //
@@ -50,28 +51,36 @@ namespace flashcore::sm90 {
 // kPanels * 64 two-byte columns into panels at `panels` (panel c of row r at
 // c * panel_bytes + Swizzle::offset(r, chunk)), by the CTA's kThreads
 // threads, 8 to a row: each takes chunks g, g + 8, ... of its rows (one per
-// panel), at immediate offsets from its first. Chunks at or past
-// valid_chunks are zero-filled too (a head dim smaller than the kernel's).
-// Asynchronous: completes at the caller's cp_async_wait.
+// panel), at immediate offsets from its first; where the threads outnumber
+// 8 a row, kPanelGroups of them share a row's panels (panels t, t +
+// kPanelGroups, ...). Chunks at or past valid_chunks are zero-filled too (a
+// head dim smaller than the kernel's). Asynchronous: completes at the
+// caller's cp_async_wait.
 template <typename Element, int kPanels, int kRows, int kThreads, typename RowSource>
 __device__ __forceinline__ void load_panels_async(uint32_t panels, RowSource &&row_src, int valid_chunks, int tid) {
     constexpr int kChunksPerPanel = 8;
-    constexpr int kRowsPerPass = kThreads / kChunksPerPanel;
+    constexpr int kPanelGroups = kThreads / kChunksPerPanel > kRows ? kThreads / kChunksPerPanel / kRows : 1;
+    constexpr int kRowsPerPass = kThreads / kChunksPerPanel / kPanelGroups;
     constexpr uint32_t kPanelBytes = kRows * 128u;
     static_assert(kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0, "whole passes of whole swizzle atoms");
+    static_assert(kPanels % kPanelGroups == 0, "the panel groups share a row's panels evenly");
     const int g = tid % kChunksPerPanel;
-    const int row0 = tid / kChunksPerPanel;
+    // (With one group the thread's row needs no modulo: the threads are
+    // exactly a pass.)
+    const int row0 = kPanelGroups == 1 ? tid / kChunksPerPanel : tid / kChunksPerPanel % kRowsPerPass;
+    const int first_panel = kPanelGroups == 1 ? 0 : tid / kChunksPerPanel / kRowsPerPass;
 #pragma unroll
     for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
         const int row = row0 + pass * kRowsPerPass;
         const Element *src = row_src(row);
-        const uint32_t dst = panels + PanelSwizzle<128>::offset(row, g);
+        const uint32_t dst = panels + first_panel * kPanelBytes + PanelSwizzle<128>::offset(row, g);
 #pragma unroll
-        for (int c = 0; c < kPanels; ++c) {
-            const int chunk = c * kChunksPerPanel + g;
+        for (int c = 0; c < kPanels / kPanelGroups; ++c) {
+            const int chunk = (first_panel + c * kPanelGroups) * kChunksPerPanel + g;
             const bool valid = src != nullptr && chunk < valid_chunks;
             // An invalid chunk still needs a mapped address: any row's.
-            cp_async_16(dst + c * kPanelBytes, valid ? src + chunk * kElemsPerVector<Element> : row_src(-1), valid);
+            cp_async_16(dst + c * kPanelGroups * kPanelBytes,
+                        valid ? src + chunk * kElemsPerVector<Element> : row_src(-1), valid);
         }
     }
 }
@@ -137,26 +146,33 @@ struct WideMainloop {
             p.head_dim / kElemsPerVector<Element>, tid);
     }
 
-    // Key tile j of the block into its ring slot (j % kStages); past the
-    // block's tiles, or past the batch's keys, zeros.
+    // Key tile j of the block into its ring slot (j % kStages): its K rows,
+    // and its V rows where V is not in them; past the block's tiles, or past
+    // the batch's keys, zeros.
     __device__ __forceinline__ void request(const FwdKernelParams &p, const KeyRange &keys, int batch, int seqlen_k,
                                             int j) const {
-        const uint32_t slot = smem_address(smem + Traits::kSmemRing) + (j % Traits::kStages) * Traits::kKTileBytes;
+        const uint32_t slot = smem_address(smem + Traits::kSmemRing) + (j % Traits::kStages) * Traits::kSlotBytes;
         const int first_key = j < num_n_blocks ? keys.n_block(j) * kBlockN : seqlen_k;
         const bool paged = kRagged && p.block_table != nullptr;
-        load_panels_async<Element, Traits::kQKPanels, kBlockN, Traits::kNumThreads>(
-            slot,
-            [&](int row) -> const Element * {
-                if (row < 0) return k;
+        const auto rows_of = [&](const Element *base, int64_t page_stride, int64_t row_stride) {
+            return [=, &p](int row) -> const Element * {
+                if (row < 0) return base;
                 const int key = first_key + row;
                 if (key >= seqlen_k) return nullptr;
                 if (paged) {
-                    return k + int64_t(fwd_page_of(p, batch, key)) * p.k_batch_stride +
-                           int64_t(fwd_page_row(p, key)) * p.k_seq_stride;
+                    return base + int64_t(fwd_page_of(p, batch, key)) * page_stride +
+                           int64_t(fwd_page_row(p, key)) * row_stride;
                 }
-                return k + int64_t(key) * p.k_seq_stride;
-            },
-            p.head_dim / kElemsPerVector<Element>, tid);
+                return base + int64_t(key) * row_stride;
+            };
+        };
+        load_panels_async<Element, Traits::kQKPanels, kBlockN, Traits::kNumThreads>(
+            slot, rows_of(k, p.k_batch_stride, p.k_seq_stride), p.head_dim / kElemsPerVector<Element>, tid);
+        if constexpr (!Traits::kVInK) {
+            load_panels_async<Element, Traits::kVPanels, kBlockN, Traits::kNumThreads>(
+                slot + Traits::kKTileBytes, rows_of(v, p.v_batch_stride, p.v_seq_stride),
+                p.head_dim_v / kElemsPerVector<Element>, tid);
+        }
     }
 
     // The block's key tiles, a pair at a time; then finish(acc_o, softmax,
@@ -207,7 +223,7 @@ struct WideMainloop {
             const int j = 2 * i + warpgroup;
             float scores[1][kNAtomsS][4];
             if (j < num_n_blocks) {
-                issue_qk<Traits>(scores[0], q_addr, ring_addr + (j % Traits::kStages) * Traits::kKTileBytes);
+                issue_qk<Traits>(scores[0], q_addr, ring_addr + (j % Traits::kStages) * Traits::kSlotBytes);
                 wgmma_wait<0>();
                 fence_accumulators(scores[0]);
                 if (softcap.enabled()) softcap.apply(scores);
@@ -274,7 +290,7 @@ struct WideMainloop {
 
             // 4. O += P V over the pair's keys: k-steps 0, 1 from tile 2i's
             // rows, 2, 3 from tile 2i + 1's.
-            issue_pv(acc_o[0], p_addr, ring_addr + ((2 * i) % Traits::kStages) * Traits::kKTileBytes);
+            issue_pv(acc_o[0], p_addr, ring_addr + ((2 * i) % Traits::kStages) * Traits::kSlotBytes);
             wgmma_wait<0>();
             fence_accumulators(acc_o[0]);
         }
@@ -308,13 +324,15 @@ struct WideMainloop {
     // second follows it in the ring: pairs start at even slots), this
     // warpgroup's columns.
     __device__ __forceinline__ void issue_pv(float (&out)[kNAtomsO][4], uint32_t p_addr, uint32_t first_tile) const {
-        const auto desc_p = Swizzle::k_major(p_addr);
-        const uint32_t v_cols = warpgroup * Traits::kVPanelsPerWarpgroup * Traits::kKVPanelBytes;
+        const auto desc_p = Traits::PSwizzle::k_major(p_addr);
+        // V: the slot's K rows, or its own tile after them.
+        const uint32_t v_cols = (Traits::kVInK ? 0u : Traits::kKTileBytes) +
+                                warpgroup * Traits::kVPanelsPerWarpgroup * Traits::kKVPanelBytes;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < Traits::kPairKeys / kMmaK; ++kk) {
             constexpr int kStepsPerTile = kBlockN / kMmaK;
-            const uint32_t tile = first_tile + (kk / kStepsPerTile) * Traits::kKTileBytes + v_cols;
+            const uint32_t tile = first_tile + (kk / kStepsPerTile) * Traits::kSlotBytes + v_cols;
             const auto desc_v = Swizzle::mn_major(tile, Traits::kKVPanelBytes);
             WgmmaSs<Element, Element, Traits::kColsPerWarpgroup, WgmmaMajor::kK, WgmmaMajor::kMN>::mma(
                 out, desc_p.at(kk * kKStepRowBytes), desc_v.at((kk % kStepsPerTile) * kMmaK * Traits::kPanelRowBytes),

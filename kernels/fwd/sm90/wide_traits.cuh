@@ -1,5 +1,6 @@
 // Compile-time shape of the sm_90a wide kernel (wide_mainloop.cuh): head
-// dims past 256 on wgmma, MLA's latent cache (576 / 512, V in K's rows).
+// dims past 256 on wgmma: MLA's latent cache (576 / 512, V in K's rows) and
+// d512 (V of its own).
 //
 // O's 64 x 512 fp32 accumulators are 256 registers a thread on one
 // warpgroup, so two warpgroups share each 64-row block, each owning half of
@@ -10,8 +11,9 @@
 // of P by its half of both tiles' V.
 //
 // Shared memory, from a 1024-byte aligned base (the 128-byte swizzle's
-// atom): Q, the ring of kStages K tiles (two pairs: the next pair loads
-// while this one is computed), P, the row exchange. Every operand is stored
+// atom): Q, the ring of kStages slots (two pairs: the next pair loads while
+// this one is computed; a slot is a K tile, and a V tile where V is not in
+// K's rows), P, the row exchange. Every operand is stored
 // in panels of 64 columns (128-byte rows, PanelSwizzle<128>), the layout
 // wgmma reads: Q and K K-major, V (K's first head_dim_v columns) MN-major.
 #pragma once
@@ -38,7 +40,9 @@ struct Sm90WideTraits {
     static constexpr int kHeadDimV = kHeadDimV_;
 
     static constexpr int kBlockM = 64;  // one wgmma M: both warpgroups' rows
-    static constexpr int kBlockN = 32;  // keys of one warpgroup's S
+    // Keys of one warpgroup's S: 32, or 16 where V has tiles of its own (two
+    // pairs of K and V tiles then fit beside Q).
+    static constexpr int kBlockN = kVInK ? 32 : 16;
     static constexpr int kWarpgroups = 2;
     static constexpr int kNumThreads = kWarpgroups * kWarpgroupThreads;
     static constexpr int kPairKeys = kWarpgroups * kBlockN;
@@ -58,22 +62,26 @@ struct Sm90WideTraits {
     static constexpr uint32_t kQBytes = kQKPanels * kQPanelBytes;
     static constexpr uint32_t kKVPanelBytes = kBlockN * kPanelRowBytes;
     static constexpr uint32_t kKTileBytes = kQKPanels * kKVPanelBytes;
-    // P: the pair's probabilities, one 64 x kPairKeys panel.
-    static constexpr uint32_t kPBytes = kBlockM * kPairKeys * kElementBytes;
+    // A ring slot: a K tile, then where V is not in K's rows its V tile.
+    static constexpr uint32_t kSlotBytes = kKTileBytes + (kVInK ? 0 : kVPanels * kKVPanelBytes);
+    // P: the pair's probabilities, one 64 x kPairKeys panel (128- or 64-byte
+    // rows).
+    static constexpr int kPRowBytes = kPairKeys * kElementBytes;
+    using PSwizzle = PanelSwizzle<kPRowBytes>;
+    static constexpr uint32_t kPBytes = kBlockM * kPRowBytes;
     // The exchange: each warpgroup's row maxima of a pair, then at the end
     // its row sums.
     static constexpr int kExchangeFloats = 2 * kWarpgroups * kBlockM;
 
     static constexpr uint32_t kSmemRing = kQBytes;
-    static constexpr uint32_t kSmemP = kSmemRing + kStages * kKTileBytes;
+    static constexpr uint32_t kSmemP = kSmemRing + kStages * kSlotBytes;
     static constexpr uint32_t kSmemExchange = kSmemP + kPBytes;
     static constexpr size_t kSmemBytes = kSmemExchange + kExchangeFloats * sizeof(float) + kSmemBaseAlignment;
 
-    static_assert(kVInK, "the ring holds K tiles only: V must be in K's rows");
     static_assert(kHeadDim % kPanelCols == 0 && kVPanels % kWarpgroups == 0,
                   "whole panels, and whole panels of V for each warpgroup");
     static_assert(kColsPerWarpgroup <= 256, "a warpgroup's columns of O are one wgmma N");
-    static_assert(kPairKeys * kElementBytes == kPanelRowBytes, "P is one panel of whole rows");
+    static_assert(kPRowBytes == 128 || kPRowBytes == 64, "P is one panel of 128- or 64-byte rows");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory beyond what an sm_90 block may opt into");
     static_assert(sizeof(ElementOut) == sizeof(Element) && kHeadDimV <= kHeadDim,
                   "the output block is staged in Q's shared memory");
