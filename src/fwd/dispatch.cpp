@@ -192,7 +192,7 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
     // twin does not fit the device's shared memory; the 64-row ones (K/V
     // read once per 64 rows, not 16) for the rest.
     // On sm_90 the 64-row blocks run on the wide tile's wgmma twin where the
-    // build has it (MLA's 576 / 512, a 16-bit cache).
+    // build has it (d512, and MLA's 576 / 512 on a 16-bit cache).
     const FwdKernel *wide = fitting(FwdVariant::kWide);
     const FwdKernel *wide_decode = fitting(FwdVariant::kWideDecode);
     if (wide != nullptr || wide_decode != nullptr) {

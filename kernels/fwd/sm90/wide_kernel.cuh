@@ -1,5 +1,5 @@
-// The sm_90a wide kernel: head dims past 256 (MLA's latent cache, 576 /
-// 512) on wgmma, in the portable kernels' shell (sm80/kernel_shell.cuh: one
+// The sm_90a wide kernel: head dims past 256 (d512; MLA's latent cache, 576
+// / 512) on wgmma, in the portable kernels' shell (sm80/kernel_shell.cuh: one
 // CTA per query block and split-KV part, BlockScheduler's grid), with its
 // own mainloop (wide_mainloop.cuh) and epilogue (wide_epilogue.cuh). Built
 // for ragged batches only, which serves dense calls too (one kernel, not
