@@ -500,9 +500,9 @@ TEST(EmulatedGpu, PlanningDecidesWhatTheTmaUnitCanDescribe) {
 
 // Head dims past 256: on sm_90 the 64-row blocks run on the wide tile's
 // wgmma twin (widewgmma), blocks of at most 16 rows on the portable 16-row
-// tile. MLA decode on the latent cache (576 / 512, v as k's view): the
-// portable path (pinned) and an e4m3 cache take the portable 64-row tile, an
-// A100 (whose 163 KB it exceeds) the 16-row one. d512: prefill and decode.
+// tile. MLA decode on the latent cache (576 / 512, v as k's view; 16-bit or
+// e4m3): the portable path (pinned) takes the portable 64-row tile, an A100
+// (whose 163 KB it exceeds) the 16-row one. d512: prefill and decode.
 TEST(EmulatedGpu, WideHeadDimsPlanTheWgmmaTileOnHopper) {
     const auto pairs = supported_pairs();
     if (std::find(pairs.begin(), pairs.end(), std::pair<int32_t, int32_t>{576, 512}) == pairs.end()) {
@@ -522,7 +522,8 @@ TEST(EmulatedGpu, WideHeadDimsPlanTheWgmmaTileOnHopper) {
         EXPECT_TRUE(planned_on(forward_on(h.handle, mla(64, false), &workspace_bytes), "h100",
                                hopper ? "sm_90a widewgmma" : "portable wide "));
         EXPECT_TRUE(planned_on(forward_on(h.handle, mla(16, false), &workspace_bytes), "h100", "portable widedecode"));
-        EXPECT_TRUE(planned_on(forward_on(h.handle, mla(128, true), &workspace_bytes), "h100", "portable wide "));
+        EXPECT_TRUE(planned_on(forward_on(h.handle, mla(128, true), &workspace_bytes), "h100",
+                               hopper ? "sm_90a widewgmma" : "portable wide "));
     }
     {
         ScopedEnv env({{"FLASHCORE_FWD_VARIANT", "portable"}});

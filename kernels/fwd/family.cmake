@@ -11,9 +11,9 @@ flashcore_read_tiles(fwd ${CMAKE_CURRENT_LIST_DIR}/tiles.def FLASHCORE_FWD_TILE)
 #   would need a scale the caller cannot know before the call);
 # - K/V of another type than the input are e4m3 (a quantized cache) under a
 #   16-bit input, on the portable path's decode tiles only (and past head
-#   dim 256 on the wide tiles, the only ones there): decode and paged
-#   serving read the cache, which is what quantizing it speeds up; a chunked
-#   prefill on such a cache runs on them too;
+#   dim 256 on the wide tiles, the only ones there, and their sm90 twin):
+#   decode and paged serving read the cache, which is what quantizing it
+#   speeds up; a chunked prefill on such a cache runs on them too;
 # - a 16-bit sm90 kernel needs an sm80 kernel of the same dtype and head
 #   dims: the portable kernel serves what the sm_90a one cannot (small
 #   grids, other GPUs), and flashcore_supported_head_dims lists the sm80
@@ -42,8 +42,9 @@ function(flashcore_fwd_check_kernels kernels)
     elseif(NOT in STREQUAL out)
       message(FATAL_ERROR "kernels.list: fwd ${path} ${in} -> ${out}: the forward kernels write their input type")
     endif()
-    if(NOT kv STREQUAL in AND NOT (kv STREQUAL "e4m3" AND in MATCHES "^(fp16|bf16)$" AND path STREQUAL "sm80"
-                                   AND tile MATCHES "^(decode|wide|widedecode)$"))
+    if(NOT kv STREQUAL in AND NOT (kv STREQUAL "e4m3" AND in MATCHES "^(fp16|bf16)$"
+                                   AND ((path STREQUAL "sm80" AND tile MATCHES "^(decode|wide|widedecode)$")
+                                        OR (path STREQUAL "sm90" AND tile STREQUAL "widewgmma"))))
       message(FATAL_ERROR "kernels.list: fwd ${path} ${in} kv ${kv} ${tile}: quantized K/V are e4m3 under a 16-bit "
                           "input, on sm80 decode (or wide) tiles")
     endif()

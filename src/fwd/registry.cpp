@@ -60,9 +60,10 @@ constexpr bool every_kernel_is_well_formed() {
         }
         if (dtype_bytes(e.input) == 2 && e.kv == e.input && !has_sm80_twin(e)) return false;
         // A quantized cache: e4m3 K/V, whole 16-byte vectors of them, under
-        // a 16-bit input on the portable path.
+        // a 16-bit input on the portable path or the sm90 wide tile.
         if (e.kv != e.input) {
-            if (e.kv != DType::kE4m3 || dtype_bytes(e.input) != 2 || e.path != KernelPath::kSm80) return false;
+            const bool quantizing_path = e.path == KernelPath::kSm80 || e.tile == FwdVariant::kWideWgmma;
+            if (e.kv != DType::kE4m3 || dtype_bytes(e.input) != 2 || !quantizing_path) return false;
             for (const int32_t dim : {e.dims.head_dim, e.dims.head_dim_v}) {
                 if (dim % head_dim_multiple(e.kv) != 0) return false;
             }

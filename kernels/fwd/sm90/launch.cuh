@@ -54,10 +54,11 @@ template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, F
 FwdKernelInfo fwd_info_sm90() {
     static_assert(kVariant == FwdVariant::kPersistent || kVariant == FwdVariant::kWideWgmma,
                   "the sm90 variants: the persistent kernel and the wide one");
-    static_assert(kKV == kInput, "the sm90 kernel reads K/V of its input type (fwd/family.cmake)");
+    static_assert(kKV == kInput || kVariant == FwdVariant::kWideWgmma,
+                  "the sm90 kernels read K/V of their input type, but the wide one e4m3 caches (fwd/family.cmake)");
     static_assert(sm90::sm90_writes(kInput, kOutput), "the sm90 kernels write their input type, or bf16 for e4m3");
     if constexpr (kVariant == FwdVariant::kWideWgmma) {
-        return sm90::wide_info<sm90::WideTraitsOf<kInput, kOutput, kHeadDim, kHeadDimV>>();
+        return sm90::wide_info<sm90::WideTraitsOf<kInput, kKV, kOutput, kHeadDim, kHeadDimV>>();
     } else {
         return persistent_info_sm90<kInput, kOutput, kHeadDim, kHeadDimV>();
     }
@@ -134,10 +135,11 @@ cudaError_t run_persistent_sm90(const FwdKernelParams &params, const FwdLaunchOp
 template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, FwdVariant kVariant>
 cudaError_t run_fwd_sm90(const FwdKernelParams &params, const FwdLaunchOptions &options, cudaStream_t stream) {
     static_assert(sm90::sm90_writes(kInput, kOutput), "the sm90 kernels write their input type, or bf16 for e4m3");
-    static_assert(kKV == kInput, "the sm90 kernel reads K/V of its input type (fwd/family.cmake)");
+    static_assert(kKV == kInput || kVariant == FwdVariant::kWideWgmma,
+                  "the sm90 kernels read K/V of their input type, but the wide one e4m3 caches (fwd/family.cmake)");
     if constexpr (kVariant == FwdVariant::kWideWgmma) {
         static_assert(kInput == kOutput && kInput != DType::kE4m3, "the wide sm90 kernel reads and writes 16 bits");
-        return sm90::run_wide<sm90::WideTraitsOf<kInput, kOutput, kHeadDim, kHeadDimV>>(params, options, stream);
+        return sm90::run_wide<sm90::WideTraitsOf<kInput, kKV, kOutput, kHeadDim, kHeadDimV>>(params, options, stream);
     } else {
         return run_persistent_sm90<kInput, kOutput, kHeadDim, kHeadDimV>(params, options, stream);
     }

@@ -34,8 +34,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
                       WideScheduler<Traits>>::run(p, smem);
 }
 
-template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV>
-using WideTraitsOf = Sm90WideTraits<ElementType<kInput>, ElementType<kOutput>, kHeadDim, kHeadDimV>;
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV>
+using WideTraitsOf = Sm90WideTraits<ElementType<kInput>, ElementType<kOutput>, kHeadDim, kHeadDimV, ElementType<kKV>>;
 
 // What the dispatcher plans by: 64-row blocks, a pair of key tiles a step,
 // one CTA an SM (its shared memory), a kernel for ragged batches.

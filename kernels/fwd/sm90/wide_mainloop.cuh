@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "common/element.cuh"
+#include "common/fp8.cuh"
 #include "common/fragment_layout.cuh"
 #include "common/key_range.cuh"
 #include "common/online_softmax.cuh"
@@ -85,6 +86,9 @@ __device__ __forceinline__ void load_panels_async(uint32_t panels, RowSource &&r
     }
 }
 
+// Named barriers of one warpgroup (0 is __syncthreads): 1 + its index.
+constexpr int kFirstWarpgroupBarrier = 1;
+
 template <typename Traits, bool kRagged>
 struct WideMainloop {
     using Element = typename Traits::Element;
@@ -106,8 +110,10 @@ struct WideMainloop {
     int warp_first_row;  // the warp's 16 rows of the block (of S, P and O)
 
     const Element *q_heads;
-    const Element *k;
-    const Element *v;
+    using ElementKV = typename Traits::ElementKV;
+    const ElementKV *k;
+    const ElementKV *v;
+    float k_descale = 1.f;  // a quantized cache's, of the work's (batch, K/V head)
     int num_n_blocks;
 
     __device__ __forceinline__ explicit WideMainloop(unsigned char *smem_)
@@ -120,12 +126,15 @@ struct WideMainloop {
     __device__ __forceinline__ float *exchange() const {
         return reinterpret_cast<float *>(smem + Traits::kSmemExchange);
     }
-    __device__ __forceinline__ float lse_scale(const FwdKernelParams &p) const { return p.softmax_scale; }
+    // The scales of the raw scores (sm80::ScoreScales: a quantized cache's
+    // k_descale in them).
+    __device__ __forceinline__ float lse_scale(const FwdKernelParams &p) const {
+        return sm80::ScoreScales<Traits>::lse_scale(p, k_descale);
+    }
 
     template <typename Work>
     __device__ __forceinline__ bool bind(const FwdKernelParams &p, const Work &work) {
-        float unused_descale = 1.f;
-        num_n_blocks = sm80::bind_block_operands<Traits, kRagged>(p, work, q_heads, k, v, unused_descale);
+        num_n_blocks = sm80::bind_block_operands<Traits, kRagged>(p, work, q_heads, k, v, k_descale);
         return num_n_blocks > 0;
     }
 
@@ -146,6 +155,17 @@ struct WideMainloop {
             p.head_dim / kElemsPerVector<Element>, tid);
     }
 
+    // A quantized cache's tile is loaded and widened by one warpgroup (the
+    // one computing its S), 4 threads a row, each a run of kRunChunks of the
+    // row's 16-byte chunks.
+    static constexpr int kRunsPerRow = kWarpgroupThreads / kBlockN;
+    static constexpr int kRunChunks = Traits::kRawRowChunks / kRunsPerRow;
+    static_assert(!Traits::kQuantizedKV ||
+                      (kWarpgroupThreads % kBlockN == 0 && Traits::kRawRowChunks % kRunsPerRow == 0),
+                  "whole runs of a stored row per thread");
+    __device__ __forceinline__ int row_of_thread() const { return (tid % kWarpgroupThreads) / kRunsPerRow; }
+    __device__ __forceinline__ int run_of_thread() const { return tid % kRunsPerRow; }
+
     // Key tile j of the block into its ring slot (j % kStages): its K rows,
     // and its V rows where V is not in them; past the block's tiles, or past
     // the batch's keys, zeros.
@@ -154,8 +174,8 @@ struct WideMainloop {
         const uint32_t slot = smem_address(smem + Traits::kSmemRing) + (j % Traits::kStages) * Traits::kSlotBytes;
         const int first_key = j < num_n_blocks ? keys.n_block(j) * kBlockN : seqlen_k;
         const bool paged = kRagged && p.block_table != nullptr;
-        const auto rows_of = [&](const Element *base, int64_t page_stride, int64_t row_stride) {
-            return [=, &p](int row) -> const Element * {
+        const auto rows_of = [&](const ElementKV *base, int64_t page_stride, int64_t row_stride) {
+            return [=, &p](int row) -> const ElementKV * {
                 if (row < 0) return base;
                 const int key = first_key + row;
                 if (key >= seqlen_k) return nullptr;
@@ -166,8 +186,25 @@ struct WideMainloop {
                 return base + int64_t(key) * row_stride;
             };
         };
-        load_panels_async<Element, Traits::kQKPanels, kBlockN, Traits::kNumThreads>(
-            slot, rows_of(k, p.k_batch_stride, p.k_seq_stride), p.head_dim / kElemsPerVector<Element>, tid);
+        if constexpr (Traits::kQuantizedKV) {
+            // As stored, rows of 16-byte chunks, for widen_own_tile; by this
+            // warpgroup's threads, 4 to a row, each a run of kRunChunks.
+            const ElementKV *src = rows_of(k, p.k_batch_stride, p.k_seq_stride)(row_of_thread());
+            const ElementKV *mapped = k;
+            const int valid_chunks = p.head_dim * int(sizeof(ElementKV)) / 16;
+            const int first_chunk = run_of_thread() * kRunChunks;
+            const uint32_t raw =
+                slot + Traits::kRawTileOffset + (row_of_thread() * Traits::kRawRowChunks + first_chunk) * 16u;
+#pragma unroll
+            for (int c = 0; c < kRunChunks; ++c) {
+                const bool valid = src != nullptr && first_chunk + c < valid_chunks;
+                cp_async_16(raw + c * 16u, valid ? src + (first_chunk + c) * 16 / int(sizeof(ElementKV)) : mapped,
+                            valid);
+            }
+        } else {
+            load_panels_async<Element, Traits::kQKPanels, kBlockN, Traits::kNumThreads>(
+                slot, rows_of(k, p.k_batch_stride, p.k_seq_stride), p.head_dim / kElemsPerVector<Element>, tid);
+        }
         if constexpr (!Traits::kVInK) {
             load_panels_async<Element, Traits::kVPanels, kBlockN, Traits::kNumThreads>(
                 slot + Traits::kKTileBytes, rows_of(v, p.v_batch_stride, p.v_seq_stride),
@@ -188,8 +225,12 @@ struct WideMainloop {
         const int num_pairs = (num_n_blocks + 1) / 2;
 
         load_q(p, first_query, work.valid_rows);
-        request(p, keys, tile.batch, seqlen_k, 0);
-        request(p, keys, tile.batch, seqlen_k, 1);
+        if constexpr (Traits::kQuantizedKV) {
+            request(p, keys, tile.batch, seqlen_k, warpgroup);
+        } else {
+            request(p, keys, tile.batch, seqlen_k, 0);
+            request(p, keys, tile.batch, seqlen_k, 1);
+        }
         cp_async_commit();
 
         const uint32_t q_addr = smem_address(smem);
@@ -197,8 +238,8 @@ struct WideMainloop {
         const uint32_t p_addr = smem_address(smem + Traits::kSmemP);
         float *const max_exchange = exchange();
         const int lane_row = warp_first_row + frag_row(lane);
-        const Softcap softcap{p.softcap_prescale};
-        const float scale_log2 = p.softmax_scale_log2;
+        const Softcap softcap{sm80::ScoreScales<Traits>::softcap_prescale(p, k_descale)};
+        const float scale_log2 = sm80::ScoreScales<Traits>::score_scale_log2(p, k_descale);
 
         Accumulators acc_o;
 #pragma unroll
@@ -215,9 +256,17 @@ struct WideMainloop {
             cp_async_wait<0>();
             fence_shared_to_async_proxy();
             __syncthreads();
-            request(p, keys, tile.batch, seqlen_k, 2 * i + 2);
-            request(p, keys, tile.batch, seqlen_k, 2 * i + 3);
-            cp_async_commit();
+            if constexpr (Traits::kQuantizedKV) {
+                // Each warpgroup its tile of the next pair, and its tile of
+                // this one widened.
+                request(p, keys, tile.batch, seqlen_k, 2 * i + 2 + warpgroup);
+                cp_async_commit();
+                widen_own_tile(ring_addr + ((2 * i + warpgroup) % Traits::kStages) * Traits::kSlotBytes);
+            } else {
+                request(p, keys, tile.batch, seqlen_k, 2 * i + 2);
+                request(p, keys, tile.batch, seqlen_k, 2 * i + 3);
+                cp_async_commit();
+            }
 
             // 1. This warpgroup's scores.
             const int j = 2 * i + warpgroup;
@@ -318,6 +367,50 @@ struct WideMainloop {
         }
         RowValues row_lse;
         finish(acc_o, softmax, row_lse);
+    }
+
+    // A quantized cache: this warpgroup's landed tile (its slot at `slot`)
+    // widened in place, from its stored rows at the end of the slot to
+    // Element's panels over the whole slot. Every thread reads its run of a
+    // row into registers first, then (a barrier of the warpgroup: the panels
+    // overwrite stored rows) writes it widened; a second barrier publishes
+    // the panels to the warpgroup's S (the other's P V reads them after the
+    // tile's later CTA barriers).
+    __device__ __forceinline__ void widen_own_tile(uint32_t slot) const {
+        const int row = row_of_thread();
+        const int first_chunk = run_of_thread() * kRunChunks;
+        const uint32_t raw = slot + Traits::kRawTileOffset + (row * Traits::kRawRowChunks + first_chunk) * 16u;
+        uint4 codes[kRunChunks];
+#pragma unroll
+        for (int c = 0; c < kRunChunks; ++c) {
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(codes[c].x), "=r"(codes[c].y), "=r"(codes[c].z), "=r"(codes[c].w)
+                         : "r"(raw + c * 16u)
+                         : "memory");
+        }
+        named_barrier_sync_id(kFirstWarpgroupBarrier + warpgroup, kWarpgroupThreads);
+#pragma unroll
+        for (int c = 0; c < kRunChunks; ++c) {
+            // 16 codes: two 16-byte vectors of Element.
+            const int vec = (first_chunk + c) * 2;
+            const uint32_t words[4] = {codes[c].x, codes[c].y, codes[c].z, codes[c].w};
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                uint32_t wide[4];
+#pragma unroll
+                for (int w = 0; w < 2; ++w) {
+                    wide[2 * w] = widen_e4m3x2<Element>(uint16_t(words[2 * h + w] & 0xffffu));
+                    wide[2 * w + 1] = widen_e4m3x2<Element>(uint16_t(words[2 * h + w] >> 16));
+                }
+                const int v8 = vec + h;
+                const uint32_t dst = slot + (v8 / 8) * Traits::kKVPanelBytes + Swizzle::offset(row, v8 % 8);
+                asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(wide[0]), "r"(wide[1]),
+                             "r"(wide[2]), "r"(wide[3])
+                             : "memory");
+            }
+        }
+        fence_shared_to_async_proxy();
+        named_barrier_sync_id(kFirstWarpgroupBarrier + warpgroup, kWarpgroupThreads);
     }
 
     // out += P * V of the pair whose first tile is at `first_tile` (the

@@ -20,19 +20,23 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/fragment_layout.cuh"
 #include "sm90/ptx.cuh"
 
 namespace flashcore::sm90 {
 
-template <typename Element_, typename ElementOut_, int kHeadDim_, int kHeadDimV_>
+// ElementKV_: the cache's type, Element_'s or e4m3 (a quantized cache, whose
+// tiles land in the upper part of their slot as they are stored and are
+// widened there to Element's panels before the products).
+template <typename Element_, typename ElementOut_, int kHeadDim_, int kHeadDimV_, typename ElementKV_ = Element_>
 struct Sm90WideTraits {
     using Element = Element_;
-    using ElementKV = Element_;
+    using ElementKV = ElementKV_;
     using ElementOut = ElementOut_;
     static constexpr bool kFp8 = false;
-    static constexpr bool kQuantizedKV = false;
+    static constexpr bool kQuantizedKV = !std::is_same_v<ElementKV, Element>;
     // V is the first kHeadDimV columns of K's rows (MLA's latent cache;
     // validation takes such calls only where v is k's view).
     static constexpr bool kVInK = kHeadDimV_ < kHeadDim_;
@@ -64,6 +68,11 @@ struct Sm90WideTraits {
     static constexpr uint32_t kKTileBytes = kQKPanels * kKVPanelBytes;
     // A ring slot: a K tile, then where V is not in K's rows its V tile.
     static constexpr uint32_t kSlotBytes = kKTileBytes + (kVInK ? 0 : kVPanels * kKVPanelBytes);
+    // A quantized cache's tile as it lands: kBlockN rows of kHeadDim bytes
+    // (16-byte chunks), at the end of its slot.
+    static constexpr int kRawRowChunks = kHeadDim * int(sizeof(ElementKV)) / 16;
+    static constexpr uint32_t kRawTileBytes = kQuantizedKV ? kBlockN * kRawRowChunks * 16u : 0u;
+    static constexpr uint32_t kRawTileOffset = kSlotBytes - kRawTileBytes;
     // P: the pair's probabilities, one 64 x kPairKeys panel (128- or 64-byte
     // rows).
     static constexpr int kPRowBytes = kPairKeys * kElementBytes;
@@ -83,6 +92,8 @@ struct Sm90WideTraits {
     static_assert(kColsPerWarpgroup <= 256, "a warpgroup's columns of O are one wgmma N");
     static_assert(kPRowBytes == 128 || kPRowBytes == 64, "P is one panel of 128- or 64-byte rows");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory beyond what an sm_90 block may opt into");
+    static_assert(!kQuantizedKV || (sizeof(ElementKV) == 1 && kVInK && kHeadDim % 16 == 0),
+                  "a quantized cache: one-byte (e4m3) MLA latent rows of whole 16-byte chunks");
     static_assert(sizeof(ElementOut) == sizeof(Element) && kHeadDimV <= kHeadDim,
                   "the output block is staged in Q's shared memory");
 };
