@@ -15,9 +15,11 @@
 //      V read MN-major from the two tiles' slots (their K rows at MLA's 576 /
 //      512, V tiles of their own at d512).
 // K (and V) tiles arrive by cp.async in panels (a paged cache's rows each
-// from its page), a pair ahead: the ring holds two pairs, and one barrier per pair
-// both publishes the landed pair and frees the last one's slots, P and the
-// exchange. At the end the warpgroups' row sums meet in the exchange.
+// from its page), a pair ahead: the ring holds two pairs, and one barrier per
+// pair both publishes the landed pair and frees the last one's slots, P and
+// the exchange. An e4m3 cache's tiles land as stored, each loaded by the
+// warpgroup that computes its S, which then widens it in place
+// (widen_own_tile). At the end the warpgroups' row sums meet in the exchange.
 //
 // (Measured against this on an H200, MLA B64/128 x H128 at 4k and 32k:
 // issuing the next pair's S behind this pair's P V, 2-5% slower; FA3's
