@@ -35,6 +35,48 @@ __device__ __forceinline__ float exp2_offset(float row_max, float scale_log2) {
     return row_max == -INFINITY ? 0.f : row_max * scale_log2;
 }
 
+// The maxima of a tile's scores in the lane's two rows (an m16 tile's rows
+// g and g + 8), over the quad of lanes that holds them.
+template <int kNAtoms>
+__device__ __forceinline__ void tile_row_maxima(const float (&scores)[1][kNAtoms][4], float (&tile_max)[2]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        float m = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < kNAtoms; ++n) m = fmaxf(m, fmaxf(scores[0][n][half * 2], scores[0][n][half * 2 + 1]));
+        tile_max[half] = quad_max(m);
+    }
+}
+
+// The lane's two rows' running maxima and sums after a tile whose row
+// maxima, over every warp that holds the tile's keys, are tile_max(half)
+// (half 0: row g, 1: row g + 8): the scores exponentiated in place against
+// the new maxima and added to the sums; correction, the factor of the terms
+// before. The wide kernels', whose warps split a row's keys and exchange its
+// maxima themselves (OnlineSoftmax keeps a row's keys in one warp).
+template <int kNAtoms, typename TileMax>
+__device__ __forceinline__ void fold_tile_into_rows(float (&scores)[1][kNAtoms][4], TileMax &&tile_max,
+                                                    float scale_log2, float (&row_max)[2], float (&row_sum)[2],
+                                                    float (&correction)[2]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const float new_max = fmaxf(row_max[half], tile_max(half));
+        const float offset = exp2_offset(new_max, scale_log2);
+        correction[half] = fast_exp2(row_max[half] * scale_log2 - offset);
+        row_max[half] = new_max;
+        row_sum[half] *= correction[half];
+#pragma unroll
+        for (int n = 0; n < kNAtoms; ++n) {
+#pragma unroll
+            for (int e = half * 2; e < half * 2 + 2; ++e) {
+                const float prob = fast_exp2(fmaf(scores[0][n][e], scale_log2, -offset));
+                scores[0][n][e] = prob;
+                row_sum[half] += prob;
+            }
+        }
+    }
+}
+
 // kMaxChains: independent partial maxima per row and tile in update_max,
 // combined at the end. One chain (each FMNMX waiting for the previous one's
 // result) is latency-bound where few warps share a scheduler; more chains

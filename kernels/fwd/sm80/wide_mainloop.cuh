@@ -244,15 +244,7 @@ struct WideMainloop {
 
                 // 2. The tile's row maxima over every key group.
                 float tile_max[2];
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    float m = -INFINITY;
-#pragma unroll
-                    for (int n = 0; n < Traits::kNAtomsS; ++n) {
-                        m = fmaxf(m, fmaxf(scores[0][n][half * 2], scores[0][n][half * 2 + 1]));
-                    }
-                    tile_max[half] = quad_max(m);
-                }
+                tile_row_maxima(scores, tile_max);
                 if constexpr (Traits::kKeyGroups > 1) {
                     if (lane % 4 == 0) {
                         partial_max(key_group, lane_row) = tile_max[0];
@@ -272,23 +264,8 @@ struct WideMainloop {
 
                 // 3. Probabilities and correction factors.
                 float correction[2];
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const float new_max = fmaxf(row_max[half], tile_max[half]);
-                    const float offset = exp2_offset(new_max, scale_log2);
-                    correction[half] = fast_exp2(row_max[half] * scale_log2 - offset);
-                    row_max[half] = new_max;
-                    row_sum[half] *= correction[half];
-#pragma unroll
-                    for (int n = 0; n < Traits::kNAtomsS; ++n) {
-#pragma unroll
-                        for (int e = half * 2; e < half * 2 + 2; ++e) {
-                            const float prob = fast_exp2(fmaf(scores[0][n][e], scale_log2, -offset));
-                            scores[0][n][e] = prob;
-                            row_sum[half] += prob;
-                        }
-                    }
-                }
+                fold_tile_into_rows(
+                    scores, [&](int half) { return tile_max[half]; }, scale_log2, row_max, row_sum, correction);
                 store_fragments<Element, Traits::kPRowElems, 1, Traits::kNAtomsS>(smem_p, scores, band_first_row,
                                                                                   group_first_key, lane);
                 if (key_group == 0 && lane % 4 == 0) {

@@ -6,17 +6,10 @@
 // pair by pair from the fragments. Warpgroup 0 writes the log-sum-exp values.
 #pragma once
 
-#include <cstdint>
-#include <type_traits>
-
-#include "common/element.cuh"
-#include "common/fragment_layout.cuh"
 #include "common/params.h"
 #include "fwd/output_destination.cuh"
 #include "fwd/sm80/epilogue.cuh"
 #include "fwd/sm80/wide_epilogue.cuh"
-#include "sm80/smem_tile.cuh"
-#include "sm80/warp_gemm.cuh"
 
 namespace flashcore::sm90 {
 

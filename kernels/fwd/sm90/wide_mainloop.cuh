@@ -292,14 +292,7 @@ struct WideMainloop {
 
             // 2. The pair's row maxima, over both warpgroups' tiles.
             float tile_max[2];
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                float m = -INFINITY;
-#pragma unroll
-                for (int n = 0; n < kNAtomsS; ++n)
-                    m = fmaxf(m, fmaxf(scores[0][n][half * 2], scores[0][n][half * 2 + 1]));
-                tile_max[half] = quad_max(m);
-            }
+            tile_row_maxima(scores, tile_max);
             if (lane % 4 == 0) {
                 max_exchange[warpgroup * kBlockM + lane_row] = tile_max[0];
                 max_exchange[warpgroup * kBlockM + lane_row + kFragRowHalf] = tile_max[1];
@@ -308,25 +301,13 @@ struct WideMainloop {
 
             // 3. Probabilities into P, O rescaled.
             float correction[2];
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int row = lane_row + half * kFragRowHalf;
-                const float pair_max = fmaxf(max_exchange[row], max_exchange[kBlockM + row]);
-                const float new_max = fmaxf(row_max[half], pair_max);
-                const float offset = exp2_offset(new_max, scale_log2);
-                correction[half] = fast_exp2(row_max[half] * scale_log2 - offset);
-                row_max[half] = new_max;
-                row_sum[half] *= correction[half];
-#pragma unroll
-                for (int n = 0; n < kNAtomsS; ++n) {
-#pragma unroll
-                    for (int e = half * 2; e < half * 2 + 2; ++e) {
-                        const float prob = fast_exp2(fmaf(scores[0][n][e], scale_log2, -offset));
-                        scores[0][n][e] = prob;
-                        row_sum[half] += prob;
-                    }
-                }
-            }
+            fold_tile_into_rows(
+                scores,
+                [&](int half) {
+                    const int row = lane_row + half * kFragRowHalf;
+                    return fmaxf(max_exchange[row], max_exchange[kBlockM + row]);
+                },
+                scale_log2, row_max, row_sum, correction);
             store_fragments<Element, Traits::kPairKeys, 1, kNAtomsS>(reinterpret_cast<Element *>(smem + Traits::kSmemP),
                                                                      scores, warp_first_row, warpgroup * kBlockN, lane);
             if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f)) {
