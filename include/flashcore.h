@@ -293,9 +293,11 @@ typedef struct flashcore_forward_params {
      * cache, whose v must be k's view; see head_dim_v)
      * (flashcore_supported_head_dims lists what this build has); any other
      * head dim runs on the smallest kernel that covers it, its q, k, v and
-     * out loaded and stored only up to their real width. Past 256 there is
-     * no backward, no e4m3 K/V and no sm_90a kernel: the portable kernels
-     * run these head dims on every GPU. */
+     * out loaded and stored only up to their real width. Past 256 the
+     * backward has the 512 kernel only (not MLA's 576), which needs 132 KiB
+     * of shared memory per block: not on sm_86 and sm_89 (99 KiB), where
+     * flashcore_backward returns FLASHCORE_STATUS_UNSUPPORTED; e4m3 K/V is
+     * taken past 256 on MLA's latent cache only. */
     int32_t head_dim;
 
     /* Non-zero: causal mask aligned to the bottom-right corner, as in

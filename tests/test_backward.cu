@@ -1,8 +1,8 @@
 // GPU correctness of flashcore_backward against the float64 CPU reference,
 // through the public C API only (flashcore_forward gives out and lse, then
 // flashcore_backward gives dq, dk and dv): fp16/bf16 x every kernel head dim
-// (32, 64, 96, 128, 192/128, 256) and head dims that run on a larger kernel
-// (40/24, 80, 112, 160/128, 136) x causal on/off, windows, softcap, GQA 1/4/8,
+// (32, 64, 96, 128, 192/128, 256, 512) and head dims that run on a larger
+// kernel (40/24, 80, 112, 160/128, 136, 320, 384/320) x causal on/off, windows, softcap, GQA 1/4/8,
 // seqlen_q != seqlen_k both ways, odd lengths, seqused_k, variable-length
 // batches with empty sequences, calls without queries, strided layouts; each
 // in the default and the deterministic mode; the same on the configurations
@@ -165,6 +165,15 @@ void expect_gradients_match_reference(const FwdCase &c) {
         }
         EXPECT_EQ(w.check_untouched(inputs), "");
     }
+}
+
+// That a call which failed or was refused left dq, dk and dv as poisoned
+// (`call` names it in the failure).
+void expect_gradients_untouched(const BwdWorkload &w, const GradientBits &poisoned, const char *call) {
+    const GradientBits after = w.gradient_bits();
+    EXPECT_EQ(describe_bit_differences(after.dq, poisoned.dq), "") << call << " wrote dq";
+    EXPECT_EQ(describe_bit_differences(after.dk, poisoned.dk), "") << call << " wrote dk";
+    EXPECT_EQ(describe_bit_differences(after.dv, poisoned.dv), "") << call << " wrote dv";
 }
 
 class BackwardTest : public testing::TestWithParam<FwdCase> {};
@@ -375,6 +384,30 @@ std::vector<FwdCase> chunk_and_sinks_cases() {
     };
 }
 
+// Head dim 512 (Gemma's: 32-key blocks, bwd/sm80/config.cuh), and pairs
+// past 256 that run on it: full and causal, GQA, rows that see no key,
+// windows with sinks, softcap, chunks, seqused_k and variable-length
+// batches (WideGradients). Not in the 99 KB runs: no configuration of it
+// fits there (BackwardApi.HeadDim512IsRefusedWhereItsTilesDoNotFit).
+std::vector<FwdCase> d512_cases() {
+    const FwdCase full{bf16, 512, false, 2, 4, 2, 200, 333, Layout::kBSHD};
+    const FwdCase causal{fp16, 512, true, 1, 4, 1, 257, 129, Layout::kBHSD};
+    return {
+        full,
+        FwdCase{fp16, 512, false, 2, 4, 2, 200, 333, Layout::kPadded},
+        causal,
+        FwdCase{bf16, 512, true, 2, 8, 2, 300, 421, Layout::kBSHD},
+        full.with_window(100, 0).with_sinks(),
+        causal.with_softcap(30.f, 1.f),
+        FwdCase{bf16, 512, true, 1, 4, 2, 300, 300, Layout::kBSHD}.with_chunk(96).with_sinks(),
+        FwdCase{fp16, 512, false, 2, 2, 1, 16, 400, Layout::kBSHD}.with_seqused_k({300, 0}),
+        FwdCase{bf16, 512, true, 1, 2, 1, 1, 1, Layout::kBSHD}.with_varlen_q({150, 1, 300}).with_varlen_k(
+            {150, 33, 300}),
+        FwdCase{fp16, 320, true, 1, 2, 2, 130, 200, Layout::kPadded},
+        FwdCase{bf16, 384, false, 1, 4, 2, 100, 150, Layout::kBSHD, 320},
+    };
+}
+
 std::vector<FwdCase> all_cases() {
     std::vector<FwdCase> cases;
     std::set<std::string> names;
@@ -391,11 +424,15 @@ std::vector<FwdCase> all_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Gradients, BackwardTest, testing::ValuesIn(all_cases()),
                          [](const testing::TestParamInfo<FwdCase> &info) { return case_name(info.param); });
+// Apart, for the 99 KB configuration to leave out (tests/CMakeLists.txt).
+INSTANTIATE_TEST_SUITE_P(WideGradients, BackwardTest, testing::ValuesIn(d512_cases()),
+                         [](const testing::TestParamInfo<FwdCase> &info) { return case_name(info.param); });
 
 // The portable kernel has a configuration per shared-memory limit
 // (bwd/sm80/config.cuh: at head dim 256 two Q/dO stages where a block may
-// have 209 KB, as on sm_90; one within an A100's 163 KB; smaller tiles at
-// every head dim within sm_86's and sm_89's 99 KB). The cases above run the
+// have 209 KB, as on sm_90, at 512 64-row query blocks; one stage, and 32
+// rows at 512, within an A100's 163 KB; smaller tiles at every head dim up
+// to 256 within sm_86's and sm_89's 99 KB). The cases above run the
 // one this GPU picks; these run the others here, as if the GPU allowed that
 // much (FLASHCORE_TEST_SMEM_PER_BLOCK: every choice of the call is made as
 // on such a GPU, the forward's too).
@@ -407,6 +444,34 @@ TEST(BackwardConfigs, A100SharedMemoryConfigurationMatchesReference) {
     const ScopedEnv env({{"FLASHCORE_TEST_SMEM_PER_BLOCK", kA100SmemPerBlock}});
     expect_gradients_match_reference(FwdCase{fp16, 256, false, 2, 4, 2, 200, 333, Layout::kBSHD});
     expect_gradients_match_reference(FwdCase{bf16, 256, true, 1, 4, 1, 300, 257, Layout::kBHSD});
+    expect_gradients_match_reference(FwdCase{bf16, 512, false, 2, 4, 2, 200, 333, Layout::kBSHD});
+    expect_gradients_match_reference(FwdCase{fp16, 512, true, 1, 4, 1, 300, 257, Layout::kBHSD}.with_sinks());
+}
+
+// Head dim 512's smallest tiles need 132 KB per block: where a block may
+// have 99 KB (sm_86, sm_89) its backward is refused as UNSUPPORTED, saying
+// how much it needs and what the device allows, before anything is queued
+// (the gradients keep their poison); its forward runs there.
+TEST(BackwardApi, HeadDim512IsRefusedWhereItsTilesDoNotFit) {
+    FC_REQUIRE_GPU();
+    const ScopedEnv env({{"FLASHCORE_TEST_SMEM_PER_BLOCK", kSm86SmemPerBlock}});
+    UniqueHandle handle = make_handle();
+    ASSERT_TRUE(handle);
+    std::mt19937_64 rng(fresh_seed());
+    BwdWorkload w(FwdCase{bf16, 512, true, 1, 4, 2, 130, 200, Layout::kBSHD}, rng);
+    ASSERT_EQ(w.run_forward_pass(handle.get()), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
+    size_t ws_bytes = 0;
+    ASSERT_EQ(flashcore_backward_workspace_size(handle.get(), &w.params, &ws_bytes), FLASHCORE_STATUS_SUCCESS);
+    GuardedBuffer ws(ws_bytes);
+    w.poison_gradients();
+    const GradientBits poisoned = w.gradient_bits();
+    EXPECT_EQ(flashcore_backward(handle.get(), &w.params, ws.data, ws_bytes, nullptr), FLASHCORE_STATUS_UNSUPPORTED);
+    const std::string message = flashcore_last_error_message();
+    EXPECT_NE(message.find("head dims (512, 512) needs 135424 bytes of shared memory"), std::string::npos) << message;
+    EXPECT_NE(message.find("allows 101376"), std::string::npos) << message;
+    FC_CHECK_CUDA(cudaDeviceSynchronize());
+    expect_gradients_untouched(w, poisoned, "a refused call");
+    EXPECT_EQ(ws.check("workspace"), "");
 }
 
 // The 99 KB configurations: every head-dim pair (the kernels' own, and
@@ -785,10 +850,7 @@ TEST(BackwardApi, RejectedCallsWriteNothing) {
     bad.num_heads_kv = 3;
     EXPECT_EQ(flashcore_backward(handle.get(), &bad, base, ws_bytes, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
     FC_CHECK_CUDA(cudaDeviceSynchronize());
-    const GradientBits after = w.gradient_bits();
-    EXPECT_EQ(describe_bit_differences(after.dq, poisoned.dq), "") << "a rejected call wrote dq";
-    EXPECT_EQ(describe_bit_differences(after.dk, poisoned.dk), "") << "a rejected call wrote dk";
-    EXPECT_EQ(describe_bit_differences(after.dv, poisoned.dv), "") << "a rejected call wrote dv";
+    expect_gradients_untouched(w, poisoned, "a rejected call");
     EXPECT_EQ(ws.check("workspace"), "");
 
     // Exactly the size asked for, then more than that.
@@ -829,10 +891,7 @@ TEST(BackwardApi, AFailedOptInWritesNothing) {
         EXPECT_NE(std::string(flashcore_last_error_message()).find("FLASHCORE_TEST_FAIL_OPT_IN"), std::string::npos)
             << flashcore_last_error_message();
         FC_CHECK_CUDA(cudaDeviceSynchronize());
-        const GradientBits after = w.gradient_bits();
-        EXPECT_EQ(describe_bit_differences(after.dq, poisoned.dq), "") << "a failed call wrote dq";
-        EXPECT_EQ(describe_bit_differences(after.dk, poisoned.dk), "") << "a failed call wrote dk";
-        EXPECT_EQ(describe_bit_differences(after.dv, poisoned.dv), "") << "a failed call wrote dv";
+        expect_gradients_untouched(w, poisoned, "a failed call");
         // The handle without the variable runs the same call.
         EXPECT_EQ(flashcore_backward(plain.get(), &w.params, ws.data, ws_bytes, nullptr), FLASHCORE_STATUS_SUCCESS)
             << flashcore_last_error_message();

@@ -4,8 +4,9 @@
 // bwd_kernels.inc, which the registry is made of), through the function
 // whose address the registry holds (bwd_info_sm80) and the chooser that
 // function and the launch share (BwdTiers::index_for):
-// - every head dims has a configuration within sm_86's and sm_89's 99 KiB
-//   per block;
+// - every head dims up to 256 has a configuration within sm_86's and
+//   sm_89's 99 KiB per block (past 256 none, which the dispatcher refuses
+//   there);
 // - for limits from below the smallest configuration to above an H100's,
 //   the one chosen fits the limit and is the largest that does (where none
 //   does, the smallest, which the dispatcher then refuses), and a larger
@@ -96,12 +97,21 @@ std::string describe(const BwdKernelInfo &i) {
 
 TEST(BwdConfig, BuildHasBackwardKernels) { EXPECT_FALSE(build_kernels().empty()); }
 
-TEST(BwdConfig, EveryHeadDimFitsSm86SharedMemory) {
+// The largest head dim whose backward runs on sm_86 and sm_89.
+constexpr int kMaxSm86HeadDim = 256;
+
+TEST(BwdConfig, EveryHeadDimUpTo256FitsSm86SharedMemory) {
     static_assert(flashcore::kMinSmemPerBlock == kSm86Limit, "kMinSmemPerBlock is sm_86's limit");
     for (const KernelConfigs &k : build_kernels()) {
         SCOPED_TRACE(k.name());
         ASSERT_FALSE(k.tiers.empty());
         const BwdKernelInfo info = k.info(kSm86Limit);
+        if (k.head_dim > kMaxSm86HeadDim) {
+            // Chosen all the same (the smallest), for check_kernel_smem to refuse.
+            EXPECT_GT(info.smem_bytes, kSm86Limit) << describe(info);
+            EXPECT_TRUE(info == k.tiers.back()) << describe(info);
+            continue;
+        }
         EXPECT_LE(info.smem_bytes, kSm86Limit) << describe(info);
         EXPECT_LE(k.tiers.back().smem_bytes, kSm86Limit) << describe(k.tiers.back());
     }
@@ -158,6 +168,7 @@ TEST(BwdConfig, ChosenConfigurationIsTheLargestThatFits) {
 // The configurations per GPU, as kernels.list's head dims have them: the
 // A100's and H100's are those before the 99 KiB configurations existed
 // (their machine code unchanged); sm_86's the smaller tiles (config.cuh).
+// Head dim 512 came later, with 32-key blocks.
 TEST(BwdConfig, KnownGpusRunTheExpectedConfigurations) {
     struct Expected {
         int head_dim, head_dim_v;
@@ -170,6 +181,8 @@ TEST(BwdConfig, KnownGpusRunTheExpectedConfigurations) {
         {128, 128, {164864, 64, 128}, {164864, 64, 128}, {82432, 64, 64}},
         {192, 128, {140288, 64, 64}, {140288, 64, 64}, {98816, 64, 64}},
         {256, 256, {214016, 64, 64}, {147968, 64, 64}, {69888, 32, 32}},
+        // sm_86: none fits; the A100's, which the dispatcher refuses.
+        {512, 512, {205312, 64, 32}, {135424, 32, 32}, {135424, 32, 32}},
     };
     int checked = 0;
     for (const KernelConfigs &k : build_kernels()) {

@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "361c41000e9f82f674763390fd070b031d25bd01b49def32761653b911201ffd"
+HEADER_SHA256 = "3586708adf5180f1c9d28ec21e1d5daeafe556f0cd44071cdf7d9c5003ebee48"
 
 
 # Assigning to a field of the structs below checks the value against the
@@ -174,9 +174,11 @@ class flashcore_forward_params(ctypes.Structure):
         # cache, whose v must be k's view; see head_dim_v)
         # (flashcore_supported_head_dims lists what this build has); any other
         # head dim runs on the smallest kernel that covers it, its q, k, v and
-        # out loaded and stored only up to their real width. Past 256 there is
-        # no backward, no e4m3 K/V and no sm_90a kernel: the portable kernels
-        # run these head dims on every GPU.
+        # out loaded and stored only up to their real width. Past 256 the
+        # backward has the 512 kernel only (not MLA's 576), which needs 132 KiB
+        # of shared memory per block: not on sm_86 and sm_89 (99 KiB), where
+        # flashcore_backward returns FLASHCORE_STATUS_UNSUPPORTED; e4m3 K/V is
+        # taken past 256 on MLA's latent cache only.
         ("head_dim", ctypes.c_int32),
         # Non-zero: causal mask aligned to the bottom-right corner, as in
         # FlashAttention >= 2.1: query i sees key j iff j <= i + seqlen_k - seqlen_q.

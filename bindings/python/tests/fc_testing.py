@@ -152,8 +152,25 @@ DEFAULT_HEAD_DIMS = [(32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256,
 # DeepSeek MLA's latent-cache kernel: it takes v only as k's view (v = k[..., :512]), so the tests that pass
 # a v of its own leave it out (test_gpu_torch.py's test_mla_latent_cache runs it).
 LATENT_HEAD_DIMS = [(576, 512)]
-# The backward's kernels stop at head dim 256 (past it the forward only).
-MAX_BACKWARD_HEAD_DIM = 256
+# The backward's kernels stop at head dim 512 (MLA's 576 has the forward only).
+MAX_BACKWARD_HEAD_DIM = 512
+# Past head dim 256 the backward's tiles need this much shared memory per
+# block (kernels/bwd/sm80/config.cuh): not on sm_86 and sm_89 (99 KiB), where
+# the call is refused.
+MAX_SM86_BACKWARD_HEAD_DIM = 256  # the largest whose backward fits 99 KiB per block
+WIDE_BACKWARD_SMEM_PER_BLOCK = 135424
+
+
+def need_backward_smem(torch, d):
+    """Skips a backward test at head dim d where this GPU's blocks cannot
+    have the shared memory its kernel needs (head dims past 256 on sm_86 and
+    sm_89)."""
+    if d <= MAX_SM86_BACKWARD_HEAD_DIM:
+        return
+    optin = torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_block_optin
+    if optin < WIDE_BACKWARD_SMEM_PER_BLOCK:
+        pytest.skip("the backward at head dim %d needs %d bytes of shared memory per block; this GPU allows %d"
+                    % (d, WIDE_BACKWARD_SMEM_PER_BLOCK, optin))
 # Dims with no kernel of their own in the default build, run on the next
 # larger one, and the DeepSeek-style pair.
 EXTRA_HEAD_DIMS = [(80, 80), (112, 112), (160, 160), (192, 128)]

@@ -27,7 +27,7 @@ import pytest
 
 import flashcore
 from fc_testing import (DEFAULT_HEAD_DIMS, MAX_BACKWARD_HEAD_DIM, assert_one_graph, cuda_randn, head_dim_id,
-                        need_head_dim)
+                        need_backward_smem, need_head_dim)
 
 pytestmark = pytest.mark.gpu
 
@@ -281,6 +281,7 @@ def run_case(torch, case, layout="bhsd", **kwargs):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gradients_every_head_dim(torch, dtype, dims, causal):
     d, dv = dims
+    need_backward_smem(torch, d)
     # Grouped-query (4 query heads per key head), odd lengths, Sq != Sk.
     case = make_case(torch, (2, 8, 2, 97, 131, d), dtype, seed=d + dv, dv=dv, causal=causal)
     run_case(torch, case)
@@ -319,6 +320,9 @@ OPTION_CASES = {
     "chunk causal more queries": ((2, 4, 2, 200, 130, 64), dict(causal=True, chunk=48)),
     "chunk both sides": ((1, 4, 2, 250, 250, 64), dict(chunk=100)),
     "chunk window sinks causal": ((1, 8, 2, 300, 300, 64), dict(causal=True, chunk=128, window=(100, 0), sinks=True)),
+    # Head dim 512 (Gemma's): its 32-key blocks with the options.
+    "d512 sinks causal window": ((1, 8, 2, 200, 200, 512), dict(causal=True, window=(64, 0), sinks=True)),
+    "d512 softcap chunk": ((1, 4, 2, 150, 170, 512), dict(causal=True, softcap=20.0, chunk=64)),
 }
 
 
@@ -327,6 +331,7 @@ OPTION_CASES = {
 def test_gradients_with_options(torch, dtype, name):
     shape, options = OPTION_CASES[name]
     need_head_dim(shape[-1])
+    need_backward_smem(torch, shape[-1])
     run_case(torch, make_case(torch, shape, dtype, seed=len(name), **options))
 
 

@@ -74,8 +74,12 @@ struct BwdTraits {
     static constexpr int kWarpsDdQ = kNumWarps / kWarpsMdQ;
     static constexpr int kdQMTiles = kBlockM / kWarpsMdQ / kMmaM;
     // Past head dim 128 a warp's dQ columns are computed in two passes (four
-    // past 192), so that its accumulators (live beside dK and dV) stay small.
-    static constexpr int kdQPasses = kHeadDim > 192 ? 4 : kHeadDim > 128 ? 2 : 1;
+    // past 192; past 256 as many as leave it 4 n8 tiles a pass), so that its
+    // accumulators (live beside dK and dV) stay small.
+    static constexpr int kdQPasses = kHeadDim > 256   ? kHeadDim / kWarpsDdQ / kMmaN / 4
+                                     : kHeadDim > 192 ? 4
+                                     : kHeadDim > 128 ? 2
+                                                      : 1;
     static constexpr int kdQNTiles = kHeadDim / kWarpsDdQ / kMmaN / kdQPasses;  // per pass
     // Whether the deterministic mode may rotate the walk (BwdKernelParams::
     // rotated_walk): past head dim 192 its turn's arithmetic, beside dK and
@@ -104,6 +108,7 @@ struct BwdTraits {
     static_assert(kSdPNTiles > 0 && kdKNTiles > 0 && kdVNTiles > 0 && kdQNTiles > 0,
                   "every warp has whole n8 tiles of each product");
     static_assert(kStages == 1 || kStages == 2, "Q and dO are single- or double-buffered");
+    static_assert(2 * kBlockM <= kNumThreads, "a thread per row loads each of the stage's lse and D values");
     static_assert(kHeadDim % (4 * kElemsPerVector<Element>) == 0 && kHeadDimV % (4 * kElemsPerVector<Element>) == 0 &&
                       kBlockN % (4 * kElemsPerVector<Element>) == 0,
                   "rows are swizzled in groups of 8 or 4 16-byte vectors (smem_tile.cuh)");
@@ -208,36 +213,50 @@ struct BwdConfig<kInput, kHeadDim, kHeadDimV, BwdVariant::kKvBlock> {
     using TraitsOf = BwdTraits<ElementType<kInput>, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, 2, kWarpsNdKV,
                                kWarpsMdQ>;
 
+    // Past head dim 256 (512: Gemma's), 32 keys a block keep dK and dV at
+    // 128 floats a thread. Where a block may have 227 KiB, 64 query rows
+    // with one Q/dO stage (200 KiB: 2-3% faster on an H200 than 32 rows with
+    // two, 196 KiB; docs/log/models-2026.md); within an A100's 163 KiB, 32
+    // rows with one (132 KiB). Nothing fits 99 KiB in this layout: 16 keys
+    // make P's rows too short for the swizzle, and 16 query rows leave 8
+    // warps less than an n8 tile each of S. sm_86 and sm_89 have no backward
+    // there (the dispatcher refuses it: check_kernel_smem).
+    static constexpr bool kWide = kHeadDim > 256;
+    static constexpr int kWideA100BlockM = 32;
     static constexpr int kBlockM = kHeadDim <= 64 ? 128 : 64;
-    static constexpr int kBlockN = kHeadDim == 96 || kHeadDim > 128 ? 64 : 128;
+    static constexpr int kBlockN = kWide ? 32 : kHeadDim == 96 || kHeadDim > 128 ? 64 : 128;
     static constexpr int kWarpsNdKV = kHeadDim > 128 ? 2 : 4;
     // dQ's warps: 2 x 4 over 64 x 128 at head dim 128 (32 x 32 per warp: 32
-    // fragment loads per step, not the 40 of 16 x 64), else 4 along the rows.
+    // fragment loads per step, not the 40 of 16 x 64), else 4 along the
+    // rows; 2 along 32 rows (4 would have less than an m16 tile each).
     static constexpr int kWarpsMdQ = kHeadDim == 128 ? 2 : 4;
-    using LargeSmemTraits = TraitsOf<kBlockM, kBlockN, 2, kWarpsNdKV, kWarpsMdQ>;
-    using A100Traits = TraitsOf<kBlockM, kBlockN, (kHeadDim > 192 ? 1 : 2), kWarpsNdKV, kWarpsMdQ>;
+    static constexpr int kWarpsMdQ32Rows = 2;
+    using LargeSmemTraits = TraitsOf<kBlockM, kBlockN, (kWide ? 1 : 2), kWarpsNdKV, kWarpsMdQ>;
+    using A100Traits =
+        std::conditional_t<kWide, TraitsOf<kWideA100BlockM, kBlockN, 1, kWarpsNdKV, kWarpsMdQ32Rows>,
+                           TraitsOf<kBlockM, kBlockN, (kHeadDim > 192 ? 1 : 2), kWarpsNdKV, kWarpsMdQ>>;
 
-    // Where the configuration above fits 99 KiB (d96), it is the small one
-    // too; otherwise 64 rows where it has 128 and 64 keys where it has 128
-    // past d64 (32 x 32 past 192), two stages up to d64.
+    // Where the configuration above fits 99 KiB (d96), or nothing does (past
+    // 256), it is the small one too; otherwise 64 rows where it has 128 and
+    // 64 keys where it has 128 past d64 (32 x 32 past 192), two stages up to
+    // d64.
     static constexpr int kSmallBlockM = kHeadDim > 192 ? 32 : 64;
     static constexpr int kSmallBlockN = kHeadDim <= 64 ? 128 : kHeadDim > 192 ? 32 : 64;
     static constexpr int kSmallStages = kHeadDim <= 64 ? 2 : 1;
     // 4 warps along 128 keys, 2 along fewer (a warp keeps 2 m16 tiles of
     // dK and dV at 64 keys).
     static constexpr int kSmallWarpsNdKV = kSmallBlockN == 128 ? 4 : 2;
-    // 2 along the rows at head dim 128 (as above) and at 32 rows (4 would
-    // have less than an m16 tile each).
+    // 2 along the rows at head dim 128 (as above) and at 32 rows.
     static constexpr int kSmallWarpsMdQ = kHeadDim == 128 || kSmallBlockM < 64 ? 2 : 4;
     using SmallSmemTraits =
-        std::conditional_t<A100Traits::kSmemBytes <= kMinSmemPerBlock, A100Traits,
+        std::conditional_t<A100Traits::kSmemBytes <= kMinSmemPerBlock || kWide, A100Traits,
                            TraitsOf<kSmallBlockM, kSmallBlockN, kSmallStages, kSmallWarpsNdKV, kSmallWarpsMdQ>>;
 
     using Tiers = BwdTiersOf<LargeSmemTraits, A100Traits, SmallSmemTraits>;
     static_assert(Tiers::decreasing(), "configurations are listed by decreasing shared memory");
-    static_assert(Tiers::kSmemBytes[Tiers::kCount - 1] <= kMinSmemPerBlock,
-                  "the backward kernel of every head dims has a configuration within sm_86's and sm_89's 99 KiB "
-                  "per block");
+    static_assert(kWide || Tiers::kSmemBytes[Tiers::kCount - 1] <= kMinSmemPerBlock,
+                  "the backward kernel of every head dims up to 256 has a configuration within sm_86's and sm_89's "
+                  "99 KiB per block");
 };
 
 }  // namespace flashcore

@@ -1031,7 +1031,7 @@ mod tests {
         type Edit = fn(BackwardParamsBuilder<'_>) -> BackwardParamsBuilder<'_>;
         let cases: [(&str, Edit, Status); 16] = [
             ("head_dim 100, not a multiple of 8", |b| b.head_dim(100), Status::Unsupported),
-            ("head_dim 264, wider than every kernel", |b| b.head_dim(264), Status::Unsupported),
+            ("head_dim 520, wider than every kernel", |b| b.head_dim(520), Status::Unsupported),
             ("12 q heads on 5 kv heads", |b| b.num_heads_q(12).num_heads_kv(5), Status::InvalidArgument),
             ("negative batch_size", |b| b.batch_size(-2), Status::InvalidArgument),
             ("negative seqlen_q", |b| b.seqlen_q(-3), Status::InvalidArgument),
