@@ -27,7 +27,12 @@ without a mask; with the causal mask (aligned bottom-right, as in flashcore.h
 and FlashAttention >= 2.1) the pairs actually visible, S(S+1)/2 when Sq == Sk.
 Decode cases (a decode preset, or seqlen_q <= 16) are judged on DRAM bandwidth:
 they also report the K/V bytes read per second, B*Hkv*Sk*(D + Dv)*2 / time, in
-TB/s instead of TFLOP/s.
+TB/s instead of TFLOP/s, and flashcore's fraction of the copy bandwidth
+measured in the same run (fc/copy; a 1 GiB copy by an elementwise kernel timed
+the same way, bytes read plus written per second). Issue 64's cache-length twin,
+flashcore-seqlens (attention_with_kvcache with cache_seqlens, every count Sk,
+on the same tensors), and flashcore-fp8kv join the default backends when only
+decode presets are selected; seqlens = its time over the dense call's.
 
 Causal with Sq != Sk: PyTorch's is_causal aligns the mask top-left, so those
 cases call the flash kernel directly with a bottom-right mask
@@ -240,6 +245,9 @@ PRESETS = [
     Preset("decode-b1-8k-mha", 1, 32, 1, 128, 128, heads_kv=32, seqlen_k=8192, kind="decode"),
     Preset("decode-b4-16k-gqa4", 4, 32, 1, 128, 128, heads_kv=8, seqlen_k=16384, kind="decode"),
     Preset("decode-b4-16k-gqa8", 4, 64, 1, 128, 128, heads_kv=8, seqlen_k=16384, kind="decode"),
+    # Issue 64's: head dim 64 (16 query heads over 2 K/V heads), and batch 64 with 32 query heads over 4.
+    Preset("decode-b16-4k-d64", 16, 16, 1, 64, 64, heads_kv=2, seqlen_k=4096, kind="decode"),
+    Preset("decode-b64-1k-gqa8", 64, 32, 1, 128, 128, heads_kv=4, seqlen_k=1024, kind="decode"),
     # Chunked prefill: a chunk of new queries against the keys cached so far plus its own (bottom-right causal).
     Preset("chunk-256-2k", 1, 32, 256, 128, 128, heads_kv=8, seqlen_k=2048, kind="chunk"),
     Preset("chunk-512-4k", 1, 32, 512, 128, 128, heads_kv=8, seqlen_k=4096, kind="chunk"),
@@ -368,6 +376,20 @@ NOSINKS_BACKEND, CAUSAL_BACKEND = OVERHEAD_BACKENDS = ("flashcore-nosinks", "fla
 SINKS_COST_TARGET = 0.03
 CHUNK_PER_KEY_TARGET = 1.1
 FORWARD_BACKENDS += (FA4_BACKEND, EAGER_BACKEND) + OVERHEAD_BACKENDS
+# Issue 64's twin: a decode case's cache-length form, flashcore.attention_with_kvcache with cache_seqlens (every
+# sequence's count Sk, an int32 [B] made once) on the same tensors as [B, S, H, D] views, beside the dense call.
+# seqlens/dense = its time over flashcore's, target at most SEQLENS_TARGET. Never anyone's peer.
+SEQLENS_BACKEND = "flashcore-seqlens"
+SEQLENS_TARGET = 1.02
+FORWARD_BACKENDS += (SEQLENS_BACKEND,)
+# The default --backends when every selected preset is a decode step (issue 64's serving presets): the dense
+# call's peers, the cache-length form and the e4m3 cache beside flashcore's.
+DECODE_BACKENDS = ALL_BACKENDS + (SEQLENS_BACKEND, FP8_KV_BACKEND)
+# Decode cases are judged against the copy bandwidth measured in the same run (issue 64): a copy of COPY_BYTES into
+# another buffer (both far past the L2) by an elementwise kernel (torch.neg on bf16: 16-byte vectors; the
+# runtime's device-to-device memcpy reached only 2.7 TB/s on an H200, against 4.27 for this and 4.38 for a read
+# alone), timed as the kernels are, its bytes read and written per second.
+COPY_BYTES = 1 << 30
 # The default --backends with only MLA presets: flashcore and FA3's qv path, in bf16 and in e4m3 (flashcore on the
 # cache cast to e4m3, q bf16; FA3 on q, qv and the cache cast to e4m3, the only fp8 form it has).
 MLA_BACKENDS = ("flashcore", FP8_KV_BACKEND, "fa3", FP8_FA3_BACKEND)
@@ -376,7 +398,7 @@ MLA_BACKENDS = ("flashcore", FP8_KV_BACKEND, "fa3", FP8_FA3_BACKEND)
 DEFAULT_BACKWARD_BACKENDS = ("flashcore", "flashcore-det", "fa3") + SDPA_BACKENDS
 BACKWARD_BACKENDS = DEFAULT_BACKWARD_BACKENDS + (FA4_BACKEND,) + OVERHEAD_BACKENDS
 # flashcore's own variants: never another backend's peer, and their failures and bad outputs are flashcore's.
-OWN_BACKENDS = ("flashcore", "flashcore-det", FP8_FC_BACKEND) + OVERHEAD_BACKENDS
+OWN_BACKENDS = ("flashcore", "flashcore-det", FP8_FC_BACKEND, SEQLENS_BACKEND) + OVERHEAD_BACKENDS
 # The backward pass's flops, by the convention of FlashAttention's benchmarks (and issue 34's anchors):
 # 2.5 times the forward's (five matrix products of the forward's size to its two).
 BACKWARD_FLOPS_PER_FORWARD_FLOP = 2.5
@@ -690,8 +712,11 @@ def parse_args(argv):
     args.preset_names = names if (args.preset or not args.serving) else []
     known = BACKWARD_BACKENDS if args.gradients else FORWARD_BACKENDS
     models = [pr for pr in PRESETS if pr.name in args.preset_names and pr.model]
+    decode_only = all(pr.kind == "decode" and not pr.model for pr in PRESETS if pr.name in args.preset_names)
     if models and len(models) == len(set(args.preset_names)):
         default = model_backends(models, args.mode)
+    elif decode_only and args.preset_names and not args.gradients:
+        default = DECODE_BACKENDS
     else:
         default = DEFAULT_BACKWARD_BACKENDS if args.gradients else FP8_BACKENDS if fp8_defaults else ALL_BACKENDS
     args.backend_list = split_choices(p, "--backends", args.backends or ",".join(default), known)
@@ -996,6 +1021,31 @@ def flashcore_mla_call(fc, c, kwargs):
     return call, (f"flashcore.attention_with_kvcache(block_table=[B, Sk/{MLA_PAGE_SIZE}]{shown}): paged, pages of "
                   f"{MLA_PAGE_SIZE} keys, the cache's own storage as the pool with each sequence's pages in order, "
                   f"{view}; the whole cache, no cache_seqlens")
+
+
+def flashcore_seqlens_backend(fc, c, num_splits=None):
+    """fn(q, k, v): a decode case's cache-length form (issue 64), flashcore.attention_with_kvcache on the case's
+    tensors as [B, S, H, D] views with cache_seqlens an int32 [B] of Sk each, made here, outside the timed calls:
+    the same work as the dense call, told each sequence's count."""
+    if not c.decode:
+        raise NotApplicable(f"{SEQLENS_BACKEND}: decode cases only (a cache-length call)")
+    if c.features or getattr(c, "mla", False):
+        raise NotApplicable(f"{SEQLENS_BACKEND}: not wired for windows, chunks, sinks or MLA")
+    if not hasattr(fc, "attention_with_kvcache"):
+        raise Unsupported(f"{SEQLENS_BACKEND}: the binding has no attention_with_kvcache")
+    seqlens = torch.full((c.batch,), c.seqlen_k, dtype=torch.int32, device="cuda")
+    kwargs = {} if num_splits is None else {"num_splits": num_splits}
+
+    def bshd(t):
+        return t if c.layout == "bshd" else t.transpose(1, 2)
+
+    def run(q, k, v):
+        return to_bhsd(fc.attention_with_kvcache(bshd(q), bshd(k), bshd(v), seqlens, causal=c.causal, **kwargs),
+                       "bshd")
+    run.how = (f"flashcore.attention_with_kvcache(cache_seqlens=int32 [B] of {c.seqlen_k}"
+               + (f", num_splits={num_splits}" if num_splits is not None else "") + ") on [B, S, H, D] views"
+               + (" (of the bhsd tensors)" if c.layout != "bshd" else ""))
+    return run
 
 
 def flashcore_fp8_kv_backend(fc, c):
@@ -1513,6 +1563,20 @@ def measure(call, nsets, budget_ms, max_graph_calls):
     return statistics.median(per_call_us), calls, replays
 
 
+def copy_bandwidth(args):
+    """TB/s of a copy of COPY_BYTES by an elementwise kernel (bytes read plus bytes written, per second), timed as
+    the kernels are (measure): the ceiling decode cases are judged against, measured in the same run (less memory
+    where the GPU has less free)."""
+    free, _ = torch.cuda.mem_get_info()
+    nbytes = min(COPY_BYTES, free // 4) // 2 * 2
+    src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    us, _, _ = measure(lambda i: torch.neg(src, out=dst), 1, args.budget_ms, args.graph_calls)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (us * 1e6)
+
+
 def buffer_sets(c, args, set_factor=1, read_bytes=None):
     """Buffer sets to rotate over: enough to exceed twice the L2 (each call
     touching read_bytes of its set, by default all of it), as many as half
@@ -1649,6 +1713,10 @@ def run_case(c, backends, fc, args, fa3=None, fa4=None):
                                        None if name == "flashcore" else name)
             elif name == FA4_BACKEND:
                 fn = fa4_backend(fa4, c, sinks)
+            elif name == SEQLENS_BACKEND:
+                if fc is None:
+                    raise Unsupported("flashcore package not loaded")
+                fn = flashcore_seqlens_backend(fc, c, getattr(args, "fc_num_splits", None))
             elif name == EAGER_BACKEND:
                 fn = eager_backend(c, sinks, masks)
             elif name == FP8_KV_BACKEND:
@@ -2023,6 +2091,11 @@ def summarize(result):
         others.pop(name, None)
     overheads(result)
     fp8_tflops = others.pop(FP8_KV_BACKEND, None)  # nor flashcore on a quantized cache
+    seqlens_tflops = others.pop(SEQLENS_BACKEND, None)  # nor its cache-length form (issue 64)
+    if SEQLENS_BACKEND in result["backends"]:
+        ratio = fc_tflops / seqlens_tflops if fc_tflops and seqlens_tflops else None
+        result["seqlens_ratio"] = ratio  # its time over the dense call's
+        result["seqlens_target_met"] = None if ratio is None else bool(ratio <= SEQLENS_TARGET)
     # Time on the e4m3 cache over time on the 16-bit one (issue 36: at most 0.55 for decode).
     result["fp8kv_time_ratio"] = fc_tflops / fp8_tflops if fc_tflops and fp8_tflops else None
     # The fp8 prefill backends are judged against each other only (issue 36), never as the 16-bit ones' peers.
@@ -2053,27 +2126,34 @@ def fmt_cell(entry, width, decode):
     return f"{entry['us']:9.1f} {rate}".rjust(width)
 
 
-# Issue 61's overhead columns: (backend, title, the target under it), shown where that backend is asked for.
-OVERHEAD_COLUMNS = ((NOSINKS_BACKEND, "sinks cost", f"<=+{100 * SINKS_COST_TARGET:g}%"),
-                    (CAUSAL_BACKEND, "chunk/key", f"<={CHUNK_PER_KEY_TARGET:g}x"))
+# The twins' overhead columns, shown where that backend is asked for: (backend, title, the target under it, the
+# result's value and target-met keys, the value's format). Issue 61's sinks cost and chunk/key, issue 64's
+# seqlens/dense.
+OVERHEAD_COLUMNS = (
+    (NOSINKS_BACKEND, "sinks cost", f"<=+{100 * SINKS_COST_TARGET:g}%", "sinks_cost", "sinks_cost_target_met",
+     lambda x: f"{100 * x:+.1f}%"),
+    (CAUSAL_BACKEND, "chunk/key", f"<={CHUNK_PER_KEY_TARGET:g}x", "chunk_per_key", "chunk_target_met",
+     lambda x: f"{x:.3f}x"),
+    (SEQLENS_BACKEND, "seqlens", f"<={SEQLENS_TARGET:g}x", "seqlens_ratio", "seqlens_target_met",
+     lambda x: f"{x:.3f}x"),
+)
 
 
 def overhead_header(backends):
     """The overhead columns' two header parts (names, targets) for the backends asked for."""
-    columns = [(title, target) for name, title, target in OVERHEAD_COLUMNS if name in backends]
+    columns = [(title, target) for name, title, target, *_ in OVERHEAD_COLUMNS if name in backends]
     return ("".join(f"{title:>10} | " for title, _ in columns), "".join(f"{target:>10} | " for _, target in columns))
 
 
 def overhead_cells(r, backends):
-    """A row's overhead columns: sinks cost (+x.x%) and chunk/key (x.xxx x), '!' past the target, n/a without
-    both times."""
+    """A row's overhead columns: sinks cost (+x.x%), chunk/key and seqlens (x.xxx x), '!' past the target, n/a
+    without both times."""
     cells = ""
-    for name, _, _ in OVERHEAD_COLUMNS:
+    for name, _, _, value_key, met_key, show in OVERHEAD_COLUMNS:
         if name not in backends:
             continue
-        value, met = ((r.get("sinks_cost"), r.get("sinks_cost_target_met")) if name == NOSINKS_BACKEND
-                      else (r.get("chunk_per_key"), r.get("chunk_target_met")))
-        text = "n/a" if value is None else (f"{100 * value:+.1f}%" if name == NOSINKS_BACKEND else f"{value:.3f}x")
+        value, met = r.get(value_key), r.get(met_key)
+        text = "n/a" if value is None else show(value)
         cells += f"{text + ('' if value is None or met else ' !'):>10} | "
     return cells
 
@@ -2094,9 +2174,11 @@ def print_header(backends, label_width, cell, decode=False, backward=False, fp8=
         return
     fp8_names = f"{'fp8 fc/fa3':>10} | {'target':>6} | {'fc8 diff':>9} | " if fp8 else ""
     fp8_units = f"{'':>10} | {f'>={FP8_TARGET:g}':>6} | {'vs ref':>9} | " if fp8 else ""
-    print(f"{'case':<{label_width}} | {names} | {'fc/best':>8} | {'fc/peer':>12} | {fp8_names}{over_names}"
-          f"{'maxdiff':>9} | ref")
-    print(f"{'':<{label_width}} | {units} | {'':>8} | {'(best peer)':>12} | {fp8_units}{over_units}{'vs ref':>9} |")
+    copy_name, copy_unit = (f"{'fc/copy':>8} | ", f"{'':>8} | ") if decode else ("", "")
+    print(f"{'case':<{label_width}} | {names} | {'fc/best':>8} | {'fc/peer':>12} | {copy_name}{fp8_names}"
+          f"{over_names}{'maxdiff':>9} | ref")
+    print(f"{'':<{label_width}} | {units} | {'':>8} | {'(best peer)':>12} | {copy_unit}{fp8_units}{over_units}"
+          f"{'vs ref':>9} |")
 
 
 def fp8_cells(r):
@@ -2123,7 +2205,11 @@ def print_row(r, backends, label_width, cell, backward=False, fp8=False):
         cost = r.get("deterministic_cost")
         det = (f"{100 * cost:+7.1f}%" if cost is not None else "n/a".rjust(8)) + " | "
     fp8_part = fp8_cells(r) if fp8 else ""
-    print(f"{r['label']:<{label_width}} | {cells} | {ratio:>8} | {peer:>12} | {det}{fp8_part}"
+    copy_part = ""
+    if r["decode"] and not backward:
+        fraction = r.get("fc_copy_fraction")
+        copy_part = f"{'n/a' if fraction is None else f'{100 * fraction:.0f}%':>8} | "
+    print(f"{r['label']:<{label_width}} | {cells} | {ratio:>8} | {peer:>12} | {det}{copy_part}{fp8_part}"
           f"{overhead_cells(r, backends)}{check:>9} | {r['reference'] or '-'}", flush=True)
 
 
@@ -2154,15 +2240,17 @@ def print_notes(results, backends, backward=False):
               + (f"; lowest {worst['fp8_ratio']:.3f}x: {worst['label']}" if worst else "")
               + (f"; {len(fp8_rows) - len(judged)} case(s) without both" if len(judged) < len(fp8_rows) else ""))
     for key, met_key, name, target, show in (
-            ("sinks_cost", "sinks_cost_target_met", NOSINKS_BACKEND, f"flashcore's time / {NOSINKS_BACKEND}'s - 1 "
-             f"<= +{100 * SINKS_COST_TARGET:g}%", lambda x: f"{100 * x:+.1f}%"),
-            ("chunk_per_key", "chunk_target_met", CAUSAL_BACKEND, "chunked attention's time per visited key / plain "
-             f"causal's ({CAUSAL_BACKEND}) <= {CHUNK_PER_KEY_TARGET:g}", lambda x: f"{x:.3f}x")):
+            ("sinks_cost", "sinks_cost_target_met", NOSINKS_BACKEND, f"issue 61 target (flashcore's time / "
+             f"{NOSINKS_BACKEND}'s - 1 <= +{100 * SINKS_COST_TARGET:g}%)", lambda x: f"{100 * x:+.1f}%"),
+            ("chunk_per_key", "chunk_target_met", CAUSAL_BACKEND, "issue 61 target (chunked attention's time per "
+             f"visited key / plain causal's ({CAUSAL_BACKEND}) <= {CHUNK_PER_KEY_TARGET:g})", lambda x: f"{x:.3f}x"),
+            ("seqlens_ratio", "seqlens_target_met", SEQLENS_BACKEND, "issue 64 target (the cache-length form's time "
+             f"/ the dense call's ({SEQLENS_BACKEND}) <= {SEQLENS_TARGET:g})", lambda x: f"{x:.3f}x")):
         rows = [r for r in results if key in r]
         judged = [r for r in rows if r[key] is not None]
         if name in backends and judged:
             worst = max(judged, key=lambda r: r[key])
-            print(f"  issue 61 target ({target}): met in {sum(bool(r[met_key]) for r in judged)} of {len(judged)} "
+            print(f"  {target}: met in {sum(bool(r[met_key]) for r in judged)} of {len(judged)} "
                   f"case(s); highest {show(worst[key])}: {worst['label']}")
     for r in results:
         for n in backends:
@@ -2443,6 +2531,11 @@ def main(argv=None):
                   "'!' past a target")
     if any(c.mla for c in cases):
         print(mla_note(backends))
+    copy_tbps = None
+    if not args.gradients and any(c.decode for c in cases):
+        copy_tbps = copy_bandwidth(args)
+        print(f"copy bandwidth, measured now: {copy_tbps:.2f} TB/s (a {COPY_BYTES >> 20} MiB copy by an elementwise "
+              "kernel, bytes read + written per second); fc/copy: flashcore's K/V TB/s over it")
     label_width = max([len(c.label) for c in cases] or [0])
     cell = 16
     results = []
@@ -2457,10 +2550,18 @@ def main(argv=None):
                     print()
                 print_header(backends, label_width, cell, c.decode, fp8=fp8)
             r = run_case(c, backends, fc, args, fa3, fa4)
+            if c.decode and copy_tbps:
+                r["copy_tbps"] = copy_tbps
+                for entry in r["backends"].values():
+                    entry["copy_fraction"] = entry["tbps"] / copy_tbps if entry.get("tbps") else None
+                r["fc_copy_fraction"] = r["backends"].get("flashcore", {}).get("copy_fraction")
         r["label"] = c.label
         results.append(r)
         print_row(r, backends, label_width, cell, args.gradients, fp8)
     print_notes(results, backends, args.gradients)
+    if copy_tbps:
+        print(f"copy bandwidth at the end: {copy_bandwidth(args):.2f} TB/s (at the start: {copy_tbps:.2f}; "
+              "fc/copy uses the start's)")
     serving = []
     if args.serving_kinds:
         from serving_cases import run_serving

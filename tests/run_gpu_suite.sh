@@ -34,6 +34,7 @@ configs=(
   "keysplit|test_forward|Shapes/*-Shapes/ForwardFp8Test.*|FLASHCORE_FWD_VARIANT=keysplit"
   "keysplit4|test_forward|Shapes/*-Shapes/ForwardFp8Test.*|FLASHCORE_FWD_VARIANT=keysplit4"
   "decode|test_forward|Shapes/*-Shapes/ForwardFp8Test.*|FLASHCORE_FWD_VARIANT=decode"
+  "decodepair|test_forward|Shapes/*-Shapes/ForwardFp8Test.*|FLASHCORE_FWD_VARIANT=decodepair"
   "wide|test_forward|Shapes/*d576x512*:Shapes/*_d512_*:Shapes/*_d320_*|FLASHCORE_FWD_VARIANT=wide"
   "widedecode|test_forward|Shapes/*d576x512*:Shapes/*_d512_*:Shapes/*_d320_*|FLASHCORE_FWD_VARIANT=widedecode"
   "split|test_split|*|"

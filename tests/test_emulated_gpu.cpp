@@ -558,6 +558,58 @@ TEST(EmulatedGpu, WideHeadDimsPlanTheWgmmaTileOnHopper) {
     }
 }
 
+// Decode grids past a wave of the decode tile's CTAs (one an SM) that do
+// not split run on its paired twin (two an SM) where the build has it (head
+// dims 64 and 128), the dense call and its cache-length and paged forms
+// alike; a grid within a wave keeps the decode tile (and splits), as does a
+// grid that splits by its sequences' lengths (cache lengths of up to 16k
+// keys: parts of 4096, here 2 for the CTA cap of 8 waves) and one whose tile
+// is pinned. An A100, where the
+// decode tile does not fit at head dim 128, plans as before.
+TEST(EmulatedGpu, DecodeGridsPastAWavePlanThePairedTile) {
+    const auto pairs = supported_pairs();
+    if (std::find(pairs.begin(), pairs.end(), std::pair<int32_t, int32_t>{128, 128}) == pairs.end()) {
+        GTEST_SKIP() << "this build has no kernels at head dim 128";
+    }
+    const ForwardForm full{"decode_b64", 64, 1, 1024, 32, 8};          // 512 packed blocks
+    const ForwardForm one_wave{"decode_b16", 16, 1, 4096, 32, 8};      // 128 packed blocks
+    ForwardForm cache_lengths = full;
+    cache_lengths.seqused_k = true;
+    ForwardForm paged = full;
+    paged.page_size = 64;
+    size_t bytes = 0;
+    EmulatedHandle h("h100");
+    for (const ForwardForm &f : {full, cache_lengths, paged}) {
+        SCOPED_TRACE(f.name);
+        EXPECT_TRUE(planned_on(forward_on(h.handle, forward_params(f, 128, 128, FLASHCORE_DTYPE_BF16), &bytes),
+                               "h100", "portable decodepair kernel"));
+    }
+    EXPECT_TRUE(planned_on(forward_on(h.handle, forward_params(one_wave, 128, 128, FLASHCORE_DTYPE_BF16), &bytes),
+                           "h100", "portable decode kernel"));
+    ForwardForm long_lengths{"decode_b64_16k", 64, 1, 16384, 32, 8};
+    long_lengths.seqused_k = true;
+    EXPECT_TRUE(planned_on(forward_on(h.handle, forward_params(long_lengths, 128, 128, FLASHCORE_DTYPE_BF16), &bytes),
+                           "h100", "portable decode kernel"));
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("2 split(s)"), std::string::npos)
+        << flashcore_last_error_message();
+    // An e4m3 cache has the decode tile only.
+    ForwardForm fp8 = full;
+    fp8.fp8_kv = true;
+    EXPECT_TRUE(planned_on(forward_on(h.handle, forward_params(fp8, 128, 128, FLASHCORE_DTYPE_BF16), &bytes), "h100",
+                           "portable decode kernel"));
+    {
+        ScopedEnv env({{"FLASHCORE_FWD_VARIANT", "decode"}});
+        EmulatedHandle pinned("h100");
+        EXPECT_TRUE(planned_on(forward_on(pinned.handle, forward_params(full, 128, 128, FLASHCORE_DTYPE_BF16), &bytes),
+                               "h100", "portable decode kernel"));
+    }
+    EmulatedHandle a100("a100");
+    const flashcore_status status = forward_on(a100.handle, forward_params(full, 128, 128, FLASHCORE_DTYPE_BF16), &bytes);
+    EXPECT_TRUE(planned(status, "a100"));
+    EXPECT_EQ(std::string(flashcore_last_error_message()).find("decodepair"), std::string::npos)
+        << flashcore_last_error_message();
+}
+
 // FLASHCORE_FWD_VARIANT and FLASHCORE_BWD_VARIANT take the same path names,
 // portable and hopper (the forward's old name for hopper, sm90, until 0.9),
 // and hopper is refused where the sm_90a kernels cannot run.

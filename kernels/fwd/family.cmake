@@ -21,10 +21,13 @@ flashcore_read_tiles(fwd ${CMAKE_CURRENT_LIST_DIR}/tiles.def FLASHCORE_FWD_TILE)
 # - a 16-bit sm80 line's dtype and head dims have a large line, or past
 #   head dim 256 a widedecode line: those tiles fit the 99 KB of shared
 #   memory sm_86 and sm_89 give a block at their head dims (sm80/config.cuh,
-#   kMinSmemPerBlock), so ragged calls there run on them.
+#   kMinSmemPerBlock), so ragged calls there run on them;
+# - a decodepair line has a decode line of the same dtypes and head dims:
+#   the dispatcher takes it in place of that tile's grids past a wave.
 function(flashcore_fwd_check_kernels kernels)
   set(sm80_kernels)
   set(sm80_large_kernels)
+  set(sm80_decode_kernels)
   foreach(kernel IN LISTS kernels)
     string(REPLACE "|" ";" f "${kernel}")
     list(GET f 0 path)
@@ -53,6 +56,9 @@ function(flashcore_fwd_check_kernels kernels)
       if(tile STREQUAL "large" OR tile STREQUAL "widedecode")
         list(APPEND sm80_large_kernels "${in}/${head_dim}/${head_dim_v}")
       endif()
+      if(tile STREQUAL "decode")
+        list(APPEND sm80_decode_kernels "${in}/${head_dim}/${head_dim_v}")
+      endif()
     endif()
   endforeach()
   foreach(kernel IN LISTS kernels)
@@ -61,6 +67,11 @@ function(flashcore_fwd_check_kernels kernels)
     list(GET f 1 in)
     list(GET f 4 head_dim)
     list(GET f 5 head_dim_v)
+    list(GET f 6 tile)
+    if(tile STREQUAL "decodepair" AND NOT "${in}/${head_dim}/${head_dim_v}" IN_LIST sm80_decode_kernels)
+      message(FATAL_ERROR "kernels.list: fwd sm80 ${in} ${head_dim} ${head_dim_v} decodepair has no decode line with "
+                          "the same dtype and head dims")
+    endif()
     if(path STREQUAL "sm90" AND in MATCHES "^(fp16|bf16)$" AND NOT "${in}/${head_dim}/${head_dim_v}" IN_LIST sm80_kernels)
       message(FATAL_ERROR "kernels.list: fwd sm90 ${in} ${head_dim} ${head_dim_v} has no sm80 line with the same "
                           "dtype and head dims")

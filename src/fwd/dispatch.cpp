@@ -215,8 +215,9 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
     };
     // Decode: a (packed) query block of at most the decode tile's rows. Its
     // time is the K/V read, which the decode tiles keep most bytes in flight
-    // for; larger tiles would compute rows that are not there. Likewise the
-    // smallest key-split tile that holds all the rows.
+    // for; larger tiles would compute rows that are not there (plan_sm80
+    // may take the decode tile's paired twin). Likewise the smallest
+    // key-split tile that holds all the rows.
     if (fits_tile(decode)) {
         *chosen = decode;
     } else if (fits_tile(key_split4) || fits_one_wave(key_split4)) {
@@ -322,7 +323,8 @@ flashcore_status plan_fp8(const flashcore_handle_s &handle, const flashcore_forw
 // The splits of a decode call over sequences of their own key counts
 // (kRaggedDecodePartKeys above), or 1 for other calls.
 int ragged_decode_splits(const flashcore_forward_params &p, const FwdKernel &kernel, int64_t blocks, int64_t slots) {
-    if (kernel.tile != FwdVariant::kDecode || (p.seqused_k == nullptr && p.cu_seqlens_k == nullptr)) return 1;
+    const bool decode_tile = kernel.tile == FwdVariant::kDecode || kernel.tile == FwdVariant::kDecodePair;
+    if (!decode_tile || (p.seqused_k == nullptr && p.cu_seqlens_k == nullptr)) return 1;
     const int64_t keys = key_steps(p, kernel) * kernel.info().keys_per_step;
     int64_t splits = (keys + kRaggedDecodePartKeys - 1) / kRaggedDecodePartKeys;
     splits = std::min<int64_t>(splits, std::max<int64_t>(1, kRaggedDecodeMaxWaves * slots / std::max<int64_t>(blocks, 1)));
@@ -347,6 +349,20 @@ flashcore_status plan_sm80(const flashcore_handle_s &handle, const flashcore_for
         if (ragged > splits) {
             splits = ragged;
             split_min_keys = kRaggedDecodeMinPartKeys;
+        }
+    }
+    // A decode grid that does not split and takes more than a wave of the
+    // decode tile's CTAs runs on its paired twin where the build has it (and
+    // the tile was not pinned): two CTAs an SM, each streaming while the
+    // other fills or drains its rings (fwd/sm80/config.cuh, kDecodePair).
+    // Split grids keep the deeper rings, which are faster there.
+    if (kernel->tile == FwdVariant::kDecode && splits == 1 && blocks > slots &&
+        handle.env.settings(Family::fwd).pinned_tile == FamilySettings::kNoPinnedTile) {
+        const FwdKernel *paired =
+            fwd_kernels().find(KernelPath::kSm80, kernel->input, kernel->kv, kernel->dims, FwdVariant::kDecodePair);
+        if (paired != nullptr && paired->info().smem_bytes <= handle.max_smem_per_block &&
+            (!is_ragged(p) || paired->info().serves_ragged)) {
+            kernel = paired;
         }
     }
     *plan = ForwardPlan{kernel, splits, packed_heads};

@@ -18,7 +18,7 @@ constexpr const char *kOldHopperPath = "sm90";
 // FLASHCORE_FWD_VARIANT chooses the forward kernel for every call of the
 // handle (unset or empty: per call, the sm_90a kernel where it runs):
 //   portable        the portable kernel, tile variant chosen per call;
-//   large|keysplit|keysplit4|decode|wide|widedecode  the portable kernel with that tile variant
+//   large|keysplit|keysplit4|decode|decodepair|wide|widedecode  the portable kernel with that tile variant
 //                   (the pinnable tiles of kernels/fwd/tiles.def);
 //   hopper (sm90)   the sm_90a kernel; an error where it cannot run.
 flashcore_status read_fwd_settings(const flashcore_handle_s &h, FamilySettings *settings) {

@@ -111,10 +111,11 @@ constexpr int kDecodeBlockM = 16;
 
 constexpr int min_int(int a, int b) { return a < b ? a : b; }
 
-// Keys per decode tile: kDecodeSlotBytes of K and V rows of element_bytes
+// Keys per decode tile: kSlotBytes of K and V rows of element_bytes
 // elements, a multiple of 16 (the P*V k-step), from 16 to 64.
+template <int kSlotBytes = kDecodeSlotBytes>
 constexpr int decode_block_n(int head_dim, int head_dim_v, int element_bytes) {
-    const int keys = kDecodeSlotBytes / ((head_dim + head_dim_v) * element_bytes) / kMmaK * kMmaK;
+    const int keys = kSlotBytes / ((head_dim + head_dim_v) * element_bytes) / kMmaK * kMmaK;
     return keys < kMmaK ? kMmaK : (keys > 64 ? 64 : keys);
 }
 
@@ -147,6 +148,31 @@ struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kDecode>
     static_assert(!kQuantizedKV || Traits::kSmemBytes <= kMinSmemPerBlock,
                   "the decode tiles are the only kernels on a quantized cache: they must fit the 99 KB of shared "
                   "memory sm_86 and sm_89 give a block (kMinSmemPerBlock)");
+};
+
+// kDecodePair: the decode tiles with slots of half the bytes (at head dim
+// 128, 16 keys), so that a CTA takes 100 KB and two share an SM: as many
+// bytes in flight per SM, in two CTAs, one streaming while the other fills
+// or drains its rings. Where a decode grid takes more than a wave of the
+// decode tile's CTAs, and so does not split, that is 6-9% faster (H200,
+// B64 over 1k keys at GQA 32/8 and 32/4: 71.3 -> 66.8 us, 38.7 -> 35.7);
+// where it splits into one wave, the deeper rings are 1-5% faster
+// (docs/log/perf.md, 2026-11-30). 16-bit K/V only.
+// An H100's or H200's shared memory per SM, and what the system reserves of
+// it per CTA.
+constexpr size_t kSm90SmemPerSm = 228 * 1024;
+constexpr size_t kSmemReservedPerCta = 1024;
+
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV>
+struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kDecodePair> {
+    static_assert(kKV == kInput, "the paired decode tiles read 16-bit K/V (fwd/family.cmake)");
+    static constexpr int kSlotBytes = kDecodeSlotBytes / 2;
+    using Traits = FwdTraits<ElementType<kInput>, ElementType<kKV>, ElementType<kOutput>, kHeadDim, kHeadDimV,
+                             kDecodeBlockM, decode_block_n<kSlotBytes>(kHeadDim, kHeadDimV, int(dtype_bytes(kInput))),
+                             1, kDecodeKeySplits, kDecodeStages, 255, kHeadDim <= 128>;
+    using RaggedTraits = Traits;
+    static_assert(2 * (Traits::kSmemBytes + kSmemReservedPerCta) <= kSm90SmemPerSm,
+                  "two paired decode CTAs share an sm_90 SM's shared memory");
 };
 
 // The wide kernel (WideTraits, traits.cuh), for head dims past 256: every

@@ -12,7 +12,8 @@
 namespace flashcore {
 
 // The variants also compiled for ragged batches (packed or paged tensors,
-// FwdKernelParams::ragged): the decode tiles, for paged decode; the two-way
+// FwdKernelParams::ragged): the decode tiles (both), for paged decode and
+// cache lengths (the dense call's tile for the same shape); the two-way
 // key split, for small grids; and the large tiles, for grids that fill the
 // GPU and wherever nothing else fits: they are the one variant within
 // kMinSmemPerBlock at every head dim (config.cuh; from head dim 96 on sm_86
@@ -22,7 +23,8 @@ namespace flashcore {
 // four-way split has none, for the library's size. The wide tiles are the
 // only kernels at their head dims, and serve both.
 template <FwdVariant kVariant>
-constexpr bool kServesRagged = kVariant == FwdVariant::kDecode || kVariant == FwdVariant::kKeySplit ||
+constexpr bool kServesRagged = kVariant == FwdVariant::kDecode || kVariant == FwdVariant::kDecodePair ||
+                               kVariant == FwdVariant::kKeySplit ||
                                kVariant == FwdVariant::kLargeTiles || kVariant == FwdVariant::kWide ||
                                kVariant == FwdVariant::kWideDecode;
 
