@@ -561,11 +561,13 @@ TEST(EmulatedGpu, WideHeadDimsPlanTheWgmmaTileOnHopper) {
 // Decode grids past a wave of the decode tile's CTAs (one an SM) that do
 // not split run on its paired twin (two an SM) where the build has it (head
 // dims 64 and 128), the dense call and its cache-length and paged forms
-// alike; a grid within a wave keeps the decode tile (and splits), as does a
-// grid that splits by its sequences' lengths (cache lengths of up to 16k
-// keys: parts of 4096, here 2 for the CTA cap of 8 waves) and one whose tile
-// is pinned. An A100, where the
-// decode tile does not fit at head dim 128, plans as before.
+// alike; so do grids whose CTAs fill fewer than half the SMs where the twin
+// (tiles of half the keys) splits them into more. A grid within a wave
+// keeps the decode tile (and splits), as do a grid that splits by its
+// sequences' lengths (cache lengths of up to 16k keys: parts of 4096, here
+// 2 for the CTA cap of 8 waves), a small grid the twin would not split
+// further, and a pinned tile. An A100, where the decode tile does not fit
+// at head dim 128, plans as before.
 TEST(EmulatedGpu, DecodeGridsPastAWavePlanThePairedTile) {
     const auto pairs = supported_pairs();
     if (std::find(pairs.begin(), pairs.end(), std::pair<int32_t, int32_t>{128, 128}) == pairs.end()) {
@@ -592,6 +594,17 @@ TEST(EmulatedGpu, DecodeGridsPastAWavePlanThePairedTile) {
                            "h100", "portable decode kernel"));
     EXPECT_NE(std::string(flashcore_last_error_message()).find("2 split(s)"), std::string::npos)
         << flashcore_last_error_message();
+    // 8 packed blocks over 2048 keys: the decode tile's 16 steps of 128 keys
+    // split 2 ways (16 CTAs), the twin's 32 steps of 64 keys 4 ways.
+    const ForwardForm small{"decode_b1_2k", 1, 1, 2048, 32, 8};
+    EXPECT_TRUE(planned_on(forward_on(h.handle, forward_params(small, 128, 128, FLASHCORE_DTYPE_BF16), &bytes), "h100",
+                           "portable decodepair kernel"));
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("4 split(s)"), std::string::npos)
+        << flashcore_last_error_message();
+    // 32 packed blocks over 1024 keys at head dim 64: unsplit on either.
+    const ForwardForm small_d64{"decode_d64_1k", 16, 1, 1024, 16, 2};
+    EXPECT_TRUE(planned_on(forward_on(h.handle, forward_params(small_d64, 64, 64, FLASHCORE_DTYPE_BF16), &bytes), "h100",
+                           "portable decode kernel"));
     // An e4m3 cache has the decode tile only.
     ForwardForm fp8 = full;
     fp8.fp8_kv = true;

@@ -339,30 +339,45 @@ flashcore_status plan_sm80(const flashcore_handle_s &handle, const flashcore_for
     const FwdKernel *kernel = nullptr;
     const flashcore_status status = choose_sm80(handle, p, dtype, dims, packed_heads, &kernel);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
-    const int64_t blocks = num_blocks(p, *kernel, packed_heads);
-    const int64_t slots = cta_slots(handle, *kernel);
-    int splits = p.num_splits;
+    // A kernel's splits: the caller's num_splits, else heuristic_splits, or
+    // ragged_decode_splits where that is more (then with its parts' least
+    // keys).
+    const auto plan_splits = [&](const FwdKernel &k, int *min_keys) {
+        *min_keys = 0;
+        if (p.num_splits != 0) return p.num_splits;
+        const int64_t k_blocks = num_blocks(p, k, packed_heads);
+        const int64_t k_slots = cta_slots(handle, k);
+        const int heuristic = heuristic_splits(k_blocks, k_slots, key_steps(p, k));
+        const int ragged = ragged_decode_splits(p, k, k_blocks, k_slots);
+        if (ragged <= heuristic) return heuristic;
+        *min_keys = kRaggedDecodeMinPartKeys;
+        return ragged;
+    };
     int split_min_keys = 0;
-    if (splits == 0) {
-        splits = heuristic_splits(blocks, slots, key_steps(p, *kernel));
-        const int ragged = ragged_decode_splits(p, *kernel, blocks, slots);
-        if (ragged > splits) {
-            splits = ragged;
-            split_min_keys = kRaggedDecodeMinPartKeys;
-        }
-    }
-    // A decode grid that does not split and takes more than a wave of the
-    // decode tile's CTAs runs on its paired twin where the build has it (and
-    // the tile was not pinned): two CTAs an SM, each streaming while the
-    // other fills or drains its rings (fwd/sm80/config.cuh, kDecodePair).
-    // Split grids keep the deeper rings, which are faster there.
-    if (kernel->tile == FwdVariant::kDecode && splits == 1 && blocks > slots &&
+    int splits = plan_splits(*kernel, &split_min_keys);
+    // The decode tile's paired twin, where the build has it (and the tile
+    // was not pinned): two CTAs an SM, each streaming while the other fills
+    // or drains its rings, and tiles of half the keys, so twice the splits
+    // within the same least keys a part (fwd/sm80/config.cuh, kDecodePair).
+    // It serves a grid that does not split and takes more than a wave of
+    // the decode tile's CTAs, and one whose CTAs fill fewer than half the
+    // SMs where it splits into more. Elsewhere the deeper rings are faster.
+    if (kernel->tile == FwdVariant::kDecode &&
         handle.env.settings(Family::fwd).pinned_tile == FamilySettings::kNoPinnedTile) {
         const FwdKernel *paired =
             fwd_kernels().find(KernelPath::kSm80, kernel->input, kernel->kv, kernel->dims, FwdVariant::kDecodePair);
         if (paired != nullptr && paired->info().smem_bytes <= handle.max_smem_per_block &&
             (!is_ragged(p) || paired->info().serves_ragged)) {
-            kernel = paired;
+            const int64_t blocks = num_blocks(p, *kernel, packed_heads);
+            int paired_min_keys = 0;
+            const int paired_splits = plan_splits(*paired, &paired_min_keys);
+            const bool unsplit_past_a_wave = splits == 1 && blocks > cta_slots(handle, *kernel);
+            const bool under_half_the_sms = blocks * splits < handle.num_sms / 2;
+            if (unsplit_past_a_wave || (under_half_the_sms && paired_splits > splits)) {
+                kernel = paired;
+                splits = paired_splits;
+                split_min_keys = paired_min_keys;
+            }
         }
     }
     *plan = ForwardPlan{kernel, splits, packed_heads};

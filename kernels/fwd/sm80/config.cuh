@@ -156,8 +156,10 @@ struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kDecode>
 // or drains its rings. Where a decode grid takes more than a wave of the
 // decode tile's CTAs, and so does not split, that is 6-9% faster (H200,
 // B64 over 1k keys at GQA 32/8 and 32/4: 71.3 -> 66.8 us, 38.7 -> 35.7);
-// where it splits into one wave, the deeper rings are 1-5% faster
-// (docs/log/perf.md, 2026-11-30). 16-bit K/V only.
+// so is a grid too small to fill half the SMs, which its shorter tiles
+// split twice as finely (B1 over 2k keys: 15.0 -> 12.2 us); where the
+// decode tile's grid splits into a wave, its deeper rings are 1-5% faster
+// (docs/log/perf.md, 2026-11-30; plan_sm80 chooses). 16-bit K/V only.
 // An H100's or H200's shared memory per SM, and what the system reserves of
 // it per CTA.
 constexpr size_t kSm90SmemPerSm = 228 * 1024;
