@@ -235,6 +235,8 @@ PRESETS = [
     # dV summed over each group) and a length that no tile divides (partial last query and key blocks).
     Preset("gqa-4k-d128", 4, 32, 4096, 128, 128, heads_kv=8),
     Preset("odd-3k-d128", 8, 16, 3000, 128, 128),
+    # Issue 62's batch-1 backward target (one long sequence: few key blocks per head to spread over the SMs).
+    Preset("b1-4k-h32-d128", 1, 32, 4096, 128, 128),
     # Issue 13's serving shapes, head_dim 128. Decode: one query row per sequence against a K/V cache of
     # seqlen_k rows (--seqlen-q 2..16 for speculative decoding), GQA ratios 4 (32/8), 1 (32/32) and 8 (64/8).
     Preset("decode-b8-8k", 8, 32, 1, 128, 128, heads_kv=8, seqlen_k=8192, kind="decode"),
@@ -299,9 +301,11 @@ PRESET_GROUPS = {  # --preset accepts these names too
     # Issue 34's backward targets (flashcore_bench has the same group); --backward's default.
     "backward-targets": ["tput-2k-d64", "tput-8k-d64", "tput-2k-d128", "tput-8k-d128", "tput-4k-d256"],
     # Issue 37's targets, the Hopper backward against cuDNN's (a training step, --train, at least 1.05x
-    # cuDNN's); --train's default. compare.py's only.
+    # cuDNN's), and issue 62's additions: batch 1 (1x32x4k d128) and d96 (4x32x4k); --train's default.
+    # compare.py's only.
     "hopper-backward": ["tput-2k-d64", "tput-8k-d64", "tput-16k-d64", "tput-2k-d128", "tput-8k-d128",
-                        "tput-16k-d128", "tput-4k-b8-d256", "gqa-4k-d128", "odd-3k-d128"],
+                        "tput-16k-d128", "tput-4k-b8-d256", "gqa-4k-d128", "odd-3k-d128", "b1-4k-h32-d128",
+                        "tput-4k-h32-d96"],
     # Issue 36's fp8 (e4m3) prefill targets. Named in --preset, it also makes the fp8 backends (FP8_BACKENDS)
     # the default --backends and bf16 the default --dtype.
     "fp8-prefill": ["tput-2k-d64", "tput-8k-d64", "tput-16k-d64", "tput-2k-d128", "tput-8k-d128", "tput-16k-d128",
