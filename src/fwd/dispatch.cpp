@@ -155,6 +155,22 @@ int64_t key_steps(const flashcore_forward_params &p, const FwdKernel &kernel) {
 // shared memory than the device offers (handle.max_smem_per_block) is
 // passed over; the large tiles fit every supported GPU (kMinSmemPerBlock,
 // asserted in fwd/sm80/config.cuh) and serve every size.
+// The portable kernel of `variant` at kernel head dims `dims` for the
+// call's dtypes, where the build has it and it serves the call (ragged
+// calls: FwdKernelInfo::serves_ragged); else nullptr.
+const FwdKernel *serving_sm80(const flashcore_forward_params &p, DType dtype, DType kv, HeadDims dims,
+                              FwdVariant variant) {
+    const FwdKernel *kernel = fwd_kernels().find(KernelPath::kSm80, dtype, kv, dims, variant);
+    return kernel != nullptr && (!is_ragged(p) || kernel->info().serves_ragged) ? kernel : nullptr;
+}
+
+// The same, and only where it fits the handle's shared memory per block.
+const FwdKernel *fitting_sm80(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype,
+                              DType kv, HeadDims dims, FwdVariant variant) {
+    const FwdKernel *kernel = serving_sm80(p, dtype, kv, dims, variant);
+    return kernel != nullptr && kernel->info().smem_bytes <= handle.max_smem_per_block ? kernel : nullptr;
+}
+
 flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_forward_params &p, DType dtype,
                              HeadDims dims, int packed_heads, const FwdKernel **chosen) {
     // Ragged calls (packed or paged tensors) run on the variants compiled
@@ -167,16 +183,9 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
     // tokens at head dim 128 on an H200: 3815 against 4429 us;
     // docs/log/perf.md, issue 57). A quantized cache has decode tiles only
     // (kernels/fwd/family.cmake), which fit every GPU.
-    const bool ragged = is_ragged(p);
     const DType kv = DType(effective_kv_dtype(p));
-    const auto serving = [&](FwdVariant variant) -> const FwdKernel * {
-        const FwdKernel *kernel = fwd_kernels().find(KernelPath::kSm80, dtype, kv, dims, variant);
-        return kernel != nullptr && (!ragged || kernel->info().serves_ragged) ? kernel : nullptr;
-    };
-    const auto fitting = [&](FwdVariant variant) -> const FwdKernel * {
-        const FwdKernel *kernel = serving(variant);
-        return kernel != nullptr && kernel->info().smem_bytes <= handle.max_smem_per_block ? kernel : nullptr;
-    };
+    const auto serving = [&](FwdVariant variant) { return serving_sm80(p, dtype, kv, dims, variant); };
+    const auto fitting = [&](FwdVariant variant) { return fitting_sm80(handle, p, dtype, kv, dims, variant); };
     const FamilySettings &settings = handle.env.settings(Family::fwd);
     if (settings.pinned_tile != FamilySettings::kNoPinnedTile) {
         *chosen = fitting(FwdVariant(settings.pinned_tile));
@@ -365,9 +374,8 @@ flashcore_status plan_sm80(const flashcore_handle_s &handle, const flashcore_for
     if (kernel->tile == FwdVariant::kDecode &&
         handle.env.settings(Family::fwd).pinned_tile == FamilySettings::kNoPinnedTile) {
         const FwdKernel *paired =
-            fwd_kernels().find(KernelPath::kSm80, kernel->input, kernel->kv, kernel->dims, FwdVariant::kDecodePair);
-        if (paired != nullptr && paired->info().smem_bytes <= handle.max_smem_per_block &&
-            (!is_ragged(p) || paired->info().serves_ragged)) {
+            fitting_sm80(handle, p, kernel->input, kernel->kv, kernel->dims, FwdVariant::kDecodePair);
+        if (paired != nullptr) {
             const int64_t blocks = num_blocks(p, *kernel, packed_heads);
             int paired_min_keys = 0;
             const int paired_splits = plan_splits(*paired, &paired_min_keys);

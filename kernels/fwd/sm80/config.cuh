@@ -133,22 +133,30 @@ constexpr int kDecodeQuantizedStages = FLASHCORE_DECODE_QUANTIZED_STAGES;
 // registers, which with 64 keys (head dims up to 64) spilled.
 constexpr int kDecodeQuantizedMaxKeys = 32;
 
+// Both decode tiles (kDecode, kDecodePair): kDecodeBlockM rows, kDecodeKeySplits
+// single-warp key splits, each streaming its ring of kStages tiles of kBlockN
+// keys; Q in registers up to head dim 128.
+template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV, int kBlockN, int kStages>
+using DecodeTraits = FwdTraits<ElementType<kInput>, ElementType<kKV>, ElementType<kOutput>, kHeadDim, kHeadDimV,
+                               kDecodeBlockM, kBlockN, 1, kDecodeKeySplits, kStages, 255, kHeadDim <= 128>;
+
 template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV>
 struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kDecode> {
     static constexpr bool kQuantizedKV = kKV != kInput;
-    using Traits = FwdTraits<ElementType<kInput>, ElementType<kKV>, ElementType<kOutput>, kHeadDim, kHeadDimV,
-                             kDecodeBlockM,
-                             kQuantizedKV ? min_int(decode_block_n(kHeadDim, kHeadDimV, int(dtype_bytes(kInput))),
-                                                    kDecodeQuantizedMaxKeys)
-                                          : decode_block_n(kHeadDim, kHeadDimV, int(dtype_bytes(kInput))),
-                             1,
-                             kDecodeKeySplits, kQuantizedKV ? kDecodeQuantizedStages : kDecodeStages, 255,
-                             kHeadDim <= 128>;
+    static constexpr int kBlockN = decode_block_n(kHeadDim, kHeadDimV, int(dtype_bytes(kInput)));
+    using Traits = DecodeTraits<kInput, kKV, kOutput, kHeadDim, kHeadDimV,
+                                kQuantizedKV ? min_int(kBlockN, kDecodeQuantizedMaxKeys) : kBlockN,
+                                kQuantizedKV ? kDecodeQuantizedStages : kDecodeStages>;
     using RaggedTraits = Traits;
     static_assert(!kQuantizedKV || Traits::kSmemBytes <= kMinSmemPerBlock,
                   "the decode tiles are the only kernels on a quantized cache: they must fit the 99 KB of shared "
                   "memory sm_86 and sm_89 give a block (kMinSmemPerBlock)");
 };
+
+// An H100's or H200's shared memory per SM, and what the system reserves of
+// it per CTA.
+constexpr size_t kSm90SmemPerSm = 228 * 1024;
+constexpr size_t kSmemReservedPerCta = 1024;
 
 // kDecodePair: the decode tiles with slots of half the bytes (at head dim
 // 128, 16 keys), so that a CTA takes 100 KB and two share an SM: as many
@@ -160,18 +168,13 @@ struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kDecode>
 // split twice as finely (B1 over 2k keys: 15.0 -> 12.2 us); where the
 // decode tile's grid splits into a wave, its deeper rings are 1-5% faster
 // (docs/log/perf.md, 2026-11-30; plan_sm80 chooses). 16-bit K/V only.
-// An H100's or H200's shared memory per SM, and what the system reserves of
-// it per CTA.
-constexpr size_t kSm90SmemPerSm = 228 * 1024;
-constexpr size_t kSmemReservedPerCta = 1024;
-
 template <DType kInput, DType kKV, DType kOutput, int kHeadDim, int kHeadDimV>
 struct FwdConfig<kInput, kKV, kOutput, kHeadDim, kHeadDimV, FwdVariant::kDecodePair> {
     static_assert(kKV == kInput, "the paired decode tiles read 16-bit K/V (fwd/family.cmake)");
     static constexpr int kSlotBytes = kDecodeSlotBytes / 2;
-    using Traits = FwdTraits<ElementType<kInput>, ElementType<kKV>, ElementType<kOutput>, kHeadDim, kHeadDimV,
-                             kDecodeBlockM, decode_block_n<kSlotBytes>(kHeadDim, kHeadDimV, int(dtype_bytes(kInput))),
-                             1, kDecodeKeySplits, kDecodeStages, 255, kHeadDim <= 128>;
+    using Traits =
+        DecodeTraits<kInput, kKV, kOutput, kHeadDim, kHeadDimV,
+                     decode_block_n<kSlotBytes>(kHeadDim, kHeadDimV, int(dtype_bytes(kInput))), kDecodeStages>;
     using RaggedTraits = Traits;
     static_assert(2 * (Traits::kSmemBytes + kSmemReservedPerCta) <= kSm90SmemPerSm,
                   "two paired decode CTAs share an sm_90 SM's shared memory");
