@@ -533,6 +533,20 @@ typedef struct flashcore_forward_params {
      * every other field; a split-KV call counts the sink once, in its merge.
      * Read on the device, not checked: NaN gives NaN rows. */
     const float *sinks;
+
+    /* SMs the call leaves to kernels on other streams, as FlashAttention
+     * 3's sm_margin: 0 (the default) uses every SM of the handle's device.
+     * A context-parallel ring sets it so that the NCCL transfer of the next
+     * K/V slice runs beside the attention on the slice in hand. Persistent
+     * kernels (the sm_90a forward) launch at most (SMs - sm_margin) CTAs,
+     * one an SM; the split-KV heuristic and every grid-size decision count
+     * those SMs only. The portable kernels' grids are not persistent: their
+     * CTAs run wherever an SM is free, so a kernel on another stream takes
+     * SMs as their CTAs finish, without a margin. Must be >= 0 and leave at
+     * least one SM (INVALID_ARGUMENT, from the calls that plan: the
+     * workspace query and the call itself). It changes the plan, not the
+     * arithmetic: results are those of another split count at most. */
+    int32_t sm_margin;
 } flashcore_forward_params;
 
 /* Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,
@@ -758,6 +772,15 @@ typedef struct flashcore_backward_params {
      * (batch_size or num_heads_q 0) leaves it unwritten, as it does them,
      * and looks at neither it nor sinks. */
     float *dsinks;
+
+    /* SMs the call leaves to kernels on other streams, as the forward's
+     * field of the same name. The backward's kernels are not persistent,
+     * so it bounds what assumes the whole GPU: the deterministic mode's
+     * schedule that needs a head's key blocks resident together is taken
+     * only where they fit (SMs - sm_margin) / 2. Must be >= 0 and leave at
+     * least one SM (INVALID_ARGUMENT from the workspace query and the
+     * call). */
+    int32_t sm_margin;
 } flashcore_backward_params;
 
 /* Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,

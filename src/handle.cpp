@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdarg>
 #include <climits>
@@ -109,6 +110,19 @@ flashcore_status check_kernel_smem(const flashcore_handle_s &handle, const char 
                 "(sm_%d%d) allows %zu",
                 kernel, int(head_dim), int(head_dim_v), smem_bytes, handle.device, handle.cc_major, handle.cc_minor,
                 handle.max_smem_per_block);
+}
+
+int call_sms(const flashcore_handle_s &handle, int32_t sm_margin) { return handle.num_sms - sm_margin; }
+
+flashcore_status check_sm_margin(const flashcore_handle_s &handle, int32_t sm_margin) {
+    if (sm_margin < handle.num_sms) return FLASHCORE_STATUS_SUCCESS;
+    return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                "sm_margin (%d) leaves none of device %d's %d SMs to the call; it must be at most %d (0: every SM)",
+                int(sm_margin), handle.device, handle.num_sms, handle.num_sms - 1);
+}
+
+int persistent_ctas(const flashcore_handle_s &handle, int32_t sm_margin) {
+    return std::min(handle.env.persistent_ctas, call_sms(handle, sm_margin));
 }
 
 flashcore_status fail_grid_limit(const char *heads_name, const char *seqlen_name, int block_rows, long long blocks) {

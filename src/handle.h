@@ -91,6 +91,19 @@ flashcore_status create_handle(int device, flashcore_handle *handle);
 // nothing launched" (plan: printf-style, the kernel and its configuration).
 flashcore_status emulated_launch(const flashcore_handle_s &handle, const char *plan_format, ...);
 
+// The SMs a call may use: the device's less the call's sm_margin
+// (flashcore_forward_params::sm_margin), which check_sm_margin has
+// accepted. Its grid-size decisions count these.
+int call_sms(const flashcore_handle_s &handle, int32_t sm_margin);
+
+// INVALID_ARGUMENT where sm_margin (>= 0, as validation checked) leaves
+// none of the device's SMs; SUCCESS otherwise.
+flashcore_status check_sm_margin(const flashcore_handle_s &handle, int32_t sm_margin);
+
+// CTAs a persistent kernel of the call launches at most: one for each SM
+// it may use, or FLASHCORE_PERSISTENT_CTAS's cap where that is fewer.
+int persistent_ctas(const flashcore_handle_s &handle, int32_t sm_margin);
+
 // UNSUPPORTED where a kernel needs more shared memory per block than the
 // handle's device allows; `kernel` names it in the message ("the <kernel>
 // kernel for head dims ..."). SUCCESS otherwise.

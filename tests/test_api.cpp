@@ -45,9 +45,9 @@ constexpr size_t kParamsSizeV0_6 = offsetof(flashcore_forward_params, num_pages)
 // As a 0.8 caller compiled it: it ended after v_descale_head_stride (an
 // 8-byte field: its end is its sizeof too).
 constexpr size_t kParamsSizeV0_8 = offsetof(flashcore_forward_params, v_descale_head_stride) + sizeof(int64_t);
-// Where the last field of this header (sinks, 0.9) ends: bytes of a larger
-// struct past it belong to a newer header's fields.
-constexpr size_t kParamsKnownEnd = offsetof(flashcore_forward_params, sinks) + sizeof(void *);
+// Where the last field of this header (sm_margin, 0.9) ends: bytes of a
+// larger struct past it belong to a newer header's fields.
+constexpr size_t kParamsKnownEnd = offsetof(flashcore_forward_params, sm_margin) + sizeof(int32_t);
 
 // flashcore_merge_params as a 0.3 to 0.8 caller compiled it: it ended after
 // out_head_stride (an 8-byte field: its end is its sizeof too); and where
@@ -56,9 +56,9 @@ constexpr size_t kMergeSizeV0_3 = offsetof(flashcore_merge_params, out_head_stri
 constexpr size_t kMergeKnownEnd = offsetof(flashcore_merge_params, sinks) + sizeof(void *);
 // flashcore_backward_params as a 0.7 or 0.8 caller compiled it: it ended
 // after total_seqlen_k (at an 8-byte boundary: its end is its sizeof too);
-// and where the last field of this header's (dsinks, 0.9) ends.
+// and where the last field of this header's (sm_margin, 0.9) ends.
 constexpr size_t kBackwardSizeV0_7 = offsetof(flashcore_backward_params, total_seqlen_k) + sizeof(int32_t);
-constexpr size_t kBackwardKnownEnd = offsetof(flashcore_backward_params, dsinks) + sizeof(void *);
+constexpr size_t kBackwardKnownEnd = offsetof(flashcore_backward_params, sm_margin) + sizeof(int32_t);
 
 // Plausible, suitably aligned device addresses: flashcore_forward_check never
 // dereferences them.
@@ -971,9 +971,9 @@ TEST(MergeParams, StructFromNewerHeader) {
 
 // A newer header may put a field where this library's struct has only
 // padding: a caller whose struct is larger than ours is refused when it sets
-// any byte past sinks, the last field this library knows; one of our own
-// size is not (its padding is not looked at). (0.9's struct has no padding
-// after sinks; the branch that tests it waits for a header that has.)
+// any byte past sm_margin, the last field this library knows; one of our
+// own size is not (its padding is not looked at: 0.9's 4 bytes after
+// sm_margin).
 TEST(Validation, StructFromNewerHeaderWithAFieldInOurPadding) {
     constexpr size_t kKnownEnd = kParamsKnownEnd;
     alignas(flashcore_forward_params) unsigned char memory[sizeof(flashcore_forward_params) + 16] = {};
@@ -999,10 +999,10 @@ TEST(Validation, StructFromNewerHeaderWithAFieldInOurPadding) {
 // last field, or at its sizeof) or be at least ours: a size in between
 // would end inside a field and read part of it (186 ended in head_dim_v;
 // 348, 352 and 356 end in or after 0.9's attention_chunk, inside its sinks
-// or their padding).
+// or their padding; 364 is past sm_margin, inside the struct's padding).
 TEST(Validation, StructSizeBetweenReleasedSizesIsRefused) {
     static_assert(offsetof(flashcore_forward_params, head_dim_v) == 184 && kParamsSizeV0_8 == 344 &&
-                      sizeof(flashcore_forward_params) == 360,
+                      sizeof(flashcore_forward_params) == 368,
                   "LP64 layout");
     const size_t refused = expect_released_sizes_only(
         valid_params(), flashcore_forward_check, flashcore_forward_params_init, "flashcore_forward_params",
@@ -2155,7 +2155,7 @@ TEST(BackwardParams, StructFromNewerHeader) {
     EXPECT_TRUE(backward_refused(newer.base, FLASHCORE_STATUS_UNSUPPORTED, "newer flashcore.h"));
     EXPECT_EQ(flashcore_backward_set_contiguous_strides(&newer.base, FLASHCORE_LAYOUT_BSHD),
               FLASHCORE_STATUS_UNSUPPORTED);
-    // Every byte past dsinks, the last field this library knows.
+    // Every byte past sm_margin, the last field this library knows.
     expect_newer_fields_refused(valid_backward_params(), flashcore_backward_check, kBackwardKnownEnd);
     // The 0.9 fields of a newer caller's struct are read as ours.
     newer.future_field = 0;
@@ -2168,8 +2168,9 @@ TEST(BackwardParams, StructFromNewerHeader) {
 
 // A 0.7 or 0.8 caller's struct ends after total_seqlen_k (its sizeof too):
 // accepted without chunks or sinks, whatever lies in memory after it
-// (0xAB... as attention_chunk is negative, as sinks and dsinks misaligned
-// pointers); neither init nor the stride helper writes past it; the same
+// (0xAB... as attention_chunk and sm_margin are negative, as sinks and
+// dsinks misaligned pointers); neither init nor the stride helper writes
+// past it; the same
 // bytes inside a 0.9 struct are read, and refused.
 TEST(BackwardParams, StructFromVersion0_7) {
     static_assert(kBackwardSizeV0_7 % alignof(flashcore_backward_params) == 0, "0.7's end is its sizeof");
@@ -2188,15 +2189,18 @@ TEST(BackwardParams, StructFromVersion0_7) {
     EXPECT_TRUE(backward_refused(*p, FLASHCORE_STATUS_INVALID_ARGUMENT,
                                  "attention_chunk (" + std::to_string(int32_t(0xABABABAB)) + ") must be 0"));
     p->attention_chunk = 0;
+    EXPECT_TRUE(backward_refused(*p, FLASHCORE_STATUS_INVALID_ARGUMENT,
+                                 "sm_margin (" + std::to_string(int32_t(0xABABABAB)) + ") must be >= 0"));
+    p->sm_margin = 0;
     EXPECT_TRUE(backward_refused(*p, FLASHCORE_STATUS_MISALIGNED, "sinks ("));
     p->sinks = static_cast<const float *>(fake_tensor(11));
     EXPECT_TRUE(backward_refused(*p, FLASHCORE_STATUS_MISALIGNED, "dsinks ("));
 }
 
-// Past 0.7's struct (368 bytes on LP64), only this header's sizeof (392)
-// and more: 0.9 appended attention_chunk, sinks and dsinks at once.
+// Past 0.7's struct (368 bytes on LP64), only this header's sizeof (400)
+// and more: 0.9 appended attention_chunk, sinks, dsinks and sm_margin at once.
 TEST(BackwardParams, StructSizeBetweenReleasedSizesIsRefused) {
-    static_assert(kBackwardSizeV0_7 == 368 && sizeof(flashcore_backward_params) == 392, "LP64 layout");
+    static_assert(kBackwardSizeV0_7 == 368 && sizeof(flashcore_backward_params) == 400, "LP64 layout");
     EXPECT_EQ(expect_released_sizes_only(valid_backward_params(), flashcore_backward_check,
                                          flashcore_backward_params_init, "flashcore_backward_params",
                                          {kBackwardSizeV0_7}, "368"),
@@ -3127,9 +3131,9 @@ flashcore_merge_params merge_of_four_heads() {
 
 // A 0.8 caller's struct ends after v_descale_head_stride (its sizeof too):
 // accepted without chunks or sinks, whatever lies in memory after it
-// (0xAB... as attention_chunk is negative, as sinks a misaligned pointer),
-// and neither init nor the stride helper writes past it; the same bytes
-// inside a 0.9 struct are read, and refused.
+// (0xAB... as attention_chunk and sm_margin are negative, as sinks a
+// misaligned pointer), and neither init nor the stride helper writes past
+// it; the same bytes inside a 0.9 struct are read, and refused.
 TEST(Validation, StructFromVersion0_8) {
     static_assert(kParamsSizeV0_8 % alignof(flashcore_forward_params) == 0, "0.8's end is its sizeof");
     OlderStruct older;
@@ -3145,6 +3149,8 @@ TEST(Validation, StructFromVersion0_8) {
     p->struct_size = sizeof(flashcore_forward_params);
     EXPECT_TRUE(refused_naming(*p, "attention_chunk (" + std::to_string(int32_t(0xABABABAB)) + ") must be 0"));
     p->attention_chunk = 0;
+    EXPECT_TRUE(refused_naming(*p, "sm_margin (" + std::to_string(int32_t(0xABABABAB)) + ") must be >= 0"));
+    p->sm_margin = 0;
     EXPECT_TRUE(refused_with(*p, FLASHCORE_STATUS_MISALIGNED, "sinks ("));
 }
 

@@ -452,6 +452,25 @@ TEST(BackwardConfigs, A100SharedMemoryConfigurationMatchesReference) {
 // have 99 KB (sm_86, sm_89) its backward is refused as UNSUPPORTED, saying
 // how much it needs and what the device allows, before anything is queued
 // (the gradients keep their poison); its forward runs there.
+// sm_margin changes what the plan counts (the deterministic schedule needs
+// a head's key blocks within half the SMs left), not the arithmetic: with
+// most SMs left to other streams, both modes match the reference and repeat
+// bitwise. 640 keys make 5 or 10 key blocks, which 2 SMs' halves do not
+// hold.
+TEST(BackwardApi, SmMarginGradientsMatchTheReference) {
+    FC_REQUIRE_GPU();
+    int device = 0, sms = 0;
+    FC_CHECK_CUDA(cudaGetDevice(&device));
+    FC_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    for (const int margin : {16, sms - 2}) {
+        // Head dim 64: every build has it (the sanitizers' has only it).
+        FwdCase c{bf16, 64, true, 1, 4, 2, 640, 640, Layout::kBSHD};
+        c.sm_margin = margin;
+        SCOPED_TRACE(case_name(c));
+        expect_gradients_match_reference(c);
+    }
+}
+
 TEST(BackwardApi, HeadDim512IsRefusedWhereItsTilesDoNotFit) {
     FC_REQUIRE_GPU();
     const ScopedEnv env({{"FLASHCORE_TEST_SMEM_PER_BLOCK", kSm86SmemPerBlock}});

@@ -623,6 +623,54 @@ TEST(EmulatedGpu, DecodeGridsPastAWavePlanThePairedTile) {
         << flashcore_last_error_message();
 }
 
+// sm_margin leaves SMs to other streams: the plans count the SMs left (the
+// message names them), so a small decode grid that splits over 132 SMs
+// does not split over 8 (and needs no workspace); a margin that leaves no
+// SM is refused by the workspace query and the call, forward and backward,
+// naming the device's SMs.
+TEST(EmulatedGpu, SmMarginLeavesSmsToOtherStreams) {
+    EmulatedHandle h("h100");
+    size_t bytes = 0;
+    flashcore_forward_params p = one_long_batch_forward();
+    p.sm_margin = 32;
+    EXPECT_TRUE(planned(forward_on(h.handle, p, &bytes), "h100"));
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("on 100 of 132 SMs"), std::string::npos)
+        << flashcore_last_error_message();
+    flashcore_backward_params b = one_long_batch_backward();
+    b.sm_margin = 131;
+    EXPECT_TRUE(planned(backward_on(h.handle, b, &bytes), "h100"));
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("on 1 of 132 SMs"), std::string::npos)
+        << flashcore_last_error_message();
+    const std::string none = "sm_margin (132) leaves none of device 0's 132 SMs to the call; it must be at most 131";
+    p.sm_margin = b.sm_margin = 132;
+    EXPECT_EQ(flashcore_forward_workspace_size(h.handle, &p, &bytes), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(flashcore_last_error_message(), none + " (0: every SM)");
+    EXPECT_EQ(flashcore_forward(h.handle, &p, nullptr, 0, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(flashcore_backward_workspace_size(h.handle, &b, &bytes), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(flashcore_last_error_message(), none + " (0: every SM)");
+    EXPECT_EQ(flashcore_backward(h.handle, &b, fake_tensor(20), 1 << 20, nullptr), FLASHCORE_STATUS_INVALID_ARGUMENT);
+    // (An empty call plans nothing: it succeeds whatever the margin.)
+    const auto pairs = supported_pairs();
+    if (std::find(pairs.begin(), pairs.end(), std::pair<int32_t, int32_t>{128, 128}) == pairs.end()) {
+        GTEST_SKIP() << "this build has no kernels at head dim 128";
+    }
+    // 8 packed blocks over 2048 keys: 4 splits on every SM
+    // (DecodeGridsPastAWavePlanThePairedTile), none on 8.
+    const ForwardForm small{"decode_b1_2k", 1, 1, 2048, 32, 8};
+    flashcore_forward_params decode = forward_params(small, 128, 128, FLASHCORE_DTYPE_BF16);
+    EXPECT_TRUE(planned(forward_on(h.handle, decode, &bytes), "h100"));
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("4 split(s)"), std::string::npos)
+        << flashcore_last_error_message();
+    EXPECT_GT(bytes, 0u);
+    decode.sm_margin = 124;
+    EXPECT_TRUE(planned(forward_on(h.handle, decode, &bytes), "h100"));
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("1 split(s)"), std::string::npos)
+        << flashcore_last_error_message();
+    EXPECT_NE(std::string(flashcore_last_error_message()).find("on 8 of 132 SMs"), std::string::npos)
+        << flashcore_last_error_message();
+    EXPECT_EQ(bytes, 0u);
+}
+
 // FLASHCORE_FWD_VARIANT and FLASHCORE_BWD_VARIANT take the same path names,
 // portable and hopper (the forward's old name for hopper, sm90, until 0.9),
 // and hopper is refused where the sm_90a kernels cannot run.

@@ -69,6 +69,7 @@ flashcore_forward_params forward_view(const flashcore_backward_params &p) {
     f.total_seqlen_k = p.total_seqlen_k;
     f.attention_chunk = p.attention_chunk;
     f.sinks = p.sinks;
+    f.sm_margin = p.sm_margin;
     return f;
 }
 

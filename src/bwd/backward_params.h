@@ -13,7 +13,7 @@ namespace flashcore {
 
 // Where each released header's flashcore_backward_params ended: it first
 // appeared in 0.7, ending with total_seqlen_k (no smaller size exists);
-// 0.9 added attention_chunk, sinks and dsinks (its end is our sizeof). As
+// 0.9 added attention_chunk, sinks, dsinks and sm_margin (its end is our sizeof). As
 // the forward struct's kReleasedParamsEnds.
 constexpr size_t kBackwardReleasedParamsEnds[] = {
     offsetof(flashcore_backward_params, total_seqlen_k) + sizeof(int32_t),  // 0.7, 0.8
@@ -21,7 +21,7 @@ constexpr size_t kBackwardReleasedParamsEnds[] = {
 // Where the last field this library knows ends: bytes of a caller's struct
 // past it belong to fields of a newer header.
 constexpr size_t kBackwardParamsKnownEnd =
-    offsetof(flashcore_backward_params, dsinks) + sizeof(flashcore_backward_params::dsinks);
+    offsetof(flashcore_backward_params, sm_margin) + sizeof(flashcore_backward_params::sm_margin);
 
 // Checks a caller's flashcore_backward_params struct_size.
 flashcore_status check_backward_struct_size(size_t struct_size, const char *what);

@@ -41,6 +41,8 @@ flashcore_status plan_backward(const flashcore_handle_s &handle, const flashcore
                     "no backward kernel covers head dims (%d, %d), which validation accepted", int(call.head_dim),
                     int(call.head_dim_v));
     }
+    const flashcore_status margin = check_sm_margin(handle, p.sm_margin);
+    if (margin != FLASHCORE_STATUS_SUCCESS) return margin;
     const BwdKernel *kernel =
         bwd_kernels().find(KernelPath::kSm80, DType(p.dtype), DType(p.dtype), dims, BwdVariant::kKvBlock);
     if (kernel == nullptr) {
@@ -112,16 +114,16 @@ flashcore_status launch_backward(const flashcore_handle_s &handle, const flashco
     if (handle.emulated != nullptr) {
         return emulated_launch(handle,
                                "the %s %s kernel for head dims (%d, %d) with %zu bytes of shared memory "
-                               "(%d-row query blocks, %d-row key blocks)",
+                               "(%d-row query blocks, %d-row key blocks), on %d of %d SMs",
                                kernel->path == KernelPath::kSm90 ? "sm_90a" : "portable", kernel_name,
                                int(kernel->dims.head_dim), int(kernel->dims.head_dim_v), info.smem_bytes,
-                               info.block_m, info.block_n);
+                               info.block_m, info.block_n, call_sms(handle, p.sm_margin), handle.num_sms);
     }
     DeviceGuard guard(handle.device);
     if (guard.status() != FLASHCORE_STATUS_SUCCESS) return guard.status();
     const BwdKernelParams kparams = bwd_kernel_params(p, workspace);
     const char *failed_call = "the launch";
-    const LaunchOptions options{handle.env.persistent_ctas, &failed_call, 0, handle.device,
+    const LaunchOptions options{persistent_ctas(handle, p.sm_margin), &failed_call, 0, handle.device,
                                 handle.max_smem_per_block, handle.env.fail_opt_in};
     const cudaError_t err = kernel->run(kparams, options, static_cast<cudaStream_t>(stream));
     if (err == cudaErrorNotSupported && kernel->path == KernelPath::kSm90) {

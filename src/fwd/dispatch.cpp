@@ -88,9 +88,10 @@ int ctas_per_sm(const flashcore_handle_s &handle, const FwdKernel &kernel) {
     return ctas > 1 ? ctas : 1;
 }
 
-// CTA slots of `kernel` on the handle's device: SMs times CTAs per SM.
-int64_t cta_slots(const flashcore_handle_s &handle, const FwdKernel &kernel) {
-    return int64_t(handle.num_sms) * ctas_per_sm(handle, kernel);
+// CTA slots of `kernel` for the call on the handle's device: the SMs it
+// may use (call_sms: its sm_margin left out) times CTAs per SM.
+int64_t cta_slots(const flashcore_handle_s &handle, const flashcore_forward_params &p, const FwdKernel &kernel) {
+    return int64_t(call_sms(handle, p.sm_margin)) * ctas_per_sm(handle, kernel);
 }
 
 // The number of key splits that best fills `slots` CTA slots (SMs times
@@ -220,7 +221,7 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
     const FwdKernel *key_split4 = fitting(FwdVariant::kKeySplit4);
     const FwdKernel *decode = fitting(FwdVariant::kDecode);
     const auto fits_one_wave = [&](const FwdKernel *kernel) {
-        return kernel != nullptr && num_blocks(p, *kernel, packed_heads) <= cta_slots(handle, *kernel);
+        return kernel != nullptr && num_blocks(p, *kernel, packed_heads) <= cta_slots(handle, p, *kernel);
     };
     // Decode: a (packed) query block of at most the decode tile's rows. Its
     // time is the K/V read, which the decode tiles keep most bytes in flight
@@ -233,7 +234,7 @@ flashcore_status choose_sm80(const flashcore_handle_s &handle, const flashcore_f
         *chosen = key_split4;
     } else if (fits_tile(key_split)) {
         *chosen = key_split;
-    } else if (large != nullptr && num_blocks(p, *large, packed_heads) >= cta_slots(handle, *large)) {
+    } else if (large != nullptr && num_blocks(p, *large, packed_heads) >= cta_slots(handle, p, *large)) {
         *chosen = large;
     } else {
         *chosen = key_split != nullptr ? key_split : large != nullptr ? large : decode;
@@ -281,9 +282,10 @@ bool plan_sm90(const flashcore_handle_s &handle, const flashcore_forward_params 
     if (!tma_describes(p, *sm90)) return false;
     const int64_t blocks = num_blocks(p, *sm90, 1);
     if (blocks > INT_MAX / std::max<int64_t>(p.num_splits, 1)) return false;
+    const int sms = call_sms(handle, p.sm_margin);
     const int splits =
-        p.num_splits > 0 ? p.num_splits : heuristic_splits(blocks, handle.num_sms, key_steps(p, *sm90));
-    const bool fills_sms = splits > 1 || double(blocks) >= kSplitMinGridFill * handle.num_sms;
+        p.num_splits > 0 ? p.num_splits : heuristic_splits(blocks, sms, key_steps(p, *sm90));
+    const bool fills_sms = splits > 1 || double(blocks) >= kSplitMinGridFill * sms;
     if (!fills_sms && !settings.hopper_forced) return false;
     *plan = ForwardPlan{sm90, splits, 1};
     return true;
@@ -324,7 +326,8 @@ flashcore_status plan_fp8(const flashcore_handle_s &handle, const flashcore_forw
         return fail_grid_limit("num_heads_q", "seqlen_q", kernel->info().block_m, static_cast<long long>(blocks));
     }
     const int splits =
-        p.num_splits > 0 ? p.num_splits : heuristic_splits(blocks, handle.num_sms, key_steps(p, *kernel));
+        p.num_splits > 0 ? p.num_splits
+                         : heuristic_splits(blocks, call_sms(handle, p.sm_margin), key_steps(p, *kernel));
     *plan = ForwardPlan{kernel, splits, 1};
     return FLASHCORE_STATUS_SUCCESS;
 }
@@ -355,7 +358,7 @@ flashcore_status plan_sm80(const flashcore_handle_s &handle, const flashcore_for
         *min_keys = 0;
         if (p.num_splits != 0) return p.num_splits;
         const int64_t k_blocks = num_blocks(p, k, packed_heads);
-        const int64_t k_slots = cta_slots(handle, k);
+        const int64_t k_slots = cta_slots(handle, p, k);
         const int heuristic = heuristic_splits(k_blocks, k_slots, key_steps(p, k));
         const int ragged = ragged_decode_splits(p, k, k_blocks, k_slots);
         if (ragged <= heuristic) return heuristic;
@@ -379,8 +382,8 @@ flashcore_status plan_sm80(const flashcore_handle_s &handle, const flashcore_for
             const int64_t blocks = num_blocks(p, *kernel, packed_heads);
             int paired_min_keys = 0;
             const int paired_splits = plan_splits(*paired, &paired_min_keys);
-            const bool unsplit_past_a_wave = splits == 1 && blocks > cta_slots(handle, *kernel);
-            const bool under_half_the_sms = blocks * splits < handle.num_sms / 2;
+            const bool unsplit_past_a_wave = splits == 1 && blocks > cta_slots(handle, p, *kernel);
+            const bool under_half_the_sms = blocks * splits < call_sms(handle, p.sm_margin) / 2;
             if (unsplit_past_a_wave || (under_half_the_sms && paired_splits > splits)) {
                 kernel = paired;
                 splits = paired_splits;
@@ -418,7 +421,8 @@ flashcore_status plan_forward(const flashcore_handle_s &handle, const flashcore_
                     int(p.head_dim), int(effective_head_dim_v(p)));
     }
     const DType dtype = DType(p.dtype);
-    flashcore_status status = FLASHCORE_STATUS_SUCCESS;
+    flashcore_status status = check_sm_margin(handle, p.sm_margin);
+    if (status != FLASHCORE_STATUS_SUCCESS) return status;
     if (has_fp8_queries(p)) {
         status = plan_fp8(handle, p, dims, plan);
     } else if (!plan_sm90(handle, p, dtype, dims, plan)) {
@@ -512,11 +516,12 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
     if (handle.emulated != nullptr) {
         return emulated_launch(handle,
                                "the forward on the %s %s kernel for head dims (%d, %d) with %zu bytes of shared "
-                               "memory, %d split(s), %d query head(s) packed per tile, %lld thread blocks",
+                               "memory, %d split(s), %d query head(s) packed per tile, %lld thread blocks, on %d "
+                               "of %d SMs",
                                plan.kernel->path == KernelPath::kSm90 ? "sm_90a" : "portable",
                                fwd_tile_name(plan.kernel->tile), int(plan.kernel->dims.head_dim),
                                int(plan.kernel->dims.head_dim_v), info.smem_bytes, plan.num_splits, plan.packed_heads,
-                               static_cast<long long>(blocks));
+                               static_cast<long long>(blocks), call_sms(handle, p.sm_margin), handle.num_sms);
     }
     DeviceGuard guard(handle.device);
     if (guard.status() != FLASHCORE_STATUS_SUCCESS) return guard.status();
@@ -530,7 +535,7 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
             reinterpret_cast<float *>(static_cast<unsigned char *>(workspace) + plan.partial_lse_offset);
     }
     const char *failed_call = "the launch";
-    const FwdLaunchOptions options{handle.env.persistent_ctas, &failed_call, handle.env.first_kv_position,
+    const FwdLaunchOptions options{persistent_ctas(handle, p.sm_margin), &failed_call, handle.env.first_kv_position,
                                    handle.device, handle.max_smem_per_block, handle.env.fail_opt_in};
     const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
     cudaError_t err = plan.kernel->run(kparams, options, cuda_stream);

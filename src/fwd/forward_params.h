@@ -18,7 +18,7 @@ namespace flashcore {
 // a caller the defaults of the fields added since (head_dim_v in 0.2,
 // num_splits in 0.3, the window and softcap in 0.4, seqused_k in 0.5, the
 // varlen and paged fields in 0.6, the dtypes and descales of quantized
-// inputs in 0.8, attention_chunk and sinks in 0.9).
+// inputs in 0.8, attention_chunk, sinks and sm_margin in 0.9).
 constexpr size_t kParamsSizeV0_1 = offsetof(flashcore_forward_params, head_dim_v);
 // Where each released header's flashcore_forward_params ended: after the
 // last field that version added (0.1 before head_dim_v, 0.2 after it, 0.3
@@ -41,7 +41,7 @@ constexpr size_t kReleasedParamsEnds[] = {
 // Where the last field this library knows ends: bytes of a caller's struct
 // past it belong to fields of a newer header (sizeof adds only padding).
 constexpr size_t kParamsKnownEnd =
-    offsetof(flashcore_forward_params, sinks) + sizeof(flashcore_forward_params::sinks);
+    offsetof(flashcore_forward_params, sm_margin) + sizeof(flashcore_forward_params::sm_margin);
 
 // Checks a caller's struct_size against the sizes this library accepts.
 flashcore_status check_struct_size(size_t struct_size, const char *what);

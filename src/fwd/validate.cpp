@@ -293,6 +293,13 @@ flashcore_status validate_shapes(const flashcore_forward_params &p, Span<HeadDim
                     "attention_chunk (%d) must be 0 (no chunks) or the chunk length in keys (> 0)",
                     int(p.attention_chunk));
     }
+    // Whether it leaves an SM is the plan's check (plan_sms): the device's
+    // SM count is the handle's.
+    if (p.sm_margin < 0) {
+        return fail(FLASHCORE_STATUS_INVALID_ARGUMENT,
+                    "sm_margin (%d) must be >= 0: the SMs the call leaves to other streams (0: it uses every SM)",
+                    int(p.sm_margin));
+    }
     status = validate_packing(p);
     if (status != FLASHCORE_STATUS_SUCCESS) return status;
     return validate_softcap(p);

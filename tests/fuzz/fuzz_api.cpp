@@ -53,7 +53,10 @@
 // pointer); sinks and dsinks NULL or 4-byte aligned (MISALIGNED), arrays of
 // num_heads_q floats (num_heads for the merge) in the aliasing rule, sinks
 // read, dsinks written; dsinks only with sinks (INVALID_ARGUMENT). Empty
-// calls look at neither pointer.
+// calls look at neither pointer. sm_margin (0.9, forward and backward)
+// >= 0 (INVALID_ARGUMENT, empty calls too), and leaving an SM of the
+// device: past that, planning on an emulated GPU refuses it
+// (INVALID_ARGUMENT, naming the device's SMs).
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
@@ -82,7 +85,7 @@ using i128 = __int128;
 
 // Where flashcore_forward_params of each released header ends: after the
 // last field that version added (0.1's before head_dim_v; 0.7 added none;
-// 0.9's, after sinks, is ours).
+// 0.9's, after sm_margin, is ours).
 // A struct_size below ours must be one of these or that version's sizeof
 // (the end padded to the struct's alignment; flashcore.h's ABI policy). A
 // field is the caller's where the struct_size covers it, else its default.
@@ -94,7 +97,7 @@ constexpr size_t kEndV0_4 = FIELD_END(softcap);
 constexpr size_t kEndV0_5 = FIELD_END(seqused_k);
 constexpr size_t kEndV0_6 = FIELD_END(num_pages);
 constexpr size_t kEndV0_8 = FIELD_END(v_descale_head_stride);
-constexpr size_t kEndV0_9 = FIELD_END(sinks);
+constexpr size_t kEndV0_9 = FIELD_END(sm_margin);
 #undef FIELD_END
 constexpr size_t kReleasedEnds[] = {kEndV0_1, kEndV0_2, kEndV0_3, kEndV0_4, kEndV0_5, kEndV0_6, kEndV0_8};
 // A struct's end rounded up to its alignment: that header's sizeof.
@@ -102,8 +105,8 @@ template <typename S = flashcore_forward_params>
 constexpr size_t padded(size_t end) {
     return (end + alignof(S) - 1) / alignof(S) * alignof(S);
 }
-// Where the last field of this header (sinks) ends: a newer header's fields
-// lie past it.
+// Where the last field of this header (sm_margin) ends: a newer header's
+// fields lie past it.
 constexpr size_t kKnownEnd = kEndV0_9;
 constexpr size_t kMaxStructSize = 64 * 1024;
 // The largest seqlen_q, seqlen_k, total_seqlen_q/_k and page_size.
@@ -279,6 +282,14 @@ int32_t random_chunk(Rng &r) {
     return r.chance(70) ? int32_t(1 + r.below(8)) : r.pick(chunks);
 }
 
+// SMs left to other streams (0.9): mostly 0; else a few, all but one or
+// all of an emulated GPU's (58 to 132 SMs), more, or negative (refused).
+int32_t random_sm_margin(Rng &r) {
+    if (r.chance(85)) return 0;
+    const int32_t margins[] = {1, 8, 57, 58, 71, 72, 107, 108, 131, 132, 1000, INT32_MAX, -1, INT32_MIN};
+    return r.pick(margins);
+}
+
 struct Expected {
     std::set<int> statuses;  // rules broken
     bool unsure = false;     // the model cannot tell whether out overlaps itself
@@ -413,6 +424,8 @@ i128 model_shapes(const flashcore_forward_params &p, bool empty, Expected *e, bo
     }
     // Chunks (0.9): 0 (off) or a chunk length > 0, whatever else is set.
     if (p.attention_chunk < 0) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
+    // SMs left to other streams (0.9): >= 0 (the device's count is planning's).
+    if (p.sm_margin < 0) e->add(FLASHCORE_STATUS_INVALID_ARGUMENT);
     // The softcap (0.4): 0 (or -0) is off; otherwise finite and > 0, with
     // softcap * log2(e) a finite float and scale / softcap a finite float > 0
     // (flashcore.h says "must not underflow to 0"; an overflow to infinity
@@ -664,6 +677,7 @@ flashcore_forward_params as_read(const flashcore_forward_params &in) {
     if (p.struct_size < kEndV0_9) {
         p.attention_chunk = 0;
         p.sinks = nullptr;
+        p.sm_margin = 0;
     }
     return p;
 }
@@ -816,6 +830,7 @@ CallerParams random_params(Rng &r) {
                                       FLASHCORE_DTYPE_FP8_E4M3, -1, 99};
     p.out_dtype = r.chance(92) ? 0 : r.chance(50) ? out_type : r.pick(bad_out_dtypes);
     p.attention_chunk = random_chunk(r);
+    p.sm_margin = random_sm_margin(r);
     // Strides: packed in a random layout, then some perturbed. Packed q and
     // out are one batch of total_seqlen_q rows; packed k and v likewise, a
     // paged cache's num_pages batches of page_size rows.
@@ -940,7 +955,8 @@ CallerParams random_params(Rng &r) {
                                 offsetof(flashcore_forward_params, k_descale),
                                 offsetof(flashcore_forward_params, v_descale_batch_stride) + 4, kEndV0_8 + 4,
                                 offsetof(flashcore_forward_params, sinks),
-                                offsetof(flashcore_forward_params, sinks) + 4, kOurs - 1, kMaxStructSize + 1,
+                                offsetof(flashcore_forward_params, sinks) + 4,
+                                offsetof(flashcore_forward_params, sm_margin), kEndV0_9, kOurs - 1, kMaxStructSize + 1,
                                 size_t(1) << 40};
     const int kind = r.chance(88) ? 0 : int(1 + r.below(3));
     p.struct_size = kind == 0 ? kOurs : kind == 1 ? r.pick(older) : kind == 2 ? r.pick(newer) : r.pick(bad_sizes);
@@ -963,7 +979,7 @@ void print_params(const CallerParams &c) {
                  "  q %p k %p v %p out %p lse %p seqused_k %p\n"
                  "  cu_seqlens_q %p cu_seqlens_k %p total_seqlen_q %d total_seqlen_k %d\n"
                  "  block_table %p block_table_batch_stride %" PRId64 " page_size %d num_pages %d\n"
-                 "  attention_chunk %d sinks %p\n",
+                 "  attention_chunk %d sinks %p sm_margin %d\n",
                  p.struct_size, sizeof p, p.dtype, p.batch_size, p.seqlen_q, p.seqlen_k, p.num_heads_q,
                  p.num_heads_kv, p.head_dim, p.head_dim_v, p.causal, double(p.softmax_scale),
                  float_bits(p.softmax_scale), p.num_splits, p.use_window, p.window_left, p.window_right,
@@ -972,7 +988,7 @@ void print_params(const CallerParams &c) {
                  static_cast<const void *>(p.cu_seqlens_q), static_cast<const void *>(p.cu_seqlens_k),
                  p.total_seqlen_q, p.total_seqlen_k, static_cast<const void *>(p.block_table),
                  p.block_table_batch_stride, p.page_size, p.num_pages, p.attention_chunk,
-                 static_cast<const void *>(p.sinks));
+                 static_cast<const void *>(p.sinks), p.sm_margin);
     std::fprintf(stderr,
                  "  kv_dtype %d out_dtype %d q_descale %p (%" PRId64 " %" PRId64 ") k_descale %p (%" PRId64 " %" PRId64
                  ") v_descale %p (%" PRId64 " %" PRId64 ") (pointer, batch and head strides)\n",
@@ -1370,7 +1386,7 @@ constexpr size_t kBackwardEndV0_7 =
     offsetof(flashcore_backward_params, total_seqlen_k) + sizeof(flashcore_backward_params::total_seqlen_k);
 constexpr size_t kBackwardReleasedEnds[] = {kBackwardEndV0_7};
 constexpr size_t kBackwardKnownEnd =
-    offsetof(flashcore_backward_params, dsinks) + sizeof(flashcore_backward_params::dsinks);
+    offsetof(flashcore_backward_params, sm_margin) + sizeof(flashcore_backward_params::sm_margin);
 
 bool backward_struct_size_ok(size_t size) {
     return released_size<flashcore_backward_params>(size, kBackwardReleasedEnds);
@@ -1386,6 +1402,7 @@ flashcore_backward_params backward_as_read(const flashcore_backward_params &in) 
         p.attention_chunk = 0;
         p.sinks = nullptr;
         p.dsinks = nullptr;
+        p.sm_margin = 0;
     }
     return p;
 }
@@ -1419,6 +1436,7 @@ flashcore_forward_params forward_of(const flashcore_backward_params &b) {
     f.total_seqlen_q = b.total_seqlen_q;
     f.total_seqlen_k = b.total_seqlen_k;
     f.attention_chunk = b.attention_chunk;
+    f.sm_margin = b.sm_margin;
     return f;
 }
 
@@ -1558,6 +1576,7 @@ BackwardCaller random_backward_params(Rng &r) {
     const int32_t deterministic[] = {0, 1, -1, INT32_MAX};
     p.deterministic = r.pick(deterministic);
     p.attention_chunk = random_chunk(r);
+    p.sm_margin = random_sm_margin(r);
     const bool packed_q = r.chance(20), packed_k = r.chance(15);
     p.total_seqlen_q = packed_q || r.chance(3) ? random_rows(r) : 0;
     p.total_seqlen_k = packed_k || r.chance(3) ? random_rows(r) : 0;
@@ -1641,6 +1660,8 @@ BackwardCaller random_backward_params(Rng &r) {
                                 kBackwardEndV0_7 + 4,
                                 offsetof(flashcore_backward_params, sinks),
                                 offsetof(flashcore_backward_params, dsinks),
+                                offsetof(flashcore_backward_params, sm_margin),
+                                kBackwardKnownEnd,
                                 kOurs - 1,
                                 kMaxStructSize + 1,
                                 size_t(1) << 40};
@@ -1658,7 +1679,7 @@ void print_backward_params(const BackwardCaller &c) {
                  "  use_window %d window_left %d window_right %d softcap %g (0x%08x)\n"
                  "  q %p k %p v %p out %p dout %p lse %p dq %p dk %p dv %p\n"
                  "  seqused_k %p cu_seqlens_q %p cu_seqlens_k %p total_seqlen_q %d total_seqlen_k %d\n"
-                 "  attention_chunk %d sinks %p dsinks %p\n",
+                 "  attention_chunk %d sinks %p dsinks %p sm_margin %d\n",
                  p.struct_size, sizeof p, p.dtype, p.batch_size, p.seqlen_q, p.seqlen_k, p.num_heads_q,
                  p.num_heads_kv, p.head_dim, p.head_dim_v, p.causal, double(p.softmax_scale),
                  float_bits(p.softmax_scale), p.deterministic, p.use_window, p.window_left, p.window_right,
@@ -1666,7 +1687,7 @@ void print_backward_params(const BackwardCaller &c) {
                  static_cast<const void *>(p.lse), p.dq, p.dk, p.dv, static_cast<const void *>(p.seqused_k),
                  static_cast<const void *>(p.cu_seqlens_q), static_cast<const void *>(p.cu_seqlens_k),
                  p.total_seqlen_q, p.total_seqlen_k, p.attention_chunk, static_cast<const void *>(p.sinks),
-                 static_cast<void *>(p.dsinks));
+                 static_cast<void *>(p.dsinks), p.sm_margin);
     std::fprintf(stderr, "  bytes after ours:");
     for (unsigned char b : c.newer) std::fprintf(stderr, " %02x", b);
     std::fprintf(stderr, "\n  strides (batch seq head):");
@@ -1787,11 +1808,13 @@ struct EmulatedGpu {
     const char *name;
     int cc_major;
     size_t max_smem_per_block;  // what a block may opt in to
+    int32_t num_sms;
     flashcore_handle handle = nullptr;
     std::atomic<uint64_t> planned{0};  // the threaded phase's threads share the handles
 };
 EmulatedGpu g_gpus[] = {
-    {"a100", 8, 166912}, {"a10", 8, 101376}, {"l4", 8, 101376}, {"h100", 9, 232448}, {"h200", 9, 232448}};
+    {"a100", 8, 166912, 108}, {"a10", 8, 101376, 72}, {"l4", 8, 101376, 58}, {"h100", 9, 232448, 132},
+    {"h200", 9, 232448, 132}};
 // Past head dim 256 the backward has one kernel (512), whose tiles need more
 // shared memory than sm_86's and sm_89's 99 KiB (flashcore.h: head_dim):
 // refused there at the launch.
@@ -1817,10 +1840,18 @@ bool create_emulated_handles() {
 // Whether `status` (with the thread's message) is what an accepted call may
 // return on emulated GPU g; fp8_queries: the call has them; asked_splits:
 // it asks for a split (num_splits > 1), whose count the device's kernel
-// clamps, and whose workspace may then pass the address space.
-bool planned_as_allowed(const EmulatedGpu &g, flashcore_status status, bool fp8_queries, bool asked_splits = false) {
+// clamps, and whose workspace may then pass the address space; sm_margin:
+// the call's as the library reads it (INVALID_ARGUMENT where it leaves
+// none of g's SMs).
+bool planned_as_allowed(const EmulatedGpu &g, flashcore_status status, int32_t sm_margin, bool fp8_queries,
+                        bool asked_splits = false) {
     const std::string message = flashcore_last_error_message();
     if (status == FLASHCORE_STATUS_SUCCESS) return true;  // empty: nothing to launch
+    if (sm_margin >= g.num_sms) {
+        return status == FLASHCORE_STATUS_INVALID_ARGUMENT &&
+               message.find("sm_margin (" + std::to_string(sm_margin) + ") leaves none of device 0's " +
+                            std::to_string(g.num_sms) + " SMs") == 0;
+    }
     if (status == FLASHCORE_STATUS_NO_DEVICE) {
         return message.rfind(std::string("emulated ") + g.name + " (FLASHCORE_TEST_EMULATE_GPU): planned ", 0) == 0;
     }
@@ -1837,8 +1868,8 @@ bool planned_as_allowed(const EmulatedGpu &g, flashcore_status status, bool fp8_
 // counting the planned ones; says which call did not plan. what: "forward
 // call", "backward call" or "merge".
 bool counted_as_planned(EmulatedGpu &g, flashcore_status status, const char *what, uint64_t call,
-                        bool fp8_queries = false, bool asked_splits = false) {
-    if (planned_as_allowed(g, status, fp8_queries, asked_splits)) {
+                        int32_t sm_margin = 0, bool fp8_queries = false, bool asked_splits = false) {
+    if (planned_as_allowed(g, status, sm_margin, fp8_queries, asked_splits)) {
         g.planned += status == FLASHCORE_STATUS_NO_DEVICE;
         return true;
     }
@@ -1853,7 +1884,8 @@ bool plan_forward_on(EmulatedGpu &g, const flashcore_forward_params &p, uint64_t
     flashcore_status status = flashcore_forward_workspace_size(g.handle, &p, &bytes);
     if (status == FLASHCORE_STATUS_SUCCESS) status = flashcore_forward(g.handle, &p, kFakeWorkspace, bytes, nullptr);
     const bool asked_splits = p.struct_size >= kEndV0_3 && p.num_splits > 1;
-    return counted_as_planned(g, status, "forward call", call, fp8_queries, asked_splits);
+    const int32_t sm_margin = p.struct_size >= kEndV0_9 ? p.sm_margin : 0;
+    return counted_as_planned(g, status, "forward call", call, sm_margin, fp8_queries, asked_splits);
 }
 
 bool plan_backward_on(EmulatedGpu &g, const flashcore_backward_params &p, uint64_t call) {
@@ -1866,7 +1898,8 @@ bool plan_backward_on(EmulatedGpu &g, const flashcore_backward_params &p, uint64
         std::string(flashcore_last_error_message()).find("bytes of shared memory per block") != std::string::npos) {
         return true;
     }
-    return counted_as_planned(g, status, "backward call", call);
+    const int32_t sm_margin = p.struct_size >= kBackwardKnownEnd ? p.sm_margin : 0;
+    return counted_as_planned(g, status, "backward call", call, sm_margin);
 }
 
 bool plan_merge_on(EmulatedGpu &g, const flashcore_merge_params &p, uint64_t call) {
@@ -1951,6 +1984,7 @@ const FieldFault kFieldFaults[] = {
     {"v_head_stride", [](flashcore_forward_params &p, Rng &) { p.v_head_stride = -8; }},
     {"out_seq_stride", [](flashcore_forward_params &p, Rng &) { p.out_seq_stride = -8; }},
     {"attention_chunk", [](flashcore_forward_params &p, Rng &r) { p.attention_chunk = r.chance(50) ? -1 : INT32_MIN; }},
+    {"sm_margin", [](flashcore_forward_params &p, Rng &r) { p.sm_margin = r.chance(50) ? -1 : INT32_MIN; }},
     {"sinks", [](flashcore_forward_params &p, Rng &r) {
          p.sinks = reinterpret_cast<const float *>((uintptr_t(13) << 44) + 1 + r.below(3));
      }},

@@ -116,7 +116,8 @@ FC_FIELD(v_descale_head_stride, 336, 8);
 /* Added in 0.9: a 0.8 struct ends at 344 bytes. */
 FC_FIELD(attention_chunk, 344, 4);
 FC_FIELD(sinks, 352, 8);
-FC_ASSERT(params_size, sizeof(flashcore_forward_params) == 360);
+FC_FIELD(sm_margin, 360, 4);
+FC_ASSERT(params_size, sizeof(flashcore_forward_params) == 368);
 
 /* flashcore_merge_params (0.3). */
 #define FC_MERGE_FIELD(field, offset, size)                                                \
@@ -211,7 +212,8 @@ FC_BACKWARD_FIELD(total_seqlen_k, 364, 4);
 FC_BACKWARD_FIELD(attention_chunk, 368, 4);
 FC_BACKWARD_FIELD(sinks, 376, 8);
 FC_BACKWARD_FIELD(dsinks, 384, 8);
-FC_ASSERT(backward_params_size, sizeof(flashcore_backward_params) == 392);
+FC_BACKWARD_FIELD(sm_margin, 392, 4);
+FC_ASSERT(backward_params_size, sizeof(flashcore_backward_params) == 400);
 #endif
 
 /* Every function, assigned to a pointer of the exact type it had when this

@@ -193,6 +193,7 @@ struct BwdWorkload {
         params.window_right = f.window_right;
         params.softcap = f.softcap;
         params.attention_chunk = f.attention_chunk;
+        params.sm_margin = f.sm_margin;
         params.sinks = f.sinks;
         if (c.sinks) {
             grad_sinks.allocate(size_t(c.heads_q) * sizeof(float));

@@ -157,6 +157,9 @@ struct FwdCase {
     // V is the first value_dim() columns of K's rows, passed as k's view
     // (v = k, k's strides): DeepSeek MLA's latent cache.
     bool v_in_k = false;
+    // flashcore_forward_params::sm_margin (and the backward's): SMs left to
+    // other streams.
+    int sm_margin = 0;
 
     bool fp8_q() const { return dtype == FLASHCORE_DTYPE_FP8_E4M3; }
     // K and V are e4m3 bytes with descale factors: an fp8 cache or fp8 prefill.
@@ -286,6 +289,7 @@ inline std::string case_name(const FwdCase &c) {
     if (c.use_window) name += "_window" + bound(c.window_left) + "_" + bound(c.window_right);
     if (c.softcap != 0.f) name += "_softcap" + std::to_string(int(c.softcap));
     if (c.attention_chunk != 0) name += "_chunk" + std::to_string(c.attention_chunk);
+    if (c.sm_margin != 0) name += "_margin" + std::to_string(c.sm_margin);
     if (c.sinks) name += "_sinks";
     if (c.v_in_k) name += "_latent";
     if (c.q_scale_log2 != 0) {
@@ -542,6 +546,7 @@ struct Workload {
         params.softcap = c.softcap;
         params.softmax_scale = c.softmax_scale;
         params.attention_chunk = c.attention_chunk;
+        params.sm_margin = c.sm_margin;
         if (c.sinks) params.sinks = upload_sinks(sinks_memory, problem.sinks);
         if (!c.seqused_k.empty()) {
             upload_int32(seqused_memory, std::vector<int32_t>(c.seqused_k.begin(), c.seqused_k.end()));

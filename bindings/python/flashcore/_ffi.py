@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 HEADER = "include/flashcore.h"
-HEADER_SHA256 = "3586708adf5180f1c9d28ec21e1d5daeafe556f0cd44071cdf7d9c5003ebee48"
+HEADER_SHA256 = "a50a9ac00e4372d89ad37070762b532223f80b035ec13db1675fe4733d141d2e"
 
 
 # Assigning to a field of the structs below checks the value against the
@@ -395,6 +395,19 @@ class flashcore_forward_params(ctypes.Structure):
         # every other field; a split-KV call counts the sink once, in its merge.
         # Read on the device, not checked: NaN gives NaN rows.
         ("sinks", ctypes.c_void_p),
+        # SMs the call leaves to kernels on other streams, as FlashAttention
+        # 3's sm_margin: 0 (the default) uses every SM of the handle's device.
+        # A context-parallel ring sets it so that the NCCL transfer of the next
+        # K/V slice runs beside the attention on the slice in hand. Persistent
+        # kernels (the sm_90a forward) launch at most (SMs - sm_margin) CTAs,
+        # one an SM; the split-KV heuristic and every grid-size decision count
+        # those SMs only. The portable kernels' grids are not persistent: their
+        # CTAs run wherever an SM is free, so a kernel on another stream takes
+        # SMs as their CTAs finish, without a margin. Must be >= 0 and leave at
+        # least one SM (INVALID_ARGUMENT, from the calls that plan: the
+        # workspace query and the call itself). It changes the plan, not the
+        # arithmetic: results are those of another split count at most.
+        ("sm_margin", ctypes.c_int32),
     ]
     # Each field's C type as the header spells it (a line per run of fields of one
     # type), against which flashcore/_fields.py checks assignments.
@@ -424,6 +437,7 @@ class flashcore_forward_params(ctypes.Structure):
         "v_descale_batch_stride": "int64_t", "v_descale_head_stride": "int64_t",
         "attention_chunk": "int32_t",
         "sinks": "const float *",
+        "sm_margin": "int32_t",
     }
     __setattr__ = _checked_setattr
 
@@ -552,6 +566,14 @@ class flashcore_backward_params(ctypes.Structure):
         # (batch_size or num_heads_q 0) leaves it unwritten, as it does them,
         # and looks at neither it nor sinks.
         ("dsinks", ctypes.c_void_p),
+        # SMs the call leaves to kernels on other streams, as the forward's
+        # field of the same name. The backward's kernels are not persistent,
+        # so it bounds what assumes the whole GPU: the deterministic mode's
+        # schedule that needs a head's key blocks resident together is taken
+        # only where they fit (SMs - sm_margin) / 2. Must be >= 0 and leave at
+        # least one SM (INVALID_ARGUMENT from the workspace query and the
+        # call).
+        ("sm_margin", ctypes.c_int32),
     ]
     # Each field's C type as the header spells it (a line per run of fields of one
     # type), against which flashcore/_fields.py checks assignments.
@@ -580,6 +602,7 @@ class flashcore_backward_params(ctypes.Structure):
         "total_seqlen_q": "int32_t", "total_seqlen_k": "int32_t", "attention_chunk": "int32_t",
         "sinks": "const float *",
         "dsinks": "float *",
+        "sm_margin": "int32_t",
     }
     __setattr__ = _checked_setattr
 

@@ -397,6 +397,19 @@ pub struct flashcore_forward_params {
     #[doc = " every other field; a split-KV call counts the sink once, in its merge."]
     #[doc = " Read on the device, not checked: NaN gives NaN rows."]
     pub sinks: *const f32,
+    #[doc = " SMs the call leaves to kernels on other streams, as FlashAttention"]
+    #[doc = " 3's sm_margin: 0 (the default) uses every SM of the handle's device."]
+    #[doc = " A context-parallel ring sets it so that the NCCL transfer of the next"]
+    #[doc = " K/V slice runs beside the attention on the slice in hand. Persistent"]
+    #[doc = " kernels (the sm_90a forward) launch at most (SMs - sm_margin) CTAs,"]
+    #[doc = " one an SM; the split-KV heuristic and every grid-size decision count"]
+    #[doc = " those SMs only. The portable kernels' grids are not persistent: their"]
+    #[doc = " CTAs run wherever an SM is free, so a kernel on another stream takes"]
+    #[doc = " SMs as their CTAs finish, without a margin. Must be >= 0 and leave at"]
+    #[doc = " least one SM (INVALID_ARGUMENT, from the calls that plan: the"]
+    #[doc = " workspace query and the call itself). It changes the plan, not the"]
+    #[doc = " arithmetic: results are those of another split count at most."]
+    pub sm_margin: i32,
 }
 extern "C" {
     #[doc = " Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,"]
@@ -603,6 +616,14 @@ pub struct flashcore_backward_params {
     #[doc = " (batch_size or num_heads_q 0) leaves it unwritten, as it does them,"]
     #[doc = " and looks at neither it nor sinks."]
     pub dsinks: *mut f32,
+    #[doc = " SMs the call leaves to kernels on other streams, as the forward's"]
+    #[doc = " field of the same name. The backward's kernels are not persistent,"]
+    #[doc = " so it bounds what assumes the whole GPU: the deterministic mode's"]
+    #[doc = " schedule that needs a head's key blocks resident together is taken"]
+    #[doc = " only where they fit (SMs - sm_margin) / 2. Must be >= 0 and leave at"]
+    #[doc = " least one SM (INVALID_ARGUMENT from the workspace query and the"]
+    #[doc = " call)."]
+    pub sm_margin: i32,
 }
 extern "C" {
     #[doc = " Zeroes the struct_size bytes at params and sets struct_size, dtype = FP16,"]
