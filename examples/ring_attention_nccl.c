@@ -17,6 +17,13 @@
  * each step's output and log-sum-exp go into partial buffers (rows a step
  * does not compute keep lse = -inf, which the merge gives no weight).
  *
+ * The transfers run beside the attention: each rank queues the next
+ * slice's send and receive on a stream of their own before the step's
+ * attention, whose sm_margin leaves kSmMargin SMs to NCCL's kernels (the
+ * sm_90a kernel is persistent: without a margin it holds every SM, and
+ * its CTAs would wait for those NCCL holds). The next step waits for the
+ * slice to arrive; a receive waits for the step that read its buffer.
+ *
  * The program checks itself: GPU 0 also computes the whole sequence in one
  * flashcore_forward call, and each rank's merged rows must match it (a
  * relative L2 difference below 1e-2: the partial results are rounded to
@@ -38,6 +45,10 @@
 #include "flashcore.h"
 
 enum { kMaxRanks = 8, kChunk = 256, kHeadsQ = 8, kHeadsKv = 2, kHeadDim = 128 };
+/* SMs each step's attention leaves to NCCL's send/receive kernels
+ * (flashcore_forward_params::sm_margin; flashcore.distributed.RING_SM_MARGIN
+ * is the same figure). */
+enum { kSmMargin = 8 };
 
 #define CUDA_OK(call)                                                                             \
     do {                                                                                          \
@@ -106,7 +117,10 @@ typedef struct {
     uint16_t *out;      /* [2 chunks][kHeadsQ][kHeadDim] */
     void *workspace;
     size_t workspace_bytes;
-    cudaStream_t stream;
+    cudaStream_t stream;   /* the attention and the merge */
+    cudaStream_t transfer; /* NCCL's sends and receives, beside the attention */
+    cudaEvent_t read_done; /* on stream: the steps so far, which read the buffer the next receive fills */
+    cudaEvent_t arrived;   /* on transfer: the next slice is in */
     flashcore_handle handle;
 } Rank;
 
@@ -123,6 +137,7 @@ static void step_params(flashcore_forward_params *p, const Rank *rank, int r, in
     p->num_heads_q = kHeadsQ;
     p->num_heads_kv = kHeadsKv;
     p->head_dim = kHeadDim;
+    p->sm_margin = kSmMargin;
     p->seqlen_q = 2 * kChunk;
     p->seqlen_k = 2 * kChunk;
     p->q = rank->q;
@@ -188,6 +203,9 @@ int main(void) {
         CUDA_OK(cudaSetDevice(r));
         FC_OK(flashcore_create_for_device(&R->handle, r));
         CUDA_OK(cudaStreamCreateWithFlags(&R->stream, cudaStreamNonBlocking));
+        CUDA_OK(cudaStreamCreateWithFlags(&R->transfer, cudaStreamNonBlocking));
+        CUDA_OK(cudaEventCreateWithFlags(&R->read_done, cudaEventDisableTiming));
+        CUDA_OK(cudaEventCreateWithFlags(&R->arrived, cudaEventDisableTiming));
         CUDA_OK(cudaMalloc((void **)&R->q, (size_t)2 * kChunk * row_q * 2));
         for (int b = 0; b < 2; ++b) CUDA_OK(cudaMalloc((void **)&R->kv[b], 2 * kv_elems * 2));
         CUDA_OK(cudaMalloc((void **)&R->partial, (size_t)ranks * 2 * kChunk * row_q * 2));
@@ -221,11 +239,30 @@ int main(void) {
         if (R->workspace_bytes > 0) CUDA_OK(cudaMalloc(&R->workspace, R->workspace_bytes));
     }
 
-    /* The ring: each step's attention, then the slice moves on (queued on
-     * the same stream after the attention, which holds every SM while it
-     * runs). */
+    /* The ring: each step's transfer of the next slice, queued first on the
+     * transfer streams, then its attention beside it. */
     int current = 0;
     for (int step = 0; step < ranks; ++step) {
+        const int more = step + 1 < ranks;
+        if (more) {
+            for (int r = 0; r < ranks; ++r) {
+                CUDA_OK(cudaSetDevice(r));
+                CUDA_OK(cudaEventRecord(rank[r].read_done, rank[r].stream));
+                CUDA_OK(cudaStreamWaitEvent(rank[r].transfer, rank[r].read_done, 0));
+            }
+            NCCL_OK(ncclGroupStart());
+            for (int r = 0; r < ranks; ++r) {
+                Rank *R = &rank[r];
+                NCCL_OK(ncclSend(R->kv[current], 2 * kv_elems, ncclFloat16, (r + 1) % ranks, comms[r], R->transfer));
+                NCCL_OK(ncclRecv(R->kv[1 - current], 2 * kv_elems, ncclFloat16, (r - 1 + ranks) % ranks, comms[r],
+                                 R->transfer));
+            }
+            NCCL_OK(ncclGroupEnd());
+            for (int r = 0; r < ranks; ++r) {
+                CUDA_OK(cudaSetDevice(r));
+                CUDA_OK(cudaEventRecord(rank[r].arrived, rank[r].transfer));
+            }
+        }
         for (int r = 0; r < ranks; ++r) {
             Rank *R = &rank[r];
             const int s = (r - step + ranks) % ranks;
@@ -242,15 +279,11 @@ int main(void) {
                                           kChunk * sizeof(float), kHeadsQ, cudaMemcpyDeviceToDevice, R->stream));
             }
         }
-        if (step + 1 < ranks) {
-            NCCL_OK(ncclGroupStart());
+        if (more) {
             for (int r = 0; r < ranks; ++r) {
-                Rank *R = &rank[r];
-                NCCL_OK(ncclSend(R->kv[current], 2 * kv_elems, ncclFloat16, (r + 1) % ranks, comms[r], R->stream));
-                NCCL_OK(ncclRecv(R->kv[1 - current], 2 * kv_elems, ncclFloat16, (r - 1 + ranks) % ranks, comms[r],
-                                 R->stream));
+                CUDA_OK(cudaSetDevice(r));
+                CUDA_OK(cudaStreamWaitEvent(rank[r].stream, rank[r].arrived, 0));
             }
-            NCCL_OK(ncclGroupEnd());
             current = 1 - current;
         }
     }
@@ -343,6 +376,11 @@ int main(void) {
     for (int r = 0; r < ranks; ++r) {
         NCCL_OK(ncclCommDestroy(comms[r]));
         flashcore_destroy(rank[r].handle);
+        CUDA_OK(cudaSetDevice(r));
+        CUDA_OK(cudaEventDestroy(rank[r].read_done));
+        CUDA_OK(cudaEventDestroy(rank[r].arrived));
+        CUDA_OK(cudaStreamDestroy(rank[r].transfer));
+        CUDA_OK(cudaStreamDestroy(rank[r].stream));
     }
     printf("%s\n", failed ? "FAILED" : "ok");
     return failed;

@@ -6,12 +6,13 @@ slice of keys, are combined with flashcore.merge_states (the (out, lse)
 merge of flashcore_merge_states). Two algorithms:
 
   ring_attention        K/V pass from rank to rank (rank r sends to r + 1
-                        and receives from r - 1), one slice a step, after
-                        the attention on the slice in hand (NCCL's kernels
-                        need SMs that the attention kernel holds while it
-                        runs: docs/context-parallelism.md); no rank ever
-                        holds more than two K/V slices. For long prefill
-                        and training-length sequences.
+                        and receives from r - 1), one slice a step, beside
+                        the attention on the slice in hand: each step's
+                        kernels leave sm_margin SMs to NCCL's, whose
+                        transfer of the next slice is queued first
+                        (docs/context-parallelism.md); no rank ever holds
+                        more than two K/V slices. For long prefill and
+                        training-length sequences.
   all_gather_attention  every rank gathers all K/V at once, then attends:
                         one collective, more memory; for decode and short
                         contexts, where a ring's steps would each be too
@@ -42,6 +43,7 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 from ._errors import InvalidArgumentError, UnsupportedError
 
 __all__ = [
+    "RING_SM_MARGIN",
     "RingStep",
     "all_gather_attention",
     "emulate_ring_attention",
@@ -53,6 +55,13 @@ __all__ = [
     "zigzag_chunks",
 ]
 
+
+# SMs each ring step's kernels leave to NCCL's, whose transfer of the next
+# K/V slice (and in the backward, of the dK/dV accumulators) then runs beside
+# the step's attention (ring_attention's sm_margin). NCCL's send/receive
+# kernel for one peer each way runs on a few CTAs; measured on 2 H200s
+# (docs/log/context-parallelism.md, 2026-11-30).
+RING_SM_MARGIN = 8
 
 # ---------------------------------------------------------------------------
 # Planning (no GPU, no NCCL)
@@ -217,9 +226,11 @@ def _half(x, which: str, dim: int):
     return first if which == "first" else second
 
 
-def _run_step(step: RingStep, q, k, v, partials: _Partials, index: int, softmax_scale, layout: str) -> None:
+def _run_step(step: RingStep, q, k, v, partials: _Partials, index: int, softmax_scale, layout: str,
+              sm_margin: int = 0) -> None:
     """Attention of this rank's queries against the K/V slice in hand, as
-    `step` says, into partials[index]."""
+    `step` says, into partials[index], leaving sm_margin SMs to other
+    streams."""
     from ._attention import attention
     dim = partials.dim
     q_rows = _half(q, step.query_rows, dim)
@@ -227,7 +238,7 @@ def _run_step(step: RingStep, q, k, v, partials: _Partials, index: int, softmax_
     k_rows = _half(k, step.key_rows, dim)
     v_rows = _half(v, step.key_rows, dim)
     _, lse = attention(q_rows, k_rows, v_rows, causal=step.causal, softmax_scale=softmax_scale, layout=layout,
-                       out=out_rows, return_lse=True)
+                       out=out_rows, return_lse=True, sm_margin=sm_margin)
     _half(partials.lse[index], step.query_rows, 2).copy_(lse)
 
 
@@ -272,7 +283,7 @@ def _neighbours(group, rank: int, world_size: int) -> Tuple[int, int]:
 
 def ring_attention(q: Any, k: Any, v: Any, group: Any = None, *, causal: bool = False,
                    softmax_scale: Optional[float] = None, layout: str = "bhsd",
-                   return_lse: bool = False) -> Union[Any, Tuple[Any, Any]]:
+                   return_lse: bool = False, sm_margin: int = RING_SM_MARGIN) -> Union[Any, Tuple[Any, Any]]:
     """Attention of this rank's queries against every rank's keys, with K/V
     passed around a ring over `group` (default: the world), one slice a
     step.
@@ -286,21 +297,39 @@ def ring_attention(q: Any, k: Any, v: Any, group: Any = None, *, causal: bool = 
     Returns this rank's out (q's shape with v's head dim, q's dtype), and
     its float32 lse [B, H, S_local] with return_lse.
 
+    sm_margin: SMs each step's kernels leave to NCCL (the attention's
+        sm_margin, as flashcore.attention takes it): the transfer of the
+        next slice is queued before the step's attention and runs beside
+        it on those SMs. 0 queues each transfer after the step's attention
+        instead, so that nothing runs beside it (the attention then holds
+        every SM, and a transfer queued first would take SMs that its
+        persistent CTAs wait for). The default, RING_SM_MARGIN, is what
+        measured fastest on H200s.
+
     Each of the world_size steps is one flashcore.attention call on the
-    slice in hand (ring_schedule says which rows and keys), after which NCCL
-    sends that slice on and receives the next; the steps' results are merged
+    slice in hand (ring_schedule says which rows and keys) while NCCL sends
+    that slice on and receives the next; the steps' results are merged
     once at the end with flashcore.merge_states. Differentiable: where q, k
     or v requires grad (and grad mode is on), out's backward pass runs the
-    ring again with flashcore's backward and returns this rank's dq, dk and
-    dv; the lse has no gradient.
+    ring again with flashcore's backward (the same sm_margin, each step's
+    transfers beside its kernels) and returns this rank's dq, dk and dv;
+    the lse has no gradient.
     """
     import torch
     # _ring checks the tensors (inside the autograd Function's forward too,
     # where grad mode is off).
+    _check_sm_margin(sm_margin)
     if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v)):
-        out, lse = _ring_function().apply(q, k, v, group, causal, softmax_scale, layout)
+        out, lse = _ring_function().apply(q, k, v, group, causal, softmax_scale, layout, sm_margin)
         return (out, lse) if return_lse else out
-    return _ring(q, k, v, group, causal, softmax_scale, layout, return_lse, None)
+    return _ring(q, k, v, group, causal, softmax_scale, layout, return_lse, None, sm_margin)
+
+
+def _check_sm_margin(sm_margin) -> None:
+    """An int >= 0 (the library checks that it leaves an SM)."""
+    if not (_is_whole(sm_margin) and sm_margin >= 0):
+        raise InvalidArgumentError("sm_margin must be an int >= 0 (SMs each ring step leaves to NCCL; 0: transfers "
+                                   "after each step's attention), not %r" % (sm_margin,))
 
 
 _RING_FUNCTION = None
@@ -315,10 +344,10 @@ def _ring_function():
 
         class RingAttention(torch.autograd.Function):
             @staticmethod
-            def forward(ctx, q, k, v, group, causal, softmax_scale, layout):
-                out, lse = _ring(q, k, v, group, causal, softmax_scale, layout, True, None)
+            def forward(ctx, q, k, v, group, causal, softmax_scale, layout, sm_margin):
+                out, lse = _ring(q, k, v, group, causal, softmax_scale, layout, True, None, sm_margin)
                 ctx.save_for_backward(q, k, v, out, lse)
-                ctx.options = (group, causal, softmax_scale, layout)
+                ctx.options = (group, causal, softmax_scale, layout, sm_margin)
                 ctx.mark_non_differentiable(lse)
                 return out, lse
 
@@ -326,13 +355,34 @@ def _ring_function():
             def backward(ctx, dout, _dlse):
                 q, k, v, out, lse = ctx.saved_tensors
                 dq, dk, dv = _ring_backward(q, k, v, out, lse, dout.contiguous(), *ctx.options)
-                return dq, dk, dv, None, None, None, None
+                return dq, dk, dv, None, None, None, None, None
 
         _RING_FUNCTION = RingAttention
     return _RING_FUNCTION
 
 
-def _ring(q, k, v, group, causal, softmax_scale, layout, return_lse, timeline):
+def _exchange(group, send, receive, send_to, recv_from):
+    """Queues the send of each buffer in `send` to send_to and the receive
+    of the one at the same place in `receive` (of its size) from recv_from,
+    pair by pair (one batch: NCCL runs them together, on its own stream,
+    after what the current stream has queued so far); returns the works to
+    wait for."""
+    import torch.distributed as dist
+    ops = []
+    for out, into in zip(send, receive):
+        ops += [dist.P2POp(dist.isend, out, send_to, group), dist.P2POp(dist.irecv, into, recv_from, group)]
+    return dist.batch_isend_irecv(ops)
+
+
+def _wait(works) -> None:
+    """Makes the current stream wait for the works (NCCL: without blocking
+    the host), if any. Each work is waited for once: a second wait on a
+    finished gloo work never returns."""
+    for work in works or ():
+        work.wait()
+
+
+def _ring(q, k, v, group, causal, softmax_scale, layout, return_lse, timeline, sm_margin=RING_SM_MARGIN):
     """ring_attention; timeline (a list, or None) gets per step the CUDA
     events (step start, attention done, next slice received) on the current
     stream, for bench/context_parallel.py's per-step timeline."""
@@ -347,24 +397,27 @@ def _ring(q, k, v, group, causal, softmax_scale, layout, return_lse, timeline):
     kv = _pack(k, v)
     spare = torch.empty_like(kv)
     send_to, recv_from = _neighbours(group, rank, world_size)
+    # With a margin, each transfer is queued before the step's attention and
+    # runs beside it on the SMs the attention leaves. Without one it is
+    # queued after: the attention kernel holds every SM while it runs (one
+    # persistent CTA each), and a transfer queued first whose peer was not
+    # ready yet kept SMs spinning under it, which then ran up to twice as
+    # long (4 H200s, 128k causal: step 0 took 25 ms against 13).
+    beside = sm_margin > 0
     with torch.no_grad():
         for index, step in enumerate(steps):
             marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if timeline is not None else None
             if marks:
                 marks[0].record()
-            _run_step(step, q, *_unpack(kv, k, v), partials, index, softmax_scale, layout)
+            more = index + 1 < world_size
+            works = _exchange(group, [kv], [spare], send_to, recv_from) if more and beside else None
+            _run_step(step, q, *_unpack(kv, k, v), partials, index, softmax_scale, layout, sm_margin)
             if marks:
                 marks[1].record()
-            # The transfer is queued after the step's attention: NCCL's
-            # kernels need SMs, and the attention kernel holds every SM
-            # while it runs (one persistent CTA each). Queued first, a
-            # transfer whose peer is not ready yet kept SMs spinning under
-            # the attention, which then ran up to twice as long (4 H200s,
-            # 128k causal: step 0 took 25 ms against 13 for the others).
-            if index + 1 < world_size:
-                for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, send_to, group),
-                                                    dist.P2POp(dist.irecv, spare, recv_from, group)]):
-                    work.wait()
+            if more and not beside:
+                works = _exchange(group, [kv], [spare], send_to, recv_from)
+            if more:
+                _wait(works)
                 kv, spare = spare, kv
             if marks:
                 marks[2].record()
@@ -372,53 +425,77 @@ def _ring(q, k, v, group, causal, softmax_scale, layout, return_lse, timeline):
         return partials.merge(return_lse)
 
 
-def _step_grads(step: RingStep, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, layout: str) -> None:
-    """Adds one step's gradients (flashcore's backward over the rows and
-    keys `step` names, with the whole call's out and lse: P and dO.O are
-    those of the merged result) into the float32 accumulators dq (the
-    rank's queries) and dk, dv (the slice in hand)."""
+def _step_grads(step: RingStep, q, k, v, out, lse, dout, dq, softmax_scale, layout: str, sm_margin: int = 0):
+    """One step's gradients (flashcore's backward over the rows and keys
+    `step` names, with the whole call's out and lse: P and dO.O are those
+    of the merged result, leaving sm_margin SMs to other streams): dq's
+    added into the float32 accumulator dq (the rank's queries); returns
+    the slice's (dk, dv) as add_slice_grads takes them."""
     from ._backward import gradients
     dim = _seq_dim(layout)
     rows = lambda t: _half(t, step.query_rows, dim)
-    keys = lambda t: _half(t, step.key_rows, dim)
     lse_rows = _half(lse, step.query_rows, 2).contiguous()
-    dq_step, dk_step, dv_step, _ = gradients(rows(dout), rows(q), keys(k), keys(v), rows(out), lse_rows, None, None,
-                                             None, None, None, layout, step.causal, softmax_scale, None, 0.0, False)
+    dq_step, dk_step, dv_step, _ = gradients(rows(dout), rows(q), _half(k, step.key_rows, dim),
+                                             _half(v, step.key_rows, dim), rows(out), lse_rows, None, None, None,
+                                             None, None, layout, step.causal, softmax_scale, None, 0.0, False,
+                                             sm_margin=sm_margin)
     rows(dq).add_(dq_step)
-    keys(dk).add_(dk_step)
-    keys(dv).add_(dv_step)
+    return dk_step, dv_step
 
 
-def _ring_backward(q, k, v, out, lse, dout, group, causal, softmax_scale, layout):
+def _add_slice_grads(step: RingStep, grads, dk, dv, layout: str) -> None:
+    """Adds a step's (dk, dv) (_step_grads') into the float32 accumulators
+    dk, dv of the slice in hand."""
+    dim = _seq_dim(layout)
+    _half(dk, step.key_rows, dim).add_(grads[0])
+    _half(dv, step.key_rows, dim).add_(grads[1])
+
+
+def _ring_backward(q, k, v, out, lse, dout, group, causal, softmax_scale, layout, sm_margin=RING_SM_MARGIN):
     """ring_attention's backward: the ring again, each step adding its dq
     into the rank's and its dK, dV into the float32 accumulators that travel
     with the slice; after the last step one more hop brings each slice's
-    accumulators to the rank that holds the slice."""
+    accumulators to the rank that holds the slice.
+
+    With a margin, the transfers run beside the kernels: the next K/V slice
+    is queued before the step's backward, and the accumulators of the slice
+    in hand (which the previous rank sent after its step) are waited for
+    only once the step's gradients are computed, then sent on beside the
+    next step. Without one, each step's transfers are queued after it."""
     import torch
-    import torch.distributed as dist
     rank, world_size = _group_info(group)
     steps = ring_schedule(rank, world_size, causal)
     send_to, recv_from = _neighbours(group, rank, world_size)
+    beside = sm_margin > 0
     with torch.no_grad():
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         kv = _pack(k, v)
         spare = torch.empty_like(kv)
+        # The accumulators of the slice in hand, and the buffer the next
+        # slice's arrive in: dkv starts as the rank's own slice's (step 0).
         dkv = torch.zeros(kv.numel(), dtype=torch.float32, device=kv.device)
         dspare = torch.empty_like(dkv)
+        grads_works = None  # the accumulators' transfer in flight
         for index, step in enumerate(steps):
-            _step_grads(step, q, *_unpack(kv, k, v), out, lse, dout, dq, *_unpack(dkv, k, v), softmax_scale,
-                        layout)
-            last = index + 1 == world_size
-            if world_size > 1:
-                ops = [dist.P2POp(dist.isend, dkv, send_to, group), dist.P2POp(dist.irecv, dspare, recv_from, group)]
-                if not last:
-                    ops += [dist.P2POp(dist.isend, kv, send_to, group),
-                            dist.P2POp(dist.irecv, spare, recv_from, group)]
-                for work in dist.batch_isend_irecv(ops):
-                    work.wait()
+            more = index + 1 < world_size
+            kv_works = _exchange(group, [kv], [spare], send_to, recv_from) if more and beside else None
+            grads = _step_grads(step, q, *_unpack(kv, k, v), out, lse, dout, dq, softmax_scale, layout, sm_margin)
+            if index > 0:
+                _wait(grads_works)  # the previous rank's accumulators of this slice, now in dspare
                 dkv, dspare = dspare, dkv
-                if not last:
-                    kv, spare = spare, kv
+            _add_slice_grads(step, grads, *_unpack(dkv, k, v), layout)
+            if more and not beside:
+                grads_works = kv_works = _exchange(group, [dkv, kv], [dspare, spare], send_to, recv_from)
+            elif world_size > 1:
+                grads_works = _exchange(group, [dkv], [dspare], send_to, recv_from)
+            if more:
+                _wait(kv_works)
+                kv, spare = spare, kv
+                if grads_works is kv_works:
+                    grads_works = None  # (one batch, waited for)
+        if world_size > 1:
+            _wait(grads_works)  # the last hop: this rank's slice's accumulators, in dspare
+            dkv = dspare
         dk, dv = _unpack(dkv, k, v)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
@@ -525,7 +602,8 @@ def emulate_ring_gradients(q: Any, k: Any, v: Any, dout: Any, world_size: int, *
         for rank in range(world_size):
             for step in ring_schedule(rank, world_size, causal):
                 s = step.source
-                _step_grads(step, qs[rank], ks[s], vs[s], outs[rank], lses[rank], douts[rank], dqs[rank], dks[s],
-                            dvs[s], softmax_scale, layout)
+                grads = _step_grads(step, qs[rank], ks[s], vs[s], outs[rank], lses[rank], douts[rank], dqs[rank],
+                                    softmax_scale, layout)
+                _add_slice_grads(step, grads, dks[s], dvs[s], layout)
         return tuple(unshard([g.to(t.dtype) for g in gs], causal=causal, layout=layout)
                      for gs, t in ((dqs, q), (dks, k), (dvs, v)))

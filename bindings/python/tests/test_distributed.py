@@ -81,9 +81,22 @@ def test_ring_steps_cover_the_mask_once(world_size, causal):
         assert set(seen) == expected
 
 
-def _cpu_attention(q, k, v, *, causal=False, softmax_scale=None, layout="bhsd", out=None, return_lse=False):
+# What the stand-ins were called with, in order, where a test asks:
+# ("attention" or "gradients", sm_margin); and the ring's transfers
+# ("exchange", buffers sent).
+CALLS = None
+
+
+def _log(*entry):
+    if CALLS is not None:
+        CALLS.append(entry)
+
+
+def _cpu_attention(q, k, v, *, causal=False, softmax_scale=None, layout="bhsd", out=None, return_lse=False,
+                   sm_margin=0):
     """float64 attention with flashcore's conventions (bottom-right causal,
     GQA, lse of the scaled scores), writing into out."""
+    _log("attention", sm_margin)
     if layout == "bshd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     q64, k64, v64 = q.double(), k.double(), v.double()
@@ -147,10 +160,11 @@ def test_emulated_forward_refuses_gradients():
 
 
 def _cpu_gradients(dout, q, k, v, out, lse, seqused_k, cu_q, cu_k, max_q, max_k, layout, causal, softmax_scale,
-                   window, softcap, deterministic, attention_chunk=0, sinks=None, compute_dsinks=False):
+                   window, softcap, deterministic, attention_chunk=0, sinks=None, compute_dsinks=False, sm_margin=0):
     """flashcore's backward in float64 from the given out and lse (as the
     library: P = exp(scale * q.k - lse), delta = rowsum(dO * O)); no
     sinks' gradient (the ring takes none)."""
+    _log("gradients", sm_margin)
     bshd = layout == "bshd"
     if bshd:
         dout, q, k, v, out = (t.transpose(1, 2) for t in (dout, q, k, v, out))
@@ -202,13 +216,17 @@ def test_ring_attention_needs_an_initialised_group():
         fd.ring_attention(x, x, x, causal=True)
 
 
-def _gloo_rank(rank, world_size, port, causal, results):
+def _gloo_rank(rank, world_size, port, causal, sm_margin, results):
     """One rank of test_ring_over_gloo: ring_attention's forward and backward
-    through torch.distributed (gloo, CPU) with the float64 stand-ins."""
+    through torch.distributed (gloo, CPU) with the float64 stand-ins, and
+    the order of the rank's kernel calls and transfers."""
+    global CALLS
     import torch.distributed as dist
     flashcore._attention.attention = _cpu_attention
     flashcore._merge.merge_states = _cpu_merge
     flashcore._backward.gradients = _cpu_gradients
+    exchange = fd._exchange
+    fd._exchange = lambda group, send, *rest: _log("exchange", len(send)) or exchange(group, send, *rest)
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world_size)
     try:
         torch.manual_seed(0)  # every rank draws the same full tensors
@@ -216,23 +234,42 @@ def _gloo_rank(rank, world_size, port, causal, results):
         q, k, v, dout = (torch.randn(1, h, seq, 8, dtype=torch.float64) for h in (4, 2, 2, 4))
         mine = lambda t: fd.shard(t, rank, world_size, causal=causal)
         ql, kl, vl = (mine(t).requires_grad_() for t in (q, k, v))
-        out = fd.ring_attention(ql, kl, vl, causal=causal)
+        CALLS = []
+        out = fd.ring_attention(ql, kl, vl, causal=causal, sm_margin=sm_margin)
         out.backward(mine(dout))
         # As bytes: a tensor put on the queue travels as a file descriptor
         # that this process shares, and the parent's read failed when the
         # rank had exited first (FileNotFoundError from the resource sharer).
         buffer = io.BytesIO()
-        torch.save((out.detach(), ql.grad, kl.grad, vl.grad), buffer)
+        torch.save((out.detach(), ql.grad, kl.grad, vl.grad, CALLS), buffer)
         results.put((rank, buffer.getvalue()))
     finally:
         dist.destroy_process_group()
 
 
+# The order of a rank's kernel calls and transfers on 3 ranks (each
+# transfer: ("exchange", buffers sent)). With a margin, each step's
+# transfer of the next K/V slice is queued before its kernel; in the
+# backward the accumulators of the slice in hand follow the step's kernel
+# (then run beside the next step's). Without one every transfer follows its
+# step's kernel, in one batch (K/V and the accumulators).
+def _expected_order(sm_margin):
+    if sm_margin:
+        return ([("exchange", 1), ("attention", sm_margin)] * 2 + [("attention", sm_margin)]
+                + [("exchange", 1), ("gradients", sm_margin), ("exchange", 1)] * 2
+                + [("gradients", sm_margin), ("exchange", 1)])
+    return ([("attention", 0), ("exchange", 1)] * 2 + [("attention", 0)]
+            + [("gradients", 0), ("exchange", 2)] * 2 + [("gradients", 0), ("exchange", 1)])
+
+
 @pytest.mark.parametrize("causal", [False, True])
-def test_ring_over_gloo_is_the_emulated_ring(causal):
+@pytest.mark.parametrize("sm_margin", [0, 8])
+def test_ring_over_gloo_is_the_emulated_ring(causal, sm_margin):
     """ring_attention's own transfers (batch_isend_irecv, the backward's
     travelling dK/dV) on 3 CPU ranks over gloo give what the emulated ring
-    gives: the communication paths, checked without NCCL or a GPU."""
+    gives: the communication paths, checked without NCCL or a GPU, with
+    the transfers beside each step's kernels (a margin) and after them;
+    every kernel call gets the margin."""
     import socket
     import torch.multiprocessing as mp
     world_size = 3
@@ -241,7 +278,8 @@ def test_ring_over_gloo_is_the_emulated_ring(causal):
         port = sock.getsockname()[1]
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_gloo_rank, args=(r, world_size, port, causal, results)) for r in range(world_size)]
+    procs = [ctx.Process(target=_gloo_rank, args=(r, world_size, port, causal, sm_margin, results))
+             for r in range(world_size)]
     for proc in procs:
         proc.start()
     got = {r: torch.load(io.BytesIO(data)) for r, data in (results.get(timeout=120) for _ in procs)}
@@ -264,9 +302,17 @@ def test_ring_over_gloo_is_the_emulated_ring(causal):
     # The gradients accumulate in float32, in ring order on the ranks and in
     # rank order in the emulation: equal to float32 rounding.
     for r in range(world_size):
-        for name, a, b, tol in zip(("out", "dq", "dk", "dv"), got[r], (out,) + tuple(grads),
+        for name, a, b, tol in zip(("out", "dq", "dk", "dv"), got[r][:4], (out,) + tuple(grads),
                                    (1e-12, 1e-6, 1e-6, 1e-6)):
             assert torch.allclose(a, mine(b, r), atol=tol), (r, name, (a - mine(b, r)).abs().max())
+        assert got[r][4] == _expected_order(sm_margin), (r, got[r][4])
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "8", None])
+def test_ring_sm_margin_is_an_int_at_least_0(bad):
+    x = torch.randn(1, 2, 8, 8)
+    with pytest.raises(flashcore.InvalidArgumentError, match="sm_margin must be an int >= 0"):
+        fd.ring_attention(x, x, x, causal=True, sm_margin=bad)
 
 
 def test_ranks_and_world_sizes_are_ints_not_bools():
