@@ -59,20 +59,20 @@ def forward_params(q: Array, k: Array, v: Array, out: Optional[Array] = None, *,
                    max_seqlen_k: Optional[int] = None, block_table: Optional[Array] = None,
                    q_descale: Optional[Array] = None, k_descale: Optional[Array] = None,
                    v_descale: Optional[Array] = None, attention_chunk: int = 0,
-                   sinks: Optional[Array] = None) -> "_ffi.flashcore_forward_params":
+                   sinks: Optional[Array] = None, sm_margin: int = 0) -> "_ffi.flashcore_forward_params":
     """A flashcore.ForwardParams for these arrays (pointers, sizes, strides),
     for the low-level calls: Handle.workspace_size, Handle.forward,
     check_params. The arrays must outlive every use of the result.
     num_splits, window, softcap, seqused_k, float8_e4m3fn k and v (or q, k
     and v: dtype FP8_E4M3, kv_dtype 0, out_dtype BF16, out bfloat16), the
-    descales, attention_chunk and sinks as for attention();
+    descales, attention_chunk, sinks and sm_margin as for attention();
     cu_seqlens_q/max_seqlen_q and cu_seqlens_k/max_seqlen_k as for
     attention_varlen() (each side packed on its own: q and out, or k and v,
     are then [total, H, D] whatever the layout); block_table as for
     attention_with_kvcache(), k and v then page pools [num_pages,
     page_size, Hkv, D] (layout="bshd") or [num_pages, Hkv, page_size, D]."""
     layout = _layout(layout)
-    options = _options(causal, softmax_scale, num_splits, window, softcap, attention_chunk)
+    options = _options(causal, softmax_scale, num_splits, window, softcap, attention_chunk, sm_margin)
     infos = [None if a is None else describe(a, name)
              for a, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"), (sinks, "sinks"))]
     seqs = _sequences(0, seqused_k=seqused_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
@@ -108,9 +108,9 @@ def _forward(arrays, layout, options, return_lse, stream, workspace, detach, max
     """What attention, attention_varlen and attention_with_kvcache share:
     the call's arrays in _plan.POINTER_FIELDS order (None where not given),
     its options (causal, softmax_scale, num_splits, window, softcap,
-    attention_chunk) as the caller gave them, and the rest of its
-    arguments. Under torch.compile (or torch.export), and where the result
-    must be differentiable (wants_grad), the torch operator
+    attention_chunk, sm_margin) as the caller gave them, and the rest of
+    its arguments. Under torch.compile (or torch.export), and where the
+    result must be differentiable (wants_grad), the torch operator
     flashcore::forward, which comes back here below autograd; else the
     compiled path where it serves the call (fast_asked: the caller asked it
     already, and it handed the call back); else the Python path
@@ -201,8 +201,8 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
               window: Optional[Tuple[int, int]] = None, softcap: float = 0.0, seqused_k: Optional[Array] = None,
               detach: bool = False, is_causal: Optional[bool] = None, scale: Optional[float] = None,
               deterministic: bool = False, q_descale: Optional[Array] = None, k_descale: Optional[Array] = None,
-              v_descale: Optional[Array] = None, attention_chunk: int = 0,
-              sinks: Optional[Array] = None) -> Union[Array, Tuple[Array, Array]]:
+              v_descale: Optional[Array] = None, attention_chunk: int = 0, sinks: Optional[Array] = None,
+              sm_margin: int = 0) -> Union[Array, Tuple[Array, Array]]:
     """Fused scaled-dot-product attention, like
     torch.nn.functional.scaled_dot_product_attention(q, k, v):
 
@@ -294,6 +294,16 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
         tensor that requires grad (an nn.Parameter) gets its gradient from
         flashcore_backward, as q, k and v do. Read on the GPU, not
         checked: NaN gives NaN rows.
+    sm_margin: SMs the call leaves to kernels on other streams, as
+        FlashAttention 3's sm_margin: 0 (the default) uses every SM of the
+        device. A context-parallel ring sets it so that the NCCL transfer
+        of the next K/V slice runs beside the attention (as
+        flashcore.distributed.ring_attention does). The persistent kernels
+        (sm_90a's forward) launch at most SMs - sm_margin thread blocks,
+        and the split-KV choice counts those SMs only: it changes the
+        plan, not the arithmetic (at most another num_splits' rounding).
+        A differentiable call's backward pass leaves the same SMs. An int;
+        the library refuses one < 0 or one that leaves the device no SM.
 
     Quantized K/V (an fp8 KV cache, as vLLM's kv_cache_dtype="fp8"): k and
         v may both be float8_e4m3fn (torch.float8_e4m3fn) with float16 or
@@ -383,7 +393,7 @@ def attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_sca
     """
     if is_causal is not None or scale is not None:
         causal, softmax_scale = _pytorch_names(q, k, layout, causal, softmax_scale, is_causal, scale)
-    options = (causal, softmax_scale, num_splits, window, softcap, attention_chunk)
+    options = (causal, softmax_scale, num_splits, window, softcap, attention_chunk, sm_margin)
     # A repeated call on torch tensors: the compiled path, first thing (each
     # Python call on the way is host time). Under torch.compile it is never
     # reached: _is_compiling() comes first, and there _forward traces.
@@ -406,7 +416,7 @@ def attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqle
                      seqused_k: Optional[Array] = None, detach: bool = False, deterministic: bool = False,
                      q_descale: Optional[Array] = None, k_descale: Optional[Array] = None,
                      v_descale: Optional[Array] = None, attention_chunk: int = 0,
-                     sinks: Optional[Array] = None) -> Union[Array, Tuple[Array, Array]]:
+                     sinks: Optional[Array] = None, sm_margin: int = 0) -> Union[Array, Tuple[Array, Array]]:
     """Attention over a batch of sequences of different lengths packed
     without padding, as FlashAttention's flash_attn_varlen_func:
 
@@ -436,13 +446,14 @@ def attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqle
         B is len(cu_seqlens_q) - 1 for [B, Hkv] descales.
 
     The other arguments are attention()'s, detach, deterministic,
-    attention_chunk and sinks (float32 [Hq]) included; the result is
-    differentiable as attention()'s is (the gradients of rows outside
-    every sequence are 0), a float8_e4m3fn call's is not.
+    attention_chunk, sinks (float32 [Hq]) and sm_margin included; the
+    result is differentiable as attention()'s is (the gradients of rows
+    outside every sequence are 0), a float8_e4m3fn call's is not.
     """
     return _forward((q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, None, q_descale, k_descale, v_descale,
-                     sinks), "bshd", (causal, softmax_scale, num_splits, window, softcap, attention_chunk), return_lse,
-                    stream, workspace, detach, max_seqlen_q, max_seqlen_k, "seqused_k", False, deterministic)
+                     sinks), "bshd", (causal, softmax_scale, num_splits, window, softcap, attention_chunk, sm_margin),
+                    return_lse, stream, workspace, detach, max_seqlen_q, max_seqlen_k, "seqused_k", False,
+                    deterministic)
 
 
 def _cache_seqlens_array(count, q, cu_seqlens_q, stream):
@@ -473,8 +484,8 @@ def attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, cache_seqle
                            window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
                            detach: bool = False, deterministic: bool = False, q_descale: Optional[Array] = None,
                            k_descale: Optional[Array] = None, v_descale: Optional[Array] = None,
-                           attention_chunk: int = 0,
-                           sinks: Optional[Array] = None) -> Union[Array, Tuple[Array, Array]]:
+                           attention_chunk: int = 0, sinks: Optional[Array] = None,
+                           sm_margin: int = 0) -> Union[Array, Tuple[Array, Array]]:
     """Attention of new queries against a KV cache, as FlashAttention's
     flash_attn_with_kvcache (without appending to the cache or rotary
     embedding), in its [B, S, H, D] storage:
@@ -513,15 +524,16 @@ def attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, cache_seqle
         on the smallest that covers them), no softcap), out is
         bfloat16 and q_descale q's factors, as for attention().
     The other arguments are attention()'s (layout is "bshd"), detach,
-    deterministic, attention_chunk and sinks included: a contiguous 16-bit
-    cache's result is differentiable as attention()'s is; a paged or
-    float8_e4m3fn one's is not (UnsupportedError where an input requires
-    grad, unless detach=True).
+    deterministic, attention_chunk, sinks and sm_margin included: a
+    contiguous 16-bit cache's result is differentiable as attention()'s
+    is; a paged or float8_e4m3fn one's is not (UnsupportedError where an
+    input requires grad, unless detach=True).
     """
     seqused_k = cache_seqlens
     if cache_seqlens is not None and not (is_torch(cache_seqlens) or hasattr(cache_seqlens, "__cuda_array_interface__")
                                           or hasattr(cache_seqlens, "__dlpack__")):
         seqused_k = _cache_seqlens_array(cache_seqlens, q, cu_seqlens_q, stream)
     return _forward((q, k_cache, v_cache, out, lse, seqused_k, cu_seqlens_q, None, block_table, q_descale, k_descale,
-                     v_descale, sinks), "bshd", (causal, softmax_scale, num_splits, window, softcap, attention_chunk),
-                    return_lse, stream, workspace, detach, max_seqlen_q, None, "cache_seqlens", False, deterministic)
+                     v_descale, sinks), "bshd",
+                    (causal, softmax_scale, num_splits, window, softcap, attention_chunk, sm_margin), return_lse,
+                    stream, workspace, detach, max_seqlen_q, None, "cache_seqlens", False, deterministic)

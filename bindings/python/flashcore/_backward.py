@@ -26,22 +26,22 @@ def backward_params(q: Array, k: Array, v: Array, out: Array, dout: Array, lse: 
                     softcap: float = 0.0, seqused_k: Optional[Array] = None, cu_seqlens_q: Optional[Array] = None,
                     cu_seqlens_k: Optional[Array] = None, max_seqlen_q: Optional[int] = None,
                     max_seqlen_k: Optional[int] = None, deterministic: bool = False, attention_chunk: int = 0,
-                    sinks: Optional[Array] = None,
-                    dsinks: Optional[Array] = None) -> "_ffi.flashcore_backward_params":
+                    sinks: Optional[Array] = None, dsinks: Optional[Array] = None,
+                    sm_margin: int = 0) -> "_ffi.flashcore_backward_params":
     """A flashcore.BackwardParams for these arrays (pointers, sizes,
     strides), for Handle.backward_workspace_size, Handle.backward and
     check_backward_params. q, k, v, out and lse are the forward call's
     (lse required: the forward's return_lse), with its options (causal,
     softmax_scale, layout, window, softcap, seqused_k, cu_seqlens_q/_k,
-    max_seqlen_q/_k, attention_chunk and sinks as for attention() and
-    attention_varlen()); dout is the gradient of out, and dq, dk and dv
+    max_seqlen_q/_k, attention_chunk, sinks and sm_margin as for attention()
+    and attention_varlen()); dout is the gradient of out, and dq, dk and dv
     receive those of q, k and v (each of its tensor's shape and q's dtype,
     any strides the C API takes); dsinks, where given (a float32 [Hq]
     array; it needs sinks), receives that of sinks. deterministic:
     bitwise-identical dq from run to run (dk and dv are either way). The
     arrays must outlive every use of the result."""
     arrays = (q, k, v, out, dout, lse, dq, dk, dv, seqused_k, cu_seqlens_q, cu_seqlens_k, sinks, dsinks)
-    params, _ = backward_in_full(arrays, layout, (causal, softmax_scale, window, softcap, attention_chunk),
+    params, _ = backward_in_full(arrays, layout, (causal, softmax_scale, window, softcap, attention_chunk, sm_margin),
                                  deterministic, max_seqlen_q, max_seqlen_k)
     return params
 
@@ -82,7 +82,7 @@ compiled_path = _no_compiled_path
 
 def gradients(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout,
               causal, softmax_scale, window, softcap, deterministic, attention_chunk=0, sinks=None,
-              compute_dsinks=False):
+              compute_dsinks=False, sm_margin=0):
     """(dq, dk, dv, dsinks) for the gradient dout of a forward call's out
     (flashcore::backward's implementation): torch tensors on one CUDA
     device, the forward's q, k, v, out, lse and sinks, queued on torch's
@@ -90,14 +90,16 @@ def gradients(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, ma
     tensor with compute_dsinks (which needs sinks), else None.
     deterministic: the call's, or'ed with
     torch.are_deterministic_algorithms_enabled() as the backward runs.
-    (Positional: flashcore::backward's arguments, in its order.)"""
+    sm_margin: the SMs the call leaves to kernels on other streams (the
+    forward's, or a ring step's own). (Positional: flashcore::backward's
+    arguments, in its order.)"""
     if compute_dsinks and sinks is None:
         raise ValueError("compute_dsinks needs sinks: the gradient of sinks is that of the forward call's sinks")
     fast = compiled_path()
     if fast:
         grads = fast.backward(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                               max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic,
-                              attention_chunk, sinks, compute_dsinks)
+                              attention_chunk, sinks, compute_dsinks, sm_margin)
         if grads is not None:
             return grads
     torch = sys.modules["torch"]
@@ -110,7 +112,8 @@ def gradients(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, ma
     dsinks = torch.empty_like(sinks) if compute_dsinks else None
     deterministic = bool(deterministic) or torch.are_deterministic_algorithms_enabled()
     params, plan = prepare_backward((q, k, v, out, dout, lse, dq, dk, dv, seqused_k, cu_seqlens_q, cu_seqlens_k,
-                                     sinks, dsinks), layout, (causal, softmax_scale, window, softcap, attention_chunk),
+                                     sinks, dsinks), layout,
+                                    (causal, softmax_scale, window, softcap, attention_chunk, sm_margin),
                                     deterministic, max_seqlen_q, max_seqlen_k)
     launch_backward(params, plan)
     if plan.empty and dsinks is not None:
@@ -118,5 +121,6 @@ def gradients(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, ma
     if fast and dout is given and not plan.empty:
         _plan.remember_backward(fast, (dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k,
                                            max_seqlen_q, max_seqlen_k, layout, causal, softmax_scale, window,
-                                           softcap, deterministic, attention_chunk, sinks, compute_dsinks), plan)
+                                           softcap, deterministic, attention_chunk, sinks, compute_dsinks, sm_margin),
+                                   plan)
     return dq, dk, dv, dsinks

@@ -145,7 +145,7 @@ def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0, softma
                     alibi_slopes: Optional[Any] = None, deterministic: bool = False,
                     return_attn_probs: bool = False, *, q_descale: Optional[Array] = None,
                     k_descale: Optional[Array] = None, v_descale: Optional[Array] = None, attention_chunk: int = 0,
-                    sinks: Optional[Array] = None) -> Array:
+                    sinks: Optional[Array] = None, sm_margin: int = 0) -> Array:
     """FlashAttention 2's flash_attn_func, same signature and semantics,
     computed by flashcore: q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk,
     Hkv, Dv] (Hkv dividing Hq), out [B, Sq, Hq, Dv]; causal and
@@ -165,8 +165,9 @@ def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0, softma
     tensors of one element or of shape [B, Hkv]), as for
     flashcore.attention. Such a call has no backward pass.
 
-    FlashAttention 3's attention_chunk (chunked attention, Llama 4's) and
-    sinks (learnable sinks, gpt-oss's; FlashAttention 4 calls them
+    FlashAttention 3's attention_chunk (chunked attention, Llama 4's),
+    sm_margin (SMs left to kernels on other streams, the backward pass's
+    too) and sinks (learnable sinks, gpt-oss's; FlashAttention 4 calls them
     learnable_sink): keyword arguments as flashcore.attention takes them,
     sinks a float32 [Hq] tensor, differentiable.
 
@@ -194,4 +195,4 @@ def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0, softma
     window = None if (left, right) == unbounded else (left, right)
     return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window, softcap=softcap,
                      layout="bshd", deterministic=deterministic, q_descale=q_descale, k_descale=k_descale,
-                     v_descale=v_descale, attention_chunk=attention_chunk, sinks=sinks)
+                     v_descale=v_descale, attention_chunk=attention_chunk, sinks=sinks, sm_margin=sm_margin)

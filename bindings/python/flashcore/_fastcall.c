@@ -92,6 +92,7 @@ typedef struct {
     long window_left, window_right;
     double softcap;
     long attention_chunk;
+    long sm_margin; /* it changes the plan (the split count, the persistent grid), so it is matched */
     int return_lse;
 } CallOptions;
 
@@ -194,16 +195,29 @@ static int same_meta(const ArrayMeta *a, const ArrayMeta *b) {
            memcmp(a->sizes, b->sizes, dims) == 0 && memcmp(a->strides, b->strides, dims) == 0;
 }
 
+/* Reads an exact int (a bool, equal to 0 or 1, may mean something else to
+ * the full path) into *value: 1, or 0 (not served). */
+static int read_int(PyObject *object, long *value) {
+    if (!PyLong_CheckExact(object)) return 0;
+    *value = PyLong_AsLong(object);
+    if (*value == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
 /* Reads options (causal, softmax_scale, num_splits, window, softcap,
- * attention_chunk) with plan_of's rules (exact types: a value of another
- * type that compares equal may mean something else to the full path),
- * narrower: a float softmax_scale and softcap only. Returns 1, 0 (not
+ * attention_chunk, sm_margin) with plan_of's rules (exact types: a value of
+ * another type that compares equal may mean something else to the full
+ * path), narrower: a float softmax_scale and softcap only. Returns 1, 0 (not
  * served) or -1. */
 static int read_options(PyObject *layout, PyObject *options, PyObject *return_lse, CallOptions *o) {
-    if (!PyUnicode_CheckExact(layout) || !PyTuple_CheckExact(options) || PyTuple_Size(options) != 6) return 0;
+    if (!PyUnicode_CheckExact(layout) || !PyTuple_CheckExact(options) || PyTuple_Size(options) != 7) return 0;
     PyObject *causal = PyTuple_GetItem(options, 0), *scale = PyTuple_GetItem(options, 1),
              *num_splits = PyTuple_GetItem(options, 2), *window = PyTuple_GetItem(options, 3),
-             *softcap = PyTuple_GetItem(options, 4), *attention_chunk = PyTuple_GetItem(options, 5);
+             *softcap = PyTuple_GetItem(options, 4), *attention_chunk = PyTuple_GetItem(options, 5),
+             *sm_margin = PyTuple_GetItem(options, 6);
     o->layout = layout;
     int truth = PyObject_IsTrue(causal);
     if (truth < 0) return -1;
@@ -245,12 +259,7 @@ static int read_options(PyObject *layout, PyObject *options, PyObject *return_ls
     }
     if (!PyFloat_CheckExact(softcap)) return 0;
     o->softcap = PyFloat_AsDouble(softcap);
-    if (!PyLong_CheckExact(attention_chunk)) return 0;
-    o->attention_chunk = PyLong_AsLong(attention_chunk);
-    if (o->attention_chunk == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
+    if (!read_int(attention_chunk, &o->attention_chunk) || !read_int(sm_margin, &o->sm_margin)) return 0;
     truth = PyObject_IsTrue(return_lse);
     if (truth < 0) return -1;
     o->return_lse = truth;
@@ -260,7 +269,7 @@ static int read_options(PyObject *layout, PyObject *options, PyObject *return_ls
 static int same_options(const CallOptions *a, const CallOptions *b) {
     if (a->causal != b->causal || a->has_scale != b->has_scale || a->has_num_splits != b->has_num_splits ||
         a->has_window != b->has_window || a->return_lse != b->return_lse || a->softcap != b->softcap ||
-        a->attention_chunk != b->attention_chunk)
+        a->attention_chunk != b->attention_chunk || a->sm_margin != b->sm_margin)
         return 0;
     if (a->has_scale && a->softmax_scale != b->softmax_scale) return 0;
     if (a->has_num_splits && a->num_splits != b->num_splits) return 0;
@@ -408,8 +417,8 @@ PyDoc_STRVAR(call_doc,
              "call(q, k, v, out, seqused_k, q_descale, k_descale, v_descale, sinks, layout, options, return_lse)\n\n"
              "Queues a call a remembered plan serves and returns its result (out, or (out, lse)); None where no "
              "plan serves it (the caller then takes the Python path). options: (causal, softmax_scale, num_splits, "
-             "window, softcap, attention_chunk), as flashcore.attention passes them; out, seqused_k, the descales "
-             "and sinks may be None.");
+             "window, softcap, attention_chunk, sm_margin), as flashcore.attention passes them; out, seqused_k, the "
+             "descales and sinks may be None.");
 
 static PyObject *fastcall_call(PyObject *self, PyObject *args) {
     (void)self;
@@ -627,6 +636,7 @@ enum {
     BWD_ARG_ATTENTION_CHUNK,
     BWD_ARG_SINKS,
     BWD_ARG_COMPUTE_DSINKS,
+    BWD_ARG_SM_MARGIN,
     BWD_CALL_ARGS
 };
 /* Backward plans kept, replaced round robin: a model's few attention shapes. */
@@ -644,6 +654,7 @@ typedef struct {
     double softcap;
     int deterministic;
     long attention_chunk;
+    long sm_margin; /* it changes the plan (the deterministic schedule), so it is matched */
     int compute_dsinks; /* dsinks, torch.empty_like(sinks), is written */
 } BackwardOptions;
 
@@ -684,7 +695,7 @@ static int read_window(PyObject *window, long *left, long *right) {
     return served;
 }
 
-/* Unpacks flashcore::backward's 20 arguments and reads them: 1 when this
+/* Unpacks flashcore::backward's 21 arguments and reads them: 1 when this
  * path may serve the call (dense: no cu_seqlens or max_seqlen; plain values
  * of the schema's types; compute_dsinks only with sinks), 0 or -1 as
  * probe_call(). */
@@ -718,15 +729,12 @@ static int probe_backward(PyObject *args, BackwardProbe *p) {
     PyObject *layout = p->args[BWD_ARG_LAYOUT], *causal = p->args[BWD_ARG_CAUSAL],
              *scale = p->args[BWD_ARG_SOFTMAX_SCALE], *window = p->args[BWD_ARG_WINDOW],
              *softcap = p->args[BWD_ARG_SOFTCAP], *deterministic = p->args[BWD_ARG_DETERMINISTIC],
-             *attention_chunk = p->args[BWD_ARG_ATTENTION_CHUNK], *compute_dsinks = p->args[BWD_ARG_COMPUTE_DSINKS];
+             *attention_chunk = p->args[BWD_ARG_ATTENTION_CHUNK], *compute_dsinks = p->args[BWD_ARG_COMPUTE_DSINKS],
+             *sm_margin = p->args[BWD_ARG_SM_MARGIN];
     if (!PyUnicode_CheckExact(layout) || !PyBool_Check(causal) || !PyFloat_CheckExact(softcap) ||
-        !PyBool_Check(deterministic) || !PyLong_CheckExact(attention_chunk) || !PyBool_Check(compute_dsinks))
+        !PyBool_Check(deterministic) || !PyBool_Check(compute_dsinks))
         return 0;
-    o->attention_chunk = PyLong_AsLong(attention_chunk);
-    if (o->attention_chunk == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
+    if (!read_int(attention_chunk, &o->attention_chunk) || !read_int(sm_margin, &o->sm_margin)) return 0;
     o->compute_dsinks = compute_dsinks == Py_True;
     if (o->compute_dsinks && sinks == Py_None) return 0; /* the Python path says why not */
     o->layout = layout;
@@ -755,7 +763,8 @@ static int probe_backward(PyObject *args, BackwardProbe *p) {
 static int same_backward_options(const BackwardOptions *a, const BackwardOptions *b) {
     if (a->causal != b->causal || a->has_scale != b->has_scale || a->has_window != b->has_window ||
         a->softcap != b->softcap || a->deterministic != b->deterministic ||
-        a->attention_chunk != b->attention_chunk || a->compute_dsinks != b->compute_dsinks)
+        a->attention_chunk != b->attention_chunk || a->sm_margin != b->sm_margin ||
+        a->compute_dsinks != b->compute_dsinks)
         return 0;
     if (a->has_scale && a->softmax_scale != b->softmax_scale) return 0;
     if (a->has_window && (a->window_left != b->window_left || a->window_right != b->window_right)) return 0;
@@ -801,7 +810,7 @@ static PyObject *fastcall_stub_backward_address(PyObject *self, PyObject *unused
 PyDoc_STRVAR(backward_doc,
              "backward(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, "
              "max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic, attention_chunk, sinks, "
-             "compute_dsinks)\n\n"
+             "compute_dsinks, sm_margin)\n\n"
              "flashcore::backward's call where a remembered plan serves it: queues flashcore_backward on "
              "torch's current stream and returns (dq, dk, dv, dsinks), new tensors from torch.empty_like of q, k, "
              "v and (with compute_dsinks) sinks, dsinks None without compute_dsinks; None where no plan serves it "
@@ -885,7 +894,7 @@ done:
 PyDoc_STRVAR(remember_backward_doc,
              "remember_backward(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, "
              "max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic, attention_chunk, sinks, "
-             "compute_dsinks, template, "
+             "compute_dsinks, sm_margin, template, "
              "workspace_bytes, torch_device, handle, raw_handle, device)\n\n"
              "Keeps the plan of a backward call the Python path served (backward()'s arguments, then template: "
              "the flashcore_backward_params bytes but for the addresses; the workspace's bytes; the torch "

@@ -1,8 +1,9 @@
 """A forward or backward call's arguments as the C API's params structs
 take them. The scalars first: the layout and the options every call has
-(causal, softmax_scale, num_splits, window, softcap, attention_chunk),
-converted and checked for what the conversion itself would lose (a value
-the C type cannot hold, a Python spelling the C API reads as another).
+(causal, softmax_scale, num_splits, window, softcap, attention_chunk,
+sm_margin), converted and checked for what the conversion itself would
+lose (a value the C type cannot hold, a Python spelling the C API reads
+as another).
 Then the arrays: each seen through the layout (_View), the checks the C
 API cannot make (it takes one dtype and one set of sizes for all of
 them), the sequences of packed and paged calls, the descale factors of
@@ -143,15 +144,24 @@ def _attention_chunk(attention_chunk):
     return fits(attention_chunk, ctypes.c_int32, "attention_chunk")
 
 
+def _sm_margin(sm_margin):
+    """The C sm_margin for the Python argument (FlashAttention 3's: SMs the
+    call leaves to kernels on other streams): an int that an int32 holds;
+    that it is >= 0 and leaves the device an SM is the library's check (the
+    SM count is the handle's)."""
+    return fits(sm_margin, ctypes.c_int32, "sm_margin")
+
+
 # The converted keyword arguments every forward call takes: causal as 0/1,
 # scale, num_splits as the C API reads them, window as (use_window,
-# window_left, window_right) from _window, softcap, attention_chunk.
-_Options = collections.namedtuple("_Options", "causal scale num_splits window softcap attention_chunk")
+# window_left, window_right) from _window, softcap, attention_chunk,
+# sm_margin.
+_Options = collections.namedtuple("_Options", "causal scale num_splits window softcap attention_chunk sm_margin")
 
 
-def _options(causal, softmax_scale, num_splits, window, softcap, attention_chunk=0):
+def _options(causal, softmax_scale, num_splits, window, softcap, attention_chunk=0, sm_margin=0):
     return _Options(1 if causal else 0, _softmax_scale(softmax_scale), _num_splits(num_splits), _window(window),
-                    _softcap(softcap), _attention_chunk(attention_chunk))
+                    _softcap(softcap), _attention_chunk(attention_chunk), _sm_margin(sm_margin))
 
 
 # --------------------------------------------------------------------------
@@ -646,7 +656,7 @@ def _set_call_fields(p, q, geometry, options, seqs, sinks, tensors, **fields):
                seqused_k=_address(seqs.seqused_k), cu_seqlens_q=_address(seqs.cu_seqlens_q),
                cu_seqlens_k=_address(seqs.cu_seqlens_k), total_seqlen_q=geometry.total_q,
                total_seqlen_k=geometry.total_k, attention_chunk=options.attention_chunk, sinks=_address(sinks),
-               **fields, **tensors)
+               sm_margin=options.sm_margin, **fields, **tensors)
 
 
 def _tensor_fields(prefixes, views):

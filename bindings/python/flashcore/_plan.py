@@ -644,19 +644,19 @@ def plan_of(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, wor
     The arrays' parts of the key are _array_key()'s."""
     if workspace is not None:
         return NOT_PLANNED
-    causal, softmax_scale, num_splits, window, softcap, attention_chunk = options
+    causal, softmax_scale, num_splits, window, softcap, attention_chunk, sm_margin = options
     if type(window) is list:
         window = tuple(window)
     if not (type(layout) is str and (softmax_scale is None or type(softmax_scale) in _PLAIN_REAL)
             and (num_splits is None or type(num_splits) is int) and type(softcap) in _PLAIN_REAL
-            and type(attention_chunk) is int
+            and type(attention_chunk) is int and type(sm_margin) is int
             and (window is None or type(window) is tuple and len(window) == 2
                  and type(window[0]) is int and type(window[1]) is int)
             and (max_seqlen_q is None or type(max_seqlen_q) is int)
             and (max_seqlen_k is None or type(max_seqlen_k) is int)):
         return NOT_PLANNED
     keyed = _array_key([layout, 1 if causal else 0, softmax_scale, num_splits, window, softcap, attention_chunk,
-                        bool(return_lse), max_seqlen_q, max_seqlen_k], arrays)
+                        sm_margin, bool(return_lse), max_seqlen_q, max_seqlen_k], arrays)
     if keyed is None:
         return NOT_PLANNED
     key, addresses, q_stream = keyed
@@ -785,10 +785,10 @@ def plan_call(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, s
     plan, or from the full path, which keeps the plan it makes under the
     call's key. arrays: the call's, in POINTER_FIELDS order (None where not
     given); options: (causal, softmax_scale, num_splits, window, softcap,
-    attention_chunk) as the caller gave them; planned: plan_of's answer,
-    where the caller has it. The result has no gradient path: calls that
-    need one are flashcore::forward's (_torch_ops), which comes here below
-    autograd."""
+    attention_chunk, sm_margin) as the caller gave them; planned: plan_of's
+    answer, where the caller has it. The result has no gradient path: calls
+    that need one are flashcore::forward's (_torch_ops), which comes here
+    below autograd."""
     if planned is None:
         planned = plan_of(arrays, layout, options, return_lse, max_seqlen_q, max_seqlen_k, workspace)
     key, plan, addresses, q_stream = planned
@@ -859,11 +859,11 @@ def backward_in_full(arrays, layout, options, deterministic, max_seqlen_q, max_s
     """The full path of a backward call: the arrays (BACKWARD_POINTER_FIELDS
     order, None where not given) described on `stream` and checked, and
     (the flashcore_backward_params built of them, q's device). options:
-    (causal, softmax_scale, window, softcap, attention_chunk) as the caller
-    gave them."""
-    causal, softmax_scale, window, softcap, attention_chunk = options
+    (causal, softmax_scale, window, softcap, attention_chunk, sm_margin) as
+    the caller gave them."""
+    causal, softmax_scale, window, softcap, attention_chunk, sm_margin = options
     layout = _layout(layout)
-    options = _options(causal, softmax_scale, None, window, softcap, attention_chunk)
+    options = _options(causal, softmax_scale, None, window, softcap, attention_chunk, sm_margin)
     # The tensors and the sinks (and their gradient); the sequence arrays are _sequences'.
     infos = [None if a is None else describe(a, name, stream)
              for a, name in zip(arrays[:9] + arrays[12:], BACKWARD_POINTER_FIELDS[:9] + BACKWARD_POINTER_FIELDS[12:])]
@@ -879,17 +879,17 @@ def backward_key(arrays, layout, options, deterministic, max_seqlen_q, max_seqle
     """(key, addresses) of a backward call (prepare_backward's arguments),
     the key its plan is kept under; (None, None) where _array_key reads
     none."""
-    causal, softmax_scale, window, softcap, attention_chunk = options
+    causal, softmax_scale, window, softcap, attention_chunk, sm_margin = options
     keyed = _array_key([layout, bool(causal), softmax_scale, None if window is None else tuple(window), softcap,
-                        attention_chunk, bool(deterministic), max_seqlen_q, max_seqlen_k], arrays)
+                        attention_chunk, sm_margin, bool(deterministic), max_seqlen_q, max_seqlen_k], arrays)
     return (None, None) if keyed is None else keyed[:2]
 
 
 def prepare_backward(arrays, layout, options, deterministic, max_seqlen_q, max_seqlen_k):
     """(params, plan) of a backward call on torch tensors: arrays in
     BACKWARD_POINTER_FIELDS order (None where not given), options (causal,
-    softmax_scale, window, softcap, attention_chunk) as flashcore::backward
-    has them. A call whose key was seen before gets its plan's params with
+    softmax_scale, window, softcap, attention_chunk, sm_margin) as
+    flashcore::backward has them. A call whose key was seen before gets its plan's params with
     its own addresses (flashcore_backward checks them, alignment and
     overlaps, on every call); else the full path builds and checks them
     (flashcore_backward_check) and keeps the plan."""

@@ -68,10 +68,14 @@ def wants_grad(q, k, v, detach, sinks=None):
 OPERATOR = "flashcore::forward"
 BACKWARD_OPERATOR = "flashcore::backward"
 # flashcore::forward's arguments that have a gradient: q, k and v, its first
-# three, and sinks, its last (SINKS_ARGUMENT); the others (the integer
-# arrays, the descales and the options) have none.
+# three, and sinks (SINKS_ARGUMENT); the others (the integer arrays, the
+# descales and the options) have none.
 DIFFERENTIABLE_ARGUMENTS = 3
+ATTENTION_CHUNK_ARGUMENT = 20
 SINKS_ARGUMENT = 21
+# sm_margin, its last: after sinks, so that callers of the schema before it
+# keep their positions.
+SM_MARGIN_ARGUMENT = 22
 # Where sinks is among EagerAttention's inputs (q, k, v, sinks, rest).
 EAGER_SINKS_INPUT = 3
 _registered = []
@@ -99,13 +103,15 @@ def _keep_for_backward(ctx, inputs, output, sinks_index):
     gradient, and none is made for it (no zeros materialized)."""
     (q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, layout, causal,
      softmax_scale, num_splits, window, softcap, return_lse, deterministic) = inputs[:17]
-    attention_chunk, sinks = inputs[20], inputs[SINKS_ARGUMENT]
+    attention_chunk, sinks = inputs[ATTENTION_CHUNK_ARGUMENT], inputs[SINKS_ARGUMENT]
     out, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, sinks)
     ctx.options = (max_seqlen_q, max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic,
                    attention_chunk)
+    # The backward leaves the forward's SMs to the other streams too.
+    ctx.sm_margin = inputs[SM_MARGIN_ARGUMENT]
     ctx.sinks_index = sinks_index
 
 
@@ -124,7 +130,7 @@ def _differentiate(ctx, dout, backward):
     at = ctx.sinks_index
     sinks_needs_grad = sinks is not None and at < wanted_count and needs[at]
     grads = backward(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, *ctx.options, sinks,
-                     sinks_needs_grad)
+                     sinks_needs_grad, ctx.sm_margin)
     result = [grads[0] if needs[0] else None, grads[1] if needs[1] else None, grads[2] if needs[2] else None]
     result += [None] * (wanted_count - DIFFERENTIABLE_ARGUMENTS)
     if sinks_needs_grad:
@@ -142,26 +148,27 @@ def register_torch_ops():
     block_table, max_seqlen_q, max_seqlen_k, layout, causal, softmax_scale,
     num_splits, window, softcap, return_lse, deterministic=False,
     q_descale=None, k_descale=None, v_descale=None, attention_chunk=0,
-    sinks=None) -> (out, lse) is flashcore.attention's forward with every
-    option spelled out (window a list [left, right] or None), on torch's
-    current stream; lse is an empty tensor unless return_lse. k and v may
-    be float8_e4m3fn (a quantized KV cache, descaled by k_descale and
-    v_descale) under 16-bit q, out then of q's dtype; or q, k and v may all
-    be float8_e4m3fn (fp8 prefill, descaled by q_descale, k_descale and
-    v_descale), out then bfloat16. sinks: None or float32 [Hq], the
+    sinks=None, sm_margin=0) -> (out, lse) is flashcore.attention's forward
+    with every option spelled out (window a list [left, right] or None), on
+    torch's current stream; lse is an empty tensor unless return_lse. k
+    and v may be float8_e4m3fn (a quantized KV cache, descaled by k_descale
+    and v_descale) under 16-bit q, out then of q's dtype; or q, k and v may
+    all be float8_e4m3fn (fp8 prefill, descaled by q_descale, k_descale
+    and v_descale), out then bfloat16. sinks: None or float32 [Hq], the
     learnable sinks. Its autograd formula gives the gradients of q, k, v
     and sinks (None for the other arguments) through flashcore::backward,
     from the lse: a call to be differentiated needs return_lse=True
     (flashcore.attention asks for it), no block_table and 16-bit q, k and
     v. lse itself is not differentiable.
     deterministic is for the backward pass (the forward's results are
-    deterministic either way).
+    deterministic either way); the backward leaves the call's sm_margin
+    SMs to other streams too.
 
     flashcore::backward(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q,
     cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout, causal,
     softmax_scale, window, softcap, deterministic, attention_chunk=0,
-    sinks=None, compute_dsinks=False) -> (dq, dk, dv, dsinks) is
-    flashcore_backward on torch's current stream: the forward call's
+    sinks=None, compute_dsinks=False, sm_margin=0) -> (dq, dk, dv, dsinks)
+    is flashcore_backward on torch's current stream: the forward call's
     tensors and options, dout the gradient of out; dq, dk and dv are new
     tensors of q's, k's and v's shapes and strides; dsinks, with
     compute_dsinks (which needs sinks), a new float32 [Hq] tensor, the
@@ -189,10 +196,10 @@ def register_torch_ops():
                 max_seqlen_k: Optional[int], layout: str, causal: bool, softmax_scale: Optional[float],
                 num_splits: Optional[int], window: Optional[List[int]], softcap: float, return_lse: bool,
                 deterministic: bool = False, q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
-                v_descale: Optional[Tensor] = None, attention_chunk: int = 0,
-                sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                v_descale: Optional[Tensor] = None, attention_chunk: int = 0, sinks: Optional[Tensor] = None,
+                sm_margin: int = 0) -> Tuple[Tensor, Tensor]:
         options = (causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap,
-                   attention_chunk)
+                   attention_chunk, sm_margin)
         result = forward_below_autograd((q, k, v, None, None, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table,
                                          q_descale, k_descale, v_descale, sinks), max_seqlen_q, max_seqlen_k, layout,
                                         options, return_lse)
@@ -201,11 +208,11 @@ def register_torch_ops():
     @forward.register_fake
     def _(q, k, v, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, layout, causal,
           softmax_scale, num_splits, window, softcap, return_lse, deterministic=False, q_descale=None,
-          k_descale=None, v_descale=None, attention_chunk=0, sinks=None):
+          k_descale=None, v_descale=None, attention_chunk=0, sinks=None, sm_margin=0):
         # The options are checked while tracing (they are constants), the arrays when the call runs.
         _layout(layout)
         _options(causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap,
-                 attention_chunk)
+                 attention_chunk, sm_margin)
         # q's dtype, whatever K/V's (float8_e4m3fn K/V give a 16-bit out),
         # but bfloat16 for float8_e4m3fn queries (as FlashAttention 3's).
         out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=_out_dtype(torch, q))
@@ -217,15 +224,16 @@ def register_torch_ops():
                  max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], layout: str, causal: bool,
                  softmax_scale: Optional[float], window: Optional[List[int]], softcap: float,
                  deterministic: bool, attention_chunk: int = 0, sinks: Optional[Tensor] = None,
-                 compute_dsinks: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                 compute_dsinks: bool = False, sm_margin: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         dq, dk, dv, dsinks = gradients(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                        max_seqlen_k, layout, causal, softmax_scale, window, softcap, deterministic,
-                                       attention_chunk, sinks, compute_dsinks)
+                                       attention_chunk, sinks, compute_dsinks, sm_margin)
         return dq, dk, dv, q.new_empty((0,), dtype=torch.float32) if dsinks is None else dsinks
 
     @backward.register_fake
     def _(dout, q, k, v, out, lse, seqused_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout, causal,
-          softmax_scale, window, softcap, deterministic, attention_chunk=0, sinks=None, compute_dsinks=False):
+          softmax_scale, window, softcap, deterministic, attention_chunk=0, sinks=None, compute_dsinks=False,
+          sm_margin=0):
         # As gradients(): each gradient like its tensor (zeros_like and empty_like give the same strides).
         dsinks = (torch.empty_like(sinks) if compute_dsinks and sinks is not None
                   else q.new_empty((0,), dtype=torch.float32))
@@ -264,11 +272,12 @@ def register_torch_ops():
              softmax_scale, num_splits, window, softcap) = rest[:12]
             descales = (rest[14:17] + (None,) * 3)[:3]
             attention_chunk = rest[17] if len(rest) > 17 else 0
+            sm_margin = rest[18] if len(rest) > 18 else 0
             options = (causal, softmax_scale, num_splits, None if window is None else tuple(window), softcap,
-                       attention_chunk)
+                       attention_chunk, sm_margin)
             output = forward_below_autograd((q, k, v, None, None, seqused_k, cu_seqlens_q, cu_seqlens_k, block_table)
                                             + descales + (sinks,), max_seqlen_q, max_seqlen_k, layout, options, True)
-            _keep_for_backward(ctx, (q, k, v) + rest[:14] + descales + (attention_chunk, sinks), output,
+            _keep_for_backward(ctx, (q, k, v) + rest[:14] + descales + (attention_chunk, sinks, sm_margin), output,
                                EAGER_SINKS_INPUT)
             return output
 
@@ -323,13 +332,13 @@ def _unconvertible(layout, options):
     Plain Python that torch.compile traces whether the values are constants
     or symbolic; the values' other checks are the operator's fake
     implementation's, which sees them as they are (attention's checks)."""
-    causal, softmax_scale, num_splits, window, softcap, attention_chunk = options
+    causal, softmax_scale, num_splits, window, softcap, attention_chunk, sm_margin = options
     if window is not None and (not isinstance(window, (tuple, list)) or len(window) != 2
                                or _not_int(window[0]) or _not_int(window[1])):
         return True
     return ((not isinstance(layout, str) and _not_int(layout)) or (num_splits is not None and _not_int(num_splits))
             or (softmax_scale is not None and _not_real(softmax_scale)) or _not_real(softcap)
-            or _not_int(attention_chunk))
+            or _not_int(attention_chunk) or _not_int(sm_margin))
 
 
 def _refuse_options(layout, options):
@@ -497,7 +506,7 @@ def operator_forward(arrays, layout, options, return_lse, stream, workspace, det
     elif requires_grad(q, k, v, sinks):
         q, k, v = q.detach(), k.detach(), v.detach()
         sinks = None if sinks is None else sinks.detach()
-    causal, softmax_scale, num_splits, window, softcap, attention_chunk = options
+    causal, softmax_scale, num_splits, window, softcap, attention_chunk, sm_margin = options
     if quantized_query:
         # What the eager call refuses of fp8 queries (_params._query_dtypes,
         # check_quantized_options), refused here too: traced, out= would
@@ -506,22 +515,22 @@ def operator_forward(arrays, layout, options, return_lse, stream, workspace, det
             _refuse_quantized_query_dtypes(q.dtype, k.dtype, v.dtype, None if out is None else out.dtype)
         if softcap:
             _refuse_unsupported(QUANTIZED_QUERY_SOFTCAP)
-    # The descales, attention_chunk and sinks where given (a call without
-    # them is traced as before they existed).
-    chunk_or_sinks = attention_chunk or sinks is not None
+    # The descales, attention_chunk, sinks and sm_margin where given (a call
+    # without them is traced as before they existed).
+    chunk_sinks_or_margin = attention_chunk or sinks is not None or sm_margin
     rest = (seqused_k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k, _layout_name(layout),
             bool(causal), None if softmax_scale is None else float(softmax_scale), num_splits,
             None if window is None else [int(window[0]), int(window[1])], float(softcap),
             bool(return_lse) or lse is not None or differentiable, bool(deterministic))
-    rest += descales if descales_given or chunk_or_sinks else ()
+    rest += descales if descales_given or chunk_sinks_or_margin else ()
     if differentiable and where is _WITH_GRAD:
         # Eager differentiable calls: EagerAttention (the same formula, less host time); traced ones: the operator.
-        if chunk_or_sinks:
-            rest += (int(attention_chunk),)
+        if chunk_sinks_or_margin:
+            rest += (int(attention_chunk), int(sm_margin))
         result, result_lse = _eager[0].apply(q, k, v, sinks, rest)
     else:
-        if chunk_or_sinks:
-            rest += (int(attention_chunk), sinks)
+        if chunk_sinks_or_margin:
+            rest += (int(attention_chunk), sinks) + ((int(sm_margin),) if sm_margin else ())
         result, result_lse = torch.ops.flashcore.forward(q, k, v, *rest)
     if out is not None:
         out.copy_(result)

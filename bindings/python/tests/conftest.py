@@ -137,6 +137,27 @@ def fp8_queries_checked(lib, monkeypatch):
 
 
 @pytest.fixture
+def jax_planned(lib, monkeypatch):
+    """(jax, flashcore.jax._ffi_call) with the plans made as for a first GPU
+    whose workspaces are 1024 bytes (forward) and 4096 (backward), without
+    one: flashcore.jax's plans, lowered for CUDA on the CPU. Skips without
+    jax."""
+    jax = pytest.importorskip("jax", reason="jax is not installed (pip install jax)")
+    from flashcore.jax import _ffi_call
+
+    class Sizes:
+        def workspace_size(self, params):
+            return 1024
+
+        def backward_workspace_size(self, params):
+            return 4096
+
+    monkeypatch.setattr(_ffi_call, "_gpu_ordinal", lambda: 0)
+    monkeypatch.setattr(_ffi_call, "get_handle", lambda device: Sizes())
+    return jax, _ffi_call
+
+
+@pytest.fixture
 def compiled_on_fake_gpu(fake_gpu, monkeypatch):
     """The compiled path configured with ctypes callbacks that queue to
     fake_gpu as "compiled" and "compiled backward"; skips where it is not

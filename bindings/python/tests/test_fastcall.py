@@ -135,7 +135,7 @@ def backend(module):
         _attention._fast = None
 
 
-OPTIONS = (False, None, None, None, 0.0, 0)  # causal, scale, num_splits, window, softcap, attention_chunk
+OPTIONS = (False, None, None, None, 0.0, 0, 0)  # causal, scale, num_splits, window, softcap, attention_chunk, sm_margin
 HANDLE = 0xABC0
 
 
@@ -223,7 +223,7 @@ def test_sinks_and_attention_chunk_are_queued_with_the_plan(module, backend):
     # call's own address; attention_chunk an option the plan matches (its
     # value is the template's).
     q, k, v = qkv()
-    options = (True, None, None, None, 0.0, 128)
+    options = (True, None, None, None, 0.0, 128, 0)
     params = template(attention_chunk=128, sinks=0x40)
     assert remember(module, q, k, v, options=options, params=params, sinks=Tensor((8,), dtype=FLOAT32))
     for _ in range(2):
@@ -236,7 +236,21 @@ def test_sinks_and_attention_chunk_are_queued_with_the_plan(module, backend):
     assert module.call(q, k, v, None, None, None, None, None, Tensor((4,), dtype=FLOAT32), "bhsd", options,
                        False) is None
     assert module.call(q, k, v, None, None, None, None, None, Tensor((8,), dtype=FLOAT32), "bhsd",
-                       options[:5] + (256,), False) is None
+                       options[:5] + (256, 0), False) is None
+    assert len(backend.queued) == 2
+
+
+def test_sm_margin_is_an_option_the_plan_matches(module, backend):
+    # Its value is the template's (it changes the plan: the split count and
+    # the persistent grid); another sm_margin is another plan's.
+    q, k, v = qkv()
+    options = OPTIONS[:6] + (16,)
+    assert remember(module, q, k, v, options=options, params=template(sm_margin=16))
+    for _ in range(2):
+        assert plain_call(module, q, k, v, options) is not None
+        assert backend.queued[-1][0].sm_margin == 16
+    assert plain_call(module, q, k, v) is None
+    assert plain_call(module, q, k, v, OPTIONS[:6] + (8,)) is None
     assert len(backend.queued) == 2
 
 
@@ -304,8 +318,9 @@ def test_workspace_is_the_kept_one_or_the_python_paths(module, backend):
 
 @pytest.mark.parametrize("change", ["shape", "stride", "dtype", "device", "subclass", "layout", "causal", "scale",
                                     "scale_type", "num_splits", "window", "window_type", "softcap", "softcap_type",
-                                    "attention_chunk", "attention_chunk_type", "return_lse", "out_given", "seqused_k",
-                                    "an_extra_option", "five_options", "fp8_kv", "k_descale", "q_descale", "sinks"])
+                                    "attention_chunk", "attention_chunk_type", "sm_margin", "sm_margin_type",
+                                    "return_lse", "out_given", "seqused_k", "an_extra_option", "six_options", "fp8_kv",
+                                    "k_descale", "q_descale", "sinks"])
 def test_anything_else_is_handed_back(module, backend, change):
     q, k, v = qkv()
     assert remember(module, q, k, v)
@@ -328,14 +343,14 @@ def test_anything_else_is_handed_back(module, backend, change):
     elif change == "scale":
         options[1] = 0.5
     elif change == "scale_type":
-        remember(module, q, k, v, options=(False, 1.0, None, None, 0.0, 0))
+        remember(module, q, k, v, options=(False, 1.0, None, None, 0.0, 0, 0))
         options[1] = 1  # equal to 1.0, but only exact floats are served
     elif change == "num_splits":
         options[2] = 2
     elif change == "window":
         options[3] = (4, 0)
     elif change == "window_type":
-        remember(module, q, k, v, options=(False, None, None, (4, 0), 0.0, 0))
+        remember(module, q, k, v, options=(False, None, None, (4, 0), 0.0, 0, 0))
         options[3] = [4, 0]
     elif change == "softcap":
         options[4] = 30.0
@@ -344,8 +359,13 @@ def test_anything_else_is_handed_back(module, backend, change):
     elif change == "attention_chunk":
         options[5] = 64
     elif change == "attention_chunk_type":
-        remember(module, q, k, v, options=(False, None, None, None, 0.0, 1))
+        remember(module, q, k, v, options=(False, None, None, None, 0.0, 1, 0))
         options[5] = True  # equal to 1, but only exact ints are served
+    elif change == "sm_margin":
+        options[6] = 16
+    elif change == "sm_margin_type":
+        remember(module, q, k, v, options=(False, None, None, None, 0.0, 0, 1))
+        options[6] = True  # equal to 1, but only exact ints are served
     elif change == "return_lse":
         args[11] = True
     elif change == "out_given":
@@ -354,7 +374,7 @@ def test_anything_else_is_handed_back(module, backend, change):
         args[4] = Tensor((1,))
     elif change == "an_extra_option":
         options.append(None)
-    elif change == "five_options":  # as before attention_chunk
+    elif change == "six_options":  # as before sm_margin
         options.pop()
     elif change == "fp8_kv":
         args[1], args[2] = Tensor(k.shape, dtype=FP8), Tensor(v.shape, dtype=FP8)
@@ -376,16 +396,16 @@ def test_scales_the_python_path_refuses_are_never_served(module, backend, scale)
     # compares equal to a plan's 0.0, and a plan of a refused scale would
     # serve it. (Before: the plan was kept and the call served.)
     q, k, v = qkv()
-    options = (False, scale, None, None, 0.0, 0)
+    options = (False, scale, None, None, 0.0, 0, 0)
     assert remember(module, q, k, v, options=options) is False
     assert plain_call(module, q, k, v, options) is None
     if scale == 0:
         assert remember(module, q, k, v, options=(False, 0.0 if str(scale)[0] == "-" else -0.0, None, None, 0.0,
-                                                  0)) is False
+                                                  0, 0)) is False
         assert plain_call(module, q, k, v, options) is None
     assert not backend.queued and not backend.allocated
     for good in (2.0**-149, 0.125, 2e38):
-        options = (False, good, None, None, 0.0, 0)
+        options = (False, good, None, None, 0.0, 0, 0)
         assert remember(module, q, k, v, options=options) is True
         assert plain_call(module, q, k, v, options) is not None
     assert len(backend.queued) == 3
@@ -470,13 +490,13 @@ NO_SINKS = (0, None, False)  # attention_chunk, sinks, compute_dsinks
 
 
 def backward_call(module, arrays, seqused_k=None, packed=(None, None, None, None), options=BACKWARD_OPTIONS,
-                  sinks=NO_SINKS):
-    return module.backward(*arrays, seqused_k, *packed, *options, *sinks)
+                  sinks=NO_SINKS, sm_margin=0):
+    return module.backward(*arrays, seqused_k, *packed, *options, *sinks, sm_margin)
 
 
 def remember_backward(module, arrays, seqused_k=None, packed=(None, None, None, None), options=BACKWARD_OPTIONS,
-                      params=None, workspace_bytes=BACKWARD_WORKSPACE, sinks=NO_SINKS):
-    return module.remember_backward(*arrays, seqused_k, *packed, *options, *sinks,
+                      params=None, workspace_bytes=BACKWARD_WORKSPACE, sinks=NO_SINKS, sm_margin=0):
+    return module.remember_backward(*arrays, seqused_k, *packed, *options, *sinks, sm_margin,
                                     params if params is not None else backward_template(), workspace_bytes, "cuda:0",
                                     object(), HANDLE, 0)
 
@@ -533,6 +553,18 @@ def test_a_backward_with_sinks_gives_their_gradient_where_asked(module, backend)
     assert backward_call(module, backward_arrays(), sinks=(64, sinks, True)) is None
     assert backward_call(module, backward_arrays(), sinks=(128, Tensor((4,), dtype=FLOAT32), True)) is None
     assert len(backend.queued_backward) == 3
+
+
+def test_a_backward_s_sm_margin_is_matched_with_the_plan(module, backend):
+    assert remember_backward(module, backward_arrays(), params=backward_template(sm_margin=16), sm_margin=16)
+    assert backward_call(module, backward_arrays(), sm_margin=16) is not None
+    assert backend.queued_backward[-1][0].sm_margin == 16
+    # Another one, or one of another type that compares equal, is another plan's.
+    assert backward_call(module, backward_arrays()) is None
+    assert backward_call(module, backward_arrays(), sm_margin=8) is None
+    assert remember_backward(module, backward_arrays(), params=backward_template(sm_margin=1), sm_margin=1)
+    assert backward_call(module, backward_arrays(), sm_margin=True) is None
+    assert len(backend.queued_backward) == 1
 
 
 def test_backward_with_seqused_k_and_no_workspace(module, backend):
@@ -620,7 +652,7 @@ def test_backward_calls_it_does_not_serve_are_not_remembered(module, backend):
     assert remember_backward(module, backward_arrays(), packed=packed) is False
     with pytest.raises(ValueError, match="flashcore_backward_params"):
         remember_backward(module, backward_arrays(), params=b"short")
-    with pytest.raises(TypeError, match="backward\\(\\) takes 20 arguments"):
+    with pytest.raises(TypeError, match="backward\\(\\) takes 21 arguments"):
         module.backward(*backward_arrays())
 
 

@@ -88,6 +88,7 @@ def test_abi_matches_a_c_compiler(tmp_path):
     assert all("offsetof:flashcore_forward_params.%s" % f in expected for f, _ in CHUNK_SINKS_FIELDS)
     assert "offsetof:flashcore_backward_params.dsinks" in expected
     assert "offsetof:flashcore_merge_params.sinks" in expected
+    assert all("offsetof:flashcore_%s_params.sm_margin" % s in expected for s in ("forward", "backward"))
     src = tmp_path / "abi.c"
     src.write_text("#include <stddef.h>\n#include <stdio.h>\n#include \"flashcore.h\"\nint main(void) {\n%s\n"
                    "    return 0;\n}\n" % "\n".join(body))
@@ -201,23 +202,38 @@ def test_quantized_declarations():
 
 
 # What 0.9 added at the end of each params struct, in header order, with
-# their C types: chunked attention and learnable sinks (and their gradient).
+# their C types: chunked attention and learnable sinks (and their gradient),
+# then the SMs left to other streams (sm_margin, the last field of both).
 CHUNK_SINKS_FIELDS = [("attention_chunk", ctypes.c_int32), ("sinks", ctypes.c_void_p)]
+SM_MARGIN_FIELDS = [("sm_margin", ctypes.c_int32)]
+
+
+def _padded_end(struct, field):
+    """Where struct ends after its last field, an int32: padded to the
+    struct's alignment (its pointers')."""
+    align = ctypes.alignment(struct)
+    return (getattr(struct, field).offset + 4 + align - 1) // align * align
 
 
 def test_chunk_and_sinks_declarations():
-    """What 0.9 added: attention_chunk and sinks after the descale strides
-    (the forward struct ends with them), and after total_seqlen_k with
-    dsinks last (the backward's); sinks at the end of the merge struct."""
+    """What 0.9 added: attention_chunk and sinks after the descale strides,
+    and after total_seqlen_k with dsinks after them (the backward's), then
+    sm_margin, the last field of both structs; sinks at the end of the
+    merge struct."""
     forward = _ffi.flashcore_forward_params
-    assert forward._fields_[-3:] == [("v_descale_head_stride", ctypes.c_int64)] + CHUNK_SINKS_FIELDS
-    assert forward.sinks.offset + ctypes.sizeof(ctypes.c_void_p) == ctypes.sizeof(forward)
+    assert forward._fields_[-4:] == ([("v_descale_head_stride", ctypes.c_int64)] + CHUNK_SINKS_FIELDS
+                                     + SM_MARGIN_FIELDS)
+    assert forward.sinks.offset + ctypes.sizeof(ctypes.c_void_p) == forward.sm_margin.offset
+    assert _padded_end(forward, "sm_margin") == ctypes.sizeof(forward)
     assert forward._c_types_["sinks"] == "const float *" and forward._c_types_["attention_chunk"] == "int32_t"
+    assert forward._c_types_["sm_margin"] == "int32_t"
     backward = _ffi.flashcore_backward_params
-    assert backward._fields_[-4:] == ([("total_seqlen_k", ctypes.c_int32)] + CHUNK_SINKS_FIELDS
-                                      + [("dsinks", ctypes.c_void_p)])
+    assert backward._fields_[-5:] == ([("total_seqlen_k", ctypes.c_int32)] + CHUNK_SINKS_FIELDS
+                                      + [("dsinks", ctypes.c_void_p)] + SM_MARGIN_FIELDS)
     assert backward._c_types_["dsinks"] == "float *" and backward._c_types_["sinks"] == "const float *"
-    assert backward.dsinks.offset + ctypes.sizeof(ctypes.c_void_p) == ctypes.sizeof(backward)
+    assert backward._c_types_["sm_margin"] == "int32_t"
+    assert backward.dsinks.offset + ctypes.sizeof(ctypes.c_void_p) == backward.sm_margin.offset
+    assert _padded_end(backward, "sm_margin") == ctypes.sizeof(backward)
     merge = _ffi.flashcore_merge_params
     assert [f for f, _ in merge._fields_] == MERGE_FIELDS + ["sinks"]
     assert dict(merge._fields_)["sinks"] is ctypes.c_void_p and merge._c_types_["sinks"] == "const float *"

@@ -562,6 +562,32 @@ def test_dsinks_are_bitwise_identical_from_run_to_run(torch, deterministic):
     assert all(torch.equal(runs[0], run) for run in runs[1:])
 
 
+# --------------------------------------------------------------------------
+# sm_margin (issue 65): the SMs a call leaves to kernels on other streams
+# change its plan (the split count, the persistent grid, the deterministic
+# schedule), not what it computes
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("shape", [(2, 8, 2, 512, 512, 128), (8, 16, 2, 1, 4096, 128)], ids=["prefill", "decode"])
+def test_sm_margin_matches_the_call_without_it(torch, shape, deterministic):
+    need_head_dim(128)
+    case = make_case(torch, shape, "float16", seed=170, causal=True)
+    results = {}
+    for margin in (0, 16):
+        q, k, v = (x.detach().clone().requires_grad_(True) for x in (case.q, case.k, case.v))
+        out = flashcore.attention(q, k, v, causal=True, deterministic=deterministic, sm_margin=margin)
+        results[margin] = (out,) + torch.autograd.grad(out, (q, k, v), case.dout)
+    torch.cuda.synchronize()
+    # Another split count or order of dq's additions rounds differently: a few units in the last place.
+    for name, with_margin, without in zip(("out", "dq", "dk", "dv"), results[16], results[0]):
+        torch.testing.assert_close(with_margin, without, atol=1e-2, rtol=1e-2,
+                                   msg=lambda message: "%s with sm_margin=16: %s" % (name, message))
+    check_gradients(torch, results[16][1:], reference_gradients(torch, case), *low_precision_gradients(torch, case),
+                    torch.float16)
+
+
 def test_compiled_training_step_without_graph_breaks(torch):
     need_head_dim(64)
     heads, dim, seqlen = 4, 256, 128

@@ -1744,6 +1744,7 @@ COMPILED_CASES = {
     "seqused_k": ((3, 8, 2, 1, 512, 128), "bfloat16", dict(seqused=True)),
     "out given": ((2, 8, 8, 64, 64, 64), "float16", dict(out_given=True)),
     "sinks and chunk": ((1, 8, 2, 300, 300, 64), "bfloat16", dict(causal=True, attention_chunk=128, sinks=True)),
+    "decode with sm_margin": ((1, 32, 8, 1, 4096, 64), "float16", dict(sm_margin=16)),
 }
 
 
@@ -1778,7 +1779,7 @@ def test_compiled_path_gives_the_python_paths_results(torch, case):
             if not _attention._fast:
                 pytest.skip("flashcore._fastcall is not built: every call takes the Python path")
             options = (kwargs.get("causal", False), kwargs.get("softmax_scale"), None, kwargs.get("window"),
-                       kwargs.get("softcap", 0.0), kwargs.get("attention_chunk", 0))
+                       kwargs.get("softcap", 0.0), kwargs.get("attention_chunk", 0), kwargs.get("sm_margin", 0))
             out = kwargs["out"] = torch.full_like(q, NAN) if given else None
             compiled = _attention._fast.call(q, k, v, out, kwargs.get("seqused_k"), None, None, None,
                                              kwargs.get("sinks"), kwargs.get("layout", "bhsd"), options,

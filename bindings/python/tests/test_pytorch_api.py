@@ -159,7 +159,7 @@ def test_flash_attn_func_passes_flashattention_s_meaning(passed_on, causal, wind
     ((_, _, _, kwargs),) = passed_on
     assert kwargs == dict(causal=causal, softmax_scale=0.125, window=window, softcap=30.0, layout="bshd",
                           deterministic=True, q_descale=None, k_descale=None, v_descale=None, attention_chunk=0,
-                          sinks=None)
+                          sinks=None, sm_margin=0)
 
 
 def test_flash_attn_func_passes_flashattention_3_s_descales(passed_on):
@@ -180,6 +180,14 @@ def test_flash_attn_func_passes_chunk_and_sinks(passed_on):
     assert (kwargs["attention_chunk"], kwargs["sinks"], kwargs["causal"]) == (1024, sinks, True)
     with pytest.raises(TypeError, match="learnable_sink"):
         flashcore.flash_attn_func(q, k, v, learnable_sink=sinks)
+
+
+def test_flash_attn_func_passes_sm_margin(passed_on):
+    # FlashAttention 3's sm_margin, a keyword as flashcore.attention takes it.
+    q, k, v, _ = fake_qkv()
+    flashcore.flash_attn_func(q, k, v, causal=True, sm_margin=16)
+    ((_, _, _, kwargs),) = passed_on
+    assert (kwargs["sm_margin"], kwargs["causal"]) == (16, True)
 
 
 def test_flash_attn_func_queues_bshd_params(queued):

@@ -253,10 +253,12 @@ def test_the_operators_schemas(torch, lib):
     forward = str(torch.ops.flashcore.forward.default._schema)
     backward = str(torch.ops.flashcore.backward.default._schema)
     # (custom_op writes a Python int as SymInt: symbolic under torch.compile's dynamic shapes.)
-    assert forward.endswith("Tensor? v_descale=None, SymInt attention_chunk=0, Tensor? sinks=None) -> (Tensor, "
-                            "Tensor)"), forward
+    # sm_margin after them, the last of each (test_sm_margin.py's).
+    assert forward.endswith("Tensor? v_descale=None, SymInt attention_chunk=0, Tensor? sinks=None, "
+                            "SymInt sm_margin=0) -> (Tensor, Tensor)"), forward
     assert backward.endswith("bool deterministic, SymInt attention_chunk=0, Tensor? sinks=None, "
-                             "bool compute_dsinks=False) -> (Tensor, Tensor, Tensor, Tensor)"), backward
+                             "bool compute_dsinks=False, SymInt sm_margin=0) -> (Tensor, Tensor, Tensor, "
+                             "Tensor)"), backward
 
 
 def test_the_operators_route_gives_the_sinks_gradient(torch, fake_gpu):
@@ -320,23 +322,6 @@ def test_repeated_steps_with_sinks_take_the_compiled_path_both_ways(torch, compi
 # --------------------------------------------------------------------------
 # flashcore.jax: the plans (lowered for CUDA without a GPU)
 # --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def jax_planned(lib, monkeypatch):
-    jax = pytest.importorskip("jax", reason="jax is not installed (pip install jax)")
-    from flashcore.jax import _ffi_call
-
-    class Sizes:
-        def workspace_size(self, params):
-            return 1024
-
-        def backward_workspace_size(self, params):
-            return 4096
-
-    monkeypatch.setattr(_ffi_call, "_gpu_ordinal", lambda: 0)
-    monkeypatch.setattr(_ffi_call, "get_handle", lambda device: Sizes())
-    return jax, _ffi_call
 
 
 def test_jax_plans_carry_chunk_and_sinks(jax_planned):

@@ -23,7 +23,7 @@ __all__ = ["attention", "attention_varlen", "attention_with_kvcache"]
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, window=None, softcap=0.0, layout="bhsd",
               return_lse=False, num_splits=None, seqused_k=None, deterministic=False, scale=None,
-              q_descale=None, k_descale=None, v_descale=None, attention_chunk=0, sinks=None):
+              q_descale=None, k_descale=None, v_descale=None, attention_chunk=0, sinks=None, sm_margin=0):
     """Fused scaled-dot-product attention of JAX arrays, as
     flashcore.attention takes it:
 
@@ -36,12 +36,13 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=None, softcap
     FlashAttention's). causal, softmax_scale (scale: PyTorch's name for
     it), window, softcap, num_splits, seqused_k (an int32 [B] array), the
     float8_e4m3fn inputs with their descales, attention_chunk (a Python
-    int: chunked attention) and sinks (a float32 [Hq] array: learnable
-    sinks) mean what they mean to flashcore.attention; deterministic asks
-    the backward pass for bitwise-reproducible gradients. Gradients flow
-    to q, k, v and sinks through flashcore_backward (16-bit inputs).
-    Arrays are row-major (XLA's layout); the last dimension of each is its
-    contiguous one.
+    int: chunked attention), sinks (a float32 [Hq] array: learnable sinks)
+    and sm_margin (a Python int: SMs left to kernels on other streams, by
+    the backward pass too) mean what they mean to flashcore.attention;
+    deterministic asks the backward pass for bitwise-reproducible
+    gradients. Gradients flow to q, k, v and sinks through
+    flashcore_backward (16-bit inputs). Arrays are row-major (XLA's
+    layout); the last dimension of each is its contiguous one.
     """
     if scale is not None:
         if softmax_scale is not None:
@@ -49,31 +50,33 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=None, softcap
         softmax_scale = scale
     arrays = dict(seqused_k=seqused_k, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, sinks=sinks)
     return _call(q, k, v, arrays, layout, causal, softmax_scale, window, softcap, num_splits, deterministic,
-                 return_lse, attention_chunk=attention_chunk)
+                 return_lse, attention_chunk=attention_chunk, sm_margin=sm_margin)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
                      softmax_scale=None, window=None, softcap=0.0, return_lse=False, num_splits=None,
                      seqused_k=None, deterministic=False, q_descale=None, k_descale=None, v_descale=None,
-                     attention_chunk=0, sinks=None):
+                     attention_chunk=0, sinks=None, sm_margin=0):
     """flashcore.attention_varlen for JAX arrays: sequences of different
     lengths packed without padding. q: [total_q, Hq, D]; k: [total_k, Hkv,
     D]; v: [total_k, Hkv, Dv]; cu_seqlens_q, cu_seqlens_k: int32 [B + 1]
     offsets; max_seqlen_q, max_seqlen_k: Python ints (they size the grid and
     the workspace at trace time). out: [total_q, Hq, Dv]; lse (return_lse):
-    float32 [Hq, total_q]; attention_chunk and sinks as for attention().
+    float32 [Hq, total_q]; attention_chunk, sinks and sm_margin as for
+    attention().
     Differentiable as attention() is (rows outside every sequence get zero
     gradients)."""
     arrays = dict(seqused_k=seqused_k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, q_descale=q_descale,
                   k_descale=k_descale, v_descale=v_descale, sinks=sinks)
     return _call(q, k, v, arrays, "bshd", causal, softmax_scale, window, softcap, num_splits, deterministic,
-                 return_lse, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, attention_chunk=attention_chunk)
+                 return_lse, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, attention_chunk=attention_chunk,
+                 sm_margin=sm_margin)
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, cu_seqlens_q=None,
                            max_seqlen_q=None, causal=False, softmax_scale=None, window=None, softcap=0.0,
                            return_lse=False, num_splits=None, deterministic=False, q_descale=None,
-                           k_descale=None, v_descale=None, attention_chunk=0, sinks=None):
+                           k_descale=None, v_descale=None, attention_chunk=0, sinks=None, sm_margin=0):
     """flashcore.attention_with_kvcache for JAX arrays: new queries
     against a KV cache, [B, S, H, D] storage. q: [B, Sq, Hq, D] (or packed
     [total_q, Hq, D] with cu_seqlens_q and max_seqlen_q); k_cache, v_cache:
@@ -82,7 +85,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, block_tab
     [B] array, an int for every sequence, or None for the whole cache; a
     float8_e4m3fn cache with k_descale and v_descale. The split-KV decode
     kernels run here as in the torch binding (num_splits None: the
-    library's choice). attention_chunk and sinks as for attention().
+    library's choice). attention_chunk, sinks and sm_margin as for
+    attention().
     Differentiable for a contiguous 16-bit cache; a paged or float8_e4m3fn
     one's gradient is refused at trace time."""
     if cache_seqlens is not None and not hasattr(cache_seqlens, "shape"):
@@ -95,22 +99,25 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, block_tab
                   k_descale=k_descale, v_descale=v_descale, sinks=sinks)
     return _call(q, k_cache, v_cache, arrays, "bshd", causal, softmax_scale, window, softcap, num_splits,
                  deterministic, return_lse, max_seqlen_q=max_seqlen_q, seqused_k_name="cache_seqlens",
-                 attention_chunk=attention_chunk)
+                 attention_chunk=attention_chunk, sm_margin=sm_margin)
 
 
 def _call(q, k, v, arrays, layout, causal, softmax_scale, window, softcap, num_splits, deterministic, return_lse,
-          max_seqlen_q=None, max_seqlen_k=None, seqused_k_name="seqused_k", attention_chunk=0):
+          max_seqlen_q=None, max_seqlen_k=None, seqused_k_name="seqused_k", attention_chunk=0, sm_margin=0):
+    # The static attributes of the call's plans (sm_margin changes the
+    # plan: the split-KV choice and the persistent grid).
     config = (layout, bool(causal), softmax_scale, None if window is None else tuple(window), softcap, num_splits,
-              bool(deterministic), max_seqlen_q, max_seqlen_k, seqused_k_name, attention_chunk)
+              bool(deterministic), max_seqlen_q, max_seqlen_k, seqused_k_name, attention_chunk, sm_margin)
     out, lse = _attention(config, q, k, v, arrays)
     lse = jax.lax.stop_gradient(lse)
     return (out, lse) if return_lse else out
 
 
 def _forward_plan(config, q, k, v, arrays):
-    layout, causal, softmax_scale, window, softcap, num_splits, _, max_seqlen_q, max_seqlen_k, name, chunk = config
+    (layout, causal, softmax_scale, window, softcap, num_splits, _, max_seqlen_q, max_seqlen_k, name, chunk,
+     margin) = config
     return _ffi_call.plan_forward(q, k, v, layout, causal, softmax_scale, window, softcap, num_splits, arrays,
-                                  max_seqlen_q, max_seqlen_k, name, chunk)
+                                  max_seqlen_q, max_seqlen_k, name, chunk, margin)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -126,9 +133,10 @@ def _attention_forward(config, q, k, v, arrays):
 def _attention_backward(config, residuals, cotangents):
     q, k, v, out, lse, arrays = residuals
     dout, _ = cotangents  # lse's is zero: _call stops its gradient
-    layout, causal, softmax_scale, window, softcap, _, deterministic, max_seqlen_q, max_seqlen_k, name, chunk = config
+    (layout, causal, softmax_scale, window, softcap, _, deterministic, max_seqlen_q, max_seqlen_k, name, chunk,
+     margin) = config
     plan = _ffi_call.plan_backward(q, k, v, out, lse, layout, causal, softmax_scale, window, softcap, deterministic,
-                                   arrays, max_seqlen_q, max_seqlen_k, name, chunk)
+                                   arrays, max_seqlen_q, max_seqlen_k, name, chunk, margin)
     dq, dk, dv, dsinks = _ffi_call.backward(plan, q, k, v, out, dout.astype(out.dtype), lse, arrays)
     # The integer arrays and the descales get no gradient; the sinks do.
     return dq, dk, dv, {key: dsinks if key == "sinks" else None for key in arrays}

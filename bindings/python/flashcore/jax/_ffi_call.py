@@ -155,14 +155,14 @@ def _abstract_sinks(arrays, describe_array):
 
 
 def plan_forward(q, k, v, layout, causal, softmax_scale, window, softcap, num_splits, arrays=None,
-                 max_seqlen_q=None, max_seqlen_k=None, seqused_k_name="seqused_k", attention_chunk=0):
+                 max_seqlen_q=None, max_seqlen_k=None, seqused_k_name="seqused_k", attention_chunk=0, sm_margin=0):
     """The ForwardPlan of a call on abstract arrays, with the binding's
     checks and messages; an UnsupportedError without a GPU (after the checks
     that need none). arrays: the call's optional arrays by field name
     (OPTIONAL_FIELDS), None or absent where not given."""
     arrays = {name: x for name, x in (arrays or {}).items() if x is not None}
     layout = _layout(layout)
-    options = _options(causal, softmax_scale, num_splits, window, softcap, attention_chunk)
+    options = _options(causal, softmax_scale, num_splits, window, softcap, attention_chunk, sm_margin)
     qi, ki, vi = _info(q, "q", 0), _info(k, "k", 1), _info(v, "v", 2)
     describe_array = _stand_ins(len(POINTER_FIELDS))
     seqs = _abstract_sequences(arrays, max_seqlen_q, max_seqlen_k, seqused_k_name, describe_array)
@@ -217,7 +217,7 @@ class BackwardPlan:
 
 
 def plan_backward(q, k, v, out, lse, layout, causal, softmax_scale, window, softcap, deterministic, arrays=None,
-                  max_seqlen_q=None, max_seqlen_k=None, seqused_k_name="seqused_k", attention_chunk=0):
+                  max_seqlen_q=None, max_seqlen_k=None, seqused_k_name="seqused_k", attention_chunk=0, sm_margin=0):
     """The BackwardPlan of the gradients of a planned forward call (dout
     has out's shape and dtype; dq, dk, dv those of q, k, v; dsinks, with
     sinks, theirs). arrays: the forward's optional arrays by field name;
@@ -225,7 +225,7 @@ def plan_backward(q, k, v, out, lse, layout, causal, softmax_scale, window, soft
     refused as the torch path refuses them."""
     arrays = {name: x for name, x in (arrays or {}).items() if x is not None}
     layout = _layout(layout)
-    options = _options(causal, softmax_scale, None, window, softcap, attention_chunk)
+    options = _options(causal, softmax_scale, None, window, softcap, attention_chunk, sm_margin)
     main = (q, k, v, out, out, lse, q, k, v)
     infos = [_info(a, name, i) for i, (a, name) in enumerate(zip(main, BACKWARD_POINTER_FIELDS))]
     describe_array = _stand_ins(len(BACKWARD_POINTER_FIELDS))

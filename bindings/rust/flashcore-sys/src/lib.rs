@@ -95,9 +95,10 @@ mod tests {
             ]
         };
         assert_eq!(descale_strides(&params), [0; 6]);
-        // The 0.9 fields, the last: the library wrote all of Rust's struct.
+        // The 0.9 fields, sm_margin the last: the library wrote all of Rust's struct.
         assert_eq!(params.attention_chunk, 0);
         assert!(params.sinks.is_null());
+        assert_eq!(params.sm_margin, 0);
 
         // [B=2, S, H, D] with distinct sizes, so every stride has its own value.
         (params.batch_size, params.seqlen_q, params.seqlen_k) = (2, 24, 40);
@@ -296,6 +297,10 @@ mod tests {
         params.sinks = 0x7700_0000 as *const f32;
         assert_eq!(unsafe { flashcore_forward_check(&params) }, FLASHCORE_STATUS_SUCCESS);
         params.sinks = std::ptr::null();
+        // sm_margin, the last field: a negative one, in the library's words.
+        params.sm_margin = -1;
+        refused(&params, FLASHCORE_STATUS_INVALID_ARGUMENT, "sm_margin (-1)");
+        params.sm_margin = 0;
 
         // FP32 is a merge dtype only: forward refuses it as unsupported.
         params.dtype = FLASHCORE_DTYPE_FP32 as i32;
@@ -372,19 +377,22 @@ mod tests {
             [
                 offset(core::ptr::addr_of!((*f).attention_chunk).cast(), f.cast()),
                 offset(core::ptr::addr_of!((*f).sinks).cast(), f.cast()),
+                offset(core::ptr::addr_of!((*f).sm_margin).cast(), f.cast()),
                 offset(core::ptr::addr_of!((*b).attention_chunk).cast(), b.cast()),
                 offset(core::ptr::addr_of!((*b).sinks).cast(), b.cast()),
                 offset(core::ptr::addr_of!((*b).dsinks).cast(), b.cast()),
+                offset(core::ptr::addr_of!((*b).sm_margin).cast(), b.cast()),
                 offset(core::ptr::addr_of!((*m).sinks).cast(), m.cast()),
             ]
         };
-        assert_eq!(offsets, [344, 352, 368, 376, 384, 160]);
+        assert_eq!(offsets, [344, 352, 360, 368, 376, 384, 392, 160]);
+        // sm_margin's int32 is padded to the structs' 8-byte alignment.
         let sizes = [
             size_of::<flashcore_forward_params>(),
             size_of::<flashcore_backward_params>(),
             size_of::<flashcore_merge_params>(),
         ];
-        assert_eq!(sizes, [360, 392, 168]);
+        assert_eq!(sizes, [368, 400, 168]);
     }
 
     /// flashcore_merge_params_init writes the defaults at Rust's offsets and
@@ -473,7 +481,8 @@ mod tests {
         assert!(p.q.is_null() && p.dout.is_null() && p.lse.is_null() && p.dq.is_null() && p.dv.is_null());
         assert!(p.seqused_k.is_null() && p.cu_seqlens_q.is_null() && p.cu_seqlens_k.is_null());
         assert_eq!((p.total_seqlen_q, p.total_seqlen_k, p.attention_chunk), (0, 0, 0));
-        assert!(p.sinks.is_null() && p.dsinks.is_null()); // dsinks, the last field: the library zeroed it
+        assert!(p.sinks.is_null() && p.dsinks.is_null());
+        assert_eq!(p.sm_margin, 0); // the last field: the library zeroed it
 
         // [B=2, S, H, D] with distinct sizes and head dims, so every stride
         // has its own value; each gradient and dout like its tensor.

@@ -240,6 +240,12 @@ impl<'a> BackwardParams<'a> {
         self.raw.attention_chunk
     }
 
+    /// The SMs the call leaves to kernels on other streams: 0 for none (see
+    /// [`BackwardParamsBuilder::sm_margin`]).
+    pub fn sm_margin(&self) -> i32 {
+        self.raw.sm_margin
+    }
+
     /// Whether the call writes the sinks' gradient (see
     /// [`BackwardParamsBuilder::dsinks`]).
     pub fn computes_dsinks(&self) -> bool {
@@ -287,10 +293,11 @@ macro_rules! buffer_setters {
 /// Required: the six sizes and q, k, v, out, dout, lse, dq, dk, dv.
 /// Optional: [`head_dim_v`], [`dtype`], [`causal`], [`window`],
 /// [`attention_chunk`], [`softcap`], [`sinks`] and their gradient
-/// [`dsinks`], [`softmax_scale`], [`deterministic`], [`layout`] or
-/// [`strides`], [`seqused_k`], [`varlen_q`], [`varlen_k`].
+/// [`dsinks`], [`softmax_scale`], [`deterministic`], [`sm_margin`],
+/// [`layout`] or [`strides`], [`seqused_k`], [`varlen_q`], [`varlen_k`].
 ///
 /// [`attention_chunk`]: BackwardParamsBuilder::attention_chunk
+/// [`sm_margin`]: BackwardParamsBuilder::sm_margin
 /// [`sinks`]: BackwardParamsBuilder::sinks
 /// [`dsinks`]: BackwardParamsBuilder::dsinks
 /// [`head_dim_v`]: BackwardParamsBuilder::head_dim_v
@@ -336,6 +343,7 @@ pub struct BackwardParamsBuilder<'a> {
     softcap: f32,
     softmax_scale: f32,
     deterministic: bool,
+    sm_margin: i32,
     layout: Layout,
     strides: [Option<Strides>; 8],
     tensors: [Option<RawBuffer>; 8],
@@ -401,6 +409,14 @@ impl<'a> BackwardParamsBuilder<'a> {
         /// [`ForwardParamsBuilder::attention_chunk`](crate::ForwardParamsBuilder::attention_chunk)'s.
         /// Keys outside a row's chunk get no gradient from it.
         attention_chunk: i32;
+        /// SMs the call leaves to kernels on other streams (default 0), as
+        /// [`ForwardParamsBuilder::sm_margin`](crate::ForwardParamsBuilder::sm_margin):
+        /// usually the forward call's. The backward's kernels are not
+        /// persistent, so it bounds what assumes the whole GPU: the
+        /// deterministic schedule that needs a head's key blocks resident
+        /// together. Negative: [`Status::InvalidArgument`](crate::Status::InvalidArgument)
+        /// from [`build`](Self::build).
+        sm_margin: i32;
     }
 
     /// The forward call's learnable sinks (optional): device memory holding
@@ -571,6 +587,7 @@ impl<'a> BackwardParamsBuilder<'a> {
         }
         raw.softcap = self.softcap;
         raw.attention_chunk = self.attention_chunk;
+        raw.sm_margin = self.sm_margin;
         raw.deterministic = i32::from(self.deterministic);
         // SAFETY: `raw` is a valid params struct with its own struct_size.
         check(unsafe { sys::flashcore_backward_set_contiguous_strides(&mut raw, self.layout.to_raw()) })?;
@@ -754,12 +771,13 @@ mod tests {
     }
 
     #[test]
-    fn chunk_sinks_and_dsinks_reach_the_c_struct() {
+    fn chunk_sinks_dsinks_and_sm_margin_reach_the_c_struct() {
         let mut buffers = Buffers::dense();
         let params = standard(&mut buffers).build().expect("valid params");
         let raw = params.as_raw();
         assert!(raw.sinks.is_null() && raw.dsinks.is_null());
         assert_eq!((raw.attention_chunk, params.attention_chunk(), params.computes_dsinks()), (0, 0, false));
+        assert_eq!((raw.sm_margin, params.sm_margin()), (0, 0));
         let sinks = RawBuffer::new(address(9), HQ as usize * 4);
         let mut dsinks = RawBuffer::new(address(10), HQ as usize * 4);
         let mut buffers = Buffers::dense();
@@ -768,10 +786,13 @@ mod tests {
             .attention_chunk(48)
             .sinks(&sinks)
             .dsinks(&mut dsinks)
+            .deterministic(true)
+            .sm_margin(16)
             .build()
             .expect("valid params");
         let raw = params.as_raw();
         assert_eq!((raw.attention_chunk, raw.sinks as u64, raw.dsinks as u64), (48, address(9), address(10)));
+        assert_eq!((raw.sm_margin, params.sm_margin()), (16, 16));
         assert_eq!((params.attention_chunk(), params.computes_dsinks()), (48, true));
         // Sinks without their gradient (sinks that need none).
         let mut buffers = Buffers::dense();
@@ -780,11 +801,14 @@ mod tests {
     }
 
     #[test]
-    fn chunk_sinks_and_dsinks_refusals() {
+    fn chunk_sinks_dsinks_and_sm_margin_refusals() {
         let sinks = RawBuffer::new(address(9), HQ as usize * 4);
         let mut buffers = Buffers::dense();
         let err = rejected(standard(&mut buffers).attention_chunk(-2));
         assert!(err.status() == Status::InvalidArgument && err.message().contains("attention_chunk (-2)"), "{err}");
+        let mut buffers = Buffers::dense();
+        let err = rejected(standard(&mut buffers).sm_margin(-3));
+        assert!(err.status() == Status::InvalidArgument && err.message().contains("sm_margin (-3)"), "{err}");
         // dsinks needs sinks: the library's rule, in its words.
         let mut dsinks = RawBuffer::new(address(10), HQ as usize * 4);
         let mut buffers = Buffers::dense();

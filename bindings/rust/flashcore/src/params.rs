@@ -308,6 +308,12 @@ impl<'a> ForwardParams<'a> {
         self.raw.attention_chunk
     }
 
+    /// The SMs the call leaves to kernels on other streams: 0 for none (see
+    /// [`ForwardParamsBuilder::sm_margin`]).
+    pub fn sm_margin(&self) -> i32 {
+        self.raw.sm_margin
+    }
+
     /// Whether the call has learnable sinks (see
     /// [`ForwardParamsBuilder::sinks`]).
     pub fn has_sinks(&self) -> bool {
@@ -454,12 +460,13 @@ macro_rules! input_setters {
 /// Required: the six sizes and q, k, v, out. Optional: [`head_dim_v`],
 /// [`dtype`], [`causal`], [`window`], [`attention_chunk`], [`softcap`],
 /// [`sinks`], [`softmax_scale`], [`layout`] or [`strides`], [`lse`],
-/// [`num_splits`], [`seqused_k`], [`varlen_q`], [`varlen_k`],
+/// [`num_splits`], [`sm_margin`], [`seqused_k`], [`varlen_q`], [`varlen_k`],
 /// [`paged_kv`], for an fp8 KV cache [`kv_dtype`], [`k_descale`],
 /// [`v_descale`], and for fp8 queries (dtype [`DType::F8E4M3`])
 /// [`q_descale`], [`k_descale`], [`v_descale`] and [`out_dtype`].
 ///
 /// [`attention_chunk`]: ForwardParamsBuilder::attention_chunk
+/// [`sm_margin`]: ForwardParamsBuilder::sm_margin
 /// [`sinks`]: ForwardParamsBuilder::sinks
 /// [`kv_dtype`]: ForwardParamsBuilder::kv_dtype
 /// [`out_dtype`]: ForwardParamsBuilder::out_dtype
@@ -520,6 +527,7 @@ pub struct ForwardParamsBuilder<'a> {
     softcap: f32,
     softmax_scale: f32,
     num_splits: i32,
+    sm_margin: i32,
     layout: Layout,
     strides: [Option<Strides>; 4],
     tensors: [Option<RawBuffer>; 4],
@@ -675,6 +683,17 @@ impl<'a> ForwardParamsBuilder<'a> {
         /// let builder = ForwardParams::builder().causal(true).attention_chunk(8192);
         /// ```
         attention_chunk: i32;
+        /// SMs the call leaves to kernels on other streams, as
+        /// FlashAttention 3's `sm_margin` (default 0: every SM of the
+        /// handle's device): a context-parallel ring sets it so that the
+        /// NCCL transfer of the next K/V slice runs beside the attention.
+        /// Persistent kernels (the sm_90a forward) launch at most
+        /// (SMs − sm_margin) CTAs, and the split-KV choice counts those SMs
+        /// only: it changes the plan, not the arithmetic. Negative:
+        /// [`Status::InvalidArgument`] from [`build`](Self::build); one that
+        /// leaves the device no SM, from the handle's calls (the SM count is
+        /// the handle's).
+        sm_margin: i32;
     }
 
     /// Learnable attention sinks, as gpt-oss's (FlashAttention 4's
@@ -1041,6 +1060,7 @@ impl<'a> ForwardParamsBuilder<'a> {
         }
         raw.softcap = self.softcap;
         raw.attention_chunk = self.attention_chunk;
+        raw.sm_margin = self.sm_margin;
         raw.kv_dtype = self.kv_dtype.map_or(0, DType::to_raw);
         raw.out_dtype = self.out_dtype.map_or(0, DType::to_raw);
         // SAFETY: `raw` is a valid params struct with its own struct_size.
@@ -1826,10 +1846,10 @@ mod tests {
     }
 
     #[test]
-    fn chunk_and_sinks_reach_the_c_struct() {
+    fn chunk_sinks_and_sm_margin_reach_the_c_struct() {
         let mut buffers = Buffers::dense();
         let params = standard(&mut buffers).build().expect("valid params");
-        assert_eq!((params.attention_chunk(), params.has_sinks()), (0, false));
+        assert_eq!((params.attention_chunk(), params.has_sinks(), params.sm_margin()), (0, false, 0));
         assert!(params.as_raw().sinks.is_null());
         let mut buffers = Buffers::dense();
         let sinks = RawBuffer::new(0x5000_0000, HQ as usize * 4);
@@ -1838,20 +1858,26 @@ mod tests {
             .window(100, 0)
             .attention_chunk(32)
             .sinks(&sinks)
+            .sm_margin(16)
             .build()
             .expect("valid params");
         let raw = params.as_raw();
         assert_eq!((raw.attention_chunk, raw.sinks as usize, raw.causal), (32, 0x5000_0000, 1));
+        assert_eq!((raw.sm_margin, params.sm_margin()), (16, 16));
         assert_eq!((params.attention_chunk(), params.has_sinks(), params.window()), (32, true, Some((100, 0))));
     }
 
     #[test]
-    fn chunk_and_sinks_refusals() {
+    fn chunk_sinks_and_sm_margin_refusals() {
         // A negative chunk, in the library's words.
         let mut buffers = Buffers::dense();
         let err = rejected(standard(&mut buffers).attention_chunk(-1));
         assert_eq!(err.status(), Status::InvalidArgument);
         assert!(err.message().contains("attention_chunk (-1)"), "{err}");
+        // A negative sm_margin too; whether it leaves an SM is the handle's to say.
+        let mut buffers = Buffers::dense();
+        let err = rejected(standard(&mut buffers).sm_margin(-1));
+        assert!(err.status() == Status::InvalidArgument && err.message().contains("sm_margin (-1)"), "{err}");
         // The sinks: one f32 per query head, 4-byte aligned, overlapping no output.
         let mut buffers = Buffers::dense();
         let short = RawBuffer::new(0x5000_0000, HQ as usize * 4 - 1);
