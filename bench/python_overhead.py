@@ -107,7 +107,7 @@ def shapes_of(shape):
 
 
 def prepare_runner(q, k, v, out, causal):
-    options = (causal, None, None, None, 0.0, 0)
+    options = (causal, None, None, None, 0.0, 0, 0)
 
     def run(calls):
         start = clock()
@@ -235,7 +235,7 @@ def measure_stub(args, shape):
     q = torch.randn(q_shape, dtype=torch.float16)
     k, v = (torch.randn(kv_shape, dtype=torch.float16) for _ in range(2))
     out = torch.empty_like(q)
-    options = (args.causal, None, None, None, 0.0, 0)
+    options = (args.causal, None, None, None, 0.0, 0, 0)
     api = _plan.torch_api()
     api.current_stream = lambda device: 0  # torch's CUDA calls need a GPU
     api.capturing = lambda: False
@@ -287,7 +287,7 @@ def measure_stub_training(args, api, handle_type, found):
     k, v = (torch.randn(kv_shape, dtype=torch.float16).requires_grad_(True) for _ in range(2))
     dout = torch.randn(q_shape, dtype=torch.float16)
     causal = args.causal
-    options = (causal, None, None, None, 0.0, 0)
+    options = (causal, None, None, None, 0.0, 0, 0)
     forward_template = bytes(ctypes.sizeof(flashcore._ffi.flashcore_forward_params))
     backward_template = bytes(ctypes.sizeof(flashcore._ffi.flashcore_backward_params))
     backward_workspace = 4 * shape["heads_q"] * shape["head_dim"] * shape["batch"] * shape["seqlen_q"]
@@ -314,7 +314,7 @@ def measure_stub_training(args, api, handle_type, found):
         saved as the output of the autograd node, which requires grad)."""
         arrays = (q, k, v, out.requires_grad_(True), dout, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
         arrays += (None,) * (len(_plan.BACKWARD_POINTER_FIELDS) - len(arrays))
-        key = _plan.backward_key(arrays, "bhsd", (causal, None, None, 0.0, 0), False, None, None)[0]
+        key = _plan.backward_key(arrays, "bhsd", (causal, None, None, 0.0, 0, 0), False, None, None)[0]
         plan = _plan._BackwardPlan()
         plan.template, plan.empty, plan.device, plan.torch_device = backward_template, False, 0, q.device
         plan.workspace_bytes = backward_workspace
