@@ -11,7 +11,6 @@
 // where fp8 prefill is refused and pinned variants that do not fit give way.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -991,102 +990,30 @@ TEST(ForwardSm90, WideConfigurationMatchesReference) {
     expect_matches_reference(FwdCase{FLASHCORE_DTYPE_BF16, 64, false, 1, 2, 2, 1100, 1100, Layout::kBHSD});
 }
 
-// A kernel on another stream that holds whole SMs (a CTA with all the shared
-// memory a block may have, one an SM), as NCCL's transfers do beside a
-// context-parallel ring's attention: each CTA counts itself resident, then
-// waits for `release` for at most kHoldTimeoutNs and counts a timeout.
-constexpr unsigned long long kHoldTimeoutNs = 1000ull * 1000 * 1000;
-
-__device__ unsigned long long global_ns() {
-    unsigned long long ns;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-    return ns;
-}
-
-__global__ void hold_sms_kernel(int *resident, const volatile int *release, int *timed_out) {
-    extern __shared__ unsigned char held[];
-    if (threadIdx.x != 0) return;
-    held[0] = 1;
-    atomicAdd_system(resident, 1);
-    const unsigned long long start = global_ns();
-    while (*release == 0) {
-        if (global_ns() - start > kHoldTimeoutNs) {
-            atomicAdd(timed_out, 1);
-            return;
-        }
-        __nanosleep(1000);
-    }
-}
-
-__global__ void release_holders_kernel(volatile int *release) { *release = 1; }
-
-// Holders of `holders` SMs on one stream, then the persistent sm_90a
-// forward of `params` (its sm_margin) on another, then the holders'
-// release after it: how many holders waited out their timeout, which they
-// do where the forward needed one of their SMs to finish. -1 where the
-// holders never became resident together.
-int holders_timed_out(flashcore_handle handle, const flashcore_forward_params &params, int holders) {
-    int device = 0, smem_optin = 0;
-    FC_CHECK_CUDA(cudaGetDevice(&device));
-    FC_CHECK_CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    FC_CHECK_CUDA(cudaFuncSetAttribute(hold_sms_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-    int *resident = nullptr, *resident_on_device = nullptr, *flags = nullptr;
-    FC_CHECK_CUDA(cudaHostAlloc(&resident, sizeof(int), cudaHostAllocMapped));
-    FC_CHECK_CUDA(cudaHostGetDevicePointer(&resident_on_device, resident, 0));
-    FC_CHECK_CUDA(cudaMalloc(&flags, 2 * sizeof(int)));  // release, timed_out
-    FC_CHECK_CUDA(cudaMemset(flags, 0, 2 * sizeof(int)));
-    *reinterpret_cast<volatile int *>(resident) = 0;
-    cudaStream_t holding = nullptr, attending = nullptr;
-    FC_CHECK_CUDA(cudaStreamCreateWithFlags(&holding, cudaStreamNonBlocking));
-    FC_CHECK_CUDA(cudaStreamCreateWithFlags(&attending, cudaStreamNonBlocking));
-    hold_sms_kernel<<<holders, 32, smem_optin, holding>>>(resident_on_device, flags, flags + 1);
-    FC_CHECK_CUDA(cudaGetLastError());
-    int result = -1;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (*reinterpret_cast<volatile int *>(resident) < holders && std::chrono::steady_clock::now() < deadline) {
-    }
-    if (*reinterpret_cast<volatile int *>(resident) == holders) {
-        EXPECT_EQ(run_forward(handle, params, attending), FLASHCORE_STATUS_SUCCESS) << flashcore_last_error_message();
-        release_holders_kernel<<<1, 1, 0, attending>>>(flags);
-        FC_CHECK_CUDA(cudaGetLastError());
-        FC_CHECK_CUDA(cudaDeviceSynchronize());
-        FC_CHECK_CUDA(cudaMemcpy(&result, flags + 1, sizeof(int), cudaMemcpyDeviceToHost));
-    } else {
-        release_holders_kernel<<<1, 1, 0, attending>>>(flags);
-        FC_CHECK_CUDA(cudaDeviceSynchronize());
-    }
-    FC_CHECK_CUDA(cudaStreamDestroy(holding));
-    FC_CHECK_CUDA(cudaStreamDestroy(attending));
-    FC_CHECK_CUDA(cudaFree(flags));
-    FC_CHECK_CUDA(cudaFreeHost(resident));
-    return result;
-}
-
-// sm_margin leaves SMs to another stream's kernel: with 16 SMs held by
-// one, the persistent sm_90a forward with sm_margin 16 finishes on the
-// others (the holders are released after it, none waits out its timeout);
-// without the margin it cannot finish until the holders give up their SMs
-// (every holder times out): the test's control. Results with a margin
-// match the reference (another split count at most).
-TEST(ForwardSm90, SmMarginLeavesSmsToAnotherStream) {
+// sm_margin changes the sm_90a kernel's grid (SMs - sm_margin persistent
+// CTAs, each walking more query blocks), not its arithmetic: with most SMs
+// left to other streams, results match the reference, causal and not, with
+// GQA and a partial last block. (That the SMs are left free is the plan's,
+// which the emulated-GPU tests check, and bench/context_parallel.py's
+// per-step timeline measures: a kernel on another stream cannot be seen
+// to hold SMs here without timing it. The CTAs a persistent kernel cannot
+// place start as the first wave's finish, so a missing margin costs time,
+// never a hang.)
+TEST(ForwardSm90, SmMarginMatchesReference) {
     FC_REQUIRE_GPU();
     const ScopedEnv env({{"FLASHCORE_FWD_VARIANT", "sm90"}});
     std::string why;
     if (!forced_sm90_path_runs(&why)) GTEST_SKIP() << "no sm_90a kernel here: " << why;
-    constexpr int kHolders = 16;
-    FwdCase margin{FLASHCORE_DTYPE_BF16, 128, true, 1, 4, 2, 640, 640, Layout::kBSHD};
-    margin.sm_margin = 100;
-    expect_matches_reference(margin);
-    std::mt19937_64 rng(fresh_seed());
-    UniqueHandle handle = make_handle();
-    ASSERT_TRUE(handle);
-    // 2 x 16 heads x 16 blocks of 128 rows: more blocks than SMs.
-    FwdCase big{FLASHCORE_DTYPE_BF16, 128, false, 2, 16, 16, 2048, 2048, Layout::kBSHD};
-    big.sm_margin = kHolders;
-    Workload w(big, rng);
-    EXPECT_EQ(holders_timed_out(handle.get(), w.params, kHolders), 0);
-    w.params.sm_margin = 0;
-    EXPECT_EQ(holders_timed_out(handle.get(), w.params, kHolders), kHolders);
+    int device = 0, sms = 0;
+    FC_CHECK_CUDA(cudaGetDevice(&device));
+    FC_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    for (const bool causal : {false, true}) {
+        for (const int margin : {16, sms - 3}) {
+            FwdCase c{FLASHCORE_DTYPE_BF16, 64, causal, 1, 4, 2, 640, 700, Layout::kBSHD};  // every build has d64
+            c.sm_margin = margin;
+            expect_matches_reference(c);
+        }
+    }
 }
 
 TEST(ForwardApi, BadKvPositionIsRejectedAtCreate) {

@@ -58,10 +58,12 @@ __all__ = [
 
 # SMs each ring step's kernels leave to NCCL's, whose transfer of the next
 # K/V slice (and in the backward, of the dK/dV accumulators) then runs beside
-# the step's attention (ring_attention's sm_margin). NCCL's send/receive
-# kernel for one peer each way runs on a few CTAs; measured on 2 H200s
-# (docs/log/context-parallelism.md, 2026-11-30).
-RING_SM_MARGIN = 8
+# the step's attention (ring_attention's sm_margin). A margin costs the
+# attention its share of the SMs for the whole step, while the transfer it
+# hides takes about 2% of a step: 2 SMs carry it within the step, and were
+# the fastest margin on 2 H200s (docs/log/context-parallelism.md,
+# 2026-11-30).
+RING_SM_MARGIN = 2
 
 # ---------------------------------------------------------------------------
 # Planning (no GPU, no NCCL)
@@ -300,10 +302,11 @@ def ring_attention(q: Any, k: Any, v: Any, group: Any = None, *, causal: bool = 
     sm_margin: SMs each step's kernels leave to NCCL (the attention's
         sm_margin, as flashcore.attention takes it): the transfer of the
         next slice is queued before the step's attention and runs beside
-        it on those SMs. 0 queues each transfer after the step's attention
-        instead, so that nothing runs beside it (the attention then holds
-        every SM, and a transfer queued first would take SMs that its
-        persistent CTAs wait for). The default, RING_SM_MARGIN, is what
+        it on those SMs (the forward's last step, with no transfer beside
+        it, takes every SM). 0 queues each transfer after the step's
+        attention instead, so that nothing runs beside it (the attention
+        then holds every SM, and a transfer queued first would take SMs that
+        its persistent CTAs wait for). The default, RING_SM_MARGIN, is what
         measured fastest on H200s.
 
     Each of the world_size steps is one flashcore.attention call on the
@@ -411,7 +414,8 @@ def _ring(q, k, v, group, causal, softmax_scale, layout, return_lse, timeline, s
                 marks[0].record()
             more = index + 1 < world_size
             works = _exchange(group, [kv], [spare], send_to, recv_from) if more and beside else None
-            _run_step(step, q, *_unpack(kv, k, v), partials, index, softmax_scale, layout, sm_margin)
+            _run_step(step, q, *_unpack(kv, k, v), partials, index, softmax_scale, layout,
+                      sm_margin if works else 0)
             if marks:
                 marks[1].record()
             if more and not beside:
