@@ -113,6 +113,16 @@ def fake_gpu(lib, monkeypatch):
     # Code torch.compile traced through the stand-ins must not be reused by
     # later tests on a real GPU.
     torch._dynamo.reset()
+    # The stand-ins undone now, and the compiled module, where one was
+    # loaded before this test (the undo gives _attention._fast back), given
+    # the library's functions and torch's again: compiled_on_fake_gpu
+    # configured it with fakes whose trampolines are gone, and nothing else
+    # configures a loaded module. (Left so, the next compiled call jumped to
+    # freed code: a crash on 2 H200s in test_gpu_distributed.py after
+    # test_sm_margin.py.)
+    monkeypatch.undo()
+    if _attention._fast:
+        _attention._load_fast()
 
 
 @pytest.fixture
