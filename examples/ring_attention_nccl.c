@@ -48,7 +48,7 @@ enum { kMaxRanks = 8, kChunk = 256, kHeadsQ = 8, kHeadsKv = 2, kHeadDim = 128 };
 /* SMs each step's attention leaves to NCCL's send/receive kernels
  * (flashcore_forward_params::sm_margin; flashcore.distributed.RING_SM_MARGIN
  * is the same figure). */
-enum { kSmMargin = 8 };
+enum { kSmMargin = 2 };
 
 #define CUDA_OK(call)                                                                             \
     do {                                                                                          \

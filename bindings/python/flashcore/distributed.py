@@ -59,10 +59,11 @@ __all__ = [
 # SMs each ring step's kernels leave to NCCL's, whose transfer of the next
 # K/V slice (and in the backward, of the dK/dV accumulators) then runs beside
 # the step's attention (ring_attention's sm_margin). A margin costs the
-# attention its share of the SMs for the whole step, while the transfer it
-# hides takes about 2% of a step: 2 SMs carry it within the step, and were
-# the fastest margin on 2 H200s (docs/log/context-parallelism.md,
-# 2026-11-30).
+# attention its share of the SMs for the whole step; 2 SMs carry a 128k
+# prefill's transfer within the step. On 2 H200s the transfer it hides is
+# 1% of the call, and margins of 0, 1 and 2 measured alike within run-to-run
+# noise, 4 and more slower (docs/log/context-parallelism.md, 2026-11-30);
+# on 4, where the wait was 7% of a step, it is the margin's to gain.
 RING_SM_MARGIN = 2
 
 # ---------------------------------------------------------------------------
@@ -306,8 +307,7 @@ def ring_attention(q: Any, k: Any, v: Any, group: Any = None, *, causal: bool = 
         it, takes every SM). 0 queues each transfer after the step's
         attention instead, so that nothing runs beside it (the attention
         then holds every SM, and a transfer queued first would take SMs that
-        its persistent CTAs wait for). The default, RING_SM_MARGIN, is what
-        measured fastest on H200s.
+        its persistent CTAs wait for). The default is RING_SM_MARGIN.
 
     Each of the world_size steps is one flashcore.attention call on the
     slice in hand (ring_schedule says which rows and keys) while NCCL sends
