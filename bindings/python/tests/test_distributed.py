@@ -247,33 +247,34 @@ def _gloo_rank(rank, world_size, port, causal, sm_margin, results):
         dist.destroy_process_group()
 
 
-# The order of a rank's kernel calls and transfers on 3 ranks (each
-# transfer: ("exchange", buffers sent)). With a margin, each step's
+# The order of a rank's kernel calls and transfers on world_size ranks
+# (each transfer: ("exchange", buffers sent)). With a margin, each step's
 # transfer of the next K/V slice is queued before its kernel (the forward's
 # last step, with none beside it, leaves no SMs); in the
 # backward the accumulators of the slice in hand follow the step's kernel
 # (then run beside the next step's). Without one every transfer follows its
 # step's kernel, in one batch (K/V and the accumulators).
-def _expected_order(sm_margin):
+def _expected_order(sm_margin, world_size):
+    hops = world_size - 1
     if sm_margin:
-        return ([("exchange", 1), ("attention", sm_margin)] * 2 + [("attention", 0)]
-                + [("exchange", 1), ("gradients", sm_margin), ("exchange", 1)] * 2
+        return ([("exchange", 1), ("attention", sm_margin)] * hops + [("attention", 0)]
+                + [("exchange", 1), ("gradients", sm_margin), ("exchange", 1)] * hops
                 + [("gradients", sm_margin), ("exchange", 1)])
-    return ([("attention", 0), ("exchange", 1)] * 2 + [("attention", 0)]
-            + [("gradients", 0), ("exchange", 2)] * 2 + [("gradients", 0), ("exchange", 1)])
+    return ([("attention", 0), ("exchange", 1)] * hops + [("attention", 0)]
+            + [("gradients", 0), ("exchange", 2)] * hops + [("gradients", 0), ("exchange", 1)])
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sm_margin", [0, 8])
-def test_ring_over_gloo_is_the_emulated_ring(causal, sm_margin):
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_ring_over_gloo_is_the_emulated_ring(causal, sm_margin, world_size):
     """ring_attention's own transfers (batch_isend_irecv, the backward's
-    travelling dK/dV) on 3 CPU ranks over gloo give what the emulated ring
-    gives: the communication paths, checked without NCCL or a GPU, with
-    the transfers beside each step's kernels (a margin) and after them;
-    every kernel call beside a transfer gets the margin."""
+    travelling dK/dV) on 3 and 4 CPU ranks over gloo give what the
+    emulated ring gives: the communication paths, checked without NCCL or
+    a GPU, with the transfers beside each step's kernels (a margin) and
+    after them; every kernel call beside a transfer gets the margin."""
     import socket
     import torch.multiprocessing as mp
-    world_size = 3
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -306,7 +307,7 @@ def test_ring_over_gloo_is_the_emulated_ring(causal, sm_margin):
         for name, a, b, tol in zip(("out", "dq", "dk", "dv"), got[r][:4], (out,) + tuple(grads),
                                    (1e-12, 1e-6, 1e-6, 1e-6)):
             assert torch.allclose(a, mine(b, r), atol=tol), (r, name, (a - mine(b, r)).abs().max())
-        assert got[r][4] == _expected_order(sm_margin), (r, got[r][4])
+        assert got[r][4] == _expected_order(sm_margin, world_size), (r, got[r][4])
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "8", None])
