@@ -62,7 +62,7 @@ __all__ = [
 # attention its share of the SMs for the whole step; 2 SMs carry a 128k
 # prefill's transfer within the step. On 2 H200s the transfer it hides is
 # 1% of the call, and margins of 0, 1 and 2 measured alike within run-to-run
-# noise, 4 and more slower (docs/log/context-parallelism.md, 2026-11-30);
+# noise, 8 and more slower (docs/log/context-parallelism.md, 2026-11-30);
 # on 4, where the wait was 7% of a step, it is the margin's to gain.
 RING_SM_MARGIN = 2
 
