@@ -212,23 +212,30 @@ class Decoder(torch.nn.Module):
             self.blocks.append(block)
         self.norm = torch.nn.RMSNorm(dim)
 
-    def rotary(self, x, positions):
+    def rotation(self, positions):
+        """The rotary embedding's (cos, sin) of the tokens' global positions,
+        [1, S, 1, head_dim / 2]: once a step, for every layer's q and k."""
         half = self.head_dim // 2
-        freqs = 10000.0 ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+        freqs = 10000.0 ** (-torch.arange(half, device=positions.device, dtype=torch.float32) / half)
         angles = positions.float()[:, None] * freqs[None, :]  # [S, half]
-        cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+        return angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+
+    @staticmethod
+    def rotary(x, rotation):
+        cos, sin = rotation
         x1, x2 = x.float().chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
 
     def forward(self, tokens, positions, attend):
         x = self.embed(tokens)
         b, s, _ = x.shape
+        rotation = self.rotation(positions)
         for block in self.blocks:
             h = block.norm1(x)
             q, k, v = block.qkv(h).split([self.heads * self.head_dim, self.heads_kv * self.head_dim,
                                           self.heads_kv * self.head_dim], dim=-1)
-            q = self.rotary(q.view(b, s, self.heads, self.head_dim), positions)
-            k = self.rotary(k.view(b, s, self.heads_kv, self.head_dim), positions)
+            q = self.rotary(q.view(b, s, self.heads, self.head_dim), rotation)
+            k = self.rotary(k.view(b, s, self.heads_kv, self.head_dim), rotation)
             v = v.view(b, s, self.heads_kv, self.head_dim)
             x = x + block.proj(attend(q, k, v).reshape(b, s, -1))
             gate, up = block.up(block.norm2(x)).chunk(2, dim=-1)

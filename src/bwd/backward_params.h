@@ -13,8 +13,8 @@ namespace flashcore {
 
 // Where each released header's flashcore_backward_params ended: it first
 // appeared in 0.7, ending with total_seqlen_k (no smaller size exists);
-// 0.9 added attention_chunk, sinks, dsinks and sm_margin (its end is our sizeof). As
-// the forward struct's kReleasedParamsEnds.
+// 0.9 added attention_chunk, sinks, dsinks and sm_margin (its end, padded,
+// is our sizeof). As the forward struct's kReleasedParamsEnds.
 constexpr size_t kBackwardReleasedParamsEnds[] = {
     offsetof(flashcore_backward_params, total_seqlen_k) + sizeof(int32_t),  // 0.7, 0.8
 };

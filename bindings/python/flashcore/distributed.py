@@ -434,7 +434,7 @@ def _step_grads(step: RingStep, q, k, v, out, lse, dout, dq, softmax_scale, layo
     `step` names, with the whole call's out and lse: P and dO.O are those
     of the merged result, leaving sm_margin SMs to other streams): dq's
     added into the float32 accumulator dq (the rank's queries); returns
-    the slice's (dk, dv) as add_slice_grads takes them."""
+    the slice's (dk, dv) as _add_slice_grads takes them."""
     from ._backward import gradients
     dim = _seq_dim(layout)
     rows = lambda t: _half(t, step.query_rows, dim)
@@ -489,14 +489,13 @@ def _ring_backward(q, k, v, out, lse, dout, group, causal, softmax_scale, layout
                 dkv, dspare = dspare, dkv
             _add_slice_grads(step, grads, *_unpack(dkv, k, v), layout)
             if more and not beside:
-                grads_works = kv_works = _exchange(group, [dkv, kv], [dspare, spare], send_to, recv_from)
+                # One batch, waited for below with the next slice.
+                kv_works, grads_works = _exchange(group, [dkv, kv], [dspare, spare], send_to, recv_from), None
             elif world_size > 1:
                 grads_works = _exchange(group, [dkv], [dspare], send_to, recv_from)
             if more:
                 _wait(kv_works)
                 kv, spare = spare, kv
-                if grads_works is kv_works:
-                    grads_works = None  # (one batch, waited for)
         if world_size > 1:
             _wait(grads_works)  # the last hop: this rank's slice's accumulators, in dspare
             dkv = dspare
