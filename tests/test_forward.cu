@@ -245,7 +245,7 @@ std::vector<FwdCase> chunk_and_sinks_cases() {
 
 // The wide kernels (head dims past 256): d512 (Gemma's), and MLA decode on
 // a latent cache (576 / 512, v passed as k's view) at 16, 64 and 128 query
-// heads on one K/V head, contiguous, packed and paged (pages of 64), split,
+// heads on one K/V head, contiguous, packed and paged (pages of 16, 32 and 64), split,
 // with speculative steps, windows, chunks, sinks and softcaps; d512 prefill causal and windowed with sinks and a
 // softcap, GQA decode packed and split, paged; 320 on the 512 kernel.
 std::vector<FwdCase> wide_cases() {
@@ -266,6 +266,11 @@ std::vector<FwdCase> wide_cases() {
         mla128.with_latent_v(),
         mla128.with_latent_v().with_seqused_k({0, 450}).with_pages(64),
         mla128_spec.with_latent_v().with_splits(2),
+        // Pairs of key tiles with an odd count and a partial last one, pages
+        // of 16 and 32 (a tile from several pages, or one), and splits of odd
+        // lengths.
+        mla64.with_latent_v().with_seqused_k({150, 40}).with_pages(16),
+        mla128.with_latent_v().with_seqused_k({777, 200}).with_pages(32).with_splits(3),
         // Masks, softcap and sinks on the sm_90a kernel's 64-row blocks
         // (the same calls run on the portable tiles elsewhere).
         mla64.with_latent_v().with_window(333, 0).with_sinks(),
