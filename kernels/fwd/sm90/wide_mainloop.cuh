@@ -24,8 +24,10 @@
 // (Measured against this on an H200, MLA B64/128 x H128 at 4k and 32k:
 // issuing the next pair's S behind this pair's P V, 2-5% slower; FA3's
 // roles for a wide V, a producer warpgroup loading 64-key tiles by cp.async
-// and one consumer computing S for the other, 1.5x slower:
-// docs/log/models-2026.md.)
+// and one consumer computing S for the other, 1.5x slower; with K by TMA,
+// FlashMLA's seesaw on 64-key tiles (two slots) 1.2-1.3x slower, on 32-key
+// tiles (four slots) 1.5x, and FA3's roles without a producer warpgroup
+// 1.35x: docs/log/models-2026.md.)
 #pragma once
 
 #include <cmath>
