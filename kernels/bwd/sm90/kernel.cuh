@@ -17,6 +17,9 @@
 //     at the end dK (times grad_scale) and dV to their tensors.
 #pragma once
 
+#include <new>
+#include <type_traits>
+
 #include "bwd/sm90/config.cuh"
 #include "bwd/sm90/consumer.cuh"
 #include "bwd/sm90/dq_writer.cuh"
@@ -43,12 +46,19 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     // The CTA's work, worked out once into shared memory: the producer
     // warps read its fields where they use them (in their 24 registers
     // they could not hold it all), the consumers copy it.
+    // Raw storage, constructed by thread 0: Work's members have default
+    // initializers (KeyMask::chunk), which a __shared__ variable cannot run
+    // (nvcc warning 20054).
     using Scheduler = sm80::KeyBlockScheduler<Traits::kBlockM, Traits::kBlockN>;
-    __shared__ typename Scheduler::Work shared_work;
-    static_assert(sizeof(shared_work) <= Traits::kStaticSmemBytes, "config.cuh's budget for static shared memory");
+    using Work = typename Scheduler::Work;
+    __shared__ alignas(Work) unsigned char shared_work_bytes[sizeof(Work)];
+    static_assert(sizeof(Work) <= Traits::kStaticSmemBytes, "config.cuh's budget for static shared memory");
+    static_assert(std::is_trivially_copyable_v<Work> && std::is_trivially_destructible_v<Work>,
+                  "a Work lives in raw shared memory and is copied out of it");
+    Work &shared_work = *reinterpret_cast<Work *>(shared_work_bytes);
     if (threadIdx.x == 0) {
         sm.init();
-        shared_work = Scheduler::work(params.bwd);
+        new (shared_work_bytes) Work(Scheduler::work(params.bwd));
     }
     __syncthreads();
 
