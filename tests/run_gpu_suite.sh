@@ -42,7 +42,7 @@ configs=(
   "split.sm90|test_split|Splits/*|FLASHCORE_FWD_VARIANT=hopper"
   "backward|test_backward|*|"
   "backward.kvblock|test_backward|Gradients/*:WideGradients/*:BackwardDeterminism.*:BackwardGraph.*|FLASHCORE_BWD_VARIANT=portable"
-  "backward.3ctas|test_backward|Gradients/*:WideGradients/*:BackwardDeterminism.*|FLASHCORE_PERSISTENT_CTAS=3"
+  "backward.3ctas|test_backward|Gradients/*:WideGradients/*:Sm86SmemGradients/*:BackwardDeterminism.*|FLASHCORE_PERSISTENT_CTAS=3"
   "default.smem99k|test_forward|*|FLASHCORE_TEST_SMEM_PER_BLOCK=101376"
   "portable.smem99k|test_forward|*-Shapes/ForwardFp8Test.*|FLASHCORE_FWD_VARIANT=portable FLASHCORE_TEST_SMEM_PER_BLOCK=101376"
   "default.smem163k|test_forward|*|FLASHCORE_TEST_SMEM_PER_BLOCK=166912"
