@@ -10,7 +10,7 @@ except ImportError:  # not installed: use the source tree
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import flashcore
 
-from fc_testing import FakeGpuHandle, RecordingHandle, skip_or_fail
+from fc_testing import JAX_BACKWARD_WORKSPACE, JAX_FORWARD_WORKSPACE, FakeGpuHandle, RecordingHandle, skip_or_fail
 
 
 def pytest_report_header(config):
@@ -149,18 +149,18 @@ def fp8_queries_checked(lib, monkeypatch):
 @pytest.fixture
 def jax_planned(lib, monkeypatch):
     """(jax, flashcore.jax._ffi_call) with the plans made as for a first GPU
-    whose workspaces are 1024 bytes (forward) and 4096 (backward), without
-    one: flashcore.jax's plans, lowered for CUDA on the CPU. Skips without
-    jax."""
+    whose workspaces are JAX_FORWARD_WORKSPACE bytes (forward) and
+    JAX_BACKWARD_WORKSPACE (backward), without one: flashcore.jax's plans,
+    lowered for CUDA on the CPU. Skips without jax."""
     jax = pytest.importorskip("jax", reason="jax is not installed (pip install jax)")
     from flashcore.jax import _ffi_call
 
     class Sizes:
         def workspace_size(self, params):
-            return 1024
+            return JAX_FORWARD_WORKSPACE
 
         def backward_workspace_size(self, params):
-            return 4096
+            return JAX_BACKWARD_WORKSPACE
 
     monkeypatch.setattr(_ffi_call, "_gpu_ordinal", lambda: 0)
     monkeypatch.setattr(_ffi_call, "get_handle", lambda device: Sizes())

@@ -199,6 +199,11 @@ def covering_pair(supported, head_dim, head_dim_v):
     return next(((d, dv) for d, dv in supported if d >= head_dim and dv >= head_dim_v), None)
 
 
+# The workspace sizes conftest's jax_planned plans flashcore.jax's calls with
+# (forward, backward), as a first GPU without one would give them.
+JAX_FORWARD_WORKSPACE, JAX_BACKWARD_WORKSPACE = 1024, 4096
+
+
 class RecordingHandle:
     """Stands in for get_handle()'s Handle: needs no workspace, keeps a copy
     of each params struct it is asked to queue."""

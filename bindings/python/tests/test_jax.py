@@ -8,6 +8,8 @@ import math
 import pytest
 
 import flashcore
+from fc_testing import JAX_BACKWARD_WORKSPACE as BACKWARD_WORKSPACE
+from fc_testing import JAX_FORWARD_WORKSPACE as FORWARD_WORKSPACE
 from fc_testing import skip_or_fail
 
 jax = pytest.importorskip("jax", reason="jax is not installed (pip install jax)")
@@ -18,26 +20,10 @@ import flashcore.jax as fj  # noqa: E402  (after the skip)
 from flashcore.jax import _ffi_call  # noqa: E402
 
 S = jax.ShapeDtypeStruct
-FORWARD_WORKSPACE, BACKWARD_WORKSPACE = 1024, 4096
 
 
 def _eval(fn, *arrays, **kwargs):
     return jax.eval_shape(lambda *a: fn(*a, **kwargs), *arrays)
-
-
-@pytest.fixture
-def planned_without_gpu(lib, monkeypatch):
-    """Plans as for GPU 0 without one: workspace sizes from a stand-in."""
-
-    class Sizes:
-        def workspace_size(self, params):
-            return FORWARD_WORKSPACE
-
-        def backward_workspace_size(self, params):
-            return BACKWARD_WORKSPACE
-
-    monkeypatch.setattr(_ffi_call, "_gpu_ordinal", lambda: 0)
-    monkeypatch.setattr(_ffi_call, "get_handle", lambda device: Sizes())
 
 
 @pytest.fixture
@@ -77,7 +63,7 @@ def test_without_a_gpu_the_error_says_so(lib):
         _eval(fj.attention, q, q, q)
 
 
-def test_plan_is_the_bindings_struct(planned_without_gpu):
+def test_plan_is_the_bindings_struct(jax_planned):
     q = S((2, 8, 100, 64), jnp.bfloat16)
     k = S((2, 2, 300, 64), jnp.bfloat16)
     plan = _ffi_call.plan_forward(q, k, k, "bhsd", True, 0.2, None, 0.0, None)
@@ -96,7 +82,7 @@ def test_plan_is_the_bindings_struct(planned_without_gpu):
     assert plan.workspace_bytes == FORWARD_WORKSPACE
 
 
-def test_bshd_and_different_value_head_dim(planned_without_gpu, handlers):
+def test_bshd_and_different_value_head_dim(jax_planned, handlers):
     q = S((2, 50, 4, 192), jnp.float16)
     k = S((2, 70, 4, 192), jnp.float16)
     v = S((2, 70, 4, 128), jnp.float16)
@@ -110,7 +96,7 @@ def _custom_calls(fn, *arrays):
     return [line for line in text.splitlines() if "stablehlo.custom_call" in line]
 
 
-def test_lowered_for_cuda(planned_without_gpu, handlers):
+def test_lowered_for_cuda(jax_planned, handlers):
     q = S((2, 8, 128, 64), jnp.bfloat16)
     k = S((2, 2, 128, 64), jnp.bfloat16)
     calls = _custom_calls(lambda q, k, v: fj.attention(q, k, v, causal=True), q, k, k)
@@ -118,7 +104,7 @@ def test_lowered_for_cuda(planned_without_gpu, handlers):
     assert "tensor<%dxui8>" % FORWARD_WORKSPACE in calls[0]
 
 
-def test_gradients_lowered_for_cuda(planned_without_gpu, handlers):
+def test_gradients_lowered_for_cuda(jax_planned, handlers):
     q = S((2, 8, 128, 64), jnp.bfloat16)
     k = S((2, 2, 128, 64), jnp.bfloat16)
 
@@ -134,7 +120,7 @@ def test_gradients_lowered_for_cuda(planned_without_gpu, handlers):
     assert params.deterministic == 1 and params.num_heads_kv == 2
 
 
-def test_vmap_loops_over_the_call(planned_without_gpu, handlers):
+def test_vmap_loops_over_the_call(jax_planned, handlers):
     q = S((3, 2, 8, 128, 64), jnp.bfloat16)
     k = S((3, 2, 2, 128, 64), jnp.bfloat16)
     attend = jax.vmap(lambda q, k, v: fj.attention(q, k, v))
@@ -145,7 +131,7 @@ def test_vmap_loops_over_the_call(planned_without_gpu, handlers):
     assert [g.shape for g in _eval(grads, q, k, k)] == [q.shape, k.shape, k.shape]
 
 
-def test_varlen(planned_without_gpu, handlers):
+def test_varlen(jax_planned, handlers):
     q, k = S((300, 8, 64), jnp.bfloat16), S((500, 2, 64), jnp.bfloat16)
     cu_q, cu_k = S((4,), jnp.int32), S((4,), jnp.int32)
 
@@ -168,7 +154,7 @@ def test_varlen(planned_without_gpu, handlers):
         _eval(lambda q, k, v, a, b: fj.attention_varlen(q, k, v, a, b, None, 300), q, k, k, cu_q, cu_k)
 
 
-def test_seqused_k_gets_no_gradient(planned_without_gpu, handlers):
+def test_seqused_k_gets_no_gradient(jax_planned, handlers):
     q, k = S((2, 4, 64, 64), jnp.float16), S((2, 4, 256, 64), jnp.float16)
     used = S((2,), jnp.int32)
 
@@ -179,7 +165,7 @@ def test_seqused_k_gets_no_gradient(planned_without_gpu, handlers):
     assert [g.shape for g in grads] == [q.shape, k.shape, k.shape]
 
 
-def test_kvcache(planned_without_gpu, handlers):
+def test_kvcache(jax_planned, handlers):
     q = S((4, 1, 8, 128), jnp.bfloat16)
     pool = S((64, 16, 2, 128), jnp.bfloat16)  # 64 pages of 16 keys
     table, used = S((4, 16), jnp.int32), S((4,), jnp.int32)
@@ -201,7 +187,7 @@ def test_kvcache(planned_without_gpu, handlers):
     assert [g.shape for g in grads] == [q.shape, cache.shape, cache.shape]
 
 
-def test_the_example_block_traces(planned_without_gpu, handlers):
+def test_the_example_block_traces(jax_planned, handlers):
     import importlib.util
     import os
     path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "python", "jax_transformer_block.py")
