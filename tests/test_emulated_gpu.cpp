@@ -511,6 +511,45 @@ TEST(EmulatedGpu, PlanningDecidesWhatTheTmaUnitCanDescribe) {
     }
 }
 
+// The sm_90a backward serves every call whose head dims one of its kernels
+// covers, columns past the call's zero (2-2.5x the portable kernel at d80
+// and d96 on an H200: docs/log/hopper.md, 2026-11-30): d96 and d80 on the
+// d128 kernel, d40 / 24 and d32 on the d64 one. With a softcap, or on an
+// A100, the portable kernel covering them.
+TEST(EmulatedGpu, BackwardPlansTheHopperKernelCoveringTheHeadDims) {
+    if (!build_has_sm90_kernels()) GTEST_SKIP() << "this build has no sm_90a kernels";
+    const struct {
+        int32_t head_dim, head_dim_v;
+        const char *hopper_kernel, *portable_kernel;
+    } cases[] = {{96, 96, "(128, 128)", "(96, 96)"},
+                 {80, 80, "(128, 128)", "(96, 96)"},
+                 {40, 24, "(64, 64)", "(64, 64)"},
+                 {32, 32, "(64, 64)", "(32, 32)"}};
+    const auto pairs = supported_pairs();
+    if (std::find(pairs.begin(), pairs.end(), std::pair<int32_t, int32_t>{128, 128}) == pairs.end()) {
+        GTEST_SKIP() << "this build has no kernels at head dim 128";
+    }
+    for (const auto &c : cases) {
+        flashcore_backward_params b = one_long_batch_backward();
+        set_shape(b, kOneLongBatch, c.head_dim, c.head_dim_v);
+        ASSERT_EQ(flashcore_backward_set_contiguous_strides(&b, FLASHCORE_LAYOUT_BSHD), FLASHCORE_STATUS_SUCCESS);
+        size_t bytes = 0;
+        {
+            EmulatedHandle h("h100");
+            EXPECT_TRUE(planned_on(backward_on(h.handle, b, &bytes), "h100", "sm_90a")) << c.head_dim;
+            EXPECT_NE(std::string(flashcore_last_error_message()).find(c.hopper_kernel), std::string::npos)
+                << flashcore_last_error_message();
+            b.softcap = 30.f;
+            EXPECT_TRUE(planned_on(backward_on(h.handle, b, &bytes), "h100", "portable")) << c.head_dim;
+            b.softcap = 0.f;
+        }
+        EmulatedHandle a100("a100");
+        EXPECT_TRUE(planned_on(backward_on(a100.handle, b, &bytes), "a100", "portable")) << c.head_dim;
+        EXPECT_NE(std::string(flashcore_last_error_message()).find(c.portable_kernel), std::string::npos)
+            << flashcore_last_error_message();
+    }
+}
+
 // Head dims past 256: on sm_90 the 64-row blocks run on the wide tile's
 // wgmma twin (widewgmma), blocks of at most 16 rows on the portable 16-row
 // tile. MLA decode on the latent cache (576 / 512, v as k's view; 16-bit or

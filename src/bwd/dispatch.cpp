@@ -49,12 +49,14 @@ flashcore_status plan_backward(const flashcore_handle_s &handle, const flashcore
         return fail(FLASHCORE_STATUS_INTERNAL, "no portable backward kernel for head dims (%d, %d) in the registry",
                     int(dims.head_dim), int(dims.head_dim_v));
     }
-    // The sm_90a kernel where the handle may use it, it has the call's head
-    // dims (no softcap: its dS has no (1 - tanh^2) factor) and fits the
+    // The sm_90a kernel where the handle may use it, one covers the call's
+    // head dims (no softcap: its dS has no (1 - tanh^2) factor) and fits the
     // handle's shared memory, and the TMA unit can describe the tensors.
-    if (handle.env.settings(Family::bwd).use_hopper && p.softcap == 0.f) {
+    HeadDims hopper_dims{};
+    if (handle.env.settings(Family::bwd).use_hopper && p.softcap == 0.f &&
+        bwd_hopper_covering_head_dims(call, &hopper_dims)) {
         const BwdKernel *sm90 =
-            bwd_kernels().find(KernelPath::kSm90, kernel->input, kernel->kv, kernel->dims, BwdVariant::kHopper);
+            bwd_kernels().find(KernelPath::kSm90, kernel->input, kernel->kv, hopper_dims, BwdVariant::kHopper);
         if (sm90 != nullptr && sm90->info(handle.max_smem_per_block).smem_bytes <= handle.max_smem_per_block &&
             sm90::bwd_maps_describable(bwd_kernel_params(p, nullptr), sm90->input)) {
             kernel = sm90;

@@ -29,6 +29,7 @@ constexpr BwdKernel kKernels[] = {
 
 constexpr KernelTable<BwdFamily> kTable{{kKernels, std::size(kKernels)}};
 constexpr auto kSupportedHeadDims = head_dims_of_path(kKernels, KernelPath::kSm80);
+constexpr auto kHopperHeadDims = head_dims_of_path(kKernels, KernelPath::kSm90);
 
 // The gradients are written in the input's type, and every head dim is a
 // whole number of the kernels' 16-byte vectors.
@@ -65,6 +66,10 @@ Span<HeadDims> bwd_supported_head_dims() { return kSupportedHeadDims.span(); }
 
 bool bwd_covering_head_dims(HeadDims call, HeadDims *kernel) {
     return covering_head_dims(bwd_supported_head_dims(), call, kernel);
+}
+
+bool bwd_hopper_covering_head_dims(HeadDims call, HeadDims *kernel) {
+    return covering_head_dims(kHopperHeadDims.span(), call, kernel);
 }
 
 const char *bwd_tile_name(BwdVariant tile) {

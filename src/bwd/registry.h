@@ -31,6 +31,12 @@ Span<HeadDims> bwd_supported_head_dims();
 // both components at least the call's. Returns false where none covers it.
 bool bwd_covering_head_dims(HeadDims call, HeadDims *kernel);
 
+// The same among the sm90 kernels' head dims, which may be larger than the
+// portable kernel's: an sm90 kernel serves a call of smaller head dims with
+// the columns past them zero (its TMA maps end at the call's head dims).
+// Returns false where none covers it (or the build has no sm90 kernel).
+bool bwd_hopper_covering_head_dims(HeadDims call, HeadDims *kernel);
+
 // A tile's name: its name in kernels/kernels.list and bwd/tiles.def.
 const char *bwd_tile_name(BwdVariant tile);
 
