@@ -208,9 +208,9 @@ std::vector<FwdCase> head_dim_cases() {
     return cases;
 }
 
-// Shapes at two head dims, causal and not: single rows and keys, odd
-// lengths, seqlen_q far above and below seqlen_k, GQA groups of 1, 4 and 8,
-// batches, the three layouts, and two long ones.
+// Shapes at the Hopper kernels' head dims, causal and not: single rows and
+// keys, odd lengths, seqlen_q far above and below seqlen_k, GQA groups of 1,
+// 4 and 8, batches, the three layouts, and two long ones.
 std::vector<FwdCase> shape_cases() {
     struct Shape {
         int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
@@ -230,7 +230,7 @@ std::vector<FwdCase> shape_cases() {
         int head_dim;
     };
     std::vector<FwdCase> cases;
-    for (const Kernel k : {Kernel{fp16, 64}, Kernel{bf16, 128}})
+    for (const Kernel k : {Kernel{fp16, 64}, Kernel{fp16, 96}, Kernel{bf16, 128}})
         for (const bool causal : {false, true})
             for (const Shape &s : shapes)
                 cases.push_back({k.dtype, k.head_dim, causal, s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_k,
@@ -583,12 +583,14 @@ TEST(BackwardApi, BadVariantIsRejectedAtCreate) {
 
 // Shapes where many key blocks add into each row's dQ and several query
 // heads into each K/V head's dK and dV: GQA with causal and seqlen_q <
-// seqlen_k, a long full mask, a variable-length batch with an empty sequence.
+// seqlen_k, a long full mask, a variable-length batch with an empty sequence;
+// GQA causal again at head dim 96 (its dQ from one warpgroup).
 std::vector<FwdCase> determinism_cases() {
     return {
         FwdCase{fp16, 64, true, 2, 8, 2, 700, 900, Layout::kBSHD},
         FwdCase{bf16, 128, false, 1, 4, 4, 1024, 1024, Layout::kBHSD},
         FwdCase{bf16, 64, true, 1, 8, 1, 1, 1, Layout::kBSHD}.with_varlen_q({300, 0, 517}).with_varlen_k({400, 1, 517}),
+        FwdCase{bf16, 96, true, 2, 8, 2, 700, 900, Layout::kBSHD},
     };
 }
 

@@ -210,6 +210,14 @@ __device__ __forceinline__ void named_barrier_sync_id(int id, int num_threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(num_threads) : "memory");
 }
 
+// The same where the threads reach the barrier from different instructions
+// (two copies of a loop): bar.sync is barrier.sync.aligned, which requires
+// every thread to execute the same instruction (compute-sanitizer's
+// synccheck reports "divergent thread(s)" otherwise).
+__device__ __forceinline__ void named_barrier_sync_id_unaligned(int id, int num_threads) {
+    asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(num_threads) : "memory");
+}
+
 // Stores four 8x8 b16 matrices (sm_90's stmatrix, the counterpart of
 // common/ptx.cuh's ldmatrix_x4): lane i supplies the row address for matrix
 // i / 8, and each lane's frag[m] holds row lane / 4, columns 2 (lane % 4)

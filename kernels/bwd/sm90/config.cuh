@@ -19,7 +19,10 @@
 //   dQ   = dS K                        A = dS (K-major), B = K (MN-major):
 //                                      each warpgroup a share of the block's
 //                                      dQ (kDqSplitRows: rows, else head-dim
-//                                      columns), through shared memory
+//                                      columns), or where half the columns
+//                                      are not whole panels (head dim 96)
+//                                      warpgroup 0 all of it (FlashAttention
+//                                      4's dQ_single_wg), through shared memory
 //                                      into the fp32 workspace (one bulk
 //                                      reduction a step, issued by a
 //                                      producer warp), in the portable
@@ -71,19 +74,25 @@ struct BwdSm90Traits {
                       kLaunchRegisters - kProducerRegisters,
                   "the consumers ask for more registers than the producer releases");
 
-    // Shared-memory tiles in 128-byte swizzled panels of 64 columns
-    // (sm90/ptx.cuh, PanelSwizzle), as TMA writes them.
-    using Swizzle = PanelSwizzle<128>;
-    static constexpr int kPanelCols = 64;
-    static constexpr int kPanelRowBytes = 128;
+    // Q, K, V and dO in swizzled panels (sm90/ptx.cuh, PanelSwizzle), as
+    // TMA writes them: 128-byte rows where the head dim is whole ones (64
+    // columns), else 64-byte rows (32 columns: head dim 96), as the
+    // forward's (fwd/sm90/traits.cuh).
+    static constexpr int kPanelRowBytes = kHeadDim * int(sizeof(Element)) % 128 == 0 ? 128 : 64;
+    using Swizzle = PanelSwizzle<kPanelRowBytes>;
+    static constexpr int kPanelCols = kPanelRowBytes / int(sizeof(Element));
     static constexpr int kPanels = kHeadDim / kPanelCols;  // of Q, K, V, dO
     static constexpr uint32_t kKVPanelBytes = kBlockN * kPanelRowBytes;
     static constexpr uint32_t kQPanelBytes = kBlockM * kPanelRowBytes;
     static constexpr uint32_t kKBytes = kPanels * kKVPanelBytes;
     static constexpr uint32_t kQBytes = kPanels * kQPanelBytes;
-    // dS: kBlockM rows of kBlockN keys, a panel per 64 keys (per consumer).
-    static constexpr uint32_t kDsPanelBytes = kBlockM * kPanelRowBytes;
-    static constexpr uint32_t kDsBytes = (kBlockN / kPanelCols) * kDsPanelBytes;
+    // dS: kBlockM rows of kBlockN keys, a 128-byte panel per 64 keys (per
+    // consumer), whatever the head dim.
+    using DsSwizzle = PanelSwizzle<128>;
+    static constexpr int kDsPanelRowBytes = 128;
+    static constexpr int kDsPanelKeys = kDsPanelRowBytes / int(sizeof(Element));
+    static constexpr uint32_t kDsPanelBytes = kBlockM * kDsPanelRowBytes;
+    static constexpr uint32_t kDsBytes = (kBlockN / kDsPanelKeys) * kDsPanelBytes;
     // A stage's rows' lse (log2 units) and D.
     static constexpr uint32_t kRowStatBytes = kBlockM * sizeof(float);
 
@@ -114,25 +123,34 @@ struct BwdSm90Traits {
     static constexpr uint32_t kBarrierOffset = kDqOffset + kDqBuffers * kDqBytes;
     static constexpr size_t kSmemBytes = smem_bytes(kDqBuffers);
 
-    // dQ = dS K (kBlockM x kHeadDim) over the two consumers: by rows where
-    // each gets 64 (kBlockM 128), else by head-dim columns.
+    // dQ = dS K (kBlockM x kHeadDim) over the consumers: by rows where
+    // each gets 64 (kBlockM 128), else by head-dim columns where each half
+    // is whole panels (a wgmma's MN-major B starts at a panel), else all of
+    // it in consumer 0 (kDqConsumers 1: head dim 96, the other consumer
+    // skips the product).
     static constexpr bool kDqSplitRows = kBlockM == 2 * 64;
+    static constexpr int kDqConsumers =
+        kDqSplitRows || (kHeadDim / kConsumerWarpgroups) % kPanelCols == 0 ? kConsumerWarpgroups : 1;
+    static constexpr int kDqThreads = kDqConsumers * kWarpgroupThreads;
     static constexpr int kDqRows = kDqSplitRows ? kBlockM / kConsumerWarpgroups : kBlockM;
-    static constexpr int kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / kConsumerWarpgroups;
+    static constexpr int kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / kDqConsumers;
 
     // The dQ accumulator's fragment order (bwd/dq_accumulator.cuh,
-    // shared with the convert kernel) in its terms: 8 warps, each an m16
-    // strip of the block's rows and kDqCols columns, one pass.
+    // shared with the convert kernel) in its terms: the dQ consumers'
+    // warps, each an m16 strip of the block's rows and kDqCols columns,
+    // one pass.
     static constexpr int kNumWarps = kConsumerThreads / kWarpSize;
+    static constexpr int kDqWarps = kDqThreads / kWarpSize;
     static constexpr int kWarpsDdQ = kHeadDim / kDqCols;
-    static constexpr int kWarpsMdQ = kNumWarps / kWarpsDdQ;
+    static constexpr int kWarpsMdQ = kDqWarps / kWarpsDdQ;
     static constexpr int kdQMTiles = 1;
     static constexpr int kdQNTiles = kDqCols / kMmaN;
     static constexpr int kdQPasses = 1;
 
     static_assert(kDqRows == 64 && kBlockM / kWarpsMdQ == kMmaM, "a consumer's dQ rows are one wgmma M");
     static_assert(kBlockM % 64 == 0 && kBlockM <= 128, "kBlockM: S^T's N, and the dQ split");
-    static_assert(kHeadDim % kPanelCols == 0, "whole 128-byte panels");
+    static_assert(kHeadDim % kPanelCols == 0, "whole panels");
+    static_assert(kDqCols % kPanelCols == 0, "a dQ consumer's columns are whole panels of K");
     static_assert(kSmemBytes + kStaticSmemBytes <= kMaxSmemPerBlock, "an H100's shared memory per block");
 };
 
@@ -140,11 +158,13 @@ template <DType kInput, int kHeadDim>
 struct BwdSm90Config;
 
 // kBlockM: 128 query rows at head dim 64 (S^T and dP^T are 64 x 128 per
-// consumer, dK and dV small), 64 at 128 (dK and dV take 128 registers).
-// FlashAttention 3's tiles for these head dims (its causal 128 one).
+// consumer, dK and dV small), 64 at 96 and 128 (dK and dV take 96 and 128
+// registers). FlashAttention 3's tiles for these head dims (its causal 128
+// one), and at 96 FlashAttention 4's (dQ in one warpgroup).
 template <DType kInput, int kHeadDim>
 struct BwdSm90Config {
-    static_assert(kHeadDim == 64 || kHeadDim == 128, "the sm90 backward has head dims 64 and 128");
+    static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128,
+                  "the sm90 backward has head dims 64, 96 and 128");
     using Traits = BwdSm90Traits<ElementType<kInput>, kHeadDim, kHeadDim == 64 ? 128 : 64>;
 };
 

@@ -22,7 +22,10 @@
 namespace flashcore::sm90 {
 
 // The mainloop's members are those of a dependent base: named here.
-template <typename Traits>
+// kAddsDq: whether this consumer computes dQ (Traits::kDqConsumers: at head
+// dim 96 only the first does); a compile-time choice, since under a
+// run-time one ptxas serialised the wgmmas (C7514) where the paths join.
+template <typename Traits, bool kAddsDq = true>
 struct BwdConsumer : BwdMainloop<Traits> {
     using Mainloop = BwdMainloop<Traits>;
     using Mainloop::Mainloop;
@@ -49,6 +52,16 @@ struct BwdConsumer : BwdMainloop<Traits> {
     using Mainloop::store_ds;
     using Mainloop::issue_dq;
     using Mainloop::store_dq;
+
+    // A barrier both consumers wait at: where they run different copies of
+    // this loop (kDqConsumers 1), from different instructions.
+    __device__ __forceinline__ static void sync_consumers(int id, int num_threads) {
+        if constexpr (Traits::kDqConsumers == Traits::kConsumerWarpgroups) {
+            named_barrier_sync_id(id, num_threads);
+        } else {
+            named_barrier_sync_id_unaligned(id, num_threads);
+        }
+    }
 
     template <typename Work>
     __device__ __forceinline__ void run(const Work &w) {
@@ -86,7 +99,7 @@ struct BwdConsumer : BwdMainloop<Traits> {
             wgmma_wait<1>();  // S^T is done
             fence_accumulators(acc_s);
             if (partial_key_block || w.queries.needs_mask(step.m_block)) apply_mask(w, step.m_block, acc_s);
-            named_barrier_sync_id(kStatsFullBarrier + s, kStatsFullParticipants<Traits>);
+            sync_consumers(kStatsFullBarrier + s, kStatsFullParticipants<Traits>);
             probabilities(s, acc_s);
             wgmma_wait<0>();  // dP^T is done
             fence_accumulators(acc_dp);
@@ -99,26 +112,32 @@ struct BwdConsumer : BwdMainloop<Traits> {
             mbarrier_arrive(sm.stats_empty(s));
             store_ds(ds_frag, s);
             fence_shared_to_async_proxy();
-            named_barrier_sync_id(kDsReadyBarrier, Traits::kConsumerThreads);
+            sync_consumers(kDsReadyBarrier, Traits::kConsumerThreads);
 
             float acc_dq[kDqAtoms][4];
-            issue_dq(acc_dq, s);
-            wgmma_wait<1>();  // dV is done: dO's buffer may be refilled
+            if constexpr (kAddsDq) {
+                issue_dq(acc_dq, s);
+                wgmma_wait<1>();  // dV is done: dO's buffer may be refilled
+            } else {
+                wgmma_wait<0>();
+            }
             fence_accumulators(acc_dv);
             fence_fragments(p_frag);
             if (lane == 0) mbarrier_arrive(sm.do_empty(s));
 
             issue_key_gradient(acc_dk, ds_frag, smem_address(sm.q(s)));
-            wgmma_wait<1>();  // dQ is done
-            fence_accumulators(acc_dq);
-            // Into the dQ buffer once the writer has read the last step's;
-            // the writer adds it to the workspace.
-            const int b = j % Traits::kDqBuffers;
-            named_barrier_sync_id(kDqEmptyBarrier + 2 * b, Traits::kConsumerThreads + kWarpSize);
-            const DqBlock block = DqBlock::of<Traits>(p, w, step.head, step.m_block);
-            store_dq(block, acc_dq, b);
-            fence_shared_to_async_proxy();
-            named_barrier_arrive_id(kDqFullBarrier + 2 * b, Traits::kConsumerThreads + kWarpSize);
+            if constexpr (kAddsDq) {
+                wgmma_wait<1>();  // dQ is done
+                fence_accumulators(acc_dq);
+                // Into the dQ buffer once the writer has read the last
+                // step's; the writer adds it to the workspace.
+                const int b = j % Traits::kDqBuffers;
+                named_barrier_sync_id(kDqEmptyBarrier + 2 * b, kDqWriterParticipants<Traits>);
+                const DqBlock block = DqBlock::of<Traits>(p, w, step.head, step.m_block);
+                store_dq(block, acc_dq, b);
+                fence_shared_to_async_proxy();
+                named_barrier_arrive_id(kDqFullBarrier + 2 * b, kDqWriterParticipants<Traits>);
+            }
             wgmma_wait<0>();  // dK is done: Q's buffer may be refilled
             fence_accumulators(acc_dk);
             fence_fragments(ds_frag);

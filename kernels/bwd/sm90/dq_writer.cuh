@@ -16,8 +16,8 @@
 
 namespace flashcore::sm90 {
 
-// The dQ writer (the producer warpgroup's second warp): per step, once both
-// consumers have stored their dQ in shared memory, its leader adds the
+// The dQ writer (the producer warpgroup's second warp): per step, once the
+// consumers (one at head dim 96) have stored their dQ in shared memory, its leader adds the
 // block to the workspace with one bulk reduction (the TMA unit does the
 // adds; no consumer waits for them), and the buffer is released when the
 // reduction has read it. In the deterministic mode it first waits for the
@@ -35,7 +35,7 @@ namespace flashcore::sm90 {
 template <typename Traits, typename Work>
 __device__ __forceinline__ void bwd_write_dq(const BwdKernelParams &p, const BwdSmem<Traits> &sm, const Work &w,
                                              int lane) {
-    constexpr int kParticipants = Traits::kConsumerThreads + kWarpSize;
+    constexpr int kParticipants = kDqWriterParticipants<Traits>;
     const int num_steps = bwd_walk_steps(w);
     for (int b = 0; b < Traits::kDqBuffers && b < num_steps; ++b) {
         named_barrier_arrive_id(kDqEmptyBarrier + 2 * b, kParticipants);

@@ -84,9 +84,16 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const auto work = shared_work;
     const bool has_work = bwd_has_work(work);
     const int consumer_tid = threadIdx.x - kWarpgroupThreads;
-    BwdConsumer<Traits> consumer(params, sm, warpgroup - 1, consumer_tid);
-    if (has_work) consumer.run(work);
-    consumer.store(work, consumer_tid, has_work);
+    if (Traits::kDqConsumers == Traits::kConsumerWarpgroups || warpgroup == 1) {
+        BwdConsumer<Traits> consumer(params, sm, warpgroup - 1, consumer_tid);
+        if (has_work) consumer.run(work);
+        consumer.store(work, consumer_tid, has_work);
+    } else {
+        // Head dim 96: the second consumer leaves dQ to the first.
+        BwdConsumer<Traits, false> consumer(params, sm, warpgroup - 1, consumer_tid);
+        if (has_work) consumer.run(work);
+        consumer.store(work, consumer_tid, has_work);
+    }
 }
 
 }  // namespace flashcore::sm90

@@ -41,6 +41,7 @@ template <typename Traits>
 struct BwdMainloop {
     using Element = typename Traits::Element;
     using Swizzle = typename Traits::Swizzle;
+    using DsSwizzle = typename Traits::DsSwizzle;
     static constexpr int kBlockM = Traits::kBlockM;
     static constexpr int kBlockN = Traits::kBlockN;
     static constexpr int kSAtoms = kBlockM / kMmaN;    // n8 atoms of S^T, dP^T (queries)
@@ -50,7 +51,8 @@ struct BwdMainloop {
     static constexpr int kKAtoms = Traits::kHeadDim / kMmaN;
     static constexpr int kVAtoms = Traits::kHeadDimV / kMmaN;
     static constexpr int kDqAtoms = Traits::kDqCols / kMmaN;
-    static constexpr int kStepsPerPanel = Traits::kPanelCols / 16;
+    static constexpr int kStepsPerPanel = Traits::kPanelCols / 16;    // k-steps of a head-dim panel
+    static constexpr int kStepsPerDsPanel = Traits::kDsPanelKeys / 16;  // of a dS panel
     using Fragments = uint32_t[kQuerySteps][4];
     using Layout = DqAccumLayout<Traits>;
 
@@ -122,16 +124,17 @@ struct BwdMainloop {
     // acc = dS (this consumer's rows, K-major, keys along them) * K (its
     // head-dim columns, MN-major) over the block's keys.
     __device__ __forceinline__ void issue_dq(float (&acc)[kDqAtoms][4], int s) const {
-        const uint32_t ds_rows =
-            smem_address(sm.ds(s)) + (Traits::kDqSplitRows ? consumer * Traits::kDqRows * Traits::kPanelRowBytes : 0);
-        const uint32_t k_cols = smem_address(sm.k()) + (Traits::kDqSplitRows ? 0 : consumer * Traits::kKVPanelBytes);
-        const auto desc_a = Swizzle::k_major(ds_rows);
+        const uint32_t ds_rows = smem_address(sm.ds(s)) +
+                                 (Traits::kDqSplitRows ? consumer * Traits::kDqRows * Traits::kDsPanelRowBytes : 0);
+        constexpr uint32_t kDqColsBytes = Traits::kDqCols / Traits::kPanelCols * Traits::kKVPanelBytes;
+        const uint32_t k_cols = smem_address(sm.k()) + (Traits::kDqSplitRows ? 0 : consumer * kDqColsBytes);
+        const auto desc_a = DsSwizzle::k_major(ds_rows);
         const auto desc_b = Swizzle::mn_major(k_cols, Traits::kKVPanelBytes);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kKeySteps; ++kk) {
             const uint32_t a_offset =
-                (kk / kStepsPerPanel) * Traits::kDsPanelBytes + (kk % kStepsPerPanel) * kKStepRowBytes;
+                (kk / kStepsPerDsPanel) * Traits::kDsPanelBytes + (kk % kStepsPerDsPanel) * kKStepRowBytes;
             WgmmaSs<Element, Element, Traits::kDqCols, WgmmaMajor::kK, WgmmaMajor::kMN>::mma(
                 acc, desc_a.at(a_offset), desc_b.at(kk * 16 * Traits::kPanelRowBytes), kk > 0 ? 1 : 0);
         }
@@ -254,7 +257,7 @@ struct BwdMainloop {
             // A k-step's fragments are atoms 2kk (registers 0, 1: key rows
             // g, g + 8) and 2kk + 1 (registers 2, 3): the four matrices in
             // stmatrix's order (matrix m: atom 2kk + m / 2, half m % 2).
-            stmatrix_x4_trans(panel + Swizzle::offset(kk * 16 + query_in_pair, chunk), ds_frag[kk]);
+            stmatrix_x4_trans(panel + DsSwizzle::offset(kk * 16 + query_in_pair, chunk), ds_frag[kk]);
         }
     }
 

@@ -49,6 +49,9 @@ constexpr int kDqEmptyBarrier = 5;  // 4 .. 7 with two dQ buffers
 constexpr int kStatsFullBarrier = 8;  // 8, 9
 template <typename Traits>
 constexpr int kStatsFullParticipants = Traits::kConsumerThreads + 2 * kWarpSize;
+// The dQ buffers' barriers: the consumers that compute dQ and the writer.
+template <typename Traits>
+constexpr int kDqWriterParticipants = Traits::kDqThreads + kWarpSize;
 
 // The CTA's shared memory (config.cuh's offsets).
 template <typename Traits>
