@@ -12,6 +12,15 @@ namespace flashcore::sm90 {
 
 constexpr int kWarpgroupThreads = 128;
 
+// v, which is the same in every lane of the warp, as a value ptxas knows to
+// be so (lane 0's broadcast, as CUTLASS's canonical_warp_group_idx): a
+// shared-memory address of a wgmma operand derived from it then stays in
+// uniform registers, where wgmma reads its descriptors. An address computed
+// from threadIdx.x was built in vector registers and moved across for each
+// wgmma (two R2UR, an add and a move: in the sm90 backward 4 instructions a
+// wgmma, docs/log/hopper.md).
+__device__ __forceinline__ uint32_t warp_uniform(uint32_t v) { return __shfl_sync(0xffffffffu, v, 0); }
+
 // ---- wgmma bookkeeping -----------------------------------------------------
 
 // Orders the warpgroup's register and shared-memory writes before the

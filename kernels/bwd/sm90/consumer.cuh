@@ -82,8 +82,11 @@ struct BwdConsumer : BwdMainloop<Traits> {
             clear_key_tail(w.valid_keys);
             named_barrier_sync_id(kFirstConsumerBarrier + consumer, kWarpgroupThreads);
         }
-        const uint32_t k_rows = smem_address(sm.k()) + consumer * Traits::kKeysPerConsumer * Traits::kPanelRowBytes;
-        const uint32_t v_rows = smem_address(sm.v()) + consumer * Traits::kKeysPerConsumer * Traits::kPanelRowBytes;
+        // The consumer's K and V rows, wgmma operands: warp_uniform.
+        const uint32_t k_rows =
+            warp_uniform(smem_address(sm.k()) + consumer * Traits::kKeysPerConsumer * Traits::kPanelRowBytes);
+        const uint32_t v_rows =
+            warp_uniform(smem_address(sm.v()) + consumer * Traits::kKeysPerConsumer * Traits::kPanelRowBytes);
 
         const int num_steps = bwd_walk_steps(w);
         BwdStep step = BwdStep::first(w);

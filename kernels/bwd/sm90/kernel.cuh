@@ -84,7 +84,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const auto work = shared_work;
     const bool has_work = bwd_has_work(work);
     const int consumer_tid = threadIdx.x - kWarpgroupThreads;
-    if (Traits::kDqConsumers == Traits::kConsumerWarpgroups || warpgroup == 1) {
+    // (The branch on a warp-uniform value: in code under a condition that
+    // ptxas cannot tell is the warp's, it kept the wgmma operands' addresses
+    // in vector registers: warp_uniform.)
+    if (Traits::kDqConsumers == Traits::kConsumerWarpgroups || warp_uniform(warpgroup) == 1) {
         BwdConsumer<Traits> consumer(params, sm, warpgroup - 1, consumer_tid);
         if (has_work) consumer.run(work);
         consumer.store(work, consumer_tid, has_work);

@@ -124,10 +124,11 @@ struct BwdMainloop {
     // acc = dS (this consumer's rows, K-major, keys along them) * K (its
     // head-dim columns, MN-major) over the block's keys.
     __device__ __forceinline__ void issue_dq(float (&acc)[kDqAtoms][4], int s) const {
-        const uint32_t ds_rows = smem_address(sm.ds(s)) +
-                                 (Traits::kDqSplitRows ? consumer * Traits::kDqRows * Traits::kDsPanelRowBytes : 0);
+        const uint32_t ds_rows = warp_uniform(
+            smem_address(sm.ds(s)) + (Traits::kDqSplitRows ? consumer * Traits::kDqRows * Traits::kDsPanelRowBytes : 0));
         constexpr uint32_t kDqColsBytes = Traits::kDqCols / Traits::kPanelCols * Traits::kKVPanelBytes;
-        const uint32_t k_cols = smem_address(sm.k()) + (Traits::kDqSplitRows ? 0 : consumer * kDqColsBytes);
+        const uint32_t k_cols =
+            warp_uniform(smem_address(sm.k()) + (Traits::kDqSplitRows ? 0 : consumer * kDqColsBytes));
         const auto desc_a = DsSwizzle::k_major(ds_rows);
         const auto desc_b = Swizzle::mn_major(k_cols, Traits::kKVPanelBytes);
         wgmma_fence();
