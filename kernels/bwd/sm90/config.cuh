@@ -110,8 +110,9 @@ struct BwdSm90Traits {
     // added, which in the deterministic mode includes the wait for its turn.
     static constexpr uint32_t kDqBytes = kBlockM * kHeadDim * sizeof(float);
     static constexpr uint32_t kDqOffset = kDOffset + kStages * kRowStatBytes;
-    // kv_full, and q_full, q_empty, do_full, do_empty, stats_empty per stage.
-    static constexpr int kBarriers = 1 + 5 * kStages;
+    // kv_full, and q_full, q_empty, do_full, do_empty, stats_empty,
+    // stats_full per stage.
+    static constexpr int kBarriers = 1 + 6 * kStages;
     // Static shared memory beside the dynamic (the CTA's work: kernel.cuh).
     static constexpr size_t kStaticSmemBytes = 256;
     static constexpr size_t kMaxSmemPerBlock = 227 * 1024;  // an H100's opt-in limit

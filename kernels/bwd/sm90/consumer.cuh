@@ -102,7 +102,7 @@ struct BwdConsumer : BwdMainloop<Traits> {
             wgmma_wait<1>();  // S^T is done
             fence_accumulators(acc_s);
             if (partial_key_block || w.queries.needs_mask(step.m_block)) apply_mask(w, step.m_block, acc_s);
-            sync_consumers(kStatsFullBarrier + s, kStatsFullParticipants<Traits>);
+            mbarrier_wait(sm.stats_full(s), phase);
             probabilities(s, acc_s);
             wgmma_wait<0>();  // dP^T is done
             fence_accumulators(acc_dp);

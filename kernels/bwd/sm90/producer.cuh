@@ -73,7 +73,7 @@ __device__ __forceinline__ void bwd_load_tiles(const BwdSm90Params &params, cons
 // each step's rows' lse, in log2 units (+inf for rows past the sequence and
 // rows that saw no key: their P is 0; kDout false), or D (kDout true),
 // into the stage's buffers, handed to the consumers through
-// kStatsFullBarrier and back through BwdSmem::stats_empty. Two warps, so
+// BwdSmem::stats_full and back through stats_empty. Two warps, so
 // that each holds one walk within the producer warpgroup's 24 registers.
 template <typename Traits, bool kDout, typename Work>
 __device__ __forceinline__ void bwd_load_row_stats(const BwdKernelParams &p, const BwdSmem<Traits> &sm, const Work &w,
@@ -107,7 +107,7 @@ __device__ __forceinline__ void bwd_load_row_stats(const BwdKernelParams &p, con
                 sm.lse_log2(s)[lane + i * kWarpSize] = value == -INFINITY ? INFINITY : value * kLog2e;
             }
         }
-        named_barrier_arrive_id(kStatsFullBarrier + s, kStatsFullParticipants<Traits>);
+        mbarrier_arrive(sm.stats_full(s));
     }
 }
 
