@@ -88,8 +88,8 @@ struct BwdSm90Traits {
     static constexpr uint32_t kQBytes = kPanels * kQPanelBytes;
     // dS: kBlockM rows of kBlockN keys, a 128-byte panel per 64 keys (per
     // consumer), whatever the head dim.
-    using DsSwizzle = PanelSwizzle<128>;
     static constexpr int kDsPanelRowBytes = 128;
+    using DsSwizzle = PanelSwizzle<kDsPanelRowBytes>;
     static constexpr int kDsPanelKeys = kDsPanelRowBytes / int(sizeof(Element));
     static constexpr uint32_t kDsPanelBytes = kBlockM * kDsPanelRowBytes;
     static constexpr uint32_t kDsBytes = (kBlockN / kDsPanelKeys) * kDsPanelBytes;

@@ -124,8 +124,9 @@ struct BwdMainloop {
     // acc = dS (this consumer's rows, K-major, keys along them) * K (its
     // head-dim columns, MN-major) over the block's keys.
     __device__ __forceinline__ void issue_dq(float (&acc)[kDqAtoms][4], int s) const {
-        const uint32_t ds_rows = warp_uniform(
-            smem_address(sm.ds(s)) + (Traits::kDqSplitRows ? consumer * Traits::kDqRows * Traits::kDsPanelRowBytes : 0));
+        const uint32_t ds_consumer_rows =
+            Traits::kDqSplitRows ? consumer * Traits::kDqRows * Traits::kDsPanelRowBytes : 0;
+        const uint32_t ds_rows = warp_uniform(smem_address(sm.ds(s)) + ds_consumer_rows);
         constexpr uint32_t kDqColsBytes = Traits::kDqCols / Traits::kPanelCols * Traits::kKVPanelBytes;
         const uint32_t k_cols =
             warp_uniform(smem_address(sm.k()) + (Traits::kDqSplitRows ? 0 : consumer * kDqColsBytes));
