@@ -306,6 +306,9 @@ PRESET_GROUPS = {  # --preset accepts these names too
     "hopper-backward": ["tput-2k-d64", "tput-8k-d64", "tput-16k-d64", "tput-2k-d128", "tput-8k-d128",
                         "tput-16k-d128", "tput-4k-b8-d256", "gqa-4k-d128", "odd-3k-d128", "b1-4k-h32-d128",
                         "tput-4k-h32-d96"],
+    # Issue 63's Hopper forward targets (its table's cases), against the best of FA3, FA4 and cuDNN.
+    "hopper-forward": ["tput-2k-d64", "tput-8k-d64", "tput-2k-d128", "tput-8k-d128", "tput-16k-d128", "odd-3k-d128",
+                       "gqa-4k-d128", "b1-4k-h32-d128", "tput-2k-d256", "tput-4k-h32-d96"],
     # Issue 36's fp8 (e4m3) prefill targets. Named in --preset, it also makes the fp8 backends (FP8_BACKENDS)
     # the default --backends and bf16 the default --dtype.
     "fp8-prefill": ["tput-2k-d64", "tput-8k-d64", "tput-16k-d64", "tput-2k-d128", "tput-8k-d128", "tput-16k-d128",

@@ -7,7 +7,7 @@ flags select (--preset, --dtype, --mask, --layout, --batch, --heads, ...),
 calls one backend --calls times (default 3) and synchronises, and prints
 nothing on standard output, so that a profiler's CSV is all there is. The
 backends are compare.py's: flashcore (--library as there), flashcore-fp8kv, flashcore-fp8,
-fa3, fa3-fp8, flash, efficient, cudnn (flashcore-fp8 and fa3-fp8 get the inputs cast to
+fa3, fa3-fp8, fa4, flash, efficient, cudnn (flashcore-fp8 and fa3-fp8 get the inputs cast to
 e4m3 before the first call, as in compare.py; no extra attention call).
 
 Nsight Compute, the third call of the attention kernel, the sections that
@@ -23,7 +23,7 @@ table):
       --dtype bf16 --mask causal --layout bshd > fa3.csv
 
 --backward (or --train) calls the backend's backward pass (a training step)
-as compare.py times it: backends flashcore, flashcore-det, cudnn, flash,
+as compare.py times it: backends flashcore, flashcore-det, fa4, cudnn, flash,
 efficient, fa3 (forward only: refused). --every-case profiles every case the
 flags select in one process: each case's last call runs between
 cudaProfilerStart and cudaProfilerStop after a marker kernel (torch's
@@ -50,7 +50,8 @@ import compare
 def main(argv=None):
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--backend", choices=("flashcore", "flashcore-det", compare.FP8_KV_BACKEND,
-                                            compare.FP8_FC_BACKEND, "fa3", compare.FP8_FA3_BACKEND, "flash",
+                                            compare.FP8_FC_BACKEND, "fa3", compare.FP8_FA3_BACKEND, compare.FA4_BACKEND,
+                                            "flash",
                                             "efficient", "cudnn"))
     own.add_argument("--calls", type=compare.positive_int, default=3)
     own.add_argument("--every-case", action="store_true",
@@ -62,7 +63,7 @@ def main(argv=None):
         return 0
     if args.backend is None:
         print("profile_case.py: --backend is required (flashcore, flashcore-det, flashcore-fp8kv, flashcore-fp8, "
-              "fa3, fa3-fp8, flash, efficient or cudnn)", file=sys.stderr)
+              "fa3, fa3-fp8, fa4, flash, efficient or cudnn)", file=sys.stderr)
         return 2
     case_args = compare.parse_args(rest)
     cases = compare.build_cases(case_args)
@@ -108,8 +109,9 @@ def runner(backend, case, case_args, mode):
     if mode in ("backward", "train"):
         fc = compare.import_flashcore(case_args.library) if backend.startswith("flashcore") else None
         fa3 = compare.import_fa3() if backend == "fa3" else None
+        fa4 = compare.import_fa4() if backend == compare.FA4_BACKEND else None
         douts = compare.make_douts(case, 1, case_args.seed + 1)
-        call = compare.backward_runner(backend, case, fc, fa3, [(q, k, v)], douts, train=mode == "train")
+        call = compare.backward_runner(backend, case, fc, fa3, [(q, k, v)], douts, train=mode == "train", fa4=fa4)
         return lambda: call(0)
     fp8_cache = {}
     if backend in compare.FP8_BACKENDS:
@@ -124,6 +126,8 @@ def runner(backend, case, case_args, mode):
         run = compare.fa3_backend(compare.import_fa3(), case)
     elif backend == compare.FP8_FA3_BACKEND:
         run = compare.fa3_fp8_backend(compare.import_fa3(), case, fp8_cache)
+    elif backend == compare.FA4_BACKEND:
+        run = compare.fa4_backend(compare.import_fa4(), case)
     elif backend == "flashcore-det":
         raise compare.Unsupported("flashcore-det is a backward backend (--backward or --train)")
     else:

@@ -983,8 +983,9 @@ TEST(ForwardSm90, KvCountCrossing2Pow32) {
 // blocks) where the grid holds at least two waves of them
 // (kernels/fwd/sm90/config.cuh, wide_fits): with 3 CTAs these shapes choose
 // it, each CTA walking many blocks. Query counts whose 192- and 128-row
-// blocks pad alike (1152, 384, 1100: a partial last block), GQA, both
-// layouts, key counts that are not multiples of the key tile.
+// blocks pad alike (1152, 384, 1100: a partial last block) and one where the
+// 192-row blocks pad 64 rows more (2048: the last block a third empty), GQA,
+// both layouts, key counts that are not multiples of the key tile.
 TEST(ForwardSm90, WideConfigurationMatchesReference) {
     FC_REQUIRE_GPU();
     const ScopedEnv env({{"FLASHCORE_FWD_VARIANT", "sm90"}, {"FLASHCORE_PERSISTENT_CTAS", "3"}});
@@ -993,6 +994,7 @@ TEST(ForwardSm90, WideConfigurationMatchesReference) {
     expect_matches_reference(FwdCase{FLASHCORE_DTYPE_BF16, 64, false, 2, 4, 2, 1152, 1000, Layout::kBSHD});
     expect_matches_reference(FwdCase{FLASHCORE_DTYPE_FP16, 64, false, 1, 3, 3, 384, 1536, Layout::kBHSD});
     expect_matches_reference(FwdCase{FLASHCORE_DTYPE_BF16, 64, false, 1, 2, 2, 1100, 1100, Layout::kBHSD});
+    expect_matches_reference(FwdCase{FLASHCORE_DTYPE_FP16, 64, false, 1, 2, 1, 2048, 900, Layout::kBSHD});
 }
 
 // sm_margin changes the sm_90a kernel's grid (SMs - sm_margin persistent
