@@ -685,6 +685,7 @@ TEST(PersistentSchedule, ItemsCoverEveryBlockOnceAndPairsCarryEqualKeys) {
                     flashcore::FwdKernelParams p{};
                     p.seqlen_q = sq;
                     p.seqlen_k = sk;
+                    p.num_heads_q = p.num_heads_kv = p.packed_heads = p.num_splits = 1;
                     p.causal = causal;
                     p.window_left = sk;
                     p.window_right = causal ? 0 : sq;
@@ -748,3 +749,38 @@ TEST(PersistentSchedule, ItemsCoverEveryBlockOnceAndPairsCarryEqualKeys) {
 }
 
 }  // namespace
+
+// FastDivisor (common/fast_divisor.h) against integer division: every
+// divisor up to 2^12 and a spread of larger ones (powers of two, their
+// neighbours, the largest int) on numerators near 0, near multiples of the
+// divisor and near 2^31.
+TEST(FastDivisor, QuotientsMatchDivision) {
+    std::vector<int> divisors;
+    for (int d = 1; d <= 4096; ++d) divisors.push_back(d);
+    for (int bits = 13; bits <= 30; ++bits) {
+        for (const int delta : {-1, 0, 1}) divisors.push_back((1 << bits) + delta);
+    }
+    divisors.push_back(2147483647);  // INT_MAX
+    std::vector<int> numerators;
+    for (int n = 0; n < 300; ++n) numerators.push_back(n);
+    constexpr int kIntMax = 2147483647;
+    for (int n = kIntMax - 300; n < kIntMax; ++n) numerators.push_back(n);
+    numerators.push_back(kIntMax);
+    int failures = 0;
+    for (const int d : divisors) {
+        const flashcore::FastDivisor f = flashcore::FastDivisor::of(d);
+        std::vector<int> ns = numerators;
+        for (const int k : {1, 2, 3, 1000, 65535}) {
+            const int64_t multiple = int64_t(d) * k;
+            for (int delta = -1; delta <= 1; ++delta) {
+                if (multiple + delta >= 0 && multiple + delta <= kIntMax) ns.push_back(int(multiple + delta));
+            }
+        }
+        for (const int n : ns) {
+            if (f.quotient(n) != n / d && ++failures <= 10) {
+                ADD_FAILURE() << n << " / " << d << ": " << f.quotient(n) << ", expected " << n / d;
+            }
+        }
+    }
+    EXPECT_EQ(failures, 0);
+}

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "common/params.h"
+#include "common/fast_divisor.h"
 #include "common/key_range.cuh"
 
 namespace flashcore {
@@ -32,6 +33,31 @@ __device__ __forceinline__ FwdTile fwd_tile(const FwdKernelParams &p, int bh, in
     t.head_q = (bh % groups) * p.packed_heads;
     t.batch = bh / groups;
     t.head_kv = t.head_q / (p.num_heads_q / p.num_heads_kv);
+    t.seqs = fwd_batch_seqs<kRagged>(p, t.batch);
+    return t;
+}
+
+// The divisions fwd_tile makes, by divisors the host worked out
+// (FwdTileDivisors::of): for kernels that decode a block at each step of a
+// persistent walk.
+struct FwdTileDivisors {
+    FastDivisor head_groups;        // fwd_head_groups
+    FastDivisor query_heads_per_kv;  // num_heads_q / num_heads_kv
+
+    FLASHCORE_HOST_DEVICE static FwdTileDivisors of(const FwdKernelParams &p) {
+        return {FastDivisor::of(fwd_head_groups(p)), FastDivisor::of(p.num_heads_q / p.num_heads_kv)};
+    }
+};
+
+// fwd_tile(p, bh, m_block) with those divisors.
+template <bool kRagged>
+__device__ __forceinline__ FwdTile fwd_tile(const FwdKernelParams &p, int bh, int m_block,
+                                            const FwdTileDivisors &divisors) {
+    FwdTile t;
+    t.m_block = m_block;
+    t.batch = divisors.head_groups.quotient(bh);
+    t.head_q = (bh - t.batch * divisors.head_groups.divisor) * p.packed_heads;
+    t.head_kv = divisors.query_heads_per_kv.quotient(t.head_q);
     t.seqs = fwd_batch_seqs<kRagged>(p, t.batch);
     return t;
 }

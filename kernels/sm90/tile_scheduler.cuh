@@ -44,7 +44,9 @@ namespace flashcore::sm90 {
 
 // The schedule's numbers (PersistentSchedule without its block shape): what
 // the host passes to kernels that read them from their parameters
-// (fwd/sm90/traits.cuh, schedule_of).
+// (fwd/sm90/traits.cuh, schedule_of). Each step of the walk splits its item
+// into (split, batch, head, block) by the divisors here, which the host
+// works out once (common/fast_divisor.h).
 struct ScheduleNumbers {
     int num_m_blocks;
     int items_per_head;
@@ -53,12 +55,17 @@ struct ScheduleNumbers {
     // head's, or a chunk's; the last run may be shorter. And its items.
     int run_blocks;
     int run_items;
+    FastDivisor items_per_head_divisor;
+    FastDivisor run_items_divisor;
+    FastDivisor splits_divisor;  // num_splits
+    FwdTileDivisors tile_divisors;
 
     // Query block `which` (0: the longer) of the head's item i.
     __host__ __device__ __forceinline__ int block_of(int i, int which) const {
         if (!paired) return num_m_blocks - 1 - i;
-        const int first = i / run_items * run_blocks;
-        const int k = i % run_items;
+        const int run = run_items_divisor.quotient(i);
+        const int first = run * run_blocks;
+        const int k = i - run * run_items;
         const int blocks = min(run_blocks, num_m_blocks - first);
         return first + (which == 0 ? blocks - 1 - k : k);
     }
@@ -113,6 +120,10 @@ struct PersistentSchedule : ScheduleNumbers {
         } else {
             s.items_per_head = s.num_m_blocks;
         }
+        s.items_per_head_divisor = FastDivisor::of(s.items_per_head);
+        s.run_items_divisor = FastDivisor::of(s.run_items);
+        s.splits_divisor = FastDivisor::of(p.num_splits);
+        s.tile_divisors = FwdTileDivisors::of(p);
         return s;
     }
 
@@ -121,12 +132,15 @@ struct PersistentSchedule : ScheduleNumbers {
     }
 
     // Query blocks in `item`: 2 for a causal pair, else 1.
-    __device__ __forceinline__ int blocks_in(int item) const { return blocks_of(item % items_per_head); }
+    __device__ __forceinline__ int blocks_in(int item) const {
+        return blocks_of(item - items_per_head_divisor.quotient(item) * items_per_head);
+    }
 
     // Block `which` (0: the longer) of `item`.
     template <bool kRagged>
     __device__ __forceinline__ FwdTile tile(const FwdKernelParams &p, int item, int which) const {
-        return fwd_tile<kRagged>(p, item / items_per_head, block_of(item % items_per_head, which));
+        const int bh = items_per_head_divisor.quotient(item);
+        return fwd_tile<kRagged>(p, bh, block_of(item - bh * items_per_head, which), tile_divisors);
     }
 
     // Calls visit(tile, keys, split) for each query block of this CTA, in
@@ -137,8 +151,8 @@ struct PersistentSchedule : ScheduleNumbers {
     __device__ __forceinline__ void for_each_block(const FwdKernelParams &p, Visit &&visit) const {
         const int items = int(num_items(p));
         for (int split_item = blockIdx.x; split_item < items; split_item += gridDim.x) {
-            const int item = split_item / p.num_splits;
-            const int split = split_item % p.num_splits;
+            const int item = splits_divisor.quotient(split_item);
+            const int split = split_item - item * p.num_splits;
             for (int which = 0; which < blocks_in(item); ++which) {
                 const FwdTile t = tile<kRagged>(p, item, which);
                 visit(t,
@@ -162,9 +176,9 @@ struct PersistentSchedule : ScheduleNumbers {
             const int at = step.load();
             const int split_item = int(blockIdx.x) + at / kMaxBlocksPerItem * grid_ctas();
             if (split_item >= int(num_items(p))) break;
-            const int item = split_item / p.num_splits;
+            const int item = splits_divisor.quotient(split_item);
             if (at % kMaxBlocksPerItem >= blocks_in(item)) continue;
-            const int split = split_item % p.num_splits;
+            const int split = split_item - item * p.num_splits;
             const FwdTile t = tile<kRagged>(p, item, at % kMaxBlocksPerItem);
             visit(t,
                   BlockKeyRange<kBlockM, kBlockN>::of(KeyMask::of(p, t.seqs), t.m_block).split(split, p.num_splits),
