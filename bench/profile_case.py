@@ -51,8 +51,7 @@ def main(argv=None):
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--backend", choices=("flashcore", "flashcore-det", compare.FP8_KV_BACKEND,
                                             compare.FP8_FC_BACKEND, "fa3", compare.FP8_FA3_BACKEND, compare.FA4_BACKEND,
-                                            "flash",
-                                            "efficient", "cudnn"))
+                                            "flash", "efficient", "cudnn"))
     own.add_argument("--calls", type=compare.positive_int, default=3)
     own.add_argument("--every-case", action="store_true",
                      help="every selected case, the last call of each in a profiler range after a marker kernel")
