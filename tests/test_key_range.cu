@@ -706,7 +706,7 @@ TEST(PersistentSchedule, ItemsCoverEveryBlockOnceAndPairsCarryEqualKeys) {
                     }
                     std::vector<int> seen(s.num_m_blocks, 0);
                     std::vector<int64_t> run_load(s.num_m_blocks, -1);  // by run: a two-block item's pairs
-                    for (int i = 0; i < s.items_per_head; ++i) {
+                    for (int i = 0; i < s.items_per_head.divisor; ++i) {
                         const int blocks = s.blocks_of(i);
                         const int first = s.block_of(i, 0), second = s.block_of(i, 1);
                         if (first < 0 || first >= s.num_m_blocks || second < 0 || second >= s.num_m_blocks) {

@@ -39,6 +39,17 @@ struct FastDivisor {
 #endif
         return divisor == 1 ? n : int(high >> shift);
     }
+
+    struct Division {
+        int quotient;
+        int remainder;
+    };
+
+    // n / divisor and n % divisor for 0 <= n < 2^31.
+    FLASHCORE_HOST_DEVICE Division divide(int n) const {
+        const int q = quotient(n);
+        return {q, n - q * divisor};
+    }
 };
 
 }  // namespace flashcore

@@ -55,8 +55,9 @@ __device__ __forceinline__ FwdTile fwd_tile(const FwdKernelParams &p, int bh, in
                                             const FwdTileDivisors &divisors) {
     FwdTile t;
     t.m_block = m_block;
-    t.batch = divisors.head_groups.quotient(bh);
-    t.head_q = (bh - t.batch * divisors.head_groups.divisor) * p.packed_heads;
+    const FastDivisor::Division group = divisors.head_groups.divide(bh);
+    t.batch = group.quotient;
+    t.head_q = group.remainder * p.packed_heads;
     t.head_kv = divisors.query_heads_per_kv.quotient(t.head_q);
     t.seqs = fwd_batch_seqs<kRagged>(p, t.batch);
     return t;

@@ -49,23 +49,21 @@ namespace flashcore::sm90 {
 // works out once (common/fast_divisor.h).
 struct ScheduleNumbers {
     int num_m_blocks;
-    int items_per_head;
+    FastDivisor items_per_head;
     bool paired;
     // Blocks of a run paired within itself (one causal triangle): the
     // head's, or a chunk's; the last run may be shorter. And its items.
     int run_blocks;
-    int run_items;
-    FastDivisor items_per_head_divisor;
-    FastDivisor run_items_divisor;
-    FastDivisor splits_divisor;  // num_splits
+    FastDivisor run_items;
+    FastDivisor splits;  // num_splits
     FwdTileDivisors tile_divisors;
 
     // Query block `which` (0: the longer) of the head's item i.
     __host__ __device__ __forceinline__ int block_of(int i, int which) const {
         if (!paired) return num_m_blocks - 1 - i;
-        const int run = run_items_divisor.quotient(i);
-        const int first = run * run_blocks;
-        const int k = i - run * run_items;
+        const FastDivisor::Division run = run_items.divide(i);
+        const int first = run.quotient * run_blocks;
+        const int k = run.remainder;
         const int blocks = min(run_blocks, num_m_blocks - first);
         return first + (which == 0 ? blocks - 1 - k : k);
     }
@@ -112,35 +110,34 @@ struct PersistentSchedule : ScheduleNumbers {
         s.paired = p.causal && p.window_left >= p.seqlen_k && chunks_whole_blocks &&
                    p.seqlen_k - p.seqlen_q < p.seqlen_q;
         s.run_blocks = p.attention_chunk == 0 ? s.num_m_blocks : min(p.attention_chunk / kBlockM, s.num_m_blocks);
-        s.run_items = (s.run_blocks + 1) / 2;
+        const int run_items = (s.run_blocks + 1) / 2;
+        s.run_items = FastDivisor::of(run_items);
         if (s.paired) {
             const int full_runs = s.num_m_blocks / s.run_blocks;
             const int last_run = s.num_m_blocks % s.run_blocks;
-            s.items_per_head = full_runs * s.run_items + (last_run + 1) / 2;
+            s.items_per_head = FastDivisor::of(full_runs * run_items + (last_run + 1) / 2);
         } else {
-            s.items_per_head = s.num_m_blocks;
+            s.items_per_head = FastDivisor::of(s.num_m_blocks);
         }
-        s.items_per_head_divisor = FastDivisor::of(s.items_per_head);
-        s.run_items_divisor = FastDivisor::of(s.run_items);
-        s.splits_divisor = FastDivisor::of(p.num_splits);
+        s.splits = FastDivisor::of(p.num_splits);
         s.tile_divisors = FwdTileDivisors::of(p);
         return s;
     }
 
     __host__ __device__ int64_t num_items(const FwdKernelParams &p) const {
-        return int64_t(items_per_head) * p.num_heads_q * p.batch_size * p.num_splits;
+        return int64_t(items_per_head.divisor) * p.num_heads_q * p.batch_size * p.num_splits;
     }
 
     // Query blocks in `item`: 2 for a causal pair, else 1.
     __device__ __forceinline__ int blocks_in(int item) const {
-        return blocks_of(item - items_per_head_divisor.quotient(item) * items_per_head);
+        return blocks_of(items_per_head.divide(item).remainder);
     }
 
     // Block `which` (0: the longer) of `item`.
     template <bool kRagged>
     __device__ __forceinline__ FwdTile tile(const FwdKernelParams &p, int item, int which) const {
-        const int bh = items_per_head_divisor.quotient(item);
-        return fwd_tile<kRagged>(p, bh, block_of(item - bh * items_per_head, which), tile_divisors);
+        const FastDivisor::Division head = items_per_head.divide(item);
+        return fwd_tile<kRagged>(p, head.quotient, block_of(head.remainder, which), tile_divisors);
     }
 
     // Calls visit(tile, keys, split) for each query block of this CTA, in
@@ -151,8 +148,9 @@ struct PersistentSchedule : ScheduleNumbers {
     __device__ __forceinline__ void for_each_block(const FwdKernelParams &p, Visit &&visit) const {
         const int items = int(num_items(p));
         for (int split_item = blockIdx.x; split_item < items; split_item += gridDim.x) {
-            const int item = splits_divisor.quotient(split_item);
-            const int split = split_item - item * p.num_splits;
+            const FastDivisor::Division part = splits.divide(split_item);
+            const int item = part.quotient;
+            const int split = part.remainder;
             for (int which = 0; which < blocks_in(item); ++which) {
                 const FwdTile t = tile<kRagged>(p, item, which);
                 visit(t,
@@ -176,9 +174,10 @@ struct PersistentSchedule : ScheduleNumbers {
             const int at = step.load();
             const int split_item = int(blockIdx.x) + at / kMaxBlocksPerItem * grid_ctas();
             if (split_item >= int(num_items(p))) break;
-            const int item = splits_divisor.quotient(split_item);
+            const FastDivisor::Division part = splits.divide(split_item);
+            const int item = part.quotient;
             if (at % kMaxBlocksPerItem >= blocks_in(item)) continue;
-            const int split = split_item - item * p.num_splits;
+            const int split = part.remainder;
             const FwdTile t = tile<kRagged>(p, item, at % kMaxBlocksPerItem);
             visit(t,
                   BlockKeyRange<kBlockM, kBlockN>::of(KeyMask::of(p, t.seqs), t.m_block).split(split, p.num_splits),
