@@ -123,13 +123,22 @@ std::vector<FwdCase> seqused_k_cases() {
     };
 }
 
+// `count` sequence lengths below `below`, spread by a stride, every
+// seventh empty: batches of more sequences than one warp's search over 32
+// (the sm90 schedule's step_of).
+std::vector<int> spread_lengths(int count, int below) {
+    std::vector<int> lengths;
+    for (int b = 0; b < count; ++b) lengths.push_back(b % 7 == 3 ? 0 : (b * 733 + 17) % below);
+    return lengths;
+}
+
 // Variable-length batches and paged caches: sequences of length 0 and 1,
 // lengths that are not tile multiples, queries and keys of different
 // lengths (chunked prefill), GQA, splits, window, softcap, the head dims
 // whose paths differ (96: 64-byte panels; 256: the register output path),
-// page sizes 16, 48 (a multiple of 16 that divides no tile), 64 and 256, in
-// shuffled order with the pool's last page in use, and packed queries over
-// a paged cache.
+// batches of more than 32 sequences, page sizes 16, 48 (a multiple of 16
+// that divides no tile), 64 and 256, in shuffled order with the pool's last
+// page in use, and packed queries over a paged cache.
 std::vector<FwdCase> serving_cases() {
     constexpr auto fp16 = FLASHCORE_DTYPE_FP16;
     constexpr auto bf16 = FLASHCORE_DTYPE_BF16;
@@ -154,6 +163,8 @@ std::vector<FwdCase> serving_cases() {
         d128_split3.with_varlen_q({1, 5, 64}).with_varlen_k({2000, 3, 900}),
         d256.with_varlen_q({150, 300}).with_varlen_k({150, 300}),
         d96.with_varlen_q({129, 1, 260}).with_varlen_k({129, 1, 260}),
+        d128.with_varlen_q(spread_lengths(40, 700)).with_varlen_k(spread_lengths(40, 700)),
+        d128_split3.with_varlen_q(spread_lengths(36, 300)).with_varlen_k(spread_lengths(36, 900)),
         FwdCase{bf16, 128, true, 3, 8, 2, 1, 700, Layout::kBSHD}.with_varlen_q({300, 1, 64}),
         // Packed keys whose tails past seqused_k hold NaN (zeroed in V on sm_90a).
         d128.with_varlen_q({200, 129}).with_varlen_k({700, 900}).with_seqused_k({650, 0}),

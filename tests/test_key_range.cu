@@ -748,6 +748,124 @@ TEST(PersistentSchedule, ItemsCoverEveryBlockOnceAndPairsCarryEqualKeys) {
                                   << " schedules, the first: " << failures.front();
 }
 
+// The schedule of ragged batches of packed queries (compact): CTAs walking
+// their items as the kernel does (split_item = CTA + k * CTAs, each with its
+// own cursor, step_of's host path) visit every (batch, head group, query
+// block) of each sequence's own blocks once per split, and nothing past the
+// sequences, in size classes that never grow; batches past 32 (the cursor's
+// rounds) and empty sequences included. A head of the longest sequence's
+// block count has the dense schedule's items and blocks.
+TEST(PersistentSchedule, RaggedItemsCoverEachSequencesOwnBlocksOnce) {
+    constexpr int kM = 128, kN = 128;
+    using Schedule = flashcore::sm90::PersistentSchedule<kM, kN>;
+    std::vector<std::string> failures;
+    const std::vector<std::vector<int>> batches = {
+        {1},
+        {6906, 690, 192, 5416, 6131, 1282, 1897, 144, 2875, 282, 114, 3170, 456, 1535, 1486, 192},
+        {0, 128, 129, 0, 255, 256, 257, 1000},
+    };
+    std::vector<std::vector<int>> all = batches;
+    for (const int count : {33, 70}) {  // more than one round of 32
+        std::vector<int> lengths;
+        for (int b = 0; b < count; ++b) lengths.push_back((b * 733 + 17) % 1500 * (b % 7 == 3 ? 0 : 1));
+        all.push_back(lengths);
+    }
+    for (const std::vector<int> &lengths : all) {
+        std::vector<int32_t> cu{0};
+        for (const int n : lengths) cu.push_back(cu.back() + n);
+        const int longest = *std::max_element(lengths.begin(), lengths.end());
+        for (const int chunk : {0, 256, 384}) {
+            for (const bool causal : {false, true}) {
+                for (const int groups : {1, 3}) {
+                    for (const int splits : {1, 2}) {
+                        flashcore::FwdKernelParams p{};
+                        p.batch_size = int(lengths.size());
+                        p.seqlen_q = p.seqlen_k = std::max(longest, 1);
+                        p.total_seqlen_q = p.total_seqlen_k = cu.back();
+                        p.cu_seqlens_q = p.cu_seqlens_k = cu.data();
+                        p.ragged = true;
+                        p.num_heads_q = p.num_heads_kv = groups;
+                        p.packed_heads = 1;
+                        p.num_splits = splits;
+                        p.causal = causal;
+                        p.window_left = p.seqlen_k;
+                        p.window_right = causal ? 0 : p.seqlen_q;
+                        p.attention_chunk = chunk;
+                        const Schedule s = Schedule::of(p);
+                        std::ostringstream what;
+                        what << lengths.size() << " sequences (longest " << longest << "), chunk " << chunk
+                             << (causal ? " causal" : "") << ", " << groups << " heads, " << splits << " splits";
+                        if (!s.compact) failures.push_back("not compact: " + what.str());
+                        // The per-head functions at the longest sequence's blocks are the dense ones.
+                        if (s.items_of_head(s.num_m_blocks) != s.items_per_head.divisor) {
+                            failures.push_back("items of a longest head differ: " + what.str());
+                        }
+                        for (int i = 0; i < s.items_per_head.divisor; ++i) {
+                            for (int which = 0; which < 2; ++which) {
+                                if (s.block_of_head(i, which, s.num_m_blocks) != s.block_of(i, which)) {
+                                    failures.push_back("block of a longest head differs: " + what.str());
+                                }
+                            }
+                        }
+                        // [split][batch][group][block] visits.
+                        std::vector<int> seen(size_t(splits) * lengths.size() * groups * s.num_m_blocks, 0);
+                        const auto at = [&](int split, int b, int g, int m) -> int & {
+                            return seen[((size_t(split) * lengths.size() + b) * groups + g) * s.num_m_blocks + m];
+                        };
+                        constexpr int kCtas = 7;
+                        for (int cta = 0; cta < kCtas; ++cta) {
+                            flashcore::sm90::RegisterCursor cursor{Schedule::first_cursor(p)};
+                            int last_class = cursor.at.size_class;
+                            for (int split_item = cta;; split_item += kCtas) {
+                                const flashcore::FastDivisor::Division part = s.splits.divide(split_item);
+                                const flashcore::sm90::WalkItem w = s.step_of(p, part.quotient, cursor);
+                                if (w.bh < 0) break;
+                                // Longest first: size classes never grow along a walk.
+                                const int size_class = flashcore::sm90::size_class_of(w.num_blocks);
+                                if (size_class > last_class) {
+                                    failures.push_back("a larger class after a smaller: " + what.str());
+                                }
+                                last_class = size_class;
+                                const int b = w.bh / groups, g = w.bh % groups;
+                                const int blocks = b < int(lengths.size()) ? (lengths[b] + kM - 1) / kM : -1;
+                                if (blocks < 0 || w.num_blocks != blocks || w.head_item < 0 ||
+                                    w.head_item >= s.items_of_head(blocks)) {
+                                    failures.push_back("step outside batch " + std::to_string(b) + "'s items: " +
+                                                       what.str());
+                                    break;
+                                }
+                                for (int which = 0; which < s.blocks_in(w); ++which) {
+                                    const int m = s.block_of_head(w.head_item, which, blocks);
+                                    if (m < 0 || m >= blocks) {
+                                        failures.push_back("block past its sequence: " + what.str());
+                                        continue;
+                                    }
+                                    ++at(part.remainder, b, g, m);
+                                }
+                            }
+                        }
+                        for (int split = 0; split < splits; ++split) {
+                            for (size_t b = 0; b < lengths.size(); ++b) {
+                                for (int g = 0; g < groups; ++g) {
+                                    for (int m = 0; m < (lengths[b] + kM - 1) / kM; ++m) {
+                                        if (at(split, int(b), g, m) != 1) {
+                                            failures.push_back("batch " + std::to_string(b) + " block " +
+                                                               std::to_string(m) + " visited " +
+                                                               std::to_string(at(split, int(b), g, m)) +
+                                                               " times: " + what.str());
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    EXPECT_TRUE(failures.empty()) << failures.size() << " failures, the first: " << failures.front();
+}
+
 }  // namespace
 
 // FastDivisor (common/fast_divisor.h) against integer division: every

@@ -153,10 +153,16 @@ struct BatchSeqs {
 // Rows [cu[batch], cu[batch + 1]) of a packed tensor of `total` rows,
 // clamped into it, at most max_len long: a wrong prefix sum must give a
 // wrong result, not an access outside the tensor.
-__device__ __forceinline__ void packed_rows(const int32_t *cu_seqlens, int batch, int total, int max_len, int &row0,
-                                            int &len) {
-    const int begin = min(max(__ldg(cu_seqlens + batch), 0), total);
-    const int end = min(max(__ldg(cu_seqlens + batch + 1), begin), total);
+// (Host code too: the sm90 schedule's host test walks ragged batches.)
+__host__ __device__ __forceinline__ void packed_rows(const int32_t *cu_seqlens, int batch, int total, int max_len,
+                                                     int &row0, int &len) {
+#ifdef __CUDA_ARCH__
+    const int first = __ldg(cu_seqlens + batch), last = __ldg(cu_seqlens + batch + 1);
+#else
+    const int first = cu_seqlens[batch], last = cu_seqlens[batch + 1];
+#endif
+    const int begin = min(max(first, 0), total);
+    const int end = min(max(last, begin), total);
     row0 = begin;
     len = min(end - begin, max_len);
 }

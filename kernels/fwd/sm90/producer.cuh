@@ -120,6 +120,7 @@ __device__ __forceinline__ void run_producer(const Sm90KernelParams &params, con
     };
     if constexpr (Traits::kWideConsumers) {
         // At a fixed shared address: no register holds it.
+        static_assert(!Traits::kCompactRaggedSchedule, "the shared-memory walk has no batch search");
         __shared__ int step;
         schedule_of<Traits>(params).template for_each_block<kRagged>(p, visit, SharedStep{&step, leader});
     } else {

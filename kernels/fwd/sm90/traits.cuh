@@ -46,6 +46,9 @@ __device__ __forceinline__ PersistentSchedule<Traits::kBlockM, Traits::kBlockN> 
     const Sm90KernelParams &params) {
     PersistentSchedule<Traits::kBlockM, Traits::kBlockN> s;
     static_cast<ScheduleNumbers &>(s) = params.schedule;
+    // Known here, so that the compact walk is not compiled where it does
+    // not fit (the host clears it there too: launch.cuh).
+    if constexpr (!Traits::kCompactRaggedSchedule) s.compact = false;
     return s;
 }
 
@@ -170,6 +173,12 @@ struct Sm90Traits {
     static constexpr bool kWideConsumers = kFp8 && kHeadDimV_ > 128;
     static constexpr int kProducerRegisters = producer_registers(kConsumerWarpgroups, kFp8, kWideConsumers);
     static constexpr int kConsumerRegisters = consumer_registers(kConsumerWarpgroups, kFp8, kWideConsumers);
+    // Whether ragged batches of packed queries walk each sequence's own
+    // blocks (ScheduleNumbers::compact). Not beside consumers of 240, whose
+    // producer walks from shared memory (SharedStep): the batch search
+    // spilled 12 bytes of its 24 registers (e4m3, head dim 256), so there
+    // every batch keeps the longest one's items.
+    static constexpr bool kCompactRaggedSchedule = !kWideConsumers;
 
     // Panels: 128-byte rows where both head dims' rows are multiples of 128
     // bytes (of two-byte elements: 64 columns), else 64-byte rows (32, 96).
