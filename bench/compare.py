@@ -684,6 +684,9 @@ def parse_args(argv):
                      "prefill vs FA3 varlen), paged (paged decode vs the same call on a contiguous cache and FA3 "
                      "kv-cache decode), window (32k causal with a 4096-key window vs a plain causal 4k prefill); "
                      "bf16. Without --preset, only these run")
+    out.add_argument("--varlen-head-dims", metavar="D[,D]", default="128",
+                     help="head dims of --serving varlen's case, each its own row (default 128; the sm_90a kernels "
+                     "also have 64 and 256)")
     out.add_argument("--extra", action="append", default=[], metavar="NAME=MODULE:FUNC",
                      help="hook for another kernel: FUNC(q, k, v, causal, softmax_scale) on [B,H,S,D] tensors "
                      "(v: [B,H,S,Dv]), bottom-right causal mask, returning [B,H,S,Dv]; timed like the others "
@@ -731,6 +734,12 @@ def parse_args(argv):
     if args.serving:
         from serving_cases import SERVING_KINDS
         args.serving_kinds = split_choices(p, "--serving", args.serving, SERVING_KINDS)
+    try:
+        args.varlen_head_dims = [int(d) for d in args.varlen_head_dims.split(",")]
+    except ValueError:
+        p.error(f"--varlen-head-dims {args.varlen_head_dims!r}: expected head dims such as 64,128")
+    if any(d <= 0 or d % 8 or d > 256 for d in args.varlen_head_dims):
+        p.error(f"--varlen-head-dims {args.varlen_head_dims}: each a multiple of 8 up to 256")
     args.extras = []
     for spec in args.extra:
         name, sep, target = spec.partition("=")
@@ -2444,7 +2453,8 @@ def main(argv=None):
             if any(c.mla for c in cases):
                 print(mla_note(args.backend_list, listing=True))
         for kind in args.serving_kinds:
-            print(f"serving comparison: {kind} (bench/serving_cases.py)")
+            dims = f", head dims {','.join(map(str, args.varlen_head_dims))}" if kind == "varlen" else ""
+            print(f"serving comparison: {kind} (bench/serving_cases.py){dims}")
         return 0
     if cuda_torch_missing("compare.py"):
         return 2

@@ -125,18 +125,24 @@ def flash_varlen(torch, q, k, v, cu_q, cu_k, max_q, max_k, causal, seqused_k=Non
 
 
 def serving_varlen(fc, fa3, measure, args):
+    """The ragged causal prefill at each of --varlen-head-dims (a row each)."""
+    head_dims = getattr(args, "varlen_head_dims", [HEAD_DIM])
+    return [varlen_case(fc, fa3, measure, args, head_dim) for head_dim in head_dims]
+
+
+def varlen_case(fc, fa3, measure, args, head_dim):
     import torch
     import torch.nn.functional as F
     lengths = varlen_lengths(args.seed)
     dev, dt = "cuda", torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(args.seed)
     total = sum(lengths)
-    q = torch.randn(total, HEADS_Q, HEAD_DIM, device=dev, dtype=dt, generator=gen)
-    k = torch.randn(total, HEADS_KV, HEAD_DIM, device=dev, dtype=dt, generator=gen)
-    v = torch.randn(total, HEADS_KV, HEAD_DIM, device=dev, dtype=dt, generator=gen)
+    q = torch.randn(total, HEADS_Q, head_dim, device=dev, dtype=dt, generator=gen)
+    k = torch.randn(total, HEADS_KV, head_dim, device=dev, dtype=dt, generator=gen)
+    v = torch.randn(total, HEADS_KV, head_dim, device=dev, dtype=dt, generator=gen)
     cu = torch.tensor([0] + list(itertools.accumulate(lengths)), device=dev, dtype=torch.int32)
     longest = max(lengths)
-    flops = 4.0 * HEADS_Q * HEAD_DIM * sum(causal_pairs(n) for n in lengths)
+    flops = 4.0 * HEADS_Q * head_dim * sum(causal_pairs(n) for n in lengths)
 
     def reference():  # per sequence, PyTorch SDPA (bottom-right causal is top-left when Sq == Sk)
         outs = []
@@ -153,8 +159,8 @@ def serving_varlen(fc, fa3, measure, args):
          lambda: fa3_first(fa3.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=True))),
         ("flash", lambda: flash_varlen(torch, q, k, v, cu, cu, longest, longest, True)),
     ]
-    label = f"varlen {len(lengths)} seqs {min(lengths)}..{longest}"
-    table = Table(f"Ragged causal prefill, bf16, Hq {HEADS_Q} / Hkv {HEADS_KV}, D {HEAD_DIM}, {total} tokens "
+    label = f"varlen d{head_dim} {len(lengths)} seqs {min(lengths)}..{longest}"
+    table = Table(f"Ragged causal prefill, bf16, Hq {HEADS_Q} / Hkv {HEADS_KV}, D {head_dim}, {total} tokens "
                   f"(lengths {lengths})", [b for b, _ in backends] + ["fc/fa3"], "TFLOP/s")
     res = run_backends(backends, measure, args, flops, reference)
     row = dict(res)
@@ -162,8 +168,8 @@ def serving_varlen(fc, fa3, measure, args):
     row["fc/fa3"] = ratio
     table.row(label, row)
     report_errors(res)
-    return {"kind": "varlen", "label": label, "lengths": lengths, "flops": flops, "backends": res,
-            "fc_over_fa3": ratio}
+    return {"kind": "varlen", "label": label, "head_dim": head_dim, "lengths": lengths, "flops": flops,
+            "backends": res, "fc_over_fa3": ratio}
 
 
 def fa3_first(result):
