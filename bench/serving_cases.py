@@ -126,8 +126,7 @@ def flash_varlen(torch, q, k, v, cu_q, cu_k, max_q, max_k, causal, seqused_k=Non
 
 def serving_varlen(fc, fa3, measure, args):
     """The ragged causal prefill at each of --varlen-head-dims (a row each)."""
-    head_dims = getattr(args, "varlen_head_dims", [HEAD_DIM])
-    return [varlen_case(fc, fa3, measure, args, head_dim) for head_dim in head_dims]
+    return [varlen_case(fc, fa3, measure, args, head_dim) for head_dim in args.varlen_head_dims]
 
 
 def varlen_case(fc, fa3, measure, args, head_dim):

@@ -814,8 +814,8 @@ TEST(PersistentSchedule, RaggedItemsCoverEachSequencesOwnBlocksOnce) {
                         };
                         constexpr int kCtas = 7;
                         for (int cta = 0; cta < kCtas; ++cta) {
-                            flashcore::sm90::RegisterCursor cursor{Schedule::first_cursor(p)};
-                            int last_class = cursor.at.size_class;
+                            flashcore::sm90::BatchCursor cursor = Schedule::first_cursor(p);
+                            int last_class = cursor.size_class;
                             for (int split_item = cta;; split_item += kCtas) {
                                 const flashcore::FastDivisor::Division part = s.splits.divide(split_item);
                                 const flashcore::sm90::WalkItem w = s.step_of(p, part.quotient, cursor);

@@ -172,14 +172,6 @@ struct SharedStep {
     }
 };
 
-// The cursor of a walker with registers to hold it (for_each_block's first
-// form, in kernels for ragged batches).
-struct RegisterCursor {
-    BatchCursor at;
-    __host__ __device__ __forceinline__ BatchCursor cursor() const { return at; }
-    __host__ __device__ __forceinline__ void set_cursor(BatchCursor c) { at = c; }
-};
-
 template <int kBlockM, int kBlockN>
 struct PersistentSchedule : ScheduleNumbers {
     __host__ __device__ static PersistentSchedule of(const FwdKernelParams &p) {
@@ -192,20 +184,13 @@ struct PersistentSchedule : ScheduleNumbers {
             p.attention_chunk == 0 || (p.attention_chunk % kBlockM == 0 && p.seqlen_q == p.seqlen_k);
         s.paired = p.causal && p.window_left >= p.seqlen_k && chunks_whole_blocks &&
                    p.seqlen_k - p.seqlen_q < p.seqlen_q;
-        s.run_blocks = p.attention_chunk == 0 ? s.num_m_blocks : min(p.attention_chunk / kBlockM, s.num_m_blocks);
-        const int run_items = (s.run_blocks + 1) / 2;
-        s.run_items = FastDivisor::of(run_items);
-        if (s.paired) {
-            const int full_runs = s.num_m_blocks / s.run_blocks;
-            const int last_run = s.num_m_blocks % s.run_blocks;
-            s.items_per_head = FastDivisor::of(full_runs * run_items + (last_run + 1) / 2);
-        } else {
-            s.items_per_head = FastDivisor::of(s.num_m_blocks);
-        }
+        s.chunk_blocks = p.attention_chunk == 0 ? 0 : p.attention_chunk / kBlockM;
+        s.run_blocks = s.chunk_blocks == 0 ? s.num_m_blocks : min(s.chunk_blocks, s.num_m_blocks);
+        s.run_items = FastDivisor::of((s.run_blocks + 1) / 2);
+        s.items_per_head = FastDivisor::of(s.items_of_head(s.num_m_blocks));
         s.splits = FastDivisor::of(p.num_splits);
         s.tile_divisors = FwdTileDivisors::of(p);
         s.compact = p.cu_seqlens_q != nullptr;
-        s.chunk_blocks = p.attention_chunk == 0 ? 0 : p.attention_chunk / kBlockM;
         return s;
     }
 
@@ -244,15 +229,15 @@ struct PersistentSchedule : ScheduleNumbers {
     // walker's cursor on (its items only grow), or bh < 0 past the last.
     // Warp-collective on the device: every lane of the warp calls it with
     // the same item.
-    template <typename Cursor>
-    __host__ __device__ __forceinline__ WalkItem step_of(const FwdKernelParams &p, int item, Cursor &cursor) const {
+    __host__ __device__ __forceinline__ WalkItem step_of(const FwdKernelParams &p, int item,
+                                                         BatchCursor &cursor) const {
         if (!compact) {
             const FastDivisor::Division head = items_per_head.divide(item);
             return {head.quotient, head.remainder, num_m_blocks};
         }
         const int groups = tile_divisors.head_groups.divisor;
         for (;;) {
-            const BatchCursor at = cursor.cursor();
+            const BatchCursor at = cursor;
 #ifdef __CUDA_ARCH__
             // 32 batches a round, one a lane: the items of those in the
             // class, their inclusive prefix sum, and the first batch whose
@@ -291,9 +276,9 @@ struct PersistentSchedule : ScheduleNumbers {
             }
 #endif
             if (at.first_batch + 32 < p.batch_size) {
-                cursor.set_cursor({at.size_class, at.first_batch + 32, at.items_before + round_items});
+                cursor = {at.size_class, at.first_batch + 32, at.items_before + round_items};
             } else if (at.size_class > 1) {
-                cursor.set_cursor({at.size_class - 1, 0, at.items_before + round_items});
+                cursor = {at.size_class - 1, 0, at.items_before + round_items};
             } else {
                 return {-1, 0, 0};
             }
@@ -323,7 +308,7 @@ struct PersistentSchedule : ScheduleNumbers {
     template <bool kRagged, typename Visit>
     __device__ __forceinline__ void for_each_block(const FwdKernelParams &p, Visit &&visit) const {
         if constexpr (kRagged) {
-            RegisterCursor cursor{first_cursor(p)};
+            BatchCursor cursor = first_cursor(p);
             // Not compact: the plain walk's bound (the same bound held in
             // step_of instead made ptxas spill 424 bytes at head dim 128).
             const int items = int(num_items(p));

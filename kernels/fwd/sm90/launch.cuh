@@ -91,8 +91,7 @@ cudaError_t run_with_traits(const FwdKernelParams &params, const FwdLaunchOption
 
     // Persistent: one CTA per SM at most, each walking its share of the
     // schedule.
-    auto schedule = PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(params);
-    schedule.compact = schedule.compact && Traits::kCompactRaggedSchedule;
+    const auto schedule = PersistentSchedule<Traits::kBlockM, Traits::kBlockN>::of(params);
     p.schedule = schedule;
     const int64_t num_items = schedule.num_items(params);
     const int64_t num_ctas = num_items < options.max_persistent_ctas ? num_items : options.max_persistent_ctas;

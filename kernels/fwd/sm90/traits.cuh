@@ -47,7 +47,7 @@ __device__ __forceinline__ PersistentSchedule<Traits::kBlockM, Traits::kBlockN> 
     PersistentSchedule<Traits::kBlockM, Traits::kBlockN> s;
     static_cast<ScheduleNumbers &>(s) = params.schedule;
     // Known here, so that the compact walk is not compiled where it does
-    // not fit (the host clears it there too: launch.cuh).
+    // not fit.
     if constexpr (!Traits::kCompactRaggedSchedule) s.compact = false;
     return s;
 }
