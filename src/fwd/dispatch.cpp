@@ -383,7 +383,10 @@ flashcore_status plan_sm80(const flashcore_handle_s &handle, const flashcore_for
             int paired_min_keys = 0;
             const int paired_splits = plan_splits(*paired, &paired_min_keys);
             const bool unsplit_past_a_wave = splits == 1 && blocks > cta_slots(handle, p, *kernel);
-            const bool under_half_the_sms = blocks * splits < call_sms(handle, p.sm_margin) / 2;
+            // blocks * splits < half of them, without the product, which
+            // overflows on the largest shapes validation accepts (the fuzzer's).
+            const int64_t half_the_sms = call_sms(handle, p.sm_margin) / 2;
+            const bool under_half_the_sms = blocks < (half_the_sms + splits - 1) / splits;
             if (unsplit_past_a_wave || (under_half_the_sms && paired_splits > splits)) {
                 kernel = paired;
                 splits = paired_splits;
