@@ -11,6 +11,12 @@
 // -inf) get O = 0 and LSE = -inf, as the forward kernels give them (LSE =
 // the sink, with learnable sinks: a state of output 0 added once). States
 // are visited in order, so results are deterministic.
+//
+// After a split forward kernel (sm_90+) the merge is that kernel's
+// programmatic dependent, launched while it runs: what needs only the
+// call's parameters is done before the wait for it, and what follows its
+// last CTA is one round trip to memory (the LSE values and the first states'
+// values together) and the arithmetic.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -100,40 +106,95 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
-template <typename In, typename Out, int kStatesInFlight>
-__global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __grid_constant__ MergeKernelParams p) {
-    wait_for_prerequisite_grids();
-    const int lane = threadIdx.x % kWarpSize;
-    const int64_t num_rows = int64_t(p.batch_size) * p.num_heads * p.seqlen;
-    const int64_t first_warp = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
-    for (int64_t row = first_warp; row < num_rows; row += int64_t(gridDim.x) * kWarpsPerBlock) {
+// Where one row (batch, head, query) of the merge reads and writes, from
+// the call's parameters alone (nothing the forward kernel writes).
+template <typename In, typename Out>
+struct MergeRow {
+    bool exists;      // false: a packed sequence's query past its length
+    int64_t out_row;  // its lse entry
+    Out *out;
+    const float *partial_lse;  // state 0's
+    const In *partial_out;     // state 0's
+    float sink;                // a learnable sink's logit, or -inf
+
+    __device__ __forceinline__ static MergeRow of(const MergeKernelParams &p, int64_t row) {
+        MergeRow r;
         const int query = int(row % p.seqlen);
         const int head = int(row / p.seqlen % p.num_heads);
         const int batch = int(row / p.seqlen / p.num_heads);
-        // Where the row goes: out row and lse entry.
-        int64_t out_row = row;
-        Out *row_out = static_cast<Out *>(p.out) + batch * p.out_batch_stride + head * p.out_head_stride +
-                       query * p.out_seq_stride;
+        r.exists = true;
+        r.out_row = row;
+        r.out = static_cast<Out *>(p.out) + batch * p.out_batch_stride + head * p.out_head_stride +
+                query * p.out_seq_stride;
         if (p.cu_seqlens != nullptr) {
             int row0 = 0, len = 0;
             packed_rows(p.cu_seqlens, batch, p.total_seqlen, p.seqlen, row0, len);
-            if (query >= len) continue;  // the same for the whole warp
-            out_row = int64_t(head) * p.total_seqlen + row0 + query;
-            row_out = static_cast<Out *>(p.out) + head * p.out_head_stride + int64_t(row0 + query) * p.out_seq_stride;
+            r.exists = query < len;
+            r.out_row = int64_t(head) * p.total_seqlen + row0 + query;
+            r.out = static_cast<Out *>(p.out) + head * p.out_head_stride + int64_t(row0 + query) * p.out_seq_stride;
         }
-        const float *row_lse = p.partial_lse + batch * p.lse_batch_stride + head * p.lse_head_stride +
-                               query * p.lse_seq_stride;
+        r.partial_lse =
+            p.partial_lse + batch * p.lse_batch_stride + head * p.lse_head_stride + query * p.lse_seq_stride;
+        r.partial_out = static_cast<const In *>(p.partial_out) + batch * p.partial_batch_stride +
+                        head * p.partial_head_stride + query * p.partial_seq_stride;
+        r.sink = p.sinks != nullptr ? __ldg(p.sinks + head) : -INFINITY;
+        return r;
+    }
+};
+
+template <typename In, typename Out, int kStatesInFlight>
+__global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __grid_constant__ MergeKernelParams p) {
+    const int lane = threadIdx.x % kWarpSize;
+    const int64_t num_rows = int64_t(p.batch_size) * p.num_heads * p.seqlen;
+    const int64_t first_warp = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
+    const int64_t warp_stride = int64_t(gridDim.x) * kWarpsPerBlock;
+    // The warp's first row is placed (64-bit divisions, the sinks' load)
+    // before the wait for the forward kernel that this one follows by
+    // programmatic launch, which leaves only the partial results' loads
+    // behind its last CTA.
+    MergeRow<In, Out> r{};
+    if (first_warp < num_rows) r = MergeRow<In, Out>::of(p, first_warp);
+    wait_for_prerequisite_grids();
+    // The next row is placed at the end of each pass, where nothing else is
+    // live (placed at the top, the first row's values lived across the
+    // 64-bit divisions' calls and spilled).
+    for (int64_t row = first_warp; row < num_rows;
+         row += warp_stride, r = row < num_rows ? MergeRow<In, Out>::of(p, row) : r) {
+        if (!r.exists) continue;  // the same for the whole warp
+        const float *row_lse = r.partial_lse;
+        const In *row_in = r.partial_out;
+        Out *row_out = r.out;
+        // A batch of states' values, kStatesInFlight from state `first`
+        // (states past num_states and columns past head_dim read as 0), all
+        // loads issued before the first use.
+        float v[kStatesInFlight][kColsPerLane];
+        const auto load_batch = [&](int pass_col, int first) {
+            const int col = pass_col + lane * kColsPerLane;
+            const In *state_in = row_in + int64_t(first) * p.partial_state_stride + col;
+#pragma unroll
+            for (int j = 0; j < kStatesInFlight; ++j) {
+                if (col < p.head_dim && first + j < p.num_states) {
+                    Vec4<In>::load(state_in + int64_t(j) * p.partial_state_stride, v[j]);
+                } else {
+#pragma unroll
+                    for (int c = 0; c < kColsPerLane; ++c) v[j][c] = 0.f;
+                }
+            }
+        };
         // Lane i holds state i's LSE (the states past the warp's width,
-        // rare, are read again in the loops below): one round trip to
-        // memory before the states' values, which is what the merge's
-        // latency is made of (a split decode merges 8-16 states per row).
+        // rare, are read again in the loops below). The first batch of
+        // values is loaded with it: neither depends on the other, so the
+        // merge's latency, its round trips to memory (a split decode merges
+        // 8-16 states per row, few rows), is one before the arithmetic
+        // rather than two.
         const float own_lse = lane < p.num_states ? row_lse[lane * p.lse_state_stride] : -INFINITY;
+        load_batch(0, 0);
         float max_lse = own_lse;
         for (int s = lane + kWarpSize; s < p.num_states; s += kWarpSize) {
             max_lse = fmaxf(max_lse, row_lse[s * p.lse_state_stride]);
         }
         // A learnable sink: one more state, of output 0, counted once.
-        const float sink = p.sinks != nullptr ? __ldg(p.sinks + head) : -INFINITY;
+        const float sink = r.sink;
         max_lse = fmaxf(warp_max(max_lse), sink);
         float lse = -INFINITY;
         if (max_lse != -INFINITY) {
@@ -144,13 +205,11 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
             lse = max_lse + logf(warp_sum(sum) + expf(sink - max_lse));
         }
 
-        const In *row_in = static_cast<const In *>(p.partial_out) + batch * p.partial_batch_stride +
-                           head * p.partial_head_stride + query * p.partial_seq_stride;
         // Every lane runs every pass, also where its columns are past
         // head_dim: the weights travel by shuffle, which needs the whole warp.
+        bool loaded = true;  // v holds the batch of (pass 0, state 0)
         for (int pass_col = 0; pass_col < p.head_dim; pass_col += kColsPerPass) {
             const int col = pass_col + lane * kColsPerLane;
-            const bool has_cols = col < p.head_dim;
             float acc[kColsPerLane] = {0.f, 0.f, 0.f, 0.f};
             for (int first = 0; lse != -INFINITY && first < p.num_states; first += kWarpSize) {
                 // Lane i weighs state first + i once; the loop below takes
@@ -162,20 +221,9 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
                                                                    : -INFINITY;
                 const float own_weight = expf(state_lse - lse);
                 const int states = min(kWarpSize, p.num_states - first);
-                const In *state_in = row_in + int64_t(first) * p.partial_state_stride + col;
                 for (int batch_first = 0; batch_first < states; batch_first += kStatesInFlight) {
-                    // All of a batch's loads are issued before the first use.
-                    float v[kStatesInFlight][kColsPerLane];
-#pragma unroll
-                    for (int j = 0; j < kStatesInFlight; ++j) {
-                        const int i = batch_first + j;
-                        if (has_cols && i < states) {
-                            Vec4<In>::load(state_in + int64_t(i) * p.partial_state_stride, v[j]);
-                        } else {
-#pragma unroll
-                            for (int c = 0; c < kColsPerLane; ++c) v[j][c] = 0.f;
-                        }
-                    }
+                    if (!loaded) load_batch(pass_col, first + batch_first);
+                    loaded = false;
 #pragma unroll
                     for (int j = 0; j < kStatesInFlight; ++j) {
                         // Lanes past the states hold weight 0 (their LSE is -inf).
@@ -188,9 +236,10 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
                     }
                 }
             }
-            if (has_cols) Vec4<Out>::store(row_out + col, acc);
+            loaded = false;
+            if (col < p.head_dim) Vec4<Out>::store(row_out + col, acc);
         }
-        if (lane == 0 && p.lse != nullptr) p.lse[out_row] = lse;
+        if (lane == 0 && p.lse != nullptr) p.lse[r.out_row] = lse;
     }
 }
 
