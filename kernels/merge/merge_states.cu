@@ -151,7 +151,9 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
     // The warp's first row is placed (64-bit divisions, the sinks' load)
     // before the wait for the forward kernel that this one follows by
     // programmatic launch, which leaves only the partial results' loads
-    // behind its last CTA.
+    // behind its last CTA. What it reads there (cu_seqlens, sinks) the
+    // forward kernel does not write, and the forward, launched in stream
+    // order, started only after all earlier work on the stream had finished.
     MergeRow<In, Out> r{};
     if (first_warp < num_rows) r = MergeRow<In, Out>::of(p, first_warp);
     wait_for_prerequisite_grids();
