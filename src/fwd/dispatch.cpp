@@ -94,6 +94,9 @@ int64_t cta_slots(const flashcore_handle_s &handle, const flashcore_forward_para
     return int64_t(call_sms(handle, p.sm_margin)) * ctas_per_sm(handle, kernel);
 }
 
+// a / b rounded up, for a >= 0 and b > 0 that fit with b - 1 added.
+int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 // The number of key splits that best fills `slots` CTA slots (SMs times
 // CTAs per SM) with `blocks` query blocks of `key_steps` pipeline steps
 // each: FlashAttention's wave-efficiency rule, with parts of at least
@@ -108,7 +111,6 @@ int heuristic_splits(int64_t blocks, int64_t slots, int64_t key_steps) {
     if (slots < max_splits) max_splits = slots;
     if (key_steps / kMinKeyStepsPerSplit < max_splits) max_splits = key_steps / kMinKeyStepsPerSplit;
     if (max_splits <= 1) return 1;
-    const auto ceil_div64 = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
     const auto eligible = [&](int64_t s) { return s == 1 || ceil_div64(key_steps, s) != ceil_div64(key_steps, s - 1); };
     const auto efficiency = [&](int64_t s) {
         const double waves = double(blocks * s) / double(slots);
@@ -139,7 +141,7 @@ int64_t key_steps(const flashcore_forward_params &p, const FwdKernel &kernel) {
     if (p.attention_chunk > 0) {
         keys = std::min<int64_t>(keys, int64_t(p.attention_chunk) + kernel.info().block_m);
     }
-    return (keys + step - 1) / step;
+    return ceil_div64(keys, step);
 }
 
 // The portable kernel for the call: the pinned variant where the environment
@@ -338,7 +340,7 @@ int ragged_decode_splits(const flashcore_forward_params &p, const FwdKernel &ker
     const bool decode_tile = kernel.tile == FwdVariant::kDecode || kernel.tile == FwdVariant::kDecodePair;
     if (!decode_tile || (p.seqused_k == nullptr && p.cu_seqlens_k == nullptr)) return 1;
     const int64_t keys = key_steps(p, kernel) * kernel.info().keys_per_step;
-    int64_t splits = (keys + kRaggedDecodePartKeys - 1) / kRaggedDecodePartKeys;
+    int64_t splits = ceil_div64(keys, kRaggedDecodePartKeys);
     splits = std::min<int64_t>(splits, std::max<int64_t>(1, kRaggedDecodeMaxWaves * slots / std::max<int64_t>(blocks, 1)));
     return int(std::clamp<int64_t>(splits, 1, kMaxHeuristicSplits));
 }
@@ -386,7 +388,7 @@ flashcore_status plan_sm80(const flashcore_handle_s &handle, const flashcore_for
             // blocks * splits < half of them, without the product, which
             // overflows on the largest shapes validation accepts (the fuzzer's).
             const int64_t half_the_sms = call_sms(handle, p.sm_margin) / 2;
-            const bool under_half_the_sms = blocks < (half_the_sms + splits - 1) / splits;
+            const bool under_half_the_sms = blocks < ceil_div64(half_the_sms, splits);
             if (unsplit_past_a_wave || (under_half_the_sms && paired_splits > splits)) {
                 kernel = paired;
                 splits = paired_splits;
