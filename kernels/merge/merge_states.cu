@@ -162,16 +162,13 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
         const MergeRow<In, Out> r = MergeRow<In, Out>::of(p, row);
         if (row == first_warp) wait_for_prerequisite_grids();
         if (!r.exists) continue;  // the same for the whole warp
-        const float *row_lse = r.partial_lse;
-        const In *row_in = r.partial_out;
-        Out *row_out = r.out;
         // A batch of states' values, kStatesInFlight from state `first`
         // (states past num_states and columns past head_dim read as 0), all
         // loads issued before the first use.
         float v[kStatesInFlight][kColsPerLane];
         const auto load_batch = [&](int pass_col, int first) {
             const int col = pass_col + lane * kColsPerLane;
-            const In *state_in = row_in + int64_t(first) * p.partial_state_stride + col;
+            const In *state_in = r.partial_out + int64_t(first) * p.partial_state_stride + col;
 #pragma unroll
             for (int j = 0; j < kStatesInFlight; ++j) {
                 if (col < p.head_dim && first + j < p.num_states) {
@@ -188,22 +185,21 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
         // merge's latency, its round trips to memory (a split decode merges
         // 8-16 states per row, few rows), is one before the arithmetic
         // rather than two.
-        const float own_lse = lane < p.num_states ? row_lse[lane * p.lse_state_stride] : -INFINITY;
+        const float own_lse = lane < p.num_states ? r.partial_lse[lane * p.lse_state_stride] : -INFINITY;
         load_batch(0, 0);
         float max_lse = own_lse;
         for (int s = lane + kWarpSize; s < p.num_states; s += kWarpSize) {
-            max_lse = fmaxf(max_lse, row_lse[s * p.lse_state_stride]);
+            max_lse = fmaxf(max_lse, r.partial_lse[s * p.lse_state_stride]);
         }
         // A learnable sink: one more state, of output 0, counted once.
-        const float sink = r.sink;
-        max_lse = fmaxf(warp_max(max_lse), sink);
+        max_lse = fmaxf(warp_max(max_lse), r.sink);
         float lse = -INFINITY;
         if (max_lse != -INFINITY) {
             float sum = expf(own_lse - max_lse);
             for (int s = lane + kWarpSize; s < p.num_states; s += kWarpSize) {
-                sum += expf(row_lse[s * p.lse_state_stride] - max_lse);
+                sum += expf(r.partial_lse[s * p.lse_state_stride] - max_lse);
             }
-            lse = max_lse + logf(warp_sum(sum) + expf(sink - max_lse));
+            lse = max_lse + logf(warp_sum(sum) + expf(r.sink - max_lse));
         }
 
         // Every lane runs every pass, also where its columns are past
@@ -218,7 +214,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
                 // on one another and are all issued before the first use.
                 const int own_state = first + lane;
                 const float state_lse = first == 0 ? own_lse
-                                        : own_state < p.num_states ? row_lse[own_state * p.lse_state_stride]
+                                        : own_state < p.num_states ? r.partial_lse[own_state * p.lse_state_stride]
                                                                    : -INFINITY;
                 const float own_weight = expf(state_lse - lse);
                 const int states = min(kWarpSize, p.num_states - first);
@@ -238,7 +234,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
                 }
             }
             loaded = false;
-            if (col < p.head_dim) Vec4<Out>::store(row_out + col, acc);
+            if (col < p.head_dim) Vec4<Out>::store(r.out + col, acc);
         }
         if (lane == 0 && p.lse != nullptr) p.lse[r.out_row] = lse;
     }
