@@ -37,7 +37,7 @@ using flashcore::QueryBlockRange;
 
 std::string describe(const KeyMask &m) {
     std::ostringstream s;
-    s << "seqlen_q " << m.seqlen_q << " seqlen_k " << m.seqlen_k << " rows_per_query " << m.rows_per_query
+    s << "seqlen_q " << m.seqlen_q << " seqlen_k " << m.seqlen_k << " rows_per_query " << m.rows_per_query.divisor
       << " window_left " << m.window_left << " window_right " << m.window_right << " chunk " << m.chunk;
     return s.str();
 }
@@ -49,8 +49,8 @@ int64_t chunk_of(int64_t position, int64_t chunk) {
 
 // Whether tile row `row` sees key `key`, from the mask's definition.
 bool brute_visible(const KeyMask &m, int64_t row, int64_t key) {
-    if (row < 0 || row >= int64_t(m.seqlen_q) * m.rows_per_query || key < 0 || key >= m.seqlen_k) return false;
-    const int64_t diagonal = row / m.rows_per_query + int64_t(m.seqlen_k) - m.seqlen_q;
+    if (row < 0 || row >= int64_t(m.seqlen_q) * m.rows_per_query.divisor || key < 0 || key >= m.seqlen_k) return false;
+    const int64_t diagonal = row / m.rows_per_query.divisor + int64_t(m.seqlen_k) - m.seqlen_q;
     if (m.chunk > 0 && chunk_of(key, m.chunk) != chunk_of(diagonal, m.chunk)) return false;
     return key >= diagonal - m.window_left && key <= diagonal + m.window_right;
 }
@@ -60,7 +60,7 @@ bool brute_visible(const KeyMask &m, int64_t row, int64_t key) {
 class VisibleCounts {
    public:
     explicit VisibleCounts(const KeyMask &m)
-        : rows_(m.seqlen_q * m.rows_per_query), keys_(m.seqlen_k), sums_(size_t(rows_ + 1) * (keys_ + 1), 0) {
+        : rows_(m.seqlen_q * m.rows_per_query.divisor), keys_(m.seqlen_k), sums_(size_t(rows_ + 1) * (keys_ + 1), 0) {
         for (int r = 0; r < rows_; ++r) {
             for (int k = 0; k < keys_; ++k) {
                 at(r + 1, k + 1) = at(r, k + 1) + at(r + 1, k) - at(r, k) + (brute_visible(m, r, k) ? 1 : 0);
@@ -241,6 +241,13 @@ std::string check_key_splits(const KeyMask &m, Extent e) {
                     const std::string where = "BlockKeyRange split " + std::to_string(s) + " of " +
                                               std::to_string(splits) + " (min " + std::to_string(min_blocks) +
                                               " blocks) of m_block " + std::to_string(mb) + ", " + describe(m);
+                    // The portable kernel's form, by a divisor the host worked out.
+                    const auto by_divisor = whole.split(s, flashcore::FastDivisor::of(splits), min_blocks);
+                    if (by_divisor.n_block_min != part.n_block_min || by_divisor.n_block_max != part.n_block_max ||
+                        by_divisor.n_block_min_unmasked != part.n_block_min_unmasked ||
+                        by_divisor.n_block_max_unmasked != part.n_block_max_unmasked) {
+                        return "the split by a FastDivisor differs: " + where;
+                    }
                     if (part.n_block_min_unmasked != whole.n_block_min_unmasked ||
                         part.n_block_max_unmasked != whole.n_block_max_unmasked) {
                         return "masking bounds changed: " + where;
@@ -317,7 +324,7 @@ KeyMask make_mask(int seqlen_q, int seqlen_k, int rows_per_query, int window_lef
     const int left = window_left == kUnbounded ? max_k : std::min(window_left, max_k);
     const int max_right = std::max(max_q - 1, 0);
     const int right = window_right == kUnbounded ? max_right : std::min(window_right, max_right);
-    return KeyMask{seqlen_q, seqlen_k, rows_per_query, left, right, chunk};
+    return KeyMask{seqlen_q, seqlen_k, flashcore::FastDivisor::of(rows_per_query), left, right, chunk};
 }
 
 // Chunk lengths (Llama 4's chunked attention): 1 (the diagonal's own key at
@@ -459,7 +466,7 @@ struct RowInterval {
     int64_t begin, end;
 };
 RowInterval brute_row(const KeyMask &m, int64_t row) {
-    const int64_t diagonal = row / m.rows_per_query + int64_t(m.seqlen_k) - m.seqlen_q;
+    const int64_t diagonal = row / m.rows_per_query.divisor + int64_t(m.seqlen_k) - m.seqlen_q;
     int64_t begin = diagonal - m.window_left, end = diagonal + m.window_right + 1;
     if (m.chunk > 0) {
         const int64_t start = chunk_of(diagonal, m.chunk) * m.chunk;

@@ -138,7 +138,7 @@ struct KeyBlockScheduler {
             }
             w.stored_keys = stored_len - w.n_block * kBlockN;
         }
-        w.mask = KeyMask::of(p.fwd, w.tile.seqs);
+        w.mask = KeyMask::of_unpacked(p.fwd, w.tile.seqs);
         w.queries = QueryRange::of(w.mask, w.n_block);
         w.end_head = w.tile.head_q + group;
         w.walk_start = 0;

@@ -35,11 +35,12 @@ struct RowKeys {
 };
 
 // Rows are tile rows: query r / rows_per_query (rows_per_query > 1 where
-// GQA packing puts several heads' copies of a query in consecutive rows).
+// GQA packing puts several heads' copies of a query in consecutive rows; a
+// divisor the host worked out, FwdDivisors::packed_heads).
 struct KeyMask {
     int seqlen_q;
     int seqlen_k;
-    int rows_per_query;
+    FastDivisor rows_per_query;
     // Keys a query sees left and right of its diagonal, at most seqlen_k and
     // seqlen_q - 1 (FwdKernelParams::window_left, window_right).
     int window_left;
@@ -53,11 +54,19 @@ struct KeyMask {
     // The mask of a batch's sequences (fwd_batch_seqs): their lengths set
     // the diagonal.
     __device__ static KeyMask of(const FwdKernelParams &p, const BatchSeqs &seqs) {
-        return {seqs.seqlen_q, seqs.seqlen_k, p.packed_heads, p.window_left, p.window_right, p.attention_chunk};
+        return {seqs.seqlen_q, seqs.seqlen_k, p.divisors.packed_heads, p.window_left, p.window_right,
+                p.attention_chunk};
+    }
+    // The same for kernels that pack no heads (the sm_90a forward, the
+    // backward): one row a query, known at compile time, so that the mask
+    // keeps no divisor in registers (a run-time one spilled the sm_90a d128
+    // softcap kernel).
+    __device__ static KeyMask of_unpacked(const FwdKernelParams &p, const BatchSeqs &seqs) {
+        return {seqs.seqlen_q, seqs.seqlen_k, FastDivisor::of(1), p.window_left, p.window_right, p.attention_chunk};
     }
 
-    __host__ __device__ int num_rows() const { return seqlen_q * rows_per_query; }
-    __host__ __device__ int query(int row) const { return rows_per_query == 1 ? row : row / rows_per_query; }
+    __host__ __device__ int num_rows() const { return seqlen_q * rows_per_query.divisor; }
+    __host__ __device__ int query(int row) const { return rows_per_query.quotient(row); }
 
     // Query i's diagonal key is i + diagonal_shift() (bottom-right
     // alignment: the last query's is the last key).
@@ -158,7 +167,25 @@ struct BlockKeyRange {
             const int parts = ceil_div(blocks, min_blocks_per_split);
             if (parts < num_splits) num_splits = parts > 1 ? parts : 1;
         }
-        const int per_split = ceil_div(blocks, num_splits);
+        return part(split_index, ceil_div(blocks, num_splits));
+    }
+    // The same split by num_splits as a divisor the host worked out
+    // (FwdDivisors::splits): only a range cut into fewer parts than that
+    // (min_blocks_per_split) divides at run time.
+    __host__ __device__ BlockKeyRange split(int split_index, const FastDivisor &num_splits,
+                                            int min_blocks_per_split = 1) const {
+        const int blocks = num_blocks() > 0 ? num_blocks() : 0;
+        if (min_blocks_per_split > 1) {
+            const int parts = ceil_div(blocks, min_blocks_per_split);
+            if (parts < num_splits.divisor) return part(split_index, ceil_div(blocks, parts > 1 ? parts : 1));
+        }
+        return part(split_index, num_splits.quotient(blocks + num_splits.divisor - 1));
+    }
+
+   private:
+    // Part split_index of parts of per_split blocks each (the last may be
+    // shorter or empty).
+    __host__ __device__ BlockKeyRange part(int split_index, int per_split) const {
         BlockKeyRange r = *this;
         r.n_block_min = n_block_min + split_index * per_split;
         r.n_block_max = r.n_block_min + per_split < n_block_max ? r.n_block_min + per_split : n_block_max;
@@ -218,7 +245,7 @@ struct QueryBlockRange {
         // Queries [full_begin, full_end) see all of [k0, k1).
         const int full_begin = clamp_query(lowest_diagonal(mask, k1 - 1), mask.seqlen_q);
         const int full_end = clamp_query(past_highest_diagonal(mask, k0), mask.seqlen_q);
-        const int rows_per_query = mask.rows_per_query;
+        const int rows_per_query = mask.rows_per_query.divisor;
         r.m_block_min = q_begin * rows_per_query / kBlockM;
         r.m_block_max = q_end > q_begin ? ceil_div(q_end * rows_per_query, kBlockM) : r.m_block_min;
         r.m_block_min_unmasked = ceil_div(full_begin * rows_per_query, kBlockM);

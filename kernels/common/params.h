@@ -15,9 +15,34 @@
 
 #include <cstdint>
 
+#include "common/fast_divisor.h"
 #include "common/types.h"
 
 namespace flashcore {
+
+// The two divisions that place a (batch, head group) pair's query tile
+// (common/tile_coords.cuh, fwd_tile): by the head groups of a batch and by
+// the query heads of a K/V head.
+struct FwdTileDivisors {
+    FastDivisor head_groups;         // fwd_head_groups
+    FastDivisor query_heads_per_kv;  // num_heads_q / num_heads_kv
+};
+
+// The divisors of a launch's per-block and per-row arithmetic, by values that
+// are fixed once the call is planned. A 32-bit division by a run-time value is
+// some 20 dependent instructions; a CTA of the portable forward made about
+// seven of them before its first load, and each GQA-packed row another (its
+// query and head): the host works them out once per launch (fwd_divisors) and
+// the kernels multiply. That made the batch-1 calls 4-9% and d64 decode 5%
+// faster on an H200 (docs/log/perf.md, 2026-12-01).
+struct FwdDivisors {
+    FastDivisor packed_heads;  // rows per query of a GQA-packed tile (FwdKernelParams::packed_heads)
+    FwdTileDivisors tile;
+    // Query blocks per (batch, head group) of the launched portable tile:
+    // ceil(fwd_packed_rows / block_m) (fwd/sm80/scheduler.cuh).
+    FastDivisor query_blocks;
+    FastDivisor splits;  // num_splits
+};
 
 struct FwdKernelParams {
     const void *q;
@@ -134,6 +159,11 @@ struct FwdKernelParams {
     int64_t v_descale_batch_stride, v_descale_head_stride;
     const float *q_descale;
     int64_t q_descale_batch_stride, q_descale_head_stride;
+
+    // The divisors of packed_heads, the head counts, num_splits and the
+    // launched tile's query blocks (fwd_divisors): set where the launch's
+    // fields above are final.
+    FwdDivisors divisors;
 };
 
 // Rows of query tiles per (batch, head group): seqlen_q, times the heads
@@ -224,5 +254,24 @@ FLASHCORE_HOST_DEVICE inline bool fwd_sees_every_key(const FwdKernelParams &p) {
 
 // (batch, head group) pairs: one per query head, or per K/V head when packed.
 FLASHCORE_HOST_DEVICE inline int fwd_head_groups(const FwdKernelParams &p) { return p.num_heads_q / p.packed_heads; }
+
+FLASHCORE_HOST_DEVICE inline FwdTileDivisors fwd_tile_divisors(const FwdKernelParams &p) {
+    return {FastDivisor::of(fwd_head_groups(p)), FastDivisor::of(p.num_heads_q / p.num_heads_kv)};
+}
+
+// FwdKernelParams::divisors of a launch whose packed_heads, head counts and
+// num_splits are final, on a kernel of block_m-row query blocks. The
+// backward sets them for the forward's view of its call too, though its
+// kernels pack no heads and place no block by query_blocks.
+FLASHCORE_HOST_DEVICE inline FwdDivisors fwd_divisors(const FwdKernelParams &p, int block_m) {
+    FwdDivisors d;
+    d.packed_heads = FastDivisor::of(p.packed_heads);
+    d.tile = fwd_tile_divisors(p);
+    // At most INT32_MAX - 256 packed rows (the dispatcher's kMaxPackedRows):
+    // the sum does not wrap.
+    d.query_blocks = FastDivisor::of((fwd_packed_rows(p) + block_m - 1) / block_m);
+    d.splits = FastDivisor::of(p.num_splits);
+    return d;
+}
 
 }  // namespace flashcore

@@ -37,19 +37,8 @@ __device__ __forceinline__ FwdTile fwd_tile(const FwdKernelParams &p, int bh, in
     return t;
 }
 
-// The divisions fwd_tile makes, by divisors the host worked out
-// (FwdTileDivisors::of): for kernels that decode a block at each step of a
-// persistent walk.
-struct FwdTileDivisors {
-    FastDivisor head_groups;        // fwd_head_groups
-    FastDivisor query_heads_per_kv;  // num_heads_q / num_heads_kv
-
-    FLASHCORE_HOST_DEVICE static FwdTileDivisors of(const FwdKernelParams &p) {
-        return {FastDivisor::of(fwd_head_groups(p)), FastDivisor::of(p.num_heads_q / p.num_heads_kv)};
-    }
-};
-
-// fwd_tile(p, bh, m_block) with those divisors.
+// fwd_tile(p, bh, m_block) by divisors the host worked out (FwdTileDivisors,
+// common/params.h): for the forward's kernels, whose launches carry them.
 template <bool kRagged>
 __device__ __forceinline__ FwdTile fwd_tile(const FwdKernelParams &p, int bh, int m_block,
                                             const FwdTileDivisors &divisors) {
@@ -63,10 +52,12 @@ __device__ __forceinline__ FwdTile fwd_tile(const FwdKernelParams &p, int bh, in
     return t;
 }
 
-template <int kBlockM, bool kRagged>
+// The tile of a linear block index of the portable grid (its launch's
+// divisors.query_blocks are those of kBlockM-row blocks).
+template <bool kRagged>
 __device__ __forceinline__ FwdTile fwd_tile_for_block(const FwdKernelParams &p, int linear_block) {
-    const int num_m_blocks = ceil_div(fwd_packed_rows(p), kBlockM);
-    return fwd_tile<kRagged>(p, linear_block / num_m_blocks, num_m_blocks - 1 - linear_block % num_m_blocks);
+    const FastDivisor::Division head = p.divisors.query_blocks.divide(linear_block);
+    return fwd_tile<kRagged>(p, head.quotient, p.divisors.query_blocks.divisor - 1 - head.remainder, p.divisors.tile);
 }
 
 // Rows of the tile's query block that exist (the last block of a sequence

@@ -86,17 +86,16 @@ struct ScatteredRows {
     int64_t seq_stride, head_stride;  // of out, in elements
     int64_t lse_head_stride;          // of lse (its query stride is 1)
     int first_row;
-    int packed_heads;
+    FastDivisor packed_heads;  // FwdDivisors::packed_heads
     int valid_rows;
 
     __device__ __forceinline__ int64_t out_offset(int row) const {
-        const int r = first_row + row;
-        return packed_heads == 1 ? int64_t(r) * seq_stride
-                                 : int64_t(r / packed_heads) * seq_stride + int64_t(r % packed_heads) * head_stride;
+        const FastDivisor::Division r = packed_heads.divide(first_row + row);
+        return int64_t(r.quotient) * seq_stride + int64_t(r.remainder) * head_stride;
     }
     __device__ __forceinline__ int64_t lse_offset(int row) const {
-        const int r = first_row + row;
-        return packed_heads == 1 ? int64_t(r) : int64_t(r / packed_heads) + int64_t(r % packed_heads) * lse_head_stride;
+        const FastDivisor::Division r = packed_heads.divide(first_row + row);
+        return int64_t(r.quotient) + int64_t(r.remainder) * lse_head_stride;
     }
 };
 
@@ -140,7 +139,7 @@ __device__ __forceinline__ ScatteredRows<float> split_part_rows(const FwdKernelP
     d.head_stride = int64_t(p.seqlen_q) * p.head_dim_v;
     d.lse_head_stride = p.seqlen_q;
     d.first_row = tile.m_block * block_m;
-    d.packed_heads = p.packed_heads;
+    d.packed_heads = p.divisors.packed_heads;
     d.valid_rows = fwd_valid_rows(p, tile, block_m);
     return d;
 }
@@ -155,7 +154,7 @@ __device__ __forceinline__ ScatteredRows<T> packed_rows(const FwdKernelParams &p
     d.head_stride = p.out_head_stride;
     d.lse_head_stride = p.lse_head_stride;
     d.first_row = tile.m_block * block_m;
-    d.packed_heads = p.packed_heads;
+    d.packed_heads = p.divisors.packed_heads;
     d.valid_rows = fwd_valid_rows(p, tile, block_m);
     return d;
 }
@@ -210,7 +209,7 @@ __device__ __forceinline__ void with_output_destination(const FwdKernelParams &p
 __device__ __forceinline__ float fwd_row_sink(const FwdKernelParams &p, const FwdTile &tile, int block_m, int row) {
     if (p.sinks == nullptr || p.num_splits > 1) return -INFINITY;
     const int packed_row = tile.m_block * block_m + row;
-    return __ldg(p.sinks + tile.head_q + (p.packed_heads == 1 ? 0 : packed_row % p.packed_heads));
+    return __ldg(p.sinks + tile.head_q + p.divisors.packed_heads.divide(packed_row).remainder);
 }
 
 // The sinks of a warp's fragment rows (kRows = 2 per m16 tile, from block

@@ -189,7 +189,7 @@ struct PersistentSchedule : ScheduleNumbers {
         s.run_items = FastDivisor::of((s.run_blocks + 1) / 2);
         s.items_per_head = FastDivisor::of(s.items_of_head(s.num_m_blocks));
         s.splits = FastDivisor::of(p.num_splits);
-        s.tile_divisors = FwdTileDivisors::of(p);
+        s.tile_divisors = fwd_tile_divisors(p);
         s.compact = p.cu_seqlens_q != nullptr;
         return s;
     }
@@ -320,7 +320,7 @@ struct PersistentSchedule : ScheduleNumbers {
                 for (int which = 0; which < blocks_in(w); ++which) {
                     const FwdTile t = tile(p, w, which);
                     visit(t,
-                          BlockKeyRange<kBlockM, kBlockN>::of(KeyMask::of(p, t.seqs), t.m_block)
+                          BlockKeyRange<kBlockM, kBlockN>::of(KeyMask::of_unpacked(p, t.seqs), t.m_block)
                               .split(split, p.num_splits),
                           split);
                 }
@@ -335,7 +335,7 @@ struct PersistentSchedule : ScheduleNumbers {
             for (int which = 0; which < blocks_in(item); ++which) {
                 const FwdTile t = tile<kRagged>(p, item, which);
                 visit(t,
-                      BlockKeyRange<kBlockM, kBlockN>::of(KeyMask::of(p, t.seqs), t.m_block)
+                      BlockKeyRange<kBlockM, kBlockN>::of(KeyMask::of_unpacked(p, t.seqs), t.m_block)
                           .split(split, p.num_splits),
                       split);
             }
@@ -362,7 +362,7 @@ struct PersistentSchedule : ScheduleNumbers {
             const int split = part.remainder;
             const FwdTile t = tile<kRagged>(p, item, at % kMaxBlocksPerItem);
             visit(t,
-                  BlockKeyRange<kBlockM, kBlockN>::of(KeyMask::of(p, t.seqs), t.m_block).split(split, p.num_splits),
+                  BlockKeyRange<kBlockM, kBlockN>::of(KeyMask::of_unpacked(p, t.seqs), t.m_block).split(split, p.num_splits),
                   split);
         }
     }

@@ -105,6 +105,7 @@ BwdKernelParams bwd_kernel_params(const flashcore_backward_params &p, void *work
     const flashcore_forward_params view = forward_view(p);
     BwdKernelParams k{};
     k.fwd = kernel_params(view);
+    k.fwd.divisors = fwd_divisors(k.fwd, /*block_m=*/1);
     k.dout = p.dout;
     k.dq = p.dq;
     k.dk = p.dk;

@@ -534,6 +534,7 @@ flashcore_status launch_forward(const flashcore_handle_s &handle, const flashcor
     kparams.num_splits = plan.num_splits;
     kparams.split_min_keys = plan.split_min_keys;
     kparams.packed_heads = plan.packed_heads;
+    kparams.divisors = fwd_divisors(kparams, info.block_m);
     if (plan.num_splits > 1) {
         kparams.partial_out = static_cast<float *>(workspace);
         kparams.partial_lse =

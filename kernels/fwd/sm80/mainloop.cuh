@@ -56,12 +56,12 @@ __device__ __forceinline__ void load_q_async(typename Traits::Element *smem_q, c
         load_tile_async<Element, Traits::kHeadDim, Traits::kBlockM, Traits::kNumThreads>(
             smem_q, q_heads + first_query * p.q_seq_stride, p.q_seq_stride, valid_rows, qk_vectors, tid);
     } else {
-        const int packed_heads = p.packed_heads;
+        const FastDivisor packed_heads = p.divisors.packed_heads;
         load_rows_async<Element, Traits::kHeadDim, Traits::kBlockM, Traits::kNumThreads>(
             smem_q, q_heads,
             [&](int row) {
-                const int r = first_query + row;
-                return int64_t(r / packed_heads) * p.q_seq_stride + int64_t(r % packed_heads) * p.q_head_stride;
+                const FastDivisor::Division r = packed_heads.divide(first_query + row);
+                return int64_t(r.quotient) * p.q_seq_stride + int64_t(r.remainder) * p.q_head_stride;
             },
             valid_rows, qk_vectors, tid);
     }

@@ -37,11 +37,12 @@ struct BlockScheduler {
 
     __device__ __forceinline__ static Work work(const FwdKernelParams &p) {
         Work w;
-        w.tile = fwd_tile_for_block<kBlockM, kRagged>(p, blockIdx.x);
+        w.tile = fwd_tile_for_block<kRagged>(p, blockIdx.x);
         w.valid_rows = fwd_valid_rows(p, w.tile, kBlockM);
         w.mask = KeyMask::of(p, w.tile.seqs);
         w.split = blockIdx.y;
-        w.keys = KeyRange::of(w.mask, w.tile.m_block).split(w.split, p.num_splits, ceil_div(p.split_min_keys, kBlockN));
+        w.keys = KeyRange::of(w.mask, w.tile.m_block)
+                     .split(w.split, p.divisors.splits, ceil_div(p.split_min_keys, kBlockN));
         return w;
     }
 
@@ -49,7 +50,7 @@ struct BlockScheduler {
     // epilogue, where values kept from the start would live across the
     // mainloop (common/ptx.cuh, opaque_block_index).
     __device__ __forceinline__ static FwdTile tile_again(const FwdKernelParams &p) {
-        return fwd_tile_for_block<kBlockM, kRagged>(p, opaque_block_index());
+        return fwd_tile_for_block<kRagged>(p, opaque_block_index());
     }
     __device__ __forceinline__ static int split_again() { return blockIdx.y; }
 };

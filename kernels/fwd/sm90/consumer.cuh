@@ -113,7 +113,7 @@ struct Consumer {
         loop.turns.pass();
         wgmma_wait<1>();
         if (pending) finish_pending(sink);
-        const KeyMask mask = KeyMask::of(params.fwd, tile.seqs);
+        const KeyMask mask = KeyMask::of_unpacked(params.fwd, tile.seqs);
         if constexpr (Traits::kFp8) {
             // The descales of the block's (batch, K/V head): q's and k's
             // scale the scores, v's the output (finish_pending).

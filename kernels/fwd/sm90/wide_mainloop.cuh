@@ -146,15 +146,14 @@ struct WideMainloop {
     // row r is query (first_query + r) / packed_heads of head
     // head_q + that remainder), rows past valid_rows zero-filled.
     __device__ __forceinline__ void load_q(const FwdKernelParams &p, int first_query, int valid_rows) const {
-        const int packed_heads = p.packed_heads;
+        const FastDivisor packed_heads = p.divisors.packed_heads;
         load_panels_async<Element, Traits::kQKPanels, kBlockM, Traits::kNumThreads>(
             smem_address(smem),
             [&](int row) -> const Element * {
                 if (row < 0) return q_heads;
                 if (row >= valid_rows) return nullptr;
-                const int r = first_query + row;
-                return q_heads + int64_t(r / packed_heads) * p.q_seq_stride +
-                       int64_t(r % packed_heads) * p.q_head_stride;
+                const FastDivisor::Division r = packed_heads.divide(first_query + row);
+                return q_heads + int64_t(r.quotient) * p.q_seq_stride + int64_t(r.remainder) * p.q_head_stride;
             },
             p.head_dim / kElemsPerVector<Element>, tid);
     }
