@@ -204,7 +204,6 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
 
         // Every lane runs every pass, also where its columns are past
         // head_dim: the weights travel by shuffle, which needs the whole warp.
-        bool loaded = true;  // v holds the batch of (pass 0, state 0)
         for (int pass_col = 0; pass_col < p.head_dim; pass_col += kColsPerPass) {
             const int col = pass_col + lane * kColsPerLane;
             float acc[kColsPerLane] = {0.f, 0.f, 0.f, 0.f};
@@ -219,8 +218,8 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
                 const float own_weight = expf(state_lse - lse);
                 const int states = min(kWarpSize, p.num_states - first);
                 for (int batch_first = 0; batch_first < states; batch_first += kStatesInFlight) {
-                    if (!loaded) load_batch(pass_col, first + batch_first);
-                    loaded = false;
+                    // v already holds the first batch (pass 0, state 0).
+                    if (pass_col + first + batch_first != 0) load_batch(pass_col, first + batch_first);
 #pragma unroll
                     for (int j = 0; j < kStatesInFlight; ++j) {
                         // Lanes past the states hold weight 0 (their LSE is -inf).
@@ -233,7 +232,6 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const __gri
                     }
                 }
             }
-            loaded = false;
             if (col < p.head_dim) Vec4<Out>::store(r.out + col, acc);
         }
         if (lane == 0 && p.lse != nullptr) p.lse[r.out_row] = lse;
