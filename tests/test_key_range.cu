@@ -697,6 +697,7 @@ TEST(PersistentSchedule, ItemsCoverEveryBlockOnceAndPairsCarryEqualKeys) {
                     p.window_left = sk;
                     p.window_right = causal ? 0 : sq;
                     p.attention_chunk = chunk;
+                    p.divisors = flashcore::fwd_divisors(p, kM);
                     const Schedule s = Schedule::of(p);
                     ++schedules;
                     const KeyMask m = make_mask(sq, sk, 1, kUnbounded, causal ? 0 : kUnbounded, sq, sk, chunk);
@@ -798,6 +799,7 @@ TEST(PersistentSchedule, RaggedItemsCoverEachSequencesOwnBlocksOnce) {
                         p.window_left = p.seqlen_k;
                         p.window_right = causal ? 0 : p.seqlen_q;
                         p.attention_chunk = chunk;
+                        p.divisors = flashcore::fwd_divisors(p, kM);
                         const Schedule s = Schedule::of(p);
                         std::ostringstream what;
                         what << lengths.size() << " sequences (longest " << longest << "), chunk " << chunk

@@ -255,10 +255,6 @@ FLASHCORE_HOST_DEVICE inline bool fwd_sees_every_key(const FwdKernelParams &p) {
 // (batch, head group) pairs: one per query head, or per K/V head when packed.
 FLASHCORE_HOST_DEVICE inline int fwd_head_groups(const FwdKernelParams &p) { return p.num_heads_q / p.packed_heads; }
 
-FLASHCORE_HOST_DEVICE inline FwdTileDivisors fwd_tile_divisors(const FwdKernelParams &p) {
-    return {FastDivisor::of(fwd_head_groups(p)), FastDivisor::of(p.num_heads_q / p.num_heads_kv)};
-}
-
 // FwdKernelParams::divisors of a launch whose packed_heads, head counts and
 // num_splits are final, on a kernel of block_m-row query blocks. The
 // backward sets them for the forward's view of its call too, though its
@@ -266,7 +262,7 @@ FLASHCORE_HOST_DEVICE inline FwdTileDivisors fwd_tile_divisors(const FwdKernelPa
 FLASHCORE_HOST_DEVICE inline FwdDivisors fwd_divisors(const FwdKernelParams &p, int block_m) {
     FwdDivisors d;
     d.packed_heads = FastDivisor::of(p.packed_heads);
-    d.tile = fwd_tile_divisors(p);
+    d.tile = {FastDivisor::of(fwd_head_groups(p)), FastDivisor::of(p.num_heads_q / p.num_heads_kv)};
     // At most INT32_MAX - 256 packed rows (the dispatcher's kMaxPackedRows):
     // the sum does not wrap.
     d.query_blocks = FastDivisor::of((fwd_packed_rows(p) + block_m - 1) / block_m);

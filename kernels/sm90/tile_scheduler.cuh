@@ -188,8 +188,9 @@ struct PersistentSchedule : ScheduleNumbers {
         s.run_blocks = s.chunk_blocks == 0 ? s.num_m_blocks : min(s.chunk_blocks, s.num_m_blocks);
         s.run_items = FastDivisor::of((s.run_blocks + 1) / 2);
         s.items_per_head = FastDivisor::of(s.items_of_head(s.num_m_blocks));
-        s.splits = FastDivisor::of(p.num_splits);
-        s.tile_divisors = fwd_tile_divisors(p);
+        // The launch's own divisors (FwdKernelParams::divisors).
+        s.splits = p.divisors.splits;
+        s.tile_divisors = p.divisors.tile;
         s.compact = p.cu_seqlens_q != nullptr;
         return s;
     }
