@@ -46,7 +46,11 @@ constexpr int64_t kMinKeyStepsPerSplit = 8;
 // block's keys are cut into no more parts than hold
 // kRaggedDecodeMinPartKeys (shorter sequences stay whole, their other
 // splits empty), and into no more CTAs than kRaggedDecodeMaxWaves waves of
-// the device's slots (an empty split still costs a CTA).
+// the device's slots (an empty split still costs a CTA). A call of one
+// sequence has no lengths to even out: its blocks all see the same keys, and
+// the parts past the heuristic's wave only add a wave (B1 over a 128k-key
+// cache: 32 parts, two waves of the decode tile, 3-4% slower than the dense
+// call's 16; docs/log/perf.md, 2026-12-01).
 constexpr int64_t kRaggedDecodePartKeys = 4096;
 constexpr int kRaggedDecodeMinPartKeys = 2048;
 constexpr int64_t kRaggedDecodeMaxWaves = 8;
@@ -335,10 +339,10 @@ flashcore_status plan_fp8(const flashcore_handle_s &handle, const flashcore_forw
 }
 
 // The splits of a decode call over sequences of their own key counts
-// (kRaggedDecodePartKeys above), or 1 for other calls.
+// (kRaggedDecodePartKeys above), or 1 for other calls and for one sequence.
 int ragged_decode_splits(const flashcore_forward_params &p, const FwdKernel &kernel, int64_t blocks, int64_t slots) {
     const bool decode_tile = kernel.tile == FwdVariant::kDecode || kernel.tile == FwdVariant::kDecodePair;
-    if (!decode_tile || (p.seqused_k == nullptr && p.cu_seqlens_k == nullptr)) return 1;
+    if (!decode_tile || (p.seqused_k == nullptr && p.cu_seqlens_k == nullptr) || p.batch_size == 1) return 1;
     const int64_t keys = key_steps(p, kernel) * kernel.info().keys_per_step;
     int64_t splits = ceil_div64(keys, kRaggedDecodePartKeys);
     splits = std::min<int64_t>(splits, std::max<int64_t>(1, kRaggedDecodeMaxWaves * slots / std::max<int64_t>(blocks, 1)));
