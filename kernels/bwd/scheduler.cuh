@@ -127,8 +127,7 @@ struct KeyBlockScheduler {
         const int index = int(blockIdx.x % num_n_blocks);
         w.n_block = p.deterministic && !p.rotated_walk ? num_n_blocks - 1 - index : index;
         const int group = p.fwd.num_heads_q / p.fwd.num_heads_kv;
-        // fwd_tile with packed_heads 1 over query heads: the group's first.
-        w.tile = fwd_tile<true>(p.fwd, (bh / p.fwd.num_heads_kv) * p.fwd.num_heads_q + (bh % p.fwd.num_heads_kv) * group, 0);
+        w.tile = fwd_kv_head_tile<true>(p.fwd, bh / p.fwd.num_heads_kv, bh % p.fwd.num_heads_kv, group);
         w.valid_keys = w.tile.seqs.seqlen_k - w.n_block * kBlockN;
         w.stored_keys = w.valid_keys;
         if (p.fwd.seqused_k != nullptr) {

@@ -24,21 +24,8 @@ struct FwdTile {
 
 // Query block m_block of the bh-th (batch, head group) pair, groups of a
 // batch adjacent. head_q is the group's first query head (the only one
-// unless GQA-packed: common/params.h).
-template <bool kRagged>
-__device__ __forceinline__ FwdTile fwd_tile(const FwdKernelParams &p, int bh, int m_block) {
-    FwdTile t;
-    const int groups = fwd_head_groups(p);
-    t.m_block = m_block;
-    t.head_q = (bh % groups) * p.packed_heads;
-    t.batch = bh / groups;
-    t.head_kv = t.head_q / (p.num_heads_q / p.num_heads_kv);
-    t.seqs = fwd_batch_seqs<kRagged>(p, t.batch);
-    return t;
-}
-
-// fwd_tile(p, bh, m_block) by divisors the host worked out (FwdTileDivisors,
-// common/params.h): for the forward's kernels, whose launches carry them.
+// unless GQA-packed: common/params.h). By divisors the host worked out
+// (FwdTileDivisors, common/params.h), which the forward's launches carry.
 template <bool kRagged>
 __device__ __forceinline__ FwdTile fwd_tile(const FwdKernelParams &p, int bh, int m_block,
                                             const FwdTileDivisors &divisors) {
@@ -49,6 +36,21 @@ __device__ __forceinline__ FwdTile fwd_tile(const FwdKernelParams &p, int bh, in
     t.head_q = group.remainder * p.packed_heads;
     t.head_kv = divisors.query_heads_per_kv.quotient(t.head_q);
     t.seqs = fwd_batch_seqs<kRagged>(p, t.batch);
+    return t;
+}
+
+// The tile of K/V head head_kv of batch `batch`, whose first query head it
+// names (head_q; group: query heads per K/V head): the backward's key
+// blocks (bwd/scheduler.cuh), each of a K/V head's keys, walking every
+// query head of its group.
+template <bool kRagged>
+__device__ __forceinline__ FwdTile fwd_kv_head_tile(const FwdKernelParams &p, int batch, int head_kv, int group) {
+    FwdTile t;
+    t.m_block = 0;
+    t.batch = batch;
+    t.head_kv = head_kv;
+    t.head_q = head_kv * group;
+    t.seqs = fwd_batch_seqs<kRagged>(p, batch);
     return t;
 }
 
