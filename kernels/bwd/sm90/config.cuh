@@ -2,13 +2,16 @@
 // and its configuration per head dim (BwdSm90Config): what the `hopper`
 // lines of kernels/kernels.list instantiate.
 //
-// One CTA owns a block of kBlockN = 128 keys of a (batch, K/V head): K and V
-// stay in shared memory, dK and dV in the registers of two consumer
-// warpgroups (64 keys each), while the CTA walks the query blocks of kBlockM
-// rows that see the keys (and, with GQA, every query head of the group). A
-// producer warp loads each block's Q and dO (TMA) with its rows' lse and D
-// into a two-stage ring. Per query block, consumer warpgroup c (keys
-// 64c .. 64c + 63), FlashAttention 3's products:
+// One CTA owns a block of kBlockN keys of a (batch, K/V head): K and V stay
+// in shared memory, dK and dV in the registers of two consumer warpgroups,
+// while the CTA walks the query blocks of kBlockM rows that see the keys
+// (and, with GQA, every query head of the group). A producer warp loads
+// each block's Q and dO (TMA) with its rows' lse and D into a ring of
+// kStages stages. The consumers share the block in one of two forms.
+//
+// Split by keys (head dims up to 128: kBlockN = 128, consumer c keys
+// 64c .. 64c + 63, all head-dim columns of their dK and dV), FlashAttention
+// 3's products per query block:
 //   S^T  = K_c Q^T,  dP^T = V_c dO^T   wgmma m64 x kBlockM, both operands
 //                                      K-major in shared memory
 //   P^T  = exp2(S^T * scale_log2 - lse_log2), dS^T = P^T * (dP^T - D)
@@ -16,6 +19,26 @@
 //                                      S^T and dP^T are the A fragments),
 //                                      B MN-major in shared memory
 //   dS -> shared memory (stmatrix, transposed), both warpgroups' keys
+// Swapping S and dP to S^T and dP^T puts the keys on wgmma's M, so their
+// accumulators feed dV and dK from registers and only dS goes through shared
+// memory.
+//
+// Split by head-dim columns (kColumnSplit, head dim 256, where one
+// warpgroup's dK and dV of 64 keys at every column would take 256 registers
+// a thread): kBlockN = 64, every consumer all 64 keys of dK and dV but only
+// its half of the head-dim columns (128 registers), FlashAttention 4's
+// d256 tiles:
+//   S    = Q K_c^T,  dP = dO V_c^T     wgmma m64 (queries) x 32 (consumer
+//                                      c's keys 32c .. 32c + 31), K-major
+//   P    = exp2(S * scale_log2 - lse_log2), dS = P * (dP - D)
+//   P, dS -> shared memory (stmatrix), both warpgroups' keys
+//   dV_c += P^T dO_c, dK_c += dS^T Q_c A = P^T, dS^T (MN-major: P and dS as
+//                                      stored, read transposed), B = the
+//                                      consumer's columns of dO and Q
+//                                      (MN-major)
+// Q and dO take one stage (64 KB at head dim 256), P and dS two.
+//
+// In both forms:
 //   dQ   = dS K                        A = dS (K-major), B = K (MN-major):
 //                                      each warpgroup a share of the block's
 //                                      dQ (kDqSplitRows: rows, else head-dim
@@ -28,9 +51,6 @@
 //                                      producer warp), in the portable
 //                                      kernel's fragment order
 //                                      (bwd/dq_accumulator.cuh)
-// Swapping S and dP to S^T and dP^T puts the keys on wgmma's M, so their
-// accumulators feed dV and dK from registers and only dS goes through shared
-// memory.
 #pragma once
 
 #include <cstddef>
@@ -42,18 +62,27 @@
 
 namespace flashcore::sm90 {
 
-template <typename Element_, int kHeadDim_, int kBlockM_>
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_ = 128, bool kColumnSplit_ = false>
 struct BwdSm90Traits {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;   // of Q, K, V, dO (one head dim)
     static constexpr int kHeadDimV = kHeadDim_;
     static constexpr int kBlockM = kBlockM_;     // query rows per step
-    static constexpr int kBlockN = 128;          // keys per CTA
+    static constexpr int kBlockN = kBlockN_;     // keys per CTA
+    static constexpr bool kColumnSplit = kColumnSplit_;  // the consumers' form (above)
     static constexpr int kConsumerWarpgroups = 2;
+    // A consumer's keys in S^T / S (its share of the block), and its
+    // head-dim columns of dK and dV.
     static constexpr int kKeysPerConsumer = kBlockN / kConsumerWarpgroups;
+    static constexpr int kDkvCols = kColumnSplit ? kHeadDim / kConsumerWarpgroups : kHeadDim;
     static constexpr int kNumThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
     static constexpr int kConsumerThreads = kConsumerWarpgroups * kWarpgroupThreads;
-    static constexpr int kStages = 2;  // Q/dO buffers (and dS buffers)
+    // Q/dO (and row stats) buffers; P and dS buffers. The column split's
+    // one stage of Q and dO is what its shared memory leaves room for; its
+    // P and dS take two, so that a consumer's next step does not overwrite
+    // what the other may still be reading.
+    static constexpr int kStages = kColumnSplit ? 1 : 2;
+    static constexpr int kDsStages = 2;
     static constexpr bool kRotatedWalk = true;  // BwdKernelParams::rotated_walk
     // The deterministic mode's dQ counts released two steps at once
     // (dq_writer.cuh, bwd_write_dq): where a step is at most half a key
@@ -86,8 +115,8 @@ struct BwdSm90Traits {
     static constexpr uint32_t kQPanelBytes = kBlockM * kPanelRowBytes;
     static constexpr uint32_t kKBytes = kPanels * kKVPanelBytes;
     static constexpr uint32_t kQBytes = kPanels * kQPanelBytes;
-    // dS: kBlockM rows of kBlockN keys, a 128-byte panel per 64 keys (per
-    // consumer), whatever the head dim.
+    // dS (and in the column split P): kBlockM rows of kBlockN keys, a
+    // 128-byte panel per 64 keys, whatever the head dim.
     static constexpr int kDsPanelRowBytes = 128;
     using DsSwizzle = PanelSwizzle<kDsPanelRowBytes>;
     static constexpr int kDsPanelKeys = kDsPanelRowBytes / int(sizeof(Element));
@@ -101,7 +130,9 @@ struct BwdSm90Traits {
     static constexpr uint32_t kQOffset = kVOffset + kKBytes;
     static constexpr uint32_t kDoOffset = kQOffset + kStages * kQBytes;
     static constexpr uint32_t kDsOffset = kDoOffset + kStages * kQBytes;
-    static constexpr uint32_t kLseOffset = kDsOffset + kStages * kDsBytes;
+    static constexpr uint32_t kPOffset = kDsOffset + kDsStages * kDsBytes;
+    static constexpr uint32_t kPBytes = kColumnSplit ? kDsBytes : 0;
+    static constexpr uint32_t kLseOffset = kPOffset + kDsStages * kPBytes;
     static constexpr uint32_t kDOffset = kLseOffset + kStages * kRowStatBytes;
     // A step's dQ (fp32, kBlockM x kHeadDim) on its way to the workspace:
     // the consumers store it, a producer warp adds it there with one bulk
@@ -149,6 +180,9 @@ struct BwdSm90Traits {
     static constexpr int kdQPasses = 1;
 
     static_assert(kDqRows == 64 && kBlockM / kWarpsMdQ == kMmaM, "a consumer's dQ rows are one wgmma M");
+    static_assert(kColumnSplit ? kBlockM == 64 && kBlockN == 64 && kDkvCols % kPanelCols == 0
+                               : kKeysPerConsumer == 64,
+                  "the consumers' forms (above): keys on wgmma's M, or 64 x 64 blocks of whole panels");
     static_assert(kBlockM % 64 == 0 && kBlockM <= 128, "kBlockM: S^T's N, and the dQ split");
     static_assert(kHeadDim % kPanelCols == 0, "whole panels");
     static_assert(kDqCols % kPanelCols == 0, "a dQ consumer's columns are whole panels of K");
@@ -161,12 +195,15 @@ struct BwdSm90Config;
 // kBlockM: 128 query rows at head dim 64 (S^T and dP^T are 64 x 128 per
 // consumer, dK and dV small), 64 at 96 and 128 (dK and dV take 96 and 128
 // registers). FlashAttention 3's tiles for these head dims (its causal 128
-// one), and at 96 FlashAttention 4's (dQ in one warpgroup).
+// one), and at 96 FlashAttention 4's (dQ in one warpgroup). At 256,
+// FlashAttention 4's 64 x 64 blocks split by head-dim columns.
 template <DType kInput, int kHeadDim>
 struct BwdSm90Config {
-    static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128,
-                  "the sm90 backward has head dims 64, 96 and 128");
-    using Traits = BwdSm90Traits<ElementType<kInput>, kHeadDim, kHeadDim == 64 ? 128 : 64>;
+    static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 256,
+                  "the sm90 backward has head dims 64, 96, 128 and 256");
+    static constexpr bool kColumnSplit = kHeadDim == 256;
+    using Traits = BwdSm90Traits<ElementType<kInput>, kHeadDim, kHeadDim == 64 ? 128 : 64, kColumnSplit ? 64 : 128,
+                                 kColumnSplit>;
 };
 
 }  // namespace flashcore::sm90

@@ -6,20 +6,23 @@
 // through the shared memory and barriers of pipeline.cuh:
 //   warpgroup 0, the producer: gives up its registers (setmaxnreg); its
 //     first warp loads K and V once, then for each step (a query block of
-//     one query head of the group) Q and dO with TMA into a two-stage ring
-//     (producer.cuh: bwd_load_tiles); its third and fourth put the rows'
-//     lse and D = rowsum(dO * O) beside them (bwd_load_row_stats); its
-//     second adds each step's dQ from shared memory to the fp32 workspace
-//     with a bulk reduction (dq_writer.cuh: bwd_write_dq).
-//   warpgroups 1 and 2, the consumers (consumer.cuh): 64 keys each; the
-//     products of config.cuh per step (mainloop.cuh), dK and dV in
-//     registers across the steps, dQ into shared memory for the writer, and
-//     at the end dK (times grad_scale) and dV to their tensors.
+//     one query head of the group) Q and dO with TMA into a ring of
+//     Traits::kStages stages (producer.cuh: bwd_load_tiles); its third and
+//     fourth put the rows' lse and D = rowsum(dO * O) beside them
+//     (bwd_load_row_stats); its second adds each step's dQ from shared
+//     memory to the fp32 workspace with a bulk reduction (dq_writer.cuh:
+//     bwd_write_dq).
+//   warpgroups 1 and 2, the consumers (consumer.cuh: 64 keys each; or
+//     column_split.cuh: half the head-dim columns each): the products of
+//     config.cuh per step (mainloop.cuh), dK and dV in registers across the
+//     steps, dQ into shared memory for the writer, and at the end dK (times
+//     grad_scale) and dV to their tensors.
 #pragma once
 
 #include <new>
 #include <type_traits>
 
+#include "bwd/sm90/column_split.cuh"
 #include "bwd/sm90/config.cuh"
 #include "bwd/sm90/consumer.cuh"
 #include "bwd/sm90/dq_writer.cuh"
@@ -87,15 +90,19 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     // (The branch on a warp-uniform value: in code under a condition that
     // ptxas cannot tell is the warp's, it kept the wgmma operands' addresses
     // in vector registers: warp_uniform.)
-    if (Traits::kDqConsumers == Traits::kConsumerWarpgroups || warp_uniform(warpgroup) == 1) {
+    if constexpr (Traits::kColumnSplit) {
+        BwdColumnSplitConsumer<Traits> consumer(params, sm, warp_uniform(warpgroup) - 1, consumer_tid);
+        if (has_work) consumer.run(work);
+        consumer.store_key_gradients(work, consumer_tid, has_work);
+    } else if (Traits::kDqConsumers == Traits::kConsumerWarpgroups || warp_uniform(warpgroup) == 1) {
         BwdConsumer<Traits> consumer(params, sm, warpgroup - 1, consumer_tid);
         if (has_work) consumer.run(work);
-        consumer.store(work, consumer_tid, has_work);
+        consumer.store_key_gradients(work, consumer_tid, has_work);
     } else {
         // Head dim 96: the second consumer leaves dQ to the first.
         BwdConsumer<Traits, false> consumer(params, sm, warpgroup - 1, consumer_tid);
         if (has_work) consumer.run(work);
-        consumer.store(work, consumer_tid, has_work);
+        consumer.store_key_gradients(work, consumer_tid, has_work);
     }
 }
 

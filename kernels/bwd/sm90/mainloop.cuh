@@ -1,12 +1,15 @@
 // A consumer warpgroup's registers and the products of one step (a query
-// block against the warpgroup's 64 keys; config.cuh lists them): S^T and
-// dP^T (issue_transposed_scores), the mask, P^T (probabilities), dS^T and
-// the A fragments of P^T and dS^T (pack_gradients), dV and dK
-// (issue_key_gradient), dS into shared memory for both warpgroups
-// (store_ds), dQ = dS K (issue_dq) and its store into a dQ buffer
-// (store_dq). dK and dV accumulate in the registers (acc_dk, acc_dv) across
-// the steps. The order of a step, and its waits on the producer's warps,
-// are the consumer's (consumer.cuh: BwdConsumer::run).
+// block against the warpgroup's keys; config.cuh lists them), in the form
+// split by keys: S^T and dP^T (issue_scores), the mask, P^T
+// (probabilities), dS^T and the A fragments of P^T and dS^T
+// (pack_gradients), dV and dK (issue_key_gradient), dS into shared memory
+// for both warpgroups (store_ds); in both forms dQ = dS K (issue_dq) and its
+// store into a dQ buffer (store_dq), and at the end dK and dV to their
+// tensors (store_key_gradients). dK and dV accumulate in the registers
+// (acc_dk, acc_dv: the consumer's kDkvCols columns) across the steps. The
+// order of a step, and its waits on the producer's warps, are the
+// consumer's (consumer.cuh: BwdConsumer::run; column_split.cuh for the other
+// form).
 #pragma once
 
 #include <cmath>
@@ -48,8 +51,8 @@ struct BwdMainloop {
     static constexpr int kQuerySteps = kBlockM / 16;   // k-steps of dV, dK (queries)
     static constexpr int kHeadSteps = Traits::kHeadDim / 16;  // k-steps of S^T, dP^T
     static constexpr int kKeySteps = kBlockN / 16;     // k-steps of dQ (keys)
-    static constexpr int kKAtoms = Traits::kHeadDim / kMmaN;
-    static constexpr int kVAtoms = Traits::kHeadDimV / kMmaN;
+    static constexpr int kKAtoms = Traits::kDkvCols / kMmaN;
+    static constexpr int kVAtoms = Traits::kDkvCols / kMmaN;
     static constexpr int kDqAtoms = Traits::kDqCols / kMmaN;
     static constexpr int kStepsPerPanel = Traits::kPanelCols / 16;    // k-steps of a head-dim panel
     static constexpr int kStepsPerDsPanel = Traits::kDsPanelKeys / 16;  // of a dS panel
@@ -58,7 +61,7 @@ struct BwdMainloop {
 
     const BwdSm90Params &params;
     const BwdSmem<Traits> &sm;
-    int consumer;  // 0 or 1: keys consumer * 64 ...
+    int consumer;  // 0 or 1 (config.cuh: its keys, or its columns)
     int tid;       // within the consumer warpgroup
     int lane;
     int warp;      // within the consumer warpgroup
@@ -77,7 +80,12 @@ struct BwdMainloop {
           lane(consumer_tid % kWarpSize),
           warp((consumer_tid % kWarpgroupThreads) / kWarpSize) {}
 
-    __device__ __forceinline__ int key_row0() const { return consumer * Traits::kKeysPerConsumer + warp * kMmaM; }
+    // The warp's first key row of dK and dV, and the consumer's first
+    // column of them.
+    __device__ __forceinline__ int key_row0() const {
+        return (Traits::kColumnSplit ? 0 : consumer * Traits::kKeysPerConsumer) + warp * kMmaM;
+    }
+    __device__ __forceinline__ int kv_col0() const { return Traits::kColumnSplit ? consumer * Traits::kDkvCols : 0; }
     // The warp's dQ rows and columns within the block, and its index in the
     // accumulator's fragment order (DqAccumLayout: warps by m16 strip, then
     // column share).
@@ -89,19 +97,22 @@ struct BwdMainloop {
         return (dq_row0() / kMmaM) * Traits::kWarpsDdQ + dq_col0() / Traits::kDqCols;
     }
 
-    // acc = (64 rows of a K-major tile from `a_rows`) * (kBlockM rows of a
-    // K-major tile)^T over the head dim: S^T = K_c Q^T, dP^T = V_c dO^T.
-    __device__ __forceinline__ void issue_transposed_scores(float (&acc)[kSAtoms][4], uint32_t a_rows,
-                                                            uint32_t b_tile) const {
+    // acc = (64 rows of a K-major tile from `a_rows`, panels a_panel_bytes
+    // apart) * (kNAtoms * 8 rows of a K-major tile from `b_rows`)^T over the
+    // head dim: S^T = K_c Q^T, dP^T = V_c dO^T split by keys, S = Q K_c^T,
+    // dP = dO V_c^T split by columns.
+    template <int kNAtoms>
+    __device__ __forceinline__ void issue_scores(float (&acc)[kNAtoms][4], uint32_t a_rows, uint32_t a_panel_bytes,
+                                                 uint32_t b_rows, uint32_t b_panel_bytes) const {
         const auto desc_a = Swizzle::k_major(a_rows);
-        const auto desc_b = Swizzle::k_major(b_tile);
+        const auto desc_b = Swizzle::k_major(b_rows);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kHeadSteps; ++kk) {
             const uint32_t step = (kk % kStepsPerPanel) * kKStepRowBytes;
             const uint32_t panel = kk / kStepsPerPanel;
-            Wgmma<Element, kBlockM>::ss(acc, desc_a.at(panel * Traits::kKVPanelBytes + step),
-                                        desc_b.at(panel * Traits::kQPanelBytes + step), kk > 0 ? 1 : 0);
+            Wgmma<Element, kNAtoms * kMmaN>::ss(acc, desc_a.at(panel * a_panel_bytes + step),
+                                                desc_b.at(panel * b_panel_bytes + step), kk > 0 ? 1 : 0);
         }
         wgmma_commit();
     }
@@ -121,8 +132,8 @@ struct BwdMainloop {
         wgmma_commit();
     }
 
-    // acc = dS (this consumer's rows, K-major, keys along them) * K (its
-    // head-dim columns, MN-major) over the block's keys.
+    // acc = dS (this consumer's rows, K-major, keys along them; dS buffer s)
+    // * K (its head-dim columns, MN-major) over the block's keys.
     __device__ __forceinline__ void issue_dq(float (&acc)[kDqAtoms][4], int s) const {
         const uint32_t ds_consumer_rows =
             Traits::kDqSplitRows ? consumer * Traits::kDqRows * Traits::kDsPanelRowBytes : 0;
@@ -141,6 +152,37 @@ struct BwdMainloop {
                 acc, desc_a.at(a_offset), desc_b.at(kk * 16 * Traits::kPanelRowBytes), kk > 0 ? 1 : 0);
         }
         wgmma_commit();
+    }
+
+    // Before the first step: dK and dV zeroed, K and V landed, and where the
+    // block is partial (returned: its keys then need the mask) the
+    // consumer's keys past the valid ones cleared (clear_key_tail) before
+    // its own S^T / S and dP^T / dP read them.
+    template <typename Work>
+    __device__ __forceinline__ bool start(const Work &w) {
+#pragma unroll
+        for (int n = 0; n < kKAtoms; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dk[n][e] = 0.f;
+        }
+#pragma unroll
+        for (int n = 0; n < kVAtoms; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dv[n][e] = 0.f;
+        }
+        mbarrier_wait(sm.kv_full(), 0);
+        const bool partial_key_block = w.valid_keys < kBlockN;
+        if (partial_key_block) {
+            clear_key_tail(w.valid_keys);
+            named_barrier_sync_id(kFirstConsumerBarrier + consumer, kWarpgroupThreads);
+        }
+        return partial_key_block;
+    }
+
+    // The consumer's rows of K or V (its keys of S^T / S), a wgmma operand:
+    // warp_uniform.
+    __device__ __forceinline__ uint32_t consumer_key_rows(const unsigned char *tile) const {
+        return warp_uniform(smem_address(tile) + consumer * Traits::kKeysPerConsumer * Traits::kPanelRowBytes);
     }
 
     // The consumer's keys past the block's valid ones, zeroed in K and V:
@@ -293,6 +335,57 @@ struct BwdMainloop {
         }
     }
 
+    // dK (times grad_scale) and dV of the consumer's registers (key_row0,
+    // kv_col0) below the block's valid keys and the call's head dims; then
+    // zeros for the block's keys in [valid_keys, stored_keys) (keys past
+    // seqused_k), over both consumers' threads (consumer_tid).
+    template <typename Work>
+    __device__ __forceinline__ void store_key_gradients(const Work &w, int consumer_tid, bool has_work) const {
+        const BwdKernelParams &p = params.bwd;
+        const int64_t first_key = int64_t(w.tile.seqs.k_row0) + int64_t(w.n_block) * kBlockN;
+        Element *dk = static_cast<Element *>(p.dk) + w.tile.batch * p.dk_batch_stride + first_key * p.dk_seq_stride +
+                      int64_t(w.tile.head_kv) * p.dk_head_stride;
+        Element *dv = static_cast<Element *>(p.dv) + w.tile.batch * p.dv_batch_stride + first_key * p.dv_seq_stride +
+                      int64_t(w.tile.head_kv) * p.dv_head_stride;
+        const int valid_keys = has_work ? w.valid_keys : 0;
+        if (has_work) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = key_row0() + frag_row(lane) + half * kFragRowHalf;
+                if (row >= valid_keys) continue;
+#pragma unroll
+                for (int n = 0; n < kKAtoms; ++n) {
+                    const int col = kv_col0() + n * kMmaN + frag_col(lane);
+                    if (col < p.fwd.head_dim) {
+                        *reinterpret_cast<uint32_t *>(dk + row * p.dk_seq_stride + col) = pack2<Element>(
+                            acc_dk[n][2 * half] * p.grad_scale, acc_dk[n][2 * half + 1] * p.grad_scale);
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < kVAtoms; ++n) {
+                    const int col = kv_col0() + n * kMmaN + frag_col(lane);
+                    if (col < p.fwd.head_dim_v) {
+                        *reinterpret_cast<uint32_t *>(dv + row * p.dv_seq_stride + col) =
+                            pack2<Element>(acc_dv[n][2 * half], acc_dv[n][2 * half + 1]);
+                    }
+                }
+            }
+        }
+        // Zeros, 16-byte stores.
+        const int end = min(w.stored_keys, kBlockN);
+        constexpr int kElems = kElemsPerVector<Element>;
+        for (int idx = consumer_tid; idx < kBlockN * (Traits::kHeadDim / kElems); idx += Traits::kConsumerThreads) {
+            const int row = idx / (Traits::kHeadDim / kElems);
+            const int col = (idx % (Traits::kHeadDim / kElems)) * kElems;
+            if (row < valid_keys || row >= end) continue;
+            if (col < p.fwd.head_dim) {
+                *reinterpret_cast<uint4 *>(dk + row * p.dk_seq_stride + col) = make_uint4(0u, 0u, 0u, 0u);
+            }
+            if (col < p.fwd.head_dim_v) {
+                *reinterpret_cast<uint4 *>(dv + row * p.dv_seq_stride + col) = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+    }
 };
 
 }  // namespace flashcore::sm90

@@ -1,8 +1,8 @@
 // The hand-overs between the producer warpgroup's warps and the consumer
 // warpgroups: the launch's parameters (the TMA descriptors the tile loader
 // copies through), the named barriers, the CTA's shared memory with its
-// mbarriers (BwdSmem: K and V once, a two-stage ring of Q, dO and their
-// rows' lse and D, the dS buffers, one or two dQ buffers), and where a
+// mbarriers (BwdSmem: K and V once, a ring of Q, dO and their rows' lse and
+// D, the dS (and P) buffers, one or two dQ buffers), and where a
 // step's dQ goes (DqBlock: the consumers store it into a dQ buffer in that
 // layout, the dQ writer adds it to the workspace).
 //
@@ -64,6 +64,8 @@ struct BwdSmem {
     __device__ __forceinline__ unsigned char *ds(int s) const {
         return base + Traits::kDsOffset + s * Traits::kDsBytes;
     }
+    // The column split's P (config.cuh), beside dS.
+    __device__ __forceinline__ unsigned char *p(int s) const { return base + Traits::kPOffset + s * Traits::kPBytes; }
     __device__ __forceinline__ float *lse_log2(int s) const {
         return reinterpret_cast<float *>(base + Traits::kLseOffset + s * Traits::kRowStatBytes);
     }

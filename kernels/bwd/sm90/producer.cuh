@@ -78,14 +78,13 @@ __device__ __forceinline__ void bwd_load_tiles(const BwdSm90Params &params, cons
 template <typename Traits, bool kDout, typename Work>
 __device__ __forceinline__ void bwd_load_row_stats(const BwdKernelParams &p, const BwdSmem<Traits> &sm, const Work &w,
                                                    int lane) {
-    static_assert(Traits::kStages == 2, "the stage is the step's parity");
     constexpr int kRowsPerLane = Traits::kBlockM / kWarpSize;
     const int num_steps = bwd_walk_steps(w);
     BwdStep step = BwdStep::first(w);
     for (int j = 0; j < num_steps; ++j, step = step.next(w)) {
         const int head = step.head;
         const int m_block = step.m_block;
-        const int s = j & 1;
+        const int s = j % Traits::kStages;
         const int first_row = m_block * Traits::kBlockM;
         const int valid_rows = w.tile.seqs.seqlen_q - first_row - lane;  // of this lane's first row on
         const int64_t row0 = int64_t(w.tile.seqs.q_row0) + first_row + lane;
