@@ -5,8 +5,8 @@
 // halves are there, it adds P^T dO and dS^T Q to its columns of dV and dK
 // (both operands read from shared memory) and computes its columns of dQ
 // (mainloop.cuh: issue_dq, store_dq). dK and dV of all 64 keys at its
-// kDkvCols columns stay in its registers (mainloop.cuh: acc_dk, acc_dv,
-// store_key_gradients).
+// kDkCols and kDvCols columns stay in its registers (mainloop.cuh: acc_dk,
+// acc_dv, store_key_gradients).
 //
 // Per step, the waits on the producer's warps as the form split by keys
 // (consumer.cuh), with one Q/dO stage: dO is released once dV is done, Q
@@ -59,8 +59,10 @@ struct BwdColumnSplitConsumer : BwdMainloop<Traits> {
     // n8 atoms of S and dP: the consumer's keys.
     static constexpr int kScoreAtoms = Traits::kKeysPerConsumer / kMmaN;
     static_assert(kScoreAtoms % 2 == 0, "stmatrix stores 16 keys at a time");
-    // The consumer's first column of dO and Q (MN-major B of dV and dK).
-    static constexpr uint32_t kColumnPanelBytes = Traits::kDkvCols / Traits::kPanelCols * Traits::kQPanelBytes;
+    // The consumer's first column of Q and of dO (MN-major B of dK and dV),
+    // from the tiles' starts.
+    static constexpr uint32_t kQColumnBytes = Traits::kDkCols / Traits::kPanelCols * Traits::kQPanelBytes;
+    static constexpr uint32_t kDoColumnBytes = Traits::kDvCols / Traits::kPanelCols * Traits::kQPanelBytes;
 
     // The warp's first query row of S and dP, and this lane's first key of
     // them within the block.
@@ -134,13 +136,14 @@ struct BwdColumnSplitConsumer : BwdMainloop<Traits> {
 
     // acc += A^T (A: kBlockM queries x the block's 64 keys, as stored: P or
     // dS, read MN-major, keys on wgmma's M) * (the consumer's columns of an
-    // MN-major kBlockM-row tile: dO or Q): dV_c += P^T dO_c, dK_c += dS^T Q_c.
+    // MN-major kBlockM-row tile, column_bytes on from its start: dO or Q):
+    // dV_c += P^T dO_c, dK_c += dS^T Q_c.
     template <int kNAtoms>
     __device__ __forceinline__ void issue_key_gradient(float (&acc)[kNAtoms][4], const unsigned char *scores,
-                                                       const unsigned char *tile) const {
+                                                       const unsigned char *tile, uint32_t column_bytes) const {
         const auto desc_a = DsSwizzle::mn_major(smem_address(scores), Traits::kDsPanelBytes);
-        const auto desc_b = Swizzle::mn_major(
-            warp_uniform(smem_address(tile) + consumer * kColumnPanelBytes), Traits::kQPanelBytes);
+        const auto desc_b =
+            Swizzle::mn_major(warp_uniform(smem_address(tile) + consumer * column_bytes), Traits::kQPanelBytes);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kQuerySteps; ++kk) {
@@ -170,9 +173,11 @@ struct BwdColumnSplitConsumer : BwdMainloop<Traits> {
             float acc_s[kScoreAtoms][4];
             float acc_dp[kScoreAtoms][4];
             mbarrier_wait(sm.q_full(s), phase);
-            issue_scores(acc_s, smem_address(sm.q(s)), Traits::kQPanelBytes, k_rows, Traits::kKVPanelBytes);
+            issue_scores<Mainloop::kHeadSteps>(acc_s, smem_address(sm.q(s)), Traits::kQPanelBytes, k_rows,
+                                               Traits::kKVPanelBytes);
             mbarrier_wait(sm.do_full(s), phase);
-            issue_scores(acc_dp, smem_address(sm.dout(s)), Traits::kQPanelBytes, v_rows, Traits::kKVPanelBytes);
+            issue_scores<Mainloop::kHeadStepsV>(acc_dp, smem_address(sm.dout(s)), Traits::kQPanelBytes, v_rows,
+                                                Traits::kKVPanelBytes);
             wgmma_wait<1>();  // S is done
             fence_accumulators(acc_s);
             if (partial_key_block || w.queries.needs_mask(step.m_block)) apply_mask(w, step.m_block, acc_s);
@@ -189,8 +194,8 @@ struct BwdColumnSplitConsumer : BwdMainloop<Traits> {
             fence_shared_to_async_proxy();
             named_barrier_sync_id(kDsReadyBarrier, Traits::kConsumerThreads);
 
-            issue_key_gradient(acc_dv, sm.p(d), sm.dout(s));
-            issue_key_gradient(acc_dk, sm.ds(d), sm.q(s));
+            issue_key_gradient(acc_dv, sm.p(d), sm.dout(s), kDoColumnBytes);
+            issue_key_gradient(acc_dk, sm.ds(d), sm.q(s), kQColumnBytes);
             float acc_dq[kDqAtoms][4];
             issue_dq(acc_dq, d);
             wgmma_wait<2>();  // dV is done: dO's buffer may be refilled

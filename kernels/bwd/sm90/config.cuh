@@ -23,11 +23,11 @@
 // accumulators feed dV and dK from registers and only dS goes through shared
 // memory.
 //
-// Split by head-dim columns (kColumnSplit, head dim 256, where one
+// Split by head-dim columns (kColumnSplit: head dim 256, where one
 // warpgroup's dK and dV of 64 keys at every column would take 256 registers
-// a thread): kBlockN = 64, every consumer all 64 keys of dK and dV but only
-// its half of the head-dim columns (128 registers), FlashAttention 4's
-// d256 tiles:
+// a thread, and (192, 128)): kBlockN = 64, every consumer all 64 keys of dK
+// and dV but only its half of their head-dim columns (at 256, 128 registers),
+// FlashAttention 4's d256 tiles:
 //   S    = Q K_c^T,  dP = dO V_c^T     wgmma m64 (queries) x 32 (consumer
 //                                      c's keys 32c .. 32c + 31), K-major
 //   P    = exp2(S * scale_log2 - lse_log2), dS = P * (dP - D)
@@ -36,7 +36,7 @@
 //                                      stored, read transposed), B = the
 //                                      consumer's columns of dO and Q
 //                                      (MN-major)
-// Q and dO take one stage (64 KB at head dim 256), P and dS two.
+// P and dS take two buffers; Q and dO one stage at head dim 256 (64 KB).
 //
 // In both forms:
 //   dQ   = dS K                        A = dS (K-major), B = K (MN-major):
@@ -62,26 +62,27 @@
 
 namespace flashcore::sm90 {
 
-template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_ = 128, bool kColumnSplit_ = false>
+template <typename Element_, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_, bool kColumnSplit_>
 struct BwdSm90Traits {
     using Element = Element_;
-    static constexpr int kHeadDim = kHeadDim_;   // of Q, K, V, dO (one head dim)
-    static constexpr int kHeadDimV = kHeadDim_;
+    static constexpr int kHeadDim = kHeadDim_;   // of Q and K (and dQ, dK)
+    static constexpr int kHeadDimV = kHeadDimV_; // of V and dO (and dV)
     static constexpr int kBlockM = kBlockM_;     // query rows per step
     static constexpr int kBlockN = kBlockN_;     // keys per CTA
     static constexpr bool kColumnSplit = kColumnSplit_;  // the consumers' form (above)
     static constexpr int kConsumerWarpgroups = 2;
     // A consumer's keys in S^T / S (its share of the block), and its
-    // head-dim columns of dK and dV.
+    // head-dim columns of dK and of dV.
     static constexpr int kKeysPerConsumer = kBlockN / kConsumerWarpgroups;
-    static constexpr int kDkvCols = kColumnSplit ? kHeadDim / kConsumerWarpgroups : kHeadDim;
+    static constexpr int kDkCols = kColumnSplit ? kHeadDim / kConsumerWarpgroups : kHeadDim;
+    static constexpr int kDvCols = kColumnSplit ? kHeadDimV / kConsumerWarpgroups : kHeadDimV;
     static constexpr int kNumThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
     static constexpr int kConsumerThreads = kConsumerWarpgroups * kWarpgroupThreads;
-    // Q/dO (and row stats) buffers; P and dS buffers. The column split's
-    // one stage of Q and dO is what its shared memory leaves room for; its
-    // P and dS take two, so that a consumer's next step does not overwrite
-    // what the other may still be reading.
-    static constexpr int kStages = kColumnSplit ? 1 : 2;
+    // P and dS buffers (dS only, split by keys): two, so that in the column
+    // split a consumer's next step does not overwrite what the other may
+    // still be reading. The stages of Q and dO (and their row stats): two
+    // where shared memory has room (kStages, below), else one (head dim
+    // 256).
     static constexpr int kDsStages = 2;
     static constexpr bool kRotatedWalk = true;  // BwdKernelParams::rotated_walk
     // The deterministic mode's dQ counts released two steps at once
@@ -104,17 +105,25 @@ struct BwdSm90Traits {
                   "the consumers ask for more registers than the producer releases");
 
     // Q, K, V and dO in swizzled panels (sm90/ptx.cuh, PanelSwizzle), as
-    // TMA writes them: 128-byte rows where the head dim is whole ones (64
-    // columns), else 64-byte rows (32 columns: head dim 96), as the
-    // forward's (fwd/sm90/traits.cuh).
-    static constexpr int kPanelRowBytes = kHeadDim * int(sizeof(Element)) % 128 == 0 ? 128 : 64;
+    // TMA writes them: 128-byte rows where the head dims, and in the column
+    // split each consumer's columns, are whole ones (64 columns), else
+    // 64-byte rows (32 columns: head dim 96, and (192, 128) split by
+    // columns, 96 a consumer), as the forward's (fwd/sm90/traits.cuh).
+    static constexpr bool whole_128_byte_rows(int cols) { return cols * int(sizeof(Element)) % 128 == 0; }
+    static constexpr int kPanelRowBytes = whole_128_byte_rows(kHeadDim) && whole_128_byte_rows(kHeadDimV) &&
+                                                  whole_128_byte_rows(kDkCols) && whole_128_byte_rows(kDvCols)
+                                              ? 128
+                                              : 64;
     using Swizzle = PanelSwizzle<kPanelRowBytes>;
     static constexpr int kPanelCols = kPanelRowBytes / int(sizeof(Element));
-    static constexpr int kPanels = kHeadDim / kPanelCols;  // of Q, K, V, dO
+    static constexpr int kPanels = kHeadDim / kPanelCols;    // of Q and K
+    static constexpr int kVPanels = kHeadDimV / kPanelCols;  // of V and dO
     static constexpr uint32_t kKVPanelBytes = kBlockN * kPanelRowBytes;
     static constexpr uint32_t kQPanelBytes = kBlockM * kPanelRowBytes;
     static constexpr uint32_t kKBytes = kPanels * kKVPanelBytes;
+    static constexpr uint32_t kVBytes = kVPanels * kKVPanelBytes;
     static constexpr uint32_t kQBytes = kPanels * kQPanelBytes;
+    static constexpr uint32_t kDoBytes = kVPanels * kQPanelBytes;
     // dS (and in the column split P): kBlockM rows of kBlockN keys, a
     // 128-byte panel per 64 keys, whatever the head dim.
     static constexpr int kDsPanelRowBytes = 128;
@@ -125,35 +134,44 @@ struct BwdSm90Traits {
     // A stage's rows' lse (log2 units) and D.
     static constexpr uint32_t kRowStatBytes = kBlockM * sizeof(float);
 
-    static constexpr uint32_t kKOffset = 0;
-    static constexpr uint32_t kVOffset = kKOffset + kKBytes;
-    static constexpr uint32_t kQOffset = kVOffset + kKBytes;
-    static constexpr uint32_t kDoOffset = kQOffset + kStages * kQBytes;
-    static constexpr uint32_t kDsOffset = kDoOffset + kStages * kQBytes;
-    static constexpr uint32_t kPOffset = kDsOffset + kDsStages * kDsBytes;
     static constexpr uint32_t kPBytes = kColumnSplit ? kDsBytes : 0;
-    static constexpr uint32_t kLseOffset = kPOffset + kDsStages * kPBytes;
-    static constexpr uint32_t kDOffset = kLseOffset + kStages * kRowStatBytes;
     // A step's dQ (fp32, kBlockM x kHeadDim) on its way to the workspace:
     // the consumers store it, a producer warp adds it there with one bulk
     // reduction (dq_writer.cuh). Two buffers where they fit (head dim 128): the
     // consumers then store a step's dQ while the last one's is still being
     // added, which in the deterministic mode includes the wait for its turn.
     static constexpr uint32_t kDqBytes = kBlockM * kHeadDim * sizeof(float);
-    static constexpr uint32_t kDqOffset = kDOffset + kStages * kRowStatBytes;
-    // kv_full, and q_full, q_empty, do_full, do_empty, stats_empty,
-    // stats_full per stage.
-    static constexpr int kBarriers = 1 + 6 * kStages;
+
     // Static shared memory beside the dynamic (the CTA's work: kernel.cuh).
     static constexpr size_t kStaticSmemBytes = 256;
     static constexpr size_t kMaxSmemPerBlock = 227 * 1024;  // an H100's opt-in limit
-    static constexpr size_t smem_bytes(int dq_buffers) {
-        return kDqOffset + dq_buffers * kDqBytes + kBarriers * sizeof(uint64_t) +
+    // The dynamic shared memory of `stages` Q/dO stages and `dq_buffers`
+    // dQ buffers, laid out as the offsets below, with their mbarriers
+    // (kv_full, and q_full, q_empty, do_full, do_empty, stats_empty,
+    // stats_full per stage) and the alignment slack.
+    static constexpr size_t smem_bytes(int stages, int dq_buffers) {
+        return kKBytes + kVBytes + stages * (kQBytes + kDoBytes + 2 * kRowStatBytes) +
+               kDsStages * (kDsBytes + kPBytes) + dq_buffers * kDqBytes + (1 + 6 * stages) * sizeof(uint64_t) +
                kSmemBaseAlignment;
     }
-    static constexpr int kDqBuffers = smem_bytes(2) + kStaticSmemBytes <= kMaxSmemPerBlock ? 2 : 1;
+    static constexpr bool fits(size_t dynamic_bytes) { return dynamic_bytes + kStaticSmemBytes <= kMaxSmemPerBlock; }
+    static constexpr int kStages = fits(smem_bytes(2, 1)) ? 2 : 1;
+    static constexpr int kDqBuffers = fits(smem_bytes(kStages, 2)) ? 2 : 1;
+    static constexpr int kBarriers = 1 + 6 * kStages;
+    static constexpr size_t kSmemBytes = smem_bytes(kStages, kDqBuffers);
+
+    static constexpr uint32_t kKOffset = 0;
+    static constexpr uint32_t kVOffset = kKOffset + kKBytes;
+    static constexpr uint32_t kQOffset = kVOffset + kVBytes;
+    static constexpr uint32_t kDoOffset = kQOffset + kStages * kQBytes;
+    static constexpr uint32_t kDsOffset = kDoOffset + kStages * kDoBytes;
+    static constexpr uint32_t kPOffset = kDsOffset + kDsStages * kDsBytes;
+    static constexpr uint32_t kLseOffset = kPOffset + kDsStages * kPBytes;
+    static constexpr uint32_t kDOffset = kLseOffset + kStages * kRowStatBytes;
+    static constexpr uint32_t kDqOffset = kDOffset + kStages * kRowStatBytes;
     static constexpr uint32_t kBarrierOffset = kDqOffset + kDqBuffers * kDqBytes;
-    static constexpr size_t kSmemBytes = smem_bytes(kDqBuffers);
+    static_assert(kBarrierOffset + kBarriers * sizeof(uint64_t) + kSmemBaseAlignment == kSmemBytes,
+                  "smem_bytes counts the offsets' buffers");
 
     // dQ = dS K (kBlockM x kHeadDim) over the consumers: by rows where
     // each gets 64 (kBlockM 128), else by head-dim columns where each half
@@ -180,30 +198,36 @@ struct BwdSm90Traits {
     static constexpr int kdQPasses = 1;
 
     static_assert(kDqRows == 64 && kBlockM / kWarpsMdQ == kMmaM, "a consumer's dQ rows are one wgmma M");
-    static_assert(kColumnSplit ? kBlockM == 64 && kBlockN == 64 && kDkvCols % kPanelCols == 0
-                               : kKeysPerConsumer == 64,
-                  "the consumers' forms (above): keys on wgmma's M, or 64 x 64 blocks of whole panels");
+    static_assert(kColumnSplit ? kBlockM == 64 && kBlockN == 64 && kDkCols % kPanelCols == 0 &&
+                                     kDvCols % kPanelCols == 0
+                               : kKeysPerConsumer == 64 && kHeadDim == kHeadDimV,
+                  "the consumers' forms (above): keys on wgmma's M at one head dim, or 64 x 64 blocks of "
+                  "whole panels");
     static_assert(kBlockM % 64 == 0 && kBlockM <= 128, "kBlockM: S^T's N, and the dQ split");
-    static_assert(kHeadDim % kPanelCols == 0, "whole panels");
+    static_assert(kHeadDim % kPanelCols == 0 && kHeadDimV % kPanelCols == 0, "whole panels");
+    static_assert(kHeadDimV <= kHeadDim, "V's panels are loaded beside K's (producer.cuh)");
     static_assert(kDqCols % kPanelCols == 0, "a dQ consumer's columns are whole panels of K");
     static_assert(kSmemBytes + kStaticSmemBytes <= kMaxSmemPerBlock, "an H100's shared memory per block");
 };
 
-template <DType kInput, int kHeadDim>
+template <DType kInput, int kHeadDim, int kHeadDimV>
 struct BwdSm90Config;
 
 // kBlockM: 128 query rows at head dim 64 (S^T and dP^T are 64 x 128 per
 // consumer, dK and dV small), 64 at 96 and 128 (dK and dV take 96 and 128
 // registers). FlashAttention 3's tiles for these head dims (its causal 128
-// one), and at 96 FlashAttention 4's (dQ in one warpgroup). At 256,
-// FlashAttention 4's 64 x 64 blocks split by head-dim columns.
-template <DType kInput, int kHeadDim>
+// one), and at 96 FlashAttention 4's (dQ in one warpgroup). At 256 and
+// (192, 128), FlashAttention 4's 64 x 64 blocks at 256, split by head-dim
+// columns.
+template <DType kInput, int kHeadDim, int kHeadDimV>
 struct BwdSm90Config {
-    static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 256,
-                  "the sm90 backward has head dims 64, 96, 128 and 256");
-    static constexpr bool kColumnSplit = kHeadDim == 256;
-    using Traits = BwdSm90Traits<ElementType<kInput>, kHeadDim, kHeadDim == 64 ? 128 : 64, kColumnSplit ? 64 : 128,
-                                 kColumnSplit>;
+    static_assert((kHeadDim == kHeadDimV && (kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 ||
+                                             kHeadDim == 256)) ||
+                      (kHeadDim == 192 && kHeadDimV == 128),
+                  "the sm90 backward has head dims 64, 96, 128, 256 and (192, 128)");
+    static constexpr bool kColumnSplit = kHeadDim > 128;
+    using Traits = BwdSm90Traits<ElementType<kInput>, kHeadDim, kHeadDimV, kHeadDim == 64 ? 128 : 64,
+                                 kColumnSplit ? 64 : 128, kColumnSplit>;
 };
 
 }  // namespace flashcore::sm90

@@ -79,9 +79,11 @@ struct BwdConsumer : BwdMainloop<Traits> {
             float acc_s[kSAtoms][4];
             float acc_dp[kSAtoms][4];
             mbarrier_wait(sm.q_full(s), phase);
-            issue_scores(acc_s, k_rows, Traits::kKVPanelBytes, smem_address(sm.q(s)), Traits::kQPanelBytes);
+            issue_scores<Mainloop::kHeadSteps>(acc_s, k_rows, Traits::kKVPanelBytes, smem_address(sm.q(s)),
+                                               Traits::kQPanelBytes);
             mbarrier_wait(sm.do_full(s), phase);
-            issue_scores(acc_dp, v_rows, Traits::kKVPanelBytes, smem_address(sm.dout(s)), Traits::kQPanelBytes);
+            issue_scores<Mainloop::kHeadStepsV>(acc_dp, v_rows, Traits::kKVPanelBytes, smem_address(sm.dout(s)),
+                                                Traits::kQPanelBytes);
             wgmma_wait<1>();  // S^T is done
             fence_accumulators(acc_s);
             if (partial_key_block || w.queries.needs_mask(step.m_block)) apply_mask(w, step.m_block, acc_s);

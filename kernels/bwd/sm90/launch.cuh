@@ -20,16 +20,15 @@ namespace flashcore {
 
 template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, BwdVariant kVariant>
 BwdKernelInfo bwd_info_sm90(size_t /*max_smem_per_block: one configuration*/) {
-    static_assert(kHeadDim == kHeadDimV, "the sm90 backward has one head dim");
-    using Traits = typename sm90::BwdSm90Config<kInput, kHeadDim>::Traits;
+    using Traits = typename sm90::BwdSm90Config<kInput, kHeadDim, kHeadDimV>::Traits;
     return {Traits::kSmemBytes, Traits::kBlockM, Traits::kBlockN};
 }
 
 template <DType kInput, DType kOutput, int kHeadDim, int kHeadDimV, BwdVariant kVariant>
 cudaError_t run_bwd_sm90(const BwdKernelParams &params, const LaunchOptions &options, cudaStream_t stream) {
-    static_assert(kInput == kOutput && kHeadDim == kHeadDimV && kVariant == BwdVariant::kHopper,
-                  "the sm90 backward writes its input type, at one head dim (bwd/family.cmake)");
-    using Traits = typename sm90::BwdSm90Config<kInput, kHeadDim>::Traits;
+    static_assert(kInput == kOutput && kVariant == BwdVariant::kHopper,
+                  "the sm90 backward writes its input type (bwd/family.cmake)");
+    using Traits = typename sm90::BwdSm90Config<kInput, kHeadDim, kHeadDimV>::Traits;
     const FwdKernelParams &f = params.fwd;
     sm90::BwdSm90Params p{};
     p.bwd = bwd_schedule_params<Traits>(params, options);

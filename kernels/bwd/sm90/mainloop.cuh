@@ -6,7 +6,7 @@
 // for both warpgroups (store_ds); in both forms dQ = dS K (issue_dq) and its
 // store into a dQ buffer (store_dq), and at the end dK and dV to their
 // tensors (store_key_gradients). dK and dV accumulate in the registers
-// (acc_dk, acc_dv: the consumer's kDkvCols columns) across the steps. The
+// (acc_dk, acc_dv: the consumer's kDkCols and kDvCols columns) across the steps. The
 // order of a step, and its waits on the producer's warps, are the
 // consumer's (consumer.cuh: BwdConsumer::run; column_split.cuh for the other
 // form).
@@ -49,10 +49,11 @@ struct BwdMainloop {
     static constexpr int kBlockN = Traits::kBlockN;
     static constexpr int kSAtoms = kBlockM / kMmaN;    // n8 atoms of S^T, dP^T (queries)
     static constexpr int kQuerySteps = kBlockM / 16;   // k-steps of dV, dK (queries)
-    static constexpr int kHeadSteps = Traits::kHeadDim / 16;  // k-steps of S^T, dP^T
+    static constexpr int kHeadSteps = Traits::kHeadDim / 16;    // k-steps of S^T / S
+    static constexpr int kHeadStepsV = Traits::kHeadDimV / 16;  // of dP^T / dP
     static constexpr int kKeySteps = kBlockN / 16;     // k-steps of dQ (keys)
-    static constexpr int kKAtoms = Traits::kDkvCols / kMmaN;
-    static constexpr int kVAtoms = Traits::kDkvCols / kMmaN;
+    static constexpr int kKAtoms = Traits::kDkCols / kMmaN;
+    static constexpr int kVAtoms = Traits::kDvCols / kMmaN;
     static constexpr int kDqAtoms = Traits::kDqCols / kMmaN;
     static constexpr int kStepsPerPanel = Traits::kPanelCols / 16;    // k-steps of a head-dim panel
     static constexpr int kStepsPerDsPanel = Traits::kDsPanelKeys / 16;  // of a dS panel
@@ -81,11 +82,12 @@ struct BwdMainloop {
           warp((consumer_tid % kWarpgroupThreads) / kWarpSize) {}
 
     // The warp's first key row of dK and dV, and the consumer's first
-    // column of them.
+    // column of dK and of dV.
     __device__ __forceinline__ int key_row0() const {
         return (Traits::kColumnSplit ? 0 : consumer * Traits::kKeysPerConsumer) + warp * kMmaM;
     }
-    __device__ __forceinline__ int kv_col0() const { return Traits::kColumnSplit ? consumer * Traits::kDkvCols : 0; }
+    __device__ __forceinline__ int k_col0() const { return Traits::kColumnSplit ? consumer * Traits::kDkCols : 0; }
+    __device__ __forceinline__ int v_col0() const { return Traits::kColumnSplit ? consumer * Traits::kDvCols : 0; }
     // The warp's dQ rows and columns within the block, and its index in the
     // accumulator's fragment order (DqAccumLayout: warps by m16 strip, then
     // column share).
@@ -98,17 +100,18 @@ struct BwdMainloop {
     }
 
     // acc = (64 rows of a K-major tile from `a_rows`, panels a_panel_bytes
-    // apart) * (kNAtoms * 8 rows of a K-major tile from `b_rows`)^T over the
-    // head dim: S^T = K_c Q^T, dP^T = V_c dO^T split by keys, S = Q K_c^T,
+    // apart) * (kNAtoms * 8 rows of a K-major tile from `b_rows`)^T over
+    // kSteps k-steps of the head dim (kHeadSteps, or kHeadStepsV for V and
+    // dO): S^T = K_c Q^T, dP^T = V_c dO^T split by keys, S = Q K_c^T,
     // dP = dO V_c^T split by columns.
-    template <int kNAtoms>
+    template <int kSteps, int kNAtoms>
     __device__ __forceinline__ void issue_scores(float (&acc)[kNAtoms][4], uint32_t a_rows, uint32_t a_panel_bytes,
                                                  uint32_t b_rows, uint32_t b_panel_bytes) const {
         const auto desc_a = Swizzle::k_major(a_rows);
         const auto desc_b = Swizzle::k_major(b_rows);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kHeadSteps; ++kk) {
+        for (int kk = 0; kk < kSteps; ++kk) {
             const uint32_t step = (kk % kStepsPerPanel) * kKStepRowBytes;
             const uint32_t panel = kk / kStepsPerPanel;
             Wgmma<Element, kNAtoms * kMmaN>::ss(acc, desc_a.at(panel * a_panel_bytes + step),
@@ -199,7 +202,10 @@ struct BwdMainloop {
             const int panel = i / kChunks / (end - first);
             const uint32_t offset = panel * Traits::kKVPanelBytes + row * Traits::kPanelRowBytes + chunk * 16;
             *reinterpret_cast<uint4 *>(sm.k() + offset) = make_uint4(0u, 0u, 0u, 0u);
-            *reinterpret_cast<uint4 *>(sm.v() + offset) = make_uint4(0u, 0u, 0u, 0u);
+            // V has no more panels than K (config.cuh).
+            if (Traits::kVPanels == Traits::kPanels || panel < Traits::kVPanels) {
+                *reinterpret_cast<uint4 *>(sm.v() + offset) = make_uint4(0u, 0u, 0u, 0u);
+            }
         }
         fence_shared_to_async_proxy();
     }
@@ -336,7 +342,7 @@ struct BwdMainloop {
     }
 
     // dK (times grad_scale) and dV of the consumer's registers (key_row0,
-    // kv_col0) below the block's valid keys and the call's head dims; then
+    // k_col0, v_col0) below the block's valid keys and the call's head dims; then
     // zeros for the block's keys in [valid_keys, stored_keys) (keys past
     // seqused_k), over both consumers' threads (consumer_tid).
     template <typename Work>
@@ -355,7 +361,7 @@ struct BwdMainloop {
                 if (row >= valid_keys) continue;
 #pragma unroll
                 for (int n = 0; n < kKAtoms; ++n) {
-                    const int col = kv_col0() + n * kMmaN + frag_col(lane);
+                    const int col = k_col0() + n * kMmaN + frag_col(lane);
                     if (col < p.fwd.head_dim) {
                         *reinterpret_cast<uint32_t *>(dk + row * p.dk_seq_stride + col) = pack2<Element>(
                             acc_dk[n][2 * half] * p.grad_scale, acc_dk[n][2 * half + 1] * p.grad_scale);
@@ -363,7 +369,7 @@ struct BwdMainloop {
                 }
 #pragma unroll
                 for (int n = 0; n < kVAtoms; ++n) {
-                    const int col = kv_col0() + n * kMmaN + frag_col(lane);
+                    const int col = v_col0() + n * kMmaN + frag_col(lane);
                     if (col < p.fwd.head_dim_v) {
                         *reinterpret_cast<uint32_t *>(dv + row * p.dv_seq_stride + col) =
                             pack2<Element>(acc_dv[n][2 * half], acc_dv[n][2 * half + 1]);
@@ -374,9 +380,10 @@ struct BwdMainloop {
         // Zeros, 16-byte stores.
         const int end = min(w.stored_keys, kBlockN);
         constexpr int kElems = kElemsPerVector<Element>;
-        for (int idx = consumer_tid; idx < kBlockN * (Traits::kHeadDim / kElems); idx += Traits::kConsumerThreads) {
-            const int row = idx / (Traits::kHeadDim / kElems);
-            const int col = (idx % (Traits::kHeadDim / kElems)) * kElems;
+        constexpr int kVectors = (Traits::kHeadDim > Traits::kHeadDimV ? Traits::kHeadDim : Traits::kHeadDimV) / kElems;
+        for (int idx = consumer_tid; idx < kBlockN * kVectors; idx += Traits::kConsumerThreads) {
+            const int row = idx / kVectors;
+            const int col = (idx % kVectors) * kElems;
             if (row < valid_keys || row >= end) continue;
             if (col < p.fwd.head_dim) {
                 *reinterpret_cast<uint4 *>(dk + row * p.dk_seq_stride + col) = make_uint4(0u, 0u, 0u, 0u);

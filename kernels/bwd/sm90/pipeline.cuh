@@ -59,7 +59,7 @@ struct BwdSmem {
     __device__ __forceinline__ unsigned char *v() const { return base + Traits::kVOffset; }
     __device__ __forceinline__ unsigned char *q(int s) const { return base + Traits::kQOffset + s * Traits::kQBytes; }
     __device__ __forceinline__ unsigned char *dout(int s) const {
-        return base + Traits::kDoOffset + s * Traits::kQBytes;
+        return base + Traits::kDoOffset + s * Traits::kDoBytes;
     }
     __device__ __forceinline__ unsigned char *ds(int s) const {
         return base + Traits::kDsOffset + s * Traits::kDsBytes;

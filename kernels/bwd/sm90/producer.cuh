@@ -32,13 +32,15 @@ __device__ __forceinline__ void bwd_load_tiles(const BwdSm90Params &params, cons
         // rows.
         const int k_batch = p.fwd.cu_seqlens_k != nullptr ? 0 : w.tile.batch;
         const int first_key = w.tile.seqs.k_row0 + w.n_block * Traits::kBlockN;
-        mbarrier_arrive_expect_tx(sm.kv_full(), 2 * Traits::kKBytes);
+        mbarrier_arrive_expect_tx(sm.kv_full(), Traits::kKBytes + Traits::kVBytes);
 #pragma unroll
         for (int panel = 0; panel < Traits::kPanels; ++panel) {
             tma_load_4d(sm.k() + panel * Traits::kKVPanelBytes, &params.tma_k, panel * Traits::kPanelCols, first_key,
                         w.tile.head_kv, k_batch, sm.kv_full());
-            tma_load_4d(sm.v() + panel * Traits::kKVPanelBytes, &params.tma_v, panel * Traits::kPanelCols, first_key,
-                        w.tile.head_kv, k_batch, sm.kv_full());
+            if (panel < Traits::kVPanels) {
+                tma_load_4d(sm.v() + panel * Traits::kKVPanelBytes, &params.tma_v, panel * Traits::kPanelCols,
+                            first_key, w.tile.head_kv, k_batch, sm.kv_full());
+            }
         }
     }
     const int q_batch = p.fwd.cu_seqlens_q != nullptr ? 0 : w.tile.batch;
@@ -59,9 +61,9 @@ __device__ __forceinline__ void bwd_load_tiles(const BwdSm90Params &params, cons
         }
         mbarrier_wait(sm.do_empty(s), free_phase);
         if (leader) {
-            mbarrier_arrive_expect_tx(sm.do_full(s), Traits::kQBytes);
+            mbarrier_arrive_expect_tx(sm.do_full(s), Traits::kDoBytes);
 #pragma unroll
-            for (int panel = 0; panel < Traits::kPanels; ++panel) {
+            for (int panel = 0; panel < Traits::kVPanels; ++panel) {
                 tma_load_4d(sm.dout(s) + panel * Traits::kQPanelBytes, &params.tma_dout, panel * Traits::kPanelCols,
                             row0, step.head, q_batch, sm.do_full(s));
             }
