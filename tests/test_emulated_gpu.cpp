@@ -514,21 +514,31 @@ TEST(EmulatedGpu, PlanningDecidesWhatTheTmaUnitCanDescribe) {
 // The sm_90a backward serves every call whose head dims one of its kernels
 // covers, columns past the call's zero (1.3-2.5x the portable kernel at d32
 // to d96 on an H200: docs/log/hopper.md, 2026-11-30): d80 on the d96
-// kernel, d112 on the d128 one, d40 / 24 and d32 on the d64 one. With a
-// softcap, or on an A100, the portable kernel covering them.
+// kernel, d112 on the d128 one, d40 / 24 and d32 on the d64 one; past 128
+// (192, 128) and d256 on their own kernels (225 KiB at d256: within an
+// H100's 227), (160, 128) on the (192, 128) one and d160 on the d256 one.
+// With a softcap, or on an A100, the portable kernel covering them.
 TEST(EmulatedGpu, BackwardPlansTheHopperKernelCoveringTheHeadDims) {
     if (!build_has_sm90_kernels()) GTEST_SKIP() << "this build has no sm_90a kernels";
-    const struct {
+    struct Case {
         int32_t head_dim, head_dim_v;
         const char *hopper_kernel, *portable_kernel;
-    } cases[] = {{96, 96, "(96, 96)", "(96, 96)"},
-                 {80, 80, "(96, 96)", "(96, 96)"},
-                 {112, 112, "(128, 128)", "(128, 128)"},
-                 {40, 24, "(64, 64)", "(64, 64)"},
-                 {32, 32, "(64, 64)", "(32, 32)"}};
+    };
+    std::vector<Case> cases = {{96, 96, "(96, 96)", "(96, 96)"},
+                               {80, 80, "(96, 96)", "(96, 96)"},
+                               {112, 112, "(128, 128)", "(128, 128)"},
+                               {40, 24, "(64, 64)", "(64, 64)"},
+                               {32, 32, "(64, 64)", "(32, 32)"}};
     const auto pairs = supported_pairs();
-    if (std::find(pairs.begin(), pairs.end(), std::pair<int32_t, int32_t>{128, 128}) == pairs.end()) {
-        GTEST_SKIP() << "this build has no kernels at head dim 128 (nor 96)";
+    const auto has = [&](int32_t head_dim, int32_t head_dim_v) {
+        return std::find(pairs.begin(), pairs.end(), std::pair<int32_t, int32_t>{head_dim, head_dim_v}) != pairs.end();
+    };
+    if (!has(128, 128)) GTEST_SKIP() << "this build has no kernels at head dim 128 (nor 96)";
+    if (has(192, 128) && has(256, 256)) {
+        cases.insert(cases.end(), {{192, 128, "(192, 128)", "(192, 128)"},
+                                   {256, 256, "(256, 256)", "(256, 256)"},
+                                   {160, 128, "(192, 128)", "(192, 128)"},
+                                   {160, 160, "(256, 256)", "(256, 256)"}});
     }
     for (const auto &c : cases) {
         flashcore_backward_params b = one_long_batch_backward();
