@@ -50,6 +50,14 @@ struct FastDivisor {
         const int q = quotient(n);
         return {q, n - q * divisor};
     }
+
+    // (n / divisor) * quotient_stride + (n % divisor) * remainder_stride:
+    // where GQA packing puts row n of a tile (divisor: the packed heads), as
+    // query n / divisor of head n % divisor, from their strides.
+    FLASHCORE_HOST_DEVICE int64_t strided(int n, int64_t quotient_stride, int64_t remainder_stride) const {
+        const Division d = divide(n);
+        return int64_t(d.quotient) * quotient_stride + int64_t(d.remainder) * remainder_stride;
+    }
 };
 
 }  // namespace flashcore

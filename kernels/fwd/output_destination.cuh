@@ -90,12 +90,10 @@ struct ScatteredRows {
     int valid_rows;
 
     __device__ __forceinline__ int64_t out_offset(int row) const {
-        const FastDivisor::Division r = packed_heads.divide(first_row + row);
-        return int64_t(r.quotient) * seq_stride + int64_t(r.remainder) * head_stride;
+        return packed_heads.strided(first_row + row, seq_stride, head_stride);
     }
     __device__ __forceinline__ int64_t lse_offset(int row) const {
-        const FastDivisor::Division r = packed_heads.divide(first_row + row);
-        return int64_t(r.quotient) + int64_t(r.remainder) * lse_head_stride;
+        return packed_heads.strided(first_row + row, 1, lse_head_stride);
     }
 };
 

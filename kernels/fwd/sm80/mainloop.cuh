@@ -59,10 +59,7 @@ __device__ __forceinline__ void load_q_async(typename Traits::Element *smem_q, c
         const FastDivisor packed_heads = p.divisors.packed_heads;
         load_rows_async<Element, Traits::kHeadDim, Traits::kBlockM, Traits::kNumThreads>(
             smem_q, q_heads,
-            [&](int row) {
-                const FastDivisor::Division r = packed_heads.divide(first_query + row);
-                return int64_t(r.quotient) * p.q_seq_stride + int64_t(r.remainder) * p.q_head_stride;
-            },
+            [&](int row) { return packed_heads.strided(first_query + row, p.q_seq_stride, p.q_head_stride); },
             valid_rows, qk_vectors, tid);
     }
 }

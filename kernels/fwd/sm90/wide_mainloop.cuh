@@ -152,8 +152,7 @@ struct WideMainloop {
             [&](int row) -> const Element * {
                 if (row < 0) return q_heads;
                 if (row >= valid_rows) return nullptr;
-                const FastDivisor::Division r = packed_heads.divide(first_query + row);
-                return q_heads + int64_t(r.quotient) * p.q_seq_stride + int64_t(r.remainder) * p.q_head_stride;
+                return q_heads + packed_heads.strided(first_query + row, p.q_seq_stride, p.q_head_stride);
             },
             p.head_dim / kElemsPerVector<Element>, tid);
     }
