@@ -1,16 +1,17 @@
-// A consumer warpgroup of the form split by head-dim columns (config.cuh:
-// head dim 256, 64 x 64 blocks). Consumer c computes S and dP of the query
-// block against its 32 keys (32c .. 32c + 31) untransposed, queries on
-// wgmma's M, and puts P and dS into shared memory; once both consumers'
+// A consumer warpgroup of the form split by head-dim columns (config.cuh: head
+// dims 256 and (192, 128), 64 x 64 blocks). Consumer c computes S and dP of
+// the query block against its 32 keys (32c .. 32c + 31) untransposed, queries
+// on wgmma's M, and puts P and dS into shared memory; once both consumers'
 // halves are there, it adds P^T dO and dS^T Q to its columns of dV and dK
 // (both operands read from shared memory) and computes its columns of dQ
-// (mainloop.cuh: issue_dq, store_dq). dK and dV of all 64 keys at its
-// kDkCols and kDvCols columns stay in its registers (mainloop.cuh: acc_dk,
-// acc_dv, store_key_gradients).
+// (mainloop.cuh: issue_dq, store_dq). dK and dV of all 64 keys at its kDkCols
+// and kDvCols columns stay in its registers (mainloop.cuh: acc_dk, acc_dv,
+// store_key_gradients).
 //
 // Per step, the waits on the producer's warps as the form split by keys
-// (consumer.cuh), with one Q/dO stage: dO is released once dV is done, Q
-// once dK is, so the next step's loads overlap this one's dQ.
+// (consumer.cuh): dO is released once dV is done, Q once dK is, so that
+// with one Q/dO stage (head dim 256) the next step's loads overlap this
+// one's dQ.
 #pragma once
 
 #include <cmath>

@@ -217,7 +217,7 @@ struct BwdSm90Config;
 // consumer, dK and dV small), 64 at 96 and 128 (dK and dV take 96 and 128
 // registers). FlashAttention 3's tiles for these head dims (its causal 128
 // one), and at 96 FlashAttention 4's (dQ in one warpgroup). At 256 and
-// (192, 128), FlashAttention 4's 64 x 64 blocks at 256, split by head-dim
+// (192, 128): FlashAttention 4's d256 blocks, 64 x 64, split by head-dim
 // columns.
 template <DType kInput, int kHeadDim, int kHeadDimV>
 struct BwdSm90Config {
