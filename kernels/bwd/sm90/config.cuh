@@ -26,8 +26,8 @@
 // Split by head-dim columns (kColumnSplit: head dim 256, where one
 // warpgroup's dK and dV of 64 keys at every column would take 256 registers
 // a thread, and (192, 128)): kBlockN = 64, every consumer all 64 keys of dK
-// and dV but only its half of their head-dim columns (at 256, 128 registers),
-// FlashAttention 4's d256 tiles:
+// and dV but only its half of their head-dim columns (at 256, 128 registers;
+// FlashAttention 4's d256 tiles under block sparsity):
 //   S    = Q K_c^T,  dP = dO V_c^T     wgmma m64 (queries) x 32 (consumer
 //                                      c's keys 32c .. 32c + 31), K-major
 //   P    = exp2(S * scale_log2 - lse_log2), dS = P * (dP - D)
@@ -217,8 +217,7 @@ struct BwdSm90Config;
 // consumer, dK and dV small), 64 at 96 and 128 (dK and dV take 96 and 128
 // registers). FlashAttention 3's tiles for these head dims (its causal 128
 // one), and at 96 FlashAttention 4's (dQ in one warpgroup). At 256 and
-// (192, 128): FlashAttention 4's d256 blocks, 64 x 64, split by head-dim
-// columns.
+// (192, 128): 64 x 64 blocks split by head-dim columns.
 template <DType kInput, int kHeadDim, int kHeadDimV>
 struct BwdSm90Config {
     static_assert((kHeadDim == kHeadDimV && (kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 ||
