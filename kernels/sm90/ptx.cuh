@@ -83,11 +83,11 @@ __device__ __forceinline__ void setmaxnreg_decrease() {
 
 template <int kRowBytes>
 struct PanelSwizzle {
-    static_assert(kRowBytes == 128 || kRowBytes == 64, "the 128- and 64-byte swizzles");
+    static_assert(kRowBytes == 128 || kRowBytes == 64 || kRowBytes == 32, "the 128-, 64- and 32-byte swizzles");
     static constexpr uint32_t kAtomBytes = 8 * kRowBytes;  // 8 rows
     static constexpr int kChunks = kRowBytes / 16;
     // Layout-type field of a wgmma descriptor (bits 62-63).
-    static constexpr uint64_t kDescriptorLayout = kRowBytes == 128 ? 1 : 2;
+    static constexpr uint64_t kDescriptorLayout = kRowBytes == 128 ? 1 : kRowBytes == 64 ? 2 : 3;
 
     // Byte offset of 16-byte chunk `chunk` of row `row` within a panel.
     __device__ __forceinline__ static uint32_t offset(int row, int chunk) {

@@ -112,6 +112,27 @@ struct WgmmaSs<__nv_bfloat16, __nv_bfloat16, 128, WgmmaMajor::kK, WgmmaMajor::kM
 };
 #endif
 
+#ifndef FLASHCORE_SM90_WGMMA_SS_BF16_BF16_N48_MN_MN
+#define FLASHCORE_SM90_WGMMA_SS_BF16_BF16_N48_MN_MN
+template <>
+struct WgmmaSs<__nv_bfloat16, __nv_bfloat16, 48, WgmmaMajor::kMN, WgmmaMajor::kMN> {
+    static constexpr int kK = 16;
+    __device__ __forceinline__ static void mma(float (&d)[6][4], uint64_t desc_a, uint64_t desc_b,
+                                               int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p, 1, 1, 1, 1;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+              "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+              "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+              "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+              "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+              "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
+            : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+    }
+};
+#endif
+
 #ifndef FLASHCORE_SM90_WGMMA_SS_BF16_BF16_N64_MN_MN
 #define FLASHCORE_SM90_WGMMA_SS_BF16_BF16_N64_MN_MN
 template <>
@@ -269,6 +290,27 @@ struct WgmmaSs<__half, __half, 128, WgmmaMajor::kK, WgmmaMajor::kMN> {
               "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
               "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
               "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+            : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+    }
+};
+#endif
+
+#ifndef FLASHCORE_SM90_WGMMA_SS_F16_F16_N48_MN_MN
+#define FLASHCORE_SM90_WGMMA_SS_F16_F16_N48_MN_MN
+template <>
+struct WgmmaSs<__half, __half, 48, WgmmaMajor::kMN, WgmmaMajor::kMN> {
+    static constexpr int kK = 16;
+    __device__ __forceinline__ static void mma(float (&d)[6][4], uint64_t desc_a, uint64_t desc_b,
+                                               int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p, 1, 1, 1, 1;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+              "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+              "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+              "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+              "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+              "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
             : "l"(desc_a), "l"(desc_b), "r"(scale_d));
     }
 };

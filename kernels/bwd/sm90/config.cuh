@@ -62,20 +62,30 @@
 
 namespace flashcore::sm90 {
 
-template <typename Element_, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_, bool kColumnSplit_>
+// How the two consumer warpgroups share a block (above).
+enum class BwdSm90Form { kKeySplit, kColumnSplit, kTransposedKeySplit };
+
+template <typename Element_, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_, BwdSm90Form kForm_>
 struct BwdSm90Traits {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;   // of Q and K (and dQ, dK)
     static constexpr int kHeadDimV = kHeadDimV_; // of V and dO (and dV)
     static constexpr int kBlockM = kBlockM_;     // query rows per step
     static constexpr int kBlockN = kBlockN_;     // keys per CTA
-    static constexpr bool kColumnSplit = kColumnSplit_;  // the consumers' form (above)
+    static constexpr BwdSm90Form kForm = kForm_;
+    static constexpr bool kColumnSplit = kForm == BwdSm90Form::kColumnSplit;
+    static constexpr bool kTransposedKv = kForm == BwdSm90Form::kTransposedKeySplit;
     static constexpr int kConsumerWarpgroups = 2;
     // A consumer's keys in S^T / S (its share of the block), and its
     // head-dim columns of dK and of dV.
     static constexpr int kKeysPerConsumer = kBlockN / kConsumerWarpgroups;
     static constexpr int kDkCols = kColumnSplit ? kHeadDim / kConsumerWarpgroups : kHeadDim;
     static constexpr int kDvCols = kColumnSplit ? kHeadDimV / kConsumerWarpgroups : kHeadDimV;
+    // A consumer's n8 accumulator atoms of dK and dV: its columns' (keys on
+    // M), or transposed (kTransposedKv: its keys on N, head-dim columns on M
+    // in m64 tiles).
+    static constexpr int kDkAtoms = kTransposedKv ? kHeadDim / 64 * (kKeysPerConsumer / 8) : kDkCols / 8;
+    static constexpr int kDvAtoms = kTransposedKv ? kHeadDimV / 64 * (kKeysPerConsumer / 8) : kDvCols / 8;
     static constexpr int kNumThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
     static constexpr int kConsumerThreads = kConsumerWarpgroups * kWarpgroupThreads;
     // P and dS buffers (dS only, split by keys): two, so that in the column
@@ -83,7 +93,7 @@ struct BwdSm90Traits {
     // still be reading. The stages of Q and dO (and their row stats): two
     // where shared memory has room (kStages, below), else one (head dim
     // 256).
-    static constexpr int kDsStages = 2;
+    static constexpr int kDsStages = kTransposedKv ? 1 : 2;
     static constexpr bool kRotatedWalk = true;  // BwdKernelParams::rotated_walk
     // The deterministic mode's dQ counts released two steps at once
     // (dq_writer.cuh, bwd_write_dq): where a step is at most half a key
@@ -110,8 +120,10 @@ struct BwdSm90Traits {
     // 64-byte rows (32 columns: head dim 96, and (192, 128) split by
     // columns, 96 a consumer), as the forward's (fwd/sm90/traits.cuh).
     static constexpr bool whole_128_byte_rows(int cols) { return cols * int(sizeof(Element)) % 128 == 0; }
+    // (The transposed form splits dQ by columns, 96 a consumer at 192.)
     static constexpr int kPanelRowBytes = whole_128_byte_rows(kHeadDim) && whole_128_byte_rows(kHeadDimV) &&
-                                                  whole_128_byte_rows(kDkCols) && whole_128_byte_rows(kDvCols)
+                                                  whole_128_byte_rows(kDkCols) && whole_128_byte_rows(kDvCols) &&
+                                                  (!kTransposedKv || whole_128_byte_rows(kHeadDim / 2))
                                               ? 128
                                               : 64;
     using Swizzle = PanelSwizzle<kPanelRowBytes>;
@@ -124,9 +136,11 @@ struct BwdSm90Traits {
     static constexpr uint32_t kVBytes = kVPanels * kKVPanelBytes;
     static constexpr uint32_t kQBytes = kPanels * kQPanelBytes;
     static constexpr uint32_t kDoBytes = kVPanels * kQPanelBytes;
-    // dS (and in the column split P): kBlockM rows of kBlockN keys, a
-    // 128-byte panel per 64 keys, whatever the head dim.
-    static constexpr int kDsPanelRowBytes = 128;
+    // dS (and in the column split and the transposed form P): kBlockM rows
+    // of kBlockN keys, a 128-byte panel per 64 keys whatever the head dim;
+    // in the transposed form 32-byte panels of 16 keys (a consumer's 48
+    // keys are whole ones, the B operand of its dK^T and dV^T).
+    static constexpr int kDsPanelRowBytes = kTransposedKv ? 32 : 128;
     using DsSwizzle = PanelSwizzle<kDsPanelRowBytes>;
     static constexpr int kDsPanelKeys = kDsPanelRowBytes / int(sizeof(Element));
     static constexpr uint32_t kDsPanelBytes = kBlockM * kDsPanelRowBytes;
@@ -134,7 +148,7 @@ struct BwdSm90Traits {
     // A stage's rows' lse (log2 units) and D.
     static constexpr uint32_t kRowStatBytes = kBlockM * sizeof(float);
 
-    static constexpr uint32_t kPBytes = kColumnSplit ? kDsBytes : 0;
+    static constexpr uint32_t kPBytes = kColumnSplit || kTransposedKv ? kDsBytes : 0;
     // A step's dQ (fp32, kBlockM x kHeadDim) on its way to the workspace:
     // the consumers store it, a producer warp adds it there with one bulk
     // reduction (dq_writer.cuh). Two buffers where they fit (head dim 128): the
@@ -198,11 +212,13 @@ struct BwdSm90Traits {
     static constexpr int kdQPasses = 1;
 
     static_assert(kDqRows == 64 && kBlockM / kWarpsMdQ == kMmaM, "a consumer's dQ rows are one wgmma M");
-    static_assert(kColumnSplit ? kBlockM == 64 && kBlockN == 64 && kDkCols % kPanelCols == 0 &&
-                                     kDvCols % kPanelCols == 0
-                               : kKeysPerConsumer == 64 && kHeadDim == kHeadDimV,
-                  "the consumers' forms (above): keys on wgmma's M at one head dim, or 64 x 64 blocks of "
-                  "whole panels");
+    static_assert(kColumnSplit   ? kBlockM == 64 && kBlockN == 64 && kDkCols % kPanelCols == 0 &&
+                                       kDvCols % kPanelCols == 0
+                  : kTransposedKv ? kBlockM == 64 && kKeysPerConsumer % 16 == 0 && kHeadDim % 64 == 0 &&
+                                       kHeadDimV % 64 == 0
+                                 : kKeysPerConsumer == 64 && kHeadDim == kHeadDimV,
+                  "the consumers' forms (above): keys on wgmma's M at one head dim, 64 x 64 blocks of whole "
+                  "panels, or transposed dK and dV of m64 tiles and whole 16-key panels");
     static_assert(kBlockM % 64 == 0 && kBlockM <= 128, "kBlockM: S^T's N, and the dQ split");
     static_assert(kHeadDim % kPanelCols == 0 && kHeadDimV % kPanelCols == 0, "whole panels");
     static_assert(kHeadDimV <= kHeadDim, "V's panels are loaded beside K's (producer.cuh)");
@@ -224,9 +240,13 @@ struct BwdSm90Config {
                                              kHeadDim == 256)) ||
                       (kHeadDim == 192 && kHeadDimV == 128),
                   "the sm90 backward has head dims 64, 96, 128, 256 and (192, 128)");
-    static constexpr bool kColumnSplit = kHeadDim > 128;
-    using Traits = BwdSm90Traits<ElementType<kInput>, kHeadDim, kHeadDimV, kHeadDim == 64 ? 128 : 64,
-                                 kColumnSplit ? 64 : 128, kColumnSplit>;
+    static constexpr BwdSm90Form kForm = kHeadDim == 256   ? BwdSm90Form::kColumnSplit
+                                         : kHeadDim == 192 ? BwdSm90Form::kTransposedKeySplit
+                                                           : BwdSm90Form::kKeySplit;
+    static constexpr int kBlockN = kForm == BwdSm90Form::kColumnSplit          ? 64
+                                   : kForm == BwdSm90Form::kTransposedKeySplit ? 96
+                                                                               : 128;
+    using Traits = BwdSm90Traits<ElementType<kInput>, kHeadDim, kHeadDimV, kHeadDim == 64 ? 128 : 64, kBlockN, kForm>;
 };
 
 }  // namespace flashcore::sm90

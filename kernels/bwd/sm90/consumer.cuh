@@ -28,7 +28,8 @@ namespace flashcore::sm90 {
 // run-time one ptxas serialised the wgmmas (C7514) where the paths join.
 template <typename Traits, bool kAddsDq = true>
 struct BwdConsumer : BwdMainloop<Traits> {
-    static_assert(!Traits::kColumnSplit && Traits::kDsStages == Traits::kStages, "a dS buffer per Q/dO stage");
+    static_assert(Traits::kForm == BwdSm90Form::kKeySplit && Traits::kDsStages == Traits::kStages,
+                  "a dS buffer per Q/dO stage");
     using Mainloop = BwdMainloop<Traits>;
     using Mainloop::Mainloop;
     using typename Mainloop::Element;
@@ -51,7 +52,7 @@ struct BwdConsumer : BwdMainloop<Traits> {
     using Mainloop::issue_key_gradient;
     using Mainloop::store_ds;
     using Mainloop::issue_dq;
-    using Mainloop::store_dq;
+    using Mainloop::hand_over_dq;
     using Mainloop::store_key_gradients;
 
     // A barrier both consumers wait at: where they run different copies of
@@ -66,7 +67,6 @@ struct BwdConsumer : BwdMainloop<Traits> {
 
     template <typename Work>
     __device__ __forceinline__ void run(const Work &w) {
-        const BwdKernelParams &p = params.bwd;
         const bool partial_key_block = start(w);
         const uint32_t k_rows = consumer_key_rows(sm.k());
         const uint32_t v_rows = consumer_key_rows(sm.v());
@@ -117,14 +117,7 @@ struct BwdConsumer : BwdMainloop<Traits> {
             if constexpr (kAddsDq) {
                 wgmma_wait<1>();  // dQ is done
                 fence_accumulators(acc_dq);
-                // Into the dQ buffer once the writer has read the last
-                // step's; the writer adds it to the workspace.
-                const int b = j % Traits::kDqBuffers;
-                named_barrier_sync_id(kDqEmptyBarrier + 2 * b, kDqWriterParticipants<Traits>);
-                const DqBlock block = DqBlock::of<Traits>(p, w, step.head, step.m_block);
-                store_dq(block, acc_dq, b);
-                fence_shared_to_async_proxy();
-                named_barrier_arrive_id(kDqFullBarrier + 2 * b, kDqWriterParticipants<Traits>);
+                hand_over_dq(w, step, j, acc_dq);
             }
             wgmma_wait<0>();  // dK is done: Q's buffer may be refilled
             fence_accumulators(acc_dk);

@@ -29,6 +29,7 @@
 #include "bwd/sm90/pipeline.cuh"
 #include "bwd/sm90/producer.cuh"
 #include "bwd/sm90/scheduler.cuh"
+#include "bwd/sm90/transposed_split.cuh"
 #include "sm90/ptx.cuh"
 
 namespace flashcore::sm90 {
@@ -94,6 +95,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         BwdColumnSplitConsumer<Traits> consumer(params, sm, warp_uniform(warpgroup) - 1, consumer_tid);
         if (has_work) consumer.run(work);
         consumer.store_key_gradients(work, consumer_tid, has_work);
+    } else if constexpr (Traits::kTransposedKv) {
+        BwdTransposedConsumer<Traits> consumer(params, sm, warp_uniform(warpgroup) - 1, consumer_tid);
+        if (has_work) consumer.run(work);
+        consumer.store_transposed_gradients(work, consumer_tid, has_work);
     } else if (Traits::kDqConsumers == Traits::kConsumerWarpgroups || warp_uniform(warpgroup) == 1) {
         BwdConsumer<Traits> consumer(params, sm, warpgroup - 1, consumer_tid);
         if (has_work) consumer.run(work);

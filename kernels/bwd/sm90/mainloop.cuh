@@ -19,6 +19,7 @@
 #include "bwd/params.h"
 #include "bwd/sm90/config.cuh"
 #include "bwd/sm90/pipeline.cuh"
+#include "bwd/sm90/scheduler.cuh"
 #include "common/element.cuh"
 #include "common/fragment_layout.cuh"
 #include "common/key_range.cuh"
@@ -52,8 +53,8 @@ struct BwdMainloop {
     static constexpr int kHeadSteps = Traits::kHeadDim / 16;    // k-steps of S^T / S
     static constexpr int kHeadStepsV = Traits::kHeadDimV / 16;  // of dP^T / dP
     static constexpr int kKeySteps = kBlockN / 16;     // k-steps of dQ (keys)
-    static constexpr int kKAtoms = Traits::kDkCols / kMmaN;
-    static constexpr int kVAtoms = Traits::kDvCols / kMmaN;
+    static constexpr int kKAtoms = Traits::kDkAtoms;
+    static constexpr int kVAtoms = Traits::kDvAtoms;
     static constexpr int kDqAtoms = Traits::kDqCols / kMmaN;
     static constexpr int kStepsPerPanel = Traits::kPanelCols / 16;    // k-steps of a head-dim panel
     static constexpr int kStepsPerDsPanel = Traits::kDsPanelKeys / 16;  // of a dS panel
@@ -186,6 +187,19 @@ struct BwdMainloop {
     // warp_uniform.
     __device__ __forceinline__ uint32_t consumer_key_rows(const unsigned char *tile) const {
         return warp_uniform(smem_address(tile) + consumer * Traits::kKeysPerConsumer * Traits::kPanelRowBytes);
+    }
+
+    // Step j's dQ into its dQ buffer once the writer has read the last
+    // step's there (dq_writer.cuh), which adds it to the workspace.
+    template <typename Work>
+    __device__ __forceinline__ void hand_over_dq(const Work &w, const BwdStep &step, int j,
+                                                 const float (&acc_dq)[kDqAtoms][4]) const {
+        const int b = j % Traits::kDqBuffers;
+        named_barrier_sync_id(kDqEmptyBarrier + 2 * b, kDqWriterParticipants<Traits>);
+        const DqBlock block = DqBlock::of<Traits>(params.bwd, w, step.head, step.m_block);
+        store_dq(block, acc_dq, b);
+        fence_shared_to_async_proxy();
+        named_barrier_arrive_id(kDqFullBarrier + 2 * b, kDqWriterParticipants<Traits>);
     }
 
     // The consumer's keys past the block's valid ones, zeroed in K and V:
@@ -341,18 +355,30 @@ struct BwdMainloop {
         }
     }
 
+    // The block's first key row of dK and of dV (its (batch, K/V head)).
+    struct KeyGradientRows {
+        Element *dk;
+        Element *dv;
+    };
+    template <typename Work>
+    __device__ __forceinline__ KeyGradientRows key_gradient_rows(const Work &w) const {
+        const BwdKernelParams &p = params.bwd;
+        const int64_t first_key = int64_t(w.tile.seqs.k_row0) + int64_t(w.n_block) * kBlockN;
+        return {static_cast<Element *>(p.dk) + w.tile.batch * p.dk_batch_stride + first_key * p.dk_seq_stride +
+                    int64_t(w.tile.head_kv) * p.dk_head_stride,
+                static_cast<Element *>(p.dv) + w.tile.batch * p.dv_batch_stride + first_key * p.dv_seq_stride +
+                    int64_t(w.tile.head_kv) * p.dv_head_stride};
+    }
+
     // dK (times grad_scale) and dV of the consumer's registers (key_row0,
     // k_col0, v_col0) below the block's valid keys and the call's head dims; then
-    // zeros for the block's keys in [valid_keys, stored_keys) (keys past
-    // seqused_k), over both consumers' threads (consumer_tid).
+    // zeros for the block's keys in [valid_keys, stored_keys) (zero_key_tail).
     template <typename Work>
     __device__ __forceinline__ void store_key_gradients(const Work &w, int consumer_tid, bool has_work) const {
         const BwdKernelParams &p = params.bwd;
-        const int64_t first_key = int64_t(w.tile.seqs.k_row0) + int64_t(w.n_block) * kBlockN;
-        Element *dk = static_cast<Element *>(p.dk) + w.tile.batch * p.dk_batch_stride + first_key * p.dk_seq_stride +
-                      int64_t(w.tile.head_kv) * p.dk_head_stride;
-        Element *dv = static_cast<Element *>(p.dv) + w.tile.batch * p.dv_batch_stride + first_key * p.dv_seq_stride +
-                      int64_t(w.tile.head_kv) * p.dv_head_stride;
+        const KeyGradientRows rows = key_gradient_rows(w);
+        Element *dk = rows.dk;
+        Element *dv = rows.dv;
         const int valid_keys = has_work ? w.valid_keys : 0;
         if (has_work) {
 #pragma unroll
@@ -377,7 +403,17 @@ struct BwdMainloop {
                 }
             }
         }
-        // Zeros, 16-byte stores.
+        zero_key_tail(w, rows, consumer_tid, has_work);
+    }
+
+    // Zeros for the block's keys in [valid_keys, stored_keys) of dK and dV
+    // (keys past seqused_k), over both consumers' threads (consumer_tid).
+    template <typename Work>
+    __device__ __forceinline__ void zero_key_tail(const Work &w, const KeyGradientRows &rows, int consumer_tid,
+                                                  bool has_work) const {
+        const BwdKernelParams &p = params.bwd;
+        const int valid_keys = has_work ? w.valid_keys : 0;
+        // 16-byte stores.
         const int end = min(w.stored_keys, kBlockN);
         constexpr int kElems = kElemsPerVector<Element>;
         constexpr int kVectors = (Traits::kHeadDim > Traits::kHeadDimV ? Traits::kHeadDim : Traits::kHeadDimV) / kElems;
@@ -386,10 +422,10 @@ struct BwdMainloop {
             const int col = (idx % kVectors) * kElems;
             if (row < valid_keys || row >= end) continue;
             if (col < p.fwd.head_dim) {
-                *reinterpret_cast<uint4 *>(dk + row * p.dk_seq_stride + col) = make_uint4(0u, 0u, 0u, 0u);
+                *reinterpret_cast<uint4 *>(rows.dk + row * p.dk_seq_stride + col) = make_uint4(0u, 0u, 0u, 0u);
             }
             if (col < p.fwd.head_dim_v) {
-                *reinterpret_cast<uint4 *>(dv + row * p.dv_seq_stride + col) = make_uint4(0u, 0u, 0u, 0u);
+                *reinterpret_cast<uint4 *>(rows.dv + row * p.dv_seq_stride + col) = make_uint4(0u, 0u, 0u, 0u);
             }
         }
     }

@@ -43,6 +43,9 @@ constexpr int kDsReadyBarrier = 1;
 constexpr int kFirstConsumerBarrier = 2;  // and 3
 constexpr int kDqFullBarrier = 4;
 constexpr int kDqEmptyBarrier = 5;  // 4 .. 7 with two dQ buffers
+// The transposed key split's one P/dS buffer is free again: both consumers
+// are past the last step's products (transposed_split.cuh).
+constexpr int kScoresFreeBarrier = 8;
 // The dQ buffers' barriers: the consumers that compute dQ and the writer.
 template <typename Traits>
 constexpr int kDqWriterParticipants = Traits::kDqThreads + kWarpSize;
