@@ -7,7 +7,8 @@
 // while the CTA walks the query blocks of kBlockM rows that see the keys
 // (and, with GQA, every query head of the group). A producer warp loads
 // each block's Q and dO (TMA) with its rows' lse and D into a ring of
-// kStages stages. The consumers share the block in one of two forms.
+// kStages stages. The consumers share the block in one of three forms
+// (BwdSm90Form).
 //
 // Split by keys (head dims up to 128: kBlockN = 128, consumer c keys
 // 64c .. 64c + 63, all head-dim columns of their dK and dV), FlashAttention
@@ -25,9 +26,9 @@
 //
 // Split by head-dim columns (kColumnSplit: head dim 256, where one
 // warpgroup's dK and dV of 64 keys at every column would take 256 registers
-// a thread, and (192, 128)): kBlockN = 64, every consumer all 64 keys of dK
-// and dV but only its half of their head-dim columns (at 256, 128 registers;
-// FlashAttention 4's d256 tiles under block sparsity):
+// a thread): kBlockN = 64, every consumer all 64 keys of dK and dV but only
+// its half of their head-dim columns (128 registers; FlashAttention 4's d256
+// tiles under block sparsity):
 //   S    = Q K_c^T,  dP = dO V_c^T     wgmma m64 (queries) x 32 (consumer
 //                                      c's keys 32c .. 32c + 31), K-major
 //   P    = exp2(S * scale_log2 - lse_log2), dS = P * (dP - D)
@@ -36,9 +37,20 @@
 //                                      stored, read transposed), B = the
 //                                      consumer's columns of dO and Q
 //                                      (MN-major)
-// P and dS take two buffers; Q and dO one stage at head dim 256 (64 KB).
+// P and dS take two buffers; Q and dO one stage (64 KB).
 //
-// In both forms:
+// Split by keys with dK and dV transposed (kTransposedKeySplit: (192, 128),
+// FlashAttention 4's tile for it): kBlockN = 96, consumer c keys
+// 48c .. 48c + 47 and all head-dim columns of their dK and dV, transposed:
+//   S    = Q K_c^T,  dP = dO V_c^T     wgmma m64 (queries) x 48, as above
+//   P, dS -> shared memory (stmatrix, 32-byte panels of 16 keys), one buffer
+//   dV^T += dO^T P_c, dK^T += Q^T dS_c head-dim columns on M (m64 tiles), the
+//                                      consumer's keys on N: A = dO, Q read
+//                                      transposed, B = P, dS (MN-major)
+// A consumer's dK^T and dV^T read only its own P and dS; dQ reads both
+// consumers' dS.
+//
+// In every form:
 //   dQ   = dS K                        A = dS (K-major), B = K (MN-major):
 //                                      each warpgroup a share of the block's
 //                                      dQ (kDqSplitRows: rows, else head-dim

@@ -5,11 +5,12 @@
 // shared memory, and adds dO^T P and Q^T dS to its dV^T and dK^T: head-dim
 // columns on wgmma's M (m64 tiles), its keys on N, both operands read from
 // shared memory. Only dQ = dS K reads both consumers' dS (mainloop.cuh:
-// issue_dq, store_dq), one barrier of both a step. At the end it stores dK
-// and dV transposed back (store_transposed_gradients).
+// issue_dq, hand_over_dq): a barrier of both before it. At the end it
+// stores dK and dV transposed back (store_transposed_gradients).
 //
 // P and dS take one buffer: before a step stores them, both consumers have
-// finished the last step's products (kScoresFreeBarrier).
+// finished the last step's products (kScoresFreeBarrier, the step's other
+// barrier of both).
 #pragma once
 
 #include <cstdint>
