@@ -102,9 +102,10 @@ struct BwdSm90Traits {
     static constexpr int kConsumerThreads = kConsumerWarpgroups * kWarpgroupThreads;
     // P and dS buffers (dS only, split by keys): two, so that in the column
     // split a consumer's next step does not overwrite what the other may
-    // still be reading. The stages of Q and dO (and their row stats): two
-    // where shared memory has room (kStages, below), else one (head dim
-    // 256).
+    // still be reading; one in the transposed form, whose consumers meet at
+    // a barrier before storing the next (transposed_split.cuh). The stages
+    // of Q and dO (and their row stats): two where shared memory has room
+    // (kStages, below), else one (head dim 256).
     static constexpr int kDsStages = kTransposedKv ? 1 : 2;
     static constexpr bool kRotatedWalk = true;  // BwdKernelParams::rotated_walk
     // The deterministic mode's dQ counts released two steps at once
@@ -127,12 +128,12 @@ struct BwdSm90Traits {
                   "the consumers ask for more registers than the producer releases");
 
     // Q, K, V and dO in swizzled panels (sm90/ptx.cuh, PanelSwizzle), as
-    // TMA writes them: 128-byte rows where the head dims, and in the column
-    // split each consumer's columns, are whole ones (64 columns), else
-    // 64-byte rows (32 columns: head dim 96, and (192, 128) split by
-    // columns, 96 a consumer), as the forward's (fwd/sm90/traits.cuh).
+    // TMA writes them: 128-byte rows where the head dims, and each
+    // consumer's columns of dK and dV (column split) or of dQ (transposed
+    // form), are whole ones (64 columns), else 64-byte rows (32 columns:
+    // head dim 96, and (192, 128), 96 columns of dQ a consumer), as the
+    // forward's (fwd/sm90/traits.cuh).
     static constexpr bool whole_128_byte_rows(int cols) { return cols * int(sizeof(Element)) % 128 == 0; }
-    // (The transposed form splits dQ by columns, 96 a consumer at 192.)
     static constexpr int kPanelRowBytes = whole_128_byte_rows(kHeadDim) && whole_128_byte_rows(kHeadDimV) &&
                                                   whole_128_byte_rows(kDkCols) && whole_128_byte_rows(kDvCols) &&
                                                   (!kTransposedKv || whole_128_byte_rows(kHeadDim / 2))

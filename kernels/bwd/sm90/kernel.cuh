@@ -12,11 +12,12 @@
 //     (bwd_load_row_stats); its second adds each step's dQ from shared
 //     memory to the fp32 workspace with a bulk reduction (dq_writer.cuh:
 //     bwd_write_dq).
-//   warpgroups 1 and 2, the consumers (consumer.cuh: 64 keys each; or
-//     column_split.cuh: half the head-dim columns each): the products of
-//     config.cuh per step (mainloop.cuh), dK and dV in registers across the
-//     steps, dQ into shared memory for the writer, and at the end dK (times
-//     grad_scale) and dV to their tensors.
+//   warpgroups 1 and 2, the consumers, in one of config.cuh's forms
+//     (consumer.cuh: 64 keys each; column_split.cuh: half the head-dim
+//     columns each; transposed_split.cuh: 48 keys each, dK and dV
+//     transposed): the products of config.cuh per step (mainloop.cuh), dK
+//     and dV in registers across the steps, dQ into shared memory for the
+//     writer, and at the end dK (times grad_scale) and dV to their tensors.
 #pragma once
 
 #include <new>
@@ -91,14 +92,12 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     // (The branch on a warp-uniform value: in code under a condition that
     // ptxas cannot tell is the warp's, it kept the wgmma operands' addresses
     // in vector registers: warp_uniform.)
-    if constexpr (Traits::kColumnSplit) {
-        BwdColumnSplitConsumer<Traits> consumer(params, sm, warp_uniform(warpgroup) - 1, consumer_tid);
+    if constexpr (Traits::kForm != BwdSm90Form::kKeySplit) {
+        using Consumer = std::conditional_t<Traits::kColumnSplit, BwdColumnSplitConsumer<Traits>,
+                                            BwdTransposedConsumer<Traits>>;
+        Consumer consumer(params, sm, warp_uniform(warpgroup) - 1, consumer_tid);
         if (has_work) consumer.run(work);
         consumer.store_key_gradients(work, consumer_tid, has_work);
-    } else if constexpr (Traits::kTransposedKv) {
-        BwdTransposedConsumer<Traits> consumer(params, sm, warp_uniform(warpgroup) - 1, consumer_tid);
-        if (has_work) consumer.run(work);
-        consumer.store_transposed_gradients(work, consumer_tid, has_work);
     } else if (Traits::kDqConsumers == Traits::kConsumerWarpgroups || warp_uniform(warpgroup) == 1) {
         BwdConsumer<Traits> consumer(params, sm, warpgroup - 1, consumer_tid);
         if (has_work) consumer.run(work);

@@ -8,8 +8,8 @@
 // tensors (store_key_gradients). dK and dV accumulate in the registers
 // (acc_dk, acc_dv: the consumer's kDkCols and kDvCols columns) across the steps. The
 // order of a step, and its waits on the producer's warps, are the
-// consumer's (consumer.cuh: BwdConsumer::run; column_split.cuh for the other
-// form).
+// consumer's (consumer.cuh: BwdConsumer::run; column_split.cuh and
+// transposed_split.cuh for the other forms).
 #pragma once
 
 #include <cmath>
@@ -377,8 +377,6 @@ struct BwdMainloop {
     __device__ __forceinline__ void store_key_gradients(const Work &w, int consumer_tid, bool has_work) const {
         const BwdKernelParams &p = params.bwd;
         const KeyGradientRows rows = key_gradient_rows(w);
-        Element *dk = rows.dk;
-        Element *dv = rows.dv;
         const int valid_keys = has_work ? w.valid_keys : 0;
         if (has_work) {
 #pragma unroll
@@ -389,7 +387,7 @@ struct BwdMainloop {
                 for (int n = 0; n < kKAtoms; ++n) {
                     const int col = k_col0() + n * kMmaN + frag_col(lane);
                     if (col < p.fwd.head_dim) {
-                        *reinterpret_cast<uint32_t *>(dk + row * p.dk_seq_stride + col) = pack2<Element>(
+                        *reinterpret_cast<uint32_t *>(rows.dk + row * p.dk_seq_stride + col) = pack2<Element>(
                             acc_dk[n][2 * half] * p.grad_scale, acc_dk[n][2 * half + 1] * p.grad_scale);
                     }
                 }
@@ -397,7 +395,7 @@ struct BwdMainloop {
                 for (int n = 0; n < kVAtoms; ++n) {
                     const int col = v_col0() + n * kMmaN + frag_col(lane);
                     if (col < p.fwd.head_dim_v) {
-                        *reinterpret_cast<uint32_t *>(dv + row * p.dv_seq_stride + col) =
+                        *reinterpret_cast<uint32_t *>(rows.dv + row * p.dv_seq_stride + col) =
                             pack2<Element>(acc_dv[n][2 * half], acc_dv[n][2 * half + 1]);
                     }
                 }

@@ -67,7 +67,7 @@ struct BwdSmem {
     __device__ __forceinline__ unsigned char *ds(int s) const {
         return base + Traits::kDsOffset + s * Traits::kDsBytes;
     }
-    // The column split's P (config.cuh), beside dS.
+    // P beside dS, in the forms that store it (config.cuh: kPBytes).
     __device__ __forceinline__ unsigned char *p(int s) const { return base + Traits::kPOffset + s * Traits::kPBytes; }
     __device__ __forceinline__ float *lse_log2(int s) const {
         return reinterpret_cast<float *>(base + Traits::kLseOffset + s * Traits::kRowStatBytes);

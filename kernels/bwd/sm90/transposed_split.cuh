@@ -6,7 +6,8 @@
 // columns on wgmma's M (m64 tiles), its keys on N, both operands read from
 // shared memory. Only dQ = dS K reads both consumers' dS (mainloop.cuh:
 // issue_dq, hand_over_dq): a barrier of both before it. At the end it
-// stores dK and dV transposed back (store_transposed_gradients).
+// stores dK and dV transposed back (store_key_gradients, in place of the
+// mainloop's).
 //
 // P and dS take one buffer: before a step stores them, both consumers have
 // finished the last step's products (kScoresFreeBarrier, the step's other
@@ -134,7 +135,7 @@ struct BwdTransposedConsumer : BwdRowScores<Traits> {
     // consumer's first key + 8 n + the fragment's column; below the block's
     // valid keys and the call's head dims. Then the zeros of zero_key_tail.
     template <typename Work>
-    __device__ __forceinline__ void store_transposed_gradients(const Work &w, int consumer_tid, bool has_work) const {
+    __device__ __forceinline__ void store_key_gradients(const Work &w, int consumer_tid, bool has_work) const {
         const BwdKernelParams &p = params.bwd;
         const KeyGradientRows rows = key_gradient_rows(w);
         if (has_work) {
