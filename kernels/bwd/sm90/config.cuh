@@ -200,6 +200,25 @@ struct BwdSm90Traits {
     static_assert(kBarrierOffset + kBarriers * sizeof(uint64_t) + kSmemBaseAlignment == kSmemBytes,
                   "smem_bytes counts the offsets' buffers");
 
+    // dK and dV on their way to their tensors (mainloop.cuh:
+    // store_key_gradients): staged from the registers (stmatrix) into the K,
+    // V and Q/dO buffers, which no one reads once both consumers are past
+    // their last step, as rows of a key's kHeadDim (dK) and kHeadDimV (dV)
+    // elements, each padded by 16 bytes so that an 8x8 matrix's rows fall in
+    // distinct banks; then copied out in 16-byte pieces of whole rows. (Each
+    // thread storing its own fragments, 4 or 2 bytes at a time, took a
+    // tenth of the 2k kernels' warp samples: ncu, docs/log/hopper.md.)
+    // Each consumer stages and copies its own keys (split by keys: the
+    // kStagedRows from consumer * kStagedRows) or columns (column split: all
+    // kStagedRows keys).
+    static constexpr uint32_t kStagedDkRowBytes = kHeadDim * sizeof(Element) + 16;
+    static constexpr uint32_t kStagedDvRowBytes = kHeadDimV * sizeof(Element) + 16;
+    static constexpr uint32_t kStagedDkOffset = kKOffset;
+    static constexpr uint32_t kStagedDvOffset = kStagedDkOffset + kBlockN * kStagedDkRowBytes;
+    static constexpr int kStagedRows = kColumnSplit ? kBlockN : kKeysPerConsumer;
+    static_assert(kStagedDvOffset + kBlockN * kStagedDvRowBytes <= kDsOffset,
+                  "dK and dV staged within the K, V, Q and dO buffers");
+
     // dQ = dS K (kBlockM x kHeadDim) over the consumers: by rows where
     // each gets 64 (kBlockM 128), else by head-dim columns where each half
     // is whole panels (a wgmma's MN-major B starts at a panel), else all of

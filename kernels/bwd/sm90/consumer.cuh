@@ -4,8 +4,8 @@
 // mainloop.cuh, releases each buffer as soon as its last reader is done,
 // hands dS to the other warpgroup and dQ to the dQ writer), then its
 // epilogue (store_key_gradients): dK (times grad_scale) and dV from the
-// registers to their tensors, and zeros for the block's keys past
-// seqused_k.
+// registers to their tensors through shared memory, and zeros for the
+// block's keys past seqused_k.
 #pragma once
 
 #include <cstdint>

@@ -3,7 +3,8 @@
 // to the fp32 workspace with one bulk reduction, and in the deterministic
 // mode in the order bwd/scheduler.cuh gives (bwd_dq_rank, the per-query-
 // block counters). The dQ leaves the CTA here, step by step; dK and dV
-// leave at the end from the consumers' registers (consumer.cuh).
+// leave at the end, staged by the consumers through shared memory
+// (mainloop.cuh: store_key_gradients_staged).
 #pragma once
 
 #include <cstdint>

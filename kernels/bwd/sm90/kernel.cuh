@@ -17,7 +17,8 @@
 //     columns each; transposed_split.cuh: 48 keys each, dK and dV
 //     transposed): the products of config.cuh per step (mainloop.cuh), dK
 //     and dV in registers across the steps, dQ into shared memory for the
-//     writer, and at the end dK (times grad_scale) and dV to their tensors.
+//     writer, and at the end dK (times grad_scale) and dV to their tensors,
+//     staged through shared memory.
 #pragma once
 
 #include <new>

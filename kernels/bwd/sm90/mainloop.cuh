@@ -58,6 +58,8 @@ struct BwdMainloop {
     static constexpr int kDqAtoms = Traits::kDqCols / kMmaN;
     static constexpr int kStepsPerPanel = Traits::kPanelCols / 16;    // k-steps of a head-dim panel
     static constexpr int kStepsPerDsPanel = Traits::kDsPanelKeys / 16;  // of a dS panel
+    // A dQ consumer's columns of K (kDqCols of them: whole panels).
+    static constexpr uint32_t kDqColsBytes = Traits::kDqCols / Traits::kPanelCols * Traits::kKVPanelBytes;
     using Fragments = uint32_t[kQuerySteps][4];
     using Layout = DqAccumLayout<Traits>;
 
@@ -67,6 +69,11 @@ struct BwdMainloop {
     int tid;       // within the consumer warpgroup
     int lane;
     int warp;      // within the consumer warpgroup
+    // dQ's B operand (issue_dq): the consumer's head-dim columns of K, a
+    // wgmma operand (warp_uniform), worked out once. Worked out in
+    // issue_dq, the shuffle was redone every step and the step's R2UR
+    // waited on it (ncu, d128: 5% of the kernel's warp samples).
+    uint32_t dq_k_cols;
 
     float acc_dk[kKAtoms][4];
     float acc_dv[kVAtoms][4];
@@ -80,7 +87,8 @@ struct BwdMainloop {
           consumer(consumer_),
           tid(consumer_tid % kWarpgroupThreads),
           lane(consumer_tid % kWarpSize),
-          warp((consumer_tid % kWarpgroupThreads) / kWarpSize) {}
+          warp((consumer_tid % kWarpgroupThreads) / kWarpSize),
+          dq_k_cols(warp_uniform(smem_address(sm_.k()) + (Traits::kDqSplitRows ? 0 : consumer_ * kDqColsBytes))) {}
 
     // The warp's first key row of dK and dV, and the consumer's first
     // column of dK and of dV.
@@ -142,9 +150,7 @@ struct BwdMainloop {
         const uint32_t ds_consumer_rows =
             Traits::kDqSplitRows ? consumer * Traits::kDqRows * Traits::kDsPanelRowBytes : 0;
         const uint32_t ds_rows = warp_uniform(smem_address(sm.ds(s)) + ds_consumer_rows);
-        constexpr uint32_t kDqColsBytes = Traits::kDqCols / Traits::kPanelCols * Traits::kKVPanelBytes;
-        const uint32_t k_cols =
-            warp_uniform(smem_address(sm.k()) + (Traits::kDqSplitRows ? 0 : consumer * kDqColsBytes));
+        const uint32_t k_cols = dq_k_cols;
         const auto desc_a = DsSwizzle::k_major(ds_rows);
         const auto desc_b = Swizzle::mn_major(k_cols, Traits::kKVPanelBytes);
         wgmma_fence();
@@ -370,47 +376,106 @@ struct BwdMainloop {
                     int64_t(w.tile.head_kv) * p.dv_head_stride};
     }
 
-    // dK (times grad_scale) and dV of the consumer's registers (key_row0,
-    // k_col0, v_col0) below the block's valid keys and the call's head dims; then
-    // zeros for the block's keys in [valid_keys, stored_keys) (zero_key_tail).
-    template <typename Work>
-    __device__ __forceinline__ void store_key_gradients(const Work &w, int consumer_tid, bool has_work) const {
-        const BwdKernelParams &p = params.bwd;
+    // The end of a CTA's work: dK (times grad_scale) and dV to their
+    // tensors, through the staging rows (config.cuh: kStagedDkOffset), which
+    // `stage` fills from the registers (stage_key_gradients, or the
+    // transposed form's own); without work only zeros (zero_key_gradients).
+    template <typename Work, typename Stage>
+    __device__ __forceinline__ void store_key_gradients_staged(const Work &w, int consumer_tid, bool has_work,
+                                                               Stage &&stage) const {
         const KeyGradientRows rows = key_gradient_rows(w);
-        const int valid_keys = has_work ? w.valid_keys : 0;
-        if (has_work) {
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int row = key_row0() + frag_row(lane) + half * kFragRowHalf;
-                if (row >= valid_keys) continue;
-#pragma unroll
-                for (int n = 0; n < kKAtoms; ++n) {
-                    const int col = k_col0() + n * kMmaN + frag_col(lane);
-                    if (col < p.fwd.head_dim) {
-                        *reinterpret_cast<uint32_t *>(rows.dk + row * p.dk_seq_stride + col) = pack2<Element>(
-                            acc_dk[n][2 * half] * p.grad_scale, acc_dk[n][2 * half + 1] * p.grad_scale);
-                    }
-                }
-#pragma unroll
-                for (int n = 0; n < kVAtoms; ++n) {
-                    const int col = v_col0() + n * kMmaN + frag_col(lane);
-                    if (col < p.fwd.head_dim_v) {
-                        *reinterpret_cast<uint32_t *>(rows.dv + row * p.dv_seq_stride + col) =
-                            pack2<Element>(acc_dv[n][2 * half], acc_dv[n][2 * half + 1]);
-                    }
-                }
-            }
+        if (!has_work) {
+            zero_key_gradients(w, rows, consumer_tid);
+            return;
         }
-        zero_key_tail(w, rows, consumer_tid, has_work);
+        // Both consumers are past their last step: K, V, Q and dO are read.
+        // (From different instructions where they run different copies of
+        // the loop, kDqConsumers 1.)
+        if constexpr (Traits::kDqConsumers == Traits::kConsumerWarpgroups) {
+            named_barrier_sync_id(kStagingFreeBarrier, Traits::kConsumerThreads);
+        } else {
+            named_barrier_sync_id_unaligned(kStagingFreeBarrier, Traits::kConsumerThreads);
+        }
+        stage();
+        // The consumer's staged rows, each stored by one of its warps.
+        named_barrier_sync_id(kFirstConsumerBarrier + consumer, kWarpgroupThreads);
+        const BwdKernelParams &p = params.bwd;
+        const int first_row = Traits::kColumnSplit ? 0 : consumer * Traits::kStagedRows;
+        const int end_keys = min(w.stored_keys, kBlockN);
+        copy_staged<Traits::kDkCols>(rows.dk, p.dk_seq_stride, p.fwd.head_dim, Traits::kStagedDkOffset,
+                                     Traits::kStagedDkRowBytes, k_col0(), first_row, w.valid_keys, end_keys);
+        copy_staged<Traits::kDvCols>(rows.dv, p.dv_seq_stride, p.fwd.head_dim_v, Traits::kStagedDvOffset,
+                                     Traits::kStagedDvRowBytes, v_col0(), first_row, w.valid_keys, end_keys);
     }
 
-    // Zeros for the block's keys in [valid_keys, stored_keys) of dK and dV
-    // (keys past seqused_k), over both consumers' threads (consumer_tid).
+    // dK (times grad_scale) and dV of the consumer's registers (key_row0,
+    // k_col0, v_col0) into the staging rows: stmatrix, an 8x8 matrix per
+    // atom and half of the warp's 16 keys, four at a time.
+    __device__ __forceinline__ void stage_key_gradients() const {
+        const float scale = params.bwd.grad_scale;
+        const int matrix = lane / 8;
+        const uint32_t row = key_row0() + (matrix % 2) * kFragRowHalf + lane % 8;
+        const uint32_t chunk = (matrix / 2) * 16;  // atom n + matrix / 2: 8 columns further
+        stage_rows<kKAtoms>(smem_address(sm.base + Traits::kStagedDkOffset) + row * Traits::kStagedDkRowBytes +
+                                k_col0() * uint32_t(sizeof(Element)) + chunk,
+                            acc_dk, scale);
+        stage_rows<kVAtoms>(smem_address(sm.base + Traits::kStagedDvOffset) + row * Traits::kStagedDvRowBytes +
+                                v_col0() * uint32_t(sizeof(Element)) + chunk,
+                            acc_dv, 1.f);
+    }
+    template <int kAtoms>
+    __device__ __forceinline__ static void stage_rows(uint32_t lane_row, const float (&acc)[kAtoms][4], float scale) {
+        static_assert(kAtoms % 2 == 0, "stmatrix stores two atoms at a time");
+#pragma unroll
+        for (int n = 0; n < kAtoms; n += 2) {
+            const uint32_t frag[4] = {pack2<Element>(acc[n][0] * scale, acc[n][1] * scale),
+                                      pack2<Element>(acc[n][2] * scale, acc[n][3] * scale),
+                                      pack2<Element>(acc[n + 1][0] * scale, acc[n + 1][1] * scale),
+                                      pack2<Element>(acc[n + 1][2] * scale, acc[n + 1][3] * scale)};
+            stmatrix_x4(lane_row + n * 16, frag);
+        }
+    }
+
+    // The consumer's staged rows [first_row, first_row + kStagedRows) and
+    // columns [col0, col0 + kCols) to the tensor `out`, 16 bytes a thread at
+    // a time, consecutive threads along a row: those below the call's head
+    // dim and end_keys, and zeros for the keys in [valid_keys, end_keys)
+    // (past seqused_k; their gradients in the registers are 0 too).
+    template <int kCols>
+    __device__ __forceinline__ void copy_staged(Element *out, int64_t seq_stride, int head_dim, uint32_t staged_offset,
+                                                uint32_t row_bytes, int col0, int first_row, int valid_keys,
+                                                int end_keys) const {
+        constexpr int kElems = kElemsPerVector<Element>;
+        constexpr int kChunks = kCols / kElems;
+        constexpr int kPieces = Traits::kStagedRows * kChunks;
+        static_assert(kCols % kElems == 0 && kPieces % kWarpgroupThreads == 0, "whole rows over the warpgroup");
+        const unsigned char *staged = sm.base + staged_offset;
+#pragma unroll
+        for (int i = 0; i < kPieces / kWarpgroupThreads; ++i) {
+            const int piece = tid + i * kWarpgroupThreads;
+            const int row = first_row + piece / kChunks;
+            const int col = col0 + (piece % kChunks) * kElems;
+            if (row >= end_keys || col >= head_dim) continue;
+            const uint4 value = row < valid_keys
+                                    ? *reinterpret_cast<const uint4 *>(staged + row * row_bytes + col * sizeof(Element))
+                                    : make_uint4(0u, 0u, 0u, 0u);
+            *reinterpret_cast<uint4 *>(out + row * seq_stride + col) = value;
+        }
+    }
+
+    // dK and dV of the forms whose registers hold them untransposed.
     template <typename Work>
-    __device__ __forceinline__ void zero_key_tail(const Work &w, const KeyGradientRows &rows, int consumer_tid,
-                                                  bool has_work) const {
+    __device__ __forceinline__ void store_key_gradients(const Work &w, int consumer_tid, bool has_work) const {
+        store_key_gradients_staged(w, consumer_tid, has_work, [this] { stage_key_gradients(); });
+    }
+
+    // A block without work (no query sees its keys, or it is past the
+    // sequence's end): zeros for its keys below stored_keys (seqused_k),
+    // over both consumers' threads (consumer_tid).
+    template <typename Work>
+    __device__ __forceinline__ void zero_key_gradients(const Work &w, const KeyGradientRows &rows,
+                                                       int consumer_tid) const {
         const BwdKernelParams &p = params.bwd;
-        const int valid_keys = has_work ? w.valid_keys : 0;
         // 16-byte stores.
         const int end = min(w.stored_keys, kBlockN);
         constexpr int kElems = kElemsPerVector<Element>;
@@ -418,7 +483,7 @@ struct BwdMainloop {
         for (int idx = consumer_tid; idx < kBlockN * kVectors; idx += Traits::kConsumerThreads) {
             const int row = idx / kVectors;
             const int col = (idx % kVectors) * kElems;
-            if (row < valid_keys || row >= end) continue;
+            if (row >= end) continue;
             if (col < p.fwd.head_dim) {
                 *reinterpret_cast<uint4 *>(rows.dk + row * p.dk_seq_stride + col) = make_uint4(0u, 0u, 0u, 0u);
             }

@@ -46,6 +46,9 @@ constexpr int kDqEmptyBarrier = 5;  // 4 .. 7 with two dQ buffers
 // The transposed key split's one P/dS buffer is free again: both consumers
 // are past the last step's products (transposed_split.cuh).
 constexpr int kScoresFreeBarrier = 8;
+// Both consumers are past their last step: the K, V, Q and dO buffers may
+// take the staged dK and dV (mainloop.cuh: store_key_gradients_staged).
+constexpr int kStagingFreeBarrier = 9;
 // The dQ buffers' barriers: the consumers that compute dQ and the writer.
 template <typename Traits>
 constexpr int kDqWriterParticipants = Traits::kDqThreads + kWarpSize;

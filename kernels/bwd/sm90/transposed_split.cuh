@@ -6,8 +6,8 @@
 // columns on wgmma's M (m64 tiles), its keys on N, both operands read from
 // shared memory. Only dQ = dS K reads both consumers' dS (mainloop.cuh:
 // issue_dq, hand_over_dq): a barrier of both before it. At the end it
-// stores dK and dV transposed back (store_key_gradients, in place of the
-// mainloop's).
+// stages dK and dV transposed back into rows of keys (stage_transposed) for
+// the mainloop's store.
 //
 // P and dS take one buffer: before a step stores them, both consumers have
 // finished the last step's products (kScoresFreeBarrier, the step's other
@@ -37,7 +37,6 @@ struct BwdTransposedConsumer : BwdRowScores<Traits> {
     using Base::Base;
     using typename Base::DsSwizzle;
     using typename Base::Element;
-    using typename Base::KeyGradientRows;
     using typename Base::Swizzle;
     using Base::kDqAtoms;
     using Base::kQuerySteps;
@@ -52,8 +51,7 @@ struct BwdTransposedConsumer : BwdRowScores<Traits> {
     using Base::start;
     using Base::consumer_key_rows;
     using Base::issue_dq;
-    using Base::key_gradient_rows;
-    using Base::zero_key_tail;
+    using Base::store_key_gradients_staged;
     using Base::store_scores;
     using Base::compute_scores;
     using Base::finish_step;
@@ -130,41 +128,41 @@ struct BwdTransposedConsumer : BwdRowScores<Traits> {
         }
     }
 
-    // dK (times grad_scale) and dV from dK^T and dV^T: element (column d,
-    // key k) of tile m, atom n is d = 64 m + the fragment's row, k = the
-    // consumer's first key + 8 n + the fragment's column; below the block's
-    // valid keys and the call's head dims. Then the zeros of zero_key_tail.
+    // dK (times grad_scale) and dV to their tensors, staged from dK^T and
+    // dV^T (mainloop.cuh: store_key_gradients_staged).
     template <typename Work>
     __device__ __forceinline__ void store_key_gradients(const Work &w, int consumer_tid, bool has_work) const {
-        const BwdKernelParams &p = params.bwd;
-        const KeyGradientRows rows = key_gradient_rows(w);
-        if (has_work) {
-            const int first_col = warp * kMmaM + frag_row(lane);
-            const int first_key = consumer * Traits::kKeysPerConsumer + frag_col(lane);
-            store_transposed<kDkTiles>(rows.dk, p.dk_seq_stride, p.fwd.head_dim, acc_dk, p.grad_scale, first_col,
-                                       first_key, w.valid_keys);
-            store_transposed<kDvTiles>(rows.dv, p.dv_seq_stride, p.fwd.head_dim_v, acc_dv, 1.f, first_col,
-                                       first_key, w.valid_keys);
-        }
-        zero_key_tail(w, rows, consumer_tid, has_work);
+        store_key_gradients_staged(w, consumer_tid, has_work, [this] {
+            stage_transposed<kDkTiles>(Traits::kStagedDkOffset, Traits::kStagedDkRowBytes, acc_dk,
+                                       params.bwd.grad_scale);
+            stage_transposed<kDvTiles>(Traits::kStagedDvOffset, Traits::kStagedDvRowBytes, acc_dv, 1.f);
+        });
     }
 
+    // dK^T or dV^T into the staging rows (a key a row), transposed back by
+    // stmatrix: element (column d, key k) of tile m, atom n is d = 64 m +
+    // the fragment's row, k = the consumer's first key + 8 n + the
+    // fragment's column. Four 8x8 matrices at a time: both halves of the
+    // warp's 16 columns of atoms n and n + 1; lane i's row is key 8 (n + i /
+    // 16) + i % 8 of them, at column half (i / 8) % 2.
     template <int kTiles>
-    __device__ __forceinline__ static void store_transposed(Element *out, int64_t seq_stride, int head_dim,
-                                                            const float (&acc)[kTiles * kScoreAtoms][4], float scale,
-                                                            int first_col, int first_key, int valid_keys) {
+    __device__ __forceinline__ void stage_transposed(uint32_t staged_offset, uint32_t row_bytes,
+                                                     const float (&acc)[kTiles * kScoreAtoms][4], float scale) const {
+        const int matrix = lane / 8;
+        const uint32_t key = consumer * Traits::kKeysPerConsumer + (matrix / 2) * kMmaN + lane % 8;
+        const uint32_t col = warp * kMmaM + (matrix % 2) * kFragRowHalf;
+        const uint32_t lane_row = smem_address(sm.base + staged_offset) + key * row_bytes + col * sizeof(Element);
 #pragma unroll
         for (int m = 0; m < kTiles; ++m) {
 #pragma unroll
-            for (int n = 0; n < kScoreAtoms; ++n) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int col = m * 64 + first_col + (e / 2) * kFragRowHalf;
-                    const int key = first_key + n * kMmaN + e % 2;
-                    if (key < valid_keys && col < head_dim) {
-                        out[key * seq_stride + col] = Element(acc[m * kScoreAtoms + n][e] * scale);
-                    }
-                }
+            for (int n = 0; n < kScoreAtoms; n += 2) {
+                const float(&a)[4] = acc[m * kScoreAtoms + n];
+                const float(&b)[4] = acc[m * kScoreAtoms + n + 1];
+                const uint32_t frag[4] = {pack2<Element>(a[0] * scale, a[1] * scale),
+                                          pack2<Element>(a[2] * scale, a[3] * scale),
+                                          pack2<Element>(b[0] * scale, b[1] * scale),
+                                          pack2<Element>(b[2] * scale, b[3] * scale)};
+                stmatrix_x4_trans(lane_row + n * kMmaN * row_bytes + m * 64 * sizeof(Element), frag);
             }
         }
     }
